@@ -1,0 +1,118 @@
+"""Checkpoints: one plain dict, written atomically, loaded safely, checked against the config.
+
+Owns the on-disk format and every way reading it can fail. The checkpoint holds only tensors and
+plain containers (state dicts, ints, strings, tuples, the config as nested dicts), so it loads with
+`torch.load(path, weights_only=True)`: a file that smuggles in any other Python object is refused
+instead of executed. What goes into the dict is decided by `gan.training`.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+REQUIRED_KEYS = ("G", "D", "step", "config")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used; the message names the file and what is wrong with it."""
+
+
+def save_checkpoint(state: Mapping[str, Any], path: Path) -> None:
+    """Write `state` to `path` atomically: a crash mid-write leaves the previous file intact.
+
+    torch.save writes in place (pytorch#2883), so it goes to a temporary file in the same folder
+    (same file system, so the rename is atomic), is flushed to disk, then os.replace()d over `path`.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(dict(state), f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def keep_numbered(last: Path, step: int, keep: int) -> None:
+    """Keep `last` also as step_NNNNNN.pt beside it, and only the `keep` newest such files (0: none).
+
+    A hard link costs no second write; last.pt is later replaced by a new file, not rewritten,
+    so the numbered name keeps this step's contents.
+    """
+    if keep <= 0:
+        return
+    numbered = last.with_name(f"step_{step:06d}.pt")
+    numbered.unlink(missing_ok=True)
+    try:
+        os.link(last, numbered)
+    except OSError:  # a file system without hard links
+        shutil.copyfile(last, numbered)
+    for old in sorted(last.parent.glob("step_*.pt"))[:-keep]:
+        old.unlink()
+
+
+def checkpoint_path(path: str | Path) -> Path:
+    """A checkpoint file, or a run directory -> its checkpoints/last.pt."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        return path / "checkpoints" / "last.pt"
+    return path
+
+
+def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
+    """Load and sanity-check a checkpoint file or run directory; raises CheckpointError.
+
+    map_location puts every tensor where this process wants it: a checkpoint written on a GPU
+    loads on a CPU-only machine.
+    """
+    file = checkpoint_path(path)
+    if not file.is_file():
+        where = f"{path} (looked for {file})" if str(file) != str(path) else str(path)
+        raise CheckpointError(f"Checkpoint not found: {where}. Pass a checkpoint file or a run "
+                              "directory that contains checkpoints/last.pt.")
+    try:
+        state = torch.load(file, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise CheckpointError(
+            f"Refused to load {file}: it holds Python objects other than tensors and plain "
+            "containers, and unpickling them could run arbitrary code. Checkpoints written by this "
+            f"project never do; do not trust this file.{_forbidden_global(err)}") from err
+    except Exception as err:  # the unpickler fails in many ways on a damaged file (EOFError, IndexError, ...)
+        raise CheckpointError(f"Cannot read {file}: it is truncated, corrupt or not a PyTorch file "
+                              f"({type(err).__name__}: {str(err).splitlines()[0]}).") from err
+    if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
+        found = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise CheckpointError(f"{file} is not a checkpoint of this project: expected a dict with "
+                              f"keys {list(REQUIRED_KEYS)}, found {found}.")
+    return state
+
+
+def _forbidden_global(err: Exception) -> str:
+    """The 'GLOBAL posix.system' that torch's refusal names, if it names one."""
+    match = re.search(r"GLOBAL ([\w.]+)", str(err))
+    return f" (it names {match.group(1)})" if match else ""
+
+
+def load_module_state(module: nn.Module, state: Mapping[str, torch.Tensor], name: str) -> None:
+    """load_state_dict with a readable error listing every missing, unexpected or resized tensor."""
+    own = module.state_dict()
+    problems = [f"{key}: {tuple(value.shape)} in the checkpoint, {tuple(own[key].shape)} in the model"
+                for key, value in state.items() if key in own and own[key].shape != value.shape]
+    problems += [f"{key}: missing from the checkpoint" for key in own if key not in state]
+    problems += [f"{key}: in the checkpoint, not in the model" for key in state if key not in own]
+    if problems:
+        shown = "; ".join(problems[:6]) + (f"; and {len(problems) - 6} more" if len(problems) > 6 else "")
+        raise CheckpointError(
+            f"The checkpoint's {name} does not match the {name} built from the config: {shown}. "
+            "Use the same model.* and data.image_size/data.channels as the run that wrote it.")
+    module.load_state_dict(state)

@@ -1,0 +1,87 @@
+"""Generator and Discriminator of DCGAN (Radford et al. 2015), for any power-of-two image size.
+
+Owns the architectures and their weight init. Knows nothing of configs, losses or training: every
+size is a typed constructor argument. D returns logits (no Sigmoid): the losses in `gan.losses`
+use the with-logits forms, which are stable and safe under autocast (pytorch#61098).
+
+Shapes for the default 32 x 32 grayscale model (width 64):
+    G: z 100 -> 256 x 4 x 4 -> 128 x 8 x 8 -> 64 x 16 x 16 -> 1 x 32 x 32
+    D: 1 x 32 x 32 -> 64 x 16 x 16 -> 128 x 8 x 8 -> 256 x 4 x 4 -> logit
+Each extra doubling of image_size adds one block to each network (pytorch/examples#70 asked for
+other sizes than 64).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+def num_blocks(image_size: int) -> int:
+    """Resolution doublings between 4 x 4 and image_size (3 for 32 px)."""
+    if image_size < 8 or image_size & (image_size - 1):
+        raise ValueError(f"image_size must be a power of two >= 8, got {image_size}")
+    return int(math.log2(image_size)) - 2
+
+
+class Generator(nn.Module):
+    """z (N, z_dim) -> images (N, channels, image_size, image_size) in [-1, 1]."""
+
+    def __init__(self, z_dim: int = 100, width: int = 64, channels: int = 1, image_size: int = 32):
+        super().__init__()
+        self.z_dim = z_dim
+        blocks = num_blocks(image_size)
+        ch = width * 2 ** (blocks - 1)
+        # state size: ch x 4 x 4 (a 4x4 transposed conv on a 1x1 input is a dense projection)
+        layers: list[nn.Module] = [
+            nn.ConvTranspose2d(z_dim, ch, 4, 1, 0, bias=False), nn.BatchNorm2d(ch), nn.ReLU(True)]
+        for _ in range(blocks - 1):
+            # state size: ch/2 x 2s x 2s; no bias, BatchNorm's shift replaces it
+            layers += [nn.ConvTranspose2d(ch, ch // 2, 4, 2, 1, bias=False),
+                       nn.BatchNorm2d(ch // 2), nn.ReLU(True)]
+            ch //= 2
+        # state size: channels x image_size x image_size; tanh matches data scaled to [-1, 1]
+        layers += [nn.ConvTranspose2d(ch, channels, 4, 2, 1, bias=False), nn.Tanh()]
+        self.net = nn.Sequential(*layers)
+        self.apply(dcgan_init_)
+
+    def forward(self, z: Tensor) -> Tensor:
+        return self.net(z.view(z.size(0), self.z_dim, 1, 1))
+
+
+class Discriminator(nn.Module):
+    """images (N, channels, S, S) -> logits (N,); `forward_with_features` also returns the trunk's output."""
+
+    def __init__(self, width: int = 64, channels: int = 1, image_size: int = 32):
+        super().__init__()
+        blocks = num_blocks(image_size)
+        # no BatchNorm on D's input layer (DCGAN paper, sec. 3)
+        layers: list[nn.Module] = [nn.Conv2d(channels, width, 4, 2, 1, bias=False), nn.LeakyReLU(0.2, True)]
+        ch = width
+        for _ in range(blocks - 1):
+            layers += [nn.Conv2d(ch, ch * 2, 4, 2, 1, bias=False), nn.BatchNorm2d(ch * 2),
+                       nn.LeakyReLU(0.2, True)]
+            ch *= 2
+        self.features = nn.Sequential(*layers)  # state size: ch x 4 x 4
+        self.head = nn.Conv2d(ch, 1, 4, 1, 0, bias=False)  # a logit; no Sigmoid (see module docstring)
+        self.apply(dcgan_init_)
+
+    def forward_with_features(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(logits (N,), features (N, ch, 4, 4)); the features feed the feature-matching loss."""
+        features = self.features(x)
+        return self.head(features).flatten(), features
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_with_features(x)[0]
+
+
+@torch.no_grad()
+def dcgan_init_(module: nn.Module) -> None:
+    """Weights ~ N(0, 0.02); BatchNorm scale ~ N(1, 0.02), shift 0 (Radford et al. 2015, sec. 4)."""
+    if isinstance(module, (nn.Conv2d, nn.ConvTranspose2d)):
+        nn.init.normal_(module.weight, 0.0, 0.02)
+    elif isinstance(module, nn.BatchNorm2d):
+        nn.init.normal_(module.weight, 1.0, 0.02)
+        nn.init.zeros_(module.bias)

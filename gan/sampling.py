@@ -1,0 +1,44 @@
+"""Sampling from G without disturbing training: eval mode, no autograd, previous mode restored.
+
+Owns how images are drawn from a generator and laid out as grids. pytorch/examples samples in
+train mode, so every snapshot also moves BatchNorm's running statistics (examples#804, #807).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Iterator
+
+import torch
+from torch import Tensor, nn
+from torchvision.utils import make_grid
+
+
+@contextlib.contextmanager
+def eval_mode(module: nn.Module) -> Iterator[nn.Module]:
+    """module.eval() inside the block, then back to the mode it had (train or eval)."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield module
+    finally:
+        module.train(was_training)
+
+
+def sample(G: nn.Module, z: Tensor) -> Tensor:
+    """G(z) in [-1, 1] with G in eval mode and autograd off.
+
+    eval(): BatchNorm normalises with its running statistics and leaves them unchanged.
+    no_grad(): no graph is recorded, so nothing is kept for a backward that will never come.
+    Neither implies the other: eval() alone still builds a graph; no_grad() alone still updates
+    BatchNorm's running statistics in train mode.
+    """
+    with eval_mode(G), torch.no_grad():
+        return G(z)
+
+
+def image_grid(images: Tensor) -> Tensor:
+    """A batch in [-1, 1] -> one square-ish float (C, H, W) grid in [0, 1] on the CPU, to log or save."""
+    images = images.detach().float().cpu()
+    return make_grid(images, nrow=math.ceil(math.sqrt(images.size(0))), padding=2, normalize=True, value_range=(-1, 1))

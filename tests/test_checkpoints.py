@@ -1,0 +1,228 @@
+"""Checkpoints that never lose work: atomic writes, exact resume, signals, NaN, bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import gan.training
+from conftest import ROOT, TINY, compose_config, run_train
+from gan.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from gan.losses import AdversarialLoss, LOSSES
+from gan.training import NonFiniteLossError, train
+
+
+# atomic writes ---------------------------------------------------------------------------------
+
+def test_a_crash_during_a_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    save_checkpoint({"G": {}, "D": {}, "step": 1, "config": {}}, path)
+
+    def crash_midway(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04 half a zip file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash_midway)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint({"G": {}, "D": {}, "step": 2, "config": {}}, path)
+    assert load_checkpoint(path)["step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]  # no temporary file left behind
+
+
+def test_keep_checkpoints_keeps_the_newest_numbered_ones(tmp_path):
+    train(compose_config("trainer.max_steps=6", "trainer.checkpoint_every=2", "trainer.keep_checkpoints=2"),
+          tmp_path)
+    folder = tmp_path / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == ["last.pt", "step_000004.pt", "step_000006.pt"]
+    assert load_checkpoint(folder / "step_000004.pt")["step"] == 4
+    assert load_checkpoint(folder / "last.pt")["step"] == 6
+
+
+# exact resume ----------------------------------------------------------------------------------
+
+def assert_same_state(a: dict, b: dict) -> None:
+    for key in ("G", "D", "G_ema"):
+        assert a[key].keys() == b[key].keys()
+        for name in a[key]:
+            assert torch.equal(a[key][name], b[key][name]), f"{key}.{name} differs"
+    for key in ("opt_g", "opt_d"):
+        for index, state in a[key]["state"].items():
+            for name, value in state.items():
+                assert torch.equal(value, b[key]["state"][index][name]), f"{key}[{index}].{name} differs"
+    assert a["step"] == b["step"] and a["data"] == b["data"]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(tmp_path, workers):
+    # 256 images / 32 per batch = 8 batches an epoch: the resumed half crosses an epoch boundary.
+    common = ("trainer.checkpoint_every=100", f"data.num_workers={workers}")
+    train(compose_config("trainer.max_steps=12", *common), tmp_path / "straight")
+    train(compose_config("trainer.max_steps=5", *common), tmp_path / "split")
+    train(compose_config("trainer.max_steps=12", f"trainer.resume={tmp_path / 'split'}", *common),
+          tmp_path / "split")
+    straight = load_checkpoint(tmp_path / "straight")
+    resumed = load_checkpoint(tmp_path / "split")
+    assert resumed["data"] == {"epoch": 1, "batch": 4}
+    assert_same_state(straight, resumed)
+
+
+# signals ---------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_writes_a_checkpoint_and_the_run_resumes(tmp_path, sig, code):
+    run_dir = tmp_path / "run"
+    args = [sys.executable, str(ROOT / "train.py"), *TINY, "trainer.max_steps=100000",
+            "trainer.checkpoint_every=100000", f"hydra.run.dir={run_dir}"]
+    process = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    output = []
+    for line in process.stdout:  # wait until training is under way
+        output.append(line)
+        if "step 4 " in line:
+            break
+    process.send_signal(sig)
+    rest, _ = process.communicate(timeout=120)
+    output = "".join(output) + rest
+    assert process.returncode == code, output[-3000:]
+    assert f"Stopped by {sig.name}" in output and "trainer.resume=" in output
+    stopped_at = load_checkpoint(run_dir)["step"]
+    assert 4 <= stopped_at < 100000
+    resumed = run_train(f"trainer.resume={run_dir}", f"trainer.max_steps={stopped_at + 2}", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert load_checkpoint(run_dir)["step"] == stopped_at + 2
+
+
+# non-finite losses -----------------------------------------------------------------------------
+
+def nan_after(calls: int, monkeypatch) -> None:
+    """Make the bce G loss NaN from its `calls`-th call on."""
+    count = {"n": 0}
+    real = LOSSES["bce"]
+
+    def g_loss(fake_logits):
+        count["n"] += 1
+        value = real.g(fake_logits)
+        return value * float("nan") if count["n"] >= calls else value
+
+    monkeypatch.setitem(gan.training.LOSSES, "bce", AdversarialLoss(real.d, g_loss))
+
+
+def test_nan_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    nan_after(5, monkeypatch)
+    with pytest.raises(NonFiniteLossError, match=r"step 5: loss/d=[-0-9.e]+, loss/g=nan"):
+        train(compose_config("trainer.max_steps=8", "trainer.checkpoint_every=2", "trainer.log_every=3"),
+              tmp_path)
+    state = load_checkpoint(tmp_path)
+    assert state["step"] == 4
+    assert all(torch.isfinite(t).all() for t in state["G"].values() if t.is_floating_point())
+
+
+def test_nan_steps_are_skipped_with_on_nan_skip(tmp_path, monkeypatch):
+    nan_after(3, monkeypatch)
+    result = train(compose_config("trainer.max_steps=4", "trainer.on_nan=skip"), tmp_path)
+    assert result.step == 4
+    state = load_checkpoint(tmp_path)
+    assert all(torch.isfinite(t).all() for t in state["G"].values() if t.is_floating_point())
+
+
+# bad input: a clear message, a non-zero exit, nothing overwritten -----------------------------
+
+@pytest.fixture(scope="module")
+def good_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("good") / "run"
+    assert run_train("trainer.max_steps=2", f"hydra.run.dir={run_dir}").returncode == 0
+    return run_dir
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class RunsCode:
+    """Unpickling this runs os.system: a stand-in for a malicious checkpoint."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def bad_files(tmp_path: Path, good: Path) -> dict[str, Path]:
+    files = {name: tmp_path / f"{name}.pt" for name in ("truncated", "text", "not_checkpoint", "code")}
+    data = (good / "checkpoints" / "last.pt").read_bytes()
+    files["truncated"].write_bytes(data[: len(data) // 2])
+    files["text"].write_text("this is not a checkpoint\n")
+    torch.save({"weights": torch.zeros(2)}, files["not_checkpoint"])
+    torch.save({"G": RunsCode(tmp_path / "pwned"), "D": {}, "step": 0, "config": {}}, files["code"])
+    return files
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "Checkpoint not found"),
+    ("truncated", "truncated, corrupt or not a PyTorch file"),
+    ("text", "truncated, corrupt or not a PyTorch file"),
+    ("not_checkpoint", "is not a checkpoint of this project"),
+    ("code", "Refused to load"),
+])
+def test_bad_checkpoint_is_refused(tmp_path, good_run, case, message):
+    path = tmp_path / "nothing-here.pt" if case == "missing" else bad_files(tmp_path, good_run)[case]
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(path)
+    assert not (tmp_path / "pwned").exists()  # the crafted pickle's code never ran
+
+
+@pytest.mark.parametrize("case", ["missing", "truncated", "code"])
+def test_bad_resume_exits_cleanly_and_overwrites_nothing(tmp_path, good_run, case):
+    path = tmp_path / "nothing-here.pt" if case == "missing" else bad_files(tmp_path, good_run)[case]
+    before = digest(good_run / "checkpoints" / "last.pt")
+    result = run_train(f"trainer.resume={path}", f"hydra.run.dir={tmp_path / 'new'}")
+    output = result.stdout + result.stderr
+    assert result.returncode == 2
+    assert str(path) in output and "Traceback" not in output
+    assert not (tmp_path / "new" / "checkpoints" / "last.pt").exists()
+    assert digest(good_run / "checkpoints" / "last.pt") == before
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_architecture_mismatch_names_the_sizes(tmp_path, good_run):
+    checkpoint = tmp_path / "elsewhere.pt"  # outside its run dir: the command line defines the model
+    checkpoint.write_bytes((good_run / "checkpoints" / "last.pt").read_bytes())
+    result = run_train(f"trainer.resume={checkpoint}", "model.g_width=16", f"hydra.run.dir={tmp_path / 'new'}")
+    output = result.stdout + result.stderr
+    assert result.returncode == 2
+    assert "does not match the generator built from the config" in output
+    assert "(16, 16, 4, 4) in the checkpoint, (16, 32, 4, 4) in the model" in output
+
+
+def test_unwritable_output_dir_is_refused(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = run_train(f"hydra.run.dir={blocker / 'run'}")
+    output = result.stdout + result.stderr
+    assert result.returncode == 2
+    assert "Cannot write the run directory" in output and "is not a directory" in output
+    assert "Traceback" not in output
+
+
+# resume=auto -----------------------------------------------------------------------------------
+
+def test_resume_auto_continues_the_matching_run_or_starts_one(tmp_path):
+    first = run_train("trainer.max_steps=2", "trainer.resume=auto", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    [run_dir] = [p.parent.parent for p in (tmp_path / "outputs").glob("*/*/checkpoints/last.pt")]
+    again = run_train("trainer.max_steps=4", "trainer.resume=auto", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert load_checkpoint(run_dir)["step"] == 4  # continued in place
+    other = run_train("trainer.max_steps=2", "trainer.resume=auto", "loss=hinge", cwd=tmp_path)
+    assert other.returncode == 0, other.stderr[-3000:]
+    assert len(list((tmp_path / "outputs").glob("*/*/checkpoints/last.pt"))) == 2  # a new run

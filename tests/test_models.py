@@ -1,0 +1,52 @@
+"""Unit tier: shapes, ranges and initialisation of G and D at several image sizes."""
+
+import pytest
+import torch
+from torch import nn
+
+from gan.models import Discriminator, Generator, num_blocks
+
+
+@pytest.mark.parametrize("image_size", [16, 32, 64, 128])
+@pytest.mark.parametrize("channels", [1, 3])
+def test_shapes_and_range(image_size, channels):
+    G = Generator(z_dim=8, width=4, channels=channels, image_size=image_size)
+    D = Discriminator(width=4, channels=channels, image_size=image_size)
+    images = G(torch.randn(3, 8))
+    assert images.shape == (3, channels, image_size, image_size)
+    assert images.min() >= -1 and images.max() <= 1  # tanh output matches data in [-1, 1]
+    logits, features = D.forward_with_features(images)
+    assert logits.shape == (3,)
+    assert features.shape[-2:] == (4, 4)
+
+
+def test_one_block_per_doubling():
+    convs = lambda m: sum(isinstance(x, (nn.Conv2d, nn.ConvTranspose2d)) for x in m.modules())  # noqa: E731
+    assert num_blocks(32) == 3 and num_blocks(64) == 4
+    assert convs(Generator(image_size=64)) == convs(Generator(image_size=32)) + 1
+    assert convs(Discriminator(image_size=64)) == convs(Discriminator(image_size=32)) + 1
+
+
+@pytest.mark.parametrize("bad", [0, 24, 28, 100])
+def test_image_size_must_be_power_of_two(bad):
+    with pytest.raises(ValueError, match="power of two"):
+        Generator(image_size=bad)
+
+
+def test_discriminator_returns_logits_not_probabilities():
+    D = Discriminator(width=8, image_size=16)
+    assert not any(isinstance(m, nn.Sigmoid) for m in D.modules())
+    with torch.no_grad():
+        D.head.weight.mul_(1000)  # large weights: logits leave [0, 1], a probability could not
+        logits = D(torch.randn(16, 1, 16, 16))
+    assert (logits < 0).any() and (logits > 1).any()
+
+
+def test_dcgan_init():
+    G = Generator(z_dim=100, width=64, image_size=64)
+    conv_weights = torch.cat([m.weight.flatten() for m in G.modules() if isinstance(m, nn.ConvTranspose2d)])
+    assert conv_weights.mean().abs() < 1e-3
+    assert conv_weights.std().item() == pytest.approx(0.02, rel=0.02)
+    bn = [m for m in G.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert all(torch.all(m.bias == 0) for m in bn)
+    assert torch.cat([m.weight for m in bn]).mean().item() == pytest.approx(1.0, abs=0.01)

@@ -1,0 +1,156 @@
+"""End-to-end tier: the real train.py and the real TensorBoard, on a tiny config in tmp_path."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from conftest import ROOT, compose_config, run_train
+from gan.training import train
+
+EXPECTED_SCALARS = {"loss/d", "loss/g", "d/real", "d/fake", "grad_norm/d", "grad_norm/g",
+                    "grad_norm/images", "perf/img_per_s"}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """One real `python train.py` run of 6 steps, shared by the tests that read its outputs."""
+    run_dir = tmp_path_factory.mktemp("e2e") / "run"
+    result = run_train(f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def test_run_dir_layout(finished_run):
+    assert (finished_run / ".hydra" / "config.yaml").is_file()
+    assert list((finished_run / "tb").glob("events.out.tfevents.*"))
+    samples = sorted(p.name for p in (finished_run / "samples").glob("*.png"))
+    assert samples == ["step_000003.png", "step_000006.png"]
+    with Image.open(finished_run / "samples" / samples[-1]) as grid:
+        assert grid.size == (4 * 18 + 2, 4 * 18 + 2)  # 16 fixed samples, 16 px, 2 px padding
+
+
+def test_checkpoint_is_a_plain_dict_loadable_weights_only(finished_run):
+    state = torch.load(finished_run / "checkpoints" / "last.pt", weights_only=True)
+    assert {"G", "D", "opt_g", "opt_d", "step", "config", "fixed_z", "rng", "data"} <= set(state)
+    assert state["step"] == 6
+    assert state["config"]["loss"]["name"] == "bce"  # plain containers, enums as strings
+    assert state["config"]["data"]["image_size"] == 16
+    assert state["fixed_z"].shape == (16, 16)
+
+
+def test_tensorboard_events_hold_the_tags_and_the_sample_grid(finished_run):
+    events = EventAccumulator(str(finished_run / "tb"), size_guidance={"images": 0, "scalars": 0})
+    events.Reload()
+    tags = events.Tags()
+    assert EXPECTED_SCALARS <= set(tags["scalars"])
+    assert [e.step for e in events.Scalars("loss/d")] == [2, 4, 6]
+    images = events.Images("samples")
+    assert [i.step for i in images] == [3, 6]
+    assert images[-1].width == 4 * 18 + 2
+
+
+def test_hparams_are_written_with_final_scalars(finished_run):
+    events = EventAccumulator(str(finished_run / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert "final/loss/g" in events.Tags()["scalars"]
+    plugins = events.PluginTagToContent("hparams")
+    assert plugins  # the HPARAMS tab has an entry for this run
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_tensorboard_server_serves_the_run_scalars(finished_run):
+    """The real `tensorboard` on a loopback port, read through its HTTP API as a browser would."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tensorboard.main", "--logdir", str(finished_run), "--host", "127.0.0.1",
+         "--port", str(port), "--load_fast=false"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline, runs = time.monotonic() + 90, []
+        while time.monotonic() < deadline and "tb" not in runs:
+            try:
+                runs = json.load(urllib.request.urlopen(f"{base}/data/runs", timeout=5))
+            except OSError:
+                pass
+            time.sleep(0.5)
+        assert "tb" in runs, runs
+        query = urllib.parse.urlencode({"run": "tb", "tag": "loss/d"})
+        points = json.load(urllib.request.urlopen(f"{base}/data/plugin/scalars/scalars?{query}", timeout=10))
+        assert [step for _, step, _ in points] == [2, 4, 6]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_in_process_training_returns_the_logged_metrics(tmp_path):
+    result = train(compose_config("trainer.max_steps=4"), tmp_path)
+    assert result.step == 4 and result.stopped_by is None
+    assert set(result.metrics) == EXPECTED_SCALARS
+    assert 0 <= result.metrics["d/real"] <= 1
+
+
+@pytest.mark.parametrize("overrides", [
+    ["loss=hinge", "optim.lr=1e-4"],
+    ["loss.feature_matching=1.0", "loss.backward_mode=separate"],
+    ["trainer.channels_last=false", "trainer.precision=bf16"],
+])
+def test_option_combinations_train(tmp_path, overrides):
+    result = train(compose_config("trainer.max_steps=3", *overrides), tmp_path)
+    assert result.step == 3
+    assert all(torch.isfinite(torch.tensor(v)) for v in result.metrics.values())
+    if "loss.feature_matching=1.0" in overrides:
+        assert {"loss/g_adv", "loss/g_fm", "grad_norm/g_fm"} <= set(result.metrics)
+
+
+def test_resume_continues_in_the_same_run_dir(tmp_path):
+    run_dir = tmp_path / "run"
+    first = run_train("loss=hinge", "trainer.max_steps=3", f"hydra.run.dir={run_dir}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    # The recorded overrides (loss=hinge) are replayed; the new max_steps wins.
+    second = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=6", cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert state["step"] == 6 and state["config"]["loss"]["name"] == "hinge"
+    assert not (tmp_path / "outputs").exists()  # no new timestamped run dir
+    events = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("loss/d")] == [2, 3, 4, 6]
+
+
+def test_multirun_sweep_gives_each_job_its_own_dir(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    result = run_train("-m", "optim.lr=1e-4,2e-4", "trainer.max_steps=2", f"hydra.sweep.dir={sweep_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = sorted(p for p in sweep_dir.iterdir() if p.is_dir() and (p / "checkpoints" / "last.pt").exists())
+    # subdir = job number + the job's overrides, so TensorBoard's run names say what differs
+    assert [p.name[:2] for p in jobs] == ["0_", "1_"]
+    assert "optim.lr=0.0001" in jobs[0].name and "optim.lr=0.0002" in jobs[1].name
+    lrs = [torch.load(p / "checkpoints" / "last.pt", weights_only=True)["config"]["optim"]["lr"] for p in jobs]
+    assert lrs == [1e-4, 2e-4]
+    assert all(list((p / "tb").glob("events.*")) for p in jobs)
+
+
+def test_default_outputs_go_under_outputs_in_the_launch_dir(tmp_path):
+    result = run_train("trainer.max_steps=1", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    checkpoints = list((tmp_path / "outputs").glob("*/*/checkpoints/last.pt"))
+    assert len(checkpoints) == 1
+    assert not (ROOT / "runs").exists()  # SummaryWriter got an explicit log_dir

@@ -1,0 +1,64 @@
+"""Train a DCGAN. `python train.py [group=option] [key=value ...]`; see README.md and configs/.
+
+The entry point only turns Hydra's DictConfig into a checked, typed config and hands it to
+gan.training.train(); it owns the exit codes. Everything else lives in gan/.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from gan.checkpoint import CheckpointError
+from gan.config import ConfigError, register_configs, validate
+from gan.data import DataError
+from gan.runs import resume_argv, unwritable_output
+from gan.training import NonFiniteLossError, train
+
+log = logging.getLogger("train")
+register_configs()
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+# Exit codes: 0 done; 2 bad input (config, checkpoint, data, output folder); 3 the loss became
+# NaN/inf; 128 + signal number when SIGINT/SIGTERM stopped the run after it wrote its checkpoint,
+# as shells report a process ended by that signal.
+EXIT_BAD_INPUT, EXIT_NON_FINITE = 2, 3
+SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="train")
+def main(cfg: DictConfig) -> float:
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        with logging_redirect_tqdm():  # log lines print above the progress bar, not through it
+            result = train(validate(cfg), run_dir)
+    except (ConfigError, CheckpointError, DataError, NonFiniteLossError) as err:
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise  # Hydra records the failed job and the sweep goes on with the others
+        log.error("%s", err)
+        sys.exit(EXIT_NON_FINITE if isinstance(err, NonFiniteLossError) else EXIT_BAD_INPUT)
+    if result.stopped_by:
+        log.warning("Stopped by %s at step %d; checkpoint saved to %s. Resume with:\n"
+                    "  python train.py trainer.resume=%s", result.stopped_by, result.step,
+                    result.checkpoint, run_dir)
+        sys.exit(SIGNAL_EXIT[result.stopped_by])
+    log.info("Done: %d steps; outputs in %s", result.step, run_dir)
+    return result.metrics.get("loss/g", float("nan"))
+
+
+if __name__ == "__main__":
+    # Until Hydra installs its own logging config (which replaces this handler), log to stderr.
+    logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")
+    problem = unwritable_output(sys.argv)
+    if problem:
+        log.error("%s", problem)
+        sys.exit(EXIT_BAD_INPUT)
+    sys.argv = resume_argv(sys.argv, CONFIG_DIR)
+    main()
