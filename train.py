@@ -19,6 +19,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from gan.checkpoint import CheckpointError
 from gan.config import ConfigError, register_configs, validate
 from gan.data import DataError
+from gan.distributed import broadcast_object, close, init_process_group, rank_zero_argv, world_from_env
 from gan.runs import resume_argv, unwritable_output
 from gan.training import NonFiniteLossError, train
 
@@ -35,15 +36,22 @@ SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> float:
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    world = world_from_env()
+    init_process_group(world, cfg.trainer.device)
+    if not world.is_main:
+        logging.getLogger().setLevel(logging.WARNING)  # rank 0 speaks for the job
+    # one run directory for the whole job: rank 0's (the others ran Hydra in '.')
+    run_dir = Path(broadcast_object(HydraConfig.get().runtime.output_dir, world))
     try:
         with logging_redirect_tqdm():  # log lines print above the progress bar, not through it
-            result = train(validate(cfg), run_dir)
+            result = train(validate(cfg), run_dir, world=world)
     except (ConfigError, CheckpointError, DataError, NonFiniteLossError) as err:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise  # Hydra records the failed job and the sweep goes on with the others
         log.error("%s", err)
         sys.exit(EXIT_NON_FINITE if isinstance(err, NonFiniteLossError) else EXIT_BAD_INPUT)
+    finally:
+        close(world)
     if result.stopped_by:
         log.warning("Stopped by %s at step %d; checkpoint saved to %s. Resume with:\n"
                     "  python train.py trainer.resume=%s", result.stopped_by, result.step,
@@ -60,5 +68,10 @@ if __name__ == "__main__":
     if problem:
         log.error("%s", problem)
         sys.exit(EXIT_BAD_INPUT)
-    sys.argv = resume_argv(sys.argv, CONFIG_DIR)
+    world = world_from_env()
+    if world.distributed and ("-m" in sys.argv or "--multirun" in sys.argv):
+        log.error("torchrun launches one training job over several processes; a Hydra sweep (-m) "
+                  "launches several jobs. Run the sweep without torchrun, or one torchrun per setting.")
+        sys.exit(EXIT_BAD_INPUT)
+    sys.argv = rank_zero_argv(resume_argv(sys.argv, CONFIG_DIR), world)
     main()

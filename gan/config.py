@@ -28,6 +28,7 @@ class ConfigError(ValueError):
 class LossName(str, Enum):
     bce = "bce"  # non-saturating GAN loss (Goodfellow et al. 2014, sec. 3)
     hinge = "hinge"  # hinge loss (Lim & Ye 2017; Miyato et al. 2018)
+    wgan_gp = "wgan_gp"  # Wasserstein loss; pair with loss.gradient_penalty (Gulrajani et al. 2017)
 
 
 class BackwardMode(str, Enum):
@@ -41,20 +42,37 @@ class OnNonFinite(str, Enum):
 
 
 class Precision(str, Enum):
+    auto = "auto"  # bf16 where the hardware runs it fast (CPU with AMX/AVX512-bf16, CUDA Ampere+), else fp32
     fp32 = "fp32"
     bf16 = "bf16"  # torch.autocast with bfloat16: no loss scaling needed (same exponent range as fp32)
+    fp16 = "fp16"  # torch.autocast with float16 and a GradScaler (fp16 underflows small gradients)
 
 
 @dataclass
 class DataConfig:
-    name: str = "digits"  # dataset; `digits` is built in and needs no download
-    root: str = "data"  # where datasets live, relative to the launch directory
+    # The choices of `name` and `source` (plain class attributes, not config fields; gan/data.py
+    # has one loader per name, configs/data/ one yaml per name).
+    NAMES = ("digits", "mnist", "fashion_mnist", "cifar10", "folder", "celeba", "stacked")
+    SOURCES = ("digits", "mnist", "fashion_mnist")  # 10-class grayscale sets that stacked can stack
+
+    name: str = "digits"  # dataset, one of NAMES; `digits` is built in and needs no download
+    # Where datasets live, relative to the launch directory, in torchvision's layout: ROOT/MNIST/raw,
+    # ROOT/FashionMNIST/raw, ROOT/cifar-10-batches-py, ROOT/celeba/img_align_celeba. For
+    # name=folder it is the image folder itself.
+    root: str = "data"
+    download: bool = False  # fetch a missing mnist/fashion_mnist/cifar10/celeba into root; off so no run goes online unasked
+    source: str = "digits"  # stacked: the dataset whose images become the R, G and B channels (digits is built in)
     image_size: int = 32  # side in pixels: a power of two, 16..256 (G doubles it per block from 4x4)
-    channels: int = 1  # 1 grayscale, 3 RGB
+    channels: int = 1  # 1 grayscale, 3 RGB; other data is converted: gray repeated to RGB, RGB to luma
+    # Hold the preprocessed uint8 images in memory (on the training device) and index batches there,
+    # or decode each batch in DataLoader workers. null = auto: in memory up to 512 MiB of pixels.
+    in_memory: Optional[bool] = None
     batch_size: int = 128  # images per process and step; DCGAN paper: 128
-    num_workers: int = 0  # DataLoader worker processes; 0 = batches are indexed from memory on the device
-    num_samples: int = 60000  # digits: size of the generated training set (MNIST-sized)
-    seed: int = 0  # digits: generation seed, apart from trainer.seed so every run sees the same data
+    # DataLoader worker processes. null = auto: 0 for data in memory (a batch is one indexing op),
+    # else half the CPU cores, at most 8 (the other half trains). 0 = decode in the main process.
+    num_workers: Optional[int] = None
+    num_samples: int = 60000  # digits, stacked: size of the generated training set (MNIST-sized; stacked.yaml: 128k)
+    seed: int = 0  # digits, stacked: generation seed, apart from trainer.seed so every run sees the same data
 
     def check(self) -> None:
         _require(self.image_size >= 16 and self.image_size <= 256 and _power_of_two(self.image_size),
@@ -63,7 +81,17 @@ class DataConfig:
                  "side in each block")
         _require(self.channels in (1, 3), "data.channels", self.channels, "must be 1 or 3")
         _require(self.batch_size >= 1, "data.batch_size", self.batch_size, "must be at least 1")
-        _require(self.num_workers >= 0, "data.num_workers", self.num_workers, "must be >= 0")
+        _require(self.num_workers is None or self.num_workers >= 0, "data.num_workers", self.num_workers,
+                 "must be >= 0, or null for auto")
+        _require(self.name in self.NAMES, "data.name", self.name, f"must be one of {', '.join(self.NAMES)}")
+        _require(self.source in self.SOURCES, "data.source", self.source,
+                 f"must be one of {', '.join(self.SOURCES)}: a 10-class grayscale dataset")
+        _require(self.name != "stacked" or self.channels == 3, "data.channels", self.channels,
+                 "must be 3 for data=stacked: its three channels are three different images")
+        built_in = self.name in ("digits", "folder") or (self.name == "stacked" and self.source == "digits")
+        _require(not (self.download and built_in), "data.download", self.download,
+                 f"has nothing to fetch for data={self.name}" + (
+                     f" with data.source={self.source}" if self.name == "stacked" else ""))
         _require(self.num_samples >= self.batch_size, "data.num_samples", self.num_samples,
                  f"must be at least data.batch_size ({self.batch_size}): an epoch needs one full batch")
 
@@ -74,9 +102,16 @@ class ModelConfig:
     g_width: int = 64  # G's channels at full resolution (ngf); doubled per block toward 4x4
     d_width: int = 64  # D's channels at full resolution (ndf); doubled per block toward 4x4
     ema_decay: float = 0.999  # EMA of G's weights for sampling (Karras et al. 2018); 0 = off. About a 700-step half-life
+    # DDP: BatchNorm statistics over all ranks' batches (SyncBatchNorm) instead of each rank's own.
+    # Off: each rank's batch is a full DCGAN batch, so its own statistics are what DCGAN trains
+    # with, and syncing costs an all-reduce in every BatchNorm layer of every forward.
+    sync_batchnorm: bool = False
+    d_batchnorm: bool = True  # BatchNorm in D (DCGAN); off for per-sample penalties (gradient penalty, R1)
+    spectral_norm: bool = False  # spectral normalisation of D's convolutions (Miyato et al. 2018)
+    pack: int = 1  # PacGAN (Lin et al. 2018): D judges `pack` samples at once, which exposes mode collapse
 
     def check(self) -> None:
-        for key in ("z_dim", "g_width", "d_width"):
+        for key in ("z_dim", "g_width", "d_width", "pack"):
             value = getattr(self, key)
             _require(value >= 1, f"model.{key}", value, "must be at least 1")
         _require(0 <= self.ema_decay < 1, "model.ema_decay", self.ema_decay, "must be in [0, 1) (0 = no EMA)")
@@ -87,20 +122,27 @@ class LossConfig:
     name: LossName = LossName.bce  # adversarial loss: bce (non-saturating) or hinge
     feature_matching: float = 0.0  # weight of the feature-matching term (Salimans et al. 2016); 0 = off
     backward_mode: BackwardMode = BackwardMode.summed  # separate = log each G term's gradient norm
+    gradient_penalty: float = 0.0  # weight of the WGAN-GP gradient penalty (paper: 10); 0 = off
+    r1: float = 0.0  # gamma of the R1 penalty on real images (Mescheder et al. 2018); 0 = off
+    real_label: float = 1.0  # bce only: D's target for real images; 0.9 = one-sided label smoothing
 
     def check(self) -> None:
-        _require(self.feature_matching >= 0, "loss.feature_matching", self.feature_matching,
-                 "must be >= 0 (it weights a squared distance)")
+        for key in ("feature_matching", "gradient_penalty", "r1"):
+            value = getattr(self, key)
+            _require(value >= 0, f"loss.{key}", value, "must be >= 0 (it weights a squared term)")
+        _require(0.5 < self.real_label <= 1, "loss.real_label", self.real_label, "must be in (0.5, 1]")
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 2e-4  # Adam step size for G and D, DCGAN paper
+    lr: float = 2e-4  # Adam step size for G (and D unless lr_d is set), DCGAN paper
+    lr_d: Optional[float] = None  # D's own step size (TTUR, Heusel et al. 2017); null = optim.lr
     beta1: float = 0.5  # DCGAN paper: the default 0.9 made training oscillate
     beta2: float = 0.999  # Adam default
 
     def check(self) -> None:
         _require(self.lr > 0, "optim.lr", self.lr, "must be > 0")
+        _require(self.lr_d is None or self.lr_d > 0, "optim.lr_d", self.lr_d, "must be > 0 (or null)")
         for key in ("beta1", "beta2"):
             value = getattr(self, key)
             _require(0 <= value < 1, f"optim.{key}", value, "must be in [0, 1)")
@@ -114,6 +156,7 @@ class TrainerConfig:
     resume: Optional[str] = None  # a checkpoint file or a run directory to continue from
     precision: Precision = Precision.fp32  # fp32 | bf16 autocast
     channels_last: bool = True  # NHWC memory format: faster convolutions on CPU (oneDNN) and tensor cores
+    compile: bool = False  # torch.compile G and D (not the whole step); compile time is logged apart
     threads: int = 0  # torch intra-op threads; 0 keeps torch's default (one per core)
     log_every: int = 50  # steps between scalar logs (the only host syncs of the loop)
     sample_every: int = 250  # steps between fixed-noise sample grids
@@ -148,6 +191,12 @@ class TrainConfig:
     def check(self) -> None:
         for group in (self.data, self.model, self.loss, self.optim, self.trainer):
             group.check()
+        _require(self.data.batch_size % self.model.pack == 0, "model.pack", self.model.pack,
+                 f"must divide data.batch_size ({self.data.batch_size}): D sees the batch in packs")
+        per_sample = self.loss.gradient_penalty > 0 or self.loss.r1 > 0
+        _require(not (per_sample and self.model.d_batchnorm), "model.d_batchnorm", self.model.d_batchnorm,
+                 "must be false with loss.gradient_penalty or loss.r1: those penalties are per sample, "
+                 "and BatchNorm makes each sample's output depend on the whole batch")
 
 
 def _power_of_two(n: int) -> bool:
@@ -176,3 +225,130 @@ def to_plain(cfg: TrainConfig | DictConfig) -> dict:
 def register_configs() -> None:
     """Make `train_schema` available to `configs/train.yaml`'s defaults list."""
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+
+
+# evaluate.py -------------------------------------------------------------------------------------
+# The schema of `configs/evaluate.yaml`. Its `data` group is not chosen here: evaluate.py takes the
+# checkpoint's own data section and lays any `data.*` given on the command line over it.
+
+
+class FeatureSpace(str, Enum):
+    classifier = "classifier"  # penultimate layer of a small CNN trained on the dataset's labels; offline
+    inception = "inception"  # Inception-v3 pool3 (2048-d), the published FID; needs torch-fidelity + weights
+
+
+class SaveSamples(str, Enum):
+    none = "none"
+    npz = "npz"  # samples.npz, key `images`: uint8 (N, C, H, W)
+    png = "png"  # samples/000000.png, ...: one file per sample
+
+
+class ExportFormat(str, Enum):
+    none = "none"
+    torchscript = "torchscript"  # generator.torchscript.pt (torch.jit.script: keeps control flow)
+    export = "export"  # generator.pt2 (torch.export: one graph with a dynamic batch dimension)
+    both = "both"
+
+
+@dataclass
+class ClassifierConfig:
+    width: int = 16  # channels of the first conv block (doubled twice); 16 reaches 99%+ on digits in one epoch
+    feature_dim: int = 128  # size of the penultimate layer, the feature space of FID/KID/P/R
+    epochs: int = 1  # passes over the training split; one is enough on digits and MNIST (about 40 s at 32 px)
+    batch_size: int = 128
+    lr: float = 3e-3  # peak of the one-cycle schedule (Smith & Topin 2018): converges in one epoch
+    train_images: int = 0  # cap on the training images used; 0 = the whole training split
+    seed: int = 0  # initial weights and shuffling
+    # Refuse to measure with a classifier below this test accuracy: its features and class histogram
+    # would be unreliable. Not part of the cache key, so lowering it reuses the cached classifier.
+    min_accuracy: float = 0.97
+
+    def check(self) -> None:
+        for key in ("width", "feature_dim", "epochs", "batch_size"):
+            value = getattr(self, key)
+            _require(value >= 1, f"metrics.classifier.{key}", value, "must be at least 1")
+        _require(self.lr > 0, "metrics.classifier.lr", self.lr, "must be > 0")
+        _require(self.train_images >= 0, "metrics.classifier.train_images", self.train_images,
+                 "must be >= 0 (0 = the whole training split)")
+        _require(0 <= self.min_accuracy <= 1, "metrics.classifier.min_accuracy", self.min_accuracy,
+                 "must be in [0, 1]")
+
+
+@dataclass
+class MetricsConfig:
+    features: FeatureSpace = FeatureSpace.classifier  # feature space of FID, KID, precision/recall, density/coverage
+    inception_weights: Optional[str] = None  # features=inception: local weights file; null = torchmetrics downloads them
+    kid_subsets: int = 100  # KID averages the MMD over this many random subsets (Binkowski et al. 2018)
+    kid_subset_size: int = 1000  # images per KID subset; clipped to the number of samples
+    pr_k: int = 3  # neighbours for improved precision/recall (Kynkaanniemi et al. 2019: k = 3)
+    dc_k: int = 5  # neighbours for density/coverage (Naeem et al. 2020: k = 5)
+    class_threshold: float = 0.01  # a class counts as covered when it holds at least this share of the samples
+    classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
+
+    def check(self) -> None:
+        for key in ("kid_subsets", "kid_subset_size", "pr_k", "dc_k"):
+            value = getattr(self, key)
+            _require(value >= 1, f"metrics.{key}", value, "must be at least 1")
+        _require(0 < self.class_threshold < 1, "metrics.class_threshold", self.class_threshold,
+                 "must be in (0, 1)")
+        _require(self.inception_weights is None or self.features == FeatureSpace.inception,
+                 "metrics.inception_weights", self.inception_weights,
+                 "is only used with metrics.features=inception")
+        self.classifier.check()
+
+
+@dataclass
+class EvaluateConfig:
+    checkpoint: str = "???"  # required: a checkpoint file, or a training run directory (its checkpoints/last.pt)
+    # Taken from the checkpoint; a data.* given on the command line replaces that one key, e.g.
+    # data.root=... where the real data (and the classifier cache, data.root/classifiers) lives here.
+    data: DataConfig = field(default_factory=DataConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    num_samples: int = 10000  # samples measured; FID is biased upward at small N, so compare equal N only
+    batch_size: int = 500  # images per batch through G and the feature network
+    use_ema: bool = True  # sample from the EMA generator when the checkpoint has one
+    seed: int = 0  # latents of the measured samples, the grids and the KID subsets
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps, as trainer.device
+    threads: int = 0  # torch intra-op threads; 0 keeps torch's default
+    save_samples: SaveSamples = SaveSamples.none  # also write the measured samples: none | npz | png
+    export: ExportFormat = ExportFormat.none  # also write the generator: none | torchscript | export | both
+    grid_samples: int = 64  # images in samples.png (an 8 x 8 grid)
+    interpolation_rows: int = 8  # latent pairs in interpolation.png, one row each
+    interpolation_steps: int = 10  # images per row, both ends included
+    neighbour_queries: int = 8  # samples in nearest_neighbours.png, one row each
+    neighbours: int = 5  # nearest training images shown right of each sample
+
+    def check(self) -> None:
+        _require(self.num_samples >= 2, "num_samples", self.num_samples,
+                 "must be at least 2 (FID needs a covariance)")
+        _require(self.num_samples > self.metrics.dc_k, "num_samples", self.num_samples,
+                 f"must exceed metrics.dc_k ({self.metrics.dc_k}): each sample needs k neighbours")
+        for key in ("batch_size", "grid_samples", "interpolation_rows", "neighbour_queries", "neighbours"):
+            value = getattr(self, key)
+            _require(value >= 1, key, value, "must be at least 1")
+        _require(self.interpolation_steps >= 2, "interpolation_steps", self.interpolation_steps,
+                 "must be at least 2 (both ends)")
+        _require(self.threads >= 0, "threads", self.threads, "must be >= 0 (0 = torch's default)")
+        device = self.device
+        _require(device in ("auto", "cpu", "cuda", "mps") or (device.startswith("cuda:") and device[5:].isdigit()),
+                 "device", device, "must be auto, cpu, cuda, cuda:N or mps")
+        self.metrics.check()
+
+
+def validate_evaluate(cfg: DictConfig) -> EvaluateConfig:
+    """DictConfig (from Hydra) -> checked EvaluateConfig; raises ConfigError naming the key.
+
+    `data` is checked later, once the checkpoint's data section is laid under it.
+    """
+    if OmegaConf.is_missing(cfg, "checkpoint"):
+        raise ConfigError("checkpoint=PATH is required: a checkpoint file (checkpoints/last.pt) or the "
+                          "directory of the training run that wrote it.")
+    typed = OmegaConf.to_object(cfg)
+    assert isinstance(typed, EvaluateConfig), type(typed)
+    typed.check()
+    return typed
+
+
+def register_evaluate_configs() -> None:
+    """Make `evaluate_schema` available to `configs/evaluate.yaml`'s defaults list."""
+    ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)

@@ -1,25 +1,40 @@
 """Datasets and the batch stream that feeds the training loop.
 
-Owns: the built-in `digits` dataset (rendered, never downloaded), scaling pixels to [-1, 1] to
-match G's tanh, and an endless, resumable stream of shuffled batches. It leaves models and
-training to others.
+Owns where images come from (the built-in `digits`, torchvision's MNIST, Fashion-MNIST and
+CIFAR-10, any folder of images, CelebA as a folder, Stacked-MNIST), how they become uint8 squares of
+`data.image_size` with `data.channels`, scaling pixels to [-1, 1] to match G's tanh, and an endless,
+resumable stream of shuffled batches. It leaves models and training to others.
 
-Small datasets are held in memory as one uint8 tensor on the training device and batched by
-indexing: no DataLoader worker round-trip and no per-batch host-to-device copy.
+Every dataset is an `ImageSource`: a torch Dataset of uint8 (C, S, S) images with labels. The loop
+is fed in one of two ways, chosen by `data.in_memory` (auto: by size):
+- in memory: every image is decoded, resized and centre-cropped once into one uint8 tensor
+  (N, C, S, S) that lives on the training device; a batch is one indexing op, with no DataLoader
+  worker round-trip and no per-batch host-to-device copy (uint8 is a quarter of float32's size);
+- streamed: DataLoader workers decode and resize the images a batch asks for, for datasets too large
+  to hold (CelebA at 64 px is 2.1 GB of uint8).
+Both paths produce the same pixels and resume to the exact batch (tests/test_datasets.py).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
-from typing import Iterator, Optional
+import os
+import time
+import zlib
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw, ImageFont
 from torch import Tensor
-from torch.utils.data import DataLoader, Sampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, Sampler
+from torchvision import datasets
+from torchvision.datasets.folder import IMG_EXTENSIONS
+from torchvision.transforms.functional import pil_to_tensor
+from torchvision.transforms.v2 import functional as TF
 
 from gan.config import DataConfig
 
@@ -28,6 +43,12 @@ log = logging.getLogger(__name__)
 NUM_DIGIT_CLASSES = 10
 _STROKES = (1, 2, 3)  # extra stroke width in template pixels: thin, regular, bold
 
+# Auto in-memory limit: 512 MiB of uint8 pixels holds MNIST up to 64 px (245 MB), CIFAR-10 at 32 px
+# (154 MB) and Stacked-MNIST's 128k images at 32 px (393 MB), on any GPU and most laptops.
+IN_MEMORY_LIMIT = 512 * 2**20
+HELD_OUT_EVERY = 7  # folders: 1 image in 7 is held out, MNIST's 10k / 70k
+_HELD_OUT_SEED_OFFSET = 1_000_003  # generated sets: the held-out split uses seed + this
+
 
 class DataError(RuntimeError):
     """A dataset that cannot be loaded; the message says where it looked and what it expected."""
@@ -35,24 +56,336 @@ class DataError(RuntimeError):
 
 @dataclass
 class ImageSet:
-    """Images as uint8 (N, C, H, W) with their integer class labels (N,)."""
+    """A split of a dataset: its images, their integer class labels (N,) and the number of classes.
 
-    images: Tensor
+    `images` is one uint8 (N, C, H, W) tensor when the split is held in memory, or an ImageSource
+    (a Dataset of uint8 (C, H, W) images, decoded when asked) when it is streamed. BatchStream takes
+    either.
+    """
+
+    images: Tensor | Dataset
     labels: Tensor
     num_classes: int
 
 
-def load_dataset(cfg: DataConfig, train: bool = True) -> ImageSet:
-    """The configured dataset's training split (train=True) or held-out split."""
-    if cfg.name == "digits":
-        if cfg.channels != 1:
-            raise DataError(f"data=digits is grayscale: set data.channels=1 (got {cfg.channels}).")
-        # The held-out split uses another seed, so no image of it is in the training set.
-        seed = cfg.seed if train else cfg.seed + 1_000_003
-        count = cfg.num_samples if train else max(cfg.num_samples // 6, 1)
-        images, labels = render_digits(count, cfg.image_size, seed)
-        return ImageSet(images, labels, NUM_DIGIT_CLASSES)
-    raise DataError(f"data.name={cfg.name!r} is not a known dataset; the built-in one is 'digits'.")
+# loading ---------------------------------------------------------------------------------------
+
+def load_dataset(cfg: DataConfig, train: bool = True, in_memory: Optional[bool] = None) -> ImageSet:
+    """The configured dataset's training split (train=True) or held-out split.
+
+    `in_memory` overrides `cfg.in_memory` (None: follow it): a caller that needs one tensor, such
+    as an evaluation against the held-out split, passes True.
+    """
+    started = time.perf_counter()
+    source = open_source(cfg, train)
+    keep = cfg.in_memory if in_memory is None else in_memory
+    nbytes = len(source) * source.channels * source.image_size ** 2
+    if keep is None:
+        keep = nbytes <= IN_MEMORY_LIMIT
+    images = source.load_all() if keep else source
+    log.info("data=%s, %s split: %d images of %dx%dx%d (%.0f MB as uint8), %s, %d classes (%.1f s)",
+             cfg.name, "training" if train else "held-out", len(source), source.channels,
+             source.image_size, source.image_size, nbytes / 1e6,
+             "in memory" if keep else "streamed by a DataLoader", source.num_classes,
+             time.perf_counter() - started)
+    return ImageSet(images, source.labels, source.num_classes)
+
+
+def open_source(cfg: DataConfig, train: bool = True) -> ImageSource:
+    """The ImageSource that `cfg.name` names: arrays are read (digits rendered), files only listed."""
+    opener = _OPENERS.get(cfg.name)
+    if opener is None:
+        raise DataError(f"data.name={cfg.name!r} is not a known dataset; choose one of "
+                        f"{', '.join(_OPENERS)} (the built-in one is 'digits').")
+    return opener(cfg, train)
+
+
+# image sources: one Dataset type per kind of storage --------------------------------------------
+
+class ImageSource(Dataset):
+    """A dataset as uint8 (channels, image_size, image_size) images with integer labels.
+
+    Subclasses say how one image is made (`__getitem__`, used by DataLoader workers) and may make all
+    of them faster at once (`load_all`, used for the in-memory path); both give the same pixels.
+    """
+
+    def __init__(self, labels: Tensor, num_classes: int, channels: int, image_size: int):
+        self.labels, self.num_classes = labels.long(), num_classes
+        self.channels, self.image_size = channels, image_size
+
+    def __len__(self) -> int:
+        return self.labels.numel()
+
+    def __getitem__(self, index: int) -> Tensor:
+        raise NotImplementedError
+
+    def load_all(self) -> Tensor:
+        """Every image as one uint8 (N, C, S, S) tensor, decoded in parallel by DataLoader workers."""
+        out = torch.empty(len(self), self.channels, self.image_size, self.image_size, dtype=torch.uint8)
+        # Forking workers costs more than it saves on a few hundred small files.
+        workers = min(8, _available_cpus()) if len(self) >= 1024 else 0
+        start = 0
+        for batch in DataLoader(self, batch_size=256, num_workers=workers):
+            out[start:start + batch.size(0)] = batch
+            start += batch.size(0)
+        return out
+
+
+class ArrayImages(ImageSource):
+    """Images already in one uint8 array (N, C, H, W) at any size and channel count: digits, MNIST,
+    Fashion-MNIST, CIFAR-10. Converted and resized per image, or in chunks by load_all."""
+
+    def __init__(self, raw: Tensor, labels: Tensor, num_classes: int, channels: int, image_size: int):
+        super().__init__(labels, num_classes, channels, image_size)
+        self.raw = raw
+
+    def __getitem__(self, index: int) -> Tensor:
+        return fit_square(convert_channels(self.raw[index], self.channels), self.image_size)
+
+    def load_all(self) -> Tensor:
+        # Each op works per image, so a chunk of 4096 gives exactly the pixels of 4096 single calls;
+        # 60k MNIST images resize to 32 px in about half a second on one core.
+        chunks = [fit_square(convert_channels(chunk, self.channels), self.image_size)
+                  for chunk in self.raw.split(4096)]
+        return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+
+
+class ImageFiles(ImageSource):
+    """Image files (PNG, JPEG, ...), decoded with Pillow when an image is asked for."""
+
+    def __init__(self, paths: Sequence[Path], labels: Tensor, num_classes: int, channels: int,
+                 image_size: int):
+        super().__init__(labels, num_classes, channels, image_size)
+        self.paths = [str(p) for p in paths]  # str: cheaper than Path to hand to forked workers
+
+    def __getitem__(self, index: int) -> Tensor:
+        return read_image(self.paths[index], self.channels, self.image_size)
+
+
+class StackedImages(ImageSource):
+    """Stacked-MNIST: three images of a grayscale set as the R, G and B channels of one image."""
+
+    def __init__(self, source: Tensor, triples: Tensor, labels: Tensor):
+        super().__init__(labels, 1000, 3, source.size(-1))
+        self.source, self.triples = source, triples  # (M, 1, S, S) uint8, (N, 3) indices into it
+
+    def __getitem__(self, index: int) -> Tensor:
+        return self.source[self.triples[index]].flatten(0, 1)  # (3, 1, S, S) -> (3, S, S)
+
+    def load_all(self) -> Tensor:
+        return self.source[self.triples].flatten(1, 2)  # one gather: (N, 3, 1, S, S) -> (N, 3, S, S)
+
+
+# pixels: one place that decides sizes and colours ------------------------------------------------
+
+def fit_square(images: Tensor, size: int) -> Tensor:
+    """uint8 (..., C, H, W) -> (..., C, size, size): the shorter side resized to `size`, then the
+    centre cropped: the PyTorch DCGAN tutorial's Resize(size) + CenterCrop(size).
+
+    Bilinear with antialias=True, the filter PIL uses, so shrinking averages pixels instead of
+    skipping them. Small images are resized up rather than padded (28 -> 32 for MNIST, as
+    pytorch/examples' dcgan does): one rule for every size, and the object fills the same fraction
+    of the frame at every image_size.
+    """
+    if images.shape[-2:] == (size, size):
+        return images
+    return TF.center_crop(TF.resize(images, [size], antialias=True), [size, size])
+
+
+def convert_channels(images: Tensor, channels: int) -> Tensor:
+    """uint8 (..., C, H, W) -> (..., channels, H, W): gray repeated into RGB, or RGB to luma.
+
+    Luma is ITU-R 601-2 (0.299 R + 0.587 G + 0.114 B) in Pillow's own fixed-point form (Convert.c,
+    weights scaled by 2^16, rounded), so an RGB dataset turns gray to the same byte whether it is
+    read from files (Pillow converts) or from arrays (this function).
+    """
+    if images.size(-3) == channels:
+        return images
+    if channels == 3:
+        return images.expand(*images.shape[:-3], 3, *images.shape[-2:]).contiguous()
+    weights = torch.tensor([19595, 38470, 7471], dtype=torch.int32).view(3, 1, 1)
+    luma = (images.int() * weights).sum(-3, keepdim=True, dtype=torch.int32) + 0x8000
+    return (luma >> 16).to(torch.uint8)
+
+
+def read_image(path: str, channels: int, size: int) -> Tensor:
+    """One image file -> uint8 (channels, size, size); Pillow converts palette, alpha and CMYK."""
+    try:
+        with Image.open(path) as image:
+            pixels = pil_to_tensor(image.convert("L" if channels == 1 else "RGB"))
+    except OSError as err:  # unreadable or truncated file; PIL.UnidentifiedImageError is an OSError
+        raise DataError(f"{path} cannot be read as an image ({err}). Remove it or fix it.") from err
+    return fit_square(pixels, size)
+
+
+# torchvision's datasets --------------------------------------------------------------------------
+
+_IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+              "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+_CIFAR_FILES = (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta")
+
+
+def open_mnist(cfg: DataConfig, train: bool) -> ArrayImages:
+    return _open_mnist_like(cfg, train, datasets.MNIST, "about 12 MB")
+
+
+def open_fashion_mnist(cfg: DataConfig, train: bool) -> ArrayImages:
+    return _open_mnist_like(cfg, train, datasets.FashionMNIST, "about 30 MB")
+
+
+def _open_mnist_like(cfg: DataConfig, train: bool, kind: type[datasets.MNIST],
+                     download_size: str) -> ArrayImages:
+    """MNIST and Fashion-MNIST through torchvision: uint8 (N, 28, 28) arrays read from IDX files."""
+    folder = _root(cfg) / kind.__name__ / "raw"  # torchvision's layout: ROOT/MNIST/raw
+    missing = [name for name in _IDX_FILES if not (folder / name).is_file()]
+    if missing and not cfg.download:
+        raise DataError(
+            f"data={cfg.name}: no {kind.__name__} in {folder} (absolute path {folder.resolve()}). "
+            f"torchvision's {kind.__name__} expects the four uncompressed IDX files there: "
+            f"{', '.join(_IDX_FILES)}; {_which_missing(missing, _IDX_FILES)}. Add data.download=true "
+            f"to fetch them there ({download_size}, needs internet), or set data.root to the folder "
+            f"that holds {kind.__name__}/raw.")
+    dataset = _torchvision(cfg, lambda: kind(cfg.root, train=train, download=cfg.download), folder)
+    return ArrayImages(dataset.data.unsqueeze(1), dataset.targets, 10, cfg.channels, cfg.image_size)
+
+
+def open_cifar10(cfg: DataConfig, train: bool) -> ArrayImages:
+    """CIFAR-10 through torchvision: pickled batches of uint8 (N, 32, 32, 3) arrays.
+
+    torchvision checks the md5 of each file against the official archive before it reads any.
+    """
+    folder = _root(cfg) / datasets.CIFAR10.base_folder
+    missing = [name for name in _CIFAR_FILES if not (folder / name).is_file()]
+    if missing and not cfg.download:
+        raise DataError(
+            f"data=cifar10: no CIFAR-10 in {folder} (absolute path {folder.resolve()}). torchvision's "
+            f"CIFAR10 expects the unpacked python version there: {', '.join(_CIFAR_FILES)}; "
+            f"{_which_missing(missing, _CIFAR_FILES)}. Add data.download=true to fetch it there "
+            "(163 MB, needs internet), or set data.root to the folder that holds cifar-10-batches-py.")
+    dataset = _torchvision(cfg, lambda: datasets.CIFAR10(cfg.root, train=train, download=cfg.download),
+                           folder)
+    raw = torch.from_numpy(dataset.data).permute(0, 3, 1, 2).contiguous()  # HWC -> CHW
+    return ArrayImages(raw, torch.tensor(dataset.targets), 10, cfg.channels, cfg.image_size)
+
+
+def _which_missing(missing: Sequence[str], expected: Sequence[str]) -> str:
+    return "none of them is there" if len(missing) == len(expected) else f"missing: {', '.join(missing)}"
+
+
+def _root(cfg: DataConfig) -> Path:
+    return Path(cfg.root).expanduser()  # as torchvision does with its root
+
+
+def _torchvision(cfg: DataConfig, make: Callable[[], Dataset], folder: Path) -> Dataset:
+    """Build a torchvision dataset; its failures (download, checksum, format) become a DataError."""
+    try:
+        return make()
+    except (RuntimeError, OSError, ValueError, TypeError) as err:
+        where = f"data={cfg.name}: the dataset in {folder} (absolute path {folder.resolve()})"
+        if cfg.download:
+            raise DataError(f"{where} could not be downloaded: {str(err).strip()} Run again where the "
+                            "machine is online, or copy the official files there.") from err
+        raise DataError(f"{where} is there but was refused: a checksum or format check failed "
+                        f"({str(err).strip()}). Delete the folder and run again with data.download=true, "
+                        "or copy the official files there.") from err
+
+
+# folders of images -----------------------------------------------------------------------------
+
+def open_folder(cfg: DataConfig, train: bool) -> ImageFiles:
+    """Any folder of images: class subfolders as torchvision's ImageFolder reads them, else every
+    image below the folder, unlabelled (one class)."""
+    return _image_folder(_root(cfg), cfg, train, remedy=(
+        "Set data.root to a folder of images, flat or with one subfolder per class; there is "
+        "nothing to download for data=folder."))
+
+
+def open_celeba(cfg: DataConfig, train: bool) -> ImageFiles:
+    """CelebA's aligned-and-cropped faces (178x218 JPEGs) as a folder, where torchvision's CelebA
+    keeps them: ROOT/celeba/img_align_celeba. celeba.yaml sets the DCGAN tutorial's 64 px RGB."""
+    folder = _root(cfg) / datasets.CelebA.base_folder
+    if cfg.download and not (folder / "img_align_celeba").is_dir():
+        _torchvision(cfg, lambda: datasets.CelebA(cfg.root, split="all", target_type=[], download=True),
+                     folder)
+    return _image_folder(folder, cfg, train, remedy=(
+        "Expected CelebA's 202,599 aligned-and-cropped JPEGs in img_align_celeba/ there. Add "
+        "data.download=true to fetch them with torchvision's CelebA (1.4 GB from Google Drive; needs "
+        "internet and `pip install gdown`), or unzip img_align_celeba.zip there by hand."))
+
+
+def _image_folder(root: Path, cfg: DataConfig, train: bool, remedy: str) -> ImageFiles:
+    where = f"{root} (absolute path {root.resolve()})"
+    if not root.is_dir():
+        raise DataError(f"data={cfg.name}: the folder {where} does not exist. {remedy}")
+    paths, labels, num_classes = list_images(root)
+    if not paths:
+        raise DataError(f"data={cfg.name}: the folder {where} holds no image files "
+                        f"({' '.join(IMG_EXTENSIONS)}), in it or below it. {remedy}")
+    keep = [i for i, path in enumerate(paths) if is_held_out(path.relative_to(root)) != train]
+    if not keep:
+        raise DataError(f"data={cfg.name}: none of the {len(paths)} images in {where} falls in the "
+                        f"{'training' if train else 'held-out'} split (1 in {HELD_OUT_EVERY} is held "
+                        "out, by a hash of its path). Add images.")
+    return ImageFiles([paths[i] for i in keep], torch.tensor(labels)[keep], num_classes,
+                      cfg.channels, cfg.image_size)
+
+
+def list_images(root: Path) -> tuple[list[Path], list[int], int]:
+    """(paths, labels, number of classes) of the images in or below `root`, in a stable order.
+
+    torchvision's ImageFolder fits when `root` holds only folders: each top folder is a class and
+    its images are found at any depth. Otherwise (images directly in `root`, or no folders) every
+    image below `root` is listed recursively under one class. Hidden files and folders are skipped.
+    """
+    entries = [p for p in root.iterdir() if not p.name.startswith(".")]
+    if any(p.is_dir() for p in entries) and not any(_is_image(p) for p in entries):
+        folder = datasets.ImageFolder(str(root), allow_empty=True)  # allow_empty: no error on a bare folder
+        return [Path(p) for p, _ in folder.samples], [c for _, c in folder.samples], len(folder.classes)
+    paths = sorted(p for p in root.rglob("*") if _is_image(p)
+                   and not any(part.startswith(".") for part in p.relative_to(root).parts))
+    return paths, [0] * len(paths), 1
+
+
+def _is_image(path: Path) -> bool:
+    return path.suffix.lower() in IMG_EXTENSIONS and path.is_file()
+
+
+def is_held_out(relative: Path) -> bool:
+    """A folder image's split, from a hash of its path relative to the folder: the same on every
+    machine, and adding images never moves the others between the splits."""
+    return zlib.crc32(relative.as_posix().encode()) % HELD_OUT_EVERY == 0
+
+
+# built-in and composed datasets ------------------------------------------------------------------
+
+def open_digits(cfg: DataConfig, train: bool) -> ArrayImages:
+    # The held-out split uses another seed, so no image of it is in the training set.
+    seed = cfg.seed if train else cfg.seed + _HELD_OUT_SEED_OFFSET
+    count = cfg.num_samples if train else max(cfg.num_samples // 6, 1)
+    images, labels = render_digits(count, cfg.image_size, seed)
+    return ArrayImages(images, labels, NUM_DIGIT_CLASSES, cfg.channels, cfg.image_size)
+
+
+def open_stacked(cfg: DataConfig, train: bool) -> StackedImages:
+    """Stacked-MNIST (Metz et al. 2017; Srivastava et al. 2017): three images of `data.source`,
+    drawn independently and uniformly, stacked as R, G, B. Its 1000 classes (label = 100 * red +
+    10 * green + blue digit) are the modes a mode-counting classifier looks for."""
+    try:  # the source split in memory, grayscale, at the target size; digits renders num_samples
+        source = load_dataset(replace(cfg, name=cfg.source, channels=1), train, in_memory=True)
+    except DataError as err:
+        raise DataError(f"data=stacked reads its images from data.source={cfg.source}: {err}") from err
+    count = cfg.num_samples if train else max(cfg.num_samples // 6, 1)
+    seed = cfg.seed if train else cfg.seed + _HELD_OUT_SEED_OFFSET
+    triples = torch.randint(0, source.labels.numel(), (count, 3),
+                            generator=torch.Generator().manual_seed(seed))
+    digits = source.labels[triples]  # (count, 3): the class of the red, green and blue image
+    return StackedImages(source.images, triples, digits[:, 0] * 100 + digits[:, 1] * 10 + digits[:, 2])
+
+
+_OPENERS: dict[str, Callable[[DataConfig, bool], ImageSource]] = {
+    "digits": open_digits, "mnist": open_mnist, "fashion_mnist": open_fashion_mnist,
+    "cifar10": open_cifar10, "folder": open_folder, "celeba": open_celeba, "stacked": open_stacked,
+}
 
 
 def render_digits(num_samples: int, image_size: int, seed: int) -> tuple[Tensor, Tensor]:
@@ -126,6 +459,8 @@ def _gaussian_blur(x: Tensor, sigma: Tensor) -> Tensor:
     return x.view(n, 1, h, w)
 
 
+# the batch stream --------------------------------------------------------------------------------
+
 def to_unit_range(images: Tensor) -> Tensor:
     """uint8 [0, 255] -> float [-1, 1], the range of G's tanh."""
     return images.float().div_(127.5).sub_(1.0)
@@ -138,43 +473,74 @@ class EpochBatchSampler(Sampler[list[int]]):
     order depends only on the seed and the position, so (epoch, batch) is the whole state of the
     data pipeline and a resumed run sees exactly the batches the uninterrupted run would have seen.
     It runs in the main process even when a DataLoader has workers, so workers change nothing.
-    The last incomplete batch of an epoch is dropped: BatchNorm dislikes tiny batches.
+    The last incomplete batch of an epoch is dropped here (a DataLoader's own drop_last cannot be
+    combined with a batch_sampler): BatchNorm dislikes tiny batches.
+    Under DDP, as torch's DistributedSampler with set_epoch: every rank draws the same permutation
+    and takes every world_size-th item of it from its rank on, so the ranks' shares are disjoint.
     """
 
-    def __init__(self, size: int, batch_size: int, seed: int):
+    def __init__(self, size: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
         self.size, self.batch_size, self.seed = size, batch_size, seed
+        self.rank, self.world_size = rank, world_size
         self.epoch, self.start = 0, 0
 
+    @property
+    def batches_per_epoch(self) -> int:
+        return self.size // self.world_size // self.batch_size
+
     def __len__(self) -> int:
-        return self.size // self.batch_size - self.start
+        return self.batches_per_epoch - self.start
 
     def __iter__(self) -> Iterator[list[int]]:
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        order = torch.randperm(self.size, generator=gen)
-        for b in range(self.start, self.size // self.batch_size):
+        order = torch.randperm(self.size, generator=gen)[self.rank::self.world_size]
+        for b in range(self.start, self.batches_per_epoch):
             yield order[b * self.batch_size:(b + 1) * self.batch_size].tolist()
+
+
+class _Rows(Dataset):
+    """An in-memory uint8 tensor seen as a Dataset of images, for DataLoader workers."""
+
+    def __init__(self, images: Tensor):
+        self.images = images
+
+    def __len__(self) -> int:
+        return self.images.size(0)
+
+    def __getitem__(self, index: int) -> Tensor:
+        return self.images[index]
 
 
 class BatchStream:
     """Endless, resumable stream of float batches in [-1, 1] on the training device.
 
-    num_workers=0: the uint8 images live on the device and a batch is one indexing op.
-    num_workers>0: a DataLoader with worker processes reads the batches the sampler picks (the
-    path for datasets too large to hold in memory), pinned for a fast copy to CUDA.
+    `images` is a uint8 (N, C, H, W) tensor or a Dataset of uint8 (C, H, W) images (an ImageSource).
+    A tensor with num_workers=0: the images live on the device and a batch is one indexing op.
+    Otherwise a DataLoader reads the batches the sampler picks, in `num_workers` worker processes
+    that stay alive across epochs (persistent_workers), pinned for a fast copy to CUDA: the path for
+    datasets decoded on the fly. num_workers=None: 0 for a tensor, else `default_num_workers()`.
     """
 
-    def __init__(self, images: Tensor, batch_size: int, seed: int, device: torch.device,
-                 num_workers: int = 0):
+    def __init__(self, images: Tensor | Dataset, batch_size: int, seed: int, device: torch.device,
+                 num_workers: Optional[int] = 0, rank: int = 0, world_size: int = 1):
+        size = len(images)
+        if size < batch_size * world_size:
+            raise DataError(f"The training split has {size} images, fewer than data.batch_size="
+                            f"{batch_size} x {world_size} process(es): an epoch needs one full batch "
+                            "per process. Lower data.batch_size.")
         self.device = device
-        self.sampler = EpochBatchSampler(images.size(0), batch_size, seed)
-        if num_workers == 0:
-            self.images: Optional[Tensor] = images.to(device)  # uint8: a quarter of float32's size
-            self.loader: Optional[DataLoader] = None
+        self.sampler = EpochBatchSampler(size, batch_size, seed, rank, world_size)
+        in_memory = isinstance(images, Tensor)
+        if num_workers is None:
+            num_workers = 0 if in_memory else default_num_workers()
+        self.images: Optional[Tensor] = None
+        self.loader: Optional[DataLoader] = None
+        if in_memory and num_workers == 0:
+            self.images = images.to(device)  # uint8: a quarter of float32's size
         else:
-            self.images = None
-            self.loader = DataLoader(TensorDataset(images), batch_sampler=self.sampler,
+            self.loader = DataLoader(_Rows(images) if in_memory else images, batch_sampler=self.sampler,
                                      num_workers=num_workers, pin_memory=device.type == "cuda",
-                                     persistent_workers=True)
+                                     persistent_workers=num_workers > 0)
         self.batch = 0  # batches taken in the current epoch
         self._batches = self._epoch_iterator()
 
@@ -185,7 +551,7 @@ class BatchStream:
     def _epoch_iterator(self) -> Iterator[Tensor]:
         if self.loader is None:
             return (self.images[torch.tensor(index, device=self.device)] for index in self.sampler)
-        return (images for (images,) in self.loader)
+        return iter(self.loader)
 
     def __iter__(self) -> BatchStream:
         return self
@@ -207,3 +573,15 @@ class BatchStream:
         self.sampler.epoch, self.sampler.start = int(state["epoch"]), int(state["batch"])
         self.batch = self.sampler.start
         self._batches = self._epoch_iterator()
+
+
+def default_num_workers() -> int:
+    """Workers for a streamed dataset: half the usable CPU cores (the other half trains), 1 to 8."""
+    return max(1, min(8, _available_cpus() // 2))
+
+
+def _available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # the cores this process may use (Linux, containers)
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1

@@ -14,9 +14,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def d_loss_bce(real_logits: Tensor, fake_logits: Tensor) -> Tensor:
-    """-[log D(x) + log(1 - D(G(z)))], the GAN discriminator loss (Goodfellow et al. 2014)."""
-    real = F.binary_cross_entropy_with_logits(real_logits, torch.ones_like(real_logits))  # -log sigmoid(l)
+def d_loss_bce(real_logits: Tensor, fake_logits: Tensor, real_label: float = 1.0) -> Tensor:
+    """-[log D(x) + log(1 - D(G(z)))], the GAN discriminator loss (Goodfellow et al. 2014).
+
+    real_label < 1 is one-sided label smoothing (Salimans et al. 2016, sec. 3.4): D aims at 0.9,
+    say, for real images, which keeps it from growing overconfident; fakes keep the target 0.
+    """
+    real = F.binary_cross_entropy_with_logits(real_logits, torch.full_like(real_logits, real_label))  # -log sigmoid(l)
     fake = F.binary_cross_entropy_with_logits(fake_logits, torch.zeros_like(fake_logits))  # -log(1 - sigmoid(l))
     return real + fake
 
@@ -36,6 +40,31 @@ def g_loss_hinge(fake_logits: Tensor) -> Tensor:
     return -fake_logits.mean()
 
 
+def d_loss_wgan(real_logits: Tensor, fake_logits: Tensor) -> Tensor:
+    """E[D(G(z))] - E[D(x)]: the critic's side of the Wasserstein loss (Arjovsky et al. 2017)."""
+    return fake_logits.mean() - real_logits.mean()
+
+
+def gradient_penalty(critic: Callable[[Tensor], Tensor], real: Tensor, fake: Tensor) -> Tensor:
+    """E[(||grad_x D(x_hat)||_2 - 1)^2] on random interpolates of real and fake (Gulrajani et al. 2017).
+
+    create_graph=True: the penalty is a function of D's input gradient, and its own gradient with
+    respect to D's weights needs the graph of that gradient (a second-order backward). Without it
+    the gradient is a constant and the penalty changes nothing. The norm is per sample
+    (.norm(2, dim=1) over the flattened image), so D must not mix samples (no BatchNorm).
+    """
+    epsilon = torch.rand(real.size(0), 1, 1, 1, device=real.device, dtype=real.dtype)
+    interpolates = (epsilon * real.detach() + (1 - epsilon) * fake.detach()).requires_grad_(True)
+    (grad,) = torch.autograd.grad(critic(interpolates).sum(), interpolates, create_graph=True)
+    return (grad.flatten(1).norm(2, dim=1) - 1).pow(2).mean()
+
+
+def r1_penalty(real_logits: Tensor, real: Tensor) -> Tensor:
+    """E[||grad_x D(x)||^2] on real images (Mescheder et al. 2018); `real` must require grad."""
+    (grad,) = torch.autograd.grad(real_logits.sum(), real, create_graph=True)
+    return grad.flatten(1).pow(2).sum(1).mean()
+
+
 def feature_matching(real_features: Tensor, fake_features: Tensor) -> Tensor:
     """||E f(x) - E f(G(z))||^2 over D's intermediate features (Salimans et al. 2016, sec. 3.1).
 
@@ -52,5 +81,6 @@ class AdversarialLoss(NamedTuple):
 LOSSES: dict[str, AdversarialLoss] = {
     "bce": AdversarialLoss(d_loss_bce, g_loss_bce),
     "hinge": AdversarialLoss(d_loss_hinge, g_loss_hinge),
+    "wgan_gp": AdversarialLoss(d_loss_wgan, g_loss_hinge),  # G: -E[D(G(z))], the same form as hinge's
 }
 

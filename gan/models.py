@@ -52,29 +52,49 @@ class Generator(nn.Module):
 
 
 class Discriminator(nn.Module):
-    """images (N, channels, S, S) -> logits (N,); `forward_with_features` also returns the trunk's output."""
+    """images (N, channels, S, S) -> logits (N / pack,); with_features=True also returns the trunk's output.
 
-    def __init__(self, width: int = 64, channels: int = 1, image_size: int = 32):
+    batchnorm=False: no normalisation (for per-sample penalties; convolutions then get a bias).
+    spectral_norm=True: each convolution's weight divided by its largest singular value (Miyato et
+    al. 2018), torch's parametrization, estimated by one power iteration per training forward.
+    pack=m: PacGAN (Lin et al. 2018): m consecutive samples are stacked along channels and judged
+    together, so a D that sees m fakes at once can tell when they all look alike.
+    """
+
+    def __init__(self, width: int = 64, channels: int = 1, image_size: int = 32, batchnorm: bool = True,
+                 spectral_norm: bool = False, pack: int = 1):
         super().__init__()
+        self.pack = pack
         blocks = num_blocks(image_size)
         # no BatchNorm on D's input layer (DCGAN paper, sec. 3)
-        layers: list[nn.Module] = [nn.Conv2d(channels, width, 4, 2, 1, bias=False), nn.LeakyReLU(0.2, True)]
+        convs = [nn.Conv2d(channels * pack, width, 4, 2, 1, bias=not batchnorm)]
+        layers: list[nn.Module] = [convs[-1], nn.LeakyReLU(0.2, True)]
         ch = width
         for _ in range(blocks - 1):
-            layers += [nn.Conv2d(ch, ch * 2, 4, 2, 1, bias=False), nn.BatchNorm2d(ch * 2),
-                       nn.LeakyReLU(0.2, True)]
+            convs.append(nn.Conv2d(ch, ch * 2, 4, 2, 1, bias=not batchnorm))
+            layers += [convs[-1], nn.BatchNorm2d(ch * 2) if batchnorm else nn.Identity(), nn.LeakyReLU(0.2, True)]
             ch *= 2
         self.features = nn.Sequential(*layers)  # state size: ch x 4 x 4
         self.head = nn.Conv2d(ch, 1, 4, 1, 0, bias=False)  # a logit; no Sigmoid (see module docstring)
         self.apply(dcgan_init_)
+        if spectral_norm:
+            for conv in [*convs, self.head]:
+                nn.utils.parametrizations.spectral_norm(conv)
+
+    def forward(self, x: Tensor, with_features: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """logits (N,); with_features=True: (logits, features (N, ch, 4, 4)) for feature matching.
+
+        A keyword of forward() rather than a second method, so that a DistributedDataParallel
+        wrapper, which only intercepts forward(), passes it through.
+        """
+        if self.pack > 1:  # (N, C, H, W) -> (N / pack, pack * C, H, W): consecutive samples together
+            x = x.reshape(x.size(0) // self.pack, self.pack * x.size(1), *x.shape[2:])
+        features = self.features(x)
+        logits = self.head(features).flatten()
+        return (logits, features) if with_features else logits
 
     def forward_with_features(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """(logits (N,), features (N, ch, 4, 4)); the features feed the feature-matching loss."""
-        features = self.features(x)
-        return self.head(features).flatten(), features
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.forward_with_features(x)[0]
+        return self(x, with_features=True)
 
 
 @torch.no_grad()
@@ -82,6 +102,8 @@ def dcgan_init_(module: nn.Module) -> None:
     """Weights ~ N(0, 0.02); BatchNorm scale ~ N(1, 0.02), shift 0 (Radford et al. 2015, sec. 4)."""
     if isinstance(module, (nn.Conv2d, nn.ConvTranspose2d)):
         nn.init.normal_(module.weight, 0.0, 0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
     elif isinstance(module, nn.BatchNorm2d):
         nn.init.normal_(module.weight, 1.0, 0.02)
         nn.init.zeros_(module.bias)

@@ -13,44 +13,85 @@ numbers (`.item()`) forces a host sync, so the loop does that only at log time.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, ContextManager, Iterable, Iterator
+import dataclasses
+from typing import Callable, ContextManager, Iterable, Iterator, Optional
 
 import torch
 from torch import Tensor, nn
 
 from gan.config import BackwardMode
-from gan.losses import AdversarialLoss, feature_matching
+from gan.losses import AdversarialLoss, feature_matching, gradient_penalty, r1_penalty
 
 
-def d_step(D: nn.Module, opt_d: torch.optim.Optimizer, loss: AdversarialLoss,
-           real: Tensor, fake: Tensor, autocast: Callable[[], ContextManager] = contextlib.nullcontext,
-           skip_nonfinite: bool = False) -> tuple[dict[str, Tensor], Tensor]:
+@dataclasses.dataclass(frozen=True)
+class StepContext:
+    """How both steps do their arithmetic (the same for D and G within a run).
+
+    autocast: a zero-argument callable giving the mixed-precision context for forward passes.
+    scaler: a GradScaler for fp16 (scales the loss so small gradients survive fp16; one scaler for
+        both networks, updated once per iteration, as in PyTorch's AMP recipe for several
+        optimizers). Disabled, it is a pass-through: scale() returns the loss, step() steps.
+    skip_nonfinite: drop an update whose loss is NaN/inf (trainer.on_nan=skip; one host sync).
+    """
+
+    autocast: Callable[[], ContextManager] = contextlib.nullcontext
+    scaler: torch.amp.GradScaler = dataclasses.field(
+        default_factory=lambda: torch.amp.GradScaler("cpu", enabled=False))
+    skip_nonfinite: bool = False
+
+    def gradient_scale(self) -> float:
+        return self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
+
+
+FP32 = StepContext()
+
+
+@dataclasses.dataclass(frozen=True)
+class Penalties:
+    """Weights of D's regularisers; 0 turns one off."""
+
+    gradient_penalty: float = 0.0  # WGAN-GP (Gulrajani et al. 2017), on interpolates
+    r1: float = 0.0  # gamma of R1 (Mescheder et al. 2018), on real images
+
+
+NO_PENALTIES = Penalties()
+
+
+def d_step(D: nn.Module, opt_d: torch.optim.Optimizer, loss: AdversarialLoss, real: Tensor, fake: Tensor,
+           ctx: StepContext = FP32, penalties: Penalties = NO_PENALTIES) -> tuple[dict[str, Tensor], Tensor]:
     """(1) Update D: minimise loss.d(D(x), D(G(z))); for bce, maximise log D(x) + log(1 - D(G(z))).
 
     Returns the diagnostics and D's features of the real batch (detached), which the G step reuses
     for feature matching instead of running D on the real batch a second time.
     """
-    with autocast():  # forward passes only: backward runs in the dtypes autocast chose for them
-        real_logits, real_features = D.forward_with_features(real)
+    if penalties.r1 > 0:  # R1 differentiates D(x) with respect to the images themselves
+        real = real.detach().requires_grad_(True)
+    with ctx.autocast():  # forward passes only: backward runs in the dtypes autocast chose for them
+        real_logits, real_features = D(real, with_features=True)
         # detach(): a new tensor on the same storage with no history. D's loss stops at the fake
         # images and cannot fill G's .grad (pytorch/examples#116); G's forward is not repeated.
         fake_logits = D(fake.detach())
-        loss_d = loss.d(real_logits, fake_logits)
-    loss_d.backward()
+        terms = {"adv": loss.d(real_logits, fake_logits)}
+        if penalties.gradient_penalty > 0:
+            terms["gp"] = penalties.gradient_penalty * gradient_penalty(D, real, fake)
+        if penalties.r1 > 0:
+            terms["r1"] = penalties.r1 / 2 * r1_penalty(real_logits, real)
+        loss_d = sum(terms.values())
+    ctx.scaler.scale(loss_d).backward()
+    ctx.scaler.unscale_(opt_d)  # true gradients for the norm below (a no-op unless fp16)
     grad_norm = total_norm(D.parameters())
-    update(opt_d, loss_d, skip_nonfinite)
+    update(opt_d, loss_d, ctx)
     release_grads(D)
     stats = {"loss/d": loss_d.detach(), "grad_norm/d": grad_norm,
              "d/real": torch.sigmoid(real_logits.detach()).mean(),  # D(x): probability "real" on data
              "d/fake": torch.sigmoid(fake_logits.detach()).mean()}  # D(G(z)) before this update
+    stats.update({f"loss/d_{name}": value.detach() for name, value in terms.items() if len(terms) > 1})
     return stats, real_features.detach()
 
 
 def g_step(D: nn.Module, G: nn.Module, opt_g: torch.optim.Optimizer, loss: AdversarialLoss,
            fake: Tensor, real_features: Tensor, feature_matching_weight: float = 0.0,
-           backward_mode: BackwardMode = BackwardMode.summed,
-           autocast: Callable[[], ContextManager] = contextlib.nullcontext,
-           skip_nonfinite: bool = False) -> dict[str, Tensor]:
+           backward_mode: BackwardMode = BackwardMode.summed, ctx: StepContext = FP32) -> dict[str, Tensor]:
     """(2) Update G: minimise loss.g(D(G(z))) [+ w * feature matching]; for bce, maximise log D(G(z)).
 
     `fake` is G's output with its graph (the same batch the D step saw detached).
@@ -59,25 +100,27 @@ def g_step(D: nn.Module, G: nn.Module, opt_g: torch.optim.Optimizer, loss: Adver
     # shows how strongly D pushes on the images, a diagnostic of the adversarial signal.
     fake.retain_grad()
     with frozen(D):
-        with autocast():
-            fake_logits, fake_features = D.forward_with_features(fake)
+        with ctx.autocast():
+            fake_logits, fake_features = D(fake, with_features=True)
             terms = {"adv": loss.g(fake_logits)}
             if feature_matching_weight > 0:
                 terms["fm"] = feature_matching_weight * feature_matching(real_features, fake_features)
-        norms = backward_terms(terms, list(G.parameters()), backward_mode)
+        term_norms = backward_terms(terms, list(G.parameters()), backward_mode, ctx.scaler)
+    ctx.scaler.unscale_(opt_g)
+    grad_norm = total_norm(G.parameters())
     loss_g = sum(terms.values()).detach()
-    update(opt_g, loss_g, skip_nonfinite)
+    update(opt_g, loss_g, ctx)
     release_grads(G)
-    stats = {"loss/g": loss_g, "grad_norm/g": norms.pop("total"),
-             "grad_norm/images": fake.grad.flatten(1).norm(dim=1).mean()}
+    stats = {"loss/g": loss_g, "grad_norm/g": grad_norm,
+             "grad_norm/images": fake.grad.flatten(1).norm(dim=1).mean() / ctx.gradient_scale()}
     stats.update({f"loss/g_{name}": value.detach() for name, value in terms.items() if len(terms) > 1})
-    stats.update({f"grad_norm/g_{name}": value for name, value in norms.items()})
+    stats.update({f"grad_norm/g_{name}": value for name, value in term_norms.items()})
     return stats
 
 
-def backward_terms(terms: dict[str, Tensor], params: list[Tensor],
-                   mode: BackwardMode) -> dict[str, Tensor]:
-    """Backpropagate a multi-term loss; returns gradient norms: 'total', plus one per term if separate.
+def backward_terms(terms: dict[str, Tensor], params: list[Tensor], mode: BackwardMode,
+                   scaler: Optional[torch.amp.GradScaler] = None) -> dict[str, Tensor]:
+    """Backpropagate a multi-term loss into .grad; in separate mode, returns each term's gradient norm.
 
     summed: one backward of the sum, the usual and cheapest form.
     separate: one backward per term. The terms share one graph (through D and G), and backward()
@@ -86,26 +129,28 @@ def backward_terms(terms: dict[str, Tensor], params: list[Tensor],
     gradients accumulate in .grad, so both modes leave the same .grad; each term's own norm is the
     growth of .grad during its call.
     """
+    scaler = scaler or FP32.scaler
     if mode == BackwardMode.summed or len(terms) == 1:
-        sum(terms.values()).backward()
-        return {"total": total_norm(params)}
+        scaler.scale(sum(terms.values())).backward()
+        return {}
+    scale = scaler.get_scale() if scaler.is_enabled() else 1.0
     norms: dict[str, Tensor] = {}
     before = [torch.zeros_like(p) for p in params]
     for i, (name, term) in enumerate(terms.items()):
         last = i == len(terms) - 1
-        term.backward(retain_graph=not last)
+        scaler.scale(term).backward(retain_graph=not last)
         after = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
-        norms[name] = total_norm_of([a - b for a, b in zip(after, before)])
+        norms[name] = total_norm_of([a - b for a, b in zip(after, before)]) / scale
         before = after
-    norms["total"] = total_norm(params)
     return norms
 
 
-def update(optimizer: torch.optim.Optimizer, loss: Tensor, skip_nonfinite: bool) -> None:
-    """optimizer.step(), unless skip_nonfinite and the loss is NaN/inf (that check syncs with the device)."""
-    if skip_nonfinite and not torch.isfinite(loss):
+def update(optimizer: torch.optim.Optimizer, loss: Tensor, ctx: StepContext) -> None:
+    """optimizer.step() through the scaler (which skips steps with inf/NaN gradients under fp16),
+    and not at all if ctx.skip_nonfinite and the loss is NaN/inf (that check syncs with the device)."""
+    if ctx.skip_nonfinite and not torch.isfinite(loss):
         return
-    optimizer.step()
+    ctx.scaler.step(optimizer)
 
 
 @contextlib.contextmanager
@@ -137,11 +182,14 @@ def release_grads(module: nn.Module) -> None:
 
 
 def total_norm(params: Iterable[Tensor]) -> Tensor:
-    """L2 norm of all gradients together, as a 0-dim tensor (no host sync)."""
-    return total_norm_of([p.grad for p in params if p.grad is not None])
+    """L2 norm of all gradients together, as a 0-dim tensor on their device (no host sync)."""
+    params = list(params)
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros((), device=params[0].device if params else None)
+    return total_norm_of(grads)
 
 
 def total_norm_of(tensors: list[Tensor]) -> Tensor:
-    if not tensors:
-        return torch.zeros(())
+    """L2 norm of a non-empty list of tensors taken together."""
     return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors)))

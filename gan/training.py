@@ -17,22 +17,24 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import Tensor, nn
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.swa_utils import AveragedModel
 from torchvision.utils import save_image
 
 from gan.checkpoint import keep_numbered, load_checkpoint, load_module_state, save_checkpoint
 from gan.config import OnNonFinite, Precision, TrainConfig, to_plain
-from gan.data import BatchStream, load_dataset
+from gan.data import BatchStream, ImageSet, load_dataset
 from gan.device import resolve_device
-from gan.losses import LOSSES
+from gan.distributed import SINGLE, World, any_rank, rank_device
+from gan.losses import LOSSES, AdversarialLoss, d_loss_bce
 from gan.models import Discriminator, Generator
 from gan.monitor import Monitor
 from gan.sampling import image_grid, sample
-from gan.steps import d_step, g_step
+from gan.steps import Penalties, StepContext, d_step, g_step
 
 log = logging.getLogger(__name__)
 
@@ -47,57 +49,73 @@ class TrainResult:
     metrics: dict[str, float]  # the last logged scalars
     checkpoint: Path  # checkpoints/last.pt
     stopped_by: Optional[str] = None  # "SIGINT"/"SIGTERM" when a signal ended the run early
+    seconds: float = 0.0  # wall time of the loop after its first step (which may include compiling)
 
 
-def train(cfg: TrainConfig, run_dir: Path) -> TrainResult:
-    """Train (or resume, if cfg.trainer.resume is set) one run, writing everything into run_dir."""
+def train(cfg: TrainConfig, run_dir: Path, dataset: Optional[ImageSet] = None,
+          world: World = SINGLE) -> TrainResult:
+    """Train (or resume, if cfg.trainer.resume is set) one run, writing everything into run_dir.
+
+    `dataset` replaces the one cfg.data names (the benchmark feeds its own images this way).
+    `world` is this process's place in a torchrun job; rank 0 alone writes files.
+    """
     trainer = cfg.trainer
-    device = setup_torch(cfg)
+    device = setup_torch(cfg, world)
     last_checkpoint = run_dir / "checkpoints" / "last.pt"
     samples_dir = run_dir / "samples"
-    samples_dir.mkdir(parents=True, exist_ok=True)
+    if world.is_main:
+        samples_dir.mkdir(parents=True, exist_ok=True)
     # read the checkpoint to resume from before any work, so a bad path fails at once
     resume_state = load_checkpoint(trainer.resume, map_location=device) if trainer.resume else None
 
     # data
-    dataset = load_dataset(cfg.data)
-    batches = BatchStream(dataset.images, cfg.data.batch_size, trainer.seed, device, cfg.data.num_workers)
+    dataset = dataset or load_dataset(cfg.data)
+    batches = BatchStream(dataset.images, cfg.data.batch_size, trainer.seed, device, cfg.data.num_workers,
+                          world.rank, world.size)
 
     # models, optimizers, loss
     G, D = build_models(cfg, device)
     G_ema = build_ema(G, cfg.model.ema_decay)
-    opt_g, opt_d = build_optimizer(G, cfg), build_optimizer(D, cfg)
-    loss = LOSSES[cfg.loss.name.value]
-    autocast = autocast_factory(trainer.precision, device)
+    G_train, D_train = wrap_for_ddp(G, D, world, device)
+    opt_g, opt_d = build_optimizer(G, cfg, device), build_optimizer(D, cfg, device, lr=cfg.optim.lr_d)
+    loss = build_loss(cfg)
+    penalties = Penalties(cfg.loss.gradient_penalty, cfg.loss.r1)
+    ctx = step_context(resolve_precision(trainer.precision, device), device,
+                       skip_nonfinite=trainer.on_nan == OnNonFinite.skip)
+    if trainer.compile:
+        compile_models(G, D)
     # One latent batch for the whole run, made directly on the device: every sample grid shows the
     # same z, so grids are comparable across steps (and across a resume: it is checkpointed).
     fixed_z = torch.randn(trainer.num_fixed_samples, cfg.model.z_dim, device=device,
                           generator=torch.Generator(device).manual_seed(trainer.seed))
-    objects = dict(G=G, D=D, G_ema=G_ema, opt_g=opt_g, opt_d=opt_d, batches=batches)
+    objects = dict(G=G, D=D, G_ema=G_ema, opt_g=opt_g, opt_d=opt_d, scaler=ctx.scaler, batches=batches)
     step = 0
     if resume_state is not None:
         step, fixed_z = restore(resume_state, **objects), resume_state["fixed_z"].to(device)
         log.info("Resumed from %s at step %d", trainer.resume, step)
 
-    monitor = Monitor(run_dir, step, trainer.max_steps, progress=trainer.progress)
+    monitor = Monitor(run_dir, step, trainer.max_steps, progress=trainer.progress, enabled=world.is_main)
     watch = NonFiniteWatch(device)
-    skip_nonfinite = trainer.on_nan == OnNonFinite.skip
     metrics: dict[str, float] = {}
     images_since, time_since = 0, time.perf_counter()
+    first_step_done: Optional[float] = None
     try:
         with stop_on_signals() as stop:
             while step < trainer.max_steps:
                 # fetch: a real batch, and latents created on the device (not on the CPU, then moved)
                 real = next(batches)
                 z = torch.randn(real.size(0), cfg.model.z_dim, device=device)
-                with autocast():
-                    fake = G(z)
+                with ctx.autocast():
+                    fake = G_train(z)
 
                 # (1) D step, on fake.detach()
-                d_stats, real_features = d_step(D, opt_d, loss, real, fake, autocast, skip_nonfinite)
-                # (2) G step, with D frozen
+                d_stats, real_features = d_step(D_train, opt_d, loss, real, fake, ctx, penalties)
+                # (2) G step, with D frozen. Under DDP the G step uses the unwrapped D: DDP's
+                # reducer waits for a gradient of every D parameter after each wrapped forward, and
+                # a frozen D makes none. G's own gradients are still averaged by G's wrapper.
                 g_stats = g_step(D, G, opt_g, loss, fake, real_features, cfg.loss.feature_matching,
-                                 cfg.loss.backward_mode, autocast, skip_nonfinite)
+                                 cfg.loss.backward_mode, ctx)
+                ctx.scaler.update()  # once per iteration, after both optimizers stepped (fp16 only)
                 step += 1
                 watch.update(step, d_stats["loss/d"], g_stats["loss/g"])
 
@@ -105,26 +123,29 @@ def train(cfg: TrainConfig, run_dir: Path) -> TrainResult:
                 if G_ema is not None:
                     G_ema.update_parameters(G)
                 images_since += real.size(0)
+                first_step_done = first_step_done or time.perf_counter()
                 monitor.advance()
-                done = step == trainer.max_steps or stop.signal is not None
+                done = step == trainer.max_steps or any_rank(stop.signal is not None, world, device)
 
                 # log: the only place numbers leave the device
                 if step % trainer.log_every == 0 or done:
-                    if not skip_nonfinite:
+                    if not ctx.skip_nonfinite:
                         watch.check()
-                    rate = images_since / (time.perf_counter() - time_since)
+                    rate = world.size * images_since / (time.perf_counter() - time_since)  # all ranks
+                    if step == trainer.log_every and trainer.compile:  # the first interval includes compiling
+                        monitor.note("perf/first_interval_s", time.perf_counter() - time_since, step)
                     metrics = monitor.scalars(step, {**d_stats, **g_stats, "perf/img_per_s": rate})
                     images_since, time_since = 0, time.perf_counter()
 
                 # sample: the fixed latents through the EMA generator, in eval mode
-                if step % trainer.sample_every == 0 or done:
+                if world.is_main and (step % trainer.sample_every == 0 or done):
                     grid = image_grid(sample(sampling_generator(G, G_ema), fixed_z))
                     save_image(grid, samples_dir / f"step_{step:06d}.png")
                     monitor.image("samples", grid, step)
 
                 # checkpoint: never over the last good one with weights a NaN has reached
-                if step % trainer.checkpoint_every == 0 or done:
-                    if not skip_nonfinite:
+                if world.is_main and (step % trainer.checkpoint_every == 0 or done):
+                    if not ctx.skip_nonfinite:
                         watch.check()
                     state = checkpoint_state(cfg, step, fixed_z=fixed_z, **objects)
                     save_checkpoint(state, last_checkpoint)
@@ -134,42 +155,78 @@ def train(cfg: TrainConfig, run_dir: Path) -> TrainResult:
         monitor.hparams(hparams_of(cfg), metrics)
     finally:
         monitor.close()
-    return TrainResult(step, metrics, last_checkpoint, stop.signal)
+    seconds = time.perf_counter() - first_step_done if first_step_done else 0.0
+    return TrainResult(step, metrics, last_checkpoint, stop.signal, seconds)
 
 
-def setup_torch(cfg: TrainConfig) -> torch.device:
+def setup_torch(cfg: TrainConfig, world: World = SINGLE) -> torch.device:
     """Threads, determinism and seeds; returns the device to train on."""
     trainer = cfg.trainer
     if trainer.threads:
         torch.set_num_threads(trainer.threads)
-    device = resolve_device(trainer.device)
+    device = rank_device(world, resolve_device(trainer.device))
     if trainer.deterministic:
         # cuDNN picks among algorithms, some with non-deterministic atomics, and cuBLAS needs a
         # fixed workspace; on the CPU every kernel used here is deterministic already.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = device.type == "cuda" and not trainer.deterministic
-    seed_everything(trainer.seed)
+    # Each rank draws its own latents. Initial weights may differ too: DDP copies rank 0's into
+    # every replica when it wraps the networks.
+    seed_everything(trainer.seed + world.rank)
     return device
 
 
 def build_models(cfg: TrainConfig, device: torch.device) -> tuple[Generator, Discriminator]:
     """G and D on `device`; channels_last if configured (a layout change, not a numerical one)."""
     G = Generator(cfg.model.z_dim, cfg.model.g_width, cfg.data.channels, cfg.data.image_size)
-    D = Discriminator(cfg.model.d_width, cfg.data.channels, cfg.data.image_size)
+    D = Discriminator(cfg.model.d_width, cfg.data.channels, cfg.data.image_size, cfg.model.d_batchnorm,
+                      cfg.model.spectral_norm, cfg.model.pack)
+    if cfg.model.sync_batchnorm:  # one set of batch statistics across all ranks of a DDP job
+        G, D = nn.SyncBatchNorm.convert_sync_batchnorm(G), nn.SyncBatchNorm.convert_sync_batchnorm(D)
     memory_format = torch.channels_last if cfg.trainer.channels_last else torch.contiguous_format
     return G.to(device, memory_format=memory_format), D.to(device, memory_format=memory_format)
 
 
+def wrap_for_ddp(G: nn.Module, D: nn.Module, world: World, device: torch.device) -> tuple[nn.Module, nn.Module]:
+    """DistributedDataParallel wrappers for the forward passes whose gradients ranks must average.
+
+    The wrappers share their parameters with G and D; optimizers, EMA, sampling and checkpoints use
+    the plain modules, so a checkpoint holds unwrapped state dicts and loads with or without DDP.
+    """
+    if not world.distributed:
+        return G, D
+    device_ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(G, device_ids=device_ids), DistributedDataParallel(D, device_ids=device_ids)
+
+
 def build_ema(G: nn.Module, decay: float) -> Optional[AveragedModel]:
-    """An exponential moving average of G, or None when decay is 0.
+    """An exponential moving average of G (torch's AveragedModel), or None when decay is 0.
 
     use_buffers=True averages BatchNorm's running statistics along with the weights, so the
     averaged G normalises with statistics that belong to its averaged weights.
     """
     if decay == 0:
         return None
-    return AveragedModel(G, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
+    return AveragedModel(G, multi_avg_fn=ema_with_warmup(decay), use_buffers=True)
+
+
+def ema_with_warmup(decay: float) -> Callable[[list[Tensor], list[Tensor], Tensor], None]:
+    """EMA update whose decay warms up as in TF's ExponentialMovingAverage(num_updates):
+    min(decay, (1 + n) / (10 + n)) after n updates. With a fixed 0.999 the first few hundred
+    steps' samples would still be mostly the random initial weights (0.999^300 = 74%).
+    The decay is a 0-dim tensor on the device: no host sync per step.
+    """
+
+    @torch.no_grad()
+    def update(averaged: list[Tensor], current: list[Tensor], num_averaged: Tensor) -> None:
+        if not averaged[0].is_floating_point():  # BatchNorm's num_batches_tracked: just follow G
+            torch._foreach_copy_(averaged, current)
+            return
+        warm = ((1 + num_averaged) / (10 + num_averaged)).clamp(max=decay).to(averaged[0].dtype)
+        torch._foreach_lerp_(averaged, current, 1 - warm)
+
+    return update
 
 
 def sampling_generator(G: nn.Module, G_ema: Optional[AveragedModel]) -> nn.Module:
@@ -177,17 +234,63 @@ def sampling_generator(G: nn.Module, G_ema: Optional[AveragedModel]) -> nn.Modul
     return G_ema.module if G_ema is not None else G
 
 
-def build_optimizer(module: nn.Module, cfg: TrainConfig) -> torch.optim.Adam:
-    # foreach: one kernel launch per group of tensors instead of one per parameter.
-    return torch.optim.Adam(module.parameters(), lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2),
-                            foreach=True)
+def build_optimizer(module: nn.Module, cfg: TrainConfig, device: torch.device,
+                    lr: Optional[float] = None) -> torch.optim.Adam:
+    # fused: the whole Adam update in one kernel (CPU and CUDA); elsewhere foreach, one launch per
+    # group of tensors. Same math as the per-parameter loop, to float rounding.
+    fused = device.type in ("cpu", "cuda")
+    return torch.optim.Adam(module.parameters(), lr=lr or cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2),
+                            fused=fused or None, foreach=None if fused else True)
 
 
-def autocast_factory(precision: Precision, device: torch.device) -> Callable[[], ContextManager]:
-    """A zero-argument callable returning the autocast context for forward passes."""
-    if precision == Precision.fp32:
-        return contextlib.nullcontext
-    return functools.partial(torch.autocast, device_type=device.type, dtype=torch.bfloat16)
+def build_loss(cfg: TrainConfig) -> AdversarialLoss:
+    """The configured adversarial loss, with bce's real label (one-sided smoothing) bound in."""
+    loss = LOSSES[cfg.loss.name.value]
+    if cfg.loss.name.value == "bce" and cfg.loss.real_label != 1.0:
+        return AdversarialLoss(functools.partial(d_loss_bce, real_label=cfg.loss.real_label), loss.g)
+    return loss
+
+
+def resolve_precision(precision: Precision, device: torch.device) -> Precision:
+    """auto -> bf16 where the hardware has fast bf16 math, else fp32."""
+    if precision != Precision.auto:
+        return precision
+    if device.type == "cuda":
+        fast = torch.cuda.get_device_capability(device)[0] >= 8  # Ampere and later: bf16 tensor cores
+    elif device.type == "cpu":
+        fast = cpu_has_fast_bf16()
+    else:
+        fast = False
+    return Precision.bf16 if fast else Precision.fp32
+
+
+def cpu_has_fast_bf16() -> bool:
+    """AMX or AVX512-bf16 instructions, which oneDNN uses for bf16 convolutions."""
+    try:
+        return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
+    except AttributeError:  # private helpers: absent in other torch versions
+        return False
+
+
+def step_context(precision: Precision, device: torch.device, skip_nonfinite: bool) -> StepContext:
+    """Autocast for forward passes, and a GradScaler that is enabled only for fp16."""
+    dtype = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}.get(precision)
+    autocast = (contextlib.nullcontext if dtype is None
+                else functools.partial(torch.autocast, device_type=device.type, dtype=dtype))
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == Precision.fp16)
+    return StepContext(autocast, scaler, skip_nonfinite)
+
+
+def compile_models(G: nn.Module, D: Discriminator) -> None:
+    """torch.compile each network in place (nn.Module.compile keeps state_dict keys unchanged).
+
+    G and D are compiled apart, not the whole step: a compiled step needs the graph split after
+    G's forward, and with Sigmoid + BCELoss inside it once overwrote D's output (RESEARCH.md).
+    D's trunk and head are compiled, so both D(x) and D.forward_with_features(x) run compiled.
+    """
+    G.compile()
+    D.features.compile()
+    D.head.compile()
 
 
 class NonFiniteWatch:
@@ -219,12 +322,14 @@ class NonFiniteWatch:
 
 def checkpoint_state(cfg: TrainConfig, step: int, G: nn.Module, D: nn.Module,
                      G_ema: Optional[AveragedModel], opt_g: torch.optim.Optimizer,
-                     opt_d: torch.optim.Optimizer, batches: BatchStream, fixed_z: Tensor) -> dict[str, Any]:
+                     opt_d: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                     batches: BatchStream, fixed_z: Tensor) -> dict[str, Any]:
     """Everything needed to continue as if never stopped, as tensors and plain containers."""
     return {
         "G": G.state_dict(), "D": D.state_dict(),
         "G_ema": G_ema.state_dict() if G_ema is not None else None,
         "opt_g": opt_g.state_dict(), "opt_d": opt_d.state_dict(),
+        "scaler": scaler.state_dict(),  # empty unless fp16
         "step": step, "data": batches.state_dict(), "fixed_z": fixed_z,
         "rng": {"python": random.getstate(), "torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
@@ -233,7 +338,8 @@ def checkpoint_state(cfg: TrainConfig, step: int, G: nn.Module, D: nn.Module,
 
 
 def restore(state: dict[str, Any], G: nn.Module, D: nn.Module, G_ema: Optional[AveragedModel],
-            opt_g: torch.optim.Optimizer, opt_d: torch.optim.Optimizer, batches: BatchStream) -> int:
+            opt_g: torch.optim.Optimizer, opt_d: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+            batches: BatchStream) -> int:
     """Load a checkpoint's state into freshly built objects; returns its step."""
     load_module_state(G, state["G"], "generator")
     load_module_state(D, state["D"], "discriminator")
@@ -244,6 +350,8 @@ def restore(state: dict[str, Any], G: nn.Module, D: nn.Module, G_ema: Optional[A
         G_ema.update_parameters(G)
     opt_g.load_state_dict(state["opt_g"])
     opt_d.load_state_dict(state["opt_d"])
+    if scaler.is_enabled() and state.get("scaler"):
+        scaler.load_state_dict(state["scaler"])
     batches.load_state_dict(state["data"])
     random.setstate(state["rng"]["python"])
     torch.set_rng_state(state["rng"]["torch"].cpu())

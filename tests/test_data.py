@@ -1,12 +1,15 @@
-"""Unit tier: the built-in digits and the resumable batch stream."""
+"""Unit tier: the built-in digits, the pixel rules every dataset shares, and the resumable batch stream."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from gan.config import DataConfig
-from gan.data import BatchStream, DataError, load_dataset, render_digits, to_unit_range
+from gan.data import (BatchStream, DataError, convert_channels, fit_square, load_dataset, render_digits,
+                      to_unit_range)
 
 
 def test_digits_are_deterministic_labelled_and_in_range():
@@ -40,9 +43,32 @@ def test_held_out_split_differs_from_training_split():
     assert not any(torch.equal(held_out.images[0], image) for image in train.images)
 
 
-def test_unknown_dataset_and_wrong_channels_are_refused():
-    with pytest.raises(DataError, match="data.channels=1"):
-        load_dataset(DataConfig(channels=3))
+def test_unknown_dataset_is_refused_and_digits_convert_to_rgb():
+    with pytest.raises(DataError, match="not a known dataset"):
+        load_dataset(DataConfig(name="nosuch"))  # check() would refuse it first; the loader does too
+    gray = load_dataset(DataConfig(num_samples=64)).images
+    rgb = load_dataset(DataConfig(channels=3, num_samples=64)).images
+    assert rgb.shape == (64, 3, 32, 32) and all(torch.equal(rgb[:, c:c + 1], gray) for c in range(3))
+
+
+@pytest.mark.parametrize("height, width", [(28, 28), (218, 178), (12, 40)])
+def test_fit_square_resizes_the_shorter_side_then_crops_the_centre(height, width):
+    images = torch.zeros(2, 1, height, width, dtype=torch.uint8)
+    images[..., height // 2:, :] = 200  # bottom half bright: the crop keeps the middle rows
+    out = fit_square(images, 16)
+    assert out.shape == (2, 1, 16, 16) and out.dtype == torch.uint8
+    assert out[..., :7, :].max() < 50 and out[..., 9:, :].min() > 150
+    same = torch.randint(0, 256, (3, 3, 16, 16), dtype=torch.uint8)
+    assert fit_square(same, 16) is same  # already that size: untouched, not resampled
+
+
+def test_rgb_to_gray_is_pillows_luma_to_the_byte():
+    pixels = torch.randint(0, 256, (64, 64, 3), dtype=torch.uint8)
+    pixels[0, 0] = 255  # white stays 255: the rounding constant must not overflow a byte
+    pillow = torch.tensor(np.asarray(Image.fromarray(pixels.numpy()).convert("L")))
+    rgb = pixels.permute(2, 0, 1)
+    assert torch.equal(convert_channels(rgb, 1)[0], pillow)
+    assert convert_channels(rgb, 3) is rgb  # already RGB: untouched
 
 
 def test_unit_range():

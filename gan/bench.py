@@ -1,0 +1,252 @@
+"""Benchmark: the canonical DCGAN step of pytorch/examples against this project's training loop.
+
+    python -m gan.bench                      # 32 and 64 px, every precision, prints a table
+    python -m gan.bench --sizes 64 --rounds 5 --steps 20 --compile
+
+Both sides train the same networks (this project's Generator and Discriminator, so the model size
+is identical) on the same images at the same batch size. The canonical side is re-implemented as
+plain reference code in `canonical_step`: fp32, Sigmoid + BCELoss, `zero_grad()`, a DataLoader.
+The project side is the real `gan.training.train()` loop, logging, sampling and checkpointing
+included. The two alternate in one process, round by round, so load on the machine hits both alike;
+the table reports the median round. Peak memory is measured in a fresh subprocess per row (the
+peak RSS high-water mark cannot be reset within a process on the CPU).
+
+Owns nothing the trainer uses; `canonical_step` also serves the test that checks the project's
+fp32 math against the canonical step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.flop_counter import FlopCounterMode
+
+from gan.config import DataConfig, ModelConfig, Precision, TrainConfig, TrainerConfig
+from gan.data import ImageSet
+from gan.models import Discriminator, Generator
+from gan.training import train
+
+log = logging.getLogger(__name__)
+
+
+# the canonical step ------------------------------------------------------------------------------
+
+class SigmoidD(nn.Module):
+    """The canonical D ends in nn.Sigmoid: wrap a logits D to get the same function."""
+
+    def __init__(self, D: nn.Module):
+        super().__init__()
+        self.D = D
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.sigmoid(self.D(x))
+
+
+def canonical_step(netG: nn.Module, netD: nn.Module, optimizerG: torch.optim.Optimizer,
+                   optimizerD: torch.optim.Optimizer, real: Tensor, noise: Tensor) -> tuple[float, float]:
+    """One iteration as pytorch/examples dcgan/main.py writes it (netD ends in a Sigmoid)."""
+    criterion = nn.BCELoss()
+    # (1) Update D network: maximize log(D(x)) + log(1 - D(G(z)))
+    netD.zero_grad()
+    label = torch.full((real.size(0),), 1.0, device=real.device)
+    errD_real = criterion(netD(real), label)
+    errD_real.backward()
+    fake = netG(noise)
+    label.fill_(0.0)
+    errD_fake = criterion(netD(fake.detach()), label)
+    errD_fake.backward()
+    optimizerD.step()
+    # (2) Update G network: maximize log(D(G(z)))
+    netG.zero_grad()
+    label.fill_(1.0)
+    errG = criterion(netD(fake), label)
+    errG.backward()
+    optimizerG.step()
+    return (errD_real + errD_fake).item(), errG.item()
+
+
+def run_canonical(images: Tensor, batch_size: int, z_dim: int, width: int, steps: int,
+                  seed: int = 0) -> float:
+    """Train `steps` canonical iterations; returns img/s after the first (warm-up) iteration."""
+    torch.manual_seed(seed)
+    channels, size = images.shape[1], images.shape[-1]
+    netG = Generator(z_dim, width, channels, size)
+    netD = SigmoidD(Discriminator(width, channels, size))
+    optimizerD = torch.optim.Adam(netD.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    optimizerG = torch.optim.Adam(netG.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    loader = DataLoader(TensorDataset(images), batch_size=batch_size, shuffle=True, drop_last=True)
+    done, start = 0, 0.0
+    while done < steps:
+        for (batch,) in loader:
+            real = batch.float() / 127.5 - 1  # the examples' Normalize((0.5,), (0.5,))
+            noise = torch.randn(batch_size, z_dim, 1, 1)
+            canonical_step(netG, netD, optimizerG, optimizerD, real, noise)
+            done += 1
+            if done == 1:
+                start = time.perf_counter()
+            if done == steps:
+                break
+    return (steps - 1) * batch_size / (time.perf_counter() - start)
+
+
+# the project's loop ------------------------------------------------------------------------------
+
+def project_config(size: int, channels: int, batch_size: int, z_dim: int, width: int, steps: int,
+                   precision: Precision, compile: bool = False) -> TrainConfig:
+    return TrainConfig(
+        data=DataConfig(image_size=size, channels=channels, batch_size=batch_size),
+        model=ModelConfig(z_dim=z_dim, g_width=width, d_width=width),
+        trainer=TrainerConfig(max_steps=steps, precision=precision, compile=compile, progress=False,
+                              device="cpu" if not torch.cuda.is_available() else "auto"))
+
+
+def run_project(images: Tensor, cfg: TrainConfig) -> float:
+    """The real training loop for cfg.trainer.max_steps steps; img/s after the first step."""
+    dataset = ImageSet(images, torch.zeros(images.size(0), dtype=torch.long), 1)
+    with tempfile.TemporaryDirectory() as run_dir:
+        result = train(cfg, Path(run_dir), dataset=dataset)
+    return (result.step - 1) * cfg.data.batch_size / result.seconds
+
+
+# measurements -------------------------------------------------------------------------------------
+
+def flops_per_step(size: int, channels: int, batch_size: int, z_dim: int, width: int) -> int:
+    """Forward + backward FLOPs of one canonical iteration, counted by torch's FlopCounterMode."""
+    netG, netD = Generator(z_dim, width, channels, size), SigmoidD(Discriminator(width, channels, size))
+    opt_g, opt_d = torch.optim.Adam(netG.parameters()), torch.optim.Adam(netD.parameters())
+    real = torch.rand(batch_size, channels, size, size) * 2 - 1
+    with FlopCounterMode(display=False) as counter:
+        canonical_step(netG, netD, opt_g, opt_d, real, torch.randn(batch_size, z_dim, 1, 1))
+    return counter.get_total_flops()
+
+
+def matmul_ceiling(dtype: torch.dtype, n: int = 2048, seconds: float = 1.0) -> float:
+    """Measured FLOP/s of a large square matmul in `dtype`: the machine's practical peak."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b  # warm-up
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        count += 1
+    return 2 * n ** 3 * count / (time.perf_counter() - start)
+
+
+def peak_memory_mb(args: list[str]) -> float:
+    """Peak RSS growth (MB) of one configuration, run in a fresh subprocess."""
+    out = subprocess.run([sys.executable, "-m", "gan.bench", "--memory-probe", *args],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["peak_mb"]
+
+
+def memory_probe(kind: str, size: int, channels: int, batch: int, z_dim: int, width: int,
+                 steps: int, precision: str) -> None:
+    import resource
+
+    images = torch.randint(0, 256, (max(batch * 4, 512), channels, size, size), dtype=torch.uint8)
+    baseline = _current_rss_mb()
+    if kind == "canonical":
+        run_canonical(images, batch, z_dim, width, steps)
+    else:
+        run_project(images, project_config(size, channels, batch, z_dim, width, steps, Precision(precision)))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    print(json.dumps({"peak_mb": peak - baseline}))
+
+
+def _current_rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2 ** 20
+
+
+def interleaved(runners: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
+    """Run each runner once per round, alternating; median img/s per runner."""
+    rates: dict[str, list[float]] = {name: [] for name in runners}
+    for round_index in range(rounds):
+        for name, runner in runners.items():
+            rates[name].append(runner())
+            log.info("round %d  %-28s %8.1f img/s", round_index, name, rates[name][-1])
+    return {name: statistics.median(values) for name, values in rates.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[32, 64])
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=15, help="iterations per round and side")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16", "fp16"])
+    parser.add_argument("--compile", action="store_true", help="also time bf16 with trainer.compile=true")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--memory-probe", nargs=8, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("gan.training").setLevel(logging.WARNING)
+    logging.getLogger("gan.monitor").setLevel(logging.WARNING)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.memory_probe:
+        kind, *numbers, precision = args.memory_probe
+        memory_probe(kind, *map(int, numbers), precision)
+        return
+
+    z_dim, batch, width = 100, args.batch, args.width
+    peaks = {"fp32": matmul_ceiling(torch.float32), "bf16": matmul_ceiling(torch.bfloat16)}
+    log.info("matmul ceiling: fp32 %.0f GFLOP/s, bf16 %.0f GFLOP/s", peaks["fp32"] / 1e9, peaks["bf16"] / 1e9)
+    rows = []
+    for size in args.sizes:
+        channels = 3 if size >= 64 else 1  # 64 px as the examples' RGB data; 32 px as MNIST-like
+        images = torch.randint(0, 256, (max(batch * 8, 1024), channels, size, size), dtype=torch.uint8)
+        runners: dict[str, Callable[[], float]] = {
+            "canonical fp32": lambda: run_canonical(images, batch, z_dim, width, args.steps)}
+        for precision in args.precisions:
+            cfg = project_config(size, channels, batch, z_dim, width, args.steps, Precision(precision))
+            runners[f"project {precision}"] = lambda cfg=cfg: run_project(images, cfg)
+        if args.compile:
+            cfg = project_config(size, channels, batch, z_dim, width, args.steps, Precision.bf16, compile=True)
+            runners["project bf16 + compile"] = lambda cfg=cfg: run_project(images, cfg)
+        rates = interleaved(runners, args.rounds)
+        flops = flops_per_step(size, channels, batch, z_dim, width)
+        for name, rate in rates.items():
+            precision = name.split()[1]
+            memory = None
+            if not args.no_memory and "compile" not in name:
+                kind = "canonical" if name.startswith("canonical") else "project"
+                memory = peak_memory_mb([kind, str(size), str(channels), str(batch), str(z_dim), str(width),
+                                         str(args.steps), precision])
+            achieved = flops * rate / batch
+            peak = peaks["fp32"] if precision == "fp32" else peaks["bf16"]
+            rows.append((size, name, rate, rate / rates["canonical fp32"], memory, flops, achieved, achieved / peak))
+    print_table(rows)
+
+
+def print_table(rows: list[tuple]) -> None:
+    header = f"{'px':>3}  {'loop':<24} {'img/s':>8} {'vs canon':>8} {'peak MB':>8} {'GFLOP/step':>10} {'GFLOP/s':>8} {'of peak':>7}"
+    print(header)
+    print("-" * len(header))
+    canonical_memory = {}
+    for size, name, rate, ratio, memory, flops, achieved, fraction in rows:
+        if name.startswith("canonical"):
+            canonical_memory[size] = memory
+        memory_text = "-" if memory is None else f"{memory:.0f}"
+        if memory is not None and canonical_memory.get(size) and not name.startswith("canonical"):
+            memory_text += f" ({memory / canonical_memory[size]:.2f}x)"
+        print(f"{size:>3}  {name:<24} {rate:>8.1f} {ratio:>7.2f}x {memory_text:>8} {flops / 1e9:>10.1f} "
+              f"{achieved / 1e9:>8.0f} {fraction:>6.0%}")
+    print(f"\nmachine: {torch.get_num_threads()} torch threads; torch {torch.__version__}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""torch.distributed for torchrun: process group, this process's rank and device, agreement.
+
+Owns everything rank-aware that is not the training math: which backend (nccl on CUDA, gloo on
+the CPU), which device a rank trains on, broadcasting rank 0's run directory, and making every
+rank agree on when to stop. Launch with `torchrun --nproc_per_node=N train.py ...`; a plain
+`python train.py` is a world of one and none of this does anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclasses.dataclass(frozen=True)
+class World:
+    rank: int = 0  # this process among all of them
+    size: int = 1  # number of processes
+    local_rank: int = 0  # this process among those on its machine: its GPU index
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 alone writes TensorBoard, samples and checkpoints."""
+        return self.rank == 0
+
+
+SINGLE = World()
+
+
+def world_from_env() -> World:
+    """The World torchrun describes in RANK / WORLD_SIZE / LOCAL_RANK (a world of one without it).
+
+    Tasks that submitit starts on SLURM (hydra/launcher=slurm) carry SLURM's variables instead;
+    submitit's own helper exports torch.distributed's from them (MASTER_ADDR/PORT too).
+    """
+    if "RANK" not in os.environ and "SUBMITIT_EXECUTOR" in os.environ and int(os.environ.get("SLURM_NTASKS", 1)) > 1:
+        from submitit.helpers import TorchDistributedEnvironment  # installed with the slurm extra
+
+        TorchDistributedEnvironment().export()
+    return World(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
+                 int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def init_process_group(world: World, device_name: str) -> None:
+    """Join the job's process group: nccl when this rank trains on a GPU, gloo on the CPU."""
+    if not world.distributed or dist.is_initialized():
+        return
+    on_gpu = device_name != "cpu" and torch.cuda.is_available()
+    if on_gpu:
+        torch.cuda.set_device(world.local_rank)
+    dist.init_process_group(backend="nccl" if on_gpu else "gloo")
+
+
+def rank_device(world: World, device: torch.device) -> torch.device:
+    """Each rank on a machine takes its own GPU (cuda:LOCAL_RANK); CPU ranks share the CPU."""
+    if world.distributed and device.type == "cuda":
+        return torch.device("cuda", world.local_rank)
+    return device
+
+
+def broadcast_object(value: Any, world: World) -> Any:
+    """Rank 0's value, on every rank (e.g. its Hydra run directory)."""
+    if not world.distributed:
+        return value
+    holder = [value]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+def any_rank(flag: bool, world: World, device: torch.device) -> bool:
+    """True on every rank if it is True on any: ranks must stop at the same step, or the ones
+    still training wait forever in an all-reduce for the ones that left."""
+    if not world.distributed:
+        return flag
+    value = torch.tensor([float(flag)], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def close(world: World) -> None:
+    if world.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def rank_zero_argv(argv: list[str], world: World) -> list[str]:
+    """Overrides for ranks other than 0, so the job has one run directory (hydra#2070).
+
+    Every rank runs @hydra.main, and each would make its own timestamped directory. Ranks > 0 run
+    in '.' without writing Hydra's files or log, then take rank 0's directory by broadcast.
+    """
+    if world.is_main:
+        return argv
+    return [*argv, "hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=stdout"]

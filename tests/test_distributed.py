@@ -1,0 +1,135 @@
+"""DDP on the CPU: 2 processes with gloo, launched the way users launch them (torchrun)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from conftest import ROOT, TINY, compose_config, run_train
+from gan.checkpoint import load_checkpoint
+from gan.data import EpochBatchSampler
+from gan.distributed import World
+from gan.losses import LOSSES
+from gan.steps import d_step, g_step
+from gan.training import build_models, build_optimizer, wrap_for_ddp
+
+
+def torchrun(*overrides: str, cwd: Path, nproc: int = 2, **popen) -> subprocess.Popen:
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            str(ROOT / "train.py"), *TINY, *overrides]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(args, cwd=cwd, env=env, text=True, **popen)
+
+
+def finish(process: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
+    output, _ = process.communicate(timeout=timeout)
+    return process.returncode, output or ""
+
+
+def one_step_worker(rank: int, port: int, result_file: str) -> None:
+    """One training iteration on each rank, then compare every weight across ranks."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    world = World(rank, 2, rank)
+    torch.manual_seed(rank)  # different initial weights and data per rank: DDP must reconcile them
+    cfg = compose_config()
+    G, D = build_models(cfg, torch.device("cpu"))
+    G_train, D_train = wrap_for_ddp(G, D, world, torch.device("cpu"))
+    opt_g, opt_d = build_optimizer(G, cfg, torch.device("cpu")), build_optimizer(D, cfg, torch.device("cpu"))
+    real = torch.rand(8, 1, 16, 16) * 2 - 1
+    fake = G_train(torch.randn(8, cfg.model.z_dim))
+    _, features = d_step(D_train, opt_d, LOSSES["bce"], real, fake)
+    g_step(D, G, opt_g, LOSSES["bce"], fake, features)  # the unwrapped, frozen D, as train() does
+    weights = torch.cat([p.detach().flatten() for p in [*G.parameters(), *D.parameters()]])
+    gathered = [torch.empty_like(weights) for _ in range(2)]
+    dist.all_gather(gathered, weights)
+    if rank == 0:
+        torch.save({"same": torch.equal(gathered[0], gathered[1]),
+                    "changed": not torch.equal(weights, torch.zeros_like(weights))}, result_file)
+    dist.destroy_process_group()
+
+
+def test_ranks_take_disjoint_shares_of_the_same_epoch_order():
+    shares = [list(EpochBatchSampler(100, 10, seed=3, rank=r, world_size=2)) for r in range(2)]
+    assert [len(share) for share in shares] == [5, 5]
+    flat = [sum(share, []) for share in shares]
+    assert not set(flat[0]) & set(flat[1])
+    single = sum(list(EpochBatchSampler(100, 10, seed=3)), [])
+    assert sorted(flat[0] + flat[1]) == sorted(single)  # together: the single-process epoch
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_replicas_hold_identical_weights_after_one_step(tmp_path):
+    result_file = tmp_path / "result.pt"
+    mp.spawn(one_step_worker, args=(free_port(), str(result_file)), nprocs=2, join=True)
+    result = torch.load(result_file)
+    assert result["same"] and result["changed"]
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory) -> Path:
+    cwd = tmp_path_factory.mktemp("ddp")
+    code, output = finish(torchrun("trainer.max_steps=4", stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   cwd=cwd))
+    assert code == 0, output[-3000:]
+    return cwd
+
+
+def test_ddp_job_writes_one_run_dir_and_one_checkpoint(ddp_run):
+    checkpoints = list(ddp_run.glob("**/last.pt"))
+    assert len(checkpoints) == 1
+    run_dirs = [p.parent for p in ddp_run.glob("outputs/*/*/.hydra")]
+    assert run_dirs == [checkpoints[0].parent.parent]
+    assert not (ddp_run / ".hydra").exists()  # rank 1 ran Hydra in '.' without writing its files
+    state = load_checkpoint(checkpoints[0])
+    assert state["step"] == 4
+    assert not any(key.startswith("module.") for key in state["G"])  # unwrapped state dicts
+
+
+def test_ddp_checkpoint_resumes_in_a_single_process_and_under_ddp(ddp_run, tmp_path):
+    [run_dir] = [p.parent.parent for p in ddp_run.glob("outputs/*/*/checkpoints/last.pt")]
+    single = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=6", cwd=ddp_run)
+    assert single.returncode == 0, single.stderr[-3000:]
+    assert load_checkpoint(run_dir)["step"] == 6
+    code, output = finish(torchrun(f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=ddp_run,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    assert code == 0, output[-3000:]
+    assert load_checkpoint(run_dir)["step"] == 8
+
+
+def test_torchrun_with_a_sweep_is_refused(tmp_path):
+    code, output = finish(torchrun("-m", "optim.lr=1e-4,2e-4", cwd=tmp_path, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT))
+    assert code != 0 and "Hydra sweep (-m)" in output
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_job_leaves_a_loadable_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    process = torchrun("trainer.max_steps=100000", "trainer.checkpoint_every=100000",
+                       f"hydra.run.dir={run_dir}", cwd=tmp_path, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT)
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if "step 4 " in line:
+            break
+    process.send_signal(signal.SIGTERM)  # torchrun forwards it to every rank
+    code, rest = finish(process)
+    output = "".join(lines) + rest
+    assert "Stopped by SIGTERM" in output, output[-3000:]
+    assert load_checkpoint(run_dir)["step"] >= 4

@@ -1,0 +1,286 @@
+"""Evaluation tier: the real `evaluate.py` on what the real `train.py` wrote, sampling discipline,
+latent interpolation, and the exported generator (TorchScript, torch.export) against the eager one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import ConfigCompositionException
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from conftest import CONFIG_DIR, ROOT, compose_config, run_train
+from gan import export as X
+from gan.checkpoint import load_checkpoint, save_checkpoint
+from gan.config import (ClassifierConfig, ConfigError, EvaluateConfig, ExportFormat, FeatureSpace,
+                        MetricsConfig, register_evaluate_configs, to_plain, validate_evaluate)
+from gan.evaluation import build_generator, data_config_of, evaluate, generate, slerp, to_uint8
+from gan.metrics import MetricsError
+from gan.models import Generator
+
+REQUIRED_KEYS = {"fid", "kid_mean", "kid_std", "precision", "recall", "density", "coverage",
+                 "classes_covered", "class_kl", "num_samples", "features"}
+register_evaluate_configs()
+# 200 samples, and a classifier good enough to measure with, trained in a few seconds on the 1200
+# training digits of the tiny run.
+TINY_EVAL = ["num_samples=200", "threads=1", "device=cpu", "metrics.kid_subsets=10",
+             "metrics.classifier.epochs=5", "metrics.classifier.min_accuracy=0.9"]
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for in-process evaluations (two collapse when another process holds a core)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def run_evaluate(*overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """The real `python evaluate.py` in a subprocess."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
+    return subprocess.run([sys.executable, str(ROOT / "evaluate.py"), *overrides], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory) -> Path:
+    """A real 6-step training run on 16 px digits (1200 training, 200 held-out images)."""
+    run_dir = tmp_path_factory.mktemp("train") / "run"
+    result = run_train(f"hydra.run.dir={run_dir}", "data.num_samples=1200", "trainer.threads=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def evaluated(trained_run, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """`evaluate.py checkpoint=<run dir>` with every optional output switched on."""
+    root = tmp_path_factory.mktemp("eval")
+    result = run_evaluate(f"checkpoint={trained_run}", f"data.root={root / 'data'}", *TINY_EVAL,
+                          "export=both", "save_samples=npz", f"hydra.run.dir={root / 'eval'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root / "eval", result
+
+
+# end to end: train.py, then evaluate.py on what it wrote ----------------------------------------
+
+def test_metrics_json_holds_every_metric(evaluated, trained_run):
+    eval_dir, _ = evaluated
+    results = json.loads((eval_dir / "metrics.json").read_text())
+    assert REQUIRED_KEYS <= set(results)
+    assert results["num_samples"] == 200 and results["features"] == "classifier"
+    assert results["generator"] == "EMA" and results["step"] == 6
+    for key in ("precision", "recall", "coverage"):
+        assert 0 <= results[key] <= 1
+    assert results["fid"] > 0 and 0 <= results["classes_covered"] <= 10
+    assert results["classifier_accuracy"] >= 0.9
+    assert "modes_covered" not in results  # digits are not stacked
+
+
+def test_the_table_is_printed_and_the_classifier_cached_under_data_root(evaluated):
+    eval_dir, result = evaluated
+    log = result.stdout + result.stderr
+    assert "Metrics (classifier features, 200 samples vs 200 held-out images)" in log
+    assert "kid_mean" in log and "coverage" in log
+    cached = list((eval_dir.parent / "data" / "classifiers").glob("digits-16px-1ch-*.pt"))
+    assert len(cached) == 1
+
+
+def test_pictures_have_the_documented_layout(evaluated):
+    eval_dir, _ = evaluated
+    cell = 16 + 2  # 16 px images, 2 px padding
+    expected = {"samples": (8 * cell + 2, 8 * cell + 2),  # 64 samples, 8 x 8
+                "interpolation": (10 * cell + 2, 8 * cell + 2),  # 8 rows of 10 steps
+                "nearest_neighbours": (6 * cell + 2, 8 * cell + 2)}  # sample + 5 neighbours, 8 rows
+    for name, size in expected.items():
+        with Image.open(eval_dir / f"{name}.png") as image:
+            assert image.size == size, name
+
+
+def test_samples_npz_holds_the_measured_uint8_images(evaluated):
+    eval_dir, _ = evaluated
+    with np.load(eval_dir / "samples.npz") as saved:
+        images = saved["images"]
+    assert images.dtype == np.uint8 and images.shape == (200, 1, 16, 16)
+
+
+def test_tensorboard_has_the_metrics_at_the_checkpoint_step(evaluated):
+    eval_dir, _ = evaluated
+    events = EventAccumulator(str(eval_dir / "tb"), size_guidance={"images": 0, "scalars": 0})
+    events.Reload()
+    assert {"metrics/fid", "metrics/recall", "metrics/class_kl"} <= set(events.Tags()["scalars"])
+    assert [e.step for e in events.Scalars("metrics/fid")] == [6]
+    assert {"eval/samples", "eval/interpolation", "eval/nearest_neighbours"} <= set(events.Tags()["images"])
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:FutureWarning")
+def test_exported_generators_reload_and_match_the_eager_one(evaluated, trained_run):
+    eval_dir, _ = evaluated
+    G, _ = build_generator(load_checkpoint(trained_run), use_ema=True, device=torch.device("cpu"))
+    z = torch.randn(5, G.z_dim)
+    with torch.no_grad():
+        eager = G.eval()(z)
+        scripted = torch.jit.load(str(eval_dir / "export" / X.TORCHSCRIPT_FILE))
+        program = torch.export.load(str(eval_dir / "export" / X.EXPORT_FILE)).module()
+        torch.testing.assert_close(scripted(z), eager)
+        torch.testing.assert_close(program(z), eager)
+        torch.testing.assert_close(program(z[:1]), eager[:1])  # the batch dimension is dynamic
+        torch.testing.assert_close(scripted(z[0]), eager[0])  # script kept the one-latent branch
+
+
+def test_bad_input_is_one_clear_message_and_exit_code_2(trained_run, tmp_path):
+    # Inception asked for, weights missing: refused before the checkpoint is even read.
+    result = run_evaluate(f"checkpoint={trained_run}", "metrics.features=inception",
+                          f"metrics.inception_weights={tmp_path / 'missing.pth'}", *TINY_EVAL,
+                          f"data.root={tmp_path / 'data'}", f"hydra.run.dir={tmp_path / 'eval'}")
+    output = result.stdout + result.stderr  # Hydra's logging writes to stdout
+    assert result.returncode == 2 and "missing.pth: no such file" in output
+    assert "Traceback" not in output and "Evaluating" not in output
+
+
+# the config ----------------------------------------------------------------------------------------
+
+def compose_evaluate(*overrides: str) -> EvaluateConfig:
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="evaluate", overrides=list(overrides))
+    return validate_evaluate(cfg)
+
+
+def test_the_evaluate_config_composes_typed_and_needs_a_checkpoint():
+    cfg = compose_evaluate("checkpoint=x.pt", "metrics.features=inception", "export=both")
+    assert cfg.metrics.features == FeatureSpace.inception and cfg.export == ExportFormat.both
+    assert cfg.num_samples == 10000 and cfg.metrics.classifier.min_accuracy == 0.97
+    with pytest.raises(ConfigError, match="checkpoint=PATH is required"):
+        compose_evaluate()
+    with pytest.raises(ConfigError, match="num_samples"):
+        compose_evaluate("checkpoint=x.pt", "num_samples=1")
+    with pytest.raises(ConfigError, match="metrics.inception_weights"):
+        compose_evaluate("checkpoint=x.pt", "metrics.inception_weights=w.pth")  # without features=inception
+    with pytest.raises(ConfigCompositionException):
+        compose_evaluate("checkpoint=x.pt", "metrics.features=vgg")  # not a choice: Hydra's own message
+
+
+# the pieces, in process ----------------------------------------------------------------------------
+
+def tiny_checkpoint(tmp_path: Path, *overrides: str, ema: bool = True) -> Path:
+    """A checkpoint with untrained weights and the real config: enough to evaluate."""
+    cfg = compose_config("data.num_samples=1200", *overrides)
+    torch.manual_seed(0)
+    G = Generator(cfg.model.z_dim, cfg.model.g_width, cfg.data.channels, cfg.data.image_size)
+    averaged = torch.optim.swa_utils.AveragedModel(G, use_buffers=True) if ema else None
+    if averaged is not None:
+        with torch.no_grad():
+            for p in averaged.module.parameters():
+                p.mul_(0.5)  # so the EMA generator differs from G
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint({"G": G.state_dict(), "D": {}, "G_ema": averaged.state_dict() if averaged else None,
+                     "step": 3, "config": to_plain(cfg)}, path)
+    return path
+
+
+def test_the_ema_generator_is_used_when_the_checkpoint_has_one(tmp_path):
+    state = load_checkpoint(tiny_checkpoint(tmp_path))
+    cpu = torch.device("cpu")
+    ema, name = build_generator(state, use_ema=True, device=cpu)
+    raw, raw_name = build_generator(state, use_ema=False, device=cpu)
+    assert (name, raw_name) == ("EMA", "raw")
+    torch.testing.assert_close(ema.state_dict()["net.0.weight"], 0.5 * raw.state_dict()["net.0.weight"])
+    no_ema = load_checkpoint(tiny_checkpoint(tmp_path, ema=False))
+    assert build_generator(no_ema, use_ema=True, device=cpu)[1] == "raw"
+
+
+def test_data_comes_from_the_checkpoint_and_only_given_keys_replace_it(tmp_path):
+    state = load_checkpoint(tiny_checkpoint(tmp_path))
+    data = data_config_of(state, {"root": str(tmp_path / "elsewhere")})
+    assert (data.name, data.image_size, data.num_samples) == ("digits", 16, 1200)
+    assert data.root == str(tmp_path / "elsewhere")
+    with pytest.raises(ConfigError, match="data.image_size"):
+        data_config_of(state, {"image_size": 32})
+
+
+def test_sampling_is_in_eval_mode_without_autograd_and_leaves_g_as_it_was(tiny_gan):
+    G, _ = tiny_gan
+    G.train()
+    before = {k: v.clone() for k, v in G.state_dict().items()}
+    samples = generate(G, 10, 4, seed=3, device=torch.device("cpu"))
+    assert G.training  # mode restored
+    for key, value in G.state_dict().items():
+        assert torch.equal(value, before[key]), key  # BatchNorm's running statistics untouched
+    z = torch.cat([torch.randn(n, G.z_dim, generator=g) for g in [torch.Generator().manual_seed(3)]
+                   for n in (4, 4, 2)])
+    with torch.no_grad():
+        expected = to_uint8(G.eval()(z))
+    assert samples.dtype == torch.uint8 and torch.equal(samples, expected)
+
+
+def test_slerp_runs_along_the_sphere_and_hits_both_ends():
+    gen = torch.Generator().manual_seed(0)
+    z0, z1 = torch.randn(2, 3, 100, generator=gen)
+    z1 = z1 / z1.norm(dim=-1, keepdim=True) * z0.norm(dim=-1, keepdim=True)  # same radius
+    path = slerp(z0, z1, torch.linspace(0, 1, 7))  # (3, 7, 100)
+    torch.testing.assert_close(path[:, 0], z0)
+    torch.testing.assert_close(path[:, -1], z1)
+    norms = path.norm(dim=-1) / z0.norm(dim=-1, keepdim=True)
+    torch.testing.assert_close(norms, torch.ones_like(norms))  # stays on the sphere
+    midpoint = ((z0 + z1) / 2).norm(dim=-1) / z0.norm(dim=-1)
+    assert (midpoint < 0.8).all()  # the straight line cuts inside: about 1/sqrt(2) for random directions
+    same = slerp(z0, z0, torch.tensor([0.5]))  # parallel latents: no division by sin(0)
+    torch.testing.assert_close(same[:, 0], z0)
+
+
+def test_trace_drops_control_flow_that_script_keeps_and_export_guards(tiny_gan):
+    G, _ = tiny_gan
+    G.eval()
+    batch = X.example_latents(G.z_dim)
+    one = batch[0]
+    traced, scripted, exported = X.trace(G, batch), X.script(G), X.export(G, batch).module()
+    with torch.no_grad():
+        eager_batch, eager_one = X.SamplingGenerator(G)(batch), X.SamplingGenerator(G)(one)
+        for module in (traced, scripted, exported):
+            torch.testing.assert_close(module(batch), eager_batch)
+        torch.testing.assert_close(scripted(one), eager_one)  # script compiled both branches
+        assert "dim" in scripted.code and "dim" not in traced.code  # the trace recorded no `if`
+        with pytest.raises(Exception):
+            traced(one)  # the batch path, run on one latent: fails inside G's view
+        with pytest.raises(Exception):
+            exported(one)  # refused by the program's input guards
+
+
+def test_evaluate_in_process_on_stacked_data_counts_modes(tmp_path, one_thread):
+    if not (CONFIG_DIR / "data" / "stacked.yaml").is_file():
+        pytest.skip("data=stacked is not available")
+    checkpoint = tiny_checkpoint(tmp_path, "data=stacked", "data.image_size=16", "data.num_samples=1200")
+    cfg = EvaluateConfig(checkpoint=str(checkpoint), num_samples=100, device="cpu",
+                         neighbour_queries=2, grid_samples=4, interpolation_rows=1,
+                         metrics=MetricsConfig(kid_subsets=5, classifier=ClassifierConfig(epochs=5, min_accuracy=0.9)))
+    results = evaluate(cfg, tmp_path / "eval", {"root": str(tmp_path / "data")})
+    assert {"modes_covered", "mode_kl"} <= set(results) and 0 <= results["modes_covered"] <= 100
+    assert results["classes_covered"] <= 10  # digits of the three channels, pooled
+    # the classifier learnt the grayscale source, not the stacked images
+    assert list((tmp_path / "data" / "classifiers").glob("digits-16px-1ch-*.pt"))
+
+
+def test_an_unlabelled_dataset_needs_inception_features(tmp_path, one_thread):
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i in range(40):
+        Image.fromarray(np.full((16, 16), i * 6, dtype=np.uint8)).save(folder / f"{i}.png")
+    checkpoint = tiny_checkpoint(tmp_path, "data=folder", f"data.root={folder}", "data.image_size=16",
+                                 "data.channels=1", "data.batch_size=4", "data.num_samples=4")
+    cfg = EvaluateConfig(checkpoint=str(checkpoint), num_samples=20, device="cpu")
+    with pytest.raises(MetricsError, match="metrics.features=inception"):
+        evaluate(cfg, tmp_path / "eval")
+
+
+def test_export_format_none_writes_nothing(tiny_gan, tmp_path):
+    assert X.save_generator(tiny_gan[0], ExportFormat.none, tmp_path / "export") == []

@@ -1,0 +1,117 @@
+"""The fast path: precision modes, compile, fused Adam — same math as the canonical step."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import gan.training
+from conftest import compose_config
+from gan.bench import SigmoidD, canonical_step
+from gan.config import Precision
+from gan.losses import LOSSES
+from gan.models import Discriminator, Generator
+from gan.steps import d_step, g_step
+from gan.training import build_models, build_optimizer, resolve_precision, step_context, train
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16", "auto"])
+def test_each_precision_trains(tmp_path, precision):
+    result = train(compose_config("trainer.max_steps=3", f"trainer.precision={precision}"), tmp_path)
+    assert result.step == 3
+    assert all(torch.isfinite(torch.tensor(v)) for v in result.metrics.values())
+    state = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
+    assert state["G"]["net.0.weight"].dtype == torch.float32  # autocast keeps fp32 master weights
+    assert bool(state["scaler"]) == (precision == "fp16")  # a GradScaler only for fp16
+
+
+def test_auto_precision_follows_the_hardware(monkeypatch):
+    monkeypatch.setattr(gan.training, "cpu_has_fast_bf16", lambda: True)
+    assert resolve_precision(Precision.auto, CPU) == Precision.bf16
+    monkeypatch.setattr(gan.training, "cpu_has_fast_bf16", lambda: False)
+    assert resolve_precision(Precision.auto, CPU) == Precision.fp32
+    assert resolve_precision(Precision.fp16, CPU) == Precision.fp16
+
+
+def test_fp32_project_step_matches_the_canonical_step():
+    """Fused Adam, with-logits losses, set_to_none and channels_last change no math (2 steps)."""
+    cfg = compose_config("trainer.channels_last=true")
+    torch.manual_seed(0)
+    G, D = build_models(cfg, CPU)
+    netG, netD = copy.deepcopy(G).to(memory_format=torch.contiguous_format), copy.deepcopy(D)
+    netD = SigmoidD(netD.to(memory_format=torch.contiguous_format))
+    opt_g, opt_d = build_optimizer(G, cfg, CPU), build_optimizer(D, cfg, CPU)
+    canon_g = torch.optim.Adam(netG.parameters(), lr=cfg.optim.lr, betas=(0.5, 0.999))
+    canon_d = torch.optim.Adam(netD.parameters(), lr=cfg.optim.lr, betas=(0.5, 0.999))
+    ctx = step_context(Precision.fp32, CPU, skip_nonfinite=False)
+    for _ in range(2):
+        real = torch.rand(32, 1, 16, 16) * 2 - 1
+        z = torch.randn(32, cfg.model.z_dim)
+        fake = G(z)
+        d_stats, features = d_step(D, opt_d, LOSSES["bce"], real, fake, ctx)
+        g_stats = g_step(D, G, opt_g, LOSSES["bce"], fake, features, ctx=ctx)
+        canon_loss_d, canon_loss_g = canonical_step(netG, netD, canon_g, canon_d, real, z)
+        assert d_stats["loss/d"].item() == pytest.approx(canon_loss_d, rel=1e-5, abs=1e-6)
+        assert g_stats["loss/g"].item() == pytest.approx(canon_loss_g, rel=1e-5, abs=1e-6)
+    for ours, theirs in ((G, netG), (D, netD.D)):
+        for a, b in zip(ours.parameters(), theirs.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def loss_trajectory(precision: Precision, steps: int = 20) -> torch.Tensor:
+    """(steps, 2) D and G losses of the real step functions on fixed data, noise and seed."""
+    cfg = compose_config()
+    torch.manual_seed(0)
+    G, D = build_models(cfg, CPU)
+    opt_g, opt_d = build_optimizer(G, cfg, CPU), build_optimizer(D, cfg, CPU)
+    ctx = step_context(precision, CPU, skip_nonfinite=False)
+    data = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        real = torch.rand(32, 1, 16, 16, generator=data) * 2 - 1
+        z = torch.randn(32, cfg.model.z_dim, generator=data)
+        with ctx.autocast():
+            fake = G(z)
+        d_stats, features = d_step(D, opt_d, LOSSES["bce"], real, fake, ctx)
+        g_stats = g_step(D, G, opt_g, LOSSES["bce"], fake, features, ctx=ctx)
+        ctx.scaler.update()
+        losses.append([d_stats["loss/d"].item(), g_stats["loss/g"].item()])
+    return torch.tensor(losses)
+
+
+@pytest.mark.parametrize("precision", [Precision.bf16, Precision.fp16])
+def test_reduced_precision_losses_track_fp32_over_20_steps(precision):
+    """Stated tolerance: mean |loss difference| < 0.1 and every step within 0.5 of fp32.
+
+    Rounding differences grow with GAN dynamics (RESEARCH.md: 0.15-0.35 on the 64 px model), so
+    this compares trajectories, not bits; the bits are compared for fp32 against the canonical step.
+    """
+    reference, reduced = loss_trajectory(Precision.fp32), loss_trajectory(precision)
+    difference = (reference - reduced).abs()
+    assert difference.mean() < 0.1, difference
+    assert difference.max() < 0.5, difference
+    assert not torch.equal(reference, reduced)  # reduced precision really ran
+
+
+@pytest.mark.slow
+def test_compiled_networks_match_eager():
+    torch.manual_seed(0)
+    G, D = Generator(16, 8, 1, 16), Discriminator(8, 1, 16)
+    eager_G, eager_D = copy.deepcopy(G), copy.deepcopy(D)
+    gan.training.compile_models(G, D)
+    z = torch.randn(8, 16)
+    images, eager_images = G(z), eager_G(z)
+    torch.testing.assert_close(images, eager_images, rtol=1e-4, atol=1e-5)
+    logits, features = D.forward_with_features(images)
+    eager_logits, eager_features = eager_D.forward_with_features(eager_images)
+    torch.testing.assert_close(logits, eager_logits, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(features, eager_features, rtol=1e-4, atol=1e-5)
+    assert G.state_dict().keys() == eager_G.state_dict().keys()  # checkpoints stay interchangeable
+    logits.sum().backward()
+    eager_logits.sum().backward()
+    for a, b in zip(G.parameters(), eager_G.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-3, atol=1e-5)

@@ -1,0 +1,229 @@
+"""Metrics tier: the k-NN and class arithmetic against brute force, and honesty checks that would
+fail if a metric did not measure what it claims (each compares against a degraded image set).
+
+Everything runs on 16 px digits: 2000 training and 1000 held-out images, a classifier trained for
+three epochs in a few seconds, one CPU thread (two threads collapse when another process holds a
+core; tests/../RESEARCH.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from gan import metrics as M
+from gan.config import ClassifierConfig, DataConfig, MetricsConfig
+from gan.data import ImageSet, render_digits
+
+CPU = torch.device("cpu")
+STATED_ACCURACY = 0.97  # the tiny test classifier must reach this on the held-out digits (measured 0.995)
+TINY_CLASSIFIER = ClassifierConfig(epochs=3)
+TINY_METRICS = MetricsConfig(kid_subsets=20, kid_subset_size=500)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def digits(one_thread) -> dict:
+    """Training and held-out digits, the classifier, and the held-out features and predictions."""
+    train = ImageSet(*render_digits(2000, 16, seed=0), num_classes=10)
+    held_out = ImageSet(*render_digits(1000, 16, seed=1_000_003), num_classes=10)
+    classifier, accuracy = M.train_classifier(train, held_out, TINY_CLASSIFIER, CPU)
+    features = M.ClassifierFeatures(classifier)
+    return dict(train=train, held_out=held_out, classifier=classifier, accuracy=accuracy, features=features,
+                real_features=M.batched(features, held_out.images, 500, CPU),
+                real_labels=M.predict(classifier, held_out.images, 500, CPU))
+
+
+def measure(digits: dict, images: torch.Tensor) -> dict:
+    """Every metric of `images` against the held-out digits, as evaluate.py computes them."""
+    fake_features = M.batched(digits["features"], images, 500, CPU)
+    results = M.distribution_metrics(digits["real_features"], fake_features, TINY_METRICS)
+    results.update(M.class_coverage(M.predict(digits["classifier"], images, 500, CPU), digits["real_labels"], 10))
+    return results
+
+
+def training_images(digits: dict, keep: torch.Tensor | None = None, count: int = 1000) -> torch.Tensor:
+    """`count` training images (other images than the held-out ones), optionally of some classes only."""
+    train = digits["train"]
+    pool = torch.arange(train.labels.numel()) if keep is None else torch.nonzero(keep).flatten()
+    return train.images[pool[torch.randperm(pool.numel(), generator=torch.Generator().manual_seed(1))[:count]]]
+
+
+# the instrument ----------------------------------------------------------------------------------
+
+def test_classifier_reaches_the_stated_accuracy_on_its_test_split(digits):
+    assert digits["accuracy"] >= STATED_ACCURACY
+
+
+def test_classifier_features_are_the_penultimate_layer(digits):
+    images = digits["held_out"].images[:8]
+    features = digits["features"](images)
+    assert features.shape == (8, TINY_CLASSIFIER.feature_dim) and (features >= 0).all()  # after ReLU
+    torch.testing.assert_close(digits["classifier"].head(features), digits["classifier"](images))
+
+
+# honesty: each test would fail if the metric were blind to what it is meant to see ---------------
+
+def test_real_against_held_out_real_is_near_the_floor(digits):
+    real = measure(digits, training_images(digits))
+    noisy = measure(digits, M.with_gaussian_noise(training_images(digits), 0.1))
+    # At N = 1000 the floor is not 0 (a finite sample's covariance is noisy): measured 1.2-1.4,
+    # against 3.3-4.8 with the mildest noise below.
+    assert real["fid"] < 0.5 * noisy["fid"]
+    assert abs(real["kid_mean"]) < 3 * real["kid_std"]  # KID is unbiased: about 0 for equal distributions
+    assert min(real["precision"], real["recall"], real["coverage"]) > 0.85
+    assert 0.9 < real["density"] < 1.1
+    assert real["classes_covered"] == 10 and real["class_kl"] < 0.03
+
+
+def test_fid_and_kid_rise_monotonically_with_noise(digits):
+    base = training_images(digits)
+    results = [measure(digits, M.with_gaussian_noise(base, sigma) if sigma else base)
+               for sigma in (0.0, 0.1, 0.2, 0.3, 0.5)]
+    fids = [r["fid"] for r in results]
+    kids = [r["kid_mean"] for r in results]
+    assert fids == sorted(fids) and len(set(fids)) == len(fids), fids
+    assert kids == sorted(kids), kids
+    assert results[-1]["precision"] < 0.2 < 0.8 < results[0]["precision"]
+
+
+def test_dropping_classes_lowers_classes_covered_and_raises_class_kl(digits):
+    all_classes = measure(digits, training_images(digits))
+    half = measure(digits, training_images(digits, keep=digits["train"].labels >= 5))
+    assert all_classes["classes_covered"] == 10 and half["classes_covered"] == 5
+    assert half["class_kl"] > 0.5 > 0.05 > all_classes["class_kl"]  # about log 2 = 0.69 when half are gone
+    assert half["recall"] < all_classes["recall"] - 0.3  # the missing half of the data is not covered
+
+
+def test_repeating_100_images_collapses_recall_and_coverage(digits):
+    diverse = measure(digits, training_images(digits))
+    repeated = measure(digits, training_images(digits, count=100).repeat(10, 1, 1, 1))
+    assert repeated["recall"] < 0.05 < 0.85 < diverse["recall"]  # a repeated image's k-NN ball has radius 0
+    assert repeated["coverage"] < 0.5 < 0.9 < diverse["coverage"]  # 100 distinct images cover about 35%
+    assert repeated["precision"] > 0.8  # each repeated image is a real digit: fidelity is not the problem
+    assert repeated["classes_covered"] == 10  # the class histogram is blind to this collapse
+
+
+def test_kid_gamma_keeps_the_kernel_scale_free():
+    # Large ReLU-like features, as our classifier's (|f|^2 in the thousands): with torchmetrics'
+    # default gamma = 1/d the cubic kernel explodes; with gamma = 1/E|f|^2 two samples of one
+    # distribution score about 0, and scaling the features changes nothing.
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(600, 64, generator=gen).abs() * 6 for _ in range(2))
+    mean, std = M.kid(a, b, subsets=20, subset_size=300)
+    assert abs(mean) < 0.01 and std < 0.01
+    scaled = M.kid(100 * a, 100 * b, subsets=20, subset_size=300)
+    assert scaled == pytest.approx((mean, std), rel=1e-6, abs=1e-9)
+
+
+# the arithmetic, against brute force -------------------------------------------------------------
+
+def brute_force_prdc(real: torch.Tensor, fake: torch.Tensor, pr_k: int, dc_k: int) -> dict:
+    """Kynkaanniemi et al. and Naeem et al. written out on full distance matrices."""
+    rr, ff, rf = torch.cdist(real, real), torch.cdist(fake, fake), torch.cdist(real, fake)
+    real_pr = rr.sort(dim=1).values[:, pr_k]
+    real_dc = rr.sort(dim=1).values[:, dc_k]
+    fake_pr = ff.sort(dim=1).values[:, pr_k]
+    return {
+        "precision": (rf < real_pr[:, None]).any(0).float().mean().item(),
+        "recall": (rf < fake_pr[None, :]).any(1).float().mean().item(),
+        "density": (rf < real_dc[:, None]).sum().item() / (dc_k * fake.size(0)),
+        "coverage": (rf.min(1).values < real_dc).float().mean().item(),
+    }
+
+
+def test_prdc_in_chunks_equals_brute_force():
+    gen = torch.Generator().manual_seed(0)
+    real, fake = torch.randn(150, 8, generator=gen), torch.randn(120, 8, generator=gen) * 1.3 + 0.2
+    chunked = M.precision_recall_density_coverage(real, fake, pr_k=3, dc_k=5, chunk=32)
+    assert chunked == pytest.approx(brute_force_prdc(real, fake, 3, 5), abs=1e-6)
+
+
+def test_fid_of_identical_sets_is_zero_and_of_shifted_sets_is_the_squared_shift():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2000, 4, generator=gen)
+    assert M.fid(x, x) == pytest.approx(0.0, abs=1e-3)
+    assert M.fid(x, x + torch.tensor([3.0, 0, 0, 0])) == pytest.approx(9.0, abs=1e-2)  # |mu1 - mu2|^2
+
+
+def test_class_coverage_and_kl_on_known_histograms():
+    real = torch.arange(10).repeat(100)  # uniform over 10 classes
+    assert M.class_coverage(real, real, 10) == {"classes_covered": 10, "class_kl": pytest.approx(0, abs=1e-9)}
+    half = torch.arange(5).repeat(200)
+    result = M.class_coverage(half, real, 10)
+    assert result["classes_covered"] == 5
+    assert result["class_kl"] == pytest.approx(torch.log(torch.tensor(2.0)).item(), abs=0.01)
+    rare = torch.cat([torch.zeros(995, dtype=torch.long), torch.ones(5, dtype=torch.long)])
+    assert M.class_coverage(rare, real, 10, threshold=0.01)["classes_covered"] == 1  # 0.5% is not covered
+
+
+def test_mode_coverage_counts_triples_and_kl_to_uniform():
+    assert M.mode_coverage(torch.arange(1000)) == {"modes_covered": 1000, "mode_kl": pytest.approx(0, abs=1e-9)}
+    one_mode = M.mode_coverage(torch.full((500,), 123))
+    assert one_mode["modes_covered"] == 1 and one_mode["mode_kl"] == pytest.approx(torch.log(torch.tensor(1000.0)).item())
+
+
+def test_stacked_images_are_classified_channel_by_channel(digits):
+    # Stacked-MNIST built by hand: three held-out digits as R, G, B; label 100 r + 10 g + b.
+    held_out = digits["held_out"]
+    triples = torch.randint(0, 1000, (600, 3), generator=torch.Generator().manual_seed(0))
+    stacked = ImageSet(held_out.images[triples].flatten(1, 2), (held_out.labels[triples] * torch.tensor([100, 10, 1])).sum(1), 1000)
+    assert M.is_stacked(stacked) and not M.is_stacked(held_out)
+    modes = M.predict(digits["classifier"], stacked.images, 500, CPU, per_channel=True)
+    assert (modes == stacked.labels).float().mean() > STATED_ACCURACY ** 3 - 0.03
+    assert M.mode_coverage(modes)["modes_covered"] > 400  # 600 draws over 1000 modes hit about 450
+    collapsed = stacked.images.clone()
+    collapsed[:, 1:] = stacked.images[0, 1:]  # green and blue frozen: at most 10 modes remain
+    assert M.mode_coverage(M.predict(digits["classifier"], collapsed, 500, CPU, per_channel=True))["modes_covered"] <= 10
+    features = M.ClassifierFeatures(digits["classifier"], per_channel=True, channels=3)
+    assert features(stacked.images[:4]).shape == (4, 3 * TINY_CLASSIFIER.feature_dim) == (4, features.num_features)
+
+
+# the classifier cache and the Inception checks ---------------------------------------------------
+
+def test_classifier_is_cached_under_data_root_keyed_by_what_decides_it(tmp_path, monkeypatch, one_thread):
+    data = DataConfig(root=str(tmp_path), image_size=16, num_samples=1200, batch_size=32)
+    config = ClassifierConfig(epochs=5, min_accuracy=0.9)
+    model, accuracy, path = M.load_or_train_classifier(data, config, CPU)
+    assert path.parent == tmp_path / "classifiers" and path.name.startswith("digits-16px-1ch-")
+    saved = torch.load(path, weights_only=True)  # a plain dict of tensors and containers
+    assert saved["accuracy"] == accuracy >= 0.9
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a cached classifier was trained again")
+
+    monkeypatch.setattr(M, "train_classifier", no_training)
+    again, accuracy_again, path_again = M.load_or_train_classifier(data, config, CPU)
+    assert path_again == path and accuracy_again == accuracy
+    images = torch.randint(0, 256, (4, 1, 16, 16), dtype=torch.uint8)
+    torch.testing.assert_close(again.eval()(images), model.eval()(images))
+    # What decides the images or the training changes the key; where they live, or the bar, does not.
+    key = M.classifier_key(data, config)
+    assert M.classifier_key(dataclasses.replace(data, root="elsewhere", batch_size=7), config) == key
+    assert M.classifier_key(data, dataclasses.replace(config, min_accuracy=0.5)) == key
+    assert M.classifier_key(dataclasses.replace(data, seed=1), config) != key
+    assert M.classifier_key(data, dataclasses.replace(config, epochs=2)) != key
+    with pytest.raises(M.MetricsError, match="min_accuracy"):
+        M.load_or_train_classifier(data, dataclasses.replace(config, min_accuracy=1.01), CPU)
+
+
+def test_inception_checks_the_weights_path_before_anything_else(tmp_path):
+    with pytest.raises(M.MetricsError, match="no such file"):
+        M.inception_features(str(tmp_path / "missing.pth"))
+
+
+def test_inception_without_torch_fidelity_says_how_to_get_it(tmp_path, monkeypatch):
+    weights = tmp_path / "weights.pth"
+    weights.write_bytes(b"not really weights")
+    monkeypatch.setattr(M.importlib.util, "find_spec", lambda name: None)  # as on a machine without it
+    with pytest.raises(M.MetricsError, match="pip install torch-fidelity"):
+        M.inception_features(str(weights))

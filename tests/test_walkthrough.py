@@ -1,0 +1,281 @@
+"""The statements of docs/walkthrough.md that tests/test_techniques.py and tests/test_claims.py do
+not already prove, on the real G and D wherever the statement is about them.
+
+Sections follow the walkthrough: batch in, D step, G step, the gradient penalty to come, log,
+sample, checkpoint, export.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+import weakref
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.export import Dim, export
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+from gan.losses import LOSSES
+from gan.sampling import eval_mode, image_grid, sample
+from gan.steps import d_step, frozen, g_step, release_grads
+
+BCE = LOSSES["bce"]
+
+
+def adam(module: nn.Module) -> torch.optim.Adam:
+    return torch.optim.Adam(module.parameters(), lr=1e-2, betas=(0.5, 0.999))
+
+
+def quietly(fn):
+    """fn() with warnings silenced (torch.jit's deprecation notices)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn()
+
+
+# batch in ---------------------------------------------------------------------------------------
+
+def test_a_model_moved_to_a_device_takes_latents_made_there(tiny_gan):
+    G, _ = tiny_gan
+    assert G.to("meta") is G  # Module.to moves the parameters in place
+    z = torch.randn(2, 16, device="meta")  # created on the device, as training.py makes z
+    assert G(z).shape == (2, 1, 16, 16) and G(z).device.type == "meta"
+
+
+def test_float_returns_the_same_tensor_when_it_is_float_already():
+    images = torch.zeros(2, dtype=torch.uint8)
+    assert images.float() is not images  # uint8 -> a new tensor: div_ on it is safe
+    floats = torch.zeros(2)
+    assert floats.float() is floats  # already float32: the very same tensor
+    floats.float().div_(2.0).add_(1.0)
+    assert floats.tolist() == [1.0, 1.0]  # an in-place op after .float() wrote into the original
+
+
+def test_indices_must_be_integers_which_torch_tensor_infers_and_torch_Tensor_does_not():
+    images = torch.arange(12, dtype=torch.uint8).view(3, 4)
+    index = [2, 0]  # what BatchStream's sampler yields
+    assert images[torch.tensor(index)].tolist() == [[8, 9, 10, 11], [0, 1, 2, 3]]  # int64 inferred
+    with pytest.raises(IndexError, match="tensors used as indices must be long"):
+        images[torch.Tensor(index)]  # float32: not an index
+
+
+def test_generator_view_accepts_a_transposed_latent(tiny_gan):
+    G, _ = tiny_gan
+    G.eval()
+    z = torch.randn(16, 4).t()  # (4, 16), not contiguous
+    assert not z.is_contiguous()
+    assert z.view(4, 16, 1, 1).data_ptr() == z.data_ptr()  # adding size-1 dims: always a view
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        z.view(64)  # merging dims across strides: not a view
+    assert torch.equal(G(z), G(z.contiguous()))
+
+
+# D step -----------------------------------------------------------------------------------------
+
+def test_gradients_accumulate_until_released(tiny_gan):
+    G, D = tiny_gan
+    D.eval()  # fixed statistics, so both passes compute the same gradient
+    real, fake = torch.rand(8, 1, 16, 16), G(torch.randn(8, 16)).detach()
+    BCE.d(D(real), D(fake)).backward()
+    first = [p.grad.clone() for p in D.parameters()]
+    BCE.d(D(real), D(fake)).backward()  # a second backward without releasing: added
+    for before, p in zip(first, D.parameters()):
+        torch.testing.assert_close(p.grad, 2 * before)
+    released = [weakref.ref(p.grad) for p in D.parameters()]
+    release_grads(D)
+    assert all(ref() is None for ref in released)  # the gradient memory is freed, not zeroed
+
+
+def test_binary_cross_entropy_runs_under_cpu_autocast():
+    probabilities = torch.sigmoid(torch.randn(4))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # on CUDA autocast refuses this op
+        value = F.binary_cross_entropy(probabilities, torch.ones(4))
+    assert value.dtype == torch.float32 and torch.isfinite(value)
+
+
+# G step -----------------------------------------------------------------------------------------
+
+def test_g_step_keeps_the_gradient_that_reaches_the_fake_images(tiny_gan):
+    G, D = tiny_gan
+    real, fake = torch.rand(8, 1, 16, 16), G(torch.randn(8, 16))
+    _, real_features = d_step(D, adam(D), BCE, real, fake)
+    g_step(D, G, adam(G), BCE, fake, real_features)
+    assert fake.grad is not None  # retain_grad() in g_step kept it on a non-leaf
+    images = fake.detach().requires_grad_()  # D's weights are unchanged by the G step
+    expected, = torch.autograd.grad(BCE.g(D(images)), images)
+    torch.testing.assert_close(fake.grad, expected)
+
+
+def test_frozen_discriminator_still_updates_its_batchnorm_statistics(tiny_gan):
+    G, D = tiny_gan
+    bn = next(m for m in D.modules() if isinstance(m, nn.BatchNorm2d))
+    before = bn.running_mean.clone()
+    with frozen(D):  # requires_grad_(False) is about gradients, not about BatchNorm's buffers
+        D(G(torch.randn(8, 16)))
+    assert not torch.equal(before, bn.running_mean)
+
+
+def test_batchnorm_in_train_mode_mixes_the_samples_of_a_batch(tiny_gan):
+    _, D = tiny_gan
+    x = torch.randn(4, 1, 16, 16, requires_grad=True)
+    grad, = torch.autograd.grad(D(x)[0], x)
+    assert grad[1:].abs().sum() > 0  # sample 0's logit depends on the other samples
+    D.eval()
+    grad, = torch.autograd.grad(D(x)[0], x)
+    assert grad[1:].abs().sum() == 0  # running statistics: each sample on its own
+
+
+def test_eval_mode_discriminator_still_passes_gradients_to_both_networks(tiny_gan):
+    G, D = tiny_gan
+    D.eval()
+    BCE.g(D(G(torch.randn(4, 16)))).backward()
+    assert all(p.grad is not None for p in G.parameters())
+    assert all(p.grad is not None for p in D.parameters())  # eval() froze nothing
+
+
+# the gradient penalty to come (WGAN-GP) --------------------------------------------------------
+
+def gradient_penalty(D: nn.Module, real: torch.Tensor, fake: torch.Tensor, create_graph: bool) -> torch.Tensor:
+    """(||grad_x D(x_hat)||_2 - 1)^2 on random interpolates (Gulrajani et al. 2017)."""
+    alpha = torch.rand(real.size(0), 1, 1, 1)
+    x_hat = (alpha * real + (1 - alpha) * fake).requires_grad_()
+    grad, = torch.autograd.grad(D(x_hat).sum(), x_hat, create_graph=create_graph)
+    return (grad.flatten(1).norm(dim=1) - 1).pow(2).mean()
+
+
+def d_grads(D: nn.Module, loss: torch.Tensor) -> list[torch.Tensor]:
+    D.zero_grad(set_to_none=True)
+    loss.backward()
+    return [p.grad.clone() for p in D.parameters()]
+
+
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_gradient_penalty_reaches_D_weights_only_with_create_graph(tiny_gan, create_graph):
+    G, D = tiny_gan
+    real, fake = torch.rand(8, 1, 16, 16) * 2 - 1, G(torch.randn(8, 16)).detach()
+    torch.manual_seed(1)
+    adversarial = BCE.d(D(real), D(fake))
+    penalty = gradient_penalty(D, real, fake, create_graph)
+    assert penalty.requires_grad == create_graph
+    with_penalty = d_grads(D, adversarial + 10 * penalty)
+    torch.manual_seed(1)
+    without = d_grads(D, BCE.d(D(real), D(fake)))
+    same = all(torch.allclose(a, b) for a, b in zip(with_penalty, without))
+    # create_graph=False: the penalty is a constant to backward, so it silently changes nothing
+    assert same != create_graph
+
+
+# log --------------------------------------------------------------------------------------------
+
+def test_step_diagnostics_are_detached_so_logging_them_warns_nothing(tiny_gan):
+    G, D = tiny_gan
+    real, fake = torch.rand(8, 1, 16, 16), G(torch.randn(8, 16))
+    d_stats, real_features = d_step(D, adam(D), BCE, real, fake)
+    g_stats = g_step(D, G, adam(G), BCE, fake, real_features)
+    stats = {**d_stats, **g_stats}
+    assert not any(value.requires_grad for value in stats.values())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        [float(value) for value in stats.values()]  # what Monitor.scalars does
+    with pytest.warns(UserWarning, match="Converting a tensor with requires_grad=True to a scalar"):
+        float(BCE.g(D(fake)))  # an undetached loss would warn on every log
+    with pytest.raises(ValueError, match="only one element tensors can be converted"):
+        float(real_features.mean(dim=0).flatten())  # a vector is not a number
+
+
+def test_numpy_view_of_a_parameter_follows_optimizer_steps_on_cpu(tiny_gan):
+    G, _ = tiny_gan
+    weight = G.net[0].weight
+    shared = weight.detach().cpu().numpy()  # on the CPU: no copy anywhere in this chain
+    snapshot = shared.copy()
+    G(torch.randn(4, 16)).sum().backward()
+    adam(G).step()
+    assert (shared == weight.detach().numpy()).all()  # it moved with the weights
+    assert not (snapshot == shared).all()  # only the explicit copy kept the old values
+
+
+# sample -----------------------------------------------------------------------------------------
+
+def test_inference_mode_images_can_be_shown_but_not_trained_on(tiny_gan):
+    G, D = tiny_gan
+    with eval_mode(G), torch.inference_mode():
+        images = G(torch.randn(4, 16))
+    assert images.is_inference()
+    assert image_grid(images).shape == (3, 38, 38)  # fine for a picture (make_grid makes RGB)
+    with pytest.raises(RuntimeError, match="Inplace update to inference tensor outside InferenceMode"):
+        images.clamp_(-1, 1)
+    with pytest.raises(RuntimeError, match="Inference tensors cannot be saved for backward"):
+        d_step(D, adam(D), BCE, torch.rand(4, 1, 16, 16), images)
+    assert not sample(G, torch.randn(4, 16)).is_inference()  # no_grad output: an ordinary tensor
+    bn = G.net[1]
+    before = bn.running_mean.clone()
+    with torch.inference_mode():  # G in train mode: like no_grad, BatchNorm still updates
+        G(torch.randn(4, 16))
+    assert not torch.equal(before, bn.running_mean)
+
+
+# checkpoint -------------------------------------------------------------------------------------
+
+def test_state_dict_shares_storage_with_the_parameters_until_saved(tiny_gan):
+    G, _ = tiny_gan
+    state = G.state_dict()
+    weight = state["net.0.weight"]
+    assert not weight.requires_grad and weight.data_ptr() == G.net[0].weight.data_ptr()
+    buffer = io.BytesIO()
+    torch.save(state, buffer)  # serialised now: the bytes are a copy
+    G(torch.randn(4, 16)).sum().backward()
+    adam(G).step()
+    assert torch.equal(state["net.0.weight"], G.net[0].weight)  # the dict followed the update
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    assert not torch.equal(saved["net.0.weight"], G.net[0].weight)  # the file did not
+
+
+# export -----------------------------------------------------------------------------------------
+
+def test_trace_records_the_mode_it_saw(tiny_gan):
+    G, _ = tiny_gan
+    z = torch.randn(4, 16)
+    traced_in_train = quietly(lambda: torch.jit.trace(G, z, check_trace=False))
+    G.eval()
+    traced_in_eval = quietly(lambda: torch.jit.trace(G, z, check_trace=False))
+    traced_in_train.eval()
+    bn = G.net[1]  # a trace shares G's parameters and buffers
+    with torch.no_grad():
+        expected = G(z)
+        assert torch.equal(traced_in_eval(z), expected)
+        assert traced_in_eval(torch.randn(7, 16)).shape[0] == 7  # z.size(0) was traced as an op
+        stats = bn.running_mean.clone()
+        assert not torch.allclose(traced_in_train(z), expected)  # batch statistics, baked in
+        assert not torch.equal(stats, bn.running_mean)  # and it still moves G's running statistics
+
+
+def test_script_keeps_the_mode_switch(tiny_gan):
+    G, _ = tiny_gan
+    with pytest.warns(FutureWarning, match="deprecated"):
+        scripted = torch.jit.script(G)
+    z = torch.randn(4, 16)
+    with torch.no_grad():
+        assert torch.allclose(scripted(z), G(z))
+        G.eval()
+        scripted.eval()
+        assert torch.allclose(scripted(z), G(z))
+
+
+def test_export_takes_a_dynamic_batch_and_refuses_data_dependent_branches(tiny_gan):
+    G, _ = tiny_gan
+    G.eval()
+    program = export(G, (torch.randn(4, 16),), dynamic_shapes=({0: Dim("batch", min=2)},))
+    z = torch.randn(5, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(z), G(z))
+
+    class Branchy(nn.Module):
+        def forward(self, x):
+            return x * 2 if x.sum() > 0 else x - 1
+
+    with pytest.raises(GuardOnDataDependentSymNode):
+        export(Branchy(), (torch.ones(2),))
