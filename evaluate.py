@@ -27,7 +27,7 @@ from gan.config import ConfigError, register_evaluate_configs, validate_evaluate
 from gan.data import DataError
 from gan.evaluation import evaluate
 from gan.metrics import MetricsError
-from gan.runs import override_key, unwritable_output
+from gan.runs import override_key, preflight
 
 log = logging.getLogger("evaluate")
 register_evaluate_configs()
@@ -59,10 +59,5 @@ def data_overrides(cfg: DictConfig) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    # Until Hydra installs its own logging config (which replaces this handler), log to stderr.
-    logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")
-    problem = unwritable_output(sys.argv)
-    if problem:
-        log.error("%s", problem)
-        sys.exit(EXIT_BAD_INPUT)
+    preflight(sys.argv, EXIT_BAD_INPUT)
     main()

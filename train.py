@@ -17,10 +17,12 @@ from omegaconf import DictConfig
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from gan.checkpoint import CheckpointError
-from gan.config import ConfigError, register_configs, validate
+from gan.config import ConfigError, EvaluateConfig, TrainConfig, register_configs, validate
+from gan.evaluation import evaluate
+from gan.metrics import MetricsError
 from gan.data import DataError
 from gan.distributed import broadcast_object, close, init_process_group, rank_zero_argv, world_from_env
-from gan.runs import resume_argv, unwritable_output
+from gan.runs import preflight, resume_argv
 from gan.training import NonFiniteLossError, train
 
 log = logging.getLogger("train")
@@ -44,8 +46,13 @@ def main(cfg: DictConfig) -> float:
     run_dir = Path(broadcast_object(HydraConfig.get().runtime.output_dir, world))
     try:
         with logging_redirect_tqdm():  # log lines print above the progress bar, not through it
-            result = train(validate(cfg), run_dir, world=world)
-    except (ConfigError, CheckpointError, DataError, NonFiniteLossError) as err:
+            typed = validate(cfg)
+            result = train(typed, run_dir, world=world)
+            if world.is_main and not result.stopped_by and typed.trainer.final_eval_samples:
+                fid = final_fid(typed, result.checkpoint, run_dir)
+            else:
+                fid = float("nan")
+    except (ConfigError, CheckpointError, DataError, MetricsError, NonFiniteLossError) as err:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise  # Hydra records the failed job and the sweep goes on with the others
         log.error("%s", err)
@@ -58,16 +65,19 @@ def main(cfg: DictConfig) -> float:
                     result.checkpoint, run_dir)
         sys.exit(SIGNAL_EXIT[result.stopped_by])
     log.info("Done: %d steps; outputs in %s", result.step, run_dir)
-    return result.metrics.get("loss/g", float("nan"))
+    return fid  # what a Hydra sweeper (hparams_search=optuna) minimises; NaN without final_eval_samples
+
+
+def final_fid(cfg: TrainConfig, checkpoint: Path, run_dir: Path) -> float:
+    """evaluate.py's metrics of the finished run, into RUN_DIR/eval; returns the FID."""
+    eval_cfg = EvaluateConfig(checkpoint=str(checkpoint), num_samples=cfg.trainer.final_eval_samples,
+                              device=cfg.trainer.device, threads=cfg.trainer.threads)
+    eval_cfg.check()
+    return float(evaluate(eval_cfg, run_dir / "eval")["fid"])
 
 
 if __name__ == "__main__":
-    # Until Hydra installs its own logging config (which replaces this handler), log to stderr.
-    logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")
-    problem = unwritable_output(sys.argv)
-    if problem:
-        log.error("%s", problem)
-        sys.exit(EXIT_BAD_INPUT)
+    preflight(sys.argv, EXIT_BAD_INPUT)
     world = world_from_env()
     if world.distributed and ("-m" in sys.argv or "--multirun" in sys.argv):
         log.error("torchrun launches one training job over several processes; a Hydra sweep (-m) "

@@ -150,11 +150,13 @@ class OptimConfig:
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 1500  # generator updates; 1500 x 128 images is about 3 epochs of digits
+    max_steps: int = 2500  # generator updates; 2500 x 128 images is about 5 epochs of digits
     device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
     seed: int = 0  # seeds weights, latents and shuffling
     resume: Optional[str] = None  # a checkpoint file or a run directory to continue from
-    precision: Precision = Precision.fp32  # fp32 | bf16 autocast
+    # auto | fp32 | bf16 | fp16. auto = bf16 where the hardware runs it fast: on the README's CPU it
+    # trains 1.9x faster and reaches the same classes, class KL and recall as fp32 (README, results)
+    precision: Precision = Precision.auto
     channels_last: bool = True  # NHWC memory format: faster convolutions on CPU (oneDNN) and tensor cores
     compile: bool = False  # torch.compile G and D (not the whole step); compile time is logged apart
     threads: int = 0  # torch intra-op threads; 0 keeps torch's default (one per core)
@@ -166,11 +168,16 @@ class TrainerConfig:
     deterministic: bool = False  # bit-reproducible kernels on GPU (slower); CPU runs are already exact
     num_fixed_samples: int = 64  # images in the fixed-noise grid (an 8 x 8 grid)
     progress: bool = True  # show a tqdm progress bar on the terminal
+    # After training, evaluate.py's metrics on this many samples, into RUN_DIR/eval; train.py then
+    # returns the FID for a Hydra sweeper to minimise. 0 = skip (train.py returns NaN).
+    final_eval_samples: int = 0
 
     def check(self) -> None:
         _require(self.max_steps >= 1, "trainer.max_steps", self.max_steps, "must be at least 1")
         _require(self.threads >= 0, "trainer.threads", self.threads, "must be >= 0 (0 = torch's default)")
         _require(self.keep_checkpoints >= 0, "trainer.keep_checkpoints", self.keep_checkpoints, "must be >= 0")
+        _require(self.final_eval_samples >= 0, "trainer.final_eval_samples", self.final_eval_samples,
+                 "must be >= 0 (0 = no evaluation after training)")
         for key in ("log_every", "sample_every", "checkpoint_every", "num_fixed_samples"):
             value = getattr(self, key)
             _require(value >= 1, f"trainer.{key}", value, "must be at least 1")

@@ -129,3 +129,13 @@ def unwritable_output(argv: list[str]) -> Optional[str]:
     why = "is not a directory" if existing.exists() and not existing.is_dir() else "is not writable"
     return (f"Cannot write the run directory {target}: {existing} {why}. Choose a writable folder "
             f"with {key}=PATH (or launch from a writable directory).")
+
+
+def preflight(argv: list[str], exit_code: int = 2) -> None:
+    """Before Hydra starts: log to stderr (until Hydra's logging config replaces this handler), and
+    exit with `exit_code` and one logged paragraph if the run directory cannot be written."""
+    logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")
+    problem = unwritable_output(argv)
+    if problem:
+        log.error("%s", problem)
+        raise SystemExit(exit_code)

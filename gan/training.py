@@ -75,15 +75,17 @@ def train(cfg: TrainConfig, run_dir: Path, dataset: Optional[ImageSet] = None,
 
     # models, optimizers, loss
     G, D = build_models(cfg, device)
-    G_ema = build_ema(G, cfg.model.ema_decay)
+    G_ema = build_ema(G, cfg.model.ema_decay)  # a deep copy of G: made before compiling, it stays eager
+    if trainer.compile:
+        compile_models(G, D)
     G_train, D_train = wrap_for_ddp(G, D, world, device)
     opt_g, opt_d = build_optimizer(G, cfg, device), build_optimizer(D, cfg, device, lr=cfg.optim.lr_d)
     loss = build_loss(cfg)
     penalties = Penalties(cfg.loss.gradient_penalty, cfg.loss.r1)
-    ctx = step_context(resolve_precision(trainer.precision, device), device,
-                       skip_nonfinite=trainer.on_nan == OnNonFinite.skip)
-    if trainer.compile:
-        compile_models(G, D)
+    precision = resolve_precision(trainer.precision, device)
+    ctx = step_context(precision, device, skip_nonfinite=trainer.on_nan == OnNonFinite.skip)
+    log.info("Training on %s in %s%s, %d process(es)", device, precision.value,
+             " (trainer.precision=auto)" if trainer.precision == Precision.auto else "", world.size)
     # One latent batch for the whole run, made directly on the device: every sample grid shows the
     # same z, so grids are comparable across steps (and across a resume: it is checkpointed).
     fixed_z = torch.randn(trainer.num_fixed_samples, cfg.model.z_dim, device=device,
@@ -123,7 +125,9 @@ def train(cfg: TrainConfig, run_dir: Path, dataset: Optional[ImageSet] = None,
                 if G_ema is not None:
                     G_ema.update_parameters(G)
                 images_since += real.size(0)
-                first_step_done = first_step_done or time.perf_counter()
+                if first_step_done is None:  # the first step includes compiling (trainer.compile=true)
+                    first_step_done = time.perf_counter()
+                    monitor.note("perf/first_step_s", first_step_done - time_since, step)
                 monitor.advance()
                 done = step == trainer.max_steps or any_rank(stop.signal is not None, world, device)
 
@@ -132,8 +136,6 @@ def train(cfg: TrainConfig, run_dir: Path, dataset: Optional[ImageSet] = None,
                     if not ctx.skip_nonfinite:
                         watch.check()
                     rate = world.size * images_since / (time.perf_counter() - time_since)  # all ranks
-                    if step == trainer.log_every and trainer.compile:  # the first interval includes compiling
-                        monitor.note("perf/first_interval_s", time.perf_counter() - time_since, step)
                     metrics = monitor.scalars(step, {**d_stats, **g_stats, "perf/img_per_s": rate})
                     images_since, time_since = 0, time.perf_counter()
 

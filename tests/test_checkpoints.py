@@ -214,6 +214,15 @@ def test_unwritable_output_dir_is_refused(tmp_path):
     assert "Traceback" not in output
 
 
+def test_missing_data_root_is_refused_before_training(tmp_path):
+    missing = tmp_path / "no-datasets-here"
+    result = run_train("data=fashion_mnist", f"data.root={missing}", f"hydra.run.dir={tmp_path / 'run'}")
+    output = result.stdout + result.stderr
+    assert result.returncode == 2
+    assert str(missing) in output and "data.download=true" in output and "Traceback" not in output
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
 # resume=auto -----------------------------------------------------------------------------------
 
 def test_resume_auto_continues_the_matching_run_or_starts_one(tmp_path):

@@ -154,3 +154,15 @@ def test_default_outputs_go_under_outputs_in_the_launch_dir(tmp_path):
     checkpoints = list((tmp_path / "outputs").glob("*/*/checkpoints/last.pt"))
     assert len(checkpoints) == 1
     assert not (ROOT / "runs").exists()  # SummaryWriter got an explicit log_dir
+
+
+@pytest.mark.slow
+def test_final_eval_measures_the_run_for_sweepers(tmp_path):
+    """trainer.final_eval_samples runs evaluate.py's metrics after training, into RUN_DIR/eval."""
+    run_dir = tmp_path / "run"
+    result = run_train("data.num_samples=20000", "trainer.max_steps=10", "trainer.final_eval_samples=300",
+                       f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    metrics = json.loads((run_dir / "eval" / "metrics.json").read_text())
+    assert metrics["num_samples"] == 300 and metrics["fid"] > 0
+    assert (tmp_path / "data" / "classifiers").is_dir()  # trained once, cached under data.root
