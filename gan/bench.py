@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import subprocess
 import sys
@@ -195,8 +196,14 @@ def memory_probe(kind: str, size: int, channels: int, batch: int, z_dim: int, wi
 
 
 def _current_rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096 / 2 ** 20
+    """Resident memory now (Linux's /proc/self/statm; elsewhere the process's high-water mark)."""
+    try:
+        with open(f"/proc/{os.getpid()}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+    except OSError:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def interleaved(runners: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:

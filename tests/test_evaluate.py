@@ -257,8 +257,6 @@ def test_trace_drops_control_flow_that_script_keeps_and_export_guards(tiny_gan):
 
 
 def test_evaluate_in_process_on_stacked_data_counts_modes(tmp_path, one_thread):
-    if not (CONFIG_DIR / "data" / "stacked.yaml").is_file():
-        pytest.skip("data=stacked is not available")
     checkpoint = tiny_checkpoint(tmp_path, "data=stacked", "data.image_size=16", "data.num_samples=1200")
     cfg = EvaluateConfig(checkpoint=str(checkpoint), num_samples=100, device="cpu",
                          neighbour_queries=2, grid_samples=4, interpolation_rows=1,
