@@ -36,6 +36,11 @@ def override_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
+def override_values(args: list[str], key: str) -> list[str]:
+    """The values given to `key` on the command line, in order (the last one wins in Hydra)."""
+    return [a.split("=", 1)[1] for a in args if override_key(a) == key and "=" in a]
+
+
 def resume_argv(argv: list[str], config_dir: Path, outputs: Path = Path("outputs")) -> list[str]:
     """Rewrite `train.py trainer.resume=PATH|auto [overrides]` to continue a run where it stopped.
 
@@ -47,7 +52,7 @@ def resume_argv(argv: list[str], config_dir: Path, outputs: Path = Path("outputs
     A checkpoint outside a run directory, and multirun, leave the command line as it is.
     """
     args = argv[1:]
-    values = [a.split("=", 1)[1] for a in args if override_key(a) == "trainer.resume" and "=" in a]
+    values = override_values(args, "trainer.resume")
     if not values or values[-1] in ("", "null") or "-m" in args or "--multirun" in args:
         return argv
     if values[-1] == "auto":
@@ -119,7 +124,7 @@ def unwritable_output(argv: list[str]) -> Optional[str]:
     """
     args = argv[1:]
     key = "hydra.sweep.dir" if "-m" in args or "--multirun" in args else "hydra.run.dir"
-    values = [a.split("=", 1)[1] for a in args if override_key(a) == key and "=" in a]
+    values = override_values(args, key)
     target = Path(values[-1].strip("'\"")) if values else Path("outputs")
     existing = target
     while not existing.exists() and existing != existing.parent:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Callable, ContextManager, Iterable, Iterator, Optional
+from typing import Callable, ContextManager, Iterable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -105,7 +105,7 @@ def g_step(D: nn.Module, G: nn.Module, opt_g: torch.optim.Optimizer, loss: Adver
             terms = {"adv": loss.g(fake_logits)}
             if feature_matching_weight > 0:
                 terms["fm"] = feature_matching_weight * feature_matching(real_features, fake_features)
-        term_norms = backward_terms(terms, list(G.parameters()), backward_mode, ctx.scaler)
+        term_norms = backward_terms(terms, list(G.parameters()), backward_mode, ctx)
     ctx.scaler.unscale_(opt_g)
     grad_norm = total_norm(G.parameters())
     loss_g = sum(terms.values()).detach()
@@ -119,7 +119,7 @@ def g_step(D: nn.Module, G: nn.Module, opt_g: torch.optim.Optimizer, loss: Adver
 
 
 def backward_terms(terms: dict[str, Tensor], params: list[Tensor], mode: BackwardMode,
-                   scaler: Optional[torch.amp.GradScaler] = None) -> dict[str, Tensor]:
+                   ctx: StepContext = FP32) -> dict[str, Tensor]:
     """Backpropagate a multi-term loss into .grad; in separate mode, returns each term's gradient norm.
 
     summed: one backward of the sum, the usual and cheapest form.
@@ -129,16 +129,15 @@ def backward_terms(terms: dict[str, Tensor], params: list[Tensor], mode: Backwar
     gradients accumulate in .grad, so both modes leave the same .grad; each term's own norm is the
     growth of .grad during its call.
     """
-    scaler = scaler or FP32.scaler
     if mode == BackwardMode.summed or len(terms) == 1:
-        scaler.scale(sum(terms.values())).backward()
+        ctx.scaler.scale(sum(terms.values())).backward()
         return {}
-    scale = scaler.get_scale() if scaler.is_enabled() else 1.0
+    scale = ctx.gradient_scale()
     norms: dict[str, Tensor] = {}
     before = [torch.zeros_like(p) for p in params]
     for i, (name, term) in enumerate(terms.items()):
         last = i == len(terms) - 1
-        scaler.scale(term).backward(retain_graph=not last)
+        ctx.scaler.scale(term).backward(retain_graph=not last)
         after = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
         norms[name] = total_norm_of([a - b for a, b in zip(after, before)]) / scale
         before = after
