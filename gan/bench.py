@@ -7,9 +7,11 @@ Both sides train the same networks (this project's Generator and Discriminator, 
 is identical) on the same images at the same batch size. The canonical side is re-implemented as
 plain reference code in `canonical_step`: fp32, Sigmoid + BCELoss, `zero_grad()`, a DataLoader.
 The project side is the real `gan.training.train()` loop, logging, sampling and checkpointing
-included. The two alternate in one process, round by round, so load on the machine hits both alike;
-the table reports the median round. Peak memory is measured in a fresh subprocess per row (the
-peak RSS high-water mark cannot be reset within a process on the CPU).
+included. Rows alternate round by round, so load on the machine hits all alike, and the table
+reports the median round. Each row runs in a fresh process (`probe`): the project's loop sets a
+process-wide allocator option (trainer.retain_host_memory) that would otherwise leak into the
+canonical rows, and peak memory needs a fresh RSS high-water mark. The row "canonical fp32 +
+retain memory" is the canonical step with that allocator option, to show what it is worth alone.
 
 Owns nothing the trainer uses; `canonical_step` also serves the test that checks the project's
 fp32 math against the canonical step.
@@ -27,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -37,6 +40,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from gan.config import DataConfig, ModelConfig, Precision, TrainConfig, TrainerConfig
 from gan.data import ImageSet
+from gan.device import retain_freed_memory
 from gan.models import Discriminator, Generator
 from gan.training import train
 
@@ -161,21 +165,64 @@ def compute_ceiling(dtype: torch.dtype, seconds: float = 0.5, repeats: int = 3) 
     return best
 
 
-def peak_memory_mb(args: list[str]) -> float:
-    """Peak RSS growth (MB) of one configuration, run in a fresh subprocess."""
-    out = subprocess.run([sys.executable, "-m", "gan.bench", "--memory-probe", *args],
+@dataclass(frozen=True)
+class Row:
+    """One line of the table: which loop, at which size and precision."""
+
+    kind: str  # canonical | project
+    size: int
+    precision: str = "fp32"
+    retain: bool = False  # the canonical step with the project's allocator setting (gan/device.py)
+    compile: bool = False
+
+    @property
+    def name(self) -> str:
+        extras = " + retain memory" if self.retain else " + compile" if self.compile else ""
+        return f"{self.kind} {self.precision}{extras}"
+
+
+def probe(row: Row, measure: str, batch: int, z_dim: int, width: int, steps: int) -> float:
+    """Run one row in a fresh Python process; returns its img/s ("speed") or peak MB ("memory").
+
+    A fresh process per row and round: the allocator setting of the project's loop is process-wide
+    and cannot be undone, so rows sharing a process would share it; and a process's RSS
+    high-water mark cannot be reset, so peak memory needs its own process too.
+    """
+    spec = json.dumps({**row.__dict__, "measure": measure, "batch": batch, "z_dim": z_dim, "width": width,
+                       "steps": steps, "threads": torch.get_num_threads()})
+    out = subprocess.run([sys.executable, "-m", "gan.bench", "--probe", spec],
                          capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])["peak_mb"]
+    return json.loads(out.strip().splitlines()[-1])["value"]
 
 
-def memory_probe(kind: str, size: int, channels: int, batch: int, z_dim: int, width: int,
-                 steps: int, precision: str) -> None:
-    """Print the peak RSS growth over the RSS just before training, sampled every millisecond.
+def run_probe(spec: dict) -> float:
+    """The child side of `probe`: train one row and measure it."""
+    torch.set_num_threads(spec["threads"])
+    row = Row(spec["kind"], spec["size"], spec["precision"], spec["retain"], spec["compile"])
+    channels = 3 if row.size >= 64 else 1  # 64 px as the examples' RGB data; 32 px as MNIST-like
+    torch.manual_seed(0)
+    images = torch.randint(0, 256, (max(spec["batch"] * 8, 1024), channels, row.size, row.size), dtype=torch.uint8)
+    if row.retain:
+        retain_freed_memory()
+
+    def run() -> float:
+        if row.kind == "canonical":
+            return run_canonical(images, spec["batch"], spec["z_dim"], spec["width"], spec["steps"])
+        cfg = project_config(row.size, channels, spec["batch"], spec["z_dim"], spec["width"], spec["steps"],
+                             Precision(row.precision), row.compile)
+        return run_project(images, cfg)
+
+    if spec["measure"] == "speed":
+        return run()
+    return peak_rss_growth_mb(run)
+
+
+def peak_rss_growth_mb(run: Callable[[], float]) -> float:
+    """Peak RSS growth over the RSS just before `run`, sampled every millisecond.
 
     (The process's own high-water mark, ru_maxrss, is set by importing torch and TensorBoard,
     which is more than a small model's training ever adds, so it cannot tell two loops apart.)
     """
-    images = torch.randint(0, 256, (max(batch * 4, 512), channels, size, size), dtype=torch.uint8)
     baseline = peak = _current_rss_mb()
     done = threading.Event()
 
@@ -186,13 +233,10 @@ def memory_probe(kind: str, size: int, channels: int, batch: int, z_dim: int, wi
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    if kind == "canonical":
-        run_canonical(images, batch, z_dim, width, steps)
-    else:
-        run_project(images, project_config(size, channels, batch, z_dim, width, steps, Precision(precision)))
+    run()
     done.set()
     sampler.join()
-    print(json.dumps({"peak_mb": peak - baseline}))
+    return peak - baseline
 
 
 def _current_rss_mb() -> float:
@@ -227,16 +271,15 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also time bf16 with trainer.compile=true")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--memory-probe", nargs=8, help=argparse.SUPPRESS)
+    parser.add_argument("--probe", help=argparse.SUPPRESS)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("gan.training").setLevel(logging.WARNING)
     logging.getLogger("gan.monitor").setLevel(logging.WARNING)
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.memory_probe:
-        kind, *numbers, precision = args.memory_probe
-        memory_probe(kind, *map(int, numbers), precision)
+    if args.probe:
+        print(json.dumps({"value": run_probe(json.loads(args.probe))}))
         return
 
     z_dim, batch, width = 100, args.batch, args.width
@@ -244,43 +287,35 @@ def main() -> None:
     log.info("compute ceiling: fp32 %.0f GFLOP/s, bf16 %.0f GFLOP/s", peaks["fp32"] / 1e9, peaks["bf16"] / 1e9)
     rows = []
     for size in args.sizes:
-        channels = 3 if size >= 64 else 1  # 64 px as the examples' RGB data; 32 px as MNIST-like
-        images = torch.randint(0, 256, (max(batch * 8, 1024), channels, size, size), dtype=torch.uint8)
-        runners: dict[str, Callable[[], float]] = {
-            "canonical fp32": lambda: run_canonical(images, batch, z_dim, width, args.steps)}
-        for precision in args.precisions:
-            cfg = project_config(size, channels, batch, z_dim, width, args.steps, Precision(precision))
-            runners[f"project {precision}"] = lambda cfg=cfg: run_project(images, cfg)
+        channels = 3 if size >= 64 else 1
+        table = [Row("canonical", size), Row("canonical", size, retain=True)]
+        table += [Row("project", size, precision) for precision in args.precisions]
         if args.compile:
-            cfg = project_config(size, channels, batch, z_dim, width, args.steps, Precision.bf16, compile=True)
-            runners["project bf16 + compile"] = lambda cfg=cfg: run_project(images, cfg)
+            table.append(Row("project", size, "bf16", compile=True))
+        runners = {row.name: lambda row=row: probe(row, "speed", batch, z_dim, width, args.steps) for row in table}
         rates = interleaved(runners, args.rounds)
         flops = flops_per_step(size, channels, batch, z_dim, width)
-        for name, rate in rates.items():
-            precision = name.split()[1]
-            memory = None
-            if not args.no_memory and "compile" not in name:
-                kind = "canonical" if name.startswith("canonical") else "project"
-                memory = peak_memory_mb([kind, str(size), str(channels), str(batch), str(z_dim), str(width),
-                                         str(args.steps), precision])
+        for row in table:
+            rate = rates[row.name]
+            memory = None if args.no_memory or row.compile else probe(row, "memory", batch, z_dim, width, args.steps)
             achieved = flops * rate / batch
-            peak = peaks["fp32"] if precision == "fp32" else peaks["bf16"]
-            rows.append((size, name, rate, rate / rates["canonical fp32"], memory, flops, achieved, achieved / peak))
+            rows.append((size, row.name, rate, rate / rates[table[0].name], memory, flops, achieved,
+                         achieved / peaks["fp32" if row.precision == "fp32" else "bf16"]))
     print_table(rows)
 
 
 def print_table(rows: list[tuple]) -> None:
-    header = f"{'px':>3}  {'loop':<24} {'img/s':>8} {'vs canon':>8} {'peak MB':>8} {'GFLOP/step':>10} {'GFLOP/s':>8} {'of peak':>7}"
+    header = f"{'px':>3}  {'loop':<30} {'img/s':>8} {'vs canon':>8} {'peak MB':>8} {'GFLOP/step':>10} {'GFLOP/s':>8} {'of peak':>7}"
     print(header)
     print("-" * len(header))
     canonical_memory = {}
     for size, name, rate, ratio, memory, flops, achieved, fraction in rows:
-        if name.startswith("canonical"):
+        if name == "canonical fp32":
             canonical_memory[size] = memory
         memory_text = "-" if memory is None else f"{memory:.0f}"
-        if memory is not None and canonical_memory.get(size) and not name.startswith("canonical"):
+        if memory is not None and canonical_memory.get(size) and name != "canonical fp32":
             memory_text += f" ({memory / canonical_memory[size]:.2f}x)"
-        print(f"{size:>3}  {name:<24} {rate:>8.1f} {ratio:>7.2f}x {memory_text:>8} {flops / 1e9:>10.1f} "
+        print(f"{size:>3}  {name:<30} {rate:>8.1f} {ratio:>7.2f}x {memory_text:>8} {flops / 1e9:>10.1f} "
               f"{achieved / 1e9:>8.0f} {fraction:>6.0%}")
     print(f"\nmachine: {torch.get_num_threads()} torch threads; torch {torch.__version__}")
 

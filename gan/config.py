@@ -160,6 +160,9 @@ class TrainerConfig:
     channels_last: bool = True  # NHWC memory format: faster convolutions on CPU (oneDNN) and tensor cores
     compile: bool = False  # torch.compile G and D (not the whole step); compile time is logged apart
     threads: int = 0  # torch intra-op threads; 0 keeps torch's default (one per core)
+    # CPU runs: glibc malloc keeps freed memory for reuse instead of unmapping it, so large
+    # activations stop page-faulting every step (gan/device.py:retain_freed_memory; README, speed)
+    retain_host_memory: bool = True
     log_every: int = 50  # steps between scalar logs (the only host syncs of the loop)
     sample_every: int = 250  # steps between fixed-noise sample grids
     checkpoint_every: int = 500  # steps between writes of checkpoints/last.pt (and one at the end)
@@ -314,6 +317,10 @@ class EvaluateConfig:
     num_samples: int = 10000  # samples measured; FID is biased upward at small N, so compare equal N only
     batch_size: int = 500  # images per batch through G and the feature network
     use_ema: bool = True  # sample from the EMA generator when the checkpoint has one
+    # Before sampling, recompute G's BatchNorm running statistics from this many batches of its own
+    # activations (torch.optim.swa_utils.update_bn): an EMA's averaged statistics are not those of
+    # its averaged weights. 0 = keep the checkpoint's statistics.
+    bn_batches: int = 20
     seed: int = 0  # latents of the measured samples, the grids and the KID subsets
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps, as trainer.device
     threads: int = 0  # torch intra-op threads; 0 keeps torch's default
@@ -336,6 +343,7 @@ class EvaluateConfig:
         _require(self.interpolation_steps >= 2, "interpolation_steps", self.interpolation_steps,
                  "must be at least 2 (both ends)")
         _require(self.threads >= 0, "threads", self.threads, "must be >= 0 (0 = torch's default)")
+        _require(self.bn_batches >= 0, "bn_batches", self.bn_batches, "must be >= 0 (0 = keep the checkpoint's)")
         device = self.device
         _require(device in ("auto", "cpu", "cuda", "mps") or (device.startswith("cuda:") and device[5:].isdigit()),
                  "device", device, "must be auto, cpu, cuda, cuda:N or mps")

@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from PIL import Image
 from torch import Tensor, nn
+from torch.optim.swa_utils import update_bn
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.tensorboard import SummaryWriter
 from torchvision.utils import make_grid, save_image
@@ -61,6 +62,8 @@ def evaluate(cfg: EvaluateConfig, run_dir: Path, data_overrides: Optional[Mappin
     state = load_checkpoint(cfg.checkpoint, map_location="cpu")
     data = data_config_of(state, data_overrides or {})
     G, generator_name = build_generator(state, cfg.use_ema, device)
+    recomputed = recompute_batchnorm_stats(G, cfg.bn_batches, cfg.batch_size, cfg.seed, device)
+    bn_stats = f"recomputed ({cfg.bn_batches} x {cfg.batch_size} samples)" if recomputed else "checkpoint"
     step = int(state["step"])
     log.info("Evaluating %s: step %d, %s generator, data=%s (%d px, %d channel(s))", cfg.checkpoint, step,
              generator_name, data.name, data.image_size, data.channels)
@@ -89,7 +92,8 @@ def evaluate(cfg: EvaluateConfig, run_dir: Path, data_overrides: Optional[Mappin
     results: dict[str, Any] = M.distribution_metrics(real_features, fake_features, cfg.metrics, cfg.seed)
     results.update(class_metrics(classifier, real, fake, real_labels, stacked, cfg, device))
     results.update(num_samples=fake.size(0), num_real=real.size(0), features=cfg.metrics.features.value,
-                   classifier=classifier_file, classifier_accuracy=accuracy, generator=generator_name, step=step,
+                   classifier=classifier_file, classifier_accuracy=accuracy, generator=generator_name,
+                   batchnorm_stats=bn_stats, step=step,
                    checkpoint=str(cfg.checkpoint))
     clock("metrics")
 
@@ -169,6 +173,26 @@ def build_generator(state: Mapping[str, Any], use_ema: bool, device: torch.devic
         load_module_state(G, state["G"], "generator")
         name = "raw"
     return G.to(device).eval(), name
+
+
+def recompute_batchnorm_stats(G: nn.Module, batches: int, batch_size: int, seed: int,
+                              device: torch.device) -> bool:
+    """Replace G's BatchNorm running statistics with those of `batches` batches of its own
+    activations, from latents seeded apart from the measured samples'; returns whether G has any.
+
+    Why: the EMA generator (build_ema) averages BatchNorm's running statistics along with the
+    weights, but the mean of past statistics is not the statistics of the mean weights. SWA has
+    the same problem and torch ships its fix, torch.optim.swa_utils.update_bn: reset the running
+    statistics, run the model in train mode with momentum=None (an exact cumulative average over
+    all batches), then restore momentum and eval(). Measured on a Fashion-MNIST run at 10k steps:
+    FID 6.93 -> 6.51, recall 0.694 -> 0.711 (README, results).
+    """
+    if batches == 0 or not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in G.modules()):
+        return False
+    latents = torch.Generator(device).manual_seed(seed + 1)
+    inputs = [torch.randn(batch_size, G.z_dim, device=device, generator=latents) for _ in range(batches)]
+    update_bn(inputs, G, device)  # under no_grad; leaves G in the mode it found it in (eval)
+    return True
 
 
 def reference_subset(reference: ImageSet, count: int, seed: int) -> tuple[Tensor, Tensor]:

@@ -24,8 +24,8 @@ from gan.checkpoint import checkpoint_path
 log = logging.getLogger(__name__)
 
 # trainer.* keys a resumed run may change without becoming a different run.
-RESUMABLE_CHANGES = ("max_steps", "resume", "device", "progress", "threads", "log_every", "sample_every",
-                     "checkpoint_every", "keep_checkpoints", "num_workers")
+RESUMABLE_CHANGES = ("max_steps", "resume", "device", "progress", "threads", "retain_host_memory", "log_every",
+                     "sample_every", "checkpoint_every", "keep_checkpoints", "num_workers")
 
 # Keys that never carry over from the recorded command line of the run being resumed.
 _NOT_REPLAYED = ("trainer.resume", "hydra.run.dir")

@@ -28,7 +28,7 @@ from torchvision.utils import save_image
 from gan.checkpoint import keep_numbered, load_checkpoint, load_module_state, save_checkpoint
 from gan.config import OnNonFinite, Precision, TrainConfig, to_plain
 from gan.data import BatchStream, ImageSet, load_dataset
-from gan.device import resolve_device
+from gan.device import resolve_device, retain_freed_memory
 from gan.distributed import SINGLE, World, any_rank, rank_device
 from gan.losses import LOSSES, AdversarialLoss, d_loss_bce
 from gan.models import Discriminator, Generator
@@ -167,6 +167,8 @@ def setup_torch(cfg: TrainConfig, world: World = SINGLE) -> torch.device:
     if trainer.threads:
         torch.set_num_threads(trainer.threads)
     device = rank_device(world, resolve_device(trainer.device))
+    if device.type == "cpu" and trainer.retain_host_memory and retain_freed_memory():
+        log.debug("glibc malloc: freed blocks are kept for reuse (trainer.retain_host_memory=true)")
     if trainer.deterministic:
         # cuDNN picks among algorithms, some with non-deterministic atomics, and cuBLAS needs a
         # fixed workspace; on the CPU every kernel used here is deterministic already.

@@ -23,7 +23,8 @@ from gan import export as X
 from gan.checkpoint import load_checkpoint, save_checkpoint
 from gan.config import (ClassifierConfig, ConfigError, EvaluateConfig, ExportFormat, FeatureSpace,
                         MetricsConfig, register_evaluate_configs, to_plain, validate_evaluate)
-from gan.evaluation import build_generator, data_config_of, evaluate, generate, slerp, to_uint8
+from gan.evaluation import (build_generator, data_config_of, evaluate, generate, recompute_batchnorm_stats, slerp,
+                            to_uint8)
 from gan.metrics import MetricsError
 from gan.models import Generator
 
@@ -79,6 +80,7 @@ def test_metrics_json_holds_every_metric(evaluated, trained_run):
     assert REQUIRED_KEYS <= set(results)
     assert results["num_samples"] == 200 and results["features"] == "classifier"
     assert results["generator"] == "EMA" and results["step"] == 6
+    assert results["batchnorm_stats"] == "recomputed (20 x 500 samples)"  # bn_batches=20 by default
     for key in ("precision", "recall", "coverage"):
         assert 0 <= results[key] <= 1
     assert results["fid"] > 0 and 0 <= results["classes_covered"] <= 10
@@ -126,6 +128,8 @@ def test_tensorboard_has_the_metrics_at_the_checkpoint_step(evaluated):
 def test_exported_generators_reload_and_match_the_eager_one(evaluated, trained_run):
     eval_dir, _ = evaluated
     G, _ = build_generator(load_checkpoint(trained_run), use_ema=True, device=torch.device("cpu"))
+    # the exported G is the measured one: BatchNorm statistics recomputed as evaluate.py does (seeded)
+    recompute_batchnorm_stats(G, batches=20, batch_size=500, seed=0, device=torch.device("cpu"))
     z = torch.randn(5, G.z_dim)
     with torch.no_grad():
         eager = G.eval()(z)
@@ -221,6 +225,29 @@ def test_sampling_is_in_eval_mode_without_autograd_and_leaves_g_as_it_was(tiny_g
     with torch.no_grad():
         expected = to_uint8(G.eval()(z))
     assert samples.dtype == torch.uint8 and torch.equal(samples, expected)
+
+
+def test_recomputed_batchnorm_stats_are_those_of_g_own_activations(tiny_gan):
+    G, _ = tiny_gan
+    cpu = torch.device("cpu")
+    for bn in (m for m in G.modules() if isinstance(m, torch.nn.BatchNorm2d)):
+        bn.running_mean.fill_(3.0)  # statistics that do not belong to these weights,
+        bn.running_var.fill_(50.0)  # like an EMA's averaged ones
+    z = torch.randn(4000, G.z_dim, generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        batch_stats = G.train()(z)  # each BatchNorm normalises with this batch's own statistics
+        stale = G.eval()(z)
+    stale_error = (stale - batch_stats).abs().mean()
+    assert stale_error > 0.01  # the stale statistics change the images
+
+    assert recompute_batchnorm_stats(G, batches=10, batch_size=400, seed=0, device=cpu)
+    assert not G.training  # left in eval mode, as sampling needs
+    with torch.no_grad():
+        recomputed = G(z)
+    # running statistics from 4000 other latents now match the batch statistics of these 4000
+    assert (recomputed - batch_stats).abs().mean() < stale_error / 10
+    assert all(bn.momentum == 0.1 for bn in G.modules() if isinstance(bn, torch.nn.BatchNorm2d))
+    assert not recompute_batchnorm_stats(G, batches=0, batch_size=400, seed=0, device=cpu)
 
 
 def test_slerp_runs_along_the_sphere_and_hits_both_ends():
