@@ -127,6 +127,8 @@ import json, resource, sys, torch
 from gan.device import retain_freed_memory
 retained = retain_freed_memory() if sys.argv[1] == "retain" else False
 faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(5):  # warm-up: the heap grows to its steady state
+    torch.empty(48 << 20, dtype=torch.uint8).fill_(1)
 before = faults()
 for _ in range(10):  # 48 MiB: above glibc's largest default mmap threshold (32 MiB)
     torch.empty(48 << 20, dtype=torch.uint8).fill_(1)
@@ -146,8 +148,8 @@ def test_retained_host_memory_stops_page_faults_on_reallocated_activations():
     # glibc's default: every allocation is a fresh mmap whose pages fault again on first touch
     # (122,880 faults with 4 KiB pages; fewer where transparent huge pages back the mapping)
     assert default["faults"] >= 100
-    # retained: the freed block is reused, so at most the first allocation's pages fault
-    assert retained["faults"] * 4 < default["faults"]
+    # retained: once the heap has grown, the freed block is reused and its pages stay mapped
+    assert retained["faults"] * 10 < default["faults"]
 
 
 def test_trainer_retains_host_memory_only_when_configured(tmp_path, monkeypatch):
