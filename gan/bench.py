@@ -29,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -165,6 +165,11 @@ def compute_ceiling(dtype: torch.dtype, seconds: float = 0.5, repeats: int = 3) 
     return best
 
 
+def channels_for(size: int) -> int:
+    """64 px as the examples' RGB data; 32 px (and smaller) as MNIST-like grayscale."""
+    return 3 if size >= 64 else 1
+
+
 @dataclass(frozen=True)
 class Row:
     """One line of the table: which loop, at which size and precision."""
@@ -188,7 +193,7 @@ def probe(row: Row, measure: str, batch: int, z_dim: int, width: int, steps: int
     and cannot be undone, so rows sharing a process would share it; and a process's RSS
     high-water mark cannot be reset, so peak memory needs its own process too.
     """
-    spec = json.dumps({**row.__dict__, "measure": measure, "batch": batch, "z_dim": z_dim, "width": width,
+    spec = json.dumps({"row": asdict(row), "measure": measure, "batch": batch, "z_dim": z_dim, "width": width,
                        "steps": steps, "threads": torch.get_num_threads()})
     out = subprocess.run([sys.executable, "-m", "gan.bench", "--probe", spec],
                          capture_output=True, text=True, check=True).stdout
@@ -198,8 +203,8 @@ def probe(row: Row, measure: str, batch: int, z_dim: int, width: int, steps: int
 def run_probe(spec: dict) -> float:
     """The child side of `probe`: train one row and measure it."""
     torch.set_num_threads(spec["threads"])
-    row = Row(spec["kind"], spec["size"], spec["precision"], spec["retain"], spec["compile"])
-    channels = 3 if row.size >= 64 else 1  # 64 px as the examples' RGB data; 32 px as MNIST-like
+    row = Row(**spec["row"])
+    channels = channels_for(row.size)
     torch.manual_seed(0)
     images = torch.randint(0, 256, (max(spec["batch"] * 8, 1024), channels, row.size, row.size), dtype=torch.uint8)
     if row.retain:
@@ -287,7 +292,7 @@ def main() -> None:
     log.info("compute ceiling: fp32 %.0f GFLOP/s, bf16 %.0f GFLOP/s", peaks["fp32"] / 1e9, peaks["bf16"] / 1e9)
     rows = []
     for size in args.sizes:
-        channels = 3 if size >= 64 else 1
+        channels = channels_for(size)
         table = [Row("canonical", size), Row("canonical", size, retain=True)]
         table += [Row("project", size, precision) for precision in args.precisions]
         if args.compile:
