@@ -101,7 +101,14 @@ class ModelConfig:
     z_dim: int = 100  # latent size, DCGAN paper
     g_width: int = 64  # G's channels at full resolution (ngf); doubled per block toward 4x4
     d_width: int = 64  # D's channels at full resolution (ndf); doubled per block toward 4x4
-    ema_decay: float = 0.999  # EMA of G's weights for sampling (Karras et al. 2018); 0 = off. About a 700-step half-life
+    # EMA of G's weights for sampling (Karras et al. 2018); 0 = off. Warmed up as min(decay, (1+n)/(10+n))
+    # (TF's num_updates), which stays below 0.999 until step 8,990: a 5,000-step run ends at 0.9982,
+    # a half-life of about 390 steps.
+    ema_decay: float = 0.999
+    # Or a half-life in thousands of images, as StyleGAN2-ADA's ema_kimg (> 0 replaces ema_decay),
+    # ramped up as there: the half-life is at most ema_rampup x the images seen so far (0 = no ramp).
+    ema_kimg: float = 0.0
+    ema_rampup: float = 0.05
     # DDP: BatchNorm statistics over all ranks' batches (SyncBatchNorm) instead of each rank's own.
     # Off: each rank's batch is a full DCGAN batch, so its own statistics are what DCGAN trains
     # with, and syncing costs an all-reduce in every BatchNorm layer of every forward.
@@ -109,12 +116,17 @@ class ModelConfig:
     d_batchnorm: bool = True  # BatchNorm in D (DCGAN); off for per-sample penalties (gradient penalty, R1)
     spectral_norm: bool = False  # spectral normalisation of D's convolutions (Miyato et al. 2018)
     pack: int = 1  # PacGAN (Lin et al. 2018): D judges `pack` samples at once, which exposes mode collapse
+    minibatch_std: int = 0  # group size of ProGAN's minibatch-stddev channel in D (Karras et al. 2018); 0 = off
 
     def check(self) -> None:
         for key in ("z_dim", "g_width", "d_width", "pack"):
             value = getattr(self, key)
             _require(value >= 1, f"model.{key}", value, "must be at least 1")
+        _require(self.minibatch_std >= 0, "model.minibatch_std", self.minibatch_std,
+                 "must be >= 0 (a group size; 0 = off)")
         _require(0 <= self.ema_decay < 1, "model.ema_decay", self.ema_decay, "must be in [0, 1) (0 = no EMA)")
+        _require(self.ema_kimg >= 0, "model.ema_kimg", self.ema_kimg, "must be >= 0 (0 = use model.ema_decay)")
+        _require(self.ema_rampup >= 0, "model.ema_rampup", self.ema_rampup, "must be >= 0 (0 = no ramp-up)")
 
 
 @dataclass

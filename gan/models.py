@@ -59,10 +59,12 @@ class Discriminator(nn.Module):
     al. 2018), torch's parametrization, estimated by one power iteration per training forward.
     pack=m: PacGAN (Lin et al. 2018): m consecutive samples are stacked along channels and judged
     together, so a D that sees m fakes at once can tell when they all look alike.
+    minibatch_std=g: ProGAN's minibatch standard deviation (Karras et al. 2018, sec. 3), see
+    MinibatchStd; 0 = off.
     """
 
     def __init__(self, width: int = 64, channels: int = 1, image_size: int = 32, batchnorm: bool = True,
-                 spectral_norm: bool = False, pack: int = 1):
+                 spectral_norm: bool = False, pack: int = 1, minibatch_std: int = 0):
         super().__init__()
         self.pack = pack
         blocks = num_blocks(image_size)
@@ -75,7 +77,8 @@ class Discriminator(nn.Module):
             layers += [convs[-1], nn.BatchNorm2d(ch * 2) if batchnorm else nn.Identity(), nn.LeakyReLU(0.2, True)]
             ch *= 2
         self.features = nn.Sequential(*layers)  # state size: ch x 4 x 4
-        self.head = nn.Conv2d(ch, 1, 4, 1, 0, bias=False)  # a logit; no Sigmoid (see module docstring)
+        self.minibatch_std = MinibatchStd(minibatch_std) if minibatch_std else nn.Identity()
+        self.head = nn.Conv2d(ch + (1 if minibatch_std else 0), 1, 4, 1, 0, bias=False)  # a logit; no Sigmoid (see module docstring)
         self.apply(dcgan_init_)
         if spectral_norm:
             for conv in [*convs, self.head]:
@@ -90,11 +93,41 @@ class Discriminator(nn.Module):
         if self.pack > 1:  # (N, C, H, W) -> (N / pack, pack * C, H, W): consecutive samples together
             x = x.reshape(x.size(0) // self.pack, self.pack * x.size(1), *x.shape[2:])
         features = self.features(x)
-        logits = self.head(features).flatten()
+        logits = self.head(self.minibatch_std(features)).flatten()
         return (logits, features) if with_features else logits
 
     def forward_with_features(self, x: Tensor) -> tuple[Tensor, Tensor]:
         return self(x, with_features=True)
+
+
+class MinibatchStd(nn.Module):
+    """(N, C, H, W) -> (N, C + 1, H, W): appends the standard deviation of the features across a
+    group of samples, averaged over features and positions, as one constant channel.
+
+    Why (Karras et al. 2018, "Progressive Growing of GANs", sec. 3): a D that judges samples one at
+    a time cannot see that a batch of fakes lacks the variety of a batch of reals; this channel
+    lets it. Groups follow StyleGAN2-ADA's layout: sample n is grouped with n + N/g, n + 2N/g, ...
+    (a group size that does not divide N shrinks to the largest one that does). The statistic is
+    computed in float32: under bf16 autocast a variance of small differences loses its digits.
+    """
+
+    def __init__(self, group_size: int = 4):
+        super().__init__()
+        if group_size < 1:
+            raise ValueError(f"group_size must be at least 1, got {group_size}")
+        self.group_size = group_size
+
+    def forward(self, x: Tensor) -> Tensor:
+        n, c, h, w = x.shape
+        g = math.gcd(n, self.group_size)
+        y = x.float().reshape(g, n // g, c, h, w)  # y[i, m] is sample i * (n // g) + m
+        y = (y - y.mean(dim=0)).square().mean(dim=0).add(1e-8).sqrt()  # std over each group
+        y = y.mean(dim=(1, 2, 3)).to(x.dtype)  # (n // g,): one number per group
+        y = y.reshape(-1, 1, 1, 1).repeat(g, 1, h, w)  # back to sample order: row i * (n // g) + m
+        return torch.cat([x, y], dim=1)
+
+    def extra_repr(self) -> str:
+        return f"group_size={self.group_size}"
 
 
 @torch.no_grad()

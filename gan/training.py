@@ -75,7 +75,9 @@ def train(cfg: TrainConfig, run_dir: Path, dataset: Optional[ImageSet] = None,
 
     # models, optimizers, loss
     G, D = build_models(cfg, device)
-    G_ema = build_ema(G, cfg.model.ema_decay)  # a deep copy of G: made before compiling, it stays eager
+    # a deep copy of G: made before compiling, it stays eager
+    G_ema = build_ema(G, cfg.model.ema_decay, cfg.model.ema_kimg, cfg.model.ema_rampup,
+                      images_per_step=cfg.data.batch_size * world.size)
     if trainer.compile:
         compile_models(G, D)
     G_train, D_train = wrap_for_ddp(G, D, world, device)
@@ -185,7 +187,7 @@ def build_models(cfg: TrainConfig, device: torch.device) -> tuple[Generator, Dis
     """G and D on `device`; channels_last if configured (a layout change, not a numerical one)."""
     G = Generator(cfg.model.z_dim, cfg.model.g_width, cfg.data.channels, cfg.data.image_size)
     D = Discriminator(cfg.model.d_width, cfg.data.channels, cfg.data.image_size, cfg.model.d_batchnorm,
-                      cfg.model.spectral_norm, cfg.model.pack)
+                      cfg.model.spectral_norm, cfg.model.pack, cfg.model.minibatch_std)
     if cfg.model.sync_batchnorm:  # one set of batch statistics across all ranks of a DDP job
         G, D = nn.SyncBatchNorm.convert_sync_batchnorm(G), nn.SyncBatchNorm.convert_sync_batchnorm(D)
     memory_format = torch.channels_last if cfg.trainer.channels_last else torch.contiguous_format
@@ -204,15 +206,22 @@ def wrap_for_ddp(G: nn.Module, D: nn.Module, world: World, device: torch.device)
     return DistributedDataParallel(G, device_ids=device_ids), DistributedDataParallel(D, device_ids=device_ids)
 
 
-def build_ema(G: nn.Module, decay: float) -> Optional[AveragedModel]:
-    """An exponential moving average of G (torch's AveragedModel), or None when decay is 0.
+def build_ema(G: nn.Module, decay: float, kimg: float = 0.0, rampup: float = 0.0,
+              images_per_step: int = 1) -> Optional[AveragedModel]:
+    """An exponential moving average of G (torch's AveragedModel), or None when it is off.
 
-    use_buffers=True averages BatchNorm's running statistics along with the weights, so the
-    averaged G normalises with statistics that belong to its averaged weights.
+    The decay is `decay` with TF's warm-up, or, when kimg > 0, a half-life of kimg thousand images
+    as StyleGAN2-ADA states it (see ema_with_half_life). use_buffers=True averages BatchNorm's
+    running statistics along with the weights; evaluate.py recomputes them for the averaged
+    weights before it measures (bn_batches).
     """
-    if decay == 0:
+    if kimg > 0:
+        update = ema_with_half_life(kimg * 1000, rampup, images_per_step)
+    elif decay > 0:
+        update = ema_with_warmup(decay)
+    else:
         return None
-    return AveragedModel(G, multi_avg_fn=ema_with_warmup(decay), use_buffers=True)
+    return AveragedModel(G, multi_avg_fn=update, use_buffers=True)
 
 
 def ema_with_warmup(decay: float) -> Callable[[list[Tensor], list[Tensor], Tensor], None]:
@@ -221,14 +230,37 @@ def ema_with_warmup(decay: float) -> Callable[[list[Tensor], list[Tensor], Tenso
     steps' samples would still be mostly the random initial weights (0.999^300 = 74%).
     The decay is a 0-dim tensor on the device: no host sync per step.
     """
+    return _ema_update(lambda n: ((1 + n) / (10 + n)).clamp(max=decay))
+
+
+def ema_with_half_life(half_life_images: float, rampup: float,
+                       images_per_step: int) -> Callable[[list[Tensor], list[Tensor], Tensor], None]:
+    """EMA update with a half-life counted in images (StyleGAN2-ADA, training_loop.py): the decay
+    per step is 0.5 ** (images_per_step / half-life), so the average spans the same images
+    whatever the batch size; with rampup > 0 the half-life is at most rampup x the images seen
+    so far, which plays the part of the warm-up above.
+    """
+
+    def decay(n: Tensor) -> Tensor:
+        half_life = torch.full_like(n, half_life_images, dtype=torch.float32)
+        if rampup > 0:
+            half_life = torch.minimum(half_life, rampup * (n.float() + 1) * images_per_step)
+        return 0.5 ** (images_per_step / half_life)
+
+    return _ema_update(decay)
+
+
+def _ema_update(decay_after: Callable[[Tensor], Tensor]) -> Callable[[list[Tensor], list[Tensor], Tensor], None]:
+    """AveragedModel's multi_avg_fn: averaged = decay * averaged + (1 - decay) * current, with the
+    decay a function of the number of updates so far (a 0-dim tensor on the device)."""
 
     @torch.no_grad()
     def update(averaged: list[Tensor], current: list[Tensor], num_averaged: Tensor) -> None:
         if not averaged[0].is_floating_point():  # BatchNorm's num_batches_tracked: just follow G
             torch._foreach_copy_(averaged, current)
             return
-        warm = ((1 + num_averaged) / (10 + num_averaged)).clamp(max=decay).to(averaged[0].dtype)
-        torch._foreach_lerp_(averaged, current, 1 - warm)
+        decay = decay_after(num_averaged).to(averaged[0].dtype)
+        torch._foreach_lerp_(averaged, current, 1 - decay)
 
     return update
 

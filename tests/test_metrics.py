@@ -9,6 +9,7 @@ core; tests/../RESEARCH.md).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -167,9 +168,16 @@ def test_class_coverage_and_kl_on_known_histograms():
 
 
 def test_mode_coverage_counts_triples_and_kl_to_uniform():
-    assert M.mode_coverage(torch.arange(1000)) == {"modes_covered": 1000, "mode_kl": pytest.approx(0, abs=1e-9)}
+    zero = pytest.approx(0, abs=1e-9)
+    assert M.mode_coverage(torch.arange(1000)) == {"modes_covered": 1000, "mode_kl": zero, "digit_kl_ch0": zero,
+                                                   "digit_kl_ch1": zero, "digit_kl_ch2": zero}
     one_mode = M.mode_coverage(torch.full((500,), 123))
-    assert one_mode["modes_covered"] == 1 and one_mode["mode_kl"] == pytest.approx(torch.log(torch.tensor(1000.0)).item())
+    assert one_mode["modes_covered"] == 1 and one_mode["mode_kl"] == pytest.approx(math.log(1000))
+    assert [one_mode[f"digit_kl_ch{c}"] for c in range(3)] == pytest.approx([math.log(10)] * 3)
+    # the last channel shows only even digits, the others stay uniform: only its KL moves (log 2)
+    evens = M.mode_coverage(torch.arange(1000)[torch.arange(1000) % 2 == 0])
+    assert evens["modes_covered"] == 500 and evens["mode_kl"] == pytest.approx(math.log(2))
+    assert [evens[f"digit_kl_ch{c}"] for c in range(3)] == pytest.approx([0, 0, math.log(2)], abs=1e-9)
 
 
 def test_stacked_images_are_classified_channel_by_channel(digits):

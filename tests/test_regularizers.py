@@ -11,7 +11,7 @@ from torch import nn
 from conftest import compose_config
 from gan.config import ConfigError
 from gan.losses import d_loss_bce, gradient_penalty, r1_penalty
-from gan.models import Discriminator
+from gan.models import Discriminator, MinibatchStd
 from gan.training import build_ema, build_models, build_optimizer, train
 
 
@@ -67,6 +67,40 @@ def test_pack_judges_groups_of_samples():
         compose_config("model.pack=3")  # 32 images do not split into packs of 3
 
 
+def test_minibatch_std_known_values():
+    # 4 samples, groups of 2 in StyleGAN2-ADA's layout: {0, 2} and {1, 3}
+    x = torch.stack([torch.full((3, 2, 2), v) for v in (0.0, 5.0, 2.0, 5.0)])
+    out = MinibatchStd(group_size=2)(x)
+    assert out.shape == (4, 4, 2, 2)
+    torch.testing.assert_close(out[:, :3], x)  # the features pass through
+    extra = out[:, 3, 0, 0]
+    assert extra[0].item() == pytest.approx(1.0) and extra[2].item() == pytest.approx(1.0)  # std of 0 and 2
+    assert extra[1].item() == pytest.approx(1e-4) and extra[3].item() == pytest.approx(1e-4)  # sqrt(0 + eps)
+    assert (out[:, 3] == extra.view(4, 1, 1)).all()  # one constant channel per sample
+
+
+def test_minibatch_std_lets_d_see_a_collapsed_batch():
+    layer = MinibatchStd(group_size=4)
+    varied, collapsed = torch.randn(8, 16, 4, 4), torch.randn(1, 16, 4, 4).expand(8, 16, 4, 4)
+    assert layer(varied)[:, -1].min() > 0.5 and layer(collapsed)[:, -1].max() < 1e-3
+    # the channel couples the samples of a group and only those: a sample's gradient reaches its
+    # group mates (n, n + 2, n + 4, n + 6 for 8 samples in groups of 4), never the other group
+    x = torch.randn(8, 16, 4, 4, requires_grad=True)
+    layer(x)[0, -1].sum().backward()
+    touched = x.grad.flatten(1).abs().sum(1) > 0
+    assert touched.tolist() == [True, False, True, False, True, False, True, False]
+    assert MinibatchStd(group_size=4)(torch.randn(6, 2, 4, 4)).shape == (6, 3, 4, 4)  # gcd(6, 4) = 2
+
+
+def test_minibatch_std_in_discriminator():
+    D = Discriminator(width=8, image_size=16, minibatch_std=4)
+    assert D.head.in_channels == 8 * 2 + 1 and D(torch.randn(8, 1, 16, 16)).shape == (8,)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.isfinite(D(torch.randn(8, 1, 16, 16)).float()).all()
+    with pytest.raises(ConfigError, match="model.minibatch_std"):
+        compose_config("model.minibatch_std=-1")
+
+
 def test_per_sample_penalties_refuse_batchnorm():
     with pytest.raises(ConfigError, match="model.d_batchnorm"):
         compose_config("loss.r1=1.0")
@@ -93,6 +127,33 @@ def test_ema_decay_warms_up():
     assert ema.module.weight.item() == pytest.approx(1 - 2 / 11)
 
 
+def test_ema_half_life_in_images():
+    # 100 images per step, a half-life of 1,000 images: after the ramp-up each step keeps
+    # 0.5 ** (100 / 1000) of the average, so 10 steps of a new value close half the gap
+    G = nn.Linear(1, 1, bias=False)
+    ema = build_ema(G, decay=0.0, kimg=1.0, rampup=0.0, images_per_step=100)
+    with torch.no_grad():
+        G.weight.fill_(0.0)
+        ema.update_parameters(G)  # n = 0: a copy
+        G.weight.fill_(1.0)
+        for _ in range(10):
+            ema.update_parameters(G)
+    assert ema.module.weight.item() == pytest.approx(0.5, abs=1e-5)
+    # ramp-up 0.5: after n updates the half-life is at most 0.5 (n + 1) x 100 images, so the
+    # second update (n = 1) keeps 0.5 ** (100 / 100) = 0.5, not 0.5 ** 0.1
+    ramped = build_ema(G, decay=0.0, kimg=1.0, rampup=0.5, images_per_step=100)
+    with torch.no_grad():
+        G.weight.fill_(0.0)
+        ramped.update_parameters(G)
+        G.weight.fill_(1.0)
+        ramped.update_parameters(G)
+    assert ramped.module.weight.item() == pytest.approx(0.5, abs=1e-6)
+    cfg = compose_config("model.ema_kimg=10", "model.ema_decay=0")  # kimg alone turns the EMA on
+    assert build_ema(G, cfg.model.ema_decay, cfg.model.ema_kimg, cfg.model.ema_rampup) is not None
+    with pytest.raises(ConfigError, match="model.ema_kimg"):
+        compose_config("model.ema_kimg=-1")
+
+
 def test_ema_averages_weights_and_batchnorm_statistics():
     cfg = compose_config()
     G, _ = build_models(cfg, torch.device("cpu"))
@@ -115,8 +176,10 @@ def test_ema_averages_weights_and_batchnorm_statistics():
     ["loss=wgan_gp"],
     ["loss=hinge", "model.spectral_norm=true", "model.d_batchnorm=false"],
     ["model.pack=2", "loss.real_label=0.9", "optim.lr_d=4e-4"],
+    ["model.minibatch_std=4", "model.pack=2"],
     ["loss.r1=1.0", "model.d_batchnorm=false"],
     ["model.ema_decay=0"],
+    ["model.ema_kimg=1"],
 ])
 def test_tools_train(tmp_path, overrides):
     result = train(compose_config("trainer.max_steps=3", *overrides), tmp_path)
