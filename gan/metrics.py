@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics.image.fid import FrechetInceptionDistance
 from torchmetrics.image.kid import KernelInceptionDistance
+from torchvision.transforms.functional import gaussian_blur
 
 from gan.checkpoint import save_checkpoint
 from gan.config import ClassifierConfig, DataConfig, MetricsConfig
@@ -425,3 +426,11 @@ def with_gaussian_noise(images: Tensor, sigma: float, seed: int = 0) -> Tensor:
     fig. 1, do the same with Inception)."""
     noise = torch.randn(images.shape, generator=torch.Generator().manual_seed(seed)) * (255 * sigma)
     return (images.float() + noise).round_().clamp_(0, 255).to(torch.uint8)
+
+
+def with_gaussian_blur(images: Tensor, sigma: float) -> Tensor:
+    """uint8 images (N, C, H, W) through a 3 x 3 Gaussian blur of `sigma` pixels (torchvision's),
+    rounded back to uint8: a degradation too slight to see at sigma 0.5, which shows how sharp a
+    recall target asks samples to be (scripts/calibrate.py)."""
+    smooth = gaussian_blur(images.float(), kernel_size=[3, 3], sigma=[sigma, sigma])
+    return smooth.round_().clamp_(0, 255).to(torch.uint8)
