@@ -272,9 +272,8 @@ def class_metrics(classifier: Optional[M.Classifier], real: Tensor, fake: Tensor
     if decoded < 0.5:
         log.warning("Fewer than half of the held-out triples decode to their labels: the channel order "
                     "or the source classifier does not match the stacked data; modes are unreliable.")
-    digits = [torch.div(modes, 10 ** p, rounding_mode="floor") % 10 for modes in (fake_modes, real_modes)
-              for p in (2, 1, 0)]
-    results = M.class_coverage(torch.cat(digits[:3]), torch.cat(digits[3:]), 10, cfg.metrics.class_threshold)
+    results = M.class_coverage(torch.cat(M.mode_digits(fake_modes)), torch.cat(M.mode_digits(real_modes)), 10,
+                               cfg.metrics.class_threshold)
     results.update(M.mode_coverage(fake_modes, 1000))
     return results
 

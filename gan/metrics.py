@@ -409,10 +409,14 @@ def mode_coverage(fake_modes: Tensor, num_modes: int = 1000) -> dict[str, float]
     uniform = torch.full((num_modes,), 1.0 / num_modes, dtype=torch.float64)
     results = {"modes_covered": int((q > 0).sum()), "mode_kl": kl_divergence(q, uniform)}
     ten = torch.full((10,), 0.1, dtype=torch.float64)
-    for channel, power in enumerate((100, 10, 1)):
-        digits = torch.div(fake_modes, power, rounding_mode="floor") % 10
+    for channel, digits in enumerate(mode_digits(fake_modes)):
         results[f"digit_kl_ch{channel}"] = kl_divergence(histogram(digits, 10), ten)
     return results
+
+
+def mode_digits(modes: Tensor) -> list[Tensor]:
+    """Stacked modes 100 a + 10 b + c -> [a, b, c], one digit tensor per channel."""
+    return [torch.div(modes, power, rounding_mode="floor") % 10 for power in (100, 10, 1)]
 
 
 def is_stacked(dataset: ImageSet) -> bool:

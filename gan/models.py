@@ -78,7 +78,8 @@ class Discriminator(nn.Module):
             ch *= 2
         self.features = nn.Sequential(*layers)  # state size: ch x 4 x 4
         self.minibatch_std = MinibatchStd(minibatch_std) if minibatch_std else nn.Identity()
-        self.head = nn.Conv2d(ch + (1 if minibatch_std else 0), 1, 4, 1, 0, bias=False)  # a logit; no Sigmoid (see module docstring)
+        head_in = ch + 1 if minibatch_std else ch  # the minibatch-stddev channel, when on
+        self.head = nn.Conv2d(head_in, 1, 4, 1, 0, bias=False)  # a logit; no Sigmoid (see module docstring)
         self.apply(dcgan_init_)
         if spectral_norm:
             for conv in [*convs, self.head]:
