@@ -206,6 +206,10 @@ def wrap_for_ddp(G: nn.Module, D: nn.Module, world: World, device: torch.device)
     return DistributedDataParallel(G, device_ids=device_ids), DistributedDataParallel(D, device_ids=device_ids)
 
 
+# AveragedModel's multi_avg_fn: (averaged tensors, current tensors, updates so far) -> None, in place
+EmaUpdate = Callable[[list[Tensor], list[Tensor], Tensor], None]
+
+
 def build_ema(G: nn.Module, decay: float, kimg: float = 0.0, rampup: float = 0.0,
               images_per_step: int = 1) -> Optional[AveragedModel]:
     """An exponential moving average of G (torch's AveragedModel), or None when it is off.
@@ -224,7 +228,7 @@ def build_ema(G: nn.Module, decay: float, kimg: float = 0.0, rampup: float = 0.0
     return AveragedModel(G, multi_avg_fn=update, use_buffers=True)
 
 
-def ema_with_warmup(decay: float) -> Callable[[list[Tensor], list[Tensor], Tensor], None]:
+def ema_with_warmup(decay: float) -> EmaUpdate:
     """EMA update whose decay warms up as in TF's ExponentialMovingAverage(num_updates):
     min(decay, (1 + n) / (10 + n)) after n updates. With a fixed 0.999 the first few hundred
     steps' samples would still be mostly the random initial weights (0.999^300 = 74%).
@@ -234,7 +238,7 @@ def ema_with_warmup(decay: float) -> Callable[[list[Tensor], list[Tensor], Tenso
 
 
 def ema_with_half_life(half_life_images: float, rampup: float,
-                       images_per_step: int) -> Callable[[list[Tensor], list[Tensor], Tensor], None]:
+                       images_per_step: int) -> EmaUpdate:
     """EMA update with a half-life counted in images (StyleGAN2-ADA, training_loop.py): the decay
     per step is 0.5 ** (images_per_step / half-life), so the average spans the same images
     whatever the batch size; with rampup > 0 the half-life is at most rampup x the images seen
@@ -250,7 +254,7 @@ def ema_with_half_life(half_life_images: float, rampup: float,
     return _ema_update(decay)
 
 
-def _ema_update(decay_after: Callable[[Tensor], Tensor]) -> Callable[[list[Tensor], list[Tensor], Tensor], None]:
+def _ema_update(decay_after: Callable[[Tensor], Tensor]) -> EmaUpdate:
     """AveragedModel's multi_avg_fn: averaged = decay * averaged + (1 - decay) * current, with the
     decay a function of the number of updates so far (a 0-dim tensor on the device)."""
 
