@@ -7,7 +7,7 @@ saves the samples and exports the generator. Everything goes into this run's dir
 metrics.json, *.png, tb/, export/.
 
 The entry point only turns Hydra's DictConfig into a checked, typed config and hands it to
-gan.evaluation.evaluate(); it owns the exit codes, as train.py does.
+gan.evaluation.pipeline.evaluate(); it owns the exit codes, as train.py does.
 """
 
 from __future__ import annotations
@@ -22,12 +22,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from gan.checkpoint import CheckpointError
-from gan.config import ConfigError, register_evaluate_configs, validate_evaluate
-from gan.data import DataError
-from gan.evaluation import evaluate
-from gan.metrics import MetricsError
-from gan.runs import override_key, preflight
+from gan.config import register_evaluate_configs, validate_evaluate
+from gan.errors import UserError
+from gan.evaluation.pipeline import evaluate
+from gan.training.runs import override_key, preflight
 
 log = logging.getLogger("evaluate")
 register_evaluate_configs()
@@ -41,7 +39,7 @@ def main(cfg: DictConfig) -> float:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         results = evaluate(validate_evaluate(cfg), run_dir, data_overrides(cfg))
-    except (ConfigError, CheckpointError, DataError, MetricsError) as err:
+    except UserError as err:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise  # Hydra records the failed job and the sweep goes on with the others
         log.error("%s", err)

@@ -16,14 +16,12 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from gan.checkpoint import CheckpointError
-from gan.config import ConfigError, EvaluateConfig, TrainConfig, register_configs, validate
-from gan.evaluation import evaluate
-from gan.metrics import MetricsError
-from gan.data import DataError
+from gan.config import EvaluateConfig, TrainConfig, register_configs, validate
 from gan.distributed import broadcast_object, close, init_process_group, rank_zero_argv, world_from_env
-from gan.runs import preflight, resume_argv
+from gan.errors import UserError
+from gan.evaluation.pipeline import evaluate
 from gan.training import NonFiniteLossError, train
+from gan.training.runs import preflight, resume_argv
 
 log = logging.getLogger("train")
 register_configs()
@@ -52,7 +50,7 @@ def main(cfg: DictConfig) -> float:
                 fid = final_fid(typed, result.checkpoint, run_dir)
             else:
                 fid = float("nan")
-    except (ConfigError, CheckpointError, DataError, MetricsError, NonFiniteLossError) as err:
+    except (UserError, NonFiniteLossError) as err:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise  # Hydra records the failed job and the sweep goes on with the others
         log.error("%s", err)
@@ -60,9 +58,13 @@ def main(cfg: DictConfig) -> float:
     finally:
         close(world)
     if result.stopped_by:
-        log.warning("Stopped by %s at step %d; checkpoint saved to %s. Resume with:\n"
-                    "  python train.py trainer.resume=%s", result.stopped_by, result.step,
-                    result.checkpoint, run_dir)
+        log.warning(
+            "Stopped by %s at step %d; checkpoint saved to %s. Resume with:\n  python train.py trainer.resume=%s",
+            result.stopped_by,
+            result.step,
+            result.checkpoint,
+            run_dir,
+        )
         sys.exit(SIGNAL_EXIT[result.stopped_by])
     log.info("Done: %d steps; outputs in %s", result.step, run_dir)
     return fid  # what a Hydra sweeper (hparams_search=optuna) minimises; NaN without final_eval_samples
@@ -70,8 +72,12 @@ def main(cfg: DictConfig) -> float:
 
 def final_fid(cfg: TrainConfig, checkpoint: Path, run_dir: Path) -> float:
     """evaluate.py's metrics of the finished run, into RUN_DIR/eval; returns the FID."""
-    eval_cfg = EvaluateConfig(checkpoint=str(checkpoint), num_samples=cfg.trainer.final_eval_samples,
-                              device=cfg.trainer.device, threads=cfg.trainer.threads)
+    eval_cfg = EvaluateConfig(
+        checkpoint=str(checkpoint),
+        num_samples=cfg.trainer.final_eval_samples,
+        device=cfg.trainer.device,
+        threads=cfg.trainer.threads,
+    )
     eval_cfg.check()
     return float(evaluate(eval_cfg, run_dir / "eval")["fid"])
 
@@ -80,8 +86,10 @@ if __name__ == "__main__":
     preflight(sys.argv, EXIT_BAD_INPUT)
     world = world_from_env()
     if world.distributed and ("-m" in sys.argv or "--multirun" in sys.argv):
-        log.error("torchrun launches one training job over several processes; a Hydra sweep (-m) "
-                  "launches several jobs. Run the sweep without torchrun, or one torchrun per setting.")
+        log.error(
+            "torchrun launches one training job over several processes; a Hydra sweep (-m) "
+            "launches several jobs. Run the sweep without torchrun, or one torchrun per setting."
+        )
         sys.exit(EXIT_BAD_INPUT)
     sys.argv = rank_zero_argv(resume_argv(sys.argv, CONFIG_DIR), world)
     main()

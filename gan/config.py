@@ -20,20 +20,14 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-
-class ConfigError(ValueError):
-    """A config value that has the right type but cannot be used; the message names the key."""
+from gan.core.steps import BackwardMode
+from gan.errors import ConfigError
 
 
 class LossName(str, Enum):
     bce = "bce"  # non-saturating GAN loss (Goodfellow et al. 2014, sec. 3)
     hinge = "hinge"  # hinge loss (Lim & Ye 2017; Miyato et al. 2018)
     wgan_gp = "wgan_gp"  # Wasserstein loss; pair with loss.gradient_penalty (Gulrajani et al. 2017)
-
-
-class BackwardMode(str, Enum):
-    summed = "summed"  # one backward() of the summed G objective
-    separate = "separate"  # one backward() per term, retain_graph=True on all but the last
 
 
 class OnNonFinite(str, Enum):
@@ -60,7 +54,8 @@ class DataConfig:
     # ROOT/FashionMNIST/raw, ROOT/cifar-10-batches-py, ROOT/celeba/img_align_celeba. For
     # name=folder it is the image folder itself.
     root: str = "data"
-    download: bool = False  # fetch a missing mnist/fashion_mnist/cifar10/celeba into root; off so no run goes online unasked
+    # fetch a missing mnist/fashion_mnist/cifar10/celeba into root; off so no run goes online unasked
+    download: bool = False
     source: str = "digits"  # stacked: the dataset whose images become the R, G and B channels (digits is built in)
     image_size: int = 32  # side in pixels: a power of two, 16..256 (G doubles it per block from 4x4)
     channels: int = 1  # 1 grayscale, 3 RGB; other data is converted: gray repeated to RGB, RGB to luma
@@ -75,25 +70,47 @@ class DataConfig:
     seed: int = 0  # digits, stacked: generation seed, apart from trainer.seed so every run sees the same data
 
     def check(self) -> None:
-        _require(self.image_size >= 16 and self.image_size <= 256 and _power_of_two(self.image_size),
-                 "data.image_size", self.image_size,
-                 "must be a power of two from 16 to 256: the generator starts at 4x4 and doubles the "
-                 "side in each block")
+        _require(
+            self.image_size >= 16 and self.image_size <= 256 and _power_of_two(self.image_size),
+            "data.image_size",
+            self.image_size,
+            "must be a power of two from 16 to 256: the generator starts at 4x4 and doubles the side in each block",
+        )
         _require(self.channels in (1, 3), "data.channels", self.channels, "must be 1 or 3")
         _require(self.batch_size >= 1, "data.batch_size", self.batch_size, "must be at least 1")
-        _require(self.num_workers is None or self.num_workers >= 0, "data.num_workers", self.num_workers,
-                 "must be >= 0, or null for auto")
+        _require(
+            self.num_workers is None or self.num_workers >= 0,
+            "data.num_workers",
+            self.num_workers,
+            "must be >= 0, or null for auto",
+        )
         _require(self.name in self.NAMES, "data.name", self.name, f"must be one of {', '.join(self.NAMES)}")
-        _require(self.source in self.SOURCES, "data.source", self.source,
-                 f"must be one of {', '.join(self.SOURCES)}: a 10-class grayscale dataset")
-        _require(self.name != "stacked" or self.channels == 3, "data.channels", self.channels,
-                 "must be 3 for data=stacked: its three channels are three different images")
+        _require(
+            self.source in self.SOURCES,
+            "data.source",
+            self.source,
+            f"must be one of {', '.join(self.SOURCES)}: a 10-class grayscale dataset",
+        )
+        _require(
+            self.name != "stacked" or self.channels == 3,
+            "data.channels",
+            self.channels,
+            "must be 3 for data=stacked: its three channels are three different images",
+        )
         built_in = self.name in ("digits", "folder") or (self.name == "stacked" and self.source == "digits")
-        _require(not (self.download and built_in), "data.download", self.download,
-                 f"has nothing to fetch for data={self.name}" + (
-                     f" with data.source={self.source}" if self.name == "stacked" else ""))
-        _require(self.num_samples >= self.batch_size, "data.num_samples", self.num_samples,
-                 f"must be at least data.batch_size ({self.batch_size}): an epoch needs one full batch")
+        _require(
+            not (self.download and built_in),
+            "data.download",
+            self.download,
+            f"has nothing to fetch for data={self.name}"
+            + (f" with data.source={self.source}" if self.name == "stacked" else ""),
+        )
+        _require(
+            self.num_samples >= self.batch_size,
+            "data.num_samples",
+            self.num_samples,
+            f"must be at least data.batch_size ({self.batch_size}): an epoch needs one full batch",
+        )
 
 
 @dataclass
@@ -122,8 +139,9 @@ class ModelConfig:
         for key in ("z_dim", "g_width", "d_width", "pack"):
             value = getattr(self, key)
             _require(value >= 1, f"model.{key}", value, "must be at least 1")
-        _require(self.minibatch_std >= 0, "model.minibatch_std", self.minibatch_std,
-                 "must be >= 0 (a group size; 0 = off)")
+        _require(
+            self.minibatch_std >= 0, "model.minibatch_std", self.minibatch_std, "must be >= 0 (a group size; 0 = off)"
+        )
         _require(0 <= self.ema_decay < 1, "model.ema_decay", self.ema_decay, "must be in [0, 1) (0 = no EMA)")
         _require(self.ema_kimg >= 0, "model.ema_kimg", self.ema_kimg, "must be >= 0 (0 = use model.ema_decay)")
         _require(self.ema_rampup >= 0, "model.ema_rampup", self.ema_rampup, "must be >= 0 (0 = no ramp-up)")
@@ -191,15 +209,16 @@ class TrainerConfig:
         _require(self.max_steps >= 1, "trainer.max_steps", self.max_steps, "must be at least 1")
         _require(self.threads >= 0, "trainer.threads", self.threads, "must be >= 0 (0 = torch's default)")
         _require(self.keep_checkpoints >= 0, "trainer.keep_checkpoints", self.keep_checkpoints, "must be >= 0")
-        _require(self.final_eval_samples >= 0, "trainer.final_eval_samples", self.final_eval_samples,
-                 "must be >= 0 (0 = no evaluation after training)")
+        _require(
+            self.final_eval_samples >= 0,
+            "trainer.final_eval_samples",
+            self.final_eval_samples,
+            "must be >= 0 (0 = no evaluation after training)",
+        )
         for key in ("log_every", "sample_every", "checkpoint_every", "num_fixed_samples"):
             value = getattr(self, key)
             _require(value >= 1, f"trainer.{key}", value, "must be at least 1")
-        device = self.device
-        known = device in ("auto", "cpu", "cuda", "mps") or (
-            device.startswith("cuda:") and device[5:].isdigit())
-        _require(known, "trainer.device", device, "must be auto, cpu, cuda, cuda:N or mps")
+        check_device_name(self.device, "trainer.device")
 
 
 @dataclass
@@ -213,12 +232,26 @@ class TrainConfig:
     def check(self) -> None:
         for group in (self.data, self.model, self.loss, self.optim, self.trainer):
             group.check()
-        _require(self.data.batch_size % self.model.pack == 0, "model.pack", self.model.pack,
-                 f"must divide data.batch_size ({self.data.batch_size}): D sees the batch in packs")
+        _require(
+            self.data.batch_size % self.model.pack == 0,
+            "model.pack",
+            self.model.pack,
+            f"must divide data.batch_size ({self.data.batch_size}): D sees the batch in packs",
+        )
         per_sample = self.loss.gradient_penalty > 0 or self.loss.r1 > 0
-        _require(not (per_sample and self.model.d_batchnorm), "model.d_batchnorm", self.model.d_batchnorm,
-                 "must be false with loss.gradient_penalty or loss.r1: those penalties are per sample, "
-                 "and BatchNorm makes each sample's output depend on the whole batch")
+        _require(
+            not (per_sample and self.model.d_batchnorm),
+            "model.d_batchnorm",
+            self.model.d_batchnorm,
+            "must be false with loss.gradient_penalty or loss.r1: those penalties are per sample, "
+            "and BatchNorm makes each sample's output depend on the whole batch",
+        )
+
+
+def check_device_name(name: str, key: str) -> None:
+    """The spelling of a device setting (whether this machine has it is gan.device's question)."""
+    known = name in ("auto", "cpu", "cuda", "mps") or (name.startswith("cuda:") and name[5:].isdigit())
+    _require(known, key, name, "must be auto, cpu, cuda, cuda:N or mps")
 
 
 def _power_of_two(n: int) -> bool:
@@ -290,16 +323,20 @@ class ClassifierConfig:
             value = getattr(self, key)
             _require(value >= 1, f"metrics.classifier.{key}", value, "must be at least 1")
         _require(self.lr > 0, "metrics.classifier.lr", self.lr, "must be > 0")
-        _require(self.train_images >= 0, "metrics.classifier.train_images", self.train_images,
-                 "must be >= 0 (0 = the whole training split)")
-        _require(0 <= self.min_accuracy <= 1, "metrics.classifier.min_accuracy", self.min_accuracy,
-                 "must be in [0, 1]")
+        _require(
+            self.train_images >= 0,
+            "metrics.classifier.train_images",
+            self.train_images,
+            "must be >= 0 (0 = the whole training split)",
+        )
+        _require(0 <= self.min_accuracy <= 1, "metrics.classifier.min_accuracy", self.min_accuracy, "must be in [0, 1]")
 
 
 @dataclass
 class MetricsConfig:
     features: FeatureSpace = FeatureSpace.classifier  # feature space of FID, KID, precision/recall, density/coverage
-    inception_weights: Optional[str] = None  # features=inception: local weights file; null = torchmetrics downloads them
+    # features=inception: local weights file; null = torchmetrics downloads them
+    inception_weights: Optional[str] = None
     kid_subsets: int = 100  # KID averages the MMD over this many random subsets (Binkowski et al. 2018)
     kid_subset_size: int = 1000  # images per KID subset; clipped to the number of samples
     pr_k: int = 3  # neighbours for improved precision/recall (Kynkaanniemi et al. 2019: k = 3)
@@ -311,11 +348,13 @@ class MetricsConfig:
         for key in ("kid_subsets", "kid_subset_size", "pr_k", "dc_k"):
             value = getattr(self, key)
             _require(value >= 1, f"metrics.{key}", value, "must be at least 1")
-        _require(0 < self.class_threshold < 1, "metrics.class_threshold", self.class_threshold,
-                 "must be in (0, 1)")
-        _require(self.inception_weights is None or self.features == FeatureSpace.inception,
-                 "metrics.inception_weights", self.inception_weights,
-                 "is only used with metrics.features=inception")
+        _require(0 < self.class_threshold < 1, "metrics.class_threshold", self.class_threshold, "must be in (0, 1)")
+        _require(
+            self.inception_weights is None or self.features == FeatureSpace.inception,
+            "metrics.inception_weights",
+            self.inception_weights,
+            "is only used with metrics.features=inception",
+        )
         self.classifier.check()
 
 
@@ -345,20 +384,25 @@ class EvaluateConfig:
     neighbours: int = 5  # nearest training images shown right of each sample
 
     def check(self) -> None:
-        _require(self.num_samples >= 2, "num_samples", self.num_samples,
-                 "must be at least 2 (FID needs a covariance)")
-        _require(self.num_samples > self.metrics.dc_k, "num_samples", self.num_samples,
-                 f"must exceed metrics.dc_k ({self.metrics.dc_k}): each sample needs k neighbours")
+        _require(self.num_samples >= 2, "num_samples", self.num_samples, "must be at least 2 (FID needs a covariance)")
+        _require(
+            self.num_samples > self.metrics.dc_k,
+            "num_samples",
+            self.num_samples,
+            f"must exceed metrics.dc_k ({self.metrics.dc_k}): each sample needs k neighbours",
+        )
         for key in ("batch_size", "grid_samples", "interpolation_rows", "neighbour_queries", "neighbours"):
             value = getattr(self, key)
             _require(value >= 1, key, value, "must be at least 1")
-        _require(self.interpolation_steps >= 2, "interpolation_steps", self.interpolation_steps,
-                 "must be at least 2 (both ends)")
+        _require(
+            self.interpolation_steps >= 2,
+            "interpolation_steps",
+            self.interpolation_steps,
+            "must be at least 2 (both ends)",
+        )
         _require(self.threads >= 0, "threads", self.threads, "must be >= 0 (0 = torch's default)")
         _require(self.bn_batches >= 0, "bn_batches", self.bn_batches, "must be >= 0 (0 = keep the checkpoint's)")
-        device = self.device
-        _require(device in ("auto", "cpu", "cuda", "mps") or (device.startswith("cuda:") and device[5:].isdigit()),
-                 "device", device, "must be auto, cpu, cuda, cuda:N or mps")
+        check_device_name(self.device, "device")
         self.metrics.check()
 
 
@@ -368,8 +412,10 @@ def validate_evaluate(cfg: DictConfig) -> EvaluateConfig:
     `data` is checked later, once the checkpoint's data section is laid under it.
     """
     if OmegaConf.is_missing(cfg, "checkpoint"):
-        raise ConfigError("checkpoint=PATH is required: a checkpoint file (checkpoints/last.pt) or the "
-                          "directory of the training run that wrote it.")
+        raise ConfigError(
+            "checkpoint=PATH is required: a checkpoint file (checkpoints/last.pt) or the "
+            "directory of the training run that wrote it."
+        )
     typed = OmegaConf.to_object(cfg)
     assert isinstance(typed, EvaluateConfig), type(typed)
     typed.check()

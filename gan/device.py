@@ -1,16 +1,36 @@
-"""Device choice (`trainer.device` -> a torch.device that exists here) and the CPU allocator setting."""
+"""This process and its hardware: the device (`trainer.device` or evaluate's `device` -> a
+torch.device that exists here), threads and seeds, and the CPU allocator setting. Shared by
+training and evaluation."""
 
 from __future__ import annotations
 
 import ctypes
+import random
 
 import torch
 
-from gan.config import ConfigError
+from gan.errors import ConfigError
 
 
-def resolve_device(name: str) -> torch.device:
-    """auto -> cuda if available, then mps, then cpu; an explicit device must be available."""
+def setup_torch(device: str, threads: int, seed: int, key: str) -> torch.device:
+    """Threads (0 keeps torch's default) and seeds; returns the device named by the setting `key`."""
+    if threads:
+        torch.set_num_threads(threads)
+    seed_everything(seed)
+    return resolve_device(device, key)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's and torch's global generators (this project draws nothing from numpy)."""
+    random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def resolve_device(name: str, key: str = "trainer.device") -> torch.device:
+    """auto -> cuda if available, then mps, then cpu; an explicit device must be available.
+
+    `key` is the setting the name came from, so an error names what the user typed.
+    """
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
@@ -20,13 +40,14 @@ def resolve_device(name: str) -> torch.device:
     device = torch.device(name)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError(f"trainer.device={name!r} but this machine has no usable CUDA device "
-                              "(torch.cuda.is_available() is False); use trainer.device=cpu or auto.")
+            raise ConfigError(
+                f"{key}={name!r} but this machine has no usable CUDA device "
+                f"(torch.cuda.is_available() is False); use {key}=cpu or auto."
+            )
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(f"trainer.device={name!r} but only {torch.cuda.device_count()} CUDA "
-                              "device(s) are visible.")
+            raise ConfigError(f"{key}={name!r} but only {torch.cuda.device_count()} CUDA device(s) are visible.")
     if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError(f"trainer.device={name!r} but MPS is not available here; use cpu or auto.")
+        raise ConfigError(f"{key}={name!r} but MPS is not available here; use {key}=cpu or auto.")
     return device
 
 
@@ -48,12 +69,12 @@ def retain_freed_memory(limit_bytes: int = 1 << 30) -> bool:
     such blocks from the heap and never trimming it lets step N reuse step N-1's pages. PyTorch's
     performance tuning guide (CPU-specific optimizations) gets the same by preloading jemalloc or
     tcmalloc; mallopt(3) does it from inside the process, with no other library. The price: the
-    process keeps its high-water mark of memory (peak memory: `python -m gan.bench`).
+    process keeps its high-water mark of memory (peak memory: `python scripts/bench.py`).
     """
     try:
         libc = ctypes.CDLL(None)
         mallopt = libc.mallopt
-        libc.gnu_get_libc_version  # only glibc has it; other C libraries' mallopt differs or is absent
+        _ = libc.gnu_get_libc_version  # only glibc has it; other C libraries' mallopt differs or is absent
     except (AttributeError, OSError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int

@@ -45,8 +45,9 @@ def world_from_env() -> World:
         from submitit.helpers import TorchDistributedEnvironment  # installed with the slurm extra
 
         TorchDistributedEnvironment().export()
-    return World(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
-                 int(os.environ.get("LOCAL_RANK", 0)))
+    return World(
+        int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+    )
 
 
 def init_process_group(world: World, device_name: str) -> None:

@@ -67,12 +67,20 @@ def bench(label: str, cfg: DataConfig, workers: list[int], seconds: float) -> li
     in_memory = load_dataset(cfg, in_memory=True).images
     load_s = time.perf_counter() - start
     n = in_memory.size(0)
-    rows.append((label, n, cfg.image_size, "in memory (indexing)", 0,
-                 images_per_second(in_memory, 0, seconds), f"{load_s:.1f} s once ({n / load_s:,.0f} img/s)"))
+    rows.append(
+        (
+            label,
+            n,
+            cfg.image_size,
+            "in memory (indexing)",
+            0,
+            images_per_second(in_memory, 0, seconds),
+            f"{load_s:.1f} s once ({n / load_s:,.0f} img/s)",
+        )
+    )
     streamed = load_dataset(cfg, in_memory=False).images
     for w in workers:
-        rows.append((label, n, cfg.image_size, "streamed (DataLoader)", w,
-                     images_per_second(streamed, w, seconds), ""))
+        rows.append((label, n, cfg.image_size, "streamed (DataLoader)", w, images_per_second(streamed, w, seconds), ""))
     return rows
 
 
@@ -82,7 +90,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="timing window per row")
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
     # 1 thread: on a 2-core machine where another process holds a core, two OpenMP threads collapse
-    # (RESEARCH.md, "Pitfalls found while measuring"); the in-memory path then reads 20x slower.
+    # (OpenMP's threads spin while they wait for each other); the in-memory path then reads 20x slower.
     parser.add_argument("--threads", type=int, default=1, help="torch threads; 0 keeps torch's default")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -93,17 +101,32 @@ def main() -> None:
         digits, faces = Path(tmp) / "digits", Path(tmp) / "faces"
         write_digit_pngs(digits, 4000)
         write_face_jpegs(faces, 1500)
-        rows += bench("PNG 28x28 gray", DataConfig(name="folder", root=str(digits), image_size=32, channels=1),
-                      args.workers, args.seconds)
-        rows += bench("JPEG 178x218 RGB", DataConfig(name="folder", root=str(faces), image_size=64, channels=3),
-                      args.workers, args.seconds)
+        rows += bench(
+            "PNG 28x28 gray",
+            DataConfig(name="folder", root=str(digits), image_size=32, channels=1),
+            args.workers,
+            args.seconds,
+        )
+        rows += bench(
+            "JPEG 178x218 RGB",
+            DataConfig(name="folder", root=str(faces), image_size=64, channels=3),
+            args.workers,
+            args.seconds,
+        )
     if args.fashion_root:
-        rows += bench("Fashion-MNIST IDX", DataConfig(name="fashion_mnist", root=args.fashion_root, image_size=32),
-                      args.workers, args.seconds)
-    print(f"# {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
-          f"torch {torch.__version__}, batch 128, CPU device")
-    print(f"| {'data':<18} | {'images':>6} | {'px':>3} | {'path':<22} | {'workers':>7} | {'img/s':>9} "
-          "| preprocessing |")
+        rows += bench(
+            "Fashion-MNIST IDX",
+            DataConfig(name="fashion_mnist", root=args.fashion_root, image_size=32),
+            args.workers,
+            args.seconds,
+        )
+    print(
+        f"# {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
+        f"torch {torch.__version__}, batch 128, CPU device"
+    )
+    print(
+        f"| {'data':<18} | {'images':>6} | {'px':>3} | {'path':<22} | {'workers':>7} | {'img/s':>9} | preprocessing |"
+    )
     print(f"|{'-' * 20}|{'-' * 8}|{'-' * 5}|{'-' * 24}|{'-' * 9}|{'-' * 11}|---------------|")
     for label, n, px, path, w, rate, load in rows:
         print(f"| {label:<18} | {n:>6} | {px:>3} | {path:<22} | {w:>7} | {rate:>9,.0f} | {load} |")

@@ -24,11 +24,11 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gan import metrics as M  # noqa: E402
 from gan.config import DataConfig, MetricsConfig, register_configs  # noqa: E402
 from gan.data import load_dataset  # noqa: E402
 from gan.device import resolve_device  # noqa: E402
-from gan.evaluation import reference_subset  # noqa: E402
+from gan.evaluation import metrics as M  # noqa: E402
+from gan.evaluation.pipeline import reference_subset  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 NUM = 10000
@@ -44,8 +44,9 @@ def main(overrides: list[str]) -> None:
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         data = OmegaConf.to_object(compose(config_name="train", overrides=data_args).data)
     assert isinstance(data, DataConfig)
-    metrics_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(MetricsConfig),
-                                                      OmegaConf.from_dotlist(metric_args)))
+    metrics_cfg = OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(MetricsConfig), OmegaConf.from_dotlist(metric_args))
+    )
     device = resolve_device("auto")
     held_out = load_dataset(data, train=False, in_memory=True)
     train = load_dataset(data, train=True, in_memory=True)
@@ -61,8 +62,10 @@ def main(overrides: list[str]) -> None:
     print(f"{'images':<26} {'FID':>8} {'KID':>8} {'prec':>6} {'recall':>6} {'dens':>6} {'cover':>6}")
     for name, images in rows.items():
         result = M.distribution_metrics(real_features, M.batched(features, images, 500, device), metrics_cfg)
-        print(f"{name:<26} {result['fid']:>8.2f} {result['kid_mean']:>8.4f} {result['precision']:>6.3f} "
-              f"{result['recall']:>6.3f} {result['density']:>6.3f} {result['coverage']:>6.3f}")
+        print(
+            f"{name:<26} {result['fid']:>8.2f} {result['kid_mean']:>8.4f} {result['precision']:>6.3f} "
+            f"{result['recall']:>6.3f} {result['density']:>6.3f} {result['coverage']:>6.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -13,17 +13,25 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from gan.config import TrainConfig, register_configs, validate
-from gan.models import Discriminator, Generator
+from gan.core.models import Discriminator, Generator
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "configs"
 
 # Small enough for a few seconds per run on 2 cores, big enough to exercise every block type.
 TINY = [
-    "data.image_size=16", "data.num_samples=256", "data.batch_size=32",
-    "model.z_dim=16", "model.g_width=8", "model.d_width=8",
-    "trainer.max_steps=6", "trainer.log_every=2", "trainer.sample_every=3",
-    "trainer.checkpoint_every=3", "trainer.num_fixed_samples=16", "trainer.progress=false",
+    "data.image_size=16",
+    "data.num_samples=256",
+    "data.batch_size=32",
+    "model.z_dim=16",
+    "model.g_width=8",
+    "model.d_width=8",
+    "trainer.max_steps=6",
+    "trainer.log_every=2",
+    "trainer.sample_every=3",
+    "trainer.checkpoint_every=3",
+    "trainer.num_fixed_samples=16",
+    "trainer.progress=false",
     "trainer.device=cpu",
 ]
 
@@ -38,8 +46,9 @@ def compose_config(*overrides: str) -> TrainConfig:
     return validate(cfg)
 
 
-def run_train(*overrides: str, cwd: Path | None = None, timeout: float = 240,
-              tiny: bool = True) -> subprocess.CompletedProcess:
+def run_train(
+    *overrides: str, cwd: Path | None = None, timeout: float = 240, tiny: bool = True
+) -> subprocess.CompletedProcess:
     """The real `python train.py` in a subprocess; returns the completed process (text output)."""
     flags = [o for o in overrides if o.startswith("-")]  # argparse wants -m before the overrides
     rest = [o for o in overrides if not o.startswith("-")]

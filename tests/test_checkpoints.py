@@ -7,20 +7,19 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-
-import gan.training
 from conftest import ROOT, TINY, compose_config, run_train
-from gan.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from gan.losses import AdversarialLoss, LOSSES
-from gan.training import NonFiniteLossError, train
 
+import gan.core.losses
+from gan.core.losses import LOSSES, AdversarialLoss
+from gan.training import NonFiniteLossError, train
+from gan.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
 # atomic writes ---------------------------------------------------------------------------------
+
 
 def test_a_crash_during_a_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "last.pt"
@@ -38,8 +37,7 @@ def test_a_crash_during_a_write_leaves_the_previous_checkpoint(tmp_path, monkeyp
 
 
 def test_keep_checkpoints_keeps_the_newest_numbered_ones(tmp_path):
-    train(compose_config("trainer.max_steps=6", "trainer.checkpoint_every=2", "trainer.keep_checkpoints=2"),
-          tmp_path)
+    train(compose_config("trainer.max_steps=6", "trainer.checkpoint_every=2", "trainer.keep_checkpoints=2"), tmp_path)
     folder = tmp_path / "checkpoints"
     assert sorted(p.name for p in folder.iterdir()) == ["last.pt", "step_000004.pt", "step_000006.pt"]
     assert load_checkpoint(folder / "step_000004.pt")["step"] == 4
@@ -47,6 +45,7 @@ def test_keep_checkpoints_keeps_the_newest_numbered_ones(tmp_path):
 
 
 # exact resume ----------------------------------------------------------------------------------
+
 
 def assert_same_state(a: dict, b: dict) -> None:
     for key in ("G", "D", "G_ema"):
@@ -66,8 +65,7 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(tmp_path, workers)
     common = ("trainer.checkpoint_every=100", f"data.num_workers={workers}")
     train(compose_config("trainer.max_steps=12", *common), tmp_path / "straight")
     train(compose_config("trainer.max_steps=5", *common), tmp_path / "split")
-    train(compose_config("trainer.max_steps=12", f"trainer.resume={tmp_path / 'split'}", *common),
-          tmp_path / "split")
+    train(compose_config("trainer.max_steps=12", f"trainer.resume={tmp_path / 'split'}", *common), tmp_path / "split")
     straight = load_checkpoint(tmp_path / "straight")
     resumed = load_checkpoint(tmp_path / "split")
     assert resumed["data"] == {"epoch": 1, "batch": 4}
@@ -76,14 +74,27 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(tmp_path, workers)
 
 # signals ---------------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_writes_a_checkpoint_and_the_run_resumes(tmp_path, sig, code):
     run_dir = tmp_path / "run"
-    args = [sys.executable, str(ROOT / "train.py"), *TINY, "trainer.max_steps=100000",
-            "trainer.checkpoint_every=100000", f"hydra.run.dir={run_dir}"]
-    process = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    args = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        *TINY,
+        "trainer.max_steps=100000",
+        "trainer.checkpoint_every=100000",
+        f"hydra.run.dir={run_dir}",
+    ]
+    process = subprocess.Popen(
+        args,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     output = []
     for line in process.stdout:  # wait until training is under way
         output.append(line)
@@ -103,6 +114,7 @@ def test_signal_writes_a_checkpoint_and_the_run_resumes(tmp_path, sig, code):
 
 # non-finite losses -----------------------------------------------------------------------------
 
+
 def nan_after(calls: int, monkeypatch) -> None:
     """Make the bce G loss NaN from its `calls`-th call on."""
     count = {"n": 0}
@@ -113,14 +125,13 @@ def nan_after(calls: int, monkeypatch) -> None:
         value = real.g(fake_logits)
         return value * float("nan") if count["n"] >= calls else value
 
-    monkeypatch.setitem(gan.training.LOSSES, "bce", AdversarialLoss(real.d, g_loss))
+    monkeypatch.setitem(gan.core.losses.LOSSES, "bce", AdversarialLoss(real.d, g_loss))
 
 
 def test_nan_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     nan_after(5, monkeypatch)
     with pytest.raises(NonFiniteLossError, match=r"step 5: loss/d=[-0-9.e]+, loss/g=nan"):
-        train(compose_config("trainer.max_steps=8", "trainer.checkpoint_every=2", "trainer.log_every=3"),
-              tmp_path)
+        train(compose_config("trainer.max_steps=8", "trainer.checkpoint_every=2", "trainer.log_every=3"), tmp_path)
     state = load_checkpoint(tmp_path)
     assert state["step"] == 4
     assert all(torch.isfinite(t).all() for t in state["G"].values() if t.is_floating_point())
@@ -135,6 +146,7 @@ def test_nan_steps_are_skipped_with_on_nan_skip(tmp_path, monkeypatch):
 
 
 # bad input: a clear message, a non-zero exit, nothing overwritten -----------------------------
+
 
 @pytest.fixture(scope="module")
 def good_run(tmp_path_factory) -> Path:
@@ -167,13 +179,16 @@ def bad_files(tmp_path: Path, good: Path) -> dict[str, Path]:
     return files
 
 
-@pytest.mark.parametrize("case, message", [
-    ("missing", "Checkpoint not found"),
-    ("truncated", "truncated, corrupt or not a PyTorch file"),
-    ("text", "truncated, corrupt or not a PyTorch file"),
-    ("not_checkpoint", "is not a checkpoint of this project"),
-    ("code", "Refused to load"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("missing", "Checkpoint not found"),
+        ("truncated", "truncated, corrupt or not a PyTorch file"),
+        ("text", "truncated, corrupt or not a PyTorch file"),
+        ("not_checkpoint", "is not a checkpoint of this project"),
+        ("code", "Refused to load"),
+    ],
+)
 def test_bad_checkpoint_is_refused(tmp_path, good_run, case, message):
     path = tmp_path / "nothing-here.pt" if case == "missing" else bad_files(tmp_path, good_run)[case]
     with pytest.raises(CheckpointError, match=message):
@@ -224,6 +239,7 @@ def test_missing_data_root_is_refused_before_training(tmp_path):
 
 
 # resume=auto -----------------------------------------------------------------------------------
+
 
 def test_resume_auto_continues_the_matching_run_or_starts_one(tmp_path):
     first = run_train("trainer.max_steps=2", "trainer.resume=auto", cwd=tmp_path)

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from gan.config import BackwardMode
-from gan.losses import LOSSES
-from gan.steps import backward_terms, frozen
+from gan.core.losses import LOSSES
+from gan.core.steps import backward_terms, frozen
 
 BCE = LOSSES["bce"]
 
@@ -36,6 +36,7 @@ def records_warnings(fn):
 
 
 # note 000 ---------------------------------------------------------------------------------------
+
 
 def test_note000_no_grad_is_not_a_freeze(tiny_gan):
     """000: "gradient freeze 시키고 작업할 때 with torch.no_grad():" (to freeze gradients, use no_grad).
@@ -79,7 +80,7 @@ def test_note000_norm_dim_and_keepdim():
     assert torch.equal(m.norm(dim=-1), torch.tensor([5.0, 2.0, 1.0]))
     assert m.norm(dim=-1, keepdim=True).shape == (3, 1)
     assert m.norm(dim=-1, keepdim=False).shape == (3,)
-    assert m.norm().shape == () and m.norm().item() == pytest.approx(30 ** 0.5)
+    assert m.norm().shape == () and m.norm().item() == pytest.approx(30**0.5)
 
 
 def test_note000_cpu_on_a_cpu_tensor_returns_the_same_object():
@@ -169,7 +170,7 @@ def test_note000_float32_has_a_24_bit_significand():
     """
     assert torch.tensor(16777217, dtype=torch.float32).item() == 16777216.0
     assert torch.tensor(16777217, dtype=torch.float64).item() == 16777217.0
-    assert torch.finfo(torch.float32).eps == 2.0 ** -23  # 23 stored bits + the implicit one
+    assert torch.finfo(torch.float32).eps == 2.0**-23  # 23 stored bits + the implicit one
 
 
 def test_note000_cpu_then_detach_makes_an_edge_only_when_it_copies():
@@ -189,6 +190,7 @@ def test_note000_cpu_then_detach_makes_an_edge_only_when_it_copies():
 
 
 # note 001 ---------------------------------------------------------------------------------------
+
 
 def test_note001_mixing_devices_raises_except_a_zero_dim_cpu_tensor():
     """001: "두개의 device가 다른경우 이렇게 연산이 불가능하다" (a cuda tensor + a cpu tensor cannot be
@@ -313,6 +315,7 @@ def test_note001_mixing_tensors_and_ndarrays_is_not_free():
 
 
 # note 002 ---------------------------------------------------------------------------------------
+
 
 def test_note002_backward_implicit_gradient_only_for_scalars():
     """002: "torch.backward(gradient, retain_graph, create_graph): 인수(기본적으로 1x1 텐서)를 루트
@@ -519,7 +522,7 @@ def test_note002_two_losses_retain_graph_or_sum_give_the_same_gradients():
     total_loss backward하는 방법이 있다" (either backward each loss with retain_graph=True, or
     backward their sum).
 
-    Confirmed, with gan.steps.backward_terms, which does both: the same .grad either way.
+    Confirmed, with gan.core.steps.backward_terms, which does both: the same .grad either way.
     """
     grads = {}
     for mode in BackwardMode:
@@ -548,7 +551,7 @@ def test_note002_requires_grad_false_freezes_part_of_a_model(tiny_gan):
     """002: "사전 훈련된 모델을 그냥 사용하고 싶을 때(업데이트 없이): 모델의 일부를 고정할 때 유용"
     (set requires_grad to use a pretrained model without updating it; freezing part of a model).
 
-    Confirmed on the real G and D with gan.steps.frozen: D's weights get no gradient while G's
+    Confirmed on the real G and D with gan.core.steps.frozen: D's weights get no gradient while G's
     still do through D.
     """
     G, D = tiny_gan
@@ -619,11 +622,11 @@ def test_note002_backward_gradient_argument_scales_not_evaluates():
     derivative at 3, as the comment does, would give 27.
     """
     x = torch.tensor(1.0, requires_grad=True)
-    (x ** 3).backward(torch.tensor(3.0))
+    (x**3).backward(torch.tensor(3.0))
     assert x.grad.item() == 9.0
     x = torch.tensor(2.0, requires_grad=True)
-    (x ** 3).backward(torch.tensor(3.0))
-    assert x.grad.item() == 3.0 * 3 * 2.0 ** 2  # 36: the upstream 3 times z'(2) = 12
+    (x**3).backward(torch.tensor(3.0))
+    assert x.grad.item() == 3.0 * 3 * 2.0**2  # 36: the upstream 3 times z'(2) = 12
 
 
 def test_note002_no_grad_example_result_does_not_require_grad():
@@ -655,6 +658,7 @@ def test_note002_detach_example():
 
 
 # note 003 ---------------------------------------------------------------------------------------
+
 
 def test_note003_Tensor_is_a_class_and_Tensor_call_is_empty():
     """003: "Tensor: class, T = torch.Tensor(): 빈 tensor" and "tensor: function".
@@ -885,6 +889,7 @@ def test_note003_trace_records_one_path():
     at trace time); another input then silently gets the wrong branch. torch.jit is deprecated
     in this torch (a FutureWarning).
     """
+
     class Branchy(nn.Module):
         def forward(self, x):
             if x.sum() > 0:
@@ -906,6 +911,7 @@ def test_note003_script_compiles_control_flow_but_not_all_python():
 
     Confirmed: the scripted module keeps both branches; **kwargs is refused at compile time.
     """
+
     class Branchy(nn.Module):
         def forward(self, x):
             if x.sum() > 0:
@@ -945,6 +951,7 @@ def test_note003_grad_none_is_what_zero_grad_does_now():
 
 
 # note 004 ---------------------------------------------------------------------------------------
+
 
 def test_note004_repr_shows_a_non_cpu_device():
     """004: "GPU에 있는 경우 그냥 tensor를 출력해도 cuda에 올라가 있는 것이 표시" (printing a GPU
@@ -1003,7 +1010,7 @@ def test_note004_retain_grad_example_values():
     Confirmed: the numbers are exact (w.grad = 3 w^2 / 4).
     """
     w = torch.tensor([[1.0, 2.0], [3.0, 2.0]], requires_grad=True)
-    x = w ** 3
+    x = w**3
     y = x + 3
     z = y.mean()
     assert z.item() == 14.0
@@ -1025,7 +1032,7 @@ def test_note004_grad_of_a_non_leaf_is_none_with_a_warning_not_an_error():
     notebook cell with z.backward() is run twice.
     """
     w = torch.tensor([[1.0, 2.0], [3.0, 2.0]], requires_grad=True)
-    x = w ** 3
+    x = w**3
     z = (x + 3).mean()
     z.backward()
     grad, messages = records_warnings(lambda: x.grad)
@@ -1045,7 +1052,7 @@ def test_note004_no_grad_example_backward_error():
     """
     with torch.no_grad():
         w = torch.tensor([[1.0, 2.0], [3.0, 2.0]], requires_grad=True)
-        z = ((w ** 3) + 3).mean()
+        z = ((w**3) + 3).mean()
     assert repr(z) == "tensor(14.)"
     assert w.requires_grad and w.is_leaf
     with pytest.raises(RuntimeError, match="element 0 of tensors does not require grad and does not have a grad_fn"):

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import CONFIG_DIR, compose_config, run_train
+
 from gan.config import BackwardMode, ConfigError, LossName, TrainConfig
 
 
@@ -32,30 +32,36 @@ def test_overrides_reach_the_typed_config():
     assert cfg.loss.name == LossName.hinge and cfg.optim.lr == 1e-4 and cfg.trainer.seed == 3
 
 
-@pytest.mark.parametrize("override, key", [
-    ("trainer.max_steps=-1", "trainer.max_steps"),
-    ("data.batch_size=0", "data.batch_size"),
-    ("data.image_size=48", "data.image_size"),
-    ("data.image_size=512", "data.image_size"),
-    ("optim.lr=0", "optim.lr"),
-    ("optim.beta1=1.5", "optim.beta1"),
-    ("trainer.device=gpu", "trainer.device"),
-    ("loss.feature_matching=-1", "loss.feature_matching"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("trainer.max_steps=-1", "trainer.max_steps"),
+        ("data.batch_size=0", "data.batch_size"),
+        ("data.image_size=48", "data.image_size"),
+        ("data.image_size=512", "data.image_size"),
+        ("optim.lr=0", "optim.lr"),
+        ("optim.beta1=1.5", "optim.beta1"),
+        ("trainer.device=gpu", "trainer.device"),
+        ("loss.feature_matching=-1", "loss.feature_matching"),
+    ],
+)
 def test_out_of_range_values_are_refused_naming_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         compose_config(override)
 
 
 # The command line, as a user meets it: Hydra's message, a non-zero exit, no Python traceback.
-@pytest.mark.parametrize("override, expected", [
-    ("optim.lr=abc", "optim.lr"),  # wrong type
-    ("optim.lrr=1", "lrr"),  # unknown key
-    ("data=nosuch", "nosuch"),  # unknown option of a group
-    ("loss.name=foo", "foo"),  # unknown choice of an enum
-    ("trainer.max_steps=-1", "trainer.max_steps"),  # out of range, refused before training
-    ("data.image_size=24", "data.image_size"),  # a size the model cannot build
-])
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("optim.lr=abc", "optim.lr"),  # wrong type
+        ("optim.lrr=1", "lrr"),  # unknown key
+        ("data=nosuch", "nosuch"),  # unknown option of a group
+        ("loss.name=foo", "foo"),  # unknown choice of an enum
+        ("trainer.max_steps=-1", "trainer.max_steps"),  # out of range, refused before training
+        ("data.image_size=24", "data.image_size"),  # a size the model cannot build
+    ],
+)
 def test_bad_command_line_fails_cleanly(tmp_path, override, expected):
     result = run_train(override, f"hydra.run.dir={tmp_path / 'run'}")
     output = result.stdout + result.stderr

@@ -8,8 +8,7 @@ import torch
 from PIL import Image
 
 from gan.config import DataConfig
-from gan.data import (BatchStream, DataError, convert_channels, fit_square, load_dataset, render_digits,
-                      to_unit_range)
+from gan.data import BatchStream, DataError, convert_channels, fit_square, load_dataset, render_digits, to_unit_range
 
 
 def test_digits_are_deterministic_labelled_and_in_range():
@@ -25,7 +24,7 @@ def test_digits_are_deterministic_labelled_and_in_range():
 def test_digits_render_at_any_size_with_ink_in_the_middle(size):
     images, _ = render_digits(64, size, seed=0)
     mean = images.float().mean(0)[0]
-    center, border = mean[size // 4: -size // 4, size // 4: -size // 4].mean(), mean[0].mean()
+    center, border = mean[size // 4 : -size // 4, size // 4 : -size // 4].mean(), mean[0].mean()
     assert center > 3 * border  # the digit, not the noise, carries the ink
 
 
@@ -48,13 +47,13 @@ def test_unknown_dataset_is_refused_and_digits_convert_to_rgb():
         load_dataset(DataConfig(name="nosuch"))  # check() would refuse it first; the loader does too
     gray = load_dataset(DataConfig(num_samples=64)).images
     rgb = load_dataset(DataConfig(channels=3, num_samples=64)).images
-    assert rgb.shape == (64, 3, 32, 32) and all(torch.equal(rgb[:, c:c + 1], gray) for c in range(3))
+    assert rgb.shape == (64, 3, 32, 32) and all(torch.equal(rgb[:, c : c + 1], gray) for c in range(3))
 
 
 @pytest.mark.parametrize("height, width", [(28, 28), (218, 178), (12, 40)])
 def test_fit_square_resizes_the_shorter_side_then_crops_the_centre(height, width):
     images = torch.zeros(2, 1, height, width, dtype=torch.uint8)
-    images[..., height // 2:, :] = 200  # bottom half bright: the crop keeps the middle rows
+    images[..., height // 2 :, :] = 200  # bottom half bright: the crop keeps the middle rows
     out = fit_square(images, 16)
     assert out.shape == (2, 1, 16, 16) and out.dtype == torch.uint8
     assert out[..., :7, :].max() < 50 and out[..., 9:, :].min() > 150

@@ -17,15 +17,14 @@ import numpy as np
 import pytest
 import torch
 import torchvision.datasets.cifar
+from conftest import CONFIG_DIR, compose_config, run_train
 from omegaconf import OmegaConf
 from PIL import Image
 from torchvision import transforms
 
-import gan.data
-from conftest import CONFIG_DIR, compose_config, run_train
+import gan.data.sources
 from gan.config import ConfigError, DataConfig
-from gan.data import (BatchStream, DataError, ImageSource, is_held_out, load_dataset, open_source,
-                      read_image)
+from gan.data import BatchStream, DataError, ImageSource, is_held_out, load_dataset, open_source, read_image
 from gan.training import train
 
 CPU = torch.device("cpu")
@@ -45,6 +44,7 @@ def _no_internet(monkeypatch):
 
 
 # writers of the real formats ---------------------------------------------------------------------
+
 
 def write_idx(path: Path, array: np.ndarray) -> None:
     """IDX (LeCun's MNIST format): 0, 0, type 0x08 (uint8), ndim; big-endian int32 sizes; the bytes."""
@@ -68,8 +68,10 @@ def write_mnist(root: Path, folder: str = "MNIST", train: int = 40, test: int = 
         labels = np.arange(count) % 10
         if prefix == "t10k":
             labels = (labels + 5) % 10  # the test split starts at another class: it is not the train split
-        write_idx(raw / f"{prefix}-images-idx3-ubyte",
-                  np.stack([mnist_image(100 + int(c) * 10 + i % 4) for i, c in enumerate(labels)]))
+        write_idx(
+            raw / f"{prefix}-images-idx3-ubyte",
+            np.stack([mnist_image(100 + int(c) * 10 + i % 4) for i, c in enumerate(labels)]),
+        )
         write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels)
     return [i % 10 for i in range(train)]
 
@@ -81,8 +83,12 @@ def cifar_batch(count: int, offset: int) -> dict:
     for i in range(count):
         images[i, 0], images[i, 1], images[i, 2] = 200, 100, offset + i  # red, green, blue
         images[i, :, 16:, :] = 0  # bottom half black: a transposed read would show
-    return {"batch_label": "test", "labels": [(offset + i) % 10 for i in range(count)],
-            "data": images.reshape(count, 3072), "filenames": [f"{offset + i}.png" for i in range(count)]}
+    return {
+        "batch_label": "test",
+        "labels": [(offset + i) % 10 for i in range(count)],
+        "data": images.reshape(count, 3072),
+        "filenames": [f"{offset + i}.png" for i in range(count)],
+    }
 
 
 def write_cifar(root: Path, per_batch: int = 2) -> Path:
@@ -93,8 +99,24 @@ def write_cifar(root: Path, per_batch: int = 2) -> Path:
         with open(folder / name, "wb") as f:
             pickle.dump(cifar_batch(per_batch, offset=b * per_batch), f)
     with open(folder / "batches.meta", "wb") as f:
-        pickle.dump({"label_names": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog",
-                                     "horse", "ship", "truck"], "num_vis": 3072}, f)
+        pickle.dump(
+            {
+                "label_names": [
+                    "airplane",
+                    "automobile",
+                    "bird",
+                    "cat",
+                    "deer",
+                    "dog",
+                    "frog",
+                    "horse",
+                    "ship",
+                    "truck",
+                ],
+                "num_vis": 3072,
+            },
+            f,
+        )
     return folder
 
 
@@ -116,11 +138,11 @@ def patch_cifar_checksums(monkeypatch) -> None:
     `_load_meta`); files a test writes cannot match. Only that comparison is replaced, by a check
     that the file exists: torchvision's layout, unpickling and HWC arrays stay the ones under test.
     test_cifar10_with_wrong_checksums_is_refused shows what the real check does to these files."""
-    monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity",
-                        lambda path, md5=None: Path(path).is_file())
+    monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", lambda path, md5=None: Path(path).is_file())
 
 
 # torchvision's datasets ----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name, folder", [("mnist", "MNIST"), ("fashion_mnist", "FashionMNIST")])
 def test_mnist_like_datasets_read_torchvision_layout_resized_and_oriented(tmp_path, name, folder):
@@ -142,7 +164,7 @@ def test_grayscale_becomes_rgb_by_repeating_its_channel(tmp_path):
     gray = load_dataset(cfg_for("mnist", tmp_path, channels=1)).images
     rgb = load_dataset(cfg_for("mnist", tmp_path, channels=3)).images
     assert rgb.shape == (40, 3, 32, 32)
-    assert all(torch.equal(rgb[:, c:c + 1], gray) for c in range(3))
+    assert all(torch.equal(rgb[:, c : c + 1], gray) for c in range(3))
 
 
 def test_cifar10_reads_the_pickled_batches_as_rgb_planes(tmp_path, monkeypatch):
@@ -175,8 +197,9 @@ def test_cifar10_with_wrong_checksums_is_refused(tmp_path):
 
 def test_download_is_not_attempted_when_the_files_are_there(tmp_path, monkeypatch):
     write_mnist(tmp_path)
-    monkeypatch.setattr(torchvision.datasets.mnist, "download_and_extract_archive",
-                        lambda *a, **k: pytest.fail("tried to download"))
+    monkeypatch.setattr(
+        torchvision.datasets.mnist, "download_and_extract_archive", lambda *a, **k: pytest.fail("tried to download")
+    )
     assert load_dataset(cfg_for("mnist", tmp_path, download=True)).images.size(0) == 40
 
 
@@ -191,13 +214,17 @@ def test_a_failed_download_is_a_data_error(tmp_path, monkeypatch):
 
 # missing and empty roots ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name, expected, remedy", [
-    ("mnist", "MNIST/raw", "data.download=true"),
-    ("fashion_mnist", "FashionMNIST/raw", "data.download=true"),
-    ("cifar10", "cifar-10-batches-py", "data.download=true"),
-    ("celeba", "celeba", "data.download=true"),
-    ("folder", "nowhere", "nothing to download"),
-])
+
+@pytest.mark.parametrize(
+    "name, expected, remedy",
+    [
+        ("mnist", "MNIST/raw", "data.download=true"),
+        ("fashion_mnist", "FashionMNIST/raw", "data.download=true"),
+        ("cifar10", "cifar-10-batches-py", "data.download=true"),
+        ("celeba", "celeba", "data.download=true"),
+        ("folder", "nowhere", "nothing to download"),
+    ],
+)
 def test_a_missing_root_says_where_what_and_how_to_get_it(tmp_path, name, expected, remedy):
     root = tmp_path / "nowhere"
     with pytest.raises(DataError) as err:
@@ -237,19 +264,23 @@ def test_too_few_images_for_one_batch_is_refused(tmp_path):
         BatchStream(images, batch_size=64, seed=0, device=CPU)
 
 
-@pytest.mark.parametrize("overrides, key", [
-    (dict(name="nosuch"), "data.name"),
-    (dict(name="stacked", source="cifar10", channels=3), "data.source"),
-    (dict(name="stacked", channels=1), "data.channels"),
-    (dict(name="folder", download=True), "data.download"),
-    (dict(name="digits", download=True), "data.download"),
-])
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (dict(name="nosuch"), "data.name"),
+        (dict(name="stacked", source="cifar10", channels=3), "data.source"),
+        (dict(name="stacked", channels=1), "data.channels"),
+        (dict(name="folder", download=True), "data.download"),
+        (dict(name="digits", download=True), "data.download"),
+    ],
+)
 def test_config_refuses_what_no_loader_can_do(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         DataConfig(**overrides).check()
 
 
 # folders ---------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("size, channels", [(16, 3), (64, 3), (32, 1)])
 def test_folder_images_follow_the_dcgan_tutorial_recipe(tmp_path, size, channels):
@@ -338,11 +369,12 @@ def test_empty_celeba_folder_is_refused_with_the_download_override(tmp_path):
 
 # stacked ---------------------------------------------------------------------------------------
 
+
 def test_stacked_digits_are_three_independent_images_with_1000_mode_labels():
     cfg = DataConfig(name="stacked", channels=3, num_samples=600, image_size=16)
     data, source = load_dataset(cfg), load_dataset(DataConfig(num_samples=600, image_size=16))
     assert data.images.shape == (600, 3, 16, 16) and data.num_classes == 1000
-    triples = gan.data.open_stacked(cfg, True).triples
+    triples = gan.data.sources.open_stacked(cfg, True).triples
     for i in range(5):
         for channel in range(3):
             assert torch.equal(data.images[i, channel], source.images[triples[i, channel], 0])
@@ -369,6 +401,7 @@ def test_stacked_names_its_missing_source(tmp_path):
 
 # in memory or streamed -------------------------------------------------------------------------
 
+
 def make_folder(root: Path, count: int = 24) -> Path:
     for i in range(count):
         write_image(root / f"{i:02d}.png", (24 + i, 20), seed=i)
@@ -392,7 +425,7 @@ def test_auto_holds_small_sets_in_memory_and_streams_large_ones(tmp_path, monkey
     write_mnist(tmp_path)
     cfg = cfg_for("mnist", tmp_path, image_size=16)  # 40 images x 256 bytes
     assert isinstance(load_dataset(cfg).images, torch.Tensor)
-    monkeypatch.setattr(gan.data, "IN_MEMORY_LIMIT", 40 * 256 - 1)
+    monkeypatch.setattr(gan.data.sources, "IN_MEMORY_LIMIT", 40 * 256 - 1)
     assert isinstance(load_dataset(cfg).images, ImageSource)
     assert isinstance(load_dataset(cfg, in_memory=True).images, torch.Tensor)  # the caller decides
 
@@ -426,11 +459,19 @@ def test_pixels_reach_the_loop_scaled_to_the_range_of_tanh(tmp_path):
 
 # training on each size -------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("size", [16, 32, 64, 128])
 def test_a_training_step_at_each_image_size(tmp_path, size):
     write_mnist(tmp_path / "data", train=64)
-    cfg = compose_config("data=mnist", f"data.root={tmp_path / 'data'}", f"data.image_size={size}",
-                         "data.channels=3", "trainer.max_steps=2", "model.g_width=4", "model.d_width=4")
+    cfg = compose_config(
+        "data=mnist",
+        f"data.root={tmp_path / 'data'}",
+        f"data.image_size={size}",
+        "data.channels=3",
+        "trainer.max_steps=2",
+        "model.g_width=4",
+        "model.d_width=4",
+    )
     result = train(cfg, tmp_path / "run")
     assert result.step == 2 and all(np.isfinite(v) for v in result.metrics.values())
     assert (tmp_path / "run" / "samples" / "step_000002.png").is_file()
@@ -438,15 +479,20 @@ def test_a_training_step_at_each_image_size(tmp_path, size):
 
 def test_training_streams_a_folder_through_a_worker(tmp_path):
     make_folder(tmp_path / "images", count=40)
-    cfg = compose_config("data=folder", f"data.root={tmp_path / 'images'}", "data.image_size=16",
-                         "data.in_memory=false", "data.num_workers=1", "data.batch_size=8",
-                         "trainer.max_steps=3")
+    cfg = compose_config(
+        "data=folder",
+        f"data.root={tmp_path / 'images'}",
+        "data.image_size=16",
+        "data.in_memory=false",
+        "data.num_workers=1",
+        "data.batch_size=8",
+        "trainer.max_steps=3",
+    )
     assert train(cfg, tmp_path / "run").step == 3
 
 
 def test_a_missing_dataset_fails_before_training_with_one_clear_message(tmp_path):
-    result = run_train("data=fashion_mnist", f"data.root={tmp_path / 'nowhere'}",
-                       f"hydra.run.dir={tmp_path / 'run'}")
+    result = run_train("data=fashion_mnist", f"data.root={tmp_path / 'nowhere'}", f"hydra.run.dir={tmp_path / 'run'}")
     output = result.stdout + result.stderr
     assert result.returncode == 2
     assert "FashionMNIST/raw" in output and "data.download=true" in output

@@ -13,19 +13,26 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
 from conftest import ROOT, TINY, compose_config, run_train
-from gan.checkpoint import load_checkpoint
+
+from gan.core.steps import d_step, g_step
 from gan.data import EpochBatchSampler
 from gan.distributed import World
-from gan.losses import LOSSES
-from gan.steps import d_step, g_step
-from gan.training import build_models, build_optimizer, wrap_for_ddp
+from gan.training.checkpoint import load_checkpoint
+from gan.training.state import build_models, build_optimizer, wrap_for_ddp
 
 
 def torchrun(*overrides: str, cwd: Path, nproc: int = 2, **popen) -> subprocess.Popen:
-    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            str(ROOT / "train.py"), *TINY, *overrides]
+    args = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        str(ROOT / "train.py"),
+        *TINY,
+        *overrides,
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(args, cwd=cwd, env=env, text=True, **popen)
 
@@ -47,14 +54,19 @@ def one_step_worker(rank: int, port: int, result_file: str) -> None:
     opt_g, opt_d = build_optimizer(G, cfg, torch.device("cpu")), build_optimizer(D, cfg, torch.device("cpu"))
     real = torch.rand(8, 1, 16, 16) * 2 - 1
     fake = G_train(torch.randn(8, cfg.model.z_dim))
-    _, features = d_step(D_train, opt_d, LOSSES["bce"], real, fake)
-    g_step(D, G, opt_g, LOSSES["bce"], fake, features)  # the unwrapped, frozen D, as train() does
+    _, features = d_step(D_train, opt_d, real, fake)
+    g_step(D, G, opt_g, fake, features)  # the unwrapped, frozen D, as train() does
     weights = torch.cat([p.detach().flatten() for p in [*G.parameters(), *D.parameters()]])
     gathered = [torch.empty_like(weights) for _ in range(2)]
     dist.all_gather(gathered, weights)
     if rank == 0:
-        torch.save({"same": torch.equal(gathered[0], gathered[1]),
-                    "changed": not torch.equal(weights, torch.zeros_like(weights))}, result_file)
+        torch.save(
+            {
+                "same": torch.equal(gathered[0], gathered[1]),
+                "changed": not torch.equal(weights, torch.zeros_like(weights)),
+            },
+            result_file,
+        )
     dist.destroy_process_group()
 
 
@@ -83,8 +95,7 @@ def test_replicas_hold_identical_weights_after_one_step(tmp_path):
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory) -> Path:
     cwd = tmp_path_factory.mktemp("ddp")
-    code, output = finish(torchrun("trainer.max_steps=4", stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   cwd=cwd))
+    code, output = finish(torchrun("trainer.max_steps=4", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd))
     assert code == 0, output[-3000:]
     return cwd
 
@@ -105,24 +116,37 @@ def test_ddp_checkpoint_resumes_in_a_single_process_and_under_ddp(ddp_run, tmp_p
     single = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=6", cwd=ddp_run)
     assert single.returncode == 0, single.stderr[-3000:]
     assert load_checkpoint(run_dir)["step"] == 6
-    code, output = finish(torchrun(f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=ddp_run,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    code, output = finish(
+        torchrun(
+            f"trainer.resume={run_dir}",
+            "trainer.max_steps=8",
+            cwd=ddp_run,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+    )
     assert code == 0, output[-3000:]
     assert load_checkpoint(run_dir)["step"] == 8
 
 
 def test_torchrun_with_a_sweep_is_refused(tmp_path):
-    code, output = finish(torchrun("-m", "optim.lr=1e-4,2e-4", cwd=tmp_path, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT))
+    code, output = finish(
+        torchrun("-m", "optim.lr=1e-4,2e-4", cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    )
     assert code != 0 and "Hydra sweep (-m)" in output
 
 
 @pytest.mark.slow
 def test_sigterm_to_the_job_leaves_a_loadable_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
-    process = torchrun("trainer.max_steps=100000", "trainer.checkpoint_every=100000",
-                       f"hydra.run.dir={run_dir}", cwd=tmp_path, stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT)
+    process = torchrun(
+        "trainer.max_steps=100000",
+        "trainer.checkpoint_every=100000",
+        f"hydra.run.dir={run_dir}",
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     lines = []
     for line in process.stdout:
         lines.append(line)

@@ -10,15 +10,16 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import gan.training
 from conftest import compose_config
-from gan.bench import Row, SigmoidD, canonical_step, probe
+
+import gan.training.hardware
 from gan.config import Precision
-from gan.losses import LOSSES
-from gan.models import Discriminator, Generator
-from gan.steps import d_step, g_step
-from gan.training import build_models, build_optimizer, resolve_precision, step_context, train
+from gan.core.models import Discriminator, Generator
+from gan.core.steps import d_step, g_step
+from gan.training import train
+from gan.training.hardware import resolve_precision, step_context
+from gan.training.state import build_models, build_optimizer
+from scripts.bench import Row, SigmoidD, canonical_step, probe
 
 CPU = torch.device("cpu")
 
@@ -34,9 +35,9 @@ def test_each_precision_trains(tmp_path, precision):
 
 
 def test_auto_precision_follows_the_hardware(monkeypatch):
-    monkeypatch.setattr(gan.training, "cpu_has_fast_bf16", lambda: True)
+    monkeypatch.setattr(gan.training.hardware, "cpu_has_fast_bf16", lambda: True)
     assert resolve_precision(Precision.auto, CPU) == Precision.bf16
-    monkeypatch.setattr(gan.training, "cpu_has_fast_bf16", lambda: False)
+    monkeypatch.setattr(gan.training.hardware, "cpu_has_fast_bf16", lambda: False)
     assert resolve_precision(Precision.auto, CPU) == Precision.fp32
     assert resolve_precision(Precision.fp16, CPU) == Precision.fp16
 
@@ -56,8 +57,8 @@ def test_fp32_project_step_matches_the_canonical_step():
         real = torch.rand(32, 1, 16, 16) * 2 - 1
         z = torch.randn(32, cfg.model.z_dim)
         fake = G(z)
-        d_stats, features = d_step(D, opt_d, LOSSES["bce"], real, fake, ctx)
-        g_stats = g_step(D, G, opt_g, LOSSES["bce"], fake, features, ctx=ctx)
+        d_stats, features = d_step(D, opt_d, real, fake, ctx)
+        g_stats = g_step(D, G, opt_g, fake, features, ctx)
         canon_loss_d, canon_loss_g = canonical_step(netG, netD, canon_g, canon_d, real, z)
         assert d_stats["loss/d"].item() == pytest.approx(canon_loss_d, rel=1e-5, abs=1e-6)
         assert g_stats["loss/g"].item() == pytest.approx(canon_loss_g, rel=1e-5, abs=1e-6)
@@ -80,8 +81,8 @@ def loss_trajectory(precision: Precision, steps: int = 20) -> torch.Tensor:
         z = torch.randn(32, cfg.model.z_dim, generator=data)
         with ctx.autocast():
             fake = G(z)
-        d_stats, features = d_step(D, opt_d, LOSSES["bce"], real, fake, ctx)
-        g_stats = g_step(D, G, opt_g, LOSSES["bce"], fake, features, ctx=ctx)
+        d_stats, features = d_step(D, opt_d, real, fake, ctx)
+        g_stats = g_step(D, G, opt_g, fake, features, ctx)
         ctx.scaler.update()
         losses.append([d_stats["loss/d"].item(), g_stats["loss/g"].item()])
     return torch.tensor(losses)
@@ -91,7 +92,7 @@ def loss_trajectory(precision: Precision, steps: int = 20) -> torch.Tensor:
 def test_reduced_precision_losses_track_fp32_over_20_steps(precision):
     """Stated tolerance: mean |loss difference| < 0.1 and every step within 0.5 of fp32.
 
-    Rounding differences grow with GAN dynamics (RESEARCH.md: 0.15-0.35 on the 64 px model), so
+    Rounding differences grow with GAN dynamics (each step feeds the next its rounded weights), so
     this compares trajectories, not bits; the bits are compared for fp32 against the canonical step.
     """
     reference, reduced = loss_trajectory(Precision.fp32), loss_trajectory(precision)
@@ -106,12 +107,12 @@ def test_compiled_networks_match_eager():
     torch.manual_seed(0)
     G, D = Generator(16, 8, 1, 16), Discriminator(8, 1, 16)
     eager_G, eager_D = copy.deepcopy(G), copy.deepcopy(D)
-    gan.training.compile_models(G, D)
+    gan.training.hardware.compile_models(G, D)
     z = torch.randn(8, 16)
     images, eager_images = G(z), eager_G(z)
     torch.testing.assert_close(images, eager_images, rtol=1e-4, atol=1e-5)
-    logits, features = D.forward_with_features(images)
-    eager_logits, eager_features = eager_D.forward_with_features(eager_images)
+    logits, features = D(images, with_features=True)
+    eager_logits, eager_features = eager_D(eager_images, with_features=True)
     torch.testing.assert_close(logits, eager_logits, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(features, eager_features, rtol=1e-4, atol=1e-5)
     assert G.state_dict().keys() == eager_G.state_dict().keys()  # checkpoints stay interchangeable
@@ -129,18 +130,26 @@ retained = retain_freed_memory() if sys.argv[1] == "retain" else False
 faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(5):  # warm-up: the heap grows to its steady state
     torch.empty(48 << 20, dtype=torch.uint8).fill_(1)
-before = faults()
-for _ in range(10):  # 48 MiB: above glibc's largest default mmap threshold (32 MiB)
-    torch.empty(48 << 20, dtype=torch.uint8).fill_(1)
-print(json.dumps({"retained": retained, "faults": faults() - before}))
+counts = []
+for _ in range(3):  # three rounds; the quietest one counts (the heap may still grow in the first)
+    before = faults()
+    for _ in range(10):  # 48 MiB: above glibc's largest default mmap threshold (32 MiB)
+        torch.empty(48 << 20, dtype=torch.uint8).fill_(1)
+    counts.append(faults() - before)
+print(json.dumps({"retained": retained, "faults": min(counts)}))
 """
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc (mallopt)")
 def test_retained_host_memory_stops_page_faults_on_reallocated_activations():
     def run(mode: str) -> dict:
-        out = subprocess.run([sys.executable, "-c", _PAGE_FAULTS, mode], capture_output=True, text=True,
-                             check=True, cwd=Path(__file__).resolve().parents[1]).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", _PAGE_FAULTS, mode],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parents[1],
+        ).stdout
         return json.loads(out.strip().splitlines()[-1])
 
     default, retained = run("default"), run("retain")
@@ -154,7 +163,7 @@ def test_retained_host_memory_stops_page_faults_on_reallocated_activations():
 
 def test_trainer_retains_host_memory_only_when_configured(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(gan.training, "retain_freed_memory", lambda: calls.append(True) or True)
+    monkeypatch.setattr(gan.training.hardware, "retain_freed_memory", lambda: calls.append(True) or True)
     train(compose_config("trainer.max_steps=1", "trainer.retain_host_memory=false"), tmp_path / "off")
     assert calls == []
     train(compose_config("trainer.max_steps=1"), tmp_path / "on")
@@ -162,7 +171,7 @@ def test_trainer_retains_host_memory_only_when_configured(tmp_path, monkeypatch)
 
 
 def test_bench_measures_each_row_in_a_fresh_process():
-    # the benchmark's rows (python -m gan.bench), tiny: a rate and a peak memory come back for each kind
+    # the benchmark's rows (python -m scripts.bench), tiny: a rate and a peak memory come back for each kind
     for row in (Row("canonical", 16), Row("canonical", 16, retain=True), Row("project", 16, "bf16")):
         assert probe(row, "speed", batch=8, z_dim=8, width=8, steps=3) > 0
     assert probe(Row("project", 16), "memory", batch=8, z_dim=8, width=8, steps=3) >= 0

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from gan.losses import LOSSES, d_loss_bce, d_loss_hinge, feature_matching, g_loss_bce, g_loss_hinge
+from gan.core.losses import LOSSES, d_loss_bce, d_loss_hinge, feature_matching, g_loss_bce, g_loss_hinge
 
 
 def test_known_values_at_zero_logits():

@@ -2,8 +2,8 @@
 fail if a metric did not measure what it claims (each compares against a degraded image set).
 
 Everything runs on 16 px digits: 2000 training and 1000 held-out images, a classifier trained for
-three epochs in a few seconds, one CPU thread (two threads collapse when another process holds a
-core; tests/../RESEARCH.md).
+three epochs in a few seconds, one CPU thread (two OpenMP threads spin-wait for each other and
+collapse when another process holds a core).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import math
 import pytest
 import torch
 
-from gan import metrics as M
 from gan.config import ClassifierConfig, DataConfig, MetricsConfig
 from gan.data import ImageSet, render_digits
+from gan.evaluation import metrics as M
 
 CPU = torch.device("cpu")
 STATED_ACCURACY = 0.97  # the tiny test classifier must reach this on the held-out digits (measured 0.995)
@@ -39,9 +39,15 @@ def digits(one_thread) -> dict:
     held_out = ImageSet(*render_digits(1000, 16, seed=1_000_003), num_classes=10)
     classifier, accuracy = M.train_classifier(train, held_out, TINY_CLASSIFIER, CPU)
     features = M.ClassifierFeatures(classifier)
-    return dict(train=train, held_out=held_out, classifier=classifier, accuracy=accuracy, features=features,
-                real_features=M.batched(features, held_out.images, 500, CPU),
-                real_labels=M.predict(classifier, held_out.images, 500, CPU))
+    return dict(
+        train=train,
+        held_out=held_out,
+        classifier=classifier,
+        accuracy=accuracy,
+        features=features,
+        real_features=M.batched(features, held_out.images, 500, CPU),
+        real_labels=M.predict(classifier, held_out.images, 500, CPU),
+    )
 
 
 def measure(digits: dict, images: torch.Tensor) -> dict:
@@ -61,6 +67,7 @@ def training_images(digits: dict, keep: torch.Tensor | None = None, count: int =
 
 # the instrument ----------------------------------------------------------------------------------
 
+
 def test_classifier_reaches_the_stated_accuracy_on_its_test_split(digits):
     assert digits["accuracy"] >= STATED_ACCURACY
 
@@ -73,6 +80,7 @@ def test_classifier_features_are_the_penultimate_layer(digits):
 
 
 # honesty: each test would fail if the metric were blind to what it is meant to see ---------------
+
 
 def test_real_against_held_out_real_is_near_the_floor(digits):
     real = measure(digits, training_images(digits))
@@ -88,8 +96,9 @@ def test_real_against_held_out_real_is_near_the_floor(digits):
 
 def test_fid_and_kid_rise_monotonically_with_noise(digits):
     base = training_images(digits)
-    results = [measure(digits, M.with_gaussian_noise(base, sigma) if sigma else base)
-               for sigma in (0.0, 0.1, 0.2, 0.3, 0.5)]
+    results = [
+        measure(digits, M.with_gaussian_noise(base, sigma) if sigma else base) for sigma in (0.0, 0.1, 0.2, 0.3, 0.5)
+    ]
     fids = [r["fid"] for r in results]
     kids = [r["kid_mean"] for r in results]
     assert fids == sorted(fids) and len(set(fids)) == len(fids), fids
@@ -149,6 +158,7 @@ def test_kid_gamma_keeps_the_kernel_scale_free():
 
 # the arithmetic, against brute force -------------------------------------------------------------
 
+
 def brute_force_prdc(real: torch.Tensor, fake: torch.Tensor, pr_k: int, dc_k: int) -> dict:
     """Kynkaanniemi et al. and Naeem et al. written out on full distance matrices."""
     rr, ff, rf = torch.cdist(real, real), torch.cdist(fake, fake), torch.cdist(real, fake)
@@ -190,8 +200,13 @@ def test_class_coverage_and_kl_on_known_histograms():
 
 def test_mode_coverage_counts_triples_and_kl_to_uniform():
     zero = pytest.approx(0, abs=1e-9)
-    assert M.mode_coverage(torch.arange(1000)) == {"modes_covered": 1000, "mode_kl": zero, "digit_kl_ch0": zero,
-                                                   "digit_kl_ch1": zero, "digit_kl_ch2": zero}
+    assert M.mode_coverage(torch.arange(1000)) == {
+        "modes_covered": 1000,
+        "mode_kl": zero,
+        "digit_kl_ch0": zero,
+        "digit_kl_ch1": zero,
+        "digit_kl_ch2": zero,
+    }
     one_mode = M.mode_coverage(torch.full((500,), 123))
     assert one_mode["modes_covered"] == 1 and one_mode["mode_kl"] == pytest.approx(math.log(1000))
     assert [one_mode[f"digit_kl_ch{c}"] for c in range(3)] == pytest.approx([math.log(10)] * 3)
@@ -205,19 +220,24 @@ def test_stacked_images_are_classified_channel_by_channel(digits):
     # Stacked-MNIST built by hand: three held-out digits as R, G, B; label 100 r + 10 g + b.
     held_out = digits["held_out"]
     triples = torch.randint(0, 1000, (600, 3), generator=torch.Generator().manual_seed(0))
-    stacked = ImageSet(held_out.images[triples].flatten(1, 2), (held_out.labels[triples] * torch.tensor([100, 10, 1])).sum(1), 1000)
+    stacked = ImageSet(
+        held_out.images[triples].flatten(1, 2), (held_out.labels[triples] * torch.tensor([100, 10, 1])).sum(1), 1000
+    )
     assert M.is_stacked(stacked) and not M.is_stacked(held_out)
     modes = M.predict(digits["classifier"], stacked.images, 500, CPU, per_channel=True)
-    assert (modes == stacked.labels).float().mean() > STATED_ACCURACY ** 3 - 0.03
+    assert (modes == stacked.labels).float().mean() > STATED_ACCURACY**3 - 0.03
     assert M.mode_coverage(modes)["modes_covered"] > 400  # 600 draws over 1000 modes hit about 450
     collapsed = stacked.images.clone()
     collapsed[:, 1:] = stacked.images[0, 1:]  # green and blue frozen: at most 10 modes remain
-    assert M.mode_coverage(M.predict(digits["classifier"], collapsed, 500, CPU, per_channel=True))["modes_covered"] <= 10
+    assert (
+        M.mode_coverage(M.predict(digits["classifier"], collapsed, 500, CPU, per_channel=True))["modes_covered"] <= 10
+    )
     features = M.ClassifierFeatures(digits["classifier"], per_channel=True, channels=3)
     assert features(stacked.images[:4]).shape == (4, 3 * TINY_CLASSIFIER.feature_dim) == (4, features.num_features)
 
 
 # the classifier cache and the Inception checks ---------------------------------------------------
+
 
 def test_classifier_is_cached_under_data_root_keyed_by_what_decides_it(tmp_path, monkeypatch, one_thread):
     data = DataConfig(root=str(tmp_path), image_size=16, num_samples=1200, batch_size=32)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from gan.models import Discriminator, Generator, num_blocks
+from gan.core.models import Discriminator, Generator, num_blocks
 
 
 @pytest.mark.parametrize("image_size", [16, 32, 64, 128])
@@ -15,7 +15,7 @@ def test_shapes_and_range(image_size, channels):
     images = G(torch.randn(3, 8))
     assert images.shape == (3, channels, image_size, image_size)
     assert images.min() >= -1 and images.max() <= 1  # tanh output matches data in [-1, 1]
-    logits, features = D.forward_with_features(images)
+    logits, features = D(images, with_features=True)
     assert logits.shape == (3,)
     assert features.shape[-2:] == (4, 4)
 

@@ -6,13 +6,15 @@ import math
 
 import pytest
 import torch
+from conftest import compose_config
 from torch import nn
 
-from conftest import compose_config
 from gan.config import ConfigError
-from gan.losses import d_loss_bce, gradient_penalty, r1_penalty
-from gan.models import Discriminator, MinibatchStd
-from gan.training import build_ema, build_models, build_optimizer, train
+from gan.core.ema import build_ema
+from gan.core.losses import d_loss_bce, gradient_penalty, r1_penalty
+from gan.core.models import Discriminator, MinibatchStd
+from gan.training import train
+from gan.training.state import build_models, build_optimizer
 
 
 class LinearCritic(nn.Module):
@@ -44,8 +46,10 @@ def test_r1_penalty_closed_form():
 
 def test_one_sided_label_smoothing_known_value():
     logits = torch.full((4,), 2.0)
-    expected = -(0.9 * math.log(torch.sigmoid(torch.tensor(2.0)).item())
-                 + 0.1 * math.log(1 - torch.sigmoid(torch.tensor(2.0)).item()))
+    expected = -(
+        0.9 * math.log(torch.sigmoid(torch.tensor(2.0)).item())
+        + 0.1 * math.log(1 - torch.sigmoid(torch.tensor(2.0)).item())
+    )
     fake_term = -math.log(1 - torch.sigmoid(torch.tensor(-3.0)).item())
     value = d_loss_bce(logits, torch.full((4,), -3.0), real_label=0.9).item()
     assert value == pytest.approx(expected + fake_term, rel=1e-6)
@@ -172,15 +176,18 @@ def test_ema_averages_weights_and_batchnorm_statistics():
         torch.testing.assert_close(a, 0.5 * b + 0.5 * c)
 
 
-@pytest.mark.parametrize("overrides", [
-    ["loss=wgan_gp"],
-    ["loss=hinge", "model.spectral_norm=true", "model.d_batchnorm=false"],
-    ["model.pack=2", "loss.real_label=0.9", "optim.lr_d=4e-4"],
-    ["model.minibatch_std=4", "model.pack=2"],
-    ["loss.r1=1.0", "model.d_batchnorm=false"],
-    ["model.ema_decay=0"],
-    ["model.ema_kimg=1"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["loss=wgan_gp"],
+        ["loss=hinge", "model.spectral_norm=true", "model.d_batchnorm=false"],
+        ["model.pack=2", "loss.real_label=0.9", "optim.lr_d=4e-4"],
+        ["model.minibatch_std=4", "model.pack=2"],
+        ["loss.r1=1.0", "model.d_batchnorm=false"],
+        ["model.ema_decay=0"],
+        ["model.ema_kimg=1"],
+    ],
+)
 def test_tools_train(tmp_path, overrides):
     result = train(compose_config("trainer.max_steps=3", *overrides), tmp_path)
     assert result.step == 3

@@ -12,12 +12,12 @@ import pytest
 import torch
 from torch import nn
 
-from gan.checkpoint import load_checkpoint, save_checkpoint
 from gan.config import BackwardMode, ConfigError
+from gan.core.losses import LOSSES
+from gan.core.sampling import eval_mode, sample
+from gan.core.steps import StepContext, backward_terms, d_step, frozen, g_step, release_grads
 from gan.device import resolve_device
-from gan.losses import LOSSES
-from gan.sampling import eval_mode, sample
-from gan.steps import backward_terms, d_step, frozen, g_step, release_grads
+from gan.training.checkpoint import load_checkpoint, save_checkpoint
 
 BCE = LOSSES["bce"]
 
@@ -38,11 +38,12 @@ def batch(G, n=16):
 
 # 1. D step on fake.detach() ------------------------------------------------------------------
 
+
 def test_d_step_leaves_generator_gradients_none(tiny_gan):
     G, D = tiny_gan
     real, fake = batch(G)
     d_before = snapshot(D)
-    d_step(D, adam(D), BCE, real, fake)
+    d_step(D, adam(D), real, fake)
     assert all(p.grad is None for p in G.parameters())
     assert all(p.grad is None for p in D.parameters())  # released after the update
     assert any(not torch.equal(a, b) for a, b in zip(d_before, D.parameters()))  # D did learn
@@ -57,12 +58,13 @@ def test_without_detach_d_loss_reaches_generator(tiny_gan):
 
 # 2. D frozen with requires_grad_(False) during the G step ------------------------------------
 
+
 def test_g_step_leaves_discriminator_untouched(tiny_gan):
     G, D = tiny_gan
     real, fake = batch(G)
-    _, real_features = d_step(D, adam(D), BCE, real, fake)
+    _, real_features = d_step(D, adam(D), real, fake)
     d_before, g_before = snapshot(D), snapshot(G)
-    g_step(D, G, adam(G), BCE, fake, real_features)
+    g_step(D, G, adam(G), fake, real_features)
     assert all(p.grad is None for p in D.parameters())
     assert all(torch.equal(a, b) for a, b in zip(d_before, D.parameters()))
     assert all(p.requires_grad for p in D.parameters())  # unfrozen after
@@ -98,12 +100,14 @@ def test_frozen_discriminator_still_passes_gradient_to_its_input(tiny_gan):
 
 # 3. Multi-loss G objective and retain_graph ---------------------------------------------------
 
+
 def two_term_objective(G, D, real):
     fake = G(torch.randn(real.size(0), 16))
     with frozen(D):
-        logits, features = D.forward_with_features(fake)
-        _, real_features = D.forward_with_features(real)
-    from gan.losses import feature_matching
+        logits, features = D(fake, with_features=True)
+        _, real_features = D(real, with_features=True)
+    from gan.core.losses import feature_matching
+
     return {"adv": BCE.g(logits), "fm": 10 * feature_matching(real_features.detach(), features)}
 
 
@@ -132,15 +136,16 @@ def test_second_backward_without_retain_graph_raises(tiny_gan):
 def test_g_step_logs_each_term_in_separate_mode(tiny_gan):
     G, D = tiny_gan
     real, fake = batch(G)
-    _, real_features = d_step(D, adam(D), BCE, real, fake)
-    stats = g_step(D, G, adam(G), BCE, fake, real_features, feature_matching_weight=1.0,
-                   backward_mode=BackwardMode.separate)
+    _, real_features = d_step(D, adam(D), real, fake)
+    ctx = StepContext(feature_matching=1.0, backward_mode=BackwardMode.separate)
+    stats = g_step(D, G, adam(G), fake, real_features, ctx)
     assert {"loss/g_adv", "loss/g_fm", "grad_norm/g_adv", "grad_norm/g_fm"} <= set(stats)
     assert stats["loss/g"].item() == pytest.approx((stats["loss/g_adv"] + stats["loss/g_fm"]).item())
     assert stats["grad_norm/images"].item() > 0  # retain_grad() kept the gradient at the images
 
 
 # 4. Zeroing by param.grad = None ------------------------------------------------------------
+
 
 def test_release_grads_sets_none_not_zero(tiny_gan):
     G, _ = tiny_gan
@@ -164,6 +169,7 @@ def test_adam_skips_parameters_whose_grad_is_none():
 
 
 # 5. Sampling under eval() + no_grad() ---------------------------------------------------------
+
 
 def test_sample_builds_no_graph_and_leaves_generator_untouched(tiny_gan):
     G, _ = tiny_gan
@@ -198,6 +204,7 @@ def test_eval_mode_restores_the_previous_mode(tiny_gan):
 
 
 # 6. Device placement --------------------------------------------------------------------------
+
 
 def test_device_mismatch_fails_with_a_message_naming_devices(tiny_gan):
     G, _ = tiny_gan

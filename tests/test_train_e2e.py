@@ -13,14 +13,22 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT, compose_config, run_train
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import ROOT, compose_config, run_train
 from gan.training import train
 
-EXPECTED_SCALARS = {"loss/d", "loss/g", "d/real", "d/fake", "grad_norm/d", "grad_norm/g",
-                    "grad_norm/images", "perf/img_per_s"}
+EXPECTED_SCALARS = {
+    "loss/d",
+    "loss/g",
+    "d/real",
+    "d/fake",
+    "grad_norm/d",
+    "grad_norm/g",
+    "grad_norm/images",
+    "perf/img_per_s",
+}
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +88,21 @@ def test_tensorboard_server_serves_the_run_scalars(finished_run):
     """The real `tensorboard` on a loopback port, read through its HTTP API as a browser would."""
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "tensorboard.main", "--logdir", str(finished_run), "--host", "127.0.0.1",
-         "--port", str(port), "--load_fast=false"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            str(finished_run),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--load_fast=false",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline, runs = time.monotonic() + 90, []
@@ -107,11 +128,14 @@ def test_in_process_training_returns_the_logged_metrics(tmp_path):
     assert 0 <= result.metrics["d/real"] <= 1
 
 
-@pytest.mark.parametrize("overrides", [
-    ["loss=hinge", "optim.lr=1e-4"],
-    ["loss.feature_matching=1.0", "loss.backward_mode=separate"],
-    ["trainer.channels_last=false", "trainer.precision=bf16"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["loss=hinge", "optim.lr=1e-4"],
+        ["loss.feature_matching=1.0", "loss.backward_mode=separate"],
+        ["trainer.channels_last=false", "trainer.precision=bf16"],
+    ],
+)
 def test_option_combinations_train(tmp_path, overrides):
     result = train(compose_config("trainer.max_steps=3", *overrides), tmp_path)
     assert result.step == 3
@@ -160,8 +184,13 @@ def test_default_outputs_go_under_outputs_in_the_launch_dir(tmp_path):
 def test_final_eval_measures_the_run_for_sweepers(tmp_path):
     """trainer.final_eval_samples runs evaluate.py's metrics after training, into RUN_DIR/eval."""
     run_dir = tmp_path / "run"
-    result = run_train("data.num_samples=20000", "trainer.max_steps=10", "trainer.final_eval_samples=300",
-                       f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    result = run_train(
+        "data.num_samples=20000",
+        "trainer.max_steps=10",
+        "trainer.final_eval_samples=300",
+        f"hydra.run.dir={run_dir}",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     metrics = json.loads((run_dir / "eval" / "metrics.json").read_text())
     assert metrics["num_samples"] == 300 and metrics["fid"] > 0

@@ -18,9 +18,9 @@ from torch import nn
 from torch.export import Dim, export
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-from gan.losses import LOSSES
-from gan.sampling import eval_mode, image_grid, sample
-from gan.steps import d_step, frozen, g_step, release_grads
+from gan.core.losses import LOSSES
+from gan.core.sampling import eval_mode, image_grid, sample
+from gan.core.steps import d_step, frozen, g_step, release_grads
 
 BCE = LOSSES["bce"]
 
@@ -37,6 +37,7 @@ def quietly(fn):
 
 
 # batch in ---------------------------------------------------------------------------------------
+
 
 def test_a_model_moved_to_a_device_takes_latents_made_there(tiny_gan):
     G, _ = tiny_gan
@@ -75,6 +76,7 @@ def test_generator_view_accepts_a_transposed_latent(tiny_gan):
 
 # D step -----------------------------------------------------------------------------------------
 
+
 def test_gradients_accumulate_until_released(tiny_gan):
     G, D = tiny_gan
     D.eval()  # fixed statistics, so both passes compute the same gradient
@@ -98,14 +100,15 @@ def test_binary_cross_entropy_runs_under_cpu_autocast():
 
 # G step -----------------------------------------------------------------------------------------
 
+
 def test_g_step_keeps_the_gradient_that_reaches_the_fake_images(tiny_gan):
     G, D = tiny_gan
     real, fake = torch.rand(8, 1, 16, 16), G(torch.randn(8, 16))
-    _, real_features = d_step(D, adam(D), BCE, real, fake)
-    g_step(D, G, adam(G), BCE, fake, real_features)
+    _, real_features = d_step(D, adam(D), real, fake)
+    g_step(D, G, adam(G), fake, real_features)
     assert fake.grad is not None  # retain_grad() in g_step kept it on a non-leaf
     images = fake.detach().requires_grad_()  # D's weights are unchanged by the G step
-    expected, = torch.autograd.grad(BCE.g(D(images)), images)
+    (expected,) = torch.autograd.grad(BCE.g(D(images)), images)
     torch.testing.assert_close(fake.grad, expected)
 
 
@@ -121,10 +124,10 @@ def test_frozen_discriminator_still_updates_its_batchnorm_statistics(tiny_gan):
 def test_batchnorm_in_train_mode_mixes_the_samples_of_a_batch(tiny_gan):
     _, D = tiny_gan
     x = torch.randn(4, 1, 16, 16, requires_grad=True)
-    grad, = torch.autograd.grad(D(x)[0], x)
+    (grad,) = torch.autograd.grad(D(x)[0], x)
     assert grad[1:].abs().sum() > 0  # sample 0's logit depends on the other samples
     D.eval()
-    grad, = torch.autograd.grad(D(x)[0], x)
+    (grad,) = torch.autograd.grad(D(x)[0], x)
     assert grad[1:].abs().sum() == 0  # running statistics: each sample on its own
 
 
@@ -138,11 +141,12 @@ def test_eval_mode_discriminator_still_passes_gradients_to_both_networks(tiny_ga
 
 # the gradient penalty to come (WGAN-GP) --------------------------------------------------------
 
+
 def gradient_penalty(D: nn.Module, real: torch.Tensor, fake: torch.Tensor, create_graph: bool) -> torch.Tensor:
     """(||grad_x D(x_hat)||_2 - 1)^2 on random interpolates (Gulrajani et al. 2017)."""
     alpha = torch.rand(real.size(0), 1, 1, 1)
     x_hat = (alpha * real + (1 - alpha) * fake).requires_grad_()
-    grad, = torch.autograd.grad(D(x_hat).sum(), x_hat, create_graph=create_graph)
+    (grad,) = torch.autograd.grad(D(x_hat).sum(), x_hat, create_graph=create_graph)
     return (grad.flatten(1).norm(dim=1) - 1).pow(2).mean()
 
 
@@ -170,11 +174,12 @@ def test_gradient_penalty_reaches_D_weights_only_with_create_graph(tiny_gan, cre
 
 # log --------------------------------------------------------------------------------------------
 
+
 def test_step_diagnostics_are_detached_so_logging_them_warns_nothing(tiny_gan):
     G, D = tiny_gan
     real, fake = torch.rand(8, 1, 16, 16), G(torch.randn(8, 16))
-    d_stats, real_features = d_step(D, adam(D), BCE, real, fake)
-    g_stats = g_step(D, G, adam(G), BCE, fake, real_features)
+    d_stats, real_features = d_step(D, adam(D), real, fake)
+    g_stats = g_step(D, G, adam(G), fake, real_features)
     stats = {**d_stats, **g_stats}
     assert not any(value.requires_grad for value in stats.values())
     with warnings.catch_warnings():
@@ -199,6 +204,7 @@ def test_numpy_view_of_a_parameter_follows_optimizer_steps_on_cpu(tiny_gan):
 
 # sample -----------------------------------------------------------------------------------------
 
+
 def test_inference_mode_images_can_be_shown_but_not_trained_on(tiny_gan):
     G, D = tiny_gan
     with eval_mode(G), torch.inference_mode():
@@ -208,7 +214,7 @@ def test_inference_mode_images_can_be_shown_but_not_trained_on(tiny_gan):
     with pytest.raises(RuntimeError, match="Inplace update to inference tensor outside InferenceMode"):
         images.clamp_(-1, 1)
     with pytest.raises(RuntimeError, match="Inference tensors cannot be saved for backward"):
-        d_step(D, adam(D), BCE, torch.rand(4, 1, 16, 16), images)
+        d_step(D, adam(D), torch.rand(4, 1, 16, 16), images)
     assert not sample(G, torch.randn(4, 16)).is_inference()  # no_grad output: an ordinary tensor
     bn = G.net[1]
     before = bn.running_mean.clone()
@@ -218,6 +224,7 @@ def test_inference_mode_images_can_be_shown_but_not_trained_on(tiny_gan):
 
 
 # checkpoint -------------------------------------------------------------------------------------
+
 
 def test_state_dict_shares_storage_with_the_parameters_until_saved(tiny_gan):
     G, _ = tiny_gan
@@ -235,6 +242,7 @@ def test_state_dict_shares_storage_with_the_parameters_until_saved(tiny_gan):
 
 
 # export -----------------------------------------------------------------------------------------
+
 
 def test_trace_records_the_mode_it_saw(tiny_gan):
     G, _ = tiny_gan

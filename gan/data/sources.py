@@ -1,9 +1,9 @@
-"""Datasets and the batch stream that feeds the training loop.
+"""Datasets: where images come from and how they become uint8 squares.
 
 Owns where images come from (the built-in `digits`, torchvision's MNIST, Fashion-MNIST and
 CIFAR-10, any folder of images, CelebA as a folder, Stacked-MNIST), how they become uint8 squares of
-`data.image_size` with `data.channels`, scaling pixels to [-1, 1] to match G's tanh, and an endless,
-resumable stream of shuffled batches. It leaves models and training to others.
+`data.image_size` with `data.channels`, and the training/held-out split of each. The built-in
+digits are rendered by `gan.data.digits`; batches are drawn by `gan.data.stream`.
 
 Every dataset is an `ImageSource`: a torch Dataset of uint8 (C, S, S) images with labels. The loop
 is fed in one of two ways, chosen by `data.in_memory` (auto: by size):
@@ -18,40 +18,33 @@ Both paths produce the same pixels and resume to the exact batch (tests/test_dat
 from __future__ import annotations
 
 import logging
-import math
-import os
 import time
 import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset
 from torchvision import datasets
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms.functional import pil_to_tensor
 from torchvision.transforms.v2 import functional as TF
 
 from gan.config import DataConfig
+from gan.data.digits import NUM_DIGIT_CLASSES, render_digits
+from gan.data.stream import available_cpus
+from gan.errors import DataError
 
 log = logging.getLogger(__name__)
-
-NUM_DIGIT_CLASSES = 10
-_STROKES = (1, 2, 3)  # extra stroke width in template pixels: thin, regular, bold
 
 # Auto in-memory limit: 512 MiB of uint8 pixels holds MNIST up to 64 px (245 MB), CIFAR-10 at 32 px
 # (154 MB) and Stacked-MNIST's 128k images at 32 px (393 MB), on any GPU and most laptops.
 IN_MEMORY_LIMIT = 512 * 2**20
 HELD_OUT_EVERY = 7  # folders: 1 image in 7 is held out, MNIST's 10k / 70k
 _HELD_OUT_SEED_OFFSET = 1_000_003  # generated sets: the held-out split uses seed + this
-
-
-class DataError(RuntimeError):
-    """A dataset that cannot be loaded; the message says where it looked and what it expected."""
 
 
 @dataclass
@@ -70,6 +63,7 @@ class ImageSet:
 
 # loading ---------------------------------------------------------------------------------------
 
+
 def load_dataset(cfg: DataConfig, train: bool = True, in_memory: Optional[bool] = None) -> ImageSet:
     """The configured dataset's training split (train=True) or held-out split.
 
@@ -79,15 +73,23 @@ def load_dataset(cfg: DataConfig, train: bool = True, in_memory: Optional[bool] 
     started = time.perf_counter()
     source = open_source(cfg, train)
     keep = cfg.in_memory if in_memory is None else in_memory
-    nbytes = len(source) * source.channels * source.image_size ** 2
+    nbytes = len(source) * source.channels * source.image_size**2
     if keep is None:
         keep = nbytes <= IN_MEMORY_LIMIT
     images = source.load_all() if keep else source
-    log.info("data=%s, %s split: %d images of %dx%dx%d (%.0f MB as uint8), %s, %d classes (%.1f s)",
-             cfg.name, "training" if train else "held-out", len(source), source.channels,
-             source.image_size, source.image_size, nbytes / 1e6,
-             "in memory" if keep else "streamed by a DataLoader", source.num_classes,
-             time.perf_counter() - started)
+    log.info(
+        "data=%s, %s split: %d images of %dx%dx%d (%.0f MB as uint8), %s, %d classes (%.1f s)",
+        cfg.name,
+        "training" if train else "held-out",
+        len(source),
+        source.channels,
+        source.image_size,
+        source.image_size,
+        nbytes / 1e6,
+        "in memory" if keep else "streamed by a DataLoader",
+        source.num_classes,
+        time.perf_counter() - started,
+    )
     return ImageSet(images, source.labels, source.num_classes)
 
 
@@ -95,12 +97,15 @@ def open_source(cfg: DataConfig, train: bool = True) -> ImageSource:
     """The ImageSource that `cfg.name` names: arrays are read (digits rendered), files only listed."""
     opener = _OPENERS.get(cfg.name)
     if opener is None:
-        raise DataError(f"data.name={cfg.name!r} is not a known dataset; choose one of "
-                        f"{', '.join(_OPENERS)} (the built-in one is 'digits').")
+        raise DataError(
+            f"data.name={cfg.name!r} is not a known dataset; choose one of "
+            f"{', '.join(_OPENERS)} (the built-in one is 'digits')."
+        )
     return opener(cfg, train)
 
 
 # image sources: one Dataset type per kind of storage --------------------------------------------
+
 
 class ImageSource(Dataset):
     """A dataset as uint8 (channels, image_size, image_size) images with integer labels.
@@ -123,10 +128,10 @@ class ImageSource(Dataset):
         """Every image as one uint8 (N, C, S, S) tensor, decoded in parallel by DataLoader workers."""
         out = torch.empty(len(self), self.channels, self.image_size, self.image_size, dtype=torch.uint8)
         # Forking workers costs more than it saves on a few hundred small files.
-        workers = min(8, _available_cpus()) if len(self) >= 1024 else 0
+        workers = min(8, available_cpus()) if len(self) >= 1024 else 0
         start = 0
         for batch in DataLoader(self, batch_size=256, num_workers=workers):
-            out[start:start + batch.size(0)] = batch
+            out[start : start + batch.size(0)] = batch
             start += batch.size(0)
         return out
 
@@ -145,16 +150,14 @@ class ArrayImages(ImageSource):
     def load_all(self) -> Tensor:
         # Each op works per image, so a chunk of 4096 gives exactly the pixels of 4096 single calls;
         # 60k MNIST images resize to 32 px in about half a second on one core.
-        chunks = [fit_square(convert_channels(chunk, self.channels), self.image_size)
-                  for chunk in self.raw.split(4096)]
+        chunks = [fit_square(convert_channels(chunk, self.channels), self.image_size) for chunk in self.raw.split(4096)]
         return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
 
 
 class ImageFiles(ImageSource):
     """Image files (PNG, JPEG, ...), decoded with Pillow when an image is asked for."""
 
-    def __init__(self, paths: Sequence[Path], labels: Tensor, num_classes: int, channels: int,
-                 image_size: int):
+    def __init__(self, paths: Sequence[Path], labels: Tensor, num_classes: int, channels: int, image_size: int):
         super().__init__(labels, num_classes, channels, image_size)
         self.paths = [str(p) for p in paths]  # str: cheaper than Path to hand to forked workers
 
@@ -177,6 +180,7 @@ class StackedImages(ImageSource):
 
 
 # pixels: one place that decides sizes and colours ------------------------------------------------
+
 
 def fit_square(images: Tensor, size: int) -> Tensor:
     """uint8 (..., C, H, W) -> (..., C, size, size): the shorter side resized to `size`, then the
@@ -220,8 +224,7 @@ def read_image(path: str, channels: int, size: int) -> Tensor:
 
 # torchvision's datasets --------------------------------------------------------------------------
 
-_IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-              "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+_IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 _CIFAR_FILES = (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta")
 
 
@@ -233,8 +236,7 @@ def open_fashion_mnist(cfg: DataConfig, train: bool) -> ArrayImages:
     return _open_mnist_like(cfg, train, datasets.FashionMNIST, "about 30 MB")
 
 
-def _open_mnist_like(cfg: DataConfig, train: bool, kind: type[datasets.MNIST],
-                     download_size: str) -> ArrayImages:
+def _open_mnist_like(cfg: DataConfig, train: bool, kind: type[datasets.MNIST], download_size: str) -> ArrayImages:
     """MNIST and Fashion-MNIST through torchvision: uint8 (N, 28, 28) arrays read from IDX files."""
     folder = _root(cfg) / kind.__name__ / "raw"  # torchvision's layout: ROOT/MNIST/raw
     missing = [name for name in _IDX_FILES if not (folder / name).is_file()]
@@ -244,7 +246,8 @@ def _open_mnist_like(cfg: DataConfig, train: bool, kind: type[datasets.MNIST],
             f"torchvision's {kind.__name__} expects the four uncompressed IDX files there: "
             f"{', '.join(_IDX_FILES)}; {_which_missing(missing, _IDX_FILES)}. Add data.download=true "
             f"to fetch them there ({download_size}, needs internet), or set data.root to the folder "
-            f"that holds {kind.__name__}/raw.")
+            f"that holds {kind.__name__}/raw."
+        )
     dataset = _torchvision(cfg, lambda: kind(cfg.root, train=train, download=cfg.download), folder)
     return ArrayImages(dataset.data.unsqueeze(1), dataset.targets, 10, cfg.channels, cfg.image_size)
 
@@ -261,9 +264,9 @@ def open_cifar10(cfg: DataConfig, train: bool) -> ArrayImages:
             f"data=cifar10: no CIFAR-10 in {folder} (absolute path {folder.resolve()}). torchvision's "
             f"CIFAR10 expects the unpacked python version there: {', '.join(_CIFAR_FILES)}; "
             f"{_which_missing(missing, _CIFAR_FILES)}. Add data.download=true to fetch it there "
-            "(163 MB, needs internet), or set data.root to the folder that holds cifar-10-batches-py.")
-    dataset = _torchvision(cfg, lambda: datasets.CIFAR10(cfg.root, train=train, download=cfg.download),
-                           folder)
+            "(163 MB, needs internet), or set data.root to the folder that holds cifar-10-batches-py."
+        )
+    dataset = _torchvision(cfg, lambda: datasets.CIFAR10(cfg.root, train=train, download=cfg.download), folder)
     raw = torch.from_numpy(dataset.data).permute(0, 3, 1, 2).contiguous()  # HWC -> CHW
     return ArrayImages(raw, torch.tensor(dataset.targets), 10, cfg.channels, cfg.image_size)
 
@@ -283,21 +286,32 @@ def _torchvision(cfg: DataConfig, make: Callable[[], Dataset], folder: Path) -> 
     except (RuntimeError, OSError, ValueError, TypeError) as err:
         where = f"data={cfg.name}: the dataset in {folder} (absolute path {folder.resolve()})"
         if cfg.download:
-            raise DataError(f"{where} could not be downloaded: {str(err).strip()} Run again where the "
-                            "machine is online, or copy the official files there.") from err
-        raise DataError(f"{where} is there but was refused: a checksum or format check failed "
-                        f"({str(err).strip()}). Delete the folder and run again with data.download=true, "
-                        "or copy the official files there.") from err
+            raise DataError(
+                f"{where} could not be downloaded: {str(err).strip()} Run again where the "
+                "machine is online, or copy the official files there."
+            ) from err
+        raise DataError(
+            f"{where} is there but was refused: a checksum or format check failed "
+            f"({str(err).strip()}). Delete the folder and run again with data.download=true, "
+            "or copy the official files there."
+        ) from err
 
 
 # folders of images -----------------------------------------------------------------------------
 
+
 def open_folder(cfg: DataConfig, train: bool) -> ImageFiles:
     """Any folder of images: class subfolders as torchvision's ImageFolder reads them, else every
     image below the folder, unlabelled (one class)."""
-    return _image_folder(_root(cfg), cfg, train, remedy=(
-        "Set data.root to a folder of images, flat or with one subfolder per class; there is "
-        "nothing to download for data=folder."))
+    return _image_folder(
+        _root(cfg),
+        cfg,
+        train,
+        remedy=(
+            "Set data.root to a folder of images, flat or with one subfolder per class; there is "
+            "nothing to download for data=folder."
+        ),
+    )
 
 
 def open_celeba(cfg: DataConfig, train: bool) -> ImageFiles:
@@ -305,12 +319,17 @@ def open_celeba(cfg: DataConfig, train: bool) -> ImageFiles:
     keeps them: ROOT/celeba/img_align_celeba. celeba.yaml sets the DCGAN tutorial's 64 px RGB."""
     folder = _root(cfg) / datasets.CelebA.base_folder
     if cfg.download and not (folder / "img_align_celeba").is_dir():
-        _torchvision(cfg, lambda: datasets.CelebA(cfg.root, split="all", target_type=[], download=True),
-                     folder)
-    return _image_folder(folder, cfg, train, remedy=(
-        "Expected CelebA's 202,599 aligned-and-cropped JPEGs in img_align_celeba/ there. Add "
-        "data.download=true to fetch them with torchvision's CelebA (1.4 GB from Google Drive; needs "
-        "internet and `pip install gdown`), or unzip img_align_celeba.zip there by hand."))
+        _torchvision(cfg, lambda: datasets.CelebA(cfg.root, split="all", target_type=[], download=True), folder)
+    return _image_folder(
+        folder,
+        cfg,
+        train,
+        remedy=(
+            "Expected CelebA's 202,599 aligned-and-cropped JPEGs in img_align_celeba/ there. Add "
+            "data.download=true to fetch them with torchvision's CelebA (1.4 GB from Google Drive; needs "
+            "internet and `pip install gdown`), or unzip img_align_celeba.zip there by hand."
+        ),
+    )
 
 
 def _image_folder(root: Path, cfg: DataConfig, train: bool, remedy: str) -> ImageFiles:
@@ -319,15 +338,18 @@ def _image_folder(root: Path, cfg: DataConfig, train: bool, remedy: str) -> Imag
         raise DataError(f"data={cfg.name}: the folder {where} does not exist. {remedy}")
     paths, labels, num_classes = list_images(root)
     if not paths:
-        raise DataError(f"data={cfg.name}: the folder {where} holds no image files "
-                        f"({' '.join(IMG_EXTENSIONS)}), in it or below it. {remedy}")
+        raise DataError(
+            f"data={cfg.name}: the folder {where} holds no image files "
+            f"({' '.join(IMG_EXTENSIONS)}), in it or below it. {remedy}"
+        )
     keep = [i for i, path in enumerate(paths) if is_held_out(path.relative_to(root)) != train]
     if not keep:
-        raise DataError(f"data={cfg.name}: none of the {len(paths)} images in {where} falls in the "
-                        f"{'training' if train else 'held-out'} split (1 in {HELD_OUT_EVERY} is held "
-                        "out, by a hash of its path). Add images.")
-    return ImageFiles([paths[i] for i in keep], torch.tensor(labels)[keep], num_classes,
-                      cfg.channels, cfg.image_size)
+        raise DataError(
+            f"data={cfg.name}: none of the {len(paths)} images in {where} falls in the "
+            f"{'training' if train else 'held-out'} split (1 in {HELD_OUT_EVERY} is held "
+            "out, by a hash of its path). Add images."
+        )
+    return ImageFiles([paths[i] for i in keep], torch.tensor(labels)[keep], num_classes, cfg.channels, cfg.image_size)
 
 
 def list_images(root: Path) -> tuple[list[Path], list[int], int]:
@@ -341,8 +363,11 @@ def list_images(root: Path) -> tuple[list[Path], list[int], int]:
     if any(p.is_dir() for p in entries) and not any(_is_image(p) for p in entries):
         folder = datasets.ImageFolder(str(root), allow_empty=True)  # allow_empty: no error on a bare folder
         return [Path(p) for p, _ in folder.samples], [c for _, c in folder.samples], len(folder.classes)
-    paths = sorted(p for p in root.rglob("*") if _is_image(p)
-                   and not any(part.startswith(".") for part in p.relative_to(root).parts))
+    paths = sorted(
+        p
+        for p in root.rglob("*")
+        if _is_image(p) and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    )
     return paths, [0] * len(paths), 1
 
 
@@ -357,6 +382,7 @@ def is_held_out(relative: Path) -> bool:
 
 
 # built-in and composed datasets ------------------------------------------------------------------
+
 
 def open_digits(cfg: DataConfig, train: bool) -> ArrayImages:
     # The held-out split uses another seed, so no image of it is in the training set.
@@ -376,212 +402,17 @@ def open_stacked(cfg: DataConfig, train: bool) -> StackedImages:
         raise DataError(f"data=stacked reads its images from data.source={cfg.source}: {err}") from err
     count = cfg.num_samples if train else max(cfg.num_samples // 6, 1)
     seed = cfg.seed if train else cfg.seed + _HELD_OUT_SEED_OFFSET
-    triples = torch.randint(0, source.labels.numel(), (count, 3),
-                            generator=torch.Generator().manual_seed(seed))
+    triples = torch.randint(0, source.labels.numel(), (count, 3), generator=torch.Generator().manual_seed(seed))
     digits = source.labels[triples]  # (count, 3): the class of the red, green and blue image
     return StackedImages(source.images, triples, digits[:, 0] * 100 + digits[:, 1] * 10 + digits[:, 2])
 
 
 _OPENERS: dict[str, Callable[[DataConfig, bool], ImageSource]] = {
-    "digits": open_digits, "mnist": open_mnist, "fashion_mnist": open_fashion_mnist,
-    "cifar10": open_cifar10, "folder": open_folder, "celeba": open_celeba, "stacked": open_stacked,
+    "digits": open_digits,
+    "mnist": open_mnist,
+    "fashion_mnist": open_fashion_mnist,
+    "cifar10": open_cifar10,
+    "folder": open_folder,
+    "celeba": open_celeba,
+    "stacked": open_stacked,
 }
-
-
-def render_digits(num_samples: int, image_size: int, seed: int) -> tuple[Tensor, Tensor]:
-    """Procedural digits: uint8 images (N, 1, S, S) and labels (N,), a pure function of the seed.
-
-    Each digit is drawn once per stroke width with Pillow's bundled scalable font, then every sample
-    gets its own random affine (rotation, shear, scale, shift), blur and noise, all as batched
-    tensor ops: 60k images at 32 px take a few seconds on one core.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    templates = _digit_templates(max(64, 2 * image_size))  # (10 * strokes, 1, T, T) in [0, 1]
-    labels = torch.randint(0, NUM_DIGIT_CLASSES, (num_samples,), generator=gen)
-    strokes = torch.randint(0, len(_STROKES), (num_samples,), generator=gen)
-    chunks = []
-    for start in range(0, num_samples, 4096):
-        index = slice(start, start + 4096)
-        batch = templates[labels[index] * len(_STROKES) + strokes[index]]
-        chunks.append(_jitter(batch, image_size, gen))
-    return torch.cat(chunks), labels
-
-
-def _digit_templates(size: int) -> Tensor:
-    try:
-        font = ImageFont.load_default(size=int(size * 0.8))
-    except ImportError as err:  # Pillow built without FreeType has only a fixed bitmap font
-        raise DataError("data=digits needs Pillow with FreeType support (the PyPI wheels have it).") from err
-    glyphs = []
-    for digit in range(NUM_DIGIT_CLASSES):
-        for stroke in _STROKES:
-            canvas = Image.new("L", (size, size), 0)
-            ImageDraw.Draw(canvas).text((size / 2, size / 2), str(digit), fill=255, font=font,
-                                        anchor="mm", stroke_width=stroke * size // 64, stroke_fill=255)
-            glyphs.append(torch.frombuffer(bytearray(canvas.tobytes()), dtype=torch.uint8).view(size, size))
-    return torch.stack(glyphs).unsqueeze(1).float() / 255
-
-
-def _jitter(templates: Tensor, image_size: int, gen: Tensor | torch.Generator) -> Tensor:
-    """Random affine + blur + noise on a batch of templates -> uint8 images at image_size."""
-    n = templates.size(0)
-
-    def uniform(low: float, high: float) -> Tensor:
-        return torch.empty(n).uniform_(low, high, generator=gen)
-
-    angle = uniform(-0.25, 0.25)  # radians, about +-15 degrees
-    shear = uniform(-0.25, 0.25)
-    scale_x, scale_y = uniform(0.8, 1.05), uniform(0.72, 0.92)  # <1 zooms in, >1 out
-    cos, sin = torch.cos(angle), torch.sin(angle)
-    theta = torch.stack([
-        torch.stack([cos * scale_x, (-sin + shear) * scale_y, uniform(-0.12, 0.12)], dim=1),
-        torch.stack([sin * scale_x, cos * scale_y, uniform(-0.12, 0.12)], dim=1),
-    ], dim=1)  # (N, 2, 3): output coordinates -> template coordinates, as affine_grid expects
-    # Sample at twice the size and average-pool: a cheap anti-aliasing filter.
-    grid = F.affine_grid(theta, [n, 1, 2 * image_size, 2 * image_size], align_corners=False)
-    x = F.avg_pool2d(F.grid_sample(templates, grid, align_corners=False), 2)
-    x = _gaussian_blur(x, sigma=uniform(0.01, 0.7) * image_size / 32)
-    x = x * uniform(0.75, 1.0).view(n, 1, 1, 1)  # ink intensity
-    x = x + torch.randn(x.shape, generator=gen) * uniform(0.0, 0.06).view(n, 1, 1, 1)
-    return (x.clamp(0, 1) * 255).round().to(torch.uint8)
-
-
-def _gaussian_blur(x: Tensor, sigma: Tensor) -> Tensor:
-    """Separable Gaussian blur with one sigma per image (grouped conv over the batch)."""
-    n, _, h, w = x.shape
-    radius = max(1, math.ceil(2 * float(sigma.max())))
-    offsets = torch.arange(-radius, radius + 1, dtype=x.dtype)
-    kernel = torch.exp(-0.5 * (offsets.view(1, -1) / sigma.view(-1, 1)) ** 2)
-    kernel = kernel / kernel.sum(dim=1, keepdim=True)  # (N, 2r+1)
-    x = x.view(1, n, h, w)
-    x = F.conv2d(F.pad(x, (radius, radius, 0, 0), mode="replicate"), kernel.view(n, 1, 1, -1), groups=n)
-    x = F.conv2d(F.pad(x, (0, 0, radius, radius), mode="replicate"), kernel.view(n, 1, -1, 1), groups=n)
-    return x.view(n, 1, h, w)
-
-
-# the batch stream --------------------------------------------------------------------------------
-
-def to_unit_range(images: Tensor) -> Tensor:
-    """uint8 [0, 255] -> float [-1, 1], the range of G's tanh."""
-    return images.float().div_(127.5).sub_(1.0)
-
-
-class EpochBatchSampler(Sampler[list[int]]):
-    """Batches of indices over a fresh permutation per epoch, starting at any batch of any epoch.
-
-    Epoch e visits the items in the order randperm(N) of a generator seeded with (seed, e): the
-    order depends only on the seed and the position, so (epoch, batch) is the whole state of the
-    data pipeline and a resumed run sees exactly the batches the uninterrupted run would have seen.
-    It runs in the main process even when a DataLoader has workers, so workers change nothing.
-    The last incomplete batch of an epoch is dropped here (a DataLoader's own drop_last cannot be
-    combined with a batch_sampler): BatchNorm dislikes tiny batches.
-    Under DDP, as torch's DistributedSampler with set_epoch: every rank draws the same permutation
-    and takes every world_size-th item of it from its rank on, so the ranks' shares are disjoint.
-    """
-
-    def __init__(self, size: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
-        self.size, self.batch_size, self.seed = size, batch_size, seed
-        self.rank, self.world_size = rank, world_size
-        self.epoch, self.start = 0, 0
-
-    @property
-    def batches_per_epoch(self) -> int:
-        return self.size // self.world_size // self.batch_size
-
-    def __len__(self) -> int:
-        return self.batches_per_epoch - self.start
-
-    def __iter__(self) -> Iterator[list[int]]:
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        order = torch.randperm(self.size, generator=gen)[self.rank::self.world_size]
-        for b in range(self.start, self.batches_per_epoch):
-            yield order[b * self.batch_size:(b + 1) * self.batch_size].tolist()
-
-
-class _Rows(Dataset):
-    """An in-memory uint8 tensor seen as a Dataset of images, for DataLoader workers."""
-
-    def __init__(self, images: Tensor):
-        self.images = images
-
-    def __len__(self) -> int:
-        return self.images.size(0)
-
-    def __getitem__(self, index: int) -> Tensor:
-        return self.images[index]
-
-
-class BatchStream:
-    """Endless, resumable stream of float batches in [-1, 1] on the training device.
-
-    `images` is a uint8 (N, C, H, W) tensor or a Dataset of uint8 (C, H, W) images (an ImageSource).
-    A tensor with num_workers=0: the images live on the device and a batch is one indexing op.
-    Otherwise a DataLoader reads the batches the sampler picks, in `num_workers` worker processes
-    that stay alive across epochs (persistent_workers), pinned for a fast copy to CUDA: the path for
-    datasets decoded on the fly. num_workers=None: 0 for a tensor, else `default_num_workers()`.
-    """
-
-    def __init__(self, images: Tensor | Dataset, batch_size: int, seed: int, device: torch.device,
-                 num_workers: Optional[int] = 0, rank: int = 0, world_size: int = 1):
-        size = len(images)
-        if size < batch_size * world_size:
-            raise DataError(f"The training split has {size} images, fewer than data.batch_size="
-                            f"{batch_size} x {world_size} process(es): an epoch needs one full batch "
-                            "per process. Lower data.batch_size.")
-        self.device = device
-        self.sampler = EpochBatchSampler(size, batch_size, seed, rank, world_size)
-        in_memory = isinstance(images, Tensor)
-        if num_workers is None:
-            num_workers = 0 if in_memory else default_num_workers()
-        self.images: Optional[Tensor] = None
-        self.loader: Optional[DataLoader] = None
-        if in_memory and num_workers == 0:
-            self.images = images.to(device)  # uint8: a quarter of float32's size
-        else:
-            self.loader = DataLoader(_Rows(images) if in_memory else images, batch_sampler=self.sampler,
-                                     num_workers=num_workers, pin_memory=device.type == "cuda",
-                                     persistent_workers=num_workers > 0)
-        self.batch = 0  # batches taken in the current epoch
-        self._batches = self._epoch_iterator()
-
-    @property
-    def epoch(self) -> int:
-        return self.sampler.epoch
-
-    def _epoch_iterator(self) -> Iterator[Tensor]:
-        if self.loader is None:
-            return (self.images[torch.tensor(index, device=self.device)] for index in self.sampler)
-        return iter(self.loader)
-
-    def __iter__(self) -> BatchStream:
-        return self
-
-    def __next__(self) -> Tensor:
-        try:
-            images = next(self._batches)
-        except StopIteration:  # end of epoch: the next one starts from its first batch
-            self.sampler.epoch, self.sampler.start, self.batch = self.sampler.epoch + 1, 0, 0
-            self._batches = self._epoch_iterator()
-            images = next(self._batches)
-        self.batch += 1
-        return to_unit_range(images.to(self.device, non_blocking=True))
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.sampler.epoch, "batch": self.batch}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.sampler.epoch, self.sampler.start = int(state["epoch"]), int(state["batch"])
-        self.batch = self.sampler.start
-        self._batches = self._epoch_iterator()
-
-
-def default_num_workers() -> int:
-    """Workers for a streamed dataset: half the usable CPU cores (the other half trains), 1 to 8."""
-    return max(1, min(8, _available_cpus() // 2))
-
-
-def _available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))  # the cores this process may use (Linux, containers)
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1

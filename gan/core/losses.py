@@ -1,8 +1,9 @@
 """Adversarial losses and regularisers as pure functions of D's outputs.
 
-Owns the math only: no optimizer, no module, no state. Every function takes logits (D has no
-Sigmoid) and returns a scalar to minimise. The with-logits forms are exact rewrites of the
-textbook formulas that never take log(0) and stay correct under autocast.
+Owns the math only: no optimizer, no module, no state; part of the lesson (`gan.core`), it imports
+torch only. Every function takes logits (D has no Sigmoid) and returns a scalar to minimise. The
+with-logits forms are exact rewrites of the textbook formulas that never take log(0) and stay
+correct under autocast.
 """
 
 from __future__ import annotations
@@ -73,14 +74,32 @@ def feature_matching(real_features: Tensor, fake_features: Tensor) -> Tensor:
     return (real_features.mean(0) - fake_features.mean(0)).pow(2).mean()
 
 
+def probabilities(real_logits: Tensor, fake_logits: Tensor) -> dict[str, Tensor]:
+    """Mean D(x) and D(G(z)) as probabilities of "real": what a bce D's logits mean.
+
+    D(x) near 1 and D(G(z)) near 0 for long means D wins and G learns little (pytorch/examples#822).
+    """
+    return {"d/real": torch.sigmoid(real_logits).mean(), "d/fake": torch.sigmoid(fake_logits).mean()}
+
+
+def mean_scores(real_logits: Tensor, fake_logits: Tensor) -> dict[str, Tensor]:
+    """Mean raw scores of D on real and fake images: a hinge D or a Wasserstein critic outputs no
+    probability, and a sigmoid of its score would mean nothing. Their gap is what D has learned:
+    for WGAN it estimates the Wasserstein distance; for hinge, scores beyond +-1 are not pushed further.
+    """
+    return {"d/real_score": real_logits.mean(), "d/fake_score": fake_logits.mean()}
+
+
 class AdversarialLoss(NamedTuple):
     d: Callable[[Tensor, Tensor], Tensor]  # (real_logits, fake_logits) -> D's loss
     g: Callable[[Tensor], Tensor]  # fake_logits -> G's loss
+    # (real_logits, fake_logits) -> the diagnostics of D's outputs that mean something for this loss
+    scores: Callable[[Tensor, Tensor], dict[str, Tensor]] = probabilities
 
 
 LOSSES: dict[str, AdversarialLoss] = {
-    "bce": AdversarialLoss(d_loss_bce, g_loss_bce),
-    "hinge": AdversarialLoss(d_loss_hinge, g_loss_hinge),
-    "wgan_gp": AdversarialLoss(d_loss_wgan, g_loss_hinge),  # G: -E[D(G(z))], the same form as hinge's
+    "bce": AdversarialLoss(d_loss_bce, g_loss_bce, probabilities),
+    "hinge": AdversarialLoss(d_loss_hinge, g_loss_hinge, mean_scores),
+    # G: -E[D(G(z))], the same form as hinge's
+    "wgan_gp": AdversarialLoss(d_loss_wgan, g_loss_hinge, mean_scores),
 }
-

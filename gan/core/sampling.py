@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 from torch import Tensor, nn
@@ -38,7 +38,9 @@ def sample(G: nn.Module, z: Tensor) -> Tensor:
         return G(z)
 
 
-def image_grid(images: Tensor) -> Tensor:
-    """A batch in [-1, 1] -> one square-ish float (C, H, W) grid in [0, 1] on the CPU, to log or save."""
-    images = images.detach().float().cpu()
-    return make_grid(images, nrow=math.ceil(math.sqrt(images.size(0))), padding=2, normalize=True, value_range=(-1, 1))
+def image_grid(images: Tensor, nrow: Optional[int] = None) -> Tensor:
+    """A batch in [-1, 1] -> one float (C, H, W) grid in [0, 1] on the CPU, to log or save; `nrow`
+    images a row (default: a square-ish grid)."""
+    images = images.detach().float().cpu()  # .float(): bf16 has no numpy or PNG form
+    nrow = nrow or math.ceil(math.sqrt(images.size(0)))
+    return make_grid(images, nrow=nrow, padding=2, normalize=True, value_range=(-1, 1))

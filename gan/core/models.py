@@ -1,7 +1,7 @@
 """Generator and Discriminator of DCGAN (Radford et al. 2015), for any power-of-two image size.
 
 Owns the architectures and their weight init. Knows nothing of configs, losses or training: every
-size is a typed constructor argument. D returns logits (no Sigmoid): the losses in `gan.losses`
+size is a typed constructor argument. D returns logits (no Sigmoid): the losses in `gan.core.losses`
 use the with-logits forms, which are stable and safe under autocast (pytorch#61098).
 
 Shapes for the default 32 x 32 grayscale model (width 64):
@@ -36,11 +36,13 @@ class Generator(nn.Module):
         ch = width * 2 ** (blocks - 1)
         # state size: ch x 4 x 4 (a 4x4 transposed conv on a 1x1 input is a dense projection)
         layers: list[nn.Module] = [
-            nn.ConvTranspose2d(z_dim, ch, 4, 1, 0, bias=False), nn.BatchNorm2d(ch), nn.ReLU(True)]
+            nn.ConvTranspose2d(z_dim, ch, 4, 1, 0, bias=False),
+            nn.BatchNorm2d(ch),
+            nn.ReLU(True),
+        ]
         for _ in range(blocks - 1):
             # state size: ch/2 x 2s x 2s; no bias, BatchNorm's shift replaces it
-            layers += [nn.ConvTranspose2d(ch, ch // 2, 4, 2, 1, bias=False),
-                       nn.BatchNorm2d(ch // 2), nn.ReLU(True)]
+            layers += [nn.ConvTranspose2d(ch, ch // 2, 4, 2, 1, bias=False), nn.BatchNorm2d(ch // 2), nn.ReLU(True)]
             ch //= 2
         # state size: channels x image_size x image_size; tanh matches data scaled to [-1, 1]
         layers += [nn.ConvTranspose2d(ch, channels, 4, 2, 1, bias=False), nn.Tanh()]
@@ -63,8 +65,16 @@ class Discriminator(nn.Module):
     MinibatchStd; 0 = off.
     """
 
-    def __init__(self, width: int = 64, channels: int = 1, image_size: int = 32, batchnorm: bool = True,
-                 spectral_norm: bool = False, pack: int = 1, minibatch_std: int = 0):
+    def __init__(
+        self,
+        width: int = 64,
+        channels: int = 1,
+        image_size: int = 32,
+        batchnorm: bool = True,
+        spectral_norm: bool = False,
+        pack: int = 1,
+        minibatch_std: int = 0,
+    ):
         super().__init__()
         self.pack = pack
         blocks = num_blocks(image_size)
@@ -96,9 +106,6 @@ class Discriminator(nn.Module):
         features = self.features(x)
         logits = self.head(self.minibatch_std(features)).flatten()
         return (logits, features) if with_features else logits
-
-    def forward_with_features(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        return self(x, with_features=True)
 
 
 class MinibatchStd(nn.Module):

@@ -36,9 +36,10 @@ from torchmetrics.image.fid import FrechetInceptionDistance
 from torchmetrics.image.kid import KernelInceptionDistance
 from torchvision.transforms.functional import gaussian_blur
 
-from gan.checkpoint import save_checkpoint
 from gan.config import ClassifierConfig, DataConfig, MetricsConfig
 from gan.data import ImageSet, load_dataset, to_unit_range
+from gan.errors import MetricsError
+from gan.training.checkpoint import save_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -47,15 +48,13 @@ log = logging.getLogger(__name__)
 CLASSIFIER_VERSION = 1
 # DataConfig keys that change how images are read, not which images: left out of the cache key.
 _LOADING_KEYS = ("root", "download", "in_memory", "batch_size", "num_workers")
-INCEPTION_WEIGHTS_URL = ("https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/"
-                         "weights-inception-2015-12-05-6726825d.pth")
-
-
-class MetricsError(RuntimeError):
-    """A measurement that cannot be made honestly; the message says why and what to change."""
+INCEPTION_WEIGHTS_URL = (
+    "https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/weights-inception-2015-12-05-6726825d.pth"
+)
 
 
 # the classifier ----------------------------------------------------------------------------------
+
 
 class Classifier(nn.Module):
     """uint8 images (N, C, S, S) -> class logits (N, num_classes); `features` is the layer before.
@@ -70,13 +69,18 @@ class Classifier(nn.Module):
         super().__init__()
 
         def block(cin: int, cout: int) -> list[nn.Module]:
-            return [nn.Conv2d(cin, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(True),
-                    nn.MaxPool2d(2)]
+            return [nn.Conv2d(cin, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(True), nn.MaxPool2d(2)]
 
         self.feature_dim = feature_dim
         self.trunk = nn.Sequential(
-            *block(channels, width), *block(width, 2 * width), *block(2 * width, 4 * width),
-            nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(16 * width, feature_dim), nn.ReLU(True))
+            *block(channels, width),
+            *block(width, 2 * width),
+            *block(2 * width, 4 * width),
+            nn.AdaptiveAvgPool2d(2),
+            nn.Flatten(),
+            nn.Linear(16 * width, feature_dim),
+            nn.ReLU(True),
+        )
         self.head = nn.Linear(feature_dim, num_classes)
 
     def features(self, images: Tensor) -> Tensor:
@@ -86,8 +90,9 @@ class Classifier(nn.Module):
         return self.head(self.features(images))
 
 
-def train_classifier(train: ImageSet, test: ImageSet, cfg: ClassifierConfig,
-                     device: torch.device) -> tuple[Classifier, float]:
+def train_classifier(
+    train: ImageSet, test: ImageSet, cfg: ClassifierConfig, device: torch.device
+) -> tuple[Classifier, float]:
     """Train on `train` (in-memory uint8 images) and return the model with its accuracy on `test`.
 
     Adam with a one-cycle learning rate (Smith & Topin 2018): warm up to cfg.lr, then anneal to
@@ -95,7 +100,7 @@ def train_classifier(train: ImageSet, test: ImageSet, cfg: ClassifierConfig,
     """
     images, labels = train.images, train.labels
     if cfg.train_images:
-        images, labels = images[:cfg.train_images], labels[:cfg.train_images]
+        images, labels = images[: cfg.train_images], labels[: cfg.train_images]
     channels = images.size(1)
     with torch.random.fork_rng(devices=[]):  # a fixed init that leaves the caller's random stream alone
         torch.manual_seed(cfg.seed)
@@ -108,7 +113,7 @@ def train_classifier(train: ImageSet, test: ImageSet, cfg: ClassifierConfig,
     for _ in range(cfg.epochs):
         permutation = torch.randperm(images.size(0), generator=order)
         for b in range(batches_per_epoch):
-            index = permutation[b * cfg.batch_size:(b + 1) * cfg.batch_size]
+            index = permutation[b * cfg.batch_size : (b + 1) * cfg.batch_size]
             loss = F.cross_entropy(model(images[index].to(device)), labels[index].to(device))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -135,8 +140,9 @@ def classifier_key(data: DataConfig, cfg: ClassifierConfig) -> str:
     return f"{data.name}-{data.image_size}px-{data.channels}ch-{digest}"
 
 
-def load_or_train_classifier(data: DataConfig, cfg: ClassifierConfig,
-                             device: torch.device) -> tuple[Classifier, float, Path]:
+def load_or_train_classifier(
+    data: DataConfig, cfg: ClassifierConfig, device: torch.device
+) -> tuple[Classifier, float, Path]:
     """The cached classifier for this dataset and config, or a new one trained and cached.
 
     The file is `<data.root>/classifiers/<classifier_key>.pt`: a plain dict (weights, test
@@ -152,26 +158,39 @@ def load_or_train_classifier(data: DataConfig, cfg: ClassifierConfig,
         if train.num_classes < 2:
             raise MetricsError(
                 f"data={data.name} has {train.num_classes} class: the classifier feature space needs "
-                "labelled data with at least 2 classes. Use metrics.features=inception instead.")
+                "labelled data with at least 2 classes. Use metrics.features=inception instead."
+            )
         model, accuracy = train_classifier(train, test, cfg, device)
-        log.info("Trained the metrics classifier in %.1f s: %.2f%% test accuracy on %d held-out images",
-                 time.perf_counter() - started, 100 * accuracy, test.labels.numel())
-        state = {"weights": model.state_dict(), "accuracy": accuracy,
-                 "architecture": {"channels": train.images.size(1), "num_classes": train.num_classes,
-                                  "width": cfg.width, "feature_dim": cfg.feature_dim},
-                 "data": dataclasses.asdict(data), "classifier": dataclasses.asdict(cfg)}
+        log.info(
+            "Trained the metrics classifier in %.1f s: %.2f%% test accuracy on %d held-out images",
+            time.perf_counter() - started,
+            100 * accuracy,
+            test.labels.numel(),
+        )
+        state = {
+            "weights": model.state_dict(),
+            "accuracy": accuracy,
+            "architecture": {
+                "channels": train.images.size(1),
+                "num_classes": train.num_classes,
+                "width": cfg.width,
+                "feature_dim": cfg.feature_dim,
+            },
+            "data": dataclasses.asdict(data),
+            "classifier": dataclasses.asdict(cfg),
+        }
         try:
             save_checkpoint(state, path)
             log.info("Cached it as %s", path)
         except OSError as err:  # a read-only data folder: measure anyway, train again next time
-            log.warning("Could not cache the classifier in %s (%s); it will be trained again next time.",
-                        path, err)
+            log.warning("Could not cache the classifier in %s (%s); it will be trained again next time.", path, err)
     if accuracy < cfg.min_accuracy:
         raise MetricsError(
             f"The metrics classifier ({path}) reaches only {100 * accuracy:.2f}% test accuracy, below "
             f"metrics.classifier.min_accuracy={cfg.min_accuracy}: its features and class histogram would "
             "be unreliable. Train it longer (metrics.classifier.epochs=N) or wider "
-            "(metrics.classifier.width=N), or accept it by lowering metrics.classifier.min_accuracy.")
+            "(metrics.classifier.width=N), or accept it by lowering metrics.classifier.min_accuracy."
+        )
     return model, accuracy, path
 
 
@@ -183,14 +202,14 @@ def _load_classifier(path: Path, device: torch.device) -> tuple[Optional[Classif
         model = Classifier(**state["architecture"])
         model.load_state_dict(state["weights"])
     except Exception as err:  # damaged or foreign file: train a new one over it
-        log.warning("Ignoring the cached classifier %s (%s: %s); training a new one.", path,
-                    type(err).__name__, err)
+        log.warning("Ignoring the cached classifier %s (%s: %s); training a new one.", path, type(err).__name__, err)
         return None, 0.0
     log.info("Metrics classifier: %s (%.2f%% test accuracy)", path, 100 * state["accuracy"])
     return model.to(device).eval(), float(state["accuracy"])
 
 
 # feature networks: uint8 images (N, C, H, W) -> features (N, num_features) ----------------------
+
 
 class ClassifierFeatures(nn.Module):
     """The classifier's penultimate layer. per_channel: a C-channel image is C grayscale images
@@ -217,8 +236,10 @@ class InceptionFeatures(nn.Module):
     def __init__(self, weights: Optional[str]):
         super().__init__()
         from torchmetrics.image.fid import NoTrainInceptionV3  # needs torch-fidelity, checked first
-        self.net = NoTrainInceptionV3(name="inception-v3-compat", features_list=[str(self.num_features)],
-                                      feature_extractor_weights_path=weights)
+
+        self.net = NoTrainInceptionV3(
+            name="inception-v3-compat", features_list=[str(self.num_features)], feature_extractor_weights_path=weights
+        )
 
     def forward(self, images: Tensor) -> Tensor:
         return self.net(images.expand(-1, 3, -1, -1) if images.size(1) == 1 else images)
@@ -228,23 +249,27 @@ def inception_features(weights: Optional[str]) -> InceptionFeatures:
     """Inception features, after checking the weights path and the package (in that order) so a
     missing piece fails here, with what to do, not deep inside a download or an import."""
     if weights is not None and not Path(weights).expanduser().is_file():
-        raise MetricsError(f"metrics.inception_weights={weights}: no such file. Download "
-                           f"{INCEPTION_WEIGHTS_URL} on a machine with internet and pass its path.")
+        raise MetricsError(
+            f"metrics.inception_weights={weights}: no such file. Download "
+            f"{INCEPTION_WEIGHTS_URL} on a machine with internet and pass its path."
+        )
     if importlib.util.find_spec("torch_fidelity") is None:
         raise MetricsError(
             "metrics.features=inception needs torch-fidelity (`pip install torch-fidelity`), whose "
             "Inception-v3 port torchmetrics uses. It is not a default dependency: once installed, "
             "torchmetrics imports it at start-up. Offline it also needs the weights: download "
             f"{INCEPTION_WEIGHTS_URL} elsewhere and pass metrics.inception_weights=PATH. Or use the "
-            "default metrics.features=classifier.")
+            "default metrics.features=classifier."
+        )
     try:
         return InceptionFeatures(str(Path(weights).expanduser()) if weights else None)
     except Exception as err:  # offline: URLError; a wrong file: a state-dict or unpickling error
-        how = ("is it the torch-fidelity Inception file?" if weights else
-               f"without internet, download {INCEPTION_WEIGHTS_URL} elsewhere and pass "
-               "metrics.inception_weights=PATH")
-        raise MetricsError(f"Could not build Inception-v3 features ({type(err).__name__}: {err}); "
-                           f"{how}.") from err
+        how = (
+            "is it the torch-fidelity Inception file?"
+            if weights
+            else f"without internet, download {INCEPTION_WEIGHTS_URL} elsewhere and pass metrics.inception_weights=PATH"
+        )
+        raise MetricsError(f"Could not build Inception-v3 features ({type(err).__name__}: {err}); {how}.") from err
 
 
 def split_channels(images: Tensor) -> Tensor:
@@ -255,13 +280,16 @@ def split_channels(images: Tensor) -> Tensor:
 @torch.inference_mode()
 def batched(net: nn.Module, images: Tensor, batch_size: int, device: torch.device) -> Tensor:
     """net over `images` (uint8, any device) in batches on `device`; float32 (N, ...) on the CPU."""
-    outputs = [torch.from_numpy(net(chunk.to(device)).detach().cpu().numpy().astype("float32"))
-               for chunk in images.split(batch_size)]
+    outputs = [
+        torch.from_numpy(net(chunk.to(device)).detach().cpu().numpy().astype("float32"))
+        for chunk in images.split(batch_size)
+    ]
     return torch.cat(outputs)
 
 
-def predict(classifier: Classifier, images: Tensor, batch_size: int, device: torch.device,
-            per_channel: bool = False) -> Tensor:
+def predict(
+    classifier: Classifier, images: Tensor, batch_size: int, device: torch.device, per_channel: bool = False
+) -> Tensor:
     """Predicted classes (N,); per_channel: one digit per channel, read as 100 a + 10 b + c."""
     was_training = classifier.training
     classifier.eval()
@@ -276,6 +304,7 @@ def predict(classifier: Classifier, images: Tensor, batch_size: int, device: tor
 
 
 # FID and KID through torchmetrics -----------------------------------------------------------------
+
 
 class Precomputed(nn.Module):
     """The identity, as torchmetrics' feature extractor: features are computed once per image set
@@ -310,8 +339,9 @@ def kid(real: Tensor, fake: Tensor, subsets: int, subset_size: int, seed: int = 
     size = min(subset_size, real.size(0), fake.size(0))
     with warnings.catch_warnings():  # "KID will save all extracted features in buffer": intended here
         warnings.simplefilter("ignore", UserWarning)
-        metric = KernelInceptionDistance(feature=Precomputed(real.size(1)), subsets=subsets,
-                                         subset_size=size, gamma=gamma)
+        metric = KernelInceptionDistance(
+            feature=Precomputed(real.size(1)), subsets=subsets, subset_size=size, gamma=gamma
+        )
     metric.update(real.double(), real=True)  # float64: the MMD is a small difference of large sums
     metric.update(fake.double(), real=False)
     with torch.random.fork_rng(devices=[]):  # subsets drawn with torch.randperm: seeded, caller untouched
@@ -322,16 +352,19 @@ def kid(real: Tensor, fake: Tensor, subsets: int, subset_size: int, seed: int = 
 
 # improved precision/recall and density/coverage: k-nearest-neighbour balls -----------------------
 
+
 def knn_radius(features: Tensor, ks: tuple[int, ...], chunk: int = 1024) -> list[Tensor]:
     """For each k in ks: every point's distance to its k-th nearest other point (N,)."""
     kmax = max(ks)
-    nearest = torch.cat([torch.cdist(rows, features).topk(kmax + 1, dim=1, largest=False).values
-                         for rows in features.split(chunk)])  # column 0 is the point itself
+    nearest = torch.cat(
+        [torch.cdist(rows, features).topk(kmax + 1, dim=1, largest=False).values for rows in features.split(chunk)]
+    )  # column 0 is the point itself
     return [nearest[:, k] for k in ks]
 
 
-def precision_recall_density_coverage(real: Tensor, fake: Tensor, pr_k: int = 3, dc_k: int = 5,
-                                      chunk: int = 1024) -> dict[str, float]:
+def precision_recall_density_coverage(
+    real: Tensor, fake: Tensor, pr_k: int = 3, dc_k: int = 5, chunk: int = 1024
+) -> dict[str, float]:
     """Four k-NN statistics of two feature sets, strict `<` as the reference code (clovaai/prdc).
 
     Each real point owns a ball reaching its k-th nearest real neighbour; the union of the balls
@@ -349,9 +382,9 @@ def precision_recall_density_coverage(real: Tensor, fake: Tensor, pr_k: int = 3,
     balls_per_fake = torch.zeros(fake.size(0))
     in_fake_manifold, covered = [], []
     for start in range(0, real.size(0), chunk):
-        distance = torch.cdist(real[start:start + chunk], fake)  # (rows, M)
-        r_pr = real_pr[start:start + chunk, None]
-        r_dc = real_dc[start:start + chunk, None]
+        distance = torch.cdist(real[start : start + chunk], fake)  # (rows, M)
+        r_pr = real_pr[start : start + chunk, None]
+        r_dc = real_dc[start : start + chunk, None]
         in_real_manifold |= (distance < r_pr).any(dim=0)
         balls_per_fake += (distance < r_dc).sum(dim=0)
         in_fake_manifold.append((distance < fake_pr[None, :]).any(dim=1))
@@ -364,7 +397,6 @@ def precision_recall_density_coverage(real: Tensor, fake: Tensor, pr_k: int = 3,
     }
 
 
-
 def distribution_metrics(real: Tensor, fake: Tensor, cfg: MetricsConfig, seed: int = 0) -> dict[str, float]:
     """FID, KID, precision/recall and density/coverage of two feature sets (N, d) and (M, d)."""
     results = {"fid": fid(real, fake)}
@@ -372,7 +404,9 @@ def distribution_metrics(real: Tensor, fake: Tensor, cfg: MetricsConfig, seed: i
     results.update(precision_recall_density_coverage(real, fake, cfg.pr_k, cfg.dc_k))
     return results
 
+
 # class and mode coverage -------------------------------------------------------------------------
+
 
 def histogram(labels: Tensor, num_classes: int) -> Tensor:
     """Share of each class, float64 (num_classes,)."""
@@ -385,8 +419,9 @@ def kl_divergence(q: Tensor, p: Tensor) -> float:
     return float((q[present] * (q[present] / p[present]).log()).sum())
 
 
-def class_coverage(fake_labels: Tensor, real_labels: Tensor, num_classes: int,
-                   threshold: float = 0.01) -> dict[str, float]:
+def class_coverage(
+    fake_labels: Tensor, real_labels: Tensor, num_classes: int, threshold: float = 0.01
+) -> dict[str, float]:
     """Classes holding >= threshold of the samples, and KL(samples' classes || data's classes).
 
     The data's histogram is add-one smoothed (Laplace): a class the data lacks costs about

@@ -19,13 +19,24 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from gan.checkpoint import checkpoint_path
+from gan.training.checkpoint import checkpoint_path
 
 log = logging.getLogger(__name__)
 
 # trainer.* keys a resumed run may change without becoming a different run.
-RESUMABLE_CHANGES = ("max_steps", "resume", "device", "progress", "threads", "retain_host_memory", "log_every",
-                     "sample_every", "checkpoint_every", "keep_checkpoints", "num_workers")
+RESUMABLE_CHANGES = (
+    "max_steps",
+    "resume",
+    "device",
+    "progress",
+    "threads",
+    "retain_host_memory",
+    "log_every",
+    "sample_every",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "num_workers",
+)
 
 # Keys that never carry over from the recorded command line of the run being resumed.
 _NOT_REPLAYED = ("trainer.resume", "hydra.run.dir")
@@ -106,8 +117,9 @@ def run_identity(config: dict) -> dict:
 
 
 def _compose(overrides: list[str], config_dir: Path) -> dict:
-    overrides = [o for o in overrides if not override_key(o).startswith("hydra")
-                 and override_key(o) != "trainer.resume"]
+    overrides = [
+        o for o in overrides if not override_key(o).startswith("hydra") and override_key(o) != "trainer.resume"
+    ]
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base="1.3"):
@@ -132,8 +144,10 @@ def unwritable_output(argv: list[str]) -> Optional[str]:
     if existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
         return None
     why = "is not a directory" if existing.exists() and not existing.is_dir() else "is not writable"
-    return (f"Cannot write the run directory {target}: {existing} {why}. Choose a writable folder "
-            f"with {key}=PATH (or launch from a writable directory).")
+    return (
+        f"Cannot write the run directory {target}: {existing} {why}. Choose a writable folder "
+        f"with {key}=PATH (or launch from a writable directory)."
+    )
 
 
 def preflight(argv: list[str], exit_code: int = 2) -> None:

@@ -1,7 +1,7 @@
 """Benchmark: the canonical DCGAN step of pytorch/examples against this project's training loop.
 
-    python -m gan.bench                      # 32 and 64 px, every precision, prints a table
-    python -m gan.bench --sizes 64 --rounds 5 --steps 20 --compile
+    python scripts/bench.py                      # 32 and 64 px, every precision, prints a table
+    python scripts/bench.py --sizes 64 --rounds 5 --steps 20 --compile
 
 Both sides train the same networks (this project's Generator and Discriminator, so the model size
 is identical) on the same images at the same batch size. The canonical side is re-implemented as
@@ -13,8 +13,8 @@ process-wide allocator option (trainer.retain_host_memory) that would otherwise 
 canonical rows, and peak memory needs a fresh RSS high-water mark. The row "canonical fp32 +
 retain memory" is the canonical step with that allocator option, to show what it is worth alone.
 
-Owns nothing the trainer uses; `canonical_step` also serves the test that checks the project's
-fp32 math against the canonical step.
+A program, not part of the library: the trainer imports nothing from it. `canonical_step` also
+serves the test that checks the project's fp32 math against the canonical step.
 """
 
 from __future__ import annotations
@@ -39,15 +39,16 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.flop_counter import FlopCounterMode
 
 from gan.config import DataConfig, ModelConfig, Precision, TrainConfig, TrainerConfig
+from gan.core.models import Discriminator, Generator
 from gan.data import ImageSet
 from gan.device import retain_freed_memory
-from gan.models import Discriminator, Generator
 from gan.training import train
 
 log = logging.getLogger(__name__)
 
 
 # the canonical step ------------------------------------------------------------------------------
+
 
 class SigmoidD(nn.Module):
     """The canonical D ends in nn.Sigmoid: wrap a logits D to get the same function."""
@@ -60,8 +61,14 @@ class SigmoidD(nn.Module):
         return torch.sigmoid(self.D(x))
 
 
-def canonical_step(netG: nn.Module, netD: nn.Module, optimizerG: torch.optim.Optimizer,
-                   optimizerD: torch.optim.Optimizer, real: Tensor, noise: Tensor) -> tuple[float, float]:
+def canonical_step(
+    netG: nn.Module,
+    netD: nn.Module,
+    optimizerG: torch.optim.Optimizer,
+    optimizerD: torch.optim.Optimizer,
+    real: Tensor,
+    noise: Tensor,
+) -> tuple[float, float]:
     """One iteration as pytorch/examples dcgan/main.py writes it (netD ends in a Sigmoid)."""
     criterion = nn.BCELoss()
     # (1) Update D network: maximize log(D(x)) + log(1 - D(G(z)))
@@ -83,8 +90,7 @@ def canonical_step(netG: nn.Module, netD: nn.Module, optimizerG: torch.optim.Opt
     return (errD_real + errD_fake).item(), errG.item()
 
 
-def run_canonical(images: Tensor, batch_size: int, z_dim: int, width: int, steps: int,
-                  seed: int = 0) -> float:
+def run_canonical(images: Tensor, batch_size: int, z_dim: int, width: int, steps: int, seed: int = 0) -> float:
     """Train `steps` canonical iterations; returns img/s after the first (warm-up) iteration."""
     torch.manual_seed(seed)
     channels, size = images.shape[1], images.shape[-1]
@@ -109,13 +115,28 @@ def run_canonical(images: Tensor, batch_size: int, z_dim: int, width: int, steps
 
 # the project's loop ------------------------------------------------------------------------------
 
-def project_config(size: int, channels: int, batch_size: int, z_dim: int, width: int, steps: int,
-                   precision: Precision, compile: bool = False) -> TrainConfig:
+
+def project_config(
+    size: int,
+    channels: int,
+    batch_size: int,
+    z_dim: int,
+    width: int,
+    steps: int,
+    precision: Precision,
+    compile: bool = False,
+) -> TrainConfig:
     return TrainConfig(
         data=DataConfig(image_size=size, channels=channels, batch_size=batch_size),
         model=ModelConfig(z_dim=z_dim, g_width=width, d_width=width),
-        trainer=TrainerConfig(max_steps=steps, precision=precision, compile=compile, progress=False,
-                              device="cpu" if not torch.cuda.is_available() else "auto"))
+        trainer=TrainerConfig(
+            max_steps=steps,
+            precision=precision,
+            compile=compile,
+            progress=False,
+            device="cpu" if not torch.cuda.is_available() else "auto",
+        ),
+    )
 
 
 def run_project(images: Tensor, cfg: TrainConfig) -> float:
@@ -127,6 +148,7 @@ def run_project(images: Tensor, cfg: TrainConfig) -> float:
 
 
 # measurements -------------------------------------------------------------------------------------
+
 
 def flops_per_step(size: int, channels: int, batch_size: int, z_dim: int, width: int) -> int:
     """Forward + backward FLOPs of one canonical iteration, counted by torch's FlopCounterMode."""
@@ -146,7 +168,7 @@ def compute_ceiling(dtype: torch.dtype, seconds: float = 0.5, repeats: int = 3) 
 
     def matmul(n: int) -> tuple[Callable[[], Tensor], float]:
         a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-        return (lambda: a @ b), 2 * n ** 3
+        return (lambda: a @ b), 2 * n**3
 
     def conv() -> tuple[Callable[[], Tensor], float]:
         x, w = torch.randn(64, 256, 32, 32, dtype=dtype), torch.randn(256, 256, 3, 3, dtype=dtype)
@@ -193,10 +215,20 @@ def probe(row: Row, measure: str, batch: int, z_dim: int, width: int, steps: int
     and cannot be undone, so rows sharing a process would share it; and a process's RSS
     high-water mark cannot be reset, so peak memory needs its own process too.
     """
-    spec = json.dumps({"row": asdict(row), "measure": measure, "batch": batch, "z_dim": z_dim, "width": width,
-                       "steps": steps, "threads": torch.get_num_threads()})
-    out = subprocess.run([sys.executable, "-m", "gan.bench", "--probe", spec],
-                         capture_output=True, text=True, check=True).stdout
+    spec = json.dumps(
+        {
+            "row": asdict(row),
+            "measure": measure,
+            "batch": batch,
+            "z_dim": z_dim,
+            "width": width,
+            "steps": steps,
+            "threads": torch.get_num_threads(),
+        }
+    )
+    out = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--probe", spec], capture_output=True, text=True, check=True
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])["value"]
 
 
@@ -213,8 +245,16 @@ def run_probe(spec: dict) -> float:
     def run() -> float:
         if row.kind == "canonical":
             return run_canonical(images, spec["batch"], spec["z_dim"], spec["width"], spec["steps"])
-        cfg = project_config(row.size, channels, spec["batch"], spec["z_dim"], spec["width"], spec["steps"],
-                             Precision(row.precision), row.compile)
+        cfg = project_config(
+            row.size,
+            channels,
+            spec["batch"],
+            spec["z_dim"],
+            spec["width"],
+            spec["steps"],
+            Precision(row.precision),
+            row.compile,
+        )
         return run_project(images, cfg)
 
     if spec["measure"] == "speed":
@@ -248,7 +288,7 @@ def _current_rss_mb() -> float:
     """Resident memory now (Linux's /proc/self/statm; elsewhere the process's high-water mark)."""
     try:
         with open(f"/proc/{os.getpid()}/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     except OSError:
         import resource
 
@@ -280,7 +320,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("gan.training").setLevel(logging.WARNING)
-    logging.getLogger("gan.monitor").setLevel(logging.WARNING)
+    logging.getLogger("gan.training.monitor").setLevel(logging.WARNING)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.probe:
@@ -304,13 +344,26 @@ def main() -> None:
             rate = rates[row.name]
             memory = None if args.no_memory or row.compile else probe(row, "memory", batch, z_dim, width, args.steps)
             achieved = flops * rate / batch
-            rows.append((size, row.name, rate, rate / rates[table[0].name], memory, flops, achieved,
-                         achieved / peaks["fp32" if row.precision == "fp32" else "bf16"]))
+            rows.append(
+                (
+                    size,
+                    row.name,
+                    rate,
+                    rate / rates[table[0].name],
+                    memory,
+                    flops,
+                    achieved,
+                    achieved / peaks["fp32" if row.precision == "fp32" else "bf16"],
+                )
+            )
     print_table(rows)
 
 
 def print_table(rows: list[tuple]) -> None:
-    header = f"{'px':>3}  {'loop':<30} {'img/s':>8} {'vs canon':>8} {'peak MB':>8} {'GFLOP/step':>10} {'GFLOP/s':>8} {'of peak':>7}"
+    header = (
+        f"{'px':>3}  {'loop':<30} {'img/s':>8} {'vs canon':>8} {'peak MB':>8} "
+        f"{'GFLOP/step':>10} {'GFLOP/s':>8} {'of peak':>7}"
+    )
     print(header)
     print("-" * len(header))
     canonical_memory = {}
@@ -320,8 +373,10 @@ def print_table(rows: list[tuple]) -> None:
         memory_text = "-" if memory is None else f"{memory:.0f}"
         if memory is not None and canonical_memory.get(size) and name != "canonical fp32":
             memory_text += f" ({memory / canonical_memory[size]:.2f}x)"
-        print(f"{size:>3}  {name:<30} {rate:>8.1f} {ratio:>7.2f}x {memory_text:>8} {flops / 1e9:>10.1f} "
-              f"{achieved / 1e9:>8.0f} {fraction:>6.0%}")
+        print(
+            f"{size:>3}  {name:<30} {rate:>8.1f} {ratio:>7.2f}x {memory_text:>8} {flops / 1e9:>10.1f} "
+            f"{achieved / 1e9:>8.0f} {fraction:>6.0%}"
+        )
     print(f"\nmachine: {torch.get_num_threads()} torch threads; torch {torch.__version__}")
 
 

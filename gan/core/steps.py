@@ -4,46 +4,32 @@ Owns the order of forward, backward and update for D and for G, and the isolatio
   - the D step sees `fake.detach()`, so D's loss never reaches G's parameters;
   - the G step runs D with `requires_grad_(False)`, so G's loss never fills D's `.grad`;
   - gradients live only inside the step that makes them: `param.grad = None` right after the update.
-It leaves the math to `gan.losses`, and cadence (logging, sampling, checkpoints) to `gan.training`.
+It leaves the math to `gan.core.losses`, and cadence (logging, sampling, checkpoints) to the
+training loop, `gan.training.loop`.
 
 Each step returns its diagnostics as 0-dim tensors still on the device: turning them into Python
-numbers (`.item()`) forces a host sync, so the loop does that only at log time.
+numbers (`.item()`) forces a host sync, so the loop does that only at log time. (One exception,
+asked for: trainer.on_nan=skip checks each loss on the host before its update, in `update`.)
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+from enum import Enum
 from typing import Callable, ContextManager, Iterable, Iterator
 
 import torch
 from torch import Tensor, nn
 
-from gan.config import BackwardMode
-from gan.losses import AdversarialLoss, feature_matching, gradient_penalty, r1_penalty
+from gan.core.losses import LOSSES, AdversarialLoss, feature_matching, gradient_penalty, r1_penalty
 
 
-@dataclasses.dataclass(frozen=True)
-class StepContext:
-    """How both steps do their arithmetic (the same for D and G within a run).
+class BackwardMode(str, Enum):
+    """How the G step backpropagates a loss of several terms (see backward_terms)."""
 
-    autocast: a zero-argument callable giving the mixed-precision context for forward passes.
-    scaler: a GradScaler for fp16 (scales the loss so small gradients survive fp16; one scaler for
-        both networks, updated once per iteration, as in PyTorch's AMP recipe for several
-        optimizers). Disabled, it is a pass-through: scale() returns the loss, step() steps.
-    skip_nonfinite: drop an update whose loss is NaN/inf (trainer.on_nan=skip; one host sync).
-    """
-
-    autocast: Callable[[], ContextManager] = contextlib.nullcontext
-    scaler: torch.amp.GradScaler = dataclasses.field(
-        default_factory=lambda: torch.amp.GradScaler("cpu", enabled=False))
-    skip_nonfinite: bool = False
-
-    def gradient_scale(self) -> float:
-        return self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
-
-
-FP32 = StepContext()
+    summed = "summed"  # one backward() of the summed G objective
+    separate = "separate"  # one backward() per term, retain_graph=True on all but the last
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,13 +43,45 @@ class Penalties:
 NO_PENALTIES = Penalties()
 
 
-def d_step(D: nn.Module, opt_d: torch.optim.Optimizer, loss: AdversarialLoss, real: Tensor, fake: Tensor,
-           ctx: StepContext = FP32, penalties: Penalties = NO_PENALTIES) -> tuple[dict[str, Tensor], Tensor]:
+@dataclasses.dataclass(frozen=True)
+class StepContext:
+    """What both steps share for a whole run: the objective, and how the arithmetic is done.
+
+    loss: the adversarial loss pair (D's and G's), as pure functions of logits.
+    penalties: D's regularisers (gradient penalty, R1).
+    feature_matching: weight of G's feature-matching term; 0 = off.
+    backward_mode: how G's terms are backpropagated (summed, or one backward each).
+    autocast: a zero-argument callable giving the mixed-precision context for forward passes.
+    scaler: a GradScaler for fp16 (scales the loss so small gradients survive fp16; one scaler for
+        both networks, updated once per iteration, as in PyTorch's AMP recipe for several
+        optimizers). Disabled, it is a pass-through: scale() returns the loss, step() steps.
+    skip_nonfinite: drop an update whose loss is NaN/inf (trainer.on_nan=skip; one host sync).
+    """
+
+    loss: AdversarialLoss = LOSSES["bce"]
+    penalties: Penalties = NO_PENALTIES
+    feature_matching: float = 0.0
+    backward_mode: BackwardMode = BackwardMode.summed
+    autocast: Callable[[], ContextManager] = contextlib.nullcontext
+    scaler: torch.amp.GradScaler = dataclasses.field(default_factory=lambda: torch.amp.GradScaler("cpu", enabled=False))
+    skip_nonfinite: bool = False
+
+    def gradient_scale(self) -> float:
+        return self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
+
+
+FP32 = StepContext()  # bce, no extra terms, fp32: what the tests and the walkthrough call "plain"
+
+
+def d_step(
+    D: nn.Module, opt_d: torch.optim.Optimizer, real: Tensor, fake: Tensor, ctx: StepContext = FP32
+) -> tuple[dict[str, Tensor], Tensor]:
     """(1) Update D: minimise loss.d(D(x), D(G(z))); for bce, maximise log D(x) + log(1 - D(G(z))).
 
     Returns the diagnostics and D's features of the real batch (detached), which the G step reuses
     for feature matching instead of running D on the real batch a second time.
     """
+    penalties = ctx.penalties
     if penalties.r1 > 0:  # R1 differentiates D(x) with respect to the images themselves
         real = real.detach().requires_grad_(True)
     with ctx.autocast():  # forward passes only: backward runs in the dtypes autocast chose for them
@@ -71,7 +89,7 @@ def d_step(D: nn.Module, opt_d: torch.optim.Optimizer, loss: AdversarialLoss, re
         # detach(): a new tensor on the same storage with no history. D's loss stops at the fake
         # images and cannot fill G's .grad (pytorch/examples#116); G's forward is not repeated.
         fake_logits = D(fake.detach())
-        terms = {"adv": loss.d(real_logits, fake_logits)}
+        terms = {"adv": ctx.loss.d(real_logits, fake_logits)}
         if penalties.gradient_penalty > 0:
             terms["gp"] = penalties.gradient_penalty * gradient_penalty(D, real, fake)
         if penalties.r1 > 0:
@@ -82,19 +100,27 @@ def d_step(D: nn.Module, opt_d: torch.optim.Optimizer, loss: AdversarialLoss, re
     grad_norm = total_norm(D.parameters())
     update(opt_d, loss_d, ctx)
     release_grads(D)
-    stats = {"loss/d": loss_d.detach(), "grad_norm/d": grad_norm,
-             "d/real": torch.sigmoid(real_logits.detach()).mean(),  # D(x): probability "real" on data
-             "d/fake": torch.sigmoid(fake_logits.detach()).mean()}  # D(G(z)) before this update
+    stats = {
+        "loss/d": loss_d.detach(),
+        "grad_norm/d": grad_norm,
+        **ctx.loss.scores(real_logits.detach(), fake_logits.detach()),
+    }
     stats.update({f"loss/d_{name}": value.detach() for name, value in terms.items() if len(terms) > 1})
     return stats, real_features.detach()
 
 
-def g_step(D: nn.Module, G: nn.Module, opt_g: torch.optim.Optimizer, loss: AdversarialLoss,
-           fake: Tensor, real_features: Tensor, feature_matching_weight: float = 0.0,
-           backward_mode: BackwardMode = BackwardMode.summed, ctx: StepContext = FP32) -> dict[str, Tensor]:
+def g_step(
+    D: nn.Module,
+    G: nn.Module,
+    opt_g: torch.optim.Optimizer,
+    fake: Tensor,
+    real_features: Tensor,
+    ctx: StepContext = FP32,
+) -> dict[str, Tensor]:
     """(2) Update G: minimise loss.g(D(G(z))) [+ w * feature matching]; for bce, maximise log D(G(z)).
 
-    `fake` is G's output with its graph (the same batch the D step saw detached).
+    `fake` is G's output with its graph (the same batch the D step saw detached); `real_features`
+    are D's features of the real batch, from the D step (used by feature matching only).
     """
     # retain_grad(): `fake` is not a leaf, so autograd would drop its gradient after use. Keeping it
     # shows how strongly D pushes on the images, a diagnostic of the adversarial signal.
@@ -102,24 +128,28 @@ def g_step(D: nn.Module, G: nn.Module, opt_g: torch.optim.Optimizer, loss: Adver
     with frozen(D):
         with ctx.autocast():
             fake_logits, fake_features = D(fake, with_features=True)
-            terms = {"adv": loss.g(fake_logits)}
-            if feature_matching_weight > 0:
-                terms["fm"] = feature_matching_weight * feature_matching(real_features, fake_features)
-        term_norms = backward_terms(terms, list(G.parameters()), backward_mode, ctx)
+            terms = {"adv": ctx.loss.g(fake_logits)}
+            if ctx.feature_matching > 0:
+                terms["fm"] = ctx.feature_matching * feature_matching(real_features, fake_features)
+        term_norms = backward_terms(terms, list(G.parameters()), ctx.backward_mode, ctx)
     ctx.scaler.unscale_(opt_g)
     grad_norm = total_norm(G.parameters())
     loss_g = sum(terms.values()).detach()
     update(opt_g, loss_g, ctx)
     release_grads(G)
-    stats = {"loss/g": loss_g, "grad_norm/g": grad_norm,
-             "grad_norm/images": fake.grad.flatten(1).norm(dim=1).mean() / ctx.gradient_scale()}
+    stats = {
+        "loss/g": loss_g,
+        "grad_norm/g": grad_norm,
+        "grad_norm/images": fake.grad.flatten(1).norm(dim=1).mean() / ctx.gradient_scale(),
+    }
     stats.update({f"loss/g_{name}": value.detach() for name, value in terms.items() if len(terms) > 1})
     stats.update({f"grad_norm/g_{name}": value for name, value in term_norms.items()})
     return stats
 
 
-def backward_terms(terms: dict[str, Tensor], params: list[Tensor], mode: BackwardMode,
-                   ctx: StepContext = FP32) -> dict[str, Tensor]:
+def backward_terms(
+    terms: dict[str, Tensor], params: list[Tensor], mode: BackwardMode, ctx: StepContext = FP32
+) -> dict[str, Tensor]:
     """Backpropagate a multi-term loss into .grad; in separate mode, returns each term's gradient norm.
 
     summed: one backward of the sum, the usual and cheapest form.

@@ -2,7 +2,8 @@
 
 `evaluate()` is to evaluate.py what `gan.training.train()` is to train.py: it builds everything
 from the typed config and runs the sections in order. The metrics' arithmetic lives in
-`gan.metrics`, the export formats in `gan.export`.
+`gan.evaluation.metrics`, the pictures in `gan.evaluation.grids`, the export formats in
+`gan.evaluation.export`.
 
 The generator and the dataset come from the checkpoint: its config names the data it was trained
 on, and only the keys given on the command line (typically data.root) replace that config's.
@@ -28,18 +29,18 @@ from omegaconf.errors import OmegaConfBaseException
 from PIL import Image
 from torch import Tensor, nn
 from torch.optim.swa_utils import update_bn
-from torch.utils.data import DataLoader, Dataset
 from torch.utils.tensorboard import SummaryWriter
-from torchvision.utils import make_grid, save_image
+from torchvision.utils import save_image
 
-from gan import metrics as M
-from gan.checkpoint import CheckpointError, load_checkpoint, load_module_state
 from gan.config import ConfigError, DataConfig, EvaluateConfig, FeatureSpace, ModelConfig, SaveSamples
+from gan.core.models import Generator
+from gan.core.sampling import eval_mode, image_grid
 from gan.data import ImageSet, load_dataset, to_unit_range
-from gan.device import resolve_device
-from gan.export import save_generator
-from gan.models import Generator
-from gan.sampling import eval_mode, image_grid
+from gan.device import setup_torch
+from gan.evaluation import metrics as M
+from gan.evaluation.export import save_generator
+from gan.evaluation.grids import interpolation_strip, neighbour_grid
+from gan.training.checkpoint import CheckpointError, load_checkpoint, load_module_state
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +54,13 @@ def evaluate(cfg: EvaluateConfig, run_dir: Path, data_overrides: Optional[Mappin
     timings: dict[str, float] = {}
     clock = Stopwatch(timings)
     run_dir.mkdir(parents=True, exist_ok=True)
-    device = setup_torch(cfg)
+    device = setup_torch(cfg.device, cfg.threads, cfg.seed, "device")
     # Inception first: a missing weights file or package fails here, before any other work
-    inception = M.inception_features(cfg.metrics.inception_weights) if (
-        cfg.metrics.features == FeatureSpace.inception) else None
+    inception = (
+        M.inception_features(cfg.metrics.inception_weights)
+        if (cfg.metrics.features == FeatureSpace.inception)
+        else None
+    )
 
     # checkpoint: the generator and the dataset it learned
     state = load_checkpoint(cfg.checkpoint, map_location="cpu")
@@ -65,8 +69,15 @@ def evaluate(cfg: EvaluateConfig, run_dir: Path, data_overrides: Optional[Mappin
     recomputed = recompute_batchnorm_stats(G, cfg.bn_batches, cfg.batch_size, cfg.seed, device)
     bn_stats = f"recomputed ({cfg.bn_batches} x {cfg.batch_size} samples)" if recomputed else "checkpoint"
     step = int(state["step"])
-    log.info("Evaluating %s: step %d, %s generator, data=%s (%d px, %d channel(s))", cfg.checkpoint, step,
-             generator_name, data.name, data.image_size, data.channels)
+    log.info(
+        "Evaluating %s: step %d, %s generator, data=%s (%d px, %d channel(s))",
+        cfg.checkpoint,
+        step,
+        generator_name,
+        data.name,
+        data.image_size,
+        data.channels,
+    )
 
     # real images: the held-out split is the reference
     reference = load_dataset(data, train=False, in_memory=True)
@@ -76,8 +87,11 @@ def evaluate(cfg: EvaluateConfig, run_dir: Path, data_overrides: Optional[Mappin
 
     # instruments: the classifier (class histograms; the default feature space), the feature network
     classifier, accuracy, classifier_file = classifier_for(data, reference, stacked, cfg, device)
-    feature_net = inception if inception is not None else M.ClassifierFeatures(
-        classifier, per_channel=stacked, channels=reference.images.size(1))
+    feature_net = (
+        inception
+        if inception is not None
+        else M.ClassifierFeatures(classifier, per_channel=stacked, channels=reference.images.size(1))
+    )
     feature_net = feature_net.to(device)
     clock("classifier")
 
@@ -91,17 +105,25 @@ def evaluate(cfg: EvaluateConfig, run_dir: Path, data_overrides: Optional[Mappin
     clock("features")
     results: dict[str, Any] = M.distribution_metrics(real_features, fake_features, cfg.metrics, cfg.seed)
     results.update(class_metrics(classifier, real, fake, real_labels, stacked, cfg, device))
-    results.update(num_samples=fake.size(0), num_real=real.size(0), features=cfg.metrics.features.value,
-                   classifier=classifier_file, classifier_accuracy=accuracy, generator=generator_name,
-                   batchnorm_stats=bn_stats, step=step,
-                   checkpoint=str(cfg.checkpoint))
+    results.update(
+        num_samples=fake.size(0),
+        num_real=real.size(0),
+        features=cfg.metrics.features.value,
+        classifier=classifier_file,
+        classifier_accuracy=accuracy,
+        generator=generator_name,
+        batchnorm_stats=bn_stats,
+        step=step,
+        checkpoint=str(cfg.checkpoint),
+    )
     clock("metrics")
 
     # pictures: samples, a latent interpolation, and each sample's nearest training images
-    pictures = {"samples": image_grid(to_unit_range(fake[:cfg.grid_samples])),
-                "interpolation": interpolation_strip(G, cfg.interpolation_rows, cfg.interpolation_steps,
-                                                     cfg.seed, device),
-                "nearest_neighbours": neighbour_grid(fake[:cfg.neighbour_queries], data, cfg.neighbours)}
+    pictures = {
+        "samples": image_grid(to_unit_range(fake[: cfg.grid_samples])),
+        "interpolation": interpolation_strip(G, cfg.interpolation_rows, cfg.interpolation_steps, cfg.seed, device),
+        "nearest_neighbours": neighbour_grid(fake[: cfg.neighbour_queries], data, cfg.neighbours),
+    }
     for name, grid in pictures.items():
         save_image(grid, run_dir / f"{name}.png")
     clock("pictures")
@@ -116,19 +138,18 @@ def evaluate(cfg: EvaluateConfig, run_dir: Path, data_overrides: Optional[Mappin
     results["seconds"] = {**timings, "total": sum(timings.values())}
     (run_dir / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
     table = format_table(results)
-    log.info("Metrics (%s features, %d samples vs %d held-out images):\n%s", results["features"],
-             results["num_samples"], results["num_real"], table)
+    log.info(
+        "Metrics (%s features, %d samples vs %d held-out images):\n%s",
+        results["features"],
+        results["num_samples"],
+        results["num_real"],
+        table,
+    )
     write_tensorboard(run_dir / "tb", results, pictures, table, step)
     return results
 
 
 # setup and inputs --------------------------------------------------------------------------------
-
-def setup_torch(cfg: EvaluateConfig) -> torch.device:
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    return resolve_device(cfg.device)
 
 
 def data_config_of(state: Mapping[str, Any], overrides: Mapping[str, Any]) -> DataConfig:
@@ -136,15 +157,18 @@ def data_config_of(state: Mapping[str, Any], overrides: Mapping[str, Any]) -> Da
     recorded = state["config"].get("data", {}) if isinstance(state["config"], Mapping) else {}
     changed = [k for k in _SHAPE_KEYS if k in overrides and k in recorded and overrides[k] != recorded[k]]
     if changed:
-        raise ConfigError(f"data.{changed[0]}={overrides[changed[0]]!r} differs from the checkpoint's "
-                          f"{recorded[changed[0]]!r}: the generator's output shape is fixed by the "
-                          "checkpoint. Leave data.image_size and data.channels out.")
+        raise ConfigError(
+            f"data.{changed[0]}={overrides[changed[0]]!r} differs from the checkpoint's "
+            f"{recorded[changed[0]]!r}: the generator's output shape is fixed by the "
+            "checkpoint. Leave data.image_size and data.channels out."
+        )
     try:
         node = OmegaConf.merge(OmegaConf.structured(DataConfig), recorded, dict(overrides))
         data = OmegaConf.to_object(node)
     except OmegaConfBaseException as err:
-        raise CheckpointError(f"The checkpoint's data config does not fit this version's DataConfig: "
-                              f"{str(err).splitlines()[0]}") from err
+        raise CheckpointError(
+            f"The checkpoint's data config does not fit this version's DataConfig: {str(err).splitlines()[0]}"
+        ) from err
     data.check()
     return data
 
@@ -164,7 +188,7 @@ def build_generator(state: Mapping[str, Any], use_ema: bool, device: torch.devic
     G = Generator(model.z_dim, model.g_width, channels, image_size)
     ema = state.get("G_ema")
     if use_ema and ema is not None:
-        weights = {k[len("module."):]: v for k, v in ema.items() if k.startswith("module.")}
+        weights = {k[len("module.") :]: v for k, v in ema.items() if k.startswith("module.")}
         load_module_state(G, weights, "EMA generator")
         name = "EMA"
     else:
@@ -175,8 +199,7 @@ def build_generator(state: Mapping[str, Any], use_ema: bool, device: torch.devic
     return G.to(device).eval(), name
 
 
-def recompute_batchnorm_stats(G: nn.Module, batches: int, batch_size: int, seed: int,
-                              device: torch.device) -> bool:
+def recompute_batchnorm_stats(G: nn.Module, batches: int, batch_size: int, seed: int, device: torch.device) -> bool:
     """Replace G's BatchNorm running statistics with those of `batches` batches of its own
     activations, from latents seeded apart from the measured samples'; returns whether G has any.
 
@@ -199,26 +222,36 @@ def reference_subset(reference: ImageSet, count: int, seed: int) -> tuple[Tensor
     """`count` held-out images (a seeded random subset), or all of them when there are fewer."""
     total = reference.labels.numel()
     if total < count:
-        log.warning("The held-out split has %d images, fewer than num_samples=%d: the metrics compare "
-                    "%d samples with %d real images.", total, count, count, total)
+        log.warning(
+            "The held-out split has %d images, fewer than num_samples=%d: the metrics compare "
+            "%d samples with %d real images.",
+            total,
+            count,
+            count,
+            total,
+        )
         return reference.images, reference.labels
     index = torch.randperm(total, generator=torch.Generator().manual_seed(seed))[:count]
     return reference.images[index], reference.labels[index]
 
 
-def classifier_for(data: DataConfig, reference: ImageSet, stacked: bool, cfg: EvaluateConfig,
-                   device: torch.device) -> tuple[Optional[M.Classifier], Optional[float], Optional[str]]:
+def classifier_for(
+    data: DataConfig, reference: ImageSet, stacked: bool, cfg: EvaluateConfig, device: torch.device
+) -> tuple[Optional[M.Classifier], Optional[float], Optional[str]]:
     """The metrics classifier, its test accuracy and its file name with a hash of the file's bytes
     (numbers are comparable only under the same file: retraining with other threads or another
     device moves FID by about 1%); Nones for unlabelled data measured with Inception."""
     if reference.num_classes >= 2:
-        classifier, accuracy, path = M.load_or_train_classifier(classifier_data(data, stacked),
-                                                                cfg.metrics.classifier, device)
+        classifier, accuracy, path = M.load_or_train_classifier(
+            classifier_data(data, stacked), cfg.metrics.classifier, device
+        )
         digest = hashlib.sha1(path.read_bytes()).hexdigest()[:10] if path.is_file() else "not cached"
         return classifier, accuracy, f"{path.name} (sha1 {digest})"
     if cfg.metrics.features == FeatureSpace.classifier:
-        raise M.MetricsError(f"data={data.name} has no class labels (1 class): the default classifier "
-                             "features need them. Use metrics.features=inception.")
+        raise M.MetricsError(
+            f"data={data.name} has no class labels (1 class): the default classifier "
+            "features need them. Use metrics.features=inception."
+        )
     return None, None, None
 
 
@@ -227,11 +260,11 @@ def classifier_data(data: DataConfig, stacked: bool) -> DataConfig:
     channel is classified by a 10-class classifier (as in the Unrolled GAN/VEEGAN/PacGAN papers)."""
     if not stacked:
         return data
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(data),
-                                               {"name": data.source, "channels": 1}))
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(data), {"name": data.source, "channels": 1}))
 
 
 # samples -----------------------------------------------------------------------------------------
+
 
 def to_uint8(images: Tensor) -> Tensor:
     """[-1, 1] -> uint8 [0, 255], rounded: the pixels a saved PNG would hold."""
@@ -253,27 +286,44 @@ def generate(G: nn.Module, count: int, batch_size: int, seed: int, device: torch
     return torch.cat(chunks)
 
 
-def class_metrics(classifier: Optional[M.Classifier], real: Tensor, fake: Tensor, real_labels: Tensor,
-                  stacked: bool, cfg: EvaluateConfig, device: torch.device) -> dict[str, Any]:
+def class_metrics(
+    classifier: Optional[M.Classifier],
+    real: Tensor,
+    fake: Tensor,
+    real_labels: Tensor,
+    stacked: bool,
+    cfg: EvaluateConfig,
+    device: torch.device,
+) -> dict[str, Any]:
     """classes_covered and class_kl over the classifier's classes; for stacked data over the digits
     of every channel pooled, plus modes_covered and mode_kl over the 1000 digit triples."""
     if classifier is None:
         return {"classes_covered": None, "class_kl": None}
     batch = cfg.batch_size
     if not stacked:
-        return M.class_coverage(M.predict(classifier, fake, batch, device),
-                                M.predict(classifier, real, batch, device),
-                                classifier.head.out_features, cfg.metrics.class_threshold)
+        return M.class_coverage(
+            M.predict(classifier, fake, batch, device),
+            M.predict(classifier, real, batch, device),
+            classifier.head.out_features,
+            cfg.metrics.class_threshold,
+        )
     fake_modes = M.predict(classifier, fake, batch, device, per_channel=True)
     real_modes = M.predict(classifier, real, batch, device, per_channel=True)
     decoded = float((real_modes == real_labels).float().mean())
-    log.info("Stacked data: the channel classifier reads %.1f%% of the held-out digit triples right "
-             "(%d of 1000 modes present among them)", 100 * decoded, int(real_modes.unique().numel()))
+    log.info(
+        "Stacked data: the channel classifier reads %.1f%% of the held-out digit triples right "
+        "(%d of 1000 modes present among them)",
+        100 * decoded,
+        int(real_modes.unique().numel()),
+    )
     if decoded < 0.5:
-        log.warning("Fewer than half of the held-out triples decode to their labels: the channel order "
-                    "or the source classifier does not match the stacked data; modes are unreliable.")
-    results = M.class_coverage(torch.cat(M.mode_digits(fake_modes)), torch.cat(M.mode_digits(real_modes)), 10,
-                               cfg.metrics.class_threshold)
+        log.warning(
+            "Fewer than half of the held-out triples decode to their labels: the channel order "
+            "or the source classifier does not match the stacked data; modes are unreliable."
+        )
+    results = M.class_coverage(
+        torch.cat(M.mode_digits(fake_modes)), torch.cat(M.mode_digits(real_modes)), 10, cfg.metrics.class_threshold
+    )
     results.update(M.mode_coverage(fake_modes, 1000))
     return results
 
@@ -285,74 +335,11 @@ def write_samples(fake: Tensor, how: SaveSamples, run_dir: Path) -> None:
         folder = run_dir / "samples"
         folder.mkdir(exist_ok=True)
         for i, image in enumerate(fake.numpy()):
-            Image.fromarray(image[0] if image.shape[0] == 1 else image.transpose(1, 2, 0)).save(
-                folder / f"{i:06d}.png")
-
-
-# pictures ----------------------------------------------------------------------------------------
-
-def slerp(z0: Tensor, z1: Tensor, t: Tensor) -> Tensor:
-    """Spherical interpolation (Shoemake 1985; White 2016 for GAN latents): (R, D), (R, D), (T,) -> (R, T, D).
-
-    High-dimensional Gaussian latents lie near a sphere of radius sqrt(D); the straight line between
-    two of them cuts through the inside (its midpoint has about 1/sqrt(2) of the norm), where G saw
-    no latents in training. slerp follows the arc instead, with the angle taken between the
-    directions z / |z|.
-    """
-    u0, u1 = z0 / z0.norm(dim=-1, keepdim=True), z1 / z1.norm(dim=-1, keepdim=True)
-    omega = torch.acos((u0 * u1).sum(dim=-1).clamp(-1, 1))[:, None, None]  # (R, 1, 1)
-    t = t[None, :, None]  # (1, T, 1)
-    sin = torch.sin(omega)
-    near = sin.abs() < 1e-6  # (almost) parallel: the arc is a line
-    w0 = torch.where(near, 1 - t, torch.sin((1 - t) * omega) / torch.where(near, 1.0, sin))
-    w1 = torch.where(near, t, torch.sin(t * omega) / torch.where(near, 1.0, sin))
-    return w0 * z0[:, None] + w1 * z1[:, None]
-
-
-def interpolation_strip(G: nn.Module, rows: int, steps: int, seed: int, device: torch.device) -> Tensor:
-    """One row per pair of random latents, `steps` images along the arc between them."""
-    gen = torch.Generator().manual_seed(seed + 1)
-    z0, z1 = torch.randn(2, rows, G.z_dim, generator=gen)
-    z = slerp(z0, z1, torch.linspace(0, 1, steps)).reshape(rows * steps, G.z_dim)
-    with eval_mode(G), torch.inference_mode():
-        images = G(z.to(device)).float().cpu()
-    return make_grid(images, nrow=steps, padding=2, normalize=True, value_range=(-1, 1))
-
-
-def neighbour_grid(queries: Tensor, data: DataConfig, k: int) -> Tensor:
-    """The memorisation check: each query sample, then its k nearest training images (pixel L2).
-
-    A GAN that copies shows a sample and a neighbour that are the same picture; one that
-    generalises shows neighbours that differ in details. The training split is scanned in chunks,
-    so a streamed dataset never has to fit in memory.
-    """
-    training = load_dataset(data, train=True).images
-    flat = queries.float().flatten(1)
-    best_distance = torch.full((queries.size(0), k), float("inf"))
-    best_index = torch.zeros(queries.size(0), k, dtype=torch.long)
-    start = 0
-    for chunk in image_chunks(training, 4096):
-        distance = torch.cdist(flat, chunk.float().flatten(1))
-        candidates = torch.cat([best_distance, distance], dim=1)
-        indices = torch.cat([best_index, torch.arange(start, start + chunk.size(0)).expand_as(distance)], dim=1)
-        best_distance, order = candidates.topk(k, dim=1, largest=False)
-        best_index = indices.gather(1, order)
-        start += chunk.size(0)
-    neighbours = torch.stack([training[int(i)] for i in best_index.flatten()]).view(
-        queries.size(0), k, *queries.shape[1:])
-    rows = torch.cat([queries[:, None], neighbours], dim=1).flatten(0, 1)
-    return make_grid(to_unit_range(rows), nrow=k + 1, padding=2, normalize=True, value_range=(-1, 1))
-
-
-def image_chunks(images: Tensor | Dataset, size: int):
-    """uint8 chunks of an in-memory tensor or a streamed Dataset of images."""
-    if isinstance(images, Tensor):
-        yield from images.split(size)
-    else:
-        yield from DataLoader(images, batch_size=size)
+            Image.fromarray(image[0] if image.shape[0] == 1 else image.transpose(1, 2, 0)).save(folder / f"{i:06d}.png")
 
 
 # report ------------------------------------------------------------------------------------------
+
 
 def format_table(results: Mapping[str, Any]) -> str:
     rows = [(key, value) for key, value in results.items() if key != "seconds"]
@@ -367,8 +354,9 @@ def _format(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def write_tensorboard(log_dir: Path, results: Mapping[str, Any], pictures: Mapping[str, Tensor],
-                      table: str, step: int) -> None:
+def write_tensorboard(
+    log_dir: Path, results: Mapping[str, Any], pictures: Mapping[str, Tensor], table: str, step: int
+) -> None:
     """Numbers as `metrics/<name>` scalars at the checkpoint's step, the pictures as `eval/<name>`."""
     writer = SummaryWriter(log_dir=str(log_dir))
     try:

@@ -18,11 +18,9 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
+from gan.errors import CheckpointError
+
 REQUIRED_KEYS = ("G", "D", "step", "config")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used; the message names the file and what is wrong with it."""
 
 
 def save_checkpoint(state: Mapping[str, Any], path: Path) -> None:
@@ -78,22 +76,29 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
     file = checkpoint_path(path)
     if not file.is_file():
         where = f"{path} (looked for {file})" if str(file) != str(path) else str(path)
-        raise CheckpointError(f"Checkpoint not found: {where}. Pass a checkpoint file or a run "
-                              "directory that contains checkpoints/last.pt.")
+        raise CheckpointError(
+            f"Checkpoint not found: {where}. Pass a checkpoint file or a run "
+            "directory that contains checkpoints/last.pt."
+        )
     try:
         state = torch.load(file, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
         raise CheckpointError(
             f"Refused to load {file}: it holds Python objects other than tensors and plain "
             "containers, and unpickling them could run arbitrary code. Checkpoints written by this "
-            f"project never do; do not trust this file.{_forbidden_global(err)}") from err
+            f"project never do; do not trust this file.{_forbidden_global(err)}"
+        ) from err
     except Exception as err:  # the unpickler fails in many ways on a damaged file (EOFError, IndexError, ...)
-        raise CheckpointError(f"Cannot read {file}: it is truncated, corrupt or not a PyTorch file "
-                              f"({type(err).__name__}: {str(err).splitlines()[0]}).") from err
+        raise CheckpointError(
+            f"Cannot read {file}: it is truncated, corrupt or not a PyTorch file "
+            f"({type(err).__name__}: {str(err).splitlines()[0]})."
+        ) from err
     if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
         found = sorted(state) if isinstance(state, dict) else type(state).__name__
-        raise CheckpointError(f"{file} is not a checkpoint of this project: expected a dict with "
-                              f"keys {list(REQUIRED_KEYS)}, found {found}.")
+        raise CheckpointError(
+            f"{file} is not a checkpoint of this project: expected a dict with "
+            f"keys {list(REQUIRED_KEYS)}, found {found}."
+        )
     return state
 
 
@@ -106,13 +111,17 @@ def _forbidden_global(err: Exception) -> str:
 def load_module_state(module: nn.Module, state: Mapping[str, torch.Tensor], name: str) -> None:
     """load_state_dict with a readable error listing every missing, unexpected or resized tensor."""
     own = module.state_dict()
-    problems = [f"{key}: {tuple(value.shape)} in the checkpoint, {tuple(own[key].shape)} in the model"
-                for key, value in state.items() if key in own and own[key].shape != value.shape]
+    problems = [
+        f"{key}: {tuple(value.shape)} in the checkpoint, {tuple(own[key].shape)} in the model"
+        for key, value in state.items()
+        if key in own and own[key].shape != value.shape
+    ]
     problems += [f"{key}: missing from the checkpoint" for key in own if key not in state]
     problems += [f"{key}: in the checkpoint, not in the model" for key in state if key not in own]
     if problems:
         shown = "; ".join(problems[:6]) + (f"; and {len(problems) - 6} more" if len(problems) > 6 else "")
         raise CheckpointError(
             f"The checkpoint's {name} does not match the {name} built from the config: {shown}. "
-            "Use the same model.* and data.image_size/data.channels as the run that wrote it.")
+            "Use the same model.* and data.image_size/data.channels as the run that wrote it."
+        )
     module.load_state_dict(state)

@@ -1,0 +1,18 @@
+"""The lesson: how a GAN is trained in PyTorch, in five short files that import torch and nothing
+else of this project. Read them top to bottom, in this order:
+
+1. `models.py`   Generator and Discriminator of DCGAN, N(0, 0.02) init, a state-size comment per stage.
+                 D returns logits, not probabilities.
+2. `losses.py`   the adversarial losses (non-saturating bce, hinge, Wasserstein) and the penalties
+                 (gradient penalty, R1, feature matching), as pure functions of D's logits.
+3. `steps.py`    d_step and g_step: where every autograd technique lives —
+                 `fake.detach()` in the D step; D frozen with `requires_grad_(False)` in the G step;
+                 `backward(retain_graph=True)` for a G loss of several terms; `param.grad = None`
+                 after each update; `retain_grad()` on a non-leaf; autocast and GradScaler.
+4. `ema.py`      the exponential moving average of G that every sample is drawn from.
+5. `sampling.py` sampling under `eval()` + `no_grad()`, with the previous mode restored.
+
+The training loop that calls them, `gan/training/loop.py`, reads like pytorch/examples'
+dcgan/main.py: fetch, (1) D step, (2) G step, EMA, log, sample, checkpoint. Each technique has a
+test that shows what breaks without it (tests/test_techniques.py).
+"""

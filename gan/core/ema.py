@@ -1,0 +1,82 @@
+"""An exponential moving average (EMA) of G's weights: the generator every sample is drawn from.
+
+Why (Karras et al. 2018; Yazici et al. 2019): G's weights oscillate as G and D chase each other;
+their running average sits near the middle of the oscillation and draws smoother, more varied
+samples than G at any one step. Built on torch's AveragedModel (torch.optim.swa_utils) with its
+own decay schedule. Part of the lesson (`gan.core`): imports torch only.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor, nn
+from torch.optim.swa_utils import AveragedModel
+
+# AveragedModel's multi_avg_fn: (averaged tensors, current tensors, updates so far) -> None, in place
+EmaUpdate = Callable[[list[Tensor], list[Tensor], Tensor], None]
+
+
+def build_ema(
+    G: nn.Module, decay: float, kimg: float = 0.0, rampup: float = 0.0, images_per_step: int = 1
+) -> Optional[AveragedModel]:
+    """An exponential moving average of G (torch's AveragedModel), or None when it is off.
+
+    The decay is `decay` with TF's warm-up, or, when kimg > 0, a half-life of kimg thousand images
+    as StyleGAN2-ADA states it (see ema_with_half_life). use_buffers=True averages BatchNorm's
+    running statistics along with the weights; evaluate.py recomputes them for the averaged
+    weights before it measures (bn_batches).
+    """
+    if kimg > 0:
+        update = ema_with_half_life(kimg * 1000, rampup, images_per_step)
+    elif decay > 0:
+        update = ema_with_warmup(decay)
+    else:
+        return None
+    return AveragedModel(G, multi_avg_fn=update, use_buffers=True)
+
+
+def ema_with_warmup(decay: float) -> EmaUpdate:
+    """EMA update whose decay warms up as in TF's ExponentialMovingAverage(num_updates):
+    min(decay, (1 + n) / (10 + n)) after n updates. With a fixed 0.999 the first few hundred
+    steps' samples would still be mostly the random initial weights (0.999^300 = 74%).
+    The decay is a 0-dim tensor on the device: no host sync per step.
+    """
+    return _ema_update(lambda n: ((1 + n) / (10 + n)).clamp(max=decay))
+
+
+def ema_with_half_life(half_life_images: float, rampup: float, images_per_step: int) -> EmaUpdate:
+    """EMA update with a half-life counted in images (StyleGAN2-ADA, training_loop.py): the decay
+    per step is 0.5 ** (images_per_step / half-life), so the average spans the same images
+    whatever the batch size; with rampup > 0 the half-life is at most rampup x the images seen
+    so far, which plays the part of the warm-up above.
+    """
+
+    def decay(n: Tensor) -> Tensor:
+        half_life = torch.full_like(n, half_life_images, dtype=torch.float32)
+        if rampup > 0:
+            half_life = torch.minimum(half_life, rampup * (n.float() + 1) * images_per_step)
+        return 0.5 ** (images_per_step / half_life)
+
+    return _ema_update(decay)
+
+
+def _ema_update(decay_after: Callable[[Tensor], Tensor]) -> EmaUpdate:
+    """AveragedModel's multi_avg_fn: averaged = decay * averaged + (1 - decay) * current, with the
+    decay a function of the number of updates so far (a 0-dim tensor on the device)."""
+
+    @torch.no_grad()
+    def update(averaged: list[Tensor], current: list[Tensor], num_averaged: Tensor) -> None:
+        if not averaged[0].is_floating_point():  # BatchNorm's num_batches_tracked: just follow G
+            torch._foreach_copy_(averaged, current)
+            return
+        decay = decay_after(num_averaged).to(averaged[0].dtype)
+        torch._foreach_lerp_(averaged, current, 1 - decay)
+
+    return update
+
+
+def sampling_generator(G: nn.Module, G_ema: Optional[AveragedModel]) -> nn.Module:
+    """The network to draw samples from: the EMA generator when there is one."""
+    return G_ema.module if G_ema is not None else G

@@ -1,0 +1,36 @@
+"""Datasets and the batch stream: `load_dataset(cfg.data)` -> an ImageSet; `BatchStream` -> batches.
+
+- `digits.py`: the built-in dataset, rendered from a seed (no download);
+- `sources.py`: every dataset as uint8 squares of `data.image_size`, with labels and a held-out split;
+- `stream.py`: the endless, resumable, shuffled stream of float batches in [-1, 1].
+"""
+
+from gan.data.digits import NUM_DIGIT_CLASSES, render_digits
+from gan.data.sources import (
+    ImageSet,
+    ImageSource,
+    convert_channels,
+    fit_square,
+    is_held_out,
+    load_dataset,
+    open_source,
+    read_image,
+)
+from gan.data.stream import BatchStream, EpochBatchSampler, to_unit_range
+from gan.errors import DataError
+
+__all__ = [
+    "NUM_DIGIT_CLASSES",
+    "BatchStream",
+    "DataError",
+    "EpochBatchSampler",
+    "ImageSet",
+    "ImageSource",
+    "convert_channels",
+    "fit_square",
+    "is_held_out",
+    "load_dataset",
+    "open_source",
+    "render_digits",
+    "to_unit_range",
+]

@@ -1,0 +1,158 @@
+"""The batch stream that feeds the training loop: endless, shuffled per epoch, resumable.
+
+Owns the order in which images are visited ((epoch, batch) is its whole state, so a resumed run
+sees exactly the batches the uninterrupted run would have), DDP sharding, and the two ways a batch
+is fetched: by indexing a uint8 tensor that lives on the training device, or through DataLoader
+workers that decode images on the fly.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator, Optional
+
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from gan.errors import DataError
+
+
+def to_unit_range(images: Tensor) -> Tensor:
+    """uint8 [0, 255] -> float [-1, 1], the range of G's tanh."""
+    return images.float().div_(127.5).sub_(1.0)
+
+
+class EpochBatchSampler(Sampler[list[int]]):
+    """Batches of indices over a fresh permutation per epoch, starting at any batch of any epoch.
+
+    Epoch e visits the items in the order randperm(N) of a generator seeded with (seed, e): the
+    order depends only on the seed and the position, so (epoch, batch) is the whole state of the
+    data pipeline and a resumed run sees exactly the batches the uninterrupted run would have seen.
+    It runs in the main process even when a DataLoader has workers, so workers change nothing.
+    The last incomplete batch of an epoch is dropped here (a DataLoader's own drop_last cannot be
+    combined with a batch_sampler): BatchNorm dislikes tiny batches.
+    Under DDP, as torch's DistributedSampler with set_epoch: every rank draws the same permutation
+    and takes every world_size-th item of it from its rank on, so the ranks' shares are disjoint.
+    """
+
+    def __init__(self, size: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
+        self.size, self.batch_size, self.seed = size, batch_size, seed
+        self.rank, self.world_size = rank, world_size
+        self.epoch, self.start = 0, 0
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return self.size // self.world_size // self.batch_size
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch - self.start
+
+    def __iter__(self) -> Iterator[list[int]]:
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        order = torch.randperm(self.size, generator=gen)[self.rank :: self.world_size]
+        for b in range(self.start, self.batches_per_epoch):
+            yield order[b * self.batch_size : (b + 1) * self.batch_size].tolist()
+
+
+class _Rows(Dataset):
+    """An in-memory uint8 tensor seen as a Dataset of images, for DataLoader workers."""
+
+    def __init__(self, images: Tensor):
+        self.images = images
+
+    def __len__(self) -> int:
+        return self.images.size(0)
+
+    def __getitem__(self, index: int) -> Tensor:
+        return self.images[index]
+
+
+class BatchStream:
+    """Endless, resumable stream of float batches in [-1, 1] on the training device.
+
+    `images` is a uint8 (N, C, H, W) tensor or a Dataset of uint8 (C, H, W) images (an ImageSource).
+    A tensor with num_workers=0: the images live on the device and a batch is one indexing op.
+    Otherwise a DataLoader reads the batches the sampler picks, in `num_workers` worker processes
+    that stay alive across epochs (persistent_workers), pinned for a fast copy to CUDA: the path for
+    datasets decoded on the fly. num_workers=None: 0 for a tensor, else `default_num_workers()`.
+    """
+
+    def __init__(
+        self,
+        images: Tensor | Dataset,
+        batch_size: int,
+        seed: int,
+        device: torch.device,
+        num_workers: Optional[int] = 0,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
+        size = len(images)
+        if size < batch_size * world_size:
+            raise DataError(
+                f"The training split has {size} images, fewer than data.batch_size="
+                f"{batch_size} x {world_size} process(es): an epoch needs one full batch "
+                "per process. Lower data.batch_size."
+            )
+        self.device = device
+        self.sampler = EpochBatchSampler(size, batch_size, seed, rank, world_size)
+        in_memory = isinstance(images, Tensor)
+        if num_workers is None:
+            num_workers = 0 if in_memory else default_num_workers()
+        self.images: Optional[Tensor] = None
+        self.loader: Optional[DataLoader] = None
+        if in_memory and num_workers == 0:
+            self.images = images.to(device)  # uint8: a quarter of float32's size
+        else:
+            self.loader = DataLoader(
+                _Rows(images) if in_memory else images,
+                batch_sampler=self.sampler,
+                num_workers=num_workers,
+                pin_memory=device.type == "cuda",
+                persistent_workers=num_workers > 0,
+            )
+        self.batch = 0  # batches taken in the current epoch
+        self._batches = self._epoch_iterator()
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+    def _epoch_iterator(self) -> Iterator[Tensor]:
+        if self.loader is None:
+            return (self.images[torch.tensor(index, device=self.device)] for index in self.sampler)
+        return iter(self.loader)
+
+    def __iter__(self) -> BatchStream:
+        return self
+
+    def __next__(self) -> Tensor:
+        try:
+            images = next(self._batches)
+        except StopIteration:  # end of epoch: the next one starts from its first batch
+            self.sampler.epoch, self.sampler.start, self.batch = self.sampler.epoch + 1, 0, 0
+            self._batches = self._epoch_iterator()
+            images = next(self._batches)
+        self.batch += 1
+        return to_unit_range(images.to(self.device, non_blocking=True))
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.sampler.epoch, "batch": self.batch}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.sampler.epoch, self.sampler.start = int(state["epoch"]), int(state["batch"])
+        self.batch = self.sampler.start
+        self._batches = self._epoch_iterator()
+
+
+def default_num_workers() -> int:
+    """Workers for a streamed dataset: half the usable CPU cores (the other half trains), 1 to 8."""
+    return max(1, min(8, available_cpus() // 2))
+
+
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # the cores this process may use (Linux, containers)
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1

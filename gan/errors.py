@@ -1,0 +1,28 @@
+"""The errors a user can cause, one family: each message is one paragraph that names the key or
+path at fault and what to do, and the entry points turn any of them into exit code 2 (bad input).
+
+Everything else that goes wrong is a bug, and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class UserError(RuntimeError):
+    """Bad input: a config value, a checkpoint, a dataset, an output folder or a measurement that
+    cannot be made. The message is what the user reads."""
+
+
+class ConfigError(UserError, ValueError):
+    """A config value that has the right type but cannot be used; the message names the key."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint that cannot be used; the message names the file and what is wrong with it."""
+
+
+class DataError(UserError):
+    """A dataset that cannot be loaded; the message says where it looked and what it expected."""
+
+
+class MetricsError(UserError):
+    """A measurement that cannot be made honestly; the message says why and what to change."""

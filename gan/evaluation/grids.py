@@ -1,0 +1,78 @@
+"""Pictures of a generator: latent interpolations and the nearest-neighbour memorisation check.
+
+Every grid is laid out by `gan.core.sampling.image_grid`, the same layout as the training grids.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+
+from gan.config import DataConfig
+from gan.core.sampling import eval_mode, image_grid
+from gan.data import load_dataset, to_unit_range
+
+
+def slerp(z0: Tensor, z1: Tensor, t: Tensor) -> Tensor:
+    """Spherical interpolation (Shoemake 1985; White 2016 for GAN latents): (R, D), (R, D), (T,) -> (R, T, D).
+
+    High-dimensional Gaussian latents lie near a sphere of radius sqrt(D); the straight line between
+    two of them cuts through the inside (its midpoint has about 1/sqrt(2) of the norm), where G saw
+    no latents in training. slerp follows the arc instead, with the angle taken between the
+    directions z / |z|.
+    """
+    u0, u1 = z0 / z0.norm(dim=-1, keepdim=True), z1 / z1.norm(dim=-1, keepdim=True)
+    omega = torch.acos((u0 * u1).sum(dim=-1).clamp(-1, 1))[:, None, None]  # (R, 1, 1)
+    t = t[None, :, None]  # (1, T, 1)
+    sin = torch.sin(omega)
+    near = sin.abs() < 1e-6  # (almost) parallel: the arc is a line
+    w0 = torch.where(near, 1 - t, torch.sin((1 - t) * omega) / torch.where(near, 1.0, sin))
+    w1 = torch.where(near, t, torch.sin(t * omega) / torch.where(near, 1.0, sin))
+    return w0 * z0[:, None] + w1 * z1[:, None]
+
+
+def interpolation_strip(G: nn.Module, rows: int, steps: int, seed: int, device: torch.device) -> Tensor:
+    """One row per pair of random latents, `steps` images along the arc between them."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    z0, z1 = torch.randn(2, rows, G.z_dim, generator=gen)
+    z = slerp(z0, z1, torch.linspace(0, 1, steps)).reshape(rows * steps, G.z_dim)
+    with eval_mode(G), torch.inference_mode():
+        images = G(z.to(device)).float().cpu()
+    return image_grid(images, nrow=steps)
+
+
+def neighbour_grid(queries: Tensor, data: DataConfig, k: int) -> Tensor:
+    """The memorisation check: each query sample, then its k nearest training images (pixel L2).
+
+    A GAN that copies shows a sample and a neighbour that are the same picture; one that
+    generalises shows neighbours that differ in details. The training split is scanned in chunks,
+    so a streamed dataset never has to fit in memory.
+    """
+    training = load_dataset(data, train=True).images
+    flat = queries.float().flatten(1)
+    best_distance = torch.full((queries.size(0), k), float("inf"))
+    best_index = torch.zeros(queries.size(0), k, dtype=torch.long)
+    start = 0
+    for chunk in image_chunks(training, 4096):
+        distance = torch.cdist(flat, chunk.float().flatten(1))
+        candidates = torch.cat([best_distance, distance], dim=1)
+        indices = torch.cat([best_index, torch.arange(start, start + chunk.size(0)).expand_as(distance)], dim=1)
+        best_distance, order = candidates.topk(k, dim=1, largest=False)
+        best_index = indices.gather(1, order)
+        start += chunk.size(0)
+    neighbours = torch.stack([training[int(i)] for i in best_index.flatten()]).view(
+        queries.size(0), k, *queries.shape[1:]
+    )
+    rows = torch.cat([queries[:, None], neighbours], dim=1).flatten(0, 1)
+    return image_grid(to_unit_range(rows), nrow=k + 1)
+
+
+def image_chunks(images: Tensor | Dataset, size: int) -> Iterator[Tensor]:
+    """uint8 chunks of an in-memory tensor or a streamed Dataset of images."""
+    if isinstance(images, Tensor):
+        yield from images.split(size)
+    else:
+        yield from DataLoader(images, batch_size=size)

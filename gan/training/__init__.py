@@ -1,0 +1,15 @@
+"""Training: the loop and what it needs around the lesson in `gan.core`.
+
+- `loop.py`: train(), the loop itself (fetch, D step, G step, EMA, log, sample, checkpoint);
+- `state.py`: the TrainingState (models, optimizers, EMA, scaler, batches, fixed z, step) and its builders;
+- `hardware.py`: device, threads, allocator, precision policy, torch.compile;
+- `faults.py`: the NaN watch and SIGINT/SIGTERM handling;
+- `checkpoint.py`: the checkpoint file: atomic writes, safe loads, shape checks;
+- `monitor.py`: TensorBoard, the progress bar and the log lines;
+- `runs.py`: resuming a run: finding its directory, replaying its overrides.
+"""
+
+from gan.training.faults import NonFiniteLossError
+from gan.training.loop import TrainResult, train
+
+__all__ = ["NonFiniteLossError", "TrainResult", "train"]

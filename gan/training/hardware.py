@@ -1,0 +1,99 @@
+"""How a training process uses its hardware: device, threads, allocator, determinism, precision.
+
+Owns the policy that makes the same step fast on each machine without changing its math:
+bf16 autocast where the hardware runs it fast (trainer.precision=auto), a GradScaler for fp16,
+cuDNN's autotuner, torch.compile. The step itself (`gan.core.steps`) only sees the resulting
+StepContext.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+
+import torch
+from torch import nn
+
+from gan.config import OnNonFinite, Precision, TrainConfig
+from gan.core.models import Discriminator
+from gan.core.steps import StepContext
+from gan.device import retain_freed_memory, setup_torch
+from gan.distributed import SINGLE, World, rank_device
+
+log = logging.getLogger(__name__)
+
+
+def prepare_process(cfg: TrainConfig, world: World = SINGLE) -> torch.device:
+    """Threads, seeds, allocator and determinism for this process; returns the device to train on."""
+    trainer = cfg.trainer
+    # Each rank draws its own latents. Initial weights may differ too: DDP copies rank 0's into
+    # every replica when it wraps the networks.
+    device = rank_device(
+        world, setup_torch(trainer.device, trainer.threads, trainer.seed + world.rank, "trainer.device")
+    )
+    if device.type == "cpu" and trainer.retain_host_memory and retain_freed_memory():
+        log.debug("glibc malloc: freed blocks are kept for reuse (trainer.retain_host_memory=true)")
+    if trainer.deterministic:
+        # cuDNN picks among algorithms, some with non-deterministic atomics, and cuBLAS needs a
+        # fixed workspace; on the CPU every kernel used here is deterministic already.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = device.type == "cuda" and not trainer.deterministic
+    return device
+
+
+def resolve_precision(precision: Precision, device: torch.device) -> Precision:
+    """auto -> bf16 where the hardware has fast bf16 math, else fp32."""
+    if precision != Precision.auto:
+        return precision
+    if device.type == "cuda":
+        fast = torch.cuda.get_device_capability(device)[0] >= 8  # Ampere and later: bf16 tensor cores
+    elif device.type == "cpu":
+        fast = cpu_has_fast_bf16()
+    else:
+        fast = False
+    return Precision.bf16 if fast else Precision.fp32
+
+
+def cpu_has_fast_bf16() -> bool:
+    """AMX or AVX512-bf16 instructions, which oneDNN uses for bf16 convolutions."""
+    try:
+        return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
+    except AttributeError:  # private helpers: absent in other torch versions
+        return False
+
+
+def step_context(precision: Precision, device: torch.device, skip_nonfinite: bool) -> StepContext:
+    """Autocast for forward passes, and a GradScaler that is enabled only for fp16 (bce, no extra
+    terms: the training state adds the configured objective with dataclasses.replace)."""
+    dtype = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}.get(precision)
+    autocast = (
+        contextlib.nullcontext
+        if dtype is None
+        else functools.partial(torch.autocast, device_type=device.type, dtype=dtype)
+    )
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == Precision.fp16)
+    return StepContext(autocast=autocast, scaler=scaler, skip_nonfinite=skip_nonfinite)
+
+
+def arithmetic_of(cfg: TrainConfig, device: torch.device) -> tuple[StepContext, Precision]:
+    """The StepContext of trainer.precision and trainer.on_nan on this device, and the precision
+    that `auto` resolved to."""
+    precision = resolve_precision(cfg.trainer.precision, device)
+    skip = cfg.trainer.on_nan == OnNonFinite.skip
+    return step_context(precision, device, skip_nonfinite=skip), precision
+
+
+def compile_models(G: nn.Module, D: Discriminator) -> None:
+    """torch.compile each network in place (nn.Module.compile keeps state_dict keys unchanged).
+
+    G and D are compiled apart, not the whole step: a compiled step needs the graph split after
+    G's forward, and a whole-step compile with Sigmoid + BCELoss inside it has been seen to
+    overwrite D's output. D's trunk and head are compiled, so D(x) and D(x, with_features=True)
+    both run compiled.
+    """
+    G.compile()
+    D.features.compile()
+    D.head.compile()

@@ -1,0 +1,191 @@
+"""The training state: every object that changes while training, built from the config, and the
+one plain dict a checkpoint holds of it.
+
+Owns how G, D, the EMA generator, both optimizers, the GradScaler, the batch stream, the fixed
+latents and the step counter are built, and how they are saved and restored together, so that a
+resumed run continues exactly as if it had never stopped. The checkpoint's file format and its
+safe loading live in `gan.training.checkpoint`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import random
+from typing import Any, Optional
+
+import torch
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.swa_utils import AveragedModel
+
+from gan.config import TrainConfig, to_plain
+from gan.core.ema import build_ema
+from gan.core.losses import LOSSES, AdversarialLoss, d_loss_bce
+from gan.core.models import Discriminator, Generator
+from gan.core.steps import Penalties, StepContext
+from gan.data import BatchStream, ImageSet, load_dataset
+from gan.distributed import SINGLE, World
+from gan.training.checkpoint import load_module_state
+from gan.training.hardware import compile_models
+
+
+@dataclasses.dataclass
+class TrainingState:
+    """Models, optimizers, EMA, GradScaler, batch stream, fixed latents and step: what a checkpoint
+    saves and what a resume restores. Everything else in a run is rebuilt from the config."""
+
+    G: Generator
+    D: Discriminator
+    G_ema: Optional[AveragedModel]  # None when model.ema_decay=0 and model.ema_kimg=0
+    opt_g: torch.optim.Optimizer
+    opt_d: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler  # enabled for fp16 only; shared with the StepContext
+    batches: BatchStream
+    # One latent batch for the whole run: every sample grid shows the same z, so grids are
+    # comparable across steps (and across a resume: it is checkpointed).
+    fixed_z: Tensor
+    step: int = 0  # generator updates done, in this run and the runs it resumed
+
+    @property
+    def sampler(self) -> nn.Module:
+        """The network samples are drawn from: the EMA generator when there is one."""
+        return self.G_ema.module if self.G_ema is not None else self.G
+
+    def state_dict(self, cfg: TrainConfig) -> dict[str, Any]:
+        """Everything needed to continue as if never stopped, as tensors and plain containers."""
+        return {
+            "G": self.G.state_dict(),
+            "D": self.D.state_dict(),
+            "G_ema": self.G_ema.state_dict() if self.G_ema is not None else None,
+            "opt_g": self.opt_g.state_dict(),
+            "opt_d": self.opt_d.state_dict(),
+            "scaler": self.scaler.state_dict(),  # empty unless fp16
+            "step": self.step,
+            "data": self.batches.state_dict(),
+            "fixed_z": self.fixed_z,
+            "rng": {
+                "python": random.getstate(),
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            },
+            "config": to_plain(cfg),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load a checkpoint's state into these freshly built objects."""
+        load_module_state(self.G, state["G"], "generator")
+        load_module_state(self.D, state["D"], "discriminator")
+        if self.G_ema is not None and state.get("G_ema") is not None:
+            load_module_state(self.G_ema, state["G_ema"], "EMA generator")
+        elif self.G_ema is not None:  # a run without EMA continues with one: start it from G
+            self.G_ema.n_averaged.zero_()
+            self.G_ema.update_parameters(self.G)
+        self.opt_g.load_state_dict(state["opt_g"])
+        self.opt_d.load_state_dict(state["opt_d"])
+        if self.scaler.is_enabled() and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.batches.load_state_dict(state["data"])
+        self.fixed_z = state["fixed_z"].to(self.fixed_z.device)
+        random.setstate(state["rng"]["python"])
+        torch.set_rng_state(state["rng"]["torch"].cpu())
+        if state["rng"]["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([s.cpu() for s in state["rng"]["cuda"]])
+        self.step = int(state["step"])
+
+
+def build_state(
+    cfg: TrainConfig,
+    device: torch.device,
+    scaler: torch.amp.GradScaler,
+    world: World = SINGLE,
+    dataset: Optional[ImageSet] = None,
+) -> TrainingState:
+    """A fresh training state on `device`. `dataset` replaces the one cfg.data names (the benchmark
+    feeds its own images this way)."""
+    dataset = dataset or load_dataset(cfg.data)
+    batches = BatchStream(
+        dataset.images, cfg.data.batch_size, cfg.trainer.seed, device, cfg.data.num_workers, world.rank, world.size
+    )
+    G, D = build_models(cfg, device)
+    # a deep copy of G: made before compiling, it stays eager
+    G_ema = build_ema(
+        G,
+        cfg.model.ema_decay,
+        cfg.model.ema_kimg,
+        cfg.model.ema_rampup,
+        images_per_step=cfg.data.batch_size * world.size,
+    )
+    if cfg.trainer.compile:
+        compile_models(G, D)
+    opt_g, opt_d = build_optimizer(G, cfg, device), build_optimizer(D, cfg, device, lr=cfg.optim.lr_d)
+    # made directly on the device with its own generator, not on the CPU and then moved
+    seeded = torch.Generator(device).manual_seed(cfg.trainer.seed)
+    fixed_z = torch.randn(cfg.trainer.num_fixed_samples, cfg.model.z_dim, device=device, generator=seeded)
+    return TrainingState(G, D, G_ema, opt_g, opt_d, scaler, batches, fixed_z)
+
+
+def build_models(cfg: TrainConfig, device: torch.device) -> tuple[Generator, Discriminator]:
+    """G and D on `device`; channels_last if configured (a layout change, not a numerical one)."""
+    model = cfg.model
+    G = Generator(model.z_dim, model.g_width, cfg.data.channels, cfg.data.image_size)
+    D = Discriminator(
+        model.d_width,
+        cfg.data.channels,
+        cfg.data.image_size,
+        model.d_batchnorm,
+        model.spectral_norm,
+        model.pack,
+        model.minibatch_std,
+    )
+    if model.sync_batchnorm:  # one set of batch statistics across all ranks of a DDP job
+        G, D = nn.SyncBatchNorm.convert_sync_batchnorm(G), nn.SyncBatchNorm.convert_sync_batchnorm(D)
+    memory_format = torch.channels_last if cfg.trainer.channels_last else torch.contiguous_format
+    return G.to(device, memory_format=memory_format), D.to(device, memory_format=memory_format)
+
+
+def build_optimizer(
+    module: nn.Module, cfg: TrainConfig, device: torch.device, lr: Optional[float] = None
+) -> torch.optim.Adam:
+    """Adam with the configured betas; `lr` overrides optim.lr (D's own rate, TTUR)."""
+    # fused: the whole Adam update in one kernel (CPU and CUDA); elsewhere foreach, one launch per
+    # group of tensors. Same math as the per-parameter loop, to float rounding.
+    fused = device.type in ("cpu", "cuda")
+    return torch.optim.Adam(
+        module.parameters(),
+        lr=lr or cfg.optim.lr,
+        betas=(cfg.optim.beta1, cfg.optim.beta2),
+        fused=fused or None,
+        foreach=None if fused else True,
+    )
+
+
+def build_loss(cfg: TrainConfig) -> AdversarialLoss:
+    """The configured adversarial loss, with bce's real label (one-sided smoothing) bound in."""
+    loss = LOSSES[cfg.loss.name.value]
+    if cfg.loss.name.value == "bce" and cfg.loss.real_label != 1.0:
+        return loss._replace(d=functools.partial(d_loss_bce, real_label=cfg.loss.real_label))
+    return loss
+
+
+def with_objective(ctx: StepContext, cfg: TrainConfig) -> StepContext:
+    """`ctx` (the arithmetic) with the configured loss, penalties and G terms."""
+    return dataclasses.replace(
+        ctx,
+        loss=build_loss(cfg),
+        penalties=Penalties(cfg.loss.gradient_penalty, cfg.loss.r1),
+        feature_matching=cfg.loss.feature_matching,
+        backward_mode=cfg.loss.backward_mode,
+    )
+
+
+def wrap_for_ddp(G: nn.Module, D: nn.Module, world: World, device: torch.device) -> tuple[nn.Module, nn.Module]:
+    """DistributedDataParallel wrappers for the forward passes whose gradients ranks must average.
+
+    The wrappers share their parameters with G and D; optimizers, EMA, sampling and checkpoints use
+    the plain modules, so a checkpoint holds unwrapped state dicts and loads with or without DDP.
+    """
+    if not world.distributed:
+        return G, D
+    device_ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(G, device_ids=device_ids), DistributedDataParallel(D, device_ids=device_ids)
