@@ -91,5 +91,9 @@ if __name__ == "__main__":
             "launches several jobs. Run the sweep without torchrun, or one torchrun per setting."
         )
         sys.exit(EXIT_BAD_INPUT)
-    sys.argv = rank_zero_argv(resume_argv(sys.argv, CONFIG_DIR), world)
+    try:  # the resume contract is checked here, before Hydra writes into the run being resumed
+        sys.argv = rank_zero_argv(resume_argv(sys.argv, CONFIG_DIR), world)
+    except UserError as err:
+        log.error("%s", err)
+        sys.exit(EXIT_BAD_INPUT)
     main()

@@ -15,8 +15,9 @@ from conftest import ROOT, TINY, compose_config, run_train
 
 import gan.core.losses
 from gan.core.losses import LOSSES, AdversarialLoss
+from gan.core.models import Generator
 from gan.training import NonFiniteLossError, train
-from gan.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from gan.training.checkpoint import CheckpointError, load_checkpoint, load_module_state, save_checkpoint
 
 # atomic writes ---------------------------------------------------------------------------------
 
@@ -209,14 +210,24 @@ def test_bad_resume_exits_cleanly_and_overwrites_nothing(tmp_path, good_run, cas
     assert not (tmp_path / "pwned").exists()
 
 
-def test_architecture_mismatch_names_the_sizes(tmp_path, good_run):
+def test_architecture_change_on_resume_names_the_key(tmp_path, good_run):
     checkpoint = tmp_path / "elsewhere.pt"  # outside its run dir: the command line defines the model
     checkpoint.write_bytes((good_run / "checkpoints" / "last.pt").read_bytes())
     result = run_train(f"trainer.resume={checkpoint}", "model.g_width=16", f"hydra.run.dir={tmp_path / 'new'}")
     output = result.stdout + result.stderr
-    assert result.returncode == 2
-    assert "does not match the generator built from the config" in output
-    assert "(16, 16, 4, 4) in the checkpoint, (16, 32, 4, 4) in the model" in output
+    assert result.returncode == 2 and "Traceback" not in output
+    assert "model.g_width: 8 -> 16" in output  # the checkpoint's own config, against this command's
+    assert not (tmp_path / "new" / "checkpoints").exists()
+
+
+def test_shape_mismatch_lists_each_tensor_with_both_shapes(tiny_gan):
+    G, _ = tiny_gan  # width 8
+    wider = Generator(z_dim=16, width=16, channels=1, image_size=16)
+    with pytest.raises(CheckpointError) as caught:
+        load_module_state(G, wider.state_dict(), "generator")
+    message = str(caught.value)
+    assert "does not match the generator built from the config" in message
+    assert "net.0.weight: (16, 32, 4, 4) in the checkpoint, (16, 16, 4, 4) in the model" in message
 
 
 def test_unwritable_output_dir_is_refused(tmp_path):

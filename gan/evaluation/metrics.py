@@ -279,12 +279,13 @@ def split_channels(images: Tensor) -> Tensor:
 
 @torch.inference_mode()
 def batched(net: nn.Module, images: Tensor, batch_size: int, device: torch.device) -> Tensor:
-    """net over `images` (uint8, any device) in batches on `device`; float32 (N, ...) on the CPU."""
-    outputs = [
-        torch.from_numpy(net(chunk.to(device)).detach().cpu().numpy().astype("float32"))
-        for chunk in images.split(batch_size)
-    ]
-    return torch.cat(outputs)
+    """net over `images` (uint8, any device) in batches on `device`; float32 (N, ...) on the CPU.
+
+    no_grad(): features are measured, never differentiated. `.float().cpu()` is the whole conversion:
+    a round trip through numpy would copy the same float32 values once more.
+    """
+    with torch.no_grad():
+        return torch.cat([net(chunk.to(device)).float().cpu() for chunk in images.split(batch_size)])
 
 
 def predict(

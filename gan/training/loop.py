@@ -25,6 +25,7 @@ from gan.training.checkpoint import keep_numbered, load_checkpoint, save_checkpo
 from gan.training.faults import NonFiniteWatch, stop_on_signals
 from gan.training.hardware import arithmetic_of, prepare_process
 from gan.training.monitor import Monitor
+from gan.training.runs import check_resume
 from gan.training.state import TrainingState, build_state, with_objective, wrap_for_ddp
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ def train(cfg: TrainConfig, run_dir: Path, dataset: Optional[ImageSet] = None, w
     ctx = with_objective(arithmetic, cfg)  # the loss, its extra terms, and the precision of both steps
     state = build_state(cfg, device, ctx.scaler, world, dataset)
     if resume_from is not None:
+        check_resume(cfg, resume_from)  # the resume contract: gan/training/runs.py
         state.load_state_dict(resume_from)
         log.info("Resumed from %s at step %d", trainer.resume, state.step)
     G, D = wrap_for_ddp(state.G, state.D, world, device)  # DDP wrappers: the same modules under DDP

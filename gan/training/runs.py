@@ -19,24 +19,40 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from gan.training.checkpoint import checkpoint_path
+from gan.config import TrainConfig, to_plain
+from gan.errors import CheckpointError, ConfigError
+from gan.training.checkpoint import checkpoint_path, load_checkpoint
 
 log = logging.getLogger(__name__)
 
-# trainer.* keys a resumed run may change without becoming a different run.
-RESUMABLE_CHANGES = (
-    "max_steps",
-    "resume",
-    "device",
-    "progress",
-    "threads",
-    "retain_host_memory",
-    "log_every",
-    "sample_every",
-    "checkpoint_every",
-    "keep_checkpoints",
-    "num_workers",
-)
+# The resume contract. A resumed run may change two kinds of settings; they take effect (learning
+# rates are set on the restored optimizers) and are recorded in the run's .hydra/ files and its next
+# checkpoint. Any other change would make a different run: it is refused before anything is written.
+# Settings of where and how the run executes, not of what it computes: `trainer.resume=auto` also
+# ignores them when it looks for the run to continue.
+RUNTIME_KEYS: dict[str, tuple[str, ...]] = {
+    "data": ("root", "download", "in_memory", "num_workers"),  # where and how images are read, not which
+    "trainer": (
+        "max_steps",
+        "resume",
+        "device",
+        "progress",
+        "threads",
+        "retain_host_memory",
+        "log_every",
+        "sample_every",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "final_eval_samples",
+    ),
+}
+# Settings of the arithmetic that an explicit resume may change (to fine-tune with a lower rate, or
+# to move a run to other hardware); `trainer.resume=auto` treats them as part of the run's identity,
+# so a sweep over learning rates never continues another point's run.
+TUNABLE_ON_RESUME: dict[str, tuple[str, ...]] = {
+    "optim": ("lr", "lr_d"),
+    "trainer": ("precision", "compile", "channels_last", "on_nan", "deterministic"),
+}
 
 # Keys that never carry over from the recorded command line of the run being resumed.
 _NOT_REPLAYED = ("trainer.resume", "hydra.run.dir")
@@ -63,7 +79,7 @@ def resume_argv(argv: list[str], config_dir: Path, outputs: Path = Path("outputs
     A checkpoint outside a run directory, and multirun, leave the command line as it is.
     """
     args = argv[1:]
-    values = override_values(args, "trainer.resume")
+    values = [unquote(v) for v in override_values(args, "trainer.resume")]
     if not values or values[-1] in ("", "null") or "-m" in args or "--multirun" in args:
         return argv
     if values[-1] == "auto":
@@ -83,10 +99,102 @@ def resume_argv(argv: list[str], config_dir: Path, outputs: Path = Path("outputs
     if file.parent.name != "checkpoints" or not recorded_file.is_file():
         return argv
     given = {override_key(a) for a in args}
-    recorded = yaml.safe_load(recorded_file.read_text()) or []
+    recorded = recorded_overrides(recorded_file)
     replay = [o for o in recorded if override_key(o) not in given and override_key(o) not in _NOT_REPLAYED]
     run_dir_arg = [] if "hydra.run.dir" in given else [f"hydra.run.dir={_hydra_quote(run_dir)}"]
+    check_resume_command([*replay, *args], file, config_dir)
     return [argv[0], *replay, *args, *run_dir_arg]
+
+
+def recorded_overrides(path: Path) -> list[str]:
+    """The overrides a run was started with (its .hydra/overrides.yaml); ConfigError if unreadable."""
+    try:
+        recorded = yaml.safe_load(path.read_text()) or []
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise ConfigError(
+            f"Cannot resume from {path.parent.parent}: its {path} cannot be read ({type(err).__name__}). "
+            "Restore the file, or resume from the checkpoint file itself (trainer.resume=RUN_DIR/checkpoints/"
+            "last.pt hydra.run.dir=RUN_DIR) with the run's settings given again on the command line."
+        ) from err
+    if not isinstance(recorded, list) or not all(isinstance(o, str) for o in recorded):
+        raise ConfigError(
+            f"Cannot resume from {path.parent.parent}: {path} is not a list of overrides. Restore the file, "
+            "or resume from the checkpoint file itself with the run's settings given again."
+        )
+    return recorded
+
+
+def check_resume_command(overrides: list[str], checkpoint: Path, config_dir: Path) -> None:
+    """Refuse, before Hydra writes anything into the run directory, a resume that changes what the
+    run computes or that has nothing to train: the same checks as check_resume, made on the
+    checkpoint's own config, so the run's recorded command line is never replaced by a refused one."""
+    try:
+        wanted = _compose(overrides, config_dir)
+    except (HydraException, OmegaConfBaseException):
+        return  # a bad override: Hydra itself reports it, with its own message
+    state = load_checkpoint(checkpoint)
+    refuse_changes(with_schema_defaults(state["config"], checkpoint), wanted, str(checkpoint.parent.parent))
+    check_steps(wanted["trainer"]["max_steps"], int(state["step"]))
+
+
+def check_resume(cfg: TrainConfig, checkpoint: dict) -> None:
+    """In train(), once the checkpoint is loaded: the resume contract against the checkpoint's own
+    config (which also covers a checkpoint file outside a run directory), and a step to go to."""
+    refuse_changes(with_schema_defaults(checkpoint["config"], cfg.trainer.resume), to_plain(cfg), cfg.trainer.resume)
+    check_steps(cfg.trainer.max_steps, int(checkpoint["step"]))
+
+
+def check_steps(max_steps: int, step: int) -> None:
+    """A resume must have somewhere to go: refused below the checkpoint's step, a no-op at it."""
+    if max_steps < step:
+        raise ConfigError(
+            f"trainer.max_steps={max_steps} is below the step of the checkpoint being resumed ({step}): "
+            f"nothing would be trained. Nothing was written. Pass trainer.max_steps above {step} to train further."
+        )
+    if max_steps == step:
+        log.info("The checkpoint is at step %d = trainer.max_steps: nothing left to train.", step)
+
+
+def with_schema_defaults(config: object, source: object) -> dict:
+    """A recorded config laid over the current schema's defaults, so that settings added to the schema
+    after the run was written read as their defaults; CheckpointError if it does not fit the schema."""
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), config)
+        return OmegaConf.to_container(merged, resolve=True, enum_to_str=True)
+    except (OmegaConfBaseException, ValueError) as err:
+        raise CheckpointError(
+            f"The config recorded in {source} does not fit this version's settings "
+            f"({str(err).splitlines()[0] if str(err) else type(err).__name__}): it was written by another "
+            "version of this project. Resume it with that version."
+        ) from err
+
+
+def refuse_changes(recorded: dict, wanted: dict, source: str) -> None:
+    """ConfigError listing every setting that differs outside the resume contract."""
+    allowed = {**RUNTIME_KEYS}
+    for group, keys in TUNABLE_ON_RESUME.items():
+        allowed[group] = (*allowed.get(group, ()), *keys)
+    before, after = run_identity(recorded, allowed), run_identity(wanted, allowed)
+    changed = [
+        f"{group}.{key}: {before.get(group, {}).get(key)!r} -> {after.get(group, {}).get(key)!r}"
+        for group in sorted(set(before) | set(after))
+        for key in sorted(set(before.get(group, {})) | set(after.get(group, {})))
+        if before.get(group, {}).get(key) != after.get(group, {}).get(key)
+    ]
+    if changed:
+        may = ", ".join(f"{group}.{key}" for group, keys in allowed.items() for key in keys if key != "resume")
+        raise ConfigError(
+            f"trainer.resume={source}: this command changes what the run computes ({'; '.join(changed)}). "
+            f"A resume may change only {may}. Nothing was written. Drop those overrides to continue the run, "
+            "or drop trainer.resume to start a new run with them."
+        )
+
+
+def unquote(value: str) -> str:
+    """Hydra's quoted string ('a b' or "a b", with backslash escapes) -> its text."""
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1].replace("\\" + value[0], value[0]).replace("\\\\", "\\")
+    return value
 
 
 def _hydra_quote(path: Path) -> str:
@@ -99,21 +207,26 @@ def _hydra_quote(path: Path) -> str:
 
 def find_matching_run(overrides: list[str], config_dir: Path, outputs: Path) -> Optional[Path]:
     """The newest run dir under `outputs` with a checkpoint and the config these overrides compose."""
-    wanted = run_identity(_compose(overrides, config_dir))
+    wanted = run_identity(_compose(overrides, config_dir), RUNTIME_KEYS)
     candidates = sorted(outputs.glob("**/checkpoints/last.pt"), key=os.path.getmtime, reverse=True)
     for last in candidates:
         recorded = last.parent.parent / ".hydra" / "config.yaml"
-        if recorded.is_file() and run_identity(OmegaConf.to_container(OmegaConf.load(recorded))) == wanted:
+        try:
+            config = with_schema_defaults(OmegaConf.to_container(OmegaConf.load(recorded)), recorded)
+        except (OSError, OmegaConfBaseException, yaml.YAMLError, CheckpointError):
+            continue  # not a run of this version (or no config): not the one to continue
+        if run_identity(config, RUNTIME_KEYS) == wanted:
             return last.parent.parent
     return None
 
 
-def run_identity(config: dict) -> dict:
-    """What makes two runs the same run: the config without the keys a resume may change."""
-    identity = {group: dict(values) for group, values in config.items() if group != "hydra"}
-    identity["trainer"] = {k: v for k, v in identity.get("trainer", {}).items() if k not in RESUMABLE_CHANGES}
-    identity.get("data", {}).pop("num_workers", None)
-    return identity
+def run_identity(config: dict, ignored: dict[str, tuple[str, ...]]) -> dict:
+    """What makes two runs the same run: the config without hydra's section and the `ignored` keys."""
+    return {
+        group: {k: v for k, v in values.items() if k not in ignored.get(group, ())}
+        for group, values in config.items()
+        if group != "hydra" and isinstance(values, dict)
+    }
 
 
 def _compose(overrides: list[str], config_dir: Path) -> dict:
@@ -137,7 +250,7 @@ def unwritable_output(argv: list[str]) -> Optional[str]:
     args = argv[1:]
     key = "hydra.sweep.dir" if "-m" in args or "--multirun" in args else "hydra.run.dir"
     values = override_values(args, key)
-    target = Path(values[-1].strip("'\"")) if values else Path("outputs")
+    target = Path(unquote(values[-1])) if values else Path("outputs")
     existing = target
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent

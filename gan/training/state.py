@@ -81,8 +81,14 @@ class TrainingState:
         elif self.G_ema is not None:  # a run without EMA continues with one: start it from G
             self.G_ema.n_averaged.zero_()
             self.G_ema.update_parameters(self.G)
+        # The optimizers' learning rates come from the config, not the checkpoint: a resume may
+        # change optim.lr and optim.lr_d (gan/training/runs.py, the resume contract).
+        rates = [[group["lr"] for group in opt.param_groups] for opt in (self.opt_g, self.opt_d)]
         self.opt_g.load_state_dict(state["opt_g"])
         self.opt_d.load_state_dict(state["opt_d"])
+        for opt, lrs in zip((self.opt_g, self.opt_d), rates):
+            for group, lr in zip(opt.param_groups, lrs):
+                group["lr"] = lr
         if self.scaler.is_enabled() and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.batches.load_state_dict(state["data"])
