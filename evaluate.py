@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from gan.config import register_evaluate_configs, validate_evaluate
 from gan.errors import UserError
 from gan.evaluation.pipeline import evaluate
-from gan.training.runs import override_key, preflight
+from gan.training.runs import SweepJobFailed, override_key, preflight
 
 log = logging.getLogger("evaluate")
 register_evaluate_configs()
@@ -41,7 +41,8 @@ def main(cfg: DictConfig) -> float:
         results = evaluate(validate_evaluate(cfg), run_dir, data_overrides(cfg))
     except UserError as err:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
-            raise  # Hydra records the failed job and the sweep goes on with the others
+            # Hydra records the failed job, prints this paragraph (no traceback) and runs the others
+            raise SweepJobFailed(str(err)) from err
         log.error("%s", err)
         sys.exit(EXIT_BAD_INPUT)
     log.info("Done in %.0f s; outputs in %s", results["seconds"]["total"], run_dir)

@@ -21,7 +21,7 @@ from gan.distributed import broadcast_object, close, init_process_group, rank_ze
 from gan.errors import UserError
 from gan.evaluation.pipeline import evaluate
 from gan.training import NonFiniteLossError, train
-from gan.training.runs import preflight, resume_argv
+from gan.training.runs import SweepJobFailed, preflight, resume_argv
 
 log = logging.getLogger("train")
 register_configs()
@@ -52,7 +52,8 @@ def main(cfg: DictConfig) -> float:
                 fid = float("nan")
     except (UserError, NonFiniteLossError) as err:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
-            raise  # Hydra records the failed job and the sweep goes on with the others
+            # Hydra records the failed job, prints this paragraph (no traceback) and runs the others
+            raise SweepJobFailed(str(err)) from err
         log.error("%s", err)
         sys.exit(EXIT_NON_FINITE if isinstance(err, NonFiniteLossError) else EXIT_BAD_INPUT)
     finally:

@@ -15,7 +15,7 @@ from typing import Optional
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from hydra.errors import HydraException
+from hydra.errors import CompactHydraException, HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -53,6 +53,12 @@ TUNABLE_ON_RESUME: dict[str, tuple[str, ...]] = {
     "optim": ("lr", "lr_d"),
     "trainer": ("precision", "compile", "channels_last", "on_nan", "deterministic"),
 }
+
+
+class SweepJobFailed(CompactHydraException):
+    """A sweep job refused its input: Hydra prints this message alone, without a traceback, goes on
+    with the other jobs, and exits 1 at the end of the sweep."""
+
 
 # Keys that never carry over from the recorded command line of the run being resumed.
 _NOT_REPLAYED = ("trainer.resume", "hydra.run.dir")

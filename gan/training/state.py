@@ -26,6 +26,7 @@ from gan.core.models import Discriminator, Generator
 from gan.core.steps import Penalties, StepContext
 from gan.data import BatchStream, ImageSet, load_dataset
 from gan.distributed import SINGLE, World
+from gan.errors import CheckpointError
 from gan.training.checkpoint import load_module_state
 from gan.training.hardware import compile_models
 
@@ -73,31 +74,51 @@ class TrainingState:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Load a checkpoint's state into these freshly built objects."""
-        load_module_state(self.G, state["G"], "generator")
-        load_module_state(self.D, state["D"], "discriminator")
-        if self.G_ema is not None and state.get("G_ema") is not None:
-            load_module_state(self.G_ema, state["G_ema"], "EMA generator")
-        elif self.G_ema is not None:  # a run without EMA continues with one: start it from G
-            self.G_ema.n_averaged.zero_()
-            self.G_ema.update_parameters(self.G)
-        # The optimizers' learning rates come from the config, not the checkpoint: a resume may
-        # change optim.lr and optim.lr_d (gan/training/runs.py, the resume contract).
-        rates = [[group["lr"] for group in opt.param_groups] for opt in (self.opt_g, self.opt_d)]
-        self.opt_g.load_state_dict(state["opt_g"])
-        self.opt_d.load_state_dict(state["opt_d"])
-        for opt, lrs in zip((self.opt_g, self.opt_d), rates):
-            for group, lr in zip(opt.param_groups, lrs):
-                group["lr"] = lr
-        if self.scaler.is_enabled() and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        self.batches.load_state_dict(state["data"])
-        self.fixed_z = state["fixed_z"].to(self.fixed_z.device)
-        random.setstate(state["rng"]["python"])
-        torch.set_rng_state(state["rng"]["torch"].cpu())
-        if state["rng"]["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([s.cpu() for s in state["rng"]["cuda"]])
-        self.step = int(state["step"])
+        """Load a checkpoint's state into these freshly built objects; CheckpointError naming the
+        entry if one is missing or damaged (load_checkpoint has checked only the file's form)."""
+        entry = "?"
+        try:
+            for entry in ("G", "D"):
+                load_module_state(getattr(self, entry), state[entry], NETWORK_NAMES[entry])
+            entry = "G_ema"
+            if self.G_ema is not None and state.get("G_ema") is not None:
+                load_module_state(self.G_ema, state["G_ema"], "EMA generator")
+            elif self.G_ema is not None:  # a run without EMA continues with one: start it from G
+                self.G_ema.n_averaged.zero_()
+                self.G_ema.update_parameters(self.G)
+            # The optimizers' learning rates come from the config, not the checkpoint: a resume may
+            # change optim.lr and optim.lr_d (gan/training/runs.py, the resume contract).
+            for entry in ("opt_g", "opt_d"):
+                optimizer = getattr(self, entry)
+                rates = [group["lr"] for group in optimizer.param_groups]
+                optimizer.load_state_dict(state[entry])
+                for group, lr in zip(optimizer.param_groups, rates):
+                    group["lr"] = lr
+            entry = "scaler"
+            if self.scaler.is_enabled() and state.get("scaler"):
+                self.scaler.load_state_dict(state["scaler"])
+            entry = "data"
+            self.batches.load_state_dict(state["data"])
+            entry = "fixed_z"
+            self.fixed_z = state["fixed_z"].to(self.fixed_z.device).reshape(self.fixed_z.shape)
+            entry = "rng"
+            random.setstate(state["rng"]["python"])
+            torch.set_rng_state(state["rng"]["torch"].cpu())
+            if state["rng"]["cuda"] and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all([s.cpu() for s in state["rng"]["cuda"]])
+            entry = "step"
+            self.step = int(state["step"])
+        except CheckpointError:
+            raise
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as err:
+            raise CheckpointError(
+                f"The checkpoint's entry {entry!r} is missing or damaged ({type(err).__name__}: "
+                f"{str(err).splitlines()[0] if str(err) else 'no detail'}), so the run cannot continue from it. "
+                "Resume from an earlier numbered checkpoint (trainer.keep_checkpoints) or start a new run."
+            ) from err
+
+
+NETWORK_NAMES = {"G": "generator", "D": "discriminator"}
 
 
 def build_state(
