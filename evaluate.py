@@ -23,7 +23,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from gan.config import register_evaluate_configs, validate_evaluate
-from gan.errors import UserError
+from gan.errors import UserError, environment_error
 from gan.evaluation.pipeline import evaluate
 from gan.training.runs import SweepJobFailed, override_key, preflight
 
@@ -39,7 +39,9 @@ def main(cfg: DictConfig) -> float:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         results = evaluate(validate_evaluate(cfg), run_dir, data_overrides(cfg))
-    except UserError as err:
+    except (UserError, OSError) as err:
+        if isinstance(err, OSError):  # disk full, permissions: the environment, not a bug
+            err = environment_error(err)
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             # Hydra records the failed job, prints this paragraph (no traceback) and runs the others
             raise SweepJobFailed(str(err)) from err

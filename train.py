@@ -18,7 +18,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from gan.config import EvaluateConfig, TrainConfig, register_configs, validate
 from gan.distributed import broadcast_object, close, init_process_group, rank_zero_argv, world_from_env
-from gan.errors import UserError
+from gan.errors import UserError, environment_error
 from gan.evaluation.pipeline import evaluate
 from gan.training import NonFiniteLossError, train
 from gan.training.runs import SweepJobFailed, preflight, resume_argv
@@ -50,7 +50,9 @@ def main(cfg: DictConfig) -> float:
                 fid = final_fid(typed, result.checkpoint, run_dir)
             else:
                 fid = float("nan")
-    except (UserError, NonFiniteLossError) as err:
+    except (UserError, NonFiniteLossError, OSError) as err:
+        if isinstance(err, OSError):  # disk full, permissions: the environment, not a bug
+            err = environment_error(err)
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             # Hydra records the failed job, prints this paragraph (no traceback) and runs the others
             raise SweepJobFailed(str(err)) from err

@@ -26,3 +26,15 @@ class DataError(UserError):
 
 class MetricsError(UserError):
     """A measurement that cannot be made honestly; the message says why and what to change."""
+
+
+def environment_error(err: OSError) -> UserError:
+    """An OSError (disk full, no permission, a file that vanished) as a UserError: the environment
+    refused, and the message says which file and why; it is not a bug to trace back."""
+    where = f" {err.filename}" if err.filename else ""
+    reason = err.strerror or str(err) or type(err).__name__
+    return UserError(
+        f"The operating system refused a file operation on{where or ' a file'}: {reason} (errno {err.errno}). "
+        "Free disk space or fix the permissions and run the same command again; checkpoints are written "
+        "atomically, so the last one written before this is intact."
+    )

@@ -3,6 +3,10 @@ a traceback, and nothing that was good before is changed."""
 
 from __future__ import annotations
 
+import functools
+import resource
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -55,3 +59,32 @@ def test_a_sweep_reports_a_bad_job_without_a_traceback_and_runs_the_others(tmp_p
     assert "optim.lr=-1.0 must be > 0." in output and "Traceback" not in output
     finished = list(Path(sweep_dir).glob("*/checkpoints/last.pt"))
     assert len(finished) == 1 and "optim.lr=0.0001" in str(finished[0])
+
+
+def test_a_full_disk_stops_with_a_clear_error_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    assert run_train("trainer.max_steps=2", f"hydra.run.dir={run_dir}").returncode == 0
+    last = run_dir / "checkpoints" / "last.pt"
+    good = last.read_bytes()
+
+    def small_disk() -> None:  # in the child: files may not grow past a checkpoint's size
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # then write() fails with EFBIG instead of a kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (len(good) // 2, len(good) // 2))
+
+    monkeypatch.setattr(subprocess, "run", functools.partial(subprocess.run, preexec_fn=small_disk))
+    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=4")
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-3000:]
+    assert "Traceback" not in output and "File too large" in output
+    assert last.read_bytes() == good  # the write failed on its temporary file; last.pt is the old one
+    assert not list(last.parent.glob(".*.tmp"))
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux's /proc, a folder no file can be created in")
+def test_a_run_dir_that_cannot_be_created_is_refused_before_hydra(tmp_path):
+    # os.access says /proc is writable to root, yet nothing can be created in it: the pre-check must try
+    target = Path("/proc") / "dcgan-reference-run"
+    result = run_train(f"hydra.run.dir={target}", cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in output
+    assert f"Cannot write the run directory {target}" in output

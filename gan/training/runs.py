@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -249,24 +250,33 @@ def _compose(overrides: list[str], config_dir: Path) -> dict:
 
 
 def unwritable_output(argv: list[str]) -> Optional[str]:
-    """An error message if the folder Hydra will write this run into cannot be created, else None.
+    """An error message if the folder Hydra will write this run into cannot be written, else None.
 
-    Checked before Hydra starts, which would otherwise fail with a traceback.
+    Checked before Hydra starts, which would otherwise fail with a traceback. It is tried, not
+    guessed from permission bits (which say yes to root on a read-only file system's parent, or
+    on a folder whose quota is spent): the folder is created and a file is written in it and removed.
     """
     args = argv[1:]
     key = "hydra.sweep.dir" if "-m" in args or "--multirun" in args else "hydra.run.dir"
     values = override_values(args, key)
     target = Path(unquote(values[-1])) if values else Path("outputs")
-    existing = target
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=target):
+            pass
         return None
-    why = "is not a directory" if existing.exists() and not existing.is_dir() else "is not writable"
-    return (
-        f"Cannot write the run directory {target}: {existing} {why}. Choose a writable folder "
-        f"with {key}=PATH (or launch from a writable directory)."
-    )
+    except OSError as err:
+        existing = target
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if existing.exists() and not existing.is_dir():
+            why = f"{existing} is not a directory"
+        else:
+            why = f"{err.strerror or err} (the nearest existing folder is {existing})"
+        return (
+            f"Cannot write the run directory {target}: {why}. Choose a writable folder "
+            f"with {key}=PATH (or launch from a writable directory)."
+        )
 
 
 def preflight(argv: list[str], exit_code: int = 2) -> None:
