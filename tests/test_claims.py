@@ -150,10 +150,18 @@ def test_note000_numpy_needs_a_cpu_tensor_without_grad():
 def test_note000_astype_float32_copies():
     """000: '.astype("float32"): converts what was a double in the tensor to float32 explicitly'.
 
-    Partly. Torch's default dtype is float32 already, so .numpy() of a model's output is float32
-    before astype; astype then only makes a copy (NumPy's copy=True default), which ends the
-    memory sharing with the tensor. A float64 tensor (e.g. from a float64 array) does convert.
+    Partly. Torch's default dtype is float32 already, so .numpy() of an fp32 model's output is
+    float32 before astype; astype then only makes a copy (NumPy's copy=True default), which ends the
+    memory sharing with the tensor. A float64 tensor (e.g. from a float64 array) does convert. Under
+    bf16 autocast (trainer.precision=auto picks it on fast hardware) the output is bfloat16, which
+    NumPy has no type for: .numpy() raises, and .float() must come first.
     """
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = torch.nn.Linear(2, 2)(torch.zeros(1, 2))
+    assert out.dtype == torch.bfloat16
+    with pytest.raises(TypeError, match="BFloat16"):
+        out.detach().numpy()
+    assert out.detach().float().cpu().numpy().dtype == np.float32
     t = torch.zeros(2)
     assert t.numpy().dtype == np.float32
     copied = t.numpy().astype("float32")

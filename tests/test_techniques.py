@@ -1,7 +1,7 @@
 """Invariants tier: each technique of the training step, proven on real G and D.
 
 Every test that shows a technique also shows what goes wrong without it, so it fails if the
-technique is removed from gan/steps.py or gan/sampling.py.
+technique is removed from gan/core/steps.py or gan/core/sampling.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The lesson: how a GAN is trained in PyTorch, in five short files that import torch and nothing
-else of this project. Read them top to bottom, in this order:
+"""The lesson: how a GAN is trained in PyTorch, in five short files that import torch (and
+torchvision's make_grid, for sample grids) and nothing of the rest of this project. Read them top
+to bottom, in this order:
 
 1. `models.py`   Generator and Discriminator of DCGAN, N(0, 0.02) init, a state-size comment per stage.
                  D returns logits, not probabilities.
