@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -51,47 +52,30 @@ _SHAPE_KEYS = ("image_size", "channels")
 def evaluate(cfg: EvaluateConfig, run_dir: Path, data_overrides: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
     """Measure the checkpoint cfg.checkpoint; writes metrics.json, PNGs and TensorBoard events into
     run_dir and returns what metrics.json holds. data_overrides: the data.* keys the user gave."""
-    timings: dict[str, float] = {}
-    clock = Stopwatch(timings)
+    clock = Stopwatch()
     run_dir.mkdir(parents=True, exist_ok=True)
     device = setup_torch(cfg.device, cfg.threads, cfg.seed, "device")
     # Inception first: a missing weights file or package fails here, before any other work
     inception = (
-        M.inception_features(cfg.metrics.inception_weights)
-        if (cfg.metrics.features == FeatureSpace.inception)
-        else None
+        M.inception_features(cfg.metrics.inception_weights) if cfg.metrics.features.value == "inception" else None
     )
 
     # checkpoint: the generator and the dataset it learned
     state = load_checkpoint(cfg.checkpoint, map_location="cpu")
     data = data_config_of(state, data_overrides or {})
-    G, generator_name = build_generator(state, cfg.use_ema, device)
-    recomputed = recompute_batchnorm_stats(G, cfg.bn_batches, cfg.batch_size, cfg.seed, device)
-    bn_stats = f"recomputed ({cfg.bn_batches} x {cfg.batch_size} samples)" if recomputed else "checkpoint"
-    step = int(state["step"])
-    log.info(
-        "Evaluating %s: step %d, %s generator, data=%s (%d px, %d channel(s))",
-        cfg.checkpoint,
-        step,
-        generator_name,
-        data.name,
-        data.image_size,
-        data.channels,
-    )
+    G, about = prepare_generator(state, cfg, device)
+    log.info("Evaluating %s: step %d, %s generator, data=%s (%d px, %d channel(s))", cfg.checkpoint,
+             about["step"], about["generator"], data.name, data.image_size, data.channels)  # fmt: skip
 
     # real images: the held-out split is the reference
     reference = load_dataset(data, train=False, in_memory=True)
-    stacked = M.is_stacked(reference)
-    real, real_labels = reference_subset(reference, cfg.num_samples, cfg.seed)
+    reals = Reals(*reference_subset(reference, cfg.num_samples, cfg.seed), stacked=M.is_stacked(reference))
     clock("data")
 
     # instruments: the classifier (class histograms; the default feature space), the feature network
-    classifier, accuracy, classifier_file = classifier_for(data, reference, stacked, cfg, device)
-    feature_net = (
-        inception
-        if inception is not None
-        else M.ClassifierFeatures(classifier, per_channel=stacked, channels=reference.images.size(1))
-    )
+    classifier, accuracy, classifier_file = classifier_for(data, reference, reals.stacked, cfg, device)
+    channels = reference.images.size(1)
+    feature_net = inception if inception is not None else M.ClassifierFeatures(classifier, reals.stacked, channels)
     feature_net = feature_net.to(device)
     clock("classifier")
 
@@ -100,30 +84,13 @@ def evaluate(cfg: EvaluateConfig, run_dir: Path, data_overrides: Optional[Mappin
     clock("sampling")
 
     # measure: features once per image set, shared by every metric
-    real_features = M.batched(feature_net, real, cfg.batch_size, device)
-    fake_features = M.batched(feature_net, fake, cfg.batch_size, device)
-    clock("features")
-    results: dict[str, Any] = M.distribution_metrics(real_features, fake_features, cfg.metrics, cfg.seed)
-    results.update(class_metrics(classifier, real, fake, real_labels, stacked, cfg, device))
-    results.update(
-        num_samples=fake.size(0),
-        num_real=real.size(0),
-        features=cfg.metrics.features.value,
-        classifier=classifier_file,
-        classifier_accuracy=accuracy,
-        generator=generator_name,
-        batchnorm_stats=bn_stats,
-        step=step,
-        checkpoint=str(cfg.checkpoint),
-    )
+    results = measure(feature_net, classifier, reals, fake, cfg, device)
+    results.update(num_samples=fake.size(0), num_real=reals.images.size(0), features=cfg.metrics.features.value,
+                   classifier=classifier_file, classifier_accuracy=accuracy, **about)  # fmt: skip
     clock("metrics")
 
     # pictures: samples, a latent interpolation, and each sample's nearest training images
-    pictures = {
-        "samples": image_grid(to_unit_range(fake[: cfg.grid_samples])),
-        "interpolation": interpolation_strip(G, cfg.interpolation_rows, cfg.interpolation_steps, cfg.seed, device),
-        "nearest_neighbours": neighbour_grid(fake[: cfg.neighbour_queries], data, cfg.neighbours),
-    }
+    pictures = draw_pictures(G, fake, data, cfg, device)
     for name, grid in pictures.items():
         save_image(grid, run_dir / f"{name}.png")
     clock("pictures")
@@ -135,18 +102,62 @@ def evaluate(cfg: EvaluateConfig, run_dir: Path, data_overrides: Optional[Mappin
     clock("outputs")
 
     # report: metrics.json, the same table in the log, TensorBoard
-    results["seconds"] = {**timings, "total": sum(timings.values())}
+    results["seconds"] = {**clock.timings, "total": sum(clock.timings.values())}
+    report(results, pictures, run_dir)
+    return results
+
+
+@dataclass
+class Reals:
+    """The held-out images measured against, their labels, and whether they are Stacked-MNIST triples."""
+
+    images: Tensor
+    labels: Tensor
+    stacked: bool
+
+
+def prepare_generator(state: Mapping[str, Any], cfg: EvaluateConfig, device: torch.device) -> tuple[nn.Module, dict]:
+    """G from the checkpoint (EMA or raw, as asked) with its BatchNorm statistics recomputed when
+    cfg.bn_batches > 0, in eval mode; and what metrics.json says about it."""
+    G, generator_name = build_generator(state, cfg.use_ema, device)
+    recomputed = recompute_batchnorm_stats(G, cfg.bn_batches, cfg.batch_size, cfg.seed, device)
+    bn_stats = f"recomputed ({cfg.bn_batches} x {cfg.batch_size} samples)" if recomputed else "checkpoint"
+    about = {"generator": generator_name, "batchnorm_stats": bn_stats, "step": int(state["step"])}
+    return G, {**about, "checkpoint": str(cfg.checkpoint)}
+
+
+def measure(
+    feature_net: nn.Module,
+    classifier: Optional[M.Classifier],
+    reals: Reals,
+    fake: Tensor,
+    cfg: EvaluateConfig,
+    device: torch.device,
+) -> dict[str, Any]:
+    """Every metric of `fake` against `reals`: distances in feature space, then class coverage."""
+    real_features = M.batched(feature_net, reals.images, cfg.batch_size, device)
+    fake_features = M.batched(feature_net, fake, cfg.batch_size, device)
+    results: dict[str, Any] = M.distribution_metrics(real_features, fake_features, cfg.metrics, cfg.seed)
+    results.update(class_metrics(classifier, reals, fake, cfg, device))
+    return results
+
+
+def draw_pictures(G: nn.Module, fake: Tensor, data: DataConfig, cfg: EvaluateConfig, device: torch.device) -> dict:
+    """samples.png, interpolation.png and nearest_neighbours.png, as grids."""
+    return {
+        "samples": image_grid(to_unit_range(fake[: cfg.grid_samples])),
+        "interpolation": interpolation_strip(G, cfg.interpolation_rows, cfg.interpolation_steps, cfg.seed, device),
+        "nearest_neighbours": neighbour_grid(fake[: cfg.neighbour_queries], data, cfg.neighbours),
+    }
+
+
+def report(results: dict[str, Any], pictures: Mapping[str, Tensor], run_dir: Path) -> None:
+    """metrics.json, the same table in the log, and TensorBoard."""
     (run_dir / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
     table = format_table(results)
-    log.info(
-        "Metrics (%s features, %d samples vs %d held-out images):\n%s",
-        results["features"],
-        results["num_samples"],
-        results["num_real"],
-        table,
-    )
-    write_tensorboard(run_dir / "tb", results, pictures, table, step)
-    return results
+    log.info("Metrics (%s features, %d samples vs %d held-out images):\n%s", results["features"],
+             results["num_samples"], results["num_real"], table)  # fmt: skip
+    write_tensorboard(run_dir / "tb", results, pictures, table, results["step"])
 
 
 # setup and inputs --------------------------------------------------------------------------------
@@ -287,20 +298,14 @@ def generate(G: nn.Module, count: int, batch_size: int, seed: int, device: torch
 
 
 def class_metrics(
-    classifier: Optional[M.Classifier],
-    real: Tensor,
-    fake: Tensor,
-    real_labels: Tensor,
-    stacked: bool,
-    cfg: EvaluateConfig,
-    device: torch.device,
+    classifier: Optional[M.Classifier], reals: Reals, fake: Tensor, cfg: EvaluateConfig, device: torch.device
 ) -> dict[str, Any]:
     """classes_covered and class_kl over the classifier's classes; for stacked data over the digits
     of every channel pooled, plus modes_covered and mode_kl over the 1000 digit triples."""
     if classifier is None:
         return {"classes_covered": None, "class_kl": None}
-    batch = cfg.batch_size
-    if not stacked:
+    batch, real = cfg.batch_size, reals.images
+    if not reals.stacked:
         return M.class_coverage(
             M.predict(classifier, fake, batch, device),
             M.predict(classifier, real, batch, device),
@@ -309,7 +314,7 @@ def class_metrics(
         )
     fake_modes = M.predict(classifier, fake, batch, device, per_channel=True)
     real_modes = M.predict(classifier, real, batch, device, per_channel=True)
-    decoded = float((real_modes == real_labels).float().mean())
+    decoded = float((real_modes == reals.labels).float().mean())
     log.info(
         "Stacked data: the channel classifier reads %.1f%% of the held-out digit triples right "
         "(%d of 1000 modes present among them)",
@@ -371,10 +376,11 @@ def write_tensorboard(
 
 
 class Stopwatch:
-    """clock(name) records the seconds since the previous call under `name`."""
+    """clock(name) records the seconds since the previous call under `name`, in clock.timings."""
 
-    def __init__(self, timings: dict[str, float]):
-        self.timings, self.last = timings, time.perf_counter()
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+        self.last = time.perf_counter()
 
     def __call__(self, name: str) -> None:
         now = time.perf_counter()
