@@ -30,6 +30,21 @@ class LossName(str, Enum):
     wgan_gp = "wgan_gp"  # Wasserstein loss; pair with loss.gradient_penalty (Gulrajani et al. 2017)
 
 
+class DatasetName(str, Enum):
+    """The datasets: one opener each in gan/data/sources.py and one option each in configs/data/."""
+
+    digits = "digits"  # built in: rendered from a font, no download
+    mnist = "mnist"  # torchvision's MNIST
+    fashion_mnist = "fashion_mnist"  # torchvision's FashionMNIST
+    cifar10 = "cifar10"  # torchvision's CIFAR10
+    folder = "folder"  # any folder of images, flat or one subfolder per class
+    celeba = "celeba"  # CelebA's aligned faces, read as a folder where torchvision puts them
+    stacked = "stacked"  # Stacked-MNIST: three grayscale images as R, G, B (1000 modes)
+
+    def __str__(self) -> str:  # `data={name}` in messages, not `data=DatasetName.digits` (Python 3.11+)
+        return self.value
+
+
 class OnNonFinite(str, Enum):
     stop = "stop"  # stop with an error naming the step; the last checkpoint stays the last good one
     skip = "skip"  # drop that step's update and go on (costs one host sync per step)
@@ -44,19 +59,18 @@ class Precision(str, Enum):
 
 @dataclass
 class DataConfig:
-    # The choices of `name` and `source` (plain class attributes, not config fields; gan/data.py
-    # has one loader per name, configs/data/ one yaml per name).
-    NAMES = ("digits", "mnist", "fashion_mnist", "cifar10", "folder", "celeba", "stacked")
-    SOURCES = ("digits", "mnist", "fashion_mnist")  # 10-class grayscale sets that stacked can stack
+    # The datasets data=stacked can stack: 10-class grayscale sets (a class attribute, not a field).
+    SOURCES = (DatasetName.digits, DatasetName.mnist, DatasetName.fashion_mnist)
 
-    name: str = "digits"  # dataset, one of NAMES; `digits` is built in and needs no download
+    name: DatasetName = DatasetName.digits  # the dataset (configs/data/); `digits` is built in, no download
     # Where datasets live, relative to the launch directory, in torchvision's layout: ROOT/MNIST/raw,
     # ROOT/FashionMNIST/raw, ROOT/cifar-10-batches-py, ROOT/celeba/img_align_celeba. For
     # name=folder it is the image folder itself.
     root: str = "data"
     # fetch a missing mnist/fashion_mnist/cifar10/celeba into root; off so no run goes online unasked
     download: bool = False
-    source: str = "digits"  # stacked: the dataset whose images become the R, G and B channels (digits is built in)
+    # stacked: the dataset whose images become the R, G and B channels, one of SOURCES (digits is built in)
+    source: DatasetName = DatasetName.digits
     image_size: int = 32  # side in pixels: a power of two, 16..256 (G doubles it per block from 4x4)
     channels: int = 1  # 1 grayscale, 3 RGB; other data is converted: gray repeated to RGB, RGB to luma
     # Hold the preprocessed uint8 images in memory (on the training device) and index batches there,
@@ -68,6 +82,9 @@ class DataConfig:
     num_workers: Optional[int] = None
     num_samples: int = 60000  # digits, stacked: size of the generated training set (MNIST-sized; stacked.yaml: 128k)
     seed: int = 0  # digits, stacked: generation seed, apart from trainer.seed so every run sees the same data
+    # Train on the first N images of the training split only (the held-out split is untouched): a
+    # small set to overfit (debug=overfit) or a quick look at how a result scales with data. 0 = all.
+    limit: int = 0
 
     def check(self) -> None:
         _require(
@@ -84,7 +101,9 @@ class DataConfig:
             self.num_workers,
             "must be >= 0, or null for auto",
         )
-        _require(self.name in self.NAMES, "data.name", self.name, f"must be one of {', '.join(self.NAMES)}")
+        # Hydra refuses other names at the command line; these two catch a DataConfig built in code.
+        names = [member.value for member in DatasetName]
+        _require(self.name in names, "data.name", self.name, f"must be one of {', '.join(names)}")
         _require(
             self.source in self.SOURCES,
             "data.source",
@@ -110,6 +129,13 @@ class DataConfig:
             "data.num_samples",
             self.num_samples,
             f"must be at least data.batch_size ({self.batch_size}): an epoch needs one full batch",
+        )
+        _require(
+            self.limit == 0 or self.limit >= self.batch_size,
+            "data.limit",
+            self.limit,
+            f"must be 0 (the whole training split) or at least data.batch_size ({self.batch_size}): "
+            "an epoch needs one full batch",
         )
 
 
@@ -244,7 +270,9 @@ class TrainConfig:
             "model.d_batchnorm",
             self.model.d_batchnorm,
             "must be false with loss.gradient_penalty or loss.r1: those penalties are per sample, "
-            "and BatchNorm makes each sample's output depend on the whole batch",
+            "and BatchNorm makes each sample's output depend on the whole batch. Add model.d_batchnorm=false, "
+            "or for WGAN-GP use experiment=wgan_gp, the ready pairing (loss=wgan_gp, no BatchNorm in D, "
+            "Adam betas (0.0, 0.9))",
         )
 
 
@@ -260,7 +288,8 @@ def _power_of_two(n: int) -> bool:
 
 def _require(ok: bool, key: str, value: Any, why: str) -> None:
     if not ok:
-        raise ConfigError(f"{key}={value!r} {why}.")
+        shown = value.value if isinstance(value, Enum) else value  # 'mnist', not <DatasetName.mnist: 'mnist'>
+        raise ConfigError(f"{key}={shown!r} {why}.")
 
 
 def validate(cfg: DictConfig) -> TrainConfig:

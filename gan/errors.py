@@ -38,3 +38,8 @@ def environment_error(err: OSError) -> UserError:
         "Free disk space or fix the permissions and run the same command again; checkpoints are written "
         "atomically, so the last one written before this is intact."
     )
+
+
+class RunDirError(UserError):
+    """A run directory that cannot be used now: another process holds it, or a new run would replace
+    the run it holds; the message names the directory and what to do."""

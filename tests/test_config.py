@@ -2,28 +2,55 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from conftest import CONFIG_DIR, compose_config, run_train
+from omegaconf import OmegaConf
 
-from gan.config import BackwardMode, ConfigError, LossName, TrainConfig
+from gan.config import BackwardMode, ConfigError, DatasetName, LossName, TrainConfig
+from gan.data.sources import _OPENERS
+
+# Options that are refused alone, with what they need (test_wgan_gp_alone_names_its_recipe).
+PAIRED = {"loss=wgan_gp": ["model.d_batchnorm=false"]}
 
 
 def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
 
 
-@pytest.mark.parametrize("group", ["data", "model", "loss", "optim", "trainer", "experiment"])
+@pytest.mark.parametrize("group", ["data", "model", "loss", "optim", "trainer", "experiment", "debug"])
 def test_every_option_of_every_group_composes(group):
     assert options(group), f"configs/{group}/ is empty"
     for option in options(group):
-        assert isinstance(compose_config(f"{group}={option}"), TrainConfig)
+        override = f"{group}={option}"
+        assert isinstance(compose_config(override, *PAIRED.get(override, [])), TrainConfig)
+
+
+def test_each_dataset_has_one_name_one_yaml_and_one_opener():
+    names = {member.value for member in DatasetName}
+    assert set(options("data")) == names
+    assert set(_OPENERS) == set(DatasetName)
+    for name in names:  # the file is the option of that name, not a copy of another
+        assert OmegaConf.load(CONFIG_DIR / "data" / f"{name}.yaml").name == name
+
+
+def test_group_files_state_only_what_differs_from_the_schema():
+    """The dataclasses hold every default; a yaml that repeats one would be a second place to change it."""
+    defaults = TrainConfig()
+    for group in ("data", "model", "loss", "optim", "trainer"):
+        schema = OmegaConf.structured(getattr(defaults, group))
+        for option in options(group):
+            stated = OmegaConf.load(CONFIG_DIR / group / f"{option}.yaml")
+            repeated = [k for k, v in stated.items() if k != "name" and schema[k] == v]
+            assert not repeated, f"configs/{group}/{option}.yaml repeats the schema's default of {repeated}"
 
 
 def test_defaults_are_the_documented_contract():
     cfg = compose_config()
     assert cfg.data.name == "digits" and cfg.loss.name == LossName.bce
     assert cfg.loss.backward_mode == BackwardMode.summed
-    assert cfg.trainer.device == "cpu"  # set by TINY; the shipped default is auto:
+    assert cfg.trainer.device == "cpu"  # set by debug=tiny; the shipped default is auto:
     assert compose_config("trainer.device=auto").trainer.device == "auto"
 
 
@@ -43,6 +70,8 @@ def test_overrides_reach_the_typed_config():
         ("optim.beta1=1.5", "optim.beta1"),
         ("trainer.device=gpu", "trainer.device"),
         ("loss.feature_matching=-1", "loss.feature_matching"),
+        ("data.limit=-1", "data.limit"),
+        ("data.limit=16", "data.limit"),  # below debug=tiny's batch of 32: not one full batch
     ],
 )
 def test_out_of_range_values_are_refused_naming_the_key(override, key):
@@ -57,6 +86,7 @@ def test_out_of_range_values_are_refused_naming_the_key(override, key):
         ("optim.lr=abc", "optim.lr"),  # wrong type
         ("optim.lrr=1", "lrr"),  # unknown key
         ("data=nosuch", "nosuch"),  # unknown option of a group
+        ("data.name=nosuch", "nosuch"),  # unknown dataset: DatasetName refuses it
         ("loss.name=foo", "foo"),  # unknown choice of an enum
         ("trainer.max_steps=-1", "trainer.max_steps"),  # out of range, refused before training
         ("data.image_size=24", "data.image_size"),  # a size the model cannot build
@@ -69,3 +99,30 @@ def test_bad_command_line_fails_cleanly(tmp_path, override, expected):
     assert expected in output
     assert "Traceback" not in output
     assert not (tmp_path / "run" / "checkpoints").exists()  # refused before any training
+
+
+def test_wgan_gp_alone_names_its_recipe():
+    with pytest.raises(ConfigError, match=r"model\.d_batchnorm=True .*experiment=wgan_gp"):
+        compose_config("loss=wgan_gp")
+    cfg = compose_config("experiment=wgan_gp")
+    assert cfg.loss.name == LossName.wgan_gp and cfg.loss.gradient_penalty == 10.0
+    assert not cfg.model.d_batchnorm and (cfg.optim.beta1, cfg.optim.beta2) == (0.0, 0.9)
+
+
+# debug group ---------------------------------------------------------------------------------
+
+
+def test_debug_tiny_runs_in_seconds_and_writes_what_a_real_run_writes(tmp_path):
+    run_dir = tmp_path / "run"
+    started = time.perf_counter()
+    result = run_train("debug=tiny", f"hydra.run.dir={run_dir}", tiny=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert time.perf_counter() - started < 120  # seconds on an idle 2-core CPU; generous for a busy one
+    assert (run_dir / "checkpoints" / "last.pt").is_file()
+    assert list((run_dir / "tb").glob("events.out.tfevents.*"))
+    assert list((run_dir / "samples").glob("*.png"))
+
+
+def test_debug_overfit_sees_one_batch_over_and_over():
+    cfg = compose_config("debug=overfit")  # replaces the tests' debug=tiny
+    assert cfg.data.limit == cfg.data.batch_size and cfg.trainer.max_steps >= 300

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -88,3 +90,26 @@ def test_batch_stream_covers_each_epoch_once_and_resumes_exactly(workers):
     resumed = BatchStream(images, batch_size=3, seed=0, device=torch.device("cpu"), num_workers=workers)
     resumed.load_state_dict(state)
     assert all(torch.equal(a, next(resumed)) for a in following)
+
+
+@pytest.mark.parametrize("name, channels", [("digits", 1), ("stacked", 3)])
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_limit_keeps_the_first_images_with_their_labels_and_the_whole_held_out_split(name, channels, in_memory):
+    cfg = DataConfig(name=name, channels=channels, num_samples=240, in_memory=in_memory)
+    limited_cfg = DataConfig(name=name, channels=channels, num_samples=240, in_memory=in_memory, limit=64)
+    full, limited = load_dataset(cfg), load_dataset(limited_cfg)
+    assert len(limited.images) == limited.labels.numel() == 64 and limited.num_classes == full.num_classes
+    assert torch.equal(limited.labels, full.labels[:64])
+    assert all(torch.equal(limited.images[i], full.images[i]) for i in (0, 31, 63))  # tensor or streamed source
+    held_out = load_dataset(limited_cfg, train=False)
+    assert held_out.labels.numel() == 40 and torch.equal(held_out.labels, load_dataset(cfg, train=False).labels)
+
+
+def test_limit_slices_a_streamed_folder_with_its_labels(tmp_path):
+    for i in range(16):  # two classes, so the labels can go wrong
+        (tmp_path / f"class_{i % 2}").mkdir(exist_ok=True)
+        Image.fromarray(np.full((20, 20), 10 * i, dtype=np.uint8)).save(tmp_path / f"class_{i % 2}" / f"{i:02d}.png")
+    cfg = DataConfig(name="folder", root=str(tmp_path), image_size=16, in_memory=False)
+    full, limited = load_dataset(cfg), load_dataset(dataclasses.replace(cfg, limit=10))
+    assert limited.images.paths == full.images.paths[:10] and torch.equal(limited.labels, full.labels[:10])
+    assert 0 < full.labels[:10].sum() < 10  # the first ten span both classes

@@ -353,7 +353,8 @@ def test_celeba_is_read_where_torchvision_puts_it_at_64_px(tmp_path):
     for i in range(1, 15):
         write_image(faces / f"{i:06d}.jpg", (178, 218), seed=i)
     (tmp_path / "celeba" / "list_attr_celeba.txt").write_text("not an image\n")
-    recipe = OmegaConf.load(CONFIG_DIR / "data" / "celeba.yaml")  # (TINY would shrink a composed one)
+    # the schema's defaults under the option's file, as Hydra lays them (TINY would shrink a composed one)
+    recipe = OmegaConf.merge(DataConfig(), OmegaConf.load(CONFIG_DIR / "data" / "celeba.yaml"))
     assert (recipe.image_size, recipe.channels, recipe.batch_size) == (64, 3, 128)  # the tutorial's
     cfg = compose_config("data=celeba", f"data.root={tmp_path}", "data.image_size=64").data
     data = load_dataset(cfg)

@@ -108,7 +108,7 @@ def test_minibatch_std_in_discriminator():
 def test_per_sample_penalties_refuse_batchnorm():
     with pytest.raises(ConfigError, match="model.d_batchnorm"):
         compose_config("loss.r1=1.0")
-    cfg = compose_config("loss=wgan_gp")  # the recipe turns BatchNorm off itself
+    cfg = compose_config("experiment=wgan_gp")  # the recipe turns BatchNorm off with the loss
     assert not cfg.model.d_batchnorm and cfg.loss.gradient_penalty == 10.0 and cfg.optim.beta1 == 0.0
 
 
@@ -179,7 +179,7 @@ def test_ema_averages_weights_and_batchnorm_statistics():
 @pytest.mark.parametrize(
     "overrides",
     [
-        ["loss=wgan_gp"],
+        ["experiment=wgan_gp"],
         ["loss=hinge", "model.spectral_norm=true", "model.d_batchnorm=false"],
         ["model.pack=2", "loss.real_label=0.9", "optim.lr_d=4e-4"],
         ["model.minibatch_std=4", "model.pack=2"],

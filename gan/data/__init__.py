@@ -31,6 +31,7 @@ __all__ = [
     "is_held_out",
     "load_dataset",
     "open_source",
+    "read_image",
     "render_digits",
     "to_unit_range",
 ]

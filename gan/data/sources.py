@@ -33,7 +33,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms.functional import pil_to_tensor
 from torchvision.transforms.v2 import functional as TF
 
-from gan.config import DataConfig
+from gan.config import DataConfig, DatasetName
 from gan.data.digits import NUM_DIGIT_CLASSES, render_digits
 from gan.data.stream import available_cpus
 from gan.errors import DataError
@@ -71,7 +71,9 @@ def load_dataset(cfg: DataConfig, train: bool = True, in_memory: Optional[bool] 
     as an evaluation against the held-out split, passes True.
     """
     started = time.perf_counter()
-    source = open_source(cfg, train)
+    source, split = open_source(cfg, train), "training" if train else "held-out"
+    if train and cfg.limit:  # the first N images, their labels with them; the held-out split stays whole
+        source, split = source.first(cfg.limit), f"training (first {cfg.limit}: data.limit)"
     keep = cfg.in_memory if in_memory is None else in_memory
     nbytes = len(source) * source.channels * source.image_size**2
     if keep is None:
@@ -80,7 +82,7 @@ def load_dataset(cfg: DataConfig, train: bool = True, in_memory: Optional[bool] 
     log.info(
         "data=%s, %s split: %d images of %dx%dx%d (%.0f MB as uint8), %s, %d classes (%.1f s)",
         cfg.name,
-        "training" if train else "held-out",
+        split,
         len(source),
         source.channels,
         source.image_size,
@@ -124,6 +126,10 @@ class ImageSource(Dataset):
     def __getitem__(self, index: int) -> Tensor:
         raise NotImplementedError
 
+    def first(self, count: int) -> ImageSource:
+        """The first `count` images and their labels, in the same kind of storage (data.limit)."""
+        raise NotImplementedError
+
     def load_all(self) -> Tensor:
         """Every image as one uint8 (N, C, S, S) tensor, decoded in parallel by DataLoader workers."""
         out = torch.empty(len(self), self.channels, self.image_size, self.image_size, dtype=torch.uint8)
@@ -147,6 +153,9 @@ class ArrayImages(ImageSource):
     def __getitem__(self, index: int) -> Tensor:
         return fit_square(convert_channels(self.raw[index], self.channels), self.image_size)
 
+    def first(self, count: int) -> ArrayImages:
+        return ArrayImages(self.raw[:count], self.labels[:count], self.num_classes, self.channels, self.image_size)
+
     def load_all(self) -> Tensor:
         # Each op works per image, so a chunk of 4096 gives exactly the pixels of 4096 single calls;
         # 60k MNIST images resize to 32 px in about half a second on one core.
@@ -164,6 +173,9 @@ class ImageFiles(ImageSource):
     def __getitem__(self, index: int) -> Tensor:
         return read_image(self.paths[index], self.channels, self.image_size)
 
+    def first(self, count: int) -> ImageFiles:
+        return ImageFiles(self.paths[:count], self.labels[:count], self.num_classes, self.channels, self.image_size)
+
 
 class StackedImages(ImageSource):
     """Stacked-MNIST: three images of a grayscale set as the R, G and B channels of one image."""
@@ -174,6 +186,9 @@ class StackedImages(ImageSource):
 
     def __getitem__(self, index: int) -> Tensor:
         return self.source[self.triples[index]].flatten(0, 1)  # (3, 1, S, S) -> (3, S, S)
+
+    def first(self, count: int) -> StackedImages:
+        return StackedImages(self.source, self.triples[:count], self.labels[:count])
 
     def load_all(self) -> Tensor:
         return self.source[self.triples].flatten(1, 2)  # one gather: (N, 3, 1, S, S) -> (N, 3, S, S)
@@ -397,7 +412,8 @@ def open_stacked(cfg: DataConfig, train: bool) -> StackedImages:
     drawn independently and uniformly, stacked as R, G, B. Its 1000 classes (label = 100 * red +
     10 * green + blue digit) are the modes a mode-counting classifier looks for."""
     try:  # the source split in memory, grayscale, at the target size; digits renders num_samples
-        source = load_dataset(replace(cfg, name=cfg.source, channels=1), train, in_memory=True)
+        # limit=0: data.limit counts stacked images, not the source images they are drawn from
+        source = load_dataset(replace(cfg, name=cfg.source, channels=1, limit=0), train, in_memory=True)
     except DataError as err:
         raise DataError(f"data=stacked reads its images from data.source={cfg.source}: {err}") from err
     count = cfg.num_samples if train else max(cfg.num_samples // 6, 1)
@@ -407,12 +423,13 @@ def open_stacked(cfg: DataConfig, train: bool) -> StackedImages:
     return StackedImages(source.images, triples, digits[:, 0] * 100 + digits[:, 1] * 10 + digits[:, 2])
 
 
-_OPENERS: dict[str, Callable[[DataConfig, bool], ImageSource]] = {
-    "digits": open_digits,
-    "mnist": open_mnist,
-    "fashion_mnist": open_fashion_mnist,
-    "cifar10": open_cifar10,
-    "folder": open_folder,
-    "celeba": open_celeba,
-    "stacked": open_stacked,
+# One opener per DatasetName (tests/test_config.py checks that each has one and a configs/data yaml).
+_OPENERS: dict[DatasetName, Callable[[DataConfig, bool], ImageSource]] = {
+    DatasetName.digits: open_digits,
+    DatasetName.mnist: open_mnist,
+    DatasetName.fashion_mnist: open_fashion_mnist,
+    DatasetName.cifar10: open_cifar10,
+    DatasetName.folder: open_folder,
+    DatasetName.celeba: open_celeba,
+    DatasetName.stacked: open_stacked,
 }

@@ -9,6 +9,7 @@ workers that decode images on the fly.
 from __future__ import annotations
 
 import os
+import signal
 from typing import Iterator, Optional
 
 import torch
@@ -111,6 +112,7 @@ class BatchStream:
                 num_workers=num_workers,
                 pin_memory=device.type == "cuda",
                 persistent_workers=num_workers > 0,
+                worker_init_fn=ignore_stop_signals,
             )
         self.batch = 0  # batches taken in the current epoch
         self._batches = self._epoch_iterator()
@@ -144,6 +146,17 @@ class BatchStream:
         self.sampler.epoch, self.sampler.start = int(state["epoch"]), int(state["batch"])
         self.batch = self.sampler.start
         self._batches = self._epoch_iterator()
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """In each DataLoader worker: ignore SIGINT and SIGTERM. Ctrl-C, or `kill` of the process group
+    (as a terminal, a batch scheduler or `timeout` sends), reaches the workers too; a worker that died
+    of it would make the main process fail ("DataLoader worker exited unexpectedly") before it could
+    finish its step and write a checkpoint. The main process alone handles them
+    (gan.training.faults.stop_on_signals); its workers end when it shuts its DataLoader down, or
+    when their watchdog sees it gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def default_num_workers() -> int:

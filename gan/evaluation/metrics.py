@@ -46,8 +46,9 @@ log = logging.getLogger(__name__)
 # Bump when Classifier or train_classifier changes: cached classifiers of older versions are then
 # not found (the version is part of the cache key) and a new one is trained.
 CLASSIFIER_VERSION = 1
-# DataConfig keys that change how images are read, not which images: left out of the cache key.
-_LOADING_KEYS = ("root", "download", "in_memory", "batch_size", "num_workers")
+# DataConfig keys that change how images are read, not which images, and data.limit (a training
+# run's subset: the classifier always learns the whole training split): left out of the cache key.
+_LOADING_KEYS = ("root", "download", "in_memory", "batch_size", "num_workers", "limit")
 INCEPTION_WEIGHTS_URL = (
     "https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/weights-inception-2015-12-05-6726825d.pth"
 )
@@ -149,6 +150,7 @@ def load_or_train_classifier(
     accuracy, the settings it was trained with), written atomically by `save_checkpoint` and read
     with weights_only=True. Raises MetricsError when the accuracy is below cfg.min_accuracy.
     """
+    data = dataclasses.replace(data, limit=0)  # the whole training split, whatever subset G trained on
     path = Path(data.root).expanduser() / "classifiers" / f"{classifier_key(data, cfg)}.pt"
     model, accuracy = _load_classifier(path, device)
     if model is None:

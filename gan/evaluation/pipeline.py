@@ -119,7 +119,7 @@ class Reals:
 def prepare_generator(state: Mapping[str, Any], cfg: EvaluateConfig, device: torch.device) -> tuple[nn.Module, dict]:
     """G from the checkpoint (EMA or raw, as asked) with its BatchNorm statistics recomputed when
     cfg.bn_batches > 0, in eval mode; and what metrics.json says about it."""
-    G, generator_name = build_generator(state, cfg.use_ema, device)
+    G, generator_name = build_generator(state, cfg.use_ema, device, source=str(cfg.checkpoint))
     recomputed = recompute_batchnorm_stats(G, cfg.bn_batches, cfg.batch_size, cfg.seed, device)
     bn_stats = f"recomputed ({cfg.bn_batches} x {cfg.batch_size} samples)" if recomputed else "checkpoint"
     about = {"generator": generator_name, "batchnorm_stats": bn_stats, "step": int(state["step"])}
@@ -184,11 +184,14 @@ def data_config_of(state: Mapping[str, Any], overrides: Mapping[str, Any]) -> Da
     return data
 
 
-def build_generator(state: Mapping[str, Any], use_ema: bool, device: torch.device) -> tuple[Generator, str]:
+def build_generator(
+    state: Mapping[str, Any], use_ema: bool, device: torch.device, source: str = "the checkpoint"
+) -> tuple[Generator, str]:
     """G rebuilt from the checkpoint's config, holding the EMA weights when asked and present.
 
     The EMA entry is a torch.optim.swa_utils.AveragedModel state dict: `n_averaged` and G's own
-    keys under `module.`.
+    keys under `module.`. A generator with a NaN or inf weight is refused (CheckpointError naming
+    `source`): its samples would be garbage, and FID would still print a finite number for them.
     """
     config = state["config"]
     try:
@@ -207,6 +210,15 @@ def build_generator(state: Mapping[str, Any], use_ema: bool, device: torch.devic
             log.info("The checkpoint holds no EMA generator; sampling from G itself.")
         load_module_state(G, state["G"], "generator")
         name = "raw"
+    tensors = [(key, t) for key, t in G.state_dict().items() if t.is_floating_point()]
+    bad = [key for key, t in tensors if not torch.isfinite(t).all()]
+    if bad:
+        shown = ", ".join(bad[:4]) + (", ..." if len(bad) > 4 else "")
+        raise CheckpointError(
+            f"The {name} generator in {source} holds NaN or inf in {len(bad)} of its {len(tensors)} tensors "
+            f"({shown}): training diverged before this checkpoint was written, and its samples would be "
+            "noise. Evaluate an earlier checkpoint (checkpoints/step_NNNNNN.pt, kept with trainer.keep_checkpoints=N)."
+        )
     return G.to(device).eval(), name
 
 

@@ -6,7 +6,8 @@
 - `faults.py`: the NaN watch and SIGINT/SIGTERM handling;
 - `checkpoint.py`: the checkpoint file: atomic writes, safe loads, shape checks;
 - `monitor.py`: TensorBoard, the progress bar and the log lines;
-- `runs.py`: resuming a run: finding its directory, replaying its overrides.
+- `runs.py`: resuming a run: finding its directory, replaying its overrides, the resume contract;
+- `rundir.py`: one owner per run directory (a lock), no new run over an old one, stale temp files.
 """
 
 from gan.training.faults import NonFiniteLossError

@@ -8,6 +8,7 @@ instead of executed. What goes into the dict is decided by `gan.training`.
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import re
@@ -28,6 +29,11 @@ def save_checkpoint(state: Mapping[str, Any], path: Path) -> None:
 
     torch.save writes in place (pytorch#2883), so it goes to a temporary file in the same folder
     (same file system, so the rename is atomic), is flushed to disk, then os.replace()d over `path`.
+    A write the file system refuses (disk full, quota, file size limit) raises OSError naming `path`,
+    also where torch's zip writer reports it as a RuntimeError (the entry points report an OSError). A process
+    killed mid-write leaves its temporary file: the next run in the folder removes it
+    (gan.training.rundir). What `state` holds is the caller's business: the training loop checks its
+    weights are finite before it calls this (gan.training.faults.check_finite_state).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -37,6 +43,12 @@ def save_checkpoint(state: Mapping[str, Any], path: Path) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except RuntimeError as err:  # torch's zip writer reports a failed write of `f` as a RuntimeError
+        if isinstance(err.__context__, OSError):  # ... raised while the file's own OSError was handled
+            raise OSError(err.__context__.errno, err.__context__.strerror, str(path)) from err
+        if "PytorchStreamWriter" not in str(err) and "inline_container" not in str(err):
+            raise
+        raise OSError(errno.EIO, f"torch.save could not write it ({_describe(err)})", str(path)) from err
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -81,18 +93,30 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
             "directory that contains checkpoints/last.pt."
         )
     try:
+        size = file.stat().st_size
+    except OSError as err:
+        raise CheckpointError(f"Cannot read {file}: {_describe(err)}.") from err
+    if size == 0:
+        raise CheckpointError(
+            f"Cannot read {file}: it is an empty file (0 bytes), not a checkpoint. This project writes "
+            f"checkpoints whole or not at all, so it was emptied or cut short elsewhere (a copy that failed?). "
+            f"{_ELSEWHERE}"
+        )
+    try:
         state = torch.load(file, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
+        forbidden = _forbidden_global(err)
+        if not forbidden:  # the safe unpickler met bytes it cannot parse, not a forbidden object
+            raise _corrupt(file, err) from err
         raise CheckpointError(
-            f"Refused to load {file}: it holds Python objects other than tensors and plain "
-            "containers, and unpickling them could run arbitrary code. Checkpoints written by this "
-            f"project never do; do not trust this file.{_forbidden_global(err)}"
+            f"Refused to load {file}: it names {forbidden}, a Python object other than tensors and plain "
+            "containers, and unpickling it could run arbitrary code. Checkpoints written by this project "
+            "never do; do not trust this file."
         ) from err
+    except OSError as err:  # unreadable: permissions, an I/O error
+        raise CheckpointError(f"Cannot read {file}: {_describe(err)}.") from err
     except Exception as err:  # the unpickler fails in many ways on a damaged file (EOFError, IndexError, ...)
-        raise CheckpointError(
-            f"Cannot read {file}: it is truncated, corrupt or not a PyTorch file "
-            f"({type(err).__name__}: {str(err).splitlines()[0]})."
-        ) from err
+        raise _corrupt(file, err) from err
     if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
         found = sorted(state) if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(
@@ -102,10 +126,33 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
     return state
 
 
+# Where to go from a checkpoint that cannot be read.
+_ELSEWHERE = (
+    "Resume or evaluate a numbered copy beside it (checkpoints/step_NNNNNN.pt, kept with "
+    "trainer.keep_checkpoints=N), or start a new run."
+)
+
+
+def _corrupt(file: Path, err: Exception) -> CheckpointError:
+    return CheckpointError(
+        f"Cannot read {file}: it is truncated, corrupt or not a PyTorch file ({_describe(err)}). {_ELSEWHERE}"
+    )
+
+
 def _forbidden_global(err: Exception) -> str:
-    """The 'GLOBAL posix.system' that torch's refusal names, if it names one."""
+    """The 'GLOBAL posix.system' that torch's refusal names, or '' when it names none (damaged bytes)."""
     match = re.search(r"GLOBAL ([\w.]+)", str(err))
-    return f" (it names {match.group(1)})" if match else ""
+    return match.group(1) if match else ""
+
+
+def _describe(err: BaseException) -> str:
+    """'Type: what went wrong', in one line of at most 200 characters ('EOFError' alone when there is
+    no message). torch's weights-only refusal opens with a paragraph about torch.load's defaults; its
+    reason ('Unsupported operand 52') follows 'WeightsUnpickler error:'."""
+    text = str(err)
+    reason = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", text)
+    lines = [reason.group(1)] if reason else text.strip().splitlines()
+    return f"{type(err).__name__}: {lines[0].strip()[:200]}" if lines else type(err).__name__
 
 
 def load_module_state(module: nn.Module, state: Mapping[str, torch.Tensor], name: str) -> None:

@@ -1,26 +1,41 @@
-"""Faults the loop must survive without losing work: a non-finite loss, SIGINT and SIGTERM.
+"""Faults the loop must survive without losing work: a non-finite loss or weight, SIGINT and SIGTERM,
+and a model too large to allocate.
 
-Owns how each is noticed (a NaN watch on the device without a per-step host sync; signal handlers
-that set a flag) and how it is reported. What the loop then does (write a checkpoint, or not) is
-decided in `gan.training.loop`.
+Owns how each is noticed (a NaN watch on the device without a per-step host sync; a finiteness check
+of every weight before a checkpoint is written; signal handlers that set a flag) and how it is
+reported. What the loop then does (write a checkpoint, or not) is decided in `gan.training.loop`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import signal
 import threading
-from typing import Any, Iterator, Optional
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+
+from gan.errors import CheckpointError, ConfigError
+from gan.training.checkpoint import load_checkpoint
+
+if TYPE_CHECKING:
+    from gan.config import TrainConfig
+    from gan.training.state import TrainingState
 
 log = logging.getLogger(__name__)
 
 
 class NonFiniteLossError(RuntimeError):
     """A loss became NaN or infinite; the message names the step and the losses."""
+
+
+class NonFiniteWeightsError(NonFiniteLossError):
+    """A weight or an optimizer statistic became NaN or infinite; the message names which network or
+    optimizer, the step, and the checkpoint that was kept. A NonFiniteLossError: the same exit code."""
 
 
 class NonFiniteWatch:
@@ -53,6 +68,122 @@ class NonFiniteWatch:
                 "checkpoints/last.pt still holds the last checkpoint written before it. Lower optim.lr, "
                 "try loss=hinge, or set trainer.on_nan=skip to drop such steps."
             )
+
+
+# What a checkpoint saves of the training state, with the name each is reported by.
+_PARTS = {
+    "G": "the generator G",
+    "D": "the discriminator D",
+    "G_ema": "the EMA generator G_ema",
+    "opt_g": "G's optimizer (opt_g)",
+    "opt_d": "D's optimizer (opt_d)",
+}
+
+
+def check_finite_state(state: TrainingState, kept: Path) -> None:
+    """Raise NonFiniteWeightsError, before a checkpoint is written, if any floating tensor of G, D, G_ema
+    or either optimizer's state is NaN or inf; `kept` (the last checkpoint) is then left as it is.
+
+    The loss watch cannot see everything: a step with a finite loss can still write inf into the
+    weights (optim.lr=inf), or into Adam's moments (a huge gradient squared). One host sync: the 2-norm
+    of every tensor (torch._foreach_norm, one kernel per group of tensors), finite only if every element
+    is. Finite weights so large that the norm overflows (beyond about 1e19) are looked at one by one:
+    they pass, being what the learning rate asked for.
+    """
+    parts = {name: getattr(state, name) for name in _PARTS if getattr(state, name) is not None}
+    tensors = [t for part in parts.values() for t in _floating_tensors(part)]
+    if not tensors or torch.stack(torch._foreach_norm(tensors)).isfinite().all():
+        return
+    names = _parameter_names(parts)
+    found = [text for name, part in parts.items() if (text := _nonfinite_in(name, part, names))]
+    if not found:
+        return
+    raise NonFiniteWeightsError(
+        f"Non-finite weights at step {state.step}: {'; '.join(found)}. Training stopped without "
+        f"writing a checkpoint; {_kept(kept)} trainer.on_nan=skip cannot help: it drops the steps whose loss is "
+        "non-finite, and these weights already are. Lower optim.lr or optim.lr_d (a resume may change them), "
+        "or try loss=hinge."
+    )
+
+
+def _floating_tensors(part: nn.Module | torch.optim.Optimizer) -> list[Tensor]:
+    """A module's floating parameters and buffers, or an optimizer's floating state tensors."""
+    if isinstance(part, nn.Module):
+        tensors = [*part.parameters(), *part.buffers()]
+    else:
+        tensors = [value for slots in part.state.values() for value in slots.values() if isinstance(value, Tensor)]
+    return [t.detach() for t in tensors if t.is_floating_point()]
+
+
+def _parameter_names(parts: dict[str, Any]) -> dict[int, str]:
+    """id(parameter) -> 'G.net.0.weight', to name the optimizer slots of each parameter."""
+    return {
+        id(p): f"{name}.{key}"
+        for name, part in parts.items()
+        if isinstance(part, nn.Module)
+        for key, p in part.named_parameters()
+    }
+
+
+def _nonfinite_in(name: str, part: nn.Module | torch.optim.Optimizer, names: dict[int, str]) -> str:
+    """'the generator G in 3 of its 14 tensors (net.0.weight, ...)', or '' when all are finite."""
+    if isinstance(part, nn.Module):
+        named = [*part.named_parameters(), *part.named_buffers()]
+    else:
+        named = [
+            (f"{slot} of {names.get(id(p), 'a parameter')}", value)
+            for p, slots in part.state.items()
+            for slot, value in slots.items()
+            if isinstance(value, Tensor)
+        ]
+    named = [(key, t) for key, t in named if t.is_floating_point()]
+    bad = [key for key, t in named if not torch.isfinite(t).all()]
+    if not bad:
+        return ""
+    shown = ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else "")
+    return f"{_PARTS[name]} in {len(bad)} of its {len(named)} tensors ({shown})"
+
+
+def _kept(path: Path) -> str:
+    """Which step the last good checkpoint holds, read back from the file."""
+    if not path.is_file():
+        return "this run had written none yet."
+    try:
+        return f"{path} keeps step {int(load_checkpoint(path)['step'])}, the last good one."
+    except CheckpointError:
+        return f"{path} is left as it was."
+
+
+@contextlib.contextmanager
+def explain_allocation_failure(cfg: TrainConfig) -> Iterator[None]:
+    """Turn an allocator's refusal while the models and latents are built (model.g_width=10000000)
+    into a ConfigError naming the settings that size them and the bytes asked for."""
+    try:
+        yield
+    except RuntimeError as err:  # torch.OutOfMemoryError (CUDA, MPS) is one; the CPU allocator's is not
+        text = str(err)
+        if not isinstance(err, torch.OutOfMemoryError) and "can't allocate memory" not in text:
+            raise
+        asked = re.search(r"allocate (\d+ bytes|[\d.]+ [KMGTPE]?i?B)", text, re.IGNORECASE)
+        amount = f" (it asked for {_bytes(asked.group(1))})" if asked else ""
+        data, model = cfg.data, cfg.model
+        raise ConfigError(
+            f"Not enough memory to build the models and the fixed latents{amount}. Their sizes come from "
+            f"model.g_width={model.g_width}, model.d_width={model.d_width}, data.image_size={data.image_size}, "
+            f"data.batch_size={data.batch_size} and trainer.num_fixed_samples={cfg.trainer.num_fixed_samples}: "
+            "lower the one that is too large."
+        ) from err
+
+
+def _bytes(amount: str) -> str:
+    """'12800000000000000 bytes' -> '12800000000000000 bytes = 12.8 PB'; '20.00 GiB' stays as it is."""
+    if not amount.endswith(" bytes"):
+        return amount
+    count = int(amount.split()[0])
+    for power, unit in ((5, "PB"), (4, "TB"), (3, "GB"), (2, "MB")):
+        if count >= 1000**power:
+            return f"{count} bytes = {count / 1000**power:.1f} {unit}"
+    return f"{count} bytes"
 
 
 class _StopFlag:

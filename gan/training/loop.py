@@ -2,8 +2,9 @@
 
 Read it beside pytorch/examples' dcgan/main.py: the same sections in the same order. What each
 section calls lives elsewhere: the steps and the EMA in `gan.core` (the lesson), the objects in
-`gan.training.state`, precision and devices in `gan.training.hardware`, the NaN watch and signal
-handling in `gan.training.faults`, TensorBoard in `gan.training.monitor`.
+`gan.training.state`, precision and devices in `gan.training.hardware`, the NaN watch, the
+finiteness check before a checkpoint and signal handling in `gan.training.faults`, the run
+directory's lock in `gan.training.rundir`, TensorBoard in `gan.training.monitor`.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from gan.core.steps import d_step, g_step
 from gan.data import ImageSet
 from gan.distributed import SINGLE, World, any_rank
 from gan.training.checkpoint import keep_numbered, load_checkpoint, save_checkpoint
-from gan.training.faults import NonFiniteWatch, stop_on_signals
+from gan.training.faults import NonFiniteWatch, check_finite_state, explain_allocation_failure, stop_on_signals
 from gan.training.hardware import arithmetic_of, prepare_process
 from gan.training.monitor import Monitor
+from gan.training.rundir import own_run_dir
 from gan.training.runs import check_resume
 from gan.training.state import TrainingState, build_state, with_objective, wrap_for_ddp
 
@@ -47,63 +49,68 @@ def train(cfg: TrainConfig, run_dir: Path, dataset: Optional[ImageSet] = None, w
     `world` is this process's place in a torchrun job; rank 0 alone writes files.
     """
     trainer, z_dim = cfg.trainer, cfg.model.z_dim
-    device = prepare_process(cfg, world)
-    # read the checkpoint to resume from before any work, so a bad path fails at once
-    resume_from = load_checkpoint(trainer.resume, map_location=device) if trainer.resume else None
-    arithmetic, precision = arithmetic_of(cfg, device)
-    ctx = with_objective(arithmetic, cfg)  # the loss, its extra terms, and the precision of both steps
-    state = build_state(cfg, device, ctx.scaler, world, dataset)
-    if resume_from is not None:
-        check_resume(cfg, resume_from)  # the resume contract: gan/training/runs.py
-        state.load_state_dict(resume_from)
-        log.info("Resumed from %s at step %d", trainer.resume, state.step)
-    G, D = wrap_for_ddp(state.G, state.D, world, device)  # DDP wrappers: the same modules under DDP
-    announce(cfg, device, precision, world)
-    monitor = Monitor(run_dir, state.step, trainer.max_steps, trainer.progress, enabled=world.is_main)
-    watch, metrics = NonFiniteWatch(device), {}
-    with monitor, stop_on_signals() as stop:
-        while state.step < trainer.max_steps:
-            # fetch: a real batch, and latents created on the device (not on the CPU, then moved)
-            real = next(state.batches)
-            z = torch.randn(real.size(0), z_dim, device=device)
-            with ctx.autocast():
-                fake = G(z)
+    # rank 0 owns run_dir until it returns: one process at a time, a new run never over an old one's
+    # checkpoint, and temporary files of a killed run removed (gan/training/rundir.py)
+    with own_run_dir(run_dir, resuming=bool(trainer.resume), enabled=world.is_main):
+        device = prepare_process(cfg, world)
+        # read the checkpoint to resume from before any work, so a bad path fails at once
+        resume_from = load_checkpoint(trainer.resume, map_location=device) if trainer.resume else None
+        arithmetic, precision = arithmetic_of(cfg, device)
+        ctx = with_objective(arithmetic, cfg)  # the loss, its extra terms, and the precision of both steps
+        with explain_allocation_failure(cfg):  # model.g_width=10000000: one paragraph, not a traceback
+            state = build_state(cfg, device, ctx.scaler, world, dataset)
+        if resume_from is not None:
+            check_resume(cfg, resume_from)  # the resume contract: gan/training/runs.py
+            state.load_state_dict(resume_from)
+            log.info("Resumed from %s at step %d", trainer.resume, state.step)
+        G, D = wrap_for_ddp(state.G, state.D, world, device)  # DDP wrappers: the same modules under DDP
+        announce(cfg, device, precision, world)
+        monitor = Monitor(run_dir, state.step, trainer.max_steps, trainer.progress, enabled=world.is_main)
+        watch, metrics = NonFiniteWatch(device), {}
+        with monitor, stop_on_signals() as stop:
+            while state.step < trainer.max_steps:
+                # fetch: a real batch, and latents created on the device (not on the CPU, then moved)
+                real = next(state.batches)
+                z = torch.randn(real.size(0), z_dim, device=device)
+                with ctx.autocast():
+                    fake = G(z)
 
-            # (1) D step, on fake.detach()
-            d_stats, real_features = d_step(D, state.opt_d, real, fake, ctx)
-            # (2) G step, with D frozen. Under DDP the G step uses the unwrapped D: DDP's reducer
-            # waits for a gradient of every D parameter after each wrapped forward, and a frozen D
-            # makes none. G's own gradients are still averaged by G's wrapper.
-            g_stats = g_step(state.D, G, state.opt_g, fake, real_features, ctx)
-            ctx.scaler.update()  # once per iteration, after both optimizers stepped (fp16 only)
-            state.step += 1
-            watch.update(state.step, d_stats["loss/d"], g_stats["loss/g"])
+                # (1) D step, on fake.detach()
+                d_stats, real_features = d_step(D, state.opt_d, real, fake, ctx)
+                # (2) G step, with D frozen. Under DDP the G step uses the unwrapped D: DDP's reducer
+                # waits for a gradient of every D parameter after each wrapped forward, and a frozen D
+                # makes none. G's own gradients are still averaged by G's wrapper.
+                g_stats = g_step(state.D, G, state.opt_g, fake, real_features, ctx)
+                ctx.scaler.update()  # once per iteration, after both optimizers stepped (fp16 only)
+                state.step += 1
+                watch.update(state.step, d_stats["loss/d"], g_stats["loss/g"])
 
-            # EMA of G's weights (and BatchNorm statistics), used for every sample
-            if state.G_ema is not None:
-                state.G_ema.update_parameters(state.G)
-            monitor.advance(state.step, real.size(0) * world.size)  # all ranks' images: perf/img_per_s
-            # Under DDP every rank must stop at the same step: one all-reduce of the stop flag per
-            # step (a host sync, the only one besides logging and trainer.on_nan=skip's check).
-            done = state.step == trainer.max_steps or any_rank(stop.signal is not None, world, device)
+                # EMA of G's weights (and BatchNorm statistics), used for every sample
+                if state.G_ema is not None:
+                    state.G_ema.update_parameters(state.G)
+                monitor.advance(state.step, real.size(0) * world.size)  # all ranks' images: perf/img_per_s
+                # Under DDP every rank must stop at the same step: one all-reduce of the stop flag per
+                # step (a host sync, the only one besides logging and trainer.on_nan=skip's check).
+                done = state.step == trainer.max_steps or any_rank(stop.signal is not None, world, device)
 
-            # log: scalars leave the device here, at log_every steps (float() waits for the device)
-            if state.step % trainer.log_every == 0 or done:
-                watch.check(ctx.skip_nonfinite)
-                metrics = monitor.scalars(state.step, {**d_stats, **g_stats})
+                # log: scalars leave the device here, at log_every steps (float() waits for the device)
+                if state.step % trainer.log_every == 0 or done:
+                    watch.check(ctx.skip_nonfinite)
+                    metrics = monitor.scalars(state.step, {**d_stats, **g_stats})
 
-            # sample: the fixed latents through the EMA generator, in eval mode
-            if world.is_main and (state.step % trainer.sample_every == 0 or done):
-                write_samples(state, run_dir, monitor)
+                # sample: the fixed latents through the EMA generator, in eval mode
+                if world.is_main and (state.step % trainer.sample_every == 0 or done):
+                    write_samples(state, run_dir, monitor)
 
-            # checkpoint: never over the last good one with weights a NaN has reached
-            if world.is_main and (state.step % trainer.checkpoint_every == 0 or done):
-                watch.check(ctx.skip_nonfinite)
-                write_checkpoint(state, cfg, run_dir)
-            if done:  # a signal that lands after `done` was computed gets one more step
-                break
-        monitor.hparams(hparams_of(cfg), metrics)
-    return TrainResult(state.step, metrics, last_checkpoint(run_dir), stop.signal, monitor.seconds)
+                # checkpoint: never over the last good one with weights a NaN has reached
+                if world.is_main and (state.step % trainer.checkpoint_every == 0 or done):
+                    watch.check(ctx.skip_nonfinite)
+                    check_finite_state(state, last_checkpoint(run_dir))  # weights and Adam moments, too
+                    write_checkpoint(state, cfg, run_dir)
+                if done:  # a signal that lands after `done` was computed gets one more step
+                    break
+            monitor.hparams(hparams_of(cfg), metrics)
+        return TrainResult(state.step, metrics, last_checkpoint(run_dir), stop.signal, monitor.seconds)
 
 
 def announce(cfg: TrainConfig, device: torch.device, precision: Precision, world: World) -> None:

@@ -23,6 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 from gan.config import TrainConfig, to_plain
 from gan.errors import CheckpointError, ConfigError
 from gan.training.checkpoint import checkpoint_path, load_checkpoint
+from gan.training.rundir import existing_run_in_argv
 
 log = logging.getLogger(__name__)
 
@@ -254,21 +255,22 @@ def unwritable_output(argv: list[str]) -> Optional[str]:
 
     Checked before Hydra starts, which would otherwise fail with a traceback. It is tried, not
     guessed from permission bits (which say yes to root on a read-only file system's parent, or
-    on a folder whose quota is spent): the folder is created and a file is written in it and removed.
+    on a folder whose quota is spent): a file is created in the nearest folder that exists, and removed.
     """
     args = argv[1:]
     key = "hydra.sweep.dir" if "-m" in args or "--multirun" in args else "hydra.run.dir"
     values = override_values(args, key)
     target = Path(unquote(values[-1])) if values else Path("outputs")
-    try:
-        target.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=target):
+    existing = target
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:  # a file in the nearest existing folder: nothing is left behind, and no folder is created
+        if not existing.is_dir():
+            raise NotADirectoryError(20, "Not a directory", str(existing))
+        with tempfile.TemporaryFile(dir=existing):
             pass
         return None
     except OSError as err:
-        existing = target
-        while not existing.exists() and existing != existing.parent:
-            existing = existing.parent
         if existing.exists() and not existing.is_dir():
             why = f"{existing} is not a directory"
         else:
@@ -283,7 +285,7 @@ def preflight(argv: list[str], exit_code: int = 2) -> None:
     """Before Hydra starts: log to stderr (until Hydra's logging config replaces this handler), and
     exit with `exit_code` and one logged paragraph if the run directory cannot be written."""
     logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")
-    problem = unwritable_output(argv)
+    problem = unwritable_output(argv) or existing_run_in_argv(argv)
     if problem:
         log.error("%s", problem)
         raise SystemExit(exit_code)

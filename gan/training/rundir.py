@@ -1,0 +1,180 @@
+"""Run directories have one owner at a time, and a new run never replaces an old one.
+
+Owns three guards around a run directory: the lock RUN_DIR/.lock that rank 0 holds while it trains,
+the refusal of a new run where a run already is (before Hydra writes, and again in train()), and the
+removal of the temporary checkpoint files a killed run left behind. How a resume finds its run
+directory is `gan.training.runs`; what a run writes there is `gan.training.loop`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Iterator, Optional
+
+from gan.errors import RunDirError
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = ".lock"
+_held: set[int] = set()  # lock file descriptors this process holds
+
+
+@contextlib.contextmanager
+def own_run_dir(run_dir: Path, resuming: bool, enabled: bool = True) -> Iterator[None]:
+    """Hold run_dir for one run: take its lock, refuse a new run where another run's checkpoint is,
+    remove temporary files a killed run left behind; release the lock at the end. enabled=False
+    (ranks other than 0, which write nothing) does nothing."""
+    if not enabled:
+        yield
+        return
+    lock = take_lock(run_dir)
+    try:
+        if not resuming:
+            problem = existing_run(run_dir)
+            if problem:
+                raise RunDirError(problem)
+        remove_stale_temp_files(run_dir / "checkpoints")
+        yield
+    finally:
+        release_lock(lock, run_dir)
+
+
+def take_lock(run_dir: Path) -> int:
+    """flock() RUN_DIR/.lock, or RunDirError naming the process that holds it; returns the descriptor.
+
+    flock rather than a file created with O_EXCL: the kernel drops the lock when its holder dies,
+    even by kill -9, so there is no stale lock to guess about (a PID may be reused, a host's PIDs mean
+    nothing on another host of a shared file system). The file holds 'PID HOST' for the messages.
+    Forked children (DataLoader workers) close their copy of the descriptor, so the lock dies with
+    this process, not with the last of its workers.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK_FILE
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise RunDirError(
+                f"The run directory {run_dir} is in use: {holder} holds {path} (it is training or resuming "
+                "this run). Wait for it to finish, or stop it (kill -TERM writes a checkpoint first), then "
+                "resume with trainer.resume=RUN_DIR; or choose another hydra.run.dir."
+            ) from None
+        if _still_named(fd, path):  # not unlinked by a holder that released it meanwhile
+            break
+        os.close(fd)
+    previous = _read_holder(fd)
+    if previous:
+        log.warning("Took over %s from %s, which ended without releasing it (killed?).", path, previous)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+    _held.add(fd)
+    return fd
+
+
+def release_lock(fd: int, run_dir: Path) -> None:
+    """Remove RUN_DIR/.lock, then drop the lock: one waiting on the old file sees it is gone."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(run_dir / LOCK_FILE)
+    _held.discard(fd)
+    os.close(fd)
+
+
+def _close_held_locks_in_child() -> None:
+    """A forked child (a DataLoader worker) shares the parent's lock; it must not keep it alive after
+    the parent dies."""
+    for fd in _held:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_close_held_locks_in_child)
+
+
+def _read_holder(fd: int) -> str:
+    """'process 1234 on host node7' from the lock file's 'PID HOST', or '' when it is empty."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    fields = os.read(fd, 200).decode(errors="replace").split()
+    if not fields:
+        return ""
+    return f"process {fields[0]}" + (f" on host {fields[1]}" if len(fields) > 1 else "")
+
+
+def _still_named(fd: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
+
+
+def existing_run(run_dir: Path, untouched: str = "Its checkpoints were left as they are.") -> Optional[str]:
+    """The refusal message if run_dir already holds a run's checkpoint, else None."""
+    if not (run_dir / "checkpoints" / "last.pt").is_file():
+        return None
+    return (
+        f"{run_dir} already holds a run (checkpoints/last.pt): a new run there would overwrite its .hydra/ "
+        f"record and replace its checkpoint. {untouched} Use trainer.resume={run_dir} to continue it, or "
+        "another hydra.run.dir for a new run."
+    )
+
+
+def existing_run_in_argv(argv: list[str]) -> Optional[str]:
+    """Before Hydra starts: existing_run() of the hydra.run.dir a command that is not a resume names.
+
+    Hydra writes the run's .hydra/config.yaml and overrides.yaml (the record a resume replays) as it
+    starts, before train() could refuse, so the check of an explicit run dir is made here first.
+    """
+    args = argv[1:]
+    if "-m" in args or "--multirun" in args:
+        return None
+    resume = _last_value(args, "trainer.resume")
+    run_dir = _last_value(args, "hydra.run.dir")
+    if (resume not in (None, "", "null")) or not run_dir:
+        return None
+    return existing_run(Path(run_dir).expanduser(), "Nothing was written.")
+
+
+def _last_value(args: list[str], key: str) -> Optional[str]:
+    """The value the last `key=value` (or `+key=value`) gives, unquoted as Hydra reads it."""
+    values = [a.split("=", 1)[1] for a in args if "=" in a and a.split("=", 1)[0].lstrip("+~") == key]
+    if not values:
+        return None
+    value = values[-1]
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1].replace("\\" + value[0], value[0]).replace("\\\\", "\\")
+    return value
+
+
+def remove_stale_temp_files(folder: Path) -> None:
+    """Remove the `.NAME.PID.tmp` files that save_checkpoint's writers left when they were killed
+    mid-write (kill -9, power loss), keeping those whose process still runs."""
+    for tmp in sorted(folder.glob(".*.tmp")):
+        pid = tmp.name.rsplit(".", 2)[-2]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        try:
+            size = tmp.stat().st_size
+            tmp.unlink()
+        except FileNotFoundError:  # removed meanwhile
+            continue
+        log.warning(
+            "Removed %s (%.1f MB), left by process %s that died while writing a checkpoint.", tmp, size / 1e6, pid
+        )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, and belongs to another user
+        return True
+    return True

@@ -1,0 +1,476 @@
+"""Nothing lost, nothing silent: signals to a streamed run's process group, non-finite weights,
+unreadable checkpoints, temporary files of killed writers, two processes in one run directory, a full
+disk and sizes too large to allocate. Each failure ends with one paragraph and its exit code
+(2 bad input, 3 non-finite, 130/143 stopped by a signal after a checkpoint), and no good file is lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import multiprocessing
+import os
+import random
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Iterator
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT, TINY, compose_config, run_train
+from PIL import Image
+
+from gan.data.stream import BatchStream
+from gan.errors import CheckpointError, ConfigError, RunDirError
+from gan.evaluation.pipeline import build_generator
+from gan.training import rundir, train
+from gan.training.checkpoint import load_checkpoint
+from gan.training.faults import NonFiniteWeightsError, check_finite_state
+from gan.training.rundir import LOCK_FILE, existing_run_in_argv, release_lock, remove_stale_temp_files, take_lock
+
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
+
+
+@pytest.fixture(scope="module")
+def good_run(tmp_path_factory) -> Path:
+    """A finished 2-step run; tests that write into a run use a copy of it (`copy_of`)."""
+    run_dir = tmp_path_factory.mktemp("good") / "run"
+    result = run_train("trainer.max_steps=2", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def copy_of(run_dir: Path, where: Path) -> Path:
+    shutil.copytree(run_dir, where)
+    return where
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def output_of(result: subprocess.CompletedProcess) -> str:
+    return result.stdout + result.stderr
+
+
+def run_evaluate(*overrides: str) -> subprocess.CompletedProcess:
+    args = [sys.executable, str(ROOT / "evaluate.py"), "device=cpu", "threads=1", *overrides]
+    return subprocess.run(args, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=240)
+
+
+def unused_pid() -> int:
+    """999999 unless a process has it: then the PID of a child that has already exited."""
+    try:
+        os.kill(999999, 0)
+    except ProcessLookupError:
+        return 999999
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+# signals to the process group of a streamed run -------------------------------------------------
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_dataloader_workers_outlive_a_stop_signal(sig):
+    # Ctrl-C and `kill -- -PGID` reach every process of the group; the main process handles them.
+    images = torch.randint(0, 256, (64, 1, 16, 16), dtype=torch.uint8)
+    stream = BatchStream(images, batch_size=8, seed=0, device=torch.device("cpu"), num_workers=1)
+    next(stream)  # the worker is up and ran its init
+    workers = multiprocessing.active_children()
+    assert workers
+    for worker in workers:
+        os.kill(worker.pid, sig)
+    for _ in range(12):  # past prefetched batches and an epoch boundary
+        assert next(stream).shape == (8, 1, 16, 16)
+    assert all(worker.is_alive() for worker in workers)
+
+
+def write_pngs(folder: Path, count: int = 300) -> Path:
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for i in range(count):
+        Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(folder / f"{i:04d}.png")
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_to_the_process_group_checkpoints_a_streamed_run(tmp_path, sig, code):
+    images, run_dir = write_pngs(tmp_path / "images"), tmp_path / "run"
+    streamed = ["data=folder", f"data.root={images}", "data.image_size=16", "data.channels=3"]
+    streamed += ["data.in_memory=false", "data.num_workers=1"]
+    long_run = ["trainer.max_steps=100000", "trainer.checkpoint_every=100000", "trainer.log_every=1"]
+    args = [sys.executable, str(ROOT / "train.py"), *TINY, *streamed, *long_run, f"hydra.run.dir={run_dir}"]
+    # its own session, as a terminal or a batch scheduler starts a job: the signal goes to the group
+    process = subprocess.Popen(
+        args, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        output = []
+        for line in process.stdout:  # wait until training is under way
+            output.append(line)
+            if "step 3 " in line:
+                break
+        os.killpg(process.pid, sig)
+        rest, _ = process.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    output = "".join(output) + rest
+    assert process.returncode == code, output[-3000:]
+    assert f"Stopped by {sig.name}" in output and "Traceback" not in output
+    stopped_at = load_checkpoint(run_dir)["step"]
+    assert 3 <= stopped_at < 100000
+    resumed = run_train(f"trainer.resume={run_dir}", f"trainer.max_steps={stopped_at + 2}", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert load_checkpoint(run_dir)["step"] == stopped_at + 2
+
+
+# non-finite weights never reach a checkpoint ----------------------------------------------------
+
+
+def test_an_infinite_learning_rate_stops_before_any_checkpoint(tmp_path):
+    # The losses of step 1 are finite; the update it makes is not.
+    cfg = compose_config("optim.lr=inf", "optim.lr_d=2e-4", "trainer.checkpoint_every=1")
+    with pytest.raises(NonFiniteWeightsError) as caught:
+        train(cfg, tmp_path)
+    message = str(caught.value)
+    assert "Non-finite weights at step 1: the generator G in" in message and "net.0.weight" in message
+    assert "this run had written none yet" in message
+    assert not (tmp_path / "checkpoints" / "last.pt").exists()
+
+
+def test_non_finite_weights_keep_the_last_good_checkpoint_even_with_on_nan_skip(tmp_path, good_run):
+    run_dir = copy_of(good_run, tmp_path / "run")
+    before = digest(run_dir / "checkpoints" / "last.pt")
+    diverge = ["optim.lr=inf", "optim.lr_d=2e-4", "trainer.checkpoint_every=1", "trainer.on_nan=skip"]
+    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=4", *diverge, cwd=tmp_path)
+    output = output_of(result)
+    assert result.returncode == 3, output[-3000:]
+    assert "Traceback" not in output and "Non-finite weights at step 3" in output
+    assert "keeps step 2, the last good one" in output and "trainer.on_nan=skip cannot help" in output
+    assert digest(run_dir / "checkpoints" / "last.pt") == before
+
+
+def stepped_state(G: torch.nn.Module, D: torch.nn.Module, step: int = 7) -> SimpleNamespace:
+    """G, D and two Adam optimizers with state, as TrainingState holds them (no EMA)."""
+    optimizers = []
+    for module in (G, D):
+        opt = torch.optim.Adam(module.parameters())
+        for p in module.parameters():
+            p.grad = torch.full_like(p, 1e-3)
+        opt.step()
+        optimizers.append(opt)
+    return SimpleNamespace(G=G, D=D, G_ema=None, opt_g=optimizers[0], opt_d=optimizers[1], step=step)
+
+
+def test_a_non_finite_optimizer_statistic_is_caught_and_named(tmp_path, tiny_gan):
+    G, D = tiny_gan
+    state = stepped_state(G, D)
+    name, first = next(iter(D.named_parameters()))
+    state.opt_d.state[first]["exp_avg_sq"].fill_(float("inf"))  # a huge gradient, squared
+    with pytest.raises(NonFiniteWeightsError) as caught:
+        check_finite_state(state, tmp_path / "last.pt")
+    message = str(caught.value)
+    assert "step 7: D's optimizer (opt_d) in 1 of its" in message and f"exp_avg_sq of D.{name}" in message
+    assert "the generator G" not in message and "the discriminator D" not in message
+
+
+def test_finite_but_huge_weights_pass_the_check(tmp_path, tiny_gan):
+    G, D = tiny_gan
+    state = stepped_state(G, D)
+    with torch.no_grad():
+        for p in G.parameters():
+            p.fill_(1e30)  # their 2-norm overflows float32; they are still finite
+    check_finite_state(state, tmp_path / "last.pt")
+
+
+# evaluate.py refuses a generator with non-finite weights ------------------------------------------
+
+
+def poisoned(checkpoint: Path, *networks: str) -> dict:
+    state = torch.load(checkpoint, weights_only=True)
+    for network in networks:
+        for tensor in state[network].values():
+            if tensor.is_floating_point():
+                tensor.fill_(float("nan"))
+    return state
+
+
+def test_evaluate_refuses_a_generator_with_non_finite_weights(tmp_path, good_run):
+    checkpoint = tmp_path / "diverged.pt"
+    torch.save(poisoned(good_run / "checkpoints" / "last.pt", "G", "G_ema"), checkpoint)
+    result = run_evaluate(f"checkpoint={checkpoint}", f"hydra.run.dir={tmp_path / 'eval'}")
+    output = output_of(result)
+    assert result.returncode == 2, output[-3000:]
+    assert f"The EMA generator in {checkpoint} holds NaN or inf" in output and "net.0.weight" in output
+    assert "Traceback" not in output and not (tmp_path / "eval" / "metrics.json").exists()
+
+
+def test_build_generator_checks_the_generator_it_uses(good_run):
+    state = poisoned(good_run / "checkpoints" / "last.pt", "G")  # the EMA copy is still finite
+    cpu = torch.device("cpu")
+    assert build_generator(state, use_ema=True, device=cpu)[1] == "EMA"
+    with pytest.raises(CheckpointError, match=r"The raw generator in the checkpoint holds NaN or inf in \d+ of"):
+        build_generator(state, use_ema=False, device=cpu)
+
+
+# unreadable checkpoints: one paragraph, exit 2, corrupt bytes called corrupt ----------------------
+
+
+class RunsCode:
+    """Unpickling this runs os.system: a stand-in for a malicious checkpoint."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def bad_checkpoint(kind: str, folder: Path, good: Path) -> Path:
+    path = folder / f"{kind}.pt"
+    data = (good / "checkpoints" / "last.pt").read_bytes()
+    if kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "random":
+        path.write_bytes(random.Random(0).randbytes(4096))
+    elif kind == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif kind == "text":
+        path.write_text("this is not a checkpoint\n")
+    elif kind == "zip":
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("notes.txt", "a zip file, not a torch one")
+    elif kind == "code":
+        torch.save({"G": RunsCode(folder / "pwned"), "D": {}, "step": 0, "config": {}}, path)
+    return path
+
+
+EXPECTED = {
+    "empty": "it is an empty file (0 bytes)",
+    "random": "it is truncated, corrupt or not a PyTorch file",
+    "truncated": "it is truncated, corrupt or not a PyTorch file",
+    "text": "it is truncated, corrupt or not a PyTorch file",
+    "zip": "it is truncated, corrupt or not a PyTorch file",
+    "code": "it names posix.system",
+}
+
+
+@pytest.mark.parametrize("kind", EXPECTED)
+def test_unreadable_checkpoint_is_named_for_what_it_is(tmp_path, good_run, kind):
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(bad_checkpoint(kind, tmp_path, good_run))
+    message = str(caught.value)
+    assert EXPECTED[kind] in message and "\n" not in message
+    assert ("arbitrary code" in message) == (kind == "code")  # only a forbidden object is a threat
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize("program", ["train.py", "evaluate.py"])
+@pytest.mark.parametrize("kind", EXPECTED)
+def test_unreadable_checkpoint_through_the_cli(tmp_path, good_run, kind, program):
+    path = bad_checkpoint(kind, tmp_path, good_run)
+    if program == "train.py":
+        result = run_train(f"trainer.resume={path}", f"hydra.run.dir={tmp_path / 'run'}")
+    else:
+        result = run_evaluate(f"checkpoint={path}", f"hydra.run.dir={tmp_path / 'eval'}")
+    output = output_of(result)
+    assert result.returncode == 2, output[-3000:]
+    assert f"{path}: {EXPECTED[kind]}" in output or f"Refused to load {path}: {EXPECTED[kind]}" in output
+    assert "Traceback" not in output and not (tmp_path / "pwned").exists()
+
+
+def test_resume_auto_onto_an_empty_checkpoint(tmp_path, good_run):
+    run_dir = copy_of(good_run, tmp_path / "outputs" / "2020-01-01" / "00-00-00")
+    (run_dir / "checkpoints" / "last.pt").write_bytes(b"")
+    result = run_train("trainer.resume=auto", "trainer.max_steps=4", cwd=tmp_path)
+    output = output_of(result)
+    assert result.returncode == 2, output[-3000:]
+    assert "it is an empty file (0 bytes)" in output and "Traceback" not in output
+
+
+# temporary files of writers killed mid-write ------------------------------------------------------
+
+
+def test_stale_temp_files_go_and_live_ones_stay(tmp_path):
+    dead, live = tmp_path / f".last.pt.{unused_pid()}.tmp", tmp_path / f".last.pt.{os.getpid()}.tmp"
+    for path in (dead, live, tmp_path / "last.pt"):
+        path.write_bytes(b"x" * 100)
+    remove_stale_temp_files(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "last.pt"])
+
+
+def test_a_resume_removes_the_temp_file_a_killed_run_left(tmp_path, good_run):
+    run_dir = copy_of(good_run, tmp_path / "run")
+    folder = run_dir / "checkpoints"
+    dead, live = folder / f".last.pt.{unused_pid()}.tmp", folder / f".last.pt.{os.getpid()}.tmp"
+    dead.write_bytes(b"\0" * 1000)
+    live.write_bytes(b"\0" * 1000)
+    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=3", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not dead.exists() and live.exists()
+    assert f"Removed {dead}" in output_of(result)
+
+
+# one owner per run directory ----------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def held_lock(run_dir: Path) -> Iterator[None]:
+    """RUN_DIR/.lock held by this process, as a running train.py holds it."""
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.write(fd, f"{os.getpid()} testhost\n".encode())
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def test_a_run_dir_in_use_is_refused_naming_the_holder(tmp_path, good_run):
+    run_dir = copy_of(good_run, tmp_path / "run")
+    before = digest(run_dir / "checkpoints" / "last.pt")
+    with held_lock(run_dir):
+        result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=4", cwd=tmp_path)
+    output = output_of(result)
+    assert result.returncode == 2, output[-3000:]
+    assert f"The run directory {run_dir} is in use: process {os.getpid()} on host testhost" in output
+    assert "Traceback" not in output and digest(run_dir / "checkpoints" / "last.pt") == before
+
+
+def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path, good_run):
+    run_dir = copy_of(good_run, tmp_path / "run")
+    pid = unused_pid()
+    (run_dir / LOCK_FILE).write_text(f"{pid} testhost\n")  # no flock: its holder is gone
+    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=3", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"from process {pid} on host testhost, which ended without releasing it" in output_of(result)
+    assert not (run_dir / LOCK_FILE).exists()  # released at the end
+    assert load_checkpoint(run_dir)["step"] == 3
+
+
+def test_the_lock_excludes_a_second_holder_in_the_same_process(tmp_path):
+    fd = take_lock(tmp_path)
+    with pytest.raises(RunDirError, match=f"process {os.getpid()}"):
+        take_lock(tmp_path)
+    release_lock(fd, tmp_path)
+    assert not (tmp_path / LOCK_FILE).exists()
+    release_lock(take_lock(tmp_path), tmp_path)
+
+
+def test_a_new_run_is_refused_where_a_run_already_is(tmp_path, good_run):
+    run_dir = copy_of(good_run, tmp_path / "run")
+    kept = {p: digest(p) for p in [*(run_dir / "checkpoints").iterdir(), *(run_dir / "samples").iterdir()]}
+    result = run_train(f"hydra.run.dir={run_dir}", "loss=hinge", cwd=tmp_path)
+    output = output_of(result)
+    assert result.returncode == 2, output[-3000:]
+    assert f"{run_dir} already holds a run" in output and f"trainer.resume={run_dir}" in output
+    assert "Traceback" not in output
+    assert {p: digest(p) for p in kept} == kept
+    assert sorted((run_dir / "checkpoints").iterdir()) == sorted(p for p in kept if p.parent.name == "checkpoints")
+
+
+def test_a_forked_child_does_not_keep_the_run_dir_locked(tmp_path):
+    # DataLoader workers are forked while the lock is held; after a kill -9 of the main process they
+    # live on for a few seconds, and must not keep a resume out meanwhile.
+    fork = multiprocessing.get_context("fork")
+    started = fork.Event()
+
+    def worker() -> None:  # runs after the fork handlers
+        started.set()
+        time.sleep(60)
+
+    fd = take_lock(tmp_path)
+    child = fork.Process(target=worker)
+    child.start()
+    try:
+        assert started.wait(30)
+        os.close(fd)  # what the kernel does to a killed process's files; .lock itself stays
+        rundir._held.discard(fd)
+        release_lock(take_lock(tmp_path), tmp_path)  # free at once, though the child still runs
+    finally:
+        child.kill()
+        child.join()
+
+
+def test_train_refuses_a_new_run_over_a_finished_one(tmp_path):
+    train(compose_config("trainer.max_steps=1"), tmp_path)  # in-process: no preflight before it
+    before = digest(tmp_path / "checkpoints" / "last.pt")
+    with pytest.raises(RunDirError, match="already holds a run"):
+        train(compose_config("trainer.max_steps=1", "loss=hinge"), tmp_path)
+    assert digest(tmp_path / "checkpoints" / "last.pt") == before and not (tmp_path / LOCK_FILE).exists()
+
+
+def test_existing_run_in_argv_spots_a_new_run_over_an_old_one(good_run, tmp_path):
+    program = str(ROOT / "train.py")
+    assert existing_run_in_argv([program, f"hydra.run.dir={good_run}"]).startswith(f"{good_run} already holds a run")
+    assert existing_run_in_argv([program, f"hydra.run.dir='{good_run}'", "trainer.resume=null"])
+    assert existing_run_in_argv([program, f"hydra.run.dir={good_run}", f"trainer.resume={good_run}"]) is None
+    assert existing_run_in_argv([program, "-m", f"hydra.run.dir={good_run}"]) is None
+    assert existing_run_in_argv([program, f"hydra.run.dir={tmp_path}"]) is None
+    assert existing_run_in_argv([program]) is None
+
+
+@pytest.mark.parametrize("program", ["train.py", "evaluate.py"])
+def test_hydra_does_not_overwrite_the_record_of_an_existing_run(tmp_path, good_run, program):
+    run_dir = copy_of(good_run, tmp_path / "run")
+    record = {p: digest(p) for p in (run_dir / ".hydra").iterdir()}
+    if program == "train.py":
+        result = run_train(f"hydra.run.dir={run_dir}", "loss=hinge", cwd=tmp_path)
+    else:
+        result = run_evaluate(f"checkpoint={run_dir}", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 2, output_of(result)[-3000:]
+    assert {p: digest(p) for p in record} == record
+
+
+# the environment refuses: a full disk, an allocation too large -----------------------------------
+
+
+def test_a_full_disk_at_checkpoint_time_keeps_the_last_checkpoint(tmp_path, good_run):
+    run_dir = copy_of(good_run, tmp_path / "run")
+    before = digest(run_dir / "checkpoints" / "last.pt")
+
+    def small_files_only():  # the tiny checkpoint is ~160 kB; logs, samples and events stay below
+        resource.setrlimit(resource.RLIMIT_FSIZE, (60_000, 60_000))
+
+    args = [sys.executable, str(ROOT / "train.py"), *TINY, f"trainer.resume={run_dir}", "trainer.max_steps=4"]
+    result = subprocess.run(
+        args, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=240, preexec_fn=small_files_only
+    )
+    output = output_of(result)
+    assert result.returncode == 2, output[-3000:]
+    assert f"{run_dir / 'checkpoints' / 'last.pt'}: File too large" in output
+    assert "Traceback" not in output and digest(run_dir / "checkpoints" / "last.pt") == before
+    assert not list((run_dir / "checkpoints").glob(".*.tmp"))
+
+
+def test_a_model_too_large_to_allocate_names_the_size_settings(tmp_path):
+    result = run_train("model.g_width=1000000000000", f"hydra.run.dir={tmp_path / 'run'}")
+    output = output_of(result)
+    assert result.returncode == 2, output[-3000:]
+    assert "Not enough memory to build the models" in output and "model.g_width=1000000000000" in output
+    assert "trainer.num_fixed_samples=" in output and "bytes" in output and "Traceback" not in output
+
+
+def test_only_an_allocation_failure_becomes_a_config_error(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="model.g_width=1000000000000"):
+        train(compose_config("model.g_width=1000000000000"), tmp_path / "big")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug, not an allocation")
+
+    monkeypatch.setattr("gan.training.loop.build_state", broken)
+    with pytest.raises(RuntimeError, match="a bug"):  # a bug keeps its traceback
+        train(compose_config(), tmp_path / "bug")
