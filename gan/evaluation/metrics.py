@@ -26,6 +26,7 @@ import json
 import logging
 import time
 import warnings
+from enum import Enum
 from pathlib import Path
 from typing import Optional
 
@@ -125,6 +126,11 @@ def train_classifier(
     return model, float((predicted == test.labels).float().mean())
 
 
+def plain(config: object) -> dict:
+    """A config dataclass as a dict of plain values (an Enum member becomes its value)."""
+    return {k: v.value if isinstance(v, Enum) else v for k, v in dataclasses.asdict(config).items()}
+
+
 def classifier_key(data: DataConfig, cfg: ClassifierConfig) -> str:
     """A file name that changes whenever the images or the classifier's training would change.
 
@@ -178,8 +184,8 @@ def load_or_train_classifier(
                 "width": cfg.width,
                 "feature_dim": cfg.feature_dim,
             },
-            "data": dataclasses.asdict(data),
-            "classifier": dataclasses.asdict(cfg),
+            "data": plain(data),  # enums as their values: the file must load with weights_only=True
+            "classifier": plain(cfg),
         }
         try:
             save_checkpoint(state, path)
