@@ -264,6 +264,14 @@ class TrainConfig:
             self.model.pack,
             f"must divide data.batch_size ({self.data.batch_size}): D sees the batch in packs",
         )
+        per_pack = self.data.batch_size // self.model.pack
+        _require(
+            self.model.minibatch_std <= per_pack,
+            "model.minibatch_std",
+            self.model.minibatch_std,
+            f"must be at most the samples D sees at once ({per_pack} = data.batch_size / model.pack): "
+            "a group larger than the batch cannot be formed",
+        )
         per_sample = self.loss.gradient_penalty > 0 or self.loss.r1 > 0
         _require(
             not (per_sample and self.model.d_batchnorm),

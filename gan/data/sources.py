@@ -234,6 +234,11 @@ def read_image(path: str, channels: int, size: int) -> Tensor:
             pixels = pil_to_tensor(image.convert("L" if channels == 1 else "RGB"))
     except OSError as err:  # unreadable or truncated file; PIL.UnidentifiedImageError is an OSError
         raise DataError(f"{path} cannot be read as an image ({err}). Remove it or fix it.") from err
+    except Image.DecompressionBombError as err:  # a small file that would decode to gigabytes
+        raise DataError(
+            f"{path} is refused: {err} Pillow stops such files (decompression bombs). Remove it, or raise "
+            "PIL.Image.MAX_IMAGE_PIXELS in your own launcher if the image is genuine."
+        ) from err
     return fit_square(pixels, size)
 
 
@@ -264,7 +269,20 @@ def _open_mnist_like(cfg: DataConfig, train: bool, kind: type[datasets.MNIST], d
             f"that holds {kind.__name__}/raw."
         )
     dataset = _torchvision(cfg, lambda: kind(cfg.root, train=train, download=cfg.download), folder)
-    return ArrayImages(dataset.data.unsqueeze(1), dataset.targets, 10, cfg.channels, cfg.image_size)
+    images, labels = dataset.data, dataset.targets
+    split = "training" if train else "test"
+    if images.size(0) != labels.numel():  # the two IDX headers count differently: one file is damaged
+        raise DataError(
+            f"data={cfg.name}: the {split} files in {folder} disagree: {images.size(0)} images but "
+            f"{labels.numel()} labels (the IDX headers' counts). One of them is damaged or from another set: "
+            "replace both with the official files."
+        )
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= 10):
+        raise DataError(
+            f"data={cfg.name}: the {split} labels in {folder} hold values from {int(labels.min())} to "
+            f"{int(labels.max())}, outside the 10 classes 0-9: the labels file is damaged or not {kind.__name__}'s."
+        )
+    return ArrayImages(images.unsqueeze(1), labels, 10, cfg.channels, cfg.image_size)
 
 
 def open_cifar10(cfg: DataConfig, train: bool) -> ArrayImages:
@@ -298,16 +316,18 @@ def _torchvision(cfg: DataConfig, make: Callable[[], Dataset], folder: Path) -> 
     """Build a torchvision dataset; its failures (download, checksum, format) become a DataError."""
     try:
         return make()
-    except (RuntimeError, OSError, ValueError, TypeError) as err:
+    except (RuntimeError, OSError, ValueError, TypeError, AssertionError, IndexError) as err:
+        # torchvision asserts an IDX file's magic number: a bare AssertionError says nothing
+        detail = str(err).strip() or f"{type(err).__name__}: a file's header is not what its format requires"
         where = f"data={cfg.name}: the dataset in {folder} (absolute path {folder.resolve()})"
         if cfg.download:
             raise DataError(
-                f"{where} could not be downloaded: {str(err).strip()} Run again where the "
+                f"{where} could not be downloaded: {detail} Run again where the "
                 "machine is online, or copy the official files there."
             ) from err
         raise DataError(
             f"{where} is there but was refused: a checksum or format check failed "
-            f"({str(err).strip()}). Delete the folder and run again with data.download=true, "
+            f"({detail}). Delete the folder and run again with data.download=true, "
             "or copy the official files there."
         ) from err
 

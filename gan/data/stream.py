@@ -131,13 +131,21 @@ class BatchStream:
 
     def __next__(self) -> Tensor:
         try:
-            images = next(self._batches)
+            images = self._next_batch()
         except StopIteration:  # end of epoch: the next one starts from its first batch
             self.sampler.epoch, self.sampler.start, self.batch = self.sampler.epoch + 1, 0, 0
             self._batches = self._epoch_iterator()
-            images = next(self._batches)
+            images = self._next_batch()
         self.batch += 1
         return to_unit_range(images.to(self.device, non_blocking=True))
+
+    def _next_batch(self) -> Tensor:
+        """The next batch of this epoch. A DataError raised in a worker reaches the main process with
+        the worker's traceback pasted into its message; the user reads the worker's own message."""
+        try:
+            return next(self._batches)
+        except DataError as err:
+            raise DataError(worker_message(str(err))) from None
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.sampler.epoch, "batch": self.batch}
@@ -169,3 +177,13 @@ def available_cpus() -> int:
         return len(os.sched_getaffinity(0))  # the cores this process may use (Linux, containers)
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
+
+
+def worker_message(text: str) -> str:
+    """The original message of an exception a DataLoader worker raised ('Caught X in DataLoader
+    worker process N. Original Traceback ...' ends with 'module.X: message')."""
+    if "Original Traceback" not in text:
+        return text
+    last = text.strip().splitlines()[-1]
+    name, _, message = last.partition(": ")
+    return message if message and "Error" in name else last
