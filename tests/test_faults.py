@@ -342,12 +342,14 @@ def held_lock(run_dir: Path) -> Iterator[None]:
 def test_a_run_dir_in_use_is_refused_naming_the_holder(tmp_path, good_run):
     run_dir = copy_of(good_run, tmp_path / "run")
     before = digest(run_dir / "checkpoints" / "last.pt")
+    record = {p: digest(p) for p in (run_dir / ".hydra").iterdir()}
     with held_lock(run_dir):
         result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=4", cwd=tmp_path)
     output = output_of(result)
     assert result.returncode == 2, output[-3000:]
     assert f"The run directory {run_dir} is in use: process {os.getpid()} on host testhost" in output
     assert "Traceback" not in output and digest(run_dir / "checkpoints" / "last.pt") == before
+    assert {p: digest(p) for p in (run_dir / ".hydra").iterdir()} == record  # refused before Hydra wrote
 
 
 def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path, good_run):

@@ -79,6 +79,27 @@ def take_lock(run_dir: Path) -> int:
     return fd
 
 
+def check_not_in_use(run_dir: Path) -> None:
+    """Before Hydra writes into a run being resumed: RunDirError if another process holds its lock
+    (tried and dropped at once; train() takes it for good), so a refused second resume leaves the
+    run's .hydra/ record as it was."""
+    path = run_dir / LOCK_FILE
+    if not path.is_file():
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _read_holder(fd)
+        raise RunDirError(
+            f"The run directory {run_dir} is in use: {holder} holds {path} (it is training or resuming "
+            "this run). Nothing was written. Wait for it to finish, or stop it (kill -TERM writes a "
+            "checkpoint first), then resume with trainer.resume=RUN_DIR."
+        ) from None
+    finally:
+        os.close(fd)
+
+
 def release_lock(fd: int, run_dir: Path) -> None:
     """Remove RUN_DIR/.lock, then drop the lock: one waiting on the old file sees it is gone."""
     with contextlib.suppress(FileNotFoundError):

@@ -23,7 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 from gan.config import TrainConfig, to_plain
 from gan.errors import CheckpointError, ConfigError
 from gan.training.checkpoint import checkpoint_path, load_checkpoint
-from gan.training.rundir import existing_run_in_argv
+from gan.training.rundir import check_not_in_use, existing_run_in_argv
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +110,7 @@ def resume_argv(argv: list[str], config_dir: Path, outputs: Path = Path("outputs
     recorded = recorded_overrides(recorded_file)
     replay = [o for o in recorded if override_key(o) not in given and override_key(o) not in _NOT_REPLAYED]
     run_dir_arg = [] if "hydra.run.dir" in given else [f"hydra.run.dir={_hydra_quote(run_dir)}"]
+    check_not_in_use(run_dir)  # a second resume of a run in use must not rewrite its .hydra/ record
     check_resume_command([*replay, *args], file, config_dir)
     return [argv[0], *replay, *args, *run_dir_arg]
 
