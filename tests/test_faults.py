@@ -34,7 +34,7 @@ from gan.errors import CheckpointError, ConfigError, RunDirError
 from gan.evaluation.pipeline import build_generator
 from gan.training import rundir, train
 from gan.training.checkpoint import load_checkpoint
-from gan.training.faults import NonFiniteWeightsError, check_finite_state
+from gan.training.faults import NonFiniteWeightsError, check_finite_state, diverged
 from gan.training.rundir import LOCK_FILE, existing_run_in_argv, release_lock, remove_stale_temp_files, take_lock
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
@@ -476,3 +476,12 @@ def test_only_an_allocation_failure_becomes_a_config_error(tmp_path, monkeypatch
     monkeypatch.setattr("gan.training.loop.build_state", broken)
     with pytest.raises(RuntimeError, match="a bug"):  # a bug keeps its traceback
         train(compose_config(), tmp_path / "bug")
+
+
+def test_weights_blown_up_by_a_huge_learning_rate_are_reported(tiny_gan):
+    G, D = tiny_gan
+    assert diverged({"G": G, "D": D}) == {}  # N(0, 0.02) weights and BatchNorm scales near 1
+    with torch.no_grad():
+        G.net[0].weight.mul_(1e9)
+    found = diverged({"G": G, "D": D})
+    assert list(found) == ["G"] and found["G"] > 1e6

@@ -88,15 +88,15 @@ def check_finite_state(state: TrainingState, kept: Path) -> None:
     weights (optim.lr=inf), or into Adam's moments (a huge gradient squared). One host sync: the 2-norm
     of every tensor (torch._foreach_norm, one kernel per group of tensors), finite only if every element
     is. Finite weights so large that the norm overflows (beyond about 1e19) are looked at one by one:
-    they pass, being what the learning rate asked for.
+    they pass, being what the learning rate asked for, with a warning (warn_if_diverged).
     """
     parts = {name: getattr(state, name) for name in _PARTS if getattr(state, name) is not None}
     tensors = [t for part in parts.values() for t in _floating_tensors(part)]
-    if not tensors or torch.stack(torch._foreach_norm(tensors)).isfinite().all():
-        return
     names = _parameter_names(parts)
-    found = [text for name, part in parts.items() if (text := _nonfinite_in(name, part, names))]
+    finite = not tensors or torch.stack(torch._foreach_norm(tensors)).isfinite().all()
+    found = [] if finite else [text for name, part in parts.items() if (text := _nonfinite_in(name, part, names))]
     if not found:
+        warn_if_diverged(parts, state.step)
         return
     raise NonFiniteWeightsError(
         f"Non-finite weights at step {state.step}: {'; '.join(found)}. Training stopped without "
@@ -104,6 +104,29 @@ def check_finite_state(state: TrainingState, kept: Path) -> None:
         "non-finite, and these weights already are. Lower optim.lr or optim.lr_d (a resume may change them), "
         "or try loss=hinge."
     )
+
+
+def warn_if_diverged(parts: dict[str, Any], step: int) -> None:
+    """A warning (the run goes on, the checkpoint is written) for finite weights a far too large
+    learning rate has blown up."""
+    for name, largest in diverged({n: m for n, m in parts.items() if isinstance(m, nn.Module)}).items():
+        log.warning(
+            "Step %d: %s's weights have diverged (largest |weight| %.3g, where DCGAN's start near 0.02 and 1). "
+            "The checkpoint is still written; lower optim.lr or optim.lr_d (a resume may change them).",
+            step, name, largest,
+        )  # fmt: skip
+
+
+def diverged(networks: dict[str, nn.Module], limit: float = 1e4) -> dict[str, float]:
+    """The networks with a floating parameter above `limit` in magnitude, with the largest one."""
+    found = {}
+    for name, module in networks.items():
+        params = [p.detach() for p in module.parameters() if p.is_floating_point() and p.numel()]
+        if params:
+            largest = float(torch.stack([p.abs().max().float() for p in params]).max())
+            if largest > limit:
+                found[name] = largest
+    return found
 
 
 def _floating_tensors(part: nn.Module | torch.optim.Optimizer) -> list[Tensor]:
