@@ -19,7 +19,7 @@ from torchvision.utils import save_image
 
 from gan.config import Precision, TrainConfig, to_plain
 from gan.core.sampling import image_grid, sample
-from gan.core.steps import d_step, g_step
+from gan.core.steps import StepContext, d_step, g_step
 from gan.data import ImageSet
 from gan.distributed import SINGLE, World, any_rank
 from gan.training.checkpoint import keep_numbered, load_checkpoint, save_checkpoint
@@ -52,19 +52,9 @@ def train(cfg: TrainConfig, run_dir: Path, dataset: Optional[ImageSet] = None, w
     # rank 0 owns run_dir until it returns: one process at a time, a new run never over an old one's
     # checkpoint, and temporary files of a killed run removed (gan/training/rundir.py)
     with own_run_dir(run_dir, resuming=bool(trainer.resume), enabled=world.is_main):
-        device = prepare_process(cfg, world)
-        # read the checkpoint to resume from before any work, so a bad path fails at once
-        resume_from = load_checkpoint(trainer.resume, map_location=device) if trainer.resume else None
-        arithmetic, precision = arithmetic_of(cfg, device)
-        ctx = with_objective(arithmetic, cfg)  # the loss, its extra terms, and the precision of both steps
-        with explain_allocation_failure(cfg):  # model.g_width=10000000: one paragraph, not a traceback
-            state = build_state(cfg, device, ctx.scaler, world, dataset)
-        if resume_from is not None:
-            check_resume(cfg, resume_from)  # the resume contract: gan/training/runs.py
-            state.load_state_dict(resume_from)
-            log.info("Resumed from %s at step %d", trainer.resume, state.step)
+        # device, the step context (loss, extra terms, precision), the training state, resumed if asked
+        device, ctx, state = set_up(cfg, world, dataset)
         G, D = wrap_for_ddp(state.G, state.D, world, device)  # DDP wrappers: the same modules under DDP
-        announce(cfg, device, precision, world)
         monitor = Monitor(run_dir, state.step, trainer.max_steps, trainer.progress, enabled=world.is_main)
         watch, metrics = NonFiniteWatch(device), {}
         with monitor, stop_on_signals() as stop:
@@ -111,6 +101,26 @@ def train(cfg: TrainConfig, run_dir: Path, dataset: Optional[ImageSet] = None, w
                     break
             monitor.hparams(hparams_of(cfg), metrics)
         return TrainResult(state.step, metrics, last_checkpoint(run_dir), stop.signal, monitor.seconds)
+
+
+def set_up(
+    cfg: TrainConfig, world: World, dataset: Optional[ImageSet]
+) -> tuple[torch.device, StepContext, TrainingState]:
+    """This process's device, the StepContext of both steps, and the training state (resumed when
+    cfg.trainer.resume names a checkpoint)."""
+    device = prepare_process(cfg, world)
+    # read the checkpoint to resume from before any work, so a bad path fails at once
+    resume_from = load_checkpoint(cfg.trainer.resume, map_location=device) if cfg.trainer.resume else None
+    arithmetic, precision = arithmetic_of(cfg, device)
+    ctx = with_objective(arithmetic, cfg)  # the loss, its extra terms, and the precision of both steps
+    with explain_allocation_failure(cfg):  # model.g_width=10000000: one paragraph, not a traceback
+        state = build_state(cfg, device, ctx.scaler, world, dataset)
+    if resume_from is not None:
+        check_resume(cfg, resume_from)  # the resume contract: gan/training/runs.py
+        state.load_state_dict(resume_from)
+        log.info("Resumed from %s at step %d", cfg.trainer.resume, state.step)
+    announce(cfg, device, precision, world)
+    return device, ctx, state
 
 
 def announce(cfg: TrainConfig, device: torch.device, precision: Precision, world: World) -> None:
