@@ -59,6 +59,9 @@ def test_a_bad_image_read_by_a_worker_gives_the_workers_own_message(tmp_path):
     with pytest.raises(DataError) as caught:
         for _ in range(3):
             next(stream)
+    workers = list(stream.loader._iterator._workers)
+    stream.close()  # what collection or the interpreter's exit does: workers ignore SIGTERM, so are stopped
+    assert not any(worker.is_alive() for worker in workers)
     message = str(caught.value)
     assert "010.png cannot be read as an image" in message
     assert "Traceback" not in message and "worker process" not in message

@@ -8,8 +8,10 @@ workers that decode images on the fly.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import weakref
 from typing import Iterator, Optional
 
 import torch
@@ -114,6 +116,10 @@ class BatchStream:
                 persistent_workers=num_workers > 0,
                 worker_init_fn=ignore_stop_signals,
             )
+            # Workers ignore SIGTERM (ignore_stop_signals), so multiprocessing's exit-time terminate()
+            # would wait for them forever: stop them here instead, when the stream is collected or
+            # the interpreter exits (before multiprocessing's own exit handler, registered earlier).
+            self.close = weakref.finalize(self, stop_workers, self.loader)
         self.batch = 0  # batches taken in the current epoch
         self._batches = self._epoch_iterator()
 
@@ -154,6 +160,21 @@ class BatchStream:
         self.sampler.epoch, self.sampler.start = int(state["epoch"]), int(state["batch"])
         self.batch = self.sampler.start
         self._batches = self._epoch_iterator()
+
+
+def stop_workers(loader: DataLoader) -> None:
+    """Shut a DataLoader's persistent workers down: the loader's own orderly shutdown (a stop message
+    on each worker's queue), then SIGKILL for any worker still alive (they ignore SIGTERM)."""
+    iterator = loader._iterator  # private: where DataLoader keeps the iterator of persistent workers
+    if iterator is None:
+        return
+    workers = list(getattr(iterator, "_workers", []))
+    with contextlib.suppress(Exception):
+        iterator._shutdown_workers()
+    for worker in workers:
+        if worker.is_alive():
+            worker.kill()
+            worker.join(timeout=5)
 
 
 def ignore_stop_signals(worker_id: int) -> None:
