@@ -35,7 +35,8 @@ from gan.evaluation.pipeline import build_generator
 from gan.training import rundir, train
 from gan.training.checkpoint import load_checkpoint
 from gan.training.faults import NonFiniteWeightsError, check_finite_state, diverged
-from gan.training.rundir import LOCK_FILE, existing_run_in_argv, release_lock, remove_stale_temp_files, take_lock
+from gan.training.rundir import LOCK_FILE, release_lock, remove_stale_temp_files, take_lock
+from gan.training.runs import existing_run_in_argv
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
 

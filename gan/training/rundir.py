@@ -147,33 +147,6 @@ def existing_run(run_dir: Path, untouched: str = "Its checkpoints were left as t
     )
 
 
-def existing_run_in_argv(argv: list[str]) -> Optional[str]:
-    """Before Hydra starts: existing_run() of the hydra.run.dir a command that is not a resume names.
-
-    Hydra writes the run's .hydra/config.yaml and overrides.yaml (the record a resume replays) as it
-    starts, before train() could refuse, so the check of an explicit run dir is made here first.
-    """
-    args = argv[1:]
-    if "-m" in args or "--multirun" in args:
-        return None
-    resume = _last_value(args, "trainer.resume")
-    run_dir = _last_value(args, "hydra.run.dir")
-    if (resume not in (None, "", "null")) or not run_dir:
-        return None
-    return existing_run(Path(run_dir).expanduser(), "Nothing was written.")
-
-
-def _last_value(args: list[str], key: str) -> Optional[str]:
-    """The value the last `key=value` (or `+key=value`) gives, unquoted as Hydra reads it."""
-    values = [a.split("=", 1)[1] for a in args if "=" in a and a.split("=", 1)[0].lstrip("+~") == key]
-    if not values:
-        return None
-    value = values[-1]
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-        return value[1:-1].replace("\\" + value[0], value[0]).replace("\\\\", "\\")
-    return value
-
-
 def remove_stale_temp_files(folder: Path) -> None:
     """Remove the `.NAME.PID.tmp` files that save_checkpoint's writers left when they were killed
     mid-write (kill -9, power loss), keeping those whose process still runs."""

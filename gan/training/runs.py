@@ -23,7 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 from gan.config import TrainConfig, to_plain
 from gan.errors import CheckpointError, ConfigError
 from gan.training.checkpoint import checkpoint_path, load_checkpoint
-from gan.training.rundir import check_not_in_use, existing_run_in_argv
+from gan.training.rundir import check_not_in_use, existing_run
 
 log = logging.getLogger(__name__)
 
@@ -280,6 +280,22 @@ def unwritable_output(argv: list[str]) -> Optional[str]:
             f"Cannot write the run directory {target}: {why}. Choose a writable folder "
             f"with {key}=PATH (or launch from a writable directory)."
         )
+
+
+def existing_run_in_argv(argv: list[str]) -> Optional[str]:
+    """Before Hydra starts: existing_run() of the hydra.run.dir a command that is not a resume names.
+
+    Hydra writes the run's .hydra/config.yaml and overrides.yaml (the record a resume replays) as it
+    starts, before train() could refuse, so the check of an explicit run dir is made here first.
+    """
+    args = argv[1:]
+    if "-m" in args or "--multirun" in args:
+        return None
+    resume = ([None] + [unquote(v) for v in override_values(args, "trainer.resume")])[-1]
+    run_dir = ([None] + [unquote(v) for v in override_values(args, "hydra.run.dir")])[-1]
+    if (resume not in (None, "", "null")) or not run_dir:
+        return None
+    return existing_run(Path(run_dir).expanduser(), "Nothing was written.")
 
 
 def preflight(argv: list[str], exit_code: int = 2) -> None:
