@@ -92,9 +92,11 @@ def check_finite_state(state: TrainingState, kept: Path) -> None:
     """
     parts = {name: getattr(state, name) for name in _PARTS if getattr(state, name) is not None}
     tensors = [t for part in parts.values() for t in _floating_tensors(part)]
-    names = _parameter_names(parts)
     finite = not tensors or torch.stack(torch._foreach_norm(tensors)).isfinite().all()
-    found = [] if finite else [text for name, part in parts.items() if (text := _nonfinite_in(name, part, names))]
+    found = []
+    if not finite:  # only then are the tensors looked at one by one, by name
+        names = _parameter_names(parts)
+        found = [text for name, part in parts.items() if (text := _nonfinite_in(name, part, names))]
     if not found:
         warn_if_diverged(parts, state.step)
         return
