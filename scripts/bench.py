@@ -2,6 +2,8 @@
 
     python scripts/bench.py                      # 32 and 64 px, every precision, prints a table
     python scripts/bench.py --sizes 64 --rounds 5 --steps 20 --compile
+    python scripts/bench.py --device cuda --sizes 32 64 128 --steps 200 --compile --nchw
+    python scripts/bench.py --device cuda --sizes 64 --batch 256 512 1024 --precisions bf16
 
 Both sides train the same networks (this project's Generator and Discriminator, so the model size
 is identical) on the same images at the same batch size. The canonical side is re-implemented as
@@ -11,7 +13,10 @@ included. Rows alternate round by round, so load on the machine hits all alike, 
 reports the median round. Each row runs in a fresh process (`probe`): the project's loop sets a
 process-wide allocator option (trainer.retain_host_memory) that would otherwise leak into the
 canonical rows, and peak memory needs a fresh RSS high-water mark. The row "canonical fp32 +
-retain memory" is the canonical step with that allocator option, to show what it is worth alone.
+retain memory" is the canonical step with that allocator option, to show what it is worth alone
+(CPU only). On CUDA both sides keep their models and batches on the GPU (the canonical side copies
+each batch from its DataLoader, as the examples do), the clock stops after torch.cuda.synchronize(),
+and peak memory is the GPU's (torch.cuda.max_memory_allocated), measured in the speed process.
 
 A program, not part of the library: the trainer imports nothing from it. `canonical_step` also
 serves the test that checks the project's fp32 math against the canonical step.
@@ -20,6 +25,7 @@ serves the test that checks the project's fp32 math against the canonical step.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -90,27 +96,36 @@ def canonical_step(
     return (errD_real + errD_fake).item(), errG.item()
 
 
-def run_canonical(images: Tensor, batch_size: int, z_dim: int, width: int, steps: int, seed: int = 0) -> float:
+def run_canonical(
+    images: Tensor, batch_size: int, z_dim: int, width: int, steps: int, seed: int = 0, device: str = "cpu"
+) -> float:
     """Train `steps` canonical iterations; returns img/s after the first (warm-up) iteration."""
     torch.manual_seed(seed)
     channels, size = images.shape[1], images.shape[-1]
-    netG = Generator(z_dim, width, channels, size)
-    netD = SigmoidD(Discriminator(width, channels, size))
+    netG = Generator(z_dim, width, channels, size).to(device)
+    netD = SigmoidD(Discriminator(width, channels, size)).to(device)
     optimizerD = torch.optim.Adam(netD.parameters(), lr=2e-4, betas=(0.5, 0.999))
     optimizerG = torch.optim.Adam(netG.parameters(), lr=2e-4, betas=(0.5, 0.999))
     loader = DataLoader(TensorDataset(images), batch_size=batch_size, shuffle=True, drop_last=True)
     done, start = 0, 0.0
     while done < steps:
         for (batch,) in loader:
-            real = batch.float() / 127.5 - 1  # the examples' Normalize((0.5,), (0.5,))
-            noise = torch.randn(batch_size, z_dim, 1, 1)
-            canonical_step(netG, netD, optimizerG, optimizerD, real, noise)
+            real = batch.to(device).float() / 127.5 - 1  # the examples' Normalize((0.5,), (0.5,))
+            noise = torch.randn(batch_size, z_dim, 1, 1, device=device)
+            canonical_step(netG, netD, optimizerG, optimizerD, real, noise)  # .item(): waits for the GPU
             done += 1
             if done == 1:
                 start = time.perf_counter()
             if done == steps:
                 break
+    synchronize(device)
     return (steps - 1) * batch_size / (time.perf_counter() - start)
+
+
+def synchronize(device: str | torch.device) -> None:
+    """Wait for the GPU's queued work (CUDA kernels run after the Python call returns)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 # the project's loop ------------------------------------------------------------------------------
@@ -125,6 +140,8 @@ def project_config(
     steps: int,
     precision: Precision,
     compile: bool = False,
+    device: str = "cpu",
+    channels_last: bool = True,
 ) -> TrainConfig:
     return TrainConfig(
         data=DataConfig(image_size=size, channels=channels, batch_size=batch_size),
@@ -133,8 +150,9 @@ def project_config(
             max_steps=steps,
             precision=precision,
             compile=compile,
+            channels_last=channels_last,
             progress=False,
-            device="cpu" if not torch.cuda.is_available() else "auto",
+            device=device,
         ),
     )
 
@@ -160,18 +178,20 @@ def flops_per_step(size: int, channels: int, batch_size: int, z_dim: int, width:
     return counter.get_total_flops()
 
 
-def compute_ceiling(dtype: torch.dtype, seconds: float = 0.5, repeats: int = 3) -> float:
+def compute_ceiling(dtype: torch.dtype, seconds: float = 0.5, repeats: int = 3, device: str = "cpu") -> float:
     """The machine's practical peak FLOP/s in `dtype`: the best of large matmuls and a large 3x3
     convolution, best of `repeats`. Both count: on some CPUs torch's matmul library is slower than
-    oneDNN's convolutions (fp32 on the AMD CPU of README), and a step is mostly convolutions."""
+    oneDNN's convolutions (fp32 on the AMD CPU of README), and a step is mostly convolutions.
+    (fp32 on CUDA: torch's defaults, TF32 for convolutions and none for matmuls.)"""
     import torch.nn.functional as F
 
     def matmul(n: int) -> tuple[Callable[[], Tensor], float]:
-        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
         return (lambda: a @ b), 2 * n**3
 
     def conv() -> tuple[Callable[[], Tensor], float]:
-        x, w = torch.randn(64, 256, 32, 32, dtype=dtype), torch.randn(256, 256, 3, 3, dtype=dtype)
+        x = torch.randn(64, 256, 32, 32, dtype=dtype, device=device)
+        w = torch.randn(256, 256, 3, 3, dtype=dtype, device=device)
         x, w = x.contiguous(memory_format=torch.channels_last), w.contiguous(memory_format=torch.channels_last)
         return (lambda: F.conv2d(x, w, padding=1)), 2 * 64 * 256 * 256 * 9 * 32 * 32
 
@@ -179,10 +199,12 @@ def compute_ceiling(dtype: torch.dtype, seconds: float = 0.5, repeats: int = 3) 
     for run, flops in (matmul(1024), matmul(2048), matmul(4096), conv()):
         run()  # warm-up
         for _ in range(repeats):
+            synchronize(device)
             count, start = 0, time.perf_counter()
             while time.perf_counter() - start < seconds:
                 run()
                 count += 1
+            synchronize(device)
             best = max(best, flops * count / (time.perf_counter() - start))
     return best
 
@@ -201,15 +223,25 @@ class Row:
     precision: str = "fp32"
     retain: bool = False  # the canonical step with the project's allocator setting (gan/device.py)
     compile: bool = False
+    channels_last: bool = True  # the project's default layout; False: "NCHW" (the canonical layout)
 
     @property
     def name(self) -> str:
         extras = " + retain memory" if self.retain else " + compile" if self.compile else ""
+        extras += "" if self.channels_last or self.kind == "canonical" else " NCHW"
         return f"{self.kind} {self.precision}{extras}"
 
 
-def probe(row: Row, measure: str, batch: int, z_dim: int, width: int, steps: int) -> float:
-    """Run one row in a fresh Python process; returns its img/s ("speed") or peak MB ("memory").
+def probe(row: Row, measure: str, batch: int, z_dim: int, width: int, steps: int, device: str = "cpu") -> float:
+    """Run one row in a fresh Python process; returns its img/s ("speed") or peak MB ("memory")."""
+    return probe_result(row, measure, batch, z_dim, width, steps, device)["value"]
+
+
+def probe_result(
+    row: Row, measure: str, batch: int, z_dim: int, width: int, steps: int, device: str = "cpu"
+) -> dict[str, float]:
+    """What `probe` measures, as the child reports it: {"value": ...}, plus {"gpu_mb": peak GPU
+    memory} from a speed run on CUDA (the GPU's counter resets per process at no cost to speed).
 
     A fresh process per row and round: the allocator setting of the project's loop is process-wide
     and cannot be undone, so rows sharing a process would share it; and a process's RSS
@@ -224,18 +256,19 @@ def probe(row: Row, measure: str, batch: int, z_dim: int, width: int, steps: int
             "width": width,
             "steps": steps,
             "threads": torch.get_num_threads(),
+            "device": device,
         }
     )
     out = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--probe", spec], capture_output=True, text=True, check=True
     ).stdout
-    return json.loads(out.strip().splitlines()[-1])["value"]
+    return json.loads(out.strip().splitlines()[-1])
 
 
-def run_probe(spec: dict) -> float:
+def run_probe(spec: dict) -> dict[str, float]:
     """The child side of `probe`: train one row and measure it."""
     torch.set_num_threads(spec["threads"])
-    row = Row(**spec["row"])
+    row, device = Row(**spec["row"]), spec.get("device", "cpu")
     channels = channels_for(row.size)
     torch.manual_seed(0)
     images = torch.randint(0, 256, (max(spec["batch"] * 8, 1024), channels, row.size, row.size), dtype=torch.uint8)
@@ -244,7 +277,7 @@ def run_probe(spec: dict) -> float:
 
     def run() -> float:
         if row.kind == "canonical":
-            return run_canonical(images, spec["batch"], spec["z_dim"], spec["width"], spec["steps"])
+            return run_canonical(images, spec["batch"], spec["z_dim"], spec["width"], spec["steps"], device=device)
         cfg = project_config(
             row.size,
             channels,
@@ -254,12 +287,18 @@ def run_probe(spec: dict) -> float:
             spec["steps"],
             Precision(row.precision),
             row.compile,
+            device,
+            row.channels_last,
         )
         return run_project(images, cfg)
 
+    if torch.device(device).type == "cuda":  # the GPU's peak: what limits the batch size there
+        speed = run()
+        memory = torch.cuda.max_memory_allocated(device) / 2**20
+        return {"value": speed if spec["measure"] == "speed" else memory, "gpu_mb": memory}
     if spec["measure"] == "speed":
-        return run()
-    return peak_rss_growth_mb(run)
+        return {"value": run()}
+    return {"value": peak_rss_growth_mb(run)}
 
 
 def peak_rss_growth_mb(run: Callable[[], float]) -> float:
@@ -308,7 +347,7 @@ def interleaved(runners: dict[str, Callable[[], float]], rounds: int) -> dict[st
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[32, 64])
-    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--batch", type=int, nargs="+", default=[128], help="batch sizes (each a set of rows)")
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--steps", type=int, default=15, help="iterations per round and side")
     parser.add_argument("--rounds", type=int, default=3)
@@ -316,6 +355,8 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also time bf16 with trainer.compile=true")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--device", default="auto", help="cpu | cuda | auto (cuda where available)")
+    parser.add_argument("--nchw", action="store_true", help="also time bf16 without channels_last")
     parser.add_argument("--probe", help=argparse.SUPPRESS)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -324,60 +365,73 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.probe:
-        print(json.dumps({"value": run_probe(json.loads(args.probe))}))
+        print(json.dumps(run_probe(json.loads(args.probe))))
         return
 
-    z_dim, batch, width = 100, args.batch, args.width
-    peaks = {"fp32": compute_ceiling(torch.float32), "bf16": compute_ceiling(torch.bfloat16)}
+    device = args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+    on_gpu = torch.device(device).type == "cuda"
+    z_dim, width = 100, args.width
+    peaks = {dtype: compute_ceiling(getattr(torch, name), device=device) for dtype, name in PEAK_DTYPES.items()}
     log.info("compute ceiling: fp32 %.0f GFLOP/s, bf16 %.0f GFLOP/s", peaks["fp32"] / 1e9, peaks["bf16"] / 1e9)
     rows = []
-    for size in args.sizes:
+    for size, batch in ((size, batch) for size in args.sizes for batch in args.batch):
         channels = channels_for(size)
-        table = [Row("canonical", size), Row("canonical", size, retain=True)]
+        table = [Row("canonical", size)] + ([] if on_gpu else [Row("canonical", size, retain=True)])
         table += [Row("project", size, precision) for precision in args.precisions]
+        if args.nchw:
+            table.append(Row("project", size, "bf16", channels_last=False))
         if args.compile:
             table.append(Row("project", size, "bf16", compile=True))
-        runners = {row.name: lambda row=row: probe(row, "speed", batch, z_dim, width, args.steps) for row in table}
-        rates = interleaved(runners, args.rounds)
+        gpu_mb: dict[str, float] = {}
+
+        def speed(row: Row, batch: int = batch, gpu_mb: dict = gpu_mb) -> float:
+            result = probe_result(row, "speed", batch, z_dim, width, args.steps, device)
+            gpu_mb[row.name] = max(gpu_mb.get(row.name, 0.0), result.get("gpu_mb", 0.0))
+            return result["value"]
+
+        rates = interleaved({row.name: functools.partial(speed, row) for row in table}, args.rounds)
         flops = flops_per_step(size, channels, batch, z_dim, width)
         for row in table:
             rate = rates[row.name]
-            memory = None if args.no_memory or row.compile else probe(row, "memory", batch, z_dim, width, args.steps)
+            if on_gpu:
+                memory = gpu_mb[row.name]
+            elif args.no_memory or row.compile:
+                memory = None
+            else:
+                memory = probe(row, "memory", batch, z_dim, width, args.steps, device)
             achieved = flops * rate / batch
-            rows.append(
-                (
-                    size,
-                    row.name,
-                    rate,
-                    rate / rates[table[0].name],
-                    memory,
-                    flops,
-                    achieved,
-                    achieved / peaks["fp32" if row.precision == "fp32" else "bf16"],
-                )
-            )
-    print_table(rows)
+            fraction = achieved / peaks["fp32" if row.precision == "fp32" else "bf16"]
+            rows.append((size, batch, row.name, rate, rate / rates[table[0].name], memory, flops, achieved, fraction))
+    print_table(rows, device)
 
 
-def print_table(rows: list[tuple]) -> None:
+PEAK_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # fp16 rows are set against the bf16 peak
+
+
+def print_table(rows: list[tuple], device: str = "cpu") -> None:
+    memory_kind = "GPU MB" if torch.device(device).type == "cuda" else "peak MB"
     header = (
-        f"{'px':>3}  {'loop':<30} {'img/s':>8} {'vs canon':>8} {'peak MB':>8} "
+        f"{'px':>3} {'batch':>5}  {'loop':<30} {'img/s':>9} {'vs canon':>8} {memory_kind:>14} "
         f"{'GFLOP/step':>10} {'GFLOP/s':>8} {'of peak':>7}"
     )
     print(header)
     print("-" * len(header))
     canonical_memory = {}
-    for size, name, rate, ratio, memory, flops, achieved, fraction in rows:
+    for size, batch, name, rate, ratio, memory, flops, achieved, fraction in rows:
         if name == "canonical fp32":
-            canonical_memory[size] = memory
+            canonical_memory[size, batch] = memory
         memory_text = "-" if memory is None else f"{memory:.0f}"
-        if memory is not None and canonical_memory.get(size) and name != "canonical fp32":
-            memory_text += f" ({memory / canonical_memory[size]:.2f}x)"
+        if memory is not None and canonical_memory.get((size, batch)) and name != "canonical fp32":
+            memory_text += f" ({memory / canonical_memory[size, batch]:.2f}x)"
         print(
-            f"{size:>3}  {name:<30} {rate:>8.1f} {ratio:>7.2f}x {memory_text:>8} {flops / 1e9:>10.1f} "
+            f"{size:>3} {batch:>5}  {name:<30} {rate:>9.1f} {ratio:>7.2f}x {memory_text:>14} {flops / 1e9:>10.1f} "
             f"{achieved / 1e9:>8.0f} {fraction:>6.0%}"
         )
-    print(f"\nmachine: {torch.get_num_threads()} torch threads; torch {torch.__version__}")
+    if torch.device(device).type == "cuda":
+        where = f"{torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}"
+    else:
+        where = f"{torch.get_num_threads()} torch threads"
+    print(f"\nmachine: {where}; torch {torch.__version__}")
 
 
 if __name__ == "__main__":

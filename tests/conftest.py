@@ -20,8 +20,21 @@ CONFIG_DIR = ROOT / "configs"
 
 # Every test starts from configs/debug/tiny.yaml: a few seconds per run on 2 cores, big enough to
 # exercise every block type. A caller's own debug=... comes later and replaces it (Hydra applies
-# overrides in order).
-TINY = ["debug=tiny"]
+# overrides in order). tiny trains on the CPU on every machine; GAN_TEST_DEVICE=cuda moves every
+# training run of the suite to the GPU (tests that call for a device of their own still get it).
+DEVICE = os.environ.get("GAN_TEST_DEVICE")
+TINY = ["debug=tiny", *([f"trainer.device={DEVICE}"] if DEVICE else [])]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `cuda` run where a CUDA device is, and are skipped (with the reason) elsewhere."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
 
 register_configs()
 

@@ -1,0 +1,206 @@
+"""The CUDA-only paths: fp16 with its GradScaler, bf16, deterministic kernels, resume on a GPU, CUDA
+checkpoints on a CPU-only machine and back, compile, pinned-memory loading. Every test here needs a
+CUDA device and is skipped without one (the `cuda` marker, tests/conftest.py); the rest of the
+suite runs the same code on the CPU.
+
+    pytest -m cuda                                  # these alone, on a machine with a GPU
+    GAN_TEST_DEVICE=cuda pytest                     # the whole suite's training runs on the GPU
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+from conftest import compose_config, run_train
+from test_checkpoints import assert_same_state
+from test_evaluate import TINY_EVAL, run_evaluate
+
+import gan.training.hardware
+from gan.config import Precision
+from gan.core.losses import LOSSES
+from gan.core.models import Discriminator, Generator
+from gan.core.steps import d_step
+from gan.data.stream import BatchStream
+from gan.training import train
+from gan.training.checkpoint import load_checkpoint
+from gan.training.hardware import prepare_process, step_context
+
+pytestmark = pytest.mark.cuda
+
+CUDA = "trainer.device=cuda"
+
+
+def tensors(state: object) -> list[torch.Tensor]:
+    """Every tensor inside a checkpoint's nested dicts and lists."""
+    if isinstance(state, torch.Tensor):
+        return [state]
+    if isinstance(state, dict):
+        return [t for value in state.values() for t in tensors(value)]
+    if isinstance(state, (list, tuple)):
+        return [t for value in state for t in tensors(value)]
+    return []
+
+
+@pytest.fixture
+def restore_determinism():
+    """prepare_process switches deterministic algorithms on for the whole process: switch back."""
+    yield
+    torch.use_deterministic_algorithms(False)
+    torch.backends.cudnn.benchmark = False
+
+
+# precision ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_reduced_precision_trains_on_cuda(tmp_path, precision):
+    result = train(compose_config(CUDA, f"trainer.precision={precision}", "trainer.max_steps=8"), tmp_path)
+    state = load_checkpoint(tmp_path)
+    assert result.step == 8 and all(map(torch.isfinite, [torch.tensor(v) for v in result.metrics.values()]))
+    # autocast runs the convolutions in 16 bits; the weights and Adam's moments stay float32
+    assert {t.dtype for t in state["G"].values() if t.is_floating_point()} == {torch.float32}
+    assert all(torch.isfinite(t).all() for t in tensors(state["G"]) + tensors(state["D"]) if t.is_floating_point())
+    if precision == "fp16":
+        assert state["scaler"]["scale"] > 0  # the GradScaler ran, and its scale is saved for resume
+    else:
+        assert not state["scaler"]  # no scaler outside fp16: bf16 has float32's exponent range
+
+
+def test_the_grad_scaler_skips_a_step_whose_gradients_overflow_and_backs_off():
+    """fp16's largest number is 65504. A scale of 2**40 overflows the scaled gradients (the loss
+    itself stays finite): GradScaler.step must skip opt.step() (D unchanged), update() must halve
+    the scale, and the next step, at a scale that fits, must train."""
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    G, D = Generator(16, 8, 1, 16).to(device), Discriminator(8, 1, 16).to(device)
+    opt_d = torch.optim.Adam(D.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    ctx = dataclasses.replace(
+        step_context(Precision.fp16, device, skip_nonfinite=False),
+        loss=LOSSES["bce"],
+        scaler=torch.amp.GradScaler("cuda", init_scale=2.0**40),
+    )
+    real = torch.rand(32, 1, 16, 16, device=device) * 2 - 1
+    with ctx.autocast():
+        fake = G(torch.randn(32, 16, device=device))
+    before = copy.deepcopy(D.state_dict())
+    stats, _ = d_step(D, opt_d, real, fake, ctx)
+    ctx.scaler.update()
+    assert torch.isfinite(stats["loss/d"])  # a finite loss: only the scaled gradients overflowed
+    assert all(torch.equal(before[k], v) for k, v in D.state_dict().items() if k.endswith("weight"))
+    assert ctx.scaler.get_scale() == 2.0**39  # backoff_factor 0.5
+    ctx = dataclasses.replace(ctx, scaler=torch.amp.GradScaler("cuda"))  # 65536: fits
+    d_step(D, opt_d, real, fake, ctx)
+    ctx.scaler.update()
+    assert not torch.equal(before["features.0.weight"], D.state_dict()["features.0.weight"])
+
+
+# determinism and exact resume -----------------------------------------------------------------
+
+
+def test_cudnn_autotuner_is_on_unless_deterministic(restore_determinism):
+    prepare_process(compose_config(CUDA))
+    assert torch.backends.cudnn.benchmark
+    prepare_process(compose_config(CUDA, "trainer.deterministic=true"))
+    assert not torch.backends.cudnn.benchmark and torch.are_deterministic_algorithms_enabled()
+
+
+def test_deterministic_runs_give_identical_weights(tmp_path):
+    """Two processes (deterministic mode is process-wide, and cuBLAS reads its workspace setting
+    once): the same seed and trainer.deterministic=true must give the same bits."""
+    for name in ("a", "b"):
+        run_dir = f"hydra.run.dir={tmp_path / name}"
+        result = run_train(CUDA, "trainer.deterministic=true", "trainer.max_steps=8", run_dir)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert_same_state(load_checkpoint(tmp_path / "a"), load_checkpoint(tmp_path / "b"))
+
+
+def test_a_cuda_run_resumes_bit_exactly(tmp_path):
+    """12 steps straight against 5 + a resume to 12, in deterministic mode, on the GPU: weights,
+    EMA, Adam moments and the data position identical. The CUDA generator's state is in the
+    checkpoint, so the latents after the resume are the ones the straight run drew."""
+    common = (CUDA, "trainer.deterministic=true", "trainer.checkpoint_every=100")
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    for run_dir, steps, extra in ((straight, 12, ()), (split, 5, ()), (split, 12, (f"trainer.resume={split}",))):
+        result = run_train(*common, f"trainer.max_steps={steps}", *extra, f"hydra.run.dir={run_dir}")
+        assert result.returncode == 0, result.stderr[-3000:]
+    resumed = load_checkpoint(split)
+    assert resumed["rng"]["cuda"], "the CUDA generator's state must be saved"
+    assert_same_state(load_checkpoint(straight), resumed)
+
+
+# moving between machines ----------------------------------------------------------------------
+
+
+def test_a_cuda_checkpoint_loads_on_the_cpu_and_evaluates_there(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_train(CUDA, "data.num_samples=1200", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    state = load_checkpoint(run_dir)  # map_location="cpu" by default
+    assert {t.device.type for t in tensors(state)} == {"cpu"}
+    assert state["fixed_z"].device.type == "cpu"
+    evaluated = run_evaluate(
+        f"checkpoint={run_dir}", f"data.root={tmp_path / 'data'}", *TINY_EVAL, f"hydra.run.dir={tmp_path / 'eval'}"
+    )
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert (tmp_path / "eval" / "metrics.json").is_file()
+
+
+@pytest.mark.parametrize("first, then", [("cpu", "cuda"), ("cuda", "cpu")])
+def test_a_run_moves_between_cpu_and_cuda_on_resume(tmp_path, first, then):
+    """trainer.device is a runtime key: a run started on one device continues on the other."""
+    train(compose_config(f"trainer.device={first}", "trainer.max_steps=3"), tmp_path)
+    resumed = compose_config(f"trainer.device={then}", "trainer.max_steps=6", f"trainer.resume={tmp_path}")
+    result = train(resumed, tmp_path)
+    state = load_checkpoint(tmp_path)
+    assert result.step == 6 and state["step"] == 6
+    assert all(torch.isfinite(t).all() for t in tensors(state["G"]) if t.is_floating_point())
+
+
+# the fast paths -------------------------------------------------------------------------------
+
+
+def test_compiled_networks_match_eager_on_cuda():
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    G, D = Generator(16, 8, 1, 16).to(device), Discriminator(8, 1, 16).to(device)
+    eager_G, eager_D = copy.deepcopy(G), copy.deepcopy(D)
+    gan.training.hardware.compile_models(G, D)
+    z = torch.randn(8, 16, device=device)
+    images, eager_images = G(z), eager_G(z)
+    # TF32 is off (torch's default for convolutions is on: cuDNN may use it in both, differently)
+    torch.testing.assert_close(images, eager_images, rtol=1e-3, atol=1e-3)
+    logits, eager_logits = D(images), eager_D(eager_images)
+    torch.testing.assert_close(logits, eager_logits, rtol=1e-3, atol=1e-3)
+    logits.sum().backward()
+    eager_logits.sum().backward()
+    for a, b in zip(G.parameters(), eager_G.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-2, atol=1e-3)
+
+
+def test_a_compiled_run_trains_on_cuda(tmp_path):
+    result = train(compose_config(CUDA, "trainer.compile=true", "trainer.precision=bf16"), tmp_path)
+    assert result.step == 6
+    assert all(torch.isfinite(torch.tensor(v)) for v in result.metrics.values())
+
+
+def test_pinned_worker_batches_equal_the_device_resident_ones():
+    """num_workers>0 on CUDA: pinned host memory and non_blocking copies; the batches must be the
+    ones the device-resident path (a uint8 tensor on the GPU, indexed) gives."""
+    device = torch.device("cuda")
+    images = torch.randint(0, 256, (96, 1, 8, 8), dtype=torch.uint8)
+    resident = BatchStream(images, 16, seed=0, device=device, num_workers=0)
+    pinned = BatchStream(images, 16, seed=0, device=device, num_workers=2)
+    assert resident.images is not None and resident.images.device.type == "cuda"
+    for _ in range(8):  # across an epoch boundary (6 batches an epoch)
+        a, b = next(resident), next(pinned)
+        assert a.device.type == b.device.type == "cuda"
+        assert torch.equal(a, b)
+    pinned.close()
+
+
+def test_a_worker_fed_run_trains_on_cuda(tmp_path):
+    result = train(compose_config(CUDA, "data.num_workers=2"), tmp_path)
+    assert result.step == 6 and load_checkpoint(tmp_path)["data"] == {"epoch": 0, "batch": 6}
