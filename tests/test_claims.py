@@ -234,9 +234,11 @@ def test_note001_numpy_works_on_requires_grad_tensor_inside_no_grad():
     바꿔서 사용할 수 있습니다. 그렇지 않다면 detach()를 통해서 바꿔야 한다" (under no_grad, no graph is
     made and tensors and ndarrays are interchangeable; otherwise convert through detach()).
 
-    Confirmed, more literally than it looks: .numpy() refuses a tensor that requires grad only
-    while grad mode is on, so inside no_grad even a parameter converts, and the array shares its
-    memory. (In the note's own example x_t does not require grad, so no_grad is not needed there.)
+    Partly. The conversion half holds, more literally than it looks: .numpy() refuses a tensor
+    that requires grad only while grad mode is on, so inside no_grad even a parameter converts, and
+    the array shares its memory. (In the note's own example x_t does not require grad, so no_grad
+    is not needed there.) "Interchangeable" does not: no_grad changes nothing about mixing the two
+    in one expression, and ndarray + tensor raises TypeError inside it too (claim 17).
     """
     w = torch.ones(2, requires_grad=True)
     with pytest.raises(RuntimeError, match="requires grad"):
@@ -249,6 +251,8 @@ def test_note001_numpy_works_on_requires_grad_tensor_inside_no_grad():
     assert a.tolist() == [2.0, 2.0]  # the same memory as the parameter
     plain = torch.rand(3, 4)
     assert plain.numpy().shape == (3, 4)  # the note's x_t converts without no_grad
+    with torch.no_grad(), pytest.raises(TypeError):
+        np.ones(2) + torch.ones(2)  # not interchangeable in an expression, no_grad or not
 
 
 def test_note001_tensor_created_on_a_device_is_a_leaf():
@@ -351,8 +355,12 @@ def test_note002_no_grad_saves_no_tensors_and_cannot_backprop():
 
     Partly. Memory: confirmed, the tensors backward would need are not saved (the saved-tensor
     hook never runs) and intermediates are freed as soon as Python drops them. Cannot
-    backpropagate: confirmed. Speed: the kernels are the same and so are the values; only the
-    graph bookkeeping is skipped. That gain is real but small and is not asserted here.
+    backpropagate: confirmed. Speed: for most operations (elementwise, convolutions, linear layers,
+    BatchNorm) the kernels are the same and so are the values; only the graph bookkeeping is
+    skipped, a real but small gain, not asserted here. Some modules do choose other kernels when
+    autograd is off: nn.TransformerEncoderLayer and nn.MultiheadAttention in eval() take their
+    fused "fast path" (one native kernel for the whole layer) only when no gradient is wanted, so
+    there no_grad changes the kernels, and the last bits of the values.
     """
     x = torch.randn(64, requires_grad=True)
     saved = []
@@ -374,6 +382,17 @@ def test_note002_no_grad_saves_no_tensors_and_cannot_backprop():
     assert torch.equal(out.detach(), out_no_grad)  # the same numbers
     with pytest.raises(RuntimeError, match="does not require grad"):
         out_no_grad.sum().backward()
+
+    layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True).eval()
+    tokens = torch.randn(2, 5, 16)
+    with torch.autograd.profiler.profile() as with_grad:
+        expected = layer(tokens)
+    with torch.no_grad(), torch.autograd.profiler.profile() as without_grad:
+        fast = layer(tokens)
+    fused = "aten::_transformer_encoder_layer_fwd"
+    assert fused in {e.name for e in without_grad.function_events}
+    assert fused not in {e.name for e in with_grad.function_events}
+    torch.testing.assert_close(fast, expected.detach())  # close, not necessarily equal: other kernels
 
 
 def test_note002_eval_changes_batchnorm_and_dropout_not_autograd(tiny_gan):
@@ -541,6 +560,96 @@ def test_note002_two_losses_retain_graph_or_sum_give_the_same_gradients():
         backward_terms(terms, [w], mode)
         grads[mode] = w.grad.clone()
     torch.testing.assert_close(grads[BackwardMode.summed], grads[BackwardMode.separate])
+
+
+def test_note002_a_gan_needs_retain_graph_only_when_its_d_step_forgets_detach(tiny_gan):
+    """002: "BP를 여러번 하려면 ... computational graph를 유지해야 함. BP를 언제 여러번 함? ... 3. GAN에서"
+    (keep the graph with retain_graph when backpropagating several times: ... 3. in GANs).
+
+    Partly. A GAN step written with fake.detach() backpropagates each graph once and needs no
+    retain_graph. Without detach, D's backward runs on through G and frees G's saved tensors, so
+    the G step's backward through the same `fake` raises "Trying to backward through the graph a
+    second time" (pytorch_GAN_zoo#83): that error is why GAN code online writes
+    errD.backward(retain_graph=True). That silences it, at a price: D's loss has already filled
+    G's .grad (the wrong sign: D's objective, not G's), which the G step then adds to unless G's
+    gradients are cleared in between, and a backward through G is spent for nothing.
+    """
+    G, D = tiny_gan
+    real, z = torch.rand(8, 1, 16, 16) * 2 - 1, torch.randn(8, 16)
+    opt_d = torch.optim.Adam(D.parameters(), lr=2e-4, betas=(0.5, 0.999))
+
+    def d_step(fake: torch.Tensor, **backward) -> None:
+        BCE.d(D(real), D(fake)).backward(**backward)
+        opt_d.step()
+        opt_d.zero_grad(set_to_none=True)
+
+    def g_backward(fake: torch.Tensor) -> list[torch.Tensor]:
+        with frozen(D):
+            BCE.g(D(fake)).backward()
+        grads = [p.grad.clone() for p in G.parameters()]
+        G.zero_grad(set_to_none=True)
+        return grads
+
+    state = {k: v.clone() for k, v in D.state_dict().items()}
+    fake = G(z)
+    d_step(fake)  # no detach
+    assert all(p.grad is not None for p in G.parameters())  # D's loss reached G
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        g_backward(fake)
+
+    D.load_state_dict(state)
+    G.zero_grad(set_to_none=True)
+    fake = G(z)
+    d_step(fake.detach())  # the fix: D's backward stops at the fake images
+    assert all(p.grad is None for p in G.parameters())
+    clean = g_backward(fake)
+
+    D.load_state_dict(state)
+    fake = G(z)
+    d_step(fake, retain_graph=True)  # the patch: no error, but G's .grad holds D's gradient
+    polluted = g_backward(fake)
+    assert not all(torch.allclose(a, b) for a, b in zip(polluted, clean))
+
+
+def test_note002_separate_backwards_do_not_give_each_loss_its_own_optimizer_or_step_size():
+    """002: separate backward calls (rather than a summed loss) for when you want "optimizer를 달리
+    쓰고 싶거나, step-size(or learning rate)를 조정하고 싶을 때" (to use different optimizers, or to
+    adjust the step size or learning rate).
+
+    Partly. Per-parameter optimizers and learning rates need no separate backward: the summed loss
+    gives every parameter the same .grad as separate calls do, and each optimizer steps only its
+    own parameters. For parameters that both losses reach, separate backward calls still add into
+    one .grad, so a step size per loss is a weight in the sum. Stepping an optimizer between the
+    two calls fails: the step changes weights the second backward needs ("modified by an inplace
+    operation").
+    """
+
+    def build() -> tuple[nn.Module, nn.Module, nn.Module, torch.Tensor]:
+        torch.manual_seed(0)
+        trunk = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
+        return trunk, nn.Linear(4, 1), nn.Linear(4, 1), torch.randn(8, 4)
+
+    def losses(trunk, head_a, head_b, x) -> tuple[torch.Tensor, torch.Tensor]:
+        shared = trunk(x)
+        return head_a(shared).pow(2).mean(), head_b(shared).sin().mean()
+
+    summed = build()
+    loss_a, loss_b = losses(*summed)
+    (loss_a + 0.5 * loss_b).backward()
+    separate = build()
+    loss_a, loss_b = losses(*separate)
+    loss_a.backward(retain_graph=True)
+    (0.5 * loss_b).backward()
+    for one, other in zip(summed[:3], separate[:3]):  # trunk (shared) and both heads: the same .grad
+        for p, q in zip(one.parameters(), other.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+
+    trunk, head_a, head_b, x = build()
+    loss_a, loss_b = losses(trunk, head_a, head_b, x)
+    loss_a.backward(retain_graph=True)
+    torch.optim.SGD(trunk.parameters(), lr=0.1).step()  # a step for loss_a alone, before loss_b's backward
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss_b.backward()
 
 
 def test_note002_requires_grad_default_depends_on_what_made_the_tensor():
@@ -813,21 +922,31 @@ def test_note003_matmul_broadcasts():
     assert torch.matmul(torch.ones(2, 1, 3, 4), torch.ones(5, 4, 6)).shape == (2, 5, 3, 6)
 
 
-def test_note003_permute_is_a_view_that_view_cannot_follow():
+def test_note003_permute_is_a_view_that_view_follows_only_where_strides_allow():
     """003: "permute과 view는 모양만 바뀌는 거지만, reshape는 rearrange" (permute and view only change
     the shape, reshape rearranges).
 
-    Corrected. permute and view both return views of the same memory, but permute changes the
-    strides, so a view() after it usually fails; reshape returns a view when the strides allow
-    one and copies (rearranges) only when they do not.
+    Corrected. permute and view both return views of the same memory; permute changes the strides,
+    and a view() after it works or fails by those strides: splitting a dimension or adding a size-1
+    dimension always works, merging two dimensions works only if the permutation left them in
+    memory order (stride of the outer = stride x size of the inner), and fails for the dimensions
+    it swapped. reshape returns a view when the strides allow one and copies (rearranges) only when
+    they do not.
     """
     a = torch.arange(6.0).view(2, 3)
     p = a.permute(1, 0)
     assert p.data_ptr() == a.data_ptr() and not p.is_contiguous()
     with pytest.raises(RuntimeError, match="view size is not compatible"):
-        p.view(6)
+        p.view(6)  # merges the two swapped dimensions
     r = p.reshape(6)
     assert r.data_ptr() != a.data_ptr() and r.tolist() == [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]
+
+    b = torch.arange(24.0).view(2, 3, 4).permute(2, 0, 1)  # shape (4, 2, 3), strides (1, 12, 4)
+    assert b.view(4, 2, 3, 1).data_ptr() == b.data_ptr()  # a size-1 dimension added
+    assert b.view(2, 2, 2, 3).data_ptr() == b.data_ptr()  # the first dimension split
+    assert b.view(4, 6).data_ptr() == b.data_ptr()  # dims 1, 2 kept their order (12 = 4 x 3): merge works
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        b.view(8, 3)  # dims 0, 1 were swapped (1 != 12 x 2): merge fails
 
 
 def test_note003_view_shares_memory():

@@ -204,3 +204,29 @@ def test_pinned_worker_batches_equal_the_device_resident_ones():
 def test_a_worker_fed_run_trains_on_cuda(tmp_path):
     result = train(compose_config(CUDA, "data.num_workers=2"), tmp_path)
     assert result.step == 6 and load_checkpoint(tmp_path)["data"] == {"epoch": 0, "batch": 6}
+
+
+# the walkthrough's "On CUDA" statements --------------------------------------------------------
+
+
+def test_mixing_cuda_and_cpu_tensors_names_both_devices():
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.ones(2, device="cuda") + torch.ones(2)
+    assert (torch.ones(2, device="cuda") + torch.tensor(1.0)).device.type == "cuda"  # 0-dim CPU: a number
+
+
+def test_cuda_autocast_refuses_binary_cross_entropy_on_probabilities():
+    probabilities, target = torch.rand(4, device="cuda"), torch.ones(4, device="cuda")
+    with torch.autocast("cuda", dtype=torch.float16):
+        with pytest.raises(RuntimeError, match="unsafe to autocast"):
+            torch.nn.functional.binary_cross_entropy(probabilities, target)
+        logits = torch.randn(4, device="cuda")
+        assert torch.isfinite(torch.nn.functional.binary_cross_entropy_with_logits(logits, target))
+
+
+def test_cpu_of_a_cuda_tensor_is_a_copy_so_numpy_is_a_snapshot():
+    weight = torch.nn.Parameter(torch.zeros(3, device="cuda"))
+    snapshot = weight.detach().cpu().numpy()
+    with torch.no_grad():
+        weight.add_(1.0)
+    assert snapshot.tolist() == [0.0, 0.0, 0.0]  # on the CPU the same line would show the new values

@@ -19,6 +19,7 @@ from torch.export import Dim, export
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from gan.core.losses import LOSSES
+from gan.core.models import Generator
 from gan.core.sampling import eval_mode, image_grid, sample
 from gan.core.steps import d_step, frozen, g_step, release_grads
 
@@ -287,3 +288,16 @@ def test_export_takes_a_dynamic_batch_and_refuses_data_dependent_branches(tiny_g
 
     with pytest.raises(GuardOnDataDependentSymNode):
         export(Branchy(), (torch.ones(2),))
+
+
+def test_a_bf16_tensor_has_no_numpy_form_until_float():
+    """Section 6: under bf16 autocast G's output is bfloat16, NumPy has no such dtype, and
+    .detach().cpu().numpy() raises; .detach().float().cpu().numpy() is the conversion that works."""
+    G = Generator(16, 8, 1, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fake = G(torch.randn(2, 16))
+    assert fake.dtype == torch.bfloat16
+    with pytest.raises(TypeError, match="BFloat16"):
+        fake.detach().cpu().numpy()
+    array = fake.detach().float().cpu().numpy()
+    assert array.dtype.name == "float32" and array.shape == (2, 1, 16, 16)

@@ -121,6 +121,10 @@ def g_step(
 
     `fake` is G's output with its graph (the same batch the D step saw detached); `real_features`
     are D's features of the real batch, from the D step (used by feature matching only).
+
+    D is frozen for G's forward and backward only: `frozen` gives D its flags back before
+    opt_g.step(), which is harmless, since opt_g holds G's parameters alone and D's .grad stayed
+    None throughout.
     """
     # retain_grad(): `fake` is not a leaf, so autograd would drop its gradient after use. Keeping it
     # shows how strongly D pushes on the images, a diagnostic of the adversarial signal.
