@@ -210,14 +210,14 @@ class TrainerConfig:
     device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
     seed: int = 0  # seeds weights, latents and shuffling
     resume: Optional[str] = None  # a checkpoint file or a run directory to continue from
-    # auto | fp32 | bf16 | fp16. auto = bf16 where the hardware runs it fast: on the README's CPU it
-    # trains 1.9x faster and reaches the same classes, class KL and recall as fp32 (README, results)
+    # auto | fp32 | bf16 | fp16. auto = bf16 where the hardware runs it fast: on the CPU of docs/speed.md it
+    # trains 1.9x faster and reaches the same classes, class KL and recall as fp32 (docs/results.md)
     precision: Precision = Precision.auto
     channels_last: bool = True  # NHWC memory format: faster convolutions on CPU (oneDNN) and tensor cores
     compile: bool = False  # torch.compile G and D (not the whole step); compile time is logged apart
     threads: int = 0  # torch intra-op threads; 0 keeps torch's default (one per core)
     # CPU runs: glibc malloc keeps freed memory for reuse instead of unmapping it, so large
-    # activations stop page-faulting every step (gan/device.py:retain_freed_memory; README, speed)
+    # activations stop page-faulting every step (gan/device.py:retain_freed_memory; docs/speed.md)
     retain_host_memory: bool = True
     log_every: int = 50  # steps between scalar logs (the only host syncs of the loop)
     sample_every: int = 250  # steps between fixed-noise sample grids

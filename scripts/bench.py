@@ -181,7 +181,7 @@ def flops_per_step(size: int, channels: int, batch_size: int, z_dim: int, width:
 def compute_ceiling(dtype: torch.dtype, seconds: float = 0.5, repeats: int = 3, device: str = "cpu") -> float:
     """The machine's practical peak FLOP/s in `dtype`: the best of large matmuls and a large 3x3
     convolution, best of `repeats`. Both count: on some CPUs torch's matmul library is slower than
-    oneDNN's convolutions (fp32 on the AMD CPU of README), and a step is mostly convolutions.
+    oneDNN's convolutions (fp32 on the AMD CPU of docs/speed.md), and a step is mostly convolutions.
     (fp32 on CUDA: torch's defaults, TF32 for convolutions and none for matmuls.)"""
     import torch.nn.functional as F
 

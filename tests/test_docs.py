@@ -308,15 +308,38 @@ def citation_problems(text: str, doc: Path) -> list[str]:
 
 
 def link_problems(text: str, doc: Path) -> list[str]:
+    """A relative link must point at a file or folder; its #anchor, if any, at a heading of the
+    Markdown page it names (or of this page, for a bare #anchor)."""
     prose, _ = split_fences(text)
     problems = []
     for match in LINK.finditer("\n".join(prose)):
-        target = match.group("target").split("#")[0]
-        if not target or re.match(r"^[a-z]+:", target):
+        target, _, anchor = match.group("target").partition("#")
+        if re.match(r"^[a-z]+:", target):
             continue
-        if not (doc.parent / target).exists():
+        page = doc.parent / target if target else doc
+        if not page.exists():
             problems.append(f"link ({match.group('target')}) points at nothing")
+        elif anchor and page.suffix == ".md" and anchor not in heading_anchors(page.read_text(encoding="utf-8")):
+            problems.append(f"link ({match.group('target')}): {page.name} has no heading #{anchor}")
     return problems
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation other than '-' and '_'
+    dropped, each space a '-'; a repeated heading gets -1, -2, ..."""
+    prose, _ = split_fences(text)
+    anchors: set[str] = set()
+    for line in prose:
+        heading = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not heading:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", heading.group(1).lower()).replace(" ", "-")
+        candidate, n = slug, 0
+        while candidate in anchors:
+            n += 1
+            candidate = f"{slug}-{n}"
+        anchors.add(candidate)
+    return anchors
 
 
 def normalise(line: str) -> str:
@@ -429,3 +452,10 @@ def test_an_excerpt_that_is_not_in_the_code_is_caught():
 def test_a_broken_link_is_caught():
     assert link_problems("[x](../tests/test_claims.py)", PAGE) == []
     assert link_problems("[x](../tests/test_nothing.py)", PAGE) != []
+    assert link_problems("[x](walkthrough.md#more-lessons)", PAGE) == []
+    assert link_problems("[x](walkthrough.md#no-such-section)", PAGE) != []
+
+
+def test_heading_anchors_follow_githubs_rule():
+    text = "# A title\n## 3. (1) D step: `detach()`, `grad = None`\n## Notes\n## Notes\n"
+    assert heading_anchors(text) == {"a-title", "3-1-d-step-detach-grad--none", "notes", "notes-1"}

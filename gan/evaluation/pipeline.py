@@ -231,7 +231,7 @@ def recompute_batchnorm_stats(G: nn.Module, batches: int, batch_size: int, seed:
     the same problem and torch ships its fix, torch.optim.swa_utils.update_bn: reset the running
     statistics, run the model in train mode with momentum=None (an exact cumulative average over
     all batches), then restore momentum and eval(). Measured on a Fashion-MNIST run at 10k steps:
-    FID 6.93 -> 6.50, recall 0.694 -> 0.709 (README, results).
+    FID 6.93 -> 6.50, recall 0.694 -> 0.709 (docs/results.md).
     """
     if batches == 0 or not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in G.modules()):
         return False
