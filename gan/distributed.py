@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -74,6 +74,16 @@ def broadcast_object(value: Any, world: World) -> Any:
     holder = [value]
     dist.broadcast_object_list(holder, src=0)
     return holder[0]
+
+
+def gather_to_main(value: Any, world: World) -> Optional[list[Any]]:
+    """Every rank's `value`, in rank order, on rank 0 (None elsewhere). A collective: every rank
+    must call it at the same point."""
+    if not world.distributed:
+        return [value]
+    gathered: Optional[list[Any]] = [None] * world.size if world.is_main else None
+    dist.gather_object(value, gathered, dst=0)
+    return gathered
 
 
 def any_rank(flag: bool, world: World, device: torch.device) -> bool:

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import ROOT, TINY, compose_config, run_train
+from test_checkpoints import assert_same_state
 
 from gan.core.steps import d_step, g_step
 from gan.data import EpochBatchSampler
@@ -127,6 +128,56 @@ def test_ddp_checkpoint_resumes_in_a_single_process_and_under_ddp(ddp_run, tmp_p
     )
     assert code == 0, output[-3000:]
     assert load_checkpoint(run_dir)["step"] == 8
+
+
+@pytest.mark.slow
+def test_a_ddp_run_resumes_exactly_with_each_ranks_own_generators(tmp_path):
+    """Each rank draws its own latents (seed + rank). The checkpoint holds every rank's random
+    generators (gathered by rank 0), so 3 steps + a resume to 6 under DDP give the bits of 6
+    straight steps; with rank 0's generators on every rank, as before, both ranks would draw the
+    same latents after a resume and the weights would differ."""
+
+    def job(*overrides: str) -> None:
+        code, output = finish(
+            torchrun(
+                "trainer.checkpoint_every=100",
+                *overrides,
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+        )
+        assert code == 0, output[-3000:]
+
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    job("trainer.max_steps=6", f"hydra.run.dir={straight}")
+    job("trainer.max_steps=3", f"hydra.run.dir={split}")
+    halfway = load_checkpoint(split)
+    assert len(halfway["rng_ranks"]) == 2
+    assert not torch.equal(halfway["rng_ranks"][0]["torch"], halfway["rng_ranks"][1]["torch"])
+    job("trainer.max_steps=6", f"trainer.resume={split}")
+    assert_same_state(load_checkpoint(straight), load_checkpoint(split))
+
+
+def test_a_single_process_checkpoint_resumed_under_ddp_keeps_the_ranks_apart(tmp_path):
+    """A checkpoint without one generator state per rank (a single-process run's, say): rank 0
+    takes the saved generators, the other ranks keep their own seeds, so no two draw the same z."""
+    run_dir = tmp_path / "single"
+    result = run_train("trainer.max_steps=2", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert load_checkpoint(run_dir)["rng_ranks"] == []
+    code, output = finish(
+        torchrun(
+            f"trainer.resume={run_dir}",
+            "trainer.max_steps=4",
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+    )
+    assert code == 0, output[-3000:]
+    ranks = load_checkpoint(run_dir)["rng_ranks"]
+    assert len(ranks) == 2 and not torch.equal(ranks[0]["torch"], ranks[1]["torch"])
 
 
 def test_torchrun_with_a_sweep_is_refused(tmp_path):

@@ -21,14 +21,14 @@ from gan.config import Precision, TrainConfig, to_plain
 from gan.core.sampling import image_grid, sample
 from gan.core.steps import StepContext, d_step, g_step
 from gan.data import ImageSet
-from gan.distributed import SINGLE, World, any_rank
+from gan.distributed import SINGLE, World, any_rank, gather_to_main
 from gan.training.checkpoint import keep_numbered, load_checkpoint, save_checkpoint
 from gan.training.faults import NonFiniteWatch, check_finite_state, explain_allocation_failure, stop_on_signals
 from gan.training.hardware import arithmetic_of, prepare_process
 from gan.training.monitor import Monitor
 from gan.training.rundir import own_run_dir
 from gan.training.runs import check_resume
-from gan.training.state import TrainingState, build_state, with_objective, wrap_for_ddp
+from gan.training.state import TrainingState, build_state, rng_state, with_objective, wrap_for_ddp
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +93,12 @@ def train(cfg: TrainConfig, run_dir: Path, dataset: Optional[ImageSet] = None, w
                     write_samples(state, run_dir, monitor)
 
                 # checkpoint: never over the last good one with weights a NaN has reached
-                if world.is_main and (state.step % trainer.checkpoint_every == 0 or done):
-                    watch.check(ctx.skip_nonfinite)
-                    check_finite_state(state, last_checkpoint(run_dir))  # weights and Adam moments, too
-                    write_checkpoint(state, cfg, run_dir)
+                if state.step % trainer.checkpoint_every == 0 or done:
+                    rngs = gather_to_main(rng_state(device), world)  # every rank's generators, for resume
+                    if world.is_main:
+                        watch.check(ctx.skip_nonfinite)
+                        check_finite_state(state, last_checkpoint(run_dir))  # weights and Adam moments, too
+                        write_checkpoint(state, cfg, run_dir, rngs)
                 if done:  # a signal that lands after `done` was computed gets one more step
                     break
             monitor.hparams(hparams_of(cfg), metrics)
@@ -117,7 +119,7 @@ def set_up(
         state = build_state(cfg, device, ctx.scaler, world, dataset)
     if resume_from is not None:
         check_resume(cfg, resume_from)  # the resume contract: gan/training/runs.py
-        state.load_state_dict(resume_from)
+        state.load_state_dict(resume_from, world)
         log.info("Resumed from %s at step %d", cfg.trainer.resume, state.step)
     announce(cfg, device, precision, world)
     return device, ctx, state
@@ -141,10 +143,12 @@ def write_samples(state: TrainingState, run_dir: Path, monitor: Monitor) -> None
     monitor.image("samples", grid, state.step)
 
 
-def write_checkpoint(state: TrainingState, cfg: TrainConfig, run_dir: Path) -> None:
+def write_checkpoint(
+    state: TrainingState, cfg: TrainConfig, run_dir: Path, rank_rngs: Optional[list[dict]] = None
+) -> None:
     """checkpoints/last.pt, atomically, and a numbered copy if trainer.keep_checkpoints asks."""
     path = last_checkpoint(run_dir)
-    save_checkpoint(state.state_dict(cfg), path)
+    save_checkpoint(state.state_dict(cfg, rank_rngs), path)
     keep_numbered(path, state.step, cfg.trainer.keep_checkpoints)
 
 

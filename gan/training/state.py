@@ -53,8 +53,12 @@ class TrainingState:
         """The network samples are drawn from: the EMA generator when there is one."""
         return self.G_ema.module if self.G_ema is not None else self.G
 
-    def state_dict(self, cfg: TrainConfig) -> dict[str, Any]:
-        """Everything needed to continue as if never stopped, as tensors and plain containers."""
+    def state_dict(self, cfg: TrainConfig, rank_rngs: Optional[list[dict[str, Any]]] = None) -> dict[str, Any]:
+        """Everything needed to continue as if never stopped, as tensors and plain containers.
+
+        `rank_rngs`: every rank's `rng_state()` under DDP (gathered by rank 0): each rank draws its
+        own latents, so each needs its own generators back on resume.
+        """
         return {
             "G": self.G.state_dict(),
             "D": self.D.state_dict(),
@@ -65,17 +69,21 @@ class TrainingState:
             "step": self.step,
             "data": self.batches.state_dict(),
             "fixed_z": self.fixed_z,
-            "rng": {
-                "python": random.getstate(),
-                "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            },
+            "rng": rank_rngs[0] if rank_rngs else rng_state(self.fixed_z.device),
+            "rng_ranks": rank_rngs if rank_rngs and len(rank_rngs) > 1 else [],
             "config": to_plain(cfg),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], world: World = SINGLE) -> None:
         """Load a checkpoint's state into these freshly built objects; CheckpointError naming the
-        entry if one is missing or damaged (load_checkpoint has checked only the file's form)."""
+        entry if one is missing or damaged (load_checkpoint has checked only the file's form).
+
+        Under DDP each rank takes its own random generators back when the checkpoint holds one per
+        rank of a job of this size. Otherwise (a single-process checkpoint resumed by several
+        processes, or another number of processes) rank 0 takes the saved ones and every other
+        rank keeps the generators it was seeded with (trainer.seed + rank), so that no two ranks
+        draw the same latents.
+        """
         entry = "?"
         try:
             for entry in ("G", "D"):
@@ -102,10 +110,11 @@ class TrainingState:
             entry = "fixed_z"
             self.fixed_z = state["fixed_z"].to(self.fixed_z.device).reshape(self.fixed_z.shape)
             entry = "rng"
-            random.setstate(state["rng"]["python"])
-            torch.set_rng_state(state["rng"]["torch"].cpu())
-            if state["rng"]["cuda"] and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all([s.cpu() for s in state["rng"]["cuda"]])
+            per_rank = state.get("rng_ranks") or []
+            if len(per_rank) == world.size and world.size > 1:
+                set_rng_state(per_rank[world.rank], self.fixed_z.device)
+            elif world.rank == 0:
+                set_rng_state(state["rng"], self.fixed_z.device)
             entry = "step"
             self.step = int(state["step"])
         except CheckpointError:
@@ -119,6 +128,27 @@ class TrainingState:
 
 
 NETWORK_NAMES = {"G": "generator", "D": "discriminator"}
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """This process's random generators: Python's, torch's CPU one, and the training GPU's (only
+    that one: torch.cuda.get_rng_state_all() would create a context on every GPU of the machine)."""
+    return {
+        "python": random.getstate(),
+        "torch": torch.get_rng_state(),
+        "cuda": [torch.cuda.get_rng_state(device)] if device.type == "cuda" else [],
+    }
+
+
+def set_rng_state(rng: dict[str, Any], device: torch.device) -> None:
+    """Restore what `rng_state` saved. A CUDA state restores only on a CUDA device: a run moved to
+    the CPU keeps the CPU generators alone. (Checkpoints of earlier versions hold one state per
+    GPU; the training GPU's index picks its own.)"""
+    random.setstate(rng["python"])
+    torch.set_rng_state(rng["torch"].cpu())
+    if rng["cuda"] and device.type == "cuda":
+        states = rng["cuda"]
+        torch.cuda.set_rng_state(states[min(device.index or 0, len(states) - 1)].cpu(), device)
 
 
 def build_state(
