@@ -234,3 +234,19 @@ def test_numbers_leave_the_graph_detached_on_cpu_as_float32(tiny_gan):
         images.numpy()  # a tensor in a graph cannot become numpy
     array = images.detach().cpu().numpy().astype("float32")
     assert array.dtype == "float32" and array.shape == (2, 1, 16, 16)
+
+
+@pytest.mark.parametrize("loss, before", [("bce", "d/fake"), ("hinge", "d/fake_score")])
+def test_g_step_logs_d_of_g_after_the_d_update(tiny_gan, loss, before):
+    """pytorch/examples' D_G_z1 / D_G_z2: D(G(z)) in the D step (d/fake), and again in the G step,
+    after D's update, on the same fakes (d/fake_after_d_step)."""
+    G, D = tiny_gan
+    ctx, after = StepContext(loss=LOSSES[loss]), f"{before}_after_d_step"
+    opt_d, opt_g = torch.optim.Adam(D.parameters(), lr=1e-3), torch.optim.Adam(G.parameters(), lr=1e-3)
+    real, fake = torch.rand(8, 1, 16, 16) * 2 - 1, G(torch.randn(8, 16))
+    d_stats, features = d_step(D, opt_d, real, fake, ctx)
+    with torch.no_grad():
+        expected = LOSSES[loss].scores(D(fake), D(fake))[before]  # the updated D on the same fakes
+    g_stats = g_step(D, G, opt_g, fake, features, ctx)
+    torch.testing.assert_close(g_stats[after], expected)
+    assert not torch.equal(g_stats[after], d_stats[before])  # D's update moved it

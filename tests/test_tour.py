@@ -82,6 +82,7 @@ def test_tour_prints_each_counterfactual(executed):
     assert "without freezing, after G's backward: D 8/8" in text
     assert "RuntimeError: Trying to backward through the graph a second time" in text
     assert "polluted == clean + D's contribution: True" in text
+    assert "with G.zero_grad() before the G step: equal to the clean gradient: True" in text
     assert number_after("cosine(D's contribution, G's own gradient) =", text) < 0
     assert number_after("cosine(polluted, G's own gradient) =", text) < 0  # "look more fake"
 

@@ -8,7 +8,8 @@ to bottom, in this order:
                  (gradient penalty, R1, feature matching), as pure functions of D's logits.
 3. `steps.py`    d_step and g_step: where every autograd technique lives —
                  `fake.detach()` in the D step; D frozen with `requires_grad_(False)` in the G step;
-                 `backward(retain_graph=True)` for a G loss of several terms; `param.grad = None`
+                 `backward(retain_graph=True)` for a G loss of several terms, one backward per term
+                 (loss.backward_mode=separate; the default sums them, one backward); `param.grad = None`
                  after each update; `retain_grad()` on a non-leaf; autocast and GradScaler.
 4. `ema.py`      the exponential moving average of G that every sample is drawn from.
 5. `sampling.py` sampling under `eval()` + `no_grad()`, with the previous mode restored.

@@ -148,6 +148,10 @@ def g_step(
     }
     stats.update({f"loss/g_{name}": value.detach() for name, value in terms.items() if len(terms) > 1})
     stats.update({f"grad_norm/g_{name}": value for name, value in term_norms.items()})
+    # D(G(z)) again, now after D's update: pytorch/examples prints both as "D(G(z)): D_G_z1 / D_G_z2",
+    # the D step's d/fake being the first. The gap is how much one D update learned about these fakes.
+    after = ctx.loss.scores(fake_logits.detach(), fake_logits.detach())
+    stats.update({f"{tag}_after_d_step": value for tag, value in after.items() if "fake" in tag})
     return stats
 
 
