@@ -21,7 +21,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from gan.core.losses import LOSSES
 from gan.core.models import Generator
 from gan.core.sampling import eval_mode, image_grid, sample
-from gan.core.steps import d_step, frozen, g_step, release_grads
+from gan.core.steps import FP32, d_step, frozen, g_step, release_grads
 
 BCE = LOSSES["bce"]
 
@@ -301,3 +301,18 @@ def test_a_bf16_tensor_has_no_numpy_form_until_float():
         fake.detach().cpu().numpy()
     array = fake.detach().float().cpu().numpy()
     assert array.dtype.name == "float32" and array.shape == (2, 1, 16, 16)
+
+
+def test_grad_norm_images_scales_as_one_over_the_batch_size(tiny_gan):
+    """grad_norm/images is the per-image norm of d loss_G / d fake, and loss_G is a batch mean, so
+    each image's gradient carries 1/N. The same 8 images twice over (a batch of 16 with the same
+    BatchNorm statistics, hence the same logits and the same loss) give half the norm."""
+    G, D = tiny_gan
+    z = torch.randn(8, 16)
+    norms = {}
+    for copies in (1, 2):
+        fake = G(z.repeat(copies, 1))
+        opt_g = torch.optim.SGD(G.parameters(), lr=0.0)  # lr 0: measure without changing G
+        stats = g_step(D, G, opt_g, fake, torch.zeros(8 * copies, 1), FP32)
+        norms[copies] = stats["grad_norm/images"]
+    torch.testing.assert_close(norms[2], norms[1] / 2, rtol=1e-4, atol=0)
