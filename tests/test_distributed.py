@@ -43,6 +43,12 @@ def finish(process: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
     return process.returncode, output or ""
 
 
+def ddp_job(*overrides: str, cwd: Path) -> None:
+    """A 2-process torchrun job of train.py that must succeed."""
+    code, output = finish(torchrun(*overrides, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    assert code == 0, output[-3000:]
+
+
 def one_step_worker(rank: int, port: int, result_file: str) -> None:
     """One training iteration on each rank, then compare every weight across ranks."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -117,16 +123,7 @@ def test_ddp_checkpoint_resumes_in_a_single_process_and_under_ddp(ddp_run, tmp_p
     single = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=6", cwd=ddp_run)
     assert single.returncode == 0, single.stderr[-3000:]
     assert load_checkpoint(run_dir)["step"] == 6
-    code, output = finish(
-        torchrun(
-            f"trainer.resume={run_dir}",
-            "trainer.max_steps=8",
-            cwd=ddp_run,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-    )
-    assert code == 0, output[-3000:]
+    ddp_job(f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=ddp_run)
     assert load_checkpoint(run_dir)["step"] == 8
 
 
@@ -138,16 +135,7 @@ def test_a_ddp_run_resumes_exactly_with_each_ranks_own_generators(tmp_path):
     same latents after a resume and the weights would differ."""
 
     def job(*overrides: str) -> None:
-        code, output = finish(
-            torchrun(
-                "trainer.checkpoint_every=100",
-                *overrides,
-                cwd=tmp_path,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-            )
-        )
-        assert code == 0, output[-3000:]
+        ddp_job("trainer.checkpoint_every=100", *overrides, cwd=tmp_path)
 
     straight, split = tmp_path / "straight", tmp_path / "split"
     job("trainer.max_steps=6", f"hydra.run.dir={straight}")
@@ -166,16 +154,7 @@ def test_a_single_process_checkpoint_resumed_under_ddp_keeps_the_ranks_apart(tmp
     result = run_train("trainer.max_steps=2", f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert load_checkpoint(run_dir)["rng_ranks"] == []
-    code, output = finish(
-        torchrun(
-            f"trainer.resume={run_dir}",
-            "trainer.max_steps=4",
-            cwd=tmp_path,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-    )
-    assert code == 0, output[-3000:]
+    ddp_job(f"trainer.resume={run_dir}", "trainer.max_steps=4", cwd=tmp_path)
     ranks = load_checkpoint(run_dir)["rng_ranks"]
     assert len(ranks) == 2 and not torch.equal(ranks[0]["torch"], ranks[1]["torch"])
 
