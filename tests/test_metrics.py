@@ -13,8 +13,9 @@ import math
 
 import pytest
 import torch
+from torchmetrics.image.kid import KernelInceptionDistance
 
-from gan.config import ClassifierConfig, DataConfig, MetricsConfig
+from gan.config import ClassifierConfig, DataConfig, FeatureSpace, MetricsConfig
 from gan.data import ImageSet, render_digits
 from gan.evaluation import metrics as M
 
@@ -276,3 +277,20 @@ def test_inception_without_torch_fidelity_says_how_to_get_it(tmp_path, monkeypat
     monkeypatch.setattr(M.importlib.util, "find_spec", lambda name: None)  # as on a machine without it
     with pytest.raises(M.MetricsError, match="pip install torch-fidelity"):
         M.inception_features(str(weights))
+
+
+@pytest.mark.filterwarnings("ignore:Metric `Kernel Inception Distance` will save:UserWarning")
+def test_kid_in_inception_space_uses_the_published_kernel():
+    # gamma = 1/d, torchmetrics' default (and torch-fidelity's and clean-fid's): KID compares with theirs
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.rand(300, 64, generator=gen), torch.rand(300, 64, generator=gen) + 0.05
+    metric = KernelInceptionDistance(feature=M.Precomputed(64), subsets=10, subset_size=100)
+    metric.update(a.double(), real=True)
+    metric.update(b.double(), real=False)
+    torch.manual_seed(3)
+    expected = tuple(float(v) for v in metric.compute())
+    inception_space = dataclasses.replace(TINY_METRICS, features=FeatureSpace.inception, kid_subsets=10)
+    assert M.kid(a, b, 10, 100, seed=3, gamma=1 / 64) == pytest.approx(expected, rel=1e-9)
+    results = M.distribution_metrics(a, b, dataclasses.replace(inception_space, kid_subset_size=100), seed=3)
+    assert (results["kid_mean"], results["kid_std"]) == pytest.approx(expected, rel=1e-9)
+    assert "published" in M.kid_kernel(inception_space) and "scale-free" in M.kid_kernel(TINY_METRICS)

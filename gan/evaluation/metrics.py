@@ -37,7 +37,7 @@ from torchmetrics.image.fid import FrechetInceptionDistance
 from torchmetrics.image.kid import KernelInceptionDistance
 from torchvision.transforms.functional import gaussian_blur
 
-from gan.config import ClassifierConfig, DataConfig, MetricsConfig
+from gan.config import ClassifierConfig, DataConfig, FeatureSpace, MetricsConfig
 from gan.data import ImageSet, load_dataset, to_unit_range
 from gan.errors import MetricsError
 from gan.training.checkpoint import save_checkpoint
@@ -280,6 +280,13 @@ def inception_features(weights: Optional[str]) -> InceptionFeatures:
         raise MetricsError(f"Could not build Inception-v3 features ({type(err).__name__}: {err}); {how}.") from err
 
 
+def kid_kernel(cfg: MetricsConfig) -> str:
+    """KID's kernel in words, as distribution_metrics chooses it."""
+    if cfg.features == FeatureSpace.inception:
+        return "(x.y / d + 1)^3, the published KID's (Binkowski et al. 2018)"
+    return "(x.y / E|f_real|^2 + 1)^3, scale-free: comparable only within this classifier"
+
+
 def split_channels(images: Tensor) -> Tensor:
     """(N, C, H, W) -> (N * C, 1, H, W): each channel as a grayscale image, in channel order."""
     return images.reshape(-1, 1, *images.shape[-2:])
@@ -335,16 +342,20 @@ def fid(real: Tensor, fake: Tensor) -> float:
     return float(metric.compute())
 
 
-def kid(real: Tensor, fake: Tensor, subsets: int, subset_size: int, seed: int = 0) -> tuple[float, float]:
+def kid(
+    real: Tensor, fake: Tensor, subsets: int, subset_size: int, seed: int = 0, gamma: Optional[float] = None
+) -> tuple[float, float]:
     """Kernel Inception Distance (Binkowski et al. 2018): unbiased MMD^2, cubic polynomial kernel,
     mean and standard deviation over random subsets of min(subset_size, N) images.
 
-    The kernel is (gamma x.y + 1)^3. torchmetrics' default gamma = 1/d assumes features of norm
-    about sqrt(d) (Inception's); our ReLU features are far larger (|f|^2 ~ 2000 at d = 128) and the
-    cube then explodes (KID(x, x) = -1.4 +- 9.1 measured). gamma = 1 / E|f_real|^2 puts x.y near 1
-    for any feature scale: the kernel is scale-free, and the reference set fixes the scale.
+    The kernel is (gamma x.y + 1)^3. The published KID's gamma = 1/d (torchmetrics' default, and
+    torch-fidelity's and clean-fid's) suits Inception's features, and distribution_metrics passes it
+    for them. Our classifier's ReLU features are far larger (|f|^2 ~ 2000 at d = 128) and the cube
+    then explodes (KID(x, x) = -1.4 +- 9.1 measured), so gamma=None takes 1 / E|f_real|^2, which puts
+    x.y near 1 for any feature scale: the kernel is scale-free, and the reference set fixes the scale.
     """
-    gamma = 1.0 / float(real.double().square().sum(dim=1).mean())
+    if gamma is None:
+        gamma = 1.0 / float(real.double().square().sum(dim=1).mean())
     size = min(subset_size, real.size(0), fake.size(0))
     with warnings.catch_warnings():  # "KID will save all extracted features in buffer": intended here
         warnings.simplefilter("ignore", UserWarning)
@@ -407,9 +418,12 @@ def precision_recall_density_coverage(
 
 
 def distribution_metrics(real: Tensor, fake: Tensor, cfg: MetricsConfig, seed: int = 0) -> dict[str, float]:
-    """FID, KID, precision/recall and density/coverage of two feature sets (N, d) and (M, d)."""
+    """FID, KID, precision/recall and density/coverage of two feature sets (N, d) and (M, d).
+    KID's kernel is the published one (gamma = 1/d) in Inception's feature space, the scale-free one
+    in the classifier's (kid_kernel says which)."""
     results = {"fid": fid(real, fake)}
-    results["kid_mean"], results["kid_std"] = kid(real, fake, cfg.kid_subsets, cfg.kid_subset_size, seed)
+    gamma = 1.0 / real.size(1) if cfg.features == FeatureSpace.inception else None
+    results["kid_mean"], results["kid_std"] = kid(real, fake, cfg.kid_subsets, cfg.kid_subset_size, seed, gamma)
     results.update(precision_recall_density_coverage(real, fake, cfg.pr_k, cfg.dc_k))
     return results
 
