@@ -224,6 +224,17 @@ def test_the_evaluate_config_composes_typed_and_needs_a_checkpoint():
         compose_evaluate("checkpoint=x.pt", "num_samples=1")
     with pytest.raises(ConfigError, match="metrics.inception_weights"):
         compose_evaluate("checkpoint=x.pt", "metrics.inception_weights=w.pth")  # without features=inception
+    with pytest.raises(ConfigError, match="metrics.feature_network='n.pt' is an Inception-v3 file"):
+        compose_evaluate("checkpoint=x.pt", "metrics.feature_network=n.pt")
+    nvlabs = compose_evaluate("checkpoint=x.pt", "metrics.features=inception", "metrics.feature_network=n.pt")
+    assert nvlabs.metrics.feature_network == "n.pt" and nvlabs.metrics.inception_weights is None
+    with pytest.raises(ConfigError, match="give one"):
+        compose_evaluate(
+            "checkpoint=x.pt",
+            "metrics.features=inception",
+            "metrics.feature_network=n.pt",
+            "metrics.inception_weights=w",
+        )
     with pytest.raises(ConfigCompositionException):
         compose_evaluate("checkpoint=x.pt", "metrics.features=vgg")  # not a choice: Hydra's own message
 

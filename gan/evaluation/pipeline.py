@@ -55,10 +55,8 @@ def evaluate(cfg: EvaluateConfig, run_dir: Path, data_overrides: Optional[Mappin
     clock = Stopwatch()
     run_dir.mkdir(parents=True, exist_ok=True)
     device = setup_torch(cfg.device, cfg.threads, cfg.seed, "device")
-    # Inception first: a missing weights file or package fails here, before any other work
-    inception = (
-        M.inception_features(cfg.metrics.inception_weights) if cfg.metrics.features.value == "inception" else None
-    )
+    # Inception first: a missing or wrong file, or a missing package, fails here, before any other work
+    inception = M.inception_network(cfg.metrics) if cfg.metrics.features == FeatureSpace.inception else None
 
     # checkpoint: the generator and the dataset it learned
     state = load_checkpoint(cfg.checkpoint, map_location="cpu")
