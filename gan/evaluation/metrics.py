@@ -69,6 +69,8 @@ NVLABS_INCEPTION_URL = (
 # (pt_inception-2015-12-05-6726825d.pth) both carry 6726825d: another prefix is another network.
 INCEPTION_SHA256_PREFIX = "6726825d"
 INCEPTION_DIMS = 2048  # pool3, the layer of the published FID (Heusel et al. 2017)
+# The metrics measured in the feature space (the others count the classifier's predictions).
+FEATURE_METRICS = ("fid", "kid_mean", "kid_std", "precision", "recall", "density", "coverage")
 
 
 # the classifier ----------------------------------------------------------------------------------
