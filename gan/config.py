@@ -326,7 +326,9 @@ def register_configs() -> None:
 
 class FeatureSpace(str, Enum):
     classifier = "classifier"  # penultimate layer of a small CNN trained on the dataset's labels; offline
-    inception = "inception"  # Inception-v3 pool3 (2048-d), the published FID; needs torch-fidelity + weights
+    # Inception-v3 pool3 (2048-d), the published FID: the weights are metrics.inception_weights (torch-fidelity's
+    # state dict) or metrics.feature_network (NVlabs' TorchScript file); docs/metrics.md says where to get either
+    inception = "inception"
 
 
 class SaveSamples(str, Enum):
@@ -372,8 +374,13 @@ class ClassifierConfig:
 @dataclass
 class MetricsConfig:
     features: FeatureSpace = FeatureSpace.classifier  # feature space of FID, KID, precision/recall, density/coverage
-    # features=inception: local weights file; null = torchmetrics downloads them
+    # features=inception, torch-fidelity's port: its state-dict file weights-inception-2015-12-05-6726825d.pth
+    # (pytorch-fid's pt_inception-2015-12-05-6726825d.pth has the same keys); null with feature_network null
+    # = torch-fidelity downloads it (needs internet)
     inception_weights: Optional[str] = None
+    # features=inception, NVlabs' port: the TorchScript file inception-2015-12-05.pt that StyleGAN2-ADA and clean-fid
+    # use, called as net(uint8 RGB images, return_features=True) -> (N, 2048); it resizes to 299 x 299 itself
+    feature_network: Optional[str] = None
     kid_subsets: int = 100  # KID averages the MMD over this many random subsets (Binkowski et al. 2018)
     kid_subset_size: int = 1000  # images per KID subset; clipped to the number of samples
     pr_k: int = 3  # neighbours for improved precision/recall (Kynkaanniemi et al. 2019: k = 3)
@@ -386,11 +393,20 @@ class MetricsConfig:
             value = getattr(self, key)
             _require(value >= 1, f"metrics.{key}", value, "must be at least 1")
         _require(0 < self.class_threshold < 1, "metrics.class_threshold", self.class_threshold, "must be in (0, 1)")
+        for key in ("inception_weights", "feature_network"):
+            value = getattr(self, key)
+            _require(
+                value is None or self.features == FeatureSpace.inception,
+                f"metrics.{key}",
+                value,
+                "is an Inception-v3 file, used only with metrics.features=inception: add that override",
+            )
         _require(
-            self.inception_weights is None or self.features == FeatureSpace.inception,
-            "metrics.inception_weights",
-            self.inception_weights,
-            "is only used with metrics.features=inception",
+            self.inception_weights is None or self.feature_network is None,
+            "metrics.feature_network",
+            self.feature_network,
+            f"and metrics.inception_weights={self.inception_weights!r} are two files of the same network in two "
+            "formats (NVlabs' TorchScript, torch-fidelity's state dict): give one",
         )
         self.classifier.check()
 

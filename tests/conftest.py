@@ -5,12 +5,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
+import torchvision
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from torch import Tensor, nn
 
 from gan.config import TrainConfig, register_configs, validate
 from gan.core.models import Discriminator, Generator
@@ -69,3 +73,68 @@ def _seed_and_clean_hydra():
 def tiny_gan() -> tuple[Generator, Discriminator]:
     torch.manual_seed(0)
     return Generator(z_dim=16, width=8, channels=1, image_size=16), Discriminator(width=8, channels=1, image_size=16)
+
+
+# stand-ins for the two Inception-v3 files (no weights can be downloaded here) ---------------------
+
+
+def write_inception_state_dict(path: Path, seed: int = 0) -> Path:
+    """A weights file in torch-fidelity's format, filled with random values: the keys and shapes of
+    torchvision's Inception3 with 1008 classes and no auxiliary head, which are torch-fidelity's
+    FeatureExtractorInceptionV3's (and pytorch-fid's file's) key for key. He-scaled weights and
+    BatchNorm statistics near the identity keep the activations finite through its 94 convolutions."""
+    template = torchvision.models.inception_v3(weights=None, aux_logits=False, num_classes=1008, init_weights=False)
+    gen = torch.Generator().manual_seed(seed)
+    state = {}
+    for key, like in template.state_dict().items():
+        if not like.is_floating_point():  # num_batches_tracked
+            state[key] = like.clone()
+        elif like.dim() > 1:  # conv and linear weights: He et al. 2015's scale, sqrt(2 / fan_in)
+            state[key] = torch.randn(like.shape, generator=gen) * (2 / like[0].numel()) ** 0.5
+        elif key.endswith(("running_var", "bn.weight")):
+            state[key] = torch.rand(like.shape, generator=gen) + 0.5
+        else:  # biases and running means
+            state[key] = torch.randn(like.shape, generator=gen) * 0.1
+    torch.save(state, path)
+    return path
+
+
+class TinyNVlabsInception(nn.Module):
+    """NVlabs' TorchScript Inception-v3 (inception-2015-12-05.pt) in miniature, with its calling
+    convention as StyleGAN2-ADA's metrics use it: uint8 RGB (N, 3, H, W) at any size, resized to
+    299 x 299 inside; net(images, return_features=True) -> (N, dims) features, logits without it."""
+
+    def __init__(self, dims: int = 2048):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, kernel_size=8, stride=8)
+        self.features = nn.Linear(16, dims)
+        self.logits = nn.Linear(dims, 1008)
+
+    def forward(self, img: Tensor, return_features: bool = False) -> Tensor:
+        assert img.dtype == torch.uint8, "expects uint8 images in [0, 255]"
+        assert img.dim() == 4 and img.size(1) == 3, "expects RGB images (N, 3, H, W)"
+        x = F.interpolate(img.float(), size=[299, 299], mode="bilinear", align_corners=False)
+        x = torch.relu(self.conv((x - 128) / 128)).mean(dim=[2, 3])
+        features = torch.relu(self.features(x))
+        return features if return_features else self.logits(features)
+
+
+def write_torchscript(module: nn.Module, path: Path) -> Path:
+    """torch.jit.script(module).save(path), the format of NVlabs' file."""
+    with warnings.catch_warnings():  # torch 2.x deprecates TorchScript (FutureWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.jit.script(module.eval()).save(str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def inception_weights(tmp_path_factory) -> Path:
+    """Random weights in torch-fidelity's state-dict format (95 MB, as the real file)."""
+    return write_inception_state_dict(tmp_path_factory.mktemp("inception") / "weights-inception-random.pth")
+
+
+@pytest.fixture(scope="session")
+def nvlabs_inception(tmp_path_factory) -> Path:
+    """A TorchScript file with NVlabs' signature (TinyNVlabsInception)."""
+    torch.manual_seed(0)
+    return write_torchscript(TinyNVlabsInception(), tmp_path_factory.mktemp("inception") / "inception-tiny.pt")

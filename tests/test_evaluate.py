@@ -55,7 +55,10 @@ REQUIRED_KEYS = {
     "classes_covered",
     "class_kl",
     "num_samples",
+    "num_real",
+    "real_split",
     "features",
+    "feature_space",
 }
 register_evaluate_configs()
 # 200 samples, and a classifier good enough to measure with, trained in a few seconds on the 1200
@@ -125,6 +128,10 @@ def test_metrics_json_holds_every_metric(evaluated, trained_run):
     results = json.loads((eval_dir / "metrics.json").read_text())
     assert REQUIRED_KEYS <= set(results)
     assert results["num_samples"] == 200 and results["features"] == "classifier"
+    assert results["num_real"] == 200 and results["real_split"] == "held-out"  # 200 of the tiny run's held-out digits
+    space = results["feature_space"]
+    assert space["network"].startswith("classifier") and space["file"] == results["classifier"]
+    assert space["resizer"].startswith("none") and "scale-free" in space["kid_kernel"]
     assert results["generator"] == "EMA" and results["step"] == 6
     assert results["batchnorm_stats"] == "recomputed (20 x 500 samples)"  # bn_batches=20 by default
     for key in ("precision", "recall", "coverage"):
@@ -224,6 +231,17 @@ def test_the_evaluate_config_composes_typed_and_needs_a_checkpoint():
         compose_evaluate("checkpoint=x.pt", "num_samples=1")
     with pytest.raises(ConfigError, match="metrics.inception_weights"):
         compose_evaluate("checkpoint=x.pt", "metrics.inception_weights=w.pth")  # without features=inception
+    with pytest.raises(ConfigError, match="metrics.feature_network='n.pt' is an Inception-v3 file"):
+        compose_evaluate("checkpoint=x.pt", "metrics.feature_network=n.pt")
+    nvlabs = compose_evaluate("checkpoint=x.pt", "metrics.features=inception", "metrics.feature_network=n.pt")
+    assert nvlabs.metrics.feature_network == "n.pt" and nvlabs.metrics.inception_weights is None
+    with pytest.raises(ConfigError, match="give one"):
+        compose_evaluate(
+            "checkpoint=x.pt",
+            "metrics.features=inception",
+            "metrics.feature_network=n.pt",
+            "metrics.inception_weights=w",
+        )
     with pytest.raises(ConfigCompositionException):
         compose_evaluate("checkpoint=x.pt", "metrics.features=vgg")  # not a choice: Hydra's own message
 
@@ -363,12 +381,13 @@ def test_evaluate_in_process_on_stacked_data_counts_modes(tmp_path, one_thread):
     assert list((tmp_path / "data" / "classifiers").glob("digits-16px-1ch-*.pt"))
 
 
-def test_an_unlabelled_dataset_needs_inception_features(tmp_path, one_thread):
+def unlabelled_checkpoint(tmp_path: Path, count: int = 40) -> Path:
+    """A tiny checkpoint of data=folder: `count` flat grayscale 16 px images of one class."""
     folder = tmp_path / "images"
     folder.mkdir()
-    for i in range(40):
-        Image.fromarray(np.full((16, 16), i * 6, dtype=np.uint8)).save(folder / f"{i}.png")
-    checkpoint = tiny_checkpoint(
+    for i in range(count):
+        Image.fromarray(np.full((16, 16), i * 255 // count, dtype=np.uint8)).save(folder / f"{i}.png")
+    return tiny_checkpoint(
         tmp_path,
         "data=folder",
         f"data.root={folder}",
@@ -377,9 +396,42 @@ def test_an_unlabelled_dataset_needs_inception_features(tmp_path, one_thread):
         "data.batch_size=4",
         "data.num_samples=4",
     )
-    cfg = EvaluateConfig(checkpoint=str(checkpoint), num_samples=20, device="cpu")
+
+
+def test_an_unlabelled_dataset_needs_inception_features(tmp_path, one_thread):
+    cfg = EvaluateConfig(checkpoint=str(unlabelled_checkpoint(tmp_path)), num_samples=20, device="cpu")
     with pytest.raises(MetricsError, match="metrics.features=inception"):
         evaluate(cfg, tmp_path / "eval")
+
+
+@pytest.mark.parametrize("key", ["inception_weights", "feature_network"])
+def test_evaluate_end_to_end_with_each_inception_file(key, tmp_path, one_thread, inception_weights, nvlabs_inception):
+    # The stand-in files of tests/conftest.py: torch-fidelity's state dict with random values, and a
+    # TorchScript module with NVlabs' signature. 8 generated against 8 held-out images: enough for
+    # finite numbers (metrics.fid explains the singular covariances), far too few for real ones.
+    path = inception_weights if key == "inception_weights" else nvlabs_inception
+    cfg = EvaluateConfig(
+        checkpoint=str(unlabelled_checkpoint(tmp_path, count=100)),
+        num_samples=8,
+        batch_size=8,
+        bn_batches=1,
+        device="cpu",
+        neighbour_queries=2,
+        grid_samples=4,
+        interpolation_rows=1,
+        metrics=MetricsConfig(features=FeatureSpace.inception, kid_subsets=5, **{key: str(path)}),
+    )
+    results = evaluate(cfg, tmp_path / "eval")
+    written = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    for name in ("fid", "kid_mean", "kid_std", "precision", "recall", "density", "coverage"):
+        assert np.isfinite(written[name]), name
+    assert written["num_samples"] == written["num_real"] == 8 and written["real_split"] == "held-out"
+    assert written["features"] == "inception" and written["classifier"] is None  # no labels, no classifier
+    space = written["feature_space"]
+    assert space["file"] == str(path) and space["dims"] == 2048 and "published KID" in space["kid_kernel"]
+    assert space["measures"] == ["fid", "kid_mean", "kid_std", "precision", "recall", "density", "coverage"]
+    assert ("tensorflow1x" if key == "inception_weights" else "TorchScript file's own") in space["resizer"]
+    assert results["feature_space"] == space
 
 
 def test_export_format_none_writes_nothing(tiny_gan, tmp_path):

@@ -9,12 +9,18 @@ collapse when another process holds a core).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import logging
 import math
+import re
 
 import pytest
 import torch
+from conftest import TinyNVlabsInception, write_torchscript
+from torch import Tensor, nn
+from torchmetrics.image.kid import KernelInceptionDistance
 
-from gan.config import ClassifierConfig, DataConfig, MetricsConfig
+from gan.config import ClassifierConfig, DataConfig, FeatureSpace, MetricsConfig
 from gan.data import ImageSet, render_digits
 from gan.evaluation import metrics as M
 
@@ -276,3 +282,111 @@ def test_inception_without_torch_fidelity_says_how_to_get_it(tmp_path, monkeypat
     monkeypatch.setattr(M.importlib.util, "find_spec", lambda name: None)  # as on a machine without it
     with pytest.raises(M.MetricsError, match="pip install torch-fidelity"):
         M.inception_features(str(weights))
+
+
+# the two Inception-v3 files: a random-valued stand-in for each, through the code real files take --
+
+
+def inception(**files: str) -> nn.Module:
+    """The Inception network evaluate.py builds for these metrics.* files."""
+    return M.inception_network(MetricsConfig(features=FeatureSpace.inception, **files))
+
+
+def digits_and_noise(count: int = 8) -> tuple[Tensor, Tensor]:
+    """`count` grayscale 16 px digits, and as many noisy copies of other digits."""
+    real = render_digits(count, 16, seed=0)[0]
+    return real, M.with_gaussian_noise(render_digits(count, 16, seed=1)[0], 0.2)
+
+
+def test_torch_fidelity_weights_load_and_give_finite_2048_d_features_and_fid(inception_weights, one_thread, caplog):
+    # The weights file goes through torch-fidelity's own loading (FeatureExtractorInceptionV3's
+    # feature_extractor_weights_path) as the published file would. Random values are not the
+    # published weights: the sha256 check says so, and metrics.json records it.
+    with caplog.at_level(logging.WARNING, logger=M.__name__):
+        net = inception(inception_weights=str(inception_weights))
+    assert isinstance(net, M.InceptionFeatures) and "not comparable with published FIDs" in caplog.text
+    real, fake = digits_and_noise()
+    real_features, fake_features = M.batched(net, real, 8, CPU), M.batched(net, fake, 8, CPU)
+    assert real_features.shape == (8, 2048) and torch.isfinite(real_features).all()
+    torch.testing.assert_close(net(real[:2]), net(real[:2].repeat(1, 3, 1, 1)))  # grayscale is repeated to RGB
+    # 8 images in 2048 dimensions: singular covariances, and still a finite FID (M.fid says why)
+    with caplog.at_level(logging.WARNING, logger=M.__name__):
+        distance = M.fid(real_features, fake_features)
+    assert math.isfinite(distance) and distance > 0 and "covariances are singular" in caplog.text
+    space = net.feature_space
+    assert space["sha256"] == hashlib.sha256(inception_weights.read_bytes()).hexdigest()
+    assert space["published_weights"] is False and space["dims"] == 2048
+    assert "interpolate_bilinear_2d_like_tensorflow1x" in space["resizer"]
+
+
+def test_nvlabs_torchscript_network_gives_finite_2048_d_features_and_fid(nvlabs_inception, one_thread):
+    net = inception(feature_network=str(nvlabs_inception))
+    assert isinstance(net, M.TorchScriptInception)
+    real, fake = digits_and_noise()
+    real_features, fake_features = M.batched(net, real, 8, CPU), M.batched(net, fake, 8, CPU)
+    assert real_features.shape == (8, 2048) and torch.isfinite(real_features).all()
+    assert math.isfinite(M.fid(real_features, fake_features))
+    assert net.feature_space["sha256"] == hashlib.sha256(nvlabs_inception.read_bytes()).hexdigest()
+    assert "TorchScript file's own resize" in net.feature_space["resizer"]
+
+
+class WithoutReturnFeatures(nn.Module):
+    def forward(self, img: Tensor) -> Tensor:
+        return img.float().mean(dim=[1, 2, 3])
+
+
+def wrong_files(tmp_path, inception_weights, nvlabs_inception) -> dict:
+    """A file of each kind a user could give to the wrong key, or that is not the network at all."""
+    garbage = tmp_path / "garbage.pth"
+    garbage.write_bytes(b"not really weights")
+    foreign = tmp_path / "foreign.pth"
+    torch.save(nn.Linear(3, 2).state_dict(), foreign)
+    return {
+        "garbage": garbage,
+        "foreign": foreign,
+        "weights": inception_weights,
+        "nvlabs": nvlabs_inception,
+        "no_return_features": write_torchscript(WithoutReturnFeatures(), tmp_path / "no_return_features.pt"),
+        "64_features": write_torchscript(TinyNVlabsInception(dims=64), tmp_path / "64_features.pt"),
+        "missing": tmp_path / "missing.pt",
+    }
+
+
+WRONG_FILES = [  # (key, file, what the message says)
+    ("inception_weights", "garbage", "cannot be read as a state dict of tensors"),
+    ("inception_weights", "nvlabs", "It is a TorchScript file: pass it as metrics.feature_network"),
+    ("inception_weights", "foreign", "is a state dict, but not of torch-fidelity's Inception-v3"),
+    ("feature_network", "weights", "is not a TorchScript file"),
+    ("feature_network", "garbage", "is not a TorchScript file"),
+    ("feature_network", "no_return_features", "return_features=True) fails"),
+    ("feature_network", "64_features", "returns a torch.float32 tensor of shape (2, 64)"),
+    ("feature_network", "missing", "no such file"),
+]
+
+
+@pytest.mark.parametrize("key, file, message", WRONG_FILES, ids=[f"{key}={file}" for key, file, _ in WRONG_FILES])
+def test_a_wrong_inception_file_is_one_clear_paragraph(
+    key, file, message, tmp_path, inception_weights, nvlabs_inception
+):
+    path = wrong_files(tmp_path, inception_weights, nvlabs_inception)[file]
+    with pytest.raises(M.MetricsError, match=re.escape(message)) as caught:
+        inception(**{key: str(path)})
+    text = str(caught.value)
+    assert text.startswith(f"metrics.{key}={path}") and "\n" not in text and "Traceback" not in text
+
+
+@pytest.mark.filterwarnings("ignore:Metric `Kernel Inception Distance` will save:UserWarning")
+def test_kid_in_inception_space_uses_the_published_kernel():
+    # gamma = 1/d, torchmetrics' default (and torch-fidelity's and clean-fid's): KID compares with theirs
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.rand(300, 64, generator=gen), torch.rand(300, 64, generator=gen) + 0.05
+    metric = KernelInceptionDistance(feature=M.Precomputed(64), subsets=10, subset_size=100)
+    metric.update(a.double(), real=True)
+    metric.update(b.double(), real=False)
+    torch.manual_seed(3)
+    expected = tuple(float(v) for v in metric.compute())
+    inception_space = dataclasses.replace(TINY_METRICS, features=FeatureSpace.inception, kid_subsets=10)
+    assert M.kid(a, b, 10, 100, seed=3, gamma=1 / 64) == pytest.approx(expected, rel=1e-9)
+    results = M.distribution_metrics(a, b, dataclasses.replace(inception_space, kid_subset_size=100), seed=3)
+    assert (results["kid_mean"], results["kid_std"]) == pytest.approx(expected, rel=1e-9)
+    assert "published" in M.kid_kernel(inception_space) and "scale-free" in M.kid_kernel(TINY_METRICS)

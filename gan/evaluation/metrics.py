@@ -9,8 +9,12 @@ Two feature spaces:
 - `classifier` (default, offline): the penultimate layer of a small CNN trained on the dataset's own
   labels, cached in `data.root/classifiers/`. Its numbers are comparable only with numbers from the
   same classifier (the cache key names it), never with published Inception FIDs.
-- `inception`: Inception-v3's 2048-d pool features through torchmetrics, the published FID. It needs
-  torch-fidelity and the weights file; both are checked before anything is built.
+- `inception`: Inception-v3's 2048-d pool3 features, the published FID, from one of two files of the
+  same network: torch-fidelity's state dict (`metrics.inception_weights`, run by torch-fidelity's
+  own extractor) or NVlabs' TorchScript file (`metrics.feature_network`, as StyleGAN2-ADA and
+  clean-fid run it). Each resizes to 299 x 299 inside the network, as the TF1 graph of the published
+  FID did; the file, the package and the network's signature are checked before anything else runs.
+  docs/metrics.md compares the numbers with published tables.
 
 FID and KID come from torchmetrics (its FID takes the matrix square root through eigenvalues in
 float64; nothing here re-derives it). torchmetrics has no precision/recall or density/coverage:
@@ -24,11 +28,13 @@ import hashlib
 import importlib.util
 import json
 import logging
+import re
 import time
 import warnings
 from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import Any, Mapping, Optional
+from urllib.parse import urlparse
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +43,7 @@ from torchmetrics.image.fid import FrechetInceptionDistance
 from torchmetrics.image.kid import KernelInceptionDistance
 from torchvision.transforms.functional import gaussian_blur
 
-from gan.config import ClassifierConfig, DataConfig, MetricsConfig
+from gan.config import ClassifierConfig, DataConfig, FeatureSpace, MetricsConfig
 from gan.data import ImageSet, load_dataset, to_unit_range
 from gan.errors import MetricsError
 from gan.training.checkpoint import save_checkpoint
@@ -50,9 +56,21 @@ CLASSIFIER_VERSION = 1
 # DataConfig keys that change how images are read, not which images, and data.limit (a training
 # run's subset: the classifier always learns the whole training split): left out of the cache key.
 _LOADING_KEYS = ("root", "download", "in_memory", "batch_size", "num_workers", "limit")
+# The two files of the FID's Inception-v3 (the TF graph inception-2015-12-05, ported to PyTorch):
+# torch-fidelity's state dict, and NVlabs' TorchScript module (StyleGAN2-ADA's metrics, clean-fid).
 INCEPTION_WEIGHTS_URL = (
     "https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/weights-inception-2015-12-05-6726825d.pth"
 )
+NVLABS_INCEPTION_URL = (
+    "https://nvlabs-fi-cdn.nvidia.com/stylegan2-ada-pytorch/pretrained/metrics/inception-2015-12-05.pt"
+)
+# torch.hub names a weights file NAME-<the first hex digits of its sha256>.EXT and checks them
+# (load_state_dict_from_url(check_hash=True)). torch-fidelity's file and pytorch-fid's copy
+# (pt_inception-2015-12-05-6726825d.pth) both carry 6726825d: another prefix is another network.
+INCEPTION_SHA256_PREFIX = "6726825d"
+INCEPTION_DIMS = 2048  # pool3, the layer of the published FID (Heusel et al. 2017)
+# The metrics measured in the feature space (the others count the classifier's predictions).
+FEATURE_METRICS = ("fid", "kid_mean", "kid_std", "precision", "recall", "density", "coverage")
 
 
 # the classifier ----------------------------------------------------------------------------------
@@ -234,50 +252,224 @@ class ClassifierFeatures(nn.Module):
         return self.classifier.features(split_channels(images)).view(images.size(0), -1)
 
 
-class InceptionFeatures(nn.Module):
-    """Inception-v3 pool3 (2048-d), the network of the published FID (Heusel et al. 2017), through
-    torchmetrics' copy of torch-fidelity's port. It takes uint8 and resizes to 299 x 299 itself;
-    grayscale is repeated to RGB."""
+def to_rgb(images: Tensor) -> Tensor:
+    """uint8 (N, 1 or 3, H, W) -> (N, 3, H, W): grayscale repeated into three channels, as
+    StyleGAN2-ADA's metrics and compare_gan (the code of Lucic et al. 2018) feed MNIST to Inception."""
+    return images.repeat(1, 3, 1, 1) if images.size(1) == 1 else images
 
-    num_features = 2048
+
+class InceptionFeatures(nn.Module):
+    """Inception-v3 pool3 (2048-d) through torch-fidelity's port, FeatureExtractorInceptionV3: uint8
+    RGB at any size in, resized to 299 x 299 inside by interpolate_bilinear_2d_like_tensorflow1x (TF1's
+    resize_bilinear, the resizer of the TTUR code that defined FID), (N, 2048) float32 out.
+
+    Built from torch-fidelity itself rather than torchmetrics' NoTrainInceptionV3 subclass: that one
+    resizes with torch's antialiased bilinear by default (antialias=True), another resizer than the
+    published FID's, and the resizer moves FID (Parmar et al. 2022, clean-fid)."""
+
+    num_features = INCEPTION_DIMS
 
     def __init__(self, weights: Optional[str]):
         super().__init__()
-        from torchmetrics.image.fid import NoTrainInceptionV3  # needs torch-fidelity, checked first
+        # needs torch-fidelity, checked first (inception_features)
+        from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
 
-        self.net = NoTrainInceptionV3(
-            name="inception-v3-compat", features_list=[str(self.num_features)], feature_extractor_weights_path=weights
+        self.net = FeatureExtractorInceptionV3(
+            "inception-v3-compat", [str(self.num_features)], feature_extractor_weights_path=weights
         )
+        self.feature_space: dict[str, Any] = {}
 
     def forward(self, images: Tensor) -> Tensor:
-        return self.net(images.expand(-1, 3, -1, -1) if images.size(1) == 1 else images)
+        (features,) = self.net(to_rgb(images))
+        return features
+
+
+class TorchScriptInception(nn.Module):
+    """NVlabs' TorchScript Inception-v3 (inception-2015-12-05.pt), called as StyleGAN2-ADA's metrics
+    and clean-fid's legacy_tensorflow mode call it: net(uint8 RGB (N, 3, H, W) at any size,
+    return_features=True) -> pool3 (N, 2048). The file resizes to 299 x 299 itself."""
+
+    num_features = INCEPTION_DIMS
+
+    def __init__(self, net: nn.Module, feature_space: dict[str, Any]):
+        super().__init__()
+        self.net, self.feature_space = net.eval(), feature_space
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.net(to_rgb(images), return_features=True)
+
+
+def inception_network(cfg: MetricsConfig) -> nn.Module:
+    """The Inception-v3 that metrics.feature_network or metrics.inception_weights names (neither:
+    torch-fidelity downloads its weights); its `feature_space` says which file and which resizer."""
+    if cfg.feature_network is not None:
+        return nvlabs_inception(cfg.feature_network)
+    return inception_features(cfg.inception_weights)
 
 
 def inception_features(weights: Optional[str]) -> InceptionFeatures:
-    """Inception features, after checking the weights path and the package (in that order) so a
-    missing piece fails here, with what to do, not deep inside a download or an import."""
-    if weights is not None and not Path(weights).expanduser().is_file():
-        raise MetricsError(
-            f"metrics.inception_weights={weights}: no such file. Download "
-            f"{INCEPTION_WEIGHTS_URL} on a machine with internet and pass its path."
-        )
+    """torch-fidelity's Inception-v3 with the state-dict file `weights` (None: torch-fidelity downloads
+    it). The path, the package and the file are checked in that order, so a missing piece fails here,
+    with what to do, not deep inside a download, an import or an unpickling."""
+    file = existing_file(weights, "metrics.inception_weights", INCEPTION_WEIGHTS_URL) if weights else None
     if importlib.util.find_spec("torch_fidelity") is None:
         raise MetricsError(
-            "metrics.features=inception needs torch-fidelity (`pip install torch-fidelity`), whose "
-            "Inception-v3 port torchmetrics uses. It is not a default dependency: once installed, "
-            "torchmetrics imports it at start-up. Offline it also needs the weights: download "
-            f"{INCEPTION_WEIGHTS_URL} elsewhere and pass metrics.inception_weights=PATH. Or use the "
-            "default metrics.features=classifier."
+            "metrics.features=inception without metrics.feature_network runs torch-fidelity's Inception-v3, and "
+            "torch-fidelity is not installed "
+            "(`pip install torch-fidelity`, or the project's metrics extra: `pip install -c constraints.txt "
+            "-e '.[metrics]'`). Offline it also needs the weights: download "
+            f"{INCEPTION_WEIGHTS_URL} elsewhere and pass metrics.inception_weights=PATH. NVlabs' TorchScript "
+            "file (metrics.feature_network=PATH) needs no torch-fidelity; or use the default "
+            "metrics.features=classifier."
         )
+    if file is not None:
+        check_state_dict(file, weights)
     try:
-        return InceptionFeatures(str(Path(weights).expanduser()) if weights else None)
-    except Exception as err:  # offline: URLError; a wrong file: a state-dict or unpickling error
-        how = (
-            "is it the torch-fidelity Inception file?"
-            if weights
-            else f"without internet, download {INCEPTION_WEIGHTS_URL} elsewhere and pass metrics.inception_weights=PATH"
+        features = InceptionFeatures(str(file) if file else None)
+    except Exception as err:  # offline: URLError; a wrong file: load_state_dict's RuntimeError (keys, shapes)
+        if file is not None:
+            raise MetricsError(
+                f"metrics.inception_weights={weights} is a state dict, but not of torch-fidelity's Inception-v3 "
+                f"({state_dict_mismatch(err)}). It takes {INCEPTION_WEIGHTS_URL} (pytorch-fid's "
+                "pt_inception-2015-12-05-6726825d.pth has the same keys)."
+            ) from err
+        raise MetricsError(
+            f"Could not download torch-fidelity's Inception-v3 weights ({reason(err)}). Without internet, download "
+            f"{INCEPTION_WEIGHTS_URL} elsewhere and pass metrics.inception_weights=PATH."
+        ) from err
+    if file is None:  # where torch.hub put the download
+        file = Path(torch.hub.get_dir()) / "checkpoints" / Path(urlparse(INCEPTION_WEIGHTS_URL).path).name
+    digest = sha256(file) if file.is_file() else None
+    published = digest is not None and digest.startswith(INCEPTION_SHA256_PREFIX)
+    if digest is not None and not published:
+        log.warning(
+            "%s: its sha256 begins %s, not %s as the published FID weights' does: the metrics are measured, "
+            "but they are not comparable with published FIDs.",
+            file,
+            digest[:8],
+            INCEPTION_SHA256_PREFIX,
         )
-        raise MetricsError(f"Could not build Inception-v3 features ({type(err).__name__}: {err}); {how}.") from err
+    features.feature_space = {
+        "network": "Inception-v3 pool3, torch-fidelity's FeatureExtractorInceptionV3",
+        "file": str(file),
+        "sha256": digest,
+        "published_weights": published,
+        "dims": INCEPTION_DIMS,
+        "input": "uint8 RGB at data.image_size (grayscale repeated to 3 channels)",
+        "resizer": "inside the network: torch-fidelity's interpolate_bilinear_2d_like_tensorflow1x to 299 x 299 "
+        "(TF1 resize_bilinear, as the TTUR FID)",
+    }
+    return features
+
+
+def nvlabs_inception(path: str) -> TorchScriptInception:
+    """NVlabs' TorchScript Inception-v3 from `path`, after checking that it loads and that
+    net(uint8 images, return_features=True) gives (N, 2048) features, so a wrong file fails here."""
+    file = existing_file(path, "metrics.feature_network", NVLABS_INCEPTION_URL)
+    try:
+        with warnings.catch_warnings():  # torch 2.x deprecates TorchScript (FutureWarning); NVlabs' file is one
+            warnings.simplefilter("ignore", FutureWarning)
+            net = torch.jit.load(str(file), map_location="cpu")
+    except Exception as err:  # a state dict, a pickle, anything else: torch.jit.load's RuntimeError
+        raise MetricsError(
+            f"metrics.feature_network={path} is not a TorchScript file ({reason(err)}). It takes NVlabs' "
+            f"{NVLABS_INCEPTION_URL} (not the .pkl copy, a pickle that needs NVlabs' code to load); torch-fidelity's "
+            "state dict, weights-inception-2015-12-05-6726825d.pth, goes in metrics.inception_weights instead."
+        ) from err
+    probe = torch.zeros(2, 3, 32, 32, dtype=torch.uint8)
+    call = "net(uint8 images of shape (2, 3, 32, 32), return_features=True)"
+    try:
+        with torch.inference_mode():
+            out = net.eval()(probe, return_features=True)
+    except Exception as err:  # another signature or another input format
+        raise MetricsError(
+            f"metrics.feature_network={path} loads, but {call} fails ({reason(err)}): it is not NVlabs' Inception-v3 "
+            f"({NVLABS_INCEPTION_URL}), which takes uint8 RGB images at any size."
+        ) from err
+    if not (isinstance(out, Tensor) and out.is_floating_point() and tuple(out.shape) == (2, INCEPTION_DIMS)):
+        got = f"a {out.dtype} tensor of shape {tuple(out.shape)}" if isinstance(out, Tensor) else type(out).__name__
+        raise MetricsError(
+            f"metrics.feature_network={path}: {call} returns {got}, not float features of shape "
+            f"(2, {INCEPTION_DIMS}): it is not NVlabs' Inception-v3 ({NVLABS_INCEPTION_URL})."
+        )
+    return TorchScriptInception(
+        net,
+        {
+            "network": "Inception-v3 pool3, NVlabs' TorchScript file",
+            "file": str(file),
+            "sha256": sha256(file),
+            "dims": INCEPTION_DIMS,
+            "input": "uint8 RGB at data.image_size (grayscale repeated to 3 channels)",
+            "resizer": "inside the network: the TorchScript file's own resize to 299 x 299 "
+            "(clean-fid's legacy_tensorflow mode, which matches the TTUR FID)",
+        },
+    )
+
+
+def existing_file(path: str, key: str, url: str) -> Path:
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise MetricsError(f"{key}={path}: no such file. Download {url} on a machine with internet and pass its path.")
+    return file
+
+
+def check_state_dict(file: Path, given: str) -> None:
+    """Read the file as torch.load(weights_only=True) does: a mapping of tensors, or refuse it.
+
+    Why first: torch-fidelity reads it with torch.load(weights_only=False), which runs any code
+    pickled in the file; weights_only=True refuses such a file before that happens."""
+    try:
+        with warnings.catch_warnings():  # torch.load warns of a TorchScript archive before refusing it; we say so
+            warnings.simplefilter("ignore", UserWarning)
+            state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as err:  # not a torch file, a pickle with code, a TorchScript archive
+        hint = (
+            "It is a TorchScript file: pass it as metrics.feature_network instead."
+            if "torchscript" in str(err).lower()
+            else f"It takes torch-fidelity's {INCEPTION_WEIGHTS_URL}."
+        )
+        raise MetricsError(
+            f"metrics.inception_weights={given} cannot be read as a state dict of tensors ({reason(err)}). {hint}"
+        ) from err
+    if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise MetricsError(
+            f"metrics.inception_weights={given} holds a {type(state).__name__}, not a state dict (parameter name -> "
+            f"tensor). It takes torch-fidelity's {INCEPTION_WEIGHTS_URL}."
+        )
+
+
+def sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with file.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def state_dict_mismatch(err: BaseException) -> str:
+    """load_state_dict's error, which lists every missing and unexpected key, as counts and examples."""
+    parts = []
+    for kind, keys in re.findall(r'(Missing|Unexpected) key\(s\) in state_dict: ((?:"[^"]*"(?:, )?)+)', str(err)):
+        names = re.findall(r'"([^"]*)"', keys)
+        parts.append(f"{len(names)} {kind.lower()} keys: {', '.join(names[:2])}{', ...' if len(names) > 2 else ''}")
+    return "; ".join(parts) if parts else reason(err)
+
+
+def reason(err: BaseException, limit: int = 200) -> str:
+    """An exception as one short clause on one line: its type and its message's first sentence, or
+    for an error raised inside a TorchScript file the last line, which names it after the traceback."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if any("Traceback of TorchScript" in line for line in lines):
+        return lines[-1][:limit]
+    text = " ".join(lines).split(". ")[0][:limit]
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def kid_kernel(cfg: MetricsConfig) -> str:
+    """KID's kernel in words, as distribution_metrics chooses it."""
+    if cfg.features == FeatureSpace.inception:
+        return "(x.y / d + 1)^3, the published KID's (Binkowski et al. 2018)"
+    return "(x.y / E|f_real|^2 + 1)^3, scale-free: comparable only within this classifier"
 
 
 def split_channels(images: Tensor) -> Tensor:
@@ -328,23 +520,44 @@ class Precomputed(nn.Module):
 
 
 def fid(real: Tensor, fake: Tensor) -> float:
-    """Fréchet distance between Gaussians fitted to two feature sets (Heusel et al. 2017)."""
+    """Fréchet distance between Gaussians fitted to two feature sets (Heusel et al. 2017).
+
+    With N <= d images the covariances are singular (rank N - 1). torchmetrics takes the trace of
+    sqrt(S1 S2) from the eigenvalues of S1 S2, whose zero eigenvalues come out as tiny values of
+    either sign, or complex pairs, and keeps the real part of their square roots, so the result stays
+    finite (FID(x, x) = -0.001 measured at N = 10, d = 2048); but FID is biased upward at small N
+    (Chong & Forsyth 2020), so such a number compares only with numbers from the same N.
+    """
+    smallest, dims = min(real.size(0), fake.size(0)), real.size(1)
+    if smallest <= dims:
+        log.warning(
+            "FID from %d images of %d features: the covariances are singular (rank < %d). The number is finite "
+            "but biased upward; compare it only with FIDs from the same number of images (published ones use "
+            "10k or 50k).",
+            smallest,
+            dims,
+            dims,
+        )
     metric = FrechetInceptionDistance(feature=Precomputed(real.size(1)))
     metric.update(real, real=True)
     metric.update(fake, real=False)
     return float(metric.compute())
 
 
-def kid(real: Tensor, fake: Tensor, subsets: int, subset_size: int, seed: int = 0) -> tuple[float, float]:
+def kid(
+    real: Tensor, fake: Tensor, subsets: int, subset_size: int, seed: int = 0, gamma: Optional[float] = None
+) -> tuple[float, float]:
     """Kernel Inception Distance (Binkowski et al. 2018): unbiased MMD^2, cubic polynomial kernel,
     mean and standard deviation over random subsets of min(subset_size, N) images.
 
-    The kernel is (gamma x.y + 1)^3. torchmetrics' default gamma = 1/d assumes features of norm
-    about sqrt(d) (Inception's); our ReLU features are far larger (|f|^2 ~ 2000 at d = 128) and the
-    cube then explodes (KID(x, x) = -1.4 +- 9.1 measured). gamma = 1 / E|f_real|^2 puts x.y near 1
-    for any feature scale: the kernel is scale-free, and the reference set fixes the scale.
+    The kernel is (gamma x.y + 1)^3. The published KID's gamma = 1/d (torchmetrics' default, and
+    torch-fidelity's and clean-fid's) suits Inception's features, and distribution_metrics passes it
+    for them. Our classifier's ReLU features are far larger (|f|^2 ~ 2000 at d = 128) and the cube
+    then explodes (KID(x, x) = -1.4 +- 9.1 measured), so gamma=None takes 1 / E|f_real|^2, which puts
+    x.y near 1 for any feature scale: the kernel is scale-free, and the reference set fixes the scale.
     """
-    gamma = 1.0 / float(real.double().square().sum(dim=1).mean())
+    if gamma is None:
+        gamma = 1.0 / float(real.double().square().sum(dim=1).mean())
     size = min(subset_size, real.size(0), fake.size(0))
     with warnings.catch_warnings():  # "KID will save all extracted features in buffer": intended here
         warnings.simplefilter("ignore", UserWarning)
@@ -407,9 +620,12 @@ def precision_recall_density_coverage(
 
 
 def distribution_metrics(real: Tensor, fake: Tensor, cfg: MetricsConfig, seed: int = 0) -> dict[str, float]:
-    """FID, KID, precision/recall and density/coverage of two feature sets (N, d) and (M, d)."""
+    """FID, KID, precision/recall and density/coverage of two feature sets (N, d) and (M, d).
+    KID's kernel is the published one (gamma = 1/d) in Inception's feature space, the scale-free one
+    in the classifier's (kid_kernel says which)."""
     results = {"fid": fid(real, fake)}
-    results["kid_mean"], results["kid_std"] = kid(real, fake, cfg.kid_subsets, cfg.kid_subset_size, seed)
+    gamma = 1.0 / real.size(1) if cfg.features == FeatureSpace.inception else None
+    results["kid_mean"], results["kid_std"] = kid(real, fake, cfg.kid_subsets, cfg.kid_subset_size, seed, gamma)
     results.update(precision_recall_density_coverage(real, fake, cfg.pr_k, cfg.dc_k))
     return results
 

@@ -55,10 +55,8 @@ def evaluate(cfg: EvaluateConfig, run_dir: Path, data_overrides: Optional[Mappin
     clock = Stopwatch()
     run_dir.mkdir(parents=True, exist_ok=True)
     device = setup_torch(cfg.device, cfg.threads, cfg.seed, "device")
-    # Inception first: a missing weights file or package fails here, before any other work
-    inception = (
-        M.inception_features(cfg.metrics.inception_weights) if cfg.metrics.features.value == "inception" else None
-    )
+    # Inception first: a missing or wrong file, or a missing package, fails here, before any other work
+    inception = M.inception_network(cfg.metrics) if cfg.metrics.features == FeatureSpace.inception else None
 
     # checkpoint: the generator and the dataset it learned
     state = load_checkpoint(cfg.checkpoint, map_location="cpu")
@@ -85,7 +83,8 @@ def evaluate(cfg: EvaluateConfig, run_dir: Path, data_overrides: Optional[Mappin
 
     # measure: features once per image set, shared by every metric
     results = measure(feature_net, classifier, reals, fake, cfg, device)
-    results.update(num_samples=fake.size(0), num_real=reals.images.size(0), features=cfg.metrics.features.value,
+    results.update(num_samples=fake.size(0), num_real=reals.images.size(0), real_split="held-out",
+                   features=cfg.metrics.features.value, feature_space=feature_space(feature_net, classifier_file, cfg),
                    classifier=classifier_file, classifier_accuracy=accuracy, **about)  # fmt: skip
     clock("metrics")
 
@@ -151,12 +150,30 @@ def draw_pictures(G: nn.Module, fake: Tensor, data: DataConfig, cfg: EvaluateCon
     }
 
 
+def feature_space(feature_net: nn.Module, classifier_file: Optional[str], cfg: EvaluateConfig) -> dict[str, Any]:
+    """What metrics.json says about the space FID, KID, precision/recall and density/coverage are
+    measured in: the network and its file, the resizer, KID's kernel. An Inception network describes
+    its own file (M.inception_network); the classifier is named by its cached file."""
+    own = getattr(feature_net, "feature_space", None)
+    if own is None:
+        own = {
+            "network": "classifier: penultimate layer of a small CNN trained on the dataset's labels",
+            "file": classifier_file,
+            "dims": feature_net.num_features,
+            "input": "uint8 at data.image_size, scaled to [-1, 1]",
+            "resizer": "none: images at data.image_size",
+        }
+    return {**own, "kid_kernel": M.kid_kernel(cfg.metrics), "measures": list(M.FEATURE_METRICS)}
+
+
 def report(results: dict[str, Any], pictures: Mapping[str, Tensor], run_dir: Path) -> None:
     """metrics.json, the same table in the log, and TensorBoard."""
     (run_dir / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
     table = format_table(results)
     log.info("Metrics (%s features, %d samples vs %d held-out images):\n%s", results["features"],
              results["num_samples"], results["num_real"], table)  # fmt: skip
+    space = results["feature_space"]
+    log.info("Feature space: %s, %s; resizer: %s", space["network"], space["file"], space["resizer"])
     write_tensorboard(run_dir / "tb", results, pictures, table, results["step"])
 
 
@@ -359,7 +376,9 @@ def write_samples(fake: Tensor, how: SaveSamples, run_dir: Path) -> None:
 
 
 def format_table(results: Mapping[str, Any]) -> str:
-    rows = [(key, value) for key, value in results.items() if key != "seconds"]
+    """One `key  value` line per result; dicts are left out: seconds becomes its total, and report()
+    logs feature_space on a line of its own."""
+    rows = [(key, value) for key, value in results.items() if not isinstance(value, Mapping)]
     rows.append(("seconds", f"{results['seconds']['total']:.1f}" if "seconds" in results else ""))
     width = max(len(key) for key, _ in rows)
     return "\n".join(f"  {key:<{width}}  {_format(value)}" for key, value in rows)
