@@ -21,7 +21,7 @@ from gan.distributed import broadcast_object, close, init_process_group, rank_ze
 from gan.errors import UserError, environment_error
 from gan.evaluation.pipeline import evaluate
 from gan.training import NonFiniteLossError, train
-from gan.training.runs import SweepJobFailed, preflight, resume_argv
+from gan.training.runs import SweepJobFailed, preflight, resume_argv, sweep_argv
 
 log = logging.getLogger("train")
 register_configs()
@@ -95,7 +95,7 @@ if __name__ == "__main__":
         )
         sys.exit(EXIT_BAD_INPUT)
     try:  # the resume contract is checked here, before Hydra writes into the run being resumed
-        sys.argv = rank_zero_argv(resume_argv(sys.argv, CONFIG_DIR), world)
+        sys.argv = rank_zero_argv(sweep_argv(resume_argv(sys.argv, CONFIG_DIR), CONFIG_DIR), world)
     except UserError as err:
         log.error("%s", err)
         sys.exit(EXIT_BAD_INPUT)
