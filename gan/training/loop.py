@@ -20,12 +20,12 @@ from torchvision.utils import save_image
 from gan.config import Precision, TrainConfig, to_plain
 from gan.core.sampling import image_grid, sample
 from gan.core.steps import StepContext, d_step, g_step
-from gan.data import ImageSet
+from gan.data import BatchStream, ImageSet, to_unit_range
 from gan.distributed import SINGLE, World, any_rank
 from gan.training.checkpoint import keep_numbered, load_checkpoint, save_checkpoint
 from gan.training.faults import NonFiniteWatch, check_finite_state, explain_allocation_failure, stop_on_signals
 from gan.training.hardware import arithmetic_of, prepare_process
-from gan.training.monitor import Monitor
+from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, Monitor, trial_name, write_progress_gif
 from gan.training.rundir import own_run_dir
 from gan.training.runs import check_resume
 from gan.training.state import TrainingState, build_state, with_objective, wrap_for_ddp
@@ -55,7 +55,7 @@ def train(cfg: TrainConfig, run_dir: Path, dataset: Optional[ImageSet] = None, w
         # device, the step context (loss, extra terms, precision), the training state, resumed if asked
         device, ctx, state = set_up(cfg, world, dataset)
         G, D = wrap_for_ddp(state.G, state.D, world, device)  # DDP wrappers: the same modules under DDP
-        monitor = Monitor(run_dir, state.step, trainer.max_steps, trainer.progress, enabled=world.is_main)
+        monitor = open_monitor(cfg, state, run_dir, world)  # TensorBoard: HParams session, real images
         watch, metrics = NonFiniteWatch(device), {}
         with monitor, stop_on_signals() as stop:
             while state.step < trainer.max_steps:
@@ -78,7 +78,7 @@ def train(cfg: TrainConfig, run_dir: Path, dataset: Optional[ImageSet] = None, w
                 # EMA of G's weights (and BatchNorm statistics), used for every sample
                 if state.G_ema is not None:
                     state.G_ema.update_parameters(state.G)
-                monitor.advance(state.step, real.size(0) * world.size)  # all ranks' images: perf/img_per_s
+                monitor.advance(state.step, real.size(0) * world.size)  # all ranks' images: time/img_per_s
                 # Under DDP every rank must stop at the same step: one all-reduce of the stop flag per
                 # step (a host sync, the only one besides logging and trainer.on_nan=skip's check).
                 done = state.step == trainer.max_steps or any_rank(stop.signal is not None, world, device)
@@ -96,10 +96,11 @@ def train(cfg: TrainConfig, run_dir: Path, dataset: Optional[ImageSet] = None, w
                 if world.is_main and (state.step % trainer.checkpoint_every == 0 or done):
                     watch.check(ctx.skip_nonfinite)
                     check_finite_state(state, last_checkpoint(run_dir))  # weights and Adam moments, too
-                    write_checkpoint(state, cfg, run_dir)
+                    with monitor.timed("checkpoint", state.step):
+                        write_checkpoint(state, cfg, run_dir)
                 if done:  # a signal that lands after `done` was computed gets one more step
                     break
-            monitor.hparams(hparams_of(cfg), metrics)
+            monitor.end_session(state.step, finished=state.step == trainer.max_steps)
         return TrainResult(state.step, metrics, last_checkpoint(run_dir), stop.signal, monitor.seconds)
 
 
@@ -132,13 +133,35 @@ def last_checkpoint(run_dir: Path) -> Path:
     return run_dir / "checkpoints" / "last.pt"
 
 
+def open_monitor(cfg: TrainConfig, state: TrainingState, run_dir: Path, world: World) -> Monitor:
+    """The run's Monitor (rank 0 writes), its HParams session open and, for a fresh run, a grid of
+    real images beside the first fake one; it logs both optimizers' learning rates."""
+    trainer = cfg.trainer
+    monitor = Monitor(run_dir, state.step, trainer.max_steps, trainer.progress, enabled=world.is_main)
+    fresh = world.is_main and state.step == 0
+    real = image_grid(to_unit_range(real_images(state.batches, trainer.num_fixed_samples))) if fresh else None
+    monitor.begin(hparams_of(cfg), trial_name(run_dir), {"g": state.opt_g, "d": state.opt_d}, real, state.step)
+    return monitor
+
+
+def real_images(batches: BatchStream, count: int) -> torch.Tensor:
+    """`count` training images spread evenly over the split (a folder sorted by class shows each
+    class), uint8 on the CPU, read by index: drawing a batch from the stream would change the run."""
+    source = batches.images if batches.images is not None else batches.loader.dataset
+    index = torch.linspace(0, len(source) - 1, min(count, len(source))).long().tolist()
+    return torch.stack([torch.as_tensor(source[i]).cpu() for i in index])
+
+
 def write_samples(state: TrainingState, run_dir: Path, monitor: Monitor) -> None:
-    """The fixed-latent grid of this step, as samples/step_NNNNNN.png and in TensorBoard."""
-    grid = image_grid(sample(state.sampler, state.fixed_z))
-    samples_dir = run_dir / "samples"
-    samples_dir.mkdir(parents=True, exist_ok=True)
-    save_image(grid, samples_dir / f"step_{state.step:06d}.png")
-    monitor.image("samples", grid, state.step)
+    """The fixed-latent grid of this step, as samples/step_NNNNNN.png, in samples/progress.gif and
+    in TensorBoard."""
+    with monitor.timed("sample", state.step):
+        grid = image_grid(sample(state.sampler, state.fixed_z))
+        samples_dir = run_dir / "samples"
+        samples_dir.mkdir(parents=True, exist_ok=True)
+        save_image(grid, samples_dir / f"step_{state.step:06d}.png")
+        write_progress_gif(samples_dir)
+        monitor.image(FAKE_TAG if state.G_ema is not None else RAW_FAKE_TAG, grid, state.step)
 
 
 def write_checkpoint(state: TrainingState, cfg: TrainConfig, run_dir: Path) -> None:
@@ -148,10 +171,15 @@ def write_checkpoint(state: TrainingState, cfg: TrainConfig, run_dir: Path) -> N
     keep_numbered(path, state.step, cfg.trainer.keep_checkpoints)
 
 
-def hparams_of(cfg: TrainConfig) -> dict[str, int | float | str | bool]:
-    """The config flattened to 'group.key' -> scalar, as TensorBoard's hparams accept."""
+def hparams_of(cfg: TrainConfig) -> dict[str, int | float | str | bool | None]:
+    """The config flattened to 'group.key' -> value, typed (bool, number, string, None): the
+    columns of TensorBoard's HParams page. trainer.resume and trainer.progress are left out: how a
+    run was started and shown, not what it computes."""
     flat = {}
     for group, values in to_plain(cfg).items():
         for key, value in values.items():
-            flat[f"{group}.{key}"] = value if isinstance(value, (int, float, str, bool)) else str(value)
+            typed = value is None or isinstance(value, (int, float, str, bool))
+            flat[f"{group}.{key}"] = value if typed else str(value)
+    for key in ("trainer.resume", "trainer.progress"):
+        flat.pop(key, None)
     return flat
