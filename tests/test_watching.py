@@ -225,3 +225,42 @@ def test_sweep_argv_excludes_the_overrides_that_do_not_vary():
     assert sweep_argv(single, ROOT / "configs") == single  # not a sweep
     chosen = ["train.py", "-m", "optim.lr=1e-4,4e-4", f"{EXCLUDE_KEYS}=[debug]"]
     assert sweep_argv(chosen, ROOT / "configs") == chosen  # the user's own list wins
+
+
+# quality during training ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_eval_every_puts_the_fid_curve_beside_the_losses_and_the_final_fid_among_the_metrics(tmp_path):
+    """trainer.eval_every: quality/* curves in the run; trainer.final_eval_samples: evaluate.py's
+    numbers in the sub-run tb/final_eval, which the hparams plugin reads as the run's metrics."""
+    run_dir = tmp_path / "run"
+    result = run_train(
+        "data.num_samples=20000",  # enough digits for the metrics classifier to pass its 97% bar
+        "trainer.eval_every=3",
+        "trainer.eval_samples=200",
+        "trainer.final_eval_samples=300",
+        "trainer.threads=1",
+        f"hydra.run.dir={run_dir}",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    events = events_of(run_dir / "tb")
+    tags = events.Tags()
+    assert tb_group_order(tags["scalars"] + tags["images"])[:2] == ["loss", "quality"]
+    assert [e.step for e in events.Scalars("quality/FID")] == [3, 6]
+    assert {"quality/precision", "quality/recall", "quality/classes_covered"} <= set(tags["scalars"])
+    final = events_of(run_dir / "tb" / "final_eval")
+    assert [e.step for e in final.Scalars("quality/FID")] == [6]
+    tb = TensorBoardClient(run_dir)
+    metrics = [(m["name"]["tag"], m["name"].get("group", "")) for m in tb.experiment()["metricInfos"]]
+    assert ("quality/FID", "") in metrics[:5] and ("quality/FID", "final_eval") in metrics
+    (group,) = tb.session_groups()
+    values = {(v["name"]["tag"], v["name"].get("group", "")): v["value"] for v in group["metricValues"]}
+    assert values[("quality/FID", "final_eval")] == pytest.approx(final.Scalars("quality/FID")[0].value)
+    # measuring leaves training alone: the same run without it logs the same losses
+    plain_dir = tmp_path / "plain"
+    plain = run_train("data.num_samples=20000", "trainer.threads=1", f"hydra.run.dir={plain_dir}", cwd=tmp_path)
+    assert plain.returncode == 0, (plain.stdout + plain.stderr)[-3000:]
+    for tag in ("loss/d", "loss/g", "loss/D(x)"):
+        assert [e.value for e in events_of(plain_dir / "tb").Scalars(tag)] == [e.value for e in events.Scalars(tag)]

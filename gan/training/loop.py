@@ -4,7 +4,8 @@ Read it beside pytorch/examples' dcgan/main.py: the same sections in the same or
 section calls lives elsewhere: the steps and the EMA in `gan.core` (the lesson), the objects in
 `gan.training.state`, precision and devices in `gan.training.hardware`, the NaN watch, the
 finiteness check before a checkpoint and signal handling in `gan.training.faults`, the run
-directory's lock in `gan.training.rundir`, TensorBoard in `gan.training.monitor`.
+directory's lock in `gan.training.rundir`, TensorBoard in `gan.training.monitor`, the in-training
+FID in `gan.training.quality`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torchvision.utils import save_image
@@ -29,6 +30,9 @@ from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, Monitor, trial_name, wr
 from gan.training.rundir import own_run_dir
 from gan.training.runs import check_resume
 from gan.training.state import TrainingState, build_state, with_objective, wrap_for_ddp
+
+if TYPE_CHECKING:
+    from gan.training.quality import QualityProbe
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +59,7 @@ def train(cfg: TrainConfig, run_dir: Path, dataset: Optional[ImageSet] = None, w
         # device, the step context (loss, extra terms, precision), the training state, resumed if asked
         device, ctx, state = set_up(cfg, world, dataset)
         G, D = wrap_for_ddp(state.G, state.D, world, device)  # DDP wrappers: the same modules under DDP
+        probe = quality_probe(cfg, device, world)  # FID & co. every trainer.eval_every steps, or None
         monitor = open_monitor(cfg, state, run_dir, world)  # TensorBoard: HParams session, real images
         watch, metrics = NonFiniteWatch(device), {}
         with monitor, stop_on_signals() as stop:
@@ -91,6 +96,9 @@ def train(cfg: TrainConfig, run_dir: Path, dataset: Optional[ImageSet] = None, w
                 # sample: the fixed latents through the EMA generator, in eval mode
                 if world.is_main and (state.step % trainer.sample_every == 0 or done):
                     write_samples(state, run_dir, monitor)
+                # quality: FID, precision/recall and classes of the EMA generator's samples
+                if probe is not None and (state.step % trainer.eval_every == 0 or done):
+                    measure_quality(probe, state, monitor)
 
                 # checkpoint: never over the last good one with weights a NaN has reached
                 if world.is_main and (state.step % trainer.checkpoint_every == 0 or done):
@@ -150,6 +158,24 @@ def real_images(batches: BatchStream, count: int) -> torch.Tensor:
     source = batches.images if batches.images is not None else batches.loader.dataset
     index = torch.linspace(0, len(source) - 1, min(count, len(source))).long().tolist()
     return torch.stack([torch.as_tensor(source[i]).cpu() for i in index])
+
+
+def quality_probe(cfg: TrainConfig, device: torch.device, world: World) -> Optional[QualityProbe]:
+    """The in-training quality measurement when trainer.eval_every asks for one; rank 0 measures."""
+    if not (cfg.trainer.eval_every and world.is_main):
+        return None
+    # imported here: gan.evaluation imports gan.training (checkpoints), so a module-level import
+    # would be circular when evaluate.py is the entry point
+    from gan.training.quality import QualityProbe
+
+    return QualityProbe(cfg.data, cfg.trainer.eval_samples, cfg.trainer.seed, device)
+
+
+def measure_quality(probe: QualityProbe, state: TrainingState, monitor: Monitor) -> None:
+    """Score the EMA generator (the one every grid shows) and write the numbers as quality/*."""
+    with monitor.timed("quality", state.step):
+        values = probe.measure(state.sampler)
+    monitor.numbers(state.step, values)
 
 
 def write_samples(state: TrainingState, run_dir: Path, monitor: Monitor) -> None:

@@ -9,8 +9,8 @@ The names are chosen for TensorBoard's first screen (docs/watching.md shows it).
 page, the one it opens on, and its Scalars page group tags by the text before the first `/`, sort
 the groups by name (capitals before lower case) and open only the first two. So the groups sort in
 the order a run is read: `loss` (both losses, and D's outputs D(x) and D(G(z)), as StyleGAN2-ADA
-files its `Loss/scores/*` under its losses), `samples` (the grids), then `time` and `train`
-(learning rates, gradient norms). The log line and
+files its `Loss/scores/*` under its losses), `quality` (FID and the rest, when measured), `samples`
+(the grids), then `time` and `train` (learning rates, gradient norms). The log line and
 `TrainResult.metrics` use the same names.
 
 The HParams page gets the hparams plugin's own summaries, one session per run
@@ -85,7 +85,7 @@ class Monitor:
             unit="step",
         )
         # throughput: images since the last log line over the loop's time since then, less the time
-        # spent sampling and checkpointing (StyleGAN2-ADA's sec_per_kimg leaves out its
+        # spent sampling, measuring and checkpointing (StyleGAN2-ADA's sec_per_kimg leaves out its
         # maintenance the same way), which is reported per phase as time/phase_<phase>_s
         self.images_since, self.time_since = 0, time.perf_counter()
         self.first_step_done: Optional[float] = None
@@ -141,7 +141,7 @@ class Monitor:
 
     @contextlib.contextmanager
     def timed(self, phase: str, step: int) -> Iterator[None]:
-        """Time a phase outside the training step (sample, checkpoint): written as
+        """Time a phase outside the training step (sample, quality, checkpoint): written as
         time/phase_<phase>_s at `step`, and left out of time/img_per_s."""
         started = time.perf_counter()
         yield
@@ -221,6 +221,15 @@ def trial_name(run_dir: Path) -> str:
     session group, and runs with the same id would be averaged into one row."""
     job = re.match(r"(\d+)_", run_dir.name)
     return f"{run_dir.parent.name} #{job.group(1)}" if job else run_dir.name
+
+
+def write_final_numbers(run_dir: Path, step: int, values: Mapping[str, float]) -> None:
+    """evaluate.py's numbers of the finished run (trainer.final_eval_samples) in the sub-run
+    tb/final_eval at the last step: they join the run's HParams metrics (the plugin reads a run's
+    sub-runs as metric groups) and sit at the end of its quality curves, in their own colour."""
+    with SummaryWriter(log_dir=str(run_dir / "tb" / "final_eval")) as writer:
+        for tag, value in values.items():
+            writer.add_scalar(tag, value, step)
 
 
 def write_progress_gif(samples_dir: Path, max_frames: int = GIF_FRAMES) -> Path:

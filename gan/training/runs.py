@@ -48,6 +48,8 @@ RUNTIME_KEYS: dict[str, tuple[str, ...]] = {
         "checkpoint_every",
         "keep_checkpoints",
         "final_eval_samples",
+        "eval_every",
+        "eval_samples",
     ),
 }
 # Settings of the arithmetic that an explicit resume may change (to fine-tune with a lower rate, or
