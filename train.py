@@ -21,7 +21,9 @@ from gan.distributed import broadcast_object, close, init_process_group, rank_ze
 from gan.errors import UserError, environment_error
 from gan.evaluation.pipeline import evaluate
 from gan.training import NonFiniteLossError, train
-from gan.training.runs import SweepJobFailed, preflight, resume_argv
+from gan.training.monitor import write_final_numbers
+from gan.training.quality import QUALITY_TAGS
+from gan.training.runs import SweepJobFailed, preflight, resume_argv, sweep_argv
 
 log = logging.getLogger("train")
 register_configs()
@@ -47,7 +49,7 @@ def main(cfg: DictConfig) -> float:
             typed = validate(cfg)
             result = train(typed, run_dir, world=world)
             if world.is_main and not result.stopped_by and typed.trainer.final_eval_samples:
-                fid = final_fid(typed, result.checkpoint, run_dir)
+                fid = final_fid(typed, result.checkpoint, run_dir, result.step)
             else:
                 fid = float("nan")
     except (UserError, NonFiniteLossError, OSError) as err:
@@ -73,8 +75,9 @@ def main(cfg: DictConfig) -> float:
     return fid  # what a Hydra sweeper (hparams_search=optuna) minimises; NaN without final_eval_samples
 
 
-def final_fid(cfg: TrainConfig, checkpoint: Path, run_dir: Path) -> float:
-    """evaluate.py's metrics of the finished run, into RUN_DIR/eval; returns the FID."""
+def final_fid(cfg: TrainConfig, checkpoint: Path, run_dir: Path, step: int) -> float:
+    """evaluate.py's metrics of the finished run, into RUN_DIR/eval, and its numbers into the run's
+    TensorBoard at the last step (among its HParams metrics); returns the FID."""
     eval_cfg = EvaluateConfig(
         checkpoint=str(checkpoint),
         num_samples=cfg.trainer.final_eval_samples,
@@ -82,7 +85,10 @@ def final_fid(cfg: TrainConfig, checkpoint: Path, run_dir: Path) -> float:
         threads=cfg.trainer.threads,
     )
     eval_cfg.check()
-    return float(evaluate(eval_cfg, run_dir / "eval")["fid"])
+    results = evaluate(eval_cfg, run_dir / "eval")
+    numbers = {tag: float(results[key]) for key, tag in QUALITY_TAGS.items() if results.get(key) is not None}
+    write_final_numbers(run_dir, step, numbers)
+    return float(results["fid"])
 
 
 if __name__ == "__main__":
@@ -95,7 +101,7 @@ if __name__ == "__main__":
         )
         sys.exit(EXIT_BAD_INPUT)
     try:  # the resume contract is checked here, before Hydra writes into the run being resumed
-        sys.argv = rank_zero_argv(resume_argv(sys.argv, CONFIG_DIR), world)
+        sys.argv = rank_zero_argv(sweep_argv(resume_argv(sys.argv, CONFIG_DIR), CONFIG_DIR), world)
     except UserError as err:
         log.error("%s", err)
         sys.exit(EXIT_BAD_INPUT)

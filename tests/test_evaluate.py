@@ -170,13 +170,19 @@ def test_samples_npz_holds_the_measured_uint8_images(evaluated):
     assert images.dtype == np.uint8 and images.shape == (200, 1, 16, 16)
 
 
-def test_tensorboard_has_the_metrics_at_the_checkpoint_step(evaluated):
+def test_tensorboard_has_the_pictures_and_the_table_at_the_checkpoint_step(evaluated):
     eval_dir, _ = evaluated
-    events = EventAccumulator(str(eval_dir / "tb"), size_guidance={"images": 0, "scalars": 0})
+    events = EventAccumulator(str(eval_dir / "tb"), size_guidance={"images": 0, "scalars": 0, "tensors": 0})
     events.Reload()
-    assert {"metrics/fid", "metrics/recall", "metrics/class_kl"} <= set(events.Tags()["scalars"])
-    assert [e.step for e in events.Scalars("metrics/fid")] == [6]
-    assert {"eval/samples", "eval/interpolation", "eval/nearest_neighbours"} <= set(events.Tags()["images"])
+    tags = events.Tags()
+    assert tags["scalars"] == []  # single numbers go in the table: a one-point chart says nothing
+    assert {"samples/eval_samples", "samples/eval_interpolation", "samples/eval_nearest_neighbours"} <= set(
+        tags["images"]
+    )
+    assert [e.step for e in events.Images("samples/eval_samples")] == [6]
+    (text_tag,) = [tag for tag in tags["tensors"] if tag.startswith("eval/metrics")]  # torch adds /text_summary
+    (table,) = events.Tensors(text_tag)
+    assert table.step == 6 and b"fid" in table.tensor_proto.string_val[0]
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:FutureWarning")

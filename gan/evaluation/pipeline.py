@@ -393,14 +393,15 @@ def _format(value: Any) -> str:
 def write_tensorboard(
     log_dir: Path, results: Mapping[str, Any], pictures: Mapping[str, Tensor], table: str, step: int
 ) -> None:
-    """Numbers as `metrics/<name>` scalars at the checkpoint's step, the pictures as `eval/<name>`."""
+    """The pictures as `samples/eval_<name>` and the numbers as one text table, at the checkpoint's
+    step. Not as scalars: one number is a one-point chart. The curve over training is
+    trainer.eval_every's (gan/training/quality.py), and train.py writes its final evaluation's
+    numbers among the run's HParams metrics (gan/training/monitor.py:write_final_numbers).
+    `samples/eval_*` sort beside the training run's grids, after its losses, in TensorBoard."""
     writer = SummaryWriter(log_dir=str(log_dir))
     try:
-        for key, value in results.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                writer.add_scalar(f"metrics/{key}", value, step)
         for name, grid in pictures.items():
-            writer.add_image(f"eval/{name}", grid, step)
+            writer.add_image(f"samples/eval_{name}", grid, step)
         writer.add_text("eval/metrics", "```\n" + table + "\n```", step)
     finally:
         writer.close()

@@ -5,7 +5,8 @@
 - `hardware.py`: device, threads, allocator, precision policy, torch.compile;
 - `faults.py`: the NaN watch and SIGINT/SIGTERM handling;
 - `checkpoint.py`: the checkpoint file: atomic writes, safe loads, shape checks;
-- `monitor.py`: TensorBoard, the progress bar and the log lines;
+- `monitor.py`: TensorBoard (tag names, HParams session), the progress bar, the log lines, progress.gif;
+- `quality.py`: FID, precision/recall and classes of the EMA generator every trainer.eval_every steps;
 - `runs.py`: resuming a run: finding its directory, replaying its overrides, the resume contract;
 - `rundir.py`: one owner per run directory (a lock), no new run over an old one, stale temp files.
 """

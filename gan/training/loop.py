@@ -4,7 +4,8 @@ Read it beside pytorch/examples' dcgan/main.py: the same sections in the same or
 section calls lives elsewhere: the steps and the EMA in `gan.core` (the lesson), the objects in
 `gan.training.state`, precision and devices in `gan.training.hardware`, the NaN watch, the
 finiteness check before a checkpoint and signal handling in `gan.training.faults`, the run
-directory's lock in `gan.training.rundir`, TensorBoard in `gan.training.monitor`.
+directory's lock in `gan.training.rundir`, TensorBoard in `gan.training.monitor`, the in-training
+FID in `gan.training.quality`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torchvision.utils import save_image
@@ -20,15 +21,18 @@ from torchvision.utils import save_image
 from gan.config import Precision, TrainConfig, to_plain
 from gan.core.sampling import image_grid, sample
 from gan.core.steps import StepContext, d_step, g_step
-from gan.data import ImageSet
+from gan.data import BatchStream, ImageSet, to_unit_range
 from gan.distributed import SINGLE, World, any_rank, gather_to_main
 from gan.training.checkpoint import keep_numbered, load_checkpoint, save_checkpoint
 from gan.training.faults import NonFiniteWatch, check_finite_state, explain_allocation_failure, stop_on_signals
 from gan.training.hardware import arithmetic_of, prepare_process
-from gan.training.monitor import Monitor
+from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, Monitor, trial_name, write_progress_gif
 from gan.training.rundir import own_run_dir
 from gan.training.runs import check_resume
 from gan.training.state import TrainingState, build_state, rng_state, with_objective, wrap_for_ddp
+
+if TYPE_CHECKING:
+    from gan.training.quality import QualityProbe
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +59,8 @@ def train(cfg: TrainConfig, run_dir: Path, dataset: Optional[ImageSet] = None, w
         # device, the step context (loss, extra terms, precision), the training state, resumed if asked
         device, ctx, state = set_up(cfg, world, dataset)
         G, D = wrap_for_ddp(state.G, state.D, world, device)  # DDP wrappers: the same modules under DDP
-        monitor = Monitor(run_dir, state.step, trainer.max_steps, trainer.progress, enabled=world.is_main)
+        probe = quality_probe(cfg, device, world)  # FID & co. every trainer.eval_every steps, or None
+        monitor = open_monitor(cfg, state, run_dir, world)  # TensorBoard: HParams session, real images
         watch, metrics = NonFiniteWatch(device), {}
         with monitor, stop_on_signals() as stop:
             while state.step < trainer.max_steps:
@@ -78,7 +83,7 @@ def train(cfg: TrainConfig, run_dir: Path, dataset: Optional[ImageSet] = None, w
                 # EMA of G's weights (and BatchNorm statistics), used for every sample
                 if state.G_ema is not None:
                     state.G_ema.update_parameters(state.G)
-                monitor.advance(state.step, real.size(0) * world.size)  # all ranks' images: perf/img_per_s
+                monitor.advance(state.step, real.size(0) * world.size)  # all ranks' images: time/img_per_s
                 # Under DDP every rank must stop at the same step: one all-reduce of the stop flag per
                 # step (a host sync, the only one besides logging and trainer.on_nan=skip's check).
                 done = state.step == trainer.max_steps or any_rank(stop.signal is not None, world, device)
@@ -91,6 +96,9 @@ def train(cfg: TrainConfig, run_dir: Path, dataset: Optional[ImageSet] = None, w
                 # sample: the fixed latents through the EMA generator, in eval mode
                 if world.is_main and (state.step % trainer.sample_every == 0 or done):
                     write_samples(state, run_dir, monitor)
+                # quality: FID, precision/recall and classes of the EMA generator's samples
+                if probe is not None and (state.step % trainer.eval_every == 0 or done):
+                    measure_quality(probe, state, monitor)
 
                 # checkpoint: never over the last good one with weights a NaN has reached
                 if state.step % trainer.checkpoint_every == 0 or done:
@@ -98,10 +106,11 @@ def train(cfg: TrainConfig, run_dir: Path, dataset: Optional[ImageSet] = None, w
                     if world.is_main:
                         watch.check(ctx.skip_nonfinite)
                         check_finite_state(state, last_checkpoint(run_dir))  # weights and Adam moments, too
-                        write_checkpoint(state, cfg, run_dir, rngs)
+                        with monitor.timed("checkpoint", state.step):
+                            write_checkpoint(state, cfg, run_dir, rngs)
                 if done:  # a signal that lands after `done` was computed gets one more step
                     break
-            monitor.hparams(hparams_of(cfg), metrics)
+            monitor.end_session(state.step, finished=state.step == trainer.max_steps)
         return TrainResult(state.step, metrics, last_checkpoint(run_dir), stop.signal, monitor.seconds)
 
 
@@ -134,13 +143,53 @@ def last_checkpoint(run_dir: Path) -> Path:
     return run_dir / "checkpoints" / "last.pt"
 
 
+def open_monitor(cfg: TrainConfig, state: TrainingState, run_dir: Path, world: World) -> Monitor:
+    """The run's Monitor (rank 0 writes), its HParams session open and, for a fresh run, a grid of
+    real images beside the first fake one; it logs both optimizers' learning rates."""
+    trainer = cfg.trainer
+    monitor = Monitor(run_dir, state.step, trainer.max_steps, trainer.progress, enabled=world.is_main)
+    fresh = world.is_main and state.step == 0
+    real = image_grid(to_unit_range(real_images(state.batches, trainer.num_fixed_samples))) if fresh else None
+    monitor.begin(hparams_of(cfg), trial_name(run_dir), {"g": state.opt_g, "d": state.opt_d}, real, state.step)
+    return monitor
+
+
+def real_images(batches: BatchStream, count: int) -> torch.Tensor:
+    """`count` training images spread evenly over the split (a folder sorted by class shows each
+    class), uint8 on the CPU, read by index: drawing a batch from the stream would change the run."""
+    source = batches.images if batches.images is not None else batches.loader.dataset
+    index = torch.linspace(0, len(source) - 1, min(count, len(source))).long().tolist()
+    return torch.stack([torch.as_tensor(source[i]).cpu() for i in index])
+
+
+def quality_probe(cfg: TrainConfig, device: torch.device, world: World) -> Optional[QualityProbe]:
+    """The in-training quality measurement when trainer.eval_every asks for one; rank 0 measures."""
+    if not (cfg.trainer.eval_every and world.is_main):
+        return None
+    # imported here: gan.evaluation imports gan.training (checkpoints), so a module-level import
+    # would be circular when evaluate.py is the entry point
+    from gan.training.quality import QualityProbe
+
+    return QualityProbe(cfg.data, cfg.trainer.eval_samples, cfg.trainer.seed, device)
+
+
+def measure_quality(probe: QualityProbe, state: TrainingState, monitor: Monitor) -> None:
+    """Score the EMA generator (the one every grid shows) and write the numbers as quality/*."""
+    with monitor.timed("quality", state.step):
+        values = probe.measure(state.sampler)
+    monitor.numbers(state.step, values)
+
+
 def write_samples(state: TrainingState, run_dir: Path, monitor: Monitor) -> None:
-    """The fixed-latent grid of this step, as samples/step_NNNNNN.png and in TensorBoard."""
-    grid = image_grid(sample(state.sampler, state.fixed_z))
-    samples_dir = run_dir / "samples"
-    samples_dir.mkdir(parents=True, exist_ok=True)
-    save_image(grid, samples_dir / f"step_{state.step:06d}.png")
-    monitor.image("samples", grid, state.step)
+    """The fixed-latent grid of this step, as samples/step_NNNNNN.png, in samples/progress.gif and
+    in TensorBoard."""
+    with monitor.timed("sample", state.step):
+        grid = image_grid(sample(state.sampler, state.fixed_z))
+        samples_dir = run_dir / "samples"
+        samples_dir.mkdir(parents=True, exist_ok=True)
+        save_image(grid, samples_dir / f"step_{state.step:06d}.png")
+        write_progress_gif(samples_dir)
+        monitor.image(FAKE_TAG if state.G_ema is not None else RAW_FAKE_TAG, grid, state.step)
 
 
 def write_checkpoint(
@@ -152,10 +201,15 @@ def write_checkpoint(
     keep_numbered(path, state.step, cfg.trainer.keep_checkpoints)
 
 
-def hparams_of(cfg: TrainConfig) -> dict[str, int | float | str | bool]:
-    """The config flattened to 'group.key' -> scalar, as TensorBoard's hparams accept."""
+def hparams_of(cfg: TrainConfig) -> dict[str, int | float | str | bool | None]:
+    """The config flattened to 'group.key' -> value, typed (bool, number, string, None): the
+    columns of TensorBoard's HParams page. trainer.resume and trainer.progress are left out: how a
+    run was started and shown, not what it computes."""
     flat = {}
     for group, values in to_plain(cfg).items():
         for key, value in values.items():
-            flat[f"{group}.{key}"] = value if isinstance(value, (int, float, str, bool)) else str(value)
+            typed = value is None or isinstance(value, (int, float, str, bool))
+            flat[f"{group}.{key}"] = value if typed else str(value)
+    for key in ("trainer.resume", "trainer.progress"):
+        flat.pop(key, None)
     return flat

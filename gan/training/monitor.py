@@ -1,23 +1,73 @@
-"""What a person watching the run sees: TensorBoard events, a progress bar and the log file.
+"""What a person watching the run sees: TensorBoard events, a progress bar, the log file and the
+samples' animation.
 
 Owns the SummaryWriter (always with an explicit log_dir: without one it writes to ./runs), the tqdm
-bar, and the conversion of on-device diagnostics to Python numbers, which happens here and only at
-log time because each `.item()` waits for the device.
+bar, the names the run's numbers are shown under, and the conversion of on-device diagnostics to
+Python numbers, which happens here and only at log time because each `.item()` waits for the device.
+
+The names are chosen for TensorBoard's first screen (docs/watching.md shows it). Its Time Series
+page, the one it opens on, and its Scalars page group tags by the text before the first `/`, sort
+the groups by name (capitals before lower case) and open only the first two. So the groups sort in
+the order a run is read: `loss` (both losses, and D's outputs D(x) and D(G(z)), as StyleGAN2-ADA
+files its `Loss/scores/*` under its losses), `quality` (FID and the rest, when measured), `samples`
+(the grids), then `time` and `train` (learning rates, gradient norms). The log line and
+`TrainResult.metrics` use the same names.
+
+The HParams page gets the hparams plugin's own summaries, one session per run
+(`tensorboard.plugins.hparams.summary_v2.hparams_pb`) and no experiment summary: TensorBoard reads
+the first experiment summary it finds as the experiment of every run it shows, while without one it
+builds the experiment from all the sessions under --logdir, marking the hyperparameters whose
+values differ (and listing them first) and taking every scalar tag of the runs as a metric
+(tensorboard/plugins/hparams/backend_context.py). torch's `add_hparams` writes both, once per run,
+and duplicated every metric as a one-point `final/*` chart.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import re
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Mapping, Optional
+from typing import Iterator, Mapping, Optional
 
+from PIL import Image
+from tensorboard.compat.proto import summary_pb2
+from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+from tensorboard.plugins.hparams.summary_v2 import hparams_pb
 from torch import Tensor
+from torch.optim import Optimizer
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 log = logging.getLogger(__name__)
+
+# D's outputs as the step functions name them (gan/core/losses.py:AdversarialLoss.scores) -> shown as
+RENAMED = {
+    "d/real": "loss/D(x)",  # bce: mean sigmoid of D's logits on real images, a probability
+    "d/fake": "loss/D(G(z))",
+    "d/real_score": "loss/D(x)_score",  # hinge, WGAN: D's raw output, a score with no fixed range
+    "d/fake_score": "loss/D(G(z))_score",
+    # D(G(z)) again in the G step, after D's update: pytorch/examples' D_G_z2 beside D_G_z1
+    "d/fake_after_d_step": "loss/D(G(z))_after_d_step",
+    "d/fake_score_after_d_step": "loss/D(G(z))_score_after_d_step",
+}
+REAL_TAG = "samples/real"  # training images, once at the start of a run
+FAKE_TAG = "samples/fake (EMA G, fixed z)"  # the same latents through the EMA generator at every grid
+RAW_FAKE_TAG = "samples/fake (G, fixed z)"  # the same through G itself, in a run without an EMA
+GIF_FRAMES = 50  # at most this many grids in samples/progress.gif, spread evenly over the run
+
+
+def shown_name(key: str) -> str:
+    """The name of a step statistic in TensorBoard and the log: `d/real` -> `loss/D(x)`,
+    `grad_norm/d` -> `train/grad_norm_d`, any other `d/x` -> `train/d_x`; `loss/*` keeps its name.
+    (A group of its own would sort before `loss` and open in its place.)"""
+    if key in RENAMED:
+        return RENAMED[key]
+    group, _, name = key.partition("/")
+    return f"train/{group}_{name}" if group in ("grad_norm", "d") else key
 
 
 class Monitor:
@@ -38,16 +88,43 @@ class Monitor:
             desc="train",
             unit="step",
         )
-        # throughput: images since the last log line, and the wall time of the loop after its first
-        # step (which may include compiling, so it is reported apart as perf/first_step_s)
+        # throughput: images since the last log line over the loop's time since then, less the time
+        # spent sampling, measuring and checkpointing (StyleGAN2-ADA's sec_per_kimg leaves out its
+        # maintenance the same way), which is reported per phase as time/phase_<phase>_s
         self.images_since, self.time_since = 0, time.perf_counter()
         self.first_step_done: Optional[float] = None
+        self.optimizers: dict[str, Optimizer] = {}
+        self.session_open = False
 
     def __enter__(self) -> Monitor:
         return self
 
     def __exit__(self, kind: Optional[type], error: Optional[BaseException], tb: Optional[TracebackType]) -> None:
         self.close()
+
+    def begin(
+        self,
+        hparams: Mapping[str, int | float | str | bool | None],
+        trial_id: str,
+        optimizers: Mapping[str, Optimizer],
+        real_grid: Optional[Tensor] = None,
+        step: int = 0,
+    ) -> None:
+        """Open the run's HParams session and show the real images once (a fresh run: a resumed run
+        already holds both, kept by purge_step). `optimizers` ({"g": ..., "d": ...}): their learning
+        rates are logged as train/lr_<name> with the other scalars."""
+        self.optimizers = dict(optimizers)
+        if not self.enabled:
+            return
+        self.session_open = True
+        if step:
+            return
+        # Typed values: numbers, strings and booleans as themselves (the hparams plugin types each
+        # column from them); None as "null", the way it is written on the command line.
+        typed = {key: "null" if value is None else value for key, value in hparams.items()}
+        self.writer.file_writer.add_summary(hparams_pb(typed, trial_id=trial_id), step)
+        if real_grid is not None:
+            self.writer.add_image(REAL_TAG, real_grid, step)
 
     @property
     def seconds(self) -> float:
@@ -57,16 +134,36 @@ class Monitor:
     def advance(self, step: int, images: int) -> None:
         """Step `step` done, on `images` images (all ranks together)."""
         self.bar.update(1)
-        self.images_since += images
         if self.first_step_done is None:
+            # the first step may include compiling: logged apart, and left out of the throughput
             self.first_step_done = time.perf_counter()
-            self.note("perf/first_step_s", self.first_step_done - self.time_since, step)
+            if self.enabled:
+                log.info("step %d  time/first_step_s=%.4g", step, self.first_step_done - self.time_since)
+            self.time_since = self.first_step_done
+            return
+        self.images_since += images
+
+    @contextlib.contextmanager
+    def timed(self, phase: str, step: int) -> Iterator[None]:
+        """Time a phase outside the training step (sample, quality, checkpoint): written as
+        time/phase_<phase>_s at `step`, and left out of time/img_per_s."""
+        started = time.perf_counter()
+        yield
+        spent = time.perf_counter() - started
+        self.time_since += spent
+        if self.enabled:
+            self.writer.add_scalar(f"time/phase_{phase}_s", spent, step)
 
     def scalars(self, step: int, stats: Mapping[str, Tensor | float]) -> dict[str, float]:
-        """Write scalars and perf/img_per_s, refresh the bar and log one line; returns the values as floats."""
-        values = {tag: float(value) for tag, value in stats.items()}  # float(t) = t.item(): a host sync
+        """Write the step's statistics, learning rates and throughput, refresh the bar and log one
+        line; returns the values as floats, under their shown names."""
+        values = {shown_name(tag): float(value) for tag, value in stats.items()}  # float(t) = t.item(): a host sync
+        for name, optimizer in self.optimizers.items():
+            values[f"train/lr_{name}"] = float(optimizer.param_groups[0]["lr"])
         now = time.perf_counter()
-        values["perf/img_per_s"] = self.images_since / (now - self.time_since)
+        if self.images_since:  # none yet when the first log comes right after the first step
+            values["time/img_per_s"] = self.images_since / (now - self.time_since)
+            values["time/sec_per_kimg"] = 1000 / values["time/img_per_s"]
         self.images_since, self.time_since = 0, now
         if not self.enabled:
             return values
@@ -75,34 +172,85 @@ class Monitor:
         short = {
             "d": values.get("loss/d"),
             "g": values.get("loss/g"),
-            "D(x)": values.get("d/real"),
-            "D(G(z))": values.get("d/fake"),
+            "D(x)": values.get("loss/D(x)", values.get("loss/D(x)_score")),
+            "D(G(z))": values.get("loss/D(G(z))", values.get("loss/D(G(z))_score")),
         }
         self.bar.set_postfix({k: f"{v:.3f}" for k, v in short.items() if v is not None}, refresh=False)
         log.info("step %d  %s", step, "  ".join(f"{tag}={value:.4g}" for tag, value in values.items()))
         return values
 
-    def note(self, tag: str, value: float, step: int) -> None:
-        """One extra scalar with a log line (e.g. the first interval's time, compiling included)."""
+    def numbers(self, step: int, values: Mapping[str, float]) -> None:
+        """Scalars measured apart from the step (the quality group), with a log line."""
         if not self.enabled:
             return
-        self.writer.add_scalar(tag, value, step)
-        log.info("step %d  %s=%.4g", step, tag, value)
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, value, step)
+        log.info("step %d  %s", step, "  ".join(f"{tag}={value:.4g}" for tag, value in values.items()))
 
     def image(self, tag: str, grid: Tensor, step: int) -> None:
         if self.enabled:
             self.writer.add_image(tag, grid, step)
 
-    def hparams(self, hparams: Mapping[str, int | float | str | bool], metrics: Mapping[str, float]) -> None:
-        """The run's settings next to its final scalars, in TensorBoard's HPARAMS tab.
+    def end_session(self, step: int, finished: bool) -> None:
+        """Mark the HParams session a success when the run reached trainer.max_steps (`finished`).
 
-        run_name='.' writes into this run instead of a new time-named sub-run.
+        Only success is written. TensorBoard keeps the first status a run holds, and a run stopped by
+        a signal may yet be resumed to the end; until then its status reads unknown.
         """
-        if not self.enabled:
+        if not (self.enabled and self.session_open and finished):
             return
-        self.writer.add_hparams(dict(hparams), {f"final/{k}": v for k, v in metrics.items()}, run_name=".")
+        self.session_open = False
+        end = plugin_data_pb2.HParamsPluginData(
+            session_end_info=plugin_data_pb2.SessionEndInfo(status=api_pb2.STATUS_SUCCESS, end_time_secs=time.time())
+        )
+        summary = summary_pb2.Summary()
+        summary.value.add(
+            tag=metadata.SESSION_END_INFO_TAG,
+            metadata=metadata.create_summary_metadata(end),
+            tensor=metadata.NULL_TENSOR,
+        )
+        self.writer.file_writer.add_summary(summary, step)
 
     def close(self) -> None:
         self.bar.close()
         if self.writer is not None:
             self.writer.close()  # flushes: events are unreadable before flush()/close()
+
+
+def trial_name(run_dir: Path) -> str:
+    """The run's HParams trial id: for a sweep job (configs/train.yaml names it `<n>_<overrides>`)
+    the sweep's folder and the job number, `16-03-58 #0`; for a single run its folder's name,
+    `16-03-58`. Short on purpose: the trial column is 10em wide (about 14 characters) and cuts a
+    longer id, while the settings that differ have their own columns beside it. An id names a
+    session group, and runs with the same id would be averaged into one row."""
+    job = re.match(r"(\d+)_", run_dir.name)
+    return f"{run_dir.parent.name} #{job.group(1)}" if job else run_dir.name
+
+
+def write_final_numbers(run_dir: Path, step: int, values: Mapping[str, float]) -> None:
+    """evaluate.py's numbers of the finished run (trainer.final_eval_samples) in the sub-run
+    tb/final_eval at the last step: they join the run's HParams metrics (the plugin reads a run's
+    sub-runs as metric groups) and sit at the end of its quality curves, in their own colour."""
+    with SummaryWriter(log_dir=str(run_dir / "tb" / "final_eval")) as writer:
+        for tag, value in values.items():
+            writer.add_scalar(tag, value, step)
+
+
+def write_progress_gif(samples_dir: Path, max_frames: int = GIF_FRAMES) -> Path:
+    """samples/progress.gif: the fixed-latent grids written so far (step_*.png), in step order,
+    at most `max_frames` of them spread evenly (first and last kept), as in the PyTorch DCGAN
+    tutorial's animation. Rewritten whole at each grid from the PNGs, so a resumed run's GIF holds
+    the grids of the runs before it; written to a temporary name, then renamed."""
+    frames = sorted(samples_dir.glob("step_*.png"))
+    if len(frames) > max_frames:
+        frames = [frames[round(i * (len(frames) - 1) / (max_frames - 1))] for i in range(max_frames)]
+    images = []
+    for path in frames:
+        with Image.open(path) as image:
+            images.append(image.convert("RGB"))
+    # 0.2 s a frame, the last held for 2 s so the final grid can be read before the loop restarts
+    durations = [200] * (len(images) - 1) + [2000]
+    target, partial = samples_dir / "progress.gif", samples_dir / ".progress.gif.tmp"
+    images[0].save(partial, format="GIF", save_all=True, append_images=images[1:], duration=durations, loop=0)
+    os.replace(partial, target)
+    return target

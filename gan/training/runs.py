@@ -2,7 +2,8 @@
 
 Owns the rewriting of the command line before Hydra sees it. Hydra would otherwise compose the
 config from the new command line alone and open a fresh timestamped directory; a resumed run must
-instead keep the original settings and write into the original directory and TensorBoard run.
+instead keep the original settings and write into the original directory and TensorBoard run. A
+sweep's command line is rewritten too, so that its jobs are named by what differs between them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Optional
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import CompactHydraException, HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -46,6 +48,8 @@ RUNTIME_KEYS: dict[str, tuple[str, ...]] = {
         "checkpoint_every",
         "keep_checkpoints",
         "final_eval_samples",
+        "eval_every",
+        "eval_samples",
     ),
 }
 # Settings of the arithmetic that an explicit resume may change (to fine-tune with a lower rate, or
@@ -113,6 +117,39 @@ def resume_argv(argv: list[str], config_dir: Path, outputs: Path = Path("outputs
     check_not_in_use(run_dir)  # a second resume of a run in use must not rewrite its .hydra/ record
     check_resume_command([*replay, *args], file, config_dir)
     return [argv[0], *replay, *args, *run_dir_arg]
+
+
+# Hydra's list of override keys left out of a job's override_dirname (configs/train.yaml sets it)
+EXCLUDE_KEYS = "hydra.job.config.override_dirname.exclude_keys"
+
+
+def sweep_argv(argv: list[str], config_dir: Path) -> list[str]:
+    """Under -m, name each job by the overrides that vary across the sweep, and by nothing else.
+
+    configs/train.yaml names a job `${hydra.job.num}_${hydra.job.override_dirname}`, and Hydra's
+    override_dirname holds every override of the job: `-m optim.lr=1e-4,4e-4 trainer.threads=1`
+    names its jobs `0_optim.lr=0.0001,trainer.threads=1`, which TensorBoard's run list cuts before
+    the part that differs once a few constant overrides stand in front of it. Here the keys given a
+    single value on the command line join override_dirname's exclude_keys (Hydra's own switch for
+    this), as one more override: Hydra records it with the sweep, so a launcher that runs the jobs
+    elsewhere (submitit) names them the same. A sweeper's own search space (hparams_search=optuna)
+    is not on the command line and stays in the names. An exclude_keys given by hand wins.
+    """
+    args = argv[1:]
+    overrides = [a for a in args if "=" in a and not a.startswith("-")]
+    if not ({"-m", "--multirun"} & set(args)) or any(override_key(a) == EXCLUDE_KEYS for a in overrides):
+        return argv
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException:
+        return argv  # a bad override: Hydra itself reports it, with its own message
+    constant = [o.key_or_group for o in parsed if not o.is_sweep_override() and not o.key_or_group.startswith("hydra")]
+    if not constant:
+        return argv
+    train_yaml = yaml.safe_load((config_dir / "train.yaml").read_text())
+    standing = train_yaml["hydra"]["job"]["config"]["override_dirname"]["exclude_keys"]
+    keys = list(dict.fromkeys([*standing, *constant]))
+    return [*argv, f"{EXCLUDE_KEYS}=[{','.join(repr(key) for key in keys)}]"]
 
 
 def recorded_overrides(path: Path) -> list[str]:

@@ -1,0 +1,97 @@
+"""Sample quality during training: FID, precision/recall and class coverage of the EMA generator
+every `trainer.eval_every` steps, so the FID curve lies in the same TensorBoard run as the losses
+(StyleGAN2-ADA measures its `metrics` every few ticks the same way).
+
+A cheap cut of evaluate.py's measurement (`gan/evaluation/pipeline.py:evaluate`), built from its
+public parts: the same cached classifier and feature space, the same FID and k-NN arithmetic
+(`gan/evaluation/metrics.py`), on `trainer.eval_samples` samples against as many held-out images.
+It is cheaper in three ways, and each is a reason its numbers sit a little above evaluate.py's:
+fewer samples (FID is biased upward at small N), no KID (its 100 subsets cost more than the rest
+together), and G's BatchNorm statistics as the EMA averaged them, the ones the sample grids use
+(evaluate.py recomputes them). Compare a curve with curves of the same N, and a final number with
+evaluate.py's.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from torch import Tensor, nn
+
+from gan.config import DataConfig, EvaluateConfig
+from gan.data import load_dataset
+from gan.errors import ConfigError
+from gan.evaluation import metrics as M
+from gan.evaluation.pipeline import Reals, class_metrics, classifier_data, generate, reference_subset
+
+log = logging.getLogger(__name__)
+
+# TensorBoard names of the numbers `QualityProbe.measure` returns, in the `quality` group. FID is
+# written in capitals, as in the papers; capitals also sort first, so TensorBoard lists FID first.
+QUALITY_TAGS = {
+    "fid": "quality/FID",
+    "precision": "quality/precision",
+    "recall": "quality/recall",
+    "density": "quality/density",
+    "coverage": "quality/coverage",
+    "classes_covered": "quality/classes_covered",
+    "class_kl": "quality/class_kl",
+    "modes_covered": "quality/modes_covered",
+    "mode_kl": "quality/mode_kl",
+}
+
+
+class QualityProbe:
+    """The held-out reference and its features, computed once; `measure(G)` scores G's samples.
+
+    The latents are the same at every measurement (seeded), so the curve moves with G alone and
+    not with the draw of samples.
+    """
+
+    def __init__(self, data: DataConfig, samples: int, seed: int, device: torch.device):
+        started = time.perf_counter()
+        # everything here (the split, the classifier, maybe its training) draws from its own seeded
+        # generators; fork_rng keeps the training's random stream as it would be without the probe
+        with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+            reference = load_dataset(data, train=False, in_memory=True)
+            if reference.num_classes < 2:
+                raise ConfigError(
+                    f"trainer.eval_every needs labelled data: data={data.name} has {reference.num_classes} class, "
+                    "and the in-training FID is measured in the features of a classifier of the data's classes. "
+                    "Set trainer.eval_every=0 and measure with evaluate.py metrics.features=inception."
+                )
+            images, labels = reference_subset(reference, samples, seed)
+            self.reals = Reals(images, labels, stacked=M.is_stacked(reference))
+            # the classifier evaluate.py uses by default: same settings, same cache file under data.root
+            self.config = EvaluateConfig(checkpoint="(training)", num_samples=samples, seed=seed, batch_size=500)
+            classifier, accuracy, path = M.load_or_train_classifier(
+                classifier_data(data, self.reals.stacked), self.config.metrics.classifier, device
+            )
+        self.classifier: M.Classifier = classifier
+        self.features = M.ClassifierFeatures(classifier, self.reals.stacked, images.size(1)).to(device)
+        self.device = device
+        self.real_features = M.batched(self.features, images, self.config.batch_size, device)
+        log.info(
+            "In-training quality: %d samples against %d held-out images, features of %s (%.2f%% accuracy); "
+            "set up in %.1f s",
+            samples,
+            images.size(0),
+            path.name,
+            100 * accuracy,
+            time.perf_counter() - started,
+        )
+
+    def measure(self, G: nn.Module) -> dict[str, float]:
+        """FID, precision/recall, density/coverage and class coverage of G's samples, under the
+        names of QUALITY_TAGS. G is sampled in eval mode under inference_mode (pipeline.generate)."""
+        cfg = self.config
+        fake: Tensor = generate(G, cfg.num_samples, cfg.batch_size, cfg.seed, self.device)
+        fake_features = M.batched(self.features, fake, cfg.batch_size, self.device)
+        results = {"fid": M.fid(self.real_features, fake_features)}
+        results.update(
+            M.precision_recall_density_coverage(self.real_features, fake_features, cfg.metrics.pr_k, cfg.metrics.dc_k)
+        )
+        results.update(class_metrics(self.classifier, self.reals, fake, cfg, self.device))
+        return {QUALITY_TAGS[key]: float(value) for key, value in results.items() if key in QUALITY_TAGS}

@@ -1,0 +1,266 @@
+"""Watching a run: what TensorBoard shows of a run and of a sweep, read with TensorBoard's own code
+(its event reader, its data provider and its hparams plugin, answering the requests its web page
+sends), and the samples' animation.
+
+What a person sees on each page follows from what these return: the Time Series and Scalars pages
+open the first two tag groups in TensorBoard's sort order (`tb_group_order` copies it), the HParams
+page lists the hyperparameters with `differs` first and shows the first five metrics.
+docs/watching.md has the screenshots.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, compose_config, run_train
+from PIL import Image
+from tensorboard import default, program
+from tensorboard.backend import application
+from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from werkzeug.test import Client
+
+from gan.training import train
+from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, REAL_TAG, write_progress_gif
+from gan.training.runs import EXCLUDE_KEYS, sweep_argv
+
+# TensorBoard --------------------------------------------------------------------------------------
+
+
+def natural_key(tag: str) -> list:
+    """TensorBoard 2.21's tag order, as its web app sorts cards into groups: runs
+    of digits compare as numbers, '/' and digits before any other character, the rest by code."""
+    key, i = [], 0
+    while i < len(tag):
+        if tag[i].isdigit():
+            j = i
+            while j < len(tag) and tag[j].isdigit():
+                j += 1
+            key.append((0, int(tag[i:j]), ""))
+            i = j
+        else:
+            key.append((0, -1, "") if tag[i] == "/" else (1, 0, tag[i]))
+            i += 1
+    return key
+
+
+def tb_group_order(tags: list[str]) -> list[str]:
+    """The tag groups in the order TensorBoard's Time Series and Scalars pages list them; they open
+    the first two."""
+    groups: list[str] = []
+    for tag in sorted(tags, key=natural_key):
+        if tag.split("/", 1)[0] not in groups:
+            groups.append(tag.split("/", 1)[0])
+    return groups
+
+
+def events_of(run_tb: Path) -> EventAccumulator:
+    events = EventAccumulator(str(run_tb), size_guidance={"images": 0, "scalars": 0, "tensors": 0})
+    events.Reload()
+    return events
+
+
+class TensorBoardClient:
+    """TensorBoard's WSGI app over `logdir` (every default plugin, the Python event loader), asked
+    over HTTP the way its web page asks."""
+
+    def __init__(self, logdir: Path):
+        multiplexer = plugin_event_multiplexer.EventMultiplexer()
+        multiplexer.AddRunsFromDirectory(str(logdir))
+        multiplexer.Reload()
+        provider = data_provider.MultiplexerDataProvider(multiplexer, str(logdir))
+        tb = program.TensorBoard(default.get_plugins())
+        tb.configure(logdir=str(logdir))
+        app = application.TensorBoardWSGIApp(tb.flags, tb.plugin_loaders, provider, tb.assets_zip_provider, multiplexer)
+        self.client = Client(app)
+
+    def get(self, path: str) -> object:
+        return self.client.get(path).get_json()
+
+    def post(self, path: str, body: dict) -> object:
+        response = self.client.post(path, json=body, headers={"X-XSRF-Protected": "1"})
+        assert response.status_code == 200, response.get_data(as_text=True)
+        return response.get_json()
+
+    def experiment(self) -> dict:
+        return self.post("/data/plugin/hparams/experiment", {"experimentName": ""})
+
+    def session_groups(self) -> list[dict]:
+        statuses = ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"]
+        body = {"experimentName": "", "allowedStatuses": statuses, "colParams": [], "startIndex": 0, "sliceSize": 100}
+        return self.post("/data/plugin/hparams/session_groups", body)["sessionGroups"]
+
+
+# one run ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def watched_run(tmp_path_factory) -> Path:
+    """A real `python train.py` tiny run: 6 steps, scalars at 2, 4, 6, grids at 3 and 6."""
+    run_dir = tmp_path_factory.mktemp("watch") / "run"
+    result = run_train("trainer.threads=1", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def test_the_first_screen_opens_on_the_losses_and_the_sample_grids(watched_run):
+    events = events_of(watched_run / "tb")
+    tags = events.Tags()
+    # Time Series shows scalars and images together; Scalars shows scalars only
+    assert tb_group_order(tags["scalars"] + tags["images"])[:2] == ["loss", "samples"]
+    assert tb_group_order(tags["scalars"])[0] == "loss"
+    assert {"loss/d", "loss/g", "loss/D(x)", "loss/D(G(z))"} <= set(tags["scalars"])
+    assert {"train/lr_g", "train/lr_d", "time/img_per_s", "time/sec_per_kimg"} <= set(tags["scalars"])
+    assert set(tags["images"]) == {REAL_TAG, FAKE_TAG}
+
+
+def test_no_chart_is_a_single_point_and_nothing_is_duplicated_as_final(watched_run):
+    events = events_of(watched_run / "tb")
+    scalars = events.Tags()["scalars"]
+    assert not [tag for tag in scalars if tag.startswith("final/")]
+    points = {tag: [e.step for e in events.Scalars(tag)] for tag in scalars}
+    assert all(len(steps) >= 2 for steps in points.values()), points
+    assert points["loss/d"] == [2, 4, 6]
+    assert points["time/phase_sample_s"] == [3, 6] and points["time/phase_checkpoint_s"] == [3, 6]
+
+
+def test_real_images_once_and_the_ema_grid_at_every_sample_step(watched_run):
+    events = events_of(watched_run / "tb")
+    real, fake = events.Images(REAL_TAG), events.Images(FAKE_TAG)
+    assert [i.step for i in real] == [0] and [i.step for i in fake] == [3, 6]
+    assert (real[0].width, real[0].height) == (fake[0].width, fake[0].height)  # the same 4 x 4 layout
+
+
+def test_a_run_without_ema_names_its_grid_for_g_itself(tmp_path):
+    train(compose_config("model.ema_decay=0", "trainer.max_steps=3"), tmp_path)
+    assert set(events_of(tmp_path / "tb").Tags()["images"]) == {REAL_TAG, RAW_FAKE_TAG}
+
+
+def test_the_run_is_one_hparams_session_with_typed_values(watched_run):
+    tb = TensorBoardClient(watched_run)
+    infos = {info["name"]: info for info in tb.experiment()["hparamInfos"]}
+    assert infos["optim.lr"]["type"] == "DATA_TYPE_FLOAT64"
+    assert infos["model.spectral_norm"]["type"] == "DATA_TYPE_BOOL"
+    assert infos["loss.name"]["type"] == "DATA_TYPE_STRING"
+    assert infos["optim.lr_d"]["domainDiscrete"] == ["null"]  # None, written as on the command line
+    assert "trainer.resume" not in infos
+    (group,) = tb.session_groups()
+    (session,) = group["sessions"]
+    assert session["name"] == "tb" and session["status"] == "STATUS_SUCCESS"
+    assert group["name"] == "run"  # the trial id: the run folder's name
+
+
+def test_progress_gif_has_one_frame_per_sample_step(watched_run):
+    grids = sorted((watched_run / "samples").glob("step_*.png"))
+    with Image.open(watched_run / "samples" / "progress.gif") as gif, Image.open(grids[-1]) as last:
+        assert gif.n_frames == len(grids) == 2
+        assert gif.size == last.size
+
+
+def test_progress_gif_keeps_at_most_50_frames_first_and_last_included(tmp_path):
+    for step in range(120):
+        Image.new("L", (8, 8), color=2 * step).save(tmp_path / f"step_{step:06d}.png")
+    with Image.open(write_progress_gif(tmp_path)) as gif:
+        assert gif.n_frames == 50
+        first = gif.convert("L").getpixel((0, 0))
+        gif.seek(49)
+        assert (first, gif.convert("L").getpixel((0, 0))) == (0, 2 * 119)
+
+
+@pytest.mark.parametrize("loss, scores", [("bce", ("loss/D(x)", "loss/D(G(z))")),
+                                          ("hinge", ("loss/D(x)_score", "loss/D(G(z))_score"))])  # fmt: skip
+def test_d_outputs_are_named_for_what_they_are(tmp_path, loss, scores):
+    """bce: D(x) and D(G(z)) are probabilities; hinge and WGAN: D's raw scores, named apart."""
+    result = train(compose_config(f"loss={loss}", "trainer.max_steps=2"), tmp_path)
+    assert set(scores) <= set(result.metrics)
+    assert not [key for key in result.metrics if key.startswith(("d/", "grad_norm/", "perf/"))]
+
+
+# a sweep ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def watched_sweep(tmp_path_factory) -> Path:
+    """`-m optim.lr=1e-4,4e-4` with constant overrides beside it, as a person would sweep."""
+    sweep_dir = tmp_path_factory.mktemp("watch") / "sweep"
+    overrides = ["optim.lr=1e-4,4e-4", "trainer.threads=1", "trainer.log_every=2", f"hydra.sweep.dir={sweep_dir}"]
+    result = run_train("-m", *overrides)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return sweep_dir
+
+
+def test_sweep_jobs_are_named_by_what_varies_only(watched_sweep):
+    jobs = sorted(p.name for p in watched_sweep.iterdir() if p.is_dir())
+    assert jobs == ["0_optim.lr=0.0001", "1_optim.lr=0.0004"]
+    assert TensorBoardClient(watched_sweep).get("/data/runs") == ["0_optim.lr=0.0001/tb", "1_optim.lr=0.0004/tb"]
+
+
+def test_sweep_hparams_show_the_swept_key_first_and_marked_differing(watched_sweep):
+    tb = TensorBoardClient(watched_sweep)
+    experiment = tb.experiment()
+    infos = experiment["hparamInfos"]
+    # the page checks the first five and puts the differing ones first; only optim.lr differs
+    assert infos[0]["name"] == "optim.lr" and infos[0]["differs"] is True
+    assert not [info["name"] for info in infos[1:] if info.get("differs")]
+    # metrics: every live scalar tag, the page shows the first five: both losses and D's outputs first
+    metrics = [m["name"]["tag"] for m in experiment["metricInfos"]]
+    assert metrics[:4] == ["loss/D(G(z))", "loss/D(x)", "loss/d", "loss/g"]
+    assert not [tag for tag in metrics if tag.startswith("final/")]
+    groups = tb.session_groups()
+    # trial ids: the sweep's folder and the job number, short enough for the 10em trial column
+    assert sorted(group["name"] for group in groups) == ["sweep #0", "sweep #1"]
+    assert all(len(group["metricValues"]) == len(metrics) for group in groups)
+
+
+def test_sweep_argv_excludes_the_overrides_that_do_not_vary():
+    argv = ["train.py", "-m", "optim.lr=1e-4,4e-4", "loss=bce,hinge", "trainer.threads=1", "+data.seed=3",
+            "hydra.sweep.dir=/tmp/x"]  # fmt: skip
+    added = sweep_argv(argv, ROOT / "configs")[len(argv) :]
+    assert len(added) == 1 and added[0].startswith(f"{EXCLUDE_KEYS}=[")
+    excluded = added[0].split("=", 1)[1]
+    assert "'trainer.threads'" in excluded and "'data.seed'" in excluded and "'trainer.resume'" in excluded
+    assert "optim.lr" not in excluded and "'loss'" not in excluded and "hydra.sweep.dir" not in excluded
+    single = ["train.py", "optim.lr=1e-4", "trainer.threads=1"]
+    assert sweep_argv(single, ROOT / "configs") == single  # not a sweep
+    chosen = ["train.py", "-m", "optim.lr=1e-4,4e-4", f"{EXCLUDE_KEYS}=[debug]"]
+    assert sweep_argv(chosen, ROOT / "configs") == chosen  # the user's own list wins
+
+
+# quality during training ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_eval_every_puts_the_fid_curve_beside_the_losses_and_the_final_fid_among_the_metrics(tmp_path):
+    """trainer.eval_every: quality/* curves in the run; trainer.final_eval_samples: evaluate.py's
+    numbers in the sub-run tb/final_eval, which the hparams plugin reads as the run's metrics."""
+    run_dir = tmp_path / "run"
+    result = run_train(
+        "data.num_samples=20000",  # enough digits for the metrics classifier to pass its 97% bar
+        "trainer.eval_every=3",
+        "trainer.eval_samples=200",
+        "trainer.final_eval_samples=300",
+        "trainer.threads=1",
+        f"hydra.run.dir={run_dir}",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    events = events_of(run_dir / "tb")
+    tags = events.Tags()
+    assert tb_group_order(tags["scalars"] + tags["images"])[:2] == ["loss", "quality"]
+    assert [e.step for e in events.Scalars("quality/FID")] == [3, 6]
+    assert {"quality/precision", "quality/recall", "quality/classes_covered"} <= set(tags["scalars"])
+    final = events_of(run_dir / "tb" / "final_eval")
+    assert [e.step for e in final.Scalars("quality/FID")] == [6]
+    tb = TensorBoardClient(run_dir)
+    metrics = [(m["name"]["tag"], m["name"].get("group", "")) for m in tb.experiment()["metricInfos"]]
+    assert ("quality/FID", "") in metrics[:5] and ("quality/FID", "final_eval") in metrics
+    (group,) = tb.session_groups()
+    values = {(v["name"]["tag"], v["name"].get("group", "")): v["value"] for v in group["metricValues"]}
+    assert values[("quality/FID", "final_eval")] == pytest.approx(final.Scalars("quality/FID")[0].value)
+    # measuring leaves training alone: the same run without it logs the same losses
+    plain_dir = tmp_path / "plain"
+    plain = run_train("data.num_samples=20000", "trainer.threads=1", f"hydra.run.dir={plain_dir}", cwd=tmp_path)
+    assert plain.returncode == 0, (plain.stdout + plain.stderr)[-3000:]
+    for tag in ("loss/d", "loss/g", "loss/D(x)"):
+        assert [e.value for e in events_of(plain_dir / "tb").Scalars(tag)] == [e.value for e in events.Scalars(tag)]
