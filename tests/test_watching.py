@@ -205,7 +205,7 @@ def test_sweep_hparams_show_the_swept_key_first_and_marked_differing(watched_swe
     assert not [info["name"] for info in infos[1:] if info.get("differs")]
     # metrics: every live scalar tag, the page shows the first five: both losses and D's outputs first
     metrics = [m["name"]["tag"] for m in experiment["metricInfos"]]
-    assert metrics[:4] == ["loss/D(G(z))", "loss/D(x)", "loss/d", "loss/g"]
+    assert metrics[:5] == ["loss/D(G(z))", "loss/D(G(z))_after_d_step", "loss/D(x)", "loss/d", "loss/g"]
     assert not [tag for tag in metrics if tag.startswith("final/")]
     groups = tb.session_groups()
     # trial ids: the sweep's folder and the job number, short enough for the 10em trial column
@@ -254,7 +254,7 @@ def test_eval_every_puts_the_fid_curve_beside_the_losses_and_the_final_fid_among
     assert [e.step for e in final.Scalars("quality/FID")] == [6]
     tb = TensorBoardClient(run_dir)
     metrics = [(m["name"]["tag"], m["name"].get("group", "")) for m in tb.experiment()["metricInfos"]]
-    assert ("quality/FID", "") in metrics[:5] and ("quality/FID", "final_eval") in metrics
+    assert ("quality/FID", "") in metrics[:6] and ("quality/FID", "final_eval") in metrics
     (group,) = tb.session_groups()
     values = {(v["name"]["tag"], v["name"].get("group", "")): v["value"] for v in group["metricValues"]}
     assert values[("quality/FID", "final_eval")] == pytest.approx(final.Scalars("quality/FID")[0].value)
