@@ -26,6 +26,7 @@ EXPECTED_SCALARS = {
     "loss/g",
     "loss/D(x)",
     "loss/D(G(z))",
+    "loss/D(G(z))_after_d_step",  # pytorch/examples' D_G_z2
     "train/grad_norm_d",
     "train/grad_norm_g",
     "train/grad_norm_images",
