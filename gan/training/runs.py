@@ -46,6 +46,7 @@ RUNTIME_KEYS: dict[str, tuple[str, ...]] = {
         "checkpoint_every",
         "keep_checkpoints",
         "final_eval_samples",
+        "overfit_every",  # a measurement of D that changes nothing of the run (gan/training/overfit.py)
     ),
 }
 # Settings of the arithmetic that an explicit resume may change (to fine-tune with a lower rate, or
