@@ -47,6 +47,11 @@ def conditional_gan() -> tuple[Generator, Discriminator]:
     return G, Discriminator(width=8, channels=1, image_size=16, num_classes=10)
 
 
+def class_weights(G: Generator) -> torch.Tensor:
+    """The weights of G's first layer that read the one-hot class code: (num_classes, ch, 4, 4)."""
+    return G.net[0].weight[G.z_dim :]
+
+
 def adam(module: nn.Module) -> torch.optim.Adam:
     return torch.optim.Adam(module.parameters(), lr=1e-2, betas=(0.5, 0.999))
 
@@ -65,8 +70,8 @@ def augmenting(*policies: str) -> StepContext:
 
 def test_unconditional_models_have_no_class_module_and_refuse_nothing_new():
     G, D = Generator(z_dim=16, width=8, image_size=16), Discriminator(width=8, image_size=16)
-    assert G.embed is None and D.embed is None
-    assert not any("embed" in key for key in [*G.state_dict(), *D.state_dict()])  # old checkpoints load
+    assert G.net[0].in_channels == 16 and D.embed is None  # z alone in; no class embedding in D
+    assert not any("embed" in key for key in D.state_dict())  # old checkpoints load
     assert D(torch.randn(4, 1, 16, 16)).shape == (4,)
 
 
@@ -106,27 +111,27 @@ def test_d_step_with_labels_leaves_every_generator_gradient_none(conditional_gan
     real, y, fake = labelled_batch(G)
     d_before = [p.detach().clone() for p in D.parameters()]
     d_step(D, adam(D), real, fake, y=y)
-    assert all(p.grad is None for p in G.parameters())  # the class embedding too
+    assert all(p.grad is None for p in G.parameters())  # the weights that read the class too
     assert not torch.equal(d_before[-1], D.embed.weight)  # D's class embedding did learn
 
 
-def test_without_detach_the_d_loss_reaches_the_generator_class_embedding(conditional_gan):
+def test_without_detach_the_d_loss_reaches_the_generator_class_weights(conditional_gan):
     G, D = conditional_gan
     real, y, fake = labelled_batch(G)
     BCE.d(D(real, y), D(fake, y)).backward()  # d_step without .detach()
-    assert G.embed.weight.grad is not None
+    assert G.net[0].weight.grad[G.z_dim :][y].abs().sum() > 0
 
 
-def test_g_step_with_labels_leaves_D_untouched_and_teaches_G_the_classes(conditional_gan):
+def test_g_step_with_labels_leaves_D_untouched_and_teaches_G_the_classes_in_the_batch(conditional_gan):
     G, D = conditional_gan
     real, y, fake = labelled_batch(G)
     _, features = d_step(D, adam(D), real, fake.detach(), y=y)
-    d_before, embed_before = [p.detach().clone() for p in D.parameters()], G.embed.weight.detach().clone()
+    d_before, class_before = [p.detach().clone() for p in D.parameters()], class_weights(G).detach().clone()
     g_step(D, G, adam(G), fake, features, y=y)
     assert all(p.grad is None for p in D.parameters())
     assert all(torch.equal(a, b) for a, b in zip(d_before, D.parameters()))
     assert all(p.requires_grad for p in D.parameters())
-    changed = (G.embed.weight != embed_before).any(dim=1)
+    changed = (class_weights(G) != class_before).flatten(1).any(dim=1)  # first step: Adam moves what has gradient
     assert changed[y].all() and not changed[[c for c in range(10) if c not in y.tolist()]].any()
 
 
@@ -296,7 +301,7 @@ def test_a_conditional_diffaugment_run_trains_records_its_classes_and_logs_the_s
     result = train(cfg, tmp_path)
     assert result.step == 6 and -1 <= result.metrics["d/overfit_rt"] <= 1
     state = load_checkpoint(tmp_path)
-    assert state["num_classes"] == 10 and state["G"]["embed.weight"].shape == (10, cfg.model.z_dim)
+    assert state["num_classes"] == 10 and state["G"]["net.0.weight"].shape[0] == cfg.model.z_dim + 10
     assert state["config"]["model"]["diffaugment"] == list(ALL)
     events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0, "images": 0})
     events.Reload()
@@ -427,7 +432,7 @@ def test_a_class_id_that_cannot_be_drawn_exits_2_naming_class_id(conditional_run
 
 
 def test_intra_class_fid_is_each_class_against_its_own_held_out_images(monkeypatch):
-    monkeypatch.setattr(C, "MIN_PER_CLASS", 10)
+    monkeypatch.setattr(C, "MIN_PER_CLASS", 10)  # and 4 features: 50 images a class are enough
     gen = torch.Generator().manual_seed(0)
     real = torch.cat([torch.randn(50, 4, generator=gen) + 3 * c for c in range(2)])
     labels = torch.arange(2).repeat_interleave(50)

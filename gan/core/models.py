@@ -10,9 +10,9 @@ Shapes for the default 32 x 32 grayscale model (width 64):
 Each extra doubling of image_size adds one block to each network (pytorch/examples#70 asked for
 other sizes than 64).
 
-Class-conditional (num_classes > 0, model.conditional): G(z, y) reads a learned embedding of the
-class y next to z, and D(x, y) is a projection discriminator (Miyato & Koyama 2018). With
-num_classes=0 (the default) neither network has a module more than DCGAN's, and y must be None.
+Class-conditional (num_classes > 0, model.conditional): G(z, y) reads a one-hot code of the class
+y next to z, and D(x, y) is a projection discriminator (Miyato & Koyama 2018). With num_classes=0
+(the default) neither network differs from DCGAN's, and y must be None.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import math
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 
@@ -34,14 +35,15 @@ def num_blocks(image_size: int) -> int:
 class Generator(nn.Module):
     """z (N, z_dim) [, classes y (N,)] -> images (N, channels, image_size, image_size) in [-1, 1].
 
-    num_classes > 0: G(z, y) is conditional. The class enters once, at the input: a learned
-    embedding of y, z_dim numbers, is concatenated to z, and the DCGAN trunk is unchanged but for
-    the first layer's input channels (cGAN, Mirza & Osindero 2014, with an embedding for the
-    one-hot code). The embedding keeps nn.Embedding's N(0, 1) init, the scale of z itself, so at the
-    start the class weighs as much as the noise. (Conditional BatchNorm, BigGAN's way, would give
-    every BatchNorm layer a class-dependent scale and shift: stronger at large scale, but it
-    replaces each BatchNorm2d with a module of its own and spreads y through the whole network; for
-    a lesson, one concatenation says what conditioning is.)
+    num_classes > 0: G(z, y) is conditional. The class enters once, at the input: its one-hot code,
+    num_classes numbers, is concatenated to z, and the DCGAN trunk is unchanged but for the first
+    layer's input channels (cGAN, Mirza & Osindero 2014). The code is small next to z (norm 1
+    against about sqrt(z_dim) = 10), so G keeps drawing its variety from z and learns the class
+    from D's pressure. A learned embedding as large as z (N(0, 1), z_dim numbers) was tried first:
+    G then used the class code as its latent and ignored z, one image per class (docs/conditional.md).
+    Conditional BatchNorm (BigGAN's way: a class-dependent scale and shift in every BatchNorm
+    layer) conditions more strongly, but replaces each BatchNorm2d with a module of its own and
+    spreads y through the whole network; for a lesson, one concatenation says what conditioning is.
     """
 
     def __init__(
@@ -51,12 +53,9 @@ class Generator(nn.Module):
         self.z_dim, self.num_classes = z_dim, num_classes
         blocks = num_blocks(image_size)
         ch = width * 2 ** (blocks - 1)
-        # no module at all when unconditional: DCGAN's weights, init draws and state_dict keys
-        self.embed = nn.Embedding(num_classes, z_dim) if num_classes else None
-        inputs = 2 * z_dim if num_classes else z_dim
         # state size: ch x 4 x 4 (a 4x4 transposed conv on a 1x1 input is a dense projection)
         layers: list[nn.Module] = [
-            nn.ConvTranspose2d(inputs, ch, 4, 1, 0, bias=False),
+            nn.ConvTranspose2d(z_dim + num_classes, ch, 4, 1, 0, bias=False),
             nn.BatchNorm2d(ch),
             nn.ReLU(True),
         ]
@@ -70,10 +69,10 @@ class Generator(nn.Module):
         self.apply(dcgan_init_)
 
     def forward(self, z: Tensor, y: Optional[Tensor] = None) -> Tensor:
-        if self.embed is not None:  # the class as z_dim more input numbers: (N, 2 z_dim)
+        if self.num_classes:  # the class as num_classes more inputs: (N, z_dim + num_classes)
             if y is None:
                 raise ValueError("this generator is class-conditional: call it as G(z, y) with the classes y")
-            z = torch.cat([z, self.embed(y)], dim=1)
+            z = torch.cat([z, F.one_hot(y, self.num_classes).to(z.dtype)], dim=1)
         return self.net(z.view(z.size(0), z.size(1), 1, 1))
 
 
