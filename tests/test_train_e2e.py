@@ -24,6 +24,8 @@ EXPECTED_SCALARS = {
     "loss/g",
     "d/real",
     "d/fake",
+    "d/fake_after_d_step",  # D(G(z)) after D's update (pytorch/examples' D_G_z2)
+    "d/overfit_rt",  # ADA's r_t = E[sign(D(x))]
     "grad_norm/d",
     "grad_norm/g",
     "grad_norm/images",

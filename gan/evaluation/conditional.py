@@ -28,9 +28,10 @@ from gan.evaluation import metrics as M
 
 log = logging.getLogger(__name__)
 
-# Intra-class FID is left out (null) when a class holds fewer samples than this on either side: a
-# covariance of d features needs far more than d points, and 1000 Stacked-MNIST classes over
-# 26k samples leave 26 each.
+# Intra-class FID is left out (null) when a class holds fewer images than this on either side, or
+# fewer than the features' dimension + 1 (a covariance of d features from fewer points is
+# singular: Inception's 2048 features need more than 10k samples spread over 10 classes give):
+# 1000 Stacked-MNIST classes over 26k samples leave 26 each.
 MIN_PER_CLASS = 200
 
 
@@ -81,11 +82,12 @@ def conditional_metrics(
     if not intra_fid:
         return results
     per_class: dict[int, float] = {}
+    needed = max(MIN_PER_CLASS, real_features.size(1) + 1)
     for c in requested.unique().tolist():
         reals, fakes = real_features[real_labels == c], fake_features[requested == c]
-        if min(reals.size(0), fakes.size(0)) < MIN_PER_CLASS:
+        if min(reals.size(0), fakes.size(0)) < needed:
             log.info("Intra-class FID left out: class %d has %d real and %d generated images (< %d).",
-                     c, reals.size(0), fakes.size(0), MIN_PER_CLASS)  # fmt: skip
+                     c, reals.size(0), fakes.size(0), needed)  # fmt: skip
             return {**results, "intra_fid": None}
         per_class[c] = M.fid(reals, fakes)
     values = list(per_class.values())
