@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -43,6 +43,14 @@ class DatasetName(str, Enum):
 
     def __str__(self) -> str:  # `data={name}` in messages, not `data=DatasetName.digits` (Python 3.11+)
         return self.value
+
+
+class DiffAugmentPolicy(str, Enum):
+    """The DiffAugment policies of gan/core/augment.py (Zhao et al. 2020's reference code)."""
+
+    color = "color"  # brightness, saturation, contrast, one random factor each per image
+    translation = "translation"  # a shift of up to 1/8 of the side, zeros shifted in
+    cutout = "cutout"  # a square of half the side set to zero
 
 
 class OnNonFinite(str, Enum):
@@ -160,6 +168,15 @@ class ModelConfig:
     spectral_norm: bool = False  # spectral normalisation of D's convolutions (Miyato et al. 2018)
     pack: int = 1  # PacGAN (Lin et al. 2018): D judges `pack` samples at once, which exposes mode collapse
     minibatch_std: int = 0  # group size of ProGAN's minibatch-stddev channel in D (Karras et al. 2018); 0 = off
+    # Class-conditional: G(z, y) reads a class embedding beside z, D is a projection discriminator
+    # (Miyato & Koyama 2018), and fakes are drawn for the real batch's own classes. Needs a labelled
+    # dataset (every one but a flat folder). Off: DCGAN as published, which has no classes.
+    conditional: bool = False
+    # DiffAugment (Zhao et al. 2020): these augmentations on every image D sees, real and fake, in
+    # both steps, e.g. 'model.diffaugment=[color,translation,cutout]' (a list: Hydra reads a bare
+    # a,b,c as a sweep). Empty = off, as DCGAN: on a full dataset D has too much to memorise to need
+    # it; on a few thousand images (data.limit) it keeps D from memorising them (docs/conditional.md).
+    diffaugment: List[DiffAugmentPolicy] = field(default_factory=list)
 
     def check(self) -> None:
         for key in ("z_dim", "g_width", "d_width", "pack"):
@@ -171,6 +188,12 @@ class ModelConfig:
         _require(0 <= self.ema_decay < 1, "model.ema_decay", self.ema_decay, "must be in [0, 1) (0 = no EMA)")
         _require(self.ema_kimg >= 0, "model.ema_kimg", self.ema_kimg, "must be >= 0 (0 = use model.ema_decay)")
         _require(self.ema_rampup >= 0, "model.ema_rampup", self.ema_rampup, "must be >= 0 (0 = no ramp-up)")
+        _require(
+            not (self.conditional and self.pack > 1),
+            "model.pack",
+            self.pack,
+            "must be 1 with model.conditional=true: a pack of several images has no single class to project on",
+        )
 
 
 @dataclass
@@ -225,7 +248,12 @@ class TrainerConfig:
     keep_checkpoints: int = 0  # also keep the last K numbered checkpoints (step_000500.pt, ...); 0 = none
     on_nan: OnNonFinite = OnNonFinite.stop  # what a NaN/inf loss does: stop | skip
     deterministic: bool = False  # bit-reproducible kernels on GPU (slower); CPU runs are already exact
-    num_fixed_samples: int = 64  # images in the fixed-noise grid (an 8 x 8 grid)
+    num_fixed_samples: int = 64  # images in the fixed-noise grid (an 8 x 8 grid; conditional: 8 per class row)
+    # Steps between D's mean scores on training and on held-out reals (d/score_train, d/score_heldout,
+    # d/heldout_gap; gan/training/overfit.py): a gap that grows is D memorising the training images,
+    # visible before FID worsens. A few hundred steps: the trend shows, and it costs two forwards of D
+    # over 512 images each. 0 = off.
+    overfit_every: int = 250
     progress: bool = True  # show a tqdm progress bar on the terminal
     # After training, evaluate.py's metrics on this many samples, into RUN_DIR/eval; train.py then
     # returns the FID for a Hydra sweeper to minimise. 0 = skip (train.py returns NaN).
@@ -245,6 +273,7 @@ class TrainerConfig:
         _require(self.max_steps >= 1, "trainer.max_steps", self.max_steps, "must be at least 1")
         _require(self.threads >= 0, "trainer.threads", self.threads, "must be >= 0 (0 = torch's default)")
         _require(self.keep_checkpoints >= 0, "trainer.keep_checkpoints", self.keep_checkpoints, "must be >= 0")
+        _require(self.overfit_every >= 0, "trainer.overfit_every", self.overfit_every, "must be >= 0 (0 = off)")
         _require(
             self.final_eval_samples >= 0,
             "trainer.final_eval_samples",
@@ -452,8 +481,15 @@ class EvaluateConfig:
     interpolation_steps: int = 10  # images per row, both ends included
     neighbour_queries: int = 8  # samples in nearest_neighbours.png, one row each
     neighbours: int = 5  # nearest training images shown right of each sample
+    # Conditional checkpoints (model.conditional=true): draw every sample, grid and interpolation as
+    # this class, and measure against the held-out images of this class alone. null = the held-out
+    # images' own mix of classes, plus cond_accuracy and intra-class FID (docs/conditional.md).
+    class_id: Optional[int] = None
 
     def check(self) -> None:
+        _require(
+            self.class_id is None or self.class_id >= 0, "class_id", self.class_id, "must be >= 0 (a class number)"
+        )
         _require(self.num_samples >= 2, "num_samples", self.num_samples, "must be at least 2 (FID needs a covariance)")
         _require(
             self.num_samples > self.metrics.dc_k,

@@ -1,4 +1,4 @@
-"""The lesson: how a GAN is trained in PyTorch, in five short files that import torch (and
+"""The lesson: how a GAN is trained in PyTorch, in six short files that import torch (and
 torchvision's make_grid, for sample grids) and nothing of the rest of this project. Read them top
 to bottom, in this order:
 
@@ -13,6 +13,10 @@ to bottom, in this order:
                  after each update; `retain_grad()` on a non-leaf; autocast and GradScaler.
 4. `ema.py`      the exponential moving average of G that every sample is drawn from.
 5. `sampling.py` sampling under `eval()` + `no_grad()`, with the previous mode restored.
+6. `augment.py`  DiffAugment: differentiable augmentations of every image D sees (small datasets).
+
+With model.conditional=true the same steps train a class-conditional pair (G(z, y), a projection
+D(x, y)): the classes travel with the batch, and nothing else in the steps changes.
 
 The training loop that calls them, `gan/training/loop.py`, reads like pytorch/examples'
 dcgan/main.py: fetch, (1) D step, (2) G step, EMA, log, sample, checkpoint. Each technique has a

@@ -26,8 +26,8 @@ def eval_mode(module: nn.Module) -> Iterator[nn.Module]:
         module.train(was_training)
 
 
-def sample(G: nn.Module, z: Tensor) -> Tensor:
-    """G(z) in [-1, 1] with G in eval mode and autograd off.
+def sample(G: nn.Module, z: Tensor, y: Optional[Tensor] = None) -> Tensor:
+    """G(z) in [-1, 1] with G in eval mode and autograd off; G(z, y) for a conditional G and classes y.
 
     eval(): BatchNorm normalises with its running statistics and leaves them unchanged.
     no_grad(): no graph is recorded, so nothing is kept for a backward that will never come.
@@ -35,7 +35,17 @@ def sample(G: nn.Module, z: Tensor) -> Tensor:
     BatchNorm's running statistics in train mode.
     """
     with eval_mode(G), torch.no_grad():
-        return G(z)
+        return G(z) if y is None else G(z, y)
+
+
+def class_rows(z: Tensor, num_classes: int, max_rows: int = 16) -> tuple[Tensor, Tensor]:
+    """Latents and classes for a grid of a conditional G with one row per class: each row repeats the
+    first ceil(sqrt(len(z))) latents (so a column holds one z across the classes), and rows are
+    classes 0..K-1, or max_rows classes evenly spread over them when there are more."""
+    columns = math.ceil(math.sqrt(z.size(0)))
+    rows = min(num_classes, max_rows)
+    classes = torch.linspace(0, num_classes - 1, rows, device=z.device).round().long()
+    return z[:columns].repeat(rows, 1), classes.repeat_interleave(columns)
 
 
 def image_grid(images: Tensor, nrow: Optional[int] = None) -> Tensor:

@@ -4,6 +4,9 @@ Owns the order of forward, backward and update for D and for G, and the isolatio
   - the D step sees `fake.detach()`, so D's loss never reaches G's parameters;
   - the G step runs D with `requires_grad_(False)`, so G's loss never fills D's `.grad`;
   - gradients live only inside the step that makes them: `param.grad = None` right after the update.
+Two options change what D is shown and nothing of that order or isolation: a conditional run passes
+the batch's classes `y` to both networks (D(x, y), G(z, y)), and DiffAugment (`ctx.augment`) runs
+every image D sees, real or fake, through the same differentiable augmentation.
 It leaves the math to `gan.core.losses`, and cadence (logging, sampling, checkpoints) to the
 training loop, `gan.training.loop`.
 
@@ -17,11 +20,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from enum import Enum
-from typing import Callable, ContextManager, Iterable, Iterator
+from typing import Callable, ContextManager, Iterable, Iterator, Optional
 
 import torch
 from torch import Tensor, nn
 
+from gan.core.augment import no_augment
 from gan.core.losses import LOSSES, AdversarialLoss, feature_matching, gradient_penalty, r1_penalty
 
 
@@ -56,6 +60,8 @@ class StepContext:
         both networks, updated once per iteration, as in PyTorch's AMP recipe for several
         optimizers). Disabled, it is a pass-through: scale() returns the loss, step() steps.
     skip_nonfinite: drop an update whose loss is NaN/inf (trainer.on_nan=skip; one host sync).
+    augment: what every image goes through on its way into D, real or fake, in both steps:
+        DiffAugment (gan.core.augment, model.diffaugment), or the identity.
     """
 
     loss: AdversarialLoss = LOSSES["bce"]
@@ -65,6 +71,7 @@ class StepContext:
     autocast: Callable[[], ContextManager] = contextlib.nullcontext
     scaler: torch.amp.GradScaler = dataclasses.field(default_factory=lambda: torch.amp.GradScaler("cpu", enabled=False))
     skip_nonfinite: bool = False
+    augment: Callable[[Tensor], Tensor] = no_augment
 
     def gradient_scale(self) -> float:
         return self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
@@ -74,24 +81,31 @@ FP32 = StepContext()  # bce, no extra terms, fp32: what the tests and the walkth
 
 
 def d_step(
-    D: nn.Module, opt_d: torch.optim.Optimizer, real: Tensor, fake: Tensor, ctx: StepContext = FP32
+    D: nn.Module,
+    opt_d: torch.optim.Optimizer,
+    real: Tensor,
+    fake: Tensor,
+    ctx: StepContext = FP32,
+    y: Optional[Tensor] = None,
 ) -> tuple[dict[str, Tensor], Tensor]:
     """(1) Update D: minimise loss.d(D(x), D(G(z))); for bce, maximise log D(x) + log(1 - D(G(z))).
 
-    Returns the diagnostics and D's features of the real batch (detached), which the G step reuses
-    for feature matching instead of running D on the real batch a second time.
+    `y`: for a conditional D, the real batch's classes, which are also the classes the fakes were
+    drawn for (G(z, y)); None otherwise. Returns the diagnostics and D's features of the real batch
+    (detached), which the G step reuses for feature matching instead of running D on the real batch
+    a second time.
     """
     penalties = ctx.penalties
     if penalties.r1 > 0:  # R1 differentiates D(x) with respect to the images themselves
         real = real.detach().requires_grad_(True)
     with ctx.autocast():  # forward passes only: backward runs in the dtypes autocast chose for them
-        real_logits, real_features = D(real, with_features=True)
+        real_logits, real_features = D(ctx.augment(real), y, with_features=True)
         # detach(): a new tensor on the same storage with no history. D's loss stops at the fake
         # images and cannot fill G's .grad (pytorch/examples#116); G's forward is not repeated.
-        fake_logits = D(fake.detach())
+        fake_logits = D(ctx.augment(fake.detach()), y)
         terms = {"adv": ctx.loss.d(real_logits, fake_logits)}
-        if penalties.gradient_penalty > 0:
-            terms["gp"] = penalties.gradient_penalty * gradient_penalty(D, real, fake)
+        if penalties.gradient_penalty > 0:  # on interpolates of a real and a fake of the same class y
+            terms["gp"] = penalties.gradient_penalty * gradient_penalty(lambda x: D(ctx.augment(x), y), real, fake)
         if penalties.r1 > 0:
             terms["r1"] = penalties.r1 / 2 * r1_penalty(real_logits, real)
         loss_d = sum(terms.values())
@@ -104,6 +118,9 @@ def d_step(
         "loss/d": loss_d.detach(),
         "grad_norm/d": grad_norm,
         **ctx.loss.scores(real_logits.detach(), fake_logits.detach()),
+        # ADA's overfitting heuristic r_t = E[sign(D(x))] (Karras et al. 2020, sec. 3): near 0 while
+        # D is unsure of the reals, toward 1 as it memorises them
+        "d/overfit_rt": real_logits.detach().sign().mean(),
     }
     stats.update({f"loss/d_{name}": value.detach() for name, value in terms.items() if len(terms) > 1})
     return stats, real_features.detach()
@@ -116,11 +133,13 @@ def g_step(
     fake: Tensor,
     real_features: Tensor,
     ctx: StepContext = FP32,
+    y: Optional[Tensor] = None,
 ) -> dict[str, Tensor]:
     """(2) Update G: minimise loss.g(D(G(z))) [+ w * feature matching]; for bce, maximise log D(G(z)).
 
     `fake` is G's output with its graph (the same batch the D step saw detached); `real_features`
-    are D's features of the real batch, from the D step (used by feature matching only).
+    are D's features of the real batch, from the D step (used by feature matching only); `y` the
+    classes the fakes were drawn for, conditional runs only.
 
     D is frozen for G's forward and backward only: `frozen` gives D its flags back before
     opt_g.step(), which is harmless, since opt_g holds G's parameters alone and D's .grad stayed
@@ -131,7 +150,8 @@ def g_step(
     fake.retain_grad()
     with frozen(D):
         with ctx.autocast():
-            fake_logits, fake_features = D(fake, with_features=True)
+            # ctx.augment: differentiable, so G's gradient flows back through it to `fake`
+            fake_logits, fake_features = D(ctx.augment(fake), y, with_features=True)
             terms = {"adv": ctx.loss.g(fake_logits)}
             if ctx.feature_matching > 0:
                 terms["fm"] = ctx.feature_matching * feature_matching(real_features, fake_features)

@@ -3,7 +3,8 @@
 Owns the order in which images are visited ((epoch, batch) is its whole state, so a resumed run
 sees exactly the batches the uninterrupted run would have), DDP sharding, and the two ways a batch
 is fetched: by indexing a uint8 tensor that lives on the training device, or through DataLoader
-workers that decode images on the fly.
+workers that decode images on the fly. Given the images' labels (a conditional run), each batch
+comes with the labels of exactly its images, fetched by the same indices on either path.
 """
 
 from __future__ import annotations
@@ -71,6 +72,20 @@ class _Rows(Dataset):
         return self.images[index]
 
 
+class _LabelledRows(Dataset):
+    """A Dataset of images with a tensor of their labels: item i is (image i, label i), so DataLoader
+    workers collate a batch's labels from the same indices as its images."""
+
+    def __init__(self, images: Tensor | Dataset, labels: Tensor):
+        self.images, self.labels = images, labels
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        return self.images[index], self.labels[index]
+
+
 class BatchStream:
     """Endless, resumable stream of float batches in [-1, 1] on the training device.
 
@@ -79,6 +94,8 @@ class BatchStream:
     Otherwise a DataLoader reads the batches the sampler picks, in `num_workers` worker processes
     that stay alive across epochs (persistent_workers), pinned for a fast copy to CUDA: the path for
     datasets decoded on the fly. num_workers=None: 0 for a tensor, else `default_num_workers()`.
+    `labels` (N,): the images' classes, which `next_with_labels()` returns with each batch (None
+    without them). `next(stream)` returns the images alone.
     """
 
     def __init__(
@@ -90,6 +107,7 @@ class BatchStream:
         num_workers: Optional[int] = 0,
         rank: int = 0,
         world_size: int = 1,
+        labels: Optional[Tensor] = None,
     ):
         size = len(images)
         if size < batch_size * world_size:
@@ -104,12 +122,15 @@ class BatchStream:
         if num_workers is None:
             num_workers = 0 if in_memory else default_num_workers()
         self.images: Optional[Tensor] = None
+        self.labels: Optional[Tensor] = None
         self.loader: Optional[DataLoader] = None
         if in_memory and num_workers == 0:
             self.images = images.to(device)  # uint8: a quarter of float32's size
+            self.labels = labels.to(device) if labels is not None else None
         else:
+            rows = _Rows(images) if in_memory else images
             self.loader = DataLoader(
-                _Rows(images) if in_memory else images,
+                rows if labels is None else _LabelledRows(rows, labels),
                 batch_sampler=self.sampler,
                 num_workers=num_workers,
                 pin_memory=device.type == "cuda",
@@ -127,25 +148,36 @@ class BatchStream:
     def epoch(self) -> int:
         return self.sampler.epoch
 
-    def _epoch_iterator(self) -> Iterator[Tensor]:
+    def _epoch_iterator(self) -> Iterator[Tensor | tuple[Tensor, Tensor]]:
+        """This epoch's batches: uint8 images, or (images, labels) when the stream has labels."""
         if self.loader is None:
-            return (self.images[torch.tensor(index, device=self.device)] for index in self.sampler)
+            if self.labels is None:
+                return (self.images[torch.tensor(index, device=self.device)] for index in self.sampler)
+            indices = (torch.tensor(index, device=self.device) for index in self.sampler)
+            return ((self.images[index], self.labels[index]) for index in indices)
         return iter(self.loader)
 
     def __iter__(self) -> BatchStream:
         return self
 
     def __next__(self) -> Tensor:
+        return self.next_with_labels()[0]
+
+    def next_with_labels(self) -> tuple[Tensor, Optional[Tensor]]:
+        """The next batch: float images in [-1, 1] and their labels (None when the stream has none)."""
         try:
-            images = self._next_batch()
+            batch = self._next_batch()
         except StopIteration:  # end of epoch: the next one starts from its first batch
             self.sampler.epoch, self.sampler.start, self.batch = self.sampler.epoch + 1, 0, 0
             self._batches = self._epoch_iterator()
-            images = self._next_batch()
+            batch = self._next_batch()
         self.batch += 1
-        return to_unit_range(images.to(self.device, non_blocking=True))
+        images, labels = batch if isinstance(batch, (tuple, list)) else (batch, None)
+        if labels is not None:
+            labels = labels.to(self.device, non_blocking=True)
+        return to_unit_range(images.to(self.device, non_blocking=True)), labels
 
-    def _next_batch(self) -> Tensor:
+    def _next_batch(self) -> Tensor | tuple[Tensor, Tensor]:
         """The next batch of this epoch. A DataError raised in a worker reaches the main process with
         the worker's traceback pasted into its message; the user reads the worker's own message."""
         try:

@@ -5,7 +5,7 @@ Every grid is laid out by `gan.core.sampling.image_grid`, the same layout as the
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 from torch import Tensor, nn
@@ -34,13 +34,20 @@ def slerp(z0: Tensor, z1: Tensor, t: Tensor) -> Tensor:
     return w0 * z0[:, None] + w1 * z1[:, None]
 
 
-def interpolation_strip(G: nn.Module, rows: int, steps: int, seed: int, device: torch.device) -> Tensor:
-    """One row per pair of random latents, `steps` images along the arc between them."""
+def interpolation_strip(
+    G: nn.Module, rows: int, steps: int, seed: int, device: torch.device, classes: Optional[list[int]] = None
+) -> Tensor:
+    """One row per pair of random latents, `steps` images along the arc between them; for a
+    conditional G, row r is drawn as class classes[r] all along."""
     gen = torch.Generator().manual_seed(seed + 1)
     z0, z1 = torch.randn(2, rows, G.z_dim, generator=gen)
     z = slerp(z0, z1, torch.linspace(0, 1, steps)).reshape(rows * steps, G.z_dim)
     with eval_mode(G), torch.inference_mode():
-        images = G(z.to(device)).float().cpu()
+        if classes is None:
+            images = G(z.to(device)).float().cpu()
+        else:
+            y = torch.tensor(classes, device=device).repeat_interleave(steps)
+            images = G(z.to(device), y).float().cpu()
     return image_grid(images, nrow=steps)
 
 

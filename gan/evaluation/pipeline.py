@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,12 +34,28 @@ from torch.optim.swa_utils import update_bn
 from torch.utils.tensorboard import SummaryWriter
 from torchvision.utils import save_image
 
-from gan.config import ConfigError, DataConfig, EvaluateConfig, FeatureSpace, ModelConfig, SaveSamples
+from gan.config import (
+    ConfigError,
+    DataConfig,
+    EvaluateConfig,
+    ExportFormat,
+    FeatureSpace,
+    MetricsConfig,
+    ModelConfig,
+    SaveSamples,
+)
 from gan.core.models import Generator
 from gan.core.sampling import eval_mode, image_grid
 from gan.data import ImageSet, load_dataset, to_unit_range
 from gan.device import setup_torch
 from gan.evaluation import metrics as M
+from gan.evaluation.conditional import (
+    LabelledLatents,
+    check_class_id,
+    class_grid,
+    conditional_metrics,
+    sample_classes,
+)
 from gan.evaluation.export import save_generator
 from gan.evaluation.grids import interpolation_strip, neighbour_grid
 from gan.training.checkpoint import CheckpointError, load_checkpoint, load_module_state
@@ -61,12 +78,15 @@ def evaluate(cfg: EvaluateConfig, run_dir: Path, data_overrides: Optional[Mappin
     # checkpoint: the generator and the dataset it learned
     state = load_checkpoint(cfg.checkpoint, map_location="cpu")
     data = data_config_of(state, data_overrides or {})
+    check_conditional_options(cfg, classes_of(state, str(cfg.checkpoint)), str(cfg.checkpoint))
     G, about = prepare_generator(state, cfg, device)
     log.info("Evaluating %s: step %d, %s generator, data=%s (%d px, %d channel(s))", cfg.checkpoint,
              about["step"], about["generator"], data.name, data.image_size, data.channels)  # fmt: skip
 
     # real images: the held-out split is the reference
     reference = load_dataset(data, train=False, in_memory=True)
+    if cfg.class_id is not None:  # one class asked for: measured against that class's images alone
+        reference = only_class(reference, cfg.class_id, cfg.metrics)
     reals = Reals(*reference_subset(reference, cfg.num_samples, cfg.seed), stacked=M.is_stacked(reference))
     clock("data")
 
@@ -77,12 +97,14 @@ def evaluate(cfg: EvaluateConfig, run_dir: Path, data_overrides: Optional[Mappin
     feature_net = feature_net.to(device)
     clock("classifier")
 
-    # samples: cfg.num_samples images from G in eval mode, batch by batch on the device
-    fake = generate(G, cfg.num_samples, cfg.batch_size, cfg.seed, device)
+    # samples: cfg.num_samples images from G in eval mode, batch by batch on the device; a
+    # conditional G draws them for the held-out images' classes, or all for class_id
+    requested = sample_classes(reals.labels, cfg.num_samples, cfg.class_id, cfg.seed) if G.num_classes else None
+    fake = generate(G, cfg.num_samples, cfg.batch_size, cfg.seed, device, requested)
     clock("sampling")
 
     # measure: features once per image set, shared by every metric
-    results = measure(feature_net, classifier, reals, fake, cfg, device)
+    results = measure(feature_net, classifier, reals, fake, cfg, device, requested)
     results.update(num_samples=fake.size(0), num_real=reals.images.size(0), real_split="held-out",
                    features=cfg.metrics.features.value, feature_space=feature_space(feature_net, classifier_file, cfg),
                    classifier=classifier_file, classifier_accuracy=accuracy, **about)  # fmt: skip
@@ -121,7 +143,9 @@ def prepare_generator(state: Mapping[str, Any], cfg: EvaluateConfig, device: tor
     G, generator_name = build_generator(state, cfg.use_ema, device, source=str(cfg.checkpoint))
     recomputed = recompute_batchnorm_stats(G, cfg.bn_batches, cfg.batch_size, cfg.seed, device)
     bn_stats = f"recomputed ({cfg.bn_batches} x {cfg.batch_size} samples)" if recomputed else "checkpoint"
-    about = {"generator": generator_name, "batchnorm_stats": bn_stats, "step": int(state["step"])}
+    about: dict[str, Any] = {"generator": generator_name, "batchnorm_stats": bn_stats, "step": int(state["step"])}
+    if G.num_classes:
+        about.update(num_classes=G.num_classes, class_id=cfg.class_id)
     return G, {**about, "checkpoint": str(cfg.checkpoint)}
 
 
@@ -132,22 +156,40 @@ def measure(
     fake: Tensor,
     cfg: EvaluateConfig,
     device: torch.device,
+    requested: Optional[Tensor] = None,
 ) -> dict[str, Any]:
-    """Every metric of `fake` against `reals`: distances in feature space, then class coverage."""
+    """Every metric of `fake` against `reals`: distances in feature space, then class coverage;
+    for a conditional G (`requested`: the class each sample was drawn for) cond_accuracy and
+    intra-class FID (gan/evaluation/conditional.py)."""
     real_features = M.batched(feature_net, reals.images, cfg.batch_size, device)
     fake_features = M.batched(feature_net, fake, cfg.batch_size, device)
     results: dict[str, Any] = M.distribution_metrics(real_features, fake_features, cfg.metrics, cfg.seed)
     results.update(class_metrics(classifier, reals, fake, cfg, device))
+    if requested is not None:
+        per_class = {"per_channel": reals.stacked, "intra_fid": cfg.class_id is None}
+        results.update(conditional_metrics(classifier, fake, requested, real_features, reals.labels, fake_features,
+                                           cfg.batch_size, device, **per_class))  # fmt: skip
     return results
 
 
 def draw_pictures(G: nn.Module, fake: Tensor, data: DataConfig, cfg: EvaluateConfig, device: torch.device) -> dict:
-    """samples.png, interpolation.png and nearest_neighbours.png, as grids."""
-    return {
+    """samples.png, interpolation.png and nearest_neighbours.png, as grids; for a conditional G
+    also classes.png (one row per class), unless class_id asks for one class, which every picture
+    then shows."""
+    classes = None
+    if G.num_classes:  # interpolation rows: the class asked for, else classes 0, 1, ... in turn
+        rows = range(cfg.interpolation_rows)
+        classes = [cfg.class_id if cfg.class_id is not None else r % G.num_classes for r in rows]
+    pictures = {
         "samples": image_grid(to_unit_range(fake[: cfg.grid_samples])),
-        "interpolation": interpolation_strip(G, cfg.interpolation_rows, cfg.interpolation_steps, cfg.seed, device),
+        "interpolation": interpolation_strip(
+            G, cfg.interpolation_rows, cfg.interpolation_steps, cfg.seed, device, classes
+        ),
         "nearest_neighbours": neighbour_grid(fake[: cfg.neighbour_queries], data, cfg.neighbours),
     }
+    if G.num_classes and cfg.class_id is None:
+        pictures["classes"] = class_grid(G, math.ceil(math.sqrt(cfg.grid_samples)), cfg.seed, device)
+    return pictures
 
 
 def feature_space(feature_net: nn.Module, classifier_file: Optional[str], cfg: EvaluateConfig) -> dict[str, Any]:
@@ -201,6 +243,45 @@ def data_config_of(state: Mapping[str, Any], overrides: Mapping[str, Any]) -> Da
     return data
 
 
+def classes_of(state: Mapping[str, Any], source: str = "the checkpoint") -> int:
+    """The number of classes the checkpoint's G was trained on: 0 for an unconditional run (and for
+    checkpoints written before conditional runs existed)."""
+    config = state["config"] if isinstance(state["config"], Mapping) else {}
+    conditional = bool(config.get("model", {}).get("conditional", False))
+    num_classes = int(state.get("num_classes", 0) or 0)
+    if conditional and num_classes < 2:
+        raise CheckpointError(
+            f"{source} records model.conditional=true but not the number of classes its generator was "
+            "built for (the checkpoint entry 'num_classes'): it was damaged or written elsewhere."
+        )
+    return num_classes if conditional else 0
+
+
+def check_conditional_options(cfg: EvaluateConfig, num_classes: int, source: str) -> None:
+    """Before any work: class_id must name a class of a conditional G; export handles unconditional
+    generators only (its packaged forward takes latents alone)."""
+    check_class_id(cfg.class_id, num_classes, source)
+    if num_classes and cfg.export != ExportFormat.none:
+        raise ConfigError(
+            f"export={cfg.export.value}: {source} holds a class-conditional generator, G(z, y), and export "
+            "packages G(z) only. Leave export out (the checkpoint itself holds the generator)."
+        )
+
+
+def only_class(dataset: ImageSet, class_id: int, metrics: MetricsConfig) -> ImageSet:
+    """The held-out images of one class (an in-memory split), labels and class count kept;
+    MetricsError when they are too few for the k-nearest-neighbour metrics."""
+    keep = dataset.labels == class_id
+    count, k = int(keep.sum()), max(metrics.pr_k, metrics.dc_k)
+    if count <= k:
+        raise M.MetricsError(
+            f"class_id={class_id}: the held-out split holds {count} images of that class, too few to "
+            f"measure against (precision/recall and density/coverage need more than {k} neighbours "
+            "per image, metrics.pr_k and metrics.dc_k). Evaluate without class_id."
+        )
+    return ImageSet(dataset.images[keep], dataset.labels[keep], dataset.num_classes)
+
+
 def build_generator(
     state: Mapping[str, Any], use_ema: bool, device: torch.device, source: str = "the checkpoint"
 ) -> tuple[Generator, str]:
@@ -216,7 +297,7 @@ def build_generator(
         channels, image_size = int(config["data"]["channels"]), int(config["data"]["image_size"])
     except (KeyError, TypeError, OmegaConfBaseException) as err:
         raise CheckpointError(f"The checkpoint's config cannot rebuild the generator: {err}") from err
-    G = Generator(model.z_dim, model.g_width, channels, image_size)
+    G = Generator(model.z_dim, model.g_width, channels, image_size, classes_of(state, source))
     ema = state.get("G_ema")
     if use_ema and ema is not None:
         weights = {k[len("module.") :]: v for k, v in ema.items() if k.startswith("module.")}
@@ -254,7 +335,12 @@ def recompute_batchnorm_stats(G: nn.Module, batches: int, batch_size: int, seed:
         return False
     latents = torch.Generator(device).manual_seed(seed + 1)
     inputs = [torch.randn(batch_size, G.z_dim, device=device, generator=latents) for _ in range(batches)]
-    update_bn(inputs, G, device)  # under no_grad; leaves G in the mode it found it in (eval)
+    model = G
+    if getattr(G, "num_classes", 0):  # a conditional G: classes drawn uniformly, as a last input column
+        classes = [torch.randint(G.num_classes, (batch_size, 1), device=device, generator=latents) for _ in inputs]
+        inputs = [torch.cat([z, y.to(z.dtype)], dim=1) for z, y in zip(inputs, classes)]
+        model = LabelledLatents(G)
+    update_bn(inputs, model, device)  # under no_grad; leaves G in the mode it found it in (eval)
     return True
 
 
@@ -311,8 +397,11 @@ def to_uint8(images: Tensor) -> Tensor:
     return images.add(1).mul_(127.5).round_().clamp_(0, 255).to(torch.uint8)
 
 
-def generate(G: nn.Module, count: int, batch_size: int, seed: int, device: torch.device) -> Tensor:
-    """`count` samples of G as uint8 (N, C, H, W) on the CPU, from latents seeded by `seed`.
+def generate(
+    G: nn.Module, count: int, batch_size: int, seed: int, device: torch.device, labels: Optional[Tensor] = None
+) -> Tensor:
+    """`count` samples of G as uint8 (N, C, H, W) on the CPU, from latents seeded by `seed`;
+    `labels` (count,): the class of each sample, for a conditional G.
 
     eval(): BatchNorm uses its running statistics, so a sample does not depend on its batch.
     inference_mode(): no autograd graph and no version counters; the cheapest way to run a model.
@@ -322,7 +411,10 @@ def generate(G: nn.Module, count: int, batch_size: int, seed: int, device: torch
     with eval_mode(G), torch.inference_mode():
         for start in range(0, count, batch_size):
             z = torch.randn(min(batch_size, count - start), G.z_dim, device=device, generator=latents)
-            chunks.append(to_uint8(G(z)).cpu())
+            if labels is None:
+                chunks.append(to_uint8(G(z)).cpu())
+            else:  # a conditional G, drawn for the classes asked for
+                chunks.append(to_uint8(G(z, labels[start : start + z.size(0)].to(device))).cpu())
     return torch.cat(chunks)
 
 

@@ -1,4 +1,4 @@
-"""The training loop: fetch, (1) D step, (2) G step, EMA, log, sample, checkpoint.
+"""The training loop: fetch, (1) D step, (2) G step, EMA, overfitting, log, sample, checkpoint.
 
 Read it beside pytorch/examples' dcgan/main.py: the same sections in the same order. What each
 section calls lives elsewhere: the steps and the EMA in `gan.core` (the lesson), the objects in
@@ -21,12 +21,13 @@ from torchvision.utils import save_image
 from gan.config import Precision, TrainConfig, to_plain
 from gan.core.sampling import image_grid, sample
 from gan.core.steps import StepContext, d_step, g_step
-from gan.data import BatchStream, ImageSet, to_unit_range
+from gan.data import BatchStream, ImageSet, load_dataset, to_unit_range
 from gan.distributed import SINGLE, World, any_rank, gather_to_main
 from gan.training.checkpoint import keep_numbered, load_checkpoint, save_checkpoint
 from gan.training.faults import NonFiniteWatch, check_finite_state, explain_allocation_failure, stop_on_signals
 from gan.training.hardware import arithmetic_of, prepare_process
-from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, Monitor, trial_name, write_progress_gif
+from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, Monitor, shown_name, trial_name, write_progress_gif
+from gan.training.overfit import OverfitProbe, build_probe
 from gan.training.rundir import own_run_dir
 from gan.training.runs import check_resume
 from gan.training.state import TrainingState, build_state, rng_state, with_objective, wrap_for_ddp
@@ -57,25 +58,26 @@ def train(cfg: TrainConfig, run_dir: Path, dataset: Optional[ImageSet] = None, w
     # checkpoint, and temporary files of a killed run removed (gan/training/rundir.py)
     with own_run_dir(run_dir, resuming=bool(trainer.resume), enabled=world.is_main):
         # device, the step context (loss, extra terms, precision), the training state, resumed if asked
-        device, ctx, state = set_up(cfg, world, dataset)
+        device, ctx, state, overfit = set_up(cfg, world, dataset)  # overfit: D's train/held-out gap, or None
         G, D = wrap_for_ddp(state.G, state.D, world, device)  # DDP wrappers: the same modules under DDP
-        probe = quality_probe(cfg, device, world)  # FID & co. every trainer.eval_every steps, or None
+        quality = quality_probe(cfg, device, world)  # FID & co. every trainer.eval_every steps, or None
         monitor = open_monitor(cfg, state, run_dir, world)  # TensorBoard: HParams session, real images
         watch, metrics = NonFiniteWatch(device), {}
         with monitor, stop_on_signals() as stop:
             while state.step < trainer.max_steps:
-                # fetch: a real batch, and latents created on the device (not on the CPU, then moved)
-                real = next(state.batches)
+                # fetch: a real batch (with its classes y when model.conditional, else y is None), and
+                # latents created on the device (not on the CPU, then moved); fakes drawn for the same y
+                real, y = state.batches.next_with_labels()
                 z = torch.randn(real.size(0), z_dim, device=device)
                 with ctx.autocast():
-                    fake = G(z)
+                    fake = G(z, y)
 
                 # (1) D step, on fake.detach()
-                d_stats, real_features = d_step(D, state.opt_d, real, fake, ctx)
+                d_stats, real_features = d_step(D, state.opt_d, real, fake, ctx, y)
                 # (2) G step, with D frozen. Under DDP the G step uses the unwrapped D: DDP's reducer
                 # waits for a gradient of every D parameter after each wrapped forward, and a frozen D
                 # makes none. G's own gradients are still averaged by G's wrapper.
-                g_stats = g_step(state.D, G, state.opt_g, fake, real_features, ctx)
+                g_stats = g_step(state.D, G, state.opt_g, fake, real_features, ctx, y)
                 ctx.scaler.update()  # once per iteration, after both optimizers stepped (fp16 only)
                 state.step += 1
                 watch.update(state.step, d_stats["loss/d"], g_stats["loss/g"])
@@ -88,6 +90,11 @@ def train(cfg: TrainConfig, run_dir: Path, dataset: Optional[ImageSet] = None, w
                 # step (a host sync, the only one besides logging and trainer.on_nan=skip's check).
                 done = state.step == trainer.max_steps or any_rank(stop.signal is not None, world, device)
 
+                # overfitting: D's scores on training against held-out reals (gan/training/overfit.py)
+                if overfit is not None and state.step % trainer.overfit_every == 0:
+                    values = overfit.measure(state.D, ctx)
+                    monitor.numbers(state.step, {shown_name(tag): value for tag, value in values.items()})
+
                 # log: scalars leave the device here, at log_every steps (float() waits for the device)
                 if state.step % trainer.log_every == 0 or done:
                     watch.check(ctx.skip_nonfinite)
@@ -97,8 +104,8 @@ def train(cfg: TrainConfig, run_dir: Path, dataset: Optional[ImageSet] = None, w
                 if world.is_main and (state.step % trainer.sample_every == 0 or done):
                     write_samples(state, run_dir, monitor)
                 # quality: FID, precision/recall and classes of the EMA generator's samples
-                if probe is not None and (state.step % trainer.eval_every == 0 or done):
-                    measure_quality(probe, state, monitor)
+                if quality is not None and (state.step % trainer.eval_every == 0 or done):
+                    measure_quality(quality, state, monitor)
 
                 # checkpoint: never over the last good one with weights a NaN has reached
                 if state.step % trainer.checkpoint_every == 0 or done:
@@ -116,22 +123,27 @@ def train(cfg: TrainConfig, run_dir: Path, dataset: Optional[ImageSet] = None, w
 
 def set_up(
     cfg: TrainConfig, world: World, dataset: Optional[ImageSet]
-) -> tuple[torch.device, StepContext, TrainingState]:
-    """This process's device, the StepContext of both steps, and the training state (resumed when
-    cfg.trainer.resume names a checkpoint)."""
+) -> tuple[torch.device, StepContext, TrainingState, Optional[OverfitProbe]]:
+    """This process's device, the StepContext of both steps, the training state (resumed when
+    cfg.trainer.resume names a checkpoint), and the overfitting probe (None when off, or when the
+    caller feeds its own `dataset`, which has no held-out split)."""
     device = prepare_process(cfg, world)
     # read the checkpoint to resume from before any work, so a bad path fails at once
     resume_from = load_checkpoint(cfg.trainer.resume, map_location=device) if cfg.trainer.resume else None
     arithmetic, precision = arithmetic_of(cfg, device)
     ctx = with_objective(arithmetic, cfg)  # the loss, its extra terms, and the precision of both steps
+    probe = None
     with explain_allocation_failure(cfg):  # model.g_width=10000000: one paragraph, not a traceback
-        state = build_state(cfg, device, ctx.scaler, world, dataset)
+        training_set = dataset or load_dataset(cfg.data)
+        state = build_state(cfg, device, ctx.scaler, world, training_set)
+        if dataset is None:
+            probe = build_probe(cfg, training_set, device)
     if resume_from is not None:
         check_resume(cfg, resume_from)  # the resume contract: gan/training/runs.py
         state.load_state_dict(resume_from, world)
         log.info("Resumed from %s at step %d", cfg.trainer.resume, state.step)
     announce(cfg, device, precision, world)
-    return device, ctx, state
+    return device, ctx, state, probe
 
 
 def announce(cfg: TrainConfig, device: torch.device, precision: Precision, world: World) -> None:
@@ -181,10 +193,10 @@ def measure_quality(probe: QualityProbe, state: TrainingState, monitor: Monitor)
 
 
 def write_samples(state: TrainingState, run_dir: Path, monitor: Monitor) -> None:
-    """The fixed-latent grid of this step, as samples/step_NNNNNN.png, in samples/progress.gif and
-    in TensorBoard."""
+    """The fixed-latent grid of this step (a row per class in a conditional run), as
+    samples/step_NNNNNN.png, in samples/progress.gif and in TensorBoard."""
     with monitor.timed("sample", state.step):
-        grid = image_grid(sample(state.sampler, state.fixed_z))
+        grid = image_grid(sample(state.sampler, state.fixed_z, state.fixed_y), nrow=state.grid_columns)
         samples_dir = run_dir / "samples"
         samples_dir.mkdir(parents=True, exist_ok=True)
         save_image(grid, samples_dir / f"step_{state.step:06d}.png")

@@ -48,8 +48,9 @@ RUNTIME_KEYS: dict[str, tuple[str, ...]] = {
         "checkpoint_every",
         "keep_checkpoints",
         "final_eval_samples",
-        "eval_every",
+        "eval_every",  # measurements that change nothing of the run (gan/training/quality.py)
         "eval_samples",
+        "overfit_every",  # likewise (gan/training/overfit.py)
     ),
 }
 # Settings of the arithmetic that an explicit resume may change (to fine-tune with a lower rate, or

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import random
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor, nn
@@ -20,13 +20,15 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel
 
 from gan.config import TrainConfig, to_plain
+from gan.core.augment import diff_augment, no_augment
 from gan.core.ema import build_ema
 from gan.core.losses import LOSSES, AdversarialLoss, d_loss_bce
 from gan.core.models import Discriminator, Generator
+from gan.core.sampling import class_rows
 from gan.core.steps import Penalties, StepContext
 from gan.data import BatchStream, ImageSet, load_dataset
 from gan.distributed import SINGLE, World
-from gan.errors import CheckpointError
+from gan.errors import CheckpointError, ConfigError
 from gan.training.checkpoint import load_module_state
 from gan.training.hardware import compile_models
 
@@ -47,11 +49,20 @@ class TrainingState:
     # comparable across steps (and across a resume: it is checkpointed).
     fixed_z: Tensor
     step: int = 0  # generator updates done, in this run and the runs it resumed
+    # Conditional runs: the class of each fixed latent, one row of the grid per class
+    # (gan.core.sampling.class_rows); rebuilt from the config, so not checkpointed. None otherwise.
+    fixed_y: Optional[Tensor] = None
 
     @property
     def sampler(self) -> nn.Module:
         """The network samples are drawn from: the EMA generator when there is one."""
         return self.G_ema.module if self.G_ema is not None else self.G
+
+    @property
+    def grid_columns(self) -> Optional[int]:
+        """Images per row of the sample grid: the latents of one class row when conditional, else
+        None (image_grid's square-ish default)."""
+        return None if self.fixed_y is None else int((self.fixed_y == self.fixed_y[0]).sum())
 
     def state_dict(self, cfg: TrainConfig, rank_rngs: Optional[list[dict[str, Any]]] = None) -> dict[str, Any]:
         """Everything needed to continue as if never stopped, as tensors and plain containers.
@@ -67,6 +78,8 @@ class TrainingState:
             "opt_d": self.opt_d.state_dict(),
             "scaler": self.scaler.state_dict(),  # empty unless fp16
             "step": self.step,
+            # the classes G and D were built for (0: unconditional); evaluate.py rebuilds G from it
+            "num_classes": self.G.num_classes,
             "data": self.batches.state_dict(),
             "fixed_z": self.fixed_z,
             "rng": rank_rngs[0] if rank_rngs else rng_state(self.fixed_z.device),
@@ -161,10 +174,18 @@ def build_state(
     """A fresh training state on `device`. `dataset` replaces the one cfg.data names (the benchmark
     feeds its own images this way)."""
     dataset = dataset or load_dataset(cfg.data)
+    num_classes = check_classes(cfg, dataset) if cfg.model.conditional else 0
     batches = BatchStream(
-        dataset.images, cfg.data.batch_size, cfg.trainer.seed, device, cfg.data.num_workers, world.rank, world.size
+        dataset.images,
+        cfg.data.batch_size,
+        cfg.trainer.seed,
+        device,
+        cfg.data.num_workers,
+        world.rank,
+        world.size,
+        labels=dataset.labels if num_classes else None,  # the classes travel with the batch
     )
-    G, D = build_models(cfg, device)
+    G, D = build_models(cfg, device, num_classes)
     # a deep copy of G: made before compiling, it stays eager
     G_ema = build_ema(
         G,
@@ -179,13 +200,31 @@ def build_state(
     # made directly on the device with its own generator, not on the CPU and then moved
     seeded = torch.Generator(device).manual_seed(cfg.trainer.seed)
     fixed_z = torch.randn(cfg.trainer.num_fixed_samples, cfg.model.z_dim, device=device, generator=seeded)
-    return TrainingState(G, D, G_ema, opt_g, opt_d, scaler, batches, fixed_z)
+    fixed_y = None
+    if num_classes:  # one grid row per class, the same latents in each row
+        fixed_z, fixed_y = class_rows(fixed_z, num_classes)
+    return TrainingState(G, D, G_ema, opt_g, opt_d, scaler, batches, fixed_z, fixed_y=fixed_y)
 
 
-def build_models(cfg: TrainConfig, device: torch.device) -> tuple[Generator, Discriminator]:
-    """G and D on `device`; channels_last if configured (a layout change, not a numerical one)."""
+def check_classes(cfg: TrainConfig, dataset: ImageSet) -> int:
+    """The number of classes a conditional run learns; ConfigError naming model.conditional when the
+    data has no labels to condition on (a flat folder, CelebA: one class)."""
+    if dataset.num_classes < 2:
+        where = f" in {cfg.data.root}" if cfg.data.name in ("folder", "celeba") else ""
+        raise ConfigError(
+            f"model.conditional=true needs class labels, and data={cfg.data.name}{where} has none "
+            f"({dataset.num_classes} class: a flat folder of images is read as unlabelled). Nothing was trained. "
+            "Put the images in one subfolder per class (data=folder reads each top folder as a class), "
+            "or drop model.conditional=true."
+        )
+    return dataset.num_classes
+
+
+def build_models(cfg: TrainConfig, device: torch.device, num_classes: int = 0) -> tuple[Generator, Discriminator]:
+    """G and D on `device`; channels_last if configured (a layout change, not a numerical one).
+    num_classes > 0: the conditional pair (model.conditional), G(z, y) and a projection D(x, y)."""
     model = cfg.model
-    G = Generator(model.z_dim, model.g_width, cfg.data.channels, cfg.data.image_size)
+    G = Generator(model.z_dim, model.g_width, cfg.data.channels, cfg.data.image_size, num_classes)
     D = Discriminator(
         model.d_width,
         cfg.data.channels,
@@ -194,6 +233,7 @@ def build_models(cfg: TrainConfig, device: torch.device) -> tuple[Generator, Dis
         model.spectral_norm,
         model.pack,
         model.minibatch_std,
+        num_classes,
     )
     if model.sync_batchnorm:  # one set of batch statistics across all ranks of a DDP job
         G, D = nn.SyncBatchNorm.convert_sync_batchnorm(G), nn.SyncBatchNorm.convert_sync_batchnorm(D)
@@ -226,14 +266,26 @@ def build_loss(cfg: TrainConfig) -> AdversarialLoss:
 
 
 def with_objective(ctx: StepContext, cfg: TrainConfig) -> StepContext:
-    """`ctx` (the arithmetic) with the configured loss, penalties and G terms."""
+    """`ctx` (the arithmetic) with the configured loss, penalties, G terms and D's augmentation."""
     return dataclasses.replace(
         ctx,
         loss=build_loss(cfg),
         penalties=Penalties(cfg.loss.gradient_penalty, cfg.loss.r1),
         feature_matching=cfg.loss.feature_matching,
         backward_mode=cfg.loss.backward_mode,
+        augment=build_augment(cfg),
     )
+
+
+def build_augment(cfg: TrainConfig) -> Callable[[Tensor], Tensor]:
+    """DiffAugment with the configured policies (model.diffaugment), or the identity when none.
+
+    Its random draws come from torch's default generator of the images' device, which checkpoints
+    save (rng_state), so a resumed run augments exactly as the uninterrupted one would have.
+    """
+    if not cfg.model.diffaugment:
+        return no_augment
+    return functools.partial(diff_augment, policies=[policy.value for policy in cfg.model.diffaugment])
 
 
 def wrap_for_ddp(G: nn.Module, D: nn.Module, world: World, device: torch.device) -> tuple[nn.Module, nn.Module]:

@@ -1,0 +1,112 @@
+"""DiffAugment (Zhao et al. 2020, "Differentiable Augmentation for Data-Efficient GAN Training").
+
+Why: on a few thousand images D memorises the training set; its loss on real images falls to zero
+and G's signal goes with it. Augmenting only the real images does not help: G then learns to draw
+augmented images. DiffAugment applies the same random transformations to every image D sees, real
+and fake, in the D step and in the G step, so D judges augmented images on both sides and the
+augmentation cancels out of the game. In the G step the fakes are augmented on their way into D,
+so the augmentation must be made of differentiable tensor ops: G's gradient flows back through it.
+An augmentation of uint8 pixels (a data loader's) would round away that gradient.
+
+The three policies follow the paper's reference code (DiffAugment_pytorch.py), one random draw per
+image: `color` = brightness, saturation, contrast; `translation` = a shift of up to 1/8 of the
+side, the vacated border filled with zeros; `cutout` = a square of half the side set to zero.
+Draws come from torch's generator (the default one of the batch's device, or `generator`), so a
+checkpoint, which saves those generators, resumes the same draws. Part of the lesson (`gan.core`):
+imports torch only.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+Augmentation = Callable[[Tensor, Optional[torch.Generator]], Tensor]
+
+
+def _uniform(x: Tensor, generator: Optional[torch.Generator]) -> Tensor:
+    """One U(0, 1) number per image, shaped (N, 1, 1, 1) to broadcast over its pixels."""
+    return torch.rand(x.size(0), 1, 1, 1, dtype=x.dtype, device=x.device, generator=generator)
+
+
+def brightness(x: Tensor, generator: Optional[torch.Generator] = None) -> Tensor:
+    """Add one U(-0.5, 0.5) offset per image."""
+    return x + (_uniform(x, generator) - 0.5)
+
+
+def saturation(x: Tensor, generator: Optional[torch.Generator] = None) -> Tensor:
+    """Scale each pixel's distance from its mean over channels by U(0, 2) (a no-op on grayscale)."""
+    mean = x.mean(dim=1, keepdim=True)
+    return (x - mean) * (_uniform(x, generator) * 2) + mean
+
+
+def contrast(x: Tensor, generator: Optional[torch.Generator] = None) -> Tensor:
+    """Scale each image's distance from its mean over all pixels by U(0.5, 1.5)."""
+    mean = x.mean(dim=(1, 2, 3), keepdim=True)
+    return (x - mean) * (_uniform(x, generator) + 0.5) + mean
+
+
+def translation(x: Tensor, generator: Optional[torch.Generator] = None, ratio: float = 0.125) -> Tensor:
+    """Shift each image by up to `ratio` of its side in each direction; zeros fill the border.
+
+    A gather, not a roll: pixel (i, j) of the output reads pixel (i + dx, j + dy) of the input padded
+    by one zero pixel, its index clamped into the padding. Gradient flows back to the pixels read.
+    """
+    n, _, h, w = x.shape
+    shift_h, shift_w = int(h * ratio + 0.5), int(w * ratio + 0.5)
+    dx = torch.randint(-shift_h, shift_h + 1, (n, 1, 1), device=x.device, generator=generator)
+    dy = torch.randint(-shift_w, shift_w + 1, (n, 1, 1), device=x.device, generator=generator)
+    batch, rows, cols = torch.meshgrid(
+        torch.arange(n, device=x.device),
+        torch.arange(h, device=x.device),
+        torch.arange(w, device=x.device),
+        indexing="ij",
+    )
+    rows = torch.clamp(rows + dx + 1, 0, h + 1)
+    cols = torch.clamp(cols + dy + 1, 0, w + 1)
+    padded = F.pad(x, [1, 1, 1, 1])
+    return padded.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2)
+
+
+def cutout(x: Tensor, generator: Optional[torch.Generator] = None, ratio: float = 0.5) -> Tensor:
+    """Set a square of `ratio` of the side to zero, centred anywhere in the image (clipped at its edges)."""
+    n, _, h, w = x.shape
+    size_h, size_w = int(h * ratio + 0.5), int(w * ratio + 0.5)
+    offset_h = torch.randint(0, h + (1 - size_h % 2), (n, 1, 1), device=x.device, generator=generator)
+    offset_w = torch.randint(0, w + (1 - size_w % 2), (n, 1, 1), device=x.device, generator=generator)
+    batch, rows, cols = torch.meshgrid(
+        torch.arange(n, device=x.device),
+        torch.arange(size_h, device=x.device),
+        torch.arange(size_w, device=x.device),
+        indexing="ij",
+    )
+    rows = torch.clamp(rows + offset_h - size_h // 2, 0, h - 1)
+    cols = torch.clamp(cols + offset_w - size_w // 2, 0, w - 1)
+    mask = torch.ones(n, h, w, dtype=x.dtype, device=x.device)
+    mask[batch, rows, cols] = 0
+    return x * mask.unsqueeze(1)  # a product with a constant mask: gradient 1 where kept, 0 where cut
+
+
+POLICIES: dict[str, tuple[Augmentation, ...]] = {
+    "color": (brightness, saturation, contrast),
+    "translation": (translation,),
+    "cutout": (cutout,),
+}
+
+
+def diff_augment(x: Tensor, policies: Sequence[str], generator: Optional[torch.Generator] = None) -> Tensor:
+    """x (N, C, H, W) through each policy in POLICIES' order (color, translation, cutout), as the
+    reference code applies them; `policies` empty returns x itself."""
+    for name, functions in POLICIES.items():
+        if name in policies:
+            for augment in functions:
+                x = augment(x, generator)
+    return x
+
+
+def no_augment(x: Tensor) -> Tensor:
+    """The identity: what D sees when no augmentation is configured (the same tensor, no copy)."""
+    return x

@@ -1,0 +1,122 @@
+"""Evaluating a class-conditional generator: which classes to ask for, and whether G drew them.
+
+Owns what `evaluate()` adds for a checkpoint of `model.conditional=true`:
+- the classes the measured samples are drawn for: those of the held-out images they are compared
+  with, one each (so FID compares two sets with the same class mix), or all `class_id` when one
+  class is asked for;
+- `cond_accuracy`: the share of samples that the metrics classifier (the one behind the class
+  histogram and the default feature space, gan/evaluation/metrics.py) reads as the class they were
+  drawn for. It measures G's obedience to y, not image quality: a G that ignores y scores about
+  1 / num_classes;
+- intra-class FID (as StudioGAN reports it): the FID of each class's samples against that class's
+  held-out images, in the same feature space, and its mean, min and max. A G that draws good
+  images but mixes up the classes has a fine FID and a poor intra-class FID;
+- the class grid: one row per class, one latent per column.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import torch
+from torch import Tensor, nn
+
+from gan.core.sampling import class_rows, eval_mode, image_grid
+from gan.errors import ConfigError
+from gan.evaluation import metrics as M
+
+log = logging.getLogger(__name__)
+
+# Intra-class FID is left out (null) when a class holds fewer images than this on either side, or
+# fewer than the features' dimension + 1 (a covariance of d features from fewer points is
+# singular: Inception's 2048 features need more than 10k samples spread over 10 classes give):
+# 1000 Stacked-MNIST classes over 26k samples leave 26 each.
+MIN_PER_CLASS = 200
+
+
+def check_class_id(class_id: Optional[int], num_classes: int, source: str) -> None:
+    """ConfigError naming `class_id` when it cannot be drawn from this checkpoint's generator."""
+    if class_id is None:
+        return
+    if not num_classes:
+        raise ConfigError(
+            f"class_id={class_id} asks for one class, but {source} holds an unconditional generator "
+            "(trained without model.conditional=true), which cannot be told a class. Leave class_id out, "
+            "or evaluate a checkpoint of a run trained with model.conditional=true."
+        )
+    if not 0 <= class_id < num_classes:
+        raise ConfigError(
+            f"class_id={class_id} is out of range: the generator in {source} knows {num_classes} classes, "
+            f"numbered 0 to {num_classes - 1}."
+        )
+
+
+def sample_classes(reference_labels: Tensor, count: int, class_id: Optional[int], seed: int) -> Tensor:
+    """The class of each of `count` samples: `class_id` for all, or the held-out images' own labels
+    (drawn with replacement, seeded, when there are fewer images than samples)."""
+    if class_id is not None:
+        return torch.full((count,), class_id, dtype=torch.long)
+    if count <= reference_labels.numel():
+        return reference_labels[:count].clone()
+    index = torch.randint(reference_labels.numel(), (count,), generator=torch.Generator().manual_seed(seed))
+    return reference_labels[index]
+
+
+def conditional_metrics(
+    classifier: M.Classifier,
+    fake: Tensor,
+    requested: Tensor,
+    real_features: Tensor,
+    real_labels: Tensor,
+    fake_features: Tensor,
+    batch_size: int,
+    device: torch.device,
+    per_channel: bool = False,
+    intra_fid: bool = True,
+) -> dict[str, Any]:
+    """cond_accuracy, and intra-class FID when `intra_fid` and every class has MIN_PER_CLASS images
+    on both sides. `per_channel`: Stacked-MNIST, read digit by digit as the class histogram is."""
+    predicted = M.predict(classifier, fake, batch_size, device, per_channel=per_channel)
+    results: dict[str, Any] = {"cond_accuracy": float((predicted == requested).float().mean())}
+    if not intra_fid:
+        return results
+    per_class: dict[int, float] = {}
+    needed = max(MIN_PER_CLASS, real_features.size(1) + 1)
+    for c in requested.unique().tolist():
+        reals, fakes = real_features[real_labels == c], fake_features[requested == c]
+        if min(reals.size(0), fakes.size(0)) < needed:
+            log.info("Intra-class FID left out: class %d has %d real and %d generated images (< %d).",
+                     c, reals.size(0), fakes.size(0), needed)  # fmt: skip
+            return {**results, "intra_fid": None}
+        per_class[c] = M.fid(reals, fakes)
+    values = list(per_class.values())
+    results.update(
+        intra_fid=sum(values) / len(values),
+        intra_fid_min=min(values),
+        intra_fid_max=max(values),
+        intra_fid_per_class={str(c): round(v, 4) for c, v in per_class.items()},
+    )
+    return results
+
+
+def class_grid(G: nn.Module, columns: int, seed: int, device: torch.device) -> Tensor:
+    """One row per class (at most 16, spread over the classes), `columns` latents shared by every
+    row: the same z drawn as each class, as the training run's sample grid shows it."""
+    latents = torch.randn(columns**2, G.z_dim, generator=torch.Generator().manual_seed(seed + 2))
+    z, y = class_rows(latents, G.num_classes)  # the first ceil(sqrt(N)) = `columns` latents, each row
+    with eval_mode(G), torch.inference_mode():
+        images = G(z.to(device), y.to(device)).float().cpu()
+    return image_grid(images, nrow=columns)
+
+
+class LabelledLatents(nn.Module):
+    """G(z, y) as a module of one input, (N, z_dim + 1) with the class in the last column: the form
+    torch.optim.swa_utils.update_bn feeds a model (it passes the first element of a tuple only)."""
+
+    def __init__(self, G: nn.Module):
+        super().__init__()
+        self.G = G
+
+    def forward(self, zy: Tensor) -> Tensor:
+        return self.G(zy[:, :-1], zy[:, -1].long())

@@ -1,0 +1,106 @@
+"""Is D memorising the training images? Its scores on training reals against held-out reals.
+
+Owns the second overfitting signal of a run (the first, ADA's r_t = E[sign(D(x))], is logged by
+every D step as `d/overfit_rt`, gan/core/steps.py:d_step). Karras et al. 2020 (StyleGAN2-ADA,
+fig. 1) show the symptom this measures: as D overfits, its outputs on training images and on
+held-out images of the same distribution drift apart, well before FID turns worse. Every
+`trainer.overfit_every` steps the loop asks for D's mean raw score on a fixed set of training
+images and on a fixed set of held-out images (`d/score_train`, `d/score_heldout`) and logs their
+difference, `d/heldout_gap`. Near 0: D judges both alike. Growing: D has learnt these particular
+images.
+
+The measurement leaves training untouched: D runs in train mode, as in its steps (BatchNorm with
+each batch's own statistics), under no_grad, and every buffer it would update (BatchNorm's running
+statistics, spectral norm's power-iteration vectors) is put back afterwards. No random number is
+drawn from torch's generators (the image subsets come from a generator of their own), so turning it
+on or off, or changing how often it runs, changes nothing else in the run. Images are not
+augmented: both sides are shown as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import Dataset
+
+from gan.config import TrainConfig
+from gan.core.steps import StepContext
+from gan.data import ImageSet, open_source, to_unit_range
+from gan.errors import DataError
+
+log = logging.getLogger(__name__)
+
+# Images of each split that D is scored on: 4 batches of 128, enough for a mean score to move by
+# less than the gap it is meant to show (a logit's spread over a batch is about 1), and two D
+# forwards of 512 images cost under a D step's worth of compute every few hundred steps.
+PROBE_IMAGES = 512
+_SUBSET_SEED = 20_200_611  # a generator of its own: the run's random streams are not touched
+
+
+class OverfitProbe:
+    """D's mean score on fixed training and held-out images; see the module docstring."""
+
+    def __init__(
+        self,
+        train: tuple[Tensor, Optional[Tensor]],
+        held_out: tuple[Tensor, Optional[Tensor]],
+        batch_size: int,
+    ):
+        """`train` and `held_out`: (uint8 images (N, C, H, W) on the training device, their labels
+        for a conditional D or None); D sees them in chunks of `batch_size`."""
+        self.train, self.held_out, self.batch_size = train, held_out, batch_size
+
+    @torch.no_grad()
+    def measure(self, D: nn.Module, ctx: StepContext) -> dict[str, float]:
+        """{'d/score_train', 'd/score_heldout', 'd/heldout_gap'}: mean raw scores and their difference."""
+        saved = [buffer.clone() for buffer in D.buffers()]
+        try:
+            train = self._mean_score(D, ctx, *self.train)
+            held_out = self._mean_score(D, ctx, *self.held_out)
+        finally:
+            for buffer, value in zip(D.buffers(), saved):
+                buffer.copy_(value)
+        return {"d/score_train": train, "d/score_heldout": held_out, "d/heldout_gap": train - held_out}
+
+    def _mean_score(self, D: nn.Module, ctx: StepContext, images: Tensor, labels: Optional[Tensor]) -> float:
+        scores = []
+        for start in range(0, images.size(0), self.batch_size):
+            batch = to_unit_range(images[start : start + self.batch_size])
+            y = labels[start : start + self.batch_size] if labels is not None else None
+            with ctx.autocast():
+                scores.append(D(batch, y).float())
+        return float(torch.cat(scores).mean())
+
+
+def build_probe(cfg: TrainConfig, train: ImageSet, device: torch.device) -> Optional[OverfitProbe]:
+    """The probe for this run, or None when trainer.overfit_every=0 or the held-out split is empty
+    (a folder too small to hold one image out; said in the log)."""
+    if not cfg.trainer.overfit_every:
+        return None
+    try:
+        held_out = open_source(cfg.data, train=False)
+    except DataError as err:
+        log.info("No held-out images to compare D's scores with (%s): d/heldout_gap is not logged.", err)
+        return None
+    count = min(PROBE_IMAGES, len(train.images), len(held_out))
+    count -= count % cfg.model.pack  # D judges packs of model.pack images
+    if count < cfg.model.pack:
+        return None
+    conditional = cfg.model.conditional
+    pick = torch.Generator().manual_seed(_SUBSET_SEED)
+    subsets = []
+    for images, labels in ((train.images, train.labels), (held_out, held_out.labels)):
+        index = torch.randperm(len(images), generator=pick)[:count]
+        subset = (take(images, index).to(device), labels[index].to(device) if conditional else None)
+        subsets.append(subset)
+    return OverfitProbe(subsets[0], subsets[1], min(cfg.data.batch_size, count))
+
+
+def take(images: Tensor | Dataset, index: Tensor) -> Tensor:
+    """uint8 images at `index`, from an in-memory tensor or a Dataset that decodes one at a time."""
+    if isinstance(images, Tensor):
+        return images[index]
+    return torch.stack([images[int(i)] for i in index])

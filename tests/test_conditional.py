@@ -1,0 +1,456 @@
+"""Conditional generation, DiffAugment and the overfitting signals (issue 20).
+
+What changes in the step, and what does not: the labels travel with the batch to both networks,
+DiffAugment sits between every image and D, and the isolation of the two steps (detach in the D
+step, D frozen in the G step) holds with both. Also: the labels of the batch stream on both of its
+paths and across a resume, the refusals that name their key, evaluate.py's class_id and
+cond_accuracy, and the overfitting probe that changes nothing of the run it watches.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ROOT, compose_config, run_train
+from hydra.errors import ConfigCompositionException
+from PIL import Image
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch import nn
+
+from gan.config import ConfigError, EvaluateConfig, MetricsConfig
+from gan.core import augment as A
+from gan.core.losses import LOSSES
+from gan.core.models import Discriminator, Generator
+from gan.core.sampling import class_rows
+from gan.core.steps import StepContext, d_step, g_step
+from gan.data import BatchStream, load_dataset
+from gan.evaluation import conditional as C
+from gan.evaluation import pipeline as P
+from gan.evaluation.pipeline import build_generator, evaluate
+from gan.training import train
+from gan.training.checkpoint import load_checkpoint, save_checkpoint
+from gan.training.overfit import OverfitProbe
+
+CPU = torch.device("cpu")
+BCE = LOSSES["bce"]
+ALL = ("color", "translation", "cutout")
+
+
+@pytest.fixture
+def conditional_gan() -> tuple[Generator, Discriminator]:
+    torch.manual_seed(0)
+    G = Generator(z_dim=16, width=8, channels=1, image_size=16, num_classes=10)
+    return G, Discriminator(width=8, channels=1, image_size=16, num_classes=10)
+
+
+def class_weights(G: Generator) -> torch.Tensor:
+    """The weights of G's first layer that read the one-hot class code: (num_classes, ch, 4, 4)."""
+    return G.net[0].weight[G.z_dim :]
+
+
+def adam(module: nn.Module) -> torch.optim.Adam:
+    return torch.optim.Adam(module.parameters(), lr=1e-2, betas=(0.5, 0.999))
+
+
+def labelled_batch(G: Generator, n: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    real, y = torch.rand(n, 1, 16, 16) * 2 - 1, torch.randint(0, 10, (n,))
+    return real, y, G(torch.randn(n, 16), y)
+
+
+def augmenting(*policies: str) -> StepContext:
+    return StepContext(augment=lambda x: A.diff_augment(x, policies))
+
+
+# the models ------------------------------------------------------------------------------------
+
+
+def test_unconditional_models_have_no_class_module_and_refuse_nothing_new():
+    G, D = Generator(z_dim=16, width=8, image_size=16), Discriminator(width=8, image_size=16)
+    assert G.net[0].in_channels == 16 and D.embed is None  # z alone in; no class embedding in D
+    assert not any("embed" in key for key in D.state_dict())  # old checkpoints load
+    assert D(torch.randn(4, 1, 16, 16)).shape == (4,)
+
+
+def test_projection_discriminator_adds_the_class_embedding_dot_the_features(conditional_gan):
+    _, D = conditional_gan
+    x, y = torch.randn(4, 1, 16, 16), torch.tensor([0, 3, 3, 9])
+    logits, features = D(x, y, with_features=True)
+    psi = D.head(features).flatten()  # DCGAN's own head: psi(phi(x))
+    projection = (D.embed.weight[y] * features.flatten(1)).sum(dim=1)  # <embed(y), phi(x)>
+    torch.testing.assert_close(logits, psi + projection)
+    assert not torch.allclose(D(x, torch.tensor([1, 1, 1, 1])), logits)  # the class changes the score
+
+
+def test_conditional_generator_draws_each_class_from_the_same_latent(conditional_gan):
+    G, _ = conditional_gan
+    z = torch.randn(1, 16).repeat(10, 1)
+    images = G.eval()(z, torch.arange(10))
+    assert images.shape == (10, 1, 16, 16)
+    assert not torch.allclose(images[0], images[1])
+    with pytest.raises(ValueError, match=r"G\(z, y\)"):
+        G(z)
+
+
+def test_class_rows_lay_one_class_per_row_over_the_same_latents():
+    z = torch.randn(64, 5)
+    rows_z, rows_y = class_rows(z, num_classes=10)
+    assert rows_z.shape == (80, 5) and rows_y.tolist() == [c for c in range(10) for _ in range(8)]
+    assert torch.equal(rows_z[:8], rows_z[8:16]) and torch.equal(rows_z[:8], z[:8])
+    assert class_rows(z, num_classes=1000)[1].unique().numel() == 16  # at most 16 rows, spread out
+
+
+# gradient isolation with labels ------------------------------------------------------------------
+
+
+def test_d_step_with_labels_leaves_every_generator_gradient_none(conditional_gan):
+    G, D = conditional_gan
+    real, y, fake = labelled_batch(G)
+    d_before = [p.detach().clone() for p in D.parameters()]
+    d_step(D, adam(D), real, fake, y=y)
+    assert all(p.grad is None for p in G.parameters())  # the weights that read the class too
+    assert not torch.equal(d_before[-1], D.embed.weight)  # D's class embedding did learn
+
+
+def test_without_detach_the_d_loss_reaches_the_generator_class_weights(conditional_gan):
+    G, D = conditional_gan
+    real, y, fake = labelled_batch(G)
+    BCE.d(D(real, y), D(fake, y)).backward()  # d_step without .detach()
+    assert G.net[0].weight.grad[G.z_dim :][y].abs().sum() > 0
+
+
+def test_g_step_with_labels_leaves_D_untouched_and_teaches_G_the_classes_in_the_batch(conditional_gan):
+    G, D = conditional_gan
+    real, y, fake = labelled_batch(G)
+    _, features = d_step(D, adam(D), real, fake.detach(), y=y)
+    d_before, class_before = [p.detach().clone() for p in D.parameters()], class_weights(G).detach().clone()
+    g_step(D, G, adam(G), fake, features, y=y)
+    assert all(p.grad is None for p in D.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(d_before, D.parameters()))
+    assert all(p.requires_grad for p in D.parameters())
+    changed = (class_weights(G) != class_before).flatten(1).any(dim=1)  # first step: Adam moves what has gradient
+    assert changed[y].all() and not changed[[c for c in range(10) if c not in y.tolist()]].any()
+
+
+# DiffAugment -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["brightness", "saturation", "contrast", "translation", "cutout"])
+def test_each_augmentation_passes_gradient_back_to_its_input(policy):
+    x = torch.randn(4, 3, 16, 16, requires_grad=True)
+    getattr(A, policy)(x, torch.Generator().manual_seed(0)).square().sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0
+
+
+def test_translation_is_a_zero_filled_shift_of_up_to_an_eighth():
+    x = torch.arange(2 * 16 * 16, dtype=torch.float32).view(2, 1, 16, 16) + 1
+    out = A.translation(x, torch.Generator().manual_seed(3))
+    gen = torch.Generator().manual_seed(3)  # the same draws, in the same order
+    shift_rows, shift_cols = (torch.randint(-2, 3, (2, 1, 1), generator=gen) for _ in range(2))
+    assert {int(s) for s in torch.cat([shift_rows, shift_cols]).flatten()} != {0}  # a real shift happens
+    for i in range(2):
+        dx, dy = int(shift_rows[i]), int(shift_cols[i])
+        expected = torch.zeros(16, 16)
+        for r in range(16):
+            for c in range(16):
+                if 0 <= r + dx < 16 and 0 <= c + dy < 16:
+                    expected[r, c] = x[i, 0, r + dx, c + dy]
+        torch.testing.assert_close(out[i, 0], expected)
+
+
+def test_cutout_zeroes_at_most_a_square_of_half_the_side():
+    out = A.cutout(torch.ones(64, 1, 16, 16), torch.Generator().manual_seed(0))
+    zeros = (out == 0).flatten(1).sum(dim=1)
+    assert (zeros > 0).all() and (zeros <= 8 * 8).all() and (zeros == 64).any()
+
+
+def test_the_same_generator_state_draws_the_same_augmentation():
+    x = torch.randn(8, 3, 16, 16)
+    first = A.diff_augment(x, ALL, torch.Generator().manual_seed(1))
+    assert torch.equal(first, A.diff_augment(x, ALL, torch.Generator().manual_seed(1)))
+    assert not torch.equal(first, A.diff_augment(x, ALL, torch.Generator().manual_seed(2)))
+    assert A.diff_augment(x, ()) is x and A.no_augment(x) is x
+
+
+def test_g_step_sends_G_gradient_through_the_augmentation(tiny_gan):
+    G, D = tiny_gan
+    real, fake = torch.rand(16, 1, 16, 16) * 2 - 1, G(torch.randn(16, 16))
+    ctx = augmenting(*ALL)
+    _, features = d_step(D, adam(D), real, fake, ctx)
+    seen = []
+    hooks = [p.register_hook(lambda grad: seen.append(grad.norm())) for p in G.parameters()]
+    stats = g_step(D, G, adam(G), fake, features, ctx)
+    for hook in hooks:
+        hook.remove()
+    assert len(seen) == len(list(G.parameters())) and all(norm > 0 for norm in seen)
+    assert stats["grad_norm/g"] > 0 and fake.grad.abs().sum() > 0
+
+
+def test_with_cutout_alone_the_pixels_D_never_saw_get_no_gradient(tiny_gan):
+    G, D = tiny_gan
+    real, fake = torch.rand(16, 1, 16, 16) * 2 - 1, G(torch.randn(16, 16))
+    ctx = augmenting("cutout")
+    _, features = d_step(D, adam(D), real, fake, ctx)
+    g_step(D, G, adam(G), fake, features, ctx)
+    cut = (fake.grad == 0).flatten(1).float().mean(dim=1)  # the gradient is the cutout mask's shadow
+    assert (cut > 0).all() and (cut <= 0.25).all()
+
+
+def test_an_augmentation_of_pixels_rounded_to_uint8_would_give_G_no_gradient(tiny_gan):
+    G, D = tiny_gan
+    real, fake = torch.rand(16, 1, 16, 16) * 2 - 1, G(torch.randn(16, 16))
+
+    def as_a_data_loader_would(x: torch.Tensor) -> torch.Tensor:  # augment uint8 pixels: round() has gradient 0
+        pixels = x.add(1).mul(127.5).round()
+        return A.translation(pixels.div(127.5).sub(1))
+
+    ctx = StepContext(augment=as_a_data_loader_would)
+    _, features = d_step(D, adam(D), real, fake, ctx)
+    stats = g_step(D, G, adam(G), fake, features, ctx)
+    assert stats["grad_norm/g"] == 0 and fake.grad.abs().sum() == 0
+
+
+def test_d_step_with_augmentation_and_labels_still_cannot_reach_G(conditional_gan):
+    G, D = conditional_gan
+    real, y, fake = labelled_batch(G)
+    d_step(D, adam(D), real, fake, augmenting(*ALL), y=y)
+    assert all(p.grad is None for p in G.parameters())
+
+
+def test_r_t_is_the_mean_sign_of_D_on_the_real_batch(tiny_gan):
+    G, D = tiny_gan
+    real, fake = torch.rand(16, 1, 16, 16) * 2 - 1, G(torch.randn(16, 16))
+    expected = D(real).sign().mean()  # D before its update, as d_step's forward sees it
+    stats, _ = d_step(D, adam(D), real, fake)
+    torch.testing.assert_close(stats["d/overfit_rt"], expected)
+
+
+# labels through the batch stream ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_each_batch_carries_the_labels_of_its_own_images_and_resumes_exactly(workers):
+    count = 40
+    images = torch.arange(count, dtype=torch.uint8).view(count, 1, 1, 1).expand(count, 1, 4, 4).contiguous()
+    labels = torch.arange(count) * 7  # label = 7 x the image's value: any mismatch shows
+    stream = BatchStream(images, 6, seed=0, device=CPU, num_workers=workers, labels=labels)
+    batches = [stream.next_with_labels() for _ in range(9)]  # 6 batches an epoch: crosses into epoch 1
+    for x, y in batches:
+        value = ((x[:, 0, 0, 0] + 1) * 127.5).round().long()
+        assert torch.equal(y, value * 7)
+    resumed = BatchStream(images, 6, seed=0, device=CPU, num_workers=workers, labels=labels)
+    resumed.load_state_dict({"epoch": 0, "batch": 4})  # what a checkpoint after 4 batches holds
+    for x, y in batches[4:]:
+        rx, ry = resumed.next_with_labels()
+        assert torch.equal(rx, x) and torch.equal(ry, y)
+    plain = BatchStream(images, 6, seed=0, device=CPU, num_workers=workers)  # no labels: the same images
+    x, y = plain.next_with_labels()
+    assert y is None and torch.equal(x, batches[0][0])
+
+
+# config, refusals ----------------------------------------------------------------------------------
+
+
+def test_the_new_keys_reach_the_typed_config_and_default_off():
+    cfg = compose_config()
+    assert not cfg.model.conditional and cfg.model.diffaugment == [] and cfg.trainer.overfit_every == 250
+    cfg = compose_config("model.conditional=true", "model.diffaugment=[translation,color]")
+    assert cfg.model.conditional and [p.value for p in cfg.model.diffaugment] == ["translation", "color"]
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (("model.conditional=true", "model.pack=2"), "model.pack"),
+        (("trainer.overfit_every=-1",), "trainer.overfit_every"),
+    ],
+)
+def test_out_of_range_values_are_refused_naming_the_key(overrides, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        compose_config(*overrides)
+
+
+def test_an_unknown_augmentation_is_refused_by_hydra():
+    with pytest.raises(ConfigCompositionException, match="diffaugment"):
+        compose_config("model.diffaugment=[colour]")
+
+
+def test_conditional_on_a_flat_folder_exits_2_naming_model_conditional(tmp_path):
+    folder = tmp_path / "flat"
+    folder.mkdir()
+    for i in range(48):
+        Image.new("L", (16, 16), color=i * 5).save(folder / f"{i:03d}.png")
+    result = run_train(
+        "data=folder", f"data.root={folder}", "model.conditional=true", f"hydra.run.dir={tmp_path / 'run'}"
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-2000:]
+    assert "model.conditional" in output and "Traceback" not in output
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+# training, checkpoints, resume ------------------------------------------------------------------------
+
+
+def test_a_conditional_diffaugment_run_trains_records_its_classes_and_logs_the_signals(tmp_path):
+    cfg = compose_config("model.conditional=true", "model.diffaugment=[color,translation,cutout]",
+                         "trainer.overfit_every=3")  # fmt: skip
+    result = train(cfg, tmp_path)
+    assert result.step == 6 and -1 <= result.metrics["d/overfit_rt"] <= 1
+    state = load_checkpoint(tmp_path)
+    assert state["num_classes"] == 10 and state["G"]["net.0.weight"].shape[0] == cfg.model.z_dim + 10
+    assert state["config"]["model"]["diffaugment"] == list(ALL)
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0, "images": 0})
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"d/overfit_rt", "d/score_train", "d/score_heldout", "d/heldout_gap"} <= tags
+    assert [e.step for e in events.Scalars("d/heldout_gap")] == [3, 6]
+    grid = events.Images("samples")[-1]
+    assert (grid.width, grid.height) == (4 * 18 + 2, 10 * 18 + 2)  # 16 fixed latents: 4 per class row, 10 rows
+
+
+def test_a_conditional_augmented_run_resumes_bit_identically(tmp_path):
+    common = ("model.conditional=true", "model.diffaugment=[color,translation,cutout]", "trainer.checkpoint_every=100")
+    train(compose_config("trainer.max_steps=10", *common), tmp_path / "straight")
+    train(compose_config("trainer.max_steps=5", *common), tmp_path / "split")
+    train(compose_config("trainer.max_steps=10", f"trainer.resume={tmp_path / 'split'}", *common), tmp_path / "split")
+    straight, resumed = load_checkpoint(tmp_path / "straight"), load_checkpoint(tmp_path / "split")
+    for key in ("G", "D", "G_ema"):
+        for name, value in straight[key].items():
+            assert torch.equal(value, resumed[key][name]), f"{key}.{name} differs"
+
+
+def test_the_overfitting_probe_changes_nothing_of_the_run(tmp_path):
+    off = train(compose_config("trainer.overfit_every=0"), tmp_path / "off")
+    on = train(compose_config("trainer.overfit_every=1"), tmp_path / "on")
+    assert off.metrics["loss/d"] == on.metrics["loss/d"]
+    a, b = load_checkpoint(tmp_path / "off"), load_checkpoint(tmp_path / "on")
+    for key in ("G", "D"):
+        for name, value in a[key].items():
+            assert torch.equal(value, b[key][name]), f"{key}.{name} differs"
+
+
+def test_the_probe_restores_D_buffers_and_draws_no_random_number(tiny_gan):
+    _, D = tiny_gan
+    images = torch.randint(0, 256, (64, 1, 16, 16), dtype=torch.uint8)
+    probe = OverfitProbe((images[:32], None), (images[32:], None), batch_size=16)
+    buffers, rng = [b.clone() for b in D.buffers()], torch.get_rng_state()
+    scores = probe.measure(D, StepContext())
+    assert all(torch.equal(a, b) for a, b in zip(buffers, D.buffers()))
+    assert torch.equal(rng, torch.get_rng_state())
+    assert scores["d/heldout_gap"] == pytest.approx(scores["d/score_train"] - scores["d/score_heldout"])
+
+
+def test_a_checkpoint_from_before_conditional_runs_still_loads(tmp_path):
+    train(compose_config(), tmp_path / "run")
+    state = load_checkpoint(tmp_path / "run")
+    del state["num_classes"]
+    for group, key in (("model", "conditional"), ("model", "diffaugment"), ("trainer", "overfit_every")):
+        del state["config"][group][key]
+    save_checkpoint(state, tmp_path / "old.pt")
+    G, _ = build_generator(load_checkpoint(tmp_path / "old.pt"), use_ema=True, device=CPU)
+    assert G.num_classes == 0
+    result = train(compose_config("trainer.max_steps=8", f"trainer.resume={tmp_path / 'old.pt'}"), tmp_path / "run")
+    assert result.step == 8
+
+
+# evaluate.py ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def conditional_run(tmp_path_factory):
+    """A 6-step conditional run on 16 px digits (1200 training, 200 held-out images)."""
+    run_dir = tmp_path_factory.mktemp("cond") / "run"
+    result = run_train(
+        f"hydra.run.dir={run_dir}", "data.num_samples=1200", "model.conditional=true", "trainer.threads=1"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def eval_config(run, root, **kwargs) -> EvaluateConfig:
+    metrics = MetricsConfig(kid_subsets=10)
+    metrics.classifier.epochs, metrics.classifier.min_accuracy = 5, 0.9
+    cfg = EvaluateConfig(checkpoint=str(run), num_samples=200, threads=1, device="cpu", metrics=metrics, **kwargs)
+    cfg.check()
+    return cfg
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for in-process evaluations, as tests/test_evaluate.py does."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_evaluate_reports_cond_accuracy_and_draws_one_row_per_class(conditional_run, tmp_path, one_thread):
+    results = evaluate(eval_config(conditional_run, tmp_path), tmp_path / "eval", {"root": str(tmp_path / "data")})
+    assert 0 <= results["cond_accuracy"] <= 1 and results["num_classes"] == 10 and results["class_id"] is None
+    assert results["intra_fid"] is None  # 20 held-out images a class: too few for a per-class FID
+    assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["cond_accuracy"] == results["cond_accuracy"]
+    with Image.open(tmp_path / "eval" / "classes.png") as grid:
+        assert grid.size == (8 * 18 + 2, 10 * 18 + 2)
+
+
+def test_evaluate_class_id_draws_and_measures_that_class_alone(conditional_run, tmp_path, monkeypatch, one_thread):
+    drawn = []
+
+    def recorded(*args, **kwargs):  # the real metric, with the classes the samples were drawn for noted
+        drawn.append(args[2])
+        return C.conditional_metrics(*args, **kwargs)
+
+    monkeypatch.setattr(P, "conditional_metrics", recorded)
+    cfg = eval_config(conditional_run, tmp_path, class_id=7)
+    cfg.metrics.pr_k = cfg.metrics.dc_k = 3  # about 20 held-out images of class 7
+    results = evaluate(cfg, tmp_path / "eval", {"root": str(tmp_path / "data")})
+    held_out = load_dataset(P.data_config_of(load_checkpoint(conditional_run), {}), train=False)
+    assert results["class_id"] == 7 and results["num_real"] == int((held_out.labels == 7).sum())
+    assert drawn and (drawn[0] == 7).all() and drawn[0].numel() == 200
+    assert 0 <= results["cond_accuracy"] <= 1 and "intra_fid" not in results  # one class: no spread
+    assert not (tmp_path / "eval" / "classes.png").exists()
+
+
+@pytest.mark.parametrize("class_id, message", [(10, "out of range"), (3, "unconditional")])
+def test_a_class_id_that_cannot_be_drawn_exits_2_naming_class_id(conditional_run, tmp_path, class_id, message):
+    checkpoint = conditional_run
+    if message == "unconditional":
+        checkpoint = tmp_path / "plain"
+        assert run_train(f"hydra.run.dir={checkpoint}", "trainer.threads=1").returncode == 0
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "evaluate.py"), f"checkpoint={checkpoint}", f"class_id={class_id}",
+         f"hydra.run.dir={tmp_path / 'eval'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and f"class_id={class_id}" in output and message in output
+    assert "Traceback" not in output
+
+
+def test_intra_class_fid_is_each_class_against_its_own_held_out_images(monkeypatch):
+    monkeypatch.setattr(C, "MIN_PER_CLASS", 10)  # and 4 features: 50 images a class are enough
+    gen = torch.Generator().manual_seed(0)
+    real = torch.cat([torch.randn(50, 4, generator=gen) + 3 * c for c in range(2)])
+    labels = torch.arange(2).repeat_interleave(50)
+    right = C.conditional_metrics(_Always(labels), torch.zeros(100, 1, 4, 4), labels, real, labels, real, 50, CPU)
+    swapped = C.conditional_metrics(_Always(labels), torch.zeros(100, 1, 4, 4), 1 - labels, real, labels, real, 50, CPU)
+    assert right["cond_accuracy"] == 1.0 and swapped["cond_accuracy"] == 0.0
+    assert right["intra_fid"] < 1e-3 < swapped["intra_fid"]  # same images, wrong classes: far apart
+    assert set(right["intra_fid_per_class"]) == {"0", "1"}
+
+
+class _Always(nn.Module):
+    """A stand-in classifier that predicts `labels`, in order, whatever it is shown."""
+
+    def __init__(self, labels: torch.Tensor):
+        super().__init__()
+        self.labels, self.offset = labels, 0
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        out = nn.functional.one_hot(self.labels[self.offset : self.offset + images.size(0)], 2).float()
+        self.offset += images.size(0)
+        return out
