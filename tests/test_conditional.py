@@ -33,6 +33,7 @@ from gan.evaluation import pipeline as P
 from gan.evaluation.pipeline import build_generator, evaluate
 from gan.training import train
 from gan.training.checkpoint import load_checkpoint, save_checkpoint
+from gan.training.monitor import FAKE_TAG
 from gan.training.overfit import OverfitProbe
 
 CPU = torch.device("cpu")
@@ -299,16 +300,16 @@ def test_a_conditional_diffaugment_run_trains_records_its_classes_and_logs_the_s
     cfg = compose_config("model.conditional=true", "model.diffaugment=[color,translation,cutout]",
                          "trainer.overfit_every=3")  # fmt: skip
     result = train(cfg, tmp_path)
-    assert result.step == 6 and -1 <= result.metrics["d/overfit_rt"] <= 1
+    assert result.step == 6 and -1 <= result.metrics["train/d_overfit_rt"] <= 1
     state = load_checkpoint(tmp_path)
     assert state["num_classes"] == 10 and state["G"]["net.0.weight"].shape[0] == cfg.model.z_dim + 10
     assert state["config"]["model"]["diffaugment"] == list(ALL)
     events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0, "images": 0})
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    assert {"d/overfit_rt", "d/score_train", "d/score_heldout", "d/heldout_gap"} <= tags
-    assert [e.step for e in events.Scalars("d/heldout_gap")] == [3, 6]
-    grid = events.Images("samples")[-1]
+    assert {"train/d_overfit_rt", "train/d_score_train", "train/d_score_heldout", "train/d_heldout_gap"} <= tags
+    assert [e.step for e in events.Scalars("train/d_heldout_gap")] == [3, 6]
+    grid = events.Images(FAKE_TAG)[-1]
     assert (grid.width, grid.height) == (4 * 18 + 2, 10 * 18 + 2)  # 16 fixed latents: 4 per class row, 10 rows
 
 
