@@ -249,8 +249,8 @@ class TrainerConfig:
     on_nan: OnNonFinite = OnNonFinite.stop  # what a NaN/inf loss does: stop | skip
     deterministic: bool = False  # bit-reproducible kernels on GPU (slower); CPU runs are already exact
     num_fixed_samples: int = 64  # images in the fixed-noise grid (an 8 x 8 grid; conditional: 8 per class row)
-    # Steps between D's mean scores on training and on held-out reals (d/score_train, d/score_heldout,
-    # d/heldout_gap; gan/training/overfit.py): a gap that grows is D memorising the training images,
+    # Steps between D's mean scores on training and on held-out reals (train/d_score_train, train/d_score_heldout,
+    # train/d_heldout_gap; gan/training/overfit.py): a gap that grows is D memorising the training images,
     # visible before FID worsens. A few hundred steps: the trend shows, and it costs two forwards of D
     # over 512 images each. 0 = off.
     overfit_every: int = 250
