@@ -1,6 +1,7 @@
 """Plot TensorBoard scalars of several runs side by side, one panel per tag, into a PNG.
 
-    python scripts/plot_scalars.py --runs NAME=RUN_DIR NAME=RUN_DIR --tags train/d_overfit_rt train/d_heldout_gap --out FILE.png
+    python scripts/plot_scalars.py --runs NAME=RUN_DIR NAME=RUN_DIR \
+        --tags train/d_overfit_rt train/d_heldout_gap --out FILE.png
 
 Reads each run's `tb/` events (what train.py writes). Each point is the mean of the points logged
 in the last `--window` steps (r_t is one batch's mean sign, noisy; a tag logged less often than
