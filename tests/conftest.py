@@ -70,6 +70,15 @@ def _seed_and_clean_hydra():
 
 
 @pytest.fixture
+def one_thread():
+    """One torch thread for in-process evaluations (two collapse when another process holds a core)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def tiny_gan() -> tuple[Generator, Discriminator]:
     torch.manual_seed(0)
     return Generator(z_dim=16, width=8, channels=1, image_size=16), Discriminator(width=8, channels=1, image_size=16)

@@ -380,15 +380,6 @@ def eval_config(run, root, **kwargs) -> EvaluateConfig:
     return cfg
 
 
-@pytest.fixture
-def one_thread():
-    """One torch thread for in-process evaluations, as tests/test_evaluate.py does."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_evaluate_reports_cond_accuracy_and_draws_one_row_per_class(conditional_run, tmp_path, one_thread):
     results = evaluate(eval_config(conditional_run, tmp_path), tmp_path / "eval", {"root": str(tmp_path / "data")})
     assert 0 <= results["cond_accuracy"] <= 1 and results["num_classes"] == 10 and results["class_id"] is None

@@ -73,15 +73,6 @@ TINY_EVAL = [
 ]
 
 
-@pytest.fixture
-def one_thread():
-    """One torch thread for in-process evaluations (two collapse when another process holds a core)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def run_evaluate(*overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
     """The real `python evaluate.py` in a subprocess."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
