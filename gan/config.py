@@ -84,7 +84,9 @@ class DataConfig:
     # Hold the preprocessed uint8 images in memory (on the training device) and index batches there,
     # or decode each batch in DataLoader workers. null = auto: in memory up to 512 MiB of pixels.
     in_memory: Optional[bool] = None
-    batch_size: int = 128  # images per process and step; DCGAN paper: 128
+    # Images per process and step. 64, not the DCGAN paper's 128: with the narrow default model, twice
+    # the steps in the same time learn faster on a CPU (docs/results.md, "Quality in one minute")
+    batch_size: int = 64
     # DataLoader worker processes. null = auto: 0 for data in memory (a batch is one indexing op),
     # else half the CPU cores, at most 8 (the other half trains). 0 = decode in the main process.
     num_workers: Optional[int] = None
@@ -150,8 +152,11 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     z_dim: int = 100  # latent size, DCGAN paper
-    g_width: int = 64  # G's channels at full resolution (ngf); doubled per block toward 4x4
-    d_width: int = 64  # D's channels at full resolution (ndf); doubled per block toward 4x4
+    # G's and D's channels at full resolution (ngf, ndf), doubled per block toward 4x4. 32, half the
+    # DCGAN paper's 64: a quarter of the FLOPs, so 2.5x the steps per second on a CPU, and the
+    # quickest route to quality measured on 32 px digits (docs/results.md, "Quality in one minute")
+    g_width: int = 32
+    d_width: int = 32
     # EMA of G's weights for sampling (Karras et al. 2018); 0 = off. Warmed up as min(decay, (1+n)/(10+n))
     # (TF's num_updates), which stays below 0.999 until step 8,990: a 5,000-step run ends at 0.9982,
     # a half-life of about 390 steps.
@@ -214,7 +219,10 @@ class LossConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 2e-4  # Adam step size for G (and D unless lr_d is set), DCGAN paper
+    # Adam step size for G (and D unless lr_d is set). 1e-3, five times the DCGAN paper's 2e-4: with
+    # batch 64 and the narrow default model it reached FID 2.8 on digits in one CPU minute, 2e-4 reached
+    # 26.6 (docs/results.md, "Quality in one minute"). experiment=paper restores the paper's settings.
+    lr: float = 1e-3
     lr_d: Optional[float] = None  # D's own step size (TTUR, Heusel et al. 2017); null = optim.lr
     beta1: float = 0.5  # DCGAN paper: the default 0.9 made training oscillate
     beta2: float = 0.999  # Adam default
@@ -229,7 +237,7 @@ class OptimConfig:
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 2500  # generator updates; 2500 x 128 images is about 5 epochs of digits
+    max_steps: int = 10000  # generator updates; 10,000 x 64 images is about 11 epochs of digits
     device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
     seed: int = 0  # seeds weights, latents and shuffling
     resume: Optional[str] = None  # a checkpoint file or a run directory to continue from
@@ -243,8 +251,8 @@ class TrainerConfig:
     # activations stop page-faulting every step (gan/device.py:retain_freed_memory; docs/speed.md)
     retain_host_memory: bool = True
     log_every: int = 50  # steps between scalar logs (the only host syncs of the loop)
-    sample_every: int = 250  # steps between fixed-noise sample grids
-    checkpoint_every: int = 500  # steps between writes of checkpoints/last.pt (and one at the end)
+    sample_every: int = 500  # steps between fixed-noise sample grids (20 in a default run)
+    checkpoint_every: int = 1000  # steps between writes of checkpoints/last.pt (and one at the end)
     keep_checkpoints: int = 0  # also keep the last K numbered checkpoints (step_000500.pt, ...); 0 = none
     on_nan: OnNonFinite = OnNonFinite.stop  # what a NaN/inf loss does: stop | skip
     deterministic: bool = False  # bit-reproducible kernels on GPU (slower); CPU runs are already exact
@@ -253,7 +261,7 @@ class TrainerConfig:
     # train/d_heldout_gap; gan/training/overfit.py): a gap that grows is D memorising the training images,
     # visible before FID worsens. A few hundred steps: the trend shows, and it costs two forwards of D
     # over 512 images each. 0 = off.
-    overfit_every: int = 250
+    overfit_every: int = 500
     progress: bool = True  # show a tqdm progress bar on the terminal
     # After training, evaluate.py's metrics on this many samples, into RUN_DIR/eval; train.py then
     # returns the FID for a Hydra sweeper to minimise. 0 = skip (train.py returns NaN).

@@ -44,11 +44,14 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.flop_counter import FlopCounterMode
 
-from gan.config import DataConfig, ModelConfig, Precision, TrainConfig, TrainerConfig
-from gan.core.models import Discriminator, Generator
-from gan.data import ImageSet
-from gan.device import retain_freed_memory
-from gan.training import train
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: the repo's gan and scripts
+
+from gan.config import DataConfig, ModelConfig, Precision, TrainConfig, TrainerConfig  # noqa: E402
+from gan.core.models import Discriminator, Generator  # noqa: E402
+from gan.data import ImageSet  # noqa: E402
+from gan.device import retain_freed_memory  # noqa: E402
+from gan.training import train  # noqa: E402
+from scripts.canonical_dcgan import iteration  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -75,25 +78,10 @@ def canonical_step(
     real: Tensor,
     noise: Tensor,
 ) -> tuple[float, float]:
-    """One iteration as pytorch/examples dcgan/main.py writes it (netD ends in a Sigmoid)."""
-    criterion = nn.BCELoss()
-    # (1) Update D network: maximize log(D(x)) + log(1 - D(G(z)))
-    netD.zero_grad()
-    label = torch.full((real.size(0),), 1.0, device=real.device)
-    errD_real = criterion(netD(real), label)
-    errD_real.backward()
-    fake = netG(noise)
-    label.fill_(0.0)
-    errD_fake = criterion(netD(fake.detach()), label)
-    errD_fake.backward()
-    optimizerD.step()
-    # (2) Update G network: maximize log(D(G(z)))
-    netG.zero_grad()
-    label.fill_(1.0)
-    errG = criterion(netD(fake), label)
-    errG.backward()
-    optimizerG.step()
-    return (errD_real + errD_fake).item(), errG.item()
+    """One iteration as pytorch/examples dcgan/main.py writes it (netD ends in a Sigmoid): the loop
+    body of scripts/canonical_dcgan.py; returns D's and G's losses."""
+    errD, errG, *_ = iteration(netG, netD, nn.BCELoss(), optimizerD, optimizerG, real, noise)
+    return errD.item(), errG.item()
 
 
 def run_canonical(

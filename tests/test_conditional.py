@@ -257,7 +257,7 @@ def test_each_batch_carries_the_labels_of_its_own_images_and_resumes_exactly(wor
 
 def test_the_new_keys_reach_the_typed_config_and_default_off():
     cfg = compose_config()
-    assert not cfg.model.conditional and cfg.model.diffaugment == [] and cfg.trainer.overfit_every == 250
+    assert not cfg.model.conditional and cfg.model.diffaugment == [] and cfg.trainer.overfit_every == 500
     cfg = compose_config("model.conditional=true", "model.diffaugment=[translation,color]")
     assert cfg.model.conditional and [p.value for p in cfg.model.diffaugment] == ["translation", "color"]
 

@@ -4,7 +4,8 @@ Owns the architectures and their weight init. Knows nothing of configs, losses o
 size is a typed constructor argument. D returns logits (no Sigmoid): the losses in `gan.core.losses`
 use the with-logits forms, which are stable and safe under autocast (pytorch#61098).
 
-Shapes for the default 32 x 32 grayscale model (width 64):
+Shapes for a 32 x 32 grayscale model of width 64 (the DCGAN paper's; the default width, 32, halves
+every channel count):
     G: z 100 -> 256 x 4 x 4 -> 128 x 8 x 8 -> 64 x 16 x 16 -> 1 x 32 x 32
     D: 1 x 32 x 32 -> 64 x 16 x 16 -> 128 x 8 x 8 -> 256 x 4 x 4 -> logit
 Each extra doubling of image_size adds one block to each network (pytorch/examples#70 asked for

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 from torchvision.utils import save_image
@@ -47,11 +47,20 @@ class TrainResult:
     seconds: float = 0.0  # wall time of the loop after its first step (which may include compiling)
 
 
-def train(cfg: TrainConfig, run_dir: Path, dataset: Optional[ImageSet] = None, world: World = SINGLE) -> TrainResult:
+def train(
+    cfg: TrainConfig,
+    run_dir: Path,
+    dataset: Optional[ImageSet] = None,
+    world: World = SINGLE,
+    after_step: Optional[Callable[[TrainingState], bool]] = None,
+) -> TrainResult:
     """Train (or resume, if cfg.trainer.resume is set) one run, writing everything into run_dir.
 
     `dataset` replaces the one cfg.data names (the benchmark feeds its own images this way).
     `world` is this process's place in a torchrun job; rank 0 alone writes files.
+    `after_step(state)` is called after every step, EMA included; True ends the run there, with its
+    samples and checkpoint, as a signal would (StyleGAN2-ADA's training loop takes an abort_fn the
+    same way; scripts/compare.py snapshots G and stops at a wall-clock budget with it).
     """
     trainer, z_dim = cfg.trainer, cfg.model.z_dim
     # rank 0 owns run_dir until it returns: one process at a time, a new run never over an old one's
@@ -88,7 +97,8 @@ def train(cfg: TrainConfig, run_dir: Path, dataset: Optional[ImageSet] = None, w
                 monitor.advance(state.step, real.size(0) * world.size)  # all ranks' images: time/img_per_s
                 # Under DDP every rank must stop at the same step: one all-reduce of the stop flag per
                 # step (a host sync, the only one besides logging and trainer.on_nan=skip's check).
-                done = state.step == trainer.max_steps or any_rank(stop.signal is not None, world, device)
+                asked = after_step is not None and after_step(state)  # the caller's own stop (a time budget)
+                done = state.step == trainer.max_steps or any_rank(stop.signal is not None or asked, world, device)
 
                 # overfitting: D's scores on training against held-out reals (gan/training/overfit.py)
                 if overfit is not None and state.step % trainer.overfit_every == 0:

@@ -1,0 +1,217 @@
+"""scripts/compare.py and scripts/canonical_dcgan.py: the canonical DCGAN is main.py's, the race's
+clock and summary say what they claim, and both scripts run end to end (scripts/one_minute.py too)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, compose_config
+from torch import nn
+
+from gan.training import train
+from scripts import canonical_dcgan as canonical
+from scripts import compare
+
+# the canonical DCGAN -----------------------------------------------------------------------------
+
+
+def test_canonical_networks_at_64_px_are_main_py_s():
+    """main.py prints its networks: G 3,576,704 and D 2,765,568 parameters for RGB at 64 px (the
+    sums of its layer list: 100*512*16 + 512*256*16 + 256*128*16 + 128*64*16 + 64*3*16 weights
+    and 2 x (512 + 256 + 128 + 64) BatchNorm parameters in G; D mirrors it)."""
+    G = canonical.Generator(canonical.NZ, canonical.NGF, 3, 64)
+    D = canonical.Discriminator(canonical.NDF, 3, 64)
+    assert sum(p.numel() for p in G.parameters()) == 3_576_704
+    assert sum(p.numel() for p in D.parameters()) == 2_765_568
+    kinds = [type(m).__name__ for m in G.main]
+    assert kinds == ["ConvTranspose2d", "BatchNorm2d", "ReLU"] * 4 + ["ConvTranspose2d", "Tanh"]
+    kinds = [type(m).__name__ for m in D.main]
+    assert kinds == ["Conv2d", "LeakyReLU"] + ["Conv2d", "BatchNorm2d", "LeakyReLU"] * 3 + ["Conv2d", "Sigmoid"]
+
+
+@pytest.mark.parametrize("size", [16, 32, 64])
+def test_canonical_networks_build_every_power_of_two(size):
+    G, D = canonical.Generator(8, 4, 1, size), canonical.Discriminator(4, 1, size)
+    images = G(torch.randn(5, 8, 1, 1))
+    assert images.shape == (5, 1, size, size) and images.abs().max() <= 1
+    scores = D(images)
+    assert scores.shape == (5,) and ((scores > 0) & (scores < 1)).all()
+    assert sum(isinstance(m, nn.ConvTranspose2d) for m in G.modules()) == size.bit_length() - 2  # log2(size) - 1
+
+
+@pytest.mark.parametrize("size", [8, 24, 48])
+def test_canonical_networks_refuse_other_sizes(size):
+    with pytest.raises(ValueError, match="powers of two from 16"):
+        canonical.Generator(8, 4, 1, size)
+
+
+def test_weights_init_is_the_dcgan_papers():
+    G = canonical.Generator(100, 64, 1, 32)
+    G.apply(canonical.weights_init)
+    conv = torch.cat([m.weight.flatten() for m in G.modules() if isinstance(m, nn.ConvTranspose2d)])
+    norm = torch.cat([m.weight.flatten() for m in G.modules() if isinstance(m, nn.BatchNorm2d)])
+    assert abs(conv.mean().item()) < 1e-3 and conv.std().item() == pytest.approx(0.02, rel=0.02)
+    assert norm.mean().item() == pytest.approx(1.0, abs=0.01) and norm.std().item() == pytest.approx(0.02, rel=0.2)
+    assert all((m.bias == 0).all() for m in G.modules() if isinstance(m, nn.BatchNorm2d))
+
+
+def test_canonical_g_gradient_is_the_g_loss_alone():
+    """After an iteration, G's .grad is exactly d BCE(D'(G(z)), 1) / dG, with D' the updated D:
+    fake.detach() kept D's loss out of G, and netG.zero_grad() cleared what D's step left."""
+    torch.manual_seed(0)
+    netG, netD = canonical.Generator(8, 4, 1, 16), canonical.Discriminator(4, 1, 16)
+    netG.apply(canonical.weights_init)
+    netD.apply(canonical.weights_init)
+    G_before = copy.deepcopy(netG)
+    opt_d = torch.optim.Adam(netD.parameters(), lr=canonical.LR, betas=(canonical.BETA1, 0.999))
+    opt_g = torch.optim.Adam(netG.parameters(), lr=canonical.LR, betas=(canonical.BETA1, 0.999))
+    real, noise = torch.rand(6, 1, 16, 16) * 2 - 1, torch.randn(6, 8, 1, 1)
+    canonical.iteration(netG, netD, nn.BCELoss(), opt_d, opt_g, real, noise)
+    expected = torch.autograd.grad(nn.BCELoss()(netD(G_before(noise)), torch.ones(6)), list(G_before.parameters()))
+    for got, want in zip((p.grad for p in netG.parameters()), expected):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_images_dataset_applies_main_py_s_transform():
+    images = torch.tensor([0, 255, 128], dtype=torch.uint8).view(3, 1, 1, 1)
+    data = canonical.Images(images, torch.zeros(3, dtype=torch.long))
+    values = [data[i][0].item() for i in range(3)]
+    assert values == pytest.approx([-1.0, 1.0, 128 / 255 * 2 - 1], abs=1e-6)  # float32 arithmetic
+
+
+def test_sampler_uses_batch_statistics_or_running_ones():
+    torch.manual_seed(0)
+    netG = canonical.Generator(8, 4, 1, 16).eval()
+    z = torch.randn(8, 8)
+    with torch.no_grad():
+        eval_mode = canonical.Sampler(copy.deepcopy(netG), 8, batch_statistics=False).eval()(z)
+        train_mode = canonical.Sampler(copy.deepcopy(netG), 8, batch_statistics=True, batch=4).eval()(z)
+        halves = torch.cat([copy.deepcopy(netG).train()(half.view(-1, 8, 1, 1)) for half in z.split(4)])
+    torch.testing.assert_close(eval_mode, netG(z.view(-1, 8, 1, 1)))
+    torch.testing.assert_close(train_mode, halves)  # each batch of 4 normalised by its own statistics
+    assert not torch.allclose(train_mode, eval_mode)
+
+
+# the race's clock and summary --------------------------------------------------------------------
+
+
+def test_snapshot_times_are_geometric_and_end_at_the_budget():
+    times = compare.snapshot_times(900.0)
+    assert times[-1] == pytest.approx(900.0) and 60.0 in times
+    geometric = [t for t in times if t != 60.0]
+    ratios = [b / a for a, b in zip(geometric, geometric[1:])]
+    assert ratios == pytest.approx([2**0.5] * len(ratios))
+    assert 7 < geometric[0] <= 15
+    assert len(compare.snapshot_times(2.0)) >= 3 and compare.snapshot_times(2.0)[-1] == pytest.approx(2.0)
+
+
+def test_budget_clock_starts_after_the_first_step_and_pauses_for_snapshots(tmp_path, monkeypatch):
+    now = {"t": 100.0}
+    monkeypatch.setattr(compare.time, "perf_counter", lambda: now["t"])
+
+    def snapshot():
+        now["t"] += 50.0  # a slow snapshot: the clock must not count it
+        return {"weights": torch.zeros(1)}
+
+    budget = compare.Budget([1.0, 2.0, 3.0], tmp_path, snapshot)
+    stops = []
+    for step, training_seconds in enumerate([0.0, 0.5, 0.7, 1.1, 0.8], start=1):  # 0.5, 1.2, 2.3, 3.1 s in all
+        now["t"] += training_seconds
+        stops.append(budget.tick(step))
+    saved = [torch.load(p, weights_only=True) for p in sorted(tmp_path.glob("*.pt"))]
+    assert [s["step"] for s in saved] == [3, 4, 5]
+    assert [round(s["seconds"], 2) for s in saved] == [1.2, 2.3, 3.1]
+    assert stops == [False, False, False, False, True]
+
+
+def rows(side, points):
+    return [{"side": side, "seconds": s, "step": i, "fid": f, "recall": 0.5} for i, (s, f) in enumerate(points)]
+
+
+def test_summary_numbers():
+    canon = rows("canonical", [(10, 80.0), (100, 12.0), (400, 10.0), (800, 11.0)])
+    project = rows("project", [(10, 40.0), (50, 9.0), (400, 3.0), (800, 2.0)])
+    summary = compare.summarise(canon, project)
+    assert summary["time_to_quality"] == pytest.approx(400 / 50)  # canonical's best (10.0 at 400 s), reached at 50 s
+    assert summary["fid_at_budget_ratio"] == pytest.approx(11.0 / 2.0)
+    never = compare.summarise(canon, rows("project", [(10, 40.0), (800, 20.0)]))
+    assert never["time_to_quality"] == 0.0
+    line = compare.summary_line(summary)
+    assert re.fullmatch(r"time_to_quality=8 fid_at_budget_ratio=5.5 fid_project=2 fid_canonical=11 "
+                        r"recall_project=0.5 recall_canonical=0.5", line)  # fmt: skip
+
+
+def test_after_step_stops_the_training_loop_with_a_checkpoint(tmp_path):
+    cfg = compose_config("trainer.max_steps=50", "trainer.checkpoint_every=1000")
+    seen = []
+    result = train(cfg, tmp_path, after_step=lambda state: seen.append(state.step) or state.step == 4)
+    assert seen == [1, 2, 3, 4] and result.step == 4
+    assert torch.load(result.checkpoint, weights_only=True)["step"] == 4
+
+
+# end to end --------------------------------------------------------------------------------------
+
+TINY_RACE = ["debug=tiny", "data.num_samples=2000", "trainer.log_every=1000", "metrics.classifier.min_accuracy=0"]
+
+
+def script(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(ROOT / "scripts" / name), *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_compare_runs_end_to_end(tmp_path):
+    done = script("compare.py", *TINY_RACE, "--budget-s", "3", "--samples", "200", "--out", "race", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = done.stdout.strip().splitlines()[-1]
+    number = r"[0-9.e+-]+|inf|nan"
+    keys = (
+        "time_to_quality",
+        "fid_at_budget_ratio",
+        "fid_project",
+        "fid_canonical",
+        "recall_project",
+        "recall_canonical",
+    )
+    assert re.fullmatch(" ".join(f"{key}=(?:{number})" for key in keys), last), last
+    result = json.loads((tmp_path / "race" / "compare.json").read_text())
+    for side in ("canonical", "project"):
+        mine = [row for row in result["rows"] if row["side"] == side]
+        assert len(mine) == len(compare.snapshot_times(3.0))
+        assert [row["seconds"] for row in mine] == sorted(row["seconds"] for row in mine)
+        assert mine[-1]["seconds"] >= 3.0 and all(row["fid"] > 0 for row in mine)
+        assert result["runs"][side]["iterations"] >= mine[-1]["step"]
+    assert result["summary"] == compare.summarise(
+        [r for r in result["rows"] if r["side"] == "canonical"], [r for r in result["rows"] if r["side"] == "project"]
+    )
+    assert (tmp_path / "race" / "fid_vs_time.png").stat().st_size > 10_000
+    assert list((tmp_path / "race" / "canonical" / "run").glob("fake_samples_epoch_000.png"))  # main.py's own files
+    again = script("compare.py", *TINY_RACE, "--budget-s", "3", "--out", "race", cwd=tmp_path)
+    assert again.returncode == 2 and "already holds a comparison" in again.stderr
+
+
+def test_compare_refuses_bad_overrides_before_training(tmp_path):
+    for bad, says in (("model.nope=1", "do not make a train.py config"), ("metrics.nope=1", "metrics.* override")):
+        done = script("compare.py", bad, "--out", "race", cwd=tmp_path)
+        assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr
+        assert not (tmp_path / "race").exists()
+
+
+@pytest.mark.slow
+def test_one_minute_sends_a_real_ctrl_c_and_measures_what_it_left(tmp_path):
+    args = ("debug=tiny", "data.num_samples=2000", "trainer.max_steps=100000", "trainer.log_every=1000")
+    done = script("one_minute.py", *args, "metrics.classifier.min_accuracy=0", "--seconds", "2", "--samples", "200",
+                  "--out", "run", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "stopped by SIGINT" in done.stdout
+    match = re.search(r"one_minute steps=(\d+) seconds=([0-9.]+) fid=([0-9.]+) classes=(\d+)", done.stdout)
+    assert match and float(match[2]) >= 2.0
+    metrics = json.loads((tmp_path / "run" / "eval" / "metrics.json").read_text())
+    assert metrics["step"] == int(match[1]) and f"{metrics['fid']:.2f}" == match[3]
