@@ -19,18 +19,14 @@ import logging
 import sys
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gan.config import DataConfig, MetricsConfig, register_configs  # noqa: E402
 from gan.data import load_dataset  # noqa: E402
 from gan.device import resolve_device  # noqa: E402
 from gan.evaluation import metrics as M  # noqa: E402
 from gan.evaluation.pipeline import reference_subset  # noqa: E402
+from scripts.compare import metrics_config, train_config  # noqa: E402
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 NUM = 10000
 SIGMAS = (0.05, 0.1, 0.2, 0.3)
 BLURS = (0.5, 1.0)
@@ -38,15 +34,8 @@ BLURS = (0.5, 1.0)
 
 def main(overrides: list[str]) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    register_configs()
-    data_args = [o for o in overrides if o.startswith("data")]
-    metric_args = [o.split(".", 1)[1] for o in overrides if o.startswith("metrics.")]
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        data = OmegaConf.to_object(compose(config_name="train", overrides=data_args).data)
-    assert isinstance(data, DataConfig)
-    metrics_cfg = OmegaConf.to_object(
-        OmegaConf.merge(OmegaConf.structured(MetricsConfig), OmegaConf.from_dotlist(metric_args))
-    )
+    data = train_config([o for o in overrides if o.startswith("data")]).data
+    metrics_cfg = metrics_config(overrides)
     device = resolve_device("auto")
     held_out = load_dataset(data, train=False, in_memory=True)
     train = load_dataset(data, train=True, in_memory=True)

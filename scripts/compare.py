@@ -86,17 +86,17 @@ def snapshot_times(budget: float, extra: tuple[float, ...] = (60.0,)) -> list[fl
 
 
 class Budget:
-    """The clock of one side. `tick(step)` after every iteration: the first tick starts the clock;
-    at each snapshot time `snapshot()` is written to FOLDER/NN.pt with the seconds and step (the
-    clock stops while it is written); True once the last snapshot, at the budget, is written."""
+    """The clock of one side. `tick(step, snapshot)` after every iteration: the first tick starts
+    the clock; at each snapshot time `snapshot()` is written to FOLDER/NN.pt with the seconds and step
+    (the clock stops while it is written); True once the last snapshot, at the budget, is written."""
 
-    def __init__(self, times: list[float], folder: Path, snapshot: Callable[[], dict[str, Any]]):
-        self.times, self.folder, self.snapshot = list(times), folder, snapshot
+    def __init__(self, times: list[float], folder: Path):
+        self.times, self.folder = list(times), folder
         self.start: Optional[float] = None
         self.paused, self.written = 0.0, 0
         folder.mkdir(parents=True, exist_ok=True)
 
-    def tick(self, step: int) -> bool:
+    def tick(self, step: int, snapshot: Callable[[], dict[str, Any]]) -> bool:
         now = time.perf_counter()
         if self.start is None:
             self.start = now
@@ -104,7 +104,7 @@ class Budget:
         elapsed = now - self.start - self.paused
         while self.times and self.times[0] <= elapsed:
             self.times.pop(0)
-            torch.save({**self.snapshot(), "seconds": elapsed, "step": step}, self.folder / f"{self.written:02d}.pt")
+            torch.save({**snapshot(), "seconds": elapsed, "step": step}, self.folder / f"{self.written:02d}.pt")
             self.written += 1
         self.paused += time.perf_counter() - now
         return not self.times
@@ -127,9 +127,9 @@ def train_config(overrides: list[str]) -> TrainConfig:
     return typed
 
 
-def metrics_config(args: argparse.Namespace) -> MetricsConfig:
-    """evaluate.py's metrics settings with the metrics.* overrides among args.overrides."""
-    dotlist = [o.split(".", 1)[1] for o in args.overrides if o.startswith("metrics.")]
+def metrics_config(overrides: list[str]) -> MetricsConfig:
+    """evaluate.py's metrics settings with the metrics.* overrides among `overrides`."""
+    dotlist = [o.split(".", 1)[1] for o in overrides if o.startswith("metrics.")]
     try:
         metrics = OmegaConf.to_object(
             OmegaConf.merge(OmegaConf.structured(MetricsConfig), OmegaConf.from_dotlist(dotlist))
@@ -143,18 +143,15 @@ def metrics_config(args: argparse.Namespace) -> MetricsConfig:
 def run_project(cfg: TrainConfig, out: Path, times: list[float]) -> dict[str, Any]:
     """The real train() loop with the budget's clock as its after_step; snapshots hold what
     evaluate.py rebuilds G from (config, G, G_ema, num_classes)."""
-    state_ref: dict[str, TrainingState] = {}
-
-    def snapshot() -> dict[str, Any]:
-        state = state_ref["state"]
-        ema = state.G_ema.state_dict() if state.G_ema is not None else None
-        return {"config": to_plain(cfg), "G": state.G.state_dict(), "G_ema": ema, "num_classes": state.G.num_classes}
-
-    budget = Budget(times, out / "snapshots", snapshot)
+    budget = Budget(times, out / "snapshots")
 
     def after_step(state: TrainingState) -> bool:
-        state_ref["state"] = state
-        return budget.tick(state.step)
+        def snapshot() -> dict[str, Any]:
+            ema = state.G_ema.state_dict() if state.G_ema is not None else None
+            weights = {"G": state.G.state_dict(), "G_ema": ema, "num_classes": state.G.num_classes}
+            return {"config": to_plain(cfg), **weights}
+
+        return budget.tick(state.step, snapshot)
 
     result = train(cfg, out / "run", after_step=after_step)
     return {"iterations": result.step, "snapshots": budget.written}
@@ -163,14 +160,12 @@ def run_project(cfg: TrainConfig, out: Path, times: list[float]) -> dict[str, An
 def run_canonical(cfg: TrainConfig, out: Path, times: list[float], workers: int) -> dict[str, Any]:
     """main.py's loop on the same training split (uint8, already at data.image_size)."""
     data = load_dataset(cfg.data, in_memory=True)
-    netG_ref: dict[str, nn.Module] = {}
     nc, size = data.images.size(1), data.images.size(-1)
     shape = {"nz": canonical.NZ, "ngf": canonical.NGF, "nc": nc, "image_size": size}
-    budget = Budget(times, out / "snapshots", lambda: {"netG": netG_ref["G"].state_dict(), "shape": shape})
+    budget = Budget(times, out / "snapshots")
 
     def after_step(netG: nn.Module, step: int) -> bool:
-        netG_ref["G"] = netG
-        return budget.tick(step)
+        return budget.tick(step, lambda: {"netG": netG.state_dict(), "shape": shape})
 
     device = str(resolve_device(cfg.trainer.device))
     _, iterations = canonical.train(data.images, data.labels, out / "run", after_step, cfg.trainer.seed, device,
@@ -241,11 +236,13 @@ class Measurer:
         if self.classifier is None:
             raise UserError(f"data={data.name} has no class labels: compare.py measures in a classifier's features")
         self.features = M.ClassifierFeatures(self.classifier, self.reals.stacked, reference.images.size(1)).to(device)
+        self.real_features = M.batched(self.features, self.reals.images, self.config.batch_size, device)  # once
 
     def __call__(self, G: nn.Module) -> dict[str, Any]:
         cfg = self.config
         fake = generate(G, cfg.num_samples, cfg.batch_size, cfg.seed, self.device)
-        results = measure(self.features, self.classifier, self.reals, fake, cfg, self.device)
+        results = measure(self.features, self.classifier, self.reals, fake, cfg, self.device,
+                          real_features=self.real_features)  # fmt: skip
         return {key: results[key] for key in ("fid", "kid", "precision", "recall", "classes_covered") if key in results}
 
 
@@ -255,7 +252,7 @@ def generator_of(side: str, snapshot: dict[str, Any], measurer: Measurer, batch_
         G, _ = prepare_generator(snapshot, measurer.config, measurer.device)  # EMA, BatchNorm recomputed
         return G
     shape = snapshot["shape"]
-    netG = canonical.Generator(shape["nz"], canonical.NGF, shape["nc"], shape["image_size"])
+    netG = canonical.Generator(shape["nz"], shape["ngf"], shape["nc"], shape["image_size"])
     netG.load_state_dict(snapshot["netG"])
     return canonical.Sampler(netG, shape["nz"], batch_statistics).to(measurer.device)
 
@@ -344,7 +341,7 @@ def summary_line(summary: dict[str, float]) -> str:
 
 def main(args: argparse.Namespace) -> None:
     cfg = train_config(args.overrides)  # a bad override fails here, before any training
-    metrics = metrics_config(args)
+    metrics = metrics_config(args.overrides)
     stamp = f"{cfg.data.name.value}-{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}"
     args.out = args.out or Path("outputs/compare") / stamp
     taken = [side for side in SIDES if (args.out / side).exists()]

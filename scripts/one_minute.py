@@ -64,13 +64,14 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--samples", type=int, default=10000, help="evaluate.py's num_samples")
     args = parser.parse_args(argv)
     cfg = train_config(args.overrides + ["trainer.progress=false"])
+    metrics_settings = metrics_config(args.overrides)  # a bad metrics.* override fails before training
     run_dir = args.out or Path("outputs/one_minute") / f"{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}"
     clock = CtrlC(args.seconds)
     result = train(cfg, run_dir, after_step=clock)
     seconds = clock.sent or 0.0
     if result.stopped_by != "SIGINT":
         log.warning("The run ended at trainer.max_steps=%d before the Ctrl-C", cfg.trainer.max_steps)
-    measured = EvaluateConfig(checkpoint=str(result.checkpoint), num_samples=args.samples, metrics=metrics_config(args))
+    measured = EvaluateConfig(checkpoint=str(result.checkpoint), num_samples=args.samples, metrics=metrics_settings)
     metrics = evaluate(measured, run_dir / "eval")
     print(f"{result.step} steps in {seconds:.1f} s after the first; stopped by {result.stopped_by or 'max_steps'}")
     print(f"one_minute steps={result.step} seconds={seconds:.1f} fid={metrics['fid']:.2f} "

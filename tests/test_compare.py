@@ -120,11 +120,11 @@ def test_budget_clock_starts_after_the_first_step_and_pauses_for_snapshots(tmp_p
         now["t"] += 50.0  # a slow snapshot: the clock must not count it
         return {"weights": torch.zeros(1)}
 
-    budget = compare.Budget([1.0, 2.0, 3.0], tmp_path, snapshot)
+    budget = compare.Budget([1.0, 2.0, 3.0], tmp_path)
     stops = []
     for step, training_seconds in enumerate([0.0, 0.5, 0.7, 1.1, 0.8], start=1):  # 0.5, 1.2, 2.3, 3.1 s in all
         now["t"] += training_seconds
-        stops.append(budget.tick(step))
+        stops.append(budget.tick(step, snapshot))
     saved = [torch.load(p, weights_only=True) for p in sorted(tmp_path.glob("*.pt"))]
     assert [s["step"] for s in saved] == [3, 4, 5]
     assert [round(s["seconds"], 2) for s in saved] == [1.2, 2.3, 3.1]

@@ -157,11 +157,14 @@ def measure(
     cfg: EvaluateConfig,
     device: torch.device,
     requested: Optional[Tensor] = None,
+    real_features: Optional[Tensor] = None,
 ) -> dict[str, Any]:
     """Every metric of `fake` against `reals`: distances in feature space, then class coverage;
     for a conditional G (`requested`: the class each sample was drawn for) cond_accuracy and
-    intra-class FID (gan/evaluation/conditional.py)."""
-    real_features = M.batched(feature_net, reals.images, cfg.batch_size, device)
+    intra-class FID (gan/evaluation/conditional.py). `real_features`: those of reals.images under
+    feature_net, from a caller that measures many sample sets against the same reals."""
+    if real_features is None:
+        real_features = M.batched(feature_net, reals.images, cfg.batch_size, device)
     fake_features = M.batched(feature_net, fake, cfg.batch_size, device)
     results: dict[str, Any] = M.distribution_metrics(real_features, fake_features, cfg.metrics, cfg.seed)
     results.update(class_metrics(classifier, reals, fake, cfg, device))
