@@ -224,12 +224,19 @@ class OptimConfig:
     # 26.6 (docs/results.md, "Quality in one minute"). experiment=paper restores the paper's settings.
     lr: float = 1e-3
     lr_d: Optional[float] = None  # D's own step size (TTUR, Heusel et al. 2017); null = optim.lr
+    # Both step sizes stay constant, then fall linearly toward zero over this last fraction of
+    # trainer.max_steps (the schedule of pix2pix and CycleGAN, Isola et al. 2017, Zhu et al. 2017).
+    # 0 (constant, as in the DCGAN paper) by default: decaying the default digits run's last half
+    # scored FID 1.63 at its end, constant rates 1.08-1.15 at the same length; as G slowed, D won
+    # (D(G(z)) 0.01 at the end). docs/results.md, "Learning-rate decay".
+    lr_decay: float = 0.0
     beta1: float = 0.5  # DCGAN paper: the default 0.9 made training oscillate
     beta2: float = 0.999  # Adam default
 
     def check(self) -> None:
         _require(self.lr > 0, "optim.lr", self.lr, "must be > 0")
         _require(self.lr_d is None or self.lr_d > 0, "optim.lr_d", self.lr_d, "must be > 0 (or null)")
+        _require(0 <= self.lr_decay <= 1, "optim.lr_decay", self.lr_decay, "must be in [0, 1] (0 = constant)")
         for key in ("beta1", "beta2"):
             value = getattr(self, key)
             _require(0 <= value < 1, f"optim.{key}", value, "must be in [0, 1)")
@@ -246,7 +253,10 @@ class TrainerConfig:
     precision: Precision = Precision.auto
     channels_last: bool = True  # NHWC memory format: faster convolutions on CPU (oneDNN) and tensor cores
     compile: bool = False  # torch.compile G and D (not the whole step); compile time is logged apart
-    threads: int = 0  # torch intra-op threads; 0 keeps torch's default (one per core)
+    # torch intra-op threads. 0: one per core while the cores are free, fewer while other processes keep
+    # them busy (gan/training/threads.py: beside one other run, 2 fixed threads on 2 cores were 5.3x slower
+    # than alone, adapting 1.7x); N: fixed, and CPU runs are then bit-exact whatever else runs on the machine
+    threads: int = 0
     # CPU runs: glibc malloc keeps freed memory for reuse instead of unmapping it, so large
     # activations stop page-faulting every step (gan/device.py:retain_freed_memory; docs/speed.md)
     retain_host_memory: bool = True
@@ -279,7 +289,7 @@ class TrainerConfig:
 
     def check(self) -> None:
         _require(self.max_steps >= 1, "trainer.max_steps", self.max_steps, "must be at least 1")
-        _require(self.threads >= 0, "trainer.threads", self.threads, "must be >= 0 (0 = torch's default)")
+        _require(self.threads >= 0, "trainer.threads", self.threads, "must be >= 0 (0 = adapt to the free cores)")
         _require(self.keep_checkpoints >= 0, "trainer.keep_checkpoints", self.keep_checkpoints, "must be >= 0")
         _require(self.overfit_every >= 0, "trainer.overfit_every", self.overfit_every, "must be >= 0 (0 = off)")
         _require(

@@ -9,7 +9,11 @@ Trains, on the same training split and for the same wall-clock budget, (a) the c
 pytorch/examples' dcgan/main.py as scripts/canonical_dcgan.py rewrites it (fp32, Sigmoid + BCELoss,
 Adam(2e-4, 0.5), zero_grad(), N(0, 0.02) init, batch 64, a 2-worker DataLoader, no EMA, samples
 from the raw G in training mode) and (b) `python train.py` with its defaults and the overrides given
-here (data=..., model.*, ...), samples from the EMA generator. Each side runs in a fresh process,
+here (data=..., model.*, ...), samples from the EMA generator. The canonical loop has no end of its
+own and trains until the budget; the project's run ends at its trainer.max_steps or at the budget,
+whichever comes first, as a user's `python train.py` would (its learning rate decays toward that
+end, optim.lr_decay), and a run that ends before the budget is measured at its end: its final
+generator is what it has at the budget. Each side runs in a fresh process,
 one after the other: run together they would share the cores and each would measure the other's
 load; interleaving them (stopping one process while the other runs) would also split caches and
 the allocator's warm memory between them. What sequential runs cannot rule out, load from outside
@@ -71,7 +75,6 @@ from scripts import canonical_dcgan as canonical  # noqa: E402
 log = logging.getLogger("compare")
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SIDES = ("canonical", "project")
-NO_END = 10**9  # trainer.max_steps of the project's side: the budget ends it
 
 
 # the training clock ------------------------------------------------------------------------------
@@ -86,9 +89,10 @@ def snapshot_times(budget: float, extra: tuple[float, ...] = (60.0,)) -> list[fl
 
 
 class Budget:
-    """The clock of one side. `tick(step, snapshot)` after every iteration: the first tick starts
+    """The clock of one side. `tick(step, snapshot, last)` after every iteration: the first tick starts
     the clock; at each snapshot time `snapshot()` is written to FOLDER/NN.pt with the seconds and step
-    (the clock stops while it is written); True once the last snapshot, at the budget, is written."""
+    (the clock stops while it is written); True once the last snapshot, at the budget, is written.
+    `last`: the run ends with this iteration, before the budget; it is snapshotted where it is."""
 
     def __init__(self, times: list[float], folder: Path):
         self.times, self.folder = list(times), folder
@@ -96,12 +100,14 @@ class Budget:
         self.paused, self.written = 0.0, 0
         folder.mkdir(parents=True, exist_ok=True)
 
-    def tick(self, step: int, snapshot: Callable[[], dict[str, Any]]) -> bool:
+    def tick(self, step: int, snapshot: Callable[[], dict[str, Any]], last: bool = False) -> bool:
         now = time.perf_counter()
-        if self.start is None:
+        if self.start is None and not last:
             self.start = now
             return False
-        elapsed = now - self.start - self.paused
+        elapsed = now - (now if self.start is None else self.start) - self.paused
+        if last:  # the run ends here, before the budget: a snapshot where it is, none after
+            self.times = [t for t in self.times if t <= elapsed] or [elapsed]
         while self.times and self.times[0] <= elapsed:
             self.times.pop(0)
             torch.save({**snapshot(), "seconds": elapsed, "step": step}, self.folder / f"{self.written:02d}.pt")
@@ -151,7 +157,7 @@ def run_project(cfg: TrainConfig, out: Path, times: list[float]) -> dict[str, An
             weights = {"G": state.G.state_dict(), "G_ema": ema, "num_classes": state.G.num_classes}
             return {"config": to_plain(cfg), **weights}
 
-        return budget.tick(state.step, snapshot)
+        return budget.tick(state.step, snapshot, last=state.step >= cfg.trainer.max_steps)
 
     result = train(cfg, out / "run", after_step=after_step)
     return {"iterations": result.step, "snapshots": budget.written}
@@ -175,7 +181,7 @@ def run_canonical(cfg: TrainConfig, out: Path, times: list[float], workers: int)
 
 def side_main(args: argparse.Namespace) -> None:
     """One side's training, in this (fresh) process; writes OUT/SIDE/side.json."""
-    cfg = train_config(args.overrides + ["trainer.progress=false", f"trainer.max_steps={NO_END}"])
+    cfg = train_config(args.overrides + ["trainer.progress=false"])
     if args.threads:
         torch.set_num_threads(args.threads)
         cfg.trainer.threads = args.threads
@@ -311,7 +317,10 @@ def plot(rows: list[dict[str, Any]], summary: dict[str, float], title: str, path
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
     for side, label in (("canonical", "canonical DCGAN (examples/dcgan/main.py)"), ("project", "this project")):
         mine = [r for r in rows if r["side"] == side]
-        ax.plot([r["seconds"] for r in mine], [r["fid"] for r in mine], marker="o", label=label)
+        (line,) = ax.plot([r["seconds"] for r in mine], [r["fid"] for r in mine], marker="o", label=label)
+        end = max(r["seconds"] for r in rows)
+        if mine and mine[-1]["seconds"] < end / 1.05:  # the run ended before the budget: its last G stays
+            ax.plot([mine[-1]["seconds"], end], [mine[-1]["fid"]] * 2, linestyle="--", color=line.get_color())
     ax.axhline(summary["canonical_best_fid"], color="grey", linestyle=":", linewidth=1)
     ax.set(xscale="log", yscale="log", xlabel="training wall time (s)", ylabel="FID (held-out, classifier features)")
     seconds = [r["seconds"] for r in rows]

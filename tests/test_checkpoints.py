@@ -60,17 +60,40 @@ def assert_same_state(a: dict, b: dict) -> None:
     assert a["step"] == b["step"] and a["data"] == b["data"]
 
 
+def stop_at(step: int):
+    """An after_step that ends the run at `step`, as a signal would: the interrupted run of a test."""
+    return lambda state: state.step >= step
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(tmp_path, workers):
     # 256 images / 32 per batch = 8 batches an epoch: the resumed half crosses an epoch boundary.
-    common = ("trainer.checkpoint_every=100", f"data.num_workers={workers}")
-    train(compose_config("trainer.max_steps=12", *common), tmp_path / "straight")
-    train(compose_config("trainer.max_steps=5", *common), tmp_path / "split")
-    train(compose_config("trainer.max_steps=12", f"trainer.resume={tmp_path / 'split'}", *common), tmp_path / "split")
+    # The interrupted run stops at step 5 of 12; the learning-rate decay (optim.lr_decay, the last
+    # half) lowers updates 8-12, all in the resumed half.
+    common = (
+        "trainer.max_steps=12",
+        "optim.lr_decay=0.5",
+        "trainer.checkpoint_every=100",
+        f"data.num_workers={workers}",
+    )
+    train(compose_config(*common), tmp_path / "straight")
+    train(compose_config(*common), tmp_path / "split", after_step=stop_at(5))
+    assert load_checkpoint(tmp_path / "split")["step"] == 5
+    train(compose_config(*common, f"trainer.resume={tmp_path / 'split'}"), tmp_path / "split")
     straight = load_checkpoint(tmp_path / "straight")
     resumed = load_checkpoint(tmp_path / "split")
     assert resumed["data"] == {"epoch": 1, "batch": 4}
     assert_same_state(straight, resumed)
+
+
+def test_a_finished_run_extended_with_constant_rates_is_bit_identical_to_a_longer_one(tmp_path):
+    # Raising trainer.max_steps on resume re-plans a decaying schedule (the decay is a fraction of
+    # the new length); with constant rates (optim.lr_decay=0, the default) the extension is exact.
+    common = ("optim.lr_decay=0", "trainer.checkpoint_every=100")
+    train(compose_config("trainer.max_steps=7", *common), tmp_path / "straight")
+    train(compose_config("trainer.max_steps=3", *common), tmp_path / "split")
+    train(compose_config("trainer.max_steps=7", f"trainer.resume={tmp_path / 'split'}", *common), tmp_path / "split")
+    assert_same_state(load_checkpoint(tmp_path / "straight"), load_checkpoint(tmp_path / "split"))
 
 
 # signals ---------------------------------------------------------------------------------------

@@ -131,6 +131,19 @@ def test_budget_clock_starts_after_the_first_step_and_pauses_for_snapshots(tmp_p
     assert stops == [False, False, False, False, True]
 
 
+def test_a_run_that_ends_before_the_budget_is_snapshotted_at_its_end(tmp_path, monkeypatch):
+    now = {"t": 0.0}
+    monkeypatch.setattr(compare.time, "perf_counter", lambda: now["t"])
+    budget = compare.Budget([1.0, 2.0, 4.0, 8.0], tmp_path)
+    stops = []
+    for step, seconds in enumerate([0.0, 1.5, 1.0], start=1):  # ends at 2.5 s, between 2 and 4
+        now["t"] += seconds
+        stops.append(budget.tick(step, lambda: {"weights": torch.zeros(1)}, last=step == 3))
+    saved = [torch.load(p, weights_only=True) for p in sorted(tmp_path.glob("*.pt"))]
+    assert [(s["step"], s["seconds"]) for s in saved] == [(2, 1.5), (3, 2.5)]  # 4 s and 8 s never come
+    assert stops == [False, False, True]
+
+
 def rows(side, points):
     return [{"side": side, "seconds": s, "step": i, "fid": f, "recall": 0.5} for i, (s, f) in enumerate(points)]
 
@@ -168,7 +181,10 @@ def script(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_compare_runs_end_to_end(tmp_path):
-    done = script("compare.py", *TINY_RACE, "--budget-s", "3", "--samples", "200", "--out", "race", cwd=tmp_path)
+    # trainer.max_steps past the budget: debug=tiny's 6 steps would end the project's run first
+    # (test_a_run_that_ends_before_the_budget_is_snapshotted_at_its_end covers that end)
+    overrides = [*TINY_RACE, "trainer.max_steps=1000000"]
+    done = script("compare.py", *overrides, "--budget-s", "3", "--samples", "200", "--out", "race", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     last = done.stdout.strip().splitlines()[-1]
     number = r"[0-9.e+-]+|inf|nan"
@@ -193,7 +209,7 @@ def test_compare_runs_end_to_end(tmp_path):
     )
     assert (tmp_path / "race" / "fid_vs_time.png").stat().st_size > 10_000
     assert list((tmp_path / "race" / "canonical" / "run").glob("fake_samples_epoch_000.png"))  # main.py's own files
-    again = script("compare.py", *TINY_RACE, "--budget-s", "3", "--out", "race", cwd=tmp_path)
+    again = script("compare.py", *overrides, "--budget-s", "3", "--out", "race", cwd=tmp_path)
     assert again.returncode == 2 and "already holds a comparison" in again.stderr
 
 

@@ -14,7 +14,7 @@ from gan.core.ema import build_ema
 from gan.core.losses import d_loss_bce, gradient_penalty, r1_penalty
 from gan.core.models import Discriminator, MinibatchStd
 from gan.training import train
-from gan.training.state import build_models, build_optimizer
+from gan.training.state import build_models, build_optimizer, lr_scale
 
 
 class LinearCritic(nn.Module):
@@ -118,6 +118,25 @@ def test_ttur_gives_d_its_own_learning_rate():
     opt_d = build_optimizer(D, cfg, torch.device("cpu"), lr=cfg.optim.lr_d)
     assert opt_d.param_groups[0]["lr"] == 4e-4
     assert build_optimizer(G, cfg, torch.device("cpu")).param_groups[0]["lr"] == 1e-4
+
+
+def test_learning_rates_are_constant_then_fall_linearly_to_near_zero():
+    # 10 steps, the last half decaying: updates 1-6 at full rate (the 6th is 5/5), then 4/5, ..., 1/5
+    scales = [lr_scale(step, 10, 0.5) for step in range(10)]
+    assert scales == pytest.approx([1, 1, 1, 1, 1, 1, 0.8, 0.6, 0.4, 0.2])
+    assert [lr_scale(step, 10, 0.0) for step in range(10)] == [1.0] * 10  # 0: constant
+    assert lr_scale(0, 4, 1.0) == 1 and lr_scale(3, 4, 1.0) == pytest.approx(0.25)  # the whole run
+    with pytest.raises(ConfigError, match="optim.lr_decay"):
+        compose_config("optim.lr_decay=1.5")
+
+
+def test_both_optimizers_follow_the_schedule_in_training(tmp_path):
+    cfg = compose_config("trainer.max_steps=4", "optim.lr=1e-3", "optim.lr_d=4e-3", "optim.lr_decay=0.5")
+    seen = []
+    train(cfg, tmp_path / "run", after_step=lambda s: seen.append((s.opt_g.param_groups[0]["lr"],
+                                                                    s.opt_d.param_groups[0]["lr"])))  # fmt: skip
+    # the rate of each update 1..4: full, full, full, then half (update 4 after 3 of 4 steps: 1/2)
+    assert seen == [pytest.approx((g, 4 * g)) for g in (1e-3, 1e-3, 1e-3, 5e-4)]
 
 
 def test_ema_decay_warms_up():

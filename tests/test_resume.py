@@ -13,6 +13,7 @@ from conftest import run_train
 
 from gan.training.checkpoint import load_checkpoint
 from gan.training.runs import unquote
+from gan.training.state import lr_scale
 
 
 def digest(path: Path) -> str:
@@ -72,12 +73,17 @@ def test_the_refused_run_still_resumes_with_the_documented_command(finished_run,
 
 def test_a_new_learning_rate_takes_effect_and_is_recorded(finished_run, tmp_path):
     run_dir = copy_run(finished_run, tmp_path / "run")  # at step 4
-    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=6", "optim.lr=1e-5", "optim.lr_d=3e-5")
+    result = run_train(
+        f"trainer.resume={run_dir}", "trainer.max_steps=6", "optim.lr=1e-5", "optim.lr_d=3e-5", "optim.lr_decay=0.5"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     state = load_checkpoint(run_dir)
     assert state["step"] == 6
-    assert [g["lr"] for g in state["opt_g"]["param_groups"]] == [1e-5]
-    assert [g["lr"] for g in state["opt_d"]["param_groups"]] == [3e-5]
+    # the rates of the last update: the new ones times the (new) decay's scale at step 5 of 6
+    scale = lr_scale(5, 6, 0.5)
+    assert scale == pytest.approx(1 / 3) and state["config"]["optim"]["lr_decay"] == 0.5
+    assert [g["lr"] for g in state["opt_g"]["param_groups"]] == [pytest.approx(1e-5 * scale)]
+    assert [g["lr"] for g in state["opt_d"]["param_groups"]] == [pytest.approx(3e-5 * scale)]
     assert state["config"]["optim"]["lr"] == 1e-5
     recorded = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
     assert "optim.lr=1e-5" in recorded and "model.g_width=8" in recorded  # new and replayed

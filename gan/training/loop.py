@@ -1,4 +1,4 @@
-"""The training loop: fetch, (1) D step, (2) G step, EMA, overfitting, log, sample, checkpoint.
+"""The training loop: learning rate, fetch, (1) D step, (2) G step, EMA, overfitting, log, sample, checkpoint.
 
 Read it beside pytorch/examples' dcgan/main.py: the same sections in the same order. What each
 section calls lives elsewhere: the steps and the EMA in `gan.core` (the lesson), the objects in
@@ -30,7 +30,15 @@ from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, Monitor, shown_name, tr
 from gan.training.overfit import OverfitProbe, build_probe
 from gan.training.rundir import own_run_dir
 from gan.training.runs import check_resume
-from gan.training.state import TrainingState, build_state, rng_state, with_objective, wrap_for_ddp
+from gan.training.state import (
+    TrainingState,
+    build_state,
+    rng_state,
+    set_learning_rates,
+    with_objective,
+    wrap_for_ddp,
+)
+from gan.training.threads import thread_governor
 
 if TYPE_CHECKING:
     from gan.training.quality import QualityProbe
@@ -72,8 +80,15 @@ def train(
         quality = quality_probe(cfg, device, world)  # FID & co. every trainer.eval_every steps, or None
         monitor = open_monitor(cfg, state, run_dir, world)  # TensorBoard: HParams session, real images
         watch, metrics = NonFiniteWatch(device), {}
+        # trainer.threads=0 on the CPU: threads follow the cores other processes leave free, or None
+        governor = thread_governor(
+            cfg.trainer.threads, device, lambda n: monitor.numbers(state.step, {"time/threads": n})
+        )
         with monitor, stop_on_signals() as stop:
             while state.step < trainer.max_steps:
+                # learning rate: constant, then linearly to zero over the last optim.lr_decay of the run
+                set_learning_rates(state, cfg)
+
                 # fetch: a real batch (with its classes y when model.conditional, else y is None), and
                 # latents created on the device (not on the CPU, then moved); fakes drawn for the same y
                 real, y = state.batches.next_with_labels()
@@ -95,6 +110,8 @@ def train(
                 if state.G_ema is not None:
                     state.G_ema.update_parameters(state.G)
                 monitor.advance(state.step, real.size(0) * world.size)  # all ranks' images: time/img_per_s
+                if governor is not None:
+                    governor.poll()  # reads the clock; /proc once every 2 s
                 # Under DDP every rank must stop at the same step: one all-reduce of the stop flag per
                 # step (a host sync, the only one besides logging and trainer.on_nan=skip's check).
                 asked = after_step is not None and after_step(state)  # the caller's own stop (a time budget)

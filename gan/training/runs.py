@@ -57,7 +57,7 @@ RUNTIME_KEYS: dict[str, tuple[str, ...]] = {
 # to move a run to other hardware); `trainer.resume=auto` treats them as part of the run's identity,
 # so a sweep over learning rates never continues another point's run.
 TUNABLE_ON_RESUME: dict[str, tuple[str, ...]] = {
-    "optim": ("lr", "lr_d"),
+    "optim": ("lr", "lr_d", "lr_decay"),
     "trainer": ("precision", "compile", "channels_last", "on_nan", "deterministic"),
 }
 

@@ -257,6 +257,25 @@ def build_optimizer(
     )
 
 
+def lr_scale(step: int, max_steps: int, decay: float) -> float:
+    """The step-size multiplier of the update that follows `step` updates: 1 until the last `decay`
+    fraction of `max_steps`, then falling linearly, reaching 1 / (decay * max_steps) at the last
+    update (never 0: no update is wasted). A pure function of the step, so a resumed run follows the
+    same schedule with nothing saved."""
+    start = max_steps * (1.0 - decay)
+    if decay <= 0 or step < start:
+        return 1.0
+    return max(max_steps - step, 1) / (max_steps - start)
+
+
+def set_learning_rates(state: TrainingState, cfg: TrainConfig) -> None:
+    """Both optimizers' step sizes for the next update: optim.lr and optim.lr_d (or lr) times lr_scale."""
+    scale = lr_scale(state.step, cfg.trainer.max_steps, cfg.optim.lr_decay)
+    for optimizer, base in ((state.opt_g, cfg.optim.lr), (state.opt_d, cfg.optim.lr_d or cfg.optim.lr)):
+        for group in optimizer.param_groups:
+            group["lr"] = base * scale
+
+
 def build_loss(cfg: TrainConfig) -> AdversarialLoss:
     """The configured adversarial loss, with bce's real label (one-sided smoothing) bound in."""
     loss = LOSSES[cfg.loss.name.value]

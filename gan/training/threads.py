@@ -1,0 +1,158 @@
+"""trainer.threads=0 on the CPU: torch's intra-op threads follow the cores that other processes leave free.
+
+Why. torch runs each operator as an OpenMP parallel region: the work is cut into one equal chunk per
+thread and the operator ends when the last chunk does. Alone, a thread per core is fastest. Beside a
+busy process the OS time-slices the two (a few milliseconds each), so in nearly every region one
+chunk waits a whole slice for its core while the other threads spin at the barrier: measured on 2
+cores, the default run with two fixed threads took 5.3x its alone time beside one other training
+run, 2.7x what its fair half of the machine would give (docs/speed.md, "Sharing the machine").
+OMP_WAIT_POLICY=PASSIVE (threads sleep at the barrier) made it 93x: every region then waits for a
+sleeping thread to be scheduled again. One thread per *free* core has no stragglers: adapting, the
+same run took 1.7x its alone time, inside its fair share.
+
+How. Every `window_s` seconds the governor reads how busy the whole machine was (/proc/stat) less
+what this process and its children (DataLoader workers) used, so it sees only the others. If the
+others kept at least half of a core busy in two windows running, it gives torch that many cores
+fewer (never below one); when they leave, it takes the cores back. The count changes a few times a
+run at most, and each change is logged.
+
+The price: oneDNN splits its reductions by thread count, so a run whose count changed is not
+bit-identical to one whose count did not (a resume is still exact when the count stays put, which
+it does on a quiet machine). `trainer.threads=N` fixes the count and keeps CPU runs bit-exact anywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+log = logging.getLogger(__name__)
+
+CLOCK_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def machine_busy_seconds(cpus: Optional[set[int]] = None) -> Optional[float]:
+    """CPU seconds all processes have spent busy since boot on the CPUs this process may run on
+    (/proc/stat's per-CPU lines: in a container pinned to some of a host's CPUs, the others' load is
+    not ours to share); None off Linux."""
+    cpus = os.sched_getaffinity(0) if cpus is None and hasattr(os, "sched_getaffinity") else cpus
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    total = 0.0
+    for line in lines:
+        name, *fields = line.split()
+        if not name.startswith("cpu") or name == "cpu" or (cpus is not None and int(name[3:]) not in cpus):
+            continue
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+        total += user + nice + system + irq + softirq + steal
+    return total / CLOCK_TICK
+
+
+def own_busy_seconds(pid: Optional[int] = None) -> float:
+    """CPU seconds this process (all its threads) and its live children have used."""
+    pid = pid or os.getpid()
+    total = 0.0
+    for stat in [Path(f"/proc/{pid}/stat"), *children_stats(pid)]:
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "(comm)", which may hold spaces
+        except (OSError, IndexError):
+            continue  # a child that just ended
+        total += (int(fields[11]) + int(fields[12])) / CLOCK_TICK  # utime, stime
+    return total
+
+
+def children_stats(pid: int) -> list[Path]:
+    """/proc/<child>/stat of each child of `pid` (the kernel's list where it keeps one, else a scan)."""
+    try:
+        listed = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        return [Path(f"/proc/{child}/stat") for child in listed]
+    except OSError:
+        pass
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:  # field 4: ppid
+                    found.append(entry / "stat")
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+def threads_for(cores: int, others: float) -> int:
+    """The cores left to this process when other processes keep `others` cores busy: a core counts as
+    taken from half of it up (0.4 busy: all cores; 0.6: one fewer), and at least one is left."""
+    return max(1, cores - math.floor(others + 0.5))
+
+
+class ThreadGovernor:
+    """Adjusts torch.set_num_threads to the free cores (the module's docstring). Call `poll()` after
+    every step: it reads the clock, and /proc only once per window. `on_change(threads)` is told
+    of every change (the monitor logs it as time/threads)."""
+
+    def __init__(
+        self,
+        cores: int,
+        window_s: float = 2.0,
+        warm_up_s: float = 10.0,
+        on_change: Optional[Callable[[int], None]] = None,
+        clock: Callable[[], float] = time.monotonic,
+        busy: Callable[[], Optional[float]] = machine_busy_seconds,
+        own: Callable[[], float] = own_busy_seconds,
+    ):
+        self.cores, self.window_s, self.on_change = cores, window_s, on_change
+        self.clock, self.busy, self.own = clock, busy, own
+        self.threads = cores
+        self.pending: Optional[int] = None  # the count the last window asked for, awaiting a second
+        self.next_at = clock() + warm_up_s  # a short run (every test) never adjusts
+        self.mark: Optional[tuple[float, float, float]] = None
+
+    def poll(self) -> None:
+        now = self.clock()
+        if now < self.next_at:
+            return
+        self.next_at = now + self.window_s
+        busy = self.busy()
+        if busy is None:  # not Linux: nothing to read, keep the count
+            self.next_at = math.inf
+            return
+        mark, self.mark = self.mark, (now, busy, self.own())
+        if mark is None:
+            return
+        wall = now - mark[0]
+        others = max(0.0, (busy - mark[1]) - (self.mark[2] - mark[2])) / wall
+        wanted = threads_for(self.cores, others)
+        if wanted == self.threads:
+            self.pending = None
+        elif wanted == self.pending:  # two windows in a row: change
+            self.threads, self.pending = wanted, None
+            torch.set_num_threads(wanted)
+            log.info(
+                "Other processes keep %.1f of %d cores busy: training goes on with %d thread(s) "
+                "(trainer.threads=0 adapts; trainer.threads=N fixes the count)",
+                others,
+                self.cores,
+                wanted,
+            )
+            if self.on_change is not None:
+                self.on_change(wanted)
+        else:
+            self.pending = wanted
+
+
+def thread_governor(
+    threads: int, device: torch.device, on_change: Optional[Callable[[int], None]] = None
+) -> Optional[ThreadGovernor]:
+    """A governor for trainer.threads=0 on the CPU of a machine with /proc/stat; None otherwise."""
+    cores = torch.get_num_threads()
+    if threads or device.type != "cpu" or cores < 2 or machine_busy_seconds() is None:
+        return None
+    return ThreadGovernor(cores, on_change=on_change)

@@ -1,0 +1,126 @@
+"""trainer.threads=0 on the CPU: the governor gives torch the cores other processes leave free
+(gan/training/threads.py). Driven here by a fake clock and fake CPU counters; the real counters are
+read once to show they exist and move."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+from gan.training import threads as T
+from gan.training.threads import ThreadGovernor, thread_governor, threads_for
+
+
+def test_a_core_counts_as_taken_from_half_busy_and_one_is_always_left():
+    assert [threads_for(2, busy) for busy in (0.0, 0.4, 0.6, 1.4, 1.6, 5.0)] == [2, 2, 1, 1, 1, 1]
+    assert [threads_for(8, busy) for busy in (0.0, 2.5, 3.4, 7.9)] == [8, 5, 5, 1]
+
+
+class Machine:
+    """A fake clock and CPU counters: `others` and `ours` are the cores each keeps busy from now on."""
+
+    def __init__(self):
+        self.t, self.busy, self.own = 0.0, 0.0, 0.0
+        self.others, self.ours = 0.0, 2.0
+
+    def run(self, governor: ThreadGovernor, seconds: float, step: float = 0.1) -> None:
+        for _ in range(round(seconds / step)):
+            self.t += step
+            self.busy += (self.others + self.ours) * step
+            self.own += self.ours * step
+            governor.poll()
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    calls = []
+    monkeypatch.setattr(T.torch, "set_num_threads", calls.append)  # record, leave this process alone
+    m = Machine()
+    m.calls = calls
+    return m
+
+
+def governor_on(machine: Machine, changes: list) -> ThreadGovernor:
+    return ThreadGovernor(2, on_change=changes.append, clock=lambda: machine.t,
+                          busy=lambda: machine.busy, own=lambda: machine.own)  # fmt: skip
+
+
+def test_threads_step_down_while_others_are_busy_and_back_when_they_leave(machine):
+    changes = []
+    governor = governor_on(machine, changes)
+    machine.run(governor, 20)  # alone: all cores
+    assert governor.threads == 2 and changes == []
+    machine.others, machine.ours = 1.0, 1.0  # a neighbour takes a core
+    machine.run(governor, 3)  # one window saw it: not yet (a burst must last two)
+    assert governor.threads == 2
+    machine.run(governor, 3)
+    assert governor.threads == 1 and changes == [1] and machine.calls == [1]
+    machine.others = 0.0  # it ends
+    machine.run(governor, 6)
+    assert governor.threads == 2 and changes == [1, 2] and machine.calls == [1, 2]
+
+
+def test_a_short_burst_and_the_processes_own_children_change_nothing(machine):
+    changes = []
+    governor = governor_on(machine, changes)
+    machine.run(governor, 12)
+    machine.others = 1.5
+    machine.run(governor, 2.0)  # one window only
+    machine.others = 0.0
+    machine.ours = 3.0  # this process with its DataLoader workers: not "others"
+    machine.run(governor, 20)
+    assert changes == [] and governor.threads == 2
+
+
+def test_nothing_is_read_in_the_first_seconds(machine):
+    reads = []
+    governor = ThreadGovernor(2, clock=lambda: machine.t, busy=lambda: reads.append(1) or 0.0, own=lambda: 0.0)
+    machine.run(governor, 9.9)
+    assert reads == []  # every short run (the whole test suite) trains exactly as with a fixed count
+
+
+def test_the_governor_is_made_only_for_threads_0_on_a_cpu_with_cores_to_share():
+    cpu = torch.device("cpu")
+    assert thread_governor(1, cpu) is None and thread_governor(0, torch.device("meta")) is None
+    made = thread_governor(0, cpu)
+    assert (made is not None) == (torch.get_num_threads() >= 2 and T.machine_busy_seconds() is not None)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads Linux's /proc")
+def test_the_real_counters_see_this_process_work():
+    busy, own = T.machine_busy_seconds(), T.own_busy_seconds()
+    end = time.process_time() + 0.3
+    while time.process_time() < end:  # 0.3 s of CPU in this process
+        pass
+    assert T.own_busy_seconds() - own >= 0.2
+    assert T.machine_busy_seconds() - busy >= 0.2
+    assert T.machine_busy_seconds(cpus=set()) == 0.0  # no CPUs of ours: nothing to count
+
+
+def test_a_change_in_a_real_run_is_drawn_as_time_threads(tmp_path, monkeypatch):
+    from conftest import compose_config
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from gan.training import loop, train
+
+    calls, tick = [], {"t": 0.0, "busy": 0.0}
+    monkeypatch.setattr(T.torch, "set_num_threads", calls.append)
+
+    def clock() -> float:  # every poll is a new window in which others kept 1.5 cores busy
+        tick["t"] += 1.0
+        tick["busy"] += 1.5
+        return tick["t"]
+
+    def busy_governor(threads, device, on_change):
+        return ThreadGovernor(2, window_s=0.5, warm_up_s=0.0, on_change=on_change, clock=clock,
+                              busy=lambda: tick["busy"], own=lambda: 0.0)  # fmt: skip
+
+    monkeypatch.setattr(loop, "thread_governor", busy_governor)
+    train(compose_config("trainer.max_steps=6"), tmp_path / "run")
+    events = EventAccumulator(str(tmp_path / "run" / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    drawn = [(e.step, e.value) for e in events.Scalars("time/threads")]
+    assert calls == [1] and drawn == [(3, 1.0)]  # marks at polls 1, 2; windows at 2, 3 agree: step 3
