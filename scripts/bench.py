@@ -141,6 +141,7 @@ def project_config(
             channels_last=channels_last,
             progress=False,
             device=device,
+            threads=torch.get_num_threads(),  # fixed, as the canonical side's: no adapting (threads.py)
         ),
     )
 

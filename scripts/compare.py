@@ -70,6 +70,7 @@ from gan.evaluation import metrics as M  # noqa: E402
 from gan.evaluation.pipeline import Reals, classifier_for, generate, measure, prepare_generator, reference_subset  # noqa: E402
 from gan.training import train  # noqa: E402
 from gan.training.state import TrainingState  # noqa: E402
+from gan.training.threads import machine_busy_seconds  # noqa: E402
 from scripts import canonical_dcgan as canonical  # noqa: E402
 
 log = logging.getLogger("compare")
@@ -196,23 +197,13 @@ def side_main(args: argparse.Namespace) -> None:
 # load from outside: CPU seconds that other processes used while a side ran -------------------------
 
 
-def busy_cpu_seconds() -> Optional[float]:
-    """CPU seconds the whole machine has spent busy since boot (/proc/stat; None elsewhere)."""
-    try:
-        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    except OSError:
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
 def run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
     """Train one side in a child process; its wall time and the cores other processes kept busy."""
     argv = [sys.executable, __file__, "--side", side, "--out", str(args.out), "--budget-s", str(args.budget_s),
             "--threads", str(args.threads), "--canonical-workers", str(args.canonical_workers),
             *args.overrides]  # fmt: skip
     log.info("Training the %s side for %.0f s of training time ...", side, args.budget_s)
-    busy, started = busy_cpu_seconds(), time.perf_counter()
+    busy, started = machine_busy_seconds(), time.perf_counter()
     child = subprocess.Popen(argv)
     _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - started
@@ -220,7 +211,7 @@ def run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"compare: the {side} side failed (exit {os.waitstatus_to_exitcode(status)}); see above")
     about = json.loads((args.out / side / "side.json").read_text())
     ours = usage.ru_utime + usage.ru_stime  # the child and its DataLoader workers
-    end = busy_cpu_seconds()
+    end = machine_busy_seconds()
     others = None if busy is None or end is None else max(0.0, (end - busy - ours) / wall)
     return {**about, "wall_s": wall, "cpu_s": ours, "other_cores_busy": others}
 

@@ -14,9 +14,11 @@ from gan.training import threads as T
 from gan.training.threads import ThreadGovernor, thread_governor, threads_for
 
 
-def test_a_core_counts_as_taken_from_half_busy_and_one_is_always_left():
-    assert [threads_for(2, busy) for busy in (0.0, 0.4, 0.6, 1.4, 1.6, 5.0)] == [2, 2, 1, 1, 1, 1]
-    assert [threads_for(8, busy) for busy in (0.0, 2.5, 3.4, 7.9)] == [8, 5, 5, 1]
+def test_a_cpu_counts_as_taken_from_half_busy_and_one_thread_is_always_left():
+    assert [threads_for(2, 2, busy) for busy in (0.0, 0.4, 0.6, 1.4, 1.6, 5.0)] == [2, 2, 1, 1, 1, 1]
+    assert [threads_for(8, 8, busy) for busy in (0.0, 2.5, 3.4, 7.9)] == [8, 5, 5, 1]
+    # 2 threads of 4 CPUs (OMP_NUM_THREADS=2, or one of two torchrun ranks): free CPUs to spare
+    assert [threads_for(2, 4, busy) for busy in (0.0, 2.0, 2.6, 3.6)] == [2, 2, 1, 1]
 
 
 class Machine:
@@ -44,7 +46,7 @@ def machine(monkeypatch):
 
 
 def governor_on(machine: Machine, changes: list) -> ThreadGovernor:
-    return ThreadGovernor(2, on_change=changes.append, clock=lambda: machine.t,
+    return ThreadGovernor(2, 2, on_change=changes.append, clock=lambda: machine.t,
                           busy=lambda: machine.busy, own=lambda: machine.own)  # fmt: skip
 
 
@@ -77,7 +79,7 @@ def test_a_short_burst_and_the_processes_own_children_change_nothing(machine):
 
 def test_nothing_is_read_in_the_first_seconds(machine):
     reads = []
-    governor = ThreadGovernor(2, clock=lambda: machine.t, busy=lambda: reads.append(1) or 0.0, own=lambda: 0.0)
+    governor = ThreadGovernor(2, 2, clock=lambda: machine.t, busy=lambda: reads.append(1) or 0.0, own=lambda: 0.0)
     machine.run(governor, 9.9)
     assert reads == []  # every short run (the whole test suite) trains exactly as with a fixed count
 
@@ -115,7 +117,7 @@ def test_a_change_in_a_real_run_is_drawn_as_time_threads(tmp_path, monkeypatch):
         return tick["t"]
 
     def busy_governor(threads, device, on_change):
-        return ThreadGovernor(2, window_s=0.5, warm_up_s=0.0, on_change=on_change, clock=clock,
+        return ThreadGovernor(2, 2, window_s=0.5, warm_up_s=0.0, on_change=on_change, clock=clock,
                               busy=lambda: tick["busy"], own=lambda: 0.0)  # fmt: skip
 
     monkeypatch.setattr(loop, "thread_governor", busy_governor)

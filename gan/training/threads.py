@@ -12,8 +12,9 @@ same run took 1.7x its alone time, inside its fair share.
 
 How. Every `window_s` seconds the governor reads how busy the whole machine was (/proc/stat) less
 what this process and its children (DataLoader workers) used, so it sees only the others. If the
-others kept at least half of a core busy in two windows running, it gives torch that many cores
-fewer (never below one); when they leave, it takes the cores back. The count changes a few times a
+others kept at least half of a core busy in two windows running, it gives torch only the cores
+they leave (never more than it started with, never below one); when they leave, it takes the
+threads back. The count changes a few times a
 run at most, and each change is logged.
 
 The price: oneDNN splits its reductions by thread count, so a run whose count changed is not
@@ -48,8 +49,10 @@ def machine_busy_seconds(cpus: Optional[set[int]] = None) -> Optional[float]:
         return None
     total = 0.0
     for line in lines:
+        if not line.startswith("cpu") or line.startswith("cpu "):  # per-CPU lines only, not the total
+            continue
         name, *fields = line.split()
-        if not name.startswith("cpu") or name == "cpu" or (cpus is not None and int(name[3:]) not in cpus):
+        if cpus is not None and int(name[3:]) not in cpus:
             continue
         user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
         total += user + nice + system + irq + softirq + steal
@@ -87,10 +90,11 @@ def children_stats(pid: int) -> list[Path]:
     return found
 
 
-def threads_for(cores: int, others: float) -> int:
-    """The cores left to this process when other processes keep `others` cores busy: a core counts as
-    taken from half of it up (0.4 busy: all cores; 0.6: one fewer), and at least one is left."""
-    return max(1, cores - math.floor(others + 0.5))
+def threads_for(limit: int, cpus: int, others: float) -> int:
+    """Threads for this process when other processes keep `others` of its `cpus` CPUs busy: the CPUs
+    they leave, a CPU counting as taken from half of it up (0.4 busy: none taken; 0.6: one), at most
+    `limit` (the count it started with: torch's one per physical core) and at least one."""
+    return max(1, min(limit, cpus - math.floor(others + 0.5)))
 
 
 class ThreadGovernor:
@@ -100,7 +104,8 @@ class ThreadGovernor:
 
     def __init__(
         self,
-        cores: int,
+        limit: int,
+        cpus: int,
         window_s: float = 2.0,
         warm_up_s: float = 10.0,
         on_change: Optional[Callable[[int], None]] = None,
@@ -108,9 +113,9 @@ class ThreadGovernor:
         busy: Callable[[], Optional[float]] = machine_busy_seconds,
         own: Callable[[], float] = own_busy_seconds,
     ):
-        self.cores, self.window_s, self.on_change = cores, window_s, on_change
+        self.limit, self.cpus, self.window_s, self.on_change = limit, cpus, window_s, on_change
         self.clock, self.busy, self.own = clock, busy, own
-        self.threads = cores
+        self.threads = limit
         self.pending: Optional[int] = None  # the count the last window asked for, awaiting a second
         self.next_at = clock() + warm_up_s  # a short run (every test) never adjusts
         self.mark: Optional[tuple[float, float, float]] = None
@@ -129,17 +134,17 @@ class ThreadGovernor:
             return
         wall = now - mark[0]
         others = max(0.0, (busy - mark[1]) - (self.mark[2] - mark[2])) / wall
-        wanted = threads_for(self.cores, others)
+        wanted = threads_for(self.limit, self.cpus, others)
         if wanted == self.threads:
             self.pending = None
         elif wanted == self.pending:  # two windows in a row: change
             self.threads, self.pending = wanted, None
             torch.set_num_threads(wanted)
             log.info(
-                "Other processes keep %.1f of %d cores busy: training goes on with %d thread(s) "
+                "Other processes keep %.1f of %d CPUs busy: training goes on with %d thread(s) "
                 "(trainer.threads=0 adapts; trainer.threads=N fixes the count)",
                 others,
-                self.cores,
+                self.cpus,
                 wanted,
             )
             if self.on_change is not None:
@@ -152,7 +157,8 @@ def thread_governor(
     threads: int, device: torch.device, on_change: Optional[Callable[[int], None]] = None
 ) -> Optional[ThreadGovernor]:
     """A governor for trainer.threads=0 on the CPU of a machine with /proc/stat; None otherwise."""
-    cores = torch.get_num_threads()
-    if threads or device.type != "cpu" or cores < 2 or machine_busy_seconds() is None:
+    limit = torch.get_num_threads()
+    if threads or device.type != "cpu" or limit < 2 or machine_busy_seconds() is None:
         return None
-    return ThreadGovernor(cores, on_change=on_change)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or limit
+    return ThreadGovernor(limit, cpus, on_change=on_change)
