@@ -11,10 +11,10 @@ Adam(2e-4, 0.5), zero_grad(), N(0, 0.02) init, batch 64, a 2-worker DataLoader, 
 from the raw G in training mode) and (b) `python train.py` with its defaults and the overrides given
 here (data=..., model.*, ...), samples from the EMA generator. The canonical loop has no end of its
 own and trains until the budget; the project's run ends at its trainer.max_steps or at the budget,
-whichever comes first, as a user's `python train.py` would (its learning rate decays toward that
-end, optim.lr_decay), and a run that ends before the budget is measured at its end: its final
-generator is what it has at the budget. Each side runs in a fresh process,
-one after the other: run together they would share the cores and each would measure the other's
+whichever comes first, as a user's `python train.py` would (optim.lr_decay, when set, plans its
+learning rate toward that end), and a run that ends before the budget is measured at its end: its
+final generator is what it has at the budget. Each side runs in a fresh process, one after the
+other: run together they would share the cores and each would measure the other's
 load; interleaving them (stopping one process while the other runs) would also split caches and
 the allocator's warm memory between them. What sequential runs cannot rule out, load from outside
 drifting between the two, is measured instead: the CPU time other processes used during each side

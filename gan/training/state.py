@@ -107,14 +107,11 @@ class TrainingState:
             elif self.G_ema is not None:  # a run without EMA continues with one: start it from G
                 self.G_ema.n_averaged.zero_()
                 self.G_ema.update_parameters(self.G)
-            # The optimizers' learning rates come from the config, not the checkpoint: a resume may
-            # change optim.lr and optim.lr_d (gan/training/runs.py, the resume contract).
+            # The checkpoint's learning rates are loaded with the moments but never used: the loop
+            # sets both from the config before every update (set_learning_rates), so a resume may
+            # change optim.lr, lr_d and lr_decay (gan/training/runs.py, the resume contract).
             for entry in ("opt_g", "opt_d"):
-                optimizer = getattr(self, entry)
-                rates = [group["lr"] for group in optimizer.param_groups]
-                optimizer.load_state_dict(state[entry])
-                for group, lr in zip(optimizer.param_groups, rates):
-                    group["lr"] = lr
+                getattr(self, entry).load_state_dict(state[entry])
             entry = "scaler"
             if self.scaler.is_enabled() and state.get("scaler"):
                 self.scaler.load_state_dict(state["scaler"])

@@ -14,8 +14,7 @@ How. Every `window_s` seconds the governor reads how busy the whole machine was 
 what this process and its children (DataLoader workers) used, so it sees only the others. If the
 others kept at least half of a core busy in two windows running, it gives torch only the cores
 they leave (never more than it started with, never below one); when they leave, it takes the
-threads back. The count changes a few times a
-run at most, and each change is logged.
+threads back. The count changes a few times a run at most, and each change is logged.
 
 The price: oneDNN splits its reductions by thread count, so a run whose count changed is not
 bit-identical to one whose count did not (a resume is still exact when the count stays put, which
