@@ -20,7 +20,7 @@ from gan.config import EvaluateConfig, TrainConfig, register_configs, validate
 from gan.distributed import broadcast_object, close, init_process_group, rank_zero_argv, world_from_env
 from gan.errors import UserError, environment_error
 from gan.evaluation.pipeline import evaluate
-from gan.training import NonFiniteLossError, train
+from gan.training import NonFiniteLossError, TrainResult, train
 from gan.training.monitor import write_final_numbers
 from gan.training.quality import QUALITY_TAGS
 from gan.training.runs import SweepJobFailed, preflight, resume_argv, sweep_argv
@@ -30,9 +30,10 @@ register_configs()
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 # Exit codes: 0 done; 2 bad input (config, checkpoint, data, output folder); 3 the loss became
-# NaN/inf; 128 + signal number when SIGINT/SIGTERM stopped the run after it wrote its checkpoint,
-# as shells report a process ended by that signal.
-EXIT_BAD_INPUT, EXIT_NON_FINITE = 2, 3
+# NaN/inf; 4 the collapse alarm stopped the run (trainer.on_collapse=stop; a sweep's job instead
+# returns NaN and the sweep goes on); 128 + signal number when SIGINT/SIGTERM stopped the run after
+# it wrote its checkpoint, as shells report a process ended by that signal.
+EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_COLLAPSE = 2, 3, 4
 SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
 
 
@@ -62,6 +63,15 @@ def main(cfg: DictConfig) -> float:
         sys.exit(EXIT_NON_FINITE if isinstance(err, NonFiniteLossError) else EXIT_BAD_INPUT)
     finally:
         close(world)
+    if result.stopped_by == "collapse":
+        log.warning(
+            "Stopped at step %d: D had won (trainer.on_collapse=stop). %s",
+            result.step,
+            outcome(result, run_dir),
+        )
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            return float("nan")  # the sweep goes on with its other jobs
+        sys.exit(EXIT_COLLAPSE)
     if result.stopped_by:
         log.warning(
             "Stopped by %s at step %d; checkpoint saved to %s. Resume with:\n  python train.py trainer.resume=%s",
@@ -71,8 +81,19 @@ def main(cfg: DictConfig) -> float:
             run_dir,
         )
         sys.exit(SIGNAL_EXIT[result.stopped_by])
-    log.info("Done: %d steps; outputs in %s", result.step, run_dir)
+    log.info("Done: %d steps; outputs in %s. %s", result.step, run_dir, outcome(result, run_dir))
     return fid  # what a Hydra sweeper (hparams_search=optuna) minimises; NaN without final_eval_samples
+
+
+def outcome(result: TrainResult, run_dir: Path) -> str:
+    """Where the run's generators are: last.pt, and best.pt with its FID and step when measured."""
+    last = f"Last: {result.checkpoint}"
+    fid = result.metrics.get(QUALITY_TAGS["fid"])
+    last += f" (step {result.step}, in-training FID {fid:.4g})" if fid is not None else f" (step {result.step})"
+    if result.best is None:
+        return last + "."
+    best = run_dir / "checkpoints" / "best.pt"
+    return f"{last}; best: {best} (step {result.best['step']}, in-training FID {result.best['fid']:.4g})."
 
 
 def final_fid(cfg: TrainConfig, checkpoint: Path, run_dir: Path, step: int) -> float:

@@ -58,6 +58,14 @@ class OnNonFinite(str, Enum):
     skip = "skip"  # drop that step's update and go on (costs one host sync per step)
 
 
+class OnCollapse(str, Enum):
+    """What the collapse alarm does when D has won over trainer.collapse_window steps (gan/training/collapse.py)."""
+
+    off = "off"  # no watch
+    warn = "warn"  # one warning per episode, a text summary and the scalar train/d_won in TensorBoard
+    stop = "stop"  # the same, then end the run after that step with its checkpoint (exit code 4): sweeps save time
+
+
 class Precision(str, Enum):
     auto = "auto"  # bf16 where the hardware runs it fast (CPU with AMX/AVX512-bf16, CUDA Ampere+), else fp32
     fp32 = "fp32"
@@ -182,6 +190,13 @@ class ModelConfig:
     # a,b,c as a sweep). Empty = off, as DCGAN: on a full dataset D has too much to memorise to need
     # it; on a few thousand images (data.limit) it keeps D from memorising them (docs/conditional.md).
     diffaugment: List[DiffAugmentPolicy] = field(default_factory=list)
+    # Adaptive DiffAugment (StyleGAN2-ADA's p; gan/core/augment.py:AdaptiveAugment): > 0 applies each
+    # model.diffaugment policy to each image with a probability p that starts at 0 and is steered to
+    # hold D's r_t = E[sign(D(x))] near this target (ADA's 0.6). 0 = every image, every step.
+    ada_target: float = 0.0
+    # ...at most from 0 to 1 in this many thousand images (StyleGAN2-ADA: 500 kimg, for runs of tens of
+    # millions of images; a default run here sees 640 thousand)
+    ada_kimg: float = 100.0
 
     def check(self) -> None:
         for key in ("z_dim", "g_width", "d_width", "pack"):
@@ -193,6 +208,15 @@ class ModelConfig:
         _require(0 <= self.ema_decay < 1, "model.ema_decay", self.ema_decay, "must be in [0, 1) (0 = no EMA)")
         _require(self.ema_kimg >= 0, "model.ema_kimg", self.ema_kimg, "must be >= 0 (0 = use model.ema_decay)")
         _require(self.ema_rampup >= 0, "model.ema_rampup", self.ema_rampup, "must be >= 0 (0 = no ramp-up)")
+        _require(0 <= self.ada_target < 1, "model.ada_target", self.ada_target, "must be in [0, 1) (0 = off)")
+        _require(self.ada_kimg > 0, "model.ada_kimg", self.ada_kimg, "must be > 0")
+        _require(
+            not (self.ada_target > 0 and not self.diffaugment),
+            "model.ada_target",
+            self.ada_target,
+            "steers how often model.diffaugment's policies are applied, and none is set: add e.g. "
+            "'model.diffaugment=[translation,cutout]'",
+        )
         _require(
             not (self.conditional and self.pack > 1),
             "model.pack",
@@ -265,6 +289,11 @@ class TrainerConfig:
     checkpoint_every: int = 1000  # steps between writes of checkpoints/last.pt (and one at the end)
     keep_checkpoints: int = 0  # also keep the last K numbered checkpoints (step_000500.pt, ...); 0 = none
     on_nan: OnNonFinite = OnNonFinite.stop  # what a NaN/inf loss does: stop | skip
+    # The collapse alarm (gan/training/collapse.py): when D has won over the last collapse_window steps
+    # (its mean D(G(z)) below 0.05 and r_t above 0.9 at the log points), warn | stop the run | off.
+    # 1000 steps: 20 log points, long enough that no single batch of a healthy run sets it off.
+    on_collapse: OnCollapse = OnCollapse.warn
+    collapse_window: int = 1000
     deterministic: bool = False  # bit-reproducible kernels on GPU (slower); CPU runs are already exact
     num_fixed_samples: int = 64  # images in the fixed-noise grid (an 8 x 8 grid; conditional: 8 per class row)
     # Steps between D's mean scores on training and on held-out reals (train/d_score_train, train/d_score_heldout,
@@ -308,6 +337,13 @@ class TrainerConfig:
         for key in ("log_every", "sample_every", "checkpoint_every", "num_fixed_samples"):
             value = getattr(self, key)
             _require(value >= 1, f"trainer.{key}", value, "must be at least 1")
+        _require(
+            self.collapse_window >= self.log_every,
+            "trainer.collapse_window",
+            self.collapse_window,
+            f"must be at least trainer.log_every ({self.log_every}): the alarm reads D's outputs at the log points "
+            "of the window",
+        )
         check_device_name(self.device, "trainer.device")
 
 

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +95,15 @@ def any_rank(flag: bool, world: World, device: torch.device) -> bool:
     value = torch.tensor([float(flag)], device=device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item())
+
+
+def mean_over_ranks(value: Tensor, world: World) -> Tensor:
+    """The mean of a tensor over all ranks (one all-reduce); the tensor itself in a single process."""
+    if not world.distributed:
+        return value
+    total = value.clone()
+    dist.all_reduce(total)
+    return total / world.size
 
 
 def close(world: World) -> None:

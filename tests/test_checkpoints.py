@@ -14,10 +14,10 @@ import torch
 from conftest import ROOT, TINY, compose_config, run_train
 
 import gan.core.losses
+from gan.checkpoint import CheckpointError, load_checkpoint, load_module_state, save_checkpoint
 from gan.core.losses import LOSSES, AdversarialLoss
 from gan.core.models import Generator
 from gan.training import NonFiniteLossError, train
-from gan.training.checkpoint import CheckpointError, load_checkpoint, load_module_state, save_checkpoint
 
 # atomic writes ---------------------------------------------------------------------------------
 

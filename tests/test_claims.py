@@ -1,7 +1,7 @@
 """The study notes' claims, one test each, asserting what PyTorch really does.
 
-The notes this project grew from (five Korean study notes, 000 to 004, kept outside the repo) make
-claims about PyTorch. Each test below quotes one claim in its docstring (original, then English),
+The notes this project grew from (five Korean study notes, 000 to 004, not part of this repository)
+make claims about PyTorch. Each test below quotes one claim in its docstring (original, then English),
 gives the verdict (confirmed, partly, corrected) and asserts the true behaviour, so it fails if
 PyTorch behaved as a wrong claim says. docs/claims.md is the table of these tests.
 
@@ -562,17 +562,21 @@ def test_note002_two_losses_retain_graph_or_sum_give_the_same_gradients():
     torch.testing.assert_close(grads[BackwardMode.summed], grads[BackwardMode.separate])
 
 
-def test_note002_a_gan_needs_retain_graph_only_when_its_d_step_forgets_detach(tiny_gan):
+def test_note002_without_detach_a_gan_step_raises_and_retain_graph_only_hides_it(tiny_gan):
     """002: "BP를 여러번 하려면 ... computational graph를 유지해야 함. BP를 언제 여러번 함? ... 3. GAN에서"
     (keep the graph with retain_graph when backpropagating several times: ... 3. in GANs).
 
-    Partly. A GAN step written with fake.detach() backpropagates each graph once and needs no
-    retain_graph. Without detach, D's backward runs on through G and frees G's saved tensors, so
-    the G step's backward through the same `fake` raises "Trying to backward through the graph a
-    second time" (pytorch_GAN_zoo#83): that error is why GAN code online writes
-    errD.backward(retain_graph=True). That silences it, at a price: D's loss has already filled
-    G's .grad (the wrong sign: D's objective, not G's), which the G step then adds to unless G's
-    gradients are cleared in between, and a backward through G is spent for nothing.
+    Partly. A GAN step written with fake.detach() backpropagates each graph once; this project
+    needs retain_graph only where one graph is backpropagated more than once, in
+    loss.backward_mode=separate (one backward per G term; see
+    test_note002_two_losses_retain_graph_or_sum_give_the_same_gradients).
+    Without detach, D's backward runs on through G and frees G's saved tensors, so the G step's
+    backward through the same `fake` raises "Trying to backward through the graph a second time"
+    (pytorch_GAN_zoo#83): that error is why GAN code online writes errD.backward(retain_graph=True).
+    That silences it, at a price: D's loss has already filled G's .grad (D's objective, not G's),
+    which the G step then adds to unless G's gradients are cleared in between, as dcgan/main.py's
+    netG.zero_grad() does (this project's loop clears after each update instead), and a backward
+    through G is spent for nothing. docs/walkthrough.md, section 4, runs each case on the real steps.
     """
     G, D = tiny_gan
     real, z = torch.rand(8, 1, 16, 16) * 2 - 1, torch.randn(8, 16)

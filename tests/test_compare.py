@@ -231,3 +231,37 @@ def test_one_minute_sends_a_real_ctrl_c_and_measures_what_it_left(tmp_path):
     assert match and float(match[2]) >= 2.0
     metrics = json.loads((tmp_path / "run" / "eval" / "metrics.json").read_text())
     assert metrics["step"] == int(match[1]) and f"{metrics['fid']:.2f}" == match[3]
+
+
+# scripts/longer.py: training longer, measured at each snapshot ---------------------------------------
+
+
+def test_longer_compares_each_snapshot_with_the_best_before_it():
+    from scripts import longer
+
+    rows = [
+        {"step": s, "fid": f, "recall": r}
+        for s, f, r in [(5, 10.0, 0.5), (10, 8.0, 0.8), (20, 8.5, 0.75), (40, 9.0, 0.7)]
+    ]
+    rows, summary = longer.against_best(rows, base=10)
+    assert [row["times"] for row in rows] == [0.5, 1.0, 2.0, 4.0]
+    assert rows[2]["fid_vs_best"] == pytest.approx(8.5 / 8.0) and rows[3]["recall_vs_best"] == pytest.approx(0.7 / 0.8)
+    # from 2x on: the worst FID ratio is step 40's 9/8 = 1.125 > 1.1, so the recipe does not hold
+    assert summary["worst_fid_ratio"] == pytest.approx(1.125) and summary["holds"] == 0.0
+    assert summary["best_step"] == 10
+    better = [dict(r, fid=8.0 - r["step"] / 100, recall=0.5 + r["step"] / 100) for r in rows]
+    _, summary = longer.against_best(better, base=10)
+    assert summary["holds"] == 1.0
+
+
+def test_longer_runs_end_to_end(tmp_path):
+    overrides = [*TINY_RACE, "trainer.max_steps=4"]
+    done = script("longer.py", *overrides, "--factor", "2", "--every", "4", "--samples", "100", "--out", "run",
+                  cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "run" / "longer.json").read_text())
+    assert [row["step"] for row in result["rows"]] == [4, 8] and result["base_steps"] == 4
+    assert done.stdout.strip().splitlines()[-1].startswith("holds=")
+    assert (tmp_path / "run" / "fid_vs_steps.png").stat().st_size > 0
+    again = script("longer.py", *overrides, "--out", "run", cwd=tmp_path)  # a second run over the first: refused
+    assert again.returncode == 2 and "already holds a run" in again.stderr

@@ -21,6 +21,7 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
+from gan.checkpoint import load_checkpoint, save_checkpoint
 from gan.config import ConfigError, EvaluateConfig, MetricsConfig
 from gan.core import augment as A
 from gan.core.losses import LOSSES
@@ -32,7 +33,6 @@ from gan.evaluation import conditional as C
 from gan.evaluation import pipeline as P
 from gan.evaluation.pipeline import build_generator, evaluate
 from gan.training import train
-from gan.training.checkpoint import load_checkpoint, save_checkpoint
 from gan.training.monitor import FAKE_TAG
 from gan.training.overfit import OverfitProbe
 

@@ -19,13 +19,13 @@ from test_checkpoints import assert_same_state
 from test_evaluate import TINY_EVAL, run_evaluate
 
 import gan.training.hardware
+from gan.checkpoint import load_checkpoint
 from gan.config import Precision
 from gan.core.losses import LOSSES
 from gan.core.models import Discriminator, Generator
 from gan.core.steps import d_step
 from gan.data.stream import BatchStream
 from gan.training import train
-from gan.training.checkpoint import load_checkpoint
 from gan.training.hardware import prepare_process, step_context
 
 pytestmark = pytest.mark.cuda

@@ -16,10 +16,10 @@ import torch.multiprocessing as mp
 from conftest import ROOT, TINY, compose_config, run_train
 from test_checkpoints import assert_same_state
 
+from gan.checkpoint import load_checkpoint
 from gan.core.steps import d_step, g_step
 from gan.data import EpochBatchSampler
 from gan.distributed import World
-from gan.training.checkpoint import load_checkpoint
 from gan.training.state import build_models, build_optimizer, wrap_for_ddp
 
 

@@ -459,3 +459,190 @@ def test_a_broken_link_is_caught():
 def test_heading_anchors_follow_githubs_rule():
     text = "# A title\n## 3. (1) D step: `detach()`, `grad = None`\n## Notes\n## Notes\n"
     assert heading_anchors(text) == {"a-title", "3-1-d-step-detach-grad--none", "notes", "notes-1"}
+
+
+# one voice per technique: the key sentences -------------------------------------------------------
+# docs/walkthrough.md explains each technique once. Where another page states the same fact (the
+# README's technique table, the tour, claims.md), it repeats these sentences word for word, so they
+# cannot drift apart; and no page may keep a phrasing they replaced.
+
+KEY_STATEMENTS = {
+    "detach": (
+        "Without `detach()` in the D step, D's `backward()` runs on through G's graph and frees it, so the G "
+        'step\'s `backward()` raises "Trying to backward through the graph a second time": nothing leaks '
+        "silently."
+    ),
+    "retain_graph": (
+        "`retain_graph=True` is needed where one graph is backpropagated more than once: here, "
+        "`loss.backward_mode=separate`, one `backward()` per G term. Adding it to a D step that forgot "
+        "`detach()` silences the error but lets D's loss write into G's `.grad`, and in this loop, which "
+        "clears gradients after each update rather than before each backward, that gradient reaches G's "
+        "next update."
+    ),
+    "clearing": (
+        "This loop clears gradients after each update (`param.grad = None`), not before each backward as "
+        "`dcgan/main.py`'s `zero_grad()` calls do, so a gradient written between one update and the next is "
+        "still there at the next update: freezing D in the G step and releasing gradients after each update "
+        "are needed because of where this loop clears. `dcgan/main.py` trains correctly without freezing D, "
+        "because its `netD.zero_grad()` wipes what the G step wrote into D's `.grad`."
+    ),
+    "grad_none": (
+        "Setting `.grad` to `None` rather than zero frees the memory while the other network trains, skips a "
+        "memset, and makes Adam skip the parameter instead of moving it by momentum on a zero gradient."
+    ),
+    "eval_sampling": (
+        "`sample` draws with G in `eval()` mode under `no_grad()`: BatchNorm normalises with its running "
+        "statistics and leaves them unchanged, and no graph is built. The samples drawn during training come "
+        "from the EMA generator, whose running statistics are averages of G's over training and do not match "
+        "the averaged weights; `evaluate.py` recomputes them for the averaged weights before it measures."
+    ),
+}
+
+# Other pages that repeat a key sentence: claims.md states claims 54 and 62 with them.
+REPEATED_IN = {ROOT / "docs" / "claims.md": ("detach", "retain_graph", "grad_none")}
+
+# Phrasings the key sentences replaced, each wrong (see the walkthrough, sections 3, 4 and 7):
+WRONG_PHRASINGS = (
+    "needed only by a D step that forgets",  # loss.backward_mode=separate needs retain_graph too
+    "Only a GAN step that forgets",  # the same, in claims.md's words
+    "a stale gradient can never leak",  # not a property of None over zero: after-update clearing lets one leak
+    "more varied",  # the tour measures a lower recall for the EMA generator than for G
+    "the next `zero_grad()` hides it",  # without detach() the G step raises: nothing is hidden
+    "a missing detach costs a backward through G and nothing worse",  # it raises first
+    "or a second `G(z)` for the G step",  # offered as a fix: in this loop D's gradient still reaches G
+    "five short files",  # gan/core/ has six
+)
+
+
+def scanned_texts() -> dict[Path, str]:
+    """README.md, docs/*.md, gan/**/*.py and the tour's cells, as text (a comment's lines joined)."""
+    import json  # here rather than at the top: only this check reads the notebook
+
+    texts = {doc: doc.read_text(encoding="utf-8") for doc in DOCS}
+    for path in sorted((ROOT / "gan").rglob("*.py")):
+        texts[path] = re.sub(r"\n\s*#\s*", " ", path.read_text(encoding="utf-8"))
+    tour = ROOT / "docs" / "tour.ipynb"
+    cells = json.loads(tour.read_text(encoding="utf-8"))["cells"]
+    texts[tour] = "\n\n".join("".join(cell["source"]) for cell in cells)
+    return texts
+
+
+def readme_technique_rows(text: str) -> list[list[str]]:
+    """The body rows of the README's table headed | technique | where | proven by ... | read |."""
+    lines = text.splitlines()
+    heads = [i for i, line in enumerate(lines) if table_cells(line)[:2] == ["technique", "where"]]
+    assert heads, "README.md has no technique table"
+    rows = []
+    for line in lines[heads[0] + 2 :]:
+        if not line.lstrip().startswith("|"):
+            break
+        rows.append(table_cells(line))
+    return rows
+
+
+def as_prose(cell: str) -> str:
+    """A table cell read as prose: <br> a space, no bold markers or escaped pipes, whitespace collapsed."""
+    return normalise(re.sub(r"<br\s*/?>", " ", cell).replace("**", "").replace("\\|", "|"))
+
+
+@pytest.mark.parametrize("key", KEY_STATEMENTS)
+def test_each_key_statement_stands_in_the_walkthrough_word_for_word(key):
+    walkthrough = normalise((ROOT / "docs" / "walkthrough.md").read_text(encoding="utf-8"))
+    assert normalise(KEY_STATEMENTS[key]) in walkthrough
+
+
+@pytest.mark.parametrize("page, key", [(page, key) for page, keys in REPEATED_IN.items() for key in keys])
+def test_pages_that_repeat_a_key_statement_repeat_it_word_for_word(page, key):
+    assert normalise(KEY_STATEMENTS[key]) in normalise(page.read_text(encoding="utf-8")), page.name
+
+
+def test_no_page_keeps_a_phrasing_the_key_statements_replaced():
+    found = [
+        f"{path.relative_to(ROOT)}: {phrase!r}"
+        for path, text in scanned_texts().items()
+        for phrase in WRONG_PHRASINGS
+        if normalise(phrase).casefold() in normalise(text).casefold()
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_readme_technique_table_states_retain_graph_as_the_walkthrough_does():
+    rows = readme_technique_rows((ROOT / "README.md").read_text(encoding="utf-8"))
+    rows = [row for row in rows if "retain_graph" in row[0]]
+    wanted = normalise(KEY_STATEMENTS["retain_graph"]).rstrip(".")
+    assert any(wanted in as_prose(" ".join(row)) for row in rows), (
+        "no row of the README's technique table about retain_graph states:\n" + KEY_STATEMENTS["retain_graph"]
+    )
+
+
+def test_the_key_statement_checks_read_across_line_breaks_and_table_cells():
+    wrapped = KEY_STATEMENTS["grad_none"].replace(" the ", "\nthe ")
+    assert normalise(KEY_STATEMENTS["grad_none"]) in normalise(wrapped)
+    cell = "| `retain_graph` | " + KEY_STATEMENTS["retain_graph"].replace(". ", ".<br>**") + " | x |"
+    assert normalise(KEY_STATEMENTS["retain_graph"]).rstrip(".") in as_prose(" ".join(table_cells(cell)))
+
+
+# the proofs: docs/proofs.md and the README's technique table follow tests/test_mutations.py ---------
+# MUTATIONS lists each technique removed from a copy of the code and the tests that must fail there;
+# test_mutations.py imports no torch, and tests/ is on the path (as for conftest).
+
+
+def cited_tests(cell: str) -> set[str]:
+    """The tests a table cell cites, as `tests/test_x.py::test_name`; `::test_name` is in the file
+    cited before it in the cell."""
+    found, current = set(), None
+    for span in CODE_SPAN.findall(cell):
+        for match in TEST_ID.finditer(span):
+            left = match.group("left")
+            if left is not None and left.endswith(".py"):
+                current = f"tests/{Path(left).name}"
+            if current is not None:
+                found.add(f"{current}::{match.group('name')}")
+    return found
+
+
+def proof_citation_problems(readme: str) -> list[str]:
+    """Each technique of MUTATIONS must have one row of the README's technique table whose 'proven by'
+    cell cites every test MUTATIONS checks for it; and no row may cite a PyTorch fact as a proof."""
+    from test_mutations import MUTATIONS, pytorch_facts
+
+    rows = readme_technique_rows(readme)
+    problems = []
+    for mutation in MUTATIONS:
+        matching = [row for row in rows if mutation.readme in row[0]]
+        if len(matching) != 1:
+            problems.append(f"{mutation.id}: {len(matching)} rows' techniques contain {mutation.readme!r}, not 1")
+            continue
+        for node in sorted(set(mutation.cited) - cited_tests(matching[0][2])):
+            problems.append(f"{mutation.id}: the row does not cite {node}")
+    facts = pytorch_facts()
+    for row in rows:
+        for node in sorted(cited_tests(row[2]) & facts):
+            problems.append(f"{row[0][:60]}: cites {node}, a PyTorch fact, as a proof")
+    return problems
+
+
+def test_the_proofs_page_is_what_the_mutation_list_generates():
+    from test_mutations import PROOFS_PAGE, proofs_page
+
+    assert PROOFS_PAGE.read_text(encoding="utf-8") == proofs_page(), (
+        "docs/proofs.md differs from MUTATIONS: run `.venv/bin/python tests/test_mutations.py --write`"
+    )
+
+
+def test_the_readme_cites_the_mutation_checked_proofs_and_no_pytorch_fact():
+    problems = proof_citation_problems((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert not problems, "\n".join(problems)
+
+
+def test_a_readme_citing_a_fact_or_missing_a_proof_is_caught():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    proof, fact = "::test_d_step_leaves_generator_gradients_none", "::test_without_detach_d_loss_reaches_generator"
+    assert proof in readme
+    assert any("test_d_step_leaves" in p for p in proof_citation_problems(readme.replace(proof, fact)))
+    assert any("a PyTorch fact" in p for p in proof_citation_problems(readme.replace(proof, f"{proof}`, `{fact}")))
+    assert cited_tests("`test_a.py::test_x`, `::test_y`, `test_b.py::test_z`") == {
+        "tests/test_a.py::test_x",
+        "tests/test_a.py::test_y",
+        "tests/test_b.py::test_z",
+    }

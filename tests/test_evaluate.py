@@ -19,6 +19,7 @@ from hydra.errors import ConfigCompositionException
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from gan.checkpoint import load_checkpoint, save_checkpoint
 from gan.config import (
     ClassifierConfig,
     ConfigError,
@@ -42,7 +43,6 @@ from gan.evaluation.pipeline import (
     recompute_batchnorm_stats,
     to_uint8,
 )
-from gan.training.checkpoint import load_checkpoint, save_checkpoint
 
 REQUIRED_KEYS = {
     "fid",

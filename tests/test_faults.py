@@ -29,11 +29,11 @@ import torch
 from conftest import ROOT, TINY, compose_config, run_train
 from PIL import Image
 
+from gan.checkpoint import load_checkpoint
 from gan.data.stream import BatchStream
 from gan.errors import CheckpointError, ConfigError, RunDirError
 from gan.evaluation.pipeline import build_generator
 from gan.training import rundir, train
-from gan.training.checkpoint import load_checkpoint
 from gan.training.faults import NonFiniteWeightsError, check_finite_state, diverged
 from gan.training.rundir import LOCK_FILE, release_lock, remove_stale_temp_files, take_lock
 from gan.training.runs import existing_run_in_argv

@@ -1,6 +1,7 @@
 """The lessons a learner looks for after the walkthrough, each proven on the project's real G and D.
 
-docs/walkthrough.md, "More lessons", states each one and cites the test here; docs/tour.ipynb runs
+docs/more.md states each one and cites the test here, except the cost of retain_graph, which
+docs/walkthrough.md states beside the technique ("What retain_graph costs"); docs/tour.ipynb runs
 the same experiments at a larger size and draws them. Each test shows the fact and, where there is
 one, the counterfactual that makes it matter.
 """

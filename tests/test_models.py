@@ -1,10 +1,12 @@
-"""Unit tier: shapes, ranges and initialisation of G and D at several image sizes."""
+"""Unit tier: shapes, ranges and initialisation of G and D at several image sizes, and what
+gan/core/models.py's docstring says of them: DCGAN as pytorch/examples' dcgan/main.py builds it."""
 
 import pytest
 import torch
 from torch import nn
 
 from gan.core.models import Discriminator, Generator, num_blocks
+from scripts import canonical_dcgan as canonical
 
 
 @pytest.mark.parametrize("image_size", [16, 32, 64, 128])
@@ -50,3 +52,19 @@ def test_dcgan_init():
     bn = [m for m in G.modules() if isinstance(m, nn.BatchNorm2d)]
     assert all(torch.all(m.bias == 0) for m in bn)
     assert torch.cat([m.weight for m in bn]).mean().item() == pytest.approx(1.0, abs=0.01)
+
+
+@pytest.mark.parametrize("image_size, channels", [(64, 3), (32, 1)])
+def test_networks_are_pytorch_examples_layer_for_layer_but_for_ds_sigmoid(image_size, channels):
+    """With the variants off, G and D are main.py's netG and netD (scripts/canonical_dcgan.py rewrites
+    them), layer for layer at the same width; D ends in a logit instead of main.py's nn.Sigmoid, and
+    its minibatch-stddev slot is an Identity."""
+
+    def layers(module: nn.Module) -> list[str]:
+        return [repr(m) for m in module.modules() if not list(m.children()) and not isinstance(m, nn.Identity)]
+
+    ours_g, their_g = Generator(100, 64, channels, image_size), canonical.Generator(100, 64, channels, image_size)
+    assert layers(ours_g) == layers(their_g)
+    theirs = layers(canonical.Discriminator(64, channels, image_size))
+    assert theirs[-1] == "Sigmoid()"
+    assert layers(Discriminator(64, channels, image_size)) == theirs[:-1]

@@ -11,7 +11,7 @@ import torch
 import yaml
 from conftest import run_train
 
-from gan.training.checkpoint import load_checkpoint
+from gan.checkpoint import load_checkpoint
 from gan.training.runs import unquote
 from gan.training.state import lr_scale
 

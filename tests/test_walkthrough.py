@@ -1,12 +1,15 @@
-"""The statements of docs/walkthrough.md that tests/test_techniques.py and tests/test_claims.py do
-not already prove, on the real G and D wherever the statement is about them.
+"""The statements of docs/walkthrough.md and docs/more.md that tests/test_techniques.py and
+tests/test_claims.py do not already prove, on the real G and D wherever the statement is about them.
 
-Sections follow the walkthrough: batch in, D step, G step, the gradient penalty to come, log,
-sample, checkpoint, export.
+Sections follow the walkthrough: batch in, D step, G step, where this loop clears gradients, the
+gradient penalty (loss=wgan_gp), log, sample; then what docs/more.md took over from it: the
+checkpoint's state_dict, export.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import io
 import warnings
 import weakref
@@ -17,7 +20,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.export import Dim, export
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+from torch.optim.swa_utils import update_bn
 
+from gan.core import steps
+from gan.core.ema import build_ema
 from gan.core.losses import LOSSES
 from gan.core.models import Generator
 from gan.core.sampling import eval_mode, image_grid, sample
@@ -43,7 +49,7 @@ def quietly(fn):
 def test_a_model_moved_to_a_device_takes_latents_made_there(tiny_gan):
     G, _ = tiny_gan
     assert G.to("meta") is G  # Module.to moves the parameters in place
-    z = torch.randn(2, 16, device="meta")  # created on the device, as training.py makes z
+    z = torch.randn(2, 16, device="meta")  # created on the device, as gan/training/loop.py makes z
     assert G(z).shape == (2, 1, 16, 16) and G(z).device.type == "meta"
 
 
@@ -140,7 +146,151 @@ def test_eval_mode_discriminator_still_passes_gradients_to_both_networks(tiny_ga
     assert all(p.grad is not None for p in D.parameters())  # eval() froze nothing
 
 
-# the gradient penalty to come (WGAN-GP) --------------------------------------------------------
+# where this loop clears gradients: after each update, not before each backward --------------------
+# Each test runs this loop's real d_step and g_step (or, for the counterfactual, d_step's own lines
+# with one change) from the same G, D and batch, and reads the gradient each optimizer is about to
+# use with a step pre-hook: the steps release .grad right after the update.
+
+
+def gradients_at_each_update(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Every .grad the optimizer uses, flattened into one vector per update."""
+    seen: list[torch.Tensor] = []
+
+    def keep(opt, args, kwargs):
+        grads = [p.grad.flatten() for group in opt.param_groups for p in group["params"] if p.grad is not None]
+        seen.append(torch.cat(grads).clone())
+
+    optimizer.register_step_pre_hook(keep)
+    return seen
+
+
+def d_step_without_detach(D, opt_d, real, fake, retain_graph=False):
+    """gan/core/steps.py:d_step with D(fake) in place of D(fake.detach()), and nothing else changed."""
+    real_logits, real_features = D(real, with_features=True)
+    BCE.d(real_logits, D(fake)).backward(retain_graph=retain_graph)
+    opt_d.step()
+    release_grads(D)
+    return real_features.detach()
+
+
+def gradient_of(module: nn.Module) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in module.parameters()]).clone()
+
+
+def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def clean_g_gradient(G, D, real, z) -> torch.Tensor:
+    """G's gradient at its first update, in this loop as written."""
+    G, D = copy.deepcopy(G), copy.deepcopy(D)
+    opt_g = adam(G)
+    seen = gradients_at_each_update(opt_g)
+    fake = G(z)
+    _, real_features = d_step(D, adam(D), real, fake)
+    g_step(D, G, opt_g, fake, real_features)
+    return seen[0]
+
+
+def test_without_detach_the_g_step_raises_backward_through_the_graph_a_second_time(tiny_gan):
+    G, D = tiny_gan
+    fake = G(torch.randn(8, 16))
+    real_features = d_step_without_detach(D, adam(D), torch.rand(8, 1, 16, 16), fake)
+    assert all(p.grad is not None for p in G.parameters())  # D's backward ran on through G
+    with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
+        g_step(D, G, adam(G), fake, real_features)  # the error comes at the G step: nothing silent
+
+
+def test_retain_graph_on_a_d_step_without_detach_lets_D_loss_reach_G_next_update(tiny_gan):
+    G, D = tiny_gan
+    real, z = torch.rand(8, 1, 16, 16) * 2 - 1, torch.randn(8, 16)
+    clean = clean_g_gradient(G, D, real, z)
+    G, D = copy.deepcopy(G), copy.deepcopy(D)
+    opt_g = adam(G)
+    seen = gradients_at_each_update(opt_g)
+    fake = G(z)
+    real_features = d_step_without_detach(D, adam(D), real, fake, retain_graph=True)  # silences the error
+    from_d = gradient_of(G)  # D's loss, written into G's .grad
+    g_step(D, G, opt_g, fake, real_features)
+    torch.testing.assert_close(seen[0], clean + from_d)  # G's update follows G's objective plus D's
+    assert relative_difference(seen[0], clean) > 0.1
+
+
+def test_clearing_G_before_its_backward_as_dcgan_main_does_would_wipe_D_contribution(tiny_gan):
+    """dcgan/main.py's order, netG.zero_grad() just before the G step's backward, on the same patch."""
+    G, D = tiny_gan
+    real, z = torch.rand(8, 1, 16, 16) * 2 - 1, torch.randn(8, 16)
+    clean = clean_g_gradient(G, D, real, z)
+    G, D = copy.deepcopy(G), copy.deepcopy(D)
+    fake = G(z)
+    d_step_without_detach(D, adam(D), real, fake, retain_graph=True)
+    G.zero_grad(set_to_none=True)
+    with frozen(D):
+        BCE.g(D(fake)).backward()
+    torch.testing.assert_close(gradient_of(G), clean)
+
+
+def test_a_second_G_forward_does_not_fix_a_missing_detach_in_this_loop(tiny_gan):
+    """No error (the G step backpropagates a graph of its own), but D's loss is still in G's .grad."""
+    G, D = tiny_gan
+    real, z = torch.rand(8, 1, 16, 16) * 2 - 1, torch.randn(8, 16)
+    clean = clean_g_gradient(G, D, real, z)
+    G, D = copy.deepcopy(G), copy.deepcopy(D)
+    opt_g = adam(G)
+    seen = gradients_at_each_update(opt_g)
+    real_features = d_step_without_detach(D, adam(D), real, G(z))
+    from_d = gradient_of(G)
+    g_step(D, G, opt_g, G(z), real_features)  # a second G(z): the same images, a fresh graph
+    torch.testing.assert_close(seen[0], clean + from_d)
+    assert relative_difference(seen[0], clean) > 0.1
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_without_freezing_G_loss_reaches_D_next_update_in_this_loop(tiny_gan, monkeypatch, freeze):
+    G, D = tiny_gan
+    real, z = torch.rand(8, 1, 16, 16) * 2 - 1, torch.randn(8, 16)
+    if not freeze:
+        monkeypatch.setattr(steps, "frozen", contextlib.nullcontext)  # g_step's `with frozen(D)`, undone
+    opt_g, opt_d = adam(G), adam(D)
+    seen = gradients_at_each_update(opt_d)
+    own = []
+    for _ in range(2):
+        fake = G(z)
+        D_copy = copy.deepcopy(D)  # D's own gradient at this update, computed apart on a copy
+        BCE.d(D_copy(real), D_copy(fake.detach())).backward()
+        own.append(gradient_of(D_copy))
+        _, real_features = d_step(D, opt_d, real, fake)
+        g_step(D, G, opt_g, fake, real_features)
+    torch.testing.assert_close(seen[0], own[0])  # the first update: nothing written before it
+    if freeze:
+        torch.testing.assert_close(seen[1], own[1])
+    else:  # the first G step wrote into D's .grad, and nothing cleared it before D's next update
+        assert relative_difference(seen[1], own[1]) > 0.05
+
+
+def test_dcgan_main_trains_correctly_without_freezing_D_because_zero_grad_wipes_it(tiny_gan):
+    """pytorch/examples' order: netD.zero_grad() first in the D step, D never frozen."""
+    G, D = tiny_gan
+    real, z = torch.rand(8, 1, 16, 16) * 2 - 1, torch.randn(8, 16)
+    opt_g, opt_d = adam(G), adam(D)
+    seen = gradients_at_each_update(opt_d)
+    own = []
+    for _ in range(2):
+        D.zero_grad()
+        fake = G(z)
+        D_copy = copy.deepcopy(D)
+        BCE.d(D_copy(real), D_copy(fake.detach())).backward()
+        own.append(gradient_of(D_copy))
+        BCE.d(D(real), D(fake.detach())).backward()
+        opt_d.step()
+        G.zero_grad()
+        BCE.g(D(fake)).backward()  # D not frozen: this fills D's .grad too
+        assert all(p.grad is not None for p in D.parameters())
+        opt_g.step()
+    torch.testing.assert_close(seen[1], own[1])  # ... and the next zero_grad() wiped it
+
+
+# the gradient penalty (loss=wgan_gp) -------------------------------------------------------------
 
 
 def gradient_penalty(D: nn.Module, real: torch.Tensor, fake: torch.Tensor, create_graph: bool) -> torch.Tensor:
@@ -222,6 +372,29 @@ def test_inference_mode_images_can_be_shown_but_not_trained_on(tiny_gan):
     with torch.inference_mode():  # G in train mode: like no_grad, BatchNorm still updates
         G(torch.randn(4, 16))
     assert not torch.equal(before, bn.running_mean)
+
+
+def test_the_ema_generators_averaged_statistics_do_not_match_its_averaged_weights(tiny_gan):
+    """The EMA averages BatchNorm's running statistics along with the weights (use_buffers=True); the
+    average of past statistics is not the statistics of the averaged weights, which is why
+    evaluate.py recomputes them. Measured against each layer's statistics of the very batch drawn."""
+    G, D = tiny_gan
+    real = torch.rand(32, 1, 16, 16) * 2 - 1
+    opt_g, opt_d = adam(G), adam(D)
+    G_ema = build_ema(G, decay=0.99)
+    for _ in range(20):
+        fake = G(torch.randn(32, 16))
+        _, real_features = d_step(D, opt_d, real, fake)
+        g_step(D, G, opt_g, fake, real_features)
+        G_ema.update_parameters(G)
+    averaged, recomputed = G_ema.module, copy.deepcopy(G_ema.module)
+    update_bn([torch.randn(256, 16) for _ in range(8)], recomputed)  # what evaluate.py does (bn_batches)
+    z = torch.randn(256, 16)
+    with torch.no_grad():
+        own = copy.deepcopy(averaged).train()(z)  # each BatchNorm with this batch's own statistics
+        error_averaged = (sample(averaged, z) - own).abs().mean()
+        error_recomputed = (sample(recomputed, z) - own).abs().mean()
+    assert error_averaged > 10 * error_recomputed
 
 
 # checkpoint -------------------------------------------------------------------------------------

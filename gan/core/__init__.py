@@ -2,8 +2,9 @@
 torchvision's make_grid, for sample grids) and nothing of the rest of this project. Read them top
 to bottom, in this order:
 
-1. `models.py`   Generator and Discriminator of DCGAN, N(0, 0.02) init, a state-size comment per stage.
-                 D returns logits, not probabilities.
+1. `models.py`   Generator and Discriminator of DCGAN as pytorch/examples builds them, N(0, 0.02) init,
+                 a state-size comment per stage; D returns logits, not probabilities. The variants
+                 (conditional, minibatch std, packing, spectral norm) sit apart, lower in the file.
 2. `losses.py`   the adversarial losses (non-saturating bce, hinge, Wasserstein) and the penalties
                  (gradient penalty, R1, feature matching), as pure functions of D's logits.
 3. `steps.py`    d_step and g_step: where every autograd technique lives —
@@ -11,7 +12,7 @@ to bottom, in this order:
                  `backward(retain_graph=True)` for a G loss of several terms, one backward per term
                  (loss.backward_mode=separate; the default sums them, one backward); `param.grad = None`
                  after each update; `retain_grad()` on a non-leaf; autocast and GradScaler.
-4. `ema.py`      the exponential moving average of G that every sample is drawn from.
+4. `ema.py`      the exponential moving average (EMA) of G's weights that every sample is drawn from.
 5. `sampling.py` sampling under `eval()` + `no_grad()`, with the previous mode restored.
 6. `augment.py`  DiffAugment: differentiable augmentations of every image D sees (small datasets).
 

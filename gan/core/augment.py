@@ -107,6 +107,65 @@ def diff_augment(x: Tensor, policies: Sequence[str], generator: Optional[torch.G
     return x
 
 
+class AdaptiveAugment:
+    """DiffAugment whose strength follows D: each policy is applied to each image with probability p,
+    and p is steered to hold ADA's overfitting heuristic r_t = E[sign(D(x))] near a target
+    (StyleGAN2-ADA, Karras et al. 2020, sec. 3: "adaptive discriminator augmentation").
+
+    Why: a fixed augmentation is a guess. Too little, and D comes to separate every real image from
+    every fake (r_t -> 1: every real logit positive), its gradient to G flattens and the samples
+    decay; too much, and G learns less per step than it could. r_t measures the first directly, so
+    every `interval` steps p moves by sign(mean r_t - target) x (images in those steps) / (speed_kimg
+    x 1000): from 0 to 1 over speed_kimg thousand images at the fastest. It starts at 0 (a run that
+    never needs it trains as without it) and is checkpointed. p is a 0-dim tensor on the device:
+    steering it costs no host sync.
+
+    Each image gets its own draw per policy; the gate is a `torch.where`, so G's gradient flows
+    through whichever branch an image took (both are differentiable).
+    """
+
+    def __init__(self, policies: Sequence[str], target: float, speed_kimg: float, batch_size: int, interval: int = 4):
+        self.policies, self.target, self.interval = list(policies), target, interval
+        self.step_size = interval * batch_size / (speed_kimg * 1000)
+        self.p = torch.zeros(())
+        self.rt_sum, self.seen = torch.zeros(()), 0
+
+    def to(self, device: torch.device) -> AdaptiveAugment:
+        self.p, self.rt_sum = self.p.to(device), self.rt_sum.to(device)
+        return self
+
+    def __call__(self, x: Tensor, generator: Optional[torch.Generator] = None) -> Tensor:
+        for name, functions in POLICIES.items():
+            if name in self.policies:
+                augmented = x
+                for augment in functions:
+                    augmented = augment(augmented, generator)
+                take = _uniform(x, generator) < self.p.to(x.dtype)  # (N, 1, 1, 1): this policy for these images
+                x = torch.where(take, augmented, x)
+        return x
+
+    def state_dict(self) -> dict[str, float]:
+        """p and the r_t gathered toward the next adjustment: a resume steers exactly as the run would have."""
+        return {"p": float(self.p), "rt_sum": float(self.rt_sum), "seen": self.seen}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.p.fill_(state["p"])
+        self.rt_sum.fill_(state["rt_sum"])
+        self.seen = int(state["seen"])
+
+    def observe(self, rt: Tensor, reduce: Callable[[Tensor], Tensor] = lambda t: t) -> None:
+        """Once per step, with that step's r_t (a 0-dim tensor); every `interval` steps p moves.
+        `reduce`: the mean over DDP ranks, so every rank steers the same p."""
+        self.rt_sum += rt.detach().float()
+        self.seen += 1
+        if self.seen < self.interval:
+            return
+        mean = reduce(self.rt_sum / self.seen)
+        self.p.add_(torch.sign(mean - self.target) * self.step_size).clamp_(0, 1)
+        self.rt_sum.zero_()
+        self.seen = 0
+
+
 def no_augment(x: Tensor) -> Tensor:
     """The identity: what D sees when no augmentation is configured (the same tensor, no copy)."""
     return x

@@ -2,6 +2,8 @@
 
 Owns how images are drawn from a generator and laid out as grids. pytorch/examples samples in
 train mode, so every snapshot also moves BatchNorm's running statistics (examples#804, #807).
+Eval mode has its own catch here: the training loop samples the EMA generator, whose running
+statistics are averages that do not match its averaged weights (see `sample`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ def sample(G: nn.Module, z: Tensor, y: Optional[Tensor] = None) -> Tensor:
     no_grad(): no graph is recorded, so nothing is kept for a backward that will never come.
     Neither implies the other: eval() alone still builds a graph; no_grad() alone still updates
     BatchNorm's running statistics in train mode.
+
+    Eval mode is only as good as the running statistics. The training loop samples the EMA
+    generator (gan.core.ema), whose running statistics are averages of G's over training and do not
+    match the averaged weights; evaluate.py recomputes them for the averaged weights before it
+    measures (gan/evaluation/pipeline.py:recompute_batchnorm_stats).
     """
     with eval_mode(G), torch.no_grad():
         return G(z) if y is None else G(z, y)

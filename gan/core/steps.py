@@ -4,6 +4,10 @@ Owns the order of forward, backward and update for D and for G, and the isolatio
   - the D step sees `fake.detach()`, so D's loss never reaches G's parameters;
   - the G step runs D with `requires_grad_(False)`, so G's loss never fills D's `.grad`;
   - gradients live only inside the step that makes them: `param.grad = None` right after the update.
+Where gradients are cleared decides what else is needed. pytorch/examples' dcgan/main.py clears
+before each backward (`netD.zero_grad()`, `netG.zero_grad()`); this module clears after each update,
+so a gradient written between one update and the next would still be there at the next update: that
+is why the G step freezes D (docs/walkthrough.md, section 4, says it once, with the tests).
 Two options change what D is shown and nothing of that order or isolation: a conditional run passes
 the batch's classes `y` to both networks (D(x, y), G(z, y)), and DiffAugment (`ctx.augment`) runs
 every image D sees, real or fake, through the same differentiable augmentation.
@@ -77,7 +81,7 @@ class StepContext:
         return self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
 
 
-FP32 = StepContext()  # bce, no extra terms, fp32: what the tests and the walkthrough call "plain"
+FP32 = StepContext()  # bce, no extra terms, fp32: both steps' default, which the tests use
 
 
 def d_step(
@@ -102,6 +106,8 @@ def d_step(
         real_logits, real_features = D(ctx.augment(real), y, with_features=True)
         # detach(): a new tensor on the same storage with no history. D's loss stops at the fake
         # images and cannot fill G's .grad (pytorch/examples#116); G's forward is not repeated.
+        # Without it D's backward would run on through G's graph and free it, and the G step's
+        # backward would raise "Trying to backward through the graph a second time".
         fake_logits = D(ctx.augment(fake.detach()), y)
         terms = {"adv": ctx.loss.d(real_logits, fake_logits)}
         if penalties.gradient_penalty > 0:  # on interpolates of a real and a fake of the same class y
@@ -118,8 +124,8 @@ def d_step(
         "loss/d": loss_d.detach(),
         "grad_norm/d": grad_norm,
         **ctx.loss.scores(real_logits.detach(), fake_logits.detach()),
-        # ADA's overfitting heuristic r_t = E[sign(D(x))] (Karras et al. 2020, sec. 3): near 0 while
-        # D is unsure of the reals, toward 1 as it memorises them
+        # the overfitting heuristic r_t = E[sign(D(x))] of ADA (adaptive discriminator augmentation,
+        # Karras et al. 2020, sec. 3): near 0 while D is unsure of the reals, toward 1 as it memorises them
         "d/overfit_rt": real_logits.detach().sign().mean(),
     }
     stats.update({f"loss/d_{name}": value.detach() for name, value in terms.items() if len(terms) > 1})
@@ -217,6 +223,10 @@ def frozen(module: nn.Module) -> Iterator[nn.Module]:
     A frozen D still passes gradient through to its input (the fake images, hence G) but builds no
     gradient for its own weights: its .grad stays None and no time goes into D's weight gradients.
     (no_grad() would cut the path to G too; eval() would only change BatchNorm.)
+
+    Needed in this loop because it clears gradients after each update, not before each backward:
+    unfrozen, D would get G's loss gradient in its .grad, and D's next backward would add to it.
+    pytorch/examples' dcgan/main.py does not freeze D; its `netD.zero_grad()` wipes that gradient.
     """
     flags = [p.requires_grad for p in module.parameters()]
     module.requires_grad_(False)
@@ -230,9 +240,11 @@ def frozen(module: nn.Module) -> Iterator[nn.Module]:
 def release_grads(module: nn.Module) -> None:
     """param.grad = None after the update, as optimizer.zero_grad(set_to_none=True) does.
 
-    Rather than zeroing in place: no memset, the memory is free while the other network trains, a
-    stale gradient can never leak into a later step, and Adam skips any parameter whose .grad is
-    None instead of updating it with a zero gradient (which would still move it by momentum).
+    Setting `.grad` to `None` rather than zero frees the memory while the other network trains,
+    skips a memset, and makes Adam skip the parameter instead of moving it by momentum on a zero
+    gradient. Either way the clearing happens here, after the update: a gradient written after this
+    call and before the module's next update (by the other network's step, were D not frozen) is
+    still there at that update.
     """
     for p in module.parameters():
         p.grad = None

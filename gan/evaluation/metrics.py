@@ -43,10 +43,10 @@ from torchmetrics.image.fid import FrechetInceptionDistance
 from torchmetrics.image.kid import KernelInceptionDistance
 from torchvision.transforms.functional import gaussian_blur
 
+from gan.checkpoint import save_checkpoint
 from gan.config import ClassifierConfig, DataConfig, FeatureSpace, MetricsConfig
 from gan.data import ImageSet, load_dataset, to_unit_range
 from gan.errors import MetricsError
-from gan.training.checkpoint import save_checkpoint
 
 log = logging.getLogger(__name__)
 

@@ -34,6 +34,7 @@ from torch.optim.swa_utils import update_bn
 from torch.utils.tensorboard import SummaryWriter
 from torchvision.utils import save_image
 
+from gan.checkpoint import CheckpointError, load_checkpoint, load_module_state
 from gan.config import (
     ConfigError,
     DataConfig,
@@ -58,7 +59,6 @@ from gan.evaluation.conditional import (
 )
 from gan.evaluation.export import save_generator
 from gan.evaluation.grids import interpolation_strip, neighbour_grid
-from gan.training.checkpoint import CheckpointError, load_checkpoint, load_module_state
 
 log = logging.getLogger(__name__)
 

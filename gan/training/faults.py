@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 import torch
 from torch import Tensor, nn
 
+from gan.checkpoint import load_checkpoint
 from gan.errors import CheckpointError, ConfigError
-from gan.training.checkpoint import load_checkpoint
 
 if TYPE_CHECKING:
     from gan.config import TrainConfig
@@ -211,26 +211,33 @@ def _bytes(amount: str) -> str:
     return f"{count} bytes"
 
 
-class _StopFlag:
-    signal: Optional[str] = None
+class StopFlag:
+    """Why the run should stop after this step: "SIGINT", "SIGTERM", or what `request` was given
+    (the collapse alarm's "collapse", trainer.on_collapse=stop); None while it should go on."""
+
+    reason: Optional[str] = None
+
+    def request(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
 
 
 @contextlib.contextmanager
-def stop_on_signals() -> Iterator[_StopFlag]:
+def stop_on_signals() -> Iterator[StopFlag]:
     """SIGINT/SIGTERM set a flag instead of killing the process, so the loop can finish its step,
     write a checkpoint and close TensorBoard. A second SIGINT interrupts at once (KeyboardInterrupt).
     Signals can only be handled in the main thread; elsewhere the block runs unprotected.
     """
-    flag = _StopFlag()
+    flag = StopFlag()
     if threading.current_thread() is not threading.main_thread():
         yield flag
         return
 
     def handler(signum: int, frame: Any) -> None:
-        if flag.signal is not None and signum == signal.SIGINT:
+        if flag.reason in ("SIGINT", "SIGTERM") and signum == signal.SIGINT:  # a second signal
             raise KeyboardInterrupt
-        flag.signal = signal.Signals(signum).name
-        log.warning("%s received: finishing this step, then writing a checkpoint.", flag.signal)
+        flag.reason = signal.Signals(signum).name
+        log.warning("%s received: finishing this step, then writing a checkpoint.", flag.reason)
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

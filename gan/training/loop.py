@@ -1,33 +1,48 @@
-"""The training loop: learning rate, fetch, (1) D step, (2) G step, EMA, overfitting, log, sample, checkpoint.
+"""The training loop: fetch, (1) D step, (2) G step, EMA, then the periodic extras.
 
-Read it beside pytorch/examples' dcgan/main.py: the same sections in the same order. What each
-section calls lives elsewhere: the steps and the EMA in `gan.core` (the lesson), the objects in
-`gan.training.state`, precision and devices in `gan.training.hardware`, the NaN watch, the
-finiteness check before a checkpoint and signal handling in `gan.training.faults`, the run
-directory's lock in `gan.training.rundir`, TensorBoard in `gan.training.monitor`, the in-training
-FID in `gan.training.quality`.
+Read it beside pytorch/examples' dcgan/main.py: the same sections in the same order, with main.py's
+`if i % 100 == 0` blocks (print, save images, checkpoint) gathered into one call,
+`extras.after_step(...)`, whose list of tasks and cadences is `periodic_extras` below
+(gan/training/periodic.py says why). What each section calls lives elsewhere: the steps and the EMA
+in `gan.core` (the lesson), the objects in `gan.training.state`, precision and devices in
+`gan.training.hardware`, the NaN watch, the finiteness check before a checkpoint and signal handling
+in `gan.training.faults`, the run directory's lock in `gan.training.rundir`, TensorBoard in
+`gan.training.monitor`, the in-training FID in `gan.training.quality`, the checkpoint file in
+`gan.checkpoint`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 from torchvision.utils import save_image
 
-from gan.config import Precision, TrainConfig, to_plain
+from gan.checkpoint import BEST, keep_numbered, load_checkpoint, save_checkpoint
+from gan.config import OnCollapse, Precision, TrainConfig, to_plain
+from gan.core.augment import AdaptiveAugment
 from gan.core.sampling import image_grid, sample
 from gan.core.steps import StepContext, d_step, g_step
 from gan.data import BatchStream, ImageSet, load_dataset, to_unit_range
-from gan.distributed import SINGLE, World, any_rank, gather_to_main
-from gan.training.checkpoint import keep_numbered, load_checkpoint, save_checkpoint
-from gan.training.faults import NonFiniteWatch, check_finite_state, explain_allocation_failure, stop_on_signals
+from gan.distributed import SINGLE, World, any_rank, gather_to_main, mean_over_ranks
+from gan.training.collapse import TEXT_TAG as COLLAPSE_TEXT_TAG
+from gan.training.collapse import collapse_watch
+from gan.training.faults import (
+    NonFiniteWatch,
+    StopFlag,
+    check_finite_state,
+    explain_allocation_failure,
+    stop_on_signals,
+)
 from gan.training.hardware import arithmetic_of, prepare_process
 from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, Monitor, shown_name, trial_name, write_progress_gif
-from gan.training.overfit import OverfitProbe, build_probe
+from gan.training.overfit import build_probe
+from gan.training.periodic import Every, Extras, Tick
+from gan.training.quality import BEST_FID_TAG, FID_TAG, QualityProbe
 from gan.training.rundir import own_run_dir
 from gan.training.runs import check_resume
 from gan.training.state import (
@@ -40,9 +55,6 @@ from gan.training.state import (
 )
 from gan.training.threads import thread_governor
 
-if TYPE_CHECKING:
-    from gan.training.quality import QualityProbe
-
 log = logging.getLogger(__name__)
 
 
@@ -51,8 +63,9 @@ class TrainResult:
     step: int  # generator updates done, in this run and the runs it resumed
     metrics: dict[str, float]  # the last logged scalars
     checkpoint: Path  # checkpoints/last.pt
-    stopped_by: Optional[str] = None  # "SIGINT"/"SIGTERM" when a signal ended the run early
+    stopped_by: Optional[str] = None  # "SIGINT"/"SIGTERM" when a signal ended the run early, "collapse" the alarm
     seconds: float = 0.0  # wall time of the loop after its first step (which may include compiling)
+    best: Optional[dict[str, float]] = None  # {"fid", "step"} of checkpoints/best.pt (trainer.eval_every), or None
 
 
 def train(
@@ -75,20 +88,12 @@ def train(
     # checkpoint, and temporary files of a killed run removed (gan/training/rundir.py)
     with own_run_dir(run_dir, resuming=bool(trainer.resume), enabled=world.is_main):
         # device, the step context (loss, extra terms, precision), the training state, resumed if asked
-        device, ctx, state, overfit = set_up(cfg, world, dataset)  # overfit: D's train/held-out gap, or None
+        device, ctx, state, training = set_up(cfg, world, dataset)
         G, D = wrap_for_ddp(state.G, state.D, world, device)  # DDP wrappers: the same modules under DDP
-        quality = quality_probe(cfg, device, world)  # FID & co. every trainer.eval_every steps, or None
         monitor = open_monitor(cfg, state, run_dir, world)  # TensorBoard: HParams session, real images
-        watch, metrics = NonFiniteWatch(device), {}
-        # trainer.threads=0 on the CPU: threads follow the cores other processes leave free, or None
-        governor = thread_governor(
-            cfg.trainer.threads, device, lambda n: monitor.numbers(state.step, {"time/threads": n})
-        )
         with monitor, stop_on_signals() as stop:
+            extras = periodic_extras(cfg, state, ctx, world, device, run_dir, monitor, stop, training, dataset is None)
             while state.step < trainer.max_steps:
-                # learning rate: constant, then linearly to zero over the last optim.lr_decay of the run
-                set_learning_rates(state, cfg)
-
                 # fetch: a real batch (with its classes y when model.conditional, else y is None), and
                 # latents created on the device (not on the CPU, then moved); fakes drawn for the same y
                 real, y = state.batches.next_with_labels()
@@ -104,73 +109,150 @@ def train(
                 g_stats = g_step(state.D, G, state.opt_g, fake, real_features, ctx, y)
                 ctx.scaler.update()  # once per iteration, after both optimizers stepped (fp16 only)
                 state.step += 1
-                watch.update(state.step, d_stats["loss/d"], g_stats["loss/g"])
 
                 # EMA of G's weights (and BatchNorm statistics), used for every sample
                 if state.G_ema is not None:
                     state.G_ema.update_parameters(state.G)
-                monitor.advance(state.step, real.size(0) * world.size)  # all ranks' images: time/img_per_s
-                if governor is not None:
-                    governor.poll()  # reads the clock; /proc once every 2 s
-                # Under DDP every rank must stop at the same step: one all-reduce of the stop flag per
-                # step (a host sync, the only one besides logging and trainer.on_nan=skip's check).
-                asked = after_step is not None and after_step(state)  # the caller's own stop (a time budget)
-                done = state.step == trainer.max_steps or any_rank(stop.signal is not None or asked, world, device)
 
-                # overfitting: D's scores on training against held-out reals (gan/training/overfit.py)
-                if overfit is not None and state.step % trainer.overfit_every == 0:
-                    values = overfit.measure(state.D, ctx)
-                    monitor.numbers(state.step, {shown_name(tag): value for tag, value in values.items()})
+                # stop: at max_steps, on SIGINT/SIGTERM or the collapse alarm, or when the caller asks. Under
+                # DDP every rank must stop at the same step: one all-reduce of the flag per step (a host
+                # sync, the only one besides logging and trainer.on_nan=skip's check).
+                asked = after_step is not None and after_step(state)
+                done = state.step == trainer.max_steps or any_rank(stop.reason is not None or asked, world, device)
 
-                # log: scalars leave the device here, at log_every steps (float() waits for the device)
-                if state.step % trainer.log_every == 0 or done:
-                    watch.check(ctx.skip_nonfinite)
-                    metrics = monitor.scalars(state.step, {**d_stats, **g_stats})
-
-                # sample: the fixed latents through the EMA generator, in eval mode
-                if world.is_main and (state.step % trainer.sample_every == 0 or done):
-                    write_samples(state, run_dir, monitor)
-                # quality: FID, precision/recall and classes of the EMA generator's samples
-                if quality is not None and (state.step % trainer.eval_every == 0 or done):
-                    measure_quality(quality, state, monitor)
-
-                # checkpoint: never over the last good one with weights a NaN has reached
-                if state.step % trainer.checkpoint_every == 0 or done:
-                    rngs = gather_to_main(rng_state(device), world)  # every rank's generators, for resume
-                    if world.is_main:
-                        watch.check(ctx.skip_nonfinite)
-                        check_finite_state(state, last_checkpoint(run_dir))  # weights and Adam moments, too
-                        with monitor.timed("checkpoint", state.step):
-                            write_checkpoint(state, cfg, run_dir, rngs)
+                # every N steps: log, sample, measure, checkpoint, ... (the list in periodic_extras)
+                extras.after_step(Tick(state.step, {**d_stats, **g_stats}, real.size(0) * world.size, done))
                 if done:  # a signal that lands after `done` was computed gets one more step
                     break
             monitor.end_session(state.step, finished=state.step == trainer.max_steps)
-        return TrainResult(state.step, metrics, last_checkpoint(run_dir), stop.signal, monitor.seconds)
+        return TrainResult(state.step, monitor.last, last_checkpoint(run_dir), stop.reason, monitor.seconds, state.best)
+
+
+def periodic_extras(
+    cfg: TrainConfig,
+    state: TrainingState,
+    ctx: StepContext,
+    world: World,
+    device: torch.device,
+    run_dir: Path,
+    monitor: Monitor,
+    stop: StopFlag,
+    training: ImageSet,
+    own_data: bool,
+) -> Extras:
+    """What the loop does after each iteration besides the EMA, in this order, each at its cadence.
+    `own_data`: the training set is cfg.data's (not a caller's), so its held-out split exists."""
+    trainer = cfg.trainer
+    watch = NonFiniteWatch(device)  # NaN/inf losses, checked on the host at log and checkpoint time only
+    # trainer.threads=0 on the CPU: threads follow the cores other processes leave free, or None
+    governor = thread_governor(trainer.threads, device, lambda n: monitor.numbers(state.step, {"time/threads": n}))
+    overfit = build_probe(cfg, training, device) if own_data else None  # D's train/held-out gap, or None
+    quality = quality_probe(cfg, training, device, world)  # FID & co. every trainer.eval_every steps, or None
+    collapse = collapse_watch(cfg, lambda step, message: raise_alarm(step, message, cfg, monitor, stop))
+
+    def log_scalars(tick: Tick) -> None:  # scalars leave the device here (float() waits for it)
+        watch.check(ctx.skip_nonfinite)
+        augment = {"train/augment_p": state.augment.p} if state.augment is not None else {}
+        values = monitor.scalars(tick.step, {**tick.stats, **augment})
+        if collapse is not None:  # has D won over the last trainer.collapse_window steps?
+            monitor.numbers(tick.step, collapse.observe(tick.step, values), log_line=False)
+
+    def measure_overfit(tick: Tick) -> None:  # D's train/held-out scores (gan/training/overfit.py)
+        values = overfit.measure(state.D, ctx)
+        monitor.numbers(tick.step, {shown_name(tag): value for tag, value in values.items()})
+
+    def measure_quality(tick: Tick) -> None:  # the EMA generator, the one every grid shows
+        with monitor.timed("quality", tick.step):
+            values = quality.measure(state.sampler)
+        if values[FID_TAG] < (state.best["fid"] if state.best else math.inf):  # NaN never is
+            state.best = {"fid": values[FID_TAG], "step": tick.step}
+            with monitor.timed("checkpoint", tick.step):
+                save_checkpoint(best_generator(state, cfg, values), best_checkpoint(run_dir))
+        monitor.numbers(tick.step, {**values, BEST_FID_TAG: state.best["fid"] if state.best else math.nan})
+
+    def steer_augment(tick: Tick) -> None:  # ADA's p toward model.ada_target (gan/core/augment.py)
+        state.augment.observe(tick.stats["d/overfit_rt"], lambda rt: mean_over_ranks(rt, world))
+
+    def sample(tick: Tick) -> None:
+        write_samples(state, run_dir, monitor)
+
+    def checkpoint(tick: Tick) -> None:  # never over the last good one with weights a NaN has reached
+        rngs = gather_to_main(rng_state(device), world)  # every rank's generators, for resume
+        if world.is_main:
+            watch.check(ctx.skip_nonfinite)
+            check_finite_state(state, last_checkpoint(run_dir))  # weights and Adam moments, too
+            with monitor.timed("checkpoint", tick.step):
+                write_checkpoint(state, cfg, run_dir, rngs)
+
+    return Extras(
+        [
+            Every("NaN watch", 1, lambda tick: watch.update(tick.step, tick.stats["loss/d"], tick.stats["loss/g"])),
+            Every("progress", 1, lambda tick: monitor.advance(tick.step, tick.images)),  # time/img_per_s too
+            Every("threads", 1 if governor else 0, lambda tick: governor.poll()),  # the clock; /proc every 2 s
+            Every("overfitting", trainer.overfit_every if overfit else 0, measure_overfit),
+            Every("augment p", 1 if state.augment else 0, steer_augment),
+            Every("log", trainer.log_every, log_scalars, at_end=True),  # and the collapse alarm
+            # the fixed latents through the EMA generator, in eval mode
+            Every("sample", trainer.sample_every if world.is_main else 0, sample, at_end=True),
+            # FID, precision/recall and classes (gan/training/quality.py); the best generator into best.pt
+            Every("quality", trainer.eval_every if quality else 0, measure_quality, at_end=True),
+            Every("checkpoint", trainer.checkpoint_every, checkpoint, at_end=True),
+            # the next step's rate: constant, then linearly to zero over the last optim.lr_decay of the run
+            Every("learning rate", 1, lambda tick: set_learning_rates(state, cfg)),
+        ]
+    )
+
+
+def raise_alarm(step: int, message: str, cfg: TrainConfig, monitor: Monitor, stop: StopFlag) -> None:
+    """D has won (gan/training/collapse.py): one warning, a text summary, and the stop if asked."""
+    stopping = cfg.trainer.on_collapse == OnCollapse.stop
+    message += " Stopping here (trainer.on_collapse=stop)." if stopping else ""
+    log.warning("%s", message)
+    monitor.text(COLLAPSE_TEXT_TAG, message, step)
+    if stopping:
+        stop.request("collapse")
+
+
+def best_generator(state: TrainingState, cfg: TrainConfig, metrics: dict[str, float]) -> dict:
+    """checkpoints/best.pt: the generator (raw and EMA) at the best in-training FID, with its step and
+    metrics: what evaluate.py reads (it takes best.pt or last.pt alike); no D and no optimizers, so
+    it cannot be resumed (trainer.resume names last.pt's run)."""
+    return {
+        "kind": BEST,
+        "G": state.G.state_dict(),
+        "G_ema": state.G_ema.state_dict() if state.G_ema is not None else None,
+        "num_classes": state.G.num_classes,
+        "step": state.step,
+        "metrics": dict(metrics),
+        "config": to_plain(cfg),
+    }
+
+
+def best_checkpoint(run_dir: Path) -> Path:
+    return run_dir / "checkpoints" / "best.pt"
 
 
 def set_up(
     cfg: TrainConfig, world: World, dataset: Optional[ImageSet]
-) -> tuple[torch.device, StepContext, TrainingState, Optional[OverfitProbe]]:
+) -> tuple[torch.device, StepContext, TrainingState, ImageSet]:
     """This process's device, the StepContext of both steps, the training state (resumed when
-    cfg.trainer.resume names a checkpoint), and the overfitting probe (None when off, or when the
-    caller feeds its own `dataset`, which has no held-out split)."""
+    cfg.trainer.resume names a checkpoint), and the training set (`dataset`, or cfg.data's)."""
     device = prepare_process(cfg, world)
     # read the checkpoint to resume from before any work, so a bad path fails at once
     resume_from = load_checkpoint(cfg.trainer.resume, map_location=device) if cfg.trainer.resume else None
     arithmetic, precision = arithmetic_of(cfg, device)
-    ctx = with_objective(arithmetic, cfg)  # the loss, its extra terms, and the precision of both steps
-    probe = None
+    ctx = with_objective(arithmetic, cfg, device)  # the loss, its extra terms, and the precision of both steps
     with explain_allocation_failure(cfg):  # model.g_width=10000000: one paragraph, not a traceback
         training_set = dataset or load_dataset(cfg.data)
         state = build_state(cfg, device, ctx.scaler, world, training_set)
-        if dataset is None:
-            probe = build_probe(cfg, training_set, device)
+    state.augment = ctx.augment if isinstance(ctx.augment, AdaptiveAugment) else None
     if resume_from is not None:
         check_resume(cfg, resume_from)  # the resume contract: gan/training/runs.py
         state.load_state_dict(resume_from, world)
         log.info("Resumed from %s at step %d", cfg.trainer.resume, state.step)
+    set_learning_rates(state, cfg)  # the first step's; the periodic extras set each next one
     announce(cfg, device, precision, world)
-    return device, ctx, state, probe
+    return device, ctx, state, training_set
 
 
 def announce(cfg: TrainConfig, device: torch.device, precision: Precision, world: World) -> None:
@@ -201,22 +283,11 @@ def real_images(batches: BatchStream, count: int) -> torch.Tensor:
     return torch.stack([torch.as_tensor(source[i]).cpu() for i in index])
 
 
-def quality_probe(cfg: TrainConfig, device: torch.device, world: World) -> Optional[QualityProbe]:
+def quality_probe(cfg: TrainConfig, training: ImageSet, device: torch.device, world: World) -> Optional[QualityProbe]:
     """The in-training quality measurement when trainer.eval_every asks for one; rank 0 measures."""
     if not (cfg.trainer.eval_every and world.is_main):
         return None
-    # imported here: gan.evaluation imports gan.training (checkpoints), so a module-level import
-    # would be circular when evaluate.py is the entry point
-    from gan.training.quality import QualityProbe
-
-    return QualityProbe(cfg.data, cfg.trainer.eval_samples, cfg.trainer.seed, device)
-
-
-def measure_quality(probe: QualityProbe, state: TrainingState, monitor: Monitor) -> None:
-    """Score the EMA generator (the one every grid shows) and write the numbers as quality/*."""
-    with monitor.timed("quality", state.step):
-        values = probe.measure(state.sampler)
-    monitor.numbers(state.step, values)
+    return QualityProbe(cfg.data, training, cfg.trainer.eval_samples, cfg.trainer.seed, device)
 
 
 def write_samples(state: TrainingState, run_dir: Path, monitor: Monitor) -> None:

@@ -76,6 +76,7 @@ class Monitor:
     def __init__(self, run_dir: Path, start_step: int, max_steps: int, progress: bool = True, enabled: bool = True):
         """enabled=False (ranks other than 0 of a DDP job): nothing is written, shown or logged."""
         self.enabled = enabled
+        self.last: dict[str, float] = {}  # the last scalars() values: TrainResult.metrics
         # purge_step: after a resume, events the interrupted run wrote after the checkpoint's step
         # (steps >= purge_step) are hidden, so TensorBoard shows one curve, not a doubled stretch.
         purge_step = start_step + 1 if start_step else None
@@ -165,6 +166,7 @@ class Monitor:
             values["time/img_per_s"] = self.images_since / (now - self.time_since)
             values["time/sec_per_kimg"] = 1000 / values["time/img_per_s"]
         self.images_since, self.time_since = 0, now
+        self.last = values
         if not self.enabled:
             return values
         for tag, value in values.items():
@@ -179,13 +181,20 @@ class Monitor:
         log.info("step %d  %s", step, "  ".join(f"{tag}={value:.4g}" for tag, value in values.items()))
         return values
 
-    def numbers(self, step: int, values: Mapping[str, float]) -> None:
-        """Scalars measured apart from the step (the quality group), with a log line."""
-        if not self.enabled:
+    def numbers(self, step: int, values: Mapping[str, float], log_line: bool = True) -> None:
+        """Scalars measured apart from the step (the quality group), with a log line unless not asked."""
+        self.last = {**self.last, **values}
+        if not self.enabled or not values:
             return
         for tag, value in values.items():
             self.writer.add_scalar(tag, value, step)
-        log.info("step %d  %s", step, "  ".join(f"{tag}={value:.4g}" for tag, value in values.items()))
+        if log_line:
+            log.info("step %d  %s", step, "  ".join(f"{tag}={value:.4g}" for tag, value in values.items()))
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        """A note in TensorBoard's Text tab (the collapse alarm's)."""
+        if self.enabled:
+            self.writer.add_text(tag, text, step)
 
     def image(self, tag: str, grid: Tensor, step: int) -> None:
         if self.enabled:

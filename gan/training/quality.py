@@ -1,19 +1,31 @@
 """Sample quality during training: FID, precision/recall and class coverage of the EMA generator
 every `trainer.eval_every` steps, so the FID curve lies in the same TensorBoard run as the losses
-(StyleGAN2-ADA measures its `metrics` every few ticks the same way).
+(StyleGAN2-ADA measures its `metrics` every few ticks the same way), and the best of them is kept
+(checkpoints/best.pt, gan/training/loop.py).
+
+The reference is a validation set taken from the training split (`trainer.eval_samples` images, a
+seeded subset that stays in training), never the held-out split that evaluate.py reports on: the
+run picks its best generator by these numbers, and a pick made on the test split would flatter
+every number measured there afterwards. (StyleGAN2-ADA's fid50k_full measures against the
+training set for the same reason.)
 
 A cheap cut of evaluate.py's measurement (`gan/evaluation/pipeline.py:evaluate`), built from its
 public parts: the same cached classifier and feature space, the same FID and k-NN arithmetic
-(`gan/evaluation/metrics.py`), on `trainer.eval_samples` samples against as many held-out images.
-It is cheaper in three ways, and each is a reason its numbers sit a little above evaluate.py's:
-fewer samples (FID is biased upward at small N), no KID (its 100 subsets cost more than the rest
-together), and G's BatchNorm statistics as the EMA averaged them, the ones the sample grids use
-(evaluate.py recomputes them). Compare a curve with curves of the same N, and a final number with
-evaluate.py's.
+(`gan/evaluation/metrics.py`), on `trainer.eval_samples` samples. It is cheaper in three ways, and
+each is a reason its numbers sit a little above evaluate.py's: fewer samples (FID is biased upward
+at small N), no KID (its 100 subsets cost more than the rest together), and G's BatchNorm
+statistics as the EMA averaged them, the ones the sample grids use (evaluate.py recomputes them).
+Compare a curve with curves of the same N, and a final number with evaluate.py's.
+
+The classifier is evaluate.py's default one, but a classifier below evaluate.py's accuracy bar
+(metrics.classifier.min_accuracy, 97%; about 91% on Fashion-MNIST) is used with a warning instead
+of refused: the curve and the pick of best.pt need a consistent feature space, not a publishable
+one. evaluate.py still refuses it unless told otherwise.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -21,10 +33,10 @@ import torch
 from torch import Tensor, nn
 
 from gan.config import DataConfig, EvaluateConfig
-from gan.data import load_dataset
+from gan.data import ImageSet
 from gan.errors import ConfigError
 from gan.evaluation import metrics as M
-from gan.evaluation.pipeline import Reals, class_metrics, classifier_data, generate, reference_subset
+from gan.evaluation.pipeline import Reals, class_metrics, classifier_data, generate
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +53,8 @@ QUALITY_TAGS = {
     "modes_covered": "quality/modes_covered",
     "mode_kl": "quality/mode_kl",
 }
+FID_TAG = QUALITY_TAGS["fid"]
+BEST_FID_TAG = "quality/FID_best"  # the best FID so far: the generator in checkpoints/best.pt
 
 
 class QualityProbe:
@@ -50,32 +64,43 @@ class QualityProbe:
     not with the draw of samples.
     """
 
-    def __init__(self, data: DataConfig, samples: int, seed: int, device: torch.device):
+    def __init__(self, data: DataConfig, training: ImageSet, samples: int, seed: int, device: torch.device):
+        """`training`: the run's training split, from which the validation images are drawn."""
         started = time.perf_counter()
-        # everything here (the split, the classifier, maybe its training) draws from its own seeded
+        if training.num_classes < 2:
+            raise ConfigError(
+                f"trainer.eval_every needs labelled data: data={data.name} has {training.num_classes} class, "
+                "and the in-training FID is measured in the features of a classifier of the data's classes. "
+                "Set trainer.eval_every=0 and measure with evaluate.py metrics.features=inception."
+            )
+        # everything here (the subset, the classifier, maybe its training) draws from its own seeded
         # generators; fork_rng keeps the training's random stream as it would be without the probe
         with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
-            reference = load_dataset(data, train=False, in_memory=True)
-            if reference.num_classes < 2:
-                raise ConfigError(
-                    f"trainer.eval_every needs labelled data: data={data.name} has {reference.num_classes} class, "
-                    "and the in-training FID is measured in the features of a classifier of the data's classes. "
-                    "Set trainer.eval_every=0 and measure with evaluate.py metrics.features=inception."
-                )
-            images, labels = reference_subset(reference, samples, seed)
-            self.reals = Reals(images, labels, stacked=M.is_stacked(reference))
+            images, labels = validation_subset(training, samples, seed)
+            self.reals = Reals(images, labels, stacked=training.num_classes == 1000 and images.size(1) == 3)
             # the classifier evaluate.py uses by default: same settings, same cache file under data.root
             self.config = EvaluateConfig(checkpoint="(training)", num_samples=samples, seed=seed, batch_size=500)
+            bar = self.config.metrics.classifier.min_accuracy
+            accept_any = dataclasses.replace(self.config.metrics.classifier, min_accuracy=0.0)
             classifier, accuracy, path = M.load_or_train_classifier(
-                classifier_data(data, self.reals.stacked), self.config.metrics.classifier, device
+                classifier_data(data, self.reals.stacked), accept_any, device
+            )
+        if accuracy < bar:
+            log.warning(
+                "The metrics classifier of data=%s reaches %.2f%% test accuracy, below evaluate.py's bar of %.0f%%: "
+                "the in-training FID and the pick of best.pt use its features all the same (they need a consistent "
+                "feature space); evaluate.py refuses it unless given metrics.classifier.min_accuracy.",
+                data.name,
+                100 * accuracy,
+                100 * bar,
             )
         self.classifier: M.Classifier = classifier
         self.features = M.ClassifierFeatures(classifier, self.reals.stacked, images.size(1)).to(device)
         self.device = device
         self.real_features = M.batched(self.features, images, self.config.batch_size, device)
         log.info(
-            "In-training quality: %d samples against %d held-out images, features of %s (%.2f%% accuracy); "
-            "set up in %.1f s",
+            "In-training quality: %d samples against %d validation images from the training split, features of "
+            "%s (%.2f%% accuracy); set up in %.1f s",
             samples,
             images.size(0),
             path.name,
@@ -95,3 +120,24 @@ class QualityProbe:
         )
         results.update(class_metrics(self.classifier, self.reals, fake, cfg, self.device))
         return {QUALITY_TAGS[key]: float(value) for key, value in results.items() if key in QUALITY_TAGS}
+
+
+def validation_subset(training: ImageSet, count: int, seed: int) -> tuple[Tensor, Tensor]:
+    """`count` training images and their labels (a seeded subset; all of them when there are fewer),
+    uint8 on the CPU, from an in-memory split or one decoded image at a time."""
+    total = training.labels.numel()
+    if total < count:
+        log.warning(
+            "The training split has %d images, fewer than trainer.eval_samples=%d: the in-training metrics "
+            "compare %d samples with %d real images.",
+            total,
+            count,
+            count,
+            total,
+        )
+    index = torch.randperm(total, generator=torch.Generator().manual_seed(seed))[:count]
+    if isinstance(training.images, Tensor):
+        images = training.images[index.to(training.images.device)].cpu()
+    else:
+        images = torch.stack([torch.as_tensor(training.images[int(i)]) for i in index])
+    return images, training.labels[index.to(training.labels.device)].cpu()

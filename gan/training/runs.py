@@ -22,9 +22,9 @@ from hydra.errors import CompactHydraException, HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from gan.checkpoint import checkpoint_path, load_checkpoint, require_training_state
 from gan.config import TrainConfig, to_plain
 from gan.errors import CheckpointError, ConfigError
-from gan.training.checkpoint import checkpoint_path, load_checkpoint
 from gan.training.rundir import check_not_in_use, existing_run
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,8 @@ RUNTIME_KEYS: dict[str, tuple[str, ...]] = {
         "eval_every",  # measurements that change nothing of the run (gan/training/quality.py)
         "eval_samples",
         "overfit_every",  # likewise (gan/training/overfit.py)
+        "on_collapse",  # the alarm watches; stop ends the run where a signal could have
+        "collapse_window",
     ),
 }
 # Settings of the arithmetic that an explicit resume may change (to fine-tune with a lower rate, or
@@ -180,6 +182,7 @@ def check_resume_command(overrides: list[str], checkpoint: Path, config_dir: Pat
     except (HydraException, OmegaConfBaseException):
         return  # a bad override: Hydra itself reports it, with its own message
     state = load_checkpoint(checkpoint)
+    require_training_state(state, str(checkpoint))
     refuse_changes(with_schema_defaults(state["config"], checkpoint), wanted, str(checkpoint.parent.parent))
     check_steps(wanted["trainer"]["max_steps"], int(state["step"]))
 
@@ -187,6 +190,7 @@ def check_resume_command(overrides: list[str], checkpoint: Path, config_dir: Pat
 def check_resume(cfg: TrainConfig, checkpoint: dict) -> None:
     """In train(), once the checkpoint is loaded: the resume contract against the checkpoint's own
     config (which also covers a checkpoint file outside a run directory), and a step to go to."""
+    require_training_state(checkpoint, str(cfg.trainer.resume))
     refuse_changes(with_schema_defaults(checkpoint["config"], cfg.trainer.resume), to_plain(cfg), cfg.trainer.resume)
     check_steps(cfg.trainer.max_steps, int(checkpoint["step"]))
 

@@ -4,7 +4,7 @@ one plain dict a checkpoint holds of it.
 Owns how G, D, the EMA generator, both optimizers, the GradScaler, the batch stream, the fixed
 latents and the step counter are built, and how they are saved and restored together, so that a
 resumed run continues exactly as if it had never stopped. The checkpoint's file format and its
-safe loading live in `gan.training.checkpoint`.
+safe loading live in `gan.checkpoint`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel
 
+from gan.checkpoint import load_module_state
 from gan.config import TrainConfig, to_plain
-from gan.core.augment import diff_augment, no_augment
+from gan.core.augment import AdaptiveAugment, diff_augment, no_augment
 from gan.core.ema import build_ema
 from gan.core.losses import LOSSES, AdversarialLoss, d_loss_bce
 from gan.core.models import Discriminator, Generator
@@ -29,8 +30,9 @@ from gan.core.steps import Penalties, StepContext
 from gan.data import BatchStream, ImageSet, load_dataset
 from gan.distributed import SINGLE, World
 from gan.errors import CheckpointError, ConfigError
-from gan.training.checkpoint import load_module_state
 from gan.training.hardware import compile_models
+
+CPU = torch.device("cpu")
 
 
 @dataclasses.dataclass
@@ -52,6 +54,11 @@ class TrainingState:
     # Conditional runs: the class of each fixed latent, one row of the grid per class
     # (gan.core.sampling.class_rows); rebuilt from the config, so not checkpointed. None otherwise.
     fixed_y: Optional[Tensor] = None
+    # The best in-training FID so far and its step ({"fid": float, "step": int}), kept in
+    # checkpoints/best.pt; checkpointed, so a resumed run replaces best.pt only with a better one.
+    best: Optional[dict[str, float]] = None
+    # model.ada_target: the adaptive augmentation whose p is checkpointed (the StepContext's augment)
+    augment: Optional[AdaptiveAugment] = None
 
     @property
     def sampler(self) -> nn.Module:
@@ -85,6 +92,8 @@ class TrainingState:
             "rng": rank_rngs[0] if rank_rngs else rng_state(self.fixed_z.device),
             "rng_ranks": rank_rngs if rank_rngs and len(rank_rngs) > 1 else [],
             "config": to_plain(cfg),
+            "best": dict(self.best) if self.best else None,
+            "augment": self.augment.state_dict() if self.augment is not None else None,  # ADA's p
         }
 
     def load_state_dict(self, state: dict[str, Any], world: World = SINGLE) -> None:
@@ -127,6 +136,12 @@ class TrainingState:
                 set_rng_state(state["rng"], self.fixed_z.device)
             entry = "step"
             self.step = int(state["step"])
+            entry = "best"  # absent from checkpoints written before best.pt existed
+            best = state.get("best")
+            self.best = {"fid": float(best["fid"]), "step": int(best["step"])} if best else None
+            entry = "augment"
+            if self.augment is not None and state.get("augment") is not None:
+                self.augment.load_state_dict(state["augment"])
         except CheckpointError:
             raise
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as err:
@@ -281,26 +296,31 @@ def build_loss(cfg: TrainConfig) -> AdversarialLoss:
     return loss
 
 
-def with_objective(ctx: StepContext, cfg: TrainConfig) -> StepContext:
-    """`ctx` (the arithmetic) with the configured loss, penalties, G terms and D's augmentation."""
+def with_objective(ctx: StepContext, cfg: TrainConfig, device: torch.device = CPU) -> StepContext:
+    """`ctx` (the arithmetic) with the configured loss, penalties, G terms and D's augmentation
+    (an AdaptiveAugment, whose p lives on `device`, when model.ada_target is set)."""
     return dataclasses.replace(
         ctx,
         loss=build_loss(cfg),
         penalties=Penalties(cfg.loss.gradient_penalty, cfg.loss.r1),
         feature_matching=cfg.loss.feature_matching,
         backward_mode=cfg.loss.backward_mode,
-        augment=build_augment(cfg),
+        augment=build_augment(cfg, device),
     )
 
 
-def build_augment(cfg: TrainConfig) -> Callable[[Tensor], Tensor]:
-    """DiffAugment with the configured policies (model.diffaugment), or the identity when none.
+def build_augment(cfg: TrainConfig, device: torch.device = CPU) -> Callable[[Tensor], Tensor]:
+    """DiffAugment with the configured policies (model.diffaugment), adaptive when model.ada_target
+    is set, or the identity when none.
 
     Its random draws come from torch's default generator of the images' device, which checkpoints
     save (rng_state), so a resumed run augments exactly as the uninterrupted one would have.
     """
     if not cfg.model.diffaugment:
         return no_augment
+    policies = [policy.value for policy in cfg.model.diffaugment]
+    if cfg.model.ada_target > 0:
+        return AdaptiveAugment(policies, cfg.model.ada_target, cfg.model.ada_kimg, cfg.data.batch_size).to(device)
     return functools.partial(diff_augment, policies=[policy.value for policy in cfg.model.diffaugment])
 
 

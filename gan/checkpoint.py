@@ -21,7 +21,20 @@ from torch import nn
 
 from gan.errors import CheckpointError
 
-REQUIRED_KEYS = ("G", "D", "step", "config")
+# What every checkpoint of this project holds: last.pt (the whole training state) and best.pt (the
+# generator alone, `kind: best`). Resuming needs more, and says which entry is missing.
+REQUIRED_KEYS = ("G", "step", "config")
+BEST = "best"  # the `kind` of checkpoints/best.pt
+
+
+def require_training_state(state: Mapping[str, Any], source: str) -> None:
+    """Refuse to resume from a checkpoint that holds a generator only (best.pt), in one paragraph."""
+    if state.get("kind") == BEST:
+        raise CheckpointError(
+            f"{source} is a best.pt: the generator with the best in-training FID, kept for evaluate.py and "
+            "export, without D or the optimizers' state, so training cannot continue from it. Resume from the "
+            "run's last.pt (trainer.resume=RUN_DIR), or evaluate this one: python evaluate.py checkpoint=" + source
+        )
 
 
 def save_checkpoint(state: Mapping[str, Any], path: Path) -> None:

@@ -1,0 +1,61 @@
+"""The loop's periodic extras: everything train() does besides its two steps and the EMA, behind one call.
+
+The training loop (gan/training/loop.py:train) reads as the lesson: fetch, (1) D step, (2) G step,
+EMA. Everything else it does happens at a cadence - log every trainer.log_every steps, sample every
+trainer.sample_every, checkpoint every trainer.checkpoint_every, measure FID every
+trainer.eval_every, D's overfitting every trainer.overfit_every, and a few things every step (the
+NaN watch, the progress bar, the thread governor, the learning rate of the next step). Written out,
+each of those is an `if step % every == 0` block in the loop, and each new feature adds one: the
+loop grows until the lesson is lost in it. Here each is an `Every(name, steps, run)`, the loop calls
+`Extras.after_step(tick)` once per iteration, and the list itself (loop.py:periodic_extras) is the
+one place that says what runs when, in which order. StyleGAN2-ADA's training loop keeps the same
+split: its inner loop is the phases, and snapshots, metrics and stats hang off a tick.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Iterable, Mapping
+
+from torch import Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class Tick:
+    """One finished iteration, as the extras see it."""
+
+    step: int  # generator updates done, this iteration's included
+    stats: Mapping[str, Tensor]  # both steps' diagnostics, 0-dim tensors still on the device
+    images: int  # real images the iteration consumed, all ranks together
+    done: bool  # the run ends with this iteration (trainer.max_steps, a signal, the caller's stop)
+
+
+@dataclasses.dataclass(frozen=True)
+class Every:
+    """`run(tick)` after every `steps`-th iteration (0: never), and after the last when `at_end`."""
+
+    name: str
+    steps: int
+    run: Callable[[Tick], None]
+    at_end: bool = False
+
+    def due(self, tick: Tick) -> bool:
+        return self.steps > 0 and (tick.step % self.steps == 0 or (self.at_end and tick.done))
+
+
+class Extras:
+    """The periodic extras of one run, run in the order given."""
+
+    def __init__(self, tasks: Iterable[Every]):
+        self.tasks = [task for task in tasks if task.steps > 0]
+        names = [task.name for task in self.tasks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two periodic extras share a name: {names}")
+
+    def after_step(self, tick: Tick) -> None:
+        for task in self.tasks:
+            if task.due(tick):
+                task.run(tick)
+
+    def __repr__(self) -> str:
+        return "Extras(" + ", ".join(f"{task.name} every {task.steps}" for task in self.tasks) + ")"

@@ -1,0 +1,193 @@
+"""Training longer: does a recipe hold its quality at 2x, 4x and 10x its trainer.max_steps?
+
+    python scripts/longer.py                                   # digits, the default run trained to 10x
+    python scripts/longer.py --factor 4 --every 1000 loss.r1=1 model.d_batchnorm=false
+    python scripts/longer.py data=fashion_mnist data.root=/path/to/datasets \
+        metrics.classifier.epochs=5 metrics.classifier.min_accuracy=0.9
+    python scripts/longer.py --out DIR --measure-only          # (re)measure the snapshots under DIR
+
+Trains `python train.py` with the overrides given (train.py's keys; `metrics.*` are evaluate.py's
+measurement settings) through `--factor` x its trainer.max_steps in one run, as a user who sets
+trainer.max_steps larger would (optim.lr_decay, when set, plans toward that end), and snapshots the
+generator every `--every` steps. Each snapshot is then measured as evaluate.py measures a
+checkpoint (the EMA generator with its BatchNorm statistics recomputed, `--samples` samples against
+as many held-out images, in the classifier's features).
+
+Prints a table (step, multiple of the configured max_steps, FID, recall, and each against the best
+seen at or before it), writes OUT/longer.json and OUT/fid_vs_steps.png, and ends with one line:
+    holds=B worst_fid_ratio=X worst_recall_ratio=Y best_fid=Z best_step=N
+worst_fid_ratio: the largest FID / (best FID at or before that step) over the snapshots from 2x the
+configured max_steps on; worst_recall_ratio likewise the smallest recall / best recall before it;
+holds = worst_fid_ratio <= 1.1 and worst_recall_ratio >= 0.9 (the bar of docs/results.md,
+"Training longer").
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: the repo's gan and scripts
+
+from gan.config import to_plain  # noqa: E402
+from gan.device import resolve_device  # noqa: E402
+from gan.errors import UserError  # noqa: E402
+from gan.training import train  # noqa: E402
+from gan.training.state import TrainingState  # noqa: E402
+from scripts.compare import Measurer, generator_of, metrics_config, train_config  # noqa: E402
+
+log = logging.getLogger("longer")
+FID_BAR, RECALL_BAR = 1.1, 0.9  # no worse than 1.1x the best FID before; recall at least 0.9x its best
+
+
+def train_longer(overrides: list[str], factor: float, every: int, out: Path, threads: int) -> int:
+    """One run through factor x the configured max_steps; G snapshots every `every` steps into
+    OUT/snapshots. Returns the configured (1x) max_steps."""
+    cfg = train_config(overrides + ["trainer.progress=false"])
+    base = cfg.trainer.max_steps
+    cfg.trainer.max_steps = int(round(base * factor))
+    if threads:
+        torch.set_num_threads(threads)
+        cfg.trainer.threads = threads
+    folder = out / "snapshots"
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def after_step(state: TrainingState) -> bool:
+        if state.step % every == 0 or state.step == cfg.trainer.max_steps:
+            ema = state.G_ema.state_dict() if state.G_ema is not None else None
+            snapshot = {"config": to_plain(cfg), "G": state.G.state_dict(), "G_ema": ema}
+            torch.save({**snapshot, "num_classes": state.G.num_classes, "step": state.step},
+                       folder / f"step_{state.step:07d}.pt")  # fmt: skip
+        return False
+
+    train(cfg, out / "run", after_step=after_step)
+    return base
+
+
+def measure_all(overrides: list[str], out: Path, samples: int) -> list[dict[str, Any]]:
+    """Every snapshot under OUT/snapshots measured (those already in OUT/rows.json are kept)."""
+    cfg = train_config(overrides)
+    cache = out / "rows.json"
+    rows = {row["step"]: row for row in (json.loads(cache.read_text()) if cache.exists() else [])}
+    measurer = None
+    for path in sorted((out / "snapshots").glob("step_*.pt")):
+        step = int(path.stem.split("_")[1])
+        if step in rows:
+            continue
+        measurer = measurer or Measurer(cfg, metrics_config(overrides), samples, cfg.trainer.seed,
+                                        resolve_device(cfg.trainer.device))  # fmt: skip
+        snapshot = torch.load(path, map_location="cpu", weights_only=True)
+        values = measurer(generator_of("project", snapshot, measurer))
+        rows[step] = {"step": step, **{k: float(v) for k, v in values.items() if v is not None}}
+        log.info("step %7d  FID %8.2f  recall %.3f", step, values["fid"], values["recall"])
+        cache.write_text(json.dumps(sorted(rows.values(), key=lambda r: r["step"]), indent=1))
+    return sorted(rows.values(), key=lambda r: r["step"])
+
+
+def against_best(rows: list[dict[str, Any]], base: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Each row with the best FID and recall seen at or before it, and the summary of the module's docstring."""
+    best_fid, best_recall = float("inf"), 0.0
+    worst_fid, worst_recall = 0.0, float("inf")
+    for row in rows:
+        best_fid, best_recall = min(best_fid, row["fid"]), max(best_recall, row["recall"])
+        row.update(times=row["step"] / base, fid_vs_best=row["fid"] / best_fid,
+                   recall_vs_best=row["recall"] / best_recall if best_recall > 0 else 0.0)  # fmt: skip
+        if row["step"] >= 2 * base:
+            worst_fid, worst_recall = max(worst_fid, row["fid_vs_best"]), min(worst_recall, row["recall_vs_best"])
+    best = min(rows, key=lambda r: r["fid"])
+    summary = {"holds": float(worst_fid <= FID_BAR and worst_recall >= RECALL_BAR), "worst_fid_ratio": worst_fid,
+               "worst_recall_ratio": worst_recall, "best_fid": best["fid"], "best_step": best["step"]}  # fmt: skip
+    return rows, summary
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| step | x max_steps | FID | recall | FID / best before | recall / best before |",
+        "|--:|--:|--:|--:|--:|--:|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['step']} | {r['times']:.2f} | {r['fid']:.2f} | {r['recall']:.3f} "
+                     f"| {r['fid_vs_best']:.2f} | {r['recall_vs_best']:.2f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], base: int, title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([r["step"] for r in rows], [r["fid"] for r in rows], marker="o", markersize=3)
+    ax.axvline(base, color="grey", linestyle=":", label="configured max_steps")
+    ax.set(xlabel="step", ylabel="FID (classifier features)", yscale="log", title=title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def summary_line(summary: dict[str, float]) -> str:
+    return (f"holds={bool(summary['holds'])} worst_fid_ratio={summary['worst_fid_ratio']:.3g} "
+            f"worst_recall_ratio={summary['worst_recall_ratio']:.3g} best_fid={summary['best_fid']:.3g} "
+            f"best_step={summary['best_step']}")  # fmt: skip
+
+
+def main(args: argparse.Namespace) -> None:
+    cfg = train_config(args.overrides)  # a bad override fails here, before any training
+    metrics_config(args.overrides)
+    args.out = args.out or Path("outputs/longer") / f"{cfg.data.name.value}-{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}"
+    about_file = args.out / "about.json"
+    if not args.measure_only:
+        if (args.out / "snapshots").exists():
+            raise UserError(f"{args.out} already holds a run: give another --out, or --measure-only")
+        base = train_longer(args.overrides, args.factor, args.every, args.out, args.threads)
+        about_file.write_text(json.dumps({"base_steps": base, "overrides": args.overrides, "factor": args.factor}))
+    if not about_file.exists():
+        raise UserError(f"{args.out} holds no run of scripts/longer.py (no about.json)")
+    about = json.loads(about_file.read_text())
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = measure_all(about["overrides"], args.out, args.samples)
+    if not rows:
+        raise UserError(f"no snapshots under {args.out / 'snapshots'} to measure")
+    rows, summary = against_best(rows, about["base_steps"])
+    title = f"data={cfg.data.name.value}: {' '.join(about['overrides']) or 'defaults'}"
+    plot(rows, about["base_steps"], title[:90], args.out / "fid_vs_steps.png")
+    (args.out / "longer.json").write_text(json.dumps({"summary": summary, "rows": rows, **about}, indent=1))
+    print(table(rows))
+    print(summary_line(summary))
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overrides", nargs="*", help="train.py overrides, and evaluate.py's metrics.*")
+    parser.add_argument("--factor", type=float, default=10.0, help="train through this x trainer.max_steps (10)")
+    parser.add_argument("--every", type=int, default=2000, help="steps between snapshots (2000)")
+    parser.add_argument("--samples", type=int, default=5000, help="samples per measurement, and held-out images")
+    parser.add_argument("--out", type=Path, default=None, help="output folder (default outputs/longer/DATA-TIME)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: train.py's trainer.threads)")
+    parser.add_argument("--measure-only", action="store_true", help="measure the snapshots already under --out")
+    args = parser.parse_args(argv)
+    if args.factor <= 0 or args.every < 1 or args.samples < 10:
+        parser.error("--factor must be > 0, --every at least 1 and --samples at least 10")
+    if args.measure_only and args.out is None:
+        parser.error("--measure-only needs --out, the folder of an earlier run")
+    return args
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    arguments = parse(sys.argv[1:])
+    try:
+        main(arguments)
+    except UserError as err:
+        print(f"longer: {err}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -1,0 +1,308 @@
+"""Training longer never loses the good generator: checkpoints/best.pt, the collapse alarm, adaptive
+augmentation (model.ada_target), and the loop's periodic extras they hang on (tiny configs, CPU)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import compose_config, run_train
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_checkpoints import assert_same_state, stop_at
+
+from gan.checkpoint import load_checkpoint
+from gan.config import EvaluateConfig
+from gan.core.augment import AdaptiveAugment, diff_augment
+from gan.data import load_dataset
+from gan.evaluation.pipeline import prepare_generator
+from gan.training import train
+from gan.training.collapse import FAKE_BELOW, RT_ABOVE, RT_TAG, WON_TAG, CollapseWatch
+from gan.training.periodic import Every, Extras, Tick
+from gan.training.quality import BEST_FID_TAG, FID_TAG, validation_subset
+
+# the periodic extras --------------------------------------------------------------------------------
+
+
+def test_extras_run_in_order_at_their_cadence_and_at_the_end():
+    ran: list[tuple[str, int]] = []
+    extras = Extras(
+        [
+            Every("every 2", 2, lambda tick: ran.append(("every 2", tick.step))),
+            Every("every 3, at end", 3, lambda tick: ran.append(("every 3, at end", tick.step)), at_end=True),
+            Every("off", 0, lambda tick: ran.append(("off", tick.step)), at_end=True),
+        ]
+    )
+    for step in range(1, 6):
+        extras.after_step(Tick(step, {}, 1, done=step == 5))
+    assert ran == [("every 2", 2), ("every 3, at end", 3), ("every 2", 4), ("every 3, at end", 5)]
+    assert [task.name for task in extras.tasks] == ["every 2", "every 3, at end"]  # 0 = never: dropped
+
+
+def test_two_extras_with_one_name_are_refused():
+    with pytest.raises(ValueError, match="share a name"):
+        Extras([Every("log", 1, print), Every("log", 2, print)])
+
+
+# checkpoints/best.pt -------------------------------------------------------------------------------
+
+
+class ScriptedProbe:
+    """A QualityProbe whose FIDs are given in advance (the real one is tested below): which
+    measurement is best is then known, and best.pt must hold exactly that one."""
+
+    fids: list[float] = []
+
+    def __init__(self, *args, **kwargs):
+        self.calls = 0
+
+    def measure(self, G: torch.nn.Module) -> dict[str, float]:
+        fid = type(self).fids[min(self.calls, len(type(self).fids) - 1)]
+        self.calls += 1
+        return {FID_TAG: fid, "quality/recall": 0.5}
+
+
+def scripted(monkeypatch, fids: list[float]) -> None:
+    monkeypatch.setattr(ScriptedProbe, "fids", fids)
+    monkeypatch.setattr("gan.training.loop.QualityProbe", ScriptedProbe)
+
+
+def test_best_pt_holds_the_generator_of_the_lowest_fid(tmp_path, monkeypatch):
+    scripted(monkeypatch, [9.0, 4.0, 6.0])  # measured at steps 2, 4, 6: the best is step 4's
+    result = train(compose_config("trainer.eval_every=2", "trainer.checkpoint_every=2", "trainer.keep_checkpoints=3"),
+                   tmp_path)  # fmt: skip
+    best = load_checkpoint(tmp_path / "checkpoints" / "best.pt")
+    assert best["kind"] == "best" and best["step"] == 4
+    assert best["metrics"][FID_TAG] == 4.0
+    assert result.best == {"fid": 4.0, "step": 4}
+    # the weights are the step-4 ones: those of the numbered checkpoint written at step 4
+    at_4 = load_checkpoint(tmp_path / "checkpoints" / "step_000004.pt")
+    for key, value in at_4["G_ema"].items():
+        assert torch.equal(best["G_ema"][key], value), key
+    last = load_checkpoint(tmp_path)["G_ema"]
+    assert any(not torch.equal(best["G_ema"][key], value) for key, value in last.items())  # not step 6's
+    # last.pt records it, so a resume knows what to beat
+    assert load_checkpoint(tmp_path)["best"] == {"fid": 4.0, "step": 4}
+
+
+def test_best_pt_is_what_evaluate_reads(tmp_path, monkeypatch):
+    scripted(monkeypatch, [3.0])
+    train(compose_config("trainer.eval_every=3"), tmp_path)
+    path = tmp_path / "checkpoints" / "best.pt"
+    cfg = EvaluateConfig(checkpoint=str(path), bn_batches=1, batch_size=8)
+    G, about = prepare_generator(load_checkpoint(path), cfg, torch.device("cpu"))
+    assert about["step"] == 3 and about["generator"].startswith("EMA")
+    assert G(torch.randn(2, G.z_dim)).shape[-1] == 16
+
+
+def test_a_resumed_run_replaces_best_pt_only_with_a_better_generator(tmp_path, monkeypatch):
+    scripted(monkeypatch, [5.0])  # the first run: FID 5 at steps 2 and 4
+    common = ("trainer.eval_every=2", "trainer.max_steps=8")
+    train(compose_config(*common), tmp_path, after_step=stop_at(4))
+    first = load_checkpoint(tmp_path / "checkpoints" / "best.pt")
+    assert first["step"] == 2
+    scripted(monkeypatch, [7.0, 2.0])  # resumed: step 6 is worse (kept out), step 8 better (kept)
+    seen = []
+    result = train(compose_config(*common, f"trainer.resume={tmp_path}"), tmp_path,
+                   after_step=lambda state: seen.append(dict(state.best)) and False)  # fmt: skip
+    assert seen[0] == {"fid": 5.0, "step": 2}  # restored from last.pt, not forgotten
+    assert seen[2] == {"fid": 5.0, "step": 2}  # after step 6's worse FID, best.pt still the old one
+    assert result.best == {"fid": 2.0, "step": 8}
+    assert load_checkpoint(tmp_path / "checkpoints" / "best.pt")["step"] == 8
+
+
+def test_resuming_from_best_pt_is_refused_in_one_paragraph(tmp_path, monkeypatch):
+    scripted(monkeypatch, [3.0])
+    train(compose_config("trainer.eval_every=3"), tmp_path)
+    result = run_train(f"trainer.resume={tmp_path / 'checkpoints' / 'best.pt'}", "trainer.max_steps=9")
+    assert result.returncode == 2
+    output = result.stdout + result.stderr
+    assert "best.pt" in output and "last.pt" in output and "Traceback" not in output
+
+
+def test_the_final_log_line_names_last_and_best(tmp_path):
+    result = run_train(f"hydra.run.dir={tmp_path}", "trainer.eval_every=3", "trainer.eval_samples=64")
+    assert result.returncode == 0, result.stderr[-2000:]
+    done = [line for line in (result.stdout + result.stderr).splitlines() if "Done:" in line][-1]
+    assert "last.pt" in done and "best.pt" in done and "in-training FID" in done
+    events = EventAccumulator(str(tmp_path / "tb")).Reload()
+    assert BEST_FID_TAG in events.Tags()["scalars"]
+
+
+def test_the_validation_images_come_from_the_training_split():
+    data = compose_config().data
+    training, held_out = load_dataset(data), load_dataset(data, train=False)
+    images, labels = validation_subset(training, 50, seed=0)
+    assert images.shape == (50, *training.images.shape[1:]) and labels.shape == (50,)
+    rows = {bytes(image.numpy()) for image in training.images}
+    assert all(bytes(image.numpy()) in rows for image in images)
+    assert not any(torch.equal(image, other) for image in images[:10] for other in held_out.images)
+    again, _ = validation_subset(training, 50, seed=0)
+    assert torch.equal(images, again)  # the same images at every measurement of a run
+
+
+# the collapse alarm ---------------------------------------------------------------------------------
+
+
+def watch(window: int = 100, log_every: int = 10, squash: bool = False) -> tuple[CollapseWatch, list[int]]:
+    alarms: list[int] = []
+    tag = "loss/D(G(z))_score" if squash else "loss/D(G(z))"
+    return CollapseWatch(window, log_every, tag, squash, lambda step, _: alarms.append(step)), alarms
+
+
+def test_the_alarm_needs_a_whole_window_of_dominance_and_warns_once_per_episode():
+    collapse, alarms = watch()
+    fake, rt = "loss/D(G(z))", RT_TAG
+    for step in range(10, 100, 10):  # nine points: the window (ten) is not yet full
+        assert collapse.observe(step, {fake: 0.001, rt: 1.0}) == {}
+    assert collapse.observe(100, {fake: 0.001, rt: 1.0}) == {WON_TAG: 1.0}
+    assert collapse.observe(110, {fake: 0.001, rt: 1.0}) == {WON_TAG: 1.0}
+    assert alarms == [100]  # one warning, not one per log point
+    for step in range(120, 220, 10):  # D loses its grip: the alarm re-arms
+        collapse.observe(step, {fake: 0.3, rt: 0.6})
+    assert collapse.observe(220, {fake: 0.3, rt: 0.6}) == {WON_TAG: 0.0}
+    for step in range(230, 340, 10):
+        collapse.observe(step, {fake: 0.001, rt: 1.0})
+    assert alarms == [100, 310]  # nine of ten points at 0.001: the window's mean is 0.031
+
+
+@pytest.mark.parametrize(
+    "fake, rt, won",
+    [
+        (FAKE_BELOW * 0.9, RT_ABOVE + 0.05, True),
+        (FAKE_BELOW * 1.1, 1.0, False),  # D still gives the fakes a chance
+        (0.001, RT_ABOVE - 0.05, False),  # D unsure of the reals
+    ],
+)
+def test_the_alarm_needs_both_signs_of_dominance(fake, rt, won):
+    collapse, alarms = watch()
+    for step in range(10, 110, 10):
+        result = collapse.observe(step, {"loss/D(G(z))": fake, RT_TAG: rt})
+    assert result == {WON_TAG: float(won)} and bool(alarms) == won
+
+
+def test_one_healthy_batch_in_the_window_does_not_hide_a_collapse_nor_one_bad_batch_make_one():
+    collapse, alarms = watch()
+    values = [0.001] * 9 + [0.3]  # mean 0.031: still won
+    for i, fake in enumerate(values):
+        collapse.observe(10 * (i + 1), {"loss/D(G(z))": fake, RT_TAG: 1.0})
+    assert alarms == [100]
+    healthy, none = watch()
+    for i, fake in enumerate([0.2] * 9 + [0.0001]):
+        healthy.observe(10 * (i + 1), {"loss/D(G(z))": fake, RT_TAG: 1.0})
+    assert none == []
+
+
+def test_hinge_scores_are_read_through_a_sigmoid():
+    collapse, alarms = watch(squash=True)
+    for step in range(10, 110, 10):
+        collapse.observe(step, {"loss/D(G(z))_score": -4.0, RT_TAG: 1.0})  # sigmoid(-4) = 0.018
+    assert alarms == [100]
+    fine, none = watch(squash=True)
+    for step in range(10, 110, 10):
+        fine.observe(step, {"loss/D(G(z))_score": -0.5, RT_TAG: 1.0})  # sigmoid(-0.5) = 0.38
+    assert none == []
+
+
+FORCED = ("optim.lr=1e-9", "optim.lr_d=2e-3", "trainer.log_every=10", "trainer.collapse_window=50")
+
+
+def test_a_forced_collapse_sets_off_the_alarm_and_marks_tensorboard(tmp_path):
+    """G frozen in practice (learning rate 1e-9) while D learns: D wins within a few dozen steps."""
+    result = run_train(f"hydra.run.dir={tmp_path}", "trainer.max_steps=150", *FORCED)
+    assert result.returncode == 0, result.stderr[-2000:]
+    warnings = [line for line in (result.stdout + result.stderr).splitlines() if "D has won at step" in line]
+    assert len(warnings) == 1, result.stderr[-3000:]
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0}).Reload()
+    won = [event.value for event in events.Scalars(WON_TAG)]
+    assert won[-1] == 1.0 and 0.0 not in won[won.index(1.0) :]
+    assert "collapse/text_summary" in events.Tags()["tensors"]
+
+
+def test_on_collapse_stop_ends_the_run_with_its_checkpoint_and_exit_code_4(tmp_path):
+    result = run_train(f"hydra.run.dir={tmp_path}", "trainer.max_steps=400", "trainer.on_collapse=stop", *FORCED)
+    assert result.returncode == 4, result.stderr[-2000:]
+    step = load_checkpoint(tmp_path)["step"]
+    assert step < 400 and f"Stopped at step {step}" in result.stdout + result.stderr
+
+
+def test_a_healthy_tiny_run_does_not_set_off_the_alarm(tmp_path):
+    result = run_train(f"hydra.run.dir={tmp_path}", "trainer.max_steps=300", "trainer.log_every=10",
+                       "trainer.collapse_window=50", "trainer.sample_every=1000")  # fmt: skip
+    assert result.returncode == 0 and "D has won" not in result.stdout + result.stderr, result.stderr[-2000:]
+
+
+# adaptive augmentation ---------------------------------------------------------------------------
+
+
+def test_ada_p_rises_while_d_is_sure_of_the_reals_and_falls_when_it_is_not():
+    ada = AdaptiveAugment(["translation"], target=0.6, speed_kimg=0.512, batch_size=32, interval=4)
+    step = 4 * 32 / 512  # the whole range in 512 images: a quarter per adjustment (every 4 steps of 32)
+    for _ in range(4):
+        ada.observe(torch.tensor(1.0))
+    assert math.isclose(float(ada.p), step)
+    for _ in range(16):
+        ada.observe(torch.tensor(0.9))
+    assert float(ada.p) == 1.0  # clamped
+    for _ in range(8):
+        ada.observe(torch.tensor(0.0))
+    assert math.isclose(float(ada.p), 1.0 - 2 * step)
+
+
+def test_ada_at_p_0_is_the_identity_and_at_p_1_is_diffaugment():
+    x = torch.randn(8, 1, 16, 16)
+    ada = AdaptiveAugment(["color", "translation", "cutout"], target=0.6, speed_kimg=1, batch_size=8)
+    assert torch.equal(ada(x), x)
+    ada.p.fill_(1.0)
+    # the same draws: diff_augment's, interleaved with ADA's gate draws, which at p = 1 always pass
+    torch.manual_seed(5)
+    mine = ada(x)
+    torch.manual_seed(5)
+    theirs = x
+    for policy in ("color", "translation", "cutout"):
+        theirs = diff_augment(theirs, [policy])
+        torch.rand(8, 1, 1, 1)  # the gate's draw
+    assert torch.allclose(mine, theirs)
+
+
+def test_ada_passes_g_gradient_through_the_augmented_images():
+    ada = AdaptiveAugment(["translation", "cutout"], target=0.6, speed_kimg=1, batch_size=8)
+    ada.p.fill_(0.5)
+    fake = torch.randn(8, 1, 16, 16, requires_grad=True)
+    ada(fake).sum().backward()
+    assert fake.grad is not None and fake.grad.abs().sum() > 0
+
+
+def test_ada_p_is_checkpointed_and_a_resume_is_bit_identical(tmp_path):
+    common = ("trainer.max_steps=12", "'model.diffaugment=[translation,cutout]'", "model.ada_target=0.01",
+              "model.ada_kimg=0.5", "trainer.checkpoint_every=100")  # fmt: skip
+    common = tuple(o.strip("'") for o in common)
+    train(compose_config(*common), tmp_path / "straight")
+    train(compose_config(*common), tmp_path / "split", after_step=stop_at(5))
+    assert 0 < load_checkpoint(tmp_path / "split")["augment"]["p"] < 1  # steered, mid-range: resumed, not reset
+    train(compose_config(*common, f"trainer.resume={tmp_path / 'split'}"), tmp_path / "split")
+    straight, resumed = load_checkpoint(tmp_path / "straight"), load_checkpoint(tmp_path / "split")
+    assert straight["augment"] == resumed["augment"]
+    assert_same_state(straight, resumed)
+
+
+# the new options refuse bad values ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override, named",
+    [
+        ("trainer.collapse_window=10", "trainer.collapse_window"),  # below log_every (50)
+        ("model.ada_target=1.5", "model.ada_target"),
+        ("model.ada_target=0.6", "model.ada_target"),  # without model.diffaugment
+        ("model.ada_kimg=0", "model.ada_kimg"),
+        ("trainer.on_collapse=maybe", "trainer.on_collapse"),
+    ],
+)
+def test_bad_values_of_the_new_options_are_one_clear_error(override, named, tmp_path):
+    result = run_train(override, "trainer.log_every=50", f"hydra.run.dir={tmp_path}")
+    output = result.stdout + result.stderr
+    # range checks exit 2 (train.py's bad input); an unknown choice is refused by Hydra itself (exit 1)
+    assert result.returncode == (1 if "on_collapse" in override else 2), output[-2000:]
+    assert named in output and "Traceback" not in output
+    assert not (tmp_path / "checkpoints").exists()

@@ -1,0 +1,659 @@
+"""Mutation checks: the tests cited as the proof of a technique fail when that technique is removed.
+
+A test that demonstrates a PyTorch fact on its own toy code keeps passing whatever this project's code
+does, so it cannot prove that the code applies the technique. A mutation check settles which tests
+can: for each technique in MUTATIONS it copies the project (gan/, the tests and what they read) into
+a temporary folder, removes the technique there by an exact text patch (its anchor must occur exactly
+once in the file, and inside the function the entry names, so the patch cannot silently miss), and
+runs the cited tests on that copy with pytest, in a process of its own whose `import gan` is the
+copy's (a plugin records where every gan module came from, and the check reads it). Every cited
+test must fail there, as a test failure, not a collection or import error; and all of them must pass
+on an unchanged copy, so that the failures are the mutation's doing.
+
+MUTATIONS is the one source of docs/proofs.md's table and of the tests that README.md's technique
+table cites (tests/test_docs.py checks both). VARIANTS removes techniques a second, different way;
+the suite does not run them (each copy costs a process and a few seconds), `--variants` does:
+
+    .venv/bin/python -m pytest -q tests/test_mutations.py   # the suite's checks
+    .venv/bin/python tests/test_mutations.py --write        # regenerate docs/proofs.md
+    .venv/bin/python tests/test_mutations.py --variants     # MUTATIONS and VARIANTS, printed
+
+Nothing here imports torch (the runs do, in their own processes): tests/test_docs.py imports this
+module to read MUTATIONS.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import json
+import multiprocessing
+import multiprocessing.context
+import os
+import re
+import shutil
+import sys
+import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PROOFS_PAGE = ROOT / "docs" / "proofs.md"
+TECHNIQUES_FILE = ROOT / "tests" / "test_techniques.py"
+# test_techniques.py's section of toy demonstrations, which never count as a proof of gan/
+FACTS_HEADER = "# PyTorch facts (not proofs of this project's code)"
+
+# What a copy needs for the cited tests to run as they do here: the package, the tests with their
+# conftest, the configs they compose, the programs they start, and pyproject.toml (pytest's options).
+COPIED = ("gan", "tests", "configs", "scripts", "train.py", "evaluate.py", "pyproject.toml")
+# Runs at a time: a run is a few seconds of CPU, and the suite runs on machines of 2 busy cores.
+WORKERS = 2
+
+# A pytest plugin written into each copy: after the run it records the file of every `gan` module
+# imported, so the check can see that the copy, not the installed checkout, was tested.
+ORIGIN_PLUGIN = """\
+import json, os, sys
+
+
+def pytest_sessionfinish(session, exitstatus):
+    files = {name: getattr(module, "__file__", None) for name, module in list(sys.modules.items())
+             if name == "gan" or name.startswith("gan.")}
+    with open(os.environ["MUTATION_ORIGIN"], "w") as out:
+        json.dump(files, out)
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutation:
+    """One technique removed by one exact text patch, and the tests that must fail without it.
+
+    id: the test id. technique: the technique, in Markdown. where: `path.py:function` (or
+    `path.py:Class.method`) whose body holds the anchor. anchor: text that occurs exactly once in the
+    file, inside `where`. replacement: what it becomes ("" deletes it). cited: node ids
+    (`tests/test_x.py::test_name`), each of which must fail on the mutant. readme: text of the first
+    cell of README.md's technique-table row for this technique ("" for a variant).
+    """
+
+    id: str
+    technique: str
+    where: str
+    anchor: str
+    replacement: str
+    cited: tuple[str, ...]
+    readme: str = ""
+
+    @property
+    def file(self) -> str:
+        return self.where.split(":")[0]
+
+    @property
+    def function(self) -> str:
+        return self.where.split(":")[1]
+
+
+T = "tests/test_techniques.py::"
+
+MUTATIONS: list[Mutation] = [
+    Mutation(
+        "detach",
+        "D step on `fake.detach()`",
+        "gan/core/steps.py:d_step",
+        "fake_logits = D(ctx.augment(fake.detach()), y)",
+        "fake_logits = D(ctx.augment(fake), y)",
+        (T + "test_d_step_leaves_generator_gradients_none", T + "test_each_update_sees_only_its_own_gradients"),
+        readme="D step on `fake.detach()`",
+    ),
+    Mutation(
+        "freeze",
+        "D frozen for the G step",
+        "gan/core/steps.py:g_step",
+        "with frozen(D):",
+        "with contextlib.nullcontext():",
+        (T + "test_g_step_leaves_discriminator_untouched", T + "test_each_update_sees_only_its_own_gradients"),
+        readme="D frozen with `requires_grad_(False)`",
+    ),
+    Mutation(
+        "release-d",
+        "D's gradients released after D's update",
+        "gan/core/steps.py:d_step",
+        "release_grads(D)",
+        "pass",
+        (T + "test_d_step_leaves_generator_gradients_none", T + "test_each_update_sees_only_its_own_gradients"),
+        readme="`param.grad = None` after each update",
+    ),
+    Mutation(
+        "release-g",
+        "G's gradients released after G's update",
+        "gan/core/steps.py:g_step",
+        "release_grads(G)",
+        "pass",
+        (T + "test_g_step_leaves_discriminator_untouched", T + "test_each_update_sees_only_its_own_gradients"),
+        readme="`param.grad = None` after each update",
+    ),
+    Mutation(
+        "eval",
+        "samples drawn in `eval()` mode",
+        "gan/core/sampling.py:sample",
+        "with eval_mode(G), torch.no_grad():",
+        "with torch.no_grad():",
+        (T + "test_sample_builds_no_graph_and_leaves_generator_untouched",),
+        readme="sampling under `eval()` + `no_grad()`",
+    ),
+    Mutation(
+        "no-grad",
+        "samples drawn under `no_grad()`",
+        "gan/core/sampling.py:sample",
+        "with eval_mode(G), torch.no_grad():",
+        "with eval_mode(G):",
+        (T + "test_sample_builds_no_graph_and_leaves_generator_untouched",),
+        readme="sampling under `eval()` + `no_grad()`",
+    ),
+    Mutation(
+        "retain-graph",
+        "`retain_graph=True` in `loss.backward_mode=separate`",
+        "gan/core/steps.py:backward_terms",
+        "backward(retain_graph=not last)",
+        "backward()",
+        (
+            T + "test_summed_and_separate_backward_give_the_same_gradients",
+            T + "test_g_step_logs_each_term_in_separate_mode",
+        ),
+        readme="`retain_graph=True` is needed where one graph is backpropagated more than once",
+    ),
+    Mutation(
+        "ema-sampler",
+        "samples drawn from the EMA generator",
+        "gan/training/state.py:TrainingState.sampler",
+        "return self.G_ema.module if self.G_ema is not None else self.G",
+        "return self.G",
+        (T + "test_sample_grids_are_drawn_from_the_ema_generator",),
+        readme="every sample drawn from the EMA generator",
+    ),
+    Mutation(
+        "latents-on-device",
+        "latents made on the device",
+        "gan/training/loop.py:train",
+        "z = torch.randn(real.size(0), z_dim, device=device)",
+        "z = torch.randn(real.size(0), z_dim).to(device)",
+        (T + "test_the_loop_makes_each_latent_batch_on_the_device",),
+        readme="latents made on the device",
+    ),
+    Mutation(
+        "bn-recompute",
+        "BatchNorm statistics recomputed before evaluation",
+        "gan/evaluation/pipeline.py:prepare_generator",
+        "recomputed = recompute_batchnorm_stats(G, cfg.bn_batches, cfg.batch_size, cfg.seed, device)",
+        "recomputed = False",
+        (T + "test_evaluation_recomputes_the_batchnorm_statistics_of_the_generator_it_measures",),
+        readme="BatchNorm statistics recomputed",
+    ),
+    Mutation(
+        "finite-check",
+        "the finiteness check before each checkpoint",
+        "gan/training/loop.py:periodic_extras",
+        "check_finite_state(state, last_checkpoint(run_dir))",
+        "pass",
+        ("tests/test_faults.py::test_an_infinite_learning_rate_stops_before_any_checkpoint",),
+        readme="no checkpoint holds a NaN",
+    ),
+    Mutation(
+        "retain-grad",
+        "`retain_grad()` on the fake images",
+        "gan/core/steps.py:g_step",
+        "fake.retain_grad()",
+        "pass",
+        ("tests/test_walkthrough.py::test_g_step_keeps_the_gradient_that_reaches_the_fake_images",),
+        readme="`retain_grad()` on a non-leaf",
+    ),
+    Mutation(
+        "create-graph",
+        "`create_graph=True` in the gradient penalty",
+        "gan/core/losses.py:gradient_penalty",
+        "(grad,) = torch.autograd.grad(critic(interpolates).sum(), interpolates, create_graph=True)",
+        "(grad,) = torch.autograd.grad(critic(interpolates).sum(), interpolates, create_graph=False)",
+        ("tests/test_regularizers.py::test_gradient_penalty_closed_form_and_second_order_gradient",),
+        readme="`create_graph=True`",
+    ),
+]
+
+# The same techniques removed another way; run by `python tests/test_mutations.py --variants`.
+VARIANTS: list[Mutation] = [
+    Mutation(
+        "detach-as-clone",
+        "D step on `fake.detach()`",
+        "gan/core/steps.py:d_step",
+        "D(ctx.augment(fake.detach()), y)",
+        "D(ctx.augment(fake.clone()), y)",
+        MUTATIONS[0].cited,
+    ),
+    Mutation(
+        "frozen-freezes-nothing",
+        "D frozen for the G step",
+        "gan/core/steps.py:frozen",
+        "module.requires_grad_(False)",
+        "pass",
+        (*MUTATIONS[1].cited, T + "test_frozen_restores_each_flag_even_on_error"),
+    ),
+    Mutation(
+        "release-d-deleted",
+        "D's gradients released after D's update",
+        "gan/core/steps.py:d_step",
+        "    release_grads(D)\n",
+        "",
+        MUTATIONS[2].cited,
+    ),
+    Mutation(
+        "release-g-deleted",
+        "G's gradients released after G's update",
+        "gan/core/steps.py:g_step",
+        "    release_grads(G)\n",
+        "",
+        MUTATIONS[3].cited,
+    ),
+    Mutation(
+        "release-zeroes",
+        "gradients released (`None`), not zeroed",
+        "gan/core/steps.py:release_grads",
+        "        p.grad = None",
+        "        p.grad = None if p.grad is None else p.grad.zero_()",
+        (
+            T + "test_d_step_leaves_generator_gradients_none",
+            T + "test_g_step_leaves_discriminator_untouched",
+            T + "test_release_grads_sets_none_not_zero",
+        ),
+    ),
+    Mutation(
+        "eval-mode-no-eval",
+        "samples drawn in `eval()` mode",
+        "gan/core/sampling.py:eval_mode",
+        "    module.eval()",
+        "    pass",
+        (*MUTATIONS[4].cited, T + "test_eval_mode_restores_the_previous_mode"),
+    ),
+    Mutation(
+        "enable-grad",
+        "samples drawn under `no_grad()`",
+        "gan/core/sampling.py:sample",
+        "with eval_mode(G), torch.no_grad():",
+        "with eval_mode(G), torch.enable_grad():",
+        MUTATIONS[5].cited,
+    ),
+    Mutation(
+        "retain-graph-false",
+        "`retain_graph=True` in `loss.backward_mode=separate`",
+        "gan/core/steps.py:backward_terms",
+        "retain_graph=not last",
+        "retain_graph=False",
+        MUTATIONS[6].cited,
+    ),
+    Mutation(
+        "loop-samples-raw-g",
+        "samples drawn from the EMA generator",
+        "gan/training/loop.py:write_samples",
+        "sample(state.sampler, state.fixed_z, state.fixed_y)",
+        "sample(state.G, state.fixed_z, state.fixed_y)",
+        MUTATIONS[7].cited,
+    ),
+    Mutation(
+        "update-bn-skipped",
+        "BatchNorm statistics recomputed before evaluation",
+        "gan/evaluation/pipeline.py:recompute_batchnorm_stats",
+        "update_bn(inputs, model, device)",
+        "pass",
+        MUTATIONS[9].cited,
+    ),
+    Mutation(
+        "finite-check-logs",
+        "the finiteness check before each checkpoint",
+        "gan/training/faults.py:check_finite_state",
+        "raise NonFiniteWeightsError(",
+        "log.error(",
+        MUTATIONS[10].cited,
+    ),
+]
+
+
+# applying a mutation --------------------------------------------------------------------------------
+
+
+def find_function(tree: ast.Module, dotted: str) -> ast.AST | None:
+    """The def (or class) `name` or `Class.method` at the top of a module, or None."""
+    body, node = tree.body, None
+    for part in dotted.split("."):
+        node = next(
+            (n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part),
+            None,
+        )
+        if node is None:
+            return None
+        body = node.body
+    return node
+
+
+def patch(source: str, mutation: Mutation) -> str:
+    """`source` (the text of mutation.file) with the anchor replaced, after checking that it occurs
+    exactly once and inside mutation.function; AssertionError otherwise (the code moved on)."""
+    count = source.count(mutation.anchor)
+    assert count == 1, f"{mutation.id}: the anchor occurs {count} times in {mutation.file}: {mutation.anchor!r}"
+    node = find_function(ast.parse(source), mutation.function)
+    assert node is not None, f"{mutation.id}: {mutation.file} defines no {mutation.function}"
+    line = source[: source.index(mutation.anchor)].count("\n") + 1
+    assert node.lineno <= line <= node.end_lineno, f"{mutation.id}: the anchor is outside {mutation.where}"
+    mutated = source.replace(mutation.anchor, mutation.replacement)
+    ast.parse(mutated)  # a mutant that does not even parse would prove nothing
+    return mutated
+
+
+def copy_project(into: Path) -> Path:
+    """The files the cited tests need, copied from this checkout into `into`; returns `into`."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    into.mkdir(parents=True, exist_ok=True)
+    for name in COPIED:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, into / name, ignore=ignore)
+        else:
+            shutil.copy2(source, into / name)
+    (into / "_mutation_origin.py").write_text(ORIGIN_PLUGIN, encoding="utf-8")
+    return into
+
+
+@dataclasses.dataclass
+class Run:
+    """The outcome of the cited tests on one copy."""
+
+    copy: Path
+    returncode: int
+    output: str
+    origins: dict[str, str | None]  # module -> file, of every gan module the run imported
+
+    def outcomes(self) -> dict[str, str]:
+        """node id -> PASSED / FAILED / ERROR, from pytest's -rA summary."""
+        found = re.findall(r"^(PASSED|FAILED|ERROR) (\S+)", self.output, flags=re.MULTILINE)
+        return {node: outcome for outcome, node in found}
+
+
+# Each run is a process of its own, forked from a server that imported torch and the other
+# third-party modules once (multiprocessing's forkserver): `python -m pytest` per copy would spend
+# most of its time importing torch again. Never gan: each run imports the copy's. hydra is left out
+# because pytest rewrites the asserts of its plugin module, which must not be imported before.
+PRELOAD = ["torch", "torchvision", "numpy", "PIL.Image", "omegaconf", "torch.utils.tensorboard", "tqdm", "pytest"]
+
+
+@functools.cache
+def fork_server() -> multiprocessing.context.BaseContext:
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    return context
+
+
+def pytest_in_copy(copy: str, args: list[str], log: str) -> None:
+    """In a forked process: pytest on the copy as `python -m pytest ARGS` run in its root would be,
+    with PYTHONPATH=copy; stdout and stderr into `log`."""
+    os.chdir(copy)
+    # this checkout off the path and the copy first: `import gan` must find the copy's package
+    own = {ROOT.resolve(), (ROOT / "tests").resolve()}
+    sys.path[:] = [copy, *(p for p in sys.path if p not in ("", ".") and Path(p).resolve() not in own)]
+    os.environ.update(PYTHONPATH=copy, PYTHONDONTWRITEBYTECODE="1", MUTATION_ORIGIN=f"{copy}/_mutation_origin.json")
+    sys.dont_write_bytecode = True
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    sys.exit(int(pytest.main(args)))
+
+
+def run_tests(copy: Path, node_ids: Sequence[str], timeout: float = 300) -> Run:
+    """pytest on `node_ids` in a process of its own whose `import gan` is the copy's."""
+    log = copy / "_mutation_log.txt"
+    # -rA: one summary line per test with its outcome; -p _mutation_origin: the plugin above
+    args = ["-q", "-rA", "-p", "no:cacheprovider", "-p", "_mutation_origin", *node_ids]
+    process = fork_server().Process(target=pytest_in_copy, args=(str(copy), args, str(log)))
+    process.start()
+    process.join(timeout)
+    if process.is_alive():
+        process.kill()
+        process.join()
+    origin = copy / "_mutation_origin.json"
+    origins = json.loads(origin.read_text(encoding="utf-8")) if origin.exists() else {}
+    output = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
+    return Run(copy, process.exitcode, output, origins)
+
+
+def run_mutant(mutation: Mutation, where: Path) -> Run:
+    copy = copy_project(where)
+    target = copy / mutation.file
+    target.write_text(patch(target.read_text(encoding="utf-8"), mutation), encoding="utf-8")
+    return run_tests(copy, mutation.cited)
+
+
+def module_of(file: str) -> str:
+    return file.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+
+
+def origin_problems(run: Run, module: str | None = None) -> list[str]:
+    """What says the run did not test the copy: a gan module imported from elsewhere, or `module`
+    (the mutated one) never imported at all."""
+    problems = [
+        f"{name} was imported from {file}, not from the copy"
+        for name, file in run.origins.items()
+        if file is not None and not Path(file).resolve().is_relative_to(run.copy.resolve())
+    ]
+    if not run.origins:
+        problems.append("the run recorded no gan module at all")
+    elif module is not None and module not in run.origins:
+        problems.append(f"{module} was never imported")
+    return problems
+
+
+def mutant_problems(mutation: Mutation, run: Run) -> list[str]:
+    """Why the mutant run does not show the mutation caught; [] when every cited test failed."""
+    problems = origin_problems(run, module_of(mutation.file))
+    outcomes = run.outcomes()
+    if run.returncode != 1:  # 1: tests failed; 2: collection error or interrupted; 3, 4: internal, usage
+        problems.append(f"pytest exited {run.returncode}, not 1 (tests failed)")
+    for node in mutation.cited:
+        if outcomes.get(node) != "FAILED":
+            problems.append(f"{node}: {outcomes.get(node, 'did not run')}, not FAILED")
+    return problems
+
+
+def original_problems(run: Run, cited: Sequence[str]) -> list[str]:
+    """Why the run on the unchanged copy does not show every cited test passing; [] when it does."""
+    problems = origin_problems(run)
+    outcomes = run.outcomes()
+    if run.returncode != 0:
+        problems.append(f"pytest exited {run.returncode}, not 0")
+    for node in cited:
+        if outcomes.get(node) != "PASSED":
+            problems.append(f"{node}: {outcomes.get(node, 'did not run')}, not PASSED")
+    return problems
+
+
+def all_cited(mutations: Sequence[Mutation]) -> list[str]:
+    return sorted({node for m in mutations for node in m.cited})
+
+
+def pytorch_facts() -> set[str]:
+    """Node ids of test_techniques.py's PyTorch facts: the tests defined below FACTS_HEADER."""
+    source = TECHNIQUES_FILE.read_text(encoding="utf-8")
+    header = next(i for i, line in enumerate(source.splitlines(), 1) if line.startswith(FACTS_HEADER))
+    tree = ast.parse(source)
+    return {
+        f"tests/{TECHNIQUES_FILE.name}::{node.name}"
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_") and node.lineno > header
+    }
+
+
+# docs/proofs.md ------------------------------------------------------------------------------------
+
+
+def shown(code: str) -> str:
+    """A patch's side as a code span of one line, or `(deleted)`."""
+    code = code.strip()
+    return f"`{code}`" if code else "(deleted)"
+
+
+def table(mutations: Sequence[Mutation], caught: str) -> list[str]:
+    rows = [
+        "| technique | mutation (file: what is removed) | cited tests (each must fail) | caught |",
+        "|---|---|---|---|",
+    ]
+    for m in mutations:
+        cited = ", ".join(f"`{node}`" for node in m.cited)
+        rows.append(f"| {m.technique} | `{m.where}`: {shown(m.anchor)} → {shown(m.replacement)} | {cited} | {caught} |")
+    return rows
+
+
+def proofs_page() -> str:
+    """docs/proofs.md, generated from MUTATIONS and VARIANTS."""
+    lines = [
+        "# Proofs that bind: mutation checks",
+        "",
+        "<!-- Generated from MUTATIONS and VARIANTS in tests/test_mutations.py by",
+        "     `.venv/bin/python tests/test_mutations.py --write`; tests/test_docs.py fails when it is stale. -->",
+        "",
+        "A test proves that this project applies a technique only if it fails when the technique is",
+        "removed. A test that shows a PyTorch fact on its own toy code keeps passing whatever `gan/` does:",
+        "it explains the failure a technique prevents, and proves nothing about this code",
+        "(`tests/test_techniques.py` keeps those in a section of their own, *PyTorch facts*).",
+        "",
+        "A mutation check makes the difference visible. For each technique below, `tests/test_mutations.py`",
+        "copies the project into a temporary folder, removes the technique there by an exact text patch",
+        "(the text must occur exactly once, inside the function named, so the patch cannot miss), and runs",
+        "the cited tests on the copy with pytest, in a process of its own whose `import gan` is checked to",
+        "be the copy's. Each cited test must fail as a test, not as an import or collection error, and all",
+        "of them must pass on an unchanged copy. The technique table of the [README](../README.md) cites",
+        "these tests as its proofs.",
+        "",
+        "```bash",
+        ".venv/bin/python -m pytest -q tests/test_mutations.py   # the checks (part of `make test`)",
+        ".venv/bin/python tests/test_mutations.py --variants     # also the second ways below",
+        ".venv/bin/python tests/test_mutations.py --write        # regenerate this page",
+        "```",
+        "",
+        "## Checked by the test suite",
+        "",
+        *table(MUTATIONS, "yes"),
+        "",
+        "## The same techniques removed a second way",
+        "",
+        "Not run by the suite (each copy costs a process and a few seconds): checked by hand with",
+        "`--variants`, which runs every mutation of both tables and fails if one is not caught.",
+        "",
+        *table(VARIANTS, "by hand (`--variants`)"),
+        "",
+        'What these checks cannot see: on a CPU run, a latent made with `device="cpu"` and then moved is',
+        "made on the training device, so that way of removing *latents made on the device* passes. Its",
+        "proof looks at how the loop calls `torch.randn`: a latent made without a device is caught on any",
+        "machine, one made on the CPU by name only by a suite run on a GPU (`GAN_TEST_DEVICE=cuda`), where",
+        "the device it names is not the training device.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# the checks ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future]]:
+    """The runs this session's tests of this module ask for, started together (WORKERS at a time):
+    each selected mutant, and one unchanged copy with every cited test."""
+    selected = [
+        item.callspec.params["mutation"]
+        for item in request.session.items
+        if item.module is request.module and hasattr(item, "callspec") and "mutation" in item.callspec.params
+    ]
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        futures = {
+            "original": pool.submit(
+                lambda: run_tests(copy_project(tmp_path_factory.mktemp("original")), all_cited(MUTATIONS))
+            )
+        }
+        for mutation in selected:
+            futures[mutation.id] = pool.submit(run_mutant, mutation, tmp_path_factory.mktemp(mutation.id))
+        yield futures
+
+
+def test_the_cited_tests_pass_on_an_unchanged_copy(runs):
+    run = runs["original"].result()
+    problems = original_problems(run, all_cited(MUTATIONS))
+    assert not problems, "\n".join(problems) + "\n" + run.output[-3000:]
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS, ids=lambda m: m.id)
+def test_removing_the_technique_fails_its_cited_tests(mutation, runs):
+    run = runs[mutation.id].result()
+    problems = mutant_problems(mutation, run)
+    assert not problems, (
+        f"{mutation.where}: {mutation.anchor!r} -> {mutation.replacement!r}\n"
+        + "\n".join(problems)
+        + "\n"
+        + run.output[-3000:]
+    )
+
+
+def test_every_anchor_is_found_once_inside_its_function():
+    # checked without running anything, so a moved line is named at once; VARIANTS included
+    for mutation in [*MUTATIONS, *VARIANTS]:
+        patch((ROOT / mutation.file).read_text(encoding="utf-8"), mutation)
+
+
+def test_no_cited_test_is_a_pytorch_fact():
+    facts = pytorch_facts()
+    assert facts, f"no test found below {FACTS_HEADER!r} in {TECHNIQUES_FILE.name}"
+    cited = set(all_cited([*MUTATIONS, *VARIANTS]))
+    assert not cited & facts, sorted(cited & facts)
+
+
+def test_each_mutation_has_an_id_of_its_own():
+    ids = [m.id for m in [*MUTATIONS, *VARIANTS]]  # test ids, and the keys of the runs
+    assert len(set(ids)) == len(ids), sorted(i for i in ids if ids.count(i) > 1)
+
+
+def test_a_patch_that_misses_is_refused():
+    source = "def f(x):\n    return x.detach()\n\n\ndef g(x):\n    return x.detach()\n"
+    twice = Mutation("m", "t", "a.py:f", "x.detach()", "x", ())
+    with pytest.raises(AssertionError, match="occurs 2 times"):
+        patch(source, twice)
+    outside = Mutation("m", "t", "a.py:g", "def f(x):", "def f(y):", ())
+    with pytest.raises(AssertionError, match="outside"):
+        patch(source, outside)
+    once = Mutation("m", "t", "a.py:f", "    return x.detach()\n\n\ndef g", "    return x\n\n\ndef g", ())
+    assert patch(source, once).startswith("def f(x):\n    return x\n")
+
+
+# command line ---------------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str]) -> int:
+    if "--write" in argv:
+        PROOFS_PAGE.write_text(proofs_page(), encoding="utf-8")
+        print(f"wrote {PROOFS_PAGE.relative_to(ROOT)}")
+        return 0
+    if "--variants" in argv:
+        mutations, where = [*MUTATIONS, *VARIANTS], Path(tempfile.mkdtemp())
+        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+            original = pool.submit(lambda: run_tests(copy_project(where / "original"), all_cited(mutations)))
+            runs = {m.id: pool.submit(run_mutant, m, where / m.id) for m in mutations}
+            problems = {"original": original_problems(original.result(), all_cited(mutations))}
+            print(f"{'original':24} {'; '.join(problems['original']) or 'every cited test passed'}")
+            for m in mutations:
+                run = runs[m.id].result()
+                problems[m.id] = mutant_problems(m, run)
+                print(f"{m.id:24} {'NOT CAUGHT: ' + '; '.join(problems[m.id]) if problems[m.id] else 'caught'}")
+                for line in re.findall(r"^FAILED .*$", run.output, flags=re.MULTILINE):
+                    print(f"    {line[:160]}")
+        shutil.rmtree(where)
+        return 1 if any(problems.values()) else 0
+    print(__doc__)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
