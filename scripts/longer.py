@@ -5,6 +5,7 @@
     python scripts/longer.py data=fashion_mnist data.root=/path/to/datasets \
         metrics.classifier.epochs=5 metrics.classifier.min_accuracy=0.9
     python scripts/longer.py --out DIR --measure-only          # (re)measure the snapshots under DIR
+    python scripts/longer.py --plot old=DIR new=DIR --out FILE.png   # several runs' curves on one plot
 
 Trains `python train.py` with the overrides given (train.py's keys; `metrics.*` are evaluate.py's
 measurement settings) through `--factor` x its trainer.max_steps in one run, as a user who sets
@@ -134,6 +135,31 @@ def plot(rows: list[dict[str, Any]], base: int, title: str, path: Path) -> None:
     plt.close(fig)
 
 
+def plot_runs(runs: list[str], path: Path) -> None:
+    """FID and recall against steps of several earlier runs (NAME=DIR, each DIR holding longer.json)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (fid_ax, recall_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    for run in runs:
+        name, _, folder = run.partition("=")
+        result_file = Path(folder) / "longer.json"
+        if not result_file.exists():
+            raise UserError(f"--plot {run}: {result_file} does not exist (run scripts/longer.py --out {folder} first)")
+        rows = json.loads(result_file.read_text())["rows"]
+        steps = [r["step"] for r in rows]
+        fid_ax.plot(steps, [r["fid"] for r in rows], marker="o", markersize=3, label=name)
+        recall_ax.plot(steps, [r["recall"] for r in rows], marker="o", markersize=3, label=name)
+    fid_ax.set(xlabel="step", ylabel="FID (classifier features)", yscale="log")
+    recall_ax.set(xlabel="step", ylabel="recall")
+    fid_ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def summary_line(summary: dict[str, float]) -> str:
     return (f"holds={bool(summary['holds'])} worst_fid_ratio={summary['worst_fid_ratio']:.3g} "
             f"worst_recall_ratio={summary['worst_recall_ratio']:.3g} best_fid={summary['best_fid']:.3g} "
@@ -141,6 +167,10 @@ def summary_line(summary: dict[str, float]) -> str:
 
 
 def main(args: argparse.Namespace) -> None:
+    if args.plot:
+        plot_runs(args.plot, args.out)
+        print(f"plot: {args.out}")
+        return
     cfg = train_config(args.overrides)  # a bad override fails here, before any training
     metrics_config(args.overrides)
     args.out = args.out or Path("outputs/longer") / f"{cfg.data.name.value}-{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}"
@@ -175,7 +205,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None, help="output folder (default outputs/longer/DATA-TIME)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: train.py's trainer.threads)")
     parser.add_argument("--measure-only", action="store_true", help="measure the snapshots already under --out")
+    parser.add_argument("--plot", nargs="+", metavar="NAME=DIR", help="plot earlier runs together into --out (a PNG)")
     args = parser.parse_args(argv)
+    if args.plot and (args.out is None or args.out.suffix != ".png"):
+        parser.error("--plot needs --out FILE.png")
     if args.factor <= 0 or args.every < 1 or args.samples < 10:
         parser.error("--factor must be > 0, --every at least 1 and --samples at least 10")
     if args.measure_only and args.out is None:

@@ -263,5 +263,9 @@ def test_longer_runs_end_to_end(tmp_path):
     assert [row["step"] for row in result["rows"]] == [4, 8] and result["base_steps"] == 4
     assert done.stdout.strip().splitlines()[-1].startswith("holds=")
     assert (tmp_path / "run" / "fid_vs_steps.png").stat().st_size > 0
+    both = script("longer.py", "--plot", "a=run", "b=run", "--out", "both.png", cwd=tmp_path)
+    assert both.returncode == 0 and (tmp_path / "both.png").stat().st_size > 0, both.stderr[-2000:]
+    missing = script("longer.py", "--plot", "a=nowhere", "--out", "x.png", cwd=tmp_path)
+    assert missing.returncode == 2 and "longer.json" in missing.stderr
     again = script("longer.py", *overrides, "--out", "run", cwd=tmp_path)  # a second run over the first: refused
     assert again.returncode == 2 and "already holds a run" in again.stderr

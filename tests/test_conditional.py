@@ -255,9 +255,13 @@ def test_each_batch_carries_the_labels_of_its_own_images_and_resumes_exactly(wor
 # config, refusals ----------------------------------------------------------------------------------
 
 
-def test_the_new_keys_reach_the_typed_config_and_default_off():
+def test_the_new_keys_reach_the_typed_config_with_their_defaults():
     cfg = compose_config()
-    assert not cfg.model.conditional and cfg.model.diffaugment == [] and cfg.trainer.overfit_every == 500
+    assert not cfg.model.conditional and cfg.trainer.overfit_every == 500
+    # adaptive DiffAugment on by default (docs/results.md, "Training longer"); the paper's recipe has none
+    assert [p.value for p in cfg.model.diffaugment] == ["color", "translation", "cutout"]
+    assert cfg.model.ada_target == 0.6
+    assert compose_config("experiment=paper").model.diffaugment == []
     cfg = compose_config("model.conditional=true", "model.diffaugment=[translation,color]")
     assert cfg.model.conditional and [p.value for p in cfg.model.diffaugment] == ["translation", "color"]
 

@@ -120,8 +120,8 @@ class AdaptiveAugment:
     never needs it trains as without it) and is checkpointed. p is a 0-dim tensor on the device:
     steering it costs no host sync.
 
-    Each image gets its own draw per policy; the gate is a `torch.where`, so G's gradient flows
-    through whichever branch an image took (both are differentiable).
+    Each image gets its own draw per policy, and G's gradient flows through whichever branch an image
+    took (both are differentiable).
     """
 
     def __init__(self, policies: Sequence[str], target: float, speed_kimg: float, batch_size: int, interval: int = 4):
@@ -136,11 +136,25 @@ class AdaptiveAugment:
 
     def __call__(self, x: Tensor, generator: Optional[torch.Generator] = None) -> Tensor:
         for name, functions in POLICIES.items():
-            if name in self.policies:
+            if name not in self.policies:
+                continue
+            take = _uniform(x, generator) < self.p.to(x.dtype)  # (N, 1, 1, 1): this policy for these images
+            if x.device.type == "cpu":
+                # Reading which images were drawn costs nothing on the CPU, so only those are augmented:
+                # while p is small (early in a run, and in a run D never dominates) it costs next to
+                # nothing. index_put is differentiable: G's gradient reaches the images either way.
+                index = take.flatten().nonzero().flatten()
+                if index.numel() == 0:
+                    continue
+                augmented = x[index]
+                for augment in functions:
+                    augmented = augment(augmented, generator)
+                x = x.index_put((index,), augmented)
+            else:
+                # On an accelerator that read would wait for the device: augment all, keep the drawn ones
                 augmented = x
                 for augment in functions:
                     augmented = augment(augmented, generator)
-                take = _uniform(x, generator) < self.p.to(x.dtype)  # (N, 1, 1, 1): this policy for these images
                 x = torch.where(take, augmented, x)
         return x
 

@@ -82,8 +82,7 @@ class CollapseWatch:
             f"a fake is real was {mean_fake:.3f} (< {FAKE_BELOW}) and r_t = E[sign(D(x))] {mean_rt:.2f} "
             f"(> {RT_ABOVE}). G learns little from a D this sure, and its samples usually decay from here "
             "(a collapse). The best generator so far is kept in checkpoints/best.pt when trainer.eval_every "
-            "is on. trainer.on_collapse=stop ends such a run at once; a recipe that holds longer is in "
-            "docs/results.md, 'Training longer'."
+            "is on; docs/results.md, 'Training longer', measures recipes trained past their length."
         )
 
 

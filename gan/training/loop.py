@@ -206,7 +206,7 @@ def periodic_extras(
 def raise_alarm(step: int, message: str, cfg: TrainConfig, monitor: Monitor, stop: StopFlag) -> None:
     """D has won (gan/training/collapse.py): one warning, a text summary, and the stop if asked."""
     stopping = cfg.trainer.on_collapse == OnCollapse.stop
-    message += " Stopping here (trainer.on_collapse=stop)." if stopping else ""
+    message += " Stopping here (trainer.on_collapse=stop)." if stopping else " trainer.on_collapse=stop ends it here."
     log.warning("%s", message)
     monitor.text(COLLAPSE_TEXT_TAG, message, step)
     if stopping:

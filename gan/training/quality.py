@@ -36,6 +36,7 @@ from gan.config import DataConfig, EvaluateConfig
 from gan.data import ImageSet
 from gan.errors import ConfigError
 from gan.evaluation import metrics as M
+from gan.evaluation.conditional import sample_classes
 from gan.evaluation.pipeline import Reals, class_metrics, classifier_data, generate
 
 log = logging.getLogger(__name__)
@@ -112,7 +113,10 @@ class QualityProbe:
         """FID, precision/recall, density/coverage and class coverage of G's samples, under the
         names of QUALITY_TAGS. G is sampled in eval mode under inference_mode (pipeline.generate)."""
         cfg = self.config
-        fake: Tensor = generate(G, cfg.num_samples, cfg.batch_size, cfg.seed, self.device)
+        # a conditional G draws each sample for a class: the validation images' own, so the class
+        # histogram compared is the data's (evaluate.py draws the held-out images' classes the same way)
+        labels = sample_classes(self.reals.labels, cfg.num_samples, None, cfg.seed) if G.num_classes else None
+        fake: Tensor = generate(G, cfg.num_samples, cfg.batch_size, cfg.seed, self.device, labels)
         fake_features = M.batched(self.features, fake, cfg.batch_size, self.device)
         results = {"fid": M.fid(self.real_features, fake_features)}
         results.update(
