@@ -21,8 +21,9 @@ from gan.distributed import broadcast_object, close, init_process_group, rank_ze
 from gan.errors import UserError, environment_error
 from gan.evaluation.pipeline import evaluate
 from gan.training import NonFiniteLossError, TrainResult, train
+from gan.training.loop import best_checkpoint
 from gan.training.monitor import write_final_numbers
-from gan.training.quality import QUALITY_TAGS
+from gan.training.quality import FID_TAG, QUALITY_TAGS
 from gan.training.runs import SweepJobFailed, preflight, resume_argv, sweep_argv
 
 log = logging.getLogger("train")
@@ -88,12 +89,12 @@ def main(cfg: DictConfig) -> float:
 def outcome(result: TrainResult, run_dir: Path) -> str:
     """Where the run's generators are: last.pt, and best.pt with its FID and step when measured."""
     last = f"Last: {result.checkpoint}"
-    fid = result.metrics.get(QUALITY_TAGS["fid"])
+    fid = result.metrics.get(FID_TAG)
     last += f" (step {result.step}, in-training FID {fid:.4g})" if fid is not None else f" (step {result.step})"
     if result.best is None:
         return last + "."
-    best = run_dir / "checkpoints" / "best.pt"
-    return f"{last}; best: {best} (step {result.best['step']}, in-training FID {result.best['fid']:.4g})."
+    best = result.best
+    return f"{last}; best: {best_checkpoint(run_dir)} (step {best['step']}, in-training FID {best['fid']:.4g})."
 
 
 def final_fid(cfg: TrainConfig, checkpoint: Path, run_dir: Path, step: int) -> float:

@@ -15,11 +15,11 @@ from gan.checkpoint import load_checkpoint
 from gan.config import EvaluateConfig
 from gan.core.augment import AdaptiveAugment, diff_augment
 from gan.data import load_dataset
-from gan.evaluation.pipeline import prepare_generator
+from gan.evaluation.pipeline import prepare_generator, reference_subset
 from gan.training import train
 from gan.training.collapse import FAKE_BELOW, RT_ABOVE, RT_TAG, WON_TAG, CollapseWatch
 from gan.training.periodic import Every, Extras, Tick
-from gan.training.quality import BEST_FID_TAG, FID_TAG, validation_subset
+from gan.training.quality import BEST_FID_TAG, FID_TAG
 
 # the periodic extras --------------------------------------------------------------------------------
 
@@ -135,12 +135,12 @@ def test_the_final_log_line_names_last_and_best(tmp_path):
 def test_the_validation_images_come_from_the_training_split():
     data = compose_config().data
     training, held_out = load_dataset(data), load_dataset(data, train=False)
-    images, labels = validation_subset(training, 50, seed=0)
+    images, labels = reference_subset(training, 50, seed=0)  # what QualityProbe draws its reals with
     assert images.shape == (50, *training.images.shape[1:]) and labels.shape == (50,)
     rows = {bytes(image.numpy()) for image in training.images}
     assert all(bytes(image.numpy()) in rows for image in images)
     assert not any(torch.equal(image, other) for image in images[:10] for other in held_out.images)
-    again, _ = validation_subset(training, 50, seed=0)
+    again, _ = reference_subset(training, 50, seed=0)
     assert torch.equal(images, again)  # the same images at every measurement of a run
 
 

@@ -18,6 +18,7 @@ import pytest
 from ipykernel import kernelspec
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
+from test_docs import heading_anchors
 
 from gan.config import ModelConfig
 
@@ -63,33 +64,18 @@ def test_tour_shows_the_source_of_each_function_before_a_cell_calls_it():
     )
 
 
-def github_anchors(markdown: str) -> set[str]:
-    """The anchors GitHub gives a page's headings (fenced code skipped): lower case, punctuation
-    other than '-' and '_' dropped, each space a '-'; a repeated heading gets -1, -2, ..."""
-    anchors: set[str] = set()
-    fenced = False
-    for line in markdown.splitlines():
-        if re.match(r"^\s*(```|~~~)", line):
-            fenced = not fenced
-            continue
-        heading = None if fenced else re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
-        if heading:
-            slug = re.sub(r"[^\w\- ]", "", heading.group(1).lower()).replace(" ", "-")
-            candidate, n = slug, 0
-            while candidate in anchors:
-                n += 1
-                candidate = f"{slug}-{n}"
-            anchors.add(candidate)
-    return anchors
-
-
 def test_tour_links_point_at_files_and_headings_of_this_repository():
     nb = nbformat.read(TOUR, as_version=4)
     problems = []
     for cell in nb.cells:
         if cell.cell_type != "markdown":
             continue
-        assert "issue notes" not in cell.source.lower() and "../shared" not in cell.source
+        assert "issue notes" not in cell.source.lower()
+        # every relative path the text names, link or not, is a file of this repository
+        for path in re.findall(r"(?:\.\./)+[\w./-]*\w", cell.source):
+            named = (TOUR.parent / path).resolve()
+            if ROOT not in named.parents or not named.exists():
+                problems.append(f"{path} is no file of this repository")
         for match in re.finditer(r"\]\((?P<target>[^)\s]+)\)", cell.source):
             target, _, anchor = match.group("target").partition("#")
             if re.match(r"^[a-z]+:", target):
@@ -97,7 +83,7 @@ def test_tour_links_point_at_files_and_headings_of_this_repository():
             page = (TOUR.parent / target).resolve() if target else TOUR
             if ROOT not in page.parents or not page.exists():
                 problems.append(f"({match.group('target')}) is no file of this repository")
-            elif anchor and page.suffix == ".md" and anchor not in github_anchors(page.read_text(encoding="utf-8")):
+            elif anchor and page.suffix == ".md" and anchor not in heading_anchors(page.read_text(encoding="utf-8")):
                 problems.append(f"({match.group('target')}): {page.name} has no heading #{anchor}")
     assert not problems
 

@@ -15,6 +15,7 @@ from gan.data.sources import (
     load_dataset,
     open_source,
     read_image,
+    take,
 )
 from gan.data.stream import BatchStream, EpochBatchSampler, to_unit_range
 from gan.errors import DataError
@@ -33,5 +34,6 @@ __all__ = [
     "open_source",
     "read_image",
     "render_digits",
+    "take",
     "to_unit_range",
 ]

@@ -61,6 +61,13 @@ class ImageSet:
     num_classes: int
 
 
+def take(images: Tensor | Dataset, index: Tensor) -> Tensor:
+    """uint8 images at `index`, from an in-memory tensor or a Dataset that decodes one at a time."""
+    if isinstance(images, Tensor):
+        return images[index]
+    return torch.stack([images[int(i)] for i in index])
+
+
 # loading ---------------------------------------------------------------------------------------
 
 

@@ -681,7 +681,7 @@ def mode_digits(modes: Tensor) -> list[Tensor]:
 
 def is_stacked(dataset: ImageSet) -> bool:
     """Stacked-MNIST-like: 1000 classes over 3 channels, label = 100 a + 10 b + c per channel."""
-    return dataset.num_classes == 1000 and dataset.images.size(1) == 3
+    return dataset.num_classes == 1000 and dataset.images[0].size(0) == 3  # channels of one image
 
 
 def with_gaussian_noise(images: Tensor, sigma: float, seed: int = 0) -> Tensor:

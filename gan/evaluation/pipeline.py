@@ -47,7 +47,7 @@ from gan.config import (
 )
 from gan.core.models import Generator
 from gan.core.sampling import eval_mode, image_grid
-from gan.data import ImageSet, load_dataset, to_unit_range
+from gan.data import ImageSet, load_dataset, take, to_unit_range
 from gan.device import setup_torch
 from gan.evaluation import metrics as M
 from gan.evaluation.conditional import (
@@ -347,21 +347,27 @@ def recompute_batchnorm_stats(G: nn.Module, batches: int, batch_size: int, seed:
     return True
 
 
-def reference_subset(reference: ImageSet, count: int, seed: int) -> tuple[Tensor, Tensor]:
-    """`count` held-out images (a seeded random subset), or all of them when there are fewer."""
+def reference_subset(
+    reference: ImageSet, count: int, seed: int, split: str = "held-out split", setting: str = "num_samples"
+) -> tuple[Tensor, Tensor]:
+    """`count` images of `reference` and their labels (a seeded random subset), or all of them when
+    there are fewer; from an in-memory split or one decoded image at a time. `split` and `setting`
+    name the images and the count in the warning."""
     total = reference.labels.numel()
     if total < count:
         log.warning(
-            "The held-out split has %d images, fewer than num_samples=%d: the metrics compare "
-            "%d samples with %d real images.",
+            "The %s has %d images, fewer than %s=%d: the metrics compare %d samples with %d real images.",
+            split,
             total,
+            setting,
             count,
             count,
             total,
         )
-        return reference.images, reference.labels
-    index = torch.randperm(total, generator=torch.Generator().manual_seed(seed))[:count]
-    return reference.images[index], reference.labels[index]
+        index = torch.arange(total)
+    else:
+        index = torch.randperm(total, generator=torch.Generator().manual_seed(seed))[:count]
+    return take(reference.images, index), reference.labels[index]
 
 
 def classifier_for(

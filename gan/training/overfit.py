@@ -24,11 +24,10 @@ from typing import Optional
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import Dataset
 
 from gan.config import TrainConfig
 from gan.core.steps import StepContext
-from gan.data import ImageSet, open_source, to_unit_range
+from gan.data import ImageSet, open_source, take, to_unit_range
 from gan.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -97,10 +96,3 @@ def build_probe(cfg: TrainConfig, train: ImageSet, device: torch.device) -> Opti
         subset = (take(images, index).to(device), labels[index].to(device) if conditional else None)
         subsets.append(subset)
     return OverfitProbe(subsets[0], subsets[1], min(cfg.data.batch_size, count))
-
-
-def take(images: Tensor | Dataset, index: Tensor) -> Tensor:
-    """uint8 images at `index`, from an in-memory tensor or a Dataset that decodes one at a time."""
-    if isinstance(images, Tensor):
-        return images[index]
-    return torch.stack([images[int(i)] for i in index])

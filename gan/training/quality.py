@@ -37,7 +37,7 @@ from gan.data import ImageSet
 from gan.errors import ConfigError
 from gan.evaluation import metrics as M
 from gan.evaluation.conditional import sample_classes
-from gan.evaluation.pipeline import Reals, class_metrics, classifier_data, generate
+from gan.evaluation.pipeline import Reals, class_metrics, classifier_data, generate, reference_subset
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +77,9 @@ class QualityProbe:
         # everything here (the subset, the classifier, maybe its training) draws from its own seeded
         # generators; fork_rng keeps the training's random stream as it would be without the probe
         with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
-            images, labels = validation_subset(training, samples, seed)
-            self.reals = Reals(images, labels, stacked=training.num_classes == 1000 and images.size(1) == 3)
+            images, labels = reference_subset(training, samples, seed, "training split", "trainer.eval_samples")
+            images, labels = images.cpu(), labels.cpu()  # the split may live on the training device
+            self.reals = Reals(images, labels, stacked=M.is_stacked(training))
             # the classifier evaluate.py uses by default: same settings, same cache file under data.root
             self.config = EvaluateConfig(checkpoint="(training)", num_samples=samples, seed=seed, batch_size=500)
             bar = self.config.metrics.classifier.min_accuracy
@@ -124,24 +125,3 @@ class QualityProbe:
         )
         results.update(class_metrics(self.classifier, self.reals, fake, cfg, self.device))
         return {QUALITY_TAGS[key]: float(value) for key, value in results.items() if key in QUALITY_TAGS}
-
-
-def validation_subset(training: ImageSet, count: int, seed: int) -> tuple[Tensor, Tensor]:
-    """`count` training images and their labels (a seeded subset; all of them when there are fewer),
-    uint8 on the CPU, from an in-memory split or one decoded image at a time."""
-    total = training.labels.numel()
-    if total < count:
-        log.warning(
-            "The training split has %d images, fewer than trainer.eval_samples=%d: the in-training metrics "
-            "compare %d samples with %d real images.",
-            total,
-            count,
-            count,
-            total,
-        )
-    index = torch.randperm(total, generator=torch.Generator().manual_seed(seed))[:count]
-    if isinstance(training.images, Tensor):
-        images = training.images[index.to(training.images.device)].cpu()
-    else:
-        images = torch.stack([torch.as_tensor(training.images[int(i)]) for i in index])
-    return images, training.labels[index.to(training.labels.device)].cpu()

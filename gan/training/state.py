@@ -321,7 +321,7 @@ def build_augment(cfg: TrainConfig, device: torch.device = CPU) -> Callable[[Ten
     policies = [policy.value for policy in cfg.model.diffaugment]
     if cfg.model.ada_target > 0:
         return AdaptiveAugment(policies, cfg.model.ada_target, cfg.model.ada_kimg, cfg.data.batch_size).to(device)
-    return functools.partial(diff_augment, policies=[policy.value for policy in cfg.model.diffaugment])
+    return functools.partial(diff_augment, policies=policies)
 
 
 def wrap_for_ddp(G: nn.Module, D: nn.Module, world: World, device: torch.device) -> tuple[nn.Module, nn.Module]:
