@@ -16,7 +16,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from gan.config import EvaluateConfig, TrainConfig, register_configs, validate
+from gan.config import EvaluateConfig, TrainConfig, register_configs, to_plain, validate
 from gan.distributed import broadcast_object, close, init_process_group, rank_zero_argv, world_from_env
 from gan.errors import UserError, environment_error
 from gan.evaluation.pipeline import evaluate
@@ -24,7 +24,15 @@ from gan.training import NonFiniteLossError, TrainResult, train
 from gan.training.loop import best_checkpoint
 from gan.training.monitor import write_final_numbers
 from gan.training.quality import FID_TAG, QUALITY_TAGS
-from gan.training.runs import SweepJobFailed, preflight, resume_argv, sweep_argv
+from gan.training.record import held_log, remove_if_empty, write_record
+from gan.training.runs import (
+    SweepJobFailed,
+    auto_resume_in_job,
+    preflight,
+    resume_argv,
+    resume_override,
+    sweep_argv,
+)
 
 log = logging.getLogger("train")
 register_configs()
@@ -46,40 +54,58 @@ def main(cfg: DictConfig) -> float:
         logging.getLogger().setLevel(logging.WARNING)  # rank 0 speaks for the job
     # one run directory for the whole job: rank 0's (the others ran Hydra in '.')
     run_dir = Path(broadcast_object(HydraConfig.get().runtime.output_dir, world))
-    try:
-        with logging_redirect_tqdm():  # log lines print above the progress bar, not through it
-            typed = validate(cfg)
-            result = train(typed, run_dir, world=world)
-            if world.is_main and not result.stopped_by and typed.trainer.final_eval_samples:
-                fid = final_fid(typed, result.checkpoint, run_dir, result.step)
-            else:
-                fid = float("nan")
-    except (UserError, NonFiniteLossError, OSError) as err:
-        if isinstance(err, OSError):  # disk full, permissions: the environment, not a bug
-            err = environment_error(err)
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
-            # Hydra records the failed job, prints this paragraph (no traceback) and runs the others
-            raise SweepJobFailed(str(err)) from err
-        log.error("%s", err)
-        sys.exit(EXIT_NON_FINITE if isinstance(err, NonFiniteLossError) else EXIT_BAD_INPUT)
-    finally:
-        close(world)
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    # Hydra writes no record and no log file (configs/train.yaml); they are written once every
+    # check has passed (on_ready), so a refused command leaves every existing run as it was
+    with held_log() as run_log:
+
+        def on_ready() -> None:
+            write_record(run_dir, cfg)
+            run_log.open(run_dir / f"{HydraConfig.get().job.name}.log")
+
+        try:
+            with logging_redirect_tqdm():  # log lines print above the progress bar, not through it
+                typed = validate(cfg)
+                if multirun and typed.trainer.resume == "auto":  # a single run's was resolved before Hydra
+                    typed.trainer.resume = auto_resume_in_job(run_dir, to_plain(typed))
+                result = train(typed, run_dir, world=world, on_ready=on_ready if world.is_main else None)
+                if world.is_main and not result.stopped_by and typed.trainer.final_eval_samples:
+                    fid = final_fid(typed, result.checkpoint, run_dir, result.step)
+                else:
+                    fid = float("nan")
+        except (UserError, NonFiniteLossError, OSError) as err:
+            if isinstance(err, OSError):  # disk full, permissions: the environment, not a bug
+                err = environment_error(err)
+            if world.is_main:
+                remove_if_empty(run_dir)  # the folder Hydra made for a refused command
+            if multirun:
+                # Hydra records the failed job, prints this paragraph (no traceback) and runs the others
+                raise SweepJobFailed(str(err)) from err
+            log.error("%s", err)
+            sys.exit(EXIT_NON_FINITE if isinstance(err, NonFiniteLossError) else EXIT_BAD_INPUT)
+        finally:
+            close(world)
+        return finish(result, fid, run_dir, multirun)  # its lines go into the run's log file too
+
+
+def finish(result: TrainResult, fid: float, run_dir: Path, multirun: bool) -> float:
+    """The run's last words and exit code: stopped by the collapse alarm or a signal, or done."""
     if result.stopped_by == "collapse":
         log.warning(
             "Stopped at step %d: D had won (trainer.on_collapse=stop). %s",
             result.step,
             outcome(result, run_dir),
         )
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
+        if multirun:
             return float("nan")  # the sweep goes on with its other jobs
         sys.exit(EXIT_COLLAPSE)
     if result.stopped_by:
         log.warning(
-            "Stopped by %s at step %d; checkpoint saved to %s. Resume with:\n  python train.py trainer.resume=%s",
+            "Stopped by %s at step %d; checkpoint saved to %s. Resume with:\n  python train.py %s",
             result.stopped_by,
             result.step,
             result.checkpoint,
-            run_dir,
+            resume_override(run_dir),
         )
         sys.exit(SIGNAL_EXIT[result.stopped_by])
     log.info("Done: %d steps; outputs in %s. %s", result.step, run_dir, outcome(result, run_dir))

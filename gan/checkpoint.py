@@ -14,10 +14,11 @@ import pickle
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import torch
-from torch import nn
+from omegaconf.errors import ConfigKeyError
+from torch import Tensor, nn
 
 from gan.errors import CheckpointError
 
@@ -27,14 +28,73 @@ REQUIRED_KEYS = ("G", "step", "config")
 BEST = "best"  # the `kind` of checkpoints/best.pt
 
 
-def require_training_state(state: Mapping[str, Any], source: str) -> None:
-    """Refuse to resume from a checkpoint that holds a generator only (best.pt), in one paragraph."""
+def require_training_state(state: Mapping[str, Any], source: str | Path) -> None:
+    """The gate of every resume, right after load_checkpoint: refuse, in one paragraph naming the file
+    and the entry, a checkpoint training cannot continue from. A best.pt (the generator alone); an
+    entry only resuming reads (D, either optimizer, the data position, the fixed latents) that is
+    missing or not what this project writes; or a NaN or inf in any floating tensor of G, D, G_ema, the
+    optimizers' moments or the fixed latents (BatchNorm's running statistics included), which every
+    step would start from. load_checkpoint has checked the entries every checkpoint holds."""
+    file = checkpoint_path(source)
     if state.get("kind") == BEST:
         raise CheckpointError(
             f"{source} is a best.pt: the generator with the best in-training FID, kept for evaluate.py and "
             "export, without D or the optimizers' state, so training cannot continue from it. Resume from the "
-            "run's last.pt (trainer.resume=RUN_DIR), or evaluate this one: python evaluate.py checkpoint=" + source
+            "run's last.pt (trainer.resume=RUN_DIR), or evaluate this one: python evaluate.py checkpoint=" + str(source)
         )
+    for entry in ("D", "opt_g", "opt_d", "data", "fixed_z"):
+        if entry not in state:
+            raise _damaged(file, entry, "is missing", "resume from")
+    _check_state_dict(state, "D", file, "resume from")
+    for entry in ("opt_g", "opt_d"):
+        _check_optimizer(state, entry, file)
+    _check_data_position(state, file)
+    if not isinstance(state["fixed_z"], Tensor) or not state["fixed_z"].is_floating_point():
+        raise _damaged(
+            file,
+            "fixed_z",
+            f"is damaged: it holds {_shown(state['fixed_z'])}, not the run's latents "
+            "for its sample grids (a floating-point tensor)",
+            "resume from",
+        )
+    bad, total = nonfinite(training_tensors(state))
+    if bad:
+        shown = ", ".join(bad[:4]) + (", ..." if len(bad) > 4 else "")
+        raise CheckpointError(
+            f"Cannot resume from {file}: it holds NaN or inf in {len(bad)} of its {total} floating-point tensors "
+            f"({shown}). The checkpoint is damaged and training cannot continue from it: every step would start "
+            f"from these values. {another_checkpoint(file, 'resume from')}"
+        )
+
+
+def training_tensors(state: Mapping[str, Any]) -> Iterable[tuple[str, Tensor]]:
+    """Every floating tensor a resume starts from, by name: 'G.net.0.weight', 'G_ema.module.net.1.running_var',
+    'opt_d.state[3].exp_avg_sq' (Adam's second moment of D's fourth parameter), 'fixed_z'."""
+    for entry in ("G", "D", "G_ema"):
+        for key, value in (state.get(entry) or {}).items():
+            yield f"{entry}.{key}", value
+    for entry in ("opt_g", "opt_d"):
+        for index, slots in state[entry]["state"].items():
+            for slot, value in slots.items():
+                yield f"{entry}.state[{index}].{slot}", value
+    yield "fixed_z", state["fixed_z"]
+
+
+def nonfinite(named: Iterable[tuple[str, Any]]) -> tuple[list[str], int]:
+    """The names of the floating tensors among `named` that hold a NaN or an inf, and how many floating
+    tensors there are: shared by the resume gate (require_training_state) and evaluate.py's generator.
+
+    One host sync when all are finite: the 2-norm of every tensor (torch._foreach_norm), finite only
+    if every element is. Only then are the tensors looked at one by one, by name: finite values so
+    large that the norm overflows (beyond about 1e19) are finite, and pass.
+    """
+    tensors = [(name, t.detach()) for name, t in named if isinstance(t, Tensor) and t.is_floating_point()]
+    if not tensors:
+        return [], 0
+    norms = torch._foreach_norm([t for _, t in tensors])
+    if torch.stack([n.float() for n in norms]).isfinite().all():
+        return [], len(tensors)
+    return [name for name, t in tensors if not torch.isfinite(t).all()], len(tensors)
 
 
 def save_checkpoint(state: Mapping[str, Any], path: Path) -> None:
@@ -136,7 +196,187 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
             f"{file} is not a checkpoint of this project: expected a dict with "
             f"keys {list(REQUIRED_KEYS)}, found {found}."
         )
+    check_common_entries(state, file)
     return state
+
+
+def check_common_entries(state: Mapping[str, Any], file: Path) -> None:
+    """The entries every checkpoint holds and every reader uses (G, G_ema, step, num_classes, config,
+    kind), checked once, here, so that no reader meets a wrong type later (a traceback) or takes one
+    for something else (int(1.5) is a step). A resume checks its own entries (require_training_state);
+    what the values mean for a model is checked where the model is built from them."""
+    step = state["step"]
+    if not _whole(step):
+        raise _damaged(
+            file,
+            "step",
+            f"is damaged: it holds {_shown(step)}, where this project writes the number "
+            "of generator updates done, a whole number of 0 or more",
+        )
+    _check_state_dict(state, "G", file)
+    if state.get("G_ema") is not None:
+        _check_state_dict(state, "G_ema", file)
+    if state.get("num_classes") is not None and not _whole(state["num_classes"]):
+        raise _damaged(
+            file,
+            "num_classes",
+            f"is damaged: it holds {_shown(state['num_classes'])}, where this project "
+            "writes the number of classes G was built for (0: unconditional)",
+        )
+    if "kind" in state and not isinstance(state["kind"], str):
+        raise _damaged(file, "kind", f"is damaged: it holds {_shown(state['kind'])}, not a name such as 'best'")
+    check_config_groups(state["config"], file)
+
+
+def check_config_groups(config: object, source: str | Path, required: Sequence[str] = ()) -> None:
+    """Refuse a stored config that is not a mapping of groups (data, model, ...) of settings, or that
+    lacks one of the `required` groups: CheckpointError naming the file (stored_config_error's words)."""
+    if not isinstance(config, Mapping):
+        raise _config_damaged(source, f"it is {_shown(config)}, not a mapping of groups (data, model, ...)")
+    for group, values in config.items():
+        if not isinstance(values, Mapping):
+            raise _config_damaged(source, f"its group {group!r} is {_shown(values)}, not a mapping of settings")
+    missing = [group for group in required if group not in config]
+    if missing:
+        raise _config_damaged(source, f"it has no {', '.join(repr(g) for g in missing)} group")
+
+
+def stored_config_error(err: Exception, source: str | Path, group: str = "") -> CheckpointError:
+    """A stored config that OmegaConf could not lay over this version's schema, in one paragraph.
+
+    A key this version does not know (ConfigKeyError), or a choice it does not offer, may be another
+    version's: the message says so, and also that the file may have been edited. A value of the wrong
+    type (a string for an int, a tensor, a group replaced by a number) is no setting of any version:
+    the stored config is damaged, and the message says to use another checkpoint. `group`: the group
+    that was merged alone (evaluate.py types data and model only), the prefix of OmegaConf's key.
+    """
+    key = str(getattr(err, "full_key", "") or "")
+    key = f"{group}.{key}" if group and key else (key or group)
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    where = f"{key}: " if key else ""
+    if isinstance(err, ConfigKeyError) or text.startswith("Invalid value"):
+        what = "is not a setting" if isinstance(err, ConfigKeyError) else "holds a choice that is not an option"
+        file = checkpoint_path(source)
+        return CheckpointError(
+            f"The config stored in {file} does not fit this version's settings ({where}{text}): {key or 'it'} {what} "
+            "of this version. Either the checkpoint was written by another version of this project (use that "
+            f"version), or its config was edited after it was written. {another_checkpoint(file)}"
+        )
+    return _config_damaged(source, f"{where}{text}")
+
+
+def another_checkpoint(file: Path, use: str = "resume or evaluate") -> str:
+    """What to do instead of using a damaged `file` (`use`: 'resume from', 'evaluate', or both), naming
+    only what exists: the numbered copies trainer.keep_checkpoints kept beside it (step_NNNNNN.pt, newest
+    first; the file itself and hard links to it left out), and for evaluate.py also a best.pt beside it;
+    or, when there are none, that there are none."""
+    if not file.is_file():  # a name, not a file (in-process callers): nothing to look beside
+        return f"{use.capitalize()} another checkpoint of the run if trainer.keep_checkpoints kept any."
+    try:
+        copies = sorted(file.parent.glob("step_*.pt"), reverse=True)
+        best = file.with_name(f"{BEST}.pt")
+        copies += [best] if use == "evaluate" and best.is_file() else []
+        copies = [c for c in copies if not os.path.samefile(c, file)]
+    except OSError:  # a folder that cannot be listed, a file that vanished: nothing known beside it
+        copies = []
+    if not copies:
+        kinds = "numbered copy (step_NNNNNN.pt) or best.pt" if use == "evaluate" else "numbered copy (step_NNNNNN.pt)"
+        return (
+            f"No {kinds} is kept beside it (trainer.keep_checkpoints=N keeps numbered copies), so {use} a copy "
+            "of the file made before it was damaged, or start a new run."
+        )
+    if len(copies) == 1:
+        return f"Another checkpoint is kept beside it: {use} {copies[0]} instead."
+    names = ", ".join(c.name for c in copies[:3]) + (f" and {len(copies) - 3} more" if len(copies) > 3 else "")
+    return f"Other checkpoints are kept beside it ({names}): {use} {copies[0]}, the newest, or another of them."
+
+
+def _config_damaged(source: str | Path, problem: str) -> CheckpointError:
+    file = checkpoint_path(source)
+    return CheckpointError(
+        f"The config stored in {file} is damaged: {problem}. This project writes it as a mapping of groups of "
+        f"typed settings, so the file was altered after it was written. {another_checkpoint(file)}"
+    )
+
+
+def _damaged(file: Path, entry: str, problem: str, use: str = "resume or evaluate") -> CheckpointError:
+    opening = "Cannot resume from" if use == "resume from" else "Cannot use"
+    return CheckpointError(f"{opening} {file}: its entry {entry!r} {problem}. {another_checkpoint(file, use)}")
+
+
+def _whole(value: object) -> bool:
+    """An int of 0 or more; not a bool (True is an int to Python), not a float, not a string."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _shown(value: object) -> str:
+    """'abc' (str), 7 (int), a Tensor: a value as a message shows it, short, with its type."""
+    if isinstance(value, Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    text = repr(value)
+    return f"{text[:60]}{'...' if len(text) > 60 else ''} ({type(value).__name__})"
+
+
+def _check_state_dict(state: Mapping[str, Any], entry: str, file: Path, use: str = "resume or evaluate") -> None:
+    """A network's state dict: a mapping of parameter and buffer names to tensors."""
+    value = state[entry]
+    if not isinstance(value, Mapping):
+        raise _damaged(
+            file, entry, f"is damaged: it holds {_shown(value)}, not a network's state dict (its tensors by name)", use
+        )
+    wrong = [key for key, t in value.items() if not isinstance(key, str) or not isinstance(t, Tensor)]
+    if wrong:
+        raise _damaged(
+            file,
+            entry,
+            f"is damaged: {wrong[0]!r} holds {_shown(value[wrong[0]])}, where a state dict holds tensors",
+            use,
+        )
+
+
+def _check_optimizer(state: Mapping[str, Any], entry: str, file: Path) -> None:
+    """An optimizer's state dict as torch writes it: {'state': {index: {slot: tensor}}, 'param_groups': [dict]}."""
+    value = state[entry]
+    if not isinstance(value, Mapping) or not isinstance(value.get("state"), Mapping):
+        problem = f"{_shown(value)}" if not isinstance(value, Mapping) else f"'state' {_shown(value.get('state'))}"
+        raise _damaged(file, entry, f"is damaged: it holds {problem}, not an optimizer's state dict", "resume from")
+    groups = value.get("param_groups")
+    if not isinstance(groups, list) or not all(isinstance(g, Mapping) for g in groups):
+        raise _damaged(
+            file,
+            entry,
+            f"is damaged: its 'param_groups' is {_shown(groups)}, where torch writes a list of parameter groups",
+            "resume from",
+        )
+    if not all(isinstance(slots, Mapping) for slots in value["state"].values()):
+        raise _damaged(
+            file, entry, "is damaged: its 'state' holds something other than each parameter's moments", "resume from"
+        )
+
+
+def _check_data_position(state: Mapping[str, Any], file: Path) -> None:
+    """The batch stream's position ({'epoch', 'batch'}, gan.data.BatchStream): two whole numbers, and
+    one a run of `step` steps can reach. Each step takes one batch, which adds 1 to batch or starts the
+    next epoch at batch 1, so epoch + batch never exceeds step. (No permutation is stored: each epoch's
+    order is recomputed from trainer.seed and the epoch.) Whether batch fits an epoch of the training
+    set is checked when the stream is rebuilt (gan.training.state.TrainingState.load_state_dict)."""
+    data = state["data"]
+    if not isinstance(data, Mapping) or not all(_whole(data.get(key)) for key in ("epoch", "batch")):
+        raise _damaged(
+            file,
+            "data",
+            f"is damaged: it holds {_shown(data)}, where this project writes the batch "
+            "stream's position, {'epoch': E, 'batch': B} with whole numbers of 0 or more",
+            "resume from",
+        )
+    if data["epoch"] + data["batch"] > state["step"]:
+        raise _damaged(
+            file,
+            "data",
+            f"is damaged: it places the batch stream at epoch {data['epoch']}, batch {data['batch']}, where "
+            f"{state['step']} steps (its entry 'step') cannot reach: each step takes one batch",
+            "resume from",
+        )
 
 
 # Where to go from a checkpoint that cannot be read.
@@ -168,8 +408,12 @@ def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {lines[0].strip()[:200]}" if lines else type(err).__name__
 
 
-def load_module_state(module: nn.Module, state: Mapping[str, torch.Tensor], name: str) -> None:
-    """load_state_dict with a readable error listing every missing, unexpected or resized tensor."""
+def load_module_state(
+    module: nn.Module, state: Mapping[str, torch.Tensor], name: str, advice: Optional[str] = None
+) -> None:
+    """load_state_dict with a readable error listing every missing, unexpected or resized tensor.
+    `advice`: what the caller's user can do about a mismatch, in place of the default (use the same
+    model.* as the run that wrote it), which is wrong where the model was built from the checkpoint."""
     own = module.state_dict()
     problems = [
         f"{key}: {tuple(value.shape)} in the checkpoint, {tuple(own[key].shape)} in the model"
@@ -182,6 +426,6 @@ def load_module_state(module: nn.Module, state: Mapping[str, torch.Tensor], name
         shown = "; ".join(problems[:6]) + (f"; and {len(problems) - 6} more" if len(problems) > 6 else "")
         raise CheckpointError(
             f"The checkpoint's {name} does not match the {name} built from the config: {shown}. "
-            "Use the same model.* and data.image_size/data.channels as the run that wrote it."
+            + (advice or "Use the same model.* and data.image_size/data.channels as the run that wrote it.")
         )
     module.load_state_dict(state)

@@ -13,7 +13,7 @@ at the command line with Hydra's own message. Checks of range (`trainer.max_step
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from typing import Any, List, Optional
 
@@ -21,6 +21,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from gan.core.steps import BackwardMode
+from gan.device import available_cpus
 from gan.errors import ConfigError
 
 
@@ -191,8 +192,8 @@ class ModelConfig:
     # On by default, adaptive (ada_target below): trained past its length on real data, the
     # unaugmented recipe let D win and its samples wander (Fashion-MNIST, steps 10,000-27,500: FID
     # 6.9-10.2, recall down to 0.56), where this one kept improving (FID 6.2 -> 4.8, recall 0.69-0.71),
-    # at the same FID per step early on but 12% fewer steps a minute on a CPU (docs/results.md,
-    # "Training longer").
+    # at a cost in the first minute (FID 6.8 against 5.5 at 1,300 steps on digits; even by step
+    # 2,000: docs/results.md, "Training longer").
     diffaugment: List[DiffAugmentPolicy] = field(
         default_factory=lambda: [DiffAugmentPolicy.color, DiffAugmentPolicy.translation, DiffAugmentPolicy.cutout]
     )
@@ -316,6 +317,7 @@ class TrainerConfig:
     def check(self) -> None:
         _require(self.max_steps >= 1, "trainer.max_steps", self.max_steps, "must be at least 1")
         _require(self.threads >= 0, "trainer.threads", self.threads, "must be >= 0 (0 = adapt to the free cores)")
+        check_threads(self.threads, "trainer.threads", "0 to adapt to the free cores")
         _require(self.keep_checkpoints >= 0, "trainer.keep_checkpoints", self.keep_checkpoints, "must be >= 0")
         _require(self.overfit_every >= 0, "trainer.overfit_every", self.overfit_every, "must be >= 0 (0 = off)")
         _require(
@@ -353,6 +355,7 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
     def check(self) -> None:
+        require_finite(self)  # first: a nan passes no range check's wording honestly ('must be > 0')
         for group in (self.data, self.model, self.loss, self.optim, self.trainer):
             group.check()
         _require(
@@ -361,14 +364,7 @@ class TrainConfig:
             self.model.pack,
             f"must divide data.batch_size ({self.data.batch_size}): D sees the batch in packs",
         )
-        per_pack = self.data.batch_size // self.model.pack
-        _require(
-            self.model.minibatch_std <= per_pack,
-            "model.minibatch_std",
-            self.model.minibatch_std,
-            f"must be at most the samples D sees at once ({per_pack} = data.batch_size / model.pack): "
-            "a group larger than the batch cannot be formed",
-        )
+        check_minibatch_std(self.model.minibatch_std, self.data.batch_size, self.model.pack)
         per_sample = self.loss.gradient_penalty > 0 or self.loss.r1 > 0
         _require(
             not (per_sample and self.model.d_batchnorm),
@@ -379,6 +375,57 @@ class TrainConfig:
             "or for WGAN-GP use experiment=wgan_gp, the ready pairing (loss=wgan_gp, no BatchNorm in D, "
             "Adam betas (0.0, 0.9))",
         )
+
+
+def check_threads(threads: int, key: str, zero_means: str) -> None:
+    """A fixed thread count this process can run: torch.set_num_threads takes any int, but a count far
+    above the CPUs crashed its thread pool (trainer.threads=100000: a segfault, no message) and one
+    beyond C's int overflowed with a traceback; a few above the CPUs only make threads wait on each other."""
+    cpus = available_cpus()
+    _require(
+        threads <= cpus,
+        key,
+        threads,
+        f"is more than the {cpus} CPU(s) this process may use on this machine: set {key} to a number "
+        f"from 1 to {cpus}, or {zero_means}",
+    )
+
+
+def check_minibatch_std(group: int, batch_size: int, pack: int) -> None:
+    """model.minibatch_std must divide the samples D judges at once: MinibatchStd (gan/core/models.py)
+    shrinks a group size that does not to gcd(samples, group), silently (down to 1 = a constant channel)."""
+    per_pack = batch_size // pack
+    if group == 0 or per_pack % group == 0:
+        return
+    seen = f"data.batch_size={batch_size}" + (f" / model.pack={pack}" if pack > 1 else "")
+    shrunk = math.gcd(per_pack, group)
+    effect = "groups of 1 sample, a constant channel that tells D nothing" if shrunk == 1 else f"groups of {shrunk}"
+    divisor = max(d for d in range(1, min(group, per_pack) + 1) if per_pack % d == 0)
+    _require(
+        False,
+        "model.minibatch_std",
+        group,
+        f"must divide the {per_pack} samples D judges at once ({seen}): D's minibatch-stddev channel "
+        f"is computed over groups of model.minibatch_std samples, and {group} would shrink to {effect}. "
+        f"Use a divisor of {per_pack} such as {divisor}, or 0 to turn the channel off",
+    )
+
+
+def require_finite(config: Any, prefix: str = "") -> None:
+    """Every float setting of a schema (nested groups included) must be a finite number: Hydra reads
+    `nan`, `inf` and `1e400` as floats, and a range check such as `lr_d > 0` lets inf through to
+    training, where the non-finite loss it causes would be blamed on the wrong key."""
+    for spec in fields(config):
+        value, key = getattr(config, spec.name), f"{prefix}{spec.name}"
+        if is_dataclass(value):
+            require_finite(value, f"{key}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            _require(
+                False,
+                key,
+                value,
+                "must be a finite number: Hydra reads nan and inf as floats, but no setting can use them",
+            )
 
 
 def check_device_name(name: str, key: str) -> None:
@@ -538,6 +585,7 @@ class EvaluateConfig:
     class_id: Optional[int] = None
 
     def check(self) -> None:
+        require_finite(self)
         _require(
             self.class_id is None or self.class_id >= 0, "class_id", self.class_id, "must be >= 0 (a class number)"
         )
@@ -558,6 +606,7 @@ class EvaluateConfig:
             "must be at least 2 (both ends)",
         )
         _require(self.threads >= 0, "threads", self.threads, "must be >= 0 (0 = torch's default)")
+        check_threads(self.threads, "threads", "0 for torch's default")
         _require(self.bn_batches >= 0, "bn_batches", self.bn_batches, "must be >= 0 (0 = keep the checkpoint's)")
         check_device_name(self.device, "device")
         self.metrics.check()

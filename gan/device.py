@@ -5,6 +5,7 @@ training and evaluation."""
 from __future__ import annotations
 
 import ctypes
+import os
 import random
 
 import torch
@@ -18,6 +19,15 @@ def setup_torch(device: str, threads: int, seed: int, key: str) -> torch.device:
         torch.set_num_threads(threads)
     seed_everything(seed)
     return resolve_device(device, key)
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask where the OS has one (Linux: a container or
+    `taskset` may allow fewer than the machine has), else every CPU the OS reports."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
 
 
 def seed_everything(seed: int) -> None:

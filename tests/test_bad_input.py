@@ -4,6 +4,7 @@ a traceback, and nothing that was good before is changed."""
 from __future__ import annotations
 
 import functools
+import re
 import resource
 import signal
 import subprocess
@@ -47,7 +48,7 @@ def test_a_damaged_checkpoint_entry_is_named(good_checkpoint, tmp_path, entry, v
     result = run_train(f"trainer.resume={path}", "trainer.max_steps=4", f"hydra.run.dir={tmp_path / 'run'}")
     output = result.stdout + result.stderr
     assert result.returncode == 2, output[-3000:]
-    assert "Traceback" not in output and f"entry '{entry}' is missing or damaged" in output
+    assert "Traceback" not in output and re.search(rf"entry '{entry}' is (missing|damaged)", output)
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 

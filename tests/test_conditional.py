@@ -358,7 +358,9 @@ def test_a_checkpoint_from_before_conditional_runs_still_loads(tmp_path):
     save_checkpoint(state, tmp_path / "old.pt")
     G, _ = build_generator(load_checkpoint(tmp_path / "old.pt"), use_ema=True, device=CPU)
     assert G.num_classes == 0
-    result = train(compose_config("trainer.max_steps=8", f"trainer.resume={tmp_path / 'old.pt'}"), tmp_path / "run")
+    result = train(
+        compose_config("trainer.max_steps=8", f"trainer.resume={tmp_path / 'old.pt'}"), tmp_path / "continued"
+    )  # a new folder: run/ holds a run
     assert result.step == 8
 
 

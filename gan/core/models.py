@@ -232,9 +232,11 @@ class MinibatchStd(nn.Module):
     Why (Karras et al. 2018, "Progressive Growing of GANs" (ProGAN), sec. 3): a D that judges samples
     one at a time cannot see that a batch of fakes lacks the variety of a batch of reals; this
     channel lets it. Groups follow StyleGAN2-ADA's layout: sample n is grouped with n + N/g,
-    n + 2N/g, ... (a group size that does not divide N shrinks to the largest one that does). The
-    statistic is computed in float32: under bf16 autocast a variance of small differences loses its
-    digits.
+    n + 2N/g, ... A group size g that does not divide N shrinks to gcd(N, g) (5 at N = 16: groups of
+    one sample, a constant channel), so training refuses such a g against its batch
+    (gan/config.py:check_minibatch_std); the shrink remains for a short last chunk, such as the
+    overfitting probe's (gan/training/overfit.py). The statistic is computed in float32: under bf16
+    autocast a variance of small differences loses its digits.
     """
 
     def __init__(self, group_size: int = 4):

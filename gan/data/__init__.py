@@ -7,6 +7,7 @@
 
 from gan.data.digits import NUM_DIGIT_CLASSES, render_digits
 from gan.data.sources import (
+    EmptySplitError,
     ImageSet,
     ImageSource,
     convert_channels,
@@ -24,6 +25,7 @@ __all__ = [
     "NUM_DIGIT_CLASSES",
     "BatchStream",
     "DataError",
+    "EmptySplitError",
     "EpochBatchSampler",
     "ImageSet",
     "ImageSource",

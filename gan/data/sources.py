@@ -18,6 +18,8 @@ Both paths produce the same pixels and resume to the exact batch (tests/test_dat
 from __future__ import annotations
 
 import logging
+import math
+import struct
 import time
 import zlib
 from dataclasses import dataclass, replace
@@ -35,8 +37,8 @@ from torchvision.transforms.v2 import functional as TF
 
 from gan.config import DataConfig, DatasetName
 from gan.data.digits import NUM_DIGIT_CLASSES, render_digits
-from gan.data.stream import available_cpus
-from gan.errors import DataError
+from gan.device import available_cpus
+from gan.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,11 @@ log = logging.getLogger(__name__)
 IN_MEMORY_LIMIT = 512 * 2**20
 HELD_OUT_EVERY = 7  # folders: 1 image in 7 is held out, MNIST's 10k / 70k
 _HELD_OUT_SEED_OFFSET = 1_000_003  # generated sets: the held-out split uses seed + this
+
+
+class EmptySplitError(DataError):
+    """A split that holds no image (a folder too small for 1 in HELD_OUT_EVERY to fall in it): a
+    dataset's size, not damage, so a run that can go without its held-out split only notes it."""
 
 
 @dataclass
@@ -80,6 +87,7 @@ def load_dataset(cfg: DataConfig, train: bool = True, in_memory: Optional[bool] 
     started = time.perf_counter()
     source, split = open_source(cfg, train), "training" if train else "held-out"
     if train and cfg.limit:  # the first N images, their labels with them; the held-out split stays whole
+        check_limit(cfg, len(source))
         source, split = source.first(cfg.limit), f"training (first {cfg.limit}: data.limit)"
     keep = cfg.in_memory if in_memory is None else in_memory
     nbytes = len(source) * source.channels * source.image_size**2
@@ -100,6 +108,19 @@ def load_dataset(cfg: DataConfig, train: bool = True, in_memory: Optional[bool] 
         time.perf_counter() - started,
     )
     return ImageSet(images, source.labels, source.num_classes)
+
+
+def check_limit(cfg: DataConfig, size: int) -> None:
+    """data.limit above the training split's size would silently train on all of it: refused, since a
+    run recorded as limit=N must have seen N images (and a sweep over limits must compare real sizes)."""
+    if cfg.limit <= size:
+        return
+    generated = cfg.name in (DatasetName.digits, DatasetName.stacked)
+    more = " (or raise data.num_samples, the size of the generated set)" if generated else ""
+    raise ConfigError(
+        f"data.limit={cfg.limit} is more than the {size} images in the training split of data={cfg.name}: it would "
+        f"train on all {size}. Set data.limit to at most {size}{more}, or to 0 for the whole split."
+    )
 
 
 def open_source(cfg: DataConfig, train: bool = True) -> ImageSource:
@@ -275,21 +296,56 @@ def _open_mnist_like(cfg: DataConfig, train: bool, kind: type[datasets.MNIST], d
             f"to fetch them there ({download_size}, needs internet), or set data.root to the folder "
             f"that holds {kind.__name__}/raw."
         )
+    prefix = "train" if train else "t10k"  # torchvision's file names: the held-out split is MNIST's test split
+    image_file, label_file = folder / f"{prefix}-images-idx3-ubyte", folder / f"{prefix}-labels-idx1-ubyte"
+    if not missing:  # files a download would fetch are checked by torchvision after it
+        for path in (image_file, label_file):
+            _check_idx_length(cfg, path)
     dataset = _torchvision(cfg, lambda: kind(cfg.root, train=train, download=cfg.download), folder)
     images, labels = dataset.data, dataset.targets
     split = "training" if train else "test"
     if images.size(0) != labels.numel():  # the two IDX headers count differently: one file is damaged
         raise DataError(
-            f"data={cfg.name}: the {split} files in {folder} disagree: {images.size(0)} images but "
-            f"{labels.numel()} labels (the IDX headers' counts). One of them is damaged or from another set: "
-            "replace both with the official files."
+            f"data={cfg.name}: the {split} files disagree: {image_file} holds {images.size(0)} images but "
+            f"{label_file} holds {labels.numel()} labels (the IDX headers' counts). One of them is damaged or "
+            "from another set: replace both with the official files."
         )
     if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= 10):
         raise DataError(
-            f"data={cfg.name}: the {split} labels in {folder} hold values from {int(labels.min())} to "
-            f"{int(labels.max())}, outside the 10 classes 0-9: the labels file is damaged or not {kind.__name__}'s."
+            f"data={cfg.name}: the {split} labels file {label_file} holds values from {int(labels.min())} to "
+            f"{int(labels.max())}, outside the 10 classes 0-9: it is damaged or not {kind.__name__}'s. "
+            "Replace it with the official file."
         )
     return ArrayImages(images.unsqueeze(1), labels, 10, cfg.channels, cfg.image_size)
+
+
+# IDX type codes (LeCun's format) -> bytes per value: ubyte, byte, short, int, float, double
+_IDX_ITEM_BYTES = {0x08: 1, 0x09: 1, 0x0B: 2, 0x0C: 4, 0x0D: 4, 0x0E: 8}
+
+
+def _check_idx_length(cfg: DataConfig, path: Path) -> None:
+    """An IDX file must be exactly as long as its header says. torchvision reads a short labels file
+    without a word about which file ("shape '[8]' is invalid for input of size 6"); this names it.
+    A header it cannot read (wrong type code) is left to torchvision's own refusal."""
+    with path.open("rb") as file:
+        header = file.read(4)
+        if len(header) < 4 or header[2] not in _IDX_ITEM_BYTES or not 1 <= header[3] <= 3:
+            return
+        sizes = file.read(4 * header[3])
+    if len(sizes) < 4 * header[3]:
+        return
+    shape = struct.unpack(f">{header[3]}i", sizes)
+    if min(shape) < 0:  # not a size: torchvision refuses the header itself
+        return
+    expected = 4 + len(sizes) + math.prod(shape) * _IDX_ITEM_BYTES[header[2]]
+    actual = path.stat().st_size
+    if actual != expected:
+        state = "is truncated" if actual < expected else "is longer than its header says"
+        raise DataError(
+            f"data={cfg.name}: {path} {state}: its header announces {' x '.join(map(str, shape))} values "
+            f"({expected} bytes with the header) but the file holds {actual} bytes. Replace it with the official "
+            f"file, or delete {path.parent} and run again with data.download=true."
+        )
 
 
 def open_cifar10(cfg: DataConfig, train: bool) -> ArrayImages:
@@ -315,8 +371,31 @@ def _which_missing(missing: Sequence[str], expected: Sequence[str]) -> str:
     return "none of them is there" if len(missing) == len(expected) else f"missing: {', '.join(missing)}"
 
 
+# Where each dataset that reads files looks under data.root, for the message of a root that is a file.
+_LAYOUT = {
+    DatasetName.mnist: "reads its IDX files from data.root/MNIST/raw: set data.root to the folder that holds MNIST/raw",
+    DatasetName.fashion_mnist: (
+        "reads its IDX files from data.root/FashionMNIST/raw: set data.root to the folder that holds FashionMNIST/raw"
+    ),
+    DatasetName.cifar10: (
+        "reads its batches from data.root/cifar-10-batches-py: set data.root to the folder that holds "
+        "cifar-10-batches-py"
+    ),
+    DatasetName.folder: "reads the images in or below data.root itself: set data.root to a folder of images",
+    DatasetName.celeba: (
+        "reads its JPEGs from data.root/celeba/img_align_celeba: set data.root to the folder that holds celeba"
+    ),
+}
+
+
 def _root(cfg: DataConfig) -> Path:
-    return Path(cfg.root).expanduser()  # as torchvision does with its root
+    root = Path(cfg.root).expanduser()  # as torchvision does with its root
+    if root.exists() and not root.is_dir():  # else each opener would report a folder that "does not exist"
+        absolute = "" if str(root) == str(root.resolve()) else f" (absolute path {root.resolve()})"
+        raise DataError(
+            f"data.root={cfg.root!r} is a file{absolute}, not a folder: data={cfg.name} {_LAYOUT[cfg.name]}."
+        )
+    return root
 
 
 def _torchvision(cfg: DataConfig, make: Callable[[], Dataset], folder: Path) -> Dataset:
@@ -376,6 +455,8 @@ def open_celeba(cfg: DataConfig, train: bool) -> ImageFiles:
 
 def _image_folder(root: Path, cfg: DataConfig, train: bool, remedy: str) -> ImageFiles:
     where = f"{root} (absolute path {root.resolve()})"
+    if root.exists() and not root.is_dir():
+        raise DataError(f"data={cfg.name}: {where} is a file, not a folder. {remedy}")
     if not root.is_dir():
         raise DataError(f"data={cfg.name}: the folder {where} does not exist. {remedy}")
     paths, labels, num_classes = list_images(root)
@@ -386,7 +467,7 @@ def _image_folder(root: Path, cfg: DataConfig, train: bool, remedy: str) -> Imag
         )
     keep = [i for i, path in enumerate(paths) if is_held_out(path.relative_to(root)) != train]
     if not keep:
-        raise DataError(
+        raise EmptySplitError(
             f"data={cfg.name}: none of the {len(paths)} images in {where} falls in the "
             f"{'training' if train else 'held-out'} split (1 in {HELD_OUT_EVERY} is held "
             "out, by a hash of its path). Add images."

@@ -10,7 +10,6 @@ comes with the labels of exactly its images, fetched by the same indices on eith
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import weakref
 from typing import Iterator, Optional
@@ -19,6 +18,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from gan.device import available_cpus
 from gan.errors import DataError
 
 
@@ -223,13 +223,6 @@ def ignore_stop_signals(worker_id: int) -> None:
 def default_num_workers() -> int:
     """Workers for a streamed dataset: half the usable CPU cores (the other half trains), 1 to 8."""
     return max(1, min(8, available_cpus() // 2))
-
-
-def available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))  # the cores this process may use (Linux, containers)
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
 
 
 def worker_message(text: str) -> str:

@@ -34,7 +34,16 @@ from torch.optim.swa_utils import update_bn
 from torch.utils.tensorboard import SummaryWriter
 from torchvision.utils import save_image
 
-from gan.checkpoint import CheckpointError, load_checkpoint, load_module_state
+from gan.checkpoint import (
+    CheckpointError,
+    another_checkpoint,
+    check_config_groups,
+    checkpoint_path,
+    load_checkpoint,
+    load_module_state,
+    nonfinite,
+    stored_config_error,
+)
 from gan.config import (
     ConfigError,
     DataConfig,
@@ -77,7 +86,7 @@ def evaluate(cfg: EvaluateConfig, run_dir: Path, data_overrides: Optional[Mappin
 
     # checkpoint: the generator and the dataset it learned
     state = load_checkpoint(cfg.checkpoint, map_location="cpu")
-    data = data_config_of(state, data_overrides or {})
+    data = data_config_of(state, data_overrides or {}, str(cfg.checkpoint))
     check_conditional_options(cfg, classes_of(state, str(cfg.checkpoint)), str(cfg.checkpoint))
     G, about = prepare_generator(state, cfg, device)
     log.info("Evaluating %s: step %d, %s generator, data=%s (%d px, %d channel(s))", cfg.checkpoint,
@@ -225,39 +234,66 @@ def report(results: dict[str, Any], pictures: Mapping[str, Tensor], run_dir: Pat
 # setup and inputs --------------------------------------------------------------------------------
 
 
-def data_config_of(state: Mapping[str, Any], overrides: Mapping[str, Any]) -> DataConfig:
-    """The checkpoint's data section with `overrides` laid over it, typed and checked."""
-    recorded = state["config"].get("data", {}) if isinstance(state["config"], Mapping) else {}
-    changed = [k for k in _SHAPE_KEYS if k in overrides and k in recorded and overrides[k] != recorded[k]]
+def data_config_of(
+    state: Mapping[str, Any], overrides: Mapping[str, Any], source: str = "the checkpoint"
+) -> DataConfig:
+    """The checkpoint's data section with `overrides` laid over it, typed and checked; CheckpointError
+    naming `source` and the key when the stored section is damaged (stored_group)."""
+    recorded = stored_group(state, "data", DataConfig, source)
+    given = state["config"]["data"]
+    changed = [k for k in _SHAPE_KEYS if k in overrides and k in given and overrides[k] != recorded[k]]
     if changed:
         raise ConfigError(
             f"data.{changed[0]}={overrides[changed[0]]!r} differs from the checkpoint's "
             f"{recorded[changed[0]]!r}: the generator's output shape is fixed by the "
             "checkpoint. Leave data.image_size and data.channels out."
         )
-    try:
-        node = OmegaConf.merge(OmegaConf.structured(DataConfig), recorded, dict(overrides))
-        data = OmegaConf.to_object(node)
-    except OmegaConfBaseException as err:
-        raise CheckpointError(
-            f"The checkpoint's data config does not fit this version's DataConfig: {str(err).splitlines()[0]}"
-        ) from err
+    try:  # Hydra has typed the overrides against DataConfig already: a failure here is theirs
+        data = OmegaConf.to_object(OmegaConf.merge(recorded, dict(overrides)))
+    except (OmegaConfBaseException, ValueError) as err:
+        key = getattr(err, "full_key", "") or "?"
+        raise ConfigError(f"data.{key}: {str(err).splitlines()[0]}. Fix or drop that override.") from err
     data.check()
     return data
 
 
+def stored_group(state: Mapping[str, Any], group: str, schema: type, source: str) -> Any:
+    """The group `group` of the checkpoint's stored config laid over `schema` (a dataclass) as a typed
+    node, settings the checkpoint lacks at their defaults. Only the groups evaluate.py uses are typed,
+    so a checkpoint whose trainer.* this version no longer knows still evaluates. CheckpointError naming
+    the file and the key when the group is absent or a value has the wrong type (a damaged config), or
+    when a key is unknown (another version's, or an edit): gan.checkpoint.stored_config_error."""
+    check_config_groups(state["config"], source, required=[group])  # load_checkpoint checked the rest of its form
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(schema), state["config"][group])
+        OmegaConf.to_object(node)  # a value that types but does not build (an interpolation) fails here
+    except (OmegaConfBaseException, ValueError) as err:
+        raise stored_config_error(err, source, group) from err
+    return node
+
+
 def classes_of(state: Mapping[str, Any], source: str = "the checkpoint") -> int:
     """The number of classes the checkpoint's G was trained on: 0 for an unconditional run (and for
-    checkpoints written before conditional runs existed)."""
-    config = state["config"] if isinstance(state["config"], Mapping) else {}
-    conditional = bool(config.get("model", {}).get("conditional", False))
-    num_classes = int(state.get("num_classes", 0) or 0)
-    if conditional and num_classes < 2:
-        raise CheckpointError(
-            f"{source} records model.conditional=true but not the number of classes its generator was "
-            "built for (the checkpoint entry 'num_classes'): it was damaged or written elsewhere."
-        )
-    return num_classes if conditional else 0
+    checkpoints written before conditional runs existed). CheckpointError when the stored config's
+    model.conditional and the checkpoint's entry num_classes (G.num_classes, as written) disagree."""
+    conditional = OmegaConf.to_object(stored_group(state, "model", ModelConfig, source)).conditional
+    num_classes = state.get("num_classes") or 0  # a whole number: load_checkpoint checked it
+    if (conditional and num_classes >= 2) or (not conditional and num_classes == 0):
+        return num_classes
+    built = f"built for {num_classes} classes" if num_classes else "built without classes (num_classes 0 or absent)"
+    raise CheckpointError(
+        f"The config stored in {checkpoint_path(source)} and its weights disagree: the config says "
+        f"model.conditional={str(conditional).lower()}, but the checkpoint's entry 'num_classes' says its generator "
+        f"was {built}{', and a conditional one needs 2 or more' if conditional else ''}. {_DISAGREE} "
+        f"{another_checkpoint(checkpoint_path(source), 'evaluate')}"
+    )
+
+
+# Why a checkpoint whose config and weights disagree is refused, and not blamed on the command.
+_DISAGREE = (
+    "evaluate.py builds the generator from the checkpoint alone (it has no model.* settings), so the "
+    "checkpoint was damaged or edited after it was written."
+)
 
 
 def check_conditional_options(cfg: EvaluateConfig, num_classes: int, source: str) -> None:
@@ -294,31 +330,29 @@ def build_generator(
     keys under `module.`. A generator with a NaN or inf weight is refused (CheckpointError naming
     `source`): its samples would be garbage, and FID would still print a finite number for them.
     """
-    config = state["config"]
-    try:
-        model = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), config["model"]))
-        channels, image_size = int(config["data"]["channels"]), int(config["data"]["image_size"])
-    except (KeyError, TypeError, OmegaConfBaseException) as err:
-        raise CheckpointError(f"The checkpoint's config cannot rebuild the generator: {err}") from err
-    G = Generator(model.z_dim, model.g_width, channels, image_size, classes_of(state, source))
-    ema = state.get("G_ema")
+    model = OmegaConf.to_object(stored_group(state, "model", ModelConfig, source))
+    data = OmegaConf.to_object(stored_group(state, "data", DataConfig, source))
+    G = Generator(model.z_dim, model.g_width, data.channels, data.image_size, classes_of(state, source))
+    file = checkpoint_path(source)
+    advice = f"The generator is built from the config stored in {file}: its config and weights disagree. {_DISAGREE}"
+    advice += " " + another_checkpoint(file, "evaluate")
+    ema = state.get("G_ema")  # a state dict or None: load_checkpoint checked it
     if use_ema and ema is not None:
         weights = {k[len("module.") :]: v for k, v in ema.items() if k.startswith("module.")}
-        load_module_state(G, weights, "EMA generator")
+        load_module_state(G, weights, "EMA generator", advice)
         name = "EMA"
     else:
         if use_ema:
             log.info("The checkpoint holds no EMA generator; sampling from G itself.")
-        load_module_state(G, state["G"], "generator")
+        load_module_state(G, state["G"], "generator", advice)
         name = "raw"
-    tensors = [(key, t) for key, t in G.state_dict().items() if t.is_floating_point()]
-    bad = [key for key, t in tensors if not torch.isfinite(t).all()]
+    bad, total = nonfinite(G.state_dict().items())  # the check a resume makes too (require_training_state)
     if bad:
         shown = ", ".join(bad[:4]) + (", ..." if len(bad) > 4 else "")
         raise CheckpointError(
-            f"The {name} generator in {source} holds NaN or inf in {len(bad)} of its {len(tensors)} tensors "
-            f"({shown}): training diverged before this checkpoint was written, and its samples would be "
-            "noise. Evaluate an earlier checkpoint (checkpoints/step_NNNNNN.pt, kept with trainer.keep_checkpoints=N)."
+            f"The {name} generator in {source} holds NaN or inf in {len(bad)} of its {total} tensors ({shown}): "
+            "the checkpoint is damaged (training diverged before it was written, or the file was altered), and "
+            f"its samples would be noise. {another_checkpoint(file, 'evaluate')}"
         )
     return G.to(device).eval(), name
 

@@ -43,11 +43,14 @@ class NonFiniteWatch:
 
     update() runs every step as tensor ops only; check() reads the result (one sync) and runs at
     log and checkpoint time, so no checkpoint is ever written from weights a NaN has reached.
+    `checkpoint` (the run's checkpoints/last.pt) and `cfg` let the error say what is on disk and
+    which settings are in effect; without them it says only what holds for every run.
     """
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, checkpoint: Optional[Path] = None, cfg: Optional[TrainConfig] = None):
         self.first_step = torch.full((), -1, dtype=torch.long, device=device)
         self.losses = torch.zeros(2, device=device)
+        self.checkpoint, self.cfg = checkpoint, cfg
 
     def update(self, step: int, loss_d: Tensor, loss_g: Tensor) -> None:
         losses = torch.stack([loss_d.float(), loss_g.float()])
@@ -63,11 +66,32 @@ class NonFiniteWatch:
         step = int(self.first_step)
         if step >= 0:
             loss_d, loss_g = self.losses.tolist()
-            raise NonFiniteLossError(
-                f"Non-finite loss at step {step}: loss/d={loss_d}, loss/g={loss_g}. Training stopped; "
-                "checkpoints/last.pt still holds the last checkpoint written before it. Lower optim.lr, "
-                "try loss=hinge, or set trainer.on_nan=skip to drop such steps."
-            )
+            raise NonFiniteLossError(non_finite_loss_message(step, loss_d, loss_g, self.checkpoint, self.cfg))
+
+
+def non_finite_loss_message(
+    step: int, loss_d: float, loss_g: float, checkpoint: Optional[Path], cfg: Optional[TrainConfig]
+) -> str:
+    """The paragraph of a NonFiniteLossError: the step and losses, what the last checkpoint holds (read
+    back from the file: at step 1 there is none, after a resume it may be the resumed run's), and the
+    learning-rate keys this run sets."""
+    if checkpoint is None:  # a caller that did not say where the run's checkpoint is
+        kept = "any checkpoint written before that step is left as it was."
+    else:
+        kept = _kept(checkpoint)
+    if cfg is None:
+        rates = "Lower the learning rate (optim.lr, and optim.lr_d where it is set)"
+    elif cfg.optim.lr_d is None:
+        rates = f"Lower optim.lr (set to {cfg.optim.lr:g}: the step size of G and D)"
+    else:
+        rates = (
+            f"Lower optim.lr (set to {cfg.optim.lr:g}: G's step size) or optim.lr_d (set to {cfg.optim.lr_d:g}: D's)"
+        )
+    hinge = "" if cfg is not None and cfg.loss.name == "hinge" else ", try loss=hinge"
+    return (
+        f"Non-finite loss at step {step}: loss/d={loss_d}, loss/g={loss_g}. Training stopped without writing a "
+        f"checkpoint from these weights; {kept} {rates}{hinge}, or set trainer.on_nan=skip to drop such steps."
+    )
 
 
 # What a checkpoint saves of the training state, with the name each is reported by.
@@ -172,7 +196,7 @@ def _nonfinite_in(name: str, part: nn.Module | torch.optim.Optimizer, names: dic
 def _kept(path: Path) -> str:
     """Which step the last good checkpoint holds, read back from the file."""
     if not path.is_file():
-        return "this run had written none yet."
+        return f"this run had written none yet ({path} does not exist)."
     try:
         return f"{path} keeps step {int(load_checkpoint(path)['step'])}, the last good one."
     except CheckpointError:

@@ -22,7 +22,7 @@ from typing import Callable, Optional
 import torch
 from torchvision.utils import save_image
 
-from gan.checkpoint import BEST, keep_numbered, load_checkpoint, save_checkpoint
+from gan.checkpoint import BEST, checkpoint_path, keep_numbered, load_checkpoint, save_checkpoint
 from gan.config import OnCollapse, Precision, TrainConfig, to_plain
 from gan.core.augment import AdaptiveAugment
 from gan.core.sampling import image_grid, sample
@@ -40,7 +40,7 @@ from gan.training.faults import (
 )
 from gan.training.hardware import arithmetic_of, prepare_process
 from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, Monitor, shown_name, trial_name, write_progress_gif
-from gan.training.overfit import build_probe
+from gan.training.overfit import OverfitProbe, build_probe
 from gan.training.periodic import Every, Extras, Tick
 from gan.training.quality import BEST_FID_TAG, FID_TAG, QualityProbe
 from gan.training.rundir import own_run_dir
@@ -74,6 +74,7 @@ def train(
     dataset: Optional[ImageSet] = None,
     world: World = SINGLE,
     after_step: Optional[Callable[[TrainingState], bool]] = None,
+    on_ready: Optional[Callable[[], None]] = None,
 ) -> TrainResult:
     """Train (or resume, if cfg.trainer.resume is set) one run, writing everything into run_dir.
 
@@ -82,17 +83,24 @@ def train(
     `after_step(state)` is called after every step, EMA included; True ends the run there, with its
     samples and checkpoint, as a signal would (StyleGAN2-ADA's training loop takes an abort_fn the
     same way; scripts/compare.py snapshots G and stops at a wall-clock budget with it).
+    `on_ready()` is called once every check has passed (config, checkpoint, data, run directory),
+    before the first file is written into run_dir: train.py writes the run's .hydra/ record then.
     """
     trainer, z_dim = cfg.trainer, cfg.model.z_dim
-    # rank 0 owns run_dir until it returns: one process at a time, a new run never over an old one's
-    # checkpoint, and temporary files of a killed run removed (gan/training/rundir.py)
-    with own_run_dir(run_dir, resuming=bool(trainer.resume), enabled=world.is_main):
-        # device, the step context (loss, extra terms, precision), the training state, resumed if asked
+    # rank 0 owns run_dir until it returns: one process at a time, a new run never over another run,
+    # a resume never into another run's folder, temporary files of a killed run removed (rundir.py)
+    resuming = checkpoint_path(trainer.resume) if trainer.resume else None
+    with own_run_dir(run_dir, resuming, enabled=world.is_main):
+        # device, the step context (loss, extra terms, precision), the training state, resumed if
+        # asked, and the measurements; any of them may refuse, so nothing has been written yet
         device, ctx, state, training = set_up(cfg, world, dataset)
+        probes = build_probes(cfg, training, device, world, own_data=dataset is None)
+        if on_ready is not None and world.is_main:
+            on_ready()  # every check passed: from here on, the run writes into run_dir
         G, D = wrap_for_ddp(state.G, state.D, world, device)  # DDP wrappers: the same modules under DDP
         monitor = open_monitor(cfg, state, run_dir, world)  # TensorBoard: HParams session, real images
         with monitor, stop_on_signals() as stop:
-            extras = periodic_extras(cfg, state, ctx, world, device, run_dir, monitor, stop, training, dataset is None)
+            extras = periodic_extras(cfg, state, ctx, world, device, run_dir, monitor, stop, probes)
             while state.step < trainer.max_steps:
                 # fetch: a real batch (with its classes y when model.conditional, else y is None), and
                 # latents created on the device (not on the CPU, then moved); fakes drawn for the same y
@@ -137,17 +145,14 @@ def periodic_extras(
     run_dir: Path,
     monitor: Monitor,
     stop: StopFlag,
-    training: ImageSet,
-    own_data: bool,
+    probes: Probes,
 ) -> Extras:
-    """What the loop does after each iteration besides the EMA, in this order, each at its cadence.
-    `own_data`: the training set is cfg.data's (not a caller's), so its held-out split exists."""
-    trainer = cfg.trainer
-    watch = NonFiniteWatch(device)  # NaN/inf losses, checked on the host at log and checkpoint time only
+    """What the loop does after each iteration besides the EMA, in this order, each at its cadence."""
+    trainer, overfit, quality = cfg.trainer, probes.overfit, probes.quality
+    # NaN/inf losses, checked on the host at log and checkpoint time only
+    watch = NonFiniteWatch(device, last_checkpoint(run_dir), cfg)
     # trainer.threads=0 on the CPU: threads follow the cores other processes leave free, or None
     governor = thread_governor(trainer.threads, device, lambda n: monitor.numbers(state.step, {"time/threads": n}))
-    overfit = build_probe(cfg, training, device) if own_data else None  # D's train/held-out gap, or None
-    quality = quality_probe(cfg, training, device, world)  # FID & co. every trainer.eval_every steps, or None
     collapse = collapse_watch(cfg, lambda step, message: raise_alarm(step, message, cfg, monitor, stop))
 
     def log_scalars(tick: Tick) -> None:  # scalars leave the device here (float() waits for it)
@@ -283,11 +288,22 @@ def real_images(batches: BatchStream, count: int) -> torch.Tensor:
     return torch.stack([torch.as_tensor(source[i]).cpu() for i in index])
 
 
-def quality_probe(cfg: TrainConfig, training: ImageSet, device: torch.device, world: World) -> Optional[QualityProbe]:
-    """The in-training quality measurement when trainer.eval_every asks for one; rank 0 measures."""
-    if not (cfg.trainer.eval_every and world.is_main):
-        return None
-    return QualityProbe(cfg.data, training, cfg.trainer.eval_samples, cfg.trainer.seed, device)
+@dataclasses.dataclass
+class Probes:
+    """The measurements some extras make, built before anything is written (each may refuse)."""
+
+    overfit: Optional[OverfitProbe]  # D's scores on training and held-out reals (trainer.overfit_every)
+    quality: Optional[QualityProbe]  # FID & co. every trainer.eval_every steps, and best.pt
+
+
+def build_probes(cfg: TrainConfig, training: ImageSet, device: torch.device, world: World, own_data: bool) -> Probes:
+    """`own_data`: the training set is cfg.data's (not a caller's), so its held-out split exists;
+    rank 0 alone measures quality."""
+    overfit = build_probe(cfg, training, device) if own_data else None
+    quality = None
+    if cfg.trainer.eval_every and world.is_main:
+        quality = QualityProbe(cfg.data, training, cfg.trainer.eval_samples, cfg.trainer.seed, device)
+    return Probes(overfit, quality)
 
 
 def write_samples(state: TrainingState, run_dir: Path, monitor: Monitor) -> None:

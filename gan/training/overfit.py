@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from gan.config import TrainConfig
 from gan.core.steps import StepContext
-from gan.data import ImageSet, open_source, take, to_unit_range
+from gan.data import EmptySplitError, ImageSet, open_source, take, to_unit_range
 from gan.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -76,13 +76,33 @@ class OverfitProbe:
 
 def build_probe(cfg: TrainConfig, train: ImageSet, device: torch.device) -> Optional[OverfitProbe]:
     """The probe for this run, or None when trainer.overfit_every=0 or the held-out split is empty
-    (a folder too small to hold one image out; said in the log)."""
-    if not cfg.trainer.overfit_every:
+    (a folder too small to hold one image out; said in the log) or damaged (a warning).
+
+    This is where a training run first opens the held-out split, so it is also where a run that needs
+    it (trainer.final_eval_samples: evaluate.py's metrics against it after training) is stopped with
+    the split's DataError before it trains, rather than after."""
+    final_eval = cfg.trainer.final_eval_samples
+    if not cfg.trainer.overfit_every and not final_eval:
         return None
     try:
         held_out = open_source(cfg.data, train=False)
     except DataError as err:
-        log.info("No held-out images to compare D's scores with (%s): d/heldout_gap is not logged.", err)
+        if final_eval:
+            raise DataError(
+                f"{err} trainer.final_eval_samples={final_eval} measures the trained generator against this "
+                "held-out split after training; fix the split, or set trainer.final_eval_samples=0."
+            ) from err
+        if isinstance(err, EmptySplitError):  # a small folder: nothing is wrong with the data
+            log.info("No held-out images to compare D's scores with (%s): d/heldout_gap is not logged.", err)
+        else:  # damaged or missing files: the run goes on, but the user must hear it before evaluate.py fails
+            log.warning(
+                "The held-out split cannot be read: %s Training goes on without D's held-out scores "
+                "(d/heldout_gap, trainer.overfit_every); evaluate.py measures against this split and will "
+                "refuse it until it is fixed.",
+                err,
+            )
+        return None
+    if not cfg.trainer.overfit_every:
         return None
     count = min(PROBE_IMAGES, len(train.images), len(held_out))
     count -= count % cfg.model.pack  # D judges packs of model.pack images

@@ -21,12 +21,16 @@ from gan.errors import RunDirError
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
+# the record gan.training.record writes once a run's checks passed; Hydra's name for it
+# (hydra.output_subdir's default), so every tool that reads Hydra's runs finds it
+RECORD = ".hydra"
 _held: set[int] = set()  # lock file descriptors this process holds
 
 
 @contextlib.contextmanager
-def own_run_dir(run_dir: Path, resuming: bool, enabled: bool = True) -> Iterator[None]:
-    """Hold run_dir for one run: take its lock, refuse a new run where another run's checkpoint is,
+def own_run_dir(run_dir: Path, resuming: Optional[Path], enabled: bool = True) -> Iterator[None]:
+    """Hold run_dir for one run: take its lock, refuse a new run where another run is, and a resume
+    (`resuming`: the checkpoint file it continues) into the folder of a run other than its own;
     remove temporary files a killed run left behind; release the lock at the end. enabled=False
     (ranks other than 0, which write nothing) does nothing."""
     if not enabled:
@@ -34,10 +38,9 @@ def own_run_dir(run_dir: Path, resuming: bool, enabled: bool = True) -> Iterator
         return
     lock = take_lock(run_dir)
     try:
-        if not resuming:
-            problem = existing_run(run_dir)
-            if problem:
-                raise RunDirError(problem)
+        problem = existing_run(run_dir) if resuming is None else foreign_run(run_dir, resuming)
+        if problem:
+            raise RunDirError(problem)
         remove_stale_temp_files(run_dir / "checkpoints")
         yield
     finally:
@@ -136,15 +139,53 @@ def _still_named(fd: int, path: Path) -> bool:
         return False
 
 
-def existing_run(run_dir: Path, untouched: str = "Its checkpoints were left as they are.") -> Optional[str]:
-    """The refusal message if run_dir already holds a run's checkpoint, else None."""
-    if not (run_dir / "checkpoints" / "last.pt").is_file():
+def existing_run(run_dir: Path, untouched: str = "Nothing was written.") -> Optional[str]:
+    """The refusal message if run_dir already holds a run (a checkpoint, or the .hydra/ record a run
+    writes once its checks passed, before its first checkpoint) or lies inside one, else None."""
+    for folder in Path(os.path.abspath(run_dir)).parents:
+        if holds_run(folder):
+            return (
+                f"{run_dir} lies inside the folder of another run, {folder}: a run there would write among "
+                f"that run's files. {untouched} Choose a hydra.run.dir outside it."
+            )
+    if (run_dir / "checkpoints" / "last.pt").is_file():
+        return (
+            f"{run_dir} already holds a run (checkpoints/last.pt): a new run there would overwrite its .hydra/ "
+            f"record and replace its checkpoint. {untouched} Use trainer.resume={run_dir} to continue it, or "
+            "another hydra.run.dir for a new run."
+        )
+    if (run_dir / RECORD / "overrides.yaml").is_file():
+        return (
+            f"{run_dir} already holds a run that wrote no checkpoint (its .hydra/ record, no checkpoints/last.pt: "
+            f"it stopped before its first checkpoint): a new run there would mix its logs with that run's. "
+            f"{untouched} Choose another hydra.run.dir, or delete that folder if its run is of no use."
+        )
+    return None
+
+
+def holds_run(folder: Path) -> bool:
+    """A run's folder: its last checkpoint, or the record a run writes before its first checkpoint."""
+    return (folder / "checkpoints" / "last.pt").is_file() or (folder / RECORD / "overrides.yaml").is_file()
+
+
+def foreign_run(run_dir: Path, checkpoint: Path) -> Optional[str]:
+    """The refusal message if a resume of `checkpoint` would write into run_dir while run_dir holds
+    another run than the checkpoint's own (`trainer.resume=RUN_A hydra.run.dir=RUN_B`), else None."""
+    own = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
+    if (own is not None and _same_folder(own, run_dir)) or existing_run(run_dir) is None:
         return None
     return (
-        f"{run_dir} already holds a run (checkpoints/last.pt): a new run there would overwrite its .hydra/ "
-        f"record and replace its checkpoint. {untouched} Use trainer.resume={run_dir} to continue it, or "
-        "another hydra.run.dir for a new run."
+        f"trainer.resume={checkpoint} would continue its run in {run_dir}, which holds another run: its "
+        "checkpoint and .hydra/ record would be replaced. Nothing was written. Drop hydra.run.dir to continue "
+        "the run in its own folder, or name a new folder for the continuation."
     )
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def remove_stale_temp_files(folder: Path) -> None:

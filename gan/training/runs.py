@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import tempfile
 from pathlib import Path
 from typing import Optional
@@ -88,10 +89,13 @@ def resume_argv(argv: list[str], config_dir: Path, outputs: Path = Path("outputs
 
     A Hydra run directory records the overrides it was started with in .hydra/overrides.yaml.
     Replaying them before the new ones reproduces its config (the new ones win: for instance a
-    larger trainer.max_steps), and hydra.run.dir=<run dir> makes Hydra write into it.
+    larger trainer.max_steps), and hydra.run.dir=<run dir> makes Hydra write into it. Where there
+    is no such record (a checkpoint outside a run directory, or a run whose record was lost), the
+    settings stored in the checkpoint itself are replayed instead, key by key; a checkpoint outside
+    a run directory continues in a new run directory.
     `auto` picks the newest run under `outputs` whose config matches this command's (apart from
-    RESUMABLE_CHANGES), or starts a new run if there is none: one command a cluster job can repeat.
-    A checkpoint outside a run directory, and multirun, leave the command line as it is.
+    RUNTIME_KEYS), or starts a new run if there is none: one command a cluster job can repeat.
+    Multirun leaves the command line as it is (each job resolves `auto` itself: auto_resume_in_job).
     """
     args = argv[1:]
     values = [unquote(v) for v in override_values(args, "trainer.resume")]
@@ -109,17 +113,72 @@ def resume_argv(argv: list[str], config_dir: Path, outputs: Path = Path("outputs
         args.append(f"trainer.resume={_hydra_quote(found)}")
         values = [str(found)]
     file = checkpoint_path(values[-1])
+    in_run_dir = file.parent.name == "checkpoints"
     run_dir = file.parent.parent
-    recorded_file = run_dir / ".hydra" / "overrides.yaml"
-    if file.parent.name != "checkpoints" or not recorded_file.is_file():
-        return argv
+    if in_run_dir:
+        check_not_in_use(run_dir)  # a second resume of a run in use is refused before anything else
+    state = load_checkpoint(file)
+    require_training_state(state, str(file))
     given = {override_key(a) for a in args}
-    recorded = recorded_overrides(recorded_file)
+    recorded_file = run_dir / ".hydra" / "overrides.yaml"
+    if in_run_dir and recorded_file.is_file():
+        recorded = recorded_overrides(recorded_file)
+    else:
+        recorded = checkpoint_overrides(with_schema_defaults(state["config"], file), config_dir)
+        why = f"{recorded_file} is missing" if in_run_dir else "it is not in a run directory"
+        log.info("Resuming %s with the settings stored in it (%s).", file, why)
     replay = [o for o in recorded if override_key(o) not in given and override_key(o) not in _NOT_REPLAYED]
-    run_dir_arg = [] if "hydra.run.dir" in given else [f"hydra.run.dir={_hydra_quote(run_dir)}"]
-    check_not_in_use(run_dir)  # a second resume of a run in use must not rewrite its .hydra/ record
-    check_resume_command([*replay, *args], file, config_dir)
+    try:
+        replay += drifted(with_schema_defaults(state["config"], file), replay, args, config_dir)
+    except (HydraException, OmegaConfBaseException):
+        return argv  # a bad override: Hydra itself reports it, with its own message
+    run_dir_arg = [] if "hydra.run.dir" in given or not in_run_dir else [f"hydra.run.dir={_hydra_quote(run_dir)}"]
+    check_resume_command([*replay, *args], state, file, config_dir)
     return [argv[0], *replay, *args, *run_dir_arg]
+
+
+def drifted(recorded: dict, replay: list[str], args: list[str], config_dir: Path) -> list[str]:
+    """`group.key=value` for the run's settings that its replayed command line no longer gives, because
+    a default changed since the run started (a newer version of this project), and that this command
+    does not change either: replayed too, so the resume continues the run it names."""
+    base, wanted = _compose(replay, config_dir), _compose([*replay, *args], config_dir)
+    return [
+        f"{group}.{key}={hydra_value(value)}"
+        for group, values in recorded.items()
+        if isinstance(values, dict) and group != "hydra"
+        for key, value in values.items()
+        if f"{group}.{key}" not in _NOT_REPLAYED
+        and base.get(group, {}).get(key) != value
+        and base.get(group, {}).get(key) == wanted.get(group, {}).get(key)
+    ]
+
+
+def checkpoint_overrides(config: dict, config_dir: Path) -> list[str]:
+    """`group.key=value` for every setting of a checkpoint's config that differs from the defaults:
+    the command line that reproduces it (trainer.resume aside)."""
+    defaults = _compose([], config_dir)
+    return [
+        f"{group}.{key}={hydra_value(value)}"
+        for group, values in config.items()
+        if isinstance(values, dict) and group != "hydra"
+        for key, value in values.items()
+        if f"{group}.{key}" not in _NOT_REPLAYED and defaults.get(group, {}).get(key, object()) != value
+    ]
+
+
+def hydra_value(value: object) -> str:
+    """A config value as Hydra's override grammar writes it (strings always quoted, so 'true' or
+    '123' stay strings)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(item) for item in value) + "]"
+    quoted = _hydra_quote(str(value))
+    return quoted if quoted.startswith("'") else f"'{quoted}'"
 
 
 # Hydra's list of override keys left out of a job's override_dirname (configs/train.yaml sets it)
@@ -173,17 +232,15 @@ def recorded_overrides(path: Path) -> list[str]:
     return recorded
 
 
-def check_resume_command(overrides: list[str], checkpoint: Path, config_dir: Path) -> None:
-    """Refuse, before Hydra writes anything into the run directory, a resume that changes what the
-    run computes or that has nothing to train: the same checks as check_resume, made on the
-    checkpoint's own config, so the run's recorded command line is never replaced by a refused one."""
+def check_resume_command(overrides: list[str], state: dict, checkpoint: Path, config_dir: Path) -> None:
+    """Refuse, before Hydra starts, a resume that changes what the run computes or that has nothing
+    to train: the same checks as check_resume (which train() makes again), made on the checkpoint's
+    own config, so the message comes at once."""
     try:
         wanted = _compose(overrides, config_dir)
     except (HydraException, OmegaConfBaseException):
         return  # a bad override: Hydra itself reports it, with its own message
-    state = load_checkpoint(checkpoint)
-    require_training_state(state, str(checkpoint))
-    refuse_changes(with_schema_defaults(state["config"], checkpoint), wanted, str(checkpoint.parent.parent))
+    refuse_changes(with_schema_defaults(state["config"], checkpoint), wanted, str(checkpoint))
     check_steps(wanted["trainer"]["max_steps"], int(state["step"]))
 
 
@@ -208,16 +265,18 @@ def check_steps(max_steps: int, step: int) -> None:
 
 def with_schema_defaults(config: object, source: object) -> dict:
     """A recorded config laid over the current schema's defaults, so that settings added to the schema
-    after the run was written read as their defaults; CheckpointError if it does not fit the schema."""
+    after the run was written read as their defaults. CheckpointError naming `source` if it does not fit:
+    a config that is not a mapping of all the schema's groups, or a value of the wrong type, is a damaged
+    file; only a key (or a choice) this version does not know may be another version's."""
+    # imported here, not at the top: this function's change is kept apart from the rest of the module's
+    from gan.checkpoint import check_config_groups, stored_config_error
+
+    schema = OmegaConf.structured(TrainConfig)
+    check_config_groups(config, str(source), required=list(schema))
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), config)
-        return OmegaConf.to_container(merged, resolve=True, enum_to_str=True)
+        return OmegaConf.to_container(OmegaConf.merge(schema, config), resolve=True, enum_to_str=True)
     except (OmegaConfBaseException, ValueError) as err:
-        raise CheckpointError(
-            f"The config recorded in {source} does not fit this version's settings "
-            f"({str(err).splitlines()[0] if str(err) else type(err).__name__}): it was written by another "
-            "version of this project. Resume it with that version."
-        ) from err
+        raise stored_config_error(err, str(source)) from err
 
 
 def refuse_changes(recorded: dict, wanted: dict, source: str) -> None:
@@ -242,23 +301,70 @@ def refuse_changes(recorded: dict, wanted: dict, source: str) -> None:
 
 
 def unquote(value: str) -> str:
-    """Hydra's quoted string ('a b' or "a b", with backslash escapes) -> its text."""
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-        return value[1:-1].replace("\\" + value[0], value[0]).replace("\\\\", "\\")
-    return value
+    """A value as Hydra's override grammar reads it: 'a b' or "a b" (with its escapes) -> a b."""
+    if not (len(value) >= 2 and value[0] == value[-1] and value[0] in "'\""):
+        return value
+    try:
+        parsed = OverridesParser.create().parse_override(f"key={value}").value()
+    except HydraException:
+        return value
+    return parsed if isinstance(parsed, str) else value
 
 
-def _hydra_quote(path: Path) -> str:
-    """Quote a path for Hydra's override grammar when it holds characters the grammar reserves."""
+def _hydra_quote(path: Path | str) -> str:
+    """A path as one value of Hydra's override grammar: single-quoted when it holds a character the
+    grammar reserves. Inside quotes a backslash is literal unless it ends the string or precedes a
+    quote, so only those runs are doubled (Hydra's rule for quoted values)."""
     text = str(path)
-    if any(c in text for c in " =,[]{}()'\"\\:"):
-        return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    return text
+    if not any(c in text for c in " =,[]{}()'\"\\:$"):
+        return text
+    out, run = [], 0
+    for char in text:
+        if char == "\\":
+            run += 1
+            continue
+        out.append("\\" * (2 * run if char == "'" else run) + ("\\'" if char == "'" else char))
+        run = 0
+    out.append("\\" * (2 * run))
+    return "'" + "".join(out) + "'"
+
+
+def resume_override(run_dir: Path) -> str:
+    """`trainer.resume=RUN_DIR`, quoted for Hydra's grammar and then for a POSIX shell: the line a
+    stopped run prints works when pasted, whatever the folder's name holds (spaces, '=', quotes)."""
+    return shell_quote(f"trainer.resume={_hydra_quote(run_dir)}")
+
+
+def shell_quote(text: str) -> str:
+    """`text` as one word of a POSIX shell: in double quotes when nothing in it is special there
+    ("trainer.resume='a b'" reads better than shlex's '...'"'"'...), else as shlex quotes it."""
+    if text == shlex.quote(text) or any(c in text for c in '"$`\\!'):
+        return shlex.quote(text)
+    return f'"{text}"'
 
 
 def find_matching_run(overrides: list[str], config_dir: Path, outputs: Path) -> Optional[Path]:
     """The newest run dir under `outputs` with a checkpoint and the config these overrides compose."""
-    wanted = run_identity(_compose(overrides, config_dir), RUNTIME_KEYS)
+    return newest_matching_run(_compose(overrides, config_dir), outputs)
+
+
+def auto_resume_in_job(run_dir: Path, config: dict, outputs: Path = Path("outputs")) -> Optional[str]:
+    """What `trainer.resume=auto` continues in one job of a sweep (-m), whose folder Hydra chose: the
+    job's own run when its folder holds one (the same sweep launched again with the same
+    hydra.sweep.dir, or a requeued job), else the newest run under `outputs` with this job's config,
+    continued in the job's folder (the original is left as it is), else nothing: a new run."""
+    own = run_dir / "checkpoints" / "last.pt"
+    found = own if own.is_file() else None
+    if found is None:
+        matching = newest_matching_run(config, outputs)
+        found = matching / "checkpoints" / "last.pt" if matching is not None else None
+    log.info("trainer.resume=auto: %s", f"continuing {found}" if found else "no matching run, starting one")
+    return str(found) if found is not None else None
+
+
+def newest_matching_run(config: dict, outputs: Path) -> Optional[Path]:
+    """The newest run dir under `outputs` with a checkpoint and this config (RUNTIME_KEYS aside)."""
+    wanted = run_identity(config, RUNTIME_KEYS)
     candidates = sorted(outputs.glob("**/checkpoints/last.pt"), key=os.path.getmtime, reverse=True)
     for last in candidates:
         recorded = last.parent.parent / ".hydra" / "config.yaml"
@@ -298,7 +404,8 @@ def unwritable_output(argv: list[str]) -> Optional[str]:
 
     Checked before Hydra starts, which would otherwise fail with a traceback. It is tried, not
     guessed from permission bits (which say yes to root on a read-only file system's parent, or
-    on a folder whose quota is spent): a file is created in the nearest folder that exists, and removed.
+    on a folder whose quota is spent): what Hydra and the run's first writes need, a folder and a
+    file with one block of data in it, is made in the nearest folder that exists, and removed.
     """
     args = argv[1:]
     key = "hydra.sweep.dir" if "-m" in args or "--multirun" in args else "hydra.run.dir"
@@ -307,11 +414,14 @@ def unwritable_output(argv: list[str]) -> Optional[str]:
     existing = target
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
-    try:  # a file in the nearest existing folder: nothing is left behind, and no folder is created
+    try:  # in the nearest existing folder: nothing is left behind
         if not existing.is_dir():
             raise NotADirectoryError(20, "Not a directory", str(existing))
-        with tempfile.TemporaryFile(dir=existing):
-            pass
+        with tempfile.TemporaryDirectory(dir=existing, prefix=".write-test-") as folder:
+            with open(Path(folder) / "probe", "wb") as file:  # a full disk refuses the blocks, not the name
+                file.write(bytes(4096))  # one block
+                file.flush()
+                os.fsync(file.fileno())
         return None
     except OSError as err:
         if existing.exists() and not existing.is_dir():
@@ -340,11 +450,63 @@ def existing_run_in_argv(argv: list[str]) -> Optional[str]:
     return existing_run(Path(run_dir).expanduser(), "Nothing was written.")
 
 
-def preflight(argv: list[str], exit_code: int = 2) -> None:
+def existing_sweep_in_argv(argv: list[str], resumable: bool = True) -> Optional[str]:
+    """Before Hydra starts: the refusal message for a sweep (-m) into a hydra.sweep.dir that already
+    holds a sweep, whose multirun.yaml Hydra would replace as it starts; None otherwise. A sweep
+    launched again to continue its jobs (trainer.resume=auto: each job continues the run in its own
+    folder) is what such a folder is for, and is let through."""
+    args = argv[1:]
+    if not ({"-m", "--multirun"} & set(args)):
+        return None
+    folder = ([None] + [unquote(v) for v in override_values(args, "hydra.sweep.dir")])[-1]
+    resume = ([None] + [unquote(v) for v in override_values(args, "trainer.resume")])[-1]
+    if folder is None or (resumable and resume == "auto"):
+        return None
+    if not (Path(folder).expanduser() / "multirun.yaml").is_file():
+        return None
+    again = "Add trainer.resume=auto to continue each job's run there, or choose" if resumable else "Choose"
+    return (
+        f"hydra.sweep.dir={folder} already holds a sweep (multirun.yaml): Hydra would replace its record, and "
+        f"its jobs' folders hold its results. Nothing was written. {again} another hydra.sweep.dir for a new sweep."
+    )
+
+
+# Settings that name a file or folder: a path may hold what Hydra's grammar reserves ('=', ' ', ',')
+PATH_KEYS = ("trainer.resume", "hydra.run.dir", "hydra.sweep.dir", "data.root", "checkpoint")
+
+
+def unreadable_path(argv: list[str]) -> Optional[str]:
+    """Before Hydra starts: the message for a path setting Hydra's grammar cannot read as given
+    (`trainer.resume=outputs/multirun/.../0_optim.lr=0.002`, a sweep job's own folder name), which
+    Hydra would report as "mismatched input '='" without naming the setting; None otherwise."""
+    parser = OverridesParser.create()
+    for arg in argv[1:]:
+        key = override_key(arg)
+        if key not in PATH_KEYS or "=" not in arg:
+            continue
+        try:
+            parser.parse_override(arg)
+        except HydraException:
+            value = arg.split("=", 1)[1]
+            return (
+                f"{key}={value}: Hydra cannot read this path as written: it holds characters its override "
+                f"grammar reserves ('=', ',', spaces, brackets or quotes). Nothing was written. Quote it for "
+                f"Hydra inside the shell's quotes: {shell_quote(f'{key}={_hydra_quote(unquote(value))}')}"
+            )
+    return None
+
+
+def preflight(argv: list[str], exit_code: int = 2, resumable: bool = True) -> None:
     """Before Hydra starts: log to stderr (until Hydra's logging config replaces this handler), and
-    exit with `exit_code` and one logged paragraph if the run directory cannot be written."""
+    exit with `exit_code` and one logged paragraph if the run directory cannot be written, or if
+    Hydra would write over an existing run's or sweep's record (`resumable`: train.py's runs)."""
     logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")
-    problem = unwritable_output(argv) or existing_run_in_argv(argv)
+    problem = (
+        unreadable_path(argv)
+        or unwritable_output(argv)
+        or existing_run_in_argv(argv)
+        or existing_sweep_in_argv(argv, resumable)
+    )
     if problem:
         log.error("%s", problem)
         raise SystemExit(exit_code)

@@ -98,7 +98,9 @@ class TrainingState:
 
     def load_state_dict(self, state: dict[str, Any], world: World = SINGLE) -> None:
         """Load a checkpoint's state into these freshly built objects; CheckpointError naming the
-        entry if one is missing or damaged (load_checkpoint has checked only the file's form).
+        entry if one is missing or damaged. The entries' form, the step and the finiteness of every
+        weight were checked when the checkpoint was loaded (gan.checkpoint: load_checkpoint and
+        require_training_state); what is checked here needs the objects built for this run.
 
         Under DDP each rank takes its own random generators back when the checkpoint holds one per
         rank of a job of this size. Otherwise (a single-process checkpoint resumed by several
@@ -106,13 +108,17 @@ class TrainingState:
         rank keeps the generators it was seeded with (trainer.seed + rank), so that no two ranks
         draw the same latents.
         """
+        # The resume contract (gan/training/runs.py:check_resume, made before this) keeps every model.*
+        # and data.image_size/channels equal to those stored in the checkpoint: a network that does not
+        # fit is the checkpoint disagreeing with itself, not a setting of this command.
+        advice = MISMATCH + (MISMATCH_CLASSES if self.G.num_classes else "")
         entry = "?"
         try:
             for entry in ("G", "D"):
-                load_module_state(getattr(self, entry), state[entry], NETWORK_NAMES[entry])
+                load_module_state(getattr(self, entry), state[entry], NETWORK_NAMES[entry], advice)
             entry = "G_ema"
             if self.G_ema is not None and state.get("G_ema") is not None:
-                load_module_state(self.G_ema, state["G_ema"], "EMA generator")
+                load_module_state(self.G_ema, state["G_ema"], "EMA generator", advice)
             elif self.G_ema is not None:  # a run without EMA continues with one: start it from G
                 self.G_ema.n_averaged.zero_()
                 self.G_ema.update_parameters(self.G)
@@ -125,7 +131,7 @@ class TrainingState:
             if self.scaler.is_enabled() and state.get("scaler"):
                 self.scaler.load_state_dict(state["scaler"])
             entry = "data"
-            self.batches.load_state_dict(state["data"])
+            self.batches.load_state_dict(check_data_position(state["data"], self.batches))
             entry = "fixed_z"
             self.fixed_z = state["fixed_z"].to(self.fixed_z.device).reshape(self.fixed_z.shape)
             entry = "rng"
@@ -146,13 +152,45 @@ class TrainingState:
             raise
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as err:
             raise CheckpointError(
-                f"The checkpoint's entry {entry!r} is missing or damaged ({type(err).__name__}: "
+                f"trainer.resume: the checkpoint's entry {entry!r} is missing or damaged ({type(err).__name__}: "
                 f"{str(err).splitlines()[0] if str(err) else 'no detail'}), so the run cannot continue from it. "
-                "Resume from an earlier numbered checkpoint (trainer.keep_checkpoints) or start a new run."
+                "Resume from another checkpoint of the run if trainer.keep_checkpoints kept any "
+                "(checkpoints/step_NNNNNN.pt), or start a new run."
             ) from err
 
 
 NETWORK_NAMES = {"G": "generator", "D": "discriminator"}
+# What to do about a network that does not fit the one built for the resumed run (load_module_state).
+MISMATCH = (
+    "The resume contract keeps this run's model.* and data.image_size/data.channels equal to those stored in "
+    "the checkpoint, so the checkpoint's weights and its own config disagree: it was damaged or edited after "
+    "it was written. Resume from another checkpoint of the run if trainer.keep_checkpoints kept any "
+    "(checkpoints/step_NNNNNN.pt), or start a new run."
+)
+MISMATCH_CLASSES = (
+    " (A conditional run's class count comes from the data: if data.root now holds another dataset than the "
+    "run trained on, point it back at the run's.)"
+)
+
+
+def check_data_position(position: dict[str, int], batches: BatchStream) -> dict[str, int]:
+    """The checkpoint's batch-stream position, refused (CheckpointError naming trainer.resume) when no
+    epoch of this training set reaches it. Its form and its agreement with the step were checked
+    when the checkpoint was loaded (gan.checkpoint.require_training_state); only here is the training
+    set known. The bound is one process's batches per epoch, which a job of any size has as many of
+    or fewer: a checkpoint moved to another number of processes is not refused."""
+    sampler = batches.sampler
+    most = sampler.size // sampler.batch_size
+    if position["batch"] > most:
+        raise CheckpointError(
+            f"trainer.resume: the checkpoint's entry 'data' places the batch stream at batch {position['batch']} "
+            f"of epoch {position['epoch']}, beyond the end of an epoch: this training set's {sampler.size} images "
+            f"make {most} batches of data.batch_size={sampler.batch_size}. Either the checkpoint was damaged or "
+            "edited, or data.root now holds a smaller dataset than the run trained on. Point data.root at the "
+            "run's dataset, or resume from another checkpoint of the run if trainer.keep_checkpoints kept any "
+            "(checkpoints/step_NNNNNN.pt)."
+        )
+    return position
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:

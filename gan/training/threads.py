@@ -32,6 +32,8 @@ from typing import Callable, Optional
 
 import torch
 
+from gan.device import available_cpus
+
 log = logging.getLogger(__name__)
 
 CLOCK_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -159,5 +161,4 @@ def thread_governor(
     limit = torch.get_num_threads()
     if threads or device.type != "cpu" or limit < 2 or machine_busy_seconds() is None:
         return None
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or limit
-    return ThreadGovernor(limit, cpus, on_change=on_change)
+    return ThreadGovernor(limit, available_cpus(), on_change=on_change)
