@@ -148,7 +148,7 @@ if __name__ == "__main__":
             "launches several jobs. Run the sweep without torchrun, or one torchrun per setting."
         )
         sys.exit(EXIT_BAD_INPUT)
-    try:  # the resume contract is checked here, before Hydra writes into the run being resumed
+    try:  # the resume contract is checked here first, before Hydra and torch start (train() checks again)
         sys.argv = rank_zero_argv(sweep_argv(resume_argv(sys.argv, CONFIG_DIR), CONFIG_DIR), world)
     except UserError as err:
         log.error("%s", err)

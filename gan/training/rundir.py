@@ -1,8 +1,9 @@
 """Run directories have one owner at a time, and a new run never replaces an old one.
 
-Owns three guards around a run directory: the lock RUN_DIR/.lock that rank 0 holds while it trains,
-the refusal of a new run where a run already is (before Hydra writes, and again in train()), and the
-removal of the temporary checkpoint files a killed run left behind. How a resume finds its run
+Owns the guards around a run directory: the lock RUN_DIR/.lock that rank 0 holds while it trains,
+the refusal of a new run where a run already is, or inside one (before Hydra starts, and again in
+train()), the refusal of a resume into another run's folder, and the removal of the temporary
+checkpoint files a killed run left behind. How a resume finds its run
 directory is `gan.training.runs`; what a run writes there is `gan.training.loop`.
 """
 
@@ -83,9 +84,9 @@ def take_lock(run_dir: Path) -> int:
 
 
 def check_not_in_use(run_dir: Path) -> None:
-    """Before Hydra writes into a run being resumed: RunDirError if another process holds its lock
-    (tried and dropped at once; train() takes it for good), so a refused second resume leaves the
-    run's .hydra/ record as it was."""
+    """Before Hydra starts a resume: RunDirError if another process holds the run's lock (tried and
+    dropped at once; train() takes it for good), so a second resume is refused before its
+    checkpoint is even read."""
     path = run_dir / LOCK_FILE
     if not path.is_file():
         return

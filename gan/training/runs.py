@@ -437,8 +437,8 @@ def unwritable_output(argv: list[str]) -> Optional[str]:
 def existing_run_in_argv(argv: list[str]) -> Optional[str]:
     """Before Hydra starts: existing_run() of the hydra.run.dir a command that is not a resume names.
 
-    Hydra writes the run's .hydra/config.yaml and overrides.yaml (the record a resume replays) as it
-    starts, before train() could refuse, so the check of an explicit run dir is made here first.
+    train() makes the same check before it writes anything; this one answers before Hydra and torch
+    start, and is the only one evaluate.py has (its outputs would land among the run's files).
     """
     args = argv[1:]
     if "-m" in args or "--multirun" in args:
