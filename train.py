@@ -31,6 +31,7 @@ from gan.training.runs import (
     preflight,
     resume_argv,
     resume_override,
+    shell_quote,
     sweep_argv,
 )
 
@@ -40,10 +41,11 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 # Exit codes: 0 done; 2 bad input (config, checkpoint, data, output folder); 3 the loss became
 # NaN/inf; 4 the collapse alarm stopped the run (trainer.on_collapse=stop; a sweep's job instead
-# returns NaN and the sweep goes on); 128 + signal number when SIGINT/SIGTERM stopped the run after
-# it wrote its checkpoint, as shells report a process ended by that signal.
+# returns NaN and the sweep goes on); 128 + signal number when SIGINT/SIGTERM (or, in a SLURM job,
+# submitit's time-out signal USR2/USR1) stopped the run after it wrote its checkpoint, as shells
+# report a process ended by that signal.
 EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_COLLAPSE = 2, 3, 4
-SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
+SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143, "SIGUSR1": 138, "SIGUSR2": 140}
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
@@ -68,7 +70,9 @@ def main(cfg: DictConfig) -> float:
                 typed = validate(cfg)
                 if multirun and typed.trainer.resume == "auto":  # a single run's was resolved before Hydra
                     typed.trainer.resume = auto_resume_in_job(run_dir, to_plain(typed))
-                result = train(typed, run_dir, world=world, on_ready=on_ready if world.is_main else None)
+                result = train(
+                    typed, run_dir, world=world, on_ready=on_ready if world.is_main else None, command=command_line()
+                )
                 if world.is_main and not result.stopped_by and typed.trainer.final_eval_samples:
                     fid = final_fid(typed, result.checkpoint, run_dir, result.step)
                 else:
@@ -86,6 +90,13 @@ def main(cfg: DictConfig) -> float:
         finally:
             close(world)
         return finish(result, fid, run_dir, multirun)  # its lines go into the run's log file too
+
+
+def command_line() -> str:
+    """This job's command, one run's worth: `python train.py` and the job's own overrides (a sweep
+    job's values, a resume's replayed settings), each quoted for the shell; what the Text tab shows."""
+    overrides = HydraConfig.get().overrides.task
+    return " ".join(["python train.py", *(shell_quote(override) for override in overrides)])
 
 
 def finish(result: TrainResult, fid: float, run_dir: Path, multirun: bool) -> float:

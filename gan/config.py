@@ -459,8 +459,21 @@ def to_plain(cfg: TrainConfig | DictConfig) -> dict:
 
 
 def register_configs() -> None:
-    """Make `train_schema` available to `configs/train.yaml`'s defaults list."""
+    """Make `train_schema` available to `configs/train.yaml`'s defaults list, and `run_suffix` to
+    its run folder's name."""
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+    if not OmegaConf.has_resolver("run_suffix"):
+        OmegaConf.register_new_resolver("run_suffix", run_suffix)
+
+
+def run_suffix(override_dirname: str, limit: int = 120) -> str:
+    """A single run's folder name after its time: `_` and the overrides that set what it computes
+    (Hydra's override_dirname, less configs/train.yaml's exclude_keys), so `tensorboard --logdir
+    outputs` names the run `14-03-58_loss=hinge`, not just `14-03-58`; '' without such overrides.
+    A '/' in a value would nest folders, so it becomes '-'; past `limit` characters the name is cut
+    (the time before it keeps folders apart)."""
+    name = override_dirname.replace("/", "-")
+    return f"_{name[:limit]}" if name else ""
 
 
 # evaluate.py -------------------------------------------------------------------------------------

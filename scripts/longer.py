@@ -185,7 +185,9 @@ def main(args: argparse.Namespace) -> None:
     about = json.loads(about_file.read_text())
     if args.threads:
         torch.set_num_threads(args.threads)
-    rows = measure_all(about["overrides"], args.out, args.samples)
+    # measurement settings given now (metrics.*) join the run's own: a classifier bar can be set on a re-measure
+    measuring = about["overrides"] + [o for o in args.overrides if o.startswith("metrics.")]
+    rows = measure_all(measuring, args.out, args.samples)
     if not rows:
         raise UserError(f"no snapshots under {args.out / 'snapshots'} to measure")
     rows, summary = against_best(rows, about["base_steps"])

@@ -1,62 +1,96 @@
-"""Screenshots of TensorBoard as a person first sees it: serve a log directory on loopback, open
-its pages in headless Chromium, and save PNGs (for docs/watching.md and README).
+"""What a practitioner sees in TensorBoard, in a real browser: train the runs of docs/watching.md
+with the README's own commands, serve them as `tensorboard --logdir` does, open each page in
+headless Chromium at the window sizes people use, and save the PNGs of docs/images/.
 
-Chromium comes from the Debian/Ubuntu package, no Python package needed:
+    python -m pip install -c constraints.txt -e '.[screenshots]'   # Playwright, the browser driver
+    apt-get install -y chromium                             # the browser (Debian's; no download)
+    python scripts/tensorboard_screenshots.py runs /tmp/watch     # train the runs (~10 min on 2 cores)
+    python scripts/tensorboard_screenshots.py shoot /tmp/watch    # the screenshots, into docs/images
+    python scripts/tensorboard_screenshots.py page LOGDIR NAME --page text --size 1400 1100   # any folder
 
-    apt-get install -y chromium        # the binary is /usr/bin/chromium
-
-The pictures in docs/images/ were taken of these runs (each a few minutes on a 2-core CPU):
-
-    python train.py trainer.max_steps=300 trainer.log_every=10 trainer.sample_every=50 hydra.run.dir=/tmp/watch/run
-    python train.py -m optim.lr=1e-4,4e-4 trainer.max_steps=300 trainer.log_every=10 trainer.sample_every=50 \\
-        hydra.sweep.dir=/tmp/watch/sweep
-    python train.py trainer.max_steps=300 trainer.log_every=10 trainer.sample_every=50 trainer.eval_every=50 \\
-        hydra.run.dir=/tmp/watch/quality
-    python scripts/tensorboard_screenshots.py /tmp/watch/run --prefix run --pages timeseries --height 1700
-    python scripts/tensorboard_screenshots.py /tmp/watch/run --prefix run --pages scalars
-    python scripts/tensorboard_screenshots.py /tmp/watch/quality --prefix quality --pages timeseries --height 1700
-    python scripts/tensorboard_screenshots.py /tmp/watch/sweep --prefix sweep --pages hparams --width 2350 --height 600
-    python scripts/tensorboard_screenshots.py /tmp/watch/sweep --prefix sweep --pages timeseries
-
-Each page is one `chromium --headless --screenshot` of a fresh profile (nothing remembered from an
-earlier visit: what a new user sees), with a virtual-time budget: Chromium runs the page's timers
-and requests until that much page time has passed, so TensorBoard (a JavaScript app that fetches
-its data after loading) has drawn its charts when the picture is taken. The PNGs are re-encoded
-with a 256-colour palette (Pillow), which keeps a 1400 x 1000 screenshot near 100 KB.
+`runs` trains, from the folder given (so every run gets Hydra's default name under outputs/, as a
+user's would):
+    run          python train.py trainer.max_steps=1500 trainer.eval_every=100 ...   a single run with FID
+    sweep        python train.py -m optim.lr=1e-4,1e-3 loss=bce,hinge ...            the README's sweep
+    conditional  python train.py model.conditional=true ...
+`shoot` serves one folder at a time (the single run, the sweep, the conditional run, and all of
+outputs/ together) and takes each page from a fresh browser profile (nothing remembered from an
+earlier visit: what a new user sees), with TensorBoard's default chart renderer. A shot can click
+first (the HParams page's parallel-coordinates view). Each PNG is re-encoded with a 256-colour
+palette (Pillow), which keeps a 1400 x 1000 screenshot near 100 KB.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Optional
 
 from PIL import Image
 
 log = logging.getLogger("tensorboard_screenshots")
 ROOT = Path(__file__).resolve().parents[1]
-# TensorBoard's pages, by the URL fragment that opens each one
-PAGES = ("timeseries", "scalars", "images", "hparams", "text", "custom_scalars")
-# flags for a quiet, reproducible headless Chromium on a machine without a display or a GPU
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",  # running as root in a container
-    "--disable-gpu",
-    "--hide-scrollbars",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-)
+SHORT = ["trainer.log_every=25", "trainer.sample_every=250", "trainer.progress=false"]
+RUNS = {
+    "run": ["trainer.max_steps=1500", "trainer.eval_every=100", "trainer.eval_samples=500", *SHORT],
+    "sweep": ["-m", "optim.lr=1e-4,1e-3", "loss=bce,hinge", "trainer.max_steps=600", *SHORT],
+    "conditional": ["model.conditional=true", "trainer.max_steps=600", *SHORT],
+}
+
+
+@dataclasses.dataclass
+class Shot:
+    name: str  # docs/images/NAME.png
+    logdir: str  # which folder is served: a key of RUNS, or "outputs" for all of them
+    page: str  # the URL fragment of a TensorBoard page
+    size: tuple[int, int] = (1400, 1000)
+    click: Optional[str] = None  # text of a control to click before the shot
+
+
+SHOTS = [
+    Shot("run_timeseries", "run", "timeseries"),
+    Shot("run_timeseries_1920", "run", "timeseries", (1920, 1080)),
+    Shot("run_text", "run", "text"),
+    Shot("sweep_timeseries", "sweep", "timeseries"),
+    Shot("sweep_hparams", "sweep", "hparams"),
+    Shot("sweep_parallel", "sweep", "hparams", click="PARALLEL COORDINATES VIEW"),
+    Shot("conditional_images", "conditional", "images"),
+    Shot("outputs_timeseries", "outputs", "timeseries"),
+]
+
+
+def train_runs(folder: Path) -> None:
+    """The runs of RUNS, each from `folder` (its outputs/ holds them under Hydra's default names)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, overrides in RUNS.items():
+        started = time.monotonic()
+        subprocess.run([sys.executable, str(ROOT / "train.py"), *overrides], cwd=folder, check=True)
+        (folder / f"{name}.done").write_text(json.dumps(overrides))
+        log.info("%s: %.0f s", name, time.monotonic() - started)
+
+
+def run_folder(folder: Path, name: str) -> Path:
+    """The folder a case wrote: the newest run (or sweep) under outputs/ made by that case's command."""
+    outputs = folder / "outputs"
+    if name == "outputs":
+        return outputs
+    if name == "sweep":
+        return max((outputs / "multirun").glob("*/*"), key=lambda p: p.stat().st_mtime)
+    singles = [p for p in outputs.glob("*/*") if p.parent.name != "multirun" and (p / "tb").is_dir()]
+    conditional = [p for p in singles if "model.conditional=true" in p.name]
+    chosen = conditional if name == "conditional" else [p for p in singles if p not in conditional]
+    if not chosen:
+        raise SystemExit(f"No {name} run under {outputs}: run `{Path(__file__).name} runs {folder}` first")
+    return max(chosen, key=lambda p: p.stat().st_mtime)
 
 
 def free_port() -> int:
@@ -71,11 +105,11 @@ def event_runs(logdir: Path) -> set[str]:
 
 
 def serve(logdir: Path, port: int) -> subprocess.Popen:
-    """TensorBoard on 127.0.0.1:port, loading logdir once (--reload_interval=0: the runs are done);
-    returns when it lists every run under logdir."""
+    """TensorBoard on 127.0.0.1:port, as `tensorboard --logdir` serves it; returns when it lists
+    every run under logdir."""
     server = subprocess.Popen(
         [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
-         "--port", str(port), "--load_fast=false", "--reload_interval=0"],
+         "--port", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
@@ -92,52 +126,63 @@ def serve(logdir: Path, port: int) -> subprocess.Popen:
     return server
 
 
-def screenshot(chromium: str, url: str, out: Path, width: int, height: int, budget_ms: int) -> None:
-    """One page as a PNG, from a fresh Chromium profile."""
-    with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
-        subprocess.run(
-            [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--screenshot={out}",
-             f"--window-size={width},{height}", f"--virtual-time-budget={budget_ms}", url],
-            check=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=180,
-        )  # fmt: skip
-    # a 256-colour palette: TensorBoard's flat colours survive it, at a third of the bytes
-    with Image.open(out) as image:
-        image.convert("RGB").quantize(colors=256).save(out, optimize=True)
+def shoot(folder: Path, out: Path, chromium: str, shots: list[Shot], logdirs: Optional[dict[str, Path]] = None) -> None:
+    """Each shot of `shots`, its logdir found under `folder` (or given in `logdirs`)."""
+    from playwright.sync_api import sync_playwright  # the screenshots extra: pip install -e '.[screenshots]'
+
+    out.mkdir(parents=True, exist_ok=True)
+    logdirs = logdirs or {}
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])  # root in a container
+        for logdir in dict.fromkeys(shot.logdir for shot in shots):
+            port = free_port()
+            server = serve(logdirs.get(logdir) or run_folder(folder, logdir), port)
+            try:
+                for shot in (s for s in shots if s.logdir == logdir):
+                    context = browser.new_context(viewport={"width": shot.size[0], "height": shot.size[1]})
+                    page = context.new_page()  # a fresh profile: nothing remembered from an earlier visit
+                    page.goto(f"http://127.0.0.1:{port}/#{shot.page}", wait_until="networkidle")
+                    if shot.click:
+                        page.get_by_text(shot.click).click()
+                    page.wait_for_timeout(6000)  # charts are drawn after the data arrives
+                    path = out / f"{shot.name}.png"
+                    page.screenshot(path=str(path))
+                    context.close()
+                    with Image.open(path) as image:  # TensorBoard's flat colours survive a palette
+                        image.convert("RGB").quantize(colors=256).save(path, optimize=True)
+                    log.info("%s: %d KB", path, path.stat().st_size // 1024)
+            finally:
+                server.terminate()
+                server.wait(timeout=30)
+        browser.close()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("logdir", type=Path, help="the folder to serve, as `tensorboard --logdir`")
-    parser.add_argument("--pages", nargs="+", default=["timeseries"], choices=PAGES)
-    parser.add_argument("--prefix", default="tensorboard", help="files are OUT/PREFIX_PAGE.png")
+    parser.add_argument(
+        "what", choices=["runs", "shoot", "page"], help="train the runs, take the screenshots, or one page"
+    )
+    parser.add_argument(
+        "folder", type=Path, help="where the runs are trained (their outputs/ is served); page: the logdir"
+    )
+    parser.add_argument("name", nargs="?", default="page", help="page: the PNG's name")
+    parser.add_argument("--page", default="timeseries", help="page: the URL fragment (timeseries, text, hparams, ...)")
+    parser.add_argument("--size", type=int, nargs=2, default=(1400, 1000), metavar=("W", "H"), help="page: window")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "images")
-    parser.add_argument("--width", type=int, default=1400)
-    parser.add_argument("--height", type=int, default=1000)
-    parser.add_argument("--budget-ms", type=int, default=15000, help="page time Chromium lets pass before the shot")
+    parser.add_argument("--only", nargs="+", choices=[shot.name for shot in SHOTS], help="these shots only")
     parser.add_argument("--chromium", default=shutil.which("chromium") or shutil.which("chromium-browser"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.what == "runs":
+        train_runs(args.folder.resolve())
+        return
     if not args.chromium:
         raise SystemExit("No chromium on PATH: apt-get install -y chromium (or give --chromium PATH)")
-    if not event_runs(args.logdir):
-        raise SystemExit(f"No TensorBoard events under {args.logdir}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    server = serve(args.logdir, port)
-    try:
-        for page in args.pages:
-            out = args.out / f"{args.prefix}_{page}.png"
-            # forceSVG=true: TensorBoard's own flag for its SVG chart renderer. Its default, WebGL in
-            # a worker, draws empty charts in Chromium without a GPU (--disable-gpu), most of the time.
-            url = f"http://127.0.0.1:{port}/?forceSVG=true#{page}"
-            screenshot(args.chromium, url, out, args.width, args.height, args.budget_ms)
-            log.info("%s: %d KB", out, out.stat().st_size // 1024)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    if args.what == "page":
+        shot = Shot(args.name, "given", args.page, tuple(args.size))
+        shoot(args.folder.resolve(), args.out, args.chromium, [shot], {"given": args.folder.resolve()})
+        return
+    shoot(args.folder.resolve(), args.out, args.chromium, [s for s in SHOTS if not args.only or s.name in args.only])
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from gan.evaluation import conditional as C
 from gan.evaluation import pipeline as P
 from gan.evaluation.pipeline import build_generator, evaluate
 from gan.training import train
-from gan.training.monitor import FAKE_TAG
+from gan.training.monitor import FAKE_TAG, REAL_TAG, class_images, labelled_rows
 from gan.training.overfit import OverfitProbe
 
 CPU = torch.device("cpu")
@@ -313,8 +313,32 @@ def test_a_conditional_diffaugment_run_trains_records_its_classes_and_logs_the_s
     tags = set(events.Tags()["scalars"])
     assert {"train/d_overfit_rt", "train/d_score_train", "train/d_score_heldout", "train/d_heldout_gap"} <= tags
     assert [e.step for e in events.Scalars("train/d_heldout_gap")] == [3, 6]
-    grid = events.Images(FAKE_TAG)[-1]
-    assert (grid.width, grid.height) == (4 * 18 + 2, 10 * 18 + 2)  # 16 fixed latents: 4 per class row, 10 rows
+    grid, real = events.Images(FAKE_TAG)[-1], events.Images(REAL_TAG)[0]
+    # 16 fixed latents: 4 per class row, 10 rows, and a margin at the left for the class labels
+    assert grid.width > 4 * 18 + 2 and grid.height == 10 * 18 + 2
+    assert (real.width, real.height) == (grid.width, grid.height)  # the real grid in the same layout
+
+
+def test_the_real_grid_of_a_conditional_run_has_a_row_per_class_of_that_class_s_images():
+    """Each row of the real grid holds images of the class the fake grid's row shows, different ones."""
+    labels = torch.tensor([2, 0, 1, 0, 2, 1, 0, 2])
+    images = torch.arange(8, dtype=torch.uint8).view(8, 1, 1, 1).expand(8, 1, 4, 4).contiguous()  # pixel = index
+    stream = BatchStream(images, batch_size=2, seed=0, device=torch.device("cpu"), labels=labels)
+    classes = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2])  # three rows of three, as class_rows lays them out
+    chosen = class_images(stream, labels, classes)[:, 0, 0, 0].long()
+    assert labels[chosen].tolist() == classes.tolist()
+    assert chosen.tolist() == [1, 3, 6, 2, 5, 2, 0, 4, 7]  # the k-th image of the class; class 1 has two
+
+
+def test_row_labels_are_written_in_a_margin_left_of_the_grid():
+    grid = torch.zeros(3, 2 * 18 + 2, 3 * 18 + 2)
+    labelled = labelled_rows(grid, ["0", "17"])
+    width = labelled.shape[2] - grid.shape[2]
+    assert labelled.shape[:2] == grid.shape[:2] and width > 6
+    margin, half = labelled[:, :, :width], grid.shape[1] // 2
+    assert margin[:, :half].amax() > 0.5 and margin[:, half:].amax() > 0.5  # a label in each row's height
+    assert torch.equal(labelled[:, :, width:], grid)  # the grid itself untouched
+    assert labelled_rows(grid, ["0", "1"]).shape[2] < labelled.shape[2]  # the margin fits the longest label
 
 
 def test_a_conditional_augmented_run_resumes_bit_identically(tmp_path):

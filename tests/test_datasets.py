@@ -25,6 +25,7 @@ from torchvision import transforms
 import gan.data.sources
 from gan.config import ConfigError, DataConfig
 from gan.data import BatchStream, DataError, ImageSource, is_held_out, load_dataset, open_source, read_image
+from gan.data.sources import CLASSIFIER_CACHE
 from gan.training import train
 
 CPU = torch.device("cpu")
@@ -320,6 +321,23 @@ def test_class_subfolders_become_labels_and_are_searched_at_any_depth(tmp_path):
     assert sum(d.labels.numel() for d in both) == 28
     assert all(d.num_classes == 2 for d in both)
     assert torch.cat([d.labels for d in both]).bincount().tolist() == [14, 14]  # cats 0, dogs 1
+
+
+def test_the_classifier_cache_and_empty_folders_are_not_classes(tmp_path):
+    """The metrics cache their classifier in data.root/classifiers, the image folder itself under
+    data=folder: once written, it must not turn 2 classes into 3 (nor may an empty folder)."""
+    for i in range(14):
+        write_image(tmp_path / "cats" / f"{i}.png", (20, 20), seed=i)
+        write_image(tmp_path / "dogs" / f"{i}.png", (20, 20), seed=100 + i)
+    before = load_dataset(cfg_for("folder", tmp_path, image_size=16))
+    (tmp_path / CLASSIFIER_CACHE).mkdir()
+    (tmp_path / CLASSIFIER_CACHE / "folder-16px-3ch-0123456789.pt").write_bytes(b"weights")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "only_notes").mkdir()
+    (tmp_path / "only_notes" / "readme.txt").write_text("no image here")
+    after = load_dataset(cfg_for("folder", tmp_path, image_size=16))
+    assert before.num_classes == after.num_classes == 2
+    assert torch.equal(before.labels, after.labels) and torch.equal(before.images, after.images)
 
 
 def test_images_beside_folders_make_one_unlabelled_set_of_everything(tmp_path):

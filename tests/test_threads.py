@@ -45,36 +45,33 @@ def machine(monkeypatch):
     return m
 
 
-def governor_on(machine: Machine, changes: list) -> ThreadGovernor:
-    return ThreadGovernor(2, 2, on_change=changes.append, clock=lambda: machine.t,
-                          busy=lambda: machine.busy, own=lambda: machine.own)  # fmt: skip
+def governor_on(machine: Machine) -> ThreadGovernor:
+    return ThreadGovernor(2, 2, clock=lambda: machine.t, busy=lambda: machine.busy, own=lambda: machine.own)
 
 
 def test_threads_step_down_while_others_are_busy_and_back_when_they_leave(machine):
-    changes = []
-    governor = governor_on(machine, changes)
+    governor = governor_on(machine)
     machine.run(governor, 20)  # alone: all cores
-    assert governor.threads == 2 and changes == []
+    assert governor.threads == 2 and machine.calls == []
     machine.others, machine.ours = 1.0, 1.0  # a neighbour takes a core
     machine.run(governor, 3)  # one window saw it: not yet (a burst must last two)
     assert governor.threads == 2
     machine.run(governor, 3)
-    assert governor.threads == 1 and changes == [1] and machine.calls == [1]
+    assert governor.threads == 1 and machine.calls == [1]
     machine.others = 0.0  # it ends
     machine.run(governor, 6)
-    assert governor.threads == 2 and changes == [1, 2] and machine.calls == [1, 2]
+    assert governor.threads == 2 and machine.calls == [1, 2]
 
 
 def test_a_short_burst_and_the_processes_own_children_change_nothing(machine):
-    changes = []
-    governor = governor_on(machine, changes)
+    governor = governor_on(machine)
     machine.run(governor, 12)
     machine.others = 1.5
     machine.run(governor, 2.0)  # one window only
     machine.others = 0.0
     machine.ours = 3.0  # this process with its DataLoader workers: not "others"
     machine.run(governor, 20)
-    assert changes == [] and governor.threads == 2
+    assert machine.calls == [] and governor.threads == 2
 
 
 def test_nothing_is_read_in_the_first_seconds(machine):
@@ -102,7 +99,7 @@ def test_the_real_counters_see_this_process_work():
     assert T.machine_busy_seconds(cpus=set()) == 0.0  # no CPUs of ours: nothing to count
 
 
-def test_a_change_in_a_real_run_is_drawn_as_time_threads(tmp_path, monkeypatch):
+def test_the_thread_count_is_drawn_at_every_log_point_with_its_change(tmp_path, monkeypatch):
     from conftest import compose_config
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -116,13 +113,15 @@ def test_a_change_in_a_real_run_is_drawn_as_time_threads(tmp_path, monkeypatch):
         tick["busy"] += 1.5
         return tick["t"]
 
-    def busy_governor(threads, device, on_change):
-        return ThreadGovernor(2, 2, window_s=0.5, warm_up_s=0.0, on_change=on_change, clock=clock,
-                              busy=lambda: tick["busy"], own=lambda: 0.0)  # fmt: skip
+    def busy_governor(threads, device):
+        return ThreadGovernor(2, 2, window_s=0.5, warm_up_s=0.0, clock=clock, busy=lambda: tick["busy"],
+                              own=lambda: 0.0)  # fmt: skip
 
     monkeypatch.setattr(loop, "thread_governor", busy_governor)
     train(compose_config("trainer.max_steps=6"), tmp_path / "run")
     events = EventAccumulator(str(tmp_path / "run" / "tb"), size_guidance={"scalars": 0})
     events.Reload()
     drawn = [(e.step, e.value) for e in events.Scalars("time/threads")]
-    assert calls == [1] and drawn == [(3, 1.0)]  # marks at polls 1, 2; windows at 2, 3 agree: step 3
+    # marks at polls 1, 2; windows at 2, 3 agree: the change comes at step 3; the count is drawn at
+    # every log point (trainer.log_every=2), a line rather than one dot per change
+    assert calls == [1] and drawn == [(2, 2.0), (4, 1.0), (6, 1.0)]

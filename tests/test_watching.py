@@ -10,6 +10,7 @@ docs/watching.md has the screenshots.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -21,11 +22,14 @@ from tensorboard.backend.event_processing import data_provider, plugin_event_mul
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from werkzeug.test import Client
 
+from gan.config import run_suffix
 from gan.training import train
 from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, REAL_TAG, write_progress_gif
 from gan.training.runs import EXCLUDE_KEYS, sweep_argv
 
 # TensorBoard --------------------------------------------------------------------------------------
+
+LOSS_CHARTS = ["loss/D(G(z))", "loss/D(x)", "loss/d", "loss/g"]  # TensorBoard's order
 
 
 def natural_key(tag: str) -> list:
@@ -110,7 +114,8 @@ def test_the_first_screen_opens_on_the_losses_and_the_sample_grids(watched_run):
     # Time Series shows scalars and images together; Scalars shows scalars only
     assert tb_group_order(tags["scalars"] + tags["images"])[:2] == ["loss", "samples"]
     assert tb_group_order(tags["scalars"])[0] == "loss"
-    assert {"loss/d", "loss/g", "loss/D(x)", "loss/D(G(z))"} <= set(tags["scalars"])
+    # the loss group is the four charts a 1400 x 1000 window shows first (two columns of cards)
+    assert sorted(tag for tag in tags["scalars"] if tag.startswith("loss/")) == sorted(LOSS_CHARTS)
     assert {"train/lr_g", "train/lr_d", "time/img_per_s", "time/sec_per_kimg"} <= set(tags["scalars"])
     assert set(tags["images"]) == {REAL_TAG, FAKE_TAG}
 
@@ -144,11 +149,37 @@ def test_the_run_is_one_hparams_session_with_typed_values(watched_run):
     assert infos["model.spectral_norm"]["type"] == "DATA_TYPE_BOOL"
     assert infos["loss.name"]["type"] == "DATA_TYPE_STRING"
     assert infos["optim.lr_d"]["domainDiscrete"] == ["null"]  # None, written as on the command line
+    # whole numbers as text: the page would print 6 as 6.0000 (five significant digits)
+    assert infos["trainer.max_steps"]["type"] == "DATA_TYPE_STRING"
+    assert infos["trainer.max_steps"]["domainDiscrete"] == ["6"]
     assert "trainer.resume" not in infos
     (group,) = tb.session_groups()
     (session,) = group["sessions"]
     assert session["name"] == "tb" and session["status"] == "STATUS_SUCCESS"
     assert group["name"] == "run"  # the trial id: the run folder's name
+
+
+def test_the_text_tab_holds_the_resolved_config_and_the_command_line(watched_run):
+    tb = TensorBoardClient(watched_run)
+    tags = tb.get("/data/plugin/text/tags")["tb"]
+    assert set(tags) == {"run/config", "run/command"}
+    config = tb.get("/data/plugin/text/text?run=tb&tag=run/config")
+    command = tb.get("/data/plugin/text/text?run=tb&tag=run/command")
+    assert [entry["step"] for entry in config] == [0] and [entry["step"] for entry in command] == [0]
+    # every key, defaults included, as YAML; the command as the job ran it (its overrides, not
+    # Hydra's own such as hydra.run.dir), quoted for a shell
+    assert "lr: 0.001" in config[0]["text"] and "max_steps: 6" in config[0]["text"]
+    assert "<code>python train.py debug=tiny trainer.threads=1\n</code>" in command[0]["text"]
+
+
+def test_a_resumed_run_adds_its_own_command_at_the_step_it_resumed_from(tmp_path):
+    run_dir = tmp_path / "run"
+    assert run_train("trainer.threads=1", f"hydra.run.dir={run_dir}").returncode == 0
+    resumed = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", tiny=False)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    entries = TensorBoardClient(run_dir).get("/data/plugin/text/text?run=tb&tag=run/command")
+    assert [entry["step"] for entry in entries] == [0, 6]
+    assert "trainer.max_steps=8" in entries[1]["text"] and "trainer.max_steps=8" not in entries[0]["text"]
 
 
 def test_progress_gif_has_one_frame_per_sample_step(watched_run):
@@ -168,13 +199,39 @@ def test_progress_gif_keeps_at_most_50_frames_first_and_last_included(tmp_path):
         assert (first, gif.convert("L").getpixel((0, 0))) == (0, 2 * 119)
 
 
-@pytest.mark.parametrize("loss, scores", [("bce", ("loss/D(x)", "loss/D(G(z))")),
-                                          ("hinge", ("loss/D(x)_score", "loss/D(G(z))_score"))])  # fmt: skip
-def test_d_outputs_are_named_for_what_they_are(tmp_path, loss, scores):
-    """bce: D(x) and D(G(z)) are probabilities; hinge and WGAN: D's raw scores, named apart."""
-    result = train(compose_config(f"loss={loss}", "trainer.max_steps=2"), tmp_path)
-    assert set(scores) <= set(result.metrics)
-    assert not [key for key in result.metrics if key.startswith(("d/", "grad_norm/", "perf/"))]
+LOSS_MIXES = [["loss=bce"], ["loss=hinge"], ["experiment=wgan_gp"], ["loss.r1=1", "model.d_batchnorm=false"],
+              ["loss.feature_matching=1"]]  # fmt: skip
+
+
+@pytest.mark.parametrize("overrides", LOSS_MIXES)
+def test_the_loss_group_is_the_same_four_charts_whatever_the_loss(tmp_path, overrides):
+    """D(x) and D(G(z)) keep their names under every loss (probabilities under bce, D's raw scores
+    under hinge and WGAN-GP), so runs of a sweep over losses share their charts and HParams metrics;
+    a loss's terms (a penalty, feature matching) and D(G(z)) after D's update live under train/."""
+    result = train(compose_config(*overrides, "trainer.max_steps=2"), tmp_path)
+    assert sorted(key for key in result.metrics if key.startswith("loss/")) == sorted(LOSS_CHARTS)
+    assert "train/D(G(z))_after_d_step" in result.metrics
+    assert not [key for key in result.metrics if key.startswith(("d/", "grad_norm/", "perf/")) or "_score" in key]
+
+
+# run names ----------------------------------------------------------------------------------------
+
+
+def test_a_single_run_is_named_by_its_time_and_the_overrides_that_set_what_it_computes(tmp_path):
+    """`tensorboard --logdir outputs` names a run by its folder: a single run's says what it is."""
+    result = run_train("loss=hinge", "trainer.threads=1", f"data.root={tmp_path / 'data'}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = (tmp_path / "outputs").glob("*/*")
+    # the time, then the overrides; how it ran (threads) and where its data lives (a path) left out
+    assert re.fullmatch(r"\d\d-\d\d-\d\d_debug=tiny,loss=hinge", run_dir.name), run_dir.name
+    assert (run_dir / "tb").is_dir()
+
+
+def test_run_suffix_keeps_folders_flat_and_names_short():
+    assert run_suffix("") == ""
+    assert run_suffix("loss=hinge,optim.lr=2e-4") == "_loss=hinge,optim.lr=2e-4"
+    assert run_suffix("data=folder,model.diffaugment=[color/x]") == "_data=folder,model.diffaugment=[color-x]"
+    assert len(run_suffix("x" * 500)) == 121
 
 
 # a sweep ------------------------------------------------------------------------------------------
@@ -182,9 +239,10 @@ def test_d_outputs_are_named_for_what_they_are(tmp_path, loss, scores):
 
 @pytest.fixture(scope="module")
 def watched_sweep(tmp_path_factory) -> Path:
-    """`-m optim.lr=1e-4,4e-4` with constant overrides beside it, as a person would sweep."""
+    """`-m optim.lr=1e-4,4e-4 loss=bce,hinge` with constant overrides beside it, as a person would sweep."""
     sweep_dir = tmp_path_factory.mktemp("watch") / "sweep"
-    overrides = ["optim.lr=1e-4,4e-4", "trainer.threads=1", "trainer.log_every=2", f"hydra.sweep.dir={sweep_dir}"]
+    overrides = ["optim.lr=1e-4,4e-4", "loss=bce,hinge", "trainer.threads=1", "trainer.log_every=2",
+                 f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
     result = run_train("-m", *overrides)
     assert result.returncode == 0, result.stderr[-3000:]
     return sweep_dir
@@ -192,24 +250,29 @@ def watched_sweep(tmp_path_factory) -> Path:
 
 def test_sweep_jobs_are_named_by_what_varies_only(watched_sweep):
     jobs = sorted(p.name for p in watched_sweep.iterdir() if p.is_dir())
-    assert jobs == ["0_optim.lr=0.0001", "1_optim.lr=0.0004"]
-    assert TensorBoardClient(watched_sweep).get("/data/runs") == ["0_optim.lr=0.0001/tb", "1_optim.lr=0.0004/tb"]
+    names = ["0_loss=bce,optim.lr=0.0001", "1_loss=hinge,optim.lr=0.0001", "2_loss=bce,optim.lr=0.0004",
+             "3_loss=hinge,optim.lr=0.0004"]  # fmt: skip
+    assert jobs == names
+    assert TensorBoardClient(watched_sweep).get("/data/runs") == [f"{name}/tb" for name in names]
 
 
 def test_sweep_hparams_show_the_swept_key_first_and_marked_differing(watched_sweep):
     tb = TensorBoardClient(watched_sweep)
     experiment = tb.experiment()
     infos = experiment["hparamInfos"]
-    # the page checks the first five and puts the differing ones first; only optim.lr differs
-    assert infos[0]["name"] == "optim.lr" and infos[0]["differs"] is True
-    assert not [info["name"] for info in infos[1:] if info.get("differs")]
+    # the page checks the first five and puts the differing ones first: loss.name and optim.lr
+    assert {info["name"] for info in infos[:2]} == {"loss.name", "optim.lr"}
+    assert all(info["differs"] for info in infos[:2])
+    assert not [info["name"] for info in infos[2:] if info.get("differs")]
     # metrics: every live scalar tag, the page shows the first five: both losses and D's outputs first
     metrics = [m["name"]["tag"] for m in experiment["metricInfos"]]
-    assert metrics[:5] == ["loss/D(G(z))", "loss/D(G(z))_after_d_step", "loss/D(x)", "loss/d", "loss/g"]
+    assert metrics[:4] == LOSS_CHARTS
     assert not [tag for tag in metrics if tag.startswith("final/")]
     groups = tb.session_groups()
     # trial ids: the sweep's folder and the job number, short enough for the 10em trial column
-    assert sorted(group["name"] for group in groups) == ["sweep #0", "sweep #1"]
+    assert sorted(group["name"] for group in groups) == [f"sweep #{i}" for i in range(4)]
+    # every run has every metric, whatever its loss: the parallel-coordinates and scatter views,
+    # which leave out a run that lacks one of the metrics they show, show all four
     assert all(len(group["metricValues"]) == len(metrics) for group in groups)
 
 
@@ -245,6 +308,8 @@ def test_eval_every_puts_the_fid_curve_beside_the_losses_and_the_final_fid_among
         cwd=tmp_path,
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    # two points: the log says TensorBoard's default smoothing will bend the curve, and what to do
+    assert "trainer.eval_every=3 draws 2 point(s) of quality/FID" in result.stdout + result.stderr
     events = events_of(run_dir / "tb")
     tags = events.Tags()
     assert tb_group_order(tags["scalars"] + tags["images"])[:2] == ["loss", "quality"]
@@ -254,7 +319,9 @@ def test_eval_every_puts_the_fid_curve_beside_the_losses_and_the_final_fid_among
     assert [e.step for e in final.Scalars("quality/FID")] == [6]
     tb = TensorBoardClient(run_dir)
     metrics = [(m["name"]["tag"], m["name"].get("group", "")) for m in tb.experiment()["metricInfos"]]
-    assert ("quality/FID", "") in metrics[:6] and ("quality/FID", "final_eval") in metrics
+    # the page shows the first five: the four loss charts and the FID curve's last value
+    assert metrics[:5] == [(tag, "") for tag in LOSS_CHARTS] + [("quality/FID", "")]
+    assert metrics[5] == ("quality/FID", "final_eval")
     (group,) = tb.session_groups()
     values = {(v["name"]["tag"], v["name"].get("group", "")): v["value"] for v in group["metricValues"]}
     assert values[("quality/FID", "final_eval")] == pytest.approx(final.Scalars("quality/FID")[0].value)

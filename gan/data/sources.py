@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import struct
 import time
 import zlib
@@ -482,9 +483,11 @@ def list_images(root: Path) -> tuple[list[Path], list[int], int]:
     its images are found at any depth. Otherwise (images directly in `root`, or no folders) every
     image below `root` is listed recursively under one class. Hidden files and folders are skipped.
     """
-    entries = [p for p in root.iterdir() if not p.name.startswith(".")]
+    entries = [p for p in root.iterdir() if not p.name.startswith(".") and p.name != CLASSIFIER_CACHE]
     if any(p.is_dir() for p in entries) and not any(_is_image(p) for p in entries):
-        folder = datasets.ImageFolder(str(root), allow_empty=True)  # allow_empty: no error on a bare folder
+        if not class_folders(root):
+            return [], [], 0  # folders without an image in any: the caller says the folder holds none
+        folder = _ClassFolders(str(root), allow_empty=True)  # allow_empty: no error on a bare folder
         return [Path(p) for p, _ in folder.samples], [c for _, c in folder.samples], len(folder.classes)
     paths = sorted(
         p
@@ -492,6 +495,32 @@ def list_images(root: Path) -> tuple[list[Path], list[int], int]:
         if _is_image(p) and not any(part.startswith(".") for part in p.relative_to(root).parts)
     )
     return paths, [0] * len(paths), 1
+
+
+# The folder the metrics' classifier is cached in, under data.root (gan/evaluation/metrics.py). For
+# data=folder that is the image folder itself, so it is never a class: counted as one, the first
+# measurement would turn a 5-class folder into a 6-class one for every later run.
+CLASSIFIER_CACHE = "classifiers"
+
+
+def class_folders(root: Path) -> list[str]:
+    """The class folders of an image folder, sorted: its top folders that hold an image at any
+    depth, less hidden ones and the classifier cache (an empty class would be a class G is asked to
+    draw and no image shows)."""
+    return sorted(
+        entry.name
+        for entry in root.iterdir()
+        if entry.is_dir() and not entry.name.startswith(".") and entry.name != CLASSIFIER_CACHE
+        and any(_is_image(Path(top) / name) for top, _, names in os.walk(entry, followlinks=True) for name in names)
+    )  # fmt: skip
+
+
+class _ClassFolders(datasets.ImageFolder):
+    """ImageFolder whose classes are `class_folders`."""
+
+    def find_classes(self, directory: str) -> tuple[list[str], dict[str, int]]:
+        classes = class_folders(Path(directory))
+        return classes, {name: index for index, name in enumerate(classes)}
 
 
 def _is_image(path: Path) -> bool:

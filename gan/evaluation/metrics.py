@@ -46,6 +46,7 @@ from torchvision.transforms.functional import gaussian_blur
 from gan.checkpoint import save_checkpoint
 from gan.config import ClassifierConfig, DataConfig, FeatureSpace, MetricsConfig
 from gan.data import ImageSet, load_dataset, to_unit_range
+from gan.data.sources import CLASSIFIER_CACHE
 from gan.errors import MetricsError
 
 log = logging.getLogger(__name__)
@@ -175,7 +176,7 @@ def load_or_train_classifier(
     with weights_only=True. Raises MetricsError when the accuracy is below cfg.min_accuracy.
     """
     data = dataclasses.replace(data, limit=0)  # the whole training split, whatever subset G trained on
-    path = Path(data.root).expanduser() / "classifiers" / f"{classifier_key(data, cfg)}.pt"
+    path = Path(data.root).expanduser() / CLASSIFIER_CACHE / f"{classifier_key(data, cfg)}.pt"
     model, accuracy = _load_classifier(path, device)
     if model is None:
         started = time.perf_counter()

@@ -90,6 +90,5 @@ def collapse_watch(cfg: TrainConfig, on_alarm: Callable[[int, str], None]) -> Op
     """The watch for this run, or None when trainer.on_collapse=off or the loss has no probability."""
     if cfg.trainer.on_collapse == OnCollapse.off or cfg.loss.name == LossName.wgan_gp:
         return None
-    bce = cfg.loss.name == LossName.bce
-    fake_tag = "loss/D(G(z))" if bce else "loss/D(G(z))_score"
-    return CollapseWatch(cfg.trainer.collapse_window, cfg.trainer.log_every, fake_tag, not bce, on_alarm)
+    squash = cfg.loss.name != LossName.bce  # hinge: D(G(z)) is a score, read through a sigmoid
+    return CollapseWatch(cfg.trainer.collapse_window, cfg.trainer.log_every, "loss/D(G(z))", squash, on_alarm)

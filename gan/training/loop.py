@@ -27,7 +27,7 @@ from gan.config import OnCollapse, Precision, TrainConfig, to_plain
 from gan.core.augment import AdaptiveAugment
 from gan.core.sampling import image_grid, sample
 from gan.core.steps import StepContext, d_step, g_step
-from gan.data import BatchStream, ImageSet, load_dataset, to_unit_range
+from gan.data import ImageSet, load_dataset, to_unit_range
 from gan.distributed import SINGLE, World, any_rank, gather_to_main, mean_over_ranks
 from gan.training.collapse import TEXT_TAG as COLLAPSE_TEXT_TAG
 from gan.training.collapse import collapse_watch
@@ -39,7 +39,20 @@ from gan.training.faults import (
     stop_on_signals,
 )
 from gan.training.hardware import arithmetic_of, prepare_process
-from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, Monitor, shown_name, trial_name, write_progress_gif
+from gan.training.monitor import (
+    FAKE_TAG,
+    RAW_FAKE_TAG,
+    Monitor,
+    class_images,
+    config_text,
+    labelled_rows,
+    note_short_curve,
+    real_images,
+    row_labels,
+    shown_name,
+    trial_name,
+    write_progress_gif,
+)
 from gan.training.overfit import OverfitProbe, build_probe
 from gan.training.periodic import Every, Extras, Tick
 from gan.training.quality import BEST_FID_TAG, FID_TAG, QualityProbe
@@ -75,6 +88,7 @@ def train(
     world: World = SINGLE,
     after_step: Optional[Callable[[TrainingState], bool]] = None,
     on_ready: Optional[Callable[[], None]] = None,
+    command: Optional[str] = None,
 ) -> TrainResult:
     """Train (or resume, if cfg.trainer.resume is set) one run, writing everything into run_dir.
 
@@ -85,6 +99,8 @@ def train(
     same way; scripts/compare.py snapshots G and stops at a wall-clock budget with it).
     `on_ready()` is called once every check has passed (config, checkpoint, data, run directory),
     before the first file is written into run_dir: train.py writes the run's .hydra/ record then.
+    `command`: the command line that started this run (train.py's), shown in TensorBoard's Text tab
+    beside the resolved config.
     """
     trainer, z_dim = cfg.trainer, cfg.model.z_dim
     # rank 0 owns run_dir until it returns: one process at a time, a new run never over another run,
@@ -98,7 +114,7 @@ def train(
         if on_ready is not None and world.is_main:
             on_ready()  # every check passed: from here on, the run writes into run_dir
         G, D = wrap_for_ddp(state.G, state.D, world, device)  # DDP wrappers: the same modules under DDP
-        monitor = open_monitor(cfg, state, run_dir, world)  # TensorBoard: HParams session, real images
+        monitor = open_monitor(cfg, state, run_dir, world, training, command)  # HParams, config text, reals
         with monitor, stop_on_signals() as stop:
             extras = periodic_extras(cfg, state, ctx, world, device, run_dir, monitor, stop, probes)
             while state.step < trainer.max_steps:
@@ -152,13 +168,15 @@ def periodic_extras(
     # NaN/inf losses, checked on the host at log and checkpoint time only
     watch = NonFiniteWatch(device, last_checkpoint(run_dir), cfg)
     # trainer.threads=0 on the CPU: threads follow the cores other processes leave free, or None
-    governor = thread_governor(trainer.threads, device, lambda n: monitor.numbers(state.step, {"time/threads": n}))
+    governor = thread_governor(trainer.threads, device)
     collapse = collapse_watch(cfg, lambda step, message: raise_alarm(step, message, cfg, monitor, stop))
 
     def log_scalars(tick: Tick) -> None:  # scalars leave the device here (float() waits for it)
         watch.check(ctx.skip_nonfinite)
-        augment = {"train/augment_p": state.augment.p} if state.augment is not None else {}
-        values = monitor.scalars(tick.step, {**tick.stats, **augment})
+        extra = {"train/augment_p": state.augment.p} if state.augment is not None else {}
+        if governor is not None:  # the thread count at every log point: a line, not a dot per change
+            extra["time/threads"] = governor.threads
+        values = monitor.scalars(tick.step, {**tick.stats, **extra})
         if collapse is not None:  # has D won over the last trainer.collapse_window steps?
             monitor.numbers(tick.step, collapse.observe(tick.step, values), log_line=False)
 
@@ -269,23 +287,33 @@ def last_checkpoint(run_dir: Path) -> Path:
     return run_dir / "checkpoints" / "last.pt"
 
 
-def open_monitor(cfg: TrainConfig, state: TrainingState, run_dir: Path, world: World) -> Monitor:
-    """The run's Monitor (rank 0 writes), its HParams session open and, for a fresh run, a grid of
-    real images beside the first fake one; it logs both optimizers' learning rates."""
+def open_monitor(
+    cfg: TrainConfig,
+    state: TrainingState,
+    run_dir: Path,
+    world: World,
+    training: ImageSet,
+    command: Optional[str] = None,
+) -> Monitor:
+    """The run's Monitor (rank 0 writes), its HParams session open, the config and command line in
+    the Text tab and, for a fresh run, a grid of real images in the fake grid's layout; it logs both
+    optimizers' learning rates."""
     trainer = cfg.trainer
     monitor = Monitor(run_dir, state.step, trainer.max_steps, trainer.progress, enabled=world.is_main)
-    fresh = world.is_main and state.step == 0
-    real = image_grid(to_unit_range(real_images(state.batches, trainer.num_fixed_samples))) if fresh else None
+    real = None
+    if world.is_main and state.step == 0:
+        if state.fixed_y is None:
+            real = image_grid(to_unit_range(real_images(state.batches, trainer.num_fixed_samples)))
+        else:  # conditional: a row per class, as the fake grid's rows, labelled alike
+            rows = class_images(state.batches, training.labels, state.fixed_y.cpu())
+            real = labelled_rows(
+                image_grid(to_unit_range(rows), nrow=state.grid_columns), row_labels(state.fixed_y, state.grid_columns)
+            )
     monitor.begin(hparams_of(cfg), trial_name(run_dir), {"g": state.opt_g, "d": state.opt_d}, real, state.step)
+    monitor.describe(state.step, config_text(cfg), command)
+    if trainer.eval_every and world.is_main:
+        note_short_curve(trainer.eval_every, state.step, trainer.max_steps)
     return monitor
-
-
-def real_images(batches: BatchStream, count: int) -> torch.Tensor:
-    """`count` training images spread evenly over the split (a folder sorted by class shows each
-    class), uint8 on the CPU, read by index: drawing a batch from the stream would change the run."""
-    source = batches.images if batches.images is not None else batches.loader.dataset
-    index = torch.linspace(0, len(source) - 1, min(count, len(source))).long().tolist()
-    return torch.stack([torch.as_tensor(source[i]).cpu() for i in index])
 
 
 @dataclasses.dataclass
@@ -313,6 +341,8 @@ def write_samples(state: TrainingState, run_dir: Path, monitor: Monitor) -> None
         grid = image_grid(sample(state.sampler, state.fixed_z, state.fixed_y), nrow=state.grid_columns)
         samples_dir = run_dir / "samples"
         samples_dir.mkdir(parents=True, exist_ok=True)
+        if state.fixed_y is not None:  # conditional: each row's class written at its left
+            grid = labelled_rows(grid, row_labels(state.fixed_y, state.grid_columns))
         save_image(grid, samples_dir / f"step_{state.step:06d}.png")
         write_progress_gif(samples_dir)
         monitor.image(FAKE_TAG if state.G_ema is not None else RAW_FAKE_TAG, grid, state.step)
@@ -328,13 +358,15 @@ def write_checkpoint(
 
 
 def hparams_of(cfg: TrainConfig) -> dict[str, int | float | str | bool | None]:
-    """The config flattened to 'group.key' -> value, typed (bool, number, string, None): the
-    columns of TensorBoard's HParams page. trainer.resume and trainer.progress are left out: how a
+    """The config flattened to 'group.key' -> value, typed (bool, float, string, None; integers and
+    lists as text): the columns of TensorBoard's HParams page. trainer.resume and trainer.progress are left out: how a
     run was started and shown, not what it computes."""
     flat = {}
     for group, values in to_plain(cfg).items():
         for key, value in values.items():
-            typed = value is None or isinstance(value, (int, float, str, bool))
+            typed = value is None or isinstance(value, (float, str, bool))
+            # whole numbers (steps, widths, batch size, seed) as text: the page prints every number
+            # to 5 significant digits (300 as 300.00), and a count is a category to filter, not a range
             flat[f"{group}.{key}"] = value if typed else str(value)
     for key in ("trainer.resume", "trainer.progress"):
         flat.pop(key, None)

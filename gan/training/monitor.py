@@ -33,40 +33,59 @@ from pathlib import Path
 from types import TracebackType
 from typing import Iterator, Mapping, Optional
 
-from PIL import Image
+import numpy
+import torch
+import yaml
+from PIL import Image, ImageDraw, ImageFont
 from tensorboard.compat.proto import summary_pb2
 from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 from tensorboard.plugins.hparams.summary_v2 import hparams_pb
+from tensorboard.plugins.text.summary_v2 import text_pb
 from torch import Tensor
 from torch.optim import Optimizer
+from torch.utils.data import Dataset
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
+from gan.config import TrainConfig, to_plain
+from gan.data import BatchStream
+
 log = logging.getLogger(__name__)
 
-# D's outputs as the step functions name them (gan/core/losses.py:AdversarialLoss.scores) -> shown as
+# D's outputs as the step functions name them (gan/core/losses.py:AdversarialLoss.scores) -> shown as.
+# One name per output whatever the loss, so runs of different losses share their charts, and every
+# run of a sweep over `loss=bce,hinge` has the same HParams metrics (TensorBoard's parallel
+# coordinates and scatter views leave out every run that lacks one of the metrics they show).
+# Under loss=bce they are probabilities (the mean sigmoid of D's logits); under hinge and WGAN-GP
+# D's mean raw output, a score with no fixed range.
 RENAMED = {
-    "d/real": "loss/D(x)",  # bce: mean sigmoid of D's logits on real images, a probability
+    "d/real": "loss/D(x)",
+    "d/real_score": "loss/D(x)",
     "d/fake": "loss/D(G(z))",
-    "d/real_score": "loss/D(x)_score",  # hinge, WGAN: D's raw output, a score with no fixed range
-    "d/fake_score": "loss/D(G(z))_score",
-    # D(G(z)) again in the G step, after D's update: pytorch/examples' D_G_z2 beside D_G_z1
-    "d/fake_after_d_step": "loss/D(G(z))_after_d_step",
-    "d/fake_score_after_d_step": "loss/D(G(z))_score_after_d_step",
+    "d/fake_score": "loss/D(G(z))",
+    # D(G(z)) again in the G step, after D's update: pytorch/examples' D_G_z2 beside D_G_z1. A
+    # diagnostic, kept out of the `loss` group so that group is the four charts of the first screen.
+    "d/fake_after_d_step": "train/D(G(z))_after_d_step",
+    "d/fake_score_after_d_step": "train/D(G(z))_after_d_step",
 }
 REAL_TAG = "samples/real"  # training images, once at the start of a run
 FAKE_TAG = "samples/fake (EMA G, fixed z)"  # the same latents through the EMA generator at every grid
 RAW_FAKE_TAG = "samples/fake (G, fixed z)"  # the same through G itself, in a run without an EMA
+CONFIG_TEXT_TAG, COMMAND_TEXT_TAG = "run/config", "run/command"  # the Text tab: what the run computes, how it began
 GIF_FRAMES = 50  # at most this many grids in samples/progress.gif, spread evenly over the run
 
 
 def shown_name(key: str) -> str:
     """The name of a step statistic in TensorBoard and the log: `d/real` -> `loss/D(x)`,
-    `grad_norm/d` -> `train/grad_norm_d`, any other `d/x` -> `train/d_x`; `loss/*` keeps its name.
-    (A group of its own would sort before `loss` and open in its place.)"""
+    `grad_norm/d` -> `train/grad_norm_d`, any other `d/x` -> `train/d_x`, a loss's terms
+    `loss/d_gp` -> `train/loss_d_gp`; `loss/d` and `loss/g` keep their names. The `loss` group is
+    the four charts of the first screen whatever the loss and its extra terms (a group of its own
+    would sort before `loss` and open in its place)."""
     if key in RENAMED:
         return RENAMED[key]
     group, _, name = key.partition("/")
+    if group == "loss" and name not in ("d", "g"):  # a loss's terms (loss/d_r1, loss/g_fm): train/loss_d_r1
+        return f"train/loss_{name}"
     return f"train/{group}_{name}" if group in ("grad_norm", "d") else key
 
 
@@ -174,8 +193,8 @@ class Monitor:
         short = {
             "d": values.get("loss/d"),
             "g": values.get("loss/g"),
-            "D(x)": values.get("loss/D(x)", values.get("loss/D(x)_score")),
-            "D(G(z))": values.get("loss/D(G(z))", values.get("loss/D(G(z))_score")),
+            "D(x)": values.get("loss/D(x)"),
+            "D(G(z))": values.get("loss/D(G(z))"),
         }
         self.bar.set_postfix({k: f"{v:.3f}" for k, v in short.items() if v is not None}, refresh=False)
         log.info("step %d  %s", step, "  ".join(f"{tag}={value:.4g}" for tag, value in values.items()))
@@ -191,10 +210,20 @@ class Monitor:
         if log_line:
             log.info("step %d  %s", step, "  ".join(f"{tag}={value:.4g}" for tag, value in values.items()))
 
+    def describe(self, step: int, config: str, command: Optional[str]) -> None:
+        """The run's resolved config and its command line in the Text tab (`run/config`,
+        `run/command`), at the step it starts from: a resumed run adds its own at the resume step."""
+        if not self.enabled:
+            return
+        self.text(CONFIG_TEXT_TAG, f"```yaml\n{config}```", step)
+        if command:
+            self.text(COMMAND_TEXT_TAG, f"```\n{command}\n```", step)
+
     def text(self, tag: str, text: str, step: int) -> None:
-        """A note in TensorBoard's Text tab (the collapse alarm's)."""
+        """A note in TensorBoard's Text tab (markdown) under `tag` itself: torch's add_text would
+        name it `tag/text_summary`."""
         if self.enabled:
-            self.writer.add_text(tag, text, step)
+            self.writer.file_writer.add_summary(text_pb(tag, text), step)
 
     def image(self, tag: str, grid: Tensor, step: int) -> None:
         if self.enabled:
@@ -243,6 +272,83 @@ def write_final_numbers(run_dir: Path, step: int, values: Mapping[str, float]) -
     with SummaryWriter(log_dir=str(run_dir / "tb" / "final_eval")) as writer:
         for tag, value in values.items():
             writer.add_scalar(tag, value, step)
+
+
+# A curve of fewer points than this is bent out of shape by TensorBoard's default smoothing (0.6, an
+# exponential average of the points so far, debiased: docs/watching.md works an example)
+SHORT_CURVE = 10
+
+
+def note_short_curve(eval_every: int, start: int, max_steps: int) -> None:
+    """A log line when the quality/FID curve of this run will hold fewer than SHORT_CURVE points."""
+    points = -(-(max_steps - start) // eval_every)
+    if points < SHORT_CURVE:
+        log.info(
+            "trainer.eval_every=%d draws %d point(s) of quality/FID in this run. TensorBoard smooths every "
+            "curve by default (Smoothing 0.6), which bends a curve this short far from its values: read it "
+            "with Smoothing at 0, or measure more often (eval_every <= %d gives %d points).",
+            eval_every,
+            points,
+            max(1, max_steps // SHORT_CURVE),
+            SHORT_CURVE,
+        )
+
+
+def config_text(cfg: TrainConfig) -> str:
+    """The resolved config as YAML, every key (defaults included): what the run computes."""
+    return yaml.safe_dump(to_plain(cfg), sort_keys=False, default_flow_style=False)
+
+
+def row_labels(classes: Tensor, columns: int) -> list[str]:
+    """The class of each row of a conditional grid, from its images' classes (`columns` a row)."""
+    return [str(c) for c in classes.cpu().tolist()[::columns]]
+
+
+def real_images(batches: BatchStream, count: int) -> Tensor:
+    """`count` training images spread evenly over the split (a folder sorted by class shows each
+    class), uint8 on the CPU, read by index: drawing a batch from the stream would change the run."""
+    source = batches.images if batches.images is not None else batches.loader.dataset
+    index = torch.linspace(0, len(source) - 1, min(count, len(source))).long().tolist()
+    return torch.stack([image_at(source, i) for i in index])
+
+
+def class_images(batches: BatchStream, labels: Tensor, classes: Tensor) -> Tensor:
+    """A training image for each entry of `classes`: the k-th image of class c for the k-th time c
+    appears (so a row of one class holds different images), read by index as real_images does."""
+    source = batches.images if batches.images is not None else batches.loader.dataset
+    seen: dict[int, int] = {}
+    chosen = []
+    for c in classes.tolist():
+        members = (labels.cpu() == c).nonzero().flatten()
+        k = seen.get(c, 0)
+        seen[c] = k + 1
+        chosen.append(image_at(source, int(members[k % len(members)])) if len(members) else None)
+    blank = torch.zeros_like(next(image for image in chosen if image is not None))
+    return torch.stack([image if image is not None else blank for image in chosen])
+
+
+def image_at(source: Tensor | Dataset, index: int) -> Tensor:
+    """One uint8 image of an in-memory split or a loader's dataset (whose rows may be (image, label))."""
+    item = source[index]
+    return torch.as_tensor(item[0] if isinstance(item, tuple) else item).cpu()
+
+
+def labelled_rows(grid: Tensor, labels: list[str]) -> Tensor:
+    """A grid (C, H, W in [0, 1], one row per label, as image_grid lays rows) with each row's label
+    written in a margin at its left: the class of each row of a conditional run's grids."""
+    channels, height, _ = grid.shape
+    row_height = height / len(labels)
+    picture = Image.fromarray(grid.mul(255).round().byte().permute(1, 2, 0).squeeze(-1).numpy())
+    font = ImageFont.load_default()
+    margin = round(max(font.getlength(label) for label in labels)) + 6
+    framed = Image.new(picture.mode, (picture.width + margin, picture.height), 0)
+    framed.paste(picture, (margin, 0))
+    draw = ImageDraw.Draw(framed)
+    white = 255 if picture.mode == "L" else (255, 255, 255)
+    for i, label in enumerate(labels):
+        draw.text((3, (i + 0.5) * row_height), label, fill=white, font=font, anchor="lm")  # left, middle
+    array = torch.from_numpy(numpy.asarray(framed).copy()).float().div(255)
+    return array.unsqueeze(0) if array.dim() == 2 else array.permute(2, 0, 1)
 
 
 def write_progress_gif(samples_dir: Path, max_frames: int = GIF_FRAMES) -> Path:

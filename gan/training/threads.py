@@ -100,8 +100,8 @@ def threads_for(limit: int, cpus: int, others: float) -> int:
 
 class ThreadGovernor:
     """Adjusts torch.set_num_threads to the free cores (the module's docstring). Call `poll()` after
-    every step: it reads the clock, and /proc only once per window. `on_change(threads)` is told
-    of every change (the monitor logs it as time/threads)."""
+    every step: it reads the clock, and /proc only once per window. `threads` is the count now
+    (the loop draws it as time/threads at every log point)."""
 
     def __init__(
         self,
@@ -109,12 +109,11 @@ class ThreadGovernor:
         cpus: int,
         window_s: float = 2.0,
         warm_up_s: float = 10.0,
-        on_change: Optional[Callable[[int], None]] = None,
         clock: Callable[[], float] = time.monotonic,
         busy: Callable[[], Optional[float]] = machine_busy_seconds,
         own: Callable[[], float] = own_busy_seconds,
     ):
-        self.limit, self.cpus, self.window_s, self.on_change = limit, cpus, window_s, on_change
+        self.limit, self.cpus, self.window_s = limit, cpus, window_s
         self.clock, self.busy, self.own = clock, busy, own
         self.threads = limit
         self.pending: Optional[int] = None  # the count the last window asked for, awaiting a second
@@ -148,17 +147,13 @@ class ThreadGovernor:
                 self.cpus,
                 wanted,
             )
-            if self.on_change is not None:
-                self.on_change(wanted)
         else:
             self.pending = wanted
 
 
-def thread_governor(
-    threads: int, device: torch.device, on_change: Optional[Callable[[int], None]] = None
-) -> Optional[ThreadGovernor]:
+def thread_governor(threads: int, device: torch.device) -> Optional[ThreadGovernor]:
     """A governor for trainer.threads=0 on the CPU of a machine with /proc/stat; None otherwise."""
     limit = torch.get_num_threads()
     if threads or device.type != "cpu" or limit < 2 or machine_busy_seconds() is None:
         return None
-    return ThreadGovernor(limit, available_cpus(), on_change=on_change)
+    return ThreadGovernor(limit, available_cpus())
