@@ -2,14 +2,17 @@
 #   make train [ARGS="loss=hinge optim.lr=1e-4"]   install into .venv, then train on the built-in digits
 #   make test  [PYTEST_ARGS="-m 'not slow'"]       install into .venv, then run the test suite
 #   make lint                                      ruff lint and format check (CI runs it before the tests)
+#   make test-slurm                                as root: a one-node SLURM cluster on this machine
+#                                                  (scripts/local_slurm.sh), tests/test_slurm.py, then stops it
 # Versions come from constraints.txt, the one place where tested versions are pinned.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+SLURM_STAMP := $(VENV)/.installed-slurm
 
-.PHONY: install train test lint
+.PHONY: install train test lint test-slurm
 
 install: $(STAMP)
 
@@ -28,3 +31,17 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# the slurm extra (hydra-submitit-launcher) on top of the test install
+$(SLURM_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,slurm]'
+	touch $(SLURM_STAMP)
+
+# tests/test_slurm.py: the tests marked `slurm`, and its checks of the launcher config and of submitit's
+# signal, which need the extra but no cluster. The cluster is stopped whether the tests pass or not, and
+# the tests' exit status is make's. The requeue timelines they log are shown (log_cli): docs/scaling.md
+# quotes them.
+test-slurm: $(SLURM_STAMP)
+	bash scripts/local_slurm.sh start
+	$(BIN)/python -m pytest tests/test_slurm.py -o log_cli=true -o log_cli_level=INFO $(PYTEST_ARGS); \
+		status=$$?; bash scripts/local_slurm.sh stop; exit $$status

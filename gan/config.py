@@ -13,9 +13,10 @@ at the command line with Hydra's own message. Checks of range (`trainer.max_step
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -466,13 +467,26 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("run_suffix", run_suffix)
 
 
-def run_suffix(override_dirname: str, limit: int = 120) -> str:
+def run_suffix(overrides: Sequence[str], exclude: Sequence[str] = (), limit: int = 120) -> str:
     """A single run's folder name after its time: `_` and the overrides that set what it computes
-    (Hydra's override_dirname, less configs/train.yaml's exclude_keys), so `tensorboard --logdir
-    outputs` names the run `14-03-58_loss=hinge`, not just `14-03-58`; '' without such overrides.
-    A '/' in a value would nest folders, so it becomes '-'; past `limit` characters the name is cut
-    (the time before it keeps folders apart)."""
-    name = override_dirname.replace("/", "-")
+    (the command line's, less configs/train.yaml's exclude_keys and Hydra's own), so `tensorboard
+    --logdir outputs` names the run `14-03-58_loss-hinge+optim.lr-2e-4`, not just `14-03-58`; ''
+    without such overrides.
+
+    Written `key-value`, joined by `+`, because the folder is what `trainer.resume=` is given, and
+    Hydra's override grammar reads `=`, `,`, brackets and quotes in an unquoted value as syntax: a
+    name made only of letters, digits and `._+-@%` is a path that needs no quoting (and, without a
+    `:`, a name every file system takes). A list value's items are joined by `-` and any other
+    character becomes `_`; past `limit` characters the name is cut (the time before it keeps
+    folders apart)."""
+    items = []
+    for override in sorted(overrides, key=lambda o: o.lstrip("+~")):
+        key, equals, value = override.lstrip("+~").partition("=")
+        if not equals or key.startswith("hydra.") or key in exclude:
+            continue
+        value = value.strip("'\"").strip("[]").replace(",", "-").replace("/", "-")
+        items.append(f"{key}-{re.sub(r'[^A-Za-z0-9._+@%-]', '_', value)}")
+    name = "+".join(items)
     return f"_{name[:limit]}" if name else ""
 
 

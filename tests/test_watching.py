@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, compose_config, run_train
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from PIL import Image
 from tensorboard import default, program
 from tensorboard.backend import application
@@ -223,15 +224,19 @@ def test_a_single_run_is_named_by_its_time_and_the_overrides_that_set_what_it_co
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = (tmp_path / "outputs").glob("*/*")
     # the time, then the overrides; how it ran (threads) and where its data lives (a path) left out
-    assert re.fullmatch(r"\d\d-\d\d-\d\d_debug=tiny,loss=hinge", run_dir.name), run_dir.name
+    assert re.fullmatch(r"\d\d-\d\d-\d\d_debug-tiny\+loss-hinge", run_dir.name), run_dir.name
     assert (run_dir / "tb").is_dir()
 
 
 def test_run_suffix_keeps_folders_flat_and_names_short():
-    assert run_suffix("") == ""
-    assert run_suffix("loss=hinge,optim.lr=2e-4") == "_loss=hinge,optim.lr=2e-4"
-    assert run_suffix("data=folder,model.diffaugment=[color/x]") == "_data=folder,model.diffaugment=[color-x]"
-    assert len(run_suffix("x" * 500)) == 121
+    assert run_suffix([]) == "" and run_suffix(["trainer.threads=1"], ["trainer.threads"]) == ""
+    assert run_suffix(["optim.lr=2e-4", "loss=hinge"]) == "_loss-hinge+optim.lr-2e-4"  # sorted, as Hydra sorts
+    named = run_suffix(["data=folder", "model.diffaugment=[color,cutout]", "+x.y='a b/c'", "hydra.run.dir=/x"])
+    assert named == "_data-folder+model.diffaugment-color-cutout+x.y-a_b-c"
+    assert len(run_suffix(["k=" + "x" * 500])) == 121
+    # the folder is what trainer.resume= is given: the path must read unquoted in Hydra's grammar
+    parsed = OverridesParser.create().parse_override(f"trainer.resume=outputs/2026-11-24/14-13-01{named}")
+    assert parsed.value() == f"outputs/2026-11-24/14-13-01{named}"
 
 
 # a sweep ------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Faults the loop must survive without losing work: a non-finite loss or weight, SIGINT and SIGTERM,
-and a model too large to allocate.
+"""Faults the loop must survive without losing work: a non-finite loss or weight, SIGINT and SIGTERM
+(and a SLURM job's time-out signal under submitit), and a model too large to allocate.
 
 Owns how each is noticed (a NaN watch on the device without a per-step host sync; a finiteness check
 of every weight before a checkpoint is written; signal handlers that set a flag) and how it is
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import signal
 import threading
@@ -246,11 +247,28 @@ class StopFlag:
             self.reason = reason
 
 
+def submitit_signal() -> Optional[signal.Signals]:
+    """The signal SLURM sends a submitit job (hydra/launcher=slurm) signal_delay_s before its time
+    limit, when this process is such a job and submitit's handler for it is installed: SIGUSR2, or
+    what SUBMITIT_PREEMPT_SIGNAL names. None elsewhere."""
+    if "SUBMITIT_EXECUTOR" not in os.environ:
+        return None
+    sig = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
+    if not isinstance(sig, signal.Signals) or sig in (signal.SIGINT, signal.SIGTERM):
+        return None
+    return sig if callable(signal.getsignal(sig)) else None
+
+
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[StopFlag]:
     """SIGINT/SIGTERM set a flag instead of killing the process, so the loop can finish its step,
     write a checkpoint and close TensorBoard. A second SIGINT interrupts at once (KeyboardInterrupt).
     Signals can only be handled in the main thread; elsewhere the block runs unprotected.
+
+    In a submitit job, its time-out signal (submitit_signal) sets the flag too. submitit's own handler
+    for it requeues the job and exits at once, mid-step, without the run's checkpoint: it is called
+    here after the block, once the loop has written its checkpoint (it exits on rank 0; on other ranks
+    it returns, and the run ends as a signal ends it).
     """
     flag = StopFlag()
     if threading.current_thread() is not threading.main_thread():
@@ -263,9 +281,14 @@ def stop_on_signals() -> Iterator[StopFlag]:
         flag.reason = signal.Signals(signum).name
         log.warning("%s received: finishing this step, then writing a checkpoint.", flag.reason)
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    handed_on = submitit_signal()
+    signals = (signal.SIGINT, signal.SIGTERM, *([handed_on] if handed_on else []))
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
         yield flag
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+    if handed_on is not None and flag.reason == handed_on.name:  # only when the block ended normally
+        log.info("Checkpoint written; %s passed on to submitit, which requeues the job.", flag.reason)
+        previous[handed_on](handed_on, None)
