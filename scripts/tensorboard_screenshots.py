@@ -86,7 +86,7 @@ def run_folder(folder: Path, name: str) -> Path:
     if name == "sweep":
         return max((outputs / "multirun").glob("*/*"), key=lambda p: p.stat().st_mtime)
     singles = [p for p in outputs.glob("*/*") if p.parent.name != "multirun" and (p / "tb").is_dir()]
-    conditional = [p for p in singles if "model.conditional=true" in p.name]
+    conditional = [p for p in singles if "model.conditional=true" in (p / ".hydra" / "overrides.yaml").read_text()]
     chosen = conditional if name == "conditional" else [p for p in singles if p not in conditional]
     if not chosen:
         raise SystemExit(f"No {name} run under {outputs}: run `{Path(__file__).name} runs {folder}` first")
