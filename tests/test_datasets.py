@@ -340,6 +340,24 @@ def test_the_classifier_cache_and_empty_folders_are_not_classes(tmp_path):
     assert torch.equal(before.labels, after.labels) and torch.equal(before.images, after.images)
 
 
+def test_a_folder_s_cached_classifier_is_keyed_by_its_images_and_classes(tmp_path):
+    """A classifier cached for a folder must not judge it once a class or an image is added."""
+    from gan.config import ClassifierConfig
+    from gan.evaluation.metrics import classifier_key
+
+    for i in range(7):
+        write_image(tmp_path / "cats" / f"{i}.png", (20, 20), seed=i)
+    data, config = cfg_for("folder", tmp_path, image_size=16), ClassifierConfig()
+    first = classifier_key(data, config)
+    (tmp_path / CLASSIFIER_CACHE).mkdir()
+    (tmp_path / CLASSIFIER_CACHE / f"{first}.pt").write_bytes(b"weights")  # the cache is no image
+    assert classifier_key(data, config) == first
+    write_image(tmp_path / "dogs" / "0.png", (20, 20), seed=99)  # a new class
+    second = classifier_key(data, config)
+    write_image(tmp_path / "dogs" / "1.png", (20, 20), seed=98)  # one more image
+    assert len({first, second, classifier_key(data, config)}) == 3
+
+
 def test_images_beside_folders_make_one_unlabelled_set_of_everything(tmp_path):
     write_image(tmp_path / "top.png", (20, 20))
     for i in range(20):

@@ -44,9 +44,9 @@ from torchmetrics.image.kid import KernelInceptionDistance
 from torchvision.transforms.functional import gaussian_blur
 
 from gan.checkpoint import save_checkpoint
-from gan.config import ClassifierConfig, DataConfig, FeatureSpace, MetricsConfig
+from gan.config import ClassifierConfig, DataConfig, DatasetName, FeatureSpace, MetricsConfig
 from gan.data import ImageSet, load_dataset, to_unit_range
-from gan.data.sources import CLASSIFIER_CACHE
+from gan.data.sources import CLASSIFIER_CACHE, list_images
 from gan.errors import MetricsError
 
 log = logging.getLogger(__name__)
@@ -162,6 +162,12 @@ def classifier_key(data: DataConfig, cfg: ClassifierConfig) -> str:
         "data": {k: v for k, v in dataclasses.asdict(data).items() if k not in _LOADING_KEYS},
         "classifier": {k: v for k, v in dataclasses.asdict(cfg).items() if k != "min_accuracy"},
     }
+    root = Path(data.root).expanduser()
+    if data.name == DatasetName.folder and root.is_dir():
+        # a folder's images are its files, not its settings: a class or an image added, or taken
+        # away, is another classifier (one cached for 5 classes must not judge 6)
+        paths, _, num_classes = list_images(root)
+        identity["folder"] = {"images": len(paths), "classes": num_classes}
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"{data.name}-{data.image_size}px-{data.channels}ch-{digest}"
 
