@@ -308,34 +308,24 @@ def test_training_warns_about_damaged_test_labels_naming_the_file(tmp_path, dama
     assert str(labels) in warnings[0] and DAMAGE[damage] in warnings[0] and "evaluate.py" in warnings[0]
 
 
-def test_a_run_that_evaluates_after_training_stops_on_damaged_test_labels_before_training(tmp_path):
-    labels = damaged_mnist(tmp_path / "data", "truncated")
-    run_dir = tmp_path / "run"
-    result = run_train(
-        "data=mnist",
-        f"data.root={tmp_path / 'data'}",
-        "trainer.final_eval_samples=20",
-        ONE_THREAD,
-        f"hydra.run.dir={run_dir}",
-    )
-    assert_refused(result, f"{labels} is truncated", "trainer.final_eval_samples=20 measures the trained generator")
-    assert not (run_dir / "checkpoints").exists()
+# trainer.final_eval_samples measures the trained generator on the held-out split; trainer.eval_every
+# trains the metrics classifier, which is tested on it: either stops before training on damaged labels
+REFUSED_LABELS = [
+    ("truncated", ["trainer.final_eval_samples=20"],
+     ["{labels} is truncated", "trainer.final_eval_samples=20 measures the trained generator"]),
+    ("out of range", ["trainer.eval_every=2", "trainer.eval_samples=10", "trainer.overfit_every=0"],
+     ["labels file {labels} holds values from 5 to 12"]),
+]  # fmt: skip
 
 
-def test_a_run_that_measures_quality_stops_on_damaged_test_labels(tmp_path):
-    # trainer.eval_every trains the metrics classifier, which is tested on the held-out split
-    labels = damaged_mnist(tmp_path / "data", "out of range")
+@pytest.mark.parametrize("damage, measuring, expected", REFUSED_LABELS, ids=["final_eval", "eval_every"])
+def test_a_run_that_measures_on_the_held_out_split_stops_on_damaged_test_labels(tmp_path, damage, measuring, expected):
+    labels = damaged_mnist(tmp_path / "data", damage)
     run_dir = tmp_path / "run"
     result = run_train(
-        "data=mnist",
-        f"data.root={tmp_path / 'data'}",
-        "trainer.eval_every=2",
-        "trainer.eval_samples=10",
-        "trainer.overfit_every=0",
-        ONE_THREAD,
-        f"hydra.run.dir={run_dir}",
+        "data=mnist", f"data.root={tmp_path / 'data'}", *measuring, ONE_THREAD, f"hydra.run.dir={run_dir}"
     )
-    assert_refused(result, f"labels file {labels} holds values from 5 to 12")
+    assert_refused(result, *(text.format(labels=labels) for text in expected))
     assert not (run_dir / "checkpoints").exists()
 
 

@@ -149,7 +149,7 @@ def test_the_validation_images_come_from_the_training_split():
 
 def watch(window: int = 100, log_every: int = 10, squash: bool = False) -> tuple[CollapseWatch, list[int]]:
     alarms: list[int] = []
-    return CollapseWatch(window, log_every, "loss/D(G(z))", squash, lambda step, _: alarms.append(step)), alarms
+    return CollapseWatch(window, log_every, squash, lambda step, _: alarms.append(step)), alarms
 
 
 def test_the_alarm_needs_a_whole_window_of_dominance_and_warns_once_per_episode():

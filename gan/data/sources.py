@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import struct
 import time
 import zlib
@@ -32,7 +31,7 @@ from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from torchvision import datasets
-from torchvision.datasets.folder import IMG_EXTENSIONS
+from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 from torchvision.transforms.functional import pil_to_tensor
 from torchvision.transforms.v2 import functional as TF
 
@@ -485,10 +484,14 @@ def list_images(root: Path) -> tuple[list[Path], list[int], int]:
     """
     entries = [p for p in root.iterdir() if not p.name.startswith(".") and p.name != CLASSIFIER_CACHE]
     if any(p.is_dir() for p in entries) and not any(_is_image(p) for p in entries):
-        if not class_folders(root):
-            return [], [], 0  # folders without an image in any: the caller says the folder holds none
-        folder = _ClassFolders(str(root), allow_empty=True)  # allow_empty: no error on a bare folder
-        return [Path(p) for p, _ in folder.samples], [c for _, c in folder.samples], len(folder.classes)
+        # ImageFolder's listing (its make_dataset: sorted folders, sorted walk, image extensions),
+        # walked once; a folder without an image is no class (an empty class would be a class G is
+        # asked to draw and no image shows), so the classes are the folders the walk found images in
+        folders = sorted(p.name for p in entries if p.is_dir())
+        samples = make_dataset(str(root), {name: i for i, name in enumerate(folders)}, IMG_EXTENSIONS, allow_empty=True)
+        found = sorted({label for _, label in samples})  # folder indices, in the folders' order
+        label_of = {folder: label for label, folder in enumerate(found)}
+        return [Path(p) for p, _ in samples], [label_of[c] for _, c in samples], len(found)
     paths = sorted(
         p
         for p in root.rglob("*")
@@ -501,26 +504,6 @@ def list_images(root: Path) -> tuple[list[Path], list[int], int]:
 # data=folder that is the image folder itself, so it is never a class: counted as one, the first
 # measurement would turn a 5-class folder into a 6-class one for every later run.
 CLASSIFIER_CACHE = "classifiers"
-
-
-def class_folders(root: Path) -> list[str]:
-    """The class folders of an image folder, sorted: its top folders that hold an image at any
-    depth, less hidden ones and the classifier cache (an empty class would be a class G is asked to
-    draw and no image shows)."""
-    return sorted(
-        entry.name
-        for entry in root.iterdir()
-        if entry.is_dir() and not entry.name.startswith(".") and entry.name != CLASSIFIER_CACHE
-        and any(_is_image(Path(top) / name) for top, _, names in os.walk(entry, followlinks=True) for name in names)
-    )  # fmt: skip
-
-
-class _ClassFolders(datasets.ImageFolder):
-    """ImageFolder whose classes are `class_folders`."""
-
-    def find_classes(self, directory: str) -> tuple[list[str], dict[str, int]]:
-        classes = class_folders(Path(directory))
-        return classes, {name: index for index, name in enumerate(classes)}
 
 
 def _is_image(path: Path) -> bool:

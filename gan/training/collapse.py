@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 FAKE_BELOW = 0.05
 # ...while it also calls nearly every real image real (r_t = 1: every real logit positive).
 RT_ABOVE = 0.9
+FAKE_TAG = "loss/D(G(z))"  # D's output on fakes, under one name whatever the loss (monitor.RENAMED)
 RT_TAG = "train/d_overfit_rt"
 WON_TAG = "train/d_won"
 TEXT_TAG = "collapse"
@@ -49,19 +50,18 @@ class CollapseWatch:
         self,
         window_steps: int,
         log_every: int,
-        fake_tag: str,
         squash: bool,
         on_alarm: Callable[[int, str], None],
     ):
-        """`fake_tag`: the logged name of D's output on fakes; `squash`: it is a raw score, to pass
-        through a sigmoid. `on_alarm(step, message)` is called once per episode."""
+        """`squash`: D's logged output on fakes (FAKE_TAG) is a raw score, to pass through a sigmoid.
+        `on_alarm(step, message)` is called once per episode."""
         self.points = max(1, window_steps // log_every)  # log points in a window
-        self.window_steps, self.fake_tag, self.squash, self.on_alarm = window_steps, fake_tag, squash, on_alarm
+        self.window_steps, self.squash, self.on_alarm = window_steps, squash, on_alarm
         self.recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=self.points)
         self.won = False
 
     def observe(self, step: int, values: Mapping[str, float]) -> dict[str, float]:
-        fake, rt = values.get(self.fake_tag), values.get(RT_TAG)
+        fake, rt = values.get(FAKE_TAG), values.get(RT_TAG)
         if fake is None or rt is None or not (math.isfinite(fake) and math.isfinite(rt)):
             return {}
         p_fake = 1 / (1 + math.exp(-max(-60.0, min(60.0, fake)))) if self.squash else fake
@@ -91,4 +91,4 @@ def collapse_watch(cfg: TrainConfig, on_alarm: Callable[[int, str], None]) -> Op
     if cfg.trainer.on_collapse == OnCollapse.off or cfg.loss.name == LossName.wgan_gp:
         return None
     squash = cfg.loss.name != LossName.bce  # hinge: D(G(z)) is a score, read through a sigmoid
-    return CollapseWatch(cfg.trainer.collapse_window, cfg.trainer.log_every, "loss/D(G(z))", squash, on_alarm)
+    return CollapseWatch(cfg.trainer.collapse_window, cfg.trainer.log_every, squash, on_alarm)

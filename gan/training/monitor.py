@@ -307,7 +307,7 @@ def row_labels(classes: Tensor, columns: int) -> list[str]:
 def real_images(batches: BatchStream, count: int) -> Tensor:
     """`count` training images spread evenly over the split (a folder sorted by class shows each
     class), uint8 on the CPU, read by index: drawing a batch from the stream would change the run."""
-    source = batches.images if batches.images is not None else batches.loader.dataset
+    source = training_images(batches)
     index = torch.linspace(0, len(source) - 1, min(count, len(source))).long().tolist()
     return torch.stack([image_at(source, i) for i in index])
 
@@ -315,16 +315,20 @@ def real_images(batches: BatchStream, count: int) -> Tensor:
 def class_images(batches: BatchStream, labels: Tensor, classes: Tensor) -> Tensor:
     """A training image for each entry of `classes`: the k-th image of class c for the k-th time c
     appears (so a row of one class holds different images), read by index as real_images does."""
-    source = batches.images if batches.images is not None else batches.loader.dataset
+    source, labels = training_images(batches), labels.cpu()
+    members = {c: (labels == c).nonzero().flatten().tolist() for c in set(classes.tolist())}
     seen: dict[int, int] = {}
     chosen = []
     for c in classes.tolist():
-        members = (labels.cpu() == c).nonzero().flatten()
-        k = seen.get(c, 0)
-        seen[c] = k + 1
-        chosen.append(image_at(source, int(members[k % len(members)])) if len(members) else None)
+        k = seen[c] = seen.get(c, -1) + 1
+        chosen.append(image_at(source, members[c][k % len(members[c])]) if members[c] else None)
     blank = torch.zeros_like(next(image for image in chosen if image is not None))
     return torch.stack([image if image is not None else blank for image in chosen])
+
+
+def training_images(batches: BatchStream) -> Tensor | Dataset:
+    """The training split behind a batch stream, indexable: in memory, or the loader's dataset."""
+    return batches.images if batches.images is not None else batches.loader.dataset
 
 
 def image_at(source: Tensor | Dataset, index: int) -> Tensor:
