@@ -14,13 +14,15 @@ import pickle
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Hashable, Iterable, Mapping, Optional, Sequence, TypeVar
 
 import torch
 from omegaconf.errors import ConfigKeyError
 from torch import Tensor, nn
 
 from gan.errors import CheckpointError
+
+Name = TypeVar("Name", bound=Hashable)  # a tensor's name: a string, or a (part, key) pair
 
 # What every checkpoint of this project holds: last.pt (the whole training state) and best.pt (the
 # generator alone, `kind: best`). Resuming needs more, and says which entry is missing.
@@ -80,9 +82,10 @@ def training_tensors(state: Mapping[str, Any]) -> Iterable[tuple[str, Tensor]]:
     yield "fixed_z", state["fixed_z"]
 
 
-def nonfinite(named: Iterable[tuple[str, Any]]) -> tuple[list[str], int]:
+def nonfinite(named: Iterable[tuple[Name, Any]]) -> tuple[list[Name], int]:
     """The names of the floating tensors among `named` that hold a NaN or an inf, and how many floating
-    tensors there are: shared by the resume gate (require_training_state) and evaluate.py's generator.
+    tensors there are: shared by the resume gate (require_training_state), evaluate.py's generator and
+    the training loop's check before each checkpoint (gan.training.faults.check_finite_state).
 
     One host sync when all are finite: the 2-norm of every tensor (torch._foreach_norm), finite only
     if every element is. Only then are the tensors looked at one by one, by name: finite values so

@@ -5,14 +5,19 @@
     python scripts/longer.py data=fashion_mnist data.root=/path/to/datasets \
         metrics.classifier.epochs=5 metrics.classifier.min_accuracy=0.9
     python scripts/longer.py --out DIR --measure-only          # (re)measure the snapshots under DIR
+    python scripts/longer.py --out DIR --extend --factor 4     # train an earlier run on, to 4x
     python scripts/longer.py --plot old=DIR new=DIR --out FILE.png   # several runs' curves on one plot
 
 Trains `python train.py` with the overrides given (train.py's keys; `metrics.*` are evaluate.py's
 measurement settings) through `--factor` x its trainer.max_steps in one run, as a user who sets
 trainer.max_steps larger would (optim.lr_decay, when set, plans toward that end), and snapshots the
-generator every `--every` steps. Each snapshot is then measured as evaluate.py measures a
-checkpoint (the EMA generator with its BatchNorm statistics recomputed, `--samples` samples against
-as many held-out images, in the classifier's features).
+generator every `--every` steps. `--extend` trains an earlier run under --out on to a larger
+`--factor`: it resumes the run's last checkpoint exactly, with the settings stored in it (so a default
+changed since does not change the run), as `train.py trainer.resume=DIR/run trainer.max_steps=N`
+would; without optim.lr_decay that is the same run as one started with the larger factor. Each
+snapshot is then measured as evaluate.py measures a checkpoint (the EMA generator with its
+BatchNorm statistics recomputed, `--samples` samples against as many held-out images, in the
+classifier's features).
 
 Prints a table (step, multiple of the configured max_steps, FID, recall, and each against the best
 seen at or before it), writes OUT/longer.json and OUT/fid_vs_steps.png, and ends with one line:
@@ -37,10 +42,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: the repo's gan and scripts
 
-from gan.config import to_plain  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from gan.checkpoint import load_checkpoint, require_training_state  # noqa: E402
+from gan.config import TrainConfig, to_plain  # noqa: E402
 from gan.device import resolve_device  # noqa: E402
 from gan.errors import UserError  # noqa: E402
 from gan.training import train  # noqa: E402
+from gan.training.runs import with_schema_defaults  # noqa: E402
 from gan.training.state import TrainingState  # noqa: E402
 from scripts.compare import Measurer, generator_of, metrics_config, train_config  # noqa: E402
 
@@ -54,6 +63,31 @@ def train_longer(overrides: list[str], factor: float, every: int, out: Path, thr
     cfg = train_config(overrides + ["trainer.progress=false"])
     base = cfg.trainer.max_steps
     cfg.trainer.max_steps = int(round(base * factor))
+    snapshot_and_train(cfg, every, out, threads)
+    return base
+
+
+def extend_longer(about: dict[str, Any], factor: float, every: int, out: Path, threads: int) -> None:
+    """The run under OUT/run resumed from its last checkpoint, with the config stored in it, and
+    trained on to factor x its configured max_steps (about["base_steps"])."""
+    file = out / "run" / "checkpoints" / "last.pt"
+    if not file.is_file():
+        raise UserError(f"--extend: {file} does not exist: {out} holds no run to train on")
+    state = load_checkpoint(file)
+    require_training_state(state, str(file))
+    stored = with_schema_defaults(state["config"], file)
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), stored))
+    assert isinstance(cfg, TrainConfig)
+    cfg.trainer.max_steps = int(round(about["base_steps"] * factor))
+    if cfg.trainer.max_steps <= int(state["step"]):
+        raise UserError(f"--extend --factor {factor}: step {cfg.trainer.max_steps} is not beyond the run's "
+                        f"step {state['step']}; give a larger --factor")  # fmt: skip
+    cfg.trainer.resume, cfg.trainer.progress = str(file), False
+    snapshot_and_train(cfg, every, out, threads)
+
+
+def snapshot_and_train(cfg: TrainConfig, every: int, out: Path, threads: int) -> None:
+    """train() into OUT/run, G (and its EMA) saved into OUT/snapshots every `every` steps and at the end."""
     if threads:
         torch.set_num_threads(threads)
         cfg.trainer.threads = threads
@@ -69,7 +103,6 @@ def train_longer(overrides: list[str], factor: float, every: int, out: Path, thr
         return False
 
     train(cfg, out / "run", after_step=after_step)
-    return base
 
 
 def measure_all(overrides: list[str], out: Path, samples: int) -> list[dict[str, Any]]:
@@ -175,7 +208,13 @@ def main(args: argparse.Namespace) -> None:
     metrics_config(args.overrides)
     args.out = args.out or Path("outputs/longer") / f"{cfg.data.name.value}-{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}"
     about_file = args.out / "about.json"
-    if not args.measure_only:
+    if args.extend:
+        if not about_file.exists():
+            raise UserError(f"--extend: {args.out} holds no run of scripts/longer.py (no about.json)")
+        about = json.loads(about_file.read_text())
+        extend_longer(about, args.factor, args.every, args.out, args.threads)
+        about_file.write_text(json.dumps({**about, "factor": args.factor}))
+    elif not args.measure_only:
         if (args.out / "snapshots").exists():
             raise UserError(f"{args.out} already holds a run: give another --out, or --measure-only")
         base = train_longer(args.overrides, args.factor, args.every, args.out, args.threads)
@@ -191,7 +230,8 @@ def main(args: argparse.Namespace) -> None:
     if not rows:
         raise UserError(f"no snapshots under {args.out / 'snapshots'} to measure")
     rows, summary = against_best(rows, about["base_steps"])
-    title = f"data={cfg.data.name.value}: {' '.join(about['overrides']) or 'defaults'}"
+    data_name = train_config(about["overrides"]).data.name.value  # the run's data, also when extended
+    title = f"data={data_name}: {' '.join(about['overrides']) or 'defaults'}"
     plot(rows, about["base_steps"], title[:90], args.out / "fid_vs_steps.png")
     (args.out / "longer.json").write_text(json.dumps({"summary": summary, "rows": rows, **about}, indent=1))
     print(table(rows))
@@ -207,14 +247,21 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None, help="output folder (default outputs/longer/DATA-TIME)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: train.py's trainer.threads)")
     parser.add_argument("--measure-only", action="store_true", help="measure the snapshots already under --out")
+    parser.add_argument("--extend", action="store_true", help="train the run under --out on to --factor, then measure")
     parser.add_argument("--plot", nargs="+", metavar="NAME=DIR", help="plot earlier runs together into --out (a PNG)")
     args = parser.parse_args(argv)
     if args.plot and (args.out is None or args.out.suffix != ".png"):
         parser.error("--plot needs --out FILE.png")
     if args.factor <= 0 or args.every < 1 or args.samples < 10:
         parser.error("--factor must be > 0, --every at least 1 and --samples at least 10")
-    if args.measure_only and args.out is None:
-        parser.error("--measure-only needs --out, the folder of an earlier run")
+    if (args.measure_only or args.extend) and args.out is None:
+        parser.error("--measure-only and --extend need --out, the folder of an earlier run")
+    training_overrides = [o for o in args.overrides if not o.startswith("metrics.")]
+    if args.extend and (args.measure_only or training_overrides):
+        parser.error(
+            "--extend trains the run under --out with its own settings: give no --measure-only, "
+            "and no overrides but metrics.*"
+        )
     return args
 
 

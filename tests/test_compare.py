@@ -269,3 +269,33 @@ def test_longer_runs_end_to_end(tmp_path):
     assert missing.returncode == 2 and "longer.json" in missing.stderr
     again = script("longer.py", *overrides, "--out", "run", cwd=tmp_path)  # a second run over the first: refused
     assert again.returncode == 2 and "already holds a run" in again.stderr
+
+
+def test_longer_extends_an_earlier_run_to_the_same_generators_as_a_longer_one(tmp_path):
+    # --extend resumes OUT/run from its last checkpoint with the settings stored in it: the snapshots
+    # past the old end are the very tensors a run started with the larger factor holds
+    overrides = [*TINY_RACE, "trainer.max_steps=4"]
+    straight = script("longer.py", *overrides, "--factor", "2", "--every", "2", "--samples", "100", "--out", "a",
+                      cwd=tmp_path)  # fmt: skip
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    short = script("longer.py", *overrides, "--factor", "1", "--every", "2", "--samples", "100", "--out", "b",
+                   cwd=tmp_path)  # fmt: skip
+    assert short.returncode == 0, short.stderr[-3000:]
+    extended = script("longer.py", "--out", "b", "--extend", "--factor", "2", "--every", "2", "--samples", "100",
+                      cwd=tmp_path)  # fmt: skip
+    assert extended.returncode == 0, extended.stderr[-3000:]
+    result = json.loads((tmp_path / "b" / "longer.json").read_text())
+    assert [row["step"] for row in result["rows"]] == [2, 4, 6, 8] and result["factor"] == 2
+    for step in (6, 8):
+        a, b = (torch.load(tmp_path / run / "snapshots" / f"step_{step:07d}.pt", weights_only=True) for run in "ab")
+        assert a["step"] == b["step"] == step
+        for name in ("G", "G_ema"):
+            assert a[name].keys() == b[name].keys()
+            assert all(torch.equal(a[name][k], b[name][k]) for k in a[name]), (step, name)
+    # at or below the run's step there is nothing to train; overrides would change the run: both refused
+    again = script("longer.py", "--out", "b", "--extend", "--factor", "2", cwd=tmp_path)
+    assert again.returncode == 2 and "not beyond" in again.stderr, again.stderr[-2000:]
+    changed = script("longer.py", "--out", "b", "--extend", "--factor", "3", "optim.lr=1e-4", cwd=tmp_path)
+    assert changed.returncode == 2 and "--extend" in changed.stderr
+    nothing = script("longer.py", "--out", "c", "--extend", "--factor", "3", cwd=tmp_path)
+    assert nothing.returncode == 2 and "no run" in nothing.stderr

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 import torch
 from torch import Tensor, nn
 
-from gan.checkpoint import load_checkpoint
+from gan.checkpoint import load_checkpoint, nonfinite
 from gan.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
@@ -110,18 +110,22 @@ def check_finite_state(state: TrainingState, kept: Path) -> None:
     or either optimizer's state is NaN or inf; `kept` (the last checkpoint) is then left as it is.
 
     The loss watch cannot see everything: a step with a finite loss can still write inf into the
-    weights (optim.lr=inf), or into Adam's moments (a huge gradient squared). One host sync: the 2-norm
-    of every tensor (torch._foreach_norm, one kernel per group of tensors), finite only if every element
-    is. Finite weights so large that the norm overflows (beyond about 1e19) are looked at one by one:
-    they pass, being what the learning rate asked for, with a warning (warn_if_diverged).
+    weights (optim.lr=inf), or into Adam's moments (a huge gradient squared). The test is the one a
+    resume makes of a checkpoint (gan.checkpoint.nonfinite: one host sync while all is finite). Finite
+    weights so large that a norm overflows pass, being what the learning rate asked for, with a
+    warning (warn_if_diverged).
     """
     parts = {name: getattr(state, name) for name in _PARTS if getattr(state, name) is not None}
-    tensors = [t for part in parts.values() for t in _floating_tensors(part)]
-    finite = not tensors or torch.stack(torch._foreach_norm(tensors)).isfinite().all()
+    names = _parameter_names(parts)
+    named = [((name, key), t) for name, part in parts.items() for key, t in _named_tensors(part, names)]
+    bad, _ = nonfinite(named)  # one host sync while all is finite
     found = []
-    if not finite:  # only then are the tensors looked at one by one, by name
-        names = _parameter_names(parts)
-        found = [text for name, part in parts.items() if (text := _nonfinite_in(name, part, names))]
+    for name in parts:
+        keys = [key for part, key in bad if part == name]
+        if keys:
+            total = sum(1 for (part, _), t in named if part == name and t.is_floating_point())
+            shown = ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "")
+            found.append(f"{_PARTS[name]} in {len(keys)} of its {total} tensors ({shown})")
     if not found:
         warn_if_diverged(parts, state.step)
         return
@@ -156,15 +160,6 @@ def diverged(networks: dict[str, nn.Module], limit: float = 1e4) -> dict[str, fl
     return found
 
 
-def _floating_tensors(part: nn.Module | torch.optim.Optimizer) -> list[Tensor]:
-    """A module's floating parameters and buffers, or an optimizer's floating state tensors."""
-    if isinstance(part, nn.Module):
-        tensors = [*part.parameters(), *part.buffers()]
-    else:
-        tensors = [value for slots in part.state.values() for value in slots.values() if isinstance(value, Tensor)]
-    return [t.detach() for t in tensors if t.is_floating_point()]
-
-
 def _parameter_names(parts: dict[str, Any]) -> dict[int, str]:
     """id(parameter) -> 'G.net.0.weight', to name the optimizer slots of each parameter."""
     return {
@@ -175,23 +170,17 @@ def _parameter_names(parts: dict[str, Any]) -> dict[int, str]:
     }
 
 
-def _nonfinite_in(name: str, part: nn.Module | torch.optim.Optimizer, names: dict[int, str]) -> str:
-    """'the generator G in 3 of its 14 tensors (net.0.weight, ...)', or '' when all are finite."""
+def _named_tensors(part: nn.Module | torch.optim.Optimizer, names: dict[int, str]) -> list[tuple[str, Tensor]]:
+    """A module's parameters and buffers by name ('net.0.weight'), or an optimizer's state tensors by
+    slot and parameter ('exp_avg_sq of D.net.3.weight')."""
     if isinstance(part, nn.Module):
-        named = [*part.named_parameters(), *part.named_buffers()]
-    else:
-        named = [
-            (f"{slot} of {names.get(id(p), 'a parameter')}", value)
-            for p, slots in part.state.items()
-            for slot, value in slots.items()
-            if isinstance(value, Tensor)
-        ]
-    named = [(key, t) for key, t in named if t.is_floating_point()]
-    bad = [key for key, t in named if not torch.isfinite(t).all()]
-    if not bad:
-        return ""
-    shown = ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else "")
-    return f"{_PARTS[name]} in {len(bad)} of its {len(named)} tensors ({shown})"
+        return [(key, t.detach()) for key, t in [*part.named_parameters(), *part.named_buffers()]]
+    return [
+        (f"{slot} of {names.get(id(p), 'a parameter')}", value.detach())
+        for p, slots in part.state.items()
+        for slot, value in slots.items()
+        if isinstance(value, Tensor)
+    ]
 
 
 def _kept(path: Path) -> str:
