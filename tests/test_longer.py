@@ -20,6 +20,7 @@ from gan.training import train
 from gan.training.collapse import FAKE_BELOW, RT_ABOVE, RT_TAG, WON_TAG, CollapseWatch
 from gan.training.periodic import Every, Extras, Tick
 from gan.training.quality import BEST_FID_TAG, FID_TAG
+from gan.training.runs import with_schema_defaults
 
 # the periodic extras --------------------------------------------------------------------------------
 
@@ -301,6 +302,40 @@ def test_ada_p_is_checkpointed_and_a_resume_is_bit_identical(tmp_path):
     straight, resumed = load_checkpoint(tmp_path / "straight"), load_checkpoint(tmp_path / "split")
     assert straight["augment"] == resumed["augment"]
     assert_same_state(straight, resumed)
+
+
+def test_a_checkpoint_without_adas_p_resumes_with_a_warning_not_silently(tmp_path, caplog):
+    common = ("trainer.max_steps=8", "model.diffaugment=[translation]", "model.ada_target=0.01",
+              "model.ada_kimg=0.5", "trainer.checkpoint_every=100")  # fmt: skip
+    train(compose_config(*common), tmp_path, after_step=stop_at(4))
+    file = tmp_path / "checkpoints" / "last.pt"
+    state = torch.load(file, weights_only=True)
+    assert state["augment"]["p"] > 0
+    torch.save({k: v for k, v in state.items() if k != "augment"}, file)  # as a checkpoint of an older version
+    with caplog.at_level("WARNING", logger="gan.training.state"):
+        train(compose_config(*common, f"trainer.resume={tmp_path}"), tmp_path)
+    assert "holds no p of the adaptive augmentation" in caplog.text and "not the run continued exactly" in caplog.text
+    caplog.clear()
+    train(compose_config(*common, "trainer.max_steps=10", f"trainer.resume={tmp_path}"), tmp_path)  # p kept now
+    assert "holds no p" not in caplog.text
+
+
+def test_a_run_from_before_ada_resumes_as_it_ran_with_every_image_augmented(tmp_path):
+    # a config stored without model.ada_target was written when model.diffaugment applied to every image
+    # (p = 1): it reads as ada_target=0, and train.py's resume replays that, not today's default 0.6
+    first = run_train(f"hydra.run.dir={tmp_path}", "trainer.max_steps=2", "model.diffaugment=[translation]")
+    assert first.returncode == 0, first.stderr[-2000:]
+    file = tmp_path / "checkpoints" / "last.pt"
+    state = torch.load(file, weights_only=True)
+    model = {k: v for k, v in state["config"]["model"].items() if k not in ("ada_target", "ada_kimg")}
+    torch.save({**{k: v for k, v in state.items() if k != "augment"}, "config": {**state["config"], "model": model}},
+               file)  # fmt: skip
+    assert with_schema_defaults(torch.load(file, weights_only=True)["config"], file)["model"]["ada_target"] == 0.0
+    resumed = run_train(f"trainer.resume={tmp_path}", "trainer.max_steps=4")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    after = torch.load(file, weights_only=True)
+    assert after["step"] == 4 and after["config"]["model"]["ada_target"] == 0.0 and after.get("augment") is None
+    assert "holds no p" not in resumed.stdout + resumed.stderr
 
 
 # the new options refuse bad values ----------------------------------------------------------------

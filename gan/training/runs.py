@@ -13,7 +13,7 @@ import os
 import shlex
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional
 
 import yaml
 from hydra import compose, initialize_config_dir
@@ -263,16 +263,29 @@ def check_steps(max_steps: int, step: int) -> None:
         log.info("The checkpoint is at step %d = trainer.max_steps: nothing left to train.", step)
 
 
+# Settings added to the schema with a default that is not what a run written before them computed: a
+# stored config without the key reads as this value, so the run continues as it began. Before
+# model.ada_target, model.diffaugment's policies applied to every image D saw: p = 1, ada_target=0.
+BEFORE_THE_KEY: dict[str, dict[str, object]] = {"model": {"ada_target": 0.0}}
+
+
 def with_schema_defaults(config: object, source: object) -> dict:
     """A recorded config laid over the current schema's defaults, so that settings added to the schema
-    after the run was written read as their defaults. CheckpointError naming `source` if it does not fit:
-    a config that is not a mapping of all the schema's groups, or a value of the wrong type, is a damaged
-    file; only a key (or a choice) this version does not know may be another version's."""
+    after the run was written read as their defaults (or, in BEFORE_THE_KEY, as what the run computed).
+    CheckpointError naming `source` if it does not fit: a config that is not a mapping of all the
+    schema's groups, or a value of the wrong type, is a damaged file; only a key (or a choice) this
+    version does not know may be another version's."""
     # imported here, not at the top: this function's change is kept apart from the rest of the module's
     from gan.checkpoint import check_config_groups, stored_config_error
 
     schema = OmegaConf.structured(TrainConfig)
     check_config_groups(config, str(source), required=list(schema))
+    config = {  # a key added since the run was written, whose default is not what the run computed
+        group: {**{k: v for k, v in BEFORE_THE_KEY.get(group, {}).items() if k not in values}, **values}
+        if isinstance(values, Mapping)
+        else values
+        for group, values in config.items()
+    }
     try:
         return OmegaConf.to_container(OmegaConf.merge(schema, config), resolve=True, enum_to_str=True)
     except (OmegaConfBaseException, ValueError) as err:

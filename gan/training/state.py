@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import random
 from typing import Any, Callable, Optional
 
@@ -31,6 +32,8 @@ from gan.data import BatchStream, ImageSet, load_dataset
 from gan.distributed import SINGLE, World
 from gan.errors import CheckpointError, ConfigError
 from gan.training.hardware import compile_models
+
+log = logging.getLogger(__name__)
 
 CPU = torch.device("cpu")
 
@@ -148,6 +151,14 @@ class TrainingState:
             entry = "augment"
             if self.augment is not None and state.get("augment") is not None:
                 self.augment.load_state_dict(state["augment"])
+            elif self.augment is not None:  # not exact, so said: p climbs back as D grows sure of the reals
+                log.warning(
+                    "The checkpoint holds no p of the adaptive augmentation (model.ada_target=%g), though its "
+                    "config turns it on: it was written before p was checkpointed, or edited. p starts again "
+                    "from 0 and climbs back by at most 1 per model.ada_kimg thousand images, so this resume is "
+                    "not the run continued exactly.",
+                    self.augment.target,
+                )
         except CheckpointError:
             raise
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as err:
