@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 from omegaconf import OmegaConf  # noqa: E402
 
 from gan.checkpoint import load_checkpoint, require_training_state  # noqa: E402
-from gan.config import TrainConfig, to_plain  # noqa: E402
+from gan.config import TrainConfig, to_plain, validate  # noqa: E402
 from gan.device import resolve_device  # noqa: E402
 from gan.errors import UserError  # noqa: E402
 from gan.training import train  # noqa: E402
@@ -75,9 +75,7 @@ def extend_longer(about: dict[str, Any], factor: float, every: int, out: Path, t
         raise UserError(f"--extend: {file} does not exist: {out} holds no run to train on")
     state = load_checkpoint(file)
     require_training_state(state, str(file))
-    stored = with_schema_defaults(state["config"], file)
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), stored))
-    assert isinstance(cfg, TrainConfig)
+    cfg = validate(OmegaConf.merge(OmegaConf.structured(TrainConfig), with_schema_defaults(state["config"], file)))
     cfg.trainer.max_steps = int(round(about["base_steps"] * factor))
     if cfg.trainer.max_steps <= int(state["step"]):
         raise UserError(f"--extend --factor {factor}: step {cfg.trainer.max_steps} is not beyond the run's "
