@@ -11,13 +11,13 @@
 Trains `python train.py` with the overrides given (train.py's keys; `metrics.*` are evaluate.py's
 measurement settings) through `--factor` x its trainer.max_steps in one run, as a user who sets
 trainer.max_steps larger would (optim.lr_decay, when set, plans toward that end), and snapshots the
-generator every `--every` steps. `--extend` trains an earlier run under --out on to a larger
-`--factor`: it resumes the run's last checkpoint exactly, with the settings stored in it (so a default
-changed since does not change the run), as `train.py trainer.resume=DIR/run trainer.max_steps=N`
-would; without optim.lr_decay that is the same run as one started with the larger factor. Each
-snapshot is then measured as evaluate.py measures a checkpoint (the EMA generator with its
-BatchNorm statistics recomputed, `--samples` samples against as many held-out images, in the
-classifier's features).
+generator every `--every` steps. `--extend` trains an earlier run under --out (also one cut off
+part-way: a crash, a killed job) on to a larger `--factor`: it resumes the run's last checkpoint
+exactly, with the settings stored in it (so a default changed since does not change the run), as
+`train.py trainer.resume=DIR/run trainer.max_steps=N` would; without optim.lr_decay that is the
+same run as one started with the larger factor. Each snapshot is then measured as evaluate.py
+measures a checkpoint (the EMA generator with its BatchNorm statistics recomputed, `--samples`
+samples against as many held-out images, in the classifier's features).
 
 Prints a table (step, multiple of the configured max_steps, FID, recall, and each against the best
 seen at or before it), writes OUT/longer.json and OUT/fid_vs_steps.png, and ends with one line:
@@ -57,14 +57,12 @@ log = logging.getLogger("longer")
 FID_BAR, RECALL_BAR = 1.1, 0.9  # no worse than 1.1x the best FID before; recall at least 0.9x its best
 
 
-def train_longer(overrides: list[str], factor: float, every: int, out: Path, threads: int) -> int:
+def train_longer(overrides: list[str], factor: float, every: int, out: Path, threads: int) -> None:
     """One run through factor x the configured max_steps; G snapshots every `every` steps into
-    OUT/snapshots. Returns the configured (1x) max_steps."""
+    OUT/snapshots."""
     cfg = train_config(overrides + ["trainer.progress=false"])
-    base = cfg.trainer.max_steps
-    cfg.trainer.max_steps = int(round(base * factor))
+    cfg.trainer.max_steps = int(round(cfg.trainer.max_steps * factor))
     snapshot_and_train(cfg, every, out, threads)
-    return base
 
 
 def extend_longer(about: dict[str, Any], factor: float, every: int, out: Path, threads: int) -> None:
@@ -215,8 +213,12 @@ def main(args: argparse.Namespace) -> None:
     elif not args.measure_only:
         if (args.out / "snapshots").exists():
             raise UserError(f"{args.out} already holds a run: give another --out, or --measure-only")
-        base = train_longer(args.overrides, args.factor, args.every, args.out, args.threads)
-        about_file.write_text(json.dumps({"base_steps": base, "overrides": args.overrides, "factor": args.factor}))
+        # about.json goes first: a run cut off part-way (a crash, a killed job) can then be trained on
+        # from its last checkpoint with --extend, and its snapshots measured with --measure-only
+        args.out.mkdir(parents=True, exist_ok=True)
+        about = {"base_steps": cfg.trainer.max_steps, "overrides": args.overrides, "factor": args.factor}
+        about_file.write_text(json.dumps(about))
+        train_longer(args.overrides, args.factor, args.every, args.out, args.threads)
     if not about_file.exists():
         raise UserError(f"{args.out} holds no run of scripts/longer.py (no about.json)")
     about = json.loads(about_file.read_text())

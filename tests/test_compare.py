@@ -271,6 +271,33 @@ def test_longer_runs_end_to_end(tmp_path):
     assert again.returncode == 2 and "already holds a run" in again.stderr
 
 
+def test_longer_run_cut_off_part_way_is_trained_on_with_extend(tmp_path, monkeypatch):
+    # a run killed mid-way (a crash, a job's time limit) has its about.json already: --extend trains it
+    # on from its last checkpoint, and the snapshots of both parts are measured together
+    from scripts import longer
+
+    def cut_at_step_6(cfg, run_dir, after_step):
+        def step_then_fail(state):
+            after_step(state)
+            if state.step == 6:
+                raise RuntimeError("the machine went away")
+            return False
+
+        return train(cfg, run_dir, after_step=step_then_fail)
+
+    monkeypatch.setattr(longer, "train", cut_at_step_6)
+    overrides = [*TINY_RACE, "trainer.max_steps=4", "trainer.checkpoint_every=2"]
+    with pytest.raises(RuntimeError, match="went away"):
+        longer.main(longer.parse([*overrides, "--factor", "2", "--every", "2", "--out", str(tmp_path / "cut")]))
+    assert json.loads((tmp_path / "cut" / "about.json").read_text())["base_steps"] == 4
+    assert not (tmp_path / "cut" / "longer.json").exists()
+    on = script("longer.py", "--out", "cut", "--extend", "--factor", "2", "--every", "2", "--samples", "100",
+                cwd=tmp_path)  # fmt: skip
+    assert on.returncode == 0, on.stderr[-3000:]
+    result = json.loads((tmp_path / "cut" / "longer.json").read_text())
+    assert [row["step"] for row in result["rows"]] == [2, 4, 6, 8]
+
+
 def test_longer_extends_an_earlier_run_to_the_same_generators_as_a_longer_one(tmp_path):
     # --extend resumes OUT/run from its last checkpoint with the settings stored in it: the snapshots
     # past the old end are the very tensors a run started with the larger factor holds
