@@ -179,8 +179,16 @@ class ModelConfig:
     # Off: each rank's batch is a full DCGAN batch, so its own statistics are what DCGAN trains
     # with, and syncing costs an all-reduce in every BatchNorm layer of every forward.
     sync_batchnorm: bool = False
-    d_batchnorm: bool = True  # BatchNorm in D (DCGAN); off for per-sample penalties (gradient penalty, R1)
-    spectral_norm: bool = False  # spectral normalisation of D's convolutions (Miyato et al. 2018)
+    # D's normalisation. DCGAN's D has BatchNorm and nothing else (experiment=paper restores it). The
+    # default is spectral norm instead (Miyato et al. 2018: each convolution's weight divided by its
+    # largest singular value, so D cannot sharpen without bound) with Adam's beta1 = 0 (OptimConfig):
+    # trained 4x its length on Fashion-MNIST, DCGAN's D won and the samples decayed (FID 4.91 at
+    # step 27,500 -> 6.14 at 40,000, recall 0.77 -> 0.66) where this one kept improving (FID 2.53 at
+    # 10,000, 1.51 at 40,000, recall 0.80), and with beta1 = 0 it starts as fast (digits, seeds 0 / 1:
+    # FID 3.5 / 2.8 at 1,800 steps and 2.8 / 2.2 at 2,400, DCGAN's D 4.0 / 3.7 and 2.7 / 2.6).
+    # docs/results.md, "Training longer". No BatchNorm is also what per-sample penalties need (R1, GP).
+    d_batchnorm: bool = False
+    spectral_norm: bool = True
     pack: int = 1  # PacGAN (Lin et al. 2018): D judges `pack` samples at once, which exposes mode collapse
     minibatch_std: int = 0  # group size of ProGAN's minibatch-stddev channel in D (Karras et al. 2018); 0 = off
     # Class-conditional: G(z, y) reads a class embedding beside z, D is a projection discriminator
@@ -190,11 +198,13 @@ class ModelConfig:
     # DiffAugment (Zhao et al. 2020): these augmentations on images D sees, real and fake, in both
     # steps (a list: Hydra reads a bare a,b,c as a sweep; quote the override,
     # 'model.diffaugment=[translation]'). '[]' = none, as the DCGAN paper (experiment=paper).
-    # On by default, adaptive (ada_target below): trained past its length on real data, the
-    # unaugmented recipe let D win and its samples wander (Fashion-MNIST, steps 10,000-27,500: FID
-    # 6.9-10.2, recall down to 0.56), where this one kept improving (FID 6.2 -> 4.8, recall 0.69-0.71),
-    # at a cost in the first minute (FID 6.8 against 5.5 at 1,300 steps on digits; even by step
-    # 2,000: docs/results.md, "Training longer").
+    # On by default, adaptive (ada_target below). With DCGAN's D, trained past its length on real data,
+    # the unaugmented recipe let D win and its samples wander (Fashion-MNIST, steps 10,000-27,500: FID
+    # 6.9-10.2, recall down to 0.56), where this one kept improving (FID 6.2 -> 4.8, recall 0.69-0.71).
+    # With the default spectrally normalised D, r_t stayed mostly below the target through 4x on
+    # Fashion-MNIST, digits and Stacked and 2x on 3,000 photos, so p stayed at or below 0.03: a guard
+    # for data small enough to be memorised, and while p is small it costs nothing per step
+    # (docs/results.md, "Training longer").
     diffaugment: List[DiffAugmentPolicy] = field(
         default_factory=lambda: [DiffAugmentPolicy.color, DiffAugmentPolicy.translation, DiffAugmentPolicy.cutout]
     )
@@ -253,7 +263,10 @@ class OptimConfig:
     # scored FID 1.63 at its end, no better than constant rates (1.47 +- 0.30 over three seeds); as
     # G slowed, D won (D(G(z)) 0.01 at the end). docs/results.md, "Learning-rate decay".
     lr_decay: float = 0.0
-    beta1: float = 0.5  # DCGAN paper: the default 0.9 made training oscillate
+    # Adam's momentum. The DCGAN paper's 0.5 (its D with BatchNorm oscillated at Adam's usual 0.9) is
+    # in experiment=paper. 0 with the default spectrally normalised D, as SAGAN and BigGAN train
+    # theirs: with 0.5 that D started slowly (FID 10.5 at 1,800 steps on digits, against 3.5 with 0).
+    beta1: float = 0.0
     beta2: float = 0.999  # Adam default
 
     def check(self) -> None:

@@ -5,8 +5,10 @@
     python scripts/bench.py --device cuda --sizes 32 64 128 --steps 200 --compile --nchw
     python scripts/bench.py --device cuda --sizes 64 --batch 256 512 1024 --precisions bf16
 
-Both sides train the same networks (this project's Generator and Discriminator, so the model size
-is identical) on the same images at the same batch size. The canonical side is re-implemented as
+Both sides train the same networks (this project's Generator and DCGAN's Discriminator, with
+BatchNorm, so the model size is identical) on the same images at the same batch size; the row
+"project ..., default D" trains the project's default D instead (spectral norm, no BatchNorm),
+to show what it costs. The canonical side is re-implemented as
 plain reference code in `canonical_step`: fp32, Sigmoid + BCELoss, `zero_grad()`, a DataLoader.
 The project side is the real `gan.training.train()` loop, logging, sampling and checkpointing
 included. Rows alternate round by round, so load on the machine hits all alike, and the table
@@ -130,10 +132,20 @@ def project_config(
     compile: bool = False,
     device: str = "cpu",
     channels_last: bool = True,
+    dcgan_d: bool = True,
 ) -> TrainConfig:
+    """The project's run of a row. dcgan_d: D as the canonical side's (BatchNorm, no spectral norm), so
+    both sides time the same networks; False: the default D (spectral norm, no BatchNorm)."""
+    defaults = ModelConfig()
     return TrainConfig(
         data=DataConfig(image_size=size, channels=channels, batch_size=batch_size),
-        model=ModelConfig(z_dim=z_dim, g_width=width, d_width=width),
+        model=ModelConfig(
+            z_dim=z_dim,
+            g_width=width,
+            d_width=width,
+            d_batchnorm=dcgan_d or defaults.d_batchnorm,
+            spectral_norm=not dcgan_d and defaults.spectral_norm,
+        ),
         trainer=TrainerConfig(
             max_steps=steps,
             precision=precision,
@@ -213,11 +225,13 @@ class Row:
     retain: bool = False  # the canonical step with the project's allocator setting (gan/device.py)
     compile: bool = False
     channels_last: bool = True  # the project's default layout; False: "NCHW" (the canonical layout)
+    dcgan_d: bool = True  # False: the project's default D (spectral norm, no BatchNorm) instead of DCGAN's
 
     @property
     def name(self) -> str:
         extras = " + retain memory" if self.retain else " + compile" if self.compile else ""
         extras += "" if self.channels_last or self.kind == "canonical" else " NCHW"
+        extras += "" if self.dcgan_d else ", default D"
         return f"{self.kind} {self.precision}{extras}"
 
 
@@ -278,6 +292,7 @@ def run_probe(spec: dict) -> dict[str, float]:
             row.compile,
             device,
             row.channels_last,
+            row.dcgan_d,
         )
         return run_project(images, cfg)
 
@@ -367,6 +382,8 @@ def main() -> None:
         channels = channels_for(size)
         table = [Row("canonical", size)] + ([] if on_gpu else [Row("canonical", size, retain=True)])
         table += [Row("project", size, precision) for precision in args.precisions]
+        # the default D's cost: its spectral norm's power iterations against DCGAN's BatchNorm
+        table.append(Row("project", size, "bf16" if "bf16" in args.precisions else args.precisions[0], dcgan_d=False))
         if args.nchw:
             table.append(Row("project", size, "bf16", channels_last=False))
         if args.compile:

@@ -13,8 +13,9 @@ from omegaconf import OmegaConf
 from gan.config import BackwardMode, ConfigError, DatasetName, LossName, TrainConfig
 from gan.data.sources import _OPENERS
 
-# Options that are refused alone, with what they need (test_wgan_gp_alone_names_its_recipe).
-PAIRED = {"loss=wgan_gp": ["model.d_batchnorm=false"]}
+# Options that are refused alone, with what they need (none since the default D lost its BatchNorm;
+# test_wgan_gp_with_batchnorm_names_its_recipe).
+PAIRED: dict[str, list[str]] = {}
 
 
 def options(group: str) -> list[str]:
@@ -119,12 +120,16 @@ def test_bad_command_line_fails_cleanly(tmp_path, override, expected):
     assert not (tmp_path / "run" / "checkpoints").exists()  # refused before any training
 
 
-def test_wgan_gp_alone_names_its_recipe():
+def test_wgan_gp_with_batchnorm_names_its_recipe():
     with pytest.raises(ConfigError, match=r"model\.d_batchnorm=True .*experiment=wgan_gp"):
-        compose_config("loss=wgan_gp")
+        compose_config("loss=wgan_gp", "model.d_batchnorm=true")
+    with pytest.raises(ConfigError, match=r"model\.d_batchnorm=True"):
+        compose_config("loss.r1=1", "experiment=paper")  # DCGAN's D, with BatchNorm
+    assert compose_config("loss=wgan_gp").loss.gradient_penalty == 10.0  # the default D has no BatchNorm
     cfg = compose_config("experiment=wgan_gp")
     assert cfg.loss.name == LossName.wgan_gp and cfg.loss.gradient_penalty == 10.0
     assert not cfg.model.d_batchnorm and (cfg.optim.beta1, cfg.optim.beta2) == (0.0, 0.9)
+    assert not cfg.model.spectral_norm  # the paper's critic: the penalty alone bounds its gradient
 
 
 # debug group ---------------------------------------------------------------------------------

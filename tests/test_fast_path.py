@@ -13,13 +13,13 @@ import torch
 from conftest import compose_config
 
 import gan.training.hardware
-from gan.config import Precision
+from gan.config import ModelConfig, Precision
 from gan.core.models import Discriminator, Generator
 from gan.core.steps import d_step, g_step
 from gan.training import train
 from gan.training.hardware import resolve_precision, step_context
 from gan.training.state import build_models, build_optimizer
-from scripts.bench import Row, SigmoidD, canonical_step, probe
+from scripts.bench import Row, SigmoidD, canonical_step, probe, project_config
 
 CPU = torch.device("cpu")
 
@@ -42,16 +42,21 @@ def test_auto_precision_follows_the_hardware(monkeypatch):
     assert resolve_precision(Precision.fp16, CPU) == Precision.fp16
 
 
-def test_fp32_project_step_matches_the_canonical_step():
+DCGAN_D = ["model.d_batchnorm=true", "model.spectral_norm=false", "optim.beta1=0.5"]
+
+
+@pytest.mark.parametrize("d", [[], DCGAN_D], ids=["default D", "DCGAN's D"])
+def test_fp32_project_step_matches_the_canonical_step(d):
     """Fused Adam, with-logits losses, set_to_none and channels_last change no math (2 steps)."""
-    cfg = compose_config("trainer.channels_last=true")
+    cfg = compose_config("trainer.channels_last=true", *d)
     torch.manual_seed(0)
     G, D = build_models(cfg, CPU)
     netG, netD = copy.deepcopy(G).to(memory_format=torch.contiguous_format), copy.deepcopy(D)
     netD = SigmoidD(netD.to(memory_format=torch.contiguous_format))
     opt_g, opt_d = build_optimizer(G, cfg, CPU), build_optimizer(D, cfg, CPU)
-    canon_g = torch.optim.Adam(netG.parameters(), lr=cfg.optim.lr, betas=(0.5, 0.999))
-    canon_d = torch.optim.Adam(netD.parameters(), lr=cfg.optim.lr, betas=(0.5, 0.999))
+    betas = (cfg.optim.beta1, cfg.optim.beta2)
+    canon_g = torch.optim.Adam(netG.parameters(), lr=cfg.optim.lr, betas=betas)
+    canon_d = torch.optim.Adam(netD.parameters(), lr=cfg.optim.lr, betas=betas)
     ctx = step_context(Precision.fp32, CPU, skip_nonfinite=False)
     for _ in range(2):
         real = torch.rand(32, 1, 16, 16) * 2 - 1
@@ -172,6 +177,12 @@ def test_trainer_retains_host_memory_only_when_configured(tmp_path, monkeypatch)
 
 def test_bench_measures_each_row_in_a_fresh_process():
     # the benchmark's rows (python -m scripts.bench), tiny: a rate and a peak memory come back for each kind
-    for row in (Row("canonical", 16), Row("canonical", 16, retain=True), Row("project", 16, "bf16")):
+    rows = (Row("canonical", 16), Row("canonical", 16, retain=True), Row("project", 16, "bf16"))
+    for row in (*rows, Row("project", 16, "bf16", dcgan_d=False)):
         assert probe(row, "speed", batch=8, z_dim=8, width=8, steps=3) > 0
     assert probe(Row("project", 16), "memory", batch=8, z_dim=8, width=8, steps=3) >= 0
+    # the project's rows time the canonical side's D (DCGAN's) unless a row asks for the default D
+    same = project_config(16, 1, 8, 8, 8, 3, Precision.bf16).model
+    default = project_config(16, 1, 8, 8, 8, 3, Precision.bf16, dcgan_d=False).model
+    assert (same.d_batchnorm, same.spectral_norm) == (True, False)
+    assert (default.d_batchnorm, default.spectral_norm) == (ModelConfig().d_batchnorm, ModelConfig().spectral_norm)

@@ -150,9 +150,11 @@ def poison(state: dict[str, Any], entry: str, key: str, slot: str = "", value: f
     return copy
 
 
+SN_U = "features.2.parametrizations.weight.0._u"
 NONFINITE = {  # (entry, key, slot), and the name the message gives the tensor
     "G weight": (("G", "net.0.weight", ""), "G.net.0.weight"),
-    "D BatchNorm running_var": (("D", "features.3.running_var", ""), "D.features.3.running_var"),
+    # the default D's spectral norm: a power-iteration vector (a buffer, as BatchNorm's statistics are)
+    "D spectral norm u": (("D", SN_U, ""), f"D.{SN_U}"),
     "G_ema BatchNorm running_mean": (("G_ema", "module.net.1.running_mean", ""), "G_ema.module.net.1.running_mean"),
     "opt_g exp_avg": (("opt_g", 0, "exp_avg"), "opt_g.state[0].exp_avg"),
     "opt_d exp_avg_sq": (("opt_d", 3, "exp_avg_sq"), "opt_d.state[3].exp_avg_sq"),
@@ -174,13 +176,13 @@ def test_a_resume_refuses_a_checkpoint_holding_nan_or_inf_naming_the_tensor(run,
 def test_resuming_a_run_whose_last_checkpoint_holds_inf_names_the_copies_kept_beside_it(run, tmp_path):
     copy = Path(shutil.copytree(run, tmp_path / "run"))  # plain copies: last.pt and its numbered twin apart
     last = copy / "checkpoints" / "last.pt"
-    save_checkpoint(poison(state_of(copy), "D", "features.3.running_var", value=math.inf), last)
+    save_checkpoint(poison(state_of(copy), "D", SN_U, value=math.inf), last)
     before = {p.name: digest(p) for p in (copy / "checkpoints").iterdir()}
     result = run_train(f"trainer.resume={copy}", "trainer.max_steps=8")
     output = output_of(result)
     assert result.returncode == 2, output[-3000:]
     assert f"Cannot resume from {last}: it holds NaN or inf in 1 of its" in output
-    assert "(D.features.3.running_var)" in output and "Traceback" not in output
+    assert f"(D.{SN_U})" in output and "Traceback" not in output
     newest = copy / "checkpoints" / "step_000004.pt"
     assert f"Other checkpoints are kept beside it (step_000004.pt, step_000002.pt): resume from {newest}" in output
     # not the words of a run that diverged while training: nothing trained, nothing was written

@@ -338,6 +338,30 @@ def test_a_run_from_before_ada_resumes_as_it_ran_with_every_image_augmented(tmp_
     assert "holds no p" not in resumed.stdout + resumed.stderr
 
 
+def test_a_run_from_before_the_spectrally_normalised_default_resumes_with_dcgans_d(tmp_path):
+    # a config stored without model.d_batchnorm, model.spectral_norm and optim.beta1 was written when D
+    # was DCGAN's (BatchNorm, no spectral norm) and Adam's beta1 0.5: it reads so, and its D's weights
+    # (BatchNorm layers, no power-iteration vectors) load into that D, not into today's default
+    overrides = ("model.d_batchnorm=true", "model.spectral_norm=false", "optim.beta1=0.5")
+    first = run_train(f"hydra.run.dir={tmp_path}", "trainer.max_steps=2", *overrides)
+    assert first.returncode == 0, first.stderr[-2000:]
+    file = tmp_path / "checkpoints" / "last.pt"
+    state = torch.load(file, weights_only=True)
+    config = {
+        **state["config"],
+        "model": {k: v for k, v in state["config"]["model"].items() if k not in ("d_batchnorm", "spectral_norm")},
+        "optim": {k: v for k, v in state["config"]["optim"].items() if k != "beta1"},
+    }
+    torch.save({**state, "config": config}, file)
+    read = with_schema_defaults(torch.load(file, weights_only=True)["config"], file)
+    assert (read["model"]["d_batchnorm"], read["model"]["spectral_norm"], read["optim"]["beta1"]) == (True, False, 0.5)
+    resumed = run_train(f"trainer.resume={tmp_path}", "trainer.max_steps=4")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    after = torch.load(file, weights_only=True)
+    assert after["step"] == 4 and after["config"]["model"]["d_batchnorm"] is True
+    assert any("running_mean" in key for key in after["D"]) and not any("_u" in key for key in after["D"])
+
+
 # the new options refuse bad values ----------------------------------------------------------------
 
 

@@ -107,7 +107,8 @@ def test_minibatch_std_in_discriminator():
 
 def test_per_sample_penalties_refuse_batchnorm():
     with pytest.raises(ConfigError, match="model.d_batchnorm"):
-        compose_config("loss.r1=1.0")
+        compose_config("loss.r1=1.0", "model.d_batchnorm=true")
+    assert compose_config("loss.r1=1.0").loss.r1 == 1.0  # the default D has no BatchNorm
     cfg = compose_config("experiment=wgan_gp")  # the recipe turns BatchNorm off with the loss
     assert not cfg.model.d_batchnorm and cfg.loss.gradient_penalty == 10.0 and cfg.optim.beta1 == 0.0
 

@@ -50,7 +50,7 @@ def finished_run(tmp_path_factory) -> Path:
     [
         ("loss=hinge", "loss.name: 'bce' -> 'hinge'"),
         ("data.image_size=32", "data.image_size: 16 -> 32"),
-        ("optim.beta1=0.9", "optim.beta1: 0.5 -> 0.9"),
+        ("optim.beta1=0.9", "optim.beta1: 0.0 -> 0.9"),
         ("trainer.seed=1", "trainer.seed: 0 -> 1"),
     ],
 )

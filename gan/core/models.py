@@ -8,10 +8,11 @@ size is a typed constructor argument. Read it in two parts:
    layer for layer, with one change: D returns logits, not probabilities (no Sigmoid), so that the
    losses in `gan.core.losses` can use the with-logits forms, which are exact where a sigmoid
    saturates and safe under autocast (pytorch#61098).
-2. Variants, under the heading "Variants" below: options of the config, all off by default, each a
-   constructor argument that adds a few lines to the DCGAN code (class-conditional G and projection
-   D, ProGAN's minibatch standard deviation, PacGAN's packing, spectral norm, D without BatchNorm).
-   Skip them on a first read.
+2. Variants, under the heading "Variants" below: options of the config, each a constructor
+   argument, off by default here, that adds a few lines to the DCGAN code (class-conditional G and
+   projection D, ProGAN's minibatch standard deviation, PacGAN's packing, spectral norm, D without
+   BatchNorm). Skip them on a first read, but for one thing: train.py's default D is spectrally
+   normalised and has no BatchNorm (`spectral_norm_`; gan/config.py:ModelConfig says why).
 
 Shapes for a 32 x 32 grayscale model of width 64 (pytorch/examples' default width, its ngf and ndf;
 this project's default, 32, halves every channel count; the DCGAN paper's LSUN generator, its
@@ -160,7 +161,8 @@ def dcgan_init_(module: nn.Module) -> None:
 
 
 # Variants -----------------------------------------------------------------------------------------
-# Each is a config option, off by default; with all of them off, G and D above are DCGAN's.
+# Each is a config option, off by default in these constructors; with all of them off, G and D above
+# are DCGAN's. The config turns two on by default: spectral norm, and D without BatchNorm.
 
 
 def append_class_code(z: Tensor, y: Optional[Tensor], num_classes: int) -> Tensor:
@@ -219,7 +221,14 @@ def pack_samples(x: Tensor, pack: int) -> Tensor:
 def spectral_norm_(layers: list[nn.Module]) -> None:
     """Spectral norm (Miyato et al. 2018, model.spectral_norm): each layer's weight divided by its
     largest singular value, torch's parametrization, estimated by one power iteration per training
-    forward. The projection's embedding too, as Miyato & Koyama normalise it."""
+    forward. The projection's embedding too, as Miyato & Koyama normalise it.
+
+    Why it is train.py's default: each weight, reshaped to a matrix as the paper does, then has
+    largest singular value 1, which bounds D's slope against its input, so D cannot grow
+    arbitrarily sharp. Trained 4x its length on
+    Fashion-MNIST, DCGAN's BatchNorm D won little by little and the samples decayed; this D never
+    got ahead (docs/results.md, "Training longer"). It is used without BatchNorm, which would
+    rescale each layer after the normalisation and undo the bound."""
     for layer in layers:
         nn.utils.parametrizations.spectral_norm(layer)
 

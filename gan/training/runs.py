@@ -266,7 +266,12 @@ def check_steps(max_steps: int, step: int) -> None:
 # Settings added to the schema with a default that is not what a run written before them computed: a
 # stored config without the key reads as this value, so the run continues as it began. Before
 # model.ada_target, model.diffaugment's policies applied to every image D saw: p = 1, ada_target=0.
-BEFORE_THE_KEY: dict[str, dict[str, object]] = {"model": {"ada_target": 0.0}}
+# Before model.d_batchnorm and model.spectral_norm, D was DCGAN's (BatchNorm, no spectral norm), and
+# Adam's beta1 was the DCGAN paper's 0.5.
+BEFORE_THE_KEY: dict[str, dict[str, object]] = {
+    "model": {"ada_target": 0.0, "d_batchnorm": True, "spectral_norm": False},
+    "optim": {"beta1": 0.5},
+}
 
 
 def with_schema_defaults(config: object, source: object) -> dict:
