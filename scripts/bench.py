@@ -136,16 +136,10 @@ def project_config(
 ) -> TrainConfig:
     """The project's run of a row. dcgan_d: D as the canonical side's (BatchNorm, no spectral norm), so
     both sides time the same networks; False: the default D (spectral norm, no BatchNorm)."""
-    defaults = ModelConfig()
+    dcgan = {"d_batchnorm": True, "spectral_norm": False} if dcgan_d else {}
     return TrainConfig(
         data=DataConfig(image_size=size, channels=channels, batch_size=batch_size),
-        model=ModelConfig(
-            z_dim=z_dim,
-            g_width=width,
-            d_width=width,
-            d_batchnorm=dcgan_d or defaults.d_batchnorm,
-            spectral_norm=not dcgan_d and defaults.spectral_norm,
-        ),
+        model=ModelConfig(z_dim=z_dim, g_width=width, d_width=width, **dcgan),
         trainer=TrainerConfig(
             max_steps=steps,
             precision=precision,

@@ -57,11 +57,11 @@ log = logging.getLogger("longer")
 FID_BAR, RECALL_BAR = 1.1, 0.9  # no worse than 1.1x the best FID before; recall at least 0.9x its best
 
 
-def train_longer(overrides: list[str], factor: float, every: int, out: Path, threads: int) -> None:
-    """One run through factor x the configured max_steps; G snapshots every `every` steps into
+def train_longer(cfg: TrainConfig, factor: float, every: int, out: Path, threads: int) -> None:
+    """One run of cfg through factor x its configured max_steps; G snapshots every `every` steps into
     OUT/snapshots."""
-    cfg = train_config(overrides + ["trainer.progress=false"])
     cfg.trainer.max_steps = int(round(cfg.trainer.max_steps * factor))
+    cfg.trainer.progress = False
     snapshot_and_train(cfg, every, out, threads)
 
 
@@ -218,7 +218,7 @@ def main(args: argparse.Namespace) -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         about = {"base_steps": cfg.trainer.max_steps, "overrides": args.overrides, "factor": args.factor}
         about_file.write_text(json.dumps(about))
-        train_longer(args.overrides, args.factor, args.every, args.out, args.threads)
+        train_longer(cfg, args.factor, args.every, args.out, args.threads)
     if not about_file.exists():
         raise UserError(f"{args.out} holds no run of scripts/longer.py (no about.json)")
     about = json.loads(about_file.read_text())
