@@ -235,9 +235,10 @@ class Measurer:
         self.features = M.ClassifierFeatures(self.classifier, self.reals.stacked, reference.images.size(1)).to(device)
         self.real_features = M.batched(self.features, self.reals.images, self.config.batch_size, device)  # once
 
-    def __call__(self, G: nn.Module) -> dict[str, Any]:
+    def __call__(self, G: nn.Module, seed: Optional[int] = None) -> dict[str, Any]:
+        """G's metrics; `seed` draws other latents (default: the measurement's seed), same held-out images."""
         cfg = self.config
-        fake = generate(G, cfg.num_samples, cfg.batch_size, cfg.seed, self.device)
+        fake = generate(G, cfg.num_samples, cfg.batch_size, cfg.seed if seed is None else seed, self.device)
         results = measure(self.features, self.classifier, self.reals, fake, cfg, self.device,
                           real_features=self.real_features)  # fmt: skip
         return {key: results[key] for key in ("fid", "kid", "precision", "recall", "classes_covered") if key in results}

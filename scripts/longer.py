@@ -17,11 +17,13 @@ exactly, with the settings stored in it (so a default changed since does not cha
 `train.py trainer.resume=DIR/run trainer.max_steps=N` would; without optim.lr_decay that is the
 same run as one started with the larger factor. Each snapshot is then measured as evaluate.py
 measures a checkpoint (the EMA generator with its BatchNorm statistics recomputed, `--samples`
-samples against as many held-out images, in the classifier's features).
+samples against as many held-out images, in the classifier's features), `--draws` times with other
+latents against the same held-out images, and the draws averaged: below FID ~1 one draw's noise is
+larger than the bar's 10%.
 
 Prints a table (step, multiple of the configured max_steps, FID, recall, and each against the best
 seen at or before it), writes OUT/longer.json and OUT/fid_vs_steps.png, and ends with one line:
-    holds=B worst_fid_ratio=X worst_recall_ratio=Y best_fid=Z best_step=N
+    holds=B worst_fid_ratio=X worst_recall_ratio=Y best_fid=Z best_step=N draws=D
 worst_fid_ratio: the largest FID / (best FID at or before that step) over the snapshots from 2x the
 configured max_steps on; worst_recall_ratio likewise the smallest recall / best recall before it;
 holds = worst_fid_ratio <= 1.1 and worst_recall_ratio >= 0.9 (the bar of docs/results.md,
@@ -34,6 +36,7 @@ import argparse
 import datetime
 import json
 import logging
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -101,24 +104,50 @@ def snapshot_and_train(cfg: TrainConfig, every: int, out: Path, threads: int) ->
     train(cfg, out / "run", after_step=after_step)
 
 
-def measure_all(overrides: list[str], out: Path, samples: int) -> list[dict[str, Any]]:
-    """Every snapshot under OUT/snapshots measured (those already in OUT/rows.json are kept)."""
+METRICS = ("fid", "kid", "precision", "recall", "classes_covered")
+
+
+def measure_all(overrides: list[str], out: Path, samples: int, draws: int = 1) -> list[dict[str, Any]]:
+    """Every snapshot under OUT/snapshots measured `draws` times, each draw with its own latents (seeds
+    trainer.seed, trainer.seed + 1, ...) against the same held-out images; a row's values are the
+    mean of its first `draws` draws, with fid_sd their spread. Draws kept in OUT/rows.json are not
+    measured again: a larger --draws measures only the missing ones.
+
+    Why draws: below FID ~1 (digits) one snapshot's FID moves by about +-0.07 from one draw of 5,000
+    latents to another, more than the bar's 10%; the mean of three draws is sqrt(3) steadier, and
+    the same held-out images on every draw keep the snapshots' comparison paired."""
     cfg = train_config(overrides)
     cache = out / "rows.json"
-    rows = {row["step"]: row for row in (json.loads(cache.read_text()) if cache.exists() else [])}
+    stored = json.loads(cache.read_text()) if cache.exists() else []
+    # rows of one draw, from before --draws, hold their values at the top level: that is draw 0
+    found = {row["step"]: row.get("draws") or [{k: row[k] for k in METRICS if k in row}] for row in stored}
     measurer = None
     for path in sorted((out / "snapshots").glob("step_*.pt")):
         step = int(path.stem.split("_")[1])
-        if step in rows:
+        done = found.setdefault(step, [])
+        if len(done) >= draws:
             continue
         measurer = measurer or Measurer(cfg, metrics_config(overrides), samples, cfg.trainer.seed,
                                         resolve_device(cfg.trainer.device))  # fmt: skip
         snapshot = torch.load(path, map_location="cpu", weights_only=True)
-        values = measurer(generator_of("project", snapshot, measurer))
-        rows[step] = {"step": step, **{k: float(v) for k, v in values.items() if v is not None}}
-        log.info("step %7d  FID %8.2f  recall %.3f", step, values["fid"], values["recall"])
-        cache.write_text(json.dumps(sorted(rows.values(), key=lambda r: r["step"]), indent=1))
-    return sorted(rows.values(), key=lambda r: r["step"])
+        G = generator_of("project", snapshot, measurer)
+        for draw in range(len(done), draws):
+            values = measurer(G, seed=cfg.trainer.seed + draw)
+            done.append({k: float(v) for k, v in values.items() if v is not None})
+            log.info("step %7d  draw %d  FID %8.2f  recall %.3f", step, draw, values["fid"], values["recall"])
+        cache.write_text(json.dumps([{"step": s, "draws": found[s]} for s in sorted(found)], indent=1))
+    return [mean_row(step, found[step][:draws]) for step in sorted(found) if found[step]]
+
+
+def mean_row(step: int, draws: list[dict[str, float]]) -> dict[str, Any]:
+    """One snapshot's row: each metric's mean over the draws, the FID's sample standard deviation, and the draws."""
+    row: dict[str, Any] = {"step": step, "draws": draws}
+    for key in METRICS:
+        if all(key in d for d in draws):
+            row[key] = sum(d[key] for d in draws) / len(draws)
+    fids = [d["fid"] for d in draws]
+    row["fid_sd"] = statistics.stdev(fids) if len(fids) > 1 else 0.0
+    return row
 
 
 def against_best(rows: list[dict[str, Any]], base: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
@@ -133,18 +162,19 @@ def against_best(rows: list[dict[str, Any]], base: int) -> tuple[list[dict[str, 
             worst_fid, worst_recall = max(worst_fid, row["fid_vs_best"]), min(worst_recall, row["recall_vs_best"])
     best = min(rows, key=lambda r: r["fid"])
     summary = {"holds": float(worst_fid <= FID_BAR and worst_recall >= RECALL_BAR), "worst_fid_ratio": worst_fid,
-               "worst_recall_ratio": worst_recall, "best_fid": best["fid"], "best_step": best["step"]}  # fmt: skip
+               "worst_recall_ratio": worst_recall, "best_fid": best["fid"], "best_step": best["step"],
+               "draws": min(len(r.get("draws", [r])) for r in rows)}  # fmt: skip
     return rows, summary
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| step | x max_steps | FID | recall | FID / best before | recall / best before |",
-        "|--:|--:|--:|--:|--:|--:|",
+        "| step | x max_steps | draws | FID | FID sd | recall | FID / best before | recall / best before |",
+        "|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in rows:
-        lines.append(f"| {r['step']} | {r['times']:.2f} | {r['fid']:.2f} | {r['recall']:.3f} "
-                     f"| {r['fid_vs_best']:.2f} | {r['recall_vs_best']:.2f} |")  # fmt: skip
+        lines.append(f"| {r['step']} | {r['times']:.2f} | {len(r['draws'])} | {r['fid']:.2f} | {r['fid_sd']:.2f} "
+                     f"| {r['recall']:.3f} | {r['fid_vs_best']:.2f} | {r['recall_vs_best']:.2f} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -192,7 +222,7 @@ def plot_runs(runs: list[str], path: Path) -> None:
 def summary_line(summary: dict[str, float]) -> str:
     return (f"holds={bool(summary['holds'])} worst_fid_ratio={summary['worst_fid_ratio']:.3g} "
             f"worst_recall_ratio={summary['worst_recall_ratio']:.3g} best_fid={summary['best_fid']:.3g} "
-            f"best_step={summary['best_step']}")  # fmt: skip
+            f"best_step={summary['best_step']} draws={summary['draws']}")  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> None:
@@ -226,7 +256,7 @@ def main(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
     # measurement settings given now (metrics.*) join the run's own: a classifier bar can be set on a re-measure
     measuring = about["overrides"] + [o for o in args.overrides if o.startswith("metrics.")]
-    rows = measure_all(measuring, args.out, args.samples)
+    rows = measure_all(measuring, args.out, args.samples, args.draws)
     if not rows:
         raise UserError(f"no snapshots under {args.out / 'snapshots'} to measure")
     rows, summary = against_best(rows, about["base_steps"])
@@ -244,6 +274,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--factor", type=float, default=10.0, help="train through this x trainer.max_steps (10)")
     parser.add_argument("--every", type=int, default=2000, help="steps between snapshots (2000)")
     parser.add_argument("--samples", type=int, default=5000, help="samples per measurement, and held-out images")
+    parser.add_argument(
+        "--draws", type=int, default=3, help="measurements of each snapshot, each with its own latents (3)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="output folder (default outputs/longer/DATA-TIME)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: train.py's trainer.threads)")
     parser.add_argument("--measure-only", action="store_true", help="measure the snapshots already under --out")
@@ -252,8 +285,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.plot and (args.out is None or args.out.suffix != ".png"):
         parser.error("--plot needs --out FILE.png")
-    if args.factor <= 0 or args.every < 1 or args.samples < 10:
-        parser.error("--factor must be > 0, --every at least 1 and --samples at least 10")
+    if args.factor <= 0 or args.every < 1 or args.samples < 10 or args.draws < 1:
+        parser.error("--factor must be > 0, --every at least 1, --samples at least 10 and --draws at least 1")
     if (args.measure_only or args.extend) and args.out is None:
         parser.error("--measure-only and --extend need --out, the folder of an earlier run")
     training_overrides = [o for o in args.overrides if not o.startswith("metrics.")]

@@ -271,6 +271,40 @@ def test_longer_runs_end_to_end(tmp_path):
     assert again.returncode == 2 and "already holds a run" in again.stderr
 
 
+def test_longer_averages_draws_of_latents_and_measures_only_the_missing_ones(tmp_path):
+    # each snapshot measured --draws times with other latents against the same held-out images; a row
+    # is the mean of its draws; a larger --draws later adds draws and keeps the ones measured
+    from scripts import longer
+
+    overrides = [*TINY_RACE, "trainer.max_steps=4"]
+    done = script("longer.py", *overrides, "--factor", "1", "--every", "2", "--samples", "100", "--draws", "2",
+                  "--out", "run", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1].endswith("draws=2")
+    rows = json.loads((tmp_path / "run" / "longer.json").read_text())["rows"]
+    assert [row["step"] for row in rows] == [2, 4]
+    for row in rows:
+        fids = [d["fid"] for d in row["draws"]]
+        assert len(fids) == 2 and fids[0] != fids[1]  # other latents, other samples
+        assert row["fid"] == pytest.approx(sum(fids) / 2) and row["fid_sd"] > 0
+        assert row["recall"] == pytest.approx(sum(d["recall"] for d in row["draws"]) / 2)
+    # a row stored before --draws (its values at the top level) is that snapshot's draw 0
+    cache = tmp_path / "run" / "rows.json"
+    stored = json.loads(cache.read_text())
+    old = [{"step": r["step"], **r["draws"][0]} for r in stored]
+    old[0]["fid"] = 123.0  # a value no draw of this run gives: it must be read back, not re-measured
+    cache.write_text(json.dumps(old))
+    more = longer.measure_all(overrides, tmp_path / "run", samples=100, draws=3)
+    assert [len(row["draws"]) for row in more] == [3, 3]
+    assert more[0]["draws"][0]["fid"] == 123.0
+    assert more[1]["draws"][0] == stored[1]["draws"][0]  # draw 0 kept, draws 1 and 2 measured
+    assert more[1]["draws"][1]["fid"] == pytest.approx(stored[1]["draws"][1]["fid"])  # the same latents again
+    assert more[0]["fid"] == pytest.approx(sum(d["fid"] for d in more[0]["draws"]) / 3)
+    assert [len(row["draws"]) for row in longer.measure_all(overrides, tmp_path / "run", 100, draws=1)] == [1, 1]
+    bad = script("longer.py", "--out", "run", "--measure-only", "--draws", "0", cwd=tmp_path)
+    assert bad.returncode == 2 and "--draws" in bad.stderr
+
+
 def test_longer_run_cut_off_part_way_is_trained_on_with_extend(tmp_path, monkeypatch):
     # a run killed mid-way (a crash, a job's time limit) has its about.json already: --extend trains it
     # on from its last checkpoint, and the snapshots of both parts are measured together
