@@ -23,11 +23,13 @@ larger than the bar's 10%.
 
 Prints a table (step, multiple of the configured max_steps, FID, recall, and each against the best
 seen at or before it), writes OUT/longer.json and OUT/fid_vs_steps.png, and ends with one line:
-    holds=B worst_fid_ratio=X worst_recall_ratio=Y best_fid=Z best_step=N draws=D
+    holds=B worst_fid_ratio=X worst_recall_ratio=Y best_fid=Z best_step=N draws=D [at_Mx=F/R ...]
 worst_fid_ratio: the largest FID / (best FID at or before that step) over the snapshots from 2x the
 configured max_steps on; worst_recall_ratio likewise the smallest recall / best recall before it;
 holds = worst_fid_ratio <= 1.1 and worst_recall_ratio >= 0.9 (the bar of docs/results.md,
-"Training longer").
+"Training longer", at every snapshot). at_Mx=F/R: the same two ratios of the snapshot at exactly
+M x max_steps, for M = 2, 4, 10 where there is one; longer.json's summary has holds_at_multiples:
+the FID ratios at those lengths <= 1.1 and worst_recall_ratio >= 0.9.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from scripts.compare import Measurer, generator_of, metrics_config, train_config
 
 log = logging.getLogger("longer")
 FID_BAR, RECALL_BAR = 1.1, 0.9  # no worse than 1.1x the best FID before; recall at least 0.9x its best
+MULTIPLES = (2, 4, 10)  # the lengths, in trainer.max_steps, at which the bar is also read on its own
 
 
 def train_longer(cfg: TrainConfig, factor: float, every: int, out: Path, threads: int) -> None:
@@ -164,6 +167,13 @@ def against_best(rows: list[dict[str, Any]], base: int) -> tuple[list[dict[str, 
     summary = {"holds": float(worst_fid <= FID_BAR and worst_recall >= RECALL_BAR), "worst_fid_ratio": worst_fid,
                "worst_recall_ratio": worst_recall, "best_fid": best["fid"], "best_step": best["step"],
                "draws": min(len(r.get("draws", [r])) for r in rows)}  # fmt: skip
+    # the bar read at the lengths it names: FID at 2x, 4x and 10x against the best before, recall
+    # at every snapshot from 2x on (it is to be "never" below 0.9x its best)
+    at = {m: row for m in MULTIPLES for row in rows if row["step"] == m * base}
+    for m, row in at.items():
+        summary[f"fid_ratio_at_{m}x"], summary[f"recall_ratio_at_{m}x"] = row["fid_vs_best"], row["recall_vs_best"]
+    fid_ok = [row["fid_vs_best"] <= FID_BAR for row in at.values()]
+    summary["holds_at_multiples"] = float(all(fid_ok) and worst_recall >= RECALL_BAR) if fid_ok else float("nan")
     return rows, summary
 
 
@@ -222,7 +232,9 @@ def plot_runs(runs: list[str], path: Path) -> None:
 def summary_line(summary: dict[str, float]) -> str:
     return (f"holds={bool(summary['holds'])} worst_fid_ratio={summary['worst_fid_ratio']:.3g} "
             f"worst_recall_ratio={summary['worst_recall_ratio']:.3g} best_fid={summary['best_fid']:.3g} "
-            f"best_step={summary['best_step']} draws={summary['draws']}")  # fmt: skip
+            f"best_step={summary['best_step']} draws={summary['draws']}"
+            + "".join(f" at_{m}x={summary[f'fid_ratio_at_{m}x']:.3g}/{summary[f'recall_ratio_at_{m}x']:.3g}"
+                      for m in MULTIPLES if f"fid_ratio_at_{m}x" in summary))  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> None:

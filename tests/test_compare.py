@@ -249,6 +249,16 @@ def test_longer_compares_each_snapshot_with_the_best_before_it():
     # from 2x on: the worst FID ratio is step 40's 9/8 = 1.125 > 1.1, so the recipe does not hold
     assert summary["worst_fid_ratio"] == pytest.approx(1.125) and summary["holds"] == 0.0
     assert summary["best_step"] == 10
+    # read at 2x and 4x only (no snapshot at 10x here): step 20's 8.5/8 = 1.06 holds, step 40's 1.125 does not
+    assert summary["fid_ratio_at_2x"] == pytest.approx(8.5 / 8.0) and summary["fid_ratio_at_4x"] == pytest.approx(1.125)
+    assert "fid_ratio_at_10x" not in summary and summary["holds_at_multiples"] == 0.0
+    assert "at_2x=1.06/0.938 at_4x=1.12/0.875" in longer.summary_line(summary)
+    fids = {5: 10.0, 10: 8.0, 20: 8.0, 30: 9.0, 40: 8.5}
+    wobble = [{"step": step, "fid": fid, "recall": 0.8} for step, fid in fids.items()]
+    _, summary = longer.against_best(wobble, base=10)
+    # step 30 (3x) is 1.125x the best and fails the every-snapshot bar; the snapshots at 2x and 4x hold
+    assert summary["holds"] == 0.0 and summary["worst_fid_ratio"] == pytest.approx(1.125)
+    assert summary["fid_ratio_at_4x"] == pytest.approx(8.5 / 8.0) and summary["holds_at_multiples"] == 1.0
     better = [dict(r, fid=8.0 - r["step"] / 100, recall=0.5 + r["step"] / 100) for r in rows]
     _, summary = longer.against_best(better, base=10)
     assert summary["holds"] == 1.0
