@@ -22,7 +22,10 @@ latents against the same held-out images, and the draws averaged: below FID ~1 o
 larger than the bar's 10%.
 
 Prints a table (step, multiple of the configured max_steps, FID, recall, and each against the best
-seen at or before it), writes OUT/longer.json and OUT/fid_vs_steps.png, and ends with one line:
+seen at or before it), then the data's own score (as many real training images, measured as a
+snapshot is, against the same held-out images: the floor below which a snapshot's differences are
+the estimator's noise; "reals" in longer.json), writes OUT/longer.json and OUT/fid_vs_steps.png,
+and ends with one line:
     holds=B worst_fid_ratio=X worst_recall_ratio=Y best_fid=Z best_step=N draws=D [at_Mx=F/R ...]
 worst_fid_ratio: the largest FID / (best FID at or before that step) over the snapshots from 2x the
 configured max_steps on; worst_recall_ratio likewise the smallest recall / best recall before it;
@@ -38,6 +41,7 @@ import argparse
 import datetime
 import json
 import logging
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -51,8 +55,10 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from gan.checkpoint import load_checkpoint, require_training_state  # noqa: E402
 from gan.config import TrainConfig, to_plain, validate  # noqa: E402
+from gan.data import load_dataset  # noqa: E402
 from gan.device import resolve_device  # noqa: E402
 from gan.errors import UserError  # noqa: E402
+from gan.evaluation.pipeline import measure, reference_subset  # noqa: E402
 from gan.training import train  # noqa: E402
 from gan.training.runs import with_schema_defaults  # noqa: E402
 from gan.training.state import TrainingState  # noqa: E402
@@ -142,6 +148,22 @@ def measure_all(overrides: list[str], out: Path, samples: int, draws: int = 1) -
     return [mean_row(step, found[step][:draws]) for step in sorted(found) if found[step]]
 
 
+def reals_row(overrides: list[str], samples: int, draws: int) -> dict[str, Any]:
+    """The data's own score: `samples` real training images (a seeded subset per draw) measured as a
+    snapshot is, against the same held-out images. A generator at this FID is as close to the held-out
+    images as the training images are; below it a snapshot's differences are the estimator's noise."""
+    cfg = train_config(overrides)
+    measurer = Measurer(cfg, metrics_config(overrides), samples, cfg.trainer.seed, resolve_device(cfg.trainer.device))
+    training = load_dataset(cfg.data, train=True)
+    found = []
+    for draw in range(draws):
+        images, _ = reference_subset(training, samples, cfg.trainer.seed + draw, split="training split")
+        values = measure(measurer.features, measurer.classifier, measurer.reals, images, measurer.config,
+                         measurer.device, real_features=measurer.real_features)  # fmt: skip
+        found.append({k: float(values[k]) for k in METRICS if values.get(k) is not None})
+    return mean_row(0, found)
+
+
 def mean_row(step: int, draws: list[dict[str, float]]) -> dict[str, Any]:
     """One snapshot's row: each metric's mean over the draws, the FID's sample standard deviation, and the draws."""
     row: dict[str, Any] = {"step": step, "draws": draws}
@@ -164,8 +186,12 @@ def against_best(rows: list[dict[str, Any]], base: int) -> tuple[list[dict[str, 
         if row["step"] >= 2 * base:
             worst_fid, worst_recall = max(worst_fid, row["fid_vs_best"]), min(worst_recall, row["recall_vs_best"])
     best = min(rows, key=lambda r: r["fid"])
-    summary = {"holds": float(worst_fid <= FID_BAR and worst_recall >= RECALL_BAR), "worst_fid_ratio": worst_fid,
-               "worst_recall_ratio": worst_recall, "best_fid": best["fid"], "best_step": best["step"],
+    late = any(row["step"] >= 2 * base for row in rows)  # without a snapshot from 2x on there is no verdict
+    holds = float(worst_fid <= FID_BAR and worst_recall >= RECALL_BAR) if late else float("nan")
+    if not late:
+        worst_fid = worst_recall = float("nan")
+    summary = {"holds": holds, "worst_fid_ratio": worst_fid, "worst_recall_ratio": worst_recall,
+               "best_fid": best["fid"], "best_step": best["step"],
                "draws": min(len(r.get("draws", [r])) for r in rows)}  # fmt: skip
     # the bar read at the lengths it names: FID at 2x, 4x and 10x against the best before, recall
     # at every snapshot from 2x on (it is to be "never" below 0.9x its best)
@@ -230,7 +256,8 @@ def plot_runs(runs: list[str], path: Path) -> None:
 
 
 def summary_line(summary: dict[str, float]) -> str:
-    return (f"holds={bool(summary['holds'])} worst_fid_ratio={summary['worst_fid_ratio']:.3g} "
+    holds = "n/a" if math.isnan(summary["holds"]) else bool(summary["holds"])  # n/a: no snapshot from 2x on
+    return (f"holds={holds} worst_fid_ratio={summary['worst_fid_ratio']:.3g} "
             f"worst_recall_ratio={summary['worst_recall_ratio']:.3g} best_fid={summary['best_fid']:.3g} "
             f"best_step={summary['best_step']} draws={summary['draws']}"
             + "".join(f" at_{m}x={summary[f'fid_ratio_at_{m}x']:.3g}/{summary[f'recall_ratio_at_{m}x']:.3g}"
@@ -272,11 +299,16 @@ def main(args: argparse.Namespace) -> None:
     if not rows:
         raise UserError(f"no snapshots under {args.out / 'snapshots'} to measure")
     rows, summary = against_best(rows, about["base_steps"])
+    reals = reals_row(measuring, args.samples, args.draws)
     data_name = train_config(about["overrides"]).data.name.value  # the run's data, also when extended
     title = f"data={data_name}: {' '.join(about['overrides']) or 'defaults'}"
     plot(rows, about["base_steps"], title[:90], args.out / "fid_vs_steps.png")
-    (args.out / "longer.json").write_text(json.dumps({"summary": summary, "rows": rows, **about}, indent=1))
+    (args.out / "longer.json").write_text(
+        json.dumps({"summary": summary, "rows": rows, "reals": reals, **about}, indent=1)
+    )
     print(table(rows))
+    print(f"real training images against the same held-out images: FID {reals['fid']:.2f} (sd {reals['fid_sd']:.2f}) "
+          f"recall {reals['recall']:.3f}, {len(reals['draws'])} draws")  # fmt: skip
     print(summary_line(summary))
 
 
