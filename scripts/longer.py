@@ -237,20 +237,28 @@ def plot_runs(runs: list[str], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (fid_ax, recall_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (fid_ax, recall_ax) = plt.subplots(1, 2, figsize=(11, 4.5))
     for run in runs:
         name, _, folder = run.partition("=")
         result_file = Path(folder) / "longer.json"
         if not result_file.exists():
             raise UserError(f"--plot {run}: {result_file} does not exist (run scripts/longer.py --out {folder} first)")
-        rows = json.loads(result_file.read_text())["rows"]
+        result = json.loads(result_file.read_text())
+        rows, reals = result["rows"], result.get("reals")  # reals: the data's own score (runs measured since)
         steps = [r["step"] for r in rows]
-        fid_ax.plot(steps, [r["fid"] for r in rows], marker="o", markersize=3, label=name)
+        (line,) = fid_ax.plot(steps, [r["fid"] for r in rows], marker="o", markersize=3, label=name)
         recall_ax.plot(steps, [r["recall"] for r in rows], marker="o", markersize=3, label=name)
+        if reals:
+            for ax, key in ((fid_ax, "fid"), (recall_ax, "recall")):
+                ax.axhline(reals[key], color=line.get_color(), linestyle="--", linewidth=0.8)
+    if any(line.get_linestyle() == "--" for line in fid_ax.get_lines()):
+        fid_ax.plot([], [], color="grey", linestyle="--", linewidth=0.8, label="real training images (dashed)")
     fid_ax.set(xlabel="step", ylabel="FID (classifier features)", yscale="log")
     recall_ax.set(xlabel="step", ylabel="recall")
-    fid_ax.legend()
-    fig.tight_layout()
+    # the legend below both plots, where it hides no curve
+    handles, labels = fid_ax.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(handles), 3), frameon=False)
+    fig.tight_layout(rect=(0, 0.06 * (1 + (len(handles) - 1) // 3), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
