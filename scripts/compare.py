@@ -58,7 +58,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from torch import nn
+from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: the repo's gan and scripts
 
@@ -219,6 +219,9 @@ def run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
 # measuring the snapshots ---------------------------------------------------------------------------
 
 
+METRICS = ("fid", "kid", "precision", "recall", "classes_covered")  # what a measurement reports
+
+
 class Measurer:
     """evaluate.py's measurement, set up once: the held-out reference, the classifier and its features."""
 
@@ -238,10 +241,13 @@ class Measurer:
     def __call__(self, G: nn.Module, seed: Optional[int] = None) -> dict[str, Any]:
         """G's metrics; `seed` draws other latents (default: the measurement's seed), same held-out images."""
         cfg = self.config
-        fake = generate(G, cfg.num_samples, cfg.batch_size, cfg.seed if seed is None else seed, self.device)
-        results = measure(self.features, self.classifier, self.reals, fake, cfg, self.device,
+        return self.score(generate(G, cfg.num_samples, cfg.batch_size, cfg.seed if seed is None else seed, self.device))
+
+    def score(self, images: Tensor) -> dict[str, Any]:
+        """The metrics of uint8 images (N, C, H, W), a G's samples or real ones, against the held-out images."""
+        results = measure(self.features, self.classifier, self.reals, images, self.config, self.device,
                           real_features=self.real_features)  # fmt: skip
-        return {key: results[key] for key in ("fid", "kid", "precision", "recall", "classes_covered") if key in results}
+        return {key: results[key] for key in METRICS if key in results}
 
 
 def generator_of(side: str, snapshot: dict[str, Any], measurer: Measurer, batch_statistics: bool = True) -> nn.Module:

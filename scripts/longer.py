@@ -58,11 +58,11 @@ from gan.config import TrainConfig, to_plain, validate  # noqa: E402
 from gan.data import load_dataset  # noqa: E402
 from gan.device import resolve_device  # noqa: E402
 from gan.errors import UserError  # noqa: E402
-from gan.evaluation.pipeline import measure, reference_subset  # noqa: E402
+from gan.evaluation.pipeline import reference_subset  # noqa: E402
 from gan.training import train  # noqa: E402
 from gan.training.runs import with_schema_defaults  # noqa: E402
 from gan.training.state import TrainingState  # noqa: E402
-from scripts.compare import Measurer, generator_of, metrics_config, train_config  # noqa: E402
+from scripts.compare import METRICS, Measurer, generator_of, metrics_config, train_config  # noqa: E402
 
 log = logging.getLogger("longer")
 FID_BAR, RECALL_BAR = 1.1, 0.9  # no worse than 1.1x the best FID before; recall at least 0.9x its best
@@ -113,10 +113,13 @@ def snapshot_and_train(cfg: TrainConfig, every: int, out: Path, threads: int) ->
     train(cfg, out / "run", after_step=after_step)
 
 
-METRICS = ("fid", "kid", "precision", "recall", "classes_covered")
+def measurer_for(overrides: list[str], samples: int) -> Measurer:
+    """evaluate.py's measurement for the run's data, set up once for the snapshots and the real images."""
+    cfg = train_config(overrides)
+    return Measurer(cfg, metrics_config(overrides), samples, cfg.trainer.seed, resolve_device(cfg.trainer.device))
 
 
-def measure_all(overrides: list[str], out: Path, samples: int, draws: int = 1) -> list[dict[str, Any]]:
+def measure_all(out: Path, measurer: Measurer, draws: int = 1) -> list[dict[str, Any]]:
     """Every snapshot under OUT/snapshots measured `draws` times, each draw with its own latents (seeds
     trainer.seed, trainer.seed + 1, ...) against the same held-out images; a row's values are the
     mean of its first `draws` draws, with fid_sd their spread. Draws kept in OUT/rows.json are not
@@ -125,42 +128,37 @@ def measure_all(overrides: list[str], out: Path, samples: int, draws: int = 1) -
     Why draws: below FID ~1 (digits) one snapshot's FID moves by about +-0.07 from one draw of 5,000
     latents to another, more than the bar's 10%; the mean of three draws is sqrt(3) steadier, and
     the same held-out images on every draw keep the snapshots' comparison paired."""
-    cfg = train_config(overrides)
     cache = out / "rows.json"
     stored = json.loads(cache.read_text()) if cache.exists() else []
     # rows of one draw, from before --draws, hold their values at the top level: that is draw 0
     found = {row["step"]: row.get("draws") or [{k: row[k] for k in METRICS if k in row}] for row in stored}
-    measurer = None
     for path in sorted((out / "snapshots").glob("step_*.pt")):
         step = int(path.stem.split("_")[1])
         done = found.setdefault(step, [])
         if len(done) >= draws:
             continue
-        measurer = measurer or Measurer(cfg, metrics_config(overrides), samples, cfg.trainer.seed,
-                                        resolve_device(cfg.trainer.device))  # fmt: skip
         snapshot = torch.load(path, map_location="cpu", weights_only=True)
         G = generator_of("project", snapshot, measurer)
         for draw in range(len(done), draws):
-            values = measurer(G, seed=cfg.trainer.seed + draw)
+            values = measurer(G, seed=measurer.config.seed + draw)
             done.append({k: float(v) for k, v in values.items() if v is not None})
             log.info("step %7d  draw %d  FID %8.2f  recall %.3f", step, draw, values["fid"], values["recall"])
         cache.write_text(json.dumps([{"step": s, "draws": found[s]} for s in sorted(found)], indent=1))
     return [mean_row(step, found[step][:draws]) for step in sorted(found) if found[step]]
 
 
-def reals_row(overrides: list[str], samples: int, draws: int) -> dict[str, Any]:
-    """The data's own score: `samples` real training images (a seeded subset per draw) measured as a
-    snapshot is, against the same held-out images. A generator at this FID is as close to the held-out
-    images as the training images are; below it a snapshot's differences are the estimator's noise."""
+def reals_row(overrides: list[str], measurer: Measurer, draws: int) -> dict[str, Any]:
+    """The data's own score: as many real training images as the measurer's samples (a seeded subset
+    per draw) measured as a snapshot is, against the same held-out images. A generator at this FID is
+    as close to the held-out images as the training images are; below it a snapshot's differences
+    are the estimator's noise."""
     cfg = train_config(overrides)
-    measurer = Measurer(cfg, metrics_config(overrides), samples, cfg.trainer.seed, resolve_device(cfg.trainer.device))
     training = load_dataset(cfg.data, train=True)
     found = []
     for draw in range(draws):
-        images, _ = reference_subset(training, samples, cfg.trainer.seed + draw, split="training split")
-        values = measure(measurer.features, measurer.classifier, measurer.reals, images, measurer.config,
-                         measurer.device, real_features=measurer.real_features)  # fmt: skip
-        found.append({k: float(values[k]) for k in METRICS if values.get(k) is not None})
+        images, _ = reference_subset(training, measurer.config.num_samples, cfg.trainer.seed + draw,
+                                     split="training split")  # fmt: skip
+        found.append({k: float(v) for k, v in measurer.score(images).items() if v is not None})
     return mean_row(0, found)
 
 
@@ -303,11 +301,12 @@ def main(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
     # measurement settings given now (metrics.*) join the run's own: a classifier bar can be set on a re-measure
     measuring = about["overrides"] + [o for o in args.overrides if o.startswith("metrics.")]
-    rows = measure_all(measuring, args.out, args.samples, args.draws)
+    measurer = measurer_for(measuring, args.samples)
+    rows = measure_all(args.out, measurer, args.draws)
     if not rows:
         raise UserError(f"no snapshots under {args.out / 'snapshots'} to measure")
     rows, summary = against_best(rows, about["base_steps"])
-    reals = reals_row(measuring, args.samples, args.draws)
+    reals = reals_row(measuring, measurer, args.draws)
     data_name = train_config(about["overrides"]).data.name.value  # the run's data, also when extended
     title = f"data={data_name}: {' '.join(about['overrides']) or 'defaults'}"
     plot(rows, about["base_steps"], title[:90], args.out / "fid_vs_steps.png")

@@ -312,13 +312,14 @@ def test_longer_averages_draws_of_latents_and_measures_only_the_missing_ones(tmp
     old = [{"step": r["step"], **r["draws"][0]} for r in stored]
     old[0]["fid"] = 123.0  # a value no draw of this run gives: it must be read back, not re-measured
     cache.write_text(json.dumps(old))
-    more = longer.measure_all(overrides, tmp_path / "run", samples=100, draws=3)
+    measurer = longer.measurer_for(overrides, samples=100)
+    more = longer.measure_all(tmp_path / "run", measurer, draws=3)
     assert [len(row["draws"]) for row in more] == [3, 3]
     assert more[0]["draws"][0]["fid"] == 123.0
     assert more[1]["draws"][0] == stored[1]["draws"][0]  # draw 0 kept, draws 1 and 2 measured
     assert more[1]["draws"][1]["fid"] == pytest.approx(stored[1]["draws"][1]["fid"])  # the same latents again
     assert more[0]["fid"] == pytest.approx(sum(d["fid"] for d in more[0]["draws"]) / 3)
-    assert [len(row["draws"]) for row in longer.measure_all(overrides, tmp_path / "run", 100, draws=1)] == [1, 1]
+    assert [len(row["draws"]) for row in longer.measure_all(tmp_path / "run", measurer, draws=1)] == [1, 1]
     bad = script("longer.py", "--out", "run", "--measure-only", "--draws", "0", cwd=tmp_path)
     assert bad.returncode == 2 and "--draws" in bad.stderr
 
