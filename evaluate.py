@@ -1,87 +1,94 @@
-"""Evaluate a trained generator. `python evaluate.py checkpoint=PATH [key=value ...]`; see configs/evaluate.yaml.
+"""Evaluate a trained generator: `python evaluate.py checkpoint=PATH [key=value ...]`; see configs/evaluate.yaml.
 
 Measures FID, KID, precision/recall, density/coverage and class (or Stacked-MNIST mode) coverage
 against the held-out split, in the feature space of a classifier trained on the dataset's labels
 (offline) or of Inception-v3; draws sample, interpolation and nearest-neighbour grids; optionally
 saves the samples and exports the generator. Everything goes into this run's directory:
-metrics.json, *.png, tb/, export/.
-
-The entry point only turns Hydra's DictConfig into a checked, typed config and hands it to
-gan.evaluation.pipeline.evaluate(); it owns the exit codes, as train.py does.
+metrics.json, *.png, tb/, export/. `main(argv)` runs the command line in this process and returns
+its exit code, as train.py's does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from gan import runs
 from gan.config import register_evaluate_configs, validate_evaluate
-from gan.errors import UserError, environment_error
+from gan.errors import RunDirError, UserError, environment_error
 from gan.evaluation.pipeline import evaluate
-from gan.training.record import HeldLog, held_log, remove_if_empty, write_record
-from gan.training.runs import SweepJobFailed, override_key, preflight
 
 log = logging.getLogger("evaluate")
-register_evaluate_configs()
 
-# Exit codes: 0 done; 2 bad input (config, checkpoint, data, a metric that cannot be measured);
-# 130 stopped by SIGINT (Ctrl-C), as shells report a process that signal ended (train.py's too).
+# Exit codes: 0 done; 1 Hydra's own (an override it cannot parse); 2 bad input (config, checkpoint,
+# data, a metric that cannot be measured); 130 stopped by SIGINT (Ctrl-C), as train.py's.
 EXIT_BAD_INPUT, EXIT_INTERRUPTED = 2, 130
-# This process's run directory, once Hydra has made it: what an interruption reports on.
-_run_dir: Optional[Path] = None
+_run_dir: Optional[Path] = None  # this job's folder once Hydra has made it: what an interruption reports on
 
 
-@hydra.main(version_base="1.3", config_path="configs", config_name="evaluate")
-def main(cfg: DictConfig) -> float:
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """`python evaluate.py ARGV`, in this process: the exit code."""
+    global _run_dir
+    argv, _run_dir = list(sys.argv[1:] if argv is None else argv), None
+    register_evaluate_configs()
+    problem = runs.preflight(argv, resumable=False)
+    if problem:
+        log.error("%s", problem)
+        return EXIT_BAD_INPUT
+    try:
+        return runs.run_hydra(job, "evaluate", argv)
+    except KeyboardInterrupt:  # while Hydra starts, or winds down after the job
+        log.warning("%s", interrupted(_run_dir))
+        return EXIT_INTERRUPTED
+
+
+def job(cfg: DictConfig) -> tuple[int, float]:
     global _run_dir
     run_dir = _run_dir = Path(HydraConfig.get().runtime.output_dir)
-    # Hydra writes no record and no log file (configs/evaluate.yaml): they are written beside the
-    # evaluation's outputs once there are any, so a refused evaluation leaves no folder behind
-    with held_log() as run_log:
+    with runs.held_log() as run_log:  # the record and log file go beside the outputs once there are any
         try:
+            named = "hydra.run.dir" in {runs.override_key(o) for o in HydraConfig.get().overrides.hydra}
+            problem = runs.existing_run(run_dir) if named else None  # outputs would land among a run's files
+            if problem:
+                raise RunDirError(problem)
             results = evaluate(validate_evaluate(cfg), run_dir, data_overrides(cfg))
         except KeyboardInterrupt:  # Ctrl-C: one line saying what was saved, not a traceback
             log.warning("%s", interrupted(run_dir))
-            sys.exit(EXIT_INTERRUPTED)
+            return EXIT_INTERRUPTED, math.nan
         except (UserError, OSError) as err:
             if isinstance(err, OSError):  # disk full, permissions: the environment, not a bug
                 err = environment_error(err)
-            if HydraConfig.get().mode == RunMode.MULTIRUN:
-                # Hydra records the failed job, prints this paragraph (no traceback) and runs the others
-                raise SweepJobFailed(str(err)) from err
+            if HydraConfig.get().mode == RunMode.MULTIRUN:  # Hydra prints it and runs the other jobs
+                raise runs.SweepJobFailed(str(err)) from err
             log.error("%s", err)
-            sys.exit(EXIT_BAD_INPUT)
+            return EXIT_BAD_INPUT, math.nan
         finally:
-            keep_record(run_dir, cfg, run_log)
+            if run_dir.is_dir() and any(run_dir.iterdir()) and not named_run(run_dir):
+                with contextlib.suppress(OSError):  # a full disk: the error said so already
+                    runs.keep_record(run_dir, cfg, run_log)
+            else:
+                runs.remove_if_empty(run_dir)
         log.info("Done in %.0f s; outputs in %s", results["seconds"]["total"], run_dir)
-    return results["fid"]
+    return 0, results["fid"]
 
 
-def keep_record(run_dir: Path, cfg: DictConfig, run_log: HeldLog) -> None:
-    """The evaluation's .hydra/ record and log file beside its outputs, when it wrote any; else the
-    empty folder Hydra made for it is removed."""
-    if run_dir.is_dir() and any(run_dir.iterdir()):
-        with contextlib.suppress(OSError):  # a full disk: the error said so already
-            write_record(run_dir, cfg)
-            run_log.open(run_dir / f"{HydraConfig.get().job.name}.log")
-    else:
-        remove_if_empty(run_dir)
+def named_run(run_dir: Path) -> bool:
+    """A training run's folder (refused above): its record is not this evaluation's to write."""
+    return runs.existing_run(run_dir) is not None
 
 
 def interrupted(run_dir: Optional[Path]) -> str:
     """The line an interrupted evaluation ends with, saying what run_dir holds by then. metrics.json is
-    written after every measurement, picture and optional output, and before TensorBoard's events
-    (pipeline.report), so without it nothing measured was saved. Hydra's own files (.hydra/, the log)
-    are not outputs."""
+    written after every measurement and picture, before TensorBoard's events (pipeline.report)."""
     if run_dir is None:
         return "Interrupted (SIGINT) before the evaluation began; nothing was measured."
     names = [p.name for p in run_dir.iterdir()] if run_dir.is_dir() else []
@@ -97,19 +104,14 @@ def interrupted(run_dir: Optional[Path]) -> str:
 
 def data_overrides(cfg: DictConfig) -> dict[str, Any]:
     """The data.* keys given on the command line, with the values Hydra typed: they replace the
-    checkpoint's own. Everything else about the data comes from the checkpoint."""
-    given = {override_key(o) for o in HydraConfig.get().overrides.task}
+    checkpoint's own; everything else about the data comes from the checkpoint."""
+    given = {runs.override_key(o) for o in HydraConfig.get().overrides.task}
     keys = [key.split(".", 1)[1] for key in given if key.startswith("data.")]
     return {key: OmegaConf.to_container(cfg.data, resolve=True)[key] for key in keys}
 
 
 if __name__ == "__main__":
-    # Ctrl-C interrupts, as train.py's own handler makes it do there, even when this process was
-    # started with SIGINT ignored (a shell's background job, `cmd &`, passes that on to its children)
+    logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")  # until Hydra's
+    # Ctrl-C interrupts even when this process was started with SIGINT ignored (`cmd &` in a shell)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        preflight(sys.argv, EXIT_BAD_INPUT, resumable=False)
-        main()
-    except KeyboardInterrupt:  # outside evaluate(): while Hydra starts, or winds down after main
-        log.warning("%s", interrupted(_run_dir))
-        sys.exit(EXIT_INTERRUPTED)
+    sys.exit(main())

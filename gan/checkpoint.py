@@ -17,17 +17,21 @@ from pathlib import Path
 from typing import Any, Hashable, Iterable, Mapping, Optional, Sequence, TypeVar
 
 import torch
-from omegaconf.errors import ConfigKeyError
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from torch import Tensor, nn
 
+from gan.config import TrainConfig
 from gan.errors import CheckpointError
 
 Name = TypeVar("Name", bound=Hashable)  # a tensor's name: a string, or a (part, key) pair
 
 # What every checkpoint of this project holds: last.pt (the whole training state) and best.pt (the
 # generator alone, `kind: best`). Resuming needs more, and says which entry is missing.
-REQUIRED_KEYS = ("G", "step", "config")
+REQUIRED_KEYS = ("G", "step", "config", "num_classes")
 BEST = "best"  # the `kind` of checkpoints/best.pt
+# The layout's version, written into every checkpoint by save_checkpoint; any other is refused.
+FORMAT = 1
 
 
 def require_training_state(state: Mapping[str, Any], source: str | Path) -> None:
@@ -115,7 +119,7 @@ def save_checkpoint(state: Mapping[str, Any], path: Path) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
-            torch.save(dict(state), f)
+            torch.save({**state, "format": FORMAT}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -199,6 +203,12 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
             f"{file} is not a checkpoint of this project: expected a dict with "
             f"keys {list(REQUIRED_KEYS)}, found {found}."
         )
+    if state.get("format") != FORMAT:
+        found = _shown(state["format"]) if "format" in state else "none (written before checkpoints were numbered)"
+        raise CheckpointError(
+            f"{file} has checkpoint format {found}; this version reads format {FORMAT} only, so it was written by "
+            "another version of this project. Use that version to resume or evaluate it, or start a new run."
+        )
     check_common_entries(state, file)
     return state
 
@@ -219,7 +229,7 @@ def check_common_entries(state: Mapping[str, Any], file: Path) -> None:
     _check_state_dict(state, "G", file)
     if state.get("G_ema") is not None:
         _check_state_dict(state, "G_ema", file)
-    if state.get("num_classes") is not None and not _whole(state["num_classes"]):
+    if not _whole(state["num_classes"]):
         raise _damaged(
             file,
             "num_classes",
@@ -242,6 +252,20 @@ def check_config_groups(config: object, source: str | Path, required: Sequence[s
     missing = [group for group in required if group not in config]
     if missing:
         raise _config_damaged(source, f"it has no {', '.join(repr(g) for g in missing)} group")
+
+
+def stored_config(config: object, source: str | Path) -> dict:
+    """A checkpoint's config typed by this version's schema (TrainConfig), as plain containers;
+    CheckpointError naming the file when it lacks a setting or holds one of the wrong type."""
+    schema = OmegaConf.structured(TrainConfig)
+    check_config_groups(config, source, required=list(schema))
+    missing = [f"{group}.{key}" for group in schema for key in schema[group] if key not in config[group]]
+    if missing:
+        raise _config_damaged(source, f"it has no {', '.join(missing[:4])}")
+    try:
+        return OmegaConf.to_container(OmegaConf.merge(schema, config), resolve=True, enum_to_str=True)
+    except (OmegaConfBaseException, ValueError) as err:
+        raise stored_config_error(err, source) from err
 
 
 def stored_config_error(err: Exception, source: str | Path, group: str = "") -> CheckpointError:

@@ -1,13 +1,7 @@
 """Typed configuration: one dataclass per `configs/` group, registered with Hydra's ConfigStore.
 
-Owns the schema (names, types, defaults and the reason for each default) and the range checks that
-Hydra cannot express. It does not compose configs (Hydra does, from `configs/`) and it does not
-build objects from them (`gan.training` does, with explicit constructors).
-
-Because the primary config `configs/train.yaml` starts from the `train_schema` node below, a wrong
-type (`optim.lr=abc`), an unknown key (`optim.lrr=1`) or an unknown choice (`loss.name=foo`) fails
-at the command line with Hydra's own message. Checks of range (`trainer.max_steps=-1`) live in
-`check()` methods and run through `validate()` before anything is built.
+Owns the schema (names, types, defaults) and the range checks Hydra cannot express (`check()`, run by
+`validate()`); Hydra itself refuses wrong types, unknown keys and unknown choices at the command line.
 """
 
 from __future__ import annotations
@@ -77,34 +71,20 @@ class Precision(str, Enum):
 
 @dataclass
 class DataConfig:
-    # The datasets data=stacked can stack: 10-class grayscale sets (a class attribute, not a field).
     SOURCES = (DatasetName.digits, DatasetName.mnist, DatasetName.fashion_mnist)
 
     name: DatasetName = DatasetName.digits  # the dataset (configs/data/); `digits` is built in, no download
-    # Where datasets live, relative to the launch directory, in torchvision's layout: ROOT/MNIST/raw,
-    # ROOT/FashionMNIST/raw, ROOT/cifar-10-batches-py, ROOT/celeba/img_align_celeba. For
-    # name=folder it is the image folder itself.
-    root: str = "data"
-    # fetch a missing mnist/fashion_mnist/cifar10/celeba into root; off so no run goes online unasked
-    download: bool = False
-    # stacked: the dataset whose images become the R, G and B channels, one of SOURCES (digits is built in)
-    source: DatasetName = DatasetName.digits
+    root: str = "data"  # datasets folder in torchvision's layout, relative to the launch directory; folder: the images
+    download: bool = False  # fetch a missing mnist/fashion_mnist/cifar10/celeba into root
+    source: DatasetName = DatasetName.digits  # stacked: the dataset whose images become R, G and B, one of SOURCES
     image_size: int = 32  # side in pixels: a power of two, 16..256 (G doubles it per block from 4x4)
     channels: int = 1  # 1 grayscale, 3 RGB; other data is converted: gray repeated to RGB, RGB to luma
-    # Hold the preprocessed uint8 images in memory (on the training device) and index batches there,
-    # or decode each batch in DataLoader workers. null = auto: in memory up to 512 MiB of pixels.
-    in_memory: Optional[bool] = None
-    # Images per process and step. 64, not the DCGAN paper's 128: with the narrow default model, twice
-    # the steps in the same time learn faster on a CPU (docs/results.md, "Quality in one minute")
-    batch_size: int = 64
-    # DataLoader worker processes. null = auto: 0 for data in memory (a batch is one indexing op),
-    # else half the CPU cores, at most 8 (the other half trains). 0 = decode in the main process.
-    num_workers: Optional[int] = None
+    in_memory: Optional[bool] = None  # uint8 images on the training device, else DataLoader; null = up to 512 MiB
+    batch_size: int = 64  # images per process and step (docs/results.md#quality-in-one-minute)
+    num_workers: Optional[int] = None  # DataLoader workers; null = 0 in memory, else half the cores (at most 8)
     num_samples: int = 60000  # digits, stacked: size of the generated training set (MNIST-sized; stacked.yaml: 128k)
     seed: int = 0  # digits, stacked: generation seed, apart from trainer.seed so every run sees the same data
-    # Train on the first N images of the training split only (the held-out split is untouched): a
-    # small set to overfit (debug=overfit) or a quick look at how a result scales with data. 0 = all.
-    limit: int = 0
+    limit: int = 0  # train on the first N images of the training split only (debug=overfit); 0 = all
 
     def check(self) -> None:
         _require(
@@ -162,57 +142,23 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     z_dim: int = 100  # latent size, DCGAN paper
-    # G's and D's channels at full resolution (ngf, ndf), doubled per block toward 4x4. 32, half the
-    # DCGAN paper's 64: a quarter of the FLOPs, so 2.5x the steps per second on a CPU, and the
-    # quickest route to quality measured on 32 px digits (docs/results.md, "Quality in one minute")
-    g_width: int = 32
-    d_width: int = 32
-    # EMA of G's weights for sampling (Karras et al. 2018); 0 = off. Warmed up as min(decay, (1+n)/(10+n))
-    # (TF's num_updates), which stays below 0.999 until step 8,990: a 5,000-step run ends at 0.9982,
-    # a half-life of about 390 steps.
-    ema_decay: float = 0.999
-    # Or a half-life in thousands of images, as StyleGAN2-ADA's ema_kimg (> 0 replaces ema_decay),
-    # ramped up as there: the half-life is at most ema_rampup x the images seen so far (0 = no ramp).
-    ema_kimg: float = 0.0
-    ema_rampup: float = 0.05
-    # DDP: BatchNorm statistics over all ranks' batches (SyncBatchNorm) instead of each rank's own.
-    # Off: each rank's batch is a full DCGAN batch, so its own statistics are what DCGAN trains
-    # with, and syncing costs an all-reduce in every BatchNorm layer of every forward.
-    sync_batchnorm: bool = False
-    # D's normalisation. DCGAN's D has BatchNorm and nothing else (experiment=paper restores it). The
-    # default is spectral norm instead (Miyato et al. 2018: each convolution's weight divided by its
-    # largest singular value, so D cannot sharpen without bound) with Adam's beta1 = 0 (OptimConfig):
-    # trained 4x its length on Fashion-MNIST, DCGAN's D won and the samples decayed (FID 4.91 at
-    # step 27,500 -> 6.14 at 40,000, recall 0.77 -> 0.66) where this one kept improving (FID 2.53 at
-    # 10,000, 1.51 at 40,000, recall 0.80), and with beta1 = 0 it starts as fast (digits, seeds 0 / 1:
-    # FID 3.5 / 2.8 at 1,800 steps and 2.8 / 2.2 at 2,400, DCGAN's D 4.0 / 3.7 and 2.7 / 2.6).
-    # docs/results.md, "Training longer". No BatchNorm is also what per-sample penalties need (R1, GP).
-    d_batchnorm: bool = False
-    spectral_norm: bool = True
+    g_width: int = 32  # G's channels at full resolution (ngf) (docs/results.md#quality-in-one-minute)
+    d_width: int = 32  # D's channels at full resolution (ndf)
+    ema_decay: float = 0.999  # EMA of G's weights for sampling (Karras et al. 2018), warmed up; 0 = off
+    ema_kimg: float = 0.0  # > 0: EMA half-life in thousands of images (StyleGAN2-ADA's ema_kimg), replaces ema_decay
+    ema_rampup: float = 0.05  # ema_kimg's half-life is at most this x the images seen so far; 0 = no ramp
+    sync_batchnorm: bool = False  # DDP: BatchNorm statistics over all ranks' batches (SyncBatchNorm)
+    d_batchnorm: bool = False  # BatchNorm in D, as DCGAN (experiment=paper); per-sample penalties need it off
+    spectral_norm: bool = True  # on D's convolutions (Miyato et al. 2018; docs/results.md#training-longer)
     pack: int = 1  # PacGAN (Lin et al. 2018): D judges `pack` samples at once, which exposes mode collapse
     minibatch_std: int = 0  # group size of ProGAN's minibatch-stddev channel in D (Karras et al. 2018); 0 = off
-    # Class-conditional: G(z, y) reads a class embedding beside z, D is a projection discriminator
-    # (Miyato & Koyama 2018), and fakes are drawn for the real batch's own classes. Needs a labelled
-    # dataset (every one but a flat folder). Off: DCGAN as published, which has no classes.
-    conditional: bool = False
-    # DiffAugment (Zhao et al. 2020): these augmentations on images D sees, real and fake, in both
-    # steps (a list: Hydra reads a bare a,b,c as a sweep; quote the override,
-    # 'model.diffaugment=[translation]'). '[]' = none, as the DCGAN paper (experiment=paper).
-    # On by default, adaptive (ada_target below). With DCGAN's D, trained past its length on real data,
-    # the unaugmented recipe let D win and its samples wander (Fashion-MNIST, steps 10,000-27,500: FID
-    # 6.9-10.2, recall down to 0.56), where this one kept improving (FID 6.2 -> 4.8, recall 0.69-0.71).
-    # With the default spectrally normalised D, r_t stayed mostly below the target through 4x on
-    # Fashion-MNIST, digits and Stacked and 2x on 3,000 photos, so p stayed at or below 0.03: a guard
-    # for data small enough to be memorised, and while p is small it costs nothing per step
-    # (docs/results.md, "Training longer").
+    conditional: bool = False  # class-conditional G(z, y) and projection D (Miyato & Koyama 2018); needs labels
+    # DiffAugment (Zhao et al. 2020) on every image D sees; '[]' = none (docs/results.md#training-longer)
     diffaugment: List[DiffAugmentPolicy] = field(
         default_factory=lambda: [DiffAugmentPolicy.color, DiffAugmentPolicy.translation, DiffAugmentPolicy.cutout]
     )
-    # Adaptive DiffAugment (StyleGAN2-ADA's p; gan/core/augment.py:AdaptiveAugment): > 0 applies each
-    # model.diffaugment policy to each image with a probability p that starts at 0 and is steered to
-    # hold D's r_t = E[sign(D(x))] near this target; 0.6, ADA's. 0 = every image at every step.
-    ada_target: float = 0.6
-    ada_kimg: float = 100.0
+    ada_target: float = 0.6  # adaptive DiffAugment: p steered to hold r_t = E[sign(D(x))] here (ADA); 0 = always on
+    ada_kimg: float = 100.0  # thousands of images for p to move from 0 to 1 (ADA's speed)
 
     def check(self) -> None:
         for key in ("z_dim", "g_width", "d_width", "pack"):
@@ -252,21 +198,10 @@ class LossConfig:
 
 @dataclass
 class OptimConfig:
-    # Adam step size for G (and D unless lr_d is set). 1e-3, five times the DCGAN paper's 2e-4: with
-    # batch 64 and the narrow default model it reached FID 2.8 on digits in one CPU minute, 2e-4 reached
-    # 26.6 (docs/results.md, "Quality in one minute"). experiment=paper restores the paper's settings.
-    lr: float = 1e-3
+    lr: float = 1e-3  # Adam step size for G, and D unless lr_d is set (docs/results.md#quality-in-one-minute)
     lr_d: Optional[float] = None  # D's own step size (TTUR, Heusel et al. 2017); null = optim.lr
-    # Both step sizes stay constant, then fall linearly toward zero over this last fraction of
-    # trainer.max_steps (the schedule of pix2pix and CycleGAN, Isola et al. 2017, Zhu et al. 2017).
-    # 0 (constant, as in the DCGAN paper) by default: decaying the default digits run's last half
-    # scored FID 1.63 at its end, no better than constant rates (1.47 +- 0.30 over three seeds); as
-    # G slowed, D won (D(G(z)) 0.01 at the end). docs/results.md, "Learning-rate decay".
-    lr_decay: float = 0.0
-    # Adam's momentum. The DCGAN paper's 0.5 (its D with BatchNorm oscillated at Adam's usual 0.9) is
-    # in experiment=paper. 0 with the default spectrally normalised D, as SAGAN and BigGAN train
-    # theirs: with 0.5 that D started slowly (FID 10.5 at 1,800 steps on digits, against 3.5 with 0).
-    beta1: float = 0.0
+    lr_decay: float = 0.0  # linear decay to 0 over this last fraction of steps (docs/results.md#learning-rate-decay)
+    beta1: float = 0.0  # Adam's momentum: 0 for a spectrally normalised D, as SAGAN; experiment=paper: 0.5
     beta2: float = 0.999  # Adam default
 
     def check(self) -> None:
@@ -284,49 +219,25 @@ class TrainerConfig:
     device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
     seed: int = 0  # seeds weights, latents and shuffling
     resume: Optional[str] = None  # a checkpoint file or a run directory to continue from
-    # auto | fp32 | bf16 | fp16. auto = bf16 where the hardware runs it fast: on the CPU of docs/speed.md it
-    # trains 1.9x faster and reaches the same classes, class KL and recall as fp32 (docs/results.md)
-    precision: Precision = Precision.auto
+    precision: Precision = Precision.auto  # auto | fp32 | bf16 | fp16 (docs/speed.md)
     channels_last: bool = True  # NHWC memory format: faster convolutions on CPU (oneDNN) and tensor cores
     compile: bool = False  # torch.compile G and D (not the whole step); compile time is logged apart
-    # torch intra-op threads. 0: one per core while the cores are free, fewer while other processes keep
-    # them busy (gan/training/threads.py: beside one other run, 2 fixed threads on 2 cores were 5.3x slower
-    # than alone, adapting 1.7x); N: fixed, and CPU runs are then bit-exact whatever else runs on the machine
-    threads: int = 0
-    # CPU runs: glibc malloc keeps freed memory for reuse instead of unmapping it, so large
-    # activations stop page-faulting every step (gan/device.py:retain_freed_memory; docs/speed.md)
-    retain_host_memory: bool = True
+    threads: int = 0  # torch intra-op threads; 0 = adapt to the free cores (gan/training/threads.py), N = fixed
+    retain_host_memory: bool = True  # CPU: glibc malloc keeps freed memory (gan/device.py:retain_freed_memory)
     log_every: int = 50  # steps between scalar logs (the only host syncs of the loop)
     sample_every: int = 500  # steps between fixed-noise sample grids (20 in a default run)
     checkpoint_every: int = 1000  # steps between writes of checkpoints/last.pt (and one at the end)
     keep_checkpoints: int = 0  # also keep the last K numbered checkpoints (step_000500.pt, ...); 0 = none
     on_nan: OnNonFinite = OnNonFinite.stop  # what a NaN/inf loss does: stop | skip
-    # The collapse alarm (gan/training/collapse.py): when D has won over the last collapse_window steps
-    # (its mean D(G(z)) below 0.05 and r_t above 0.9 at the log points), warn | stop the run | off.
-    # 1000 steps: 20 log points, long enough that no single batch of a healthy run sets it off.
-    on_collapse: OnCollapse = OnCollapse.warn
-    collapse_window: int = 1000
+    on_collapse: OnCollapse = OnCollapse.warn  # when D has won over collapse_window steps: off | warn | stop
+    collapse_window: int = 1000  # steps the collapse alarm reads (gan/training/collapse.py)
     deterministic: bool = False  # bit-reproducible kernels on GPU (slower); CPU runs are already exact
     num_fixed_samples: int = 64  # images in the fixed-noise grid (an 8 x 8 grid; conditional: 8 per class row)
-    # Steps between D's mean scores on training and on held-out reals (train/d_score_train, train/d_score_heldout,
-    # train/d_heldout_gap; gan/training/overfit.py): a gap that grows is D memorising the training images,
-    # visible before FID worsens. A few hundred steps: the trend shows, and it costs two forwards of D
-    # over 512 images each. 0 = off.
-    overfit_every: int = 500
+    overfit_every: int = 500  # steps between D's scores on train and held-out reals (gan/training/overfit.py); 0 = off
     progress: bool = True  # show a tqdm progress bar on the terminal
-    # After training, evaluate.py's metrics on this many samples, into RUN_DIR/eval; train.py then
-    # returns the FID for a Hydra sweeper to minimise. 0 = skip (train.py returns NaN).
-    final_eval_samples: int = 0
-    # Steps between in-training measurements of the EMA generator (FID, precision/recall, classes;
-    # gan/training/quality.py), so the FID curve lies in the same TensorBoard run as the losses.
-    # 0 = off. Off by default: measured on the 2-core CPU at 1 thread, one measurement of 2000
-    # samples takes 2.1 s, 3% of the training time at eval_every=250, but the first run on a dataset
-    # and image size also trains the classifier (34 s), 8% of a default run in all; and it needs
-    # labelled data (not data=folder or celeba). docs/watching.md: try trainer.eval_every=250.
-    eval_every: int = 0
-    # Samples (and held-out images) per in-training measurement: a few thousand keep each one to
-    # about a second on a CPU; FID is biased upward at small N, so compare curves of equal N only
-    eval_samples: int = 2000
+    final_eval_samples: int = 0  # after training, evaluate.py on this many samples; train.py returns the FID; 0 = skip
+    eval_every: int = 0  # steps between FID measurements of the EMA generator (gan/training/quality.py); 0 = off
+    eval_samples: int = 2000  # samples per in-training measurement; compare FID curves of equal N only
 
     def check(self) -> None:
         _require(self.max_steps >= 1, "trainer.max_steps", self.max_steps, "must be at least 1")
@@ -392,9 +303,8 @@ class TrainConfig:
 
 
 def check_threads(threads: int, key: str, zero_means: str) -> None:
-    """A fixed thread count this process can run: torch.set_num_threads takes any int, but a count far
-    above the CPUs crashed its thread pool (trainer.threads=100000: a segfault, no message) and one
-    beyond C's int overflowed with a traceback; a few above the CPUs only make threads wait on each other."""
+    """A fixed thread count at most the CPUs this process may use: torch.set_num_threads takes any int,
+    and a count far above them crashes its thread pool."""
     cpus = available_cpus()
     _require(
         threads <= cpus,
@@ -406,8 +316,8 @@ def check_threads(threads: int, key: str, zero_means: str) -> None:
 
 
 def check_minibatch_std(group: int, batch_size: int, pack: int) -> None:
-    """model.minibatch_std must divide the samples D judges at once: MinibatchStd (gan/core/models.py)
-    shrinks a group size that does not to gcd(samples, group), silently (down to 1 = a constant channel)."""
+    """model.minibatch_std must divide the samples D judges at once: MinibatchStd silently shrinks a
+    group size that does not to gcd(samples, group)."""
     per_pack = batch_size // pack
     if group == 0 or per_pack % group == 0:
         return
@@ -426,9 +336,8 @@ def check_minibatch_std(group: int, batch_size: int, pack: int) -> None:
 
 
 def require_finite(config: Any, prefix: str = "") -> None:
-    """Every float setting of a schema (nested groups included) must be a finite number: Hydra reads
-    `nan`, `inf` and `1e400` as floats, and a range check such as `lr_d > 0` lets inf through to
-    training, where the non-finite loss it causes would be blamed on the wrong key."""
+    """Every float setting of a schema, nested groups included, must be finite: Hydra reads `nan`,
+    `inf` and `1e400` as floats, and a range check such as `lr_d > 0` lets inf through."""
     for spec in fields(config):
         value, key = getattr(config, spec.name), f"{prefix}{spec.name}"
         if is_dataclass(value):
@@ -473,25 +382,18 @@ def to_plain(cfg: TrainConfig | DictConfig) -> dict:
 
 
 def register_configs() -> None:
-    """Make `train_schema` available to `configs/train.yaml`'s defaults list, and `run_suffix` to
-    its run folder's name."""
+    """Register `train_schema` for `configs/train.yaml` and the `run_suffix` resolver."""
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
     if not OmegaConf.has_resolver("run_suffix"):
         OmegaConf.register_new_resolver("run_suffix", run_suffix)
 
 
 def run_suffix(overrides: Sequence[str], exclude: Sequence[str] = (), limit: int = 120) -> str:
-    """A single run's folder name after its time: `_` and the overrides that set what it computes
-    (the command line's, less configs/train.yaml's exclude_keys and Hydra's own), so `tensorboard
-    --logdir outputs` names the run `14-03-58_loss-hinge+optim.lr-2e-4`, not just `14-03-58`; ''
-    without such overrides.
+    """A run folder's suffix after its time: `_key-value+key-value` of the overrides that set what it
+    computes (less `exclude` and Hydra's own), e.g. `_loss-hinge+optim.lr-2e-4`; '' without any.
 
-    Written `key-value`, joined by `+`, because the folder is what `trainer.resume=` is given, and
-    Hydra's override grammar reads `=`, `,`, brackets and quotes in an unquoted value as syntax: a
-    name made only of letters, digits and `._+-@%` is a path that needs no quoting (and, without a
-    `:`, a name every file system takes). A list value's items are joined by `-` and any other
-    character becomes `_`; past `limit` characters the name is cut (the time before it keeps
-    folders apart)."""
+    Only letters, digits and `._+-@%`, so the folder can be passed to `trainer.resume=` unquoted: a list's
+    items are joined by `-`, any other character becomes `_`, and the name is cut at `limit`."""
     items = []
     for override in sorted(overrides, key=lambda o: o.lstrip("+~")):
         key, equals, value = override.lstrip("+~").partition("=")
@@ -504,15 +406,12 @@ def run_suffix(overrides: Sequence[str], exclude: Sequence[str] = (), limit: int
 
 
 # evaluate.py -------------------------------------------------------------------------------------
-# The schema of `configs/evaluate.yaml`. Its `data` group is not chosen here: evaluate.py takes the
-# checkpoint's own data section and lays any `data.*` given on the command line over it.
+# The schema of `configs/evaluate.yaml`; its `data` is the checkpoint's, with command-line `data.*` laid over it.
 
 
 class FeatureSpace(str, Enum):
     classifier = "classifier"  # penultimate layer of a small CNN trained on the dataset's labels; offline
-    # Inception-v3 pool3 (2048-d), the published FID: the weights are metrics.inception_weights (torch-fidelity's
-    # state dict) or metrics.feature_network (NVlabs' TorchScript file); docs/metrics.md says where to get either
-    inception = "inception"
+    inception = "inception"  # Inception-v3 pool3 (2048-d), the published FID (docs/metrics.md)
 
 
 class SaveSamples(str, Enum):
@@ -537,9 +436,7 @@ class ClassifierConfig:
     lr: float = 3e-3  # peak of the one-cycle schedule (Smith & Topin 2018): converges in one epoch
     train_images: int = 0  # cap on the training images used; 0 = the whole training split
     seed: int = 0  # initial weights and shuffling
-    # Refuse to measure with a classifier below this test accuracy: its features and class histogram
-    # would be unreliable. Not part of the cache key, so lowering it reuses the cached classifier.
-    min_accuracy: float = 0.97
+    min_accuracy: float = 0.97  # refuse to measure with a classifier below this test accuracy (not in the cache key)
 
     def check(self) -> None:
         for key in ("width", "feature_dim", "epochs", "batch_size"):
@@ -558,13 +455,8 @@ class ClassifierConfig:
 @dataclass
 class MetricsConfig:
     features: FeatureSpace = FeatureSpace.classifier  # feature space of FID, KID, precision/recall, density/coverage
-    # features=inception, torch-fidelity's port: its state-dict file weights-inception-2015-12-05-6726825d.pth
-    # (pytorch-fid's pt_inception-2015-12-05-6726825d.pth has the same keys); null with feature_network null
-    # = torch-fidelity downloads it (needs internet)
-    inception_weights: Optional[str] = None
-    # features=inception, NVlabs' port: the TorchScript file inception-2015-12-05.pt that StyleGAN2-ADA and clean-fid
-    # use, called as net(uint8 RGB images, return_features=True) -> (N, 2048); it resizes to 299 x 299 itself
-    feature_network: Optional[str] = None
+    inception_weights: Optional[str] = None  # features=inception: torch-fidelity's state dict (docs/metrics.md)
+    feature_network: Optional[str] = None  # features=inception: NVlabs' TorchScript inception-2015-12-05.pt
     kid_subsets: int = 100  # KID averages the MMD over this many random subsets (Binkowski et al. 2018)
     kid_subset_size: int = 1000  # images per KID subset; clipped to the number of samples
     pr_k: int = 3  # neighbours for improved precision/recall (Kynkaanniemi et al. 2019: k = 3)
@@ -598,17 +490,12 @@ class MetricsConfig:
 @dataclass
 class EvaluateConfig:
     checkpoint: str = "???"  # required: a checkpoint file, or a training run directory (its checkpoints/last.pt)
-    # Taken from the checkpoint; a data.* given on the command line replaces that one key, e.g.
-    # data.root=... where the real data (and the classifier cache, data.root/classifiers) lives here.
     data: DataConfig = field(default_factory=DataConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     num_samples: int = 10000  # samples measured; FID is biased upward at small N, so compare equal N only
     batch_size: int = 500  # images per batch through G and the feature network
     use_ema: bool = True  # sample from the EMA generator when the checkpoint has one
-    # Before sampling, recompute G's BatchNorm running statistics from this many batches of its own
-    # activations (torch.optim.swa_utils.update_bn): an EMA's averaged statistics are not those of
-    # its averaged weights. 0 = keep the checkpoint's statistics.
-    bn_batches: int = 20
+    bn_batches: int = 20  # batches to recompute G's BatchNorm statistics from (update_bn); 0 = keep the checkpoint's
     seed: int = 0  # latents of the measured samples, the grids and the KID subsets
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps, as trainer.device
     threads: int = 0  # torch intra-op threads; 0 keeps torch's default
@@ -619,10 +506,7 @@ class EvaluateConfig:
     interpolation_steps: int = 10  # images per row, both ends included
     neighbour_queries: int = 8  # samples in nearest_neighbours.png, one row each
     neighbours: int = 5  # nearest training images shown right of each sample
-    # Conditional checkpoints (model.conditional=true): draw every sample, grid and interpolation as
-    # this class, and measure against the held-out images of this class alone. null = the held-out
-    # images' own mix of classes, plus cond_accuracy and intra-class FID (docs/conditional.md).
-    class_id: Optional[int] = None
+    class_id: Optional[int] = None  # conditional: sample and measure this class alone; null = all (docs/conditional.md)
 
     def check(self) -> None:
         require_finite(self)
@@ -653,10 +537,7 @@ class EvaluateConfig:
 
 
 def validate_evaluate(cfg: DictConfig) -> EvaluateConfig:
-    """DictConfig (from Hydra) -> checked EvaluateConfig; raises ConfigError naming the key.
-
-    `data` is checked later, once the checkpoint's data section is laid under it.
-    """
+    """DictConfig (from Hydra) -> checked EvaluateConfig, `data` aside; raises ConfigError naming the key."""
     if OmegaConf.is_missing(cfg, "checkpoint"):
         raise ConfigError(
             "checkpoint=PATH is required: a checkpoint file (checkpoints/last.pt) or the "

@@ -22,8 +22,7 @@ def setup_torch(device: str, threads: int, seed: int, key: str) -> torch.device:
 
 
 def available_cpus() -> int:
-    """The CPUs this process may run on: its affinity mask where the OS has one (Linux: a container or
-    `taskset` may allow fewer than the machine has), else every CPU the OS reports."""
+    """The CPUs this process may run on: its affinity mask where the OS has one, else every CPU."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
@@ -37,10 +36,8 @@ def seed_everything(seed: int) -> None:
 
 
 def resolve_device(name: str, key: str = "trainer.device") -> torch.device:
-    """auto -> cuda if available, then mps, then cpu; an explicit device must be available.
-
-    `key` is the setting the name came from, so an error names what the user typed.
-    """
+    """auto -> cuda if available, then mps, then cpu; an explicit device must be available (the
+    error names the setting `key`)."""
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
@@ -70,16 +67,11 @@ def retain_freed_memory(limit_bytes: int = 1 << 30) -> bool:
     """Make glibc's malloc keep freed blocks up to `limit_bytes` for reuse instead of handing them
     back to the OS; returns whether the setting took effect (glibc only; False elsewhere).
 
-    Why: glibc serves each block above its mmap threshold with a fresh mmap and unmaps it on free;
-    the threshold starts at 128 KiB and rises with the blocks freed, but never above 32 MiB, and the
-    top of the heap is trimmed back to the OS once twice the threshold is free. A training step
-    allocates and frees the same large activations every iteration, so they come back as new pages
-    that fault in on first touch; at 64 px in fp32 a [128, 64, 32, 32] activation is exactly 32 MiB
-    (an elementwise op on it measured 8.9 ms with the default, 1.6 ms with this setting). Serving
-    such blocks from the heap and never trimming it lets step N reuse step N-1's pages. PyTorch's
-    performance tuning guide (CPU-specific optimizations) gets the same by preloading jemalloc or
-    tcmalloc; mallopt(3) does it from inside the process, with no other library. The price: the
-    process keeps its high-water mark of memory (peak memory: `python scripts/bench.py`).
+    Why: glibc serves each block above its mmap threshold (at most 32 MiB) with a fresh mmap and
+    unmaps it on free, so a step's large activations come back every iteration as new pages that
+    fault in on first touch. PyTorch's performance tuning guide gets the same by preloading jemalloc
+    or tcmalloc; mallopt(3) does it from inside the process. The price: the process keeps its
+    high-water mark of memory (docs/speed.md).
     """
     try:
         libc = ctypes.CDLL(None)

@@ -1,9 +1,7 @@
 """torch.distributed for torchrun: process group, this process's rank and device, agreement.
 
-Owns everything rank-aware that is not the training math: which backend (nccl on CUDA, gloo on
-the CPU), which device a rank trains on, broadcasting rank 0's run directory, and making every
-rank agree on when to stop. Launch with `torchrun --nproc_per_node=N train.py ...`; a plain
-`python train.py` is a world of one and none of this does anything.
+Owns everything rank-aware that is not the training math. Launch with `torchrun --nproc_per_node=N
+train.py ...`; a plain `python train.py` is a world of one and none of this does anything.
 """
 
 from __future__ import annotations

@@ -29,8 +29,7 @@ class MetricsError(UserError):
 
 
 def environment_error(err: OSError) -> UserError:
-    """An OSError (disk full, no permission, a file that vanished) as a UserError: the environment
-    refused, and the message says which file and why; it is not a bug to trace back."""
+    """An OSError (disk full, no permission, a file that vanished) as a UserError naming the file."""
     where = f" {err.filename}" if err.filename else ""
     reason = err.strerror or str(err) or type(err).__name__
     return UserError(

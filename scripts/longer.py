@@ -53,14 +53,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from gan.checkpoint import load_checkpoint, require_training_state  # noqa: E402
+from gan.checkpoint import load_checkpoint, require_training_state, stored_config  # noqa: E402
 from gan.config import TrainConfig, to_plain, validate  # noqa: E402
 from gan.data import load_dataset  # noqa: E402
 from gan.device import resolve_device  # noqa: E402
 from gan.errors import UserError  # noqa: E402
 from gan.evaluation.pipeline import reference_subset  # noqa: E402
 from gan.training import train  # noqa: E402
-from gan.training.runs import with_schema_defaults  # noqa: E402
 from gan.training.state import TrainingState  # noqa: E402
 from scripts.compare import METRICS, Measurer, generator_of, metrics_config, train_config  # noqa: E402
 
@@ -85,7 +84,7 @@ def extend_longer(about: dict[str, Any], factor: float, every: int, out: Path, t
         raise UserError(f"--extend: {file} does not exist: {out} holds no run to train on")
     state = load_checkpoint(file)
     require_training_state(state, str(file))
-    cfg = validate(OmegaConf.merge(OmegaConf.structured(TrainConfig), with_schema_defaults(state["config"], file)))
+    cfg = validate(OmegaConf.merge(OmegaConf.structured(TrainConfig), stored_config(state["config"], file)))
     cfg.trainer.max_steps = int(round(about["base_steps"] * factor))
     if cfg.trainer.max_steps <= int(state["step"]):
         raise UserError(f"--extend --factor {factor}: step {cfg.trainer.max_steps} is not beyond the run's "

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import io
+import logging
 import os
+import runpy
+import signal
 import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -30,6 +37,25 @@ DEVICE = os.environ.get("GAN_TEST_DEVICE")
 TINY = ["debug=tiny", *([f"trainer.device={DEVICE}"] if DEVICE else [])]
 
 
+# Every process the tests start, counted (the fast tier should start few: each Python process pays
+# seconds of imports); the count is printed at the end of the run.
+STARTED: list[str] = []
+_popen_init = subprocess.Popen.__init__
+
+
+def _counted_popen_init(self: subprocess.Popen, args: object, *rest: object, **kwargs: object) -> None:
+    STARTED.append(args if isinstance(args, str) else " ".join(map(str, args)))  # type: ignore[arg-type]
+    _popen_init(self, args, *rest, **kwargs)
+
+
+subprocess.Popen.__init__ = _counted_popen_init  # type: ignore[method-assign]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    python = [command for command in STARTED if "python" in Path(command.split()[0]).name or "torchrun" in command]
+    terminalreporter.write_line(f"processes started by the tests: {len(STARTED)}, of them Python: {len(python)}")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked `cuda` run where a CUDA device is, and are skipped (with the reason) elsewhere."""
     if torch.cuda.is_available():
@@ -51,15 +77,62 @@ def compose_config(*overrides: str) -> TrainConfig:
     return validate(cfg)
 
 
-def run_train(
-    *overrides: str, cwd: Path | None = None, timeout: float = 240, tiny: bool = True
-) -> subprocess.CompletedProcess:
-    """The real `python train.py` in a subprocess; returns the completed process (text output)."""
-    flags = [o for o in overrides if o.startswith("-")]  # argparse wants -m before the overrides
+def run_train(*overrides: str, cwd: Path | None = None, tiny: bool = True, **_: object) -> subprocess.CompletedProcess:
+    """The real command line `python train.py [TINY] OVERRIDES`, run in this process by train.main:
+    its exit code and what it printed (stdout, stderr), as a CompletedProcess."""
+    flags = [o for o in overrides if o.startswith("-")]  # -m before the overrides, as on a command line
     rest = [o for o in overrides if not o.startswith("-")]
-    args = [sys.executable, str(ROOT / "train.py"), *flags, *(TINY if tiny else []), *rest]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run(args, cwd=cwd or ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return in_process(importlib.import_module("train").main, [*flags, *(TINY if tiny else []), *rest], cwd)
+
+
+def run_evaluate(*overrides: str, cwd: Path | None = None, **_: object) -> subprocess.CompletedProcess:
+    """The real command line `python evaluate.py OVERRIDES`, run in this process by evaluate.main."""
+    return in_process(importlib.import_module("evaluate").main, list(overrides), cwd)
+
+
+def run_script(name: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`python scripts/NAME ARGS` run in this process (runpy, as `__main__`): its exit code and output."""
+
+    def main(argv: list[str]) -> int:
+        saved, sys.argv = sys.argv, [str(ROOT / "scripts" / name), *argv]
+        try:
+            runpy.run_path(sys.argv[0], run_name="__main__")
+        except SystemExit as stop:
+            return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        finally:
+            sys.argv = saved
+        return 0
+
+    return in_process(main, list(args), cwd)
+
+
+def in_process(main: Callable[[list[str]], int], argv: list[str], cwd: Path | None) -> subprocess.CompletedProcess:
+    """main(argv) with its output captured, in `cwd` (the repository by default), and with what a
+    run changes process-wide (working directory, logging, torch's threads and determinism, signal
+    handlers, environment) put back afterwards, as a process of its own would leave it."""
+    out, err = io.StringIO(), io.StringIO()
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level, os.getcwd(), dict(os.environ), torch.get_num_threads())
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    root.handlers = [logging.StreamHandler(err)]  # before Hydra configures logging: as a shell shows it
+    root.setLevel(logging.INFO)
+    try:
+        os.chdir(cwd or ROOT)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(argv)
+    finally:
+        root.handlers, level, cwd_before, environ, threads = saved
+        root.setLevel(level)
+        os.chdir(cwd_before)
+        os.environ.clear()
+        os.environ.update(environ)
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        GlobalHydra.instance().clear()
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(autouse=True)

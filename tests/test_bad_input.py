@@ -62,6 +62,7 @@ def test_a_sweep_reports_a_bad_job_without_a_traceback_and_runs_the_others(tmp_p
     assert len(finished) == 1 and "optim.lr=0.0001" in str(finished[0])
 
 
+@pytest.mark.slow  # a process with a file-size limit: the disk it sees fills up
 def test_a_full_disk_stops_with_a_clear_error_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     assert run_train("trainer.max_steps=2", f"hydra.run.dir={run_dir}").returncode == 0

@@ -24,7 +24,7 @@ from gan.training import NonFiniteLossError, train
 
 def test_a_crash_during_a_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "last.pt"
-    save_checkpoint({"G": {}, "D": {}, "step": 1, "config": {}}, path)
+    save_checkpoint({"G": {}, "D": {}, "step": 1, "num_classes": 0, "config": {}}, path)
 
     def crash_midway(obj, f, *args, **kwargs):
         f.write(b"PK\x03\x04 half a zip file")
@@ -32,7 +32,7 @@ def test_a_crash_during_a_write_leaves_the_previous_checkpoint(tmp_path, monkeyp
 
     monkeypatch.setattr(torch, "save", crash_midway)
     with pytest.raises(OSError, match="disk full"):
-        save_checkpoint({"G": {}, "D": {}, "step": 2, "config": {}}, path)
+        save_checkpoint({"G": {}, "D": {}, "step": 2, "num_classes": 0, "config": {}}, path)
     assert load_checkpoint(path)["step"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]  # no temporary file left behind
 

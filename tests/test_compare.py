@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, compose_config
+from conftest import ROOT, compose_config, run_script
 from torch import nn
 
 from gan.training import train
@@ -174,7 +174,10 @@ def test_after_step_stops_the_training_loop_with_a_checkpoint(tmp_path):
 TINY_RACE = ["debug=tiny", "data.num_samples=2000", "trainer.log_every=1000", "metrics.classifier.min_accuracy=0"]
 
 
-def script(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+def script(name: str, *args: str, cwd: Path, process: bool = False) -> subprocess.CompletedProcess:
+    """scripts/NAME with ARGS, in this process unless `process` (a signal to itself must not reach pytest)."""
+    if not process:
+        return run_script(name, *args, cwd=cwd)
     command = [sys.executable, str(ROOT / "scripts" / name), *args]
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300)
 
@@ -224,7 +227,7 @@ def test_compare_refuses_bad_overrides_before_training(tmp_path):
 def test_one_minute_sends_a_real_ctrl_c_and_measures_what_it_left(tmp_path):
     args = ("debug=tiny", "data.num_samples=2000", "trainer.max_steps=100000", "trainer.log_every=1000")
     done = script("one_minute.py", *args, "metrics.classifier.min_accuracy=0", "--seconds", "2", "--samples", "200",
-                  "--out", "run", cwd=tmp_path)  # fmt: skip
+                  "--out", "run", cwd=tmp_path, process=True)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "stopped by SIGINT" in done.stdout
     match = re.search(r"one_minute steps=(\d+) seconds=([0-9.]+) fid=([0-9.]+) classes=(\d+)", done.stdout)

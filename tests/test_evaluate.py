@@ -4,15 +4,14 @@ latent interpolation, and the exported generator (TorchScript, torch.export) aga
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
+import conftest
 import numpy as np
 import pytest
 import torch
-from conftest import CONFIG_DIR, ROOT, compose_config, run_train
+from conftest import CONFIG_DIR, compose_config, run_train
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
@@ -74,16 +73,8 @@ TINY_EVAL = [
 
 
 def run_evaluate(*overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    """The real `python evaluate.py` in a subprocess."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run(
-        [sys.executable, str(ROOT / "evaluate.py"), *overrides],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """The real `python evaluate.py` command line, in process."""
+    return conftest.run_evaluate(*overrides)
 
 
 @pytest.fixture(scope="module")
@@ -263,6 +254,7 @@ def tiny_checkpoint(tmp_path: Path, *overrides: str, ema: bool = True) -> Path:
             "D": {},
             "G_ema": averaged.state_dict() if averaged else None,
             "step": 3,
+            "num_classes": 0,
             "config": to_plain(cfg),
         },
         path,

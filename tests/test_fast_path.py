@@ -145,6 +145,7 @@ print(json.dumps({"retained": retained, "faults": min(counts)}))
 """
 
 
+@pytest.mark.slow  # glibc's malloc settings are process-wide: each mode in a fresh process
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc (mallopt)")
 def test_retained_host_memory_stops_page_faults_on_reallocated_activations():
     def run(mode: str) -> dict:
@@ -175,6 +176,7 @@ def test_trainer_retains_host_memory_only_when_configured(tmp_path, monkeypatch)
     assert calls == [True]
 
 
+@pytest.mark.slow  # five fresh processes: a fresh process per row is what the benchmark promises
 def test_bench_measures_each_row_in_a_fresh_process():
     # the benchmark's rows (python -m scripts.bench), tiny: a rate and a peak memory come back for each kind
     rows = (Row("canonical", 16), Row("canonical", 16, retain=True), Row("project", 16, "bf16"))

@@ -23,20 +23,21 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Iterator
 
+import conftest
 import numpy as np
 import pytest
 import torch
 from conftest import ROOT, TINY, compose_config, run_train
 from PIL import Image
 
+from gan import runs as rundir
 from gan.checkpoint import load_checkpoint
 from gan.data.stream import BatchStream
 from gan.errors import CheckpointError, ConfigError, RunDirError
 from gan.evaluation.pipeline import build_generator
-from gan.training import rundir, train
+from gan.runs import LOCK_FILE, release_lock, remove_stale_temp_files, take_lock
+from gan.training import train
 from gan.training.faults import NonFiniteWeightsError, check_finite_state, diverged
-from gan.training.rundir import LOCK_FILE, release_lock, remove_stale_temp_files, take_lock
-from gan.training.runs import existing_run_in_argv
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
 
@@ -64,8 +65,7 @@ def output_of(result: subprocess.CompletedProcess) -> str:
 
 
 def run_evaluate(*overrides: str) -> subprocess.CompletedProcess:
-    args = [sys.executable, str(ROOT / "evaluate.py"), "device=cpu", "threads=1", *overrides]
-    return subprocess.run(args, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=240)
+    return conftest.run_evaluate("device=cpu", "threads=1", *overrides)
 
 
 def unused_pid() -> int:
@@ -318,7 +318,7 @@ def test_stale_temp_files_go_and_live_ones_stay(tmp_path):
 def test_a_resume_removes_the_temp_file_a_killed_run_left(tmp_path, good_run):
     run_dir = copy_of(good_run, tmp_path / "run")
     folder = run_dir / "checkpoints"
-    dead, live = folder / f".last.pt.{unused_pid()}.tmp", folder / f".last.pt.{os.getpid()}.tmp"
+    dead, live = folder / f".last.pt.{unused_pid()}.tmp", folder / f".last.pt.{os.getppid()}.tmp"  # a live process
     dead.write_bytes(b"\0" * 1000)
     live.write_bytes(b"\0" * 1000)
     result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=3", cwd=tmp_path)
@@ -418,16 +418,6 @@ def test_train_refuses_a_new_run_over_a_finished_one(tmp_path):
     assert digest(tmp_path / "checkpoints" / "last.pt") == before and not (tmp_path / LOCK_FILE).exists()
 
 
-def test_existing_run_in_argv_spots_a_new_run_over_an_old_one(good_run, tmp_path):
-    program = str(ROOT / "train.py")
-    assert existing_run_in_argv([program, f"hydra.run.dir={good_run}"]).startswith(f"{good_run} already holds a run")
-    assert existing_run_in_argv([program, f"hydra.run.dir='{good_run}'", "trainer.resume=null"])
-    assert existing_run_in_argv([program, f"hydra.run.dir={good_run}", f"trainer.resume={good_run}"]) is None
-    assert existing_run_in_argv([program, "-m", f"hydra.run.dir={good_run}"]) is None
-    assert existing_run_in_argv([program, f"hydra.run.dir={tmp_path}"]) is None
-    assert existing_run_in_argv([program]) is None
-
-
 @pytest.mark.parametrize("program", ["train.py", "evaluate.py"])
 def test_hydra_does_not_overwrite_the_record_of_an_existing_run(tmp_path, good_run, program):
     run_dir = copy_of(good_run, tmp_path / "run")
@@ -443,6 +433,7 @@ def test_hydra_does_not_overwrite_the_record_of_an_existing_run(tmp_path, good_r
 # the environment refuses: a full disk, an allocation too large -----------------------------------
 
 
+@pytest.mark.slow  # a process with a file-size limit: the disk it sees fills up
 def test_a_full_disk_at_checkpoint_time_keeps_the_last_checkpoint(tmp_path, good_run):
     run_dir = copy_of(good_run, tmp_path / "run")
     before = digest(run_dir / "checkpoints" / "last.pt")

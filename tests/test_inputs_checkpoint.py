@@ -18,21 +18,20 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+import conftest
 import pytest
 import torch
 from conftest import ROOT, run_train
 
-from gan.checkpoint import load_checkpoint, require_training_state, save_checkpoint
+from gan.checkpoint import load_checkpoint, require_training_state, save_checkpoint, stored_config
 from gan.errors import CheckpointError
-from gan.training.runs import with_schema_defaults
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
 
 
 def run_evaluate(*overrides: str) -> subprocess.CompletedProcess:
-    """The real `python evaluate.py` on the CPU with one thread, in a subprocess."""
-    args = [sys.executable, str(ROOT / "evaluate.py"), "device=cpu", "threads=1", *overrides]
-    return subprocess.run(args, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=240)
+    """The real `python evaluate.py` command line on the CPU with one thread, in process."""
+    return conftest.run_evaluate("device=cpu", "threads=1", *overrides)
 
 
 def output_of(result: subprocess.CompletedProcess) -> str:
@@ -221,7 +220,7 @@ def test_a_damaged_stored_config_is_called_damaged_not_another_version(run, tmp_
     damage, detail = DAMAGED_CONFIGS[case]
     source = tmp_path / "last.pt"
     with pytest.raises(CheckpointError) as caught:
-        with_schema_defaults(damage(state_of(run)["config"]), source)
+        stored_config(damage(state_of(run)["config"]), source)
     message = str(caught.value)
     assert f"The config stored in {source} is damaged: " in message and detail in message
     assert "another version" not in message and "this command" not in message and "\n" not in message
@@ -230,7 +229,7 @@ def test_a_damaged_stored_config_is_called_damaged_not_another_version(run, tmp_
 def test_an_unknown_stored_key_may_be_another_version_or_an_edit(run, tmp_path):
     source = tmp_path / "last.pt"
     with pytest.raises(CheckpointError) as caught:
-        with_schema_defaults(with_config(state_of(run), "model", "num_classes", "x")["config"], source)
+        stored_config(with_config(state_of(run), "model", "num_classes", "x")["config"], source)
     message = str(caught.value)
     assert f"The config stored in {source} does not fit this version's settings" in message
     assert "model.num_classes is not a setting of this version" in message
@@ -320,6 +319,7 @@ def test_a_data_position_beyond_an_epoch_is_refused_when_the_stream_is_rebuilt(r
 # 7. Ctrl-C during evaluate.py ---------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a real Ctrl-C to a real process
 def test_sigint_during_evaluate_says_what_was_saved_and_exits_130(run, tmp_path):
     eval_dir = tmp_path / "eval"
     args = [sys.executable, str(ROOT / "evaluate.py"), f"checkpoint={run}", "device=cpu", "threads=1"]

@@ -8,17 +8,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+import conftest
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, compose_config, run_train
+from conftest import compose_config, run_train
 from test_datasets import cfg_for, write_idx, write_image, write_mnist
 
 import gan.core.losses
@@ -39,10 +38,8 @@ def output_of(result: subprocess.CompletedProcess) -> str:
 
 
 def run_evaluate(*overrides: str, cwd: Path) -> subprocess.CompletedProcess:
-    """The real `python evaluate.py` in a subprocess, on the CPU with one thread unless told otherwise."""
-    args = [sys.executable, str(ROOT / "evaluate.py"), "device=cpu", *overrides]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+    """The real `python evaluate.py` command line on the CPU, in process."""
+    return conftest.run_evaluate("device=cpu", *overrides, cwd=cwd)
 
 
 def assert_refused(result: subprocess.CompletedProcess, *expected: str, run_dir: Path | None = None) -> str:

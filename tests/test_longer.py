@@ -7,20 +7,20 @@ import math
 
 import pytest
 import torch
-from conftest import compose_config, run_train
+from conftest import compose_config, run_evaluate, run_train
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_checkpoints import assert_same_state, stop_at
 
-from gan.checkpoint import load_checkpoint
+from gan.checkpoint import FORMAT, load_checkpoint, stored_config
 from gan.config import EvaluateConfig
 from gan.core.augment import AdaptiveAugment, diff_augment
 from gan.data import load_dataset
+from gan.errors import CheckpointError
 from gan.evaluation.pipeline import prepare_generator, reference_subset
 from gan.training import train
 from gan.training.collapse import FAKE_BELOW, RT_ABOVE, RT_TAG, WON_TAG, CollapseWatch
 from gan.training.periodic import Every, Extras, Tick
 from gan.training.quality import BEST_FID_TAG, FID_TAG
-from gan.training.runs import with_schema_defaults
 
 # the periodic extras --------------------------------------------------------------------------------
 
@@ -320,46 +320,32 @@ def test_a_checkpoint_without_adas_p_resumes_with_a_warning_not_silently(tmp_pat
     assert "holds no p" not in caplog.text
 
 
-def test_a_run_from_before_ada_resumes_as_it_ran_with_every_image_augmented(tmp_path):
-    # a config stored without model.ada_target was written when model.diffaugment applied to every image
-    # (p = 1): it reads as ada_target=0, and train.py's resume replays that, not today's default 0.6
-    first = run_train(f"hydra.run.dir={tmp_path}", "trainer.max_steps=2", "model.diffaugment=[translation]")
+@pytest.mark.parametrize("stored", [None, 0, 2, "1"], ids=["none", "0", "2", "text"])
+def test_a_checkpoint_of_another_format_is_refused_naming_both_versions(tmp_path, stored):
+    first = run_train(f"hydra.run.dir={tmp_path}", "trainer.max_steps=2")
     assert first.returncode == 0, first.stderr[-2000:]
     file = tmp_path / "checkpoints" / "last.pt"
     state = torch.load(file, weights_only=True)
-    model = {k: v for k, v in state["config"]["model"].items() if k not in ("ada_target", "ada_kimg")}
-    torch.save({**{k: v for k, v in state.items() if k != "augment"}, "config": {**state["config"], "model": model}},
-               file)  # fmt: skip
-    assert with_schema_defaults(torch.load(file, weights_only=True)["config"], file)["model"]["ada_target"] == 0.0
-    resumed = run_train(f"trainer.resume={tmp_path}", "trainer.max_steps=4")
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    after = torch.load(file, weights_only=True)
-    assert after["step"] == 4 and after["config"]["model"]["ada_target"] == 0.0 and after.get("augment") is None
-    assert "holds no p" not in resumed.stdout + resumed.stderr
+    assert state["format"] == FORMAT == 1
+    state = {k: v for k, v in state.items() if k != "format"}
+    torch.save(state if stored is None else {**state, "format": stored}, file)
+    before = file.read_bytes()
+    for command in (run_train(f"trainer.resume={tmp_path}", "trainer.max_steps=4"), run_evaluate(f"checkpoint={file}")):
+        output = command.stdout + command.stderr
+        assert command.returncode == 2 and "Traceback" not in output, output[-2000:]
+        assert f"has checkpoint format {'none' if stored is None else repr(stored)}" in output
+        assert "this version reads format 1 only" in output
+    assert file.read_bytes() == before
 
 
-def test_a_run_from_before_the_spectrally_normalised_default_resumes_with_dcgans_d(tmp_path):
-    # a config stored without model.d_batchnorm, model.spectral_norm and optim.beta1 was written when D
-    # was DCGAN's (BatchNorm, no spectral norm) and Adam's beta1 0.5: it reads so, and its D's weights
-    # (BatchNorm layers, no power-iteration vectors) load into that D, not into today's default
-    overrides = ("model.d_batchnorm=true", "model.spectral_norm=false", "optim.beta1=0.5")
-    first = run_train(f"hydra.run.dir={tmp_path}", "trainer.max_steps=2", *overrides)
+def test_a_stored_config_without_a_setting_is_damaged(tmp_path):
+    first = run_train(f"hydra.run.dir={tmp_path}", "trainer.max_steps=2")
     assert first.returncode == 0, first.stderr[-2000:]
     file = tmp_path / "checkpoints" / "last.pt"
-    state = torch.load(file, weights_only=True)
-    config = {
-        **state["config"],
-        "model": {k: v for k, v in state["config"]["model"].items() if k not in ("d_batchnorm", "spectral_norm")},
-        "optim": {k: v for k, v in state["config"]["optim"].items() if k != "beta1"},
-    }
-    torch.save({**state, "config": config}, file)
-    read = with_schema_defaults(torch.load(file, weights_only=True)["config"], file)
-    assert (read["model"]["d_batchnorm"], read["model"]["spectral_norm"], read["optim"]["beta1"]) == (True, False, 0.5)
-    resumed = run_train(f"trainer.resume={tmp_path}", "trainer.max_steps=4")
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    after = torch.load(file, weights_only=True)
-    assert after["step"] == 4 and after["config"]["model"]["d_batchnorm"] is True
-    assert any("running_mean" in key for key in after["D"]) and not any("_u" in key for key in after["D"])
+    config = torch.load(file, weights_only=True)["config"]
+    del config["model"]["spectral_norm"]
+    with pytest.raises(CheckpointError, match="is damaged: it has no model.spectral_norm"):
+        stored_config(config, file)
 
 
 # the new options refuse bad values ----------------------------------------------------------------

@@ -281,7 +281,9 @@ def test_unavailable_cuda_is_refused_naming_the_key(monkeypatch):
 
 def test_checkpoint_tensors_follow_map_location(tmp_path, tiny_gan):
     G, D = tiny_gan
-    save_checkpoint({"G": G.state_dict(), "D": D.state_dict(), "step": 1, "config": {}}, tmp_path / "c.pt")
+    save_checkpoint(
+        {"G": G.state_dict(), "D": D.state_dict(), "step": 1, "num_classes": 0, "config": {}}, tmp_path / "c.pt"
+    )
     state = load_checkpoint(tmp_path / "c.pt", map_location="meta")
     assert all(t.device.type == "meta" for t in state["G"].values())
 
@@ -297,7 +299,7 @@ def test_evaluation_recomputes_the_batchnorm_statistics_of_the_generator_it_meas
     for bn in (m for m in G_ema.modules() if isinstance(m, nn.BatchNorm2d)):
         bn.running_mean.fill_(3.0)  # statistics that do not belong to these weights, as an
         bn.running_var.fill_(50.0)  # EMA's average of past statistics does not
-    state = {"config": to_plain(cfg), "G": G.state_dict(), "G_ema": G_ema.state_dict(), "step": 1}
+    state = {"config": to_plain(cfg), "G": G.state_dict(), "G_ema": G_ema.state_dict(), "step": 1, "num_classes": 0}
     measured, about = prepare_generator(state, EvaluateConfig(checkpoint="run", bn_batches=10, batch_size=200), cpu)
     stale, _ = build_generator(state, use_ema=True, device=cpu)  # the checkpoint's statistics
     z = torch.randn(2000, cfg.model.z_dim, generator=torch.Generator().manual_seed(9))

@@ -14,8 +14,9 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, compose_config, run_train
+from conftest import compose_config, run_train
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
 from PIL import Image
 from tensorboard import default, program
 from tensorboard.backend import application
@@ -24,9 +25,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from werkzeug.test import Client
 
 from gan.config import run_suffix
+from gan.runs import EXCLUDE_KEYS, SweepNames
 from gan.training import train
 from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, REAL_TAG, write_progress_gif
-from gan.training.runs import EXCLUDE_KEYS, sweep_argv
 
 # TensorBoard --------------------------------------------------------------------------------------
 
@@ -281,18 +282,25 @@ def test_sweep_hparams_show_the_swept_key_first_and_marked_differing(watched_swe
     assert all(len(group["metricValues"]) == len(metrics) for group in groups)
 
 
-def test_sweep_argv_excludes_the_overrides_that_do_not_vary():
-    argv = ["train.py", "-m", "optim.lr=1e-4,4e-4", "loss=bce,hinge", "trainer.threads=1", "+data.seed=3",
-            "hydra.sweep.dir=/tmp/x"]  # fmt: skip
-    added = sweep_argv(argv, ROOT / "configs")[len(argv) :]
+def sweep_start(task: list[str], hydra: list[str] = ()) -> DictConfig:
+    """What SweepNames sees as a sweep starts: the command's overrides, Hydra's, and configs/train.yaml's list."""
+    excluded = ["trainer.resume", "trainer.threads"]
+    job = {"config": {"override_dirname": {"exclude_keys": excluded}}}
+    config = OmegaConf.create({"hydra": {"overrides": {"task": task, "hydra": list(hydra)}, "job": job}})
+    SweepNames().on_multirun_start(config)
+    return config
+
+
+def test_a_sweep_excludes_from_its_job_names_the_overrides_that_do_not_vary():
+    config = sweep_start(["optim.lr=1e-4,4e-4", "loss=bce,hinge", "trainer.threads=1", "+data.seed=3"])
+    added = list(config.hydra.overrides.hydra)
     assert len(added) == 1 and added[0].startswith(f"{EXCLUDE_KEYS}=[")
     excluded = added[0].split("=", 1)[1]
     assert "'trainer.threads'" in excluded and "'data.seed'" in excluded and "'trainer.resume'" in excluded
-    assert "optim.lr" not in excluded and "'loss'" not in excluded and "hydra.sweep.dir" not in excluded
-    single = ["train.py", "optim.lr=1e-4", "trainer.threads=1"]
-    assert sweep_argv(single, ROOT / "configs") == single  # not a sweep
-    chosen = ["train.py", "-m", "optim.lr=1e-4,4e-4", f"{EXCLUDE_KEYS}=[debug]"]
-    assert sweep_argv(chosen, ROOT / "configs") == chosen  # the user's own list wins
+    assert "optim.lr" not in excluded and "'loss'" not in excluded
+    assert list(sweep_start(["optim.lr=1e-4,4e-4"]).hydra.overrides.hydra) == []  # nothing constant
+    chosen = [f"{EXCLUDE_KEYS}=[debug]"]
+    assert list(sweep_start(["optim.lr=1e-4,4e-4", "debug=tiny"], chosen).hydra.overrides.hydra) == chosen
 
 
 # quality during training ----------------------------------------------------------------------------

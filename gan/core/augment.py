@@ -1,19 +1,14 @@
 """DiffAugment (Zhao et al. 2020, "Differentiable Augmentation for Data-Efficient GAN Training").
 
-Why: on a few thousand images D memorises the training set; its loss on real images falls to zero
-and G's signal goes with it. Augmenting only the real images does not help: G then learns to draw
-augmented images. DiffAugment applies the same random transformations to every image D sees, real
-and fake, in the D step and in the G step, so D judges augmented images on both sides and the
-augmentation cancels out of the game. In the G step the fakes are augmented on their way into D,
-so the augmentation must be made of differentiable tensor ops: G's gradient flows back through it.
-An augmentation of uint8 pixels (a data loader's) would round away that gradient.
+Why: on a few thousand images D memorises the training set and G's signal goes with it.
+Augmenting only the real images teaches G to draw augmented images; DiffAugment applies the same
+random transformations to every image D sees, real and fake, in both steps, so the augmentation
+cancels out of the game. In the G step the fakes are augmented on their way into D, so the
+augmentation must be made of differentiable tensor ops: G's gradient flows back through it (an
+augmentation of uint8 pixels, a data loader's, would round that gradient away).
 
 The three policies follow the paper's reference code (DiffAugment_pytorch.py), one random draw per
-image: `color` = brightness, saturation, contrast; `translation` = a shift of up to 1/8 of the
-side, the vacated border filled with zeros; `cutout` = a square of half the side set to zero.
-Draws come from torch's generator (the default one of the batch's device, or `generator`), so a
-checkpoint, which saves those generators, resumes the same draws. Part of the lesson (`gan.core`):
-imports torch only.
+image, from torch's generator (so a checkpoint, which saves the generators, resumes the same draws).
 """
 
 from __future__ import annotations
@@ -112,16 +107,10 @@ class AdaptiveAugment:
     and p is steered to hold ADA's overfitting heuristic r_t = E[sign(D(x))] near a target
     (StyleGAN2-ADA, Karras et al. 2020, sec. 3: "adaptive discriminator augmentation").
 
-    Why: a fixed augmentation is a guess. Too little, and D comes to separate every real image from
-    every fake (r_t -> 1: every real logit positive), its gradient to G flattens and the samples
-    decay; too much, and G learns less per step than it could. r_t measures the first directly, so
-    every `interval` steps p moves by sign(mean r_t - target) x (images in those steps) / (speed_kimg
-    x 1000): from 0 to 1 over speed_kimg thousand images at the fastest. It starts at 0 (a run that
-    never needs it trains as without it) and is checkpointed. p is a 0-dim tensor on the device:
-    steering it costs no host sync.
-
-    Each image gets its own draw per policy, and G's gradient flows through whichever branch an image
-    took (both are differentiable).
+    Every `interval` steps p moves by sign(mean r_t - target) x (images in those steps) / (speed_kimg
+    x 1000), from 0 to 1 over speed_kimg thousand images at the fastest. p starts at 0 and is a 0-dim
+    tensor on the device: steering it costs no host sync. G's gradient flows through whichever branch
+    an image took (both are differentiable).
     """
 
     def __init__(self, policies: Sequence[str], target: float, speed_kimg: float, batch_size: int, interval: int = 4):

@@ -1,17 +1,9 @@
 """An exponential moving average (EMA) of G's weights: the generator every sample is drawn from.
 
 Why (Karras et al. 2018; Yazici et al. 2019): G's weights oscillate as G and D chase each other;
-their running average sits near the middle of the oscillation and changes slowly. Measured, it
-helps on the whole but not on every count: on Fashion-MNIST (docs/results.md, "Training tools")
-sampling it instead of G took FID from 10.2 to 8.2 and recall from 0.60 to 0.69, while in
-docs/tour.ipynb's 600-step run (section 9) its samples score higher precision and lower recall than
-G's. An average of weights is not by itself a wider variety of samples.
-
-It averages BatchNorm's running statistics too (use_buffers=True), and an average of past
-statistics is not the statistics of the averaged weights: evaluate.py recomputes them
-(gan/evaluation/pipeline.py:recompute_batchnorm_stats). Built on torch's AveragedModel
-(torch.optim.swa_utils) with its own decay schedule. Part of the lesson (`gan.core`): imports torch
-only.
+their running average sits near the middle of the oscillation and changes slowly
+(docs/results.md#training-tools). Built on torch's AveragedModel (torch.optim.swa_utils) with its
+own decay schedule; it averages BatchNorm's running statistics too, which evaluate.py recomputes.
 """
 
 from __future__ import annotations
@@ -31,10 +23,8 @@ def build_ema(
 ) -> Optional[AveragedModel]:
     """An exponential moving average of G (torch's AveragedModel), or None when it is off.
 
-    The decay is `decay` with TF's warm-up, or, when kimg > 0, a half-life of kimg thousand images
-    as StyleGAN2-ADA states it (see ema_with_half_life). use_buffers=True averages BatchNorm's
-    running statistics along with the weights; evaluate.py recomputes them for the averaged
-    weights before it measures (bn_batches).
+    The decay is `decay` with TF's warm-up, or, when kimg > 0, a half-life of kimg thousand images.
+    use_buffers=True averages BatchNorm's running statistics along with the weights.
     """
     if kimg > 0:
         update = ema_with_half_life(kimg * 1000, rampup, images_per_step)
@@ -58,7 +48,7 @@ def ema_with_half_life(half_life_images: float, rampup: float, images_per_step: 
     """EMA update with a half-life counted in images (StyleGAN2-ADA, training_loop.py): the decay
     per step is 0.5 ** (images_per_step / half-life), so the average spans the same images
     whatever the batch size; with rampup > 0 the half-life is at most rampup x the images seen
-    so far, which plays the part of the warm-up above.
+    so far, which plays the part of the warm-up.
     """
 
     def decay(n: Tensor) -> Tensor:

@@ -1,9 +1,7 @@
 """Adversarial losses and regularisers as pure functions of D's outputs.
 
-Owns the math only: no optimizer, no module, no state; part of the lesson (`gan.core`), it imports
-torch only. Every function takes logits (D has no Sigmoid) and returns a scalar to minimise. The
-with-logits forms are exact rewrites of the textbook formulas that never take log(0) and stay
-correct under autocast.
+Every function takes logits (D has no Sigmoid) and returns a scalar to minimise. The with-logits
+forms are exact rewrites of the textbook formulas that never take log(0) and stay correct under autocast.
 """
 
 from __future__ import annotations
@@ -84,9 +82,7 @@ def probabilities(real_logits: Tensor, fake_logits: Tensor) -> dict[str, Tensor]
 
 def mean_scores(real_logits: Tensor, fake_logits: Tensor) -> dict[str, Tensor]:
     """Mean raw scores of D on real and fake images: a hinge D or a Wasserstein critic outputs no
-    probability, and a sigmoid of its score would mean nothing. Their gap is what D has learned:
-    for WGAN it estimates the Wasserstein distance; for hinge, scores beyond +-1 are not pushed further.
-    """
+    probability. For WGAN their gap estimates the Wasserstein distance."""
     return {"d/real_score": real_logits.mean(), "d/fake_score": fake_logits.mean()}
 
 

@@ -1,26 +1,14 @@
 """Generator and Discriminator of DCGAN (Radford et al. 2015), for any power-of-two image size.
 
-Owns the architectures and their weight init. Knows nothing of configs, losses or training: every
-size is a typed constructor argument. Read it in two parts:
+`Generator`, `Discriminator` and `dcgan_init_` are pytorch/examples' dcgan/main.py layer for layer,
+with one change: D returns logits, not probabilities (no Sigmoid), so the losses can use the
+with-logits forms, exact where a sigmoid saturates and safe under autocast (pytorch#61098). The
+"Variants" below are constructor arguments, off by default here; skip them on a first read.
 
-1. DCGAN, as pytorch/examples' dcgan/main.py builds it: `Generator`, `Discriminator` and
-   `dcgan_init_`. At the same image size, channels and width the two networks are that example's
-   layer for layer, with one change: D returns logits, not probabilities (no Sigmoid), so that the
-   losses in `gan.core.losses` can use the with-logits forms, which are exact where a sigmoid
-   saturates and safe under autocast (pytorch#61098).
-2. Variants, under the heading "Variants" below: options of the config, each a constructor
-   argument, off by default here, that adds a few lines to the DCGAN code (class-conditional G and
-   projection D, ProGAN's minibatch standard deviation, PacGAN's packing, spectral norm, D without
-   BatchNorm). Skip them on a first read, but for one thing: train.py's default D is spectrally
-   normalised and has no BatchNorm (`spectral_norm_`; gan/config.py:ModelConfig says why).
-
-Shapes for a 32 x 32 grayscale model of width 64 (pytorch/examples' default width, its ngf and ndf;
-this project's default, 32, halves every channel count; the DCGAN paper's LSUN generator, its
-Figure 1, starts from 1024 channels at 4 x 4 for 64 px images, which is width 128 here):
+Shapes for a 32 x 32 grayscale model of width 64 (pytorch/examples' ngf and ndf); each doubling of
+image_size adds one block to each network:
     G: z 100 -> 256 x 4 x 4 -> 128 x 8 x 8 -> 64 x 16 x 16 -> 1 x 32 x 32
     D: 1 x 32 x 32 -> 64 x 16 x 16 -> 128 x 8 x 8 -> 256 x 4 x 4 -> logit
-Each extra doubling of image_size adds one block to each network (pytorch/examples#70 asked for
-other sizes than 64).
 """
 
 from __future__ import annotations
@@ -46,11 +34,8 @@ def num_blocks(image_size: int) -> int:
 class Generator(nn.Module):
     """z (N, z_dim) -> images (N, channels, image_size, image_size) in [-1, 1].
 
-    DCGAN's generator: a stack of transposed convolutions, each doubling the side, with BatchNorm
-    and ReLU between them and tanh at the end (Radford et al. 2015, sec. 3).
-
-    num_classes > 0 makes it conditional, G(z, y) (a variant: see `append_class_code`); the DCGAN
-    trunk then differs only in its first layer's input channels.
+    Transposed convolutions, each doubling the side, with BatchNorm and ReLU between them and tanh at
+    the end (Radford et al. 2015, sec. 3). num_classes > 0 makes it conditional, G(z, y).
     """
 
     def __init__(
@@ -83,16 +68,11 @@ class Generator(nn.Module):
 
 
 class Discriminator(nn.Module):
-    """images (N, channels, S, S) -> logits (N,); with_features=True also returns the trunk's
-    output, D's last features (N, ch, 4, 4), which feature matching compares.
+    """images (N, channels, S, S) -> logits (N,).
 
-    DCGAN's discriminator: strided convolutions, each halving the side, with BatchNorm (except on
-    the input layer) and LeakyReLU(0.2) between them, and one 4 x 4 convolution to a logit.
-
-    The other arguments are variants (see "Variants" below), all off by default:
-    batchnorm=False drops BatchNorm (for per-sample penalties; the convolutions then get a bias);
-    spectral_norm, pack, minibatch_std and num_classes are described where their code is:
-    `spectral_norm_`, `pack_samples`, `MinibatchStd`, `projection`.
+    Strided convolutions, each halving the side, with BatchNorm (except on the input layer) and
+    LeakyReLU(0.2) between them, and one 4 x 4 convolution to a logit. The other arguments are the
+    variants below; batchnorm=False drops BatchNorm (the convolutions then get a bias).
     """
 
     def __init__(
@@ -133,9 +113,8 @@ class Discriminator(nn.Module):
     ) -> Tensor | tuple[Tensor, Tensor]:
         """logits (N,); with_features=True: (logits, features (N, ch, 4, 4)) for feature matching.
 
-        `y`: the classes of x, for a conditional D (None otherwise). with_features is a keyword of
-        forward() rather than a second method, so that a DistributedDataParallel wrapper, which
-        only intercepts forward(), passes it through.
+        with_features is a keyword of forward() rather than a second method, so that a
+        DistributedDataParallel wrapper, which only intercepts forward(), passes it through.
         """
         if self.pack > 1:  # variant: PacGAN
             x = pack_samples(x, self.pack)
@@ -168,15 +147,9 @@ def dcgan_init_(module: nn.Module) -> None:
 def append_class_code(z: Tensor, y: Optional[Tensor], num_classes: int) -> Tensor:
     """Conditional G (model.conditional): z (N, z_dim) and classes y (N,) -> (N, z_dim + num_classes).
 
-    The class enters once, at the input: its one-hot code, num_classes numbers, is concatenated to
-    z, and the DCGAN trunk is unchanged but for the first layer's input channels (cGAN, Mirza &
-    Osindero 2014). The code is small next to z (norm 1 against about sqrt(z_dim) = 10), so G keeps
-    drawing its variety from z and learns the class from D's pressure. A learned embedding as large
-    as z (N(0, 1), z_dim numbers) was tried first: G then used the class code as its latent and
-    ignored z, one image per class (docs/conditional.md). Conditional BatchNorm (BigGAN's way: a
-    class-dependent scale and shift in every BatchNorm layer) conditions more strongly, but replaces
-    each BatchNorm2d with a module of its own and spreads y through the whole network; for a lesson,
-    one concatenation says what conditioning is.
+    The one-hot class code is concatenated to z at the input (cGAN, Mirza & Osindero 2014). It is
+    small next to z (norm 1 against about sqrt(z_dim) = 10), so G keeps drawing its variety from z
+    (docs/conditional.md).
     """
     if y is None:
         raise ValueError("this generator is class-conditional: call it as G(z, y) with the classes y")
@@ -184,9 +157,8 @@ def append_class_code(z: Tensor, y: Optional[Tensor], num_classes: int) -> Tenso
 
 
 def class_embeddings(num_classes: int, size: int) -> Optional[nn.Embedding]:
-    """The projection discriminator's embed(y), one learned vector of D's feature size per class, or
-    None when unconditional (so an unconditional D has no such module and no such state_dict key).
-    It starts as N(0, 0.02), the head's init, so the two terms of the logit start equally small."""
+    """The projection discriminator's embed(y), one learned vector of D's feature size per class; None
+    when unconditional. N(0, 0.02), the head's init, so the two terms of the logit start equally small."""
     if not num_classes:
         return None
     embed = nn.Embedding(num_classes, size)
@@ -199,11 +171,9 @@ def projection(embed: nn.Embedding, y: Optional[Tensor], features: Tensor) -> Te
 
         logit = psi(phi(x)) + <embed(y), phi(x)>,
 
-    with phi(x) D's trunk output (ch x 4 x 4), psi DCGAN's own head (a 4x4 convolution over it, i.e.
-    a linear function of it) and embed(y) one learned ch x 4 x 4 tensor per class. This returns the
-    second term, one dot product per image: it asks "does x look like class y?" in D's own feature
-    space. The paper derives it as the log of the ratio of the class-conditional densities, and it
-    beats feeding y to D's input (the cGAN way).
+    with phi(x) D's trunk output (ch x 4 x 4), psi DCGAN's head and embed(y) one learned ch x 4 x 4
+    tensor per class. This returns the second term, one dot product per image: "does x look like
+    class y?" in D's own feature space.
     """
     if y is None:
         raise ValueError("this discriminator is class-conditional: call it as D(x, y) with the classes y")
@@ -211,24 +181,17 @@ def projection(embed: nn.Embedding, y: Optional[Tensor], features: Tensor) -> Te
 
 
 def pack_samples(x: Tensor, pack: int) -> Tensor:
-    """PacGAN (Lin et al. 2018, model.pack): (N, C, H, W) -> (N / pack, pack * C, H, W), each group
-    of `pack` consecutive samples stacked along channels and judged together as one. A D that sees
-    several fakes at once can tell when they all look alike, which penalises mode collapse (G
-    drawing a few kinds of image whatever z is)."""
+    """PacGAN (Lin et al. 2018, model.pack): (N, C, H, W) -> (N / pack, pack * C, H, W), `pack`
+    consecutive samples stacked along channels and judged as one: a D that sees several fakes at once
+    can tell when they all look alike, which penalises mode collapse."""
     return x.reshape(x.size(0) // pack, pack * x.size(1), *x.shape[2:])
 
 
 def spectral_norm_(layers: list[nn.Module]) -> None:
     """Spectral norm (Miyato et al. 2018, model.spectral_norm): each layer's weight divided by its
-    largest singular value, torch's parametrization, estimated by one power iteration per training
-    forward. The projection's embedding too, as Miyato & Koyama normalise it.
-
-    Why it is train.py's default: each weight, reshaped to a matrix as the paper does, then has
-    largest singular value 1, which bounds D's slope against its input, so D cannot grow
-    arbitrarily sharp. Trained 4x its length on
-    Fashion-MNIST, DCGAN's BatchNorm D won little by little and the samples decayed; this D never
-    got ahead (docs/results.md, "Training longer"). It is used without BatchNorm, which would
-    rescale each layer after the normalisation and undo the bound."""
+    largest singular value (torch's parametrization, one power iteration per training forward), which
+    bounds D's slope against its input. Used without BatchNorm, which would rescale each layer after
+    the normalisation and undo the bound (docs/results.md#training-longer)."""
     for layer in layers:
         nn.utils.parametrizations.spectral_norm(layer)
 
@@ -238,14 +201,10 @@ class MinibatchStd(nn.Module):
     group of samples, averaged over features and positions, as one constant channel
     (model.minibatch_std=g, the group size; 0 = off).
 
-    Why (Karras et al. 2018, "Progressive Growing of GANs" (ProGAN), sec. 3): a D that judges samples
-    one at a time cannot see that a batch of fakes lacks the variety of a batch of reals; this
-    channel lets it. Groups follow StyleGAN2-ADA's layout: sample n is grouped with n + N/g,
-    n + 2N/g, ... A group size g that does not divide N shrinks to gcd(N, g) (5 at N = 16: groups of
-    one sample, a constant channel), so training refuses such a g against its batch
-    (gan/config.py:check_minibatch_std); the shrink remains for a short last chunk, such as the
-    overfitting probe's (gan/training/overfit.py). The statistic is computed in float32: under bf16
-    autocast a variance of small differences loses its digits.
+    Karras et al. 2018 (ProGAN), sec. 3: a D that judges samples one at a time cannot see that a batch
+    of fakes lacks the variety of a batch of reals. Groups follow StyleGAN2-ADA's layout (sample n with
+    n + N/g, n + 2N/g, ...); a g that does not divide N shrinks to gcd(N, g). Computed in float32:
+    under bf16 autocast a variance of small differences loses its digits.
     """
 
     def __init__(self, group_size: int = 4):

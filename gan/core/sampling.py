@@ -36,10 +36,8 @@ def sample(G: nn.Module, z: Tensor, y: Optional[Tensor] = None) -> Tensor:
     Neither implies the other: eval() alone still builds a graph; no_grad() alone still updates
     BatchNorm's running statistics in train mode.
 
-    Eval mode is only as good as the running statistics. The training loop samples the EMA
-    generator (gan.core.ema), whose running statistics are averages of G's over training and do not
-    match the averaged weights; evaluate.py recomputes them for the averaged weights before it
-    measures (gan/evaluation/pipeline.py:recompute_batchnorm_stats).
+    The EMA generator's running statistics are averages of G's and do not match its averaged
+    weights; evaluate.py recomputes them (gan/evaluation/pipeline.py:recompute_batchnorm_stats).
     """
     with eval_mode(G), torch.no_grad():
         return G(z) if y is None else G(z, y)

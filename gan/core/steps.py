@@ -7,16 +7,12 @@ Owns the order of forward, backward and update for D and for G, and the isolatio
 Where gradients are cleared decides what else is needed. pytorch/examples' dcgan/main.py clears
 before each backward (`netD.zero_grad()`, `netG.zero_grad()`); this module clears after each update,
 so a gradient written between one update and the next would still be there at the next update: that
-is why the G step freezes D (docs/walkthrough.md, section 4, says it once, with the tests).
-Two options change what D is shown and nothing of that order or isolation: a conditional run passes
-the batch's classes `y` to both networks (D(x, y), G(z, y)), and DiffAugment (`ctx.augment`) runs
-every image D sees, real or fake, through the same differentiable augmentation.
-It leaves the math to `gan.core.losses`, and cadence (logging, sampling, checkpoints) to the
-training loop, `gan.training.loop`.
+is why the G step freezes D (docs/walkthrough.md, section 4).
+A conditional run passes the classes `y` to both networks; DiffAugment (`ctx.augment`) runs every
+image D sees, real or fake, through the same differentiable augmentation.
 
-Each step returns its diagnostics as 0-dim tensors still on the device: turning them into Python
-numbers (`.item()`) forces a host sync, so the loop does that only at log time. (One exception,
-asked for: trainer.on_nan=skip checks each loss on the host before its update, in `update`.)
+Each step returns its diagnostics as 0-dim tensors still on the device: `.item()` forces a host
+sync, so the loop does that only at log time (trainer.on_nan=skip checks each loss in `update`).
 """
 
 from __future__ import annotations
@@ -55,17 +51,12 @@ NO_PENALTIES = Penalties()
 class StepContext:
     """What both steps share for a whole run: the objective, and how the arithmetic is done.
 
-    loss: the adversarial loss pair (D's and G's), as pure functions of logits.
-    penalties: D's regularisers (gradient penalty, R1).
-    feature_matching: weight of G's feature-matching term; 0 = off.
-    backward_mode: how G's terms are backpropagated (summed, or one backward each).
     autocast: a zero-argument callable giving the mixed-precision context for forward passes.
     scaler: a GradScaler for fp16 (scales the loss so small gradients survive fp16; one scaler for
-        both networks, updated once per iteration, as in PyTorch's AMP recipe for several
-        optimizers). Disabled, it is a pass-through: scale() returns the loss, step() steps.
+        both networks, updated once per iteration, as PyTorch's AMP recipe for several optimizers).
+        Disabled, it is a pass-through.
     skip_nonfinite: drop an update whose loss is NaN/inf (trainer.on_nan=skip; one host sync).
-    augment: what every image goes through on its way into D, real or fake, in both steps:
-        DiffAugment (gan.core.augment, model.diffaugment), or the identity.
+    augment: what every image goes through on its way into D, in both steps (DiffAugment or identity).
     """
 
     loss: AdversarialLoss = LOSSES["bce"]
@@ -94,10 +85,8 @@ def d_step(
 ) -> tuple[dict[str, Tensor], Tensor]:
     """(1) Update D: minimise loss.d(D(x), D(G(z))); for bce, maximise log D(x) + log(1 - D(G(z))).
 
-    `y`: for a conditional D, the real batch's classes, which are also the classes the fakes were
-    drawn for (G(z, y)); None otherwise. Returns the diagnostics and D's features of the real batch
-    (detached), which the G step reuses for feature matching instead of running D on the real batch
-    a second time.
+    `y`: the real batch's classes, for which the fakes were drawn (conditional runs only). Returns the
+    diagnostics and D's detached features of the real batch, which the G step reuses for feature matching.
     """
     penalties = ctx.penalties
     if penalties.r1 > 0:  # R1 differentiates D(x) with respect to the images themselves
@@ -143,13 +132,9 @@ def g_step(
 ) -> dict[str, Tensor]:
     """(2) Update G: minimise loss.g(D(G(z))) [+ w * feature matching]; for bce, maximise log D(G(z)).
 
-    `fake` is G's output with its graph (the same batch the D step saw detached); `real_features`
-    are D's features of the real batch, from the D step (used by feature matching only); `y` the
-    classes the fakes were drawn for, conditional runs only.
-
-    D is frozen for G's forward and backward only: `frozen` gives D its flags back before
-    opt_g.step(), which is harmless, since opt_g holds G's parameters alone and D's .grad stayed
-    None throughout.
+    `fake` is G's output with its graph (the same batch the D step saw detached). D is frozen for G's
+    forward and backward only: `frozen` gives D its flags back before opt_g.step(), which is harmless,
+    since opt_g holds G's parameters alone and D's .grad stayed None throughout.
     """
     # retain_grad(): `fake` is not a leaf, so autograd would drop its gradient after use. Keeping it
     # shows how strongly D pushes on the images, a diagnostic of the adversarial signal.

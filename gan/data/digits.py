@@ -22,9 +22,8 @@ _STROKES = (1, 2, 3)  # extra stroke width in template pixels: thin, regular, bo
 def render_digits(num_samples: int, image_size: int, seed: int) -> tuple[Tensor, Tensor]:
     """Procedural digits: uint8 images (N, 1, S, S) and labels (N,), a pure function of the seed.
 
-    Each digit is drawn once per stroke width with Pillow's bundled scalable font, then every sample
-    gets its own random affine (rotation, shear, scale, shift), blur and noise, all as batched
-    tensor ops: 60k images at 32 px take a few seconds on one core.
+    Each digit is drawn once per stroke width, then every sample gets its own random affine, blur and
+    noise, as batched tensor ops.
     """
     gen = torch.Generator().manual_seed(seed)
     templates = _digit_templates(max(64, 2 * image_size))  # (10 * strokes, 1, T, T) in [0, 1]

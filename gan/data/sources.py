@@ -1,18 +1,9 @@
 """Datasets: where images come from and how they become uint8 squares.
 
-Owns where images come from (the built-in `digits`, torchvision's MNIST, Fashion-MNIST and
-CIFAR-10, any folder of images, CelebA as a folder, Stacked-MNIST), how they become uint8 squares of
-`data.image_size` with `data.channels`, and the training/held-out split of each. The built-in
-digits are rendered by `gan.data.digits`; batches are drawn by `gan.data.stream`.
-
-Every dataset is an `ImageSource`: a torch Dataset of uint8 (C, S, S) images with labels. The loop
-is fed in one of two ways, chosen by `data.in_memory` (auto: by size):
-- in memory: every image is decoded, resized and centre-cropped once into one uint8 tensor
-  (N, C, S, S) that lives on the training device; a batch is one indexing op, with no DataLoader
-  worker round-trip and no per-batch host-to-device copy (uint8 is a quarter of float32's size);
-- streamed: DataLoader workers decode and resize the images a batch asks for, for datasets too large
-  to hold (CelebA at 64 px is 2.1 GB of uint8).
-Both paths produce the same pixels and resume to the exact batch (tests/test_datasets.py).
+Owns every dataset as an `ImageSource` (a torch Dataset of uint8 (C, S, S) images with labels), how
+images become uint8 squares of `data.image_size` with `data.channels`, and each training/held-out
+split. `data.in_memory` picks how the loop is fed: one uint8 tensor on the training device (a batch
+is one indexing op), or DataLoader workers that decode what a batch asks for. Both give the same pixels.
 """
 
 from __future__ import annotations
@@ -42,26 +33,20 @@ from gan.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
-# Auto in-memory limit: 512 MiB of uint8 pixels holds MNIST up to 64 px (245 MB), CIFAR-10 at 32 px
-# (154 MB) and Stacked-MNIST's 128k images at 32 px (393 MB), on any GPU and most laptops.
+# Auto in-memory limit: 512 MiB of uint8 pixels holds MNIST up to 64 px and Stacked-MNIST's 128k at 32 px.
 IN_MEMORY_LIMIT = 512 * 2**20
 HELD_OUT_EVERY = 7  # folders: 1 image in 7 is held out, MNIST's 10k / 70k
 _HELD_OUT_SEED_OFFSET = 1_000_003  # generated sets: the held-out split uses seed + this
 
 
 class EmptySplitError(DataError):
-    """A split that holds no image (a folder too small for 1 in HELD_OUT_EVERY to fall in it): a
-    dataset's size, not damage, so a run that can go without its held-out split only notes it."""
+    """A split that holds no image (a folder too small for 1 in HELD_OUT_EVERY to fall in it)."""
 
 
 @dataclass
 class ImageSet:
-    """A split of a dataset: its images, their integer class labels (N,) and the number of classes.
-
-    `images` is one uint8 (N, C, H, W) tensor when the split is held in memory, or an ImageSource
-    (a Dataset of uint8 (C, H, W) images, decoded when asked) when it is streamed. BatchStream takes
-    either.
-    """
+    """A split of a dataset: its images (a uint8 (N, C, H, W) tensor in memory, or an ImageSource when
+    streamed), their integer class labels (N,) and the number of classes."""
 
     images: Tensor | Dataset
     labels: Tensor
@@ -79,11 +64,8 @@ def take(images: Tensor | Dataset, index: Tensor) -> Tensor:
 
 
 def load_dataset(cfg: DataConfig, train: bool = True, in_memory: Optional[bool] = None) -> ImageSet:
-    """The configured dataset's training split (train=True) or held-out split.
-
-    `in_memory` overrides `cfg.in_memory` (None: follow it): a caller that needs one tensor, such
-    as an evaluation against the held-out split, passes True.
-    """
+    """The configured dataset's training split (train=True) or held-out split; `in_memory` overrides
+    `cfg.in_memory` (None: follow it)."""
     started = time.perf_counter()
     source, split = open_source(cfg, train), "training" if train else "held-out"
     if train and cfg.limit:  # the first N images, their labels with them; the held-out split stays whole
@@ -111,8 +93,7 @@ def load_dataset(cfg: DataConfig, train: bool = True, in_memory: Optional[bool] 
 
 
 def check_limit(cfg: DataConfig, size: int) -> None:
-    """data.limit above the training split's size would silently train on all of it: refused, since a
-    run recorded as limit=N must have seen N images (and a sweep over limits must compare real sizes)."""
+    """Refuse a data.limit above the training split's size: a run recorded as limit=N must have seen N images."""
     if cfg.limit <= size:
         return
     generated = cfg.name in (DatasetName.digits, DatasetName.stacked)
@@ -138,11 +119,8 @@ def open_source(cfg: DataConfig, train: bool = True) -> ImageSource:
 
 
 class ImageSource(Dataset):
-    """A dataset as uint8 (channels, image_size, image_size) images with integer labels.
-
-    Subclasses say how one image is made (`__getitem__`, used by DataLoader workers) and may make all
-    of them faster at once (`load_all`, used for the in-memory path); both give the same pixels.
-    """
+    """A dataset as uint8 (channels, image_size, image_size) images with integer labels: one image by
+    `__getitem__` (DataLoader workers), all at once by `load_all` (in memory), the same pixels."""
 
     def __init__(self, labels: Tensor, num_classes: int, channels: int, image_size: int):
         self.labels, self.num_classes = labels.long(), num_classes
@@ -185,8 +163,7 @@ class ArrayImages(ImageSource):
         return ArrayImages(self.raw[:count], self.labels[:count], self.num_classes, self.channels, self.image_size)
 
     def load_all(self) -> Tensor:
-        # Each op works per image, so a chunk of 4096 gives exactly the pixels of 4096 single calls;
-        # 60k MNIST images resize to 32 px in about half a second on one core.
+        # Each op works per image, so a chunk of 4096 gives exactly the pixels of 4096 single calls
         chunks = [fit_square(convert_channels(chunk, self.channels), self.image_size) for chunk in self.raw.split(4096)]
         return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
 
@@ -230,9 +207,7 @@ def fit_square(images: Tensor, size: int) -> Tensor:
     centre cropped: the PyTorch DCGAN tutorial's Resize(size) + CenterCrop(size).
 
     Bilinear with antialias=True, the filter PIL uses, so shrinking averages pixels instead of
-    skipping them. Small images are resized up rather than padded (28 -> 32 for MNIST, as
-    pytorch/examples' dcgan does): one rule for every size, and the object fills the same fraction
-    of the frame at every image_size.
+    skipping them. Small images are resized up, not padded (28 -> 32 for MNIST, as pytorch/examples).
     """
     if images.shape[-2:] == (size, size):
         return images
@@ -242,9 +217,8 @@ def fit_square(images: Tensor, size: int) -> Tensor:
 def convert_channels(images: Tensor, channels: int) -> Tensor:
     """uint8 (..., C, H, W) -> (..., channels, H, W): gray repeated into RGB, or RGB to luma.
 
-    Luma is ITU-R 601-2 (0.299 R + 0.587 G + 0.114 B) in Pillow's own fixed-point form (Convert.c,
-    weights scaled by 2^16, rounded), so an RGB dataset turns gray to the same byte whether it is
-    read from files (Pillow converts) or from arrays (this function).
+    Luma is ITU-R 601-2 in Pillow's own fixed-point form (Convert.c), so an RGB image turns gray to the
+    same byte whether read from files (Pillow converts) or from arrays (this function).
     """
     if images.size(-3) == channels:
         return images
@@ -324,9 +298,8 @@ _IDX_ITEM_BYTES = {0x08: 1, 0x09: 1, 0x0B: 2, 0x0C: 4, 0x0D: 4, 0x0E: 8}
 
 
 def _check_idx_length(cfg: DataConfig, path: Path) -> None:
-    """An IDX file must be exactly as long as its header says. torchvision reads a short labels file
-    without a word about which file ("shape '[8]' is invalid for input of size 6"); this names it.
-    A header it cannot read (wrong type code) is left to torchvision's own refusal."""
+    """An IDX file must be exactly as long as its header says: refuse a short one, naming it (torchvision
+    does not). A header with a wrong type code is left to torchvision's own refusal."""
     with path.open("rb") as file:
         header = file.read(4)
         if len(header) < 4 or header[2] not in _IDX_ITEM_BYTES or not 1 <= header[3] <= 3:
@@ -349,10 +322,7 @@ def _check_idx_length(cfg: DataConfig, path: Path) -> None:
 
 
 def open_cifar10(cfg: DataConfig, train: bool) -> ArrayImages:
-    """CIFAR-10 through torchvision: pickled batches of uint8 (N, 32, 32, 3) arrays.
-
-    torchvision checks the md5 of each file against the official archive before it reads any.
-    """
+    """CIFAR-10 through torchvision (which checks each file's md5): uint8 (N, 32, 32, 3) arrays."""
     folder = _root(cfg) / datasets.CIFAR10.base_folder
     missing = [name for name in _CIFAR_FILES if not (folder / name).is_file()]
     if missing and not cfg.download:
@@ -478,15 +448,13 @@ def _image_folder(root: Path, cfg: DataConfig, train: bool, remedy: str) -> Imag
 def list_images(root: Path) -> tuple[list[Path], list[int], int]:
     """(paths, labels, number of classes) of the images in or below `root`, in a stable order.
 
-    torchvision's ImageFolder fits when `root` holds only folders: each top folder is a class and
-    its images are found at any depth. Otherwise (images directly in `root`, or no folders) every
-    image below `root` is listed recursively under one class. Hidden files and folders are skipped.
+    When `root` holds only folders, each is a class (torchvision's ImageFolder); otherwise every image
+    below `root` is one class. Hidden files and folders are skipped.
     """
     entries = [p for p in root.iterdir() if not p.name.startswith(".") and p.name != CLASSIFIER_CACHE]
     if any(p.is_dir() for p in entries) and not any(_is_image(p) for p in entries):
         # ImageFolder's listing (its make_dataset: sorted folders, sorted walk, image extensions),
-        # walked once; a folder without an image is no class (an empty class would be a class G is
-        # asked to draw and no image shows), so the classes are the folders the walk found images in
+        # walked once; a folder without an image is no class
         folders = sorted(p.name for p in entries if p.is_dir())
         samples = make_dataset(str(root), {name: i for i, name in enumerate(folders)}, IMG_EXTENSIONS, allow_empty=True)
         found = sorted({label for _, label in samples})  # folder indices, in the folders' order
@@ -500,9 +468,7 @@ def list_images(root: Path) -> tuple[list[Path], list[int], int]:
     return paths, [0] * len(paths), 1
 
 
-# The folder the metrics' classifier is cached in, under data.root (gan/evaluation/metrics.py). For
-# data=folder that is the image folder itself, so it is never a class: counted as one, the first
-# measurement would turn a 5-class folder into a 6-class one for every later run.
+# The folder the metrics' classifier is cached in, under data.root; for data=folder never a class.
 CLASSIFIER_CACHE = "classifiers"
 
 

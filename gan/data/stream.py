@@ -1,10 +1,8 @@
 """The batch stream that feeds the training loop: endless, shuffled per epoch, resumable.
 
-Owns the order in which images are visited ((epoch, batch) is its whole state, so a resumed run
-sees exactly the batches the uninterrupted run would have), DDP sharding, and the two ways a batch
-is fetched: by indexing a uint8 tensor that lives on the training device, or through DataLoader
-workers that decode images on the fly. Given the images' labels (a conditional run), each batch
-comes with the labels of exactly its images, fetched by the same indices on either path.
+Owns the order in which images are visited ((epoch, batch) is its whole state), DDP sharding, and
+the two ways a batch is fetched: indexing a uint8 tensor on the training device, or DataLoader
+workers that decode images on the fly; labels, when given, come by the same indices.
 """
 
 from __future__ import annotations
@@ -30,14 +28,10 @@ def to_unit_range(images: Tensor) -> Tensor:
 class EpochBatchSampler(Sampler[list[int]]):
     """Batches of indices over a fresh permutation per epoch, starting at any batch of any epoch.
 
-    Epoch e visits the items in the order randperm(N) of a generator seeded with (seed, e): the
-    order depends only on the seed and the position, so (epoch, batch) is the whole state of the
-    data pipeline and a resumed run sees exactly the batches the uninterrupted run would have seen.
-    It runs in the main process even when a DataLoader has workers, so workers change nothing.
-    The last incomplete batch of an epoch is dropped here (a DataLoader's own drop_last cannot be
-    combined with a batch_sampler): BatchNorm dislikes tiny batches.
-    Under DDP, as torch's DistributedSampler with set_epoch: every rank draws the same permutation
-    and takes every world_size-th item of it from its rank on, so the ranks' shares are disjoint.
+    Epoch e visits the items in the order randperm(N) of a generator seeded with (seed, e), so a
+    resumed run sees exactly the batches the uninterrupted run would have seen. The last incomplete
+    batch is dropped (BatchNorm dislikes tiny batches). Under DDP, as DistributedSampler: every rank
+    draws the same permutation and takes every world_size-th item from its rank on.
     """
 
     def __init__(self, size: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
@@ -89,13 +83,10 @@ class _LabelledRows(Dataset):
 class BatchStream:
     """Endless, resumable stream of float batches in [-1, 1] on the training device.
 
-    `images` is a uint8 (N, C, H, W) tensor or a Dataset of uint8 (C, H, W) images (an ImageSource).
-    A tensor with num_workers=0: the images live on the device and a batch is one indexing op.
-    Otherwise a DataLoader reads the batches the sampler picks, in `num_workers` worker processes
-    that stay alive across epochs (persistent_workers), pinned for a fast copy to CUDA: the path for
-    datasets decoded on the fly. num_workers=None: 0 for a tensor, else `default_num_workers()`.
-    `labels` (N,): the images' classes, which `next_with_labels()` returns with each batch (None
-    without them). `next(stream)` returns the images alone.
+    `images`: a uint8 (N, C, H, W) tensor (num_workers=0: on the device, a batch is one indexing op)
+    or a Dataset of uint8 (C, H, W) images, read by persistent, pinned DataLoader workers.
+    num_workers=None: 0 for a tensor, else `default_num_workers()`. `next_with_labels()` returns each
+    batch with its `labels` (None without them); `next(stream)` the images alone.
     """
 
     def __init__(
@@ -178,8 +169,7 @@ class BatchStream:
         return to_unit_range(images.to(self.device, non_blocking=True)), labels
 
     def _next_batch(self) -> Tensor | tuple[Tensor, Tensor]:
-        """The next batch of this epoch. A DataError raised in a worker reaches the main process with
-        the worker's traceback pasted into its message; the user reads the worker's own message."""
+        """The next batch of this epoch; a DataError raised in a worker is re-raised with its own message."""
         try:
             return next(self._batches)
         except DataError as err:
@@ -210,12 +200,9 @@ def stop_workers(loader: DataLoader) -> None:
 
 
 def ignore_stop_signals(worker_id: int) -> None:
-    """In each DataLoader worker: ignore SIGINT and SIGTERM. Ctrl-C, or `kill` of the process group
-    (as a terminal, a batch scheduler or `timeout` sends), reaches the workers too; a worker that died
-    of it would make the main process fail ("DataLoader worker exited unexpectedly") before it could
-    finish its step and write a checkpoint. The main process alone handles them
-    (gan.training.faults.stop_on_signals); its workers end when it shuts its DataLoader down, or
-    when their watchdog sees it gone."""
+    """In each DataLoader worker: ignore SIGINT and SIGTERM, which a terminal or scheduler sends to the
+    whole process group. A worker that died of it would fail the main process before it could write a
+    checkpoint; the main process alone handles them (gan.training.faults.stop_on_signals)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 

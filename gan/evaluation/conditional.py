@@ -1,17 +1,9 @@
 """Evaluating a class-conditional generator: which classes to ask for, and whether G drew them.
 
-Owns what `evaluate()` adds for a checkpoint of `model.conditional=true`:
-- the classes the measured samples are drawn for: those of the held-out images they are compared
-  with, one each (so FID compares two sets with the same class mix), or all `class_id` when one
-  class is asked for;
-- `cond_accuracy`: the share of samples that the metrics classifier (the one behind the class
-  histogram and the default feature space, gan/evaluation/metrics.py) reads as the class they were
-  drawn for. It measures G's obedience to y, not image quality: a G that ignores y scores about
-  1 / num_classes;
-- intra-class FID (as StudioGAN reports it): the FID of each class's samples against that class's
-  held-out images, in the same feature space, and its mean, min and max. A G that draws good
-  images but mixes up the classes has a fine FID and a poor intra-class FID;
-- the class grid: one row per class, one latent per column.
+Owns what `evaluate()` adds for `model.conditional=true`: the classes the samples are drawn for (the
+held-out images' own, so FID compares the same class mix, or `class_id`); `cond_accuracy`, the share
+of samples the metrics classifier reads as their class (G's obedience to y, not image quality);
+intra-class FID (as StudioGAN reports it); and the class grid.
 """
 
 from __future__ import annotations
@@ -28,10 +20,8 @@ from gan.evaluation import metrics as M
 
 log = logging.getLogger(__name__)
 
-# Intra-class FID is left out (null) when a class holds fewer images than this on either side, or
-# fewer than the features' dimension + 1 (a covariance of d features from fewer points is
-# singular: Inception's 2048 features need more than 10k samples spread over 10 classes give):
-# 1000 Stacked-MNIST classes over 26k samples leave 26 each.
+# Intra-class FID is null when a class holds fewer images than this, or than the features' dimension + 1,
+# on either side (a covariance of d features from fewer points is singular).
 MIN_PER_CLASS = 200
 
 

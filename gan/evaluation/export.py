@@ -1,17 +1,14 @@
 """The generator as a file that runs without this project's code: TorchScript and torch.export.
 
 Owns the packaging (`SamplingGenerator`), the three ways to capture it, and saving/reloading.
-Which generator to export (EMA or not) is decided by `gan.evaluation`.
-
 Three ways to turn a module into a graph, and what each does with Python control flow, shown on
 SamplingGenerator.forward's `if z.dim() == 1` (one latent or a batch):
 - torch.jit.trace runs forward once on an example and records the tensor ops that ran. The `if` is
   evaluated in Python during that run and leaves no trace: traced with a batch, the module has only
   the batch path, and a single latent fails (or, with other code, silently takes the wrong path).
 - torch.jit.script compiles the Python source of forward into TorchScript, both branches included,
-  so the scripted module handles a single latent and a batch alike. It needs type-annotated,
-  TorchScript-compatible code, and torch has deprecated it in favour of torch.export; it remains the
-  format older C++ (libtorch) runtimes load.
+  so the scripted module handles a single latent and a batch alike. torch has deprecated it in favour
+  of torch.export; it remains the format older C++ (libtorch) runtimes load.
 - torch.export traces like jit.trace but symbolically and soundly: the branch is resolved for the
   example's rank, and a guard records that assumption, so a single latent is refused with an error
   instead of run down the wrong path. The batch dimension is declared dynamic (`Dim`), so any batch

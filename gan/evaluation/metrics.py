@@ -1,24 +1,11 @@
 """Sample quality, measured offline: feature networks, FID and KID (torchmetrics), improved
 precision/recall, density/coverage, and class/mode coverage.
 
-Owns the instruments and their arithmetic. Every function takes uint8 images (N, C, H, W), the
-format of `gan.data`'s datasets, so real and generated images pass through the same conversion.
-It leaves drawing samples, pictures and reports to `gan.evaluation`, and datasets to `gan.data`.
-
-Two feature spaces:
-- `classifier` (default, offline): the penultimate layer of a small CNN trained on the dataset's own
-  labels, cached in `data.root/classifiers/`. Its numbers are comparable only with numbers from the
-  same classifier (the cache key names it), never with published Inception FIDs.
-- `inception`: Inception-v3's 2048-d pool3 features, the published FID, from one of two files of the
-  same network: torch-fidelity's state dict (`metrics.inception_weights`, run by torch-fidelity's
-  own extractor) or NVlabs' TorchScript file (`metrics.feature_network`, as StyleGAN2-ADA and
-  clean-fid run it). Each resizes to 299 x 299 inside the network, as the TF1 graph of the published
-  FID did; the file, the package and the network's signature are checked before anything else runs.
-  docs/metrics.md compares the numbers with published tables.
-
-FID and KID come from torchmetrics (its FID takes the matrix square root through eigenvalues in
-float64; nothing here re-derives it). torchmetrics has no precision/recall or density/coverage:
-they are k-nearest-neighbour counts on `torch.cdist`, a few lines each.
+Every function takes uint8 images (N, C, H, W), so real and generated images pass through the same
+conversion. Two feature spaces: `classifier` (default, offline), the penultimate layer of a small CNN
+trained on the dataset's labels and cached in `data.root/classifiers/`, comparable only with itself;
+and `inception`, Inception-v3's pool3, the published FID (docs/metrics.md). FID and KID come from
+torchmetrics; precision/recall and density/coverage are k-nearest-neighbour counts on `torch.cdist`.
 """
 
 from __future__ import annotations
@@ -51,23 +38,17 @@ from gan.errors import MetricsError
 
 log = logging.getLogger(__name__)
 
-# Bump when Classifier or train_classifier changes: cached classifiers of older versions are then
-# not found (the version is part of the cache key) and a new one is trained.
-CLASSIFIER_VERSION = 1
-# DataConfig keys that change how images are read, not which images, and data.limit (a training
-# run's subset: the classifier always learns the whole training split): left out of the cache key.
+CLASSIFIER_VERSION = 1  # part of the cache key: bump when Classifier or train_classifier changes
+# DataConfig keys left out of the cache key: how images are read, and data.limit (the classifier learns the whole split)
 _LOADING_KEYS = ("root", "download", "in_memory", "batch_size", "num_workers", "limit")
-# The two files of the FID's Inception-v3 (the TF graph inception-2015-12-05, ported to PyTorch):
-# torch-fidelity's state dict, and NVlabs' TorchScript module (StyleGAN2-ADA's metrics, clean-fid).
+# The two files of the FID's Inception-v3: torch-fidelity's state dict, and NVlabs' TorchScript module.
 INCEPTION_WEIGHTS_URL = (
     "https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/weights-inception-2015-12-05-6726825d.pth"
 )
 NVLABS_INCEPTION_URL = (
     "https://nvlabs-fi-cdn.nvidia.com/stylegan2-ada-pytorch/pretrained/metrics/inception-2015-12-05.pt"
 )
-# torch.hub names a weights file NAME-<the first hex digits of its sha256>.EXT and checks them
-# (load_state_dict_from_url(check_hash=True)). torch-fidelity's file and pytorch-fid's copy
-# (pt_inception-2015-12-05-6726825d.pth) both carry 6726825d: another prefix is another network.
+# torch.hub names a weights file NAME-<the first hex digits of its sha256>.EXT: another prefix is another network.
 INCEPTION_SHA256_PREFIX = "6726825d"
 INCEPTION_DIMS = 2048  # pool3, the layer of the published FID (Heusel et al. 2017)
 # The metrics measured in the feature space (the others count the classifier's predictions).
@@ -80,9 +61,8 @@ FEATURE_METRICS = ("fid", "kid_mean", "kid_std", "precision", "recall", "density
 class Classifier(nn.Module):
     """uint8 images (N, C, S, S) -> class logits (N, num_classes); `features` is the layer before.
 
-    Three conv blocks (BatchNorm, ReLU, 2x2 max-pool), pooled to 2 x 2 so any image size from 16 px
-    works, then a `feature_dim` ReLU layer: its output is the feature space of FID/KID/P/R, as
-    Inception's pool3 is for the published FID.
+    Three conv blocks pooled to 2 x 2 (any image size from 16 px), then a `feature_dim` ReLU layer:
+    the feature space of FID/KID/P/R.
         1 x 32 x 32 -> w x 16 x 16 -> 2w x 8 x 8 -> 4w x 4 x 4 -> 4w x 2 x 2 -> feature_dim -> classes
     """
 
@@ -115,10 +95,7 @@ def train_classifier(
     train: ImageSet, test: ImageSet, cfg: ClassifierConfig, device: torch.device
 ) -> tuple[Classifier, float]:
     """Train on `train` (in-memory uint8 images) and return the model with its accuracy on `test`.
-
-    Adam with a one-cycle learning rate (Smith & Topin 2018): warm up to cfg.lr, then anneal to
-    almost 0, which converges in a single epoch on digit-like data.
-    """
+    Adam with a one-cycle learning rate (Smith & Topin 2018): one epoch converges on digit-like data."""
     images, labels = train.images, train.labels
     if cfg.train_images:
         images, labels = images[: cfg.train_images], labels[: cfg.train_images]
@@ -151,12 +128,8 @@ def plain(config: object) -> dict:
 
 
 def classifier_key(data: DataConfig, cfg: ClassifierConfig) -> str:
-    """A file name that changes whenever the images or the classifier's training would change.
-
-    Readable part first (`digits-32px-1ch`), then a hash of every setting that decides the
-    images (all of DataConfig but how it is loaded) and the training (all of ClassifierConfig but
-    min_accuracy, which only judges the result).
-    """
+    """A file name that changes whenever the images or the classifier's training would change:
+    `digits-32px-1ch-<hash of the settings that decide them>`."""
     identity = {
         "version": CLASSIFIER_VERSION,
         "data": {k: v for k, v in dataclasses.asdict(data).items() if k not in _LOADING_KEYS},
@@ -164,8 +137,7 @@ def classifier_key(data: DataConfig, cfg: ClassifierConfig) -> str:
     }
     root = Path(data.root).expanduser()
     if data.name == DatasetName.folder and root.is_dir():
-        # a folder's images are its files, not its settings: a class or an image added, or taken
-        # away, is another classifier (one cached for 5 classes must not judge 6)
+        # a folder's images are its files, not its settings: a class or an image added is another classifier
         paths, _, num_classes = list_images(root)
         identity["folder"] = {"images": len(paths), "classes": num_classes}
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:10]
@@ -175,12 +147,8 @@ def classifier_key(data: DataConfig, cfg: ClassifierConfig) -> str:
 def load_or_train_classifier(
     data: DataConfig, cfg: ClassifierConfig, device: torch.device
 ) -> tuple[Classifier, float, Path]:
-    """The cached classifier for this dataset and config, or a new one trained and cached.
-
-    The file is `<data.root>/classifiers/<classifier_key>.pt`: a plain dict (weights, test
-    accuracy, the settings it was trained with), written atomically by `save_checkpoint` and read
-    with weights_only=True. Raises MetricsError when the accuracy is below cfg.min_accuracy.
-    """
+    """The cached classifier (`<data.root>/classifiers/<classifier_key>.pt`, a plain dict read with
+    weights_only=True), or a new one trained and cached. MetricsError below cfg.min_accuracy."""
     data = dataclasses.replace(data, limit=0)  # the whole training split, whatever subset G trained on
     path = Path(data.root).expanduser() / CLASSIFIER_CACHE / f"{classifier_key(data, cfg)}.pt"
     model, accuracy = _load_classifier(path, device)
@@ -266,13 +234,10 @@ def to_rgb(images: Tensor) -> Tensor:
 
 
 class InceptionFeatures(nn.Module):
-    """Inception-v3 pool3 (2048-d) through torch-fidelity's port, FeatureExtractorInceptionV3: uint8
-    RGB at any size in, resized to 299 x 299 inside by interpolate_bilinear_2d_like_tensorflow1x (TF1's
-    resize_bilinear, the resizer of the TTUR code that defined FID), (N, 2048) float32 out.
-
-    Built from torch-fidelity itself rather than torchmetrics' NoTrainInceptionV3 subclass: that one
-    resizes with torch's antialiased bilinear by default (antialias=True), another resizer than the
-    published FID's, and the resizer moves FID (Parmar et al. 2022, clean-fid)."""
+    """Inception-v3 pool3 (2048-d) through torch-fidelity's FeatureExtractorInceptionV3: uint8 RGB at any
+    size in, resized to 299 x 299 as TF1's resize_bilinear (the published FID's resizer), (N, 2048) out.
+    Not torchmetrics' NoTrainInceptionV3: it resizes with antialiasing, and the resizer moves FID
+    (Parmar et al. 2022, clean-fid)."""
 
     num_features = INCEPTION_DIMS
 
@@ -292,9 +257,8 @@ class InceptionFeatures(nn.Module):
 
 
 class TorchScriptInception(nn.Module):
-    """NVlabs' TorchScript Inception-v3 (inception-2015-12-05.pt), called as StyleGAN2-ADA's metrics
-    and clean-fid's legacy_tensorflow mode call it: net(uint8 RGB (N, 3, H, W) at any size,
-    return_features=True) -> pool3 (N, 2048). The file resizes to 299 x 299 itself."""
+    """NVlabs' TorchScript Inception-v3 (inception-2015-12-05.pt), called as StyleGAN2-ADA calls it:
+    net(uint8 RGB (N, 3, H, W), return_features=True) -> pool3 (N, 2048)."""
 
     num_features = INCEPTION_DIMS
 
@@ -315,9 +279,8 @@ def inception_network(cfg: MetricsConfig) -> nn.Module:
 
 
 def inception_features(weights: Optional[str]) -> InceptionFeatures:
-    """torch-fidelity's Inception-v3 with the state-dict file `weights` (None: torch-fidelity downloads
-    it). The path, the package and the file are checked in that order, so a missing piece fails here,
-    with what to do, not deep inside a download, an import or an unpickling."""
+    """torch-fidelity's Inception-v3 with the state-dict file `weights` (None: downloaded). The path, the
+    package and the file are checked first, so a missing piece fails here with what to do."""
     file = existing_file(weights, "metrics.inception_weights", INCEPTION_WEIGHTS_URL) if weights else None
     if importlib.util.find_spec("torch_fidelity") is None:
         raise MetricsError(
@@ -370,8 +333,7 @@ def inception_features(weights: Optional[str]) -> InceptionFeatures:
 
 
 def nvlabs_inception(path: str) -> TorchScriptInception:
-    """NVlabs' TorchScript Inception-v3 from `path`, after checking that it loads and that
-    net(uint8 images, return_features=True) gives (N, 2048) features, so a wrong file fails here."""
+    """NVlabs' TorchScript Inception-v3 from `path`, checked to give (N, 2048) features."""
     file = existing_file(path, "metrics.feature_network", NVLABS_INCEPTION_URL)
     try:
         with warnings.catch_warnings():  # torch 2.x deprecates TorchScript (FutureWarning); NVlabs' file is one
@@ -421,10 +383,8 @@ def existing_file(path: str, key: str, url: str) -> Path:
 
 
 def check_state_dict(file: Path, given: str) -> None:
-    """Read the file as torch.load(weights_only=True) does: a mapping of tensors, or refuse it.
-
-    Why first: torch-fidelity reads it with torch.load(weights_only=False), which runs any code
-    pickled in the file; weights_only=True refuses such a file before that happens."""
+    """Refuse a file that torch.load(weights_only=True) does not read as a mapping of tensors, before
+    torch-fidelity loads it with weights_only=False, which would run any code pickled in it."""
     try:
         with warnings.catch_warnings():  # torch.load warns of a TorchScript archive before refusing it; we say so
             warnings.simplefilter("ignore", UserWarning)
@@ -463,8 +423,7 @@ def state_dict_mismatch(err: BaseException) -> str:
 
 
 def reason(err: BaseException, limit: int = 200) -> str:
-    """An exception as one short clause on one line: its type and its message's first sentence, or
-    for an error raised inside a TorchScript file the last line, which names it after the traceback."""
+    """An exception as one short clause: its type and its message's first sentence (TorchScript: its last line)."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     if any("Traceback of TorchScript" in line for line in lines):
         return lines[-1][:limit]
@@ -487,10 +446,7 @@ def split_channels(images: Tensor) -> Tensor:
 @torch.inference_mode()
 def batched(net: nn.Module, images: Tensor, batch_size: int, device: torch.device) -> Tensor:
     """net over `images` (uint8, any device) in batches on `device`; float32 (N, ...) on the CPU.
-
-    no_grad(): features are measured, never differentiated. `.float().cpu()` is the whole conversion:
-    a round trip through numpy would copy the same float32 values once more.
-    """
+    Features are measured, never differentiated: no graph is built."""
     with torch.no_grad():
         return torch.cat([net(chunk.to(device)).float().cpu() for chunk in images.split(batch_size)])
 
@@ -529,11 +485,8 @@ class Precomputed(nn.Module):
 def fid(real: Tensor, fake: Tensor) -> float:
     """Fréchet distance between Gaussians fitted to two feature sets (Heusel et al. 2017).
 
-    With N <= d images the covariances are singular (rank N - 1). torchmetrics takes the trace of
-    sqrt(S1 S2) from the eigenvalues of S1 S2, whose zero eigenvalues come out as tiny values of
-    either sign, or complex pairs, and keeps the real part of their square roots, so the result stays
-    finite (FID(x, x) = -0.001 measured at N = 10, d = 2048); but FID is biased upward at small N
-    (Chong & Forsyth 2020), so such a number compares only with numbers from the same N.
+    With N <= d images the covariances are singular; torchmetrics' result stays finite, but FID is
+    biased upward at small N (Chong & Forsyth 2020): compare only numbers from the same N.
     """
     smallest, dims = min(real.size(0), fake.size(0)), real.size(1)
     if smallest <= dims:
@@ -557,11 +510,9 @@ def kid(
     """Kernel Inception Distance (Binkowski et al. 2018): unbiased MMD^2, cubic polynomial kernel,
     mean and standard deviation over random subsets of min(subset_size, N) images.
 
-    The kernel is (gamma x.y + 1)^3. The published KID's gamma = 1/d (torchmetrics' default, and
-    torch-fidelity's and clean-fid's) suits Inception's features, and distribution_metrics passes it
-    for them. Our classifier's ReLU features are far larger (|f|^2 ~ 2000 at d = 128) and the cube
-    then explodes (KID(x, x) = -1.4 +- 9.1 measured), so gamma=None takes 1 / E|f_real|^2, which puts
-    x.y near 1 for any feature scale: the kernel is scale-free, and the reference set fixes the scale.
+    The kernel is (gamma x.y + 1)^3. The published gamma = 1/d suits Inception's features; the
+    classifier's ReLU features are far larger and the cube explodes, so gamma=None takes
+    1 / E|f_real|^2, which puts x.y near 1 for any feature scale.
     """
     if gamma is None:
         gamma = 1.0 / float(real.double().square().sum(dim=1).mean())
@@ -596,14 +547,12 @@ def precision_recall_density_coverage(
 ) -> dict[str, float]:
     """Four k-NN statistics of two feature sets, strict `<` as the reference code (clovaai/prdc).
 
-    Each real point owns a ball reaching its k-th nearest real neighbour; the union of the balls
-    estimates the real manifold (and likewise for fake points).
+    Each point owns a ball reaching its k-th nearest neighbour of its own set.
     - precision (Kynkaanniemi et al. 2019, k=3): share of fakes inside the real manifold (fidelity)
     - recall (same, k=3): share of reals inside the fake manifold (diversity)
-    - density (Naeem et al. 2020, k=5): real balls per fake, / k; about 1 when matched, above 1
-      when fakes crowd where reals are dense; robust to outliers among the reals
+    - density (Naeem et al. 2020, k=5): real balls per fake, / k; about 1 when matched
     - coverage (same, k=5): share of reals whose ball holds at least one fake
-    The real-to-fake distances are taken in row chunks: 10k x 10k at once would be 400 MB.
+    Distances are taken in row chunks: 10k x 10k at once would be 400 MB.
     """
     real_pr, real_dc = knn_radius(real, (pr_k, dc_k), chunk)
     (fake_pr,) = knn_radius(fake, (pr_k,), chunk)
@@ -627,9 +576,7 @@ def precision_recall_density_coverage(
 
 
 def distribution_metrics(real: Tensor, fake: Tensor, cfg: MetricsConfig, seed: int = 0) -> dict[str, float]:
-    """FID, KID, precision/recall and density/coverage of two feature sets (N, d) and (M, d).
-    KID's kernel is the published one (gamma = 1/d) in Inception's feature space, the scale-free one
-    in the classifier's (kid_kernel says which)."""
+    """FID, KID, precision/recall and density/coverage of two feature sets (N, d) and (M, d)."""
     results = {"fid": fid(real, fake)}
     gamma = 1.0 / real.size(1) if cfg.features == FeatureSpace.inception else None
     results["kid_mean"], results["kid_std"] = kid(real, fake, cfg.kid_subsets, cfg.kid_subset_size, seed, gamma)
@@ -656,9 +603,8 @@ def class_coverage(
 ) -> dict[str, float]:
     """Classes holding >= threshold of the samples, and KL(samples' classes || data's classes).
 
-    The data's histogram is add-one smoothed (Laplace): a class the data lacks costs about
-    log(N) instead of infinity. Both histograms come from the same classifier's predictions, so
-    its mistakes fall on both sides alike.
+    The data's histogram is add-one smoothed (Laplace): a class the data lacks costs about log(N),
+    not infinity.
     """
     q = histogram(fake_labels, num_classes)
     p = (torch.bincount(real_labels, minlength=num_classes).double() + 1) / (real_labels.numel() + num_classes)
@@ -670,8 +616,7 @@ def mode_coverage(fake_modes: Tensor, num_modes: int = 1000) -> dict[str, float]
     KL(samples' modes || uniform), as in Metz et al. 2017, Srivastava et al. 2017, Lin et al. 2018.
 
     Also `digit_kl_ch{c}`: KL(channel c's digits || uniform over 10), which tells a mode KL caused
-    by one channel's unbalanced digits (each channel's KL adds to the mode KL when the channels are
-    independent) from one spread over the joint."""
+    by one channel's unbalanced digits from one spread over the joint."""
     q = histogram(fake_modes, num_modes)
     uniform = torch.full((num_modes,), 1.0 / num_modes, dtype=torch.float64)
     results = {"modes_covered": int((q > 0).sum()), "mode_kl": kl_divergence(q, uniform)}
@@ -692,16 +637,14 @@ def is_stacked(dataset: ImageSet) -> bool:
 
 
 def with_gaussian_noise(images: Tensor, sigma: float, seed: int = 0) -> Tensor:
-    """uint8 images + N(0, sigma^2) noise, sigma in units of the full intensity range ([0, 1]), clipped
-    and rounded back to uint8: the calibration degradation of the honesty tests (Heusel et al. 2017,
-    fig. 1, do the same with Inception)."""
+    """uint8 images + N(0, sigma^2) noise (sigma in units of the full range), rounded back to uint8:
+    a calibration degradation (Heusel et al. 2017, fig. 1)."""
     noise = torch.randn(images.shape, generator=torch.Generator().manual_seed(seed)) * (255 * sigma)
     return (images.float() + noise).round_().clamp_(0, 255).to(torch.uint8)
 
 
 def with_gaussian_blur(images: Tensor, sigma: float) -> Tensor:
-    """uint8 images (N, C, H, W) through a 3 x 3 Gaussian blur of `sigma` pixels (torchvision's),
-    rounded back to uint8: a degradation too slight to see at sigma 0.5, which shows how sharp a
-    recall target asks samples to be (scripts/calibrate.py)."""
+    """uint8 images through a 3 x 3 Gaussian blur of `sigma` pixels, rounded back to uint8: a
+    calibration degradation (scripts/calibrate.py)."""
     smooth = gaussian_blur(images.float(), kernel_size=[3, 3], sigma=[sigma, sigma])
     return smooth.round_().clamp_(0, 255).to(torch.uint8)

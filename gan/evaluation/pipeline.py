@@ -1,16 +1,9 @@
 """Evaluating a trained generator: sample, measure, draw, export, report.
 
-`evaluate()` is to evaluate.py what `gan.training.train()` is to train.py: it builds everything
-from the typed config and runs the sections in order. The metrics' arithmetic lives in
-`gan.evaluation.metrics`, the pictures in `gan.evaluation.grids`, the export formats in
-`gan.evaluation.export`.
-
-The generator and the dataset come from the checkpoint: its config names the data it was trained
-on, and only the keys given on the command line (typically data.root) replace that config's.
-Generated images are quantised to uint8, as a saved PNG would be, so they pass through exactly the
-conversion the real uint8 images do. The reference for every metric is the held-out split (a copy
-of the training images would score perfectly, which says nothing); the nearest-neighbour check
-searches the training split, because memorising means copying training images.
+`evaluate()` runs evaluate.py's sections in order. The generator and the dataset come from the
+checkpoint, with data.* keys given on the command line laid over its data section. Samples are
+quantised to uint8, as the real images are; every metric's reference is the held-out split, and the
+nearest-neighbour check searches the training split (memorising means copying training images).
 """
 
 from __future__ import annotations
@@ -168,10 +161,9 @@ def measure(
     requested: Optional[Tensor] = None,
     real_features: Optional[Tensor] = None,
 ) -> dict[str, Any]:
-    """Every metric of `fake` against `reals`: distances in feature space, then class coverage;
-    for a conditional G (`requested`: the class each sample was drawn for) cond_accuracy and
-    intra-class FID (gan/evaluation/conditional.py). `real_features`: those of reals.images under
-    feature_net, from a caller that measures many sample sets against the same reals."""
+    """Every metric of `fake` against `reals`: distances in feature space, class coverage, and for a
+    conditional G (`requested`: each sample's class) cond_accuracy and intra-class FID.
+    `real_features`: reals.images' features, from a caller that measures many sample sets."""
     if real_features is None:
         real_features = M.batched(feature_net, reals.images, cfg.batch_size, device)
     fake_features = M.batched(feature_net, fake, cfg.batch_size, device)
@@ -186,8 +178,7 @@ def measure(
 
 def draw_pictures(G: nn.Module, fake: Tensor, data: DataConfig, cfg: EvaluateConfig, device: torch.device) -> dict:
     """samples.png, interpolation.png and nearest_neighbours.png, as grids; for a conditional G
-    also classes.png (one row per class), unless class_id asks for one class, which every picture
-    then shows."""
+    without class_id also classes.png (one row per class)."""
     classes = None
     if G.num_classes:  # interpolation rows: the class asked for, else classes 0, 1, ... in turn
         rows = range(cfg.interpolation_rows)
@@ -205,9 +196,7 @@ def draw_pictures(G: nn.Module, fake: Tensor, data: DataConfig, cfg: EvaluateCon
 
 
 def feature_space(feature_net: nn.Module, classifier_file: Optional[str], cfg: EvaluateConfig) -> dict[str, Any]:
-    """What metrics.json says about the space FID, KID, precision/recall and density/coverage are
-    measured in: the network and its file, the resizer, KID's kernel. An Inception network describes
-    its own file (M.inception_network); the classifier is named by its cached file."""
+    """What metrics.json says about the feature space: the network and its file, the resizer, KID's kernel."""
     own = getattr(feature_net, "feature_space", None)
     if own is None:
         own = {
@@ -237,8 +226,7 @@ def report(results: dict[str, Any], pictures: Mapping[str, Tensor], run_dir: Pat
 def data_config_of(
     state: Mapping[str, Any], overrides: Mapping[str, Any], source: str = "the checkpoint"
 ) -> DataConfig:
-    """The checkpoint's data section with `overrides` laid over it, typed and checked; CheckpointError
-    naming `source` and the key when the stored section is damaged (stored_group)."""
+    """The checkpoint's data section with `overrides` laid over it, typed and checked."""
     recorded = stored_group(state, "data", DataConfig, source)
     given = state["config"]["data"]
     changed = [k for k in _SHAPE_KEYS if k in overrides and k in given and overrides[k] != recorded[k]]
@@ -258,11 +246,8 @@ def data_config_of(
 
 
 def stored_group(state: Mapping[str, Any], group: str, schema: type, source: str) -> Any:
-    """The group `group` of the checkpoint's stored config laid over `schema` (a dataclass) as a typed
-    node, settings the checkpoint lacks at their defaults. Only the groups evaluate.py uses are typed,
-    so a checkpoint whose trainer.* this version no longer knows still evaluates. CheckpointError naming
-    the file and the key when the group is absent or a value has the wrong type (a damaged config), or
-    when a key is unknown (another version's, or an edit): gan.checkpoint.stored_config_error."""
+    """The checkpoint's stored config group `group` laid over `schema` (a dataclass) as a typed node,
+    missing settings at their defaults; CheckpointError naming the file and the key when it is damaged."""
     check_config_groups(state["config"], source, required=[group])  # load_checkpoint checked the rest of its form
     try:
         node = OmegaConf.merge(OmegaConf.structured(schema), state["config"][group])
@@ -273,11 +258,10 @@ def stored_group(state: Mapping[str, Any], group: str, schema: type, source: str
 
 
 def classes_of(state: Mapping[str, Any], source: str = "the checkpoint") -> int:
-    """The number of classes the checkpoint's G was trained on: 0 for an unconditional run (and for
-    checkpoints written before conditional runs existed). CheckpointError when the stored config's
-    model.conditional and the checkpoint's entry num_classes (G.num_classes, as written) disagree."""
+    """The number of classes the checkpoint's G was trained on, 0 for an unconditional run; CheckpointError
+    when the stored model.conditional and the checkpoint's entry num_classes disagree."""
     conditional = OmegaConf.to_object(stored_group(state, "model", ModelConfig, source)).conditional
-    num_classes = state.get("num_classes") or 0  # a whole number: load_checkpoint checked it
+    num_classes = state["num_classes"]  # a whole number: load_checkpoint checked it
     if (conditional and num_classes >= 2) or (not conditional and num_classes == 0):
         return num_classes
     built = f"built for {num_classes} classes" if num_classes else "built without classes (num_classes 0 or absent)"
@@ -297,8 +281,7 @@ _DISAGREE = (
 
 
 def check_conditional_options(cfg: EvaluateConfig, num_classes: int, source: str) -> None:
-    """Before any work: class_id must name a class of a conditional G; export handles unconditional
-    generators only (its packaged forward takes latents alone)."""
+    """Before any work: class_id must name a class of a conditional G; export takes unconditional G only."""
     check_class_id(cfg.class_id, num_classes, source)
     if num_classes and cfg.export != ExportFormat.none:
         raise ConfigError(
@@ -308,8 +291,7 @@ def check_conditional_options(cfg: EvaluateConfig, num_classes: int, source: str
 
 
 def only_class(dataset: ImageSet, class_id: int, metrics: MetricsConfig) -> ImageSet:
-    """The held-out images of one class (an in-memory split), labels and class count kept;
-    MetricsError when they are too few for the k-nearest-neighbour metrics."""
+    """The held-out images of one class; MetricsError when too few for the k-nearest-neighbour metrics."""
     keep = dataset.labels == class_id
     count, k = int(keep.sum()), max(metrics.pr_k, metrics.dc_k)
     if count <= k:
@@ -324,11 +306,9 @@ def only_class(dataset: ImageSet, class_id: int, metrics: MetricsConfig) -> Imag
 def build_generator(
     state: Mapping[str, Any], use_ema: bool, device: torch.device, source: str = "the checkpoint"
 ) -> tuple[Generator, str]:
-    """G rebuilt from the checkpoint's config, holding the EMA weights when asked and present.
-
-    The EMA entry is a torch.optim.swa_utils.AveragedModel state dict: `n_averaged` and G's own
-    keys under `module.`. A generator with a NaN or inf weight is refused (CheckpointError naming
-    `source`): its samples would be garbage, and FID would still print a finite number for them.
+    """G rebuilt from the checkpoint's config, holding the EMA weights when asked and present (an
+    AveragedModel state dict: G's keys under `module.`). A NaN or inf weight is refused: FID would
+    still print a finite number for its samples.
     """
     model = OmegaConf.to_object(stored_group(state, "model", ModelConfig, source))
     data = OmegaConf.to_object(stored_group(state, "data", DataConfig, source))
@@ -361,12 +341,10 @@ def recompute_batchnorm_stats(G: nn.Module, batches: int, batch_size: int, seed:
     """Replace G's BatchNorm running statistics with those of `batches` batches of its own
     activations, from latents seeded apart from the measured samples'; returns whether G has any.
 
-    Why: the EMA generator (build_ema) averages BatchNorm's running statistics along with the
-    weights, but the mean of past statistics is not the statistics of the mean weights. SWA has
-    the same problem and torch ships its fix, torch.optim.swa_utils.update_bn: reset the running
-    statistics, run the model in train mode with momentum=None (an exact cumulative average over
-    all batches), then restore momentum and eval(). Measured on a Fashion-MNIST run at 10k steps:
-    FID 6.93 -> 6.50, recall 0.694 -> 0.709 (docs/results.md).
+    Why: the EMA generator averages BatchNorm's running statistics along with the weights, but the
+    mean of past statistics is not the statistics of the mean weights. SWA has the same problem and
+    torch ships its fix, torch.optim.swa_utils.update_bn: reset the running statistics, run the model
+    in train mode with momentum=None (an exact cumulative average over all batches), then restore.
     """
     if batches == 0 or not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in G.modules()):
         return False
@@ -385,8 +363,7 @@ def reference_subset(
     reference: ImageSet, count: int, seed: int, split: str = "held-out split", setting: str = "num_samples"
 ) -> tuple[Tensor, Tensor]:
     """`count` images of `reference` and their labels (a seeded random subset), or all of them when
-    there are fewer; from an in-memory split or one decoded image at a time. `split` and `setting`
-    name the images and the count in the warning."""
+    there are fewer; `split` and `setting` name them in the warning."""
     total = reference.labels.numel()
     if total < count:
         log.warning(
@@ -407,9 +384,8 @@ def reference_subset(
 def classifier_for(
     data: DataConfig, reference: ImageSet, stacked: bool, cfg: EvaluateConfig, device: torch.device
 ) -> tuple[Optional[M.Classifier], Optional[float], Optional[str]]:
-    """The metrics classifier, its test accuracy and its file name with a hash of the file's bytes
-    (numbers are comparable only under the same file: retraining with other threads or another
-    device moves FID by about 1%); Nones for unlabelled data measured with Inception."""
+    """The metrics classifier, its test accuracy and its file name with a hash of its bytes (numbers
+    compare only under the same file); Nones for unlabelled data measured with Inception."""
     if reference.num_classes >= 2:
         classifier, accuracy, path = M.load_or_train_classifier(
             classifier_data(data, stacked), cfg.metrics.classifier, device
@@ -425,8 +401,7 @@ def classifier_for(
 
 
 def classifier_data(data: DataConfig, stacked: bool) -> DataConfig:
-    """The dataset the metrics classifier learns: for Stacked-MNIST the grayscale source, so each
-    channel is classified by a 10-class classifier (as in the Unrolled GAN/VEEGAN/PacGAN papers)."""
+    """The dataset the metrics classifier learns: for Stacked-MNIST the grayscale source, one channel at a time."""
     if not stacked:
         return data
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(data), {"name": data.source, "channels": 1}))
@@ -443,8 +418,7 @@ def to_uint8(images: Tensor) -> Tensor:
 def generate(
     G: nn.Module, count: int, batch_size: int, seed: int, device: torch.device, labels: Optional[Tensor] = None
 ) -> Tensor:
-    """`count` samples of G as uint8 (N, C, H, W) on the CPU, from latents seeded by `seed`;
-    `labels` (count,): the class of each sample, for a conditional G.
+    """`count` samples of G as uint8 (N, C, H, W) on the CPU; `labels`: each sample's class, conditional G.
 
     eval(): BatchNorm uses its running statistics, so a sample does not depend on its batch.
     inference_mode(): no autograd graph and no version counters; the cheapest way to run a model.
@@ -511,8 +485,7 @@ def write_samples(fake: Tensor, how: SaveSamples, run_dir: Path) -> None:
 
 
 def format_table(results: Mapping[str, Any]) -> str:
-    """One `key  value` line per result; dicts are left out: seconds becomes its total, and report()
-    logs feature_space on a line of its own."""
+    """One `key  value` line per result; dicts are left out (seconds becomes its total)."""
     rows = [(key, value) for key, value in results.items() if not isinstance(value, Mapping)]
     rows.append(("seconds", f"{results['seconds']['total']:.1f}" if "seconds" in results else ""))
     width = max(len(key) for key, _ in rows)
@@ -528,11 +501,8 @@ def _format(value: Any) -> str:
 def write_tensorboard(
     log_dir: Path, results: Mapping[str, Any], pictures: Mapping[str, Tensor], table: str, step: int
 ) -> None:
-    """The pictures as `samples/eval_<name>` and the numbers as one text table, at the checkpoint's
-    step. Not as scalars: one number is a one-point chart. The curve over training is
-    trainer.eval_every's (gan/training/quality.py), and train.py writes its final evaluation's
-    numbers among the run's HParams metrics (gan/training/monitor.py:write_final_numbers).
-    `samples/eval_*` sort beside the training run's grids, after its losses, in TensorBoard."""
+    """The pictures as `samples/eval_<name>` and the numbers as one text table (not scalars: one
+    number is a one-point chart), at the checkpoint's step."""
     writer = SummaryWriter(log_dir=str(log_dir))
     try:
         for name, grid in pictures.items():

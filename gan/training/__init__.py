@@ -9,8 +9,8 @@ training and evaluation alike, is `gan/checkpoint.py`, below both.)
 - `faults.py`: the NaN watch and SIGINT/SIGTERM handling;
 - `monitor.py`: TensorBoard (tag names, HParams session), the progress bar, the log lines, progress.gif;
 - `quality.py`: FID, precision/recall and classes of the EMA generator every trainer.eval_every steps;
-- `runs.py`: resuming a run: finding its directory, replaying its overrides, the resume contract;
-- `rundir.py`: one owner per run directory (a lock), no new run over an old one, stale temp files.
+
+A run's folder, its record and the resume contract, shared with evaluate.py, are `gan/runs.py`.
 """
 
 from gan.training.faults import NonFiniteLossError

@@ -1,23 +1,11 @@
 """Has D won? The collapse alarm: D's dominance watched over a window of steps (trainer.on_collapse).
 
-What it looks like. A GAN whose D wins outright separates every real image from every fake with a
-wide margin: D(G(z)) near 0 and ADA's r_t = E[sign(D(x))] (Karras et al. 2020; `train/d_overfit_rt`)
-at 1, batch after batch, with loss/d near 0. G's gradient then comes through the flat tail of D's
-sigmoid and carries little about the data; the samples decay, often to a few textures, and rarely
-come back. Trained to twice its length on real MNIST, an earlier default recipe of this project
-showed exactly that from step ~3,600 (loss/d 0.01-0.04, D(G(z)) 0.002-0.03, r_t 1) and its FID went
-from 8.5 to 220. One log point like that is noise: single batches of healthy runs touch D(G(z)) 0.05
-now and then. A whole window of them is not.
-
-The rule. At each log point (trainer.log_every) the watch takes D's probability that the fakes are
-real, p_fake (bce's `loss/D(G(z))`, the batch mean of sigmoid(D(G(z))); for hinge, the sigmoid of the
-mean raw score, hinge's margin of 1 being sigmoid 0.73), and r_t. D has won when, over the log points
-of the last trainer.collapse_window steps, the mean p_fake is below FAKE_BELOW and the mean r_t above
-RT_ABOVE. Then the watch logs one warning, writes a text summary `collapse` and, at every log point,
-the scalar `train/d_won` (1 while D has won, 0 otherwise); with trainer.on_collapse=stop the run
-stops after the step, with its checkpoint, as a signal would stop it. The warning comes once per
-episode: when D stops winning, the watch re-arms. For loss=wgan_gp D's scores have no fixed scale
-and no probability, so the watch is off.
+A D that wins outright gives D(G(z)) near 0 and ADA's r_t = E[sign(D(x))] at 1, batch after batch;
+G's gradient then comes through the flat tail of D's sigmoid and the samples decay. One log point like
+that is noise; a whole window is not. D has won when, over the log points of the last
+trainer.collapse_window steps, the mean p_fake (D's probability that fakes are real; hinge: the sigmoid
+of its mean score) is below FAKE_BELOW and the mean r_t above RT_ABOVE: one warning per episode, the
+scalar `train/d_won`, and with trainer.on_collapse=stop the run stops after the step. Off for wgan_gp.
 """
 
 from __future__ import annotations
@@ -31,11 +19,8 @@ from gan.config import LossName, OnCollapse, TrainConfig
 
 log = logging.getLogger(__name__)
 
-# D's mean probability on fakes below which it is winning: sigmoid(-2.9). Healthy runs of the
-# default recipe log D(G(z)) 0.1-0.3 (single batches dip to 0.05); the collapse above sat at 0.002-0.03.
-FAKE_BELOW = 0.05
-# ...while it also calls nearly every real image real (r_t = 1: every real logit positive).
-RT_ABOVE = 0.9
+FAKE_BELOW = 0.05  # D's mean probability on fakes below which it is winning: sigmoid(-2.9)
+RT_ABOVE = 0.9  # ...while it also calls nearly every real image real (r_t = 1: every real logit positive)
 FAKE_TAG = "loss/D(G(z))"  # D's output on fakes, under one name whatever the loss (monitor.RENAMED)
 RT_TAG = "train/d_overfit_rt"
 WON_TAG = "train/d_won"
@@ -43,8 +28,8 @@ TEXT_TAG = "collapse"
 
 
 class CollapseWatch:
-    """See the module's docstring. `observe(step, values)` at each log point, with the logged values
-    under their shown names; returns the scalars to log (train/d_won once the window is full)."""
+    """`observe(step, values)` at each log point, with the logged values under their shown names;
+    returns the scalars to log (train/d_won once the window is full)."""
 
     def __init__(
         self,

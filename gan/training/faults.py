@@ -1,9 +1,8 @@
 """Faults the loop must survive without losing work: a non-finite loss or weight, SIGINT and SIGTERM
 (and a SLURM job's time-out signal under submitit), and a model too large to allocate.
 
-Owns how each is noticed (a NaN watch on the device without a per-step host sync; a finiteness check
-of every weight before a checkpoint is written; signal handlers that set a flag) and how it is
-reported. What the loop then does (write a checkpoint, or not) is decided in `gan.training.loop`.
+Owns how each is noticed (a NaN watch on the device without a per-step host sync, a finiteness check
+before a checkpoint is written, signal handlers that set a flag) and how it is reported.
 """
 
 from __future__ import annotations
@@ -35,17 +34,15 @@ class NonFiniteLossError(RuntimeError):
 
 
 class NonFiniteWeightsError(NonFiniteLossError):
-    """A weight or an optimizer statistic became NaN or infinite; the message names which network or
-    optimizer, the step, and the checkpoint that was kept. A NonFiniteLossError: the same exit code."""
+    """A weight or an optimizer statistic became NaN or infinite (a NonFiniteLossError: the same exit code)."""
 
 
 class NonFiniteWatch:
     """Remembers, on the device, the first step whose loss was NaN or inf, without a host sync.
 
-    update() runs every step as tensor ops only; check() reads the result (one sync) and runs at
-    log and checkpoint time, so no checkpoint is ever written from weights a NaN has reached.
-    `checkpoint` (the run's checkpoints/last.pt) and `cfg` let the error say what is on disk and
-    which settings are in effect; without them it says only what holds for every run.
+    update() runs every step as tensor ops only; check() reads the result (one sync) at log and
+    checkpoint time, so no checkpoint is ever written from weights a NaN has reached. `checkpoint` and
+    `cfg` let the error say what is on disk and which settings are in effect.
     """
 
     def __init__(self, device: torch.device, checkpoint: Optional[Path] = None, cfg: Optional[TrainConfig] = None):
@@ -60,8 +57,7 @@ class NonFiniteWatch:
         self.losses = torch.where(first, losses, self.losses)
 
     def check(self, skipping: bool = False) -> None:
-        """Raise NonFiniteLossError if a loss was ever non-finite; skipping=True (trainer.on_nan=skip:
-        such steps were dropped) checks nothing."""
+        """Raise NonFiniteLossError if a loss was ever non-finite; skipping (trainer.on_nan=skip) checks nothing."""
         if skipping:
             return
         step = int(self.first_step)
@@ -74,8 +70,7 @@ def non_finite_loss_message(
     step: int, loss_d: float, loss_g: float, checkpoint: Optional[Path], cfg: Optional[TrainConfig]
 ) -> str:
     """The paragraph of a NonFiniteLossError: the step and losses, what the last checkpoint holds (read
-    back from the file: at step 1 there is none, after a resume it may be the resumed run's), and the
-    learning-rate keys this run sets."""
+    back from the file), and the learning-rate keys this run sets."""
     if checkpoint is None:  # a caller that did not say where the run's checkpoint is
         kept = "any checkpoint written before that step is left as it was."
     else:
@@ -109,11 +104,8 @@ def check_finite_state(state: TrainingState, kept: Path) -> None:
     """Raise NonFiniteWeightsError, before a checkpoint is written, if any floating tensor of G, D, G_ema
     or either optimizer's state is NaN or inf; `kept` (the last checkpoint) is then left as it is.
 
-    The loss watch cannot see everything: a step with a finite loss can still write inf into the
-    weights (optim.lr=inf), or into Adam's moments (a huge gradient squared). The test is the one a
-    resume makes of a checkpoint (gan.checkpoint.nonfinite: one host sync while all is finite). Finite
-    weights so large that a norm overflows pass, being what the learning rate asked for, with a
-    warning (warn_if_diverged).
+    A step with a finite loss can still write inf into the weights or into Adam's moments (a huge
+    gradient squared). Finite weights that are merely huge pass, with a warning (warn_if_diverged).
     """
     parts = {name: getattr(state, name) for name in _PARTS if getattr(state, name) is not None}
     names = _parameter_names(parts)
@@ -138,8 +130,7 @@ def check_finite_state(state: TrainingState, kept: Path) -> None:
 
 
 def warn_if_diverged(parts: dict[str, Any], step: int) -> None:
-    """A warning (the run goes on, the checkpoint is written) for finite weights a far too large
-    learning rate has blown up."""
+    """A warning (the run goes on) for finite weights a far too large learning rate has blown up."""
     for name, largest in diverged({n: m for n, m in parts.items() if isinstance(m, nn.Module)}).items():
         log.warning(
             "Step %d: %s's weights have diverged (largest |weight| %.3g, where DCGAN's start near 0.02 and 1). "
@@ -195,8 +186,8 @@ def _kept(path: Path) -> str:
 
 @contextlib.contextmanager
 def explain_allocation_failure(cfg: TrainConfig) -> Iterator[None]:
-    """Turn an allocator's refusal while the models and latents are built (model.g_width=10000000)
-    into a ConfigError naming the settings that size them and the bytes asked for."""
+    """Turn an allocator's refusal while the models and latents are built into a ConfigError naming
+    the settings that size them and the bytes asked for."""
     try:
         yield
     except RuntimeError as err:  # torch.OutOfMemoryError (CUDA, MPS) is one; the CPU allocator's is not
@@ -227,7 +218,7 @@ def _bytes(amount: str) -> str:
 
 class StopFlag:
     """Why the run should stop after this step: "SIGINT", "SIGTERM", or what `request` was given
-    (the collapse alarm's "collapse", trainer.on_collapse=stop); None while it should go on."""
+    ("collapse"); None while it should go on."""
 
     reason: Optional[str] = None
 
@@ -237,9 +228,8 @@ class StopFlag:
 
 
 def submitit_signal() -> Optional[signal.Signals]:
-    """The signal SLURM sends a submitit job (hydra/launcher=slurm) signal_delay_s before its time
-    limit, when this process is such a job and submitit's handler for it is installed: SIGUSR2, or
-    what SUBMITIT_PREEMPT_SIGNAL names. None elsewhere."""
+    """The signal SLURM sends a submitit job before its time limit (SIGUSR2, or SUBMITIT_PREEMPT_SIGNAL),
+    when this process is such a job with submitit's handler installed; None elsewhere."""
     if "SUBMITIT_EXECUTOR" not in os.environ:
         return None
     sig = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
@@ -254,10 +244,8 @@ def stop_on_signals() -> Iterator[StopFlag]:
     write a checkpoint and close TensorBoard. A second SIGINT interrupts at once (KeyboardInterrupt).
     Signals can only be handled in the main thread; elsewhere the block runs unprotected.
 
-    In a submitit job, its time-out signal (submitit_signal) sets the flag too. submitit's own handler
-    for it requeues the job and exits at once, mid-step, without the run's checkpoint: it is called
-    here after the block, once the loop has written its checkpoint (it exits on rank 0; on other ranks
-    it returns, and the run ends as a signal ends it).
+    In a submitit job, its time-out signal sets the flag too; submitit's own handler (which requeues
+    the job and exits at once) is called after the block, once the loop has written its checkpoint.
     """
     flag = StopFlag()
     if threading.current_thread() is not threading.main_thread():

@@ -1,9 +1,7 @@
 """How a training process uses its hardware: device, threads, allocator, determinism, precision.
 
-Owns the policy that makes the same step fast on each machine without changing its math:
-bf16 autocast where the hardware runs it fast (trainer.precision=auto), a GradScaler for fp16,
-cuDNN's autotuner, torch.compile. The step itself (`gan.core.steps`) only sees the resulting
-StepContext.
+Owns what makes the same step fast on each machine: bf16 autocast where the hardware runs it fast,
+a GradScaler for fp16, cuDNN's autotuner, torch.compile. The step only sees the resulting StepContext.
 """
 
 from __future__ import annotations
@@ -89,10 +87,8 @@ def arithmetic_of(cfg: TrainConfig, device: torch.device) -> tuple[StepContext, 
 def compile_models(G: nn.Module, D: Discriminator) -> None:
     """torch.compile each network in place (nn.Module.compile keeps state_dict keys unchanged).
 
-    G and D are compiled apart, not the whole step: a compiled step needs the graph split after
-    G's forward, and a whole-step compile with Sigmoid + BCELoss inside it has been seen to
-    overwrite D's output. D's trunk and head are compiled, so D(x) and D(x, with_features=True)
-    both run compiled.
+    G and D are compiled apart, not the whole step, which would need the graph split after G's
+    forward. D's trunk and head are compiled, so D(x) and D(x, with_features=True) both run compiled.
     """
     G.compile()
     D.features.compile()

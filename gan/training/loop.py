@@ -6,7 +6,7 @@ Read it beside pytorch/examples' dcgan/main.py: the same sections in the same or
 (gan/training/periodic.py says why). What each section calls lives elsewhere: the steps and the EMA
 in `gan.core` (the lesson), the objects in `gan.training.state`, precision and devices in
 `gan.training.hardware`, the NaN watch, the finiteness check before a checkpoint and signal handling
-in `gan.training.faults`, the run directory's lock in `gan.training.rundir`, TensorBoard in
+in `gan.training.faults`, the run directory's lock and the resume contract in `gan.runs`, TensorBoard in
 `gan.training.monitor`, the in-training FID in `gan.training.quality`, the checkpoint file in
 `gan.checkpoint`.
 """
@@ -22,13 +22,22 @@ from typing import Callable, Optional
 import torch
 from torchvision.utils import save_image
 
-from gan.checkpoint import BEST, checkpoint_path, keep_numbered, load_checkpoint, save_checkpoint
-from gan.config import OnCollapse, Precision, TrainConfig, to_plain
+from gan.checkpoint import (
+    BEST,
+    checkpoint_path,
+    keep_numbered,
+    load_checkpoint,
+    require_training_state,
+    save_checkpoint,
+)
+from gan.config import EvaluateConfig, OnCollapse, Precision, TrainConfig, to_plain
 from gan.core.augment import AdaptiveAugment
 from gan.core.sampling import image_grid, sample
 from gan.core.steps import StepContext, d_step, g_step
 from gan.data import ImageSet, load_dataset, to_unit_range
 from gan.distributed import SINGLE, World, any_rank, gather_to_main, mean_over_ranks
+from gan.evaluation.pipeline import evaluate
+from gan.runs import check_resume, own_run_dir
 from gan.training.collapse import TEXT_TAG as COLLAPSE_TEXT_TAG
 from gan.training.collapse import collapse_watch
 from gan.training.faults import (
@@ -51,13 +60,12 @@ from gan.training.monitor import (
     row_labels,
     shown_name,
     trial_name,
+    write_final_numbers,
     write_progress_gif,
 )
 from gan.training.overfit import OverfitProbe, build_probe
 from gan.training.periodic import Every, Extras, Tick
-from gan.training.quality import BEST_FID_TAG, FID_TAG, QualityProbe
-from gan.training.rundir import own_run_dir
-from gan.training.runs import check_resume
+from gan.training.quality import BEST_FID_TAG, FID_TAG, QUALITY_TAGS, QualityProbe
 from gan.training.state import (
     TrainingState,
     build_state,
@@ -79,6 +87,15 @@ class TrainResult:
     stopped_by: Optional[str] = None  # "SIGINT"/"SIGTERM" when a signal ended the run early, "collapse" the alarm
     seconds: float = 0.0  # wall time of the loop after its first step (which may include compiling)
     best: Optional[dict[str, float]] = None  # {"fid", "step"} of checkpoints/best.pt (trainer.eval_every), or None
+
+    def outcome(self) -> str:
+        """Where the run's generators are: last.pt, and best.pt with its FID and step when measured."""
+        fid = self.metrics.get(FID_TAG)
+        last = f"Last: {self.checkpoint} (step {self.step}" + ("" if fid is None else f", in-training FID {fid:.4g}")
+        if self.best is None:
+            return last + ")."
+        best = best_checkpoint(self.checkpoint.parent.parent)
+        return f"{last}); best: {best} (step {self.best['step']}, in-training FID {self.best['fid']:.4g})."
 
 
 def train(
@@ -104,7 +121,7 @@ def train(
     """
     trainer, z_dim = cfg.trainer, cfg.model.z_dim
     # rank 0 owns run_dir until it returns: one process at a time, a new run never over another run,
-    # a resume never into another run's folder, temporary files of a killed run removed (rundir.py)
+    # a resume never into another run's folder, temporary files of a killed run removed (gan/runs.py)
     resuming = checkpoint_path(trainer.resume) if trainer.resume else None
     with own_run_dir(run_dir, resuming, enabled=world.is_main):
         # device, the step context (loss, extra terms, precision), the training state, resumed if
@@ -251,6 +268,23 @@ def best_generator(state: TrainingState, cfg: TrainConfig, metrics: dict[str, fl
     }
 
 
+def final_evaluation(cfg: TrainConfig, result: TrainResult, run_dir: Path) -> float:
+    """evaluate.py's metrics of the finished run into RUN_DIR/eval, and into its TensorBoard at the
+    last step (trainer.final_eval_samples); returns the FID."""
+    trainer = cfg.trainer
+    eval_cfg = EvaluateConfig(
+        checkpoint=str(result.checkpoint),
+        num_samples=trainer.final_eval_samples,
+        device=trainer.device,
+        threads=trainer.threads,
+    )
+    eval_cfg.check()
+    results = evaluate(eval_cfg, run_dir / "eval")
+    numbers = {tag: float(results[key]) for key, tag in QUALITY_TAGS.items() if results.get(key) is not None}
+    write_final_numbers(run_dir, result.step, numbers)
+    return float(results["fid"])
+
+
 def best_checkpoint(run_dir: Path) -> Path:
     return run_dir / "checkpoints" / "best.pt"
 
@@ -270,7 +304,8 @@ def set_up(
         state = build_state(cfg, device, ctx.scaler, world, training_set)
     state.augment = ctx.augment if isinstance(ctx.augment, AdaptiveAugment) else None
     if resume_from is not None:
-        check_resume(cfg, resume_from)  # the resume contract: gan/training/runs.py
+        require_training_state(resume_from, cfg.trainer.resume)
+        check_resume(to_plain(cfg), resume_from, cfg.trainer.resume)  # the resume contract: gan/runs.py
         state.load_state_dict(resume_from, world)
         log.info("Resumed from %s at step %d", cfg.trainer.resume, state.step)
     set_learning_rates(state, cfg)  # the first step's; the periodic extras set each next one

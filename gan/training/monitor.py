@@ -1,25 +1,15 @@
 """What a person watching the run sees: TensorBoard events, a progress bar, the log file and the
 samples' animation.
 
-Owns the SummaryWriter (always with an explicit log_dir: without one it writes to ./runs), the tqdm
-bar, the names the run's numbers are shown under, and the conversion of on-device diagnostics to
-Python numbers, which happens here and only at log time because each `.item()` waits for the device.
+Owns the SummaryWriter (always with an explicit log_dir), the tqdm bar, the names the run's numbers
+are shown under, and the conversion of on-device diagnostics to Python numbers, here and only at log
+time because each `.item()` waits for the device.
 
-The names are chosen for TensorBoard's first screen (docs/watching.md shows it). Its Time Series
-page, the one it opens on, and its Scalars page group tags by the text before the first `/`, sort
-the groups by name (capitals before lower case) and open only the first two. So the groups sort in
-the order a run is read: `loss` (both losses, and D's outputs D(x) and D(G(z)), as StyleGAN2-ADA
-files its `Loss/scores/*` under its losses), `quality` (FID and the rest, when measured), `samples`
-(the grids), then `time` and `train` (learning rates, gradient norms). The log line and
-`TrainResult.metrics` use the same names.
-
-The HParams page gets the hparams plugin's own summaries, one session per run
-(`tensorboard.plugins.hparams.summary_v2.hparams_pb`) and no experiment summary: TensorBoard reads
-the first experiment summary it finds as the experiment of every run it shows, while without one it
-builds the experiment from all the sessions under --logdir, marking the hyperparameters whose
-values differ (and listing them first) and taking every scalar tag of the runs as a metric
-(tensorboard/plugins/hparams/backend_context.py). torch's `add_hparams` writes both, once per run,
-and duplicated every metric as a one-point `final/*` chart.
+TensorBoard groups tags by the text before the first `/`, sorts the groups by name and opens the
+first two, so the groups sort in the order a run is read: `loss` (both losses, D(x) and D(G(z))),
+`quality`, `samples`, `time`, `train` (docs/watching.md). The HParams page gets one session summary
+per run (`hparams_pb`) and no experiment summary, so TensorBoard builds the experiment from all runs
+under --logdir.
 """
 
 from __future__ import annotations
@@ -52,19 +42,14 @@ from gan.data import BatchStream
 
 log = logging.getLogger(__name__)
 
-# D's outputs as the step functions name them (gan/core/losses.py:AdversarialLoss.scores) -> shown as.
-# One name per output whatever the loss, so runs of different losses share their charts, and every
-# run of a sweep over `loss=bce,hinge` has the same HParams metrics (TensorBoard's parallel
-# coordinates and scatter views leave out every run that lacks one of the metrics they show).
-# Under loss=bce they are probabilities (the mean sigmoid of D's logits); under hinge and WGAN-GP
-# D's mean raw output, a score with no fixed range.
+# D's outputs as the steps name them -> shown as: one name whatever the loss, so runs of different
+# losses share their charts and HParams metrics (probabilities under bce, raw scores otherwise).
 RENAMED = {
     "d/real": "loss/D(x)",
     "d/real_score": "loss/D(x)",
     "d/fake": "loss/D(G(z))",
     "d/fake_score": "loss/D(G(z))",
-    # D(G(z)) again in the G step, after D's update: pytorch/examples' D_G_z2 beside D_G_z1. A
-    # diagnostic, kept out of the `loss` group so that group is the four charts of the first screen.
+    # D(G(z)) after D's update: pytorch/examples' D_G_z2, kept out of the `loss` group
     "d/fake_after_d_step": "train/D(G(z))_after_d_step",
     "d/fake_score_after_d_step": "train/D(G(z))_after_d_step",
 }
@@ -78,9 +63,7 @@ GIF_FRAMES = 50  # at most this many grids in samples/progress.gif, spread evenl
 def shown_name(key: str) -> str:
     """The name of a step statistic in TensorBoard and the log: `d/real` -> `loss/D(x)`,
     `grad_norm/d` -> `train/grad_norm_d`, any other `d/x` -> `train/d_x`, a loss's terms
-    `loss/d_gp` -> `train/loss_d_gp`; `loss/d` and `loss/g` keep their names. The `loss` group is
-    the four charts of the first screen whatever the loss and its extra terms (a group of its own
-    would sort before `loss` and open in its place)."""
+    `loss/d_gp` -> `train/loss_d_gp`; `loss/d` and `loss/g` keep their names."""
     if key in RENAMED:
         return RENAMED[key]
     group, _, name = key.partition("/")
@@ -108,9 +91,7 @@ class Monitor:
             desc="train",
             unit="step",
         )
-        # throughput: images since the last log line over the loop's time since then, less the time
-        # spent sampling, measuring and checkpointing (StyleGAN2-ADA's sec_per_kimg leaves out its
-        # maintenance the same way), which is reported per phase as time/phase_<phase>_s
+        # throughput: images since the last log line over the loop's time, less the phases (`timed`)
         self.images_since, self.time_since = 0, time.perf_counter()
         self.first_step_done: Optional[float] = None
         self.optimizers: dict[str, Optimizer] = {}
@@ -130,17 +111,15 @@ class Monitor:
         real_grid: Optional[Tensor] = None,
         step: int = 0,
     ) -> None:
-        """Open the run's HParams session and show the real images once (a fresh run: a resumed run
-        already holds both, kept by purge_step). `optimizers` ({"g": ..., "d": ...}): their learning
-        rates are logged as train/lr_<name> with the other scalars."""
+        """Open the run's HParams session and show the real images once (a fresh run only);
+        `optimizers`' learning rates are logged as train/lr_<name>."""
         self.optimizers = dict(optimizers)
         if not self.enabled:
             return
         self.session_open = True
         if step:
             return
-        # Typed values: numbers, strings and booleans as themselves (the hparams plugin types each
-        # column from them); None as "null", the way it is written on the command line.
+        # typed values (the plugin types each column from them); None as "null", as on the command line
         typed = {key: "null" if value is None else value for key, value in hparams.items()}
         self.writer.file_writer.add_summary(hparams_pb(typed, trial_id=trial_id), step)
         if real_grid is not None:
@@ -211,8 +190,7 @@ class Monitor:
             log.info("step %d  %s", step, "  ".join(f"{tag}={value:.4g}" for tag, value in values.items()))
 
     def describe(self, step: int, config: str, command: Optional[str]) -> None:
-        """The run's resolved config and its command line in the Text tab (`run/config`,
-        `run/command`), at the step it starts from: a resumed run adds its own at the resume step."""
+        """The run's resolved config and its command line in the Text tab, at the step it starts from."""
         if not self.enabled:
             return
         self.text(CONFIG_TEXT_TAG, f"```yaml\n{config}```", step)
@@ -230,11 +208,8 @@ class Monitor:
             self.writer.add_image(tag, grid, step)
 
     def end_session(self, step: int, finished: bool) -> None:
-        """Mark the HParams session a success when the run reached trainer.max_steps (`finished`).
-
-        Only success is written. TensorBoard keeps the first status a run holds, and a run stopped by
-        a signal may yet be resumed to the end; until then its status reads unknown.
-        """
+        """Mark the HParams session a success when the run reached trainer.max_steps; only success is
+        written, since TensorBoard keeps the first status and a stopped run may yet be resumed."""
         if not (self.enabled and self.session_open and finished):
             return
         self.session_open = False
@@ -256,26 +231,21 @@ class Monitor:
 
 
 def trial_name(run_dir: Path) -> str:
-    """The run's HParams trial id: for a sweep job (configs/train.yaml names it `<n>_<overrides>`)
-    the sweep's folder and the job number, `16-03-58 #0`; for a single run its folder's name,
-    `16-03-58`. Short on purpose: the trial column is 10em wide (about 14 characters) and cuts a
-    longer id, while the settings that differ have their own columns beside it. An id names a
-    session group, and runs with the same id would be averaged into one row."""
+    """The run's HParams trial id, short because the trial column cuts a longer one: a sweep job's
+    `<sweep folder> #<n>` (`16-03-58 #0`), else the run folder's name."""
     job = re.match(r"(\d+)_", run_dir.name)
     return f"{run_dir.parent.name} #{job.group(1)}" if job else run_dir.name
 
 
 def write_final_numbers(run_dir: Path, step: int, values: Mapping[str, float]) -> None:
-    """evaluate.py's numbers of the finished run (trainer.final_eval_samples) in the sub-run
-    tb/final_eval at the last step: they join the run's HParams metrics (the plugin reads a run's
-    sub-runs as metric groups) and sit at the end of its quality curves, in their own colour."""
+    """evaluate.py's numbers of the finished run in the sub-run tb/final_eval at the last step, where
+    they join the run's HParams metrics."""
     with SummaryWriter(log_dir=str(run_dir / "tb" / "final_eval")) as writer:
         for tag, value in values.items():
             writer.add_scalar(tag, value, step)
 
 
-# A curve of fewer points than this is bent out of shape by TensorBoard's default smoothing (0.6, an
-# exponential average of the points so far, debiased: docs/watching.md works an example)
+# A curve of fewer points than this is bent out of shape by TensorBoard's default smoothing (docs/watching.md)
 SHORT_CURVE = 10
 
 
@@ -305,16 +275,15 @@ def row_labels(classes: Tensor, columns: int) -> list[str]:
 
 
 def real_images(batches: BatchStream, count: int) -> Tensor:
-    """`count` training images spread evenly over the split (a folder sorted by class shows each
-    class), uint8 on the CPU, read by index: drawing a batch from the stream would change the run."""
+    """`count` training images spread evenly over the split, uint8 on the CPU, read by index: drawing a
+    batch from the stream would change the run."""
     source = training_images(batches)
     index = torch.linspace(0, len(source) - 1, min(count, len(source))).long().tolist()
     return torch.stack([image_at(source, i) for i in index])
 
 
 def class_images(batches: BatchStream, labels: Tensor, classes: Tensor) -> Tensor:
-    """A training image for each entry of `classes`: the k-th image of class c for the k-th time c
-    appears (so a row of one class holds different images), read by index as real_images does."""
+    """A training image for each entry of `classes`: the k-th image of class c for the k-th time c appears."""
     source, labels = training_images(batches), labels.cpu()
     members = {c: (labels == c).nonzero().flatten().tolist() for c in set(classes.tolist())}
     seen: dict[int, int] = {}
@@ -338,8 +307,7 @@ def image_at(source: Tensor | Dataset, index: int) -> Tensor:
 
 
 def labelled_rows(grid: Tensor, labels: list[str]) -> Tensor:
-    """A grid (C, H, W in [0, 1], one row per label, as image_grid lays rows) with each row's label
-    written in a margin at its left: the class of each row of a conditional run's grids."""
+    """A grid (C, H, W in [0, 1], one row per label) with each row's label written in a left margin."""
     channels, height, _ = grid.shape
     row_height = height / len(labels)
     picture = Image.fromarray(grid.mul(255).round().byte().permute(1, 2, 0).squeeze(-1).numpy())
@@ -356,10 +324,8 @@ def labelled_rows(grid: Tensor, labels: list[str]) -> Tensor:
 
 
 def write_progress_gif(samples_dir: Path, max_frames: int = GIF_FRAMES) -> Path:
-    """samples/progress.gif: the fixed-latent grids written so far (step_*.png), in step order,
-    at most `max_frames` of them spread evenly (first and last kept), as in the PyTorch DCGAN
-    tutorial's animation. Rewritten whole at each grid from the PNGs, so a resumed run's GIF holds
-    the grids of the runs before it; written to a temporary name, then renamed."""
+    """samples/progress.gif from the grids written so far (step_*.png), at most `max_frames` spread
+    evenly, as in the PyTorch DCGAN tutorial's animation; written to a temporary name, then renamed."""
     frames = sorted(samples_dir.glob("step_*.png"))
     if len(frames) > max_frames:
         frames = [frames[round(i * (len(frames) - 1) / (max_frames - 1))] for i in range(max_frames)]

@@ -1,20 +1,12 @@
 """Is D memorising the training images? Its scores on training reals against held-out reals.
 
-Owns the second overfitting signal of a run (the first, ADA's r_t = E[sign(D(x))], is logged by
-every D step as `d/overfit_rt`, gan/core/steps.py:d_step). Karras et al. 2020 (StyleGAN2-ADA,
-fig. 1) show the symptom this measures: as D overfits, its outputs on training images and on
-held-out images of the same distribution drift apart, well before FID turns worse. Every
-`trainer.overfit_every` steps the loop asks for D's mean raw score on a fixed set of training
-images and on a fixed set of held-out images (`d/score_train`, `d/score_heldout`) and logs their
-difference, `d/heldout_gap`. Near 0: D judges both alike. Growing: D has learnt these particular
-images.
+As D overfits, its outputs on training and held-out images drift apart well before FID turns worse
+(Karras et al. 2020, fig. 1). Every `trainer.overfit_every` steps D's mean raw score on fixed training
+and held-out images is logged with their difference, `d/heldout_gap`; growing, D has learnt these images.
 
-The measurement leaves training untouched: D runs in train mode, as in its steps (BatchNorm with
-each batch's own statistics), under no_grad, and every buffer it would update (BatchNorm's running
-statistics, spectral norm's power-iteration vectors) is put back afterwards. No random number is
-drawn from torch's generators (the image subsets come from a generator of their own), so turning it
-on or off, or changing how often it runs, changes nothing else in the run. Images are not
-augmented: both sides are shown as they are.
+The measurement leaves training untouched: D runs in train mode (as in its steps) under no_grad,
+every buffer it would update (BatchNorm's running statistics, spectral norm's vectors) is put back,
+and no random number is drawn from torch's generators. Images are not augmented.
 """
 
 from __future__ import annotations
@@ -32,9 +24,7 @@ from gan.errors import DataError
 
 log = logging.getLogger(__name__)
 
-# Images of each split that D is scored on: 4 batches of 128, enough for a mean score to move by
-# less than the gap it is meant to show (a logit's spread over a batch is about 1), and two D
-# forwards of 512 images cost under a D step's worth of compute every few hundred steps.
+# Images of each split that D is scored on: enough for a mean score to move by less than the gap it shows.
 PROBE_IMAGES = 512
 _SUBSET_SEED = 20_200_611  # a generator of its own: the run's random streams are not touched
 
@@ -75,12 +65,9 @@ class OverfitProbe:
 
 
 def build_probe(cfg: TrainConfig, train: ImageSet, device: torch.device) -> Optional[OverfitProbe]:
-    """The probe for this run, or None when trainer.overfit_every=0 or the held-out split is empty
-    (a folder too small to hold one image out; said in the log) or damaged (a warning).
-
-    This is where a training run first opens the held-out split, so it is also where a run that needs
-    it (trainer.final_eval_samples: evaluate.py's metrics against it after training) is stopped with
-    the split's DataError before it trains, rather than after."""
+    """The probe for this run, or None when trainer.overfit_every=0 or the held-out split is empty or
+    damaged. Here a run first opens the held-out split, so a run that needs it (trainer.final_eval_samples)
+    stops on its DataError before it trains."""
     final_eval = cfg.trainer.final_eval_samples
     if not cfg.trainer.overfit_every and not final_eval:
         return None

@@ -1,15 +1,9 @@
 """The loop's periodic extras: everything train() does besides its two steps and the EMA, behind one call.
 
-The training loop (gan/training/loop.py:train) reads as the lesson: fetch, (1) D step, (2) G step,
-EMA. Everything else it does happens at a cadence - log every trainer.log_every steps, sample every
-trainer.sample_every, checkpoint every trainer.checkpoint_every, measure FID every
-trainer.eval_every, D's overfitting every trainer.overfit_every, and a few things every step (the
-NaN watch, the progress bar, the thread governor, the learning rate of the next step). Written out,
-each of those is an `if step % every == 0` block in the loop, and each new feature adds one: the
-loop grows until the lesson is lost in it. Here each is an `Every(name, steps, run)`, the loop calls
-`Extras.after_step(tick)` once per iteration, and the list itself (loop.py:periodic_extras) is the
-one place that says what runs when, in which order. StyleGAN2-ADA's training loop keeps the same
-split: its inner loop is the phases, and snapshots, metrics and stats hang off a tick.
+The loop (gan/training/loop.py:train) reads as the lesson: fetch, (1) D step, (2) G step, EMA.
+Everything done at a cadence (log, sample, checkpoint, FID, ...) is an `Every(name, steps, run)`; the
+loop calls `Extras.after_step(tick)` once per iteration, and loop.py:periodic_extras is the one list
+of what runs when, as StyleGAN2-ADA hangs snapshots and metrics off a tick.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """Sample quality during training: FID, precision/recall and class coverage of the EMA generator
-every `trainer.eval_every` steps, so the FID curve lies in the same TensorBoard run as the losses
-(StyleGAN2-ADA measures its `metrics` every few ticks the same way), and the best of them is kept
-(checkpoints/best.pt, gan/training/loop.py).
+every `trainer.eval_every` steps, in the run's TensorBoard; the best is kept (checkpoints/best.pt).
 
-The reference is a validation set taken from the training split (`trainer.eval_samples` images, a
-seeded subset that stays in training), never the held-out split that evaluate.py reports on: the
-run picks its best generator by these numbers, and a pick made on the test split would flatter
-every number measured there afterwards. (StyleGAN2-ADA's fid50k_full measures against the
-training set for the same reason.)
-
-A cheap cut of evaluate.py's measurement (`gan/evaluation/pipeline.py:evaluate`), built from its
-public parts: the same cached classifier and feature space, the same FID and k-NN arithmetic
-(`gan/evaluation/metrics.py`), on `trainer.eval_samples` samples. It is cheaper in three ways, and
-each is a reason its numbers sit a little above evaluate.py's: fewer samples (FID is biased upward
-at small N), no KID (its 100 subsets cost more than the rest together), and G's BatchNorm
-statistics as the EMA averaged them, the ones the sample grids use (evaluate.py recomputes them).
-Compare a curve with curves of the same N, and a final number with evaluate.py's.
-
-The classifier is evaluate.py's default one, but a classifier below evaluate.py's accuracy bar
-(metrics.classifier.min_accuracy, 97%; about 91% on Fashion-MNIST) is used with a warning instead
-of refused: the curve and the pick of best.pt need a consistent feature space, not a publishable
-one. evaluate.py still refuses it unless told otherwise.
+The reference is a seeded subset of the training split, never the held-out split evaluate.py reports
+on: the run picks best.pt by these numbers, and a pick made on the test split would flatter it. A
+cheap cut of evaluate.py's measurement (same classifier, features and arithmetic; fewer samples, no
+KID, no BatchNorm recomputation), so its numbers sit a little above evaluate.py's. A classifier below
+evaluate.py's accuracy bar is used with a warning: the curve needs a consistent feature space.
 """
 
 from __future__ import annotations
@@ -41,8 +26,7 @@ from gan.evaluation.pipeline import Reals, class_metrics, classifier_data, gener
 
 log = logging.getLogger(__name__)
 
-# TensorBoard names of the numbers `QualityProbe.measure` returns, in the `quality` group. FID is
-# written in capitals, as in the papers; capitals also sort first, so TensorBoard lists FID first.
+# TensorBoard names of the numbers `QualityProbe.measure` returns; capitals sort first, so FID is listed first.
 QUALITY_TAGS = {
     "fid": "quality/FID",
     "precision": "quality/precision",
@@ -59,11 +43,8 @@ BEST_FID_TAG = "quality/FID_best"  # the best FID so far: the generator in check
 
 
 class QualityProbe:
-    """The held-out reference and its features, computed once; `measure(G)` scores G's samples.
-
-    The latents are the same at every measurement (seeded), so the curve moves with G alone and
-    not with the draw of samples.
-    """
+    """The reference and its features, computed once; `measure(G)` scores G's samples from the same
+    seeded latents every time, so the curve moves with G alone."""
 
     def __init__(self, data: DataConfig, training: ImageSet, samples: int, seed: int, device: torch.device):
         """`training`: the run's training split, from which the validation images are drawn."""

@@ -111,7 +111,7 @@ class TrainingState:
         rank keeps the generators it was seeded with (trainer.seed + rank), so that no two ranks
         draw the same latents.
         """
-        # The resume contract (gan/training/runs.py:check_resume, made before this) keeps every model.*
+        # The resume contract (gan/runs.py:check_resume, made before this) keeps every model.*
         # and data.image_size/channels equal to those stored in the checkpoint: a network that does not
         # fit is the checkpoint disagreeing with itself, not a setting of this command.
         advice = MISMATCH + (MISMATCH_CLASSES if self.G.num_classes else "")
@@ -127,7 +127,7 @@ class TrainingState:
                 self.G_ema.update_parameters(self.G)
             # The checkpoint's learning rates are loaded with the moments but never used: the loop
             # sets both from the config before every update (set_learning_rates), so a resume may
-            # change optim.lr, lr_d and lr_decay (gan/training/runs.py, the resume contract).
+            # change optim.lr, lr_d and lr_decay (gan/runs.py, the resume contract).
             for entry in ("opt_g", "opt_d"):
                 getattr(self, entry).load_state_dict(state[entry])
             entry = "scaler"

@@ -1,24 +1,14 @@
 """trainer.threads=0 on the CPU: torch's intra-op threads follow the cores that other processes leave free.
 
-Why. torch runs each operator as an OpenMP parallel region: the work is cut into one equal chunk per
-thread and the operator ends when the last chunk does. Alone, a thread per core is fastest. Beside a
-busy process the OS time-slices the two (a few milliseconds each), so in nearly every region one
-chunk waits a whole slice for its core while the other threads spin at the barrier: measured on 2
-cores, the default run with two fixed threads took 5.3x its alone time beside one other training
-run, 2.7x what its fair half of the machine would give (docs/speed.md, "Sharing the machine").
-OMP_WAIT_POLICY=PASSIVE (threads sleep at the barrier) made it 93x: every region then waits for a
-sleeping thread to be scheduled again. One thread per *free* core has no stragglers: adapting, the
-same run took 1.7x its alone time, inside its fair share.
+Why: torch runs each operator as an OpenMP parallel region that ends when its last chunk does. Beside
+a busy process the OS time-slices the cores, so in nearly every region one chunk waits a whole slice
+while the other threads spin at the barrier; one thread per *free* core has no stragglers
+(docs/speed.md#sharing-the-machine).
 
-How. Every `window_s` seconds the governor reads how busy the whole machine was (/proc/stat) less
-what this process and its children (DataLoader workers) used, so it sees only the others. If the
-others kept at least half of a core busy in two windows running, it gives torch only the cores
-they leave (never more than it started with, never below one); when they leave, it takes the
-threads back. The count changes a few times a run at most, and each change is logged.
-
-The price: oneDNN splits its reductions by thread count, so a run whose count changed is not
-bit-identical to one whose count did not (a resume is still exact when the count stays put, which
-it does on a quiet machine). `trainer.threads=N` fixes the count and keeps CPU runs bit-exact anywhere.
+How: every `window_s` seconds the governor reads how busy the machine was (/proc/stat) less what
+this process and its children used. If the others kept at least half a core busy in two windows
+running, torch gets only the cores they leave (at least one, at most the starting count).
+A changed count changes oneDNN's reductions: `trainer.threads=N` keeps CPU runs bit-exact.
 """
 
 from __future__ import annotations
@@ -41,8 +31,7 @@ CLOCK_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 def machine_busy_seconds(cpus: Optional[set[int]] = None) -> Optional[float]:
     """CPU seconds all processes have spent busy since boot on the CPUs this process may run on
-    (/proc/stat's per-CPU lines: in a container pinned to some of a host's CPUs, the others' load is
-    not ours to share); None off Linux."""
+    (/proc/stat's per-CPU lines); None off Linux."""
     cpus = os.sched_getaffinity(0) if cpus is None and hasattr(os, "sched_getaffinity") else cpus
     try:
         lines = Path("/proc/stat").read_text().splitlines()
@@ -93,15 +82,13 @@ def children_stats(pid: int) -> list[Path]:
 
 def threads_for(limit: int, cpus: int, others: float) -> int:
     """Threads for this process when other processes keep `others` of its `cpus` CPUs busy: the CPUs
-    they leave, a CPU counting as taken from half of it up (0.4 busy: none taken; 0.6: one), at most
-    `limit` (the count it started with: torch's one per physical core) and at least one."""
+    they leave (a CPU is taken from half of it up), at most `limit` and at least one."""
     return max(1, min(limit, cpus - math.floor(others + 0.5)))
 
 
 class ThreadGovernor:
-    """Adjusts torch.set_num_threads to the free cores (the module's docstring). Call `poll()` after
-    every step: it reads the clock, and /proc only once per window. `threads` is the count now
-    (the loop draws it as time/threads at every log point)."""
+    """Adjusts torch.set_num_threads to the free cores. Call `poll()` after every step: it reads the
+    clock, and /proc only once per window. `threads` is the count now."""
 
     def __init__(
         self,

@@ -1,0 +1,646 @@
+"""A run's life on disk: the command line, the run folder, the resume, the record.
+
+Owns, for both entry points: running Hydra in this process and returning an exit code
+(`run_hydra`); the checks that must come before Hydra starts; one owner per run folder (a lock)
+and no new run over an old one; the record a run writes once every check has passed; and the
+resume rule. A resume starts from the config stored in its checkpoint, the source of truth, and
+lays over it only the settings this command gives that a resume may change (`RESUMABLE`);
+train() refuses any other change. The run continues in its checkpoint's folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import shlex
+import socket
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+
+import hydra
+from hydra import compose
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import CompactHydraException, HydraException
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf, read_write
+
+from gan.checkpoint import checkpoint_path, load_checkpoint, stored_config
+from gan.config import TrainConfig
+from gan.errors import ConfigError, RunDirError
+
+log = logging.getLogger(__name__)
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+# The resume contract: what a resume may change. Where and how the run executes, and what it
+# measures (trainer.resume=auto ignores these when it looks for the run to continue) ...
+RUNTIME_KEYS: dict[str, tuple[str, ...]] = {
+    "data": ("root", "download", "in_memory", "num_workers"),
+    "trainer": (
+        "max_steps",
+        "resume",
+        "device",
+        "progress",
+        "threads",
+        "retain_host_memory",
+        "log_every",
+        "sample_every",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "final_eval_samples",
+        "eval_every",
+        "eval_samples",
+        "overfit_every",
+        "on_collapse",
+        "collapse_window",
+    ),
+}
+# ... and the arithmetic an explicit resume may tune (a lower rate, other hardware), which
+# trainer.resume=auto treats as the run's identity: a sweep over rates never continues another point.
+TUNABLE_ON_RESUME: dict[str, tuple[str, ...]] = {
+    "optim": ("lr", "lr_d", "lr_decay"),
+    "trainer": ("precision", "compile", "channels_last", "on_nan", "deterministic"),
+}
+RESUMABLE = {
+    group: (*RUNTIME_KEYS.get(group, ()), *TUNABLE_ON_RESUME.get(group, ())) for group in ("data", "optim", "trainer")
+}
+
+
+class SweepJobFailed(CompactHydraException):
+    """A sweep job refused its input: Hydra prints the message without a traceback and goes on."""
+
+
+# Running Hydra in process -------------------------------------------------------------------------
+
+
+def run_hydra(job: Callable[[DictConfig], tuple[int, float]], config_name: str, argv: Sequence[str]) -> int:
+    """Run `job` under @hydra.main with `argv` as the command line, in this process, and return the
+    exit code: the job's (it returns `(code, value)`, value being what a sweeper minimises), or
+    Hydra's own (1 for an override it cannot parse or a failed sweep job). Nothing calls sys.exit,
+    so tests drive the real command line without starting a process."""
+    codes: list[int] = []
+
+    @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name=config_name)
+    def task(cfg: DictConfig) -> float:
+        code, value = job(cfg)
+        codes.append(code)
+        return value
+
+    saved = sys.argv
+    sys.argv = [f"{config_name}.py", *argv]
+    GlobalHydra.instance().clear()
+    try:
+        task()
+    except SystemExit as stop:  # Hydra's own: --help, a bad override, a failed sweep job
+        return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    finally:
+        sys.argv = saved
+        GlobalHydra.instance().clear()
+    return max(codes, default=0)
+
+
+def multirun(argv: Sequence[str]) -> bool:
+    return "-m" in argv or "--multirun" in argv
+
+
+def override_key(override: str) -> str:
+    """'+a.b=1' -> 'a.b'; 'loss=hinge' -> 'loss'."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def given_value(argv: Sequence[str], key: str) -> Optional[str]:
+    """The last value the command line gives `key`, as Hydra reads it (quotes removed), or None."""
+    values = [a.split("=", 1)[1] for a in argv if "=" in a and override_key(a) == key]
+    return unquote(values[-1]) if values else None
+
+
+# Before Hydra starts: what Hydra would report with a traceback, or do before the job can refuse ---
+
+# Settings that name a file or folder: a path may hold what Hydra's grammar reserves ('=', ' ', ',')
+PATH_KEYS = ("trainer.resume", "hydra.run.dir", "hydra.sweep.dir", "data.root", "checkpoint")
+
+
+def preflight(argv: Sequence[str], resumable: bool = True) -> Optional[str]:
+    """The refusal of a command Hydra cannot start well, or None: a path setting its grammar cannot
+    read, an output folder that cannot be written (Hydra would fail with a traceback), a sweep into a
+    folder that holds a sweep (Hydra would replace its multirun.yaml before any job runs)."""
+    return unreadable_path(argv) or unwritable_output(argv) or existing_sweep(argv, resumable)
+
+
+def unreadable_path(argv: Sequence[str]) -> Optional[str]:
+    """A path setting Hydra would report as "mismatched input '='" without naming the setting."""
+    parser = OverridesParser.create()
+    for arg in argv:
+        key = override_key(arg)
+        if key not in PATH_KEYS or "=" not in arg:
+            continue
+        try:
+            parser.parse_override(arg)
+        except HydraException:
+            value = arg.split("=", 1)[1]
+            return (
+                f"{key}={value}: Hydra cannot read this path as written: it holds characters its override "
+                f"grammar reserves ('=', ',', spaces, brackets or quotes). Nothing was written. Quote it for "
+                f"Hydra inside the shell's quotes: {shell_quote(f'{key}={hydra_quote(unquote(value))}')}"
+            )
+    return None
+
+
+def unwritable_output(argv: Sequence[str]) -> Optional[str]:
+    """Tried, not guessed from permission bits (which say yes to root on a read-only file system, or
+    where a quota is spent): a folder and one block of data are written in the nearest existing
+    folder of the output path, and removed."""
+    key = "hydra.sweep.dir" if multirun(argv) else "hydra.run.dir"
+    target = Path(given_value(argv, key) or "outputs")
+    existing = target
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(20, "Not a directory", str(existing))
+        with tempfile.TemporaryDirectory(dir=existing, prefix=".write-test-") as folder:
+            with open(Path(folder) / "probe", "wb") as file:  # a full disk refuses the blocks, not the name
+                file.write(bytes(4096))
+                file.flush()
+                os.fsync(file.fileno())
+        return None
+    except OSError as err:
+        if existing.exists() and not existing.is_dir():
+            why = f"{existing} is not a directory"
+        else:
+            why = f"{err.strerror or err} (the nearest existing folder is {existing})"
+        return (
+            f"Cannot write the run directory {target}: {why}. Choose a writable folder "
+            f"with {key}=PATH (or launch from a writable directory)."
+        )
+
+
+def existing_sweep(argv: Sequence[str], resumable: bool = True) -> Optional[str]:
+    """A sweep into a hydra.sweep.dir that holds one, unless it is launched again to continue its
+    jobs (trainer.resume=auto, `resumable`)."""
+    folder = given_value(argv, "hydra.sweep.dir")
+    if not multirun(argv) or folder is None or (resumable and given_value(argv, "trainer.resume") == "auto"):
+        return None
+    if not (Path(folder).expanduser() / "multirun.yaml").is_file():
+        return None
+    again = "Add trainer.resume=auto to continue each job's run there, or choose" if resumable else "Choose"
+    return (
+        f"hydra.sweep.dir={folder} already holds a sweep (multirun.yaml): Hydra would replace its record, and "
+        f"its jobs' folders hold its results. Nothing was written. {again} another hydra.sweep.dir for a new sweep."
+    )
+
+
+# Sweep folders named by what varies -----------------------------------------------------------------
+
+# Hydra's list of override keys left out of a job's override_dirname (configs/train.yaml sets it)
+EXCLUDE_KEYS = "hydra.job.config.override_dirname.exclude_keys"
+
+
+class SweepNames(Callback):
+    """Names each sweep job by the overrides that vary across the sweep, and by nothing else.
+
+    A job folder is `${hydra.job.num}_${hydra.job.override_dirname}`, and override_dirname holds
+    every override of the job: `-m optim.lr=1e-4,4e-4 trainer.threads=1` would name its jobs
+    `0_optim.lr=0.0001,trainer.threads=1`, which TensorBoard's run list cuts before the part that
+    differs. As the sweep starts, the keys given one value join override_dirname's exclude_keys, as
+    an override of Hydra's that every job's config (and a launcher elsewhere: submitit) is rebuilt
+    with. A sweeper's own search space (hparams_search=optuna) stays in the names; an exclude_keys
+    given by hand wins."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        hydra_overrides = config.hydra.overrides.hydra
+        if any(override_key(o) == EXCLUDE_KEYS for o in hydra_overrides):
+            return
+        parsed = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
+        constant = [o.key_or_group for o in parsed if not o.is_sweep_override()]
+        if constant:
+            keys = list(dict.fromkeys([*config.hydra.job.config.override_dirname.exclude_keys, *constant]))
+            with read_write(hydra_overrides):
+                hydra_overrides.append(f"{EXCLUDE_KEYS}=[{','.join(repr(key) for key in keys)}]")
+
+
+# The resume: the checkpoint's config, and this command's resumable settings over it -----------------
+
+
+def resume_plan(cfg: DictConfig, output_dir: Path) -> tuple[DictConfig, Path]:
+    """This job's config and run folder. Without trainer.resume: the command's config, in Hydra's
+    folder. With it: the config stored in the checkpoint, with every setting this command gives laid
+    over it (train() refuses those a resume may not change), continued in the checkpoint's run folder
+    unless the command names the folder (hydra.run.dir, or a sweep's job folder).
+    `trainer.resume=auto` continues the run in this job's folder if there is one, else the newest run
+    under outputs/ whose settings are this command's (RUNTIME_KEYS aside), else starts a new run."""
+    resume = cfg.trainer.resume
+    if resume in (None, ""):
+        return cfg, output_dir
+    named = {override_key(o) for o in HydraConfig.get().overrides.hydra}
+    placed = HydraConfig.get().mode == RunMode.MULTIRUN or "hydra.run.dir" in named
+    if resume == "auto":
+        found = resume_auto(to_dict(cfg), output_dir)
+        log.info("trainer.resume=auto: %s", f"continuing {found}" if found else "no matching run, starting one")
+        if found is None:
+            with read_write(cfg):
+                cfg.trainer.resume = None
+            return cfg, output_dir
+        resume = str(found)
+    file = checkpoint_path(resume)
+    if file.parent.name == "checkpoints" and not placed:
+        output_dir = file.parent.parent
+        check_not_in_use(output_dir)  # a second resume of a run in use: refused before the file is read
+    stored = stored_config(load_checkpoint(file)["config"], file)
+    wanted = to_dict(cfg)
+    for group, key in given_settings(wanted):
+        stored[group][key] = wanted[group][key]
+    stored["trainer"]["resume"] = resume
+    return OmegaConf.merge(OmegaConf.structured(TrainConfig), stored), output_dir
+
+
+def given_keys() -> set[str]:
+    return {override_key(o) for o in HydraConfig.get().overrides.task}
+
+
+def given_settings(wanted: dict) -> list[tuple[str, str]]:
+    """The settings this command gives: those it names (`optim.lr=...`, even at their default), and
+    those its other overrides (`loss=hinge`, `experiment=...`) set apart from the defaults."""
+    named = given_keys()
+    defaults = to_dict(compose(config_name=HydraConfig.get().job.config_name))
+    return [
+        (group, key)
+        for group, values in wanted.items()
+        if isinstance(values, dict)
+        for key, value in values.items()
+        if f"{group}.{key}" != "trainer.resume"
+        and (f"{group}.{key}" in named or defaults.get(group, {}).get(key) != value)
+    ]
+
+
+def resume_auto(config: dict, output_dir: Path, outputs: Path = Path("outputs")) -> Optional[Path]:
+    """The checkpoint `trainer.resume=auto` continues: this job's own, else the newest matching one."""
+    own = output_dir / "checkpoints" / "last.pt"
+    if own.is_file():
+        return own
+    wanted = run_identity(config, RUNTIME_KEYS)
+    for last in sorted(outputs.glob("**/checkpoints/last.pt"), key=os.path.getmtime, reverse=True):
+        recorded = last.parent.parent / RECORD / "config.yaml"
+        try:
+            if run_identity(to_dict(OmegaConf.load(recorded)), RUNTIME_KEYS) == wanted:
+                return last
+        except Exception:  # noqa: BLE001 - a folder of another version, or no record: not the one to continue
+            continue
+    return None
+
+
+def check_resume(cfg: dict, checkpoint: Mapping[str, Any], source: str) -> None:
+    """The resume contract, in train(): ConfigError listing every setting that differs from the
+    checkpoint's own outside RESUMABLE, or a trainer.max_steps below its step."""
+    before = run_identity(stored_config(checkpoint["config"], source), RESUMABLE)
+    after = run_identity(cfg, RESUMABLE)
+    changed = [
+        f"{group}.{key}: {before.get(group, {}).get(key)!r} -> {after.get(group, {}).get(key)!r}"
+        for group in sorted(set(before) | set(after))
+        for key in sorted(set(before.get(group, {})) | set(after.get(group, {})))
+        if before.get(group, {}).get(key) != after.get(group, {}).get(key)
+    ]
+    if changed:
+        may = ", ".join(f"{group}.{key}" for group, keys in RESUMABLE.items() for key in keys if key != "resume")
+        raise ConfigError(
+            f"trainer.resume={source}: this command changes what the run computes ({'; '.join(changed)}). "
+            f"A resume may change only {may}. Nothing was written. Drop those overrides to continue the run, "
+            "or drop trainer.resume to start a new run with them."
+        )
+    step, max_steps = int(checkpoint["step"]), cfg["trainer"]["max_steps"]
+    if max_steps < step:
+        raise ConfigError(
+            f"trainer.max_steps={max_steps} is below the step of the checkpoint being resumed ({step}): "
+            f"nothing would be trained. Nothing was written. Pass trainer.max_steps above {step} to train further."
+        )
+    if max_steps == step:
+        log.info("The checkpoint is at step %d = trainer.max_steps: nothing left to train.", step)
+
+
+def run_identity(config: dict, ignored: Mapping[str, Sequence[str]]) -> dict:
+    """What makes two runs the same run: the config without hydra's section and the `ignored` keys."""
+    return {
+        group: {k: v for k, v in values.items() if k not in ignored.get(group, ())}
+        for group, values in config.items()
+        if group != "hydra" and isinstance(values, dict)
+    }
+
+
+def to_dict(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+
+
+# One owner per run folder, and no new run over an old one --------------------------------------------
+
+LOCK_FILE = ".lock"
+RECORD = ".hydra"  # Hydra's name for a job's record, so every tool that reads Hydra's runs finds it
+_held: set[int] = set()  # lock file descriptors this process holds
+
+
+@contextlib.contextmanager
+def own_run_dir(run_dir: Path, resuming: Optional[Path], enabled: bool = True) -> Iterator[None]:
+    """Hold run_dir for one run: its lock, the refusal of a new run where a run is and of a resume
+    (`resuming`: its checkpoint file) into another run's folder, and the removal of temporary files a
+    killed run left. enabled=False (ranks other than 0, which write nothing) does nothing."""
+    if not enabled:
+        yield
+        return
+    lock = take_lock(run_dir)
+    try:
+        problem = existing_run(run_dir) if resuming is None else foreign_run(run_dir, resuming)
+        if problem:
+            raise RunDirError(problem)
+        remove_stale_temp_files(run_dir / "checkpoints")
+        yield
+    finally:
+        release_lock(lock, run_dir)
+
+
+def in_use(run_dir: Path, holder: str, path: Path, untouched: str = "") -> RunDirError:
+    return RunDirError(
+        f"The run directory {run_dir} is in use: {holder} holds {path} (it is training or resuming this run). "
+        f"{untouched}Wait for it to finish, or stop it (kill -TERM writes a checkpoint first), then resume with "
+        "trainer.resume=RUN_DIR; or choose another hydra.run.dir."
+    )
+
+
+def take_lock(run_dir: Path) -> int:
+    """flock() RUN_DIR/.lock, or RunDirError naming its holder; returns the descriptor. flock, not a
+    file made with O_EXCL: the kernel drops the lock when its holder dies, even by kill -9, so there is
+    no stale lock to guess about. The file holds 'PID HOST' for the messages."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK_FILE
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = read_holder(fd)
+            os.close(fd)
+            raise in_use(run_dir, holder, path) from None
+        if still_named(fd, path):  # not unlinked by a holder that released it meanwhile
+            break
+        os.close(fd)
+    previous = read_holder(fd)
+    if previous:
+        log.warning("Took over %s from %s, which ended without releasing it (killed?).", path, previous)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+    _held.add(fd)
+    return fd
+
+
+def check_not_in_use(run_dir: Path) -> None:
+    """RunDirError if another process holds the run's lock (tried and dropped at once)."""
+    path = run_dir / LOCK_FILE
+    if not path.is_file():
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise in_use(run_dir, read_holder(fd), path, "Nothing was written. ") from None
+    finally:
+        os.close(fd)
+
+
+def release_lock(fd: int, run_dir: Path) -> None:
+    """Remove RUN_DIR/.lock, then drop the lock: one waiting on the old file sees it is gone."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(run_dir / LOCK_FILE)
+    _held.discard(fd)
+    os.close(fd)
+
+
+def _close_held_locks_in_child() -> None:
+    """A forked child (a DataLoader worker) must not keep the lock alive after its parent dies."""
+    for fd in _held:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_close_held_locks_in_child)
+
+
+def read_holder(fd: int) -> str:
+    """'process 1234 on host node7' from the lock file's 'PID HOST', or '' when it is empty."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    fields = os.read(fd, 200).decode(errors="replace").split()
+    if not fields:
+        return ""
+    return f"process {fields[0]}" + (f" on host {fields[1]}" if len(fields) > 1 else "")
+
+
+def still_named(fd: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
+
+
+def existing_run(run_dir: Path) -> Optional[str]:
+    """The refusal if run_dir holds a run (a checkpoint, or the record a run writes before its first
+    checkpoint) or lies inside one, else None."""
+    for folder in Path(os.path.abspath(run_dir)).parents:
+        if holds_run(folder):
+            return (
+                f"{run_dir} lies inside the folder of another run, {folder}: a run there would write among "
+                "that run's files. Nothing was written. Choose a hydra.run.dir outside it."
+            )
+    if (run_dir / "checkpoints" / "last.pt").is_file():
+        return (
+            f"{run_dir} already holds a run (checkpoints/last.pt): a new run there would overwrite its .hydra/ "
+            f"record and replace its checkpoint. Nothing was written. Use trainer.resume={run_dir} to continue it, "
+            "or another hydra.run.dir for a new run."
+        )
+    if (run_dir / RECORD / "overrides.yaml").is_file():
+        return (
+            f"{run_dir} already holds a run that wrote no checkpoint (its .hydra/ record, no checkpoints/last.pt: "
+            "it stopped before its first checkpoint): a new run there would mix its logs with that run's. "
+            "Nothing was written. Choose another hydra.run.dir, or delete that folder if its run is of no use."
+        )
+    return None
+
+
+def holds_run(folder: Path) -> bool:
+    return (folder / "checkpoints" / "last.pt").is_file() or (folder / RECORD / "overrides.yaml").is_file()
+
+
+def foreign_run(run_dir: Path, checkpoint: Path) -> Optional[str]:
+    """The refusal of a resume of `checkpoint` into run_dir while run_dir holds another run."""
+    own = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
+    if (own is not None and same_folder(own, run_dir)) or existing_run(run_dir) is None:
+        return None
+    return (
+        f"trainer.resume={checkpoint} would continue its run in {run_dir}, which holds another run: its "
+        "checkpoint and .hydra/ record would be replaced. Nothing was written. Drop hydra.run.dir to continue "
+        "the run in its own folder, or name a new folder for the continuation."
+    )
+
+
+def same_folder(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def remove_stale_temp_files(folder: Path) -> None:
+    """The `.NAME.PID.tmp` files that checkpoint writers killed mid-write left, unless their process runs."""
+    for tmp in sorted(folder.glob(".*.tmp")):
+        pid = tmp.name.rsplit(".", 2)[-2]
+        if not pid.isdigit() or alive(int(pid)):
+            continue
+        try:
+            size = tmp.stat().st_size
+            tmp.unlink()
+        except FileNotFoundError:
+            continue
+        log.warning(
+            "Removed %s (%.1f MB), left by process %s that died while writing a checkpoint.", tmp, size / 1e6, pid
+        )
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, and belongs to another user
+        return True
+    return True
+
+
+# The record, written once every check has passed --------------------------------------------------
+# Hydra, left to itself, writes .hydra/ and opens its log file as the job starts, before anything is
+# checked: a refused command would already have changed the run it named. So configs/train.yaml and
+# configs/evaluate.yaml switch both off, and the entry points write the same files here once the job
+# says every check has passed; what was logged before goes into the log file first.
+
+LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # Hydra's job_logging format
+
+
+def write_record(run_dir: Path, cfg: DictConfig) -> None:
+    """RUN_DIR/.hydra/{config,hydra,overrides}.yaml as Hydra writes them, each replaced atomically."""
+    hydra_cfg = HydraConfig.instance().cfg
+    folder = run_dir / RECORD
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, node in (
+        ("config.yaml", cfg),
+        ("hydra.yaml", hydra_cfg),
+        ("overrides.yaml", hydra_cfg.hydra.overrides.task),
+    ):
+        path = folder / name
+        partial = path.with_name(f".{name}.{os.getpid()}.tmp")
+        partial.write_text(OmegaConf.to_yaml(node), encoding="utf-8")
+        os.replace(partial, path)
+
+
+class HeldLog(logging.Handler):
+    """The job's log lines, held in memory until the run's log file may be written (`open`), then
+    written there first; never written if the command is refused."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(logging.Formatter(LOG_FORMAT))
+        self.held: list[logging.LogRecord] = []
+        self.file: Optional[logging.FileHandler] = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.file is None:
+            self.held.append(record)
+        else:
+            self.file.emit(record)
+
+    def open(self, path: Path) -> None:
+        self.file = logging.FileHandler(path, encoding="utf-8")
+        self.file.setFormatter(self.formatter)
+        for record in self.held:
+            self.file.emit(record)
+        self.held.clear()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        self.held.clear()
+        super().close()
+
+
+@contextlib.contextmanager
+def held_log() -> Iterator[HeldLog]:
+    handler = HeldLog()
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+
+
+def keep_record(run_dir: Path, cfg: DictConfig, run_log: HeldLog) -> None:
+    """The record and log file of a job that wrote something into run_dir."""
+    write_record(run_dir, cfg)
+    run_log.open(run_dir / f"{HydraConfig.get().job.name}.log")
+
+
+def remove_if_empty(run_dir: Path) -> None:
+    """The folder Hydra made for a command that wrote nothing there, and the folders above it that
+    then hold nothing (outputs/DATE/, outputs/), up to the working directory."""
+    folder, stop = run_dir.absolute(), Path.cwd().absolute()
+    while folder != stop and folder != folder.parent:
+        try:
+            folder.rmdir()  # only an empty folder
+        except OSError:
+            return
+        folder = folder.parent
+
+
+# Quoting: the printed resume line works when pasted ----------------------------------------------
+
+
+def unquote(value: str) -> str:
+    """A value as Hydra's override grammar reads it: 'a b' or "a b" (with its escapes) -> a b."""
+    if not (len(value) >= 2 and value[0] == value[-1] and value[0] in "'\""):
+        return value
+    try:
+        parsed = OverridesParser.create().parse_override(f"key={value}").value()
+    except HydraException:
+        return value
+    return parsed if isinstance(parsed, str) else value
+
+
+def hydra_quote(path: Path | str) -> str:
+    """A path as one value of Hydra's override grammar: single-quoted when it holds a character the
+    grammar reserves; inside quotes only backslash runs that end the string or precede a quote double."""
+    text = str(path)
+    if not any(c in text for c in " =,[]{}()'\"\\:$"):
+        return text
+    out, run = [], 0
+    for char in text:
+        if char == "\\":
+            run += 1
+            continue
+        out.append("\\" * (2 * run if char == "'" else run) + ("\\'" if char == "'" else char))
+        run = 0
+    out.append("\\" * (2 * run))
+    return "'" + "".join(out) + "'"
+
+
+def shell_quote(text: str) -> str:
+    """`text` as one word of a POSIX shell, in double quotes where nothing in it is special there."""
+    if text == shlex.quote(text) or any(c in text for c in '"$`\\!'):
+        return shlex.quote(text)
+    return f'"{text}"'
+
+
+def resume_override(run_dir: Path) -> str:
+    """`trainer.resume=RUN_DIR`, quoted for Hydra's grammar and then for the shell."""
+    return shell_quote(f"trainer.resume={hydra_quote(run_dir)}")

@@ -1,0 +1,334 @@
+"""Hostile but realistic input that no other test file tries: values at the edge of a setting's range,
+wrong types and choices Hydra refuses, datasets that are garbage, a folder too small for one batch, the
+spellings of a run's folder a new run must still see through, where `trainer.resume=auto` looks, and a
+few command lines whose quoting or interpolation is the point. A case another test file checks is not
+repeated here.
+
+Each refusal is tested where it is raised, in process; the command line only where it is the point.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import CONFIG_DIR, compose_config, run_train
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+from PIL import Image
+
+from gan.checkpoint import load_checkpoint
+from gan.config import ClassifierConfig, EvaluateConfig, MetricsConfig, register_evaluate_configs, to_plain
+from gan.data import load_dataset
+from gan.device import resolve_device
+from gan.errors import CheckpointError, ConfigError, DataError, RunDirError
+from gan.evaluation.pipeline import build_generator, evaluate
+from gan.runs import resume_auto
+from gan.training import train
+
+ONE_THREAD = "trainer.threads=1"
+CPU = torch.device("cpu")
+register_evaluate_configs()
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file under `folder`, hidden ones too, by relative path -> sha256 of its bytes."""
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+def output_of(result) -> str:
+    return result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """One finished debug=tiny run (6 steps), trained in process; tests copy it before using it."""
+    threads = torch.get_num_threads()
+    run_dir = tmp_path_factory.mktemp("hostile") / "run"
+    try:
+        train(compose_config(ONE_THREAD), run_dir)
+    finally:
+        torch.set_num_threads(threads)
+    assert load_checkpoint(run_dir)["step"] == 6
+    return run_dir
+
+
+def copy_run(run_dir: Path, to: Path) -> Path:
+    shutil.copytree(run_dir, to)
+    return to
+
+
+# 1. values Hydra refuses: a wrong type, a choice that is not one -----------------------------------
+
+HYDRA_REFUSED = {  # override -> (the key Hydra's error names, the value it quotes)
+    "max_steps float": ("trainer.max_steps=1.5", "trainer.max_steps", "1.5"),
+    "precision typo": ("trainer.precision=fp64", "trainer.precision", "fp64"),
+    "diffaugment policy": ("model.diffaugment=[rotate]", "model.diffaugment", "rotate"),
+}
+
+
+@pytest.mark.parametrize("case", HYDRA_REFUSED)
+def test_hydra_refuses_a_wrong_type_or_choice_naming_the_key_and_the_value(case):
+    override, key, value = HYDRA_REFUSED[case]
+    with pytest.raises(ConfigCompositionException) as caught:
+        compose_config(override)
+    cause = caught.value.__cause__  # OmegaConf's error, which Hydra prints under its own line
+    assert override in str(caught.value)
+    assert str(getattr(cause, "full_key", "")).startswith(key) and f"'{value}'" in str(cause)
+
+
+def test_evaluate_refuses_a_sample_count_that_is_no_number_naming_it():
+    GlobalHydra.instance().clear()
+    with pytest.raises(ConfigCompositionException) as caught:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            compose(config_name="evaluate", overrides=["checkpoint=x.pt", "num_samples=abc"])
+    assert getattr(caught.value.__cause__, "full_key", None) == "num_samples" and "'abc'" in str(caught.value.__cause__)
+
+
+# 2. the edge of a range: refused on the wrong side, accepted just inside -------------------------
+
+EDGES = {  # the refused override(s), an accepted neighbour, the key=value the message opens with
+    "max_steps 0": (["trainer.max_steps=0"], ["trainer.max_steps=1"], "trainer.max_steps=0"),
+    "beta1 1.0": (["optim.beta1=1.0"], ["optim.beta1=0.99"], "optim.beta1=1.0"),
+    "ema_decay 1.0": (["model.ema_decay=1.0"], ["model.ema_decay=0.9999"], "model.ema_decay=1.0"),
+    "real_label 0.3": (["loss.real_label=0.3"], ["loss.real_label=0.9"], "loss.real_label=0.3"),
+    "real_label 0.5": (["loss.real_label=0.5"], ["loss.real_label=0.51"], "loss.real_label=0.5"),
+    "eval_samples 5": (
+        ["trainer.eval_every=3", "trainer.eval_samples=5"],
+        ["trainer.eval_every=3", "trainer.eval_samples=10"],
+        "trainer.eval_samples=5",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", EDGES)
+def test_a_value_just_outside_a_range_is_refused_naming_the_key_and_the_one_inside_is_kept(case):
+    refused, accepted, named = EDGES[case]
+    with pytest.raises(ConfigError) as caught:
+        compose_config(*refused)
+    assert str(caught.value).startswith(named + " ")
+    key, value = accepted[-1].split("=")
+    assert str(OmegaConf.select(OmegaConf.structured(compose_config(*accepted)), key)) == value
+
+
+@pytest.mark.parametrize("key", ["trainer.device", "device"])
+def test_a_cuda_index_beyond_the_visible_devices_is_refused_naming_the_setting(monkeypatch, key):
+    # spelled right (check_device_name lets cuda:N through): only the machine can say no
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match=re.escape(f"{key}='cuda:99' but only 1 CUDA device(s) are visible")):
+        resolve_device("cuda:99", key)
+    assert resolve_device("cuda:0", key) == torch.device("cuda", 0)
+
+
+# 3. datasets that are garbage, or too small ------------------------------------------------------
+
+
+def test_an_mnist_file_whose_header_announces_more_than_it_holds_is_refused_naming_it(tmp_path):
+    # a download cut short: the four names, each the IDX magic and a few bytes; the header's sizes
+    # multiply to about 6e20 bytes, which must be read as damage, not allocated
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in (
+        "train-images-idx3-ubyte",
+        "train-labels-idx1-ubyte",
+        "t10k-images-idx3-ubyte",
+        "t10k-labels-idx1-ubyte",
+    ):
+        (raw / name).write_bytes(b"\x00\x00\x08\x03" + bytes(range(40)))
+    with pytest.raises(DataError) as caught:
+        load_dataset(compose_config("data=mnist", f"data.root={tmp_path}").data)
+    message = str(caught.value)
+    assert f"{raw / 'train-images-idx3-ubyte'} is truncated" in message and "data.download=true" in message
+
+
+def fill_junk(folder: Path) -> None:
+    (folder / "readme.txt").write_text("no images here\n")
+    (folder / "broken.png").write_bytes(b"this is not a png")  # an image by its name only
+
+
+@pytest.mark.parametrize("fill", [lambda folder: None, fill_junk], ids=["empty", "a text file and a fake png"])
+def test_a_folder_without_a_usable_image_is_refused_naming_the_folder(tmp_path, fill):
+    folder = tmp_path / "images"
+    folder.mkdir()
+    fill(folder)
+    with pytest.raises(DataError) as caught:
+        load_dataset(compose_config("data=folder", f"data.root={folder}").data)
+    assert str(folder) in str(caught.value) and "data=folder" in str(caught.value)
+
+
+def test_a_folder_smaller_than_one_batch_stops_training_before_anything_is_written(tmp_path):
+    folder = tmp_path / "three"
+    folder.mkdir()
+    for i in range(3):
+        Image.new("RGB", (20, 20), (40 * i, 80, 120)).save(folder / f"img{i}.png")
+    run_dir = tmp_path / "run"
+    with pytest.raises(DataError) as caught:
+        train(compose_config(ONE_THREAD, "data=folder", f"data.root={folder}"), run_dir)
+    assert "fewer than data.batch_size=32" in str(caught.value)  # debug=tiny's batch
+    assert not run_dir.exists() or not any(path.is_file() for path in run_dir.rglob("*"))
+
+
+# 4. checkpoints: a folder without one, a damaged BatchNorm statistic, a resume with nothing to do --
+
+
+def test_a_folder_without_a_checkpoint_is_refused_naming_where_it_looked(tmp_path):
+    # trainer.resume=DIR and evaluate.py's checkpoint=DIR both read the checkpoint through this
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(tmp_path)
+    message = str(caught.value)
+    assert f"Checkpoint not found: {tmp_path} (looked for {tmp_path / 'checkpoints' / 'last.pt'})" in message
+
+
+@pytest.mark.parametrize("use_ema", [False, True], ids=["G", "G_ema"])
+def test_a_nan_in_a_batchnorm_statistic_alone_is_refused_by_evaluate(trained, use_ema):
+    # the statistics are buffers, not weights: evaluate.py with bn_batches=0 would sample with them
+    state = torch.load(trained / "checkpoints" / "last.pt", weights_only=True)
+    entry = "G_ema" if use_ema else "G"
+    key = next(k for k in state[entry] if k.endswith("running_var"))
+    state[entry][key][0] = float("nan")
+    with pytest.raises(CheckpointError) as caught:
+        build_generator(state, use_ema=use_ema, device=CPU, source="damaged.pt")
+    assert "holds NaN or inf in 1 of its" in str(caught.value) and key.removeprefix("module.") in str(caught.value)
+    assert build_generator(state, use_ema=not use_ema, device=CPU)[1] == ("raw" if use_ema else "EMA")
+
+
+def test_a_resume_already_at_max_steps_trains_nothing_and_is_no_error(trained, tmp_path):
+    run_dir = copy_run(trained, tmp_path / "run")
+    before = load_checkpoint(run_dir)
+    result = train(compose_config(ONE_THREAD, f"trainer.resume={run_dir}", "trainer.max_steps=6"), run_dir)
+    after = load_checkpoint(run_dir)
+    assert result.step == after["step"] == 6
+    assert all(torch.equal(before["G"][key], after["G"][key]) for key in before["G"])
+
+
+# 5. run folders: a new run sees the run however its folder is spelled ---------------------------
+
+SPELLINGS = {  # how the folder of the run at tmp/runs/a is named
+    "dot-dot": lambda tmp: tmp / "runs" / "a" / ".." / "a",
+    "relative": lambda tmp: Path("runs/a"),
+    "symlink": lambda tmp: tmp / "link_to_a",
+}
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_a_new_run_is_refused_over_a_run_however_its_folder_is_spelled(trained, tmp_path, monkeypatch, spelling):
+    run_dir = copy_run(trained, tmp_path / "runs" / "a")
+    (tmp_path / "link_to_a").symlink_to(run_dir, target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(run_dir)
+    named = SPELLINGS[spelling](tmp_path)
+    with pytest.raises(RunDirError) as caught:
+        train(compose_config(ONE_THREAD, "trainer.max_steps=1"), named)
+    assert str(caught.value).startswith(f"{named} already holds a run")
+    assert snapshot(run_dir) == before  # its lock came and went; nothing else was written
+
+
+# 6. trainer.resume=auto: where it looks ------------------------------------------------------------
+
+PLACES = {  # where the run lies under outputs/, and whether its .hydra/overrides.yaml survives
+    "a sweep's job folder": ("sweep/0_optim.lr=0.002", True),
+    "a run whose overrides.yaml is lost": ("runs/a", False),
+}
+
+
+@pytest.mark.parametrize("place", PLACES)
+def test_resume_auto_finds_the_matching_run_wherever_it_lies_under_outputs(trained, tmp_path, place):
+    where, overrides = PLACES[place]
+    run_dir = copy_run(trained, tmp_path / "outputs" / where)
+    record = run_dir / ".hydra"
+    record.mkdir()
+    (record / "config.yaml").write_text(OmegaConf.to_yaml(to_plain(compose_config(ONE_THREAD))))
+    if overrides:
+        (record / "overrides.yaml").write_text("- debug=tiny\n- trainer.threads=1\n")
+    outputs, fresh = tmp_path / "outputs", tmp_path / "new"
+    wanted = to_plain(compose_config("trainer.threads=2", "trainer.max_steps=9"))  # runtime keys differ
+    assert resume_auto(wanted, fresh, outputs) == run_dir / "checkpoints" / "last.pt"
+    assert resume_auto(to_plain(compose_config("loss=hinge")), fresh, outputs) is None  # another run's settings
+
+
+# 7. evaluate.py reads a run and writes only into its own folder -----------------------------------
+
+
+def test_evaluating_a_run_leaves_every_file_of_it_as_it_was(trained, tmp_path, one_thread):
+    run_dir = copy_run(trained, tmp_path / "run")
+    before = snapshot(run_dir)
+    metrics = MetricsConfig(kid_subsets=2, kid_subset_size=32, classifier=ClassifierConfig(min_accuracy=0))
+    cfg = EvaluateConfig(
+        checkpoint=str(run_dir),
+        num_samples=32,
+        bn_batches=2,
+        grid_samples=16,
+        interpolation_rows=2,
+        neighbour_queries=2,
+        device="cpu",
+        threads=1,
+        metrics=metrics,
+    )
+    cfg.check()
+    evaluate(cfg, tmp_path / "eval", {"root": str(tmp_path / "data")})  # the classifier is cached there
+    assert (tmp_path / "eval" / "metrics.json").is_file()
+    assert snapshot(run_dir) == before
+
+
+# 8. the command line, where its quoting or its interpolation is the point ------------------------
+
+
+def test_a_new_run_into_a_run_named_through_an_interpolation_is_refused(trained, tmp_path):
+    run_dir = copy_run(trained, tmp_path / "runs" / "interp_7")
+    before = snapshot(run_dir)
+    result = run_train(
+        ONE_THREAD, "trainer.seed=7", f"hydra.run.dir={tmp_path / 'runs'}/interp_${{trainer.seed}}", cwd=tmp_path
+    )
+    output = output_of(result)
+    assert result.returncode == 2, output[-3000:]
+    assert f"{run_dir} already holds a run" in output and "Traceback" not in output
+    assert snapshot(run_dir) == before
+
+
+def test_a_new_run_into_a_quoted_folder_with_a_space_and_an_equals_sign_is_refused(trained, tmp_path):
+    run_dir = copy_run(trained, tmp_path / "my runs" / "0_optim.lr=0.002")  # a sweep job's name, moved
+    before = snapshot(run_dir)
+    result = run_train(ONE_THREAD, f"hydra.run.dir='{run_dir}'", cwd=tmp_path)
+    output = output_of(result)
+    assert result.returncode == 2, output[-3000:]
+    assert f"{run_dir} already holds a run" in output and "Traceback" not in output
+    assert snapshot(run_dir) == before
+
+
+def test_a_resume_given_a_bare_path_with_a_space_continues_the_run_in_place(trained, tmp_path):
+    run_dir = copy_run(trained, tmp_path / "my run")
+    result = run_train(ONE_THREAD, f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
+    assert result.returncode == 0, output_of(result)[-3000:]
+    assert load_checkpoint(run_dir)["step"] == 8
+    assert not any((tmp_path / "outputs").rglob("*"))  # no folder of its own: the run went on in place
+
+
+def test_a_resume_given_a_relative_path_to_the_checkpoint_file_continues_its_run_in_place(trained, tmp_path):
+    run_dir = copy_run(trained, tmp_path / "outputs" / "runs" / "a")
+    result = run_train(
+        ONE_THREAD, "trainer.resume=outputs/runs/a/checkpoints/last.pt", "trainer.max_steps=8", cwd=tmp_path
+    )
+    assert result.returncode == 0, output_of(result)[-3000:]
+    assert [p.parent.parent for p in (tmp_path / "outputs").rglob("last.pt")] == [run_dir]
+    assert load_checkpoint(run_dir)["step"] == 8
+
+
+def test_a_sweep_into_a_folder_under_a_file_is_refused_before_hydra_naming_the_file(tmp_path):
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a folder\n")
+    result = run_train("-m", ONE_THREAD, "optim.lr=0.002,0.003", f"hydra.sweep.dir={blocker / 'sweep'}", cwd=tmp_path)
+    output = output_of(result)
+    assert result.returncode == 2, output[-3000:]
+    assert f"{blocker} is not a directory" in output and "hydra.sweep.dir" in output and "Traceback" not in output
+    assert blocker.read_text() == "not a folder\n" and sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
