@@ -1,6 +1,9 @@
 # Two commands do all the set-up on a fresh machine (Python >= 3.10 with venv, and make):
 #   make train [ARGS="loss=hinge optim.lr=1e-4"]   install into .venv, then train on the built-in digits
-#   make test  [PYTEST_ARGS="-m 'not slow'"]       install into .venv, then run the test suite
+#   make test  [PYTEST_ARGS=...]                   install into .venv, then the fast tier: every test not marked
+#                                                  slow, in process (a few minutes on 2 cores)
+#   make test-slow                                 the tests marked slow: where a process is the point (signals,
+#                                                  kill, torchrun, file-size limits, the notebook's kernel)
 #   make lint                                      ruff lint and format check (CI runs it before the tests)
 #   make test-slurm                                as root: a one-node SLURM cluster on this machine
 #                                                  (scripts/local_slurm.sh), tests/test_slurm.py, then stops it
@@ -12,7 +15,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SLURM_STAMP := $(VENV)/.installed-slurm
 
-.PHONY: install train test lint test-slurm
+.PHONY: install train test test-slow lint test-slurm
 
 install: $(STAMP)
 
@@ -26,7 +29,10 @@ train: $(STAMP)
 	$(BIN)/python train.py $(ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

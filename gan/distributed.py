@@ -107,14 +107,3 @@ def mean_over_ranks(value: Tensor, world: World) -> Tensor:
 def close(world: World) -> None:
     if world.distributed and dist.is_initialized():
         dist.destroy_process_group()
-
-
-def rank_zero_argv(argv: list[str], world: World) -> list[str]:
-    """Overrides for ranks other than 0, so the job has one run directory (hydra#2070).
-
-    Every rank runs @hydra.main, and each would make its own timestamped directory. Ranks > 0 run
-    in '.' without writing Hydra's files or log, then take rank 0's directory by broadcast.
-    """
-    if world.is_main:
-        return argv
-    return [*argv, "hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=stdout"]

@@ -42,23 +42,9 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 # measures (trainer.resume=auto ignores these when it looks for the run to continue) ...
 RUNTIME_KEYS: dict[str, tuple[str, ...]] = {
     "data": ("root", "download", "in_memory", "num_workers"),
-    "trainer": (
-        "max_steps",
-        "resume",
-        "device",
-        "progress",
-        "threads",
-        "retain_host_memory",
-        "log_every",
-        "sample_every",
-        "checkpoint_every",
-        "keep_checkpoints",
-        "final_eval_samples",
-        "eval_every",
-        "eval_samples",
-        "overfit_every",
-        "on_collapse",
-        "collapse_window",
+    "trainer": tuple(
+        "max_steps resume device progress threads retain_host_memory log_every sample_every checkpoint_every "
+        "keep_checkpoints final_eval_samples eval_every eval_samples overfit_every on_collapse collapse_window".split()
     ),
 }
 # ... and the arithmetic an explicit resume may tune (a lower rate, other hardware), which

@@ -135,6 +135,16 @@ def in_process(main: Callable[[list[str]], int], argv: list[str], cwd: Path | No
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> Path:
+    """The session's one finished `python train.py debug=tiny trainer.threads=1` run (6 steps), shared
+    by every module that only reads a run; a test that writes into a run copies it first."""
+    run_dir = tmp_path_factory.mktemp("tiny") / "run"
+    result = run_train("trainer.threads=1", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    return run_dir
+
+
 @pytest.fixture(autouse=True)
 def _seed_and_clean_hydra():
     torch.manual_seed(0)

@@ -50,17 +50,11 @@ def output_of(result) -> str:
     return result.stdout + result.stderr
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    """One finished debug=tiny run (6 steps), trained in process; tests copy it before using it."""
-    threads = torch.get_num_threads()
-    run_dir = tmp_path_factory.mktemp("hostile") / "run"
-    try:
-        train(compose_config(ONE_THREAD), run_dir)
-    finally:
-        torch.set_num_threads(threads)
-    assert load_checkpoint(run_dir)["step"] == 6
-    return run_dir
+@pytest.fixture
+def trained(tiny_run) -> Path:
+    """The session's finished debug=tiny run (6 steps); tests copy it before writing."""
+    assert load_checkpoint(tiny_run)["step"] == 6
+    return tiny_run
 
 
 def copy_run(run_dir: Path, to: Path) -> Path:

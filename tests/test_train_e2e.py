@@ -40,12 +40,9 @@ EXPECTED_SCALARS = {
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    """One real `python train.py` run of 6 steps, shared by the tests that read its outputs."""
-    run_dir = tmp_path_factory.mktemp("e2e") / "run"
-    result = run_train(f"hydra.run.dir={run_dir}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir
+def finished_run(tiny_run) -> Path:
+    """The session's real `python train.py` run of 6 steps, read by these tests."""
+    return tiny_run
 
 
 def test_run_dir_layout(finished_run):

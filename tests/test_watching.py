@@ -102,12 +102,9 @@ class TensorBoardClient:
 
 
 @pytest.fixture(scope="module")
-def watched_run(tmp_path_factory) -> Path:
-    """A real `python train.py` tiny run: 6 steps, scalars at 2, 4, 6, grids at 3 and 6."""
-    run_dir = tmp_path_factory.mktemp("watch") / "run"
-    result = run_train("trainer.threads=1", f"hydra.run.dir={run_dir}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir
+def watched_run(tiny_run) -> Path:
+    """The session's real `python train.py` tiny run: 6 steps, scalars at 2, 4, 6, grids at 3 and 6."""
+    return tiny_run
 
 
 def test_the_first_screen_opens_on_the_losses_and_the_sample_grids(watched_run):

@@ -1,11 +1,7 @@
-"""Sample quality, measured offline: feature networks, FID and KID (torchmetrics), improved
-precision/recall, density/coverage, and class/mode coverage.
+"""Sample quality offline: FID, KID, precision/recall, density/coverage, class and mode coverage.
 
-Every function takes uint8 images (N, C, H, W), so real and generated images pass through the same
-conversion. Two feature spaces: `classifier` (default, offline), the penultimate layer of a small CNN
-trained on the dataset's labels and cached in `data.root/classifiers/`, comparable only with itself;
-and `inception`, Inception-v3's pool3, the published FID (docs/metrics.md). FID and KID come from
-torchmetrics; precision/recall and density/coverage are k-nearest-neighbour counts on `torch.cdist`.
+All take uint8 images (N, C, H, W). Feature spaces: `classifier` (a small CNN on the dataset's labels, cached;
+comparable only with itself) or `inception` (the published FID, docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -41,7 +37,6 @@ log = logging.getLogger(__name__)
 CLASSIFIER_VERSION = 1  # part of the cache key: bump when Classifier or train_classifier changes
 # DataConfig keys left out of the cache key: how images are read, and data.limit (the classifier learns the whole split)
 _LOADING_KEYS = ("root", "download", "in_memory", "batch_size", "num_workers", "limit")
-# The two files of the FID's Inception-v3: torch-fidelity's state dict, and NVlabs' TorchScript module.
 INCEPTION_WEIGHTS_URL = (
     "https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/weights-inception-2015-12-05-6726825d.pth"
 )
@@ -51,7 +46,6 @@ NVLABS_INCEPTION_URL = (
 # torch.hub names a weights file NAME-<the first hex digits of its sha256>.EXT: another prefix is another network.
 INCEPTION_SHA256_PREFIX = "6726825d"
 INCEPTION_DIMS = 2048  # pool3, the layer of the published FID (Heusel et al. 2017)
-# The metrics measured in the feature space (the others count the classifier's predictions).
 FEATURE_METRICS = ("fid", "kid_mean", "kid_std", "precision", "recall", "density", "coverage")
 
 
@@ -59,12 +53,7 @@ FEATURE_METRICS = ("fid", "kid_mean", "kid_std", "precision", "recall", "density
 
 
 class Classifier(nn.Module):
-    """uint8 images (N, C, S, S) -> class logits (N, num_classes); `features` is the layer before.
-
-    Three conv blocks pooled to 2 x 2 (any image size from 16 px), then a `feature_dim` ReLU layer:
-    the feature space of FID/KID/P/R.
-        1 x 32 x 32 -> w x 16 x 16 -> 2w x 8 x 8 -> 4w x 4 x 4 -> 4w x 2 x 2 -> feature_dim -> classes
-    """
+    """uint8 images -> class logits; `features` (the layer before) is the feature space of FID/KID/P/R."""
 
     def __init__(self, channels: int, num_classes: int, width: int = 16, feature_dim: int = 128):
         super().__init__()
@@ -94,8 +83,7 @@ class Classifier(nn.Module):
 def train_classifier(
     train: ImageSet, test: ImageSet, cfg: ClassifierConfig, device: torch.device
 ) -> tuple[Classifier, float]:
-    """Train on `train` (in-memory uint8 images) and return the model with its accuracy on `test`.
-    Adam with a one-cycle learning rate (Smith & Topin 2018): one epoch converges on digit-like data."""
+    """The model and its accuracy on `test`; a one-cycle schedule (Smith & Topin 2018) converges in one epoch."""
     images, labels = train.images, train.labels
     if cfg.train_images:
         images, labels = images[: cfg.train_images], labels[: cfg.train_images]
@@ -123,13 +111,11 @@ def train_classifier(
 
 
 def plain(config: object) -> dict:
-    """A config dataclass as a dict of plain values (an Enum member becomes its value)."""
     return {k: v.value if isinstance(v, Enum) else v for k, v in dataclasses.asdict(config).items()}
 
 
 def classifier_key(data: DataConfig, cfg: ClassifierConfig) -> str:
-    """A file name that changes whenever the images or the classifier's training would change:
-    `digits-32px-1ch-<hash of the settings that decide them>`."""
+    """A file name that changes whenever the images or the classifier's training would change."""
     identity = {
         "version": CLASSIFIER_VERSION,
         "data": {k: v for k, v in dataclasses.asdict(data).items() if k not in _LOADING_KEYS},
@@ -147,8 +133,7 @@ def classifier_key(data: DataConfig, cfg: ClassifierConfig) -> str:
 def load_or_train_classifier(
     data: DataConfig, cfg: ClassifierConfig, device: torch.device
 ) -> tuple[Classifier, float, Path]:
-    """The cached classifier (`<data.root>/classifiers/<classifier_key>.pt`, a plain dict read with
-    weights_only=True), or a new one trained and cached. MetricsError below cfg.min_accuracy."""
+    """The cached classifier, or a new one trained and cached; MetricsError below cfg.min_accuracy."""
     data = dataclasses.replace(data, limit=0)  # the whole training split, whatever subset G trained on
     path = Path(data.root).expanduser() / CLASSIFIER_CACHE / f"{classifier_key(data, cfg)}.pt"
     model, accuracy = _load_classifier(path, device)
@@ -213,8 +198,7 @@ def _load_classifier(path: Path, device: torch.device) -> tuple[Optional[Classif
 
 
 class ClassifierFeatures(nn.Module):
-    """The classifier's penultimate layer. per_channel: a C-channel image is C grayscale images
-    (Stacked-MNIST), classified one by one; their features are concatenated (C * feature_dim)."""
+    """per_channel: each channel classified as a grayscale image (Stacked-MNIST), features concatenated."""
 
     def __init__(self, classifier: Classifier, per_channel: bool = False, channels: int = 1):
         super().__init__()
@@ -228,22 +212,18 @@ class ClassifierFeatures(nn.Module):
 
 
 def to_rgb(images: Tensor) -> Tensor:
-    """uint8 (N, 1 or 3, H, W) -> (N, 3, H, W): grayscale repeated into three channels, as
-    StyleGAN2-ADA's metrics and compare_gan (the code of Lucic et al. 2018) feed MNIST to Inception."""
+    """Grayscale repeated to RGB, as StyleGAN2-ADA and compare_gan feed MNIST to Inception."""
     return images.repeat(1, 3, 1, 1) if images.size(1) == 1 else images
 
 
 class InceptionFeatures(nn.Module):
-    """Inception-v3 pool3 (2048-d) through torch-fidelity's FeatureExtractorInceptionV3: uint8 RGB at any
-    size in, resized to 299 x 299 as TF1's resize_bilinear (the published FID's resizer), (N, 2048) out.
-    Not torchmetrics' NoTrainInceptionV3: it resizes with antialiasing, and the resizer moves FID
-    (Parmar et al. 2022, clean-fid)."""
+    """torch-fidelity's Inception-v3: resizes as TF1 (the published FID). Not torchmetrics' NoTrainInceptionV3,
+    whose antialiased resize moves FID (Parmar et al. 2022)."""
 
     num_features = INCEPTION_DIMS
 
     def __init__(self, weights: Optional[str]):
         super().__init__()
-        # needs torch-fidelity, checked first (inception_features)
         from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
 
         self.net = FeatureExtractorInceptionV3(
@@ -257,8 +237,7 @@ class InceptionFeatures(nn.Module):
 
 
 class TorchScriptInception(nn.Module):
-    """NVlabs' TorchScript Inception-v3 (inception-2015-12-05.pt), called as StyleGAN2-ADA calls it:
-    net(uint8 RGB (N, 3, H, W), return_features=True) -> pool3 (N, 2048)."""
+    """NVlabs' TorchScript Inception-v3, called as StyleGAN2-ADA calls it."""
 
     num_features = INCEPTION_DIMS
 
@@ -271,16 +250,14 @@ class TorchScriptInception(nn.Module):
 
 
 def inception_network(cfg: MetricsConfig) -> nn.Module:
-    """The Inception-v3 that metrics.feature_network or metrics.inception_weights names (neither:
-    torch-fidelity downloads its weights); its `feature_space` says which file and which resizer."""
+    """Its `feature_space` says which file and which resizer."""
     if cfg.feature_network is not None:
         return nvlabs_inception(cfg.feature_network)
     return inception_features(cfg.inception_weights)
 
 
 def inception_features(weights: Optional[str]) -> InceptionFeatures:
-    """torch-fidelity's Inception-v3 with the state-dict file `weights` (None: downloaded). The path, the
-    package and the file are checked first, so a missing piece fails here with what to do."""
+    """`weights` None: downloaded. Each piece is checked first so a missing one fails with what to do."""
     file = existing_file(weights, "metrics.inception_weights", INCEPTION_WEIGHTS_URL) if weights else None
     if importlib.util.find_spec("torch_fidelity") is None:
         raise MetricsError(
@@ -333,7 +310,6 @@ def inception_features(weights: Optional[str]) -> InceptionFeatures:
 
 
 def nvlabs_inception(path: str) -> TorchScriptInception:
-    """NVlabs' TorchScript Inception-v3 from `path`, checked to give (N, 2048) features."""
     file = existing_file(path, "metrics.feature_network", NVLABS_INCEPTION_URL)
     try:
         with warnings.catch_warnings():  # torch 2.x deprecates TorchScript (FutureWarning); NVlabs' file is one
@@ -383,8 +359,7 @@ def existing_file(path: str, key: str, url: str) -> Path:
 
 
 def check_state_dict(file: Path, given: str) -> None:
-    """Refuse a file that torch.load(weights_only=True) does not read as a mapping of tensors, before
-    torch-fidelity loads it with weights_only=False, which would run any code pickled in it."""
+    """Refuse a non-state-dict before torch-fidelity loads it with weights_only=False (runs pickled code)."""
     try:
         with warnings.catch_warnings():  # torch.load warns of a TorchScript archive before refusing it; we say so
             warnings.simplefilter("ignore", UserWarning)
@@ -414,7 +389,7 @@ def sha256(file: Path) -> str:
 
 
 def state_dict_mismatch(err: BaseException) -> str:
-    """load_state_dict's error, which lists every missing and unexpected key, as counts and examples."""
+    """load_state_dict's error (every key listed) as counts and examples."""
     parts = []
     for kind, keys in re.findall(r'(Missing|Unexpected) key\(s\) in state_dict: ((?:"[^"]*"(?:, )?)+)', str(err)):
         names = re.findall(r'"([^"]*)"', keys)
@@ -423,7 +398,7 @@ def state_dict_mismatch(err: BaseException) -> str:
 
 
 def reason(err: BaseException, limit: int = 200) -> str:
-    """An exception as one short clause: its type and its message's first sentence (TorchScript: its last line)."""
+    """An exception as one short clause (TorchScript's: its last line)."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     if any("Traceback of TorchScript" in line for line in lines):
         return lines[-1][:limit]
@@ -432,21 +407,19 @@ def reason(err: BaseException, limit: int = 200) -> str:
 
 
 def kid_kernel(cfg: MetricsConfig) -> str:
-    """KID's kernel in words, as distribution_metrics chooses it."""
     if cfg.features == FeatureSpace.inception:
         return "(x.y / d + 1)^3, the published KID's (Binkowski et al. 2018)"
     return "(x.y / E|f_real|^2 + 1)^3, scale-free: comparable only within this classifier"
 
 
 def split_channels(images: Tensor) -> Tensor:
-    """(N, C, H, W) -> (N * C, 1, H, W): each channel as a grayscale image, in channel order."""
+    """(N, C, H, W) -> (N * C, 1, H, W)."""
     return images.reshape(-1, 1, *images.shape[-2:])
 
 
 @torch.inference_mode()
 def batched(net: nn.Module, images: Tensor, batch_size: int, device: torch.device) -> Tensor:
-    """net over `images` (uint8, any device) in batches on `device`; float32 (N, ...) on the CPU.
-    Features are measured, never differentiated: no graph is built."""
+    """net over `images` in batches on `device`; float32 on the CPU."""
     with torch.no_grad():
         return torch.cat([net(chunk.to(device)).float().cpu() for chunk in images.split(batch_size)])
 
@@ -454,7 +427,7 @@ def batched(net: nn.Module, images: Tensor, batch_size: int, device: torch.devic
 def predict(
     classifier: Classifier, images: Tensor, batch_size: int, device: torch.device, per_channel: bool = False
 ) -> Tensor:
-    """Predicted classes (N,); per_channel: one digit per channel, read as 100 a + 10 b + c."""
+    """per_channel: one digit per channel, read as 100 a + 10 b + c."""
     was_training = classifier.training
     classifier.eval()
     try:
@@ -471,8 +444,7 @@ def predict(
 
 
 class Precomputed(nn.Module):
-    """The identity, as torchmetrics' feature extractor: features are computed once per image set
-    and shared by FID, KID and the k-NN metrics, instead of once per metric."""
+    """The identity as torchmetrics' extractor: features are computed once, shared by all metrics."""
 
     def __init__(self, num_features: int):
         super().__init__()
@@ -483,11 +455,7 @@ class Precomputed(nn.Module):
 
 
 def fid(real: Tensor, fake: Tensor) -> float:
-    """Fréchet distance between Gaussians fitted to two feature sets (Heusel et al. 2017).
-
-    With N <= d images the covariances are singular; torchmetrics' result stays finite, but FID is
-    biased upward at small N (Chong & Forsyth 2020): compare only numbers from the same N.
-    """
+    """Heusel et al. 2017. Biased upward at small N (Chong & Forsyth 2020): compare only equal N."""
     smallest, dims = min(real.size(0), fake.size(0)), real.size(1)
     if smallest <= dims:
         log.warning(
@@ -507,13 +475,8 @@ def fid(real: Tensor, fake: Tensor) -> float:
 def kid(
     real: Tensor, fake: Tensor, subsets: int, subset_size: int, seed: int = 0, gamma: Optional[float] = None
 ) -> tuple[float, float]:
-    """Kernel Inception Distance (Binkowski et al. 2018): unbiased MMD^2, cubic polynomial kernel,
-    mean and standard deviation over random subsets of min(subset_size, N) images.
-
-    The kernel is (gamma x.y + 1)^3. The published gamma = 1/d suits Inception's features; the
-    classifier's ReLU features are far larger and the cube explodes, so gamma=None takes
-    1 / E|f_real|^2, which puts x.y near 1 for any feature scale.
-    """
+    """Binkowski et al. 2018, kernel (gamma x.y + 1)^3. gamma=None: 1 / E|f_real|^2, since the published 1/d
+    makes the cube explode on the classifier's large ReLU features."""
     if gamma is None:
         gamma = 1.0 / float(real.double().square().sum(dim=1).mean())
     size = min(subset_size, real.size(0), fake.size(0))
@@ -534,7 +497,7 @@ def kid(
 
 
 def knn_radius(features: Tensor, ks: tuple[int, ...], chunk: int = 1024) -> list[Tensor]:
-    """For each k in ks: every point's distance to its k-th nearest other point (N,)."""
+    """For each k: every point's distance to its k-th nearest other point."""
     kmax = max(ks)
     nearest = torch.cat(
         [torch.cdist(rows, features).topk(kmax + 1, dim=1, largest=False).values for rows in features.split(chunk)]
@@ -545,15 +508,7 @@ def knn_radius(features: Tensor, ks: tuple[int, ...], chunk: int = 1024) -> list
 def precision_recall_density_coverage(
     real: Tensor, fake: Tensor, pr_k: int = 3, dc_k: int = 5, chunk: int = 1024
 ) -> dict[str, float]:
-    """Four k-NN statistics of two feature sets, strict `<` as the reference code (clovaai/prdc).
-
-    Each point owns a ball reaching its k-th nearest neighbour of its own set.
-    - precision (Kynkaanniemi et al. 2019, k=3): share of fakes inside the real manifold (fidelity)
-    - recall (same, k=3): share of reals inside the fake manifold (diversity)
-    - density (Naeem et al. 2020, k=5): real balls per fake, / k; about 1 when matched
-    - coverage (same, k=5): share of reals whose ball holds at least one fake
-    Distances are taken in row chunks: 10k x 10k at once would be 400 MB.
-    """
+    """Kynkaanniemi et al. 2019 and Naeem et al. 2020, strict `<` as clovaai/prdc; row chunks bound memory."""
     real_pr, real_dc = knn_radius(real, (pr_k, dc_k), chunk)
     (fake_pr,) = knn_radius(fake, (pr_k,), chunk)
     in_real_manifold = torch.zeros(fake.size(0), dtype=torch.bool)
@@ -576,7 +531,6 @@ def precision_recall_density_coverage(
 
 
 def distribution_metrics(real: Tensor, fake: Tensor, cfg: MetricsConfig, seed: int = 0) -> dict[str, float]:
-    """FID, KID, precision/recall and density/coverage of two feature sets (N, d) and (M, d)."""
     results = {"fid": fid(real, fake)}
     gamma = 1.0 / real.size(1) if cfg.features == FeatureSpace.inception else None
     results["kid_mean"], results["kid_std"] = kid(real, fake, cfg.kid_subsets, cfg.kid_subset_size, seed, gamma)
@@ -588,12 +542,11 @@ def distribution_metrics(real: Tensor, fake: Tensor, cfg: MetricsConfig, seed: i
 
 
 def histogram(labels: Tensor, num_classes: int) -> Tensor:
-    """Share of each class, float64 (num_classes,)."""
     return torch.bincount(labels, minlength=num_classes).double() / max(labels.numel(), 1)
 
 
 def kl_divergence(q: Tensor, p: Tensor) -> float:
-    """KL(q || p) = sum q log(q / p) in nats; empty classes of q add 0 (0 log 0 = 0)."""
+    """KL(q || p) in nats; 0 log 0 = 0."""
     present = q > 0
     return float((q[present] * (q[present] / p[present]).log()).sum())
 
@@ -601,22 +554,16 @@ def kl_divergence(q: Tensor, p: Tensor) -> float:
 def class_coverage(
     fake_labels: Tensor, real_labels: Tensor, num_classes: int, threshold: float = 0.01
 ) -> dict[str, float]:
-    """Classes holding >= threshold of the samples, and KL(samples' classes || data's classes).
-
-    The data's histogram is add-one smoothed (Laplace): a class the data lacks costs about log(N),
-    not infinity.
-    """
+    """Classes holding >= threshold of the samples, and KL(samples || data); the data's histogram is add-one
+    smoothed so a class it lacks costs about log(N), not infinity."""
     q = histogram(fake_labels, num_classes)
     p = (torch.bincount(real_labels, minlength=num_classes).double() + 1) / (real_labels.numel() + num_classes)
     return {"classes_covered": int((q >= threshold).sum()), "class_kl": kl_divergence(q, p)}
 
 
 def mode_coverage(fake_modes: Tensor, num_modes: int = 1000) -> dict[str, float]:
-    """Stacked-MNIST modes: how many of the num_modes digit triples appear at least once, and
-    KL(samples' modes || uniform), as in Metz et al. 2017, Srivastava et al. 2017, Lin et al. 2018.
-
-    Also `digit_kl_ch{c}`: KL(channel c's digits || uniform over 10), which tells a mode KL caused
-    by one channel's unbalanced digits from one spread over the joint."""
+    """Stacked-MNIST modes covered and KL to uniform (Metz et al. 2017); `digit_kl_ch{c}` tells one channel's
+    unbalanced digits from a mode KL spread over the joint."""
     q = histogram(fake_modes, num_modes)
     uniform = torch.full((num_modes,), 1.0 / num_modes, dtype=torch.float64)
     results = {"modes_covered": int((q > 0).sum()), "mode_kl": kl_divergence(q, uniform)}
@@ -627,24 +574,21 @@ def mode_coverage(fake_modes: Tensor, num_modes: int = 1000) -> dict[str, float]
 
 
 def mode_digits(modes: Tensor) -> list[Tensor]:
-    """Stacked modes 100 a + 10 b + c -> [a, b, c], one digit tensor per channel."""
+    """100 a + 10 b + c -> [a, b, c]."""
     return [torch.div(modes, power, rounding_mode="floor") % 10 for power in (100, 10, 1)]
 
 
 def is_stacked(dataset: ImageSet) -> bool:
-    """Stacked-MNIST-like: 1000 classes over 3 channels, label = 100 a + 10 b + c per channel."""
     return dataset.num_classes == 1000 and dataset.images[0].size(0) == 3  # channels of one image
 
 
 def with_gaussian_noise(images: Tensor, sigma: float, seed: int = 0) -> Tensor:
-    """uint8 images + N(0, sigma^2) noise (sigma in units of the full range), rounded back to uint8:
-    a calibration degradation (Heusel et al. 2017, fig. 1)."""
+    """A calibration degradation (Heusel et al. 2017, fig. 1); sigma in units of the full range."""
     noise = torch.randn(images.shape, generator=torch.Generator().manual_seed(seed)) * (255 * sigma)
     return (images.float() + noise).round_().clamp_(0, 255).to(torch.uint8)
 
 
 def with_gaussian_blur(images: Tensor, sigma: float) -> Tensor:
-    """uint8 images through a 3 x 3 Gaussian blur of `sigma` pixels, rounded back to uint8: a
-    calibration degradation (scripts/calibrate.py)."""
+    """A calibration degradation: a 3 x 3 blur of `sigma` pixels."""
     smooth = gaussian_blur(images.float(), kernel_size=[3, 3], sigma=[sigma, sigma])
     return smooth.round_().clamp_(0, 255).to(torch.uint8)

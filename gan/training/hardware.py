@@ -14,7 +14,7 @@ import os
 import torch
 from torch import nn
 
-from gan.config import OnNonFinite, Precision, TrainConfig
+from gan.config import Precision, TrainConfig
 from gan.core.models import Discriminator
 from gan.core.steps import StepContext
 from gan.device import retain_freed_memory, setup_torch
@@ -74,14 +74,6 @@ def step_context(precision: Precision, device: torch.device, skip_nonfinite: boo
     )
     scaler = torch.amp.GradScaler(device.type, enabled=precision == Precision.fp16)
     return StepContext(autocast=autocast, scaler=scaler, skip_nonfinite=skip_nonfinite)
-
-
-def arithmetic_of(cfg: TrainConfig, device: torch.device) -> tuple[StepContext, Precision]:
-    """The StepContext of trainer.precision and trainer.on_nan on this device, and the precision
-    that `auto` resolved to."""
-    precision = resolve_precision(cfg.trainer.precision, device)
-    skip = cfg.trainer.on_nan == OnNonFinite.skip
-    return step_context(precision, device, skip_nonfinite=skip), precision
 
 
 def compile_models(G: nn.Module, D: Discriminator) -> None:

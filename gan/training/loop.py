@@ -47,7 +47,7 @@ from gan.training.faults import (
     explain_allocation_failure,
     stop_on_signals,
 )
-from gan.training.hardware import arithmetic_of, prepare_process
+from gan.training.hardware import prepare_process
 from gan.training.monitor import (
     FAKE_TAG,
     RAW_FAKE_TAG,
@@ -69,9 +69,9 @@ from gan.training.quality import BEST_FID_TAG, FID_TAG, QUALITY_TAGS, QualityPro
 from gan.training.state import (
     TrainingState,
     build_state,
+    build_step_context,
     rng_state,
     set_learning_rates,
-    with_objective,
     wrap_for_ddp,
 )
 from gan.training.threads import thread_governor
@@ -297,8 +297,7 @@ def set_up(
     device = prepare_process(cfg, world)
     # read the checkpoint to resume from before any work, so a bad path fails at once
     resume_from = load_checkpoint(cfg.trainer.resume, map_location=device) if cfg.trainer.resume else None
-    arithmetic, precision = arithmetic_of(cfg, device)
-    ctx = with_objective(arithmetic, cfg, device)  # the loss, its extra terms, and the precision of both steps
+    ctx, precision = build_step_context(cfg, device)  # the precision, the loss and its extra terms of both steps
     with explain_allocation_failure(cfg):  # model.g_width=10000000: one paragraph, not a traceback
         training_set = dataset or load_dataset(cfg.data)
         state = build_state(cfg, device, ctx.scaler, world, training_set)

@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel
 
 from gan.checkpoint import load_module_state
-from gan.config import TrainConfig, to_plain
+from gan.config import OnNonFinite, Precision, TrainConfig, to_plain
 from gan.core.augment import AdaptiveAugment, diff_augment, no_augment
 from gan.core.ema import build_ema
 from gan.core.losses import LOSSES, AdversarialLoss, d_loss_bce
@@ -31,7 +31,7 @@ from gan.core.steps import Penalties, StepContext
 from gan.data import BatchStream, ImageSet, load_dataset
 from gan.distributed import SINGLE, World
 from gan.errors import CheckpointError, ConfigError
-from gan.training.hardware import compile_models
+from gan.training.hardware import compile_models, resolve_precision, step_context
 
 log = logging.getLogger(__name__)
 
@@ -345,9 +345,12 @@ def build_loss(cfg: TrainConfig) -> AdversarialLoss:
     return loss
 
 
-def with_objective(ctx: StepContext, cfg: TrainConfig, device: torch.device = CPU) -> StepContext:
-    """`ctx` (the arithmetic) with the configured loss, penalties, G terms and D's augmentation
-    (an AdaptiveAugment, whose p lives on `device`, when model.ada_target is set)."""
+def build_step_context(cfg: TrainConfig, device: torch.device = CPU) -> tuple[StepContext, Precision]:
+    """The StepContext both steps run with: trainer.precision on this device (and the precision `auto`
+    resolved to, returned beside it), trainer.on_nan, the loss, its penalties and G terms, and D's
+    augmentation (an AdaptiveAugment, whose p lives on `device`, when model.ada_target is set)."""
+    precision = resolve_precision(cfg.trainer.precision, device)
+    ctx = step_context(precision, device, skip_nonfinite=cfg.trainer.on_nan == OnNonFinite.skip)
     return dataclasses.replace(
         ctx,
         loss=build_loss(cfg),
@@ -355,7 +358,7 @@ def with_objective(ctx: StepContext, cfg: TrainConfig, device: torch.device = CP
         feature_matching=cfg.loss.feature_matching,
         backward_mode=cfg.loss.backward_mode,
         augment=build_augment(cfg, device),
-    )
+    ), precision
 
 
 def build_augment(cfg: TrainConfig, device: torch.device = CPU) -> Callable[[Tensor], Tensor]:
