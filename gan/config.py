@@ -1,8 +1,5 @@
-"""Typed configuration: one dataclass per `configs/` group, registered with Hydra's ConfigStore.
-
-Owns the schema (names, types, defaults) and the range checks Hydra cannot express (`check()`, run by
-`validate()`); Hydra itself refuses wrong types, unknown keys and unknown choices at the command line.
-"""
+"""Typed configuration: one dataclass per `configs/` group, registered with Hydra's ConfigStore, and the range
+checks Hydra cannot express (`check()`)."""
 
 from __future__ import annotations
 
@@ -27,8 +24,6 @@ class LossName(str, Enum):
 
 
 class DatasetName(str, Enum):
-    """The datasets: one opener each in gan/data/sources.py and one option each in configs/data/."""
-
     digits = "digits"  # built in: rendered from a font, no download
     mnist = "mnist"  # torchvision's MNIST
     fashion_mnist = "fashion_mnist"  # torchvision's FashionMNIST
@@ -42,8 +37,6 @@ class DatasetName(str, Enum):
 
 
 class DiffAugmentPolicy(str, Enum):
-    """The DiffAugment policies of gan/core/augment.py (Zhao et al. 2020's reference code)."""
-
     color = "color"  # brightness, saturation, contrast, one random factor each per image
     translation = "translation"  # a shift of up to 1/8 of the side, zeros shifted in
     cutout = "cutout"  # a square of half the side set to zero
@@ -55,8 +48,6 @@ class OnNonFinite(str, Enum):
 
 
 class OnCollapse(str, Enum):
-    """What the collapse alarm does when D has won over trainer.collapse_window steps (gan/training/collapse.py)."""
-
     off = "off"  # no watch
     warn = "warn"  # one warning per episode, a text summary and the scalar train/d_won in TensorBoard
     stop = "stop"  # the same, then end the run after that step with its checkpoint (exit code 4): sweeps save time
@@ -303,8 +294,7 @@ class TrainConfig:
 
 
 def check_threads(threads: int, key: str, zero_means: str) -> None:
-    """A fixed thread count at most the CPUs this process may use: torch.set_num_threads takes any int,
-    and a count far above them crashes its thread pool."""
+    """torch.set_num_threads takes any int, and a count far above the CPUs crashes its thread pool."""
     cpus = available_cpus()
     _require(
         threads <= cpus,
@@ -316,8 +306,7 @@ def check_threads(threads: int, key: str, zero_means: str) -> None:
 
 
 def check_minibatch_std(group: int, batch_size: int, pack: int) -> None:
-    """model.minibatch_std must divide the samples D judges at once: MinibatchStd silently shrinks a
-    group size that does not to gcd(samples, group)."""
+    """MinibatchStd silently shrinks a group size that does not divide D's samples to their gcd."""
     per_pack = batch_size // pack
     if group == 0 or per_pack % group == 0:
         return
@@ -336,8 +325,7 @@ def check_minibatch_std(group: int, batch_size: int, pack: int) -> None:
 
 
 def require_finite(config: Any, prefix: str = "") -> None:
-    """Every float setting of a schema, nested groups included, must be finite: Hydra reads `nan`,
-    `inf` and `1e400` as floats, and a range check such as `lr_d > 0` lets inf through."""
+    """Hydra reads `nan`, `inf` and `1e400` as floats, and a range check such as `lr_d > 0` lets inf through."""
     for spec in fields(config):
         value, key = getattr(config, spec.name), f"{prefix}{spec.name}"
         if is_dataclass(value):
@@ -352,7 +340,7 @@ def require_finite(config: Any, prefix: str = "") -> None:
 
 
 def check_device_name(name: str, key: str) -> None:
-    """The spelling of a device setting (whether this machine has it is gan.device's question)."""
+    """The spelling only: whether this machine has it is gan.device's question."""
     known = name in ("auto", "cpu", "cuda", "mps") or (name.startswith("cuda:") and name[5:].isdigit())
     _require(known, key, name, "must be auto, cpu, cuda, cuda:N or mps")
 
@@ -368,7 +356,6 @@ def _require(ok: bool, key: str, value: Any, why: str) -> None:
 
 
 def validate(cfg: DictConfig) -> TrainConfig:
-    """DictConfig (from Hydra) -> checked TrainConfig; raises ConfigError naming the key."""
     typed = OmegaConf.to_object(cfg)
     assert isinstance(typed, TrainConfig), type(typed)
     typed.check()
@@ -376,24 +363,20 @@ def validate(cfg: DictConfig) -> TrainConfig:
 
 
 def to_plain(cfg: TrainConfig | DictConfig) -> dict:
-    """The resolved config as plain dicts, lists and strings: what a checkpoint and TensorBoard hold."""
+    """What a checkpoint and TensorBoard hold."""
     node = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
     return OmegaConf.to_container(node, resolve=True, enum_to_str=True)
 
 
 def register_configs() -> None:
-    """Register `train_schema` for `configs/train.yaml` and the `run_suffix` resolver."""
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
     if not OmegaConf.has_resolver("run_suffix"):
         OmegaConf.register_new_resolver("run_suffix", run_suffix)
 
 
 def run_suffix(overrides: Sequence[str], exclude: Sequence[str] = (), limit: int = 120) -> str:
-    """A run folder's suffix after its time: `_key-value+key-value` of the overrides that set what it
-    computes (less `exclude` and Hydra's own), e.g. `_loss-hinge+optim.lr-2e-4`; '' without any.
-
-    Only letters, digits and `._+-@%`, so the folder can be passed to `trainer.resume=` unquoted: a list's
-    items are joined by `-`, any other character becomes `_`, and the name is cut at `limit`."""
+    """A run folder's suffix from its overrides, e.g. `_loss-hinge+optim.lr-2e-4`: only letters, digits and
+    `._+-@%`, so the folder can be passed to `trainer.resume=` unquoted."""
     items = []
     for override in sorted(overrides, key=lambda o: o.lstrip("+~")):
         key, equals, value = override.lstrip("+~").partition("=")
@@ -405,8 +388,7 @@ def run_suffix(overrides: Sequence[str], exclude: Sequence[str] = (), limit: int
     return f"_{name[:limit]}" if name else ""
 
 
-# evaluate.py -------------------------------------------------------------------------------------
-# The schema of `configs/evaluate.yaml`; its `data` is the checkpoint's, with command-line `data.*` laid over it.
+# evaluate.py: its `data` is the checkpoint's, with command-line `data.*` laid over it
 
 
 class FeatureSpace(str, Enum):
@@ -537,7 +519,7 @@ class EvaluateConfig:
 
 
 def validate_evaluate(cfg: DictConfig) -> EvaluateConfig:
-    """DictConfig (from Hydra) -> checked EvaluateConfig, `data` aside; raises ConfigError naming the key."""
+    """`data` aside; raises ConfigError naming the key."""
     if OmegaConf.is_missing(cfg, "checkpoint"):
         raise ConfigError(
             "checkpoint=PATH is required: a checkpoint file (checkpoints/last.pt) or the "
@@ -550,5 +532,4 @@ def validate_evaluate(cfg: DictConfig) -> EvaluateConfig:
 
 
 def register_evaluate_configs() -> None:
-    """Make `evaluate_schema` available to `configs/evaluate.yaml`'s defaults list."""
     ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)

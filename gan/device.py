@@ -1,6 +1,4 @@
-"""This process and its hardware: the device (`trainer.device` or evaluate's `device` -> a
-torch.device that exists here), threads and seeds, and the CPU allocator setting. Shared by
-training and evaluation."""
+"""This process and its hardware: the device, threads and seeds, and the CPU allocator setting."""
 
 from __future__ import annotations
 
@@ -14,7 +12,7 @@ from gan.errors import ConfigError
 
 
 def setup_torch(device: str, threads: int, seed: int, key: str) -> torch.device:
-    """Threads (0 keeps torch's default) and seeds; returns the device named by the setting `key`."""
+    """threads=0 keeps torch's default; `key` names the setting in errors."""
     if threads:
         torch.set_num_threads(threads)
     seed_everything(seed)
@@ -22,7 +20,7 @@ def setup_torch(device: str, threads: int, seed: int, key: str) -> torch.device:
 
 
 def available_cpus() -> int:
-    """The CPUs this process may run on: its affinity mask where the OS has one, else every CPU."""
+    """Its affinity mask where the OS has one, else every CPU."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
@@ -30,14 +28,12 @@ def available_cpus() -> int:
 
 
 def seed_everything(seed: int) -> None:
-    """Seed Python's and torch's global generators (this project draws nothing from numpy)."""
+    """Not numpy's: this project draws nothing from it."""
     random.seed(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
 def resolve_device(name: str, key: str = "trainer.device") -> torch.device:
-    """auto -> cuda if available, then mps, then cpu; an explicit device must be available (the
-    error names the setting `key`)."""
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
@@ -58,21 +54,12 @@ def resolve_device(name: str, key: str = "trainer.device") -> torch.device:
     return device
 
 
-# The CPU fast path's allocator setting ------------------------------------------------------------
-
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameter numbers from glibc's <malloc.h>
 
 
 def retain_freed_memory(limit_bytes: int = 1 << 30) -> bool:
-    """Make glibc's malloc keep freed blocks up to `limit_bytes` for reuse instead of handing them
-    back to the OS; returns whether the setting took effect (glibc only; False elsewhere).
-
-    Why: glibc serves each block above its mmap threshold (at most 32 MiB) with a fresh mmap and
-    unmaps it on free, so a step's large activations come back every iteration as new pages that
-    fault in on first touch. PyTorch's performance tuning guide gets the same by preloading jemalloc
-    or tcmalloc; mallopt(3) does it from inside the process. The price: the process keeps its
-    high-water mark of memory (docs/speed.md).
-    """
+    """glibc keeps freed blocks for reuse instead of unmapping them, so large activations stop page-faulting
+    every step (as a jemalloc preload would; docs/speed.md). Returns whether it took effect (glibc only)."""
     try:
         libc = ctypes.CDLL(None)
         mallopt = libc.mallopt

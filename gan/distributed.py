@@ -1,8 +1,5 @@
-"""torch.distributed for torchrun: process group, this process's rank and device, agreement.
-
-Owns everything rank-aware that is not the training math. Launch with `torchrun --nproc_per_node=N
-train.py ...`; a plain `python train.py` is a world of one and none of this does anything.
-"""
+"""torch.distributed for torchrun: everything rank-aware that is not the training math.
+A plain `python train.py` is a world of one, and none of this does anything."""
 
 from __future__ import annotations
 
@@ -35,11 +32,7 @@ SINGLE = World()
 
 
 def world_from_env() -> World:
-    """The World torchrun describes in RANK / WORLD_SIZE / LOCAL_RANK (a world of one without it).
-
-    Tasks that submitit starts on SLURM (hydra/launcher=slurm) carry SLURM's variables instead;
-    submitit's own helper exports torch.distributed's from them (MASTER_ADDR/PORT too).
-    """
+    """torchrun's RANK / WORLD_SIZE / LOCAL_RANK; submitit's SLURM tasks get them from its own helper."""
     if "RANK" not in os.environ and "SUBMITIT_EXECUTOR" in os.environ and int(os.environ.get("SLURM_NTASKS", 1)) > 1:
         from submitit.helpers import TorchDistributedEnvironment  # installed with the slurm extra
 
@@ -50,7 +43,6 @@ def world_from_env() -> World:
 
 
 def init_process_group(world: World, device_name: str) -> None:
-    """Join the job's process group: nccl when this rank trains on a GPU, gloo on the CPU."""
     if not world.distributed or dist.is_initialized():
         return
     on_gpu = device_name != "cpu" and torch.cuda.is_available()
@@ -60,14 +52,12 @@ def init_process_group(world: World, device_name: str) -> None:
 
 
 def rank_device(world: World, device: torch.device) -> torch.device:
-    """Each rank on a machine takes its own GPU (cuda:LOCAL_RANK); CPU ranks share the CPU."""
     if world.distributed and device.type == "cuda":
         return torch.device("cuda", world.local_rank)
     return device
 
 
 def broadcast_object(value: Any, world: World) -> Any:
-    """Rank 0's value, on every rank (e.g. its Hydra run directory)."""
     if not world.distributed:
         return value
     holder = [value]
@@ -76,8 +66,7 @@ def broadcast_object(value: Any, world: World) -> Any:
 
 
 def gather_to_main(value: Any, world: World) -> Optional[list[Any]]:
-    """Every rank's `value`, in rank order, on rank 0 (None elsewhere). A collective: every rank
-    must call it at the same point."""
+    """In rank order on rank 0, None elsewhere; a collective, so every rank must call it."""
     if not world.distributed:
         return [value]
     gathered: Optional[list[Any]] = [None] * world.size if world.is_main else None
@@ -86,8 +75,7 @@ def gather_to_main(value: Any, world: World) -> Optional[list[Any]]:
 
 
 def any_rank(flag: bool, world: World, device: torch.device) -> bool:
-    """True on every rank if it is True on any: ranks must stop at the same step, or the ones
-    still training wait forever in an all-reduce for the ones that left."""
+    """Ranks must stop at the same step, or the ones still training wait forever in an all-reduce."""
     if not world.distributed:
         return flag
     value = torch.tensor([float(flag)], device=device)
@@ -96,7 +84,6 @@ def any_rank(flag: bool, world: World, device: torch.device) -> bool:
 
 
 def mean_over_ranks(value: Tensor, world: World) -> Tensor:
-    """The mean of a tensor over all ranks (one all-reduce); the tensor itself in a single process."""
     if not world.distributed:
         return value
     total = value.clone()

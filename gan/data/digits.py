@@ -1,8 +1,4 @@
-"""The built-in dataset: digits 0-9 rendered with Pillow's bundled scalable font, then jittered.
-
-Owns the renderer only (a pure function of a seed: no file, no download); `gan.data.sources`
-turns its output into a dataset split like any other.
-"""
+"""The built-in dataset: digits 0-9 rendered with Pillow's bundled font, then jittered; no download."""
 
 from __future__ import annotations
 
@@ -20,11 +16,7 @@ _STROKES = (1, 2, 3)  # extra stroke width in template pixels: thin, regular, bo
 
 
 def render_digits(num_samples: int, image_size: int, seed: int) -> tuple[Tensor, Tensor]:
-    """Procedural digits: uint8 images (N, 1, S, S) and labels (N,), a pure function of the seed.
-
-    Each digit is drawn once per stroke width, then every sample gets its own random affine, blur and
-    noise, as batched tensor ops.
-    """
+    """A pure function of the seed: each digit drawn once per stroke, then a random affine, blur and noise."""
     gen = torch.Generator().manual_seed(seed)
     templates = _digit_templates(max(64, 2 * image_size))  # (10 * strokes, 1, T, T) in [0, 1]
     labels = torch.randint(0, NUM_DIGIT_CLASSES, (num_samples,), generator=gen)
@@ -60,7 +52,6 @@ def _digit_templates(size: int) -> Tensor:
 
 
 def _jitter(templates: Tensor, image_size: int, gen: Tensor | torch.Generator) -> Tensor:
-    """Random affine + blur + noise on a batch of templates -> uint8 images at image_size."""
     n = templates.size(0)
 
     def uniform(low: float, high: float) -> Tensor:
@@ -87,7 +78,7 @@ def _jitter(templates: Tensor, image_size: int, gen: Tensor | torch.Generator) -
 
 
 def _gaussian_blur(x: Tensor, sigma: Tensor) -> Tensor:
-    """Separable Gaussian blur with one sigma per image (grouped conv over the batch)."""
+    """One sigma per image (grouped conv over the batch)."""
     n, _, h, w = x.shape
     radius = max(1, math.ceil(2 * float(sigma.max())))
     offsets = torch.arange(-radius, radius + 1, dtype=x.dtype)

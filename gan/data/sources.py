@@ -1,10 +1,5 @@
-"""Datasets: where images come from and how they become uint8 squares.
-
-Owns every dataset as an `ImageSource` (a torch Dataset of uint8 (C, S, S) images with labels), how
-images become uint8 squares of `data.image_size` with `data.channels`, and each training/held-out
-split. `data.in_memory` picks how the loop is fed: one uint8 tensor on the training device (a batch
-is one indexing op), or DataLoader workers that decode what a batch asks for. Both give the same pixels.
-"""
+"""Datasets: every dataset as an `ImageSource` of uint8 squares with labels, and its two splits.
+In memory (one tensor, a batch is one indexing op) or streamed by DataLoader workers: the same pixels."""
 
 from __future__ import annotations
 
@@ -33,39 +28,30 @@ from gan.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
-# Auto in-memory limit: 512 MiB of uint8 pixels holds MNIST up to 64 px and Stacked-MNIST's 128k at 32 px.
 IN_MEMORY_LIMIT = 512 * 2**20
 HELD_OUT_EVERY = 7  # folders: 1 image in 7 is held out, MNIST's 10k / 70k
 _HELD_OUT_SEED_OFFSET = 1_000_003  # generated sets: the held-out split uses seed + this
 
 
 class EmptySplitError(DataError):
-    """A split that holds no image (a folder too small for 1 in HELD_OUT_EVERY to fall in it)."""
+    """A folder too small for 1 in HELD_OUT_EVERY to fall in a split."""
 
 
 @dataclass
 class ImageSet:
-    """A split of a dataset: its images (a uint8 (N, C, H, W) tensor in memory, or an ImageSource when
-    streamed), their integer class labels (N,) and the number of classes."""
-
     images: Tensor | Dataset
     labels: Tensor
     num_classes: int
 
 
 def take(images: Tensor | Dataset, index: Tensor) -> Tensor:
-    """uint8 images at `index`, from an in-memory tensor or a Dataset that decodes one at a time."""
     if isinstance(images, Tensor):
         return images[index]
     return torch.stack([images[int(i)] for i in index])
 
 
-# loading ---------------------------------------------------------------------------------------
-
-
 def load_dataset(cfg: DataConfig, train: bool = True, in_memory: Optional[bool] = None) -> ImageSet:
-    """The configured dataset's training split (train=True) or held-out split; `in_memory` overrides
-    `cfg.in_memory` (None: follow it)."""
+    """`in_memory` overrides `cfg.in_memory` (None: follow it)."""
     started = time.perf_counter()
     source, split = open_source(cfg, train), "training" if train else "held-out"
     if train and cfg.limit:  # the first N images, their labels with them; the held-out split stays whole
@@ -93,7 +79,7 @@ def load_dataset(cfg: DataConfig, train: bool = True, in_memory: Optional[bool] 
 
 
 def check_limit(cfg: DataConfig, size: int) -> None:
-    """Refuse a data.limit above the training split's size: a run recorded as limit=N must have seen N images."""
+    """A run recorded as limit=N must have seen N images."""
     if cfg.limit <= size:
         return
     generated = cfg.name in (DatasetName.digits, DatasetName.stacked)
@@ -105,7 +91,7 @@ def check_limit(cfg: DataConfig, size: int) -> None:
 
 
 def open_source(cfg: DataConfig, train: bool = True) -> ImageSource:
-    """The ImageSource that `cfg.name` names: arrays are read (digits rendered), files only listed."""
+    """Arrays are read (digits rendered), files only listed."""
     opener = _OPENERS.get(cfg.name)
     if opener is None:
         raise DataError(
@@ -115,12 +101,8 @@ def open_source(cfg: DataConfig, train: bool = True) -> ImageSource:
     return opener(cfg, train)
 
 
-# image sources: one Dataset type per kind of storage --------------------------------------------
-
-
 class ImageSource(Dataset):
-    """A dataset as uint8 (channels, image_size, image_size) images with integer labels: one image by
-    `__getitem__` (DataLoader workers), all at once by `load_all` (in memory), the same pixels."""
+    """uint8 (C, S, S) images with labels: one by `__getitem__` (workers) or all by `load_all`, the same pixels."""
 
     def __init__(self, labels: Tensor, num_classes: int, channels: int, image_size: int):
         self.labels, self.num_classes = labels.long(), num_classes
@@ -133,11 +115,9 @@ class ImageSource(Dataset):
         raise NotImplementedError
 
     def first(self, count: int) -> ImageSource:
-        """The first `count` images and their labels, in the same kind of storage (data.limit)."""
         raise NotImplementedError
 
     def load_all(self) -> Tensor:
-        """Every image as one uint8 (N, C, S, S) tensor, decoded in parallel by DataLoader workers."""
         out = torch.empty(len(self), self.channels, self.image_size, self.image_size, dtype=torch.uint8)
         # Forking workers costs more than it saves on a few hundred small files.
         workers = min(8, available_cpus()) if len(self) >= 1024 else 0
@@ -149,8 +129,7 @@ class ImageSource(Dataset):
 
 
 class ArrayImages(ImageSource):
-    """Images already in one uint8 array (N, C, H, W) at any size and channel count: digits, MNIST,
-    Fashion-MNIST, CIFAR-10. Converted and resized per image, or in chunks by load_all."""
+    """One uint8 array (N, C, H, W) at any size and channel count."""
 
     def __init__(self, raw: Tensor, labels: Tensor, num_classes: int, channels: int, image_size: int):
         super().__init__(labels, num_classes, channels, image_size)
@@ -163,14 +142,12 @@ class ArrayImages(ImageSource):
         return ArrayImages(self.raw[:count], self.labels[:count], self.num_classes, self.channels, self.image_size)
 
     def load_all(self) -> Tensor:
-        # Each op works per image, so a chunk of 4096 gives exactly the pixels of 4096 single calls
+        # each op works per image: a chunk gives exactly the pixels of single calls
         chunks = [fit_square(convert_channels(chunk, self.channels), self.image_size) for chunk in self.raw.split(4096)]
         return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
 
 
 class ImageFiles(ImageSource):
-    """Image files (PNG, JPEG, ...), decoded with Pillow when an image is asked for."""
-
     def __init__(self, paths: Sequence[Path], labels: Tensor, num_classes: int, channels: int, image_size: int):
         super().__init__(labels, num_classes, channels, image_size)
         self.paths = [str(p) for p in paths]  # str: cheaper than Path to hand to forked workers
@@ -183,8 +160,6 @@ class ImageFiles(ImageSource):
 
 
 class StackedImages(ImageSource):
-    """Stacked-MNIST: three images of a grayscale set as the R, G and B channels of one image."""
-
     def __init__(self, source: Tensor, triples: Tensor, labels: Tensor):
         super().__init__(labels, 1000, 3, source.size(-1))
         self.source, self.triples = source, triples  # (M, 1, S, S) uint8, (N, 3) indices into it
@@ -199,27 +174,15 @@ class StackedImages(ImageSource):
         return self.source[self.triples].flatten(1, 2)  # one gather: (N, 3, 1, S, S) -> (N, 3, S, S)
 
 
-# pixels: one place that decides sizes and colours ------------------------------------------------
-
-
 def fit_square(images: Tensor, size: int) -> Tensor:
-    """uint8 (..., C, H, W) -> (..., C, size, size): the shorter side resized to `size`, then the
-    centre cropped: the PyTorch DCGAN tutorial's Resize(size) + CenterCrop(size).
-
-    Bilinear with antialias=True, the filter PIL uses, so shrinking averages pixels instead of
-    skipping them. Small images are resized up, not padded (28 -> 32 for MNIST, as pytorch/examples).
-    """
+    """The DCGAN tutorial's Resize + CenterCrop; antialiased as PIL is, so shrinking averages pixels."""
     if images.shape[-2:] == (size, size):
         return images
     return TF.center_crop(TF.resize(images, [size], antialias=True), [size, size])
 
 
 def convert_channels(images: Tensor, channels: int) -> Tensor:
-    """uint8 (..., C, H, W) -> (..., channels, H, W): gray repeated into RGB, or RGB to luma.
-
-    Luma is ITU-R 601-2 in Pillow's own fixed-point form (Convert.c), so an RGB image turns gray to the
-    same byte whether read from files (Pillow converts) or from arrays (this function).
-    """
+    """Gray repeated into RGB, or RGB to luma in Pillow's fixed-point form, so files and arrays agree."""
     if images.size(-3) == channels:
         return images
     if channels == 3:
@@ -230,7 +193,6 @@ def convert_channels(images: Tensor, channels: int) -> Tensor:
 
 
 def read_image(path: str, channels: int, size: int) -> Tensor:
-    """One image file -> uint8 (channels, size, size); Pillow converts palette, alpha and CMYK."""
     try:
         with Image.open(path) as image:
             pixels = pil_to_tensor(image.convert("L" if channels == 1 else "RGB"))
@@ -243,8 +205,6 @@ def read_image(path: str, channels: int, size: int) -> Tensor:
         ) from err
     return fit_square(pixels, size)
 
-
-# torchvision's datasets --------------------------------------------------------------------------
 
 _IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 _CIFAR_FILES = (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta")
@@ -259,7 +219,6 @@ def open_fashion_mnist(cfg: DataConfig, train: bool) -> ArrayImages:
 
 
 def _open_mnist_like(cfg: DataConfig, train: bool, kind: type[datasets.MNIST], download_size: str) -> ArrayImages:
-    """MNIST and Fashion-MNIST through torchvision: uint8 (N, 28, 28) arrays read from IDX files."""
     folder = _root(cfg) / kind.__name__ / "raw"  # torchvision's layout: ROOT/MNIST/raw
     missing = [name for name in _IDX_FILES if not (folder / name).is_file()]
     if missing and not cfg.download:
@@ -298,8 +257,7 @@ _IDX_ITEM_BYTES = {0x08: 1, 0x09: 1, 0x0B: 2, 0x0C: 4, 0x0D: 4, 0x0E: 8}
 
 
 def _check_idx_length(cfg: DataConfig, path: Path) -> None:
-    """An IDX file must be exactly as long as its header says: refuse a short one, naming it (torchvision
-    does not). A header with a wrong type code is left to torchvision's own refusal."""
+    """Refuse an IDX file not as long as its header says, naming it (torchvision does not)."""
     with path.open("rb") as file:
         header = file.read(4)
         if len(header) < 4 or header[2] not in _IDX_ITEM_BYTES or not 1 <= header[3] <= 3:
@@ -322,7 +280,6 @@ def _check_idx_length(cfg: DataConfig, path: Path) -> None:
 
 
 def open_cifar10(cfg: DataConfig, train: bool) -> ArrayImages:
-    """CIFAR-10 through torchvision (which checks each file's md5): uint8 (N, 32, 32, 3) arrays."""
     folder = _root(cfg) / datasets.CIFAR10.base_folder
     missing = [name for name in _CIFAR_FILES if not (folder / name).is_file()]
     if missing and not cfg.download:
@@ -341,7 +298,6 @@ def _which_missing(missing: Sequence[str], expected: Sequence[str]) -> str:
     return "none of them is there" if len(missing) == len(expected) else f"missing: {', '.join(missing)}"
 
 
-# Where each dataset that reads files looks under data.root, for the message of a root that is a file.
 _LAYOUT = {
     DatasetName.mnist: "reads its IDX files from data.root/MNIST/raw: set data.root to the folder that holds MNIST/raw",
     DatasetName.fashion_mnist: (
@@ -369,7 +325,6 @@ def _root(cfg: DataConfig) -> Path:
 
 
 def _torchvision(cfg: DataConfig, make: Callable[[], Dataset], folder: Path) -> Dataset:
-    """Build a torchvision dataset; its failures (download, checksum, format) become a DataError."""
     try:
         return make()
     except (RuntimeError, OSError, ValueError, TypeError, AssertionError, IndexError) as err:
@@ -388,12 +343,7 @@ def _torchvision(cfg: DataConfig, make: Callable[[], Dataset], folder: Path) -> 
         ) from err
 
 
-# folders of images -----------------------------------------------------------------------------
-
-
 def open_folder(cfg: DataConfig, train: bool) -> ImageFiles:
-    """Any folder of images: class subfolders as torchvision's ImageFolder reads them, else every
-    image below the folder, unlabelled (one class)."""
     return _image_folder(
         _root(cfg),
         cfg,
@@ -406,8 +356,7 @@ def open_folder(cfg: DataConfig, train: bool) -> ImageFiles:
 
 
 def open_celeba(cfg: DataConfig, train: bool) -> ImageFiles:
-    """CelebA's aligned-and-cropped faces (178x218 JPEGs) as a folder, where torchvision's CelebA
-    keeps them: ROOT/celeba/img_align_celeba. celeba.yaml sets the DCGAN tutorial's 64 px RGB."""
+    """CelebA's aligned faces, read as a folder where torchvision's CelebA keeps them."""
     folder = _root(cfg) / datasets.CelebA.base_folder
     if cfg.download and not (folder / "img_align_celeba").is_dir():
         _torchvision(cfg, lambda: datasets.CelebA(cfg.root, split="all", target_type=[], download=True), folder)
@@ -446,15 +395,10 @@ def _image_folder(root: Path, cfg: DataConfig, train: bool, remedy: str) -> Imag
 
 
 def list_images(root: Path) -> tuple[list[Path], list[int], int]:
-    """(paths, labels, number of classes) of the images in or below `root`, in a stable order.
-
-    When `root` holds only folders, each is a class (torchvision's ImageFolder); otherwise every image
-    below `root` is one class. Hidden files and folders are skipped.
-    """
+    """(paths, labels, classes): folders as classes (ImageFolder) when `root` holds only folders, else one."""
     entries = [p for p in root.iterdir() if not p.name.startswith(".") and p.name != CLASSIFIER_CACHE]
     if any(p.is_dir() for p in entries) and not any(_is_image(p) for p in entries):
-        # ImageFolder's listing (its make_dataset: sorted folders, sorted walk, image extensions),
-        # walked once; a folder without an image is no class
+        # ImageFolder's listing, walked once; a folder without an image is no class
         folders = sorted(p.name for p in entries if p.is_dir())
         samples = make_dataset(str(root), {name: i for i, name in enumerate(folders)}, IMG_EXTENSIONS, allow_empty=True)
         found = sorted({label for _, label in samples})  # folder indices, in the folders' order
@@ -468,7 +412,7 @@ def list_images(root: Path) -> tuple[list[Path], list[int], int]:
     return paths, [0] * len(paths), 1
 
 
-# The folder the metrics' classifier is cached in, under data.root; for data=folder never a class.
+# under data.root; for data=folder never a class
 CLASSIFIER_CACHE = "classifiers"
 
 
@@ -477,12 +421,8 @@ def _is_image(path: Path) -> bool:
 
 
 def is_held_out(relative: Path) -> bool:
-    """A folder image's split, from a hash of its path relative to the folder: the same on every
-    machine, and adding images never moves the others between the splits."""
+    """A hash of the path: the same on every machine, and adding images never moves the others."""
     return zlib.crc32(relative.as_posix().encode()) % HELD_OUT_EVERY == 0
-
-
-# built-in and composed datasets ------------------------------------------------------------------
 
 
 def open_digits(cfg: DataConfig, train: bool) -> ArrayImages:
@@ -494,9 +434,7 @@ def open_digits(cfg: DataConfig, train: bool) -> ArrayImages:
 
 
 def open_stacked(cfg: DataConfig, train: bool) -> StackedImages:
-    """Stacked-MNIST (Metz et al. 2017; Srivastava et al. 2017): three images of `data.source`,
-    drawn independently and uniformly, stacked as R, G, B. Its 1000 classes (label = 100 * red +
-    10 * green + blue digit) are the modes a mode-counting classifier looks for."""
+    """Stacked-MNIST (Metz et al. 2017): three uniform draws of `data.source` as R, G, B; 1000 modes."""
     try:  # the source split in memory, grayscale, at the target size; digits renders num_samples
         # limit=0: data.limit counts stacked images, not the source images they are drawn from
         source = load_dataset(replace(cfg, name=cfg.source, channels=1, limit=0), train, in_memory=True)
@@ -509,7 +447,6 @@ def open_stacked(cfg: DataConfig, train: bool) -> StackedImages:
     return StackedImages(source.images, triples, digits[:, 0] * 100 + digits[:, 1] * 10 + digits[:, 2])
 
 
-# One opener per DatasetName (tests/test_config.py checks that each has one and a configs/data yaml).
 _OPENERS: dict[DatasetName, Callable[[DataConfig, bool], ImageSource]] = {
     DatasetName.digits: open_digits,
     DatasetName.mnist: open_mnist,

@@ -1,9 +1,4 @@
-"""The batch stream that feeds the training loop: endless, shuffled per epoch, resumable.
-
-Owns the order in which images are visited ((epoch, batch) is its whole state), DDP sharding, and
-the two ways a batch is fetched: indexing a uint8 tensor on the training device, or DataLoader
-workers that decode images on the fly; labels, when given, come by the same indices.
-"""
+"""The batch stream that feeds the training loop: endless, shuffled per epoch, resumable, DDP-sharded."""
 
 from __future__ import annotations
 
@@ -21,18 +16,13 @@ from gan.errors import DataError
 
 
 def to_unit_range(images: Tensor) -> Tensor:
-    """uint8 [0, 255] -> float [-1, 1], the range of G's tanh."""
+    """uint8 -> float [-1, 1], the range of G's tanh."""
     return images.float().div_(127.5).sub_(1.0)
 
 
 class EpochBatchSampler(Sampler[list[int]]):
-    """Batches of indices over a fresh permutation per epoch, starting at any batch of any epoch.
-
-    Epoch e visits the items in the order randperm(N) of a generator seeded with (seed, e), so a
-    resumed run sees exactly the batches the uninterrupted run would have seen. The last incomplete
-    batch is dropped (BatchNorm dislikes tiny batches). Under DDP, as DistributedSampler: every rank
-    draws the same permutation and takes every world_size-th item from its rank on.
-    """
+    """Epoch e's order is seeded by (seed, e), so a resumed run sees the uninterrupted run's batches. The last
+    incomplete batch is dropped (BatchNorm dislikes tiny batches); DDP shards as DistributedSampler."""
 
     def __init__(self, size: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
         self.size, self.batch_size, self.seed = size, batch_size, seed
@@ -54,8 +44,6 @@ class EpochBatchSampler(Sampler[list[int]]):
 
 
 class _Rows(Dataset):
-    """An in-memory uint8 tensor seen as a Dataset of images, for DataLoader workers."""
-
     def __init__(self, images: Tensor):
         self.images = images
 
@@ -67,9 +55,6 @@ class _Rows(Dataset):
 
 
 class _LabelledRows(Dataset):
-    """A Dataset of images with a tensor of their labels: item i is (image i, label i), so DataLoader
-    workers collate a batch's labels from the same indices as its images."""
-
     def __init__(self, images: Tensor | Dataset, labels: Tensor):
         self.images, self.labels = images, labels
 
@@ -81,13 +66,7 @@ class _LabelledRows(Dataset):
 
 
 class BatchStream:
-    """Endless, resumable stream of float batches in [-1, 1] on the training device.
-
-    `images`: a uint8 (N, C, H, W) tensor (num_workers=0: on the device, a batch is one indexing op)
-    or a Dataset of uint8 (C, H, W) images, read by persistent, pinned DataLoader workers.
-    num_workers=None: 0 for a tensor, else `default_num_workers()`. `next_with_labels()` returns each
-    batch with its `labels` (None without them); `next(stream)` the images alone.
-    """
+    """Float batches on the device; num_workers=None: 0 for a tensor, else `default_num_workers()`."""
 
     def __init__(
         self,
@@ -128,9 +107,8 @@ class BatchStream:
                 persistent_workers=num_workers > 0,
                 worker_init_fn=ignore_stop_signals,
             )
-            # Workers ignore SIGTERM (ignore_stop_signals), so multiprocessing's exit-time terminate()
-            # would wait for them forever: stop them here instead, when the stream is collected or
-            # the interpreter exits (before multiprocessing's own exit handler, registered earlier).
+            # Workers ignore SIGTERM, so multiprocessing's exit-time terminate() would wait forever: stop
+            # them here, before multiprocessing's own exit handler (registered earlier) runs.
             self.close = weakref.finalize(self, stop_workers, self.loader)
         self.batch = 0  # batches taken in the current epoch
         self._batches = self._epoch_iterator()
@@ -140,7 +118,6 @@ class BatchStream:
         return self.sampler.epoch
 
     def _epoch_iterator(self) -> Iterator[Tensor | tuple[Tensor, Tensor]]:
-        """This epoch's batches: uint8 images, or (images, labels) when the stream has labels."""
         if self.loader is None:
             if self.labels is None:
                 return (self.images[torch.tensor(index, device=self.device)] for index in self.sampler)
@@ -155,7 +132,6 @@ class BatchStream:
         return self.next_with_labels()[0]
 
     def next_with_labels(self) -> tuple[Tensor, Optional[Tensor]]:
-        """The next batch: float images in [-1, 1] and their labels (None when the stream has none)."""
         try:
             batch = self._next_batch()
         except StopIteration:  # end of epoch: the next one starts from its first batch
@@ -169,7 +145,7 @@ class BatchStream:
         return to_unit_range(images.to(self.device, non_blocking=True)), labels
 
     def _next_batch(self) -> Tensor | tuple[Tensor, Tensor]:
-        """The next batch of this epoch; a DataError raised in a worker is re-raised with its own message."""
+        """A DataError raised in a worker is re-raised with its own message."""
         try:
             return next(self._batches)
         except DataError as err:
@@ -185,8 +161,7 @@ class BatchStream:
 
 
 def stop_workers(loader: DataLoader) -> None:
-    """Shut a DataLoader's persistent workers down: the loader's own orderly shutdown (a stop message
-    on each worker's queue), then SIGKILL for any worker still alive (they ignore SIGTERM)."""
+    """The loader's orderly shutdown, then SIGKILL for any worker still alive (they ignore SIGTERM)."""
     iterator = loader._iterator  # private: where DataLoader keeps the iterator of persistent workers
     if iterator is None:
         return
@@ -200,21 +175,19 @@ def stop_workers(loader: DataLoader) -> None:
 
 
 def ignore_stop_signals(worker_id: int) -> None:
-    """In each DataLoader worker: ignore SIGINT and SIGTERM, which a terminal or scheduler sends to the
-    whole process group. A worker that died of it would fail the main process before it could write a
-    checkpoint; the main process alone handles them (gan.training.faults.stop_on_signals)."""
+    """A terminal or scheduler signals the whole group; a worker that died of it would fail the main process
+    before it could checkpoint (gan.training.faults.stop_on_signals)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def default_num_workers() -> int:
-    """Workers for a streamed dataset: half the usable CPU cores (the other half trains), 1 to 8."""
+    """Half the usable CPU cores (the other half trains), 1 to 8."""
     return max(1, min(8, available_cpus() // 2))
 
 
 def worker_message(text: str) -> str:
-    """The original message of an exception a DataLoader worker raised ('Caught X in DataLoader
-    worker process N. Original Traceback ...' ends with 'module.X: message')."""
+    """The original message of an exception a DataLoader worker raised."""
     if "Original Traceback" not in text:
         return text
     last = text.strip().splitlines()[-1]

@@ -1,10 +1,5 @@
-"""Evaluating a class-conditional generator: which classes to ask for, and whether G drew them.
-
-Owns what `evaluate()` adds for `model.conditional=true`: the classes the samples are drawn for (the
-held-out images' own, so FID compares the same class mix, or `class_id`); `cond_accuracy`, the share
-of samples the metrics classifier reads as their class (G's obedience to y, not image quality);
-intra-class FID (as StudioGAN reports it); and the class grid.
-"""
+"""Evaluating a class-conditional generator: the classes asked for, `cond_accuracy` (G's obedience to y, not
+image quality), intra-class FID (as StudioGAN reports it) and the class grid."""
 
 from __future__ import annotations
 
@@ -20,13 +15,11 @@ from gan.evaluation import metrics as M
 
 log = logging.getLogger(__name__)
 
-# Intra-class FID is null when a class holds fewer images than this, or than the features' dimension + 1,
-# on either side (a covariance of d features from fewer points is singular).
+# Intra-class FID needs this many images per class, and d + 1 (else the covariance is singular).
 MIN_PER_CLASS = 200
 
 
 def check_class_id(class_id: Optional[int], num_classes: int, source: str) -> None:
-    """ConfigError naming `class_id` when it cannot be drawn from this checkpoint's generator."""
     if class_id is None:
         return
     if not num_classes:
@@ -43,8 +36,7 @@ def check_class_id(class_id: Optional[int], num_classes: int, source: str) -> No
 
 
 def sample_classes(reference_labels: Tensor, count: int, class_id: Optional[int], seed: int) -> Tensor:
-    """The class of each of `count` samples: `class_id` for all, or the held-out images' own labels
-    (drawn with replacement, seeded, when there are fewer images than samples)."""
+    """`class_id` for all, or the held-out images' own labels, so FID compares the same class mix."""
     if class_id is not None:
         return torch.full((count,), class_id, dtype=torch.long)
     if count <= reference_labels.numel():
@@ -65,8 +57,7 @@ def conditional_metrics(
     per_channel: bool = False,
     intra_fid: bool = True,
 ) -> dict[str, Any]:
-    """cond_accuracy, and intra-class FID when `intra_fid` and every class has MIN_PER_CLASS images
-    on both sides. `per_channel`: Stacked-MNIST, read digit by digit as the class histogram is."""
+    """`per_channel`: Stacked-MNIST, read digit by digit as the class histogram is."""
     predicted = M.predict(classifier, fake, batch_size, device, per_channel=per_channel)
     results: dict[str, Any] = {"cond_accuracy": float((predicted == requested).float().mean())}
     if not intra_fid:
@@ -91,8 +82,7 @@ def conditional_metrics(
 
 
 def class_grid(G: nn.Module, columns: int, seed: int, device: torch.device) -> Tensor:
-    """One row per class (at most 16, spread over the classes), `columns` latents shared by every
-    row: the same z drawn as each class, as the training run's sample grid shows it."""
+    """One row per class (at most 16), the same `columns` latents in every row."""
     latents = torch.randn(columns**2, G.z_dim, generator=torch.Generator().manual_seed(seed + 2))
     z, y = class_rows(latents, G.num_classes)  # the first ceil(sqrt(N)) = `columns` latents, each row
     with eval_mode(G), torch.inference_mode():
@@ -101,8 +91,7 @@ def class_grid(G: nn.Module, columns: int, seed: int, device: torch.device) -> T
 
 
 class LabelledLatents(nn.Module):
-    """G(z, y) as a module of one input, (N, z_dim + 1) with the class in the last column: the form
-    torch.optim.swa_utils.update_bn feeds a model (it passes the first element of a tuple only)."""
+    """G(z, y) with y as z's last column: update_bn passes a model only one input."""
 
     def __init__(self, G: nn.Module):
         super().__init__()

@@ -1,7 +1,4 @@
-"""Pictures of a generator: latent interpolations and the nearest-neighbour memorisation check.
-
-Every grid is laid out by `gan.core.sampling.image_grid`, the same layout as the training grids.
-"""
+"""Pictures of a generator: latent interpolations and the nearest-neighbour memorisation check."""
 
 from __future__ import annotations
 
@@ -17,13 +14,8 @@ from gan.data import load_dataset, to_unit_range
 
 
 def slerp(z0: Tensor, z1: Tensor, t: Tensor) -> Tensor:
-    """Spherical interpolation (Shoemake 1985; White 2016 for GAN latents): (R, D), (R, D), (T,) -> (R, T, D).
-
-    High-dimensional Gaussian latents lie near a sphere of radius sqrt(D); the straight line between
-    two of them cuts through the inside (its midpoint has about 1/sqrt(2) of the norm), where G saw
-    no latents in training. slerp follows the arc instead, with the angle taken between the
-    directions z / |z|.
-    """
+    """(R, D), (R, D), (T,) -> (R, T, D) (White 2016): Gaussian latents lie near a sphere, and a straight line
+    cuts through its inside, where G saw no latents."""
     u0, u1 = z0 / z0.norm(dim=-1, keepdim=True), z1 / z1.norm(dim=-1, keepdim=True)
     omega = torch.acos((u0 * u1).sum(dim=-1).clamp(-1, 1))[:, None, None]  # (R, 1, 1)
     t = t[None, :, None]  # (1, T, 1)
@@ -37,8 +29,7 @@ def slerp(z0: Tensor, z1: Tensor, t: Tensor) -> Tensor:
 def interpolation_strip(
     G: nn.Module, rows: int, steps: int, seed: int, device: torch.device, classes: Optional[list[int]] = None
 ) -> Tensor:
-    """One row per pair of random latents, `steps` images along the arc between them; for a
-    conditional G, row r is drawn as class classes[r] all along."""
+    """One row per pair of random latents; conditional G: row r drawn as classes[r]."""
     gen = torch.Generator().manual_seed(seed + 1)
     z0, z1 = torch.randn(2, rows, G.z_dim, generator=gen)
     z = slerp(z0, z1, torch.linspace(0, 1, steps)).reshape(rows * steps, G.z_dim)
@@ -52,12 +43,7 @@ def interpolation_strip(
 
 
 def neighbour_grid(queries: Tensor, data: DataConfig, k: int) -> Tensor:
-    """The memorisation check: each query sample, then its k nearest training images (pixel L2).
-
-    A GAN that copies shows a sample and a neighbour that are the same picture; one that
-    generalises shows neighbours that differ in details. The training split is scanned in chunks,
-    so a streamed dataset never has to fit in memory.
-    """
+    """Each query, then its k nearest training images (pixel L2); chunked, so a streamed dataset need not fit."""
     training = load_dataset(data, train=True).images
     flat = queries.float().flatten(1)
     best_distance = torch.full((queries.size(0), k), float("inf"))
@@ -78,7 +64,6 @@ def neighbour_grid(queries: Tensor, data: DataConfig, k: int) -> Tensor:
 
 
 def image_chunks(images: Tensor | Dataset, size: int) -> Iterator[Tensor]:
-    """uint8 chunks of an in-memory tensor or a streamed Dataset of images."""
     if isinstance(images, Tensor):
         yield from images.split(size)
     else:

@@ -1,8 +1,6 @@
 """Sample quality offline: FID, KID, precision/recall, density/coverage, class and mode coverage.
-
 All take uint8 images (N, C, H, W). Feature spaces: `classifier` (a small CNN on the dataset's labels, cached;
-comparable only with itself) or `inception` (the published FID, docs/metrics.md).
-"""
+comparable only with itself) or `inception` (the published FID, docs/metrics.md)."""
 
 from __future__ import annotations
 
@@ -47,9 +45,6 @@ NVLABS_INCEPTION_URL = (
 INCEPTION_SHA256_PREFIX = "6726825d"
 INCEPTION_DIMS = 2048  # pool3, the layer of the published FID (Heusel et al. 2017)
 FEATURE_METRICS = ("fid", "kid_mean", "kid_std", "precision", "recall", "density", "coverage")
-
-
-# the classifier ----------------------------------------------------------------------------------
 
 
 class Classifier(nn.Module):
@@ -192,9 +187,6 @@ def _load_classifier(path: Path, device: torch.device) -> tuple[Optional[Classif
         return None, 0.0
     log.info("Metrics classifier: %s (%.2f%% test accuracy)", path, 100 * state["accuracy"])
     return model.to(device).eval(), float(state["accuracy"])
-
-
-# feature networks: uint8 images (N, C, H, W) -> features (N, num_features) ----------------------
 
 
 class ClassifierFeatures(nn.Module):
@@ -413,13 +405,11 @@ def kid_kernel(cfg: MetricsConfig) -> str:
 
 
 def split_channels(images: Tensor) -> Tensor:
-    """(N, C, H, W) -> (N * C, 1, H, W)."""
     return images.reshape(-1, 1, *images.shape[-2:])
 
 
 @torch.inference_mode()
 def batched(net: nn.Module, images: Tensor, batch_size: int, device: torch.device) -> Tensor:
-    """net over `images` in batches on `device`; float32 on the CPU."""
     with torch.no_grad():
         return torch.cat([net(chunk.to(device)).float().cpu() for chunk in images.split(batch_size)])
 
@@ -438,9 +428,6 @@ def predict(
         return (digits * 10 ** torch.arange(images.size(1) - 1, -1, -1)).sum(dim=1)
     finally:
         classifier.train(was_training)
-
-
-# FID and KID through torchmetrics -----------------------------------------------------------------
 
 
 class Precomputed(nn.Module):
@@ -493,11 +480,7 @@ def kid(
     return float(mean), float(std)
 
 
-# improved precision/recall and density/coverage: k-nearest-neighbour balls -----------------------
-
-
 def knn_radius(features: Tensor, ks: tuple[int, ...], chunk: int = 1024) -> list[Tensor]:
-    """For each k: every point's distance to its k-th nearest other point."""
     kmax = max(ks)
     nearest = torch.cat(
         [torch.cdist(rows, features).topk(kmax + 1, dim=1, largest=False).values for rows in features.split(chunk)]
@@ -538,9 +521,6 @@ def distribution_metrics(real: Tensor, fake: Tensor, cfg: MetricsConfig, seed: i
     return results
 
 
-# class and mode coverage -------------------------------------------------------------------------
-
-
 def histogram(labels: Tensor, num_classes: int) -> Tensor:
     return torch.bincount(labels, minlength=num_classes).double() / max(labels.numel(), 1)
 
@@ -574,7 +554,6 @@ def mode_coverage(fake_modes: Tensor, num_modes: int = 1000) -> dict[str, float]
 
 
 def mode_digits(modes: Tensor) -> list[Tensor]:
-    """100 a + 10 b + c -> [a, b, c]."""
     return [torch.div(modes, power, rounding_mode="floor") % 10 for power in (100, 10, 1)]
 
 

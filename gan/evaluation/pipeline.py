@@ -1,10 +1,6 @@
 """Evaluating a trained generator: sample, measure, draw, export, report.
-
-`evaluate()` runs evaluate.py's sections in order. The generator and the dataset come from the
-checkpoint, with data.* keys given on the command line laid over its data section. Samples are
-quantised to uint8, as the real images are; every metric's reference is the held-out split, and the
-nearest-neighbour check searches the training split (memorising means copying training images).
-"""
+Samples are quantised to uint8 as the reals are; metrics use the held-out split, the nearest-neighbour
+check the training split (memorising means copying training images)."""
 
 from __future__ import annotations
 
@@ -64,20 +60,17 @@ from gan.evaluation.grids import interpolation_strip, neighbour_grid
 
 log = logging.getLogger(__name__)
 
-# data.* keys that decide the generator's output shape: a checkpoint fixes them.
 _SHAPE_KEYS = ("image_size", "channels")
 
 
 def evaluate(cfg: EvaluateConfig, run_dir: Path, data_overrides: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
-    """Measure the checkpoint cfg.checkpoint; writes metrics.json, PNGs and TensorBoard events into
-    run_dir and returns what metrics.json holds. data_overrides: the data.* keys the user gave."""
+    """Writes metrics.json, PNGs and TensorBoard events into run_dir; returns metrics.json's content."""
     clock = Stopwatch()
     run_dir.mkdir(parents=True, exist_ok=True)
     device = setup_torch(cfg.device, cfg.threads, cfg.seed, "device")
-    # Inception first: a missing or wrong file, or a missing package, fails here, before any other work
+    # Inception first: a missing file or package fails before any other work
     inception = M.inception_network(cfg.metrics) if cfg.metrics.features == FeatureSpace.inception else None
 
-    # checkpoint: the generator and the dataset it learned
     state = load_checkpoint(cfg.checkpoint, map_location="cpu")
     data = data_config_of(state, data_overrides or {}, str(cfg.checkpoint))
     check_conditional_options(cfg, classes_of(state, str(cfg.checkpoint)), str(cfg.checkpoint))
@@ -85,46 +78,38 @@ def evaluate(cfg: EvaluateConfig, run_dir: Path, data_overrides: Optional[Mappin
     log.info("Evaluating %s: step %d, %s generator, data=%s (%d px, %d channel(s))", cfg.checkpoint,
              about["step"], about["generator"], data.name, data.image_size, data.channels)  # fmt: skip
 
-    # real images: the held-out split is the reference
     reference = load_dataset(data, train=False, in_memory=True)
     if cfg.class_id is not None:  # one class asked for: measured against that class's images alone
         reference = only_class(reference, cfg.class_id, cfg.metrics)
     reals = Reals(*reference_subset(reference, cfg.num_samples, cfg.seed), stacked=M.is_stacked(reference))
     clock("data")
 
-    # instruments: the classifier (class histograms; the default feature space), the feature network
     classifier, accuracy, classifier_file = classifier_for(data, reference, reals.stacked, cfg, device)
     channels = reference.images.size(1)
     feature_net = inception if inception is not None else M.ClassifierFeatures(classifier, reals.stacked, channels)
     feature_net = feature_net.to(device)
     clock("classifier")
 
-    # samples: cfg.num_samples images from G in eval mode, batch by batch on the device; a
-    # conditional G draws them for the held-out images' classes, or all for class_id
     requested = sample_classes(reals.labels, cfg.num_samples, cfg.class_id, cfg.seed) if G.num_classes else None
     fake = generate(G, cfg.num_samples, cfg.batch_size, cfg.seed, device, requested)
     clock("sampling")
 
-    # measure: features once per image set, shared by every metric
     results = measure(feature_net, classifier, reals, fake, cfg, device, requested)
     results.update(num_samples=fake.size(0), num_real=reals.images.size(0), real_split="held-out",
                    features=cfg.metrics.features.value, feature_space=feature_space(feature_net, classifier_file, cfg),
                    classifier=classifier_file, classifier_accuracy=accuracy, **about)  # fmt: skip
     clock("metrics")
 
-    # pictures: samples, a latent interpolation, and each sample's nearest training images
     pictures = draw_pictures(G, fake, data, cfg, device)
     for name, grid in pictures.items():
         save_image(grid, run_dir / f"{name}.png")
     clock("pictures")
 
-    # optional outputs: the measured samples, the generator as a file
     write_samples(fake, cfg.save_samples, run_dir)
     for path in save_generator(G, cfg.export, run_dir / "export"):
         log.info("Exported the generator: %s", path)
     clock("outputs")
 
-    # report: metrics.json, the same table in the log, TensorBoard
     results["seconds"] = {**clock.timings, "total": sum(clock.timings.values())}
     report(results, pictures, run_dir)
     return results
@@ -132,16 +117,13 @@ def evaluate(cfg: EvaluateConfig, run_dir: Path, data_overrides: Optional[Mappin
 
 @dataclass
 class Reals:
-    """The held-out images measured against, their labels, and whether they are Stacked-MNIST triples."""
-
     images: Tensor
     labels: Tensor
     stacked: bool
 
 
 def prepare_generator(state: Mapping[str, Any], cfg: EvaluateConfig, device: torch.device) -> tuple[nn.Module, dict]:
-    """G from the checkpoint (EMA or raw, as asked) with its BatchNorm statistics recomputed when
-    cfg.bn_batches > 0, in eval mode; and what metrics.json says about it."""
+    """G in eval mode, BatchNorm statistics recomputed, and what metrics.json says about it."""
     G, generator_name = build_generator(state, cfg.use_ema, device, source=str(cfg.checkpoint))
     recomputed = recompute_batchnorm_stats(G, cfg.bn_batches, cfg.batch_size, cfg.seed, device)
     bn_stats = f"recomputed ({cfg.bn_batches} x {cfg.batch_size} samples)" if recomputed else "checkpoint"
@@ -161,9 +143,7 @@ def measure(
     requested: Optional[Tensor] = None,
     real_features: Optional[Tensor] = None,
 ) -> dict[str, Any]:
-    """Every metric of `fake` against `reals`: distances in feature space, class coverage, and for a
-    conditional G (`requested`: each sample's class) cond_accuracy and intra-class FID.
-    `real_features`: reals.images' features, from a caller that measures many sample sets."""
+    """`requested`: each sample's class (conditional G); `real_features`: precomputed, for many sample sets."""
     if real_features is None:
         real_features = M.batched(feature_net, reals.images, cfg.batch_size, device)
     fake_features = M.batched(feature_net, fake, cfg.batch_size, device)
@@ -177,8 +157,6 @@ def measure(
 
 
 def draw_pictures(G: nn.Module, fake: Tensor, data: DataConfig, cfg: EvaluateConfig, device: torch.device) -> dict:
-    """samples.png, interpolation.png and nearest_neighbours.png, as grids; for a conditional G
-    without class_id also classes.png (one row per class)."""
     classes = None
     if G.num_classes:  # interpolation rows: the class asked for, else classes 0, 1, ... in turn
         rows = range(cfg.interpolation_rows)
@@ -196,7 +174,6 @@ def draw_pictures(G: nn.Module, fake: Tensor, data: DataConfig, cfg: EvaluateCon
 
 
 def feature_space(feature_net: nn.Module, classifier_file: Optional[str], cfg: EvaluateConfig) -> dict[str, Any]:
-    """What metrics.json says about the feature space: the network and its file, the resizer, KID's kernel."""
     own = getattr(feature_net, "feature_space", None)
     if own is None:
         own = {
@@ -210,7 +187,6 @@ def feature_space(feature_net: nn.Module, classifier_file: Optional[str], cfg: E
 
 
 def report(results: dict[str, Any], pictures: Mapping[str, Tensor], run_dir: Path) -> None:
-    """metrics.json, the same table in the log, and TensorBoard."""
     (run_dir / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
     table = format_table(results)
     log.info("Metrics (%s features, %d samples vs %d held-out images):\n%s", results["features"],
@@ -220,13 +196,9 @@ def report(results: dict[str, Any], pictures: Mapping[str, Tensor], run_dir: Pat
     write_tensorboard(run_dir / "tb", results, pictures, table, results["step"])
 
 
-# setup and inputs --------------------------------------------------------------------------------
-
-
 def data_config_of(
     state: Mapping[str, Any], overrides: Mapping[str, Any], source: str = "the checkpoint"
 ) -> DataConfig:
-    """The checkpoint's data section with `overrides` laid over it, typed and checked."""
     recorded = stored_group(state, "data", DataConfig, source)
     given = state["config"]["data"]
     changed = [k for k in _SHAPE_KEYS if k in overrides and k in given and overrides[k] != recorded[k]]
@@ -246,8 +218,7 @@ def data_config_of(
 
 
 def stored_group(state: Mapping[str, Any], group: str, schema: type, source: str) -> Any:
-    """The checkpoint's stored config group `group` laid over `schema` (a dataclass) as a typed node,
-    missing settings at their defaults; CheckpointError naming the file and the key when it is damaged."""
+    """The stored group over `schema`'s defaults, typed; CheckpointError when it is damaged."""
     check_config_groups(state["config"], source, required=[group])  # load_checkpoint checked the rest of its form
     try:
         node = OmegaConf.merge(OmegaConf.structured(schema), state["config"][group])
@@ -258,8 +229,7 @@ def stored_group(state: Mapping[str, Any], group: str, schema: type, source: str
 
 
 def classes_of(state: Mapping[str, Any], source: str = "the checkpoint") -> int:
-    """The number of classes the checkpoint's G was trained on, 0 for an unconditional run; CheckpointError
-    when the stored model.conditional and the checkpoint's entry num_classes disagree."""
+    """G's classes (0: unconditional); CheckpointError when model.conditional and num_classes disagree."""
     conditional = OmegaConf.to_object(stored_group(state, "model", ModelConfig, source)).conditional
     num_classes = state["num_classes"]  # a whole number: load_checkpoint checked it
     if (conditional and num_classes >= 2) or (not conditional and num_classes == 0):
@@ -273,7 +243,6 @@ def classes_of(state: Mapping[str, Any], source: str = "the checkpoint") -> int:
     )
 
 
-# Why a checkpoint whose config and weights disagree is refused, and not blamed on the command.
 _DISAGREE = (
     "evaluate.py builds the generator from the checkpoint alone (it has no model.* settings), so the "
     "checkpoint was damaged or edited after it was written."
@@ -281,7 +250,7 @@ _DISAGREE = (
 
 
 def check_conditional_options(cfg: EvaluateConfig, num_classes: int, source: str) -> None:
-    """Before any work: class_id must name a class of a conditional G; export takes unconditional G only."""
+    """Before any work: export packages G(z) only."""
     check_class_id(cfg.class_id, num_classes, source)
     if num_classes and cfg.export != ExportFormat.none:
         raise ConfigError(
@@ -291,7 +260,6 @@ def check_conditional_options(cfg: EvaluateConfig, num_classes: int, source: str
 
 
 def only_class(dataset: ImageSet, class_id: int, metrics: MetricsConfig) -> ImageSet:
-    """The held-out images of one class; MetricsError when too few for the k-nearest-neighbour metrics."""
     keep = dataset.labels == class_id
     count, k = int(keep.sum()), max(metrics.pr_k, metrics.dc_k)
     if count <= k:
@@ -306,10 +274,7 @@ def only_class(dataset: ImageSet, class_id: int, metrics: MetricsConfig) -> Imag
 def build_generator(
     state: Mapping[str, Any], use_ema: bool, device: torch.device, source: str = "the checkpoint"
 ) -> tuple[Generator, str]:
-    """G rebuilt from the checkpoint's config, holding the EMA weights when asked and present (an
-    AveragedModel state dict: G's keys under `module.`). A NaN or inf weight is refused: FID would
-    still print a finite number for its samples.
-    """
+    """EMA weights when asked and present. A NaN or inf weight is refused: FID would still be finite."""
     model = OmegaConf.to_object(stored_group(state, "model", ModelConfig, source))
     data = OmegaConf.to_object(stored_group(state, "data", DataConfig, source))
     G = Generator(model.z_dim, model.g_width, data.channels, data.image_size, classes_of(state, source))
@@ -338,14 +303,7 @@ def build_generator(
 
 
 def recompute_batchnorm_stats(G: nn.Module, batches: int, batch_size: int, seed: int, device: torch.device) -> bool:
-    """Replace G's BatchNorm running statistics with those of `batches` batches of its own
-    activations, from latents seeded apart from the measured samples'; returns whether G has any.
-
-    Why: the EMA generator averages BatchNorm's running statistics along with the weights, but the
-    mean of past statistics is not the statistics of the mean weights. SWA has the same problem and
-    torch ships its fix, torch.optim.swa_utils.update_bn: reset the running statistics, run the model
-    in train mode with momentum=None (an exact cumulative average over all batches), then restore.
-    """
+    """The EMA's averaged running statistics are not those of the averaged weights: update_bn (SWA's fix)."""
     if batches == 0 or not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in G.modules()):
         return False
     latents = torch.Generator(device).manual_seed(seed + 1)
@@ -362,8 +320,6 @@ def recompute_batchnorm_stats(G: nn.Module, batches: int, batch_size: int, seed:
 def reference_subset(
     reference: ImageSet, count: int, seed: int, split: str = "held-out split", setting: str = "num_samples"
 ) -> tuple[Tensor, Tensor]:
-    """`count` images of `reference` and their labels (a seeded random subset), or all of them when
-    there are fewer; `split` and `setting` name them in the warning."""
     total = reference.labels.numel()
     if total < count:
         log.warning(
@@ -384,8 +340,7 @@ def reference_subset(
 def classifier_for(
     data: DataConfig, reference: ImageSet, stacked: bool, cfg: EvaluateConfig, device: torch.device
 ) -> tuple[Optional[M.Classifier], Optional[float], Optional[str]]:
-    """The metrics classifier, its test accuracy and its file name with a hash of its bytes (numbers
-    compare only under the same file); Nones for unlabelled data measured with Inception."""
+    """Classifier, accuracy, and file name with a hash (numbers compare only under the same file)."""
     if reference.num_classes >= 2:
         classifier, accuracy, path = M.load_or_train_classifier(
             classifier_data(data, stacked), cfg.metrics.classifier, device
@@ -401,28 +356,21 @@ def classifier_for(
 
 
 def classifier_data(data: DataConfig, stacked: bool) -> DataConfig:
-    """The dataset the metrics classifier learns: for Stacked-MNIST the grayscale source, one channel at a time."""
+    """Stacked-MNIST: the grayscale source, one channel at a time."""
     if not stacked:
         return data
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(data), {"name": data.source, "channels": 1}))
 
 
-# samples -----------------------------------------------------------------------------------------
-
-
 def to_uint8(images: Tensor) -> Tensor:
-    """[-1, 1] -> uint8 [0, 255], rounded: the pixels a saved PNG would hold."""
+    """[-1, 1] -> uint8, rounded: the pixels a saved PNG would hold."""
     return images.add(1).mul_(127.5).round_().clamp_(0, 255).to(torch.uint8)
 
 
 def generate(
     G: nn.Module, count: int, batch_size: int, seed: int, device: torch.device, labels: Optional[Tensor] = None
 ) -> Tensor:
-    """`count` samples of G as uint8 (N, C, H, W) on the CPU; `labels`: each sample's class, conditional G.
-
-    eval(): BatchNorm uses its running statistics, so a sample does not depend on its batch.
-    inference_mode(): no autograd graph and no version counters; the cheapest way to run a model.
-    """
+    """uint8 on the CPU; eval() so that a sample does not depend on its batch."""
     latents = torch.Generator(device).manual_seed(seed)
     chunks = []
     with eval_mode(G), torch.inference_mode():
@@ -438,8 +386,7 @@ def generate(
 def class_metrics(
     classifier: Optional[M.Classifier], reals: Reals, fake: Tensor, cfg: EvaluateConfig, device: torch.device
 ) -> dict[str, Any]:
-    """classes_covered and class_kl over the classifier's classes; for stacked data over the digits
-    of every channel pooled, plus modes_covered and mode_kl over the 1000 digit triples."""
+    """Stacked data: over every channel's digits pooled, plus the 1000 digit triples' modes."""
     if classifier is None:
         return {"classes_covered": None, "class_kl": None}
     batch, real = cfg.batch_size, reals.images
@@ -481,11 +428,7 @@ def write_samples(fake: Tensor, how: SaveSamples, run_dir: Path) -> None:
             Image.fromarray(image[0] if image.shape[0] == 1 else image.transpose(1, 2, 0)).save(folder / f"{i:06d}.png")
 
 
-# report ------------------------------------------------------------------------------------------
-
-
 def format_table(results: Mapping[str, Any]) -> str:
-    """One `key  value` line per result; dicts are left out (seconds becomes its total)."""
     rows = [(key, value) for key, value in results.items() if not isinstance(value, Mapping)]
     rows.append(("seconds", f"{results['seconds']['total']:.1f}" if "seconds" in results else ""))
     width = max(len(key) for key, _ in rows)
@@ -501,8 +444,7 @@ def _format(value: Any) -> str:
 def write_tensorboard(
     log_dir: Path, results: Mapping[str, Any], pictures: Mapping[str, Tensor], table: str, step: int
 ) -> None:
-    """The pictures as `samples/eval_<name>` and the numbers as one text table (not scalars: one
-    number is a one-point chart), at the checkpoint's step."""
+    """The numbers as a text table, not scalars: one number is a one-point chart."""
     writer = SummaryWriter(log_dir=str(log_dir))
     try:
         for name, grid in pictures.items():
@@ -513,8 +455,6 @@ def write_tensorboard(
 
 
 class Stopwatch:
-    """clock(name) records the seconds since the previous call under `name`, in clock.timings."""
-
     def __init__(self) -> None:
         self.timings: dict[str, float] = {}
         self.last = time.perf_counter()

@@ -1,12 +1,5 @@
-"""Has D won? The collapse alarm: D's dominance watched over a window of steps (trainer.on_collapse).
-
-A D that wins outright gives D(G(z)) near 0 and ADA's r_t = E[sign(D(x))] at 1, batch after batch;
-G's gradient then comes through the flat tail of D's sigmoid and the samples decay. One log point like
-that is noise; a whole window is not. D has won when, over the log points of the last
-trainer.collapse_window steps, the mean p_fake (D's probability that fakes are real; hinge: the sigmoid
-of its mean score) is below FAKE_BELOW and the mean r_t above RT_ABOVE: one warning per episode, the
-scalar `train/d_won`, and with trainer.on_collapse=stop the run stops after the step. Off for wgan_gp.
-"""
+"""Has D won? A D that wins gives D(G(z)) near 0 and r_t near 1, G learns through the flat tail of its sigmoid,
+and the samples decay. One log point like that is noise; a window of trainer.collapse_window steps is not."""
 
 from __future__ import annotations
 
@@ -28,8 +21,7 @@ TEXT_TAG = "collapse"
 
 
 class CollapseWatch:
-    """`observe(step, values)` at each log point, with the logged values under their shown names;
-    returns the scalars to log (train/d_won once the window is full)."""
+    """`observe` at each log point returns the scalars to log (train/d_won once the window is full)."""
 
     def __init__(
         self,
@@ -38,8 +30,7 @@ class CollapseWatch:
         squash: bool,
         on_alarm: Callable[[int, str], None],
     ):
-        """`squash`: D's logged output on fakes (FAKE_TAG) is a raw score, to pass through a sigmoid.
-        `on_alarm(step, message)` is called once per episode."""
+        """`squash`: FAKE_TAG is a raw score, to pass through a sigmoid; `on_alarm` is called once per episode."""
         self.points = max(1, window_steps // log_every)  # log points in a window
         self.window_steps, self.squash, self.on_alarm = window_steps, squash, on_alarm
         self.recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=self.points)
@@ -72,7 +63,6 @@ class CollapseWatch:
 
 
 def collapse_watch(cfg: TrainConfig, on_alarm: Callable[[int, str], None]) -> Optional[CollapseWatch]:
-    """The watch for this run, or None when trainer.on_collapse=off or the loss has no probability."""
     if cfg.trainer.on_collapse == OnCollapse.off or cfg.loss.name == LossName.wgan_gp:
         return None
     squash = cfg.loss.name != LossName.bce  # hinge: D(G(z)) is a score, read through a sigmoid

@@ -1,9 +1,5 @@
-"""Faults the loop must survive without losing work: a non-finite loss or weight, SIGINT and SIGTERM
-(and a SLURM job's time-out signal under submitit), and a model too large to allocate.
-
-Owns how each is noticed (a NaN watch on the device without a per-step host sync, a finiteness check
-before a checkpoint is written, signal handlers that set a flag) and how it is reported.
-"""
+"""Faults the loop must survive without losing work: a non-finite loss or weight, SIGINT, SIGTERM (and
+submitit's time-out signal), and a model too large to allocate."""
 
 from __future__ import annotations
 
@@ -30,20 +26,16 @@ log = logging.getLogger(__name__)
 
 
 class NonFiniteLossError(RuntimeError):
-    """A loss became NaN or infinite; the message names the step and the losses."""
+    """A loss became NaN or infinite."""
 
 
 class NonFiniteWeightsError(NonFiniteLossError):
-    """A weight or an optimizer statistic became NaN or infinite (a NonFiniteLossError: the same exit code)."""
+    """A NonFiniteLossError, for the same exit code."""
 
 
 class NonFiniteWatch:
-    """Remembers, on the device, the first step whose loss was NaN or inf, without a host sync.
-
-    update() runs every step as tensor ops only; check() reads the result (one sync) at log and
-    checkpoint time, so no checkpoint is ever written from weights a NaN has reached. `checkpoint` and
-    `cfg` let the error say what is on disk and which settings are in effect.
-    """
+    """The first step whose loss was NaN or inf, kept on the device: update() never syncs, check() syncs once
+    at log and checkpoint time, so no checkpoint is written from weights a NaN has reached."""
 
     def __init__(self, device: torch.device, checkpoint: Optional[Path] = None, cfg: Optional[TrainConfig] = None):
         self.first_step = torch.full((), -1, dtype=torch.long, device=device)
@@ -57,7 +49,6 @@ class NonFiniteWatch:
         self.losses = torch.where(first, losses, self.losses)
 
     def check(self, skipping: bool = False) -> None:
-        """Raise NonFiniteLossError if a loss was ever non-finite; skipping (trainer.on_nan=skip) checks nothing."""
         if skipping:
             return
         step = int(self.first_step)
@@ -69,9 +60,7 @@ class NonFiniteWatch:
 def non_finite_loss_message(
     step: int, loss_d: float, loss_g: float, checkpoint: Optional[Path], cfg: Optional[TrainConfig]
 ) -> str:
-    """The paragraph of a NonFiniteLossError: the step and losses, what the last checkpoint holds (read
-    back from the file), and the learning-rate keys this run sets."""
-    if checkpoint is None:  # a caller that did not say where the run's checkpoint is
+    if checkpoint is None:
         kept = "any checkpoint written before that step is left as it was."
     else:
         kept = _kept(checkpoint)
@@ -90,7 +79,6 @@ def non_finite_loss_message(
     )
 
 
-# What a checkpoint saves of the training state, with the name each is reported by.
 _PARTS = {
     "G": "the generator G",
     "D": "the discriminator D",
@@ -101,12 +89,8 @@ _PARTS = {
 
 
 def check_finite_state(state: TrainingState, kept: Path) -> None:
-    """Raise NonFiniteWeightsError, before a checkpoint is written, if any floating tensor of G, D, G_ema
-    or either optimizer's state is NaN or inf; `kept` (the last checkpoint) is then left as it is.
-
-    A step with a finite loss can still write inf into the weights or into Adam's moments (a huge
-    gradient squared). Finite weights that are merely huge pass, with a warning (warn_if_diverged).
-    """
+    """Before a checkpoint: a finite loss can still write inf into the weights or Adam's moments (a huge
+    gradient squared)."""
     parts = {name: getattr(state, name) for name in _PARTS if getattr(state, name) is not None}
     names = _parameter_names(parts)
     named = [((name, key), t) for name, part in parts.items() for key, t in _named_tensors(part, names)]
@@ -130,7 +114,6 @@ def check_finite_state(state: TrainingState, kept: Path) -> None:
 
 
 def warn_if_diverged(parts: dict[str, Any], step: int) -> None:
-    """A warning (the run goes on) for finite weights a far too large learning rate has blown up."""
     for name, largest in diverged({n: m for n, m in parts.items() if isinstance(m, nn.Module)}).items():
         log.warning(
             "Step %d: %s's weights have diverged (largest |weight| %.3g, where DCGAN's start near 0.02 and 1). "
@@ -140,7 +123,6 @@ def warn_if_diverged(parts: dict[str, Any], step: int) -> None:
 
 
 def diverged(networks: dict[str, nn.Module], limit: float = 1e4) -> dict[str, float]:
-    """The networks with a floating parameter above `limit` in magnitude, with the largest one."""
     found = {}
     for name, module in networks.items():
         params = [p.detach() for p in module.parameters() if p.is_floating_point() and p.numel()]
@@ -152,7 +134,6 @@ def diverged(networks: dict[str, nn.Module], limit: float = 1e4) -> dict[str, fl
 
 
 def _parameter_names(parts: dict[str, Any]) -> dict[int, str]:
-    """id(parameter) -> 'G.net.0.weight', to name the optimizer slots of each parameter."""
     return {
         id(p): f"{name}.{key}"
         for name, part in parts.items()
@@ -162,8 +143,7 @@ def _parameter_names(parts: dict[str, Any]) -> dict[int, str]:
 
 
 def _named_tensors(part: nn.Module | torch.optim.Optimizer, names: dict[int, str]) -> list[tuple[str, Tensor]]:
-    """A module's parameters and buffers by name ('net.0.weight'), or an optimizer's state tensors by
-    slot and parameter ('exp_avg_sq of D.net.3.weight')."""
+    """'net.0.weight', or an optimizer's 'exp_avg_sq of D.net.3.weight'."""
     if isinstance(part, nn.Module):
         return [(key, t.detach()) for key, t in [*part.named_parameters(), *part.named_buffers()]]
     return [
@@ -175,7 +155,6 @@ def _named_tensors(part: nn.Module | torch.optim.Optimizer, names: dict[int, str
 
 
 def _kept(path: Path) -> str:
-    """Which step the last good checkpoint holds, read back from the file."""
     if not path.is_file():
         return f"this run had written none yet ({path} does not exist)."
     try:
@@ -186,8 +165,7 @@ def _kept(path: Path) -> str:
 
 @contextlib.contextmanager
 def explain_allocation_failure(cfg: TrainConfig) -> Iterator[None]:
-    """Turn an allocator's refusal while the models and latents are built into a ConfigError naming
-    the settings that size them and the bytes asked for."""
+    """An allocator's refusal as a ConfigError naming the settings that size the models."""
     try:
         yield
     except RuntimeError as err:  # torch.OutOfMemoryError (CUDA, MPS) is one; the CPU allocator's is not
@@ -206,7 +184,7 @@ def explain_allocation_failure(cfg: TrainConfig) -> Iterator[None]:
 
 
 def _bytes(amount: str) -> str:
-    """'12800000000000000 bytes' -> '12800000000000000 bytes = 12.8 PB'; '20.00 GiB' stays as it is."""
+    """'12800000000000000 bytes' -> '12800000000000000 bytes = 12.8 PB'."""
     if not amount.endswith(" bytes"):
         return amount
     count = int(amount.split()[0])
@@ -217,8 +195,7 @@ def _bytes(amount: str) -> str:
 
 
 class StopFlag:
-    """Why the run should stop after this step: "SIGINT", "SIGTERM", or what `request` was given
-    ("collapse"); None while it should go on."""
+    """Why the run should stop after this step ("SIGINT", "collapse", ...); None while it should go on."""
 
     reason: Optional[str] = None
 
@@ -228,8 +205,7 @@ class StopFlag:
 
 
 def submitit_signal() -> Optional[signal.Signals]:
-    """The signal SLURM sends a submitit job before its time limit (SIGUSR2, or SUBMITIT_PREEMPT_SIGNAL),
-    when this process is such a job with submitit's handler installed; None elsewhere."""
+    """The signal SLURM sends a submitit job before its time limit; None outside such a job."""
     if "SUBMITIT_EXECUTOR" not in os.environ:
         return None
     sig = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
@@ -240,13 +216,8 @@ def submitit_signal() -> Optional[signal.Signals]:
 
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[StopFlag]:
-    """SIGINT/SIGTERM set a flag instead of killing the process, so the loop can finish its step,
-    write a checkpoint and close TensorBoard. A second SIGINT interrupts at once (KeyboardInterrupt).
-    Signals can only be handled in the main thread; elsewhere the block runs unprotected.
-
-    In a submitit job, its time-out signal sets the flag too; submitit's own handler (which requeues
-    the job and exits at once) is called after the block, once the loop has written its checkpoint.
-    """
+    """A flag instead of death, so the loop can checkpoint; a second SIGINT interrupts at once. submitit's
+    handler (requeue and exit) is called after the block, once the checkpoint is written."""
     flag = StopFlag()
     if threading.current_thread() is not threading.main_thread():
         yield flag

@@ -1,8 +1,5 @@
-"""How a training process uses its hardware: device, threads, allocator, determinism, precision.
-
-Owns what makes the same step fast on each machine: bf16 autocast where the hardware runs it fast,
-a GradScaler for fp16, cuDNN's autotuner, torch.compile. The step only sees the resulting StepContext.
-"""
+"""How a training process uses its hardware: device, threads, allocator, determinism, precision, compile.
+The step only sees the resulting StepContext."""
 
 from __future__ import annotations
 
@@ -24,18 +21,15 @@ log = logging.getLogger(__name__)
 
 
 def prepare_process(cfg: TrainConfig, world: World = SINGLE) -> torch.device:
-    """Threads, seeds, allocator and determinism for this process; returns the device to train on."""
     trainer = cfg.trainer
-    # Each rank draws its own latents. Initial weights may differ too: DDP copies rank 0's into
-    # every replica when it wraps the networks.
+    # each rank draws its own latents; initial weights may differ too, as DDP copies rank 0's
     device = rank_device(
         world, setup_torch(trainer.device, trainer.threads, trainer.seed + world.rank, "trainer.device")
     )
     if device.type == "cpu" and trainer.retain_host_memory and retain_freed_memory():
         log.debug("glibc malloc: freed blocks are kept for reuse (trainer.retain_host_memory=true)")
     if trainer.deterministic:
-        # cuDNN picks among algorithms, some with non-deterministic atomics, and cuBLAS needs a
-        # fixed workspace; on the CPU every kernel used here is deterministic already.
+        # cuBLAS needs a fixed workspace; on the CPU every kernel used here is deterministic already
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = device.type == "cuda" and not trainer.deterministic
@@ -43,7 +37,6 @@ def prepare_process(cfg: TrainConfig, world: World = SINGLE) -> torch.device:
 
 
 def resolve_precision(precision: Precision, device: torch.device) -> Precision:
-    """auto -> bf16 where the hardware has fast bf16 math, else fp32."""
     if precision != Precision.auto:
         return precision
     if device.type == "cuda":
@@ -64,8 +57,7 @@ def cpu_has_fast_bf16() -> bool:
 
 
 def step_context(precision: Precision, device: torch.device, skip_nonfinite: bool) -> StepContext:
-    """Autocast for forward passes, and a GradScaler that is enabled only for fp16 (bce, no extra
-    terms: the training state adds the configured objective with dataclasses.replace)."""
+    """A GradScaler enabled only for fp16; the training state adds the objective with dataclasses.replace."""
     dtype = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}.get(precision)
     autocast = (
         contextlib.nullcontext
@@ -77,11 +69,7 @@ def step_context(precision: Precision, device: torch.device, skip_nonfinite: boo
 
 
 def compile_models(G: nn.Module, D: Discriminator) -> None:
-    """torch.compile each network in place (nn.Module.compile keeps state_dict keys unchanged).
-
-    G and D are compiled apart, not the whole step, which would need the graph split after G's
-    forward. D's trunk and head are compiled, so D(x) and D(x, with_features=True) both run compiled.
-    """
+    """Apart, not the whole step (it would split after G's forward); D's parts, so both its calls run compiled."""
     G.compile()
     D.features.compile()
     D.head.compile()

@@ -1,16 +1,7 @@
-"""What a person watching the run sees: TensorBoard events, a progress bar, the log file and the
-samples' animation.
-
-Owns the SummaryWriter (always with an explicit log_dir), the tqdm bar, the names the run's numbers
-are shown under, and the conversion of on-device diagnostics to Python numbers, here and only at log
-time because each `.item()` waits for the device.
-
-TensorBoard groups tags by the text before the first `/`, sorts the groups by name and opens the
-first two, so the groups sort in the order a run is read: `loss` (both losses, D(x) and D(G(z))),
-`quality`, `samples`, `time`, `train` (docs/watching.md). The HParams page gets one session summary
-per run (`hparams_pb`) and no experiment summary, so TensorBoard builds the experiment from all runs
-under --logdir.
-"""
+"""What a person watching the run sees: TensorBoard, a progress bar, log lines, the samples' animation.
+Diagnostics become Python numbers only here, at log time: each `.item()` waits for the device. Tag groups
+sort in the order a run is read (docs/watching.md); no HParams experiment summary, so TensorBoard builds it
+from all runs under --logdir."""
 
 from __future__ import annotations
 
@@ -42,8 +33,7 @@ from gan.data import BatchStream
 
 log = logging.getLogger(__name__)
 
-# D's outputs as the steps name them -> shown as: one name whatever the loss, so runs of different
-# losses share their charts and HParams metrics (probabilities under bce, raw scores otherwise).
+# one name whatever the loss, so runs of different losses share their charts and HParams metrics
 RENAMED = {
     "d/real": "loss/D(x)",
     "d/real_score": "loss/D(x)",
@@ -61,9 +51,7 @@ GIF_FRAMES = 50  # at most this many grids in samples/progress.gif, spread evenl
 
 
 def shown_name(key: str) -> str:
-    """The name of a step statistic in TensorBoard and the log: `d/real` -> `loss/D(x)`,
-    `grad_norm/d` -> `train/grad_norm_d`, any other `d/x` -> `train/d_x`, a loss's terms
-    `loss/d_gp` -> `train/loss_d_gp`; `loss/d` and `loss/g` keep their names."""
+    """`d/real` -> `loss/D(x)`, `grad_norm/d` -> `train/grad_norm_d`; `loss/d` and `loss/g` keep theirs."""
     if key in RENAMED:
         return RENAMED[key]
     group, _, name = key.partition("/")
@@ -73,14 +61,11 @@ def shown_name(key: str) -> str:
 
 
 class Monitor:
-    """TensorBoard + progress bar + log lines for one run, starting at `start_step`."""
-
     def __init__(self, run_dir: Path, start_step: int, max_steps: int, progress: bool = True, enabled: bool = True):
-        """enabled=False (ranks other than 0 of a DDP job): nothing is written, shown or logged."""
+        """enabled=False (DDP ranks > 0): nothing is written, shown or logged."""
         self.enabled = enabled
         self.last: dict[str, float] = {}  # the last scalars() values: TrainResult.metrics
-        # purge_step: after a resume, events the interrupted run wrote after the checkpoint's step
-        # (steps >= purge_step) are hidden, so TensorBoard shows one curve, not a doubled stretch.
+        # after a resume, hide the interrupted run's events past the checkpoint: one curve, not a doubled stretch
         purge_step = start_step + 1 if start_step else None
         self.writer = SummaryWriter(log_dir=str(run_dir / "tb"), purge_step=purge_step) if enabled else None
         self.bar = tqdm(
@@ -111,15 +96,14 @@ class Monitor:
         real_grid: Optional[Tensor] = None,
         step: int = 0,
     ) -> None:
-        """Open the run's HParams session and show the real images once (a fresh run only);
-        `optimizers`' learning rates are logged as train/lr_<name>."""
+        """Open the HParams session and show the real images (a fresh run only)."""
         self.optimizers = dict(optimizers)
         if not self.enabled:
             return
         self.session_open = True
         if step:
             return
-        # typed values (the plugin types each column from them); None as "null", as on the command line
+        # the plugin types each column from the values; None as "null", as on the command line
         typed = {key: "null" if value is None else value for key, value in hparams.items()}
         self.writer.file_writer.add_summary(hparams_pb(typed, trial_id=trial_id), step)
         if real_grid is not None:
@@ -127,11 +111,9 @@ class Monitor:
 
     @property
     def seconds(self) -> float:
-        """Wall time since the first step ended (0 before it)."""
         return time.perf_counter() - self.first_step_done if self.first_step_done else 0.0
 
     def advance(self, step: int, images: int) -> None:
-        """Step `step` done, on `images` images (all ranks together)."""
         self.bar.update(1)
         if self.first_step_done is None:
             # the first step may include compiling: logged apart, and left out of the throughput
@@ -144,8 +126,7 @@ class Monitor:
 
     @contextlib.contextmanager
     def timed(self, phase: str, step: int) -> Iterator[None]:
-        """Time a phase outside the training step (sample, quality, checkpoint): written as
-        time/phase_<phase>_s at `step`, and left out of time/img_per_s."""
+        """A phase outside the training step, left out of time/img_per_s."""
         started = time.perf_counter()
         yield
         spent = time.perf_counter() - started
@@ -154,8 +135,6 @@ class Monitor:
             self.writer.add_scalar(f"time/phase_{phase}_s", spent, step)
 
     def scalars(self, step: int, stats: Mapping[str, Tensor | float]) -> dict[str, float]:
-        """Write the step's statistics, learning rates and throughput, refresh the bar and log one
-        line; returns the values as floats, under their shown names."""
         values = {shown_name(tag): float(value) for tag, value in stats.items()}  # float(t) = t.item(): a host sync
         for name, optimizer in self.optimizers.items():
             values[f"train/lr_{name}"] = float(optimizer.param_groups[0]["lr"])
@@ -180,7 +159,6 @@ class Monitor:
         return values
 
     def numbers(self, step: int, values: Mapping[str, float], log_line: bool = True) -> None:
-        """Scalars measured apart from the step (the quality group), with a log line unless not asked."""
         self.last = {**self.last, **values}
         if not self.enabled or not values:
             return
@@ -190,7 +168,6 @@ class Monitor:
             log.info("step %d  %s", step, "  ".join(f"{tag}={value:.4g}" for tag, value in values.items()))
 
     def describe(self, step: int, config: str, command: Optional[str]) -> None:
-        """The run's resolved config and its command line in the Text tab, at the step it starts from."""
         if not self.enabled:
             return
         self.text(CONFIG_TEXT_TAG, f"```yaml\n{config}```", step)
@@ -198,8 +175,7 @@ class Monitor:
             self.text(COMMAND_TEXT_TAG, f"```\n{command}\n```", step)
 
     def text(self, tag: str, text: str, step: int) -> None:
-        """A note in TensorBoard's Text tab (markdown) under `tag` itself: torch's add_text would
-        name it `tag/text_summary`."""
+        """Under `tag` itself: torch's add_text would name it `tag/text_summary`."""
         if self.enabled:
             self.writer.file_writer.add_summary(text_pb(tag, text), step)
 
@@ -208,8 +184,7 @@ class Monitor:
             self.writer.add_image(tag, grid, step)
 
     def end_session(self, step: int, finished: bool) -> None:
-        """Mark the HParams session a success when the run reached trainer.max_steps; only success is
-        written, since TensorBoard keeps the first status and a stopped run may yet be resumed."""
+        """Only success is written: TensorBoard keeps the first status, and a stopped run may yet resume."""
         if not (self.enabled and self.session_open and finished):
             return
         self.session_open = False
@@ -231,15 +206,13 @@ class Monitor:
 
 
 def trial_name(run_dir: Path) -> str:
-    """The run's HParams trial id, short because the trial column cuts a longer one: a sweep job's
-    `<sweep folder> #<n>` (`16-03-58 #0`), else the run folder's name."""
+    """Short, since the trial column cuts a longer one: `<sweep folder> #<n>`, else the run folder's name."""
     job = re.match(r"(\d+)_", run_dir.name)
     return f"{run_dir.parent.name} #{job.group(1)}" if job else run_dir.name
 
 
 def write_final_numbers(run_dir: Path, step: int, values: Mapping[str, float]) -> None:
-    """evaluate.py's numbers of the finished run in the sub-run tb/final_eval at the last step, where
-    they join the run's HParams metrics."""
+    """In the sub-run tb/final_eval, where they join the run's HParams metrics."""
     with SummaryWriter(log_dir=str(run_dir / "tb" / "final_eval")) as writer:
         for tag, value in values.items():
             writer.add_scalar(tag, value, step)
@@ -250,7 +223,6 @@ SHORT_CURVE = 10
 
 
 def note_short_curve(eval_every: int, start: int, max_steps: int) -> None:
-    """A log line when the quality/FID curve of this run will hold fewer than SHORT_CURVE points."""
     points = -(-(max_steps - start) // eval_every)
     if points < SHORT_CURVE:
         log.info(
@@ -265,25 +237,22 @@ def note_short_curve(eval_every: int, start: int, max_steps: int) -> None:
 
 
 def config_text(cfg: TrainConfig) -> str:
-    """The resolved config as YAML, every key (defaults included): what the run computes."""
     return yaml.safe_dump(to_plain(cfg), sort_keys=False, default_flow_style=False)
 
 
 def row_labels(classes: Tensor, columns: int) -> list[str]:
-    """The class of each row of a conditional grid, from its images' classes (`columns` a row)."""
     return [str(c) for c in classes.cpu().tolist()[::columns]]
 
 
 def real_images(batches: BatchStream, count: int) -> Tensor:
-    """`count` training images spread evenly over the split, uint8 on the CPU, read by index: drawing a
-    batch from the stream would change the run."""
+    """Read by index: drawing a batch from the stream would change the run."""
     source = training_images(batches)
     index = torch.linspace(0, len(source) - 1, min(count, len(source))).long().tolist()
     return torch.stack([image_at(source, i) for i in index])
 
 
 def class_images(batches: BatchStream, labels: Tensor, classes: Tensor) -> Tensor:
-    """A training image for each entry of `classes`: the k-th image of class c for the k-th time c appears."""
+    """The k-th image of class c for the k-th time c appears."""
     source, labels = training_images(batches), labels.cpu()
     members = {c: (labels == c).nonzero().flatten().tolist() for c in set(classes.tolist())}
     seen: dict[int, int] = {}
@@ -296,18 +265,15 @@ def class_images(batches: BatchStream, labels: Tensor, classes: Tensor) -> Tenso
 
 
 def training_images(batches: BatchStream) -> Tensor | Dataset:
-    """The training split behind a batch stream, indexable: in memory, or the loader's dataset."""
     return batches.images if batches.images is not None else batches.loader.dataset
 
 
 def image_at(source: Tensor | Dataset, index: int) -> Tensor:
-    """One uint8 image of an in-memory split or a loader's dataset (whose rows may be (image, label))."""
     item = source[index]
     return torch.as_tensor(item[0] if isinstance(item, tuple) else item).cpu()
 
 
 def labelled_rows(grid: Tensor, labels: list[str]) -> Tensor:
-    """A grid (C, H, W in [0, 1], one row per label) with each row's label written in a left margin."""
     channels, height, _ = grid.shape
     row_height = height / len(labels)
     picture = Image.fromarray(grid.mul(255).round().byte().permute(1, 2, 0).squeeze(-1).numpy())
@@ -324,8 +290,7 @@ def labelled_rows(grid: Tensor, labels: list[str]) -> Tensor:
 
 
 def write_progress_gif(samples_dir: Path, max_frames: int = GIF_FRAMES) -> Path:
-    """samples/progress.gif from the grids written so far (step_*.png), at most `max_frames` spread
-    evenly, as in the PyTorch DCGAN tutorial's animation; written to a temporary name, then renamed."""
+    """As the DCGAN tutorial's animation, at most `max_frames` grids spread evenly."""
     frames = sorted(samples_dir.glob("step_*.png"))
     if len(frames) > max_frames:
         frames = [frames[round(i * (len(frames) - 1) / (max_frames - 1))] for i in range(max_frames)]
@@ -333,7 +298,7 @@ def write_progress_gif(samples_dir: Path, max_frames: int = GIF_FRAMES) -> Path:
     for path in frames:
         with Image.open(path) as image:
             images.append(image.convert("RGB"))
-    # 0.2 s a frame, the last held for 2 s so the final grid can be read before the loop restarts
+    # the last frame held so the final grid can be read before the loop restarts
     durations = [200] * (len(images) - 1) + [2000]
     target, partial = samples_dir / "progress.gif", samples_dir / ".progress.gif.tmp"
     images[0].save(partial, format="GIF", save_all=True, append_images=images[1:], duration=durations, loop=0)

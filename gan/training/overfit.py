@@ -1,13 +1,5 @@
-"""Is D memorising the training images? Its scores on training reals against held-out reals.
-
-As D overfits, its outputs on training and held-out images drift apart well before FID turns worse
-(Karras et al. 2020, fig. 1). Every `trainer.overfit_every` steps D's mean raw score on fixed training
-and held-out images is logged with their difference, `d/heldout_gap`; growing, D has learnt these images.
-
-The measurement leaves training untouched: D runs in train mode (as in its steps) under no_grad,
-every buffer it would update (BatchNorm's running statistics, spectral norm's vectors) is put back,
-and no random number is drawn from torch's generators. Images are not augmented.
-"""
+"""Is D memorising? Its scores on training reals against held-out reals drift apart well before FID turns worse
+(Karras et al. 2020, fig. 1). Training is untouched: D's buffers are put back and no random number is drawn."""
 
 from __future__ import annotations
 
@@ -24,27 +16,22 @@ from gan.errors import DataError
 
 log = logging.getLogger(__name__)
 
-# Images of each split that D is scored on: enough for a mean score to move by less than the gap it shows.
+# enough for a mean score to move by less than the gap it shows
 PROBE_IMAGES = 512
 _SUBSET_SEED = 20_200_611  # a generator of its own: the run's random streams are not touched
 
 
 class OverfitProbe:
-    """D's mean score on fixed training and held-out images; see the module docstring."""
-
     def __init__(
         self,
         train: tuple[Tensor, Optional[Tensor]],
         held_out: tuple[Tensor, Optional[Tensor]],
         batch_size: int,
     ):
-        """`train` and `held_out`: (uint8 images (N, C, H, W) on the training device, their labels
-        for a conditional D or None); D sees them in chunks of `batch_size`."""
         self.train, self.held_out, self.batch_size = train, held_out, batch_size
 
     @torch.no_grad()
     def measure(self, D: nn.Module, ctx: StepContext) -> dict[str, float]:
-        """{'d/score_train', 'd/score_heldout', 'd/heldout_gap'}: mean raw scores and their difference."""
         saved = [buffer.clone() for buffer in D.buffers()]
         try:
             train = self._mean_score(D, ctx, *self.train)
@@ -65,9 +52,7 @@ class OverfitProbe:
 
 
 def build_probe(cfg: TrainConfig, train: ImageSet, device: torch.device) -> Optional[OverfitProbe]:
-    """The probe for this run, or None when trainer.overfit_every=0 or the held-out split is empty or
-    damaged. Here a run first opens the held-out split, so a run that needs it (trainer.final_eval_samples)
-    stops on its DataError before it trains."""
+    """A run first opens the held-out split here, so one that needs it stops before it trains."""
     final_eval = cfg.trainer.final_eval_samples
     if not cfg.trainer.overfit_every and not final_eval:
         return None

@@ -1,10 +1,5 @@
-"""The loop's periodic extras: everything train() does besides its two steps and the EMA, behind one call.
-
-The loop (gan/training/loop.py:train) reads as the lesson: fetch, (1) D step, (2) G step, EMA.
-Everything done at a cadence (log, sample, checkpoint, FID, ...) is an `Every(name, steps, run)`; the
-loop calls `Extras.after_step(tick)` once per iteration, and loop.py:periodic_extras is the one list
-of what runs when, as StyleGAN2-ADA hangs snapshots and metrics off a tick.
-"""
+"""Everything train() does besides its two steps and the EMA, behind one call, so the loop reads as the lesson.
+loop.py:periodic_extras is the one list of what runs when, as StyleGAN2-ADA hangs snapshots off a tick."""
 
 from __future__ import annotations
 
@@ -16,12 +11,10 @@ from torch import Tensor
 
 @dataclasses.dataclass(frozen=True)
 class Tick:
-    """One finished iteration, as the extras see it."""
-
     step: int  # generator updates done, this iteration's included
     stats: Mapping[str, Tensor]  # both steps' diagnostics, 0-dim tensors still on the device
     images: int  # real images the iteration consumed, all ranks together
-    done: bool  # the run ends with this iteration (trainer.max_steps, a signal, the caller's stop)
+    done: bool  # the run ends with this iteration
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,8 +31,6 @@ class Every:
 
 
 class Extras:
-    """The periodic extras of one run, run in the order given."""
-
     def __init__(self, tasks: Iterable[Every]):
         self.tasks = [task for task in tasks if task.steps > 0]
         names = [task.name for task in self.tasks]

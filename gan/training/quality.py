@@ -1,12 +1,6 @@
-"""Sample quality during training: FID, precision/recall and class coverage of the EMA generator
-every `trainer.eval_every` steps, in the run's TensorBoard; the best is kept (checkpoints/best.pt).
-
-The reference is a seeded subset of the training split, never the held-out split evaluate.py reports
-on: the run picks best.pt by these numbers, and a pick made on the test split would flatter it. A
-cheap cut of evaluate.py's measurement (same classifier, features and arithmetic; fewer samples, no
-KID, no BatchNorm recomputation), so its numbers sit a little above evaluate.py's. A classifier below
-evaluate.py's accuracy bar is used with a warning: the curve needs a consistent feature space.
-"""
+"""Sample quality of the EMA generator every `trainer.eval_every` steps; the best is kept (checkpoints/best.pt).
+The reference is the training split, never the held-out one: best.pt is picked by these numbers, and a pick
+on the test split would flatter it. A cheap cut of evaluate.py's measurement, so a little above its numbers."""
 
 from __future__ import annotations
 
@@ -26,7 +20,7 @@ from gan.evaluation.pipeline import Reals, class_metrics, classifier_data, gener
 
 log = logging.getLogger(__name__)
 
-# TensorBoard names of the numbers `QualityProbe.measure` returns; capitals sort first, so FID is listed first.
+# capitals sort first, so FID is listed first
 QUALITY_TAGS = {
     "fid": "quality/FID",
     "precision": "quality/precision",
@@ -43,11 +37,9 @@ BEST_FID_TAG = "quality/FID_best"  # the best FID so far: the generator in check
 
 
 class QualityProbe:
-    """The reference and its features, computed once; `measure(G)` scores G's samples from the same
-    seeded latents every time, so the curve moves with G alone."""
+    """The same seeded latents every time, so the curve moves with G alone."""
 
     def __init__(self, data: DataConfig, training: ImageSet, samples: int, seed: int, device: torch.device):
-        """`training`: the run's training split, from which the validation images are drawn."""
         started = time.perf_counter()
         if training.num_classes < 2:
             raise ConfigError(
@@ -55,13 +47,11 @@ class QualityProbe:
                 "and the in-training FID is measured in the features of a classifier of the data's classes. "
                 "Set trainer.eval_every=0 and measure with evaluate.py metrics.features=inception."
             )
-        # everything here (the subset, the classifier, maybe its training) draws from its own seeded
-        # generators; fork_rng keeps the training's random stream as it would be without the probe
+        # fork_rng keeps the training's random stream as it would be without the probe
         with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
             images, labels = reference_subset(training, samples, seed, "training split", "trainer.eval_samples")
             images, labels = images.cpu(), labels.cpu()  # the split may live on the training device
             self.reals = Reals(images, labels, stacked=M.is_stacked(training))
-            # the classifier evaluate.py uses by default: same settings, same cache file under data.root
             self.config = EvaluateConfig(checkpoint="(training)", num_samples=samples, seed=seed, batch_size=500)
             bar = self.config.metrics.classifier.min_accuracy
             accept_any = dataclasses.replace(self.config.metrics.classifier, min_accuracy=0.0)
@@ -92,11 +82,7 @@ class QualityProbe:
         )
 
     def measure(self, G: nn.Module) -> dict[str, float]:
-        """FID, precision/recall, density/coverage and class coverage of G's samples, under the
-        names of QUALITY_TAGS. G is sampled in eval mode under inference_mode (pipeline.generate)."""
         cfg = self.config
-        # a conditional G draws each sample for a class: the validation images' own, so the class
-        # histogram compared is the data's (evaluate.py draws the held-out images' classes the same way)
         labels = sample_classes(self.reals.labels, cfg.num_samples, None, cfg.seed) if G.num_classes else None
         fake: Tensor = generate(G, cfg.num_samples, cfg.batch_size, cfg.seed, self.device, labels)
         fake_features = M.batched(self.features, fake, cfg.batch_size, self.device)

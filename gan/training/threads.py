@@ -1,15 +1,6 @@
-"""trainer.threads=0 on the CPU: torch's intra-op threads follow the cores that other processes leave free.
-
-Why: torch runs each operator as an OpenMP parallel region that ends when its last chunk does. Beside
-a busy process the OS time-slices the cores, so in nearly every region one chunk waits a whole slice
-while the other threads spin at the barrier; one thread per *free* core has no stragglers
-(docs/speed.md#sharing-the-machine).
-
-How: every `window_s` seconds the governor reads how busy the machine was (/proc/stat) less what
-this process and its children used. If the others kept at least half a core busy in two windows
-running, torch gets only the cores they leave (at least one, at most the starting count).
-A changed count changes oneDNN's reductions: `trainer.threads=N` keeps CPU runs bit-exact.
-"""
+"""trainer.threads=0 on the CPU: torch's threads follow the cores other processes leave free, since beside a
+busy process one time-sliced chunk stalls every OpenMP region (docs/speed.md#sharing-the-machine).
+A changed count changes oneDNN's reductions: `trainer.threads=N` keeps CPU runs bit-exact."""
 
 from __future__ import annotations
 
@@ -30,8 +21,7 @@ CLOCK_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def machine_busy_seconds(cpus: Optional[set[int]] = None) -> Optional[float]:
-    """CPU seconds all processes have spent busy since boot on the CPUs this process may run on
-    (/proc/stat's per-CPU lines); None off Linux."""
+    """All processes' busy CPU seconds since boot on this process's CPUs; None off Linux."""
     cpus = os.sched_getaffinity(0) if cpus is None and hasattr(os, "sched_getaffinity") else cpus
     try:
         lines = Path("/proc/stat").read_text().splitlines()
@@ -50,7 +40,6 @@ def machine_busy_seconds(cpus: Optional[set[int]] = None) -> Optional[float]:
 
 
 def own_busy_seconds(pid: Optional[int] = None) -> float:
-    """CPU seconds this process (all its threads) and its live children have used."""
     pid = pid or os.getpid()
     total = 0.0
     for stat in [Path(f"/proc/{pid}/stat"), *children_stats(pid)]:
@@ -63,7 +52,6 @@ def own_busy_seconds(pid: Optional[int] = None) -> float:
 
 
 def children_stats(pid: int) -> list[Path]:
-    """/proc/<child>/stat of each child of `pid` (the kernel's list where it keeps one, else a scan)."""
     try:
         listed = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
         return [Path(f"/proc/{child}/stat") for child in listed]
@@ -81,14 +69,12 @@ def children_stats(pid: int) -> list[Path]:
 
 
 def threads_for(limit: int, cpus: int, others: float) -> int:
-    """Threads for this process when other processes keep `others` of its `cpus` CPUs busy: the CPUs
-    they leave (a CPU is taken from half of it up), at most `limit` and at least one."""
+    """The CPUs others leave (a CPU is taken from half of it up), from 1 to `limit`."""
     return max(1, min(limit, cpus - math.floor(others + 0.5)))
 
 
 class ThreadGovernor:
-    """Adjusts torch.set_num_threads to the free cores. Call `poll()` after every step: it reads the
-    clock, and /proc only once per window. `threads` is the count now."""
+    """Call `poll()` after every step: /proc is read once per window, a change needs two windows running."""
 
     def __init__(
         self,
@@ -139,7 +125,6 @@ class ThreadGovernor:
 
 
 def thread_governor(threads: int, device: torch.device) -> Optional[ThreadGovernor]:
-    """A governor for trainer.threads=0 on the CPU of a machine with /proc/stat; None otherwise."""
     limit = torch.get_num_threads()
     if threads or device.type != "cpu" or limit < 2 or machine_busy_seconds() is None:
         return None
