@@ -1,10 +1,4 @@
-"""Checkpoints: one plain dict, written atomically, loaded safely, checked against the config.
-
-Owns the on-disk format and every way reading it can fail. The checkpoint holds only tensors and
-plain containers (state dicts, ints, strings, tuples, the config as nested dicts), so it loads with
-`torch.load(path, weights_only=True)`: a file that smuggles in any other Python object is refused
-instead of executed. What goes into the dict is decided by `gan.training`.
-"""
+"""Checkpoints: one dict of tensors and plain containers, written atomically, loaded weights_only, checked."""
 
 from __future__ import annotations
 
@@ -26,21 +20,13 @@ from gan.errors import CheckpointError
 
 Name = TypeVar("Name", bound=Hashable)  # a tensor's name: a string, or a (part, key) pair
 
-# What every checkpoint of this project holds: last.pt (the whole training state) and best.pt (the
-# generator alone, `kind: best`). Resuming needs more, and says which entry is missing.
-REQUIRED_KEYS = ("G", "step", "config", "num_classes")
+REQUIRED_KEYS = ("G", "step", "config", "num_classes")  # held by last.pt and best.pt alike
 BEST = "best"  # the `kind` of checkpoints/best.pt
-# The layout's version, written into every checkpoint by save_checkpoint; any other is refused.
-FORMAT = 1
+FORMAT = 1  # the layout's version, written by save_checkpoint; any other is refused
 
 
 def require_training_state(state: Mapping[str, Any], source: str | Path) -> None:
-    """The gate of every resume, right after load_checkpoint: refuse, in one paragraph naming the file
-    and the entry, a checkpoint training cannot continue from. A best.pt (the generator alone); an
-    entry only resuming reads (D, either optimizer, the data position, the fixed latents) that is
-    missing or not what this project writes; or a NaN or inf in any floating tensor of G, D, G_ema, the
-    optimizers' moments or the fixed latents (BatchNorm's running statistics included), which every
-    step would start from. load_checkpoint has checked the entries every checkpoint holds."""
+    """The resume gate: refuse a best.pt, a missing or malformed resume entry, or a NaN/inf tensor."""
     file = checkpoint_path(source)
     if state.get("kind") == BEST:
         raise CheckpointError(
@@ -74,8 +60,6 @@ def require_training_state(state: Mapping[str, Any], source: str | Path) -> None
 
 
 def training_tensors(state: Mapping[str, Any]) -> Iterable[tuple[str, Tensor]]:
-    """Every floating tensor a resume starts from, by name: 'G.net.0.weight', 'G_ema.module.net.1.running_var',
-    'opt_d.state[3].exp_avg_sq' (Adam's second moment of D's fourth parameter), 'fixed_z'."""
     for entry in ("G", "D", "G_ema"):
         for key, value in (state.get(entry) or {}).items():
             yield f"{entry}.{key}", value
@@ -87,34 +71,18 @@ def training_tensors(state: Mapping[str, Any]) -> Iterable[tuple[str, Tensor]]:
 
 
 def nonfinite(named: Iterable[tuple[Name, Any]]) -> tuple[list[Name], int]:
-    """The names of the floating tensors among `named` that hold a NaN or an inf, and how many floating
-    tensors there are: shared by the resume gate (require_training_state), evaluate.py's generator and
-    the training loop's check before each checkpoint (gan.training.faults.check_finite_state).
-
-    One host sync when all are finite: the 2-norm of every tensor (torch._foreach_norm), finite only
-    if every element is. Only then are the tensors looked at one by one, by name: finite values so
-    large that the norm overflows (beyond about 1e19) are finite, and pass.
-    """
+    """The floating tensors of `named` holding NaN/inf, and their count; one host sync when all are finite."""
     tensors = [(name, t.detach()) for name, t in named if isinstance(t, Tensor) and t.is_floating_point()]
     if not tensors:
         return [], 0
     norms = torch._foreach_norm([t for _, t in tensors])
-    if torch.stack([n.float() for n in norms]).isfinite().all():
+    if torch.stack([n.float() for n in norms]).isfinite().all():  # else recheck: huge finite values overflow a norm
         return [], len(tensors)
     return [name for name, t in tensors if not torch.isfinite(t).all()], len(tensors)
 
 
 def save_checkpoint(state: Mapping[str, Any], path: Path) -> None:
-    """Write `state` to `path` atomically: a crash mid-write leaves the previous file intact.
-
-    torch.save writes in place (pytorch#2883), so it goes to a temporary file in the same folder
-    (same file system, so the rename is atomic), is flushed to disk, then os.replace()d over `path`.
-    A write the file system refuses (disk full, quota, file size limit) raises OSError naming `path`,
-    also where torch's zip writer reports it as a RuntimeError (the entry points report an OSError). A process
-    killed mid-write leaves its temporary file: the next run in the folder removes it
-    (gan.training.rundir). What `state` holds is the caller's business: the training loop checks its
-    weights are finite before it calls this (gan.training.faults.check_finite_state).
-    """
+    """Write `state` atomically (torch.save writes in place, pytorch#2883): temp file, fsync, os.replace."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -134,17 +102,13 @@ def save_checkpoint(state: Mapping[str, Any], path: Path) -> None:
 
 
 def keep_numbered(last: Path, step: int, keep: int) -> None:
-    """Keep `last` also as step_NNNNNN.pt beside it, and only the `keep` newest such files (0: none).
-
-    A hard link costs no second write; last.pt is later replaced by a new file, not rewritten,
-    so the numbered name keeps this step's contents.
-    """
+    """Also keep `last` as step_NNNNNN.pt, only the `keep` newest (0: none)."""
     if keep <= 0:
         return
     numbered = last.with_name(f"step_{step:06d}.pt")
     numbered.unlink(missing_ok=True)
     try:
-        os.link(last, numbered)
+        os.link(last, numbered)  # no second write; last.pt is replaced, not rewritten, so this keeps its contents
     except OSError:  # a file system without hard links
         shutil.copyfile(last, numbered)
     for old in sorted(last.parent.glob("step_*.pt"))[:-keep]:
@@ -160,11 +124,7 @@ def checkpoint_path(path: str | Path) -> Path:
 
 
 def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
-    """Load and sanity-check a checkpoint file or run directory; raises CheckpointError.
-
-    map_location puts every tensor where this process wants it: a checkpoint written on a GPU
-    loads on a CPU-only machine.
-    """
+    """Load and sanity-check a checkpoint file or run directory onto `map_location`; CheckpointError."""
     file = checkpoint_path(path)
     if not file.is_file():
         where = f"{path} (looked for {file})" if str(file) != str(path) else str(path)
@@ -214,10 +174,7 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
 
 
 def check_common_entries(state: Mapping[str, Any], file: Path) -> None:
-    """The entries every checkpoint holds and every reader uses (G, G_ema, step, num_classes, config,
-    kind), checked once, here, so that no reader meets a wrong type later (a traceback) or takes one
-    for something else (int(1.5) is a step). A resume checks its own entries (require_training_state);
-    what the values mean for a model is checked where the model is built from them."""
+    """Check the entries every reader uses, once, so none meets a wrong type later (int(1.5) is a step)."""
     step = state["step"]
     if not _whole(step):
         raise _damaged(
@@ -242,8 +199,6 @@ def check_common_entries(state: Mapping[str, Any], file: Path) -> None:
 
 
 def check_config_groups(config: object, source: str | Path, required: Sequence[str] = ()) -> None:
-    """Refuse a stored config that is not a mapping of groups (data, model, ...) of settings, or that
-    lacks one of the `required` groups: CheckpointError naming the file (stored_config_error's words)."""
     if not isinstance(config, Mapping):
         raise _config_damaged(source, f"it is {_shown(config)}, not a mapping of groups (data, model, ...)")
     for group, values in config.items():
@@ -255,8 +210,7 @@ def check_config_groups(config: object, source: str | Path, required: Sequence[s
 
 
 def stored_config(config: object, source: str | Path) -> dict:
-    """A checkpoint's config typed by this version's schema (TrainConfig), as plain containers;
-    CheckpointError naming the file when it lacks a setting or holds one of the wrong type."""
+    """A checkpoint's config typed by this version's schema (TrainConfig), as plain containers."""
     schema = OmegaConf.structured(TrainConfig)
     check_config_groups(config, source, required=list(schema))
     missing = [f"{group}.{key}" for group in schema for key in schema[group] if key not in config[group]]
@@ -269,14 +223,7 @@ def stored_config(config: object, source: str | Path) -> dict:
 
 
 def stored_config_error(err: Exception, source: str | Path, group: str = "") -> CheckpointError:
-    """A stored config that OmegaConf could not lay over this version's schema, in one paragraph.
-
-    A key this version does not know (ConfigKeyError), or a choice it does not offer, may be another
-    version's: the message says so, and also that the file may have been edited. A value of the wrong
-    type (a string for an int, a tensor, a group replaced by a number) is no setting of any version:
-    the stored config is damaged, and the message says to use another checkpoint. `group`: the group
-    that was merged alone (evaluate.py types data and model only), the prefix of OmegaConf's key.
-    """
+    """A stored config that does not fit the schema; `group`: the group merged alone (the key's prefix)."""
     key = str(getattr(err, "full_key", "") or "")
     key = f"{group}.{key}" if group and key else (key or group)
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -293,18 +240,15 @@ def stored_config_error(err: Exception, source: str | Path, group: str = "") -> 
 
 
 def another_checkpoint(file: Path, use: str = "resume or evaluate") -> str:
-    """What to do instead of using a damaged `file` (`use`: 'resume from', 'evaluate', or both), naming
-    only what exists: the numbered copies trainer.keep_checkpoints kept beside it (step_NNNNNN.pt, newest
-    first; the file itself and hard links to it left out), and for evaluate.py also a best.pt beside it;
-    or, when there are none, that there are none."""
-    if not file.is_file():  # a name, not a file (in-process callers): nothing to look beside
+    """What to `use` instead of a damaged `file`, naming only the copies that exist beside it."""
+    if not file.is_file():  # a name, not a file: nothing to look beside
         return f"{use.capitalize()} another checkpoint of the run if trainer.keep_checkpoints kept any."
     try:
         copies = sorted(file.parent.glob("step_*.pt"), reverse=True)
         best = file.with_name(f"{BEST}.pt")
         copies += [best] if use == "evaluate" and best.is_file() else []
         copies = [c for c in copies if not os.path.samefile(c, file)]
-    except OSError:  # a folder that cannot be listed, a file that vanished: nothing known beside it
+    except OSError:  # an unlistable folder, a vanished file
         copies = []
     if not copies:
         kinds = "numbered copy (step_NNNNNN.pt) or best.pt" if use == "evaluate" else "numbered copy (step_NNNNNN.pt)"
@@ -337,7 +281,6 @@ def _whole(value: object) -> bool:
 
 
 def _shown(value: object) -> str:
-    """'abc' (str), 7 (int), a Tensor: a value as a message shows it, short, with its type."""
     if isinstance(value, Tensor):
         return f"a tensor of shape {tuple(value.shape)}"
     text = repr(value)
@@ -345,7 +288,6 @@ def _shown(value: object) -> str:
 
 
 def _check_state_dict(state: Mapping[str, Any], entry: str, file: Path, use: str = "resume or evaluate") -> None:
-    """A network's state dict: a mapping of parameter and buffer names to tensors."""
     value = state[entry]
     if not isinstance(value, Mapping):
         raise _damaged(
@@ -382,11 +324,7 @@ def _check_optimizer(state: Mapping[str, Any], entry: str, file: Path) -> None:
 
 
 def _check_data_position(state: Mapping[str, Any], file: Path) -> None:
-    """The batch stream's position ({'epoch', 'batch'}, gan.data.BatchStream): two whole numbers, and
-    one a run of `step` steps can reach. Each step takes one batch, which adds 1 to batch or starts the
-    next epoch at batch 1, so epoch + batch never exceeds step. (No permutation is stored: each epoch's
-    order is recomputed from trainer.seed and the epoch.) Whether batch fits an epoch of the training
-    set is checked when the stream is rebuilt (gan.training.state.TrainingState.load_state_dict)."""
+    """epoch + batch <= step, as each step takes one batch; the epoch's size is checked in gan.training.state."""
     data = state["data"]
     if not isinstance(data, Mapping) or not all(_whole(data.get(key)) for key in ("epoch", "batch")):
         raise _damaged(
@@ -406,7 +344,6 @@ def _check_data_position(state: Mapping[str, Any], file: Path) -> None:
         )
 
 
-# Where to go from a checkpoint that cannot be read.
 _ELSEWHERE = (
     "Resume or evaluate a numbered copy beside it (checkpoints/step_NNNNNN.pt, kept with "
     "trainer.keep_checkpoints=N), or start a new run."
@@ -426,9 +363,7 @@ def _forbidden_global(err: Exception) -> str:
 
 
 def _describe(err: BaseException) -> str:
-    """'Type: what went wrong', in one line of at most 200 characters ('EOFError' alone when there is
-    no message). torch's weights-only refusal opens with a paragraph about torch.load's defaults; its
-    reason ('Unsupported operand 52') follows 'WeightsUnpickler error:'."""
+    """'Type: first line' of `err`, or of the reason torch's weights-only refusal gives after its preamble."""
     text = str(err)
     reason = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", text)
     lines = [reason.group(1)] if reason else text.strip().splitlines()
@@ -438,9 +373,7 @@ def _describe(err: BaseException) -> str:
 def load_module_state(
     module: nn.Module, state: Mapping[str, torch.Tensor], name: str, advice: Optional[str] = None
 ) -> None:
-    """load_state_dict with a readable error listing every missing, unexpected or resized tensor.
-    `advice`: what the caller's user can do about a mismatch, in place of the default (use the same
-    model.* as the run that wrote it), which is wrong where the model was built from the checkpoint."""
+    """load_state_dict with a readable error listing every mismatch; `advice` replaces the default hint."""
     own = module.state_dict()
     problems = [
         f"{key}: {tuple(value.shape)} in the checkpoint, {tuple(own[key].shape)} in the model"

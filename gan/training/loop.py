@@ -1,14 +1,7 @@
-"""The training loop: fetch, (1) D step, (2) G step, EMA, then the periodic extras.
+"""The training loop: fetch, (1) D step, (2) G step, EMA (all from gan.core), then `periodic_extras`.
 
 Read it beside pytorch/examples' dcgan/main.py: the same sections in the same order, with main.py's
-`if i % 100 == 0` blocks (print, save images, checkpoint) gathered into one call,
-`extras.after_step(...)`, whose list of tasks and cadences is `periodic_extras` below
-(gan/training/periodic.py says why). What each section calls lives elsewhere: the steps and the EMA
-in `gan.core` (the lesson), the objects in `gan.training.state`, precision and devices in
-`gan.training.hardware`, the NaN watch, the finiteness check before a checkpoint and signal handling
-in `gan.training.faults`, the run directory's lock and the resume contract in `gan.runs`, TensorBoard in
-`gan.training.monitor`, the in-training FID in `gan.training.quality`, the checkpoint file in
-`gan.checkpoint`.
+`if i % 100 == 0` blocks (print, save images, checkpoint) gathered into `extras.after_step(...)`.
 """
 
 from __future__ import annotations
@@ -107,26 +100,12 @@ def train(
     on_ready: Optional[Callable[[], None]] = None,
     command: Optional[str] = None,
 ) -> TrainResult:
-    """Train (or resume, if cfg.trainer.resume is set) one run, writing everything into run_dir.
-
-    `dataset` replaces the one cfg.data names (the benchmark feeds its own images this way).
-    `world` is this process's place in a torchrun job; rank 0 alone writes files.
-    `after_step(state)` is called after every step, EMA included; True ends the run there, with its
-    samples and checkpoint, as a signal would (StyleGAN2-ADA's training loop takes an abort_fn the
-    same way; scripts/compare.py snapshots G and stops at a wall-clock budget with it).
-    `on_ready()` is called once every check has passed (config, checkpoint, data, run directory),
-    before the first file is written into run_dir: train.py writes the run's .hydra/ record then.
-    `command`: the command line that started this run (train.py's), shown in TensorBoard's Text tab
-    beside the resolved config.
-    """
+    """Train (or resume) one run into run_dir. `dataset` replaces cfg.data's; `after_step(state)` returning
+    True ends the run as a signal would; `on_ready()` runs once every check passed, before any write."""
     trainer, z_dim = cfg.trainer, cfg.model.z_dim
-    # rank 0 owns run_dir until it returns: one process at a time, a new run never over another run,
-    # a resume never into another run's folder, temporary files of a killed run removed (gan/runs.py)
     resuming = checkpoint_path(trainer.resume) if trainer.resume else None
-    with own_run_dir(run_dir, resuming, enabled=world.is_main):
-        # device, the step context (loss, extra terms, precision), the training state, resumed if
-        # asked, and the measurements; any of them may refuse, so nothing has been written yet
-        device, ctx, state, training = set_up(cfg, world, dataset)
+    with own_run_dir(run_dir, resuming, enabled=world.is_main):  # rank 0's alone, never over another run
+        device, ctx, state, training = set_up(cfg, world, dataset)  # may refuse: nothing is written yet
         probes = build_probes(cfg, training, device, world, own_data=dataset is None)
         if on_ready is not None and world.is_main:
             on_ready()  # every check passed: from here on, the run writes into run_dir
@@ -144,9 +123,8 @@ def train(
 
                 # (1) D step, on fake.detach()
                 d_stats, real_features = d_step(D, state.opt_d, real, fake, ctx, y)
-                # (2) G step, with D frozen. Under DDP the G step uses the unwrapped D: DDP's reducer
-                # waits for a gradient of every D parameter after each wrapped forward, and a frozen D
-                # makes none. G's own gradients are still averaged by G's wrapper.
+                # (2) G step, with D frozen and unwrapped: DDP's reducer would wait for gradients a frozen D
+                # never makes. G's wrapper still averages G's gradients.
                 g_stats = g_step(state.D, G, state.opt_g, fake, real_features, ctx, y)
                 ctx.scaler.update()  # once per iteration, after both optimizers stepped (fp16 only)
                 state.step += 1
@@ -155,9 +133,8 @@ def train(
                 if state.G_ema is not None:
                     state.G_ema.update_parameters(state.G)
 
-                # stop: at max_steps, on SIGINT/SIGTERM or the collapse alarm, or when the caller asks. Under
-                # DDP every rank must stop at the same step: one all-reduce of the flag per step (a host
-                # sync, the only one besides logging and trainer.on_nan=skip's check).
+                # stop: at max_steps, a signal, the collapse alarm or the caller. Under DDP all ranks stop at
+                # the same step: one all-reduce per step (a host sync; the others: logging, on_nan=skip).
                 asked = after_step is not None and after_step(state)
                 done = state.step == trainer.max_steps or any_rank(stop.reason is not None or asked, world, device)
 
@@ -182,10 +159,8 @@ def periodic_extras(
 ) -> Extras:
     """What the loop does after each iteration besides the EMA, in this order, each at its cadence."""
     trainer, overfit, quality = cfg.trainer, probes.overfit, probes.quality
-    # NaN/inf losses, checked on the host at log and checkpoint time only
-    watch = NonFiniteWatch(device, last_checkpoint(run_dir), cfg)
-    # trainer.threads=0 on the CPU: threads follow the cores other processes leave free, or None
-    governor = thread_governor(trainer.threads, device)
+    watch = NonFiniteWatch(device, last_checkpoint(run_dir), cfg)  # NaN losses, read at log/checkpoint only
+    governor = thread_governor(trainer.threads, device)  # threads=0 on the CPU: the free cores; else None
     collapse = collapse_watch(cfg, lambda step, message: raise_alarm(step, message, cfg, monitor, stop))
 
     def log_scalars(tick: Tick) -> None:  # scalars leave the device here (float() waits for it)
@@ -232,13 +207,10 @@ def periodic_extras(
             Every("overfitting", trainer.overfit_every if overfit else 0, measure_overfit),
             Every("augment p", 1 if state.augment else 0, steer_augment),
             Every("log", trainer.log_every, log_scalars, at_end=True),  # and the collapse alarm
-            # the fixed latents through the EMA generator, in eval mode
             Every("sample", trainer.sample_every if world.is_main else 0, sample, at_end=True),
-            # FID, precision/recall and classes (gan/training/quality.py); the best generator into best.pt
-            Every("quality", trainer.eval_every if quality else 0, measure_quality, at_end=True),
+            Every("quality", trainer.eval_every if quality else 0, measure_quality, at_end=True),  # and best.pt
             Every("checkpoint", trainer.checkpoint_every, checkpoint, at_end=True),
-            # the next step's rate: constant, then linearly to zero over the last optim.lr_decay of the run
-            Every("learning rate", 1, lambda tick: set_learning_rates(state, cfg)),
+            Every("learning rate", 1, lambda tick: set_learning_rates(state, cfg)),  # the next step's
         ]
     )
 
@@ -254,9 +226,7 @@ def raise_alarm(step: int, message: str, cfg: TrainConfig, monitor: Monitor, sto
 
 
 def best_generator(state: TrainingState, cfg: TrainConfig, metrics: dict[str, float]) -> dict:
-    """checkpoints/best.pt: the generator (raw and EMA) at the best in-training FID, with its step and
-    metrics: what evaluate.py reads (it takes best.pt or last.pt alike); no D and no optimizers, so
-    it cannot be resumed (trainer.resume names last.pt's run)."""
+    """best.pt: G and G_ema at the best in-training FID, for evaluate.py; no D or optimizers to resume."""
     return {
         "kind": BEST,
         "G": state.G.state_dict(),
@@ -269,8 +239,7 @@ def best_generator(state: TrainingState, cfg: TrainConfig, metrics: dict[str, fl
 
 
 def final_evaluation(cfg: TrainConfig, result: TrainResult, run_dir: Path) -> float:
-    """evaluate.py's metrics of the finished run into RUN_DIR/eval, and into its TensorBoard at the
-    last step (trainer.final_eval_samples); returns the FID."""
+    """evaluate.py's metrics of the finished run into RUN_DIR/eval and TensorBoard; returns the FID."""
     trainer = cfg.trainer
     eval_cfg = EvaluateConfig(
         checkpoint=str(result.checkpoint),
@@ -292,8 +261,7 @@ def best_checkpoint(run_dir: Path) -> Path:
 def set_up(
     cfg: TrainConfig, world: World, dataset: Optional[ImageSet]
 ) -> tuple[torch.device, StepContext, TrainingState, ImageSet]:
-    """This process's device, the StepContext of both steps, the training state (resumed when
-    cfg.trainer.resume names a checkpoint), and the training set (`dataset`, or cfg.data's)."""
+    """This process's device, StepContext, training state (resumed if asked) and training set."""
     device = prepare_process(cfg, world)
     # read the checkpoint to resume from before any work, so a bad path fails at once
     resume_from = load_checkpoint(cfg.trainer.resume, map_location=device) if cfg.trainer.resume else None
@@ -329,9 +297,7 @@ def open_monitor(
     training: ImageSet,
     command: Optional[str] = None,
 ) -> Monitor:
-    """The run's Monitor (rank 0 writes), its HParams session open, the config and command line in
-    the Text tab and, for a fresh run, a grid of real images in the fake grid's layout; it logs both
-    optimizers' learning rates."""
+    """The run's Monitor, its HParams session open, the config in the Text tab, a fresh run's real grid."""
     trainer = cfg.trainer
     monitor = Monitor(run_dir, state.step, trainer.max_steps, trainer.progress, enabled=world.is_main)
     real = None
@@ -359,8 +325,7 @@ class Probes:
 
 
 def build_probes(cfg: TrainConfig, training: ImageSet, device: torch.device, world: World, own_data: bool) -> Probes:
-    """`own_data`: the training set is cfg.data's (not a caller's), so its held-out split exists;
-    rank 0 alone measures quality."""
+    """`own_data`: the training set is cfg.data's, so its held-out split exists; rank 0 measures quality."""
     overfit = build_probe(cfg, training, device) if own_data else None
     quality = None
     if cfg.trainer.eval_every and world.is_main:
@@ -369,8 +334,7 @@ def build_probes(cfg: TrainConfig, training: ImageSet, device: torch.device, wor
 
 
 def write_samples(state: TrainingState, run_dir: Path, monitor: Monitor) -> None:
-    """The fixed-latent grid of this step (a row per class in a conditional run), as
-    samples/step_NNNNNN.png, in samples/progress.gif and in TensorBoard."""
+    """This step's fixed-latent grid into samples/step_NNNNNN.png, samples/progress.gif and TensorBoard."""
     with monitor.timed("sample", state.step):
         grid = image_grid(sample(state.sampler, state.fixed_z, state.fixed_y), nrow=state.grid_columns)
         samples_dir = run_dir / "samples"
@@ -385,23 +349,18 @@ def write_samples(state: TrainingState, run_dir: Path, monitor: Monitor) -> None
 def write_checkpoint(
     state: TrainingState, cfg: TrainConfig, run_dir: Path, rank_rngs: Optional[list[dict]] = None
 ) -> None:
-    """checkpoints/last.pt, atomically, and a numbered copy if trainer.keep_checkpoints asks."""
     path = last_checkpoint(run_dir)
     save_checkpoint(state.state_dict(cfg, rank_rngs), path)
     keep_numbered(path, state.step, cfg.trainer.keep_checkpoints)
 
 
 def hparams_of(cfg: TrainConfig) -> dict[str, int | float | str | bool | None]:
-    """The config flattened to 'group.key' -> value, typed (bool, float, string, None; integers and
-    lists as text): the columns of TensorBoard's HParams page. trainer.resume and trainer.progress are left out: how a
-    run was started and shown, not what it computes."""
+    """The config as HParams columns, 'group.key' -> value; trainer.resume/progress are not what it computes."""
     flat = {}
     for group, values in to_plain(cfg).items():
         for key, value in values.items():
             typed = value is None or isinstance(value, (float, str, bool))
-            # whole numbers (steps, widths, batch size, seed) as text: the page prints every number
-            # to 5 significant digits (300 as 300.00), and a count is a category to filter, not a range
-            flat[f"{group}.{key}"] = value if typed else str(value)
+            flat[f"{group}.{key}"] = value if typed else str(value)  # ints as text: HParams would show 300 as 300.00
     for key in ("trainer.resume", "trainer.progress"):
         flat.pop(key, None)
     return flat

@@ -1,11 +1,4 @@
-"""The training state: every object that changes while training, built from the config, and the
-one plain dict a checkpoint holds of it.
-
-Owns how G, D, the EMA generator, both optimizers, the GradScaler, the batch stream, the fixed
-latents and the step counter are built, and how they are saved and restored together, so that a
-resumed run continues exactly as if it had never stopped. The checkpoint's file format and its
-safe loading live in `gan.checkpoint`.
-"""
+"""The training state: every object that changes while training, saved and restored together."""
 
 from __future__ import annotations
 
@@ -40,9 +33,6 @@ CPU = torch.device("cpu")
 
 @dataclasses.dataclass
 class TrainingState:
-    """Models, optimizers, EMA, GradScaler, batch stream, fixed latents and step: what a checkpoint
-    saves and what a resume restores. Everything else in a run is rebuilt from the config."""
-
     G: Generator
     D: Discriminator
     G_ema: Optional[AveragedModel]  # None when model.ema_decay=0 and model.ema_kimg=0
@@ -50,36 +40,23 @@ class TrainingState:
     opt_d: torch.optim.Optimizer
     scaler: torch.amp.GradScaler  # enabled for fp16 only; shared with the StepContext
     batches: BatchStream
-    # One latent batch for the whole run: every sample grid shows the same z, so grids are
-    # comparable across steps (and across a resume: it is checkpointed).
-    fixed_z: Tensor
+    fixed_z: Tensor  # every sample grid's z, so grids compare across steps and resumes
     step: int = 0  # generator updates done, in this run and the runs it resumed
-    # Conditional runs: the class of each fixed latent, one row of the grid per class
-    # (gan.core.sampling.class_rows); rebuilt from the config, so not checkpointed. None otherwise.
-    fixed_y: Optional[Tensor] = None
-    # The best in-training FID so far and its step ({"fid": float, "step": int}), kept in
-    # checkpoints/best.pt; checkpointed, so a resumed run replaces best.pt only with a better one.
-    best: Optional[dict[str, float]] = None
-    # model.ada_target: the adaptive augmentation whose p is checkpointed (the StepContext's augment)
-    augment: Optional[AdaptiveAugment] = None
+    fixed_y: Optional[Tensor] = None  # conditional: each fixed latent's class; rebuilt, not checkpointed
+    best: Optional[dict[str, float]] = None  # best.pt's FID and step: a resume replaces it only with a better one
+    augment: Optional[AdaptiveAugment] = None  # the StepContext's ADA, whose p is checkpointed
 
     @property
     def sampler(self) -> nn.Module:
-        """The network samples are drawn from: the EMA generator when there is one."""
         return self.G_ema.module if self.G_ema is not None else self.G
 
     @property
     def grid_columns(self) -> Optional[int]:
-        """Images per row of the sample grid: the latents of one class row when conditional, else
-        None (image_grid's square-ish default)."""
+        """Images per sample-grid row: one class's latents when conditional, else None (the default)."""
         return None if self.fixed_y is None else int((self.fixed_y == self.fixed_y[0]).sum())
 
     def state_dict(self, cfg: TrainConfig, rank_rngs: Optional[list[dict[str, Any]]] = None) -> dict[str, Any]:
-        """Everything needed to continue as if never stopped, as tensors and plain containers.
-
-        `rank_rngs`: every rank's `rng_state()` under DDP (gathered by rank 0): each rank draws its
-        own latents, so each needs its own generators back on resume.
-        """
+        """The checkpoint's dict. `rank_rngs`: every rank's rng_state() under DDP: each draws its own latents."""
         return {
             "G": self.G.state_dict(),
             "D": self.D.state_dict(),
@@ -88,8 +65,7 @@ class TrainingState:
             "opt_d": self.opt_d.state_dict(),
             "scaler": self.scaler.state_dict(),  # empty unless fp16
             "step": self.step,
-            # the classes G and D were built for (0: unconditional); evaluate.py rebuilds G from it
-            "num_classes": self.G.num_classes,
+            "num_classes": self.G.num_classes,  # 0: unconditional; evaluate.py rebuilds G from it
             "data": self.batches.state_dict(),
             "fixed_z": self.fixed_z,
             "rng": rank_rngs[0] if rank_rngs else rng_state(self.fixed_z.device),
@@ -100,20 +76,8 @@ class TrainingState:
         }
 
     def load_state_dict(self, state: dict[str, Any], world: World = SINGLE) -> None:
-        """Load a checkpoint's state into these freshly built objects; CheckpointError naming the
-        entry if one is missing or damaged. The entries' form, the step and the finiteness of every
-        weight were checked when the checkpoint was loaded (gan.checkpoint: load_checkpoint and
-        require_training_state); what is checked here needs the objects built for this run.
-
-        Under DDP each rank takes its own random generators back when the checkpoint holds one per
-        rank of a job of this size. Otherwise (a single-process checkpoint resumed by several
-        processes, or another number of processes) rank 0 takes the saved ones and every other
-        rank keeps the generators it was seeded with (trainer.seed + rank), so that no two ranks
-        draw the same latents.
-        """
-        # The resume contract (gan/runs.py:check_resume, made before this) keeps every model.*
-        # and data.image_size/channels equal to those stored in the checkpoint: a network that does not
-        # fit is the checkpoint disagreeing with itself, not a setting of this command.
+        """Load a checkpoint into these fresh objects; per-rank generators only if saved for a job this size."""
+        # The resume contract (gan/runs.py) keeps model.* as stored: a misfit is the checkpoint's own fault
         advice = MISMATCH + (MISMATCH_CLASSES if self.G.num_classes else "")
         entry = "?"
         try:
@@ -125,10 +89,7 @@ class TrainingState:
             elif self.G_ema is not None:  # a run without EMA continues with one: start it from G
                 self.G_ema.n_averaged.zero_()
                 self.G_ema.update_parameters(self.G)
-            # The checkpoint's learning rates are loaded with the moments but never used: the loop
-            # sets both from the config before every update (set_learning_rates), so a resume may
-            # change optim.lr, lr_d and lr_decay (gan/runs.py, the resume contract).
-            for entry in ("opt_g", "opt_d"):
+            for entry in ("opt_g", "opt_d"):  # their learning rates go unused: set_learning_rates sets both
                 getattr(self, entry).load_state_dict(state[entry])
             entry = "scaler"
             if self.scaler.is_enabled() and state.get("scaler"):
@@ -145,7 +106,7 @@ class TrainingState:
                 set_rng_state(state["rng"], self.fixed_z.device)
             entry = "step"
             self.step = int(state["step"])
-            entry = "best"  # absent from checkpoints written before best.pt existed
+            entry = "best"  # absent from checkpoints older than best.pt
             best = state.get("best")
             self.best = {"fid": float(best["fid"]), "step": int(best["step"])} if best else None
             entry = "augment"
@@ -171,7 +132,6 @@ class TrainingState:
 
 
 NETWORK_NAMES = {"G": "generator", "D": "discriminator"}
-# What to do about a network that does not fit the one built for the resumed run (load_module_state).
 MISMATCH = (
     "The resume contract keeps this run's model.* and data.image_size/data.channels equal to those stored in "
     "the checkpoint, so the checkpoint's weights and its own config disagree: it was damaged or edited after "
@@ -185,11 +145,7 @@ MISMATCH_CLASSES = (
 
 
 def check_data_position(position: dict[str, int], batches: BatchStream) -> dict[str, int]:
-    """The checkpoint's batch-stream position, refused (CheckpointError naming trainer.resume) when no
-    epoch of this training set reaches it. Its form and its agreement with the step were checked
-    when the checkpoint was loaded (gan.checkpoint.require_training_state); only here is the training
-    set known. The bound is one process's batches per epoch, which a job of any size has as many of
-    or fewer: a checkpoint moved to another number of processes is not refused."""
+    """Refuse a position beyond an epoch of this training set; one process's batches bound any job size's."""
     sampler = batches.sampler
     most = sampler.size // sampler.batch_size
     if position["batch"] > most:
@@ -205,8 +161,7 @@ def check_data_position(position: dict[str, int], batches: BatchStream) -> dict[
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:
-    """This process's random generators: Python's, torch's CPU one, and the training GPU's (only
-    that one: torch.cuda.get_rng_state_all() would create a context on every GPU of the machine)."""
+    """Python's, torch's CPU and the training GPU's generators (get_rng_state_all() would touch every GPU)."""
     return {
         "python": random.getstate(),
         "torch": torch.get_rng_state(),
@@ -215,9 +170,7 @@ def rng_state(device: torch.device) -> dict[str, Any]:
 
 
 def set_rng_state(rng: dict[str, Any], device: torch.device) -> None:
-    """Restore what `rng_state` saved. A CUDA state restores only on a CUDA device: a run moved to
-    the CPU keeps the CPU generators alone. (Checkpoints of earlier versions hold one state per
-    GPU; the training GPU's index picks its own.)"""
+    """Restore what `rng_state` saved; older checkpoints hold one CUDA state per GPU, indexed by device."""
     random.setstate(rng["python"])
     torch.set_rng_state(rng["torch"].cpu())
     if rng["cuda"] and device.type == "cuda":
@@ -232,8 +185,7 @@ def build_state(
     world: World = SINGLE,
     dataset: Optional[ImageSet] = None,
 ) -> TrainingState:
-    """A fresh training state on `device`. `dataset` replaces the one cfg.data names (the benchmark
-    feeds its own images this way)."""
+    """A fresh training state on `device`; `dataset` replaces the one cfg.data names."""
     dataset = dataset or load_dataset(cfg.data)
     num_classes = check_classes(cfg, dataset) if cfg.model.conditional else 0
     batches = BatchStream(
@@ -247,8 +199,7 @@ def build_state(
         labels=dataset.labels if num_classes else None,  # the classes travel with the batch
     )
     G, D = build_models(cfg, device, num_classes)
-    # a deep copy of G: made before compiling, it stays eager
-    G_ema = build_ema(
+    G_ema = build_ema(  # a deep copy of G made before compiling: it stays eager
         G,
         cfg.model.ema_decay,
         cfg.model.ema_kimg,
@@ -258,8 +209,7 @@ def build_state(
     if cfg.trainer.compile:
         compile_models(G, D)
     opt_g, opt_d = build_optimizer(G, cfg, device), build_optimizer(D, cfg, device, lr=cfg.optim.lr_d)
-    # made directly on the device with its own generator, not on the CPU and then moved
-    seeded = torch.Generator(device).manual_seed(cfg.trainer.seed)
+    seeded = torch.Generator(device).manual_seed(cfg.trainer.seed)  # z made on the device, not moved there
     fixed_z = torch.randn(cfg.trainer.num_fixed_samples, cfg.model.z_dim, device=device, generator=seeded)
     fixed_y = None
     if num_classes:  # one grid row per class, the same latents in each row
@@ -268,8 +218,7 @@ def build_state(
 
 
 def check_classes(cfg: TrainConfig, dataset: ImageSet) -> int:
-    """The number of classes a conditional run learns; ConfigError naming model.conditional when the
-    data has no labels to condition on (a flat folder, CelebA: one class)."""
+    """The number of classes a conditional run learns; ConfigError when the data has no labels."""
     if dataset.num_classes < 2:
         where = f" in {cfg.data.root}" if cfg.data.name in ("folder", "celeba") else ""
         raise ConfigError(
@@ -282,8 +231,6 @@ def check_classes(cfg: TrainConfig, dataset: ImageSet) -> int:
 
 
 def build_models(cfg: TrainConfig, device: torch.device, num_classes: int = 0) -> tuple[Generator, Discriminator]:
-    """G and D on `device`; channels_last if configured (a layout change, not a numerical one).
-    num_classes > 0: the conditional pair (model.conditional), G(z, y) and a projection D(x, y)."""
     model = cfg.model
     G = Generator(model.z_dim, model.g_width, cfg.data.channels, cfg.data.image_size, num_classes)
     D = Discriminator(
@@ -306,9 +253,7 @@ def build_optimizer(
     module: nn.Module, cfg: TrainConfig, device: torch.device, lr: Optional[float] = None
 ) -> torch.optim.Adam:
     """Adam with the configured betas; `lr` overrides optim.lr (D's own rate, TTUR)."""
-    # fused: the whole Adam update in one kernel (CPU and CUDA); elsewhere foreach, one launch per
-    # group of tensors. Same math as the per-parameter loop, to float rounding.
-    fused = device.type in ("cpu", "cuda")
+    fused = device.type in ("cpu", "cuda")  # one kernel for the whole update; elsewhere foreach. Same math
     return torch.optim.Adam(
         module.parameters(),
         lr=lr or cfg.optim.lr,
@@ -319,10 +264,7 @@ def build_optimizer(
 
 
 def lr_scale(step: int, max_steps: int, decay: float) -> float:
-    """The step-size multiplier of the update that follows `step` updates: 1 until the last `decay`
-    fraction of `max_steps`, then falling linearly, reaching 1 / (decay * max_steps) at the last
-    update (never 0: no update is wasted). A pure function of the step, so a resumed run follows the
-    same schedule with nothing saved."""
+    """1, then linear to 1 / (decay * max_steps) over the last `decay` of the run; nothing to checkpoint."""
     start = max_steps * (1.0 - decay)
     if decay <= 0 or step < start:
         return 1.0
@@ -330,7 +272,7 @@ def lr_scale(step: int, max_steps: int, decay: float) -> float:
 
 
 def set_learning_rates(state: TrainingState, cfg: TrainConfig) -> None:
-    """Both optimizers' step sizes for the next update: optim.lr and optim.lr_d (or lr) times lr_scale."""
+    """Both optimizers' step sizes for the next update."""
     scale = lr_scale(state.step, cfg.trainer.max_steps, cfg.optim.lr_decay)
     for optimizer, base in ((state.opt_g, cfg.optim.lr), (state.opt_d, cfg.optim.lr_d or cfg.optim.lr)):
         for group in optimizer.param_groups:
@@ -346,9 +288,7 @@ def build_loss(cfg: TrainConfig) -> AdversarialLoss:
 
 
 def build_step_context(cfg: TrainConfig, device: torch.device = CPU) -> tuple[StepContext, Precision]:
-    """The StepContext both steps run with: trainer.precision on this device (and the precision `auto`
-    resolved to, returned beside it), trainer.on_nan, the loss, its penalties and G terms, and D's
-    augmentation (an AdaptiveAugment, whose p lives on `device`, when model.ada_target is set)."""
+    """The StepContext both steps run with, and the precision trainer.precision resolved to."""
     precision = resolve_precision(cfg.trainer.precision, device)
     ctx = step_context(precision, device, skip_nonfinite=cfg.trainer.on_nan == OnNonFinite.skip)
     return dataclasses.replace(
@@ -362,12 +302,7 @@ def build_step_context(cfg: TrainConfig, device: torch.device = CPU) -> tuple[St
 
 
 def build_augment(cfg: TrainConfig, device: torch.device = CPU) -> Callable[[Tensor], Tensor]:
-    """DiffAugment with the configured policies (model.diffaugment), adaptive when model.ada_target
-    is set, or the identity when none.
-
-    Its random draws come from torch's default generator of the images' device, which checkpoints
-    save (rng_state), so a resumed run augments exactly as the uninterrupted one would have.
-    """
+    """DiffAugment (adaptive with model.ada_target) or the identity; its draws use checkpointed generators."""
     if not cfg.model.diffaugment:
         return no_augment
     policies = [policy.value for policy in cfg.model.diffaugment]
@@ -377,11 +312,7 @@ def build_augment(cfg: TrainConfig, device: torch.device = CPU) -> Callable[[Ten
 
 
 def wrap_for_ddp(G: nn.Module, D: nn.Module, world: World, device: torch.device) -> tuple[nn.Module, nn.Module]:
-    """DistributedDataParallel wrappers for the forward passes whose gradients ranks must average.
-
-    The wrappers share their parameters with G and D; optimizers, EMA, sampling and checkpoints use
-    the plain modules, so a checkpoint holds unwrapped state dicts and loads with or without DDP.
-    """
+    """DDP wrappers sharing G's and D's parameters; the rest uses the plain modules (unwrapped checkpoints)."""
     if not world.distributed:
         return G, D
     device_ids = [device.index] if device.type == "cuda" else None
