@@ -92,6 +92,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # two processes, one per rank
 def test_replicas_hold_identical_weights_after_one_step(tmp_path):
     result_file = tmp_path / "result.pt"
     mp.spawn(one_step_worker, args=(free_port(), str(result_file)), nprocs=2, join=True)
@@ -107,6 +108,7 @@ def ddp_run(tmp_path_factory) -> Path:
     return cwd
 
 
+@pytest.mark.slow  # torchrun
 def test_ddp_job_writes_one_run_dir_and_one_checkpoint(ddp_run):
     checkpoints = list(ddp_run.glob("**/last.pt"))
     assert len(checkpoints) == 1
@@ -118,6 +120,7 @@ def test_ddp_job_writes_one_run_dir_and_one_checkpoint(ddp_run):
     assert not any(key.startswith("module.") for key in state["G"])  # unwrapped state dicts
 
 
+@pytest.mark.slow  # torchrun
 def test_ddp_checkpoint_resumes_in_a_single_process_and_under_ddp(ddp_run, tmp_path):
     [run_dir] = [p.parent.parent for p in ddp_run.glob("outputs/*/*/checkpoints/last.pt")]
     single = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=6", cwd=ddp_run)
@@ -147,6 +150,7 @@ def test_a_ddp_run_resumes_exactly_with_each_ranks_own_generators(tmp_path):
     assert_same_state(load_checkpoint(straight), load_checkpoint(split))
 
 
+@pytest.mark.slow  # torchrun
 def test_a_single_process_checkpoint_resumed_under_ddp_keeps_the_ranks_apart(tmp_path):
     """A checkpoint without one generator state per rank (a single-process run's, say): rank 0
     takes the saved generators, the other ranks keep their own seeds, so no two draw the same z."""
@@ -159,11 +163,13 @@ def test_a_single_process_checkpoint_resumed_under_ddp_keeps_the_ranks_apart(tmp
     assert len(ranks) == 2 and not torch.equal(ranks[0]["torch"], ranks[1]["torch"])
 
 
-def test_torchrun_with_a_sweep_is_refused(tmp_path):
-    code, output = finish(
-        torchrun("-m", "optim.lr=1e-4,2e-4", cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    )
-    assert code != 0 and "Hydra sweep (-m)" in output
+def test_torchrun_with_a_sweep_is_refused(tmp_path, monkeypatch):
+    # what torchrun tells each of its processes; the refusal comes before any process group is joined
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    result = run_train("-m", "optim.lr=1e-4,2e-4", cwd=tmp_path)
+    assert result.returncode == 2 and "Hydra sweep (-m)" in result.stdout + result.stderr
+    assert not (tmp_path / "outputs").exists()
 
 
 @pytest.mark.slow

@@ -241,8 +241,9 @@ def test_resume_auto_finds_the_matching_run_wherever_it_lies_under_outputs(train
     where, overrides = PLACES[place]
     run_dir = copy_run(trained, tmp_path / "outputs" / where)
     record = run_dir / ".hydra"
-    record.mkdir()
+    record.mkdir(exist_ok=True)
     (record / "config.yaml").write_text(OmegaConf.to_yaml(to_plain(compose_config(ONE_THREAD))))
+    (record / "overrides.yaml").unlink(missing_ok=True)
     if overrides:
         (record / "overrides.yaml").write_text("- debug=tiny\n- trainer.threads=1\n")
     outputs, fresh = tmp_path / "outputs", tmp_path / "new"
