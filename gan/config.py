@@ -1,5 +1,4 @@
-"""Typed configuration: one dataclass per `configs/` group, registered with Hydra's ConfigStore, and the range
-checks Hydra cannot express (`check()`)."""
+"""Typed configuration: a dataclass per `configs/` group for Hydra's ConfigStore, with the checks Hydra cannot make."""
 
 from __future__ import annotations
 
@@ -60,8 +59,16 @@ class Precision(str, Enum):
     fp16 = "fp16"  # torch.autocast with float16 and a GradScaler (fp16 underflows small gradients)
 
 
+class _Group:
+    KEY = ""  # the group's prefix in messages: `data.` names data.batch_size
+
+    def _check(self, ok: bool, name: str, why: str) -> None:
+        _require(ok, self.KEY + name, getattr(self, name), why)
+
+
 @dataclass
-class DataConfig:
+class DataConfig(_Group):
+    KEY = "data."
     SOURCES = (DatasetName.digits, DatasetName.mnist, DatasetName.fashion_mnist)
 
     name: DatasetName = DatasetName.digits  # the dataset (configs/data/); `digits` is built in, no download
@@ -78,60 +85,34 @@ class DataConfig:
     limit: int = 0  # train on the first N images of the training split only (debug=overfit); 0 = all
 
     def check(self) -> None:
-        _require(
-            self.image_size >= 16 and self.image_size <= 256 and _power_of_two(self.image_size),
-            "data.image_size",
-            self.image_size,
+        self._check(
+            16 <= self.image_size <= 256 and 2 ** int(math.log2(self.image_size)) == self.image_size,
+            "image_size",
             "must be a power of two from 16 to 256: the generator starts at 4x4 and doubles the side in each block",
         )
-        _require(self.channels in (1, 3), "data.channels", self.channels, "must be 1 or 3")
-        _require(self.batch_size >= 1, "data.batch_size", self.batch_size, "must be at least 1")
-        _require(
-            self.num_workers is None or self.num_workers >= 0,
-            "data.num_workers",
-            self.num_workers,
-            "must be >= 0, or null for auto",
-        )
+        self._check(self.channels in (1, 3), "channels", "must be 1 or 3")
+        self._check(self.batch_size >= 1, "batch_size", "must be at least 1")
+        self._check(self.num_workers is None or self.num_workers >= 0, "num_workers", "must be >= 0, or null for auto")
         # Hydra refuses other names at the command line; these two catch a DataConfig built in code.
         names = [member.value for member in DatasetName]
-        _require(self.name in names, "data.name", self.name, f"must be one of {', '.join(names)}")
-        _require(
-            self.source in self.SOURCES,
-            "data.source",
-            self.source,
-            f"must be one of {', '.join(self.SOURCES)}: a 10-class grayscale dataset",
-        )
-        _require(
-            self.name != "stacked" or self.channels == 3,
-            "data.channels",
-            self.channels,
-            "must be 3 for data=stacked: its three channels are three different images",
-        )
-        built_in = self.name in ("digits", "folder") or (self.name == "stacked" and self.source == "digits")
-        _require(
-            not (self.download and built_in),
-            "data.download",
-            self.download,
-            f"has nothing to fetch for data={self.name}"
-            + (f" with data.source={self.source}" if self.name == "stacked" else ""),
-        )
-        _require(
-            self.num_samples >= self.batch_size,
-            "data.num_samples",
-            self.num_samples,
-            f"must be at least data.batch_size ({self.batch_size}): an epoch needs one full batch",
-        )
-        _require(
-            self.limit == 0 or self.limit >= self.batch_size,
-            "data.limit",
-            self.limit,
-            f"must be 0 (the whole training split) or at least data.batch_size ({self.batch_size}): "
-            "an epoch needs one full batch",
-        )
+        self._check(self.name in names, "name", f"must be one of {', '.join(names)}")
+        sources = ", ".join(self.SOURCES)
+        self._check(self.source in self.SOURCES, "source", f"must be one of {sources}: a 10-class grayscale dataset")
+        stacked = self.name == "stacked"
+        why = "must be 3 for data=stacked: its three channels are three different images"
+        self._check(not stacked or self.channels == 3, "channels", why)
+        built_in = self.name in ("digits", "folder") or (stacked and self.source == "digits")
+        why = f"has nothing to fetch for data={self.name}" + (f" with data.source={self.source}" if stacked else "")
+        self._check(not (self.download and built_in), "download", why)
+        batch = f"data.batch_size ({self.batch_size}): an epoch needs one full batch"
+        self._check(self.num_samples >= self.batch_size, "num_samples", f"must be at least {batch}")
+        why = f"must be 0 (the whole training split) or at least {batch}"
+        self._check(self.limit == 0 or self.limit >= self.batch_size, "limit", why)
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(_Group):
+    KEY = "model."
     z_dim: int = 100  # latent size, DCGAN paper
     g_width: int = 32  # G's channels at full resolution (ngf) (docs/results.md#quality-in-one-minute)
     d_width: int = 32  # D's channels at full resolution (ndf)
@@ -145,34 +126,26 @@ class ModelConfig:
     minibatch_std: int = 0  # group size of ProGAN's minibatch-stddev channel in D (Karras et al. 2018); 0 = off
     conditional: bool = False  # class-conditional G(z, y) and projection D (Miyato & Koyama 2018); needs labels
     # DiffAugment (Zhao et al. 2020) on every image D sees; '[]' = none (docs/results.md#training-longer)
-    diffaugment: List[DiffAugmentPolicy] = field(
-        default_factory=lambda: [DiffAugmentPolicy.color, DiffAugmentPolicy.translation, DiffAugmentPolicy.cutout]
-    )
+    diffaugment: List[DiffAugmentPolicy] = field(default_factory=lambda: list(DiffAugmentPolicy))
     ada_target: float = 0.6  # adaptive DiffAugment: p steered to hold r_t = E[sign(D(x))] here (ADA); 0 = always on
     ada_kimg: float = 100.0  # thousands of images for p to move from 0 to 1 (ADA's speed)
 
     def check(self) -> None:
         for key in ("z_dim", "g_width", "d_width", "pack"):
-            value = getattr(self, key)
-            _require(value >= 1, f"model.{key}", value, "must be at least 1")
-        _require(
-            self.minibatch_std >= 0, "model.minibatch_std", self.minibatch_std, "must be >= 0 (a group size; 0 = off)"
-        )
-        _require(0 <= self.ema_decay < 1, "model.ema_decay", self.ema_decay, "must be in [0, 1) (0 = no EMA)")
-        _require(self.ema_kimg >= 0, "model.ema_kimg", self.ema_kimg, "must be >= 0 (0 = use model.ema_decay)")
-        _require(self.ema_rampup >= 0, "model.ema_rampup", self.ema_rampup, "must be >= 0 (0 = no ramp-up)")
-        _require(0 <= self.ada_target < 1, "model.ada_target", self.ada_target, "must be in [0, 1) (0 = off)")
-        _require(self.ada_kimg > 0, "model.ada_kimg", self.ada_kimg, "must be > 0")
-        _require(
-            not (self.conditional and self.pack > 1),
-            "model.pack",
-            self.pack,
-            "must be 1 with model.conditional=true: a pack of several images has no single class to project on",
-        )
+            self._check(getattr(self, key) >= 1, key, "must be at least 1")
+        self._check(self.minibatch_std >= 0, "minibatch_std", "must be >= 0 (a group size; 0 = off)")
+        self._check(0 <= self.ema_decay < 1, "ema_decay", "must be in [0, 1) (0 = no EMA)")
+        self._check(self.ema_kimg >= 0, "ema_kimg", "must be >= 0 (0 = use model.ema_decay)")
+        self._check(self.ema_rampup >= 0, "ema_rampup", "must be >= 0 (0 = no ramp-up)")
+        self._check(0 <= self.ada_target < 1, "ada_target", "must be in [0, 1) (0 = off)")
+        self._check(self.ada_kimg > 0, "ada_kimg", "must be > 0")
+        why = "must be 1 with model.conditional=true: a pack of several images has no single class to project on"
+        self._check(not (self.conditional and self.pack > 1), "pack", why)
 
 
 @dataclass
-class LossConfig:
+class LossConfig(_Group):
+    KEY = "loss."
     name: LossName = LossName.bce  # adversarial loss: bce (non-saturating) or hinge
     feature_matching: float = 0.0  # weight of the feature-matching term (Salimans et al. 2016); 0 = off
     backward_mode: BackwardMode = BackwardMode.summed  # separate = log each G term's gradient norm
@@ -182,13 +155,13 @@ class LossConfig:
 
     def check(self) -> None:
         for key in ("feature_matching", "gradient_penalty", "r1"):
-            value = getattr(self, key)
-            _require(value >= 0, f"loss.{key}", value, "must be >= 0 (it weights a squared term)")
-        _require(0.5 < self.real_label <= 1, "loss.real_label", self.real_label, "must be in (0.5, 1]")
+            self._check(getattr(self, key) >= 0, key, "must be >= 0 (it weights a squared term)")
+        self._check(0.5 < self.real_label <= 1, "real_label", "must be in (0.5, 1]")
 
 
 @dataclass
-class OptimConfig:
+class OptimConfig(_Group):
+    KEY = "optim."
     lr: float = 1e-3  # Adam step size for G, and D unless lr_d is set (docs/results.md#quality-in-one-minute)
     lr_d: Optional[float] = None  # D's own step size (TTUR, Heusel et al. 2017); null = optim.lr
     lr_decay: float = 0.0  # linear decay to 0 over this last fraction of steps (docs/results.md#learning-rate-decay)
@@ -196,16 +169,16 @@ class OptimConfig:
     beta2: float = 0.999  # Adam default
 
     def check(self) -> None:
-        _require(self.lr > 0, "optim.lr", self.lr, "must be > 0")
-        _require(self.lr_d is None or self.lr_d > 0, "optim.lr_d", self.lr_d, "must be > 0 (or null)")
-        _require(0 <= self.lr_decay <= 1, "optim.lr_decay", self.lr_decay, "must be in [0, 1] (0 = constant)")
+        self._check(self.lr > 0, "lr", "must be > 0")
+        self._check(self.lr_d is None or self.lr_d > 0, "lr_d", "must be > 0 (or null)")
+        self._check(0 <= self.lr_decay <= 1, "lr_decay", "must be in [0, 1] (0 = constant)")
         for key in ("beta1", "beta2"):
-            value = getattr(self, key)
-            _require(0 <= value < 1, f"optim.{key}", value, "must be in [0, 1)")
+            self._check(0 <= getattr(self, key) < 1, key, "must be in [0, 1)")
 
 
 @dataclass
-class TrainerConfig:
+class TrainerConfig(_Group):
+    KEY = "trainer."
     max_steps: int = 10000  # generator updates; 10,000 x 64 images is about 11 epochs of digits
     device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
     seed: int = 0  # seeds weights, latents and shuffling
@@ -231,31 +204,22 @@ class TrainerConfig:
     eval_samples: int = 2000  # samples per in-training measurement; compare FID curves of equal N only
 
     def check(self) -> None:
-        _require(self.max_steps >= 1, "trainer.max_steps", self.max_steps, "must be at least 1")
-        _require(self.threads >= 0, "trainer.threads", self.threads, "must be >= 0 (0 = adapt to the free cores)")
+        self._check(self.max_steps >= 1, "max_steps", "must be at least 1")
+        self._check(self.threads >= 0, "threads", "must be >= 0 (0 = adapt to the free cores)")
         check_threads(self.threads, "trainer.threads", "0 to adapt to the free cores")
-        _require(self.keep_checkpoints >= 0, "trainer.keep_checkpoints", self.keep_checkpoints, "must be >= 0")
-        _require(self.overfit_every >= 0, "trainer.overfit_every", self.overfit_every, "must be >= 0 (0 = off)")
-        _require(
-            self.final_eval_samples >= 0,
-            "trainer.final_eval_samples",
-            self.final_eval_samples,
-            "must be >= 0 (0 = no evaluation after training)",
+        self._check(self.keep_checkpoints >= 0, "keep_checkpoints", "must be >= 0")
+        self._check(self.overfit_every >= 0, "overfit_every", "must be >= 0 (0 = off)")
+        self._check(
+            self.final_eval_samples >= 0, "final_eval_samples", "must be >= 0 (0 = no evaluation after training)"
         )
-        _require(self.eval_every >= 0, "trainer.eval_every", self.eval_every, "must be >= 0 (0 = off)")
-        _require(
-            self.eval_samples >= 10,
-            "trainer.eval_samples",
-            self.eval_samples,
-            "must be at least 10 (FID needs a covariance, precision/recall k + 1 neighbours)",
-        )
+        self._check(self.eval_every >= 0, "eval_every", "must be >= 0 (0 = off)")
+        why = "must be at least 10 (FID needs a covariance, precision/recall k + 1 neighbours)"
+        self._check(self.eval_samples >= 10, "eval_samples", why)
         for key in ("log_every", "sample_every", "checkpoint_every", "num_fixed_samples"):
-            value = getattr(self, key)
-            _require(value >= 1, f"trainer.{key}", value, "must be at least 1")
-        _require(
+            self._check(getattr(self, key) >= 1, key, "must be at least 1")
+        self._check(
             self.collapse_window >= self.log_every,
-            "trainer.collapse_window",
-            self.collapse_window,
+            "collapse_window",
             f"must be at least trainer.log_every ({self.log_every}): the alarm reads D's outputs at the log points "
             "of the window",
         )
@@ -274,35 +238,28 @@ class TrainConfig:
         require_finite(self)  # first: a nan passes no range check's wording honestly ('must be > 0')
         for group in (self.data, self.model, self.loss, self.optim, self.trainer):
             group.check()
-        _require(
-            self.data.batch_size % self.model.pack == 0,
-            "model.pack",
-            self.model.pack,
-            f"must divide data.batch_size ({self.data.batch_size}): D sees the batch in packs",
-        )
-        check_minibatch_std(self.model.minibatch_std, self.data.batch_size, self.model.pack)
+        model, batch_size = self.model, self.data.batch_size
+        why = f"must divide data.batch_size ({batch_size}): D sees the batch in packs"
+        model._check(batch_size % model.pack == 0, "pack", why)
+        check_minibatch_std(model.minibatch_std, batch_size, model.pack)
         per_sample = self.loss.gradient_penalty > 0 or self.loss.r1 > 0
-        _require(
-            not (per_sample and self.model.d_batchnorm),
-            "model.d_batchnorm",
-            self.model.d_batchnorm,
-            "must be false with loss.gradient_penalty or loss.r1: those penalties are per sample, "
-            "and BatchNorm makes each sample's output depend on the whole batch. Add model.d_batchnorm=false, "
-            "or for WGAN-GP use experiment=wgan_gp, the ready pairing (loss=wgan_gp, no BatchNorm in D, "
-            "Adam betas (0.0, 0.9))",
+        model._check(
+            not (per_sample and model.d_batchnorm),
+            "d_batchnorm",
+            "must be false with loss.gradient_penalty or loss.r1: those penalties are per sample, and BatchNorm makes "
+            "each sample's output depend on the whole batch. Add model.d_batchnorm=false, or for WGAN-GP use "
+            "experiment=wgan_gp, the ready pairing (loss=wgan_gp, no BatchNorm in D, Adam betas (0.0, 0.9))",
         )
 
 
 def check_threads(threads: int, key: str, zero_means: str) -> None:
     """torch.set_num_threads takes any int, and a count far above the CPUs crashes its thread pool."""
     cpus = available_cpus()
-    _require(
-        threads <= cpus,
-        key,
-        threads,
+    why = (
         f"is more than the {cpus} CPU(s) this process may use on this machine: set {key} to a number "
-        f"from 1 to {cpus}, or {zero_means}",
+        f"from 1 to {cpus}, or {zero_means}"
     )
+    _require(threads <= cpus, key, threads, why)
 
 
 def check_minibatch_std(group: int, batch_size: int, pack: int) -> None:
@@ -314,14 +271,12 @@ def check_minibatch_std(group: int, batch_size: int, pack: int) -> None:
     shrunk = math.gcd(per_pack, group)
     effect = "groups of 1 sample, a constant channel that tells D nothing" if shrunk == 1 else f"groups of {shrunk}"
     divisor = max(d for d in range(1, min(group, per_pack) + 1) if per_pack % d == 0)
-    _require(
-        False,
-        "model.minibatch_std",
-        group,
-        f"must divide the {per_pack} samples D judges at once ({seen}): D's minibatch-stddev channel "
-        f"is computed over groups of model.minibatch_std samples, and {group} would shrink to {effect}. "
-        f"Use a divisor of {per_pack} such as {divisor}, or 0 to turn the channel off",
+    why = (
+        f"must divide the {per_pack} samples D judges at once ({seen}): D's minibatch-stddev channel is computed over "
+        f"groups of model.minibatch_std samples, and {group} would shrink to {effect}. Use a divisor of {per_pack} "
+        f"such as {divisor}, or 0 to turn the channel off"
     )
+    _require(False, "model.minibatch_std", group, why)
 
 
 def require_finite(config: Any, prefix: str = "") -> None:
@@ -331,22 +286,14 @@ def require_finite(config: Any, prefix: str = "") -> None:
         if is_dataclass(value):
             require_finite(value, f"{key}.")
         elif isinstance(value, float) and not math.isfinite(value):
-            _require(
-                False,
-                key,
-                value,
-                "must be a finite number: Hydra reads nan and inf as floats, but no setting can use them",
-            )
+            why = "must be a finite number: Hydra reads nan and inf as floats, but no setting can use them"
+            _require(False, key, value, why)
 
 
 def check_device_name(name: str, key: str) -> None:
     """The spelling only: whether this machine has it is gan.device's question."""
     known = name in ("auto", "cpu", "cuda", "mps") or (name.startswith("cuda:") and name[5:].isdigit())
     _require(known, key, name, "must be auto, cpu, cuda, cuda:N or mps")
-
-
-def _power_of_two(n: int) -> bool:
-    return n > 0 and 2 ** int(math.log2(n)) == n
 
 
 def _require(ok: bool, key: str, value: Any, why: str) -> None:
@@ -410,7 +357,8 @@ class ExportFormat(str, Enum):
 
 
 @dataclass
-class ClassifierConfig:
+class ClassifierConfig(_Group):
+    KEY = "metrics.classifier."
     width: int = 16  # channels of the first conv block (doubled twice); 16 reaches 99%+ on digits in one epoch
     feature_dim: int = 128  # size of the penultimate layer, the feature space of FID/KID/P/R
     epochs: int = 1  # passes over the training split; one is enough on digits and MNIST (about 40 s at 32 px)
@@ -422,20 +370,15 @@ class ClassifierConfig:
 
     def check(self) -> None:
         for key in ("width", "feature_dim", "epochs", "batch_size"):
-            value = getattr(self, key)
-            _require(value >= 1, f"metrics.classifier.{key}", value, "must be at least 1")
-        _require(self.lr > 0, "metrics.classifier.lr", self.lr, "must be > 0")
-        _require(
-            self.train_images >= 0,
-            "metrics.classifier.train_images",
-            self.train_images,
-            "must be >= 0 (0 = the whole training split)",
-        )
-        _require(0 <= self.min_accuracy <= 1, "metrics.classifier.min_accuracy", self.min_accuracy, "must be in [0, 1]")
+            self._check(getattr(self, key) >= 1, key, "must be at least 1")
+        self._check(self.lr > 0, "lr", "must be > 0")
+        self._check(self.train_images >= 0, "train_images", "must be >= 0 (0 = the whole training split)")
+        self._check(0 <= self.min_accuracy <= 1, "min_accuracy", "must be in [0, 1]")
 
 
 @dataclass
-class MetricsConfig:
+class MetricsConfig(_Group):
+    KEY = "metrics."
     features: FeatureSpace = FeatureSpace.classifier  # feature space of FID, KID, precision/recall, density/coverage
     inception_weights: Optional[str] = None  # features=inception: torch-fidelity's state dict (docs/metrics.md)
     feature_network: Optional[str] = None  # features=inception: NVlabs' TorchScript inception-2015-12-05.pt
@@ -448,21 +391,15 @@ class MetricsConfig:
 
     def check(self) -> None:
         for key in ("kid_subsets", "kid_subset_size", "pr_k", "dc_k"):
-            value = getattr(self, key)
-            _require(value >= 1, f"metrics.{key}", value, "must be at least 1")
-        _require(0 < self.class_threshold < 1, "metrics.class_threshold", self.class_threshold, "must be in (0, 1)")
+            self._check(getattr(self, key) >= 1, key, "must be at least 1")
+        self._check(0 < self.class_threshold < 1, "class_threshold", "must be in (0, 1)")
+        inception = self.features == FeatureSpace.inception
         for key in ("inception_weights", "feature_network"):
-            value = getattr(self, key)
-            _require(
-                value is None or self.features == FeatureSpace.inception,
-                f"metrics.{key}",
-                value,
-                "is an Inception-v3 file, used only with metrics.features=inception: add that override",
-            )
-        _require(
+            why = "is an Inception-v3 file, used only with metrics.features=inception: add that override"
+            self._check(getattr(self, key) is None or inception, key, why)
+        self._check(
             self.inception_weights is None or self.feature_network is None,
-            "metrics.feature_network",
-            self.feature_network,
+            "feature_network",
             f"and metrics.inception_weights={self.inception_weights!r} are two files of the same network in two "
             "formats (NVlabs' TorchScript, torch-fidelity's state dict): give one",
         )
@@ -470,7 +407,7 @@ class MetricsConfig:
 
 
 @dataclass
-class EvaluateConfig:
+class EvaluateConfig(_Group):
     checkpoint: str = "???"  # required: a checkpoint file, or a training run directory (its checkpoints/last.pt)
     data: DataConfig = field(default_factory=DataConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -492,28 +429,16 @@ class EvaluateConfig:
 
     def check(self) -> None:
         require_finite(self)
-        _require(
-            self.class_id is None or self.class_id >= 0, "class_id", self.class_id, "must be >= 0 (a class number)"
-        )
-        _require(self.num_samples >= 2, "num_samples", self.num_samples, "must be at least 2 (FID needs a covariance)")
-        _require(
-            self.num_samples > self.metrics.dc_k,
-            "num_samples",
-            self.num_samples,
-            f"must exceed metrics.dc_k ({self.metrics.dc_k}): each sample needs k neighbours",
-        )
+        self._check(self.class_id is None or self.class_id >= 0, "class_id", "must be >= 0 (a class number)")
+        self._check(self.num_samples >= 2, "num_samples", "must be at least 2 (FID needs a covariance)")
+        why = f"must exceed metrics.dc_k ({self.metrics.dc_k}): each sample needs k neighbours"
+        self._check(self.num_samples > self.metrics.dc_k, "num_samples", why)
         for key in ("batch_size", "grid_samples", "interpolation_rows", "neighbour_queries", "neighbours"):
-            value = getattr(self, key)
-            _require(value >= 1, key, value, "must be at least 1")
-        _require(
-            self.interpolation_steps >= 2,
-            "interpolation_steps",
-            self.interpolation_steps,
-            "must be at least 2 (both ends)",
-        )
-        _require(self.threads >= 0, "threads", self.threads, "must be >= 0 (0 = torch's default)")
+            self._check(getattr(self, key) >= 1, key, "must be at least 1")
+        self._check(self.interpolation_steps >= 2, "interpolation_steps", "must be at least 2 (both ends)")
+        self._check(self.threads >= 0, "threads", "must be >= 0 (0 = torch's default)")
         check_threads(self.threads, "threads", "0 for torch's default")
-        _require(self.bn_batches >= 0, "bn_batches", self.bn_batches, "must be >= 0 (0 = keep the checkpoint's)")
+        self._check(self.bn_batches >= 0, "bn_batches", "must be >= 0 (0 = keep the checkpoint's)")
         check_device_name(self.device, "device")
         self.metrics.check()
 

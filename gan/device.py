@@ -34,12 +34,8 @@ def seed_everything(seed: int) -> None:
 
 
 def resolve_device(name: str, key: str = "trainer.device") -> torch.device:
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
+    if name == "auto":  # the first available; the checks below then pass
+        name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     device = torch.device(name)
     if device.type == "cuda":
         if not torch.cuda.is_available():

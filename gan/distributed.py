@@ -33,13 +33,12 @@ SINGLE = World()
 
 def world_from_env() -> World:
     """torchrun's RANK / WORLD_SIZE / LOCAL_RANK; submitit's SLURM tasks get them from its own helper."""
-    if "RANK" not in os.environ and "SUBMITIT_EXECUTOR" in os.environ and int(os.environ.get("SLURM_NTASKS", 1)) > 1:
+    env = os.environ  # export() below writes into it
+    if "RANK" not in env and "SUBMITIT_EXECUTOR" in env and int(env.get("SLURM_NTASKS", 1)) > 1:
         from submitit.helpers import TorchDistributedEnvironment  # installed with the slurm extra
 
         TorchDistributedEnvironment().export()
-    return World(
-        int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
-    )
+    return World(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)))
 
 
 def init_process_group(world: World, device_name: str) -> None:
@@ -52,9 +51,7 @@ def init_process_group(world: World, device_name: str) -> None:
 
 
 def rank_device(world: World, device: torch.device) -> torch.device:
-    if world.distributed and device.type == "cuda":
-        return torch.device("cuda", world.local_rank)
-    return device
+    return torch.device("cuda", world.local_rank) if world.distributed and device.type == "cuda" else device
 
 
 def broadcast_object(value: Any, world: World) -> Any:

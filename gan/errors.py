@@ -1,15 +1,11 @@
-"""The errors a user can cause, one family: each message is one paragraph that names the key or
-path at fault and what to do, and the entry points turn any of them into exit code 2 (bad input).
-
-Everything else that goes wrong is a bug, and keeps its traceback.
-"""
+"""The errors a user can cause: each message is one paragraph naming the key or path at fault and what to do, and
+the entry points turn any of them into exit code 2 (bad input). Anything else is a bug, and keeps its traceback."""
 
 from __future__ import annotations
 
 
 class UserError(RuntimeError):
-    """Bad input: a config value, a checkpoint, a dataset, an output folder or a measurement that
-    cannot be made. The message is what the user reads."""
+    """Bad input: a config value, a checkpoint, a dataset, an output folder or a measurement that cannot be made."""
 
 
 class ConfigError(UserError, ValueError):
@@ -40,5 +36,4 @@ def environment_error(err: OSError) -> UserError:
 
 
 class RunDirError(UserError):
-    """A run directory that cannot be used now: another process holds it, or a new run would replace
-    the run it holds; the message names the directory and what to do."""
+    """A run directory that cannot be used now: another process holds it, or a new run would replace its run."""

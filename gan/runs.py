@@ -18,6 +18,7 @@ import shlex
 import socket
 import sys
 import tempfile
+from logging.handlers import MemoryHandler
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
@@ -236,8 +237,7 @@ def resume_plan(cfg: DictConfig, output_dir: Path) -> tuple[DictConfig, Path]:
         resume = str(found)
     file = checkpoint_path(resume)
     if file.parent.name == "checkpoints" and not placed:
-        output_dir = file.parent.parent
-        check_not_in_use(output_dir)  # a second resume of a run in use: refused before the file is read
+        output_dir = file.parent.parent  # train() takes its lock: a second resume of a run in use is refused
     stored = stored_config(load_checkpoint(file)["config"], file)
     wanted = to_dict(cfg)
     for group, key in given_settings(wanted):
@@ -246,14 +246,10 @@ def resume_plan(cfg: DictConfig, output_dir: Path) -> tuple[DictConfig, Path]:
     return OmegaConf.merge(OmegaConf.structured(TrainConfig), stored), output_dir
 
 
-def given_keys() -> set[str]:
-    return {override_key(o) for o in HydraConfig.get().overrides.task}
-
-
 def given_settings(wanted: dict) -> list[tuple[str, str]]:
     """The settings this command gives: those it names (`optim.lr=...`, even at their default), and
     those its other overrides (`loss=hinge`, `experiment=...`) set apart from the defaults."""
-    named = given_keys()
+    named = {override_key(o) for o in HydraConfig.get().overrides.task}
     defaults = to_dict(compose(config_name=HydraConfig.get().job.config_name))
     return [
         (group, key)
@@ -348,14 +344,6 @@ def own_run_dir(run_dir: Path, resuming: Optional[Path], enabled: bool = True) -
         release_lock(lock, run_dir)
 
 
-def in_use(run_dir: Path, holder: str, path: Path, untouched: str = "") -> RunDirError:
-    return RunDirError(
-        f"The run directory {run_dir} is in use: {holder} holds {path} (it is training or resuming this run). "
-        f"{untouched}Wait for it to finish, or stop it (kill -TERM writes a checkpoint first), then resume with "
-        "trainer.resume=RUN_DIR; or choose another hydra.run.dir."
-    )
-
-
 def take_lock(run_dir: Path) -> int:
     """flock() RUN_DIR/.lock, or RunDirError naming its holder; returns the descriptor. flock, not a
     file made with O_EXCL: the kernel drops the lock when its holder dies, even by kill -9, so there is
@@ -369,7 +357,11 @@ def take_lock(run_dir: Path) -> int:
         except BlockingIOError:
             holder = read_holder(fd)
             os.close(fd)
-            raise in_use(run_dir, holder, path) from None
+            raise RunDirError(
+                f"The run directory {run_dir} is in use: {holder} holds {path} (it is training or resuming this "
+                "run). Nothing was written. Wait for it to finish, or stop it (kill -TERM writes a checkpoint "
+                "first), then resume with trainer.resume=RUN_DIR; or choose another hydra.run.dir."
+            ) from None
         if still_named(fd, path):  # not unlinked by a holder that released it meanwhile
             break
         os.close(fd)
@@ -380,20 +372,6 @@ def take_lock(run_dir: Path) -> int:
     os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
     _held.add(fd)
     return fd
-
-
-def check_not_in_use(run_dir: Path) -> None:
-    """RunDirError if another process holds the run's lock (tried and dropped at once)."""
-    path = run_dir / LOCK_FILE
-    if not path.is_file():
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise in_use(run_dir, read_holder(fd), path, "Nothing was written. ") from None
-    finally:
-        os.close(fd)
 
 
 def release_lock(fd: int, run_dir: Path) -> None:
@@ -529,52 +507,31 @@ def write_record(run_dir: Path, cfg: DictConfig) -> None:
         os.replace(partial, path)
 
 
-class HeldLog(logging.Handler):
-    """The job's log lines, held in memory until the run's log file may be written (`open`), then
-    written there first; never written if the command is refused."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.setFormatter(logging.Formatter(LOG_FORMAT))
-        self.held: list[logging.LogRecord] = []
-        self.file: Optional[logging.FileHandler] = None
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if self.file is None:
-            self.held.append(record)
-        else:
-            self.file.emit(record)
-
-    def open(self, path: Path) -> None:
-        self.file = logging.FileHandler(path, encoding="utf-8")
-        self.file.setFormatter(self.formatter)
-        for record in self.held:
-            self.file.emit(record)
-        self.held.clear()
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-        self.held.clear()
-        super().close()
-
-
 @contextlib.contextmanager
-def held_log() -> Iterator[HeldLog]:
-    handler = HeldLog()
+def held_log() -> Iterator[MemoryHandler]:
+    """The job's log lines, held in memory until keep_record opens the run's log file, then written
+    there first and every later line with them; never written if the command is refused."""
+    held = MemoryHandler(capacity=sys.maxsize, flushLevel=logging.CRITICAL + 1)  # holds until a target is set
     root = logging.getLogger()
-    root.addHandler(handler)
+    root.addHandler(held)
     try:
-        yield handler
+        yield held
     finally:
-        root.removeHandler(handler)
-        handler.close()
+        root.removeHandler(held)
+        file = held.target
+        held.close()  # writes what is still held to the file, if there is one
+        if file is not None:
+            file.close()
 
 
-def keep_record(run_dir: Path, cfg: DictConfig, run_log: HeldLog) -> None:
+def keep_record(run_dir: Path, cfg: DictConfig, run_log: MemoryHandler) -> None:
     """The record and log file of a job that wrote something into run_dir."""
     write_record(run_dir, cfg)
-    run_log.open(run_dir / f"{HydraConfig.get().job.name}.log")
+    file = logging.FileHandler(run_dir / f"{HydraConfig.get().job.name}.log", encoding="utf-8")
+    file.setFormatter(logging.Formatter(LOG_FORMAT))
+    run_log.setTarget(file)
+    run_log.flushLevel = logging.NOTSET  # from now on every line is written at once
+    run_log.flush()
 
 
 def remove_if_empty(run_dir: Path) -> None:

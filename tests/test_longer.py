@@ -304,20 +304,17 @@ def test_ada_p_is_checkpointed_and_a_resume_is_bit_identical(tmp_path):
     assert_same_state(straight, resumed)
 
 
-def test_a_checkpoint_without_adas_p_resumes_with_a_warning_not_silently(tmp_path, caplog):
+def test_a_checkpoint_without_adas_p_is_refused_naming_the_entry(tmp_path):
     common = ("trainer.max_steps=8", "model.diffaugment=[translation]", "model.ada_target=0.01",
               "model.ada_kimg=0.5", "trainer.checkpoint_every=100")  # fmt: skip
-    train(compose_config(*common), tmp_path, after_step=stop_at(4))
-    file = tmp_path / "checkpoints" / "last.pt"
+    run_dir = tmp_path / "run"
+    train(compose_config(*common), run_dir, after_step=stop_at(4))
+    file = run_dir / "checkpoints" / "last.pt"
     state = torch.load(file, weights_only=True)
     assert state["augment"]["p"] > 0
-    torch.save({k: v for k, v in state.items() if k != "augment"}, file)  # as a checkpoint of an older version
-    with caplog.at_level("WARNING", logger="gan.training.state"):
-        train(compose_config(*common, f"trainer.resume={tmp_path}"), tmp_path)
-    assert "holds no p of the adaptive augmentation" in caplog.text and "not the run continued exactly" in caplog.text
-    caplog.clear()
-    train(compose_config(*common, "trainer.max_steps=10", f"trainer.resume={tmp_path}"), tmp_path)  # p kept now
-    assert "holds no p" not in caplog.text
+    torch.save({**state, "augment": None}, file)  # damaged: p would restart from 0, not the run continued
+    with pytest.raises(CheckpointError, match="entry 'augment' is missing or damaged"):
+        train(compose_config(*common, f"trainer.resume={run_dir}"), tmp_path / "continued")
 
 
 @pytest.mark.parametrize("stored", [None, 0, 2, "1"], ids=["none", "0", "2", "text"])

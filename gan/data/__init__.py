@@ -1,9 +1,5 @@
 """Datasets and the batch stream: `load_dataset(cfg.data)` -> an ImageSet; `BatchStream` -> batches.
-
-- `digits.py`: the built-in dataset, rendered from a seed (no download);
-- `sources.py`: every dataset as uint8 squares of `data.image_size`, with labels and a held-out split;
-- `stream.py`: the endless, resumable, shuffled stream of float batches in [-1, 1].
-"""
+`digits.py` renders the built-in set, `sources.py` opens every dataset, `stream.py` makes the float batches."""
 
 from gan.data.digits import NUM_DIGIT_CLASSES, render_digits
 from gan.data.sources import (

@@ -21,11 +21,8 @@ def render_digits(num_samples: int, image_size: int, seed: int) -> tuple[Tensor,
     templates = _digit_templates(max(64, 2 * image_size))  # (10 * strokes, 1, T, T) in [0, 1]
     labels = torch.randint(0, NUM_DIGIT_CLASSES, (num_samples,), generator=gen)
     strokes = torch.randint(0, len(_STROKES), (num_samples,), generator=gen)
-    chunks = []
-    for start in range(0, num_samples, 4096):
-        index = slice(start, start + 4096)
-        batch = templates[labels[index] * len(_STROKES) + strokes[index]]
-        chunks.append(_jitter(batch, image_size, gen))
+    picks = labels * len(_STROKES) + strokes  # each image's template
+    chunks = [_jitter(templates[index], image_size, gen) for index in picks.split(4096)]
     return torch.cat(chunks), labels
 
 
@@ -34,19 +31,12 @@ def _digit_templates(size: int) -> Tensor:
         font = ImageFont.load_default(size=int(size * 0.8))
     except ImportError as err:  # Pillow built without FreeType has only a fixed bitmap font
         raise DataError("data=digits needs Pillow with FreeType support (the PyPI wheels have it).") from err
+    style = {"fill": 255, "font": font, "anchor": "mm", "stroke_fill": 255}
     glyphs = []
     for digit in range(NUM_DIGIT_CLASSES):
         for stroke in _STROKES:
             canvas = Image.new("L", (size, size), 0)
-            ImageDraw.Draw(canvas).text(
-                (size / 2, size / 2),
-                str(digit),
-                fill=255,
-                font=font,
-                anchor="mm",
-                stroke_width=stroke * size // 64,
-                stroke_fill=255,
-            )
+            ImageDraw.Draw(canvas).text((size / 2, size / 2), str(digit), stroke_width=stroke * size // 64, **style)
             glyphs.append(torch.frombuffer(bytearray(canvas.tobytes()), dtype=torch.uint8).view(size, size))
     return torch.stack(glyphs).unsqueeze(1).float() / 255
 
@@ -61,13 +51,9 @@ def _jitter(templates: Tensor, image_size: int, gen: Tensor | torch.Generator) -
     shear = uniform(-0.25, 0.25)
     scale_x, scale_y = uniform(0.8, 1.05), uniform(0.72, 0.92)  # <1 zooms in, >1 out
     cos, sin = torch.cos(angle), torch.sin(angle)
-    theta = torch.stack(
-        [
-            torch.stack([cos * scale_x, (-sin + shear) * scale_y, uniform(-0.12, 0.12)], dim=1),
-            torch.stack([sin * scale_x, cos * scale_y, uniform(-0.12, 0.12)], dim=1),
-        ],
-        dim=1,
-    )  # (N, 2, 3): output coordinates -> template coordinates, as affine_grid expects
+    row_x = torch.stack([cos * scale_x, (-sin + shear) * scale_y, uniform(-0.12, 0.12)], dim=1)
+    row_y = torch.stack([sin * scale_x, cos * scale_y, uniform(-0.12, 0.12)], dim=1)
+    theta = torch.stack([row_x, row_y], dim=1)  # (N, 2, 3): output coordinates -> template coordinates, for affine_grid
     # Sample at twice the size and average-pool: a cheap anti-aliasing filter.
     grid = F.affine_grid(theta, [n, 1, 2 * image_size, 2 * image_size], align_corners=False)
     x = F.avg_pool2d(F.grid_sample(templates, grid, align_corners=False), 2)

@@ -62,18 +62,11 @@ def load_dataset(cfg: DataConfig, train: bool = True, in_memory: Optional[bool] 
     if keep is None:
         keep = nbytes <= IN_MEMORY_LIMIT
     images = source.load_all() if keep else source
+    size, where = source.image_size, ("in memory" if keep else "streamed by a DataLoader")
     log.info(
-        "data=%s, %s split: %d images of %dx%dx%d (%.0f MB as uint8), %s, %d classes (%.1f s)",
-        cfg.name,
-        split,
-        len(source),
-        source.channels,
-        source.image_size,
-        source.image_size,
-        nbytes / 1e6,
-        "in memory" if keep else "streamed by a DataLoader",
-        source.num_classes,
-        time.perf_counter() - started,
+        f"data={cfg.name}, {split} split: {len(source)} images of {source.channels}x{size}x{size} "
+        f"({nbytes / 1e6:.0f} MB as uint8), {where}, {source.num_classes} classes "
+        f"({time.perf_counter() - started:.1f} s)"
     )
     return ImageSet(images, source.labels, source.num_classes)
 
@@ -111,9 +104,6 @@ class ImageSource(Dataset):
     def __len__(self) -> int:
         return self.labels.numel()
 
-    def __getitem__(self, index: int) -> Tensor:
-        raise NotImplementedError
-
     def first(self, count: int) -> ImageSource:
         raise NotImplementedError
 
@@ -121,10 +111,8 @@ class ImageSource(Dataset):
         out = torch.empty(len(self), self.channels, self.image_size, self.image_size, dtype=torch.uint8)
         # Forking workers costs more than it saves on a few hundred small files.
         workers = min(8, available_cpus()) if len(self) >= 1024 else 0
-        start = 0
-        for batch in DataLoader(self, batch_size=256, num_workers=workers):
-            out[start : start + batch.size(0)] = batch
-            start += batch.size(0)
+        for i, batch in enumerate(DataLoader(self, batch_size=256, num_workers=workers)):
+            out[i * 256 : (i + 1) * 256] = batch  # the last batch may be shorter, and so is the slice
         return out
 
 
@@ -210,24 +198,15 @@ _IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images
 _CIFAR_FILES = (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta")
 
 
-def open_mnist(cfg: DataConfig, train: bool) -> ArrayImages:
-    return _open_mnist_like(cfg, train, datasets.MNIST, "about 12 MB")
-
-
-def open_fashion_mnist(cfg: DataConfig, train: bool) -> ArrayImages:
-    return _open_mnist_like(cfg, train, datasets.FashionMNIST, "about 30 MB")
-
-
 def _open_mnist_like(cfg: DataConfig, train: bool, kind: type[datasets.MNIST], download_size: str) -> ArrayImages:
     folder = _root(cfg) / kind.__name__ / "raw"  # torchvision's layout: ROOT/MNIST/raw
     missing = [name for name in _IDX_FILES if not (folder / name).is_file()]
     if missing and not cfg.download:
         raise DataError(
-            f"data={cfg.name}: no {kind.__name__} in {folder} (absolute path {folder.resolve()}). "
-            f"torchvision's {kind.__name__} expects the four uncompressed IDX files there: "
-            f"{', '.join(_IDX_FILES)}; {_which_missing(missing, _IDX_FILES)}. Add data.download=true "
-            f"to fetch them there ({download_size}, needs internet), or set data.root to the folder "
-            f"that holds {kind.__name__}/raw."
+            f"data={cfg.name}: no {kind.__name__} in {folder} (absolute path {folder.resolve()}). torchvision's "
+            f"{kind.__name__} expects the four uncompressed IDX files there: {', '.join(_IDX_FILES)}; "
+            f"{_which_missing(missing, _IDX_FILES)}. Add data.download=true to fetch them there ({download_size}, "
+            f"needs internet), or set data.root to the folder that holds {kind.__name__}/raw."
         )
     prefix = "train" if train else "t10k"  # torchvision's file names: the held-out split is MNIST's test split
     image_file, label_file = folder / f"{prefix}-images-idx3-ubyte", folder / f"{prefix}-labels-idx1-ubyte"
@@ -332,27 +311,21 @@ def _torchvision(cfg: DataConfig, make: Callable[[], Dataset], folder: Path) -> 
         detail = str(err).strip() or f"{type(err).__name__}: a file's header is not what its format requires"
         where = f"data={cfg.name}: the dataset in {folder} (absolute path {folder.resolve()})"
         if cfg.download:
-            raise DataError(
-                f"{where} could not be downloaded: {detail} Run again where the "
-                "machine is online, or copy the official files there."
-            ) from err
-        raise DataError(
-            f"{where} is there but was refused: a checksum or format check failed "
-            f"({detail}). Delete the folder and run again with data.download=true, "
-            "or copy the official files there."
-        ) from err
+            problem = f"could not be downloaded: {detail} Run again where the machine is online"
+        else:
+            problem = (
+                f"is there but was refused: a checksum or format check failed ({detail}). Delete the folder and "
+                "run again with data.download=true"
+            )
+        raise DataError(f"{where} {problem}, or copy the official files there.") from err
 
 
 def open_folder(cfg: DataConfig, train: bool) -> ImageFiles:
-    return _image_folder(
-        _root(cfg),
-        cfg,
-        train,
-        remedy=(
-            "Set data.root to a folder of images, flat or with one subfolder per class; there is "
-            "nothing to download for data=folder."
-        ),
+    remedy = (
+        "Set data.root to a folder of images, flat or with one subfolder per class; there is nothing to download "
+        "for data=folder."
     )
+    return _image_folder(_root(cfg), cfg, train, remedy)
 
 
 def open_celeba(cfg: DataConfig, train: bool) -> ImageFiles:
@@ -360,16 +333,12 @@ def open_celeba(cfg: DataConfig, train: bool) -> ImageFiles:
     folder = _root(cfg) / datasets.CelebA.base_folder
     if cfg.download and not (folder / "img_align_celeba").is_dir():
         _torchvision(cfg, lambda: datasets.CelebA(cfg.root, split="all", target_type=[], download=True), folder)
-    return _image_folder(
-        folder,
-        cfg,
-        train,
-        remedy=(
-            "Expected CelebA's 202,599 aligned-and-cropped JPEGs in img_align_celeba/ there. Add "
-            "data.download=true to fetch them with torchvision's CelebA (1.4 GB from Google Drive; needs "
-            "internet and `pip install gdown`), or unzip img_align_celeba.zip there by hand."
-        ),
+    remedy = (
+        "Expected CelebA's 202,599 aligned-and-cropped JPEGs in img_align_celeba/ there. Add data.download=true to "
+        "fetch them with torchvision's CelebA (1.4 GB from Google Drive; needs internet and `pip install gdown`), or "
+        "unzip img_align_celeba.zip there by hand."
     )
+    return _image_folder(folder, cfg, train, remedy)
 
 
 def _image_folder(root: Path, cfg: DataConfig, train: bool, remedy: str) -> ImageFiles:
@@ -404,11 +373,8 @@ def list_images(root: Path) -> tuple[list[Path], list[int], int]:
         found = sorted({label for _, label in samples})  # folder indices, in the folders' order
         label_of = {folder: label for label, folder in enumerate(found)}
         return [Path(p) for p, _ in samples], [label_of[c] for _, c in samples], len(found)
-    paths = sorted(
-        p
-        for p in root.rglob("*")
-        if _is_image(p) and not any(part.startswith(".") for part in p.relative_to(root).parts)
-    )
+    images = (p for p in root.rglob("*") if _is_image(p))
+    paths = sorted(p for p in images if not any(part.startswith(".") for part in p.relative_to(root).parts))
     return paths, [0] * len(paths), 1
 
 
@@ -449,8 +415,8 @@ def open_stacked(cfg: DataConfig, train: bool) -> StackedImages:
 
 _OPENERS: dict[DatasetName, Callable[[DataConfig, bool], ImageSource]] = {
     DatasetName.digits: open_digits,
-    DatasetName.mnist: open_mnist,
-    DatasetName.fashion_mnist: open_fashion_mnist,
+    DatasetName.mnist: lambda cfg, train: _open_mnist_like(cfg, train, datasets.MNIST, "about 12 MB"),
+    DatasetName.fashion_mnist: lambda cfg, train: _open_mnist_like(cfg, train, datasets.FashionMNIST, "about 30 MB"),
     DatasetName.cifar10: open_cifar10,
     DatasetName.folder: open_folder,
     DatasetName.celeba: open_celeba,

@@ -9,7 +9,7 @@ from typing import Iterator, Optional
 
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, StackDataset
 
 from gan.device import available_cpus
 from gan.errors import DataError
@@ -43,28 +43,6 @@ class EpochBatchSampler(Sampler[list[int]]):
             yield order[b * self.batch_size : (b + 1) * self.batch_size].tolist()
 
 
-class _Rows(Dataset):
-    def __init__(self, images: Tensor):
-        self.images = images
-
-    def __len__(self) -> int:
-        return self.images.size(0)
-
-    def __getitem__(self, index: int) -> Tensor:
-        return self.images[index]
-
-
-class _LabelledRows(Dataset):
-    def __init__(self, images: Tensor | Dataset, labels: Tensor):
-        self.images, self.labels = images, labels
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
-        return self.images[index], self.labels[index]
-
-
 class BatchStream:
     """Float batches on the device; num_workers=None: 0 for a tensor, else `default_num_workers()`."""
 
@@ -82,9 +60,8 @@ class BatchStream:
         size = len(images)
         if size < batch_size * world_size:
             raise DataError(
-                f"The training split has {size} images, fewer than data.batch_size="
-                f"{batch_size} x {world_size} process(es): an epoch needs one full batch "
-                "per process. Lower data.batch_size."
+                f"The training split has {size} images, fewer than data.batch_size={batch_size} x {world_size} "
+                "process(es): an epoch needs one full batch per process. Lower data.batch_size."
             )
         self.device = device
         self.sampler = EpochBatchSampler(size, batch_size, seed, rank, world_size)
@@ -98,9 +75,8 @@ class BatchStream:
             self.images = images.to(device)  # uint8: a quarter of float32's size
             self.labels = labels.to(device) if labels is not None else None
         else:
-            rows = _Rows(images) if in_memory else images
-            self.loader = DataLoader(
-                rows if labels is None else _LabelledRows(rows, labels),
+            self.loader = DataLoader(  # a tensor serves as a dataset: images[i] is its row i
+                images if labels is None else StackDataset(images, labels),  # item i: (images[i], labels[i])
                 batch_sampler=self.sampler,
                 num_workers=num_workers,
                 pin_memory=device.type == "cuda",

@@ -1,5 +1,4 @@
-"""Evaluating a class-conditional generator: the classes asked for, `cond_accuracy` (G's obedience to y, not
-image quality), intra-class FID (as StudioGAN reports it) and the class grid."""
+"""A class-conditional G: `cond_accuracy` (obedience to y, not quality), intra-class FID (StudioGAN's), class grid."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-from gan.core.sampling import class_rows, eval_mode, image_grid
+from gan.core.sampling import class_rows, image_grid, sample
 from gan.errors import ConfigError
 from gan.evaluation import metrics as M
 
@@ -72,12 +71,8 @@ def conditional_metrics(
             return {**results, "intra_fid": None}
         per_class[c] = M.fid(reals, fakes)
     values = list(per_class.values())
-    results.update(
-        intra_fid=sum(values) / len(values),
-        intra_fid_min=min(values),
-        intra_fid_max=max(values),
-        intra_fid_per_class={str(c): round(v, 4) for c, v in per_class.items()},
-    )
+    results.update(intra_fid=sum(values) / len(values), intra_fid_min=min(values), intra_fid_max=max(values))
+    results["intra_fid_per_class"] = {str(c): round(v, 4) for c, v in per_class.items()}
     return results
 
 
@@ -85,9 +80,7 @@ def class_grid(G: nn.Module, columns: int, seed: int, device: torch.device) -> T
     """One row per class (at most 16), the same `columns` latents in every row."""
     latents = torch.randn(columns**2, G.z_dim, generator=torch.Generator().manual_seed(seed + 2))
     z, y = class_rows(latents, G.num_classes)  # the first ceil(sqrt(N)) = `columns` latents, each row
-    with eval_mode(G), torch.inference_mode():
-        images = G(z.to(device), y.to(device)).float().cpu()
-    return image_grid(images, nrow=columns)
+    return image_grid(sample(G, z.to(device), y.to(device)), nrow=columns)
 
 
 class LabelledLatents(nn.Module):

@@ -1,5 +1,4 @@
-"""The generator as a file that runs without this project's code: TorchScript and torch.export.
-How trace, script and export treat control flow: docs/more.md, "Export"."""
+"""G as a file that runs without this project's code: TorchScript, torch.export (control flow: docs/more.md)."""
 
 from __future__ import annotations
 
@@ -50,8 +49,7 @@ def script(G: nn.Module) -> torch.jit.ScriptModule:
 
 def export(G: nn.Module, example: Tensor) -> ExportedProgram:
     """A dynamic batch dimension; the rank-1 branch is guarded out."""
-    batch = Dim("batch", min=1)
-    return torch.export.export(SamplingGenerator(G), (example,), dynamic_shapes={"z": {0: batch}})
+    return torch.export.export(SamplingGenerator(G), (example,), dynamic_shapes={"z": {0: Dim("batch", min=1)}})
 
 
 def save_generator(G: nn.Module, formats: ExportFormat, out_dir: Path) -> list[Path]:
@@ -59,11 +57,9 @@ def save_generator(G: nn.Module, formats: ExportFormat, out_dir: Path) -> list[P
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     if formats in (ExportFormat.torchscript, ExportFormat.both):
-        path = out_dir / TORCHSCRIPT_FILE
-        script(G).save(str(path))
-        written.append(path)
+        script(G).save(str(out_dir / TORCHSCRIPT_FILE))
+        written.append(out_dir / TORCHSCRIPT_FILE)
     if formats in (ExportFormat.export, ExportFormat.both):
-        path = out_dir / EXPORT_FILE
-        torch.export.save(export(G, example_latents(G.z_dim)), str(path))
-        written.append(path)
+        torch.export.save(export(G, example_latents(G.z_dim)), str(out_dir / EXPORT_FILE))
+        written.append(out_dir / EXPORT_FILE)
     return written

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from gan.config import DataConfig
-from gan.core.sampling import eval_mode, image_grid
+from gan.core.sampling import image_grid, sample
 from gan.data import load_dataset, to_unit_range
 
 
 def slerp(z0: Tensor, z1: Tensor, t: Tensor) -> Tensor:
-    """(R, D), (R, D), (T,) -> (R, T, D) (White 2016): Gaussian latents lie near a sphere, and a straight line
-    cuts through its inside, where G saw no latents."""
+    """(R, D), (R, D), (T,) -> (R, T, D) (White 2016): latents lie near a sphere; a line cuts inside, unseen by G."""
     u0, u1 = z0 / z0.norm(dim=-1, keepdim=True), z1 / z1.norm(dim=-1, keepdim=True)
     omega = torch.acos((u0 * u1).sum(dim=-1).clamp(-1, 1))[:, None, None]  # (R, 1, 1)
     t = t[None, :, None]  # (1, T, 1)
@@ -33,13 +32,8 @@ def interpolation_strip(
     gen = torch.Generator().manual_seed(seed + 1)
     z0, z1 = torch.randn(2, rows, G.z_dim, generator=gen)
     z = slerp(z0, z1, torch.linspace(0, 1, steps)).reshape(rows * steps, G.z_dim)
-    with eval_mode(G), torch.inference_mode():
-        if classes is None:
-            images = G(z.to(device)).float().cpu()
-        else:
-            y = torch.tensor(classes, device=device).repeat_interleave(steps)
-            images = G(z.to(device), y).float().cpu()
-    return image_grid(images, nrow=steps)
+    y = None if classes is None else torch.tensor(classes, device=device).repeat_interleave(steps)
+    return image_grid(sample(G, z.to(device), y), nrow=steps)
 
 
 def neighbour_grid(queries: Tensor, data: DataConfig, k: int) -> Tensor:
@@ -49,22 +43,13 @@ def neighbour_grid(queries: Tensor, data: DataConfig, k: int) -> Tensor:
     best_distance = torch.full((queries.size(0), k), float("inf"))
     best_index = torch.zeros(queries.size(0), k, dtype=torch.long)
     start = 0
-    for chunk in image_chunks(training, 4096):
+    chunks = training.split(4096) if isinstance(training, Tensor) else DataLoader(training, batch_size=4096)
+    for chunk in chunks:
         distance = torch.cdist(flat, chunk.float().flatten(1))
-        candidates = torch.cat([best_distance, distance], dim=1)
         indices = torch.cat([best_index, torch.arange(start, start + chunk.size(0)).expand_as(distance)], dim=1)
-        best_distance, order = candidates.topk(k, dim=1, largest=False)
+        best_distance, order = torch.cat([best_distance, distance], dim=1).topk(k, dim=1, largest=False)
         best_index = indices.gather(1, order)
         start += chunk.size(0)
-    neighbours = torch.stack([training[int(i)] for i in best_index.flatten()]).view(
-        queries.size(0), k, *queries.shape[1:]
-    )
+    neighbours = torch.stack([training[int(i)] for i in best_index.flatten()]).unflatten(0, best_index.shape)
     rows = torch.cat([queries[:, None], neighbours], dim=1).flatten(0, 1)
     return image_grid(to_unit_range(rows), nrow=k + 1)
-
-
-def image_chunks(images: Tensor | Dataset, size: int) -> Iterator[Tensor]:
-    if isinstance(images, Tensor):
-        yield from images.split(size)
-    else:
-        yield from DataLoader(images, batch_size=size)

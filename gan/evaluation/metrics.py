@@ -1,6 +1,5 @@
-"""Sample quality offline: FID, KID, precision/recall, density/coverage, class and mode coverage.
-All take uint8 images (N, C, H, W). Feature spaces: `classifier` (a small CNN on the dataset's labels, cached;
-comparable only with itself) or `inception` (the published FID, docs/metrics.md)."""
+"""Sample quality of uint8 images (N, C, H, W): FID, KID, precision/recall, density/coverage, class/mode coverage.
+Features: `classifier` (a small CNN on the labels, cached; comparable only with itself), `inception` (published FID)."""
 
 from __future__ import annotations
 
@@ -26,6 +25,7 @@ from torchvision.transforms.functional import gaussian_blur
 
 from gan.checkpoint import save_checkpoint
 from gan.config import ClassifierConfig, DataConfig, DatasetName, FeatureSpace, MetricsConfig
+from gan.core.sampling import eval_mode
 from gan.data import ImageSet, load_dataset, to_unit_range
 from gan.data.sources import CLASSIFIER_CACHE, list_images
 from gan.errors import MetricsError
@@ -52,20 +52,13 @@ class Classifier(nn.Module):
 
     def __init__(self, channels: int, num_classes: int, width: int = 16, feature_dim: int = 128):
         super().__init__()
-
-        def block(cin: int, cout: int) -> list[nn.Module]:
-            return [nn.Conv2d(cin, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(True), nn.MaxPool2d(2)]
-
         self.feature_dim = feature_dim
-        self.trunk = nn.Sequential(
-            *block(channels, width),
-            *block(width, 2 * width),
-            *block(2 * width, 4 * width),
-            nn.AdaptiveAvgPool2d(2),
-            nn.Flatten(),
-            nn.Linear(16 * width, feature_dim),
-            nn.ReLU(True),
-        )
+        self.architecture = dict(channels=channels, num_classes=num_classes, width=width, feature_dim=feature_dim)
+        layers: list[nn.Module] = []
+        for cin, cout in [(channels, width), (width, 2 * width), (2 * width, 4 * width)]:
+            layers += [nn.Conv2d(cin, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(True), nn.MaxPool2d(2)]
+        layers += [nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(16 * width, feature_dim), nn.ReLU(True)]
+        self.trunk = nn.Sequential(*layers)
         self.head = nn.Linear(feature_dim, num_classes)
 
     def features(self, images: Tensor) -> Tensor:
@@ -82,10 +75,9 @@ def train_classifier(
     images, labels = train.images, train.labels
     if cfg.train_images:
         images, labels = images[: cfg.train_images], labels[: cfg.train_images]
-    channels = images.size(1)
     with torch.random.fork_rng(devices=[]):  # a fixed init that leaves the caller's random stream alone
         torch.manual_seed(cfg.seed)
-        model = Classifier(channels, train.num_classes, cfg.width, cfg.feature_dim).to(device)
+        model = Classifier(images.size(1), train.num_classes, cfg.width, cfg.feature_dim).to(device)
     batches_per_epoch = max(images.size(0) // cfg.batch_size, 1)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, cfg.lr, total_steps=cfg.epochs * batches_per_epoch)
@@ -143,20 +135,13 @@ def load_or_train_classifier(
             )
         model, accuracy = train_classifier(train, test, cfg, device)
         log.info(
-            "Trained the metrics classifier in %.1f s: %.2f%% test accuracy on %d held-out images",
-            time.perf_counter() - started,
-            100 * accuracy,
-            test.labels.numel(),
+            f"Trained the metrics classifier in {time.perf_counter() - started:.1f} s: {100 * accuracy:.2f}% test "
+            f"accuracy on {test.labels.numel()} held-out images"
         )
         state = {
             "weights": model.state_dict(),
             "accuracy": accuracy,
-            "architecture": {
-                "channels": train.images.size(1),
-                "num_classes": train.num_classes,
-                "width": cfg.width,
-                "feature_dim": cfg.feature_dim,
-            },
+            "architecture": model.architecture,
             "data": plain(data),  # enums as their values: the file must load with weights_only=True
             "classifier": plain(cfg),
         }
@@ -209,8 +194,7 @@ def to_rgb(images: Tensor) -> Tensor:
 
 
 class InceptionFeatures(nn.Module):
-    """torch-fidelity's Inception-v3: resizes as TF1 (the published FID). Not torchmetrics' NoTrainInceptionV3,
-    whose antialiased resize moves FID (Parmar et al. 2022)."""
+    """torch-fidelity's Inception-v3, TF1 resize (the published FID); an antialiased one moves FID (Parmar 2022)."""
 
     num_features = INCEPTION_DIMS
 
@@ -254,12 +238,10 @@ def inception_features(weights: Optional[str]) -> InceptionFeatures:
     if importlib.util.find_spec("torch_fidelity") is None:
         raise MetricsError(
             "metrics.features=inception without metrics.feature_network runs torch-fidelity's Inception-v3, and "
-            "torch-fidelity is not installed "
-            "(`pip install torch-fidelity`, or the project's metrics extra: `pip install -c constraints.txt "
-            "-e '.[metrics]'`). Offline it also needs the weights: download "
-            f"{INCEPTION_WEIGHTS_URL} elsewhere and pass metrics.inception_weights=PATH. NVlabs' TorchScript "
-            "file (metrics.feature_network=PATH) needs no torch-fidelity; or use the default "
-            "metrics.features=classifier."
+            "torch-fidelity is not installed (`pip install torch-fidelity`, or the project's metrics extra: "
+            "`pip install -c constraints.txt -e '.[metrics]'`). Offline it also needs the weights: download "
+            f"{INCEPTION_WEIGHTS_URL} elsewhere and pass metrics.inception_weights=PATH. NVlabs' TorchScript file "
+            "(metrics.feature_network=PATH) needs no torch-fidelity; or use the default metrics.features=classifier."
         )
     if file is not None:
         check_state_dict(file, weights)
@@ -282,11 +264,8 @@ def inception_features(weights: Optional[str]) -> InceptionFeatures:
     published = digest is not None and digest.startswith(INCEPTION_SHA256_PREFIX)
     if digest is not None and not published:
         log.warning(
-            "%s: its sha256 begins %s, not %s as the published FID weights' does: the metrics are measured, "
-            "but they are not comparable with published FIDs.",
-            file,
-            digest[:8],
-            INCEPTION_SHA256_PREFIX,
+            f"{file}: its sha256 begins {digest[:8]}, not {INCEPTION_SHA256_PREFIX} as the published FID weights' "
+            "does: the metrics are measured, but they are not comparable with published FIDs."
         )
     features.feature_space = {
         "network": "Inception-v3 pool3, torch-fidelity's FeatureExtractorInceptionV3",
@@ -313,11 +292,10 @@ def nvlabs_inception(path: str) -> TorchScriptInception:
             f"{NVLABS_INCEPTION_URL} (not the .pkl copy, a pickle that needs NVlabs' code to load); torch-fidelity's "
             "state dict, weights-inception-2015-12-05-6726825d.pth, goes in metrics.inception_weights instead."
         ) from err
-    probe = torch.zeros(2, 3, 32, 32, dtype=torch.uint8)
     call = "net(uint8 images of shape (2, 3, 32, 32), return_features=True)"
     try:
         with torch.inference_mode():
-            out = net.eval()(probe, return_features=True)
+            out = net.eval()(torch.zeros(2, 3, 32, 32, dtype=torch.uint8), return_features=True)
     except Exception as err:  # another signature or another input format
         raise MetricsError(
             f"metrics.feature_network={path} loads, but {call} fails ({reason(err)}): it is not NVlabs' Inception-v3 "
@@ -329,18 +307,16 @@ def nvlabs_inception(path: str) -> TorchScriptInception:
             f"metrics.feature_network={path}: {call} returns {got}, not float features of shape "
             f"(2, {INCEPTION_DIMS}): it is not NVlabs' Inception-v3 ({NVLABS_INCEPTION_URL})."
         )
-    return TorchScriptInception(
-        net,
-        {
-            "network": "Inception-v3 pool3, NVlabs' TorchScript file",
-            "file": str(file),
-            "sha256": sha256(file),
-            "dims": INCEPTION_DIMS,
-            "input": "uint8 RGB at data.image_size (grayscale repeated to 3 channels)",
-            "resizer": "inside the network: the TorchScript file's own resize to 299 x 299 "
-            "(clean-fid's legacy_tensorflow mode, which matches the TTUR FID)",
-        },
-    )
+    space = {
+        "network": "Inception-v3 pool3, NVlabs' TorchScript file",
+        "file": str(file),
+        "sha256": sha256(file),
+        "dims": INCEPTION_DIMS,
+        "input": "uint8 RGB at data.image_size (grayscale repeated to 3 channels)",
+        "resizer": "inside the network: the TorchScript file's own resize to 299 x 299 "
+        "(clean-fid's legacy_tensorflow mode, which matches the TTUR FID)",
+    }
+    return TorchScriptInception(net, space)
 
 
 def existing_file(path: str, key: str, url: str) -> Path:
@@ -357,11 +333,9 @@ def check_state_dict(file: Path, given: str) -> None:
             warnings.simplefilter("ignore", UserWarning)
             state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as err:  # not a torch file, a pickle with code, a TorchScript archive
-        hint = (
-            "It is a TorchScript file: pass it as metrics.feature_network instead."
-            if "torchscript" in str(err).lower()
-            else f"It takes torch-fidelity's {INCEPTION_WEIGHTS_URL}."
-        )
+        hint = f"It takes torch-fidelity's {INCEPTION_WEIGHTS_URL}."
+        if "torchscript" in str(err).lower():
+            hint = "It is a TorchScript file: pass it as metrics.feature_network instead."
         raise MetricsError(
             f"metrics.inception_weights={given} cannot be read as a state dict of tensors ({reason(err)}). {hint}"
         ) from err
@@ -410,35 +384,27 @@ def split_channels(images: Tensor) -> Tensor:
 
 @torch.inference_mode()
 def batched(net: nn.Module, images: Tensor, batch_size: int, device: torch.device) -> Tensor:
-    with torch.no_grad():
-        return torch.cat([net(chunk.to(device)).float().cpu() for chunk in images.split(batch_size)])
+    return torch.cat([net(chunk.to(device)).float().cpu() for chunk in images.split(batch_size)])
 
 
 def predict(
     classifier: Classifier, images: Tensor, batch_size: int, device: torch.device, per_channel: bool = False
 ) -> Tensor:
     """per_channel: one digit per channel, read as 100 a + 10 b + c."""
-    was_training = classifier.training
-    classifier.eval()
-    try:
+    with eval_mode(classifier):
         if not per_channel:
             return batched(classifier, images, batch_size, device).argmax(dim=1)
         digits = batched(classifier, split_channels(images), batch_size, device).argmax(dim=1)
         digits = digits.view(images.size(0), images.size(1))  # (N, C), most significant channel first
         return (digits * 10 ** torch.arange(images.size(1) - 1, -1, -1)).sum(dim=1)
-    finally:
-        classifier.train(was_training)
 
 
-class Precomputed(nn.Module):
+class Precomputed(nn.Identity):
     """The identity as torchmetrics' extractor: features are computed once, shared by all metrics."""
 
     def __init__(self, num_features: int):
         super().__init__()
         self.num_features = num_features
-
-    def forward(self, features: Tensor) -> Tensor:
-        return features
 
 
 def fid(real: Tensor, fake: Tensor) -> float:
@@ -446,12 +412,9 @@ def fid(real: Tensor, fake: Tensor) -> float:
     smallest, dims = min(real.size(0), fake.size(0)), real.size(1)
     if smallest <= dims:
         log.warning(
-            "FID from %d images of %d features: the covariances are singular (rank < %d). The number is finite "
-            "but biased upward; compare it only with FIDs from the same number of images (published ones use "
-            "10k or 50k).",
-            smallest,
-            dims,
-            dims,
+            f"FID from {smallest} images of {dims} features: the covariances are singular (rank < {dims}). The number "
+            "is finite but biased upward; compare it only with FIDs from the same number of images (published ones "
+            "use 10k or 50k)."
         )
     metric = FrechetInceptionDistance(feature=Precomputed(real.size(1)))
     metric.update(real, real=True)
@@ -462,8 +425,7 @@ def fid(real: Tensor, fake: Tensor) -> float:
 def kid(
     real: Tensor, fake: Tensor, subsets: int, subset_size: int, seed: int = 0, gamma: Optional[float] = None
 ) -> tuple[float, float]:
-    """Binkowski et al. 2018, kernel (gamma x.y + 1)^3. gamma=None: 1 / E|f_real|^2, since the published 1/d
-    makes the cube explode on the classifier's large ReLU features."""
+    """Binkowski et al. 2018, kernel (gamma x.y + 1)^3; gamma=None: 1 / E|f_real|^2 (1/d explodes on ReLU features)."""
     if gamma is None:
         gamma = 1.0 / float(real.double().square().sum(dim=1).mean())
     size = min(subset_size, real.size(0), fake.size(0))
@@ -498,13 +460,12 @@ def precision_recall_density_coverage(
     balls_per_fake = torch.zeros(fake.size(0))
     in_fake_manifold, covered = [], []
     for start in range(0, real.size(0), chunk):
-        distance = torch.cdist(real[start : start + chunk], fake)  # (rows, M)
-        r_pr = real_pr[start : start + chunk, None]
-        r_dc = real_dc[start : start + chunk, None]
-        in_real_manifold |= (distance < r_pr).any(dim=0)
-        balls_per_fake += (distance < r_dc).sum(dim=0)
+        rows = slice(start, start + chunk)
+        distance = torch.cdist(real[rows], fake)  # (rows, M)
+        in_real_manifold |= (distance < real_pr[rows, None]).any(dim=0)
+        balls_per_fake += (distance < real_dc[rows, None]).sum(dim=0)
         in_fake_manifold.append((distance < fake_pr[None, :]).any(dim=1))
-        covered.append(distance.min(dim=1).values < r_dc[:, 0])
+        covered.append(distance.min(dim=1).values < real_dc[rows])
     return {
         "precision": float(in_real_manifold.float().mean()),
         "recall": float(torch.cat(in_fake_manifold).float().mean()),
@@ -534,16 +495,14 @@ def kl_divergence(q: Tensor, p: Tensor) -> float:
 def class_coverage(
     fake_labels: Tensor, real_labels: Tensor, num_classes: int, threshold: float = 0.01
 ) -> dict[str, float]:
-    """Classes holding >= threshold of the samples, and KL(samples || data); the data's histogram is add-one
-    smoothed so a class it lacks costs about log(N), not infinity."""
+    """Classes with >= threshold of the samples; KL(samples || data), add-one smoothed: a missing class costs log N."""
     q = histogram(fake_labels, num_classes)
     p = (torch.bincount(real_labels, minlength=num_classes).double() + 1) / (real_labels.numel() + num_classes)
     return {"classes_covered": int((q >= threshold).sum()), "class_kl": kl_divergence(q, p)}
 
 
 def mode_coverage(fake_modes: Tensor, num_modes: int = 1000) -> dict[str, float]:
-    """Stacked-MNIST modes covered and KL to uniform (Metz et al. 2017); `digit_kl_ch{c}` tells one channel's
-    unbalanced digits from a mode KL spread over the joint."""
+    """Modes covered, KL to uniform (Metz et al. 2017); `digit_kl_ch{c}` tells a lopsided channel from a spread KL."""
     q = histogram(fake_modes, num_modes)
     uniform = torch.full((num_modes,), 1.0 / num_modes, dtype=torch.float64)
     results = {"modes_covered": int((q > 0).sum()), "mode_kl": kl_divergence(q, uniform)}

@@ -1,6 +1,5 @@
-"""Evaluating a trained generator: sample, measure, draw, export, report.
-Samples are quantised to uint8 as the reals are; metrics use the held-out split, the nearest-neighbour
-check the training split (memorising means copying training images)."""
+"""Evaluating a trained generator: sample, measure, draw, export, report. Samples are uint8, as the reals are;
+metrics use the held-out split, the nearest-neighbour check the training split (memorising copies training images)."""
 
 from __future__ import annotations
 
@@ -24,7 +23,6 @@ from torch.utils.tensorboard import SummaryWriter
 from torchvision.utils import save_image
 
 from gan.checkpoint import (
-    CheckpointError,
     another_checkpoint,
     check_config_groups,
     checkpoint_path,
@@ -33,34 +31,18 @@ from gan.checkpoint import (
     nonfinite,
     stored_config_error,
 )
-from gan.config import (
-    ConfigError,
-    DataConfig,
-    EvaluateConfig,
-    ExportFormat,
-    FeatureSpace,
-    MetricsConfig,
-    ModelConfig,
-    SaveSamples,
-)
+from gan.config import DataConfig, EvaluateConfig, ExportFormat, FeatureSpace, MetricsConfig, ModelConfig, SaveSamples
 from gan.core.models import Generator
 from gan.core.sampling import eval_mode, image_grid
 from gan.data import ImageSet, load_dataset, take, to_unit_range
 from gan.device import setup_torch
+from gan.errors import CheckpointError, ConfigError
 from gan.evaluation import metrics as M
-from gan.evaluation.conditional import (
-    LabelledLatents,
-    check_class_id,
-    class_grid,
-    conditional_metrics,
-    sample_classes,
-)
+from gan.evaluation.conditional import LabelledLatents, check_class_id, class_grid, conditional_metrics, sample_classes
 from gan.evaluation.export import save_generator
 from gan.evaluation.grids import interpolation_strip, neighbour_grid
 
 log = logging.getLogger(__name__)
-
-_SHAPE_KEYS = ("image_size", "channels")
 
 
 def evaluate(cfg: EvaluateConfig, run_dir: Path, data_overrides: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
@@ -159,13 +141,11 @@ def measure(
 def draw_pictures(G: nn.Module, fake: Tensor, data: DataConfig, cfg: EvaluateConfig, device: torch.device) -> dict:
     classes = None
     if G.num_classes:  # interpolation rows: the class asked for, else classes 0, 1, ... in turn
-        rows = range(cfg.interpolation_rows)
-        classes = [cfg.class_id if cfg.class_id is not None else r % G.num_classes for r in rows]
+        classes = [r % G.num_classes if cfg.class_id is None else cfg.class_id for r in range(cfg.interpolation_rows)]
+    strip = interpolation_strip(G, cfg.interpolation_rows, cfg.interpolation_steps, cfg.seed, device, classes)
     pictures = {
         "samples": image_grid(to_unit_range(fake[: cfg.grid_samples])),
-        "interpolation": interpolation_strip(
-            G, cfg.interpolation_rows, cfg.interpolation_steps, cfg.seed, device, classes
-        ),
+        "interpolation": strip,
         "nearest_neighbours": neighbour_grid(fake[: cfg.neighbour_queries], data, cfg.neighbours),
     }
     if G.num_classes and cfg.class_id is None:
@@ -193,21 +173,19 @@ def report(results: dict[str, Any], pictures: Mapping[str, Tensor], run_dir: Pat
              results["num_samples"], results["num_real"], table)  # fmt: skip
     space = results["feature_space"]
     log.info("Feature space: %s, %s; resizer: %s", space["network"], space["file"], space["resizer"])
-    write_tensorboard(run_dir / "tb", results, pictures, table, results["step"])
+    write_tensorboard(run_dir / "tb", pictures, table, results["step"])
 
 
 def data_config_of(
     state: Mapping[str, Any], overrides: Mapping[str, Any], source: str = "the checkpoint"
 ) -> DataConfig:
     recorded = stored_group(state, "data", DataConfig, source)
-    given = state["config"]["data"]
-    changed = [k for k in _SHAPE_KEYS if k in overrides and k in given and overrides[k] != recorded[k]]
-    if changed:
-        raise ConfigError(
-            f"data.{changed[0]}={overrides[changed[0]]!r} differs from the checkpoint's "
-            f"{recorded[changed[0]]!r}: the generator's output shape is fixed by the "
-            "checkpoint. Leave data.image_size and data.channels out."
-        )
+    for key in ("image_size", "channels"):
+        if key in overrides and key in state["config"]["data"] and overrides[key] != recorded[key]:
+            raise ConfigError(
+                f"data.{key}={overrides[key]!r} differs from the checkpoint's {recorded[key]!r}: the generator's "
+                "output shape is fixed by the checkpoint. Leave data.image_size and data.channels out."
+            )
     try:  # Hydra has typed the overrides against DataConfig already: a failure here is theirs
         data = OmegaConf.to_object(OmegaConf.merge(recorded, dict(overrides)))
     except (OmegaConfBaseException, ValueError) as err:
@@ -323,13 +301,8 @@ def reference_subset(
     total = reference.labels.numel()
     if total < count:
         log.warning(
-            "The %s has %d images, fewer than %s=%d: the metrics compare %d samples with %d real images.",
-            split,
-            total,
-            setting,
-            count,
-            count,
-            total,
+            f"The {split} has {total} images, fewer than {setting}={count}: the metrics compare {count} samples "
+            f"with {total} real images."
         )
         index = torch.arange(total)
     else:
@@ -342,9 +315,8 @@ def classifier_for(
 ) -> tuple[Optional[M.Classifier], Optional[float], Optional[str]]:
     """Classifier, accuracy, and file name with a hash (numbers compare only under the same file)."""
     if reference.num_classes >= 2:
-        classifier, accuracy, path = M.load_or_train_classifier(
-            classifier_data(data, stacked), cfg.metrics.classifier, device
-        )
+        source = classifier_data(data, stacked)
+        classifier, accuracy, path = M.load_or_train_classifier(source, cfg.metrics.classifier, device)
         digest = hashlib.sha1(path.read_bytes()).hexdigest()[:10] if path.is_file() else "not cached"
         return classifier, accuracy, f"{path.name} (sha1 {digest})"
     if cfg.metrics.features == FeatureSpace.classifier:
@@ -376,10 +348,8 @@ def generate(
     with eval_mode(G), torch.inference_mode():
         for start in range(0, count, batch_size):
             z = torch.randn(min(batch_size, count - start), G.z_dim, device=device, generator=latents)
-            if labels is None:
-                chunks.append(to_uint8(G(z)).cpu())
-            else:  # a conditional G, drawn for the classes asked for
-                chunks.append(to_uint8(G(z, labels[start : start + z.size(0)].to(device))).cpu())
+            y = None if labels is None else labels[start : start + z.size(0)].to(device)  # the classes asked for
+            chunks.append(to_uint8(G(z) if y is None else G(z, y)).cpu())
     return torch.cat(chunks)
 
 
@@ -389,31 +359,23 @@ def class_metrics(
     """Stacked data: over every channel's digits pooled, plus the 1000 digit triples' modes."""
     if classifier is None:
         return {"classes_covered": None, "class_kl": None}
-    batch, real = cfg.batch_size, reals.images
+    batch, threshold = cfg.batch_size, cfg.metrics.class_threshold
     if not reals.stacked:
-        return M.class_coverage(
-            M.predict(classifier, fake, batch, device),
-            M.predict(classifier, real, batch, device),
-            classifier.head.out_features,
-            cfg.metrics.class_threshold,
-        )
-    fake_modes = M.predict(classifier, fake, batch, device, per_channel=True)
-    real_modes = M.predict(classifier, real, batch, device, per_channel=True)
+        fake_classes, real_classes = (M.predict(classifier, x, batch, device) for x in (fake, reals.images))
+        return M.class_coverage(fake_classes, real_classes, classifier.head.out_features, threshold)
+    fake_modes, real_modes = (M.predict(classifier, x, batch, device, per_channel=True) for x in (fake, reals.images))
     decoded = float((real_modes == reals.labels).float().mean())
     log.info(
-        "Stacked data: the channel classifier reads %.1f%% of the held-out digit triples right "
-        "(%d of 1000 modes present among them)",
-        100 * decoded,
-        int(real_modes.unique().numel()),
+        f"Stacked data: the channel classifier reads {100 * decoded:.1f}% of the held-out digit triples right "
+        f"({int(real_modes.unique().numel())} of 1000 modes present among them)"
     )
     if decoded < 0.5:
         log.warning(
             "Fewer than half of the held-out triples decode to their labels: the channel order "
             "or the source classifier does not match the stacked data; modes are unreliable."
         )
-    results = M.class_coverage(
-        torch.cat(M.mode_digits(fake_modes)), torch.cat(M.mode_digits(real_modes)), 10, cfg.metrics.class_threshold
-    )
+    fake_digits, real_digits = torch.cat(M.mode_digits(fake_modes)), torch.cat(M.mode_digits(real_modes))
+    results = M.class_coverage(fake_digits, real_digits, 10, threshold)
     results.update(M.mode_coverage(fake_modes, 1000))
     return results
 
@@ -441,17 +403,12 @@ def _format(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def write_tensorboard(
-    log_dir: Path, results: Mapping[str, Any], pictures: Mapping[str, Tensor], table: str, step: int
-) -> None:
+def write_tensorboard(log_dir: Path, pictures: Mapping[str, Tensor], table: str, step: int) -> None:
     """The numbers as a text table, not scalars: one number is a one-point chart."""
-    writer = SummaryWriter(log_dir=str(log_dir))
-    try:
+    with SummaryWriter(log_dir=str(log_dir)) as writer:
         for name, grid in pictures.items():
             writer.add_image(f"samples/eval_{name}", grid, step)
         writer.add_text("eval/metrics", "```\n" + table + "\n```", step)
-    finally:
-        writer.close()
 
 
 class Stopwatch:

@@ -23,13 +23,7 @@ TEXT_TAG = "collapse"
 class CollapseWatch:
     """`observe` at each log point returns the scalars to log (train/d_won once the window is full)."""
 
-    def __init__(
-        self,
-        window_steps: int,
-        log_every: int,
-        squash: bool,
-        on_alarm: Callable[[int, str], None],
-    ):
+    def __init__(self, window_steps: int, log_every: int, squash: bool, on_alarm: Callable[[int, str], None]):
         """`squash`: FAKE_TAG is a raw score, to pass through a sigmoid; `on_alarm` is called once per episode."""
         self.points = max(1, window_steps // log_every)  # log points in a window
         self.window_steps, self.squash, self.on_alarm = window_steps, squash, on_alarm
@@ -44,8 +38,7 @@ class CollapseWatch:
         self.recent.append((p_fake, rt))
         if len(self.recent) < self.points:
             return {}
-        mean_fake = sum(p for p, _ in self.recent) / len(self.recent)
-        mean_rt = sum(r for _, r in self.recent) / len(self.recent)
+        mean_fake, mean_rt = (sum(column) / len(self.recent) for column in zip(*self.recent))
         won = mean_fake < FAKE_BELOW and mean_rt > RT_ABOVE
         if won and not self.won:
             self.on_alarm(step, self.message(step, mean_fake, mean_rt))

@@ -49,10 +49,7 @@ class NonFiniteWatch:
         self.losses = torch.where(first, losses, self.losses)
 
     def check(self, skipping: bool = False) -> None:
-        if skipping:
-            return
-        step = int(self.first_step)
-        if step >= 0:
+        if not skipping and (step := int(self.first_step)) >= 0:
             loss_d, loss_g = self.losses.tolist()
             raise NonFiniteLossError(non_finite_loss_message(step, loss_d, loss_g, self.checkpoint, self.cfg))
 
@@ -60,10 +57,7 @@ class NonFiniteWatch:
 def non_finite_loss_message(
     step: int, loss_d: float, loss_g: float, checkpoint: Optional[Path], cfg: Optional[TrainConfig]
 ) -> str:
-    if checkpoint is None:
-        kept = "any checkpoint written before that step is left as it was."
-    else:
-        kept = _kept(checkpoint)
+    kept = "any checkpoint written before that step is left as it was." if checkpoint is None else _kept(checkpoint)
     if cfg is None:
         rates = "Lower the learning rate (optim.lr, and optim.lr_d where it is set)"
     elif cfg.optim.lr_d is None:
@@ -89,10 +83,10 @@ _PARTS = {
 
 
 def check_finite_state(state: TrainingState, kept: Path) -> None:
-    """Before a checkpoint: a finite loss can still write inf into the weights or Adam's moments (a huge
-    gradient squared)."""
+    """Before a checkpoint: a finite loss can still leave inf in weights or Adam's moments (a huge gradient squared)."""
     parts = {name: getattr(state, name) for name in _PARTS if getattr(state, name) is not None}
-    names = _parameter_names(parts)
+    modules = {name: part for name, part in parts.items() if isinstance(part, nn.Module)}
+    names = {id(p): f"{name}.{key}" for name, module in modules.items() for key, p in module.named_parameters()}
     named = [((name, key), t) for name, part in parts.items() for key, t in _named_tensors(part, names)]
     bad, _ = nonfinite(named)  # one host sync while all is finite
     found = []
@@ -103,7 +97,12 @@ def check_finite_state(state: TrainingState, kept: Path) -> None:
             shown = ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "")
             found.append(f"{_PARTS[name]} in {len(keys)} of its {total} tensors ({shown})")
     if not found:
-        warn_if_diverged(parts, state.step)
+        for name, largest in diverged(modules).items():
+            log.warning(
+                "Step %d: %s's weights have diverged (largest |weight| %.3g, where DCGAN's start near 0.02 and 1). "
+                "The checkpoint is still written; lower optim.lr or optim.lr_d (a resume may change them).",
+                state.step, name, largest,
+            )  # fmt: skip
         return
     raise NonFiniteWeightsError(
         f"Non-finite weights at step {state.step}: {'; '.join(found)}. Training stopped without "
@@ -111,15 +110,6 @@ def check_finite_state(state: TrainingState, kept: Path) -> None:
         "non-finite, and these weights already are. Lower optim.lr or optim.lr_d (a resume may change them), "
         "or try loss=hinge."
     )
-
-
-def warn_if_diverged(parts: dict[str, Any], step: int) -> None:
-    for name, largest in diverged({n: m for n, m in parts.items() if isinstance(m, nn.Module)}).items():
-        log.warning(
-            "Step %d: %s's weights have diverged (largest |weight| %.3g, where DCGAN's start near 0.02 and 1). "
-            "The checkpoint is still written; lower optim.lr or optim.lr_d (a resume may change them).",
-            step, name, largest,
-        )  # fmt: skip
 
 
 def diverged(networks: dict[str, nn.Module], limit: float = 1e4) -> dict[str, float]:
@@ -131,15 +121,6 @@ def diverged(networks: dict[str, nn.Module], limit: float = 1e4) -> dict[str, fl
             if largest > limit:
                 found[name] = largest
     return found
-
-
-def _parameter_names(parts: dict[str, Any]) -> dict[int, str]:
-    return {
-        id(p): f"{name}.{key}"
-        for name, part in parts.items()
-        if isinstance(part, nn.Module)
-        for key, p in part.named_parameters()
-    }
 
 
 def _named_tensors(part: nn.Module | torch.optim.Optimizer, names: dict[int, str]) -> list[tuple[str, Tensor]]:
@@ -209,9 +190,8 @@ def submitit_signal() -> Optional[signal.Signals]:
     if "SUBMITIT_EXECUTOR" not in os.environ:
         return None
     sig = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
-    if not isinstance(sig, signal.Signals) or sig in (signal.SIGINT, signal.SIGTERM):
-        return None
-    return sig if callable(signal.getsignal(sig)) else None
+    usable = isinstance(sig, signal.Signals) and sig not in (signal.SIGINT, signal.SIGTERM)
+    return sig if usable and callable(signal.getsignal(sig)) else None
 
 
 @contextlib.contextmanager

@@ -1,5 +1,4 @@
-"""How a training process uses its hardware: device, threads, allocator, determinism, precision, compile.
-The step only sees the resulting StepContext."""
+"""A training process's device, threads, allocator, determinism, precision and compile; the step sees a StepContext."""
 
 from __future__ import annotations
 
@@ -23,9 +22,8 @@ log = logging.getLogger(__name__)
 def prepare_process(cfg: TrainConfig, world: World = SINGLE) -> torch.device:
     trainer = cfg.trainer
     # each rank draws its own latents; initial weights may differ too, as DDP copies rank 0's
-    device = rank_device(
-        world, setup_torch(trainer.device, trainer.threads, trainer.seed + world.rank, "trainer.device")
-    )
+    device = setup_torch(trainer.device, trainer.threads, trainer.seed + world.rank, "trainer.device")
+    device = rank_device(world, device)
     if device.type == "cpu" and trainer.retain_host_memory and retain_freed_memory():
         log.debug("glibc malloc: freed blocks are kept for reuse (trainer.retain_host_memory=true)")
     if trainer.deterministic:
@@ -41,10 +39,8 @@ def resolve_precision(precision: Precision, device: torch.device) -> Precision:
         return precision
     if device.type == "cuda":
         fast = torch.cuda.get_device_capability(device)[0] >= 8  # Ampere and later: bf16 tensor cores
-    elif device.type == "cpu":
-        fast = cpu_has_fast_bf16()
     else:
-        fast = False
+        fast = device.type == "cpu" and cpu_has_fast_bf16()
     return Precision.bf16 if fast else Precision.fp32
 
 
@@ -60,9 +56,7 @@ def step_context(precision: Precision, device: torch.device, skip_nonfinite: boo
     """A GradScaler enabled only for fp16; the training state adds the objective with dataclasses.replace."""
     dtype = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}.get(precision)
     autocast = (
-        contextlib.nullcontext
-        if dtype is None
-        else functools.partial(torch.autocast, device_type=device.type, dtype=dtype)
+        functools.partial(torch.autocast, device_type=device.type, dtype=dtype) if dtype else contextlib.nullcontext
     )
     scaler = torch.amp.GradScaler(device.type, enabled=precision == Precision.fp16)
     return StepContext(autocast=autocast, scaler=scaler, skip_nonfinite=skip_nonfinite)

@@ -1,7 +1,6 @@
-"""What a person watching the run sees: TensorBoard, a progress bar, log lines, the samples' animation.
-Diagnostics become Python numbers only here, at log time: each `.item()` waits for the device. Tag groups
-sort in the order a run is read (docs/watching.md); no HParams experiment summary, so TensorBoard builds it
-from all runs under --logdir."""
+"""What a person watching the run sees: TensorBoard, a progress bar, log lines, the samples' animation. Diagnostics
+become Python numbers only here, at log time: each `.item()` waits for the device. Tag groups sort in the order a run is
+read (docs/watching.md); no HParams experiment summary, so TensorBoard builds it from all runs under --logdir."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ import os
 import re
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import Iterator, Mapping, Optional
 
 import numpy
@@ -35,17 +33,15 @@ log = logging.getLogger(__name__)
 
 # one name whatever the loss, so runs of different losses share their charts and HParams metrics
 RENAMED = {
-    "d/real": "loss/D(x)",
-    "d/real_score": "loss/D(x)",
-    "d/fake": "loss/D(G(z))",
-    "d/fake_score": "loss/D(G(z))",
+    **dict.fromkeys(("d/real", "d/real_score"), "loss/D(x)"),
+    **dict.fromkeys(("d/fake", "d/fake_score"), "loss/D(G(z))"),
     # D(G(z)) after D's update: pytorch/examples' D_G_z2, kept out of the `loss` group
-    "d/fake_after_d_step": "train/D(G(z))_after_d_step",
-    "d/fake_score_after_d_step": "train/D(G(z))_after_d_step",
+    **dict.fromkeys(("d/fake_after_d_step", "d/fake_score_after_d_step"), "train/D(G(z))_after_d_step"),
 }
 REAL_TAG = "samples/real"  # training images, once at the start of a run
 FAKE_TAG = "samples/fake (EMA G, fixed z)"  # the same latents through the EMA generator at every grid
 RAW_FAKE_TAG = "samples/fake (G, fixed z)"  # the same through G itself, in a run without an EMA
+BAR_TAGS = {"d": "loss/d", "g": "loss/g", "D(x)": "loss/D(x)", "D(G(z))": "loss/D(G(z))"}  # beside the progress bar
 CONFIG_TEXT_TAG, COMMAND_TEXT_TAG = "run/config", "run/command"  # the Text tab: what the run computes, how it began
 GIF_FRAMES = 50  # at most this many grids in samples/progress.gif, spread evenly over the run
 
@@ -68,13 +64,9 @@ class Monitor:
         # after a resume, hide the interrupted run's events past the checkpoint: one curve, not a doubled stretch
         purge_step = start_step + 1 if start_step else None
         self.writer = SummaryWriter(log_dir=str(run_dir / "tb"), purge_step=purge_step) if enabled else None
+        shown = progress and enabled
         self.bar = tqdm(
-            total=max_steps,
-            initial=start_step,
-            disable=not (progress and enabled),
-            dynamic_ncols=True,
-            desc="train",
-            unit="step",
+            total=max_steps, initial=start_step, disable=not shown, dynamic_ncols=True, desc="train", unit="step"
         )
         # throughput: images since the last log line over the loop's time, less the phases (`timed`)
         self.images_since, self.time_since = 0, time.perf_counter()
@@ -85,7 +77,7 @@ class Monitor:
     def __enter__(self) -> Monitor:
         return self
 
-    def __exit__(self, kind: Optional[type], error: Optional[BaseException], tb: Optional[TracebackType]) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def begin(
@@ -98,10 +90,8 @@ class Monitor:
     ) -> None:
         """Open the HParams session and show the real images (a fresh run only)."""
         self.optimizers = dict(optimizers)
-        if not self.enabled:
-            return
-        self.session_open = True
-        if step:
+        self.session_open = self.enabled
+        if not self.enabled or step:
             return
         # the plugin types each column from the values; None as "null", as on the command line
         typed = {key: "null" if value is None else value for key, value in hparams.items()}
@@ -143,19 +133,11 @@ class Monitor:
             values["time/img_per_s"] = self.images_since / (now - self.time_since)
             values["time/sec_per_kimg"] = 1000 / values["time/img_per_s"]
         self.images_since, self.time_since = 0, now
-        self.last = values
-        if not self.enabled:
-            return values
-        for tag, value in values.items():
-            self.writer.add_scalar(tag, value, step)
-        short = {
-            "d": values.get("loss/d"),
-            "g": values.get("loss/g"),
-            "D(x)": values.get("loss/D(x)"),
-            "D(G(z))": values.get("loss/D(G(z))"),
-        }
-        self.bar.set_postfix({k: f"{v:.3f}" for k, v in short.items() if v is not None}, refresh=False)
-        log.info("step %d  %s", step, "  ".join(f"{tag}={value:.4g}" for tag, value in values.items()))
+        if self.enabled:
+            shown = {name: f"{values[tag]:.3f}" for name, tag in BAR_TAGS.items() if tag in values}
+            self.bar.set_postfix(shown, refresh=False)
+        self.last = {}
+        self.numbers(step, values)
         return values
 
     def numbers(self, step: int, values: Mapping[str, float], log_line: bool = True) -> None:
@@ -168,8 +150,6 @@ class Monitor:
             log.info("step %d  %s", step, "  ".join(f"{tag}={value:.4g}" for tag, value in values.items()))
 
     def describe(self, step: int, config: str, command: Optional[str]) -> None:
-        if not self.enabled:
-            return
         self.text(CONFIG_TEXT_TAG, f"```yaml\n{config}```", step)
         if command:
             self.text(COMMAND_TEXT_TAG, f"```\n{command}\n```", step)
@@ -188,15 +168,10 @@ class Monitor:
         if not (self.enabled and self.session_open and finished):
             return
         self.session_open = False
-        end = plugin_data_pb2.HParamsPluginData(
-            session_end_info=plugin_data_pb2.SessionEndInfo(status=api_pb2.STATUS_SUCCESS, end_time_secs=time.time())
-        )
+        info = plugin_data_pb2.SessionEndInfo(status=api_pb2.STATUS_SUCCESS, end_time_secs=time.time())
+        end = metadata.create_summary_metadata(plugin_data_pb2.HParamsPluginData(session_end_info=info))
         summary = summary_pb2.Summary()
-        summary.value.add(
-            tag=metadata.SESSION_END_INFO_TAG,
-            metadata=metadata.create_summary_metadata(end),
-            tensor=metadata.NULL_TENSOR,
-        )
+        summary.value.add(tag=metadata.SESSION_END_INFO_TAG, metadata=end, tensor=metadata.NULL_TENSOR)
         self.writer.file_writer.add_summary(summary, step)
 
     def close(self) -> None:
@@ -226,13 +201,10 @@ def note_short_curve(eval_every: int, start: int, max_steps: int) -> None:
     points = -(-(max_steps - start) // eval_every)
     if points < SHORT_CURVE:
         log.info(
-            "trainer.eval_every=%d draws %d point(s) of quality/FID in this run. TensorBoard smooths every "
-            "curve by default (Smoothing 0.6), which bends a curve this short far from its values: read it "
-            "with Smoothing at 0, or measure more often (eval_every <= %d gives %d points).",
-            eval_every,
-            points,
-            max(1, max_steps // SHORT_CURVE),
-            SHORT_CURVE,
+            f"trainer.eval_every={eval_every} draws {points} point(s) of quality/FID in this run. TensorBoard smooths "
+            "every curve by default (Smoothing 0.6), which bends a curve this short far from its values: read it with "
+            f"Smoothing at 0, or measure more often (eval_every <= {max(1, max_steps // SHORT_CURVE)} gives "
+            f"{SHORT_CURVE} points)."
         )
 
 
@@ -274,8 +246,7 @@ def image_at(source: Tensor | Dataset, index: int) -> Tensor:
 
 
 def labelled_rows(grid: Tensor, labels: list[str]) -> Tensor:
-    channels, height, _ = grid.shape
-    row_height = height / len(labels)
+    row_height = grid.size(1) / len(labels)
     picture = Image.fromarray(grid.mul(255).round().byte().permute(1, 2, 0).squeeze(-1).numpy())
     font = ImageFont.load_default()
     margin = round(max(font.getlength(label) for label in labels)) + 6

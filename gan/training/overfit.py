@@ -19,15 +19,11 @@ log = logging.getLogger(__name__)
 # enough for a mean score to move by less than the gap it shows
 PROBE_IMAGES = 512
 _SUBSET_SEED = 20_200_611  # a generator of its own: the run's random streams are not touched
+ImagesAndLabels = tuple[Tensor, Optional[Tensor]]  # images, and their labels in a conditional run
 
 
 class OverfitProbe:
-    def __init__(
-        self,
-        train: tuple[Tensor, Optional[Tensor]],
-        held_out: tuple[Tensor, Optional[Tensor]],
-        batch_size: int,
-    ):
+    def __init__(self, train: ImagesAndLabels, held_out: ImagesAndLabels, batch_size: int):
         self.train, self.held_out, self.batch_size = train, held_out, batch_size
 
     @torch.no_grad()
@@ -68,10 +64,9 @@ def build_probe(cfg: TrainConfig, train: ImageSet, device: torch.device) -> Opti
             log.info("No held-out images to compare D's scores with (%s): d/heldout_gap is not logged.", err)
         else:  # damaged or missing files: the run goes on, but the user must hear it before evaluate.py fails
             log.warning(
-                "The held-out split cannot be read: %s Training goes on without D's held-out scores "
-                "(d/heldout_gap, trainer.overfit_every); evaluate.py measures against this split and will "
-                "refuse it until it is fixed.",
-                err,
+                f"The held-out split cannot be read: {err} Training goes on without D's held-out scores "
+                "(d/heldout_gap, trainer.overfit_every); evaluate.py measures against this split and will refuse it "
+                "until it is fixed."
             )
         return None
     if not cfg.trainer.overfit_every:
@@ -80,11 +75,9 @@ def build_probe(cfg: TrainConfig, train: ImageSet, device: torch.device) -> Opti
     count -= count % cfg.model.pack  # D judges packs of model.pack images
     if count < cfg.model.pack:
         return None
-    conditional = cfg.model.conditional
     pick = torch.Generator().manual_seed(_SUBSET_SEED)
     subsets = []
     for images, labels in ((train.images, train.labels), (held_out, held_out.labels)):
         index = torch.randperm(len(images), generator=pick)[:count]
-        subset = (take(images, index).to(device), labels[index].to(device) if conditional else None)
-        subsets.append(subset)
+        subsets.append((take(images, index).to(device), labels[index].to(device) if cfg.model.conditional else None))
     return OverfitProbe(subsets[0], subsets[1], min(cfg.data.batch_size, count))

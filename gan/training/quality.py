@@ -20,18 +20,8 @@ from gan.evaluation.pipeline import Reals, class_metrics, classifier_data, gener
 
 log = logging.getLogger(__name__)
 
-# capitals sort first, so FID is listed first
-QUALITY_TAGS = {
-    "fid": "quality/FID",
-    "precision": "quality/precision",
-    "recall": "quality/recall",
-    "density": "quality/density",
-    "coverage": "quality/coverage",
-    "classes_covered": "quality/classes_covered",
-    "class_kl": "quality/class_kl",
-    "modes_covered": "quality/modes_covered",
-    "mode_kl": "quality/mode_kl",
-}
+_NAMES = ("precision", "recall", "density", "coverage", "classes_covered", "class_kl", "modes_covered", "mode_kl")
+QUALITY_TAGS = {"fid": "quality/FID", **{name: f"quality/{name}" for name in _NAMES}}  # FID first: capitals sort first
 FID_TAG = QUALITY_TAGS["fid"]
 BEST_FID_TAG = "quality/FID_best"  # the best FID so far: the generator in checkpoints/best.pt
 
@@ -55,40 +45,31 @@ class QualityProbe:
             self.config = EvaluateConfig(checkpoint="(training)", num_samples=samples, seed=seed, batch_size=500)
             bar = self.config.metrics.classifier.min_accuracy
             accept_any = dataclasses.replace(self.config.metrics.classifier, min_accuracy=0.0)
-            classifier, accuracy, path = M.load_or_train_classifier(
-                classifier_data(data, self.reals.stacked), accept_any, device
-            )
+            labelled = classifier_data(data, self.reals.stacked)
+            classifier, accuracy, path = M.load_or_train_classifier(labelled, accept_any, device)
         if accuracy < bar:
             log.warning(
-                "The metrics classifier of data=%s reaches %.2f%% test accuracy, below evaluate.py's bar of %.0f%%: "
-                "the in-training FID and the pick of best.pt use its features all the same (they need a consistent "
-                "feature space); evaluate.py refuses it unless given metrics.classifier.min_accuracy.",
-                data.name,
-                100 * accuracy,
-                100 * bar,
+                f"The metrics classifier of data={data.name} reaches {100 * accuracy:.2f}% test accuracy, below "
+                f"evaluate.py's bar of {100 * bar:.0f}%: the in-training FID and the pick of best.pt use its features "
+                "all the same (they need a consistent feature space); evaluate.py refuses it unless given "
+                "metrics.classifier.min_accuracy."
             )
         self.classifier: M.Classifier = classifier
         self.features = M.ClassifierFeatures(classifier, self.reals.stacked, images.size(1)).to(device)
         self.device = device
         self.real_features = M.batched(self.features, images, self.config.batch_size, device)
         log.info(
-            "In-training quality: %d samples against %d validation images from the training split, features of "
-            "%s (%.2f%% accuracy); set up in %.1f s",
-            samples,
-            images.size(0),
-            path.name,
-            100 * accuracy,
-            time.perf_counter() - started,
+            f"In-training quality: {samples} samples against {images.size(0)} validation images from the training "
+            f"split, features of {path.name} ({100 * accuracy:.2f}% accuracy); set up in "
+            f"{time.perf_counter() - started:.1f} s"
         )
 
     def measure(self, G: nn.Module) -> dict[str, float]:
         cfg = self.config
         labels = sample_classes(self.reals.labels, cfg.num_samples, None, cfg.seed) if G.num_classes else None
         fake: Tensor = generate(G, cfg.num_samples, cfg.batch_size, cfg.seed, self.device, labels)
-        fake_features = M.batched(self.features, fake, cfg.batch_size, self.device)
-        results = {"fid": M.fid(self.real_features, fake_features)}
-        results.update(
-            M.precision_recall_density_coverage(self.real_features, fake_features, cfg.metrics.pr_k, cfg.metrics.dc_k)
-        )
+        real, fake_features = self.real_features, M.batched(self.features, fake, cfg.batch_size, self.device)
+        results = {"fid": M.fid(real, fake_features)}
+        results.update(M.precision_recall_density_coverage(real, fake_features, cfg.metrics.pr_k, cfg.metrics.dc_k))
         results.update(class_metrics(self.classifier, self.reals, fake, cfg, self.device))
         return {QUALITY_TAGS[key]: float(value) for key, value in results.items() if key in QUALITY_TAGS}

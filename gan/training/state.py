@@ -106,20 +106,12 @@ class TrainingState:
                 set_rng_state(state["rng"], self.fixed_z.device)
             entry = "step"
             self.step = int(state["step"])
-            entry = "best"  # absent from checkpoints older than best.pt
-            best = state.get("best")
+            entry = "best"
+            best = state["best"]
             self.best = {"fid": float(best["fid"]), "step": int(best["step"])} if best else None
-            entry = "augment"
-            if self.augment is not None and state.get("augment") is not None:
+            entry = "augment"  # ADA's p: a run with model.ada_target continues from its own
+            if self.augment is not None:
                 self.augment.load_state_dict(state["augment"])
-            elif self.augment is not None:  # not exact, so said: p climbs back as D grows sure of the reals
-                log.warning(
-                    "The checkpoint holds no p of the adaptive augmentation (model.ada_target=%g), though its "
-                    "config turns it on: it was written before p was checkpointed, or edited. p starts again "
-                    "from 0 and climbs back by at most 1 per model.ada_kimg thousand images, so this resume is "
-                    "not the run continued exactly.",
-                    self.augment.target,
-                )
         except CheckpointError:
             raise
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as err:

@@ -53,10 +53,9 @@ def own_busy_seconds(pid: Optional[int] = None) -> float:
 
 def children_stats(pid: int) -> list[Path]:
     try:
-        listed = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        return [Path(f"/proc/{child}/stat") for child in listed]
+        return [Path(f"/proc/{child}/stat") for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
-        pass
+        pass  # a kernel without CONFIG_PROC_CHILDREN: look for processes whose parent is `pid`
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -105,8 +104,7 @@ class ThreadGovernor:
         mark, self.mark = self.mark, (now, busy, self.own())
         if mark is None:
             return
-        wall = now - mark[0]
-        others = max(0.0, (busy - mark[1]) - (self.mark[2] - mark[2])) / wall
+        others = max(0.0, (busy - mark[1]) - (self.mark[2] - mark[2])) / (now - mark[0])  # CPUs others kept busy
         wanted = threads_for(self.limit, self.cpus, others)
         if wanted == self.threads:
             self.pending = None
@@ -114,11 +112,8 @@ class ThreadGovernor:
             self.threads, self.pending = wanted, None
             torch.set_num_threads(wanted)
             log.info(
-                "Other processes keep %.1f of %d CPUs busy: training goes on with %d thread(s) "
-                "(trainer.threads=0 adapts; trainer.threads=N fixes the count)",
-                others,
-                self.cpus,
-                wanted,
+                f"Other processes keep {others:.1f} of {self.cpus} CPUs busy: training goes on with {wanted} thread(s) "
+                "(trainer.threads=0 adapts; trainer.threads=N fixes the count)"
             )
         else:
             self.pending = wanted
