@@ -1,7 +1,5 @@
 """Checkpoints: one dict of tensors and plain containers, written atomically, loaded weights_only, checked."""
 
-from __future__ import annotations
-
 import errno
 import os
 import pickle

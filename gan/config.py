@@ -1,7 +1,5 @@
 """Typed configuration: a dataclass per `configs/` group for Hydra's ConfigStore, with the checks Hydra cannot make."""
 
-from __future__ import annotations
-
 import math
 import re
 from dataclasses import dataclass, field, fields, is_dataclass

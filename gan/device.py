@@ -1,7 +1,5 @@
 """This process and its hardware: the device, threads and seeds, and the CPU allocator setting."""
 
-from __future__ import annotations
-
 import ctypes
 import os
 import random

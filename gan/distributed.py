@@ -1,8 +1,6 @@
 """torch.distributed for torchrun: everything rank-aware that is not the training math.
 A plain `python train.py` is a world of one, and none of this does anything."""
 
-from __future__ import annotations
-
 import dataclasses
 import os
 from typing import Any, Optional

@@ -1,8 +1,6 @@
 """The errors a user can cause: each message is one paragraph naming the key or path at fault and what to do, and
 the entry points turn any of them into exit code 2 (bad input). Anything else is a bug, and keeps its traceback."""
 
-from __future__ import annotations
-
 
 class UserError(RuntimeError):
     """Bad input: a config value, a checkpoint, a dataset, an output folder or a measurement that cannot be made."""

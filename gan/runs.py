@@ -1,14 +1,7 @@
-"""A run's life on disk: the command line, the run folder, the resume, the record.
-
-Owns, for both entry points: running Hydra in this process and returning an exit code
-(`run_hydra`); the checks that must come before Hydra starts; one owner per run folder (a lock)
-and no new run over an old one; the record a run writes once every check has passed; and the
-resume rule. A resume starts from the config stored in its checkpoint, the source of truth, and
-lays over it only the settings this command gives that a resume may change (`RESUMABLE`);
-train() refuses any other change. The run continues in its checkpoint's folder.
-"""
-
-from __future__ import annotations
+"""A run's life on disk, for both entry points: Hydra run in this process (`run_hydra`), the checks
+before Hydra starts, one owner per run folder, the record written once every check has passed, and
+the resume: the checkpoint's config is the source of truth, the command's settings are laid over it,
+and train() refuses those a resume may not change (`RESUMABLE`)."""
 
 import contextlib
 import fcntl
@@ -67,10 +60,9 @@ class SweepJobFailed(CompactHydraException):
 
 
 def run_hydra(job: Callable[[DictConfig], tuple[int, float]], config_name: str, argv: Sequence[str]) -> int:
-    """Run `job` under @hydra.main with `argv` as the command line, in this process, and return the
-    exit code: the job's (it returns `(code, value)`, value being what a sweeper minimises), or
-    Hydra's own (1 for an override it cannot parse or a failed sweep job). Nothing calls sys.exit,
-    so tests drive the real command line without starting a process."""
+    """`job` under @hydra.main with `argv` as the command line, in this process: the exit code, the
+    job's (it returns (code, value a sweeper minimises)) or Hydra's own (1: a bad override, a failed
+    sweep job). Nothing calls sys.exit, so tests drive the real command line in process."""
     codes: list[int] = []
 
     @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name=config_name)
@@ -114,9 +106,7 @@ PATH_KEYS = ("trainer.resume", "hydra.run.dir", "hydra.sweep.dir", "data.root", 
 
 
 def preflight(argv: Sequence[str], resumable: bool = True) -> Optional[str]:
-    """The refusal of a command Hydra cannot start well, or None: a path setting its grammar cannot
-    read, an output folder that cannot be written (Hydra would fail with a traceback), a sweep into a
-    folder that holds a sweep (Hydra would replace its multirun.yaml before any job runs)."""
+    """The refusal of what Hydra would handle badly before any job runs, or None."""
     return unreadable_path(argv) or unwritable_output(argv) or existing_sweep(argv, resumable)
 
 
@@ -140,9 +130,8 @@ def unreadable_path(argv: Sequence[str]) -> Optional[str]:
 
 
 def unwritable_output(argv: Sequence[str]) -> Optional[str]:
-    """Tried, not guessed from permission bits (which say yes to root on a read-only file system, or
-    where a quota is spent): a folder and one block of data are written in the nearest existing
-    folder of the output path, and removed."""
+    """Tried, not guessed from permission bits (wrong for root on a read-only file system, or a spent
+    quota): a folder and one block of data are written in the nearest existing folder, and removed."""
     key = "hydra.sweep.dir" if multirun(argv) else "hydra.run.dir"
     target = Path(given_value(argv, key) or "outputs")
     existing = target
@@ -169,8 +158,8 @@ def unwritable_output(argv: Sequence[str]) -> Optional[str]:
 
 
 def existing_sweep(argv: Sequence[str], resumable: bool = True) -> Optional[str]:
-    """A sweep into a hydra.sweep.dir that holds one, unless it is launched again to continue its
-    jobs (trainer.resume=auto, `resumable`)."""
+    """A sweep into a hydra.sweep.dir holding one (Hydra would replace its multirun.yaml), unless it is
+    launched again to continue its jobs (trainer.resume=auto)."""
     folder = given_value(argv, "hydra.sweep.dir")
     if not multirun(argv) or folder is None or (resumable and given_value(argv, "trainer.resume") == "auto"):
         return None
@@ -190,15 +179,10 @@ EXCLUDE_KEYS = "hydra.job.config.override_dirname.exclude_keys"
 
 
 class SweepNames(Callback):
-    """Names each sweep job by the overrides that vary across the sweep, and by nothing else.
-
-    A job folder is `${hydra.job.num}_${hydra.job.override_dirname}`, and override_dirname holds
-    every override of the job: `-m optim.lr=1e-4,4e-4 trainer.threads=1` would name its jobs
-    `0_optim.lr=0.0001,trainer.threads=1`, which TensorBoard's run list cuts before the part that
-    differs. As the sweep starts, the keys given one value join override_dirname's exclude_keys, as
-    an override of Hydra's that every job's config (and a launcher elsewhere: submitit) is rebuilt
-    with. A sweeper's own search space (hparams_search=optuna) stays in the names; an exclude_keys
-    given by hand wins."""
+    """Names each sweep job by the overrides that vary (`0_optim.lr=0.0001`, not
+    `0_optim.lr=0.0001,trainer.threads=1`, which TensorBoard's run list cuts): as the sweep starts,
+    the keys given one value join override_dirname's exclude_keys as an override of Hydra's, which
+    every job's config (and submitit's) is rebuilt with. An exclude_keys given by hand wins."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         hydra_overrides = config.hydra.overrides.hydra
@@ -216,12 +200,10 @@ class SweepNames(Callback):
 
 
 def resume_plan(cfg: DictConfig, output_dir: Path) -> tuple[DictConfig, Path]:
-    """This job's config and run folder. Without trainer.resume: the command's config, in Hydra's
-    folder. With it: the config stored in the checkpoint, with every setting this command gives laid
-    over it (train() refuses those a resume may not change), continued in the checkpoint's run folder
-    unless the command names the folder (hydra.run.dir, or a sweep's job folder).
-    `trainer.resume=auto` continues the run in this job's folder if there is one, else the newest run
-    under outputs/ whose settings are this command's (RUNTIME_KEYS aside), else starts a new run."""
+    """This job's config and run folder: the command's, in Hydra's folder; for a resume, the config
+    stored in the checkpoint with this command's settings laid over it, in the checkpoint's run folder
+    unless the command names one (hydra.run.dir, a sweep's job folder). `auto` continues this job's
+    own run, else the newest under outputs/ with these settings (RUNTIME_KEYS aside), else starts."""
     resume = cfg.trainer.resume
     if resume in (None, ""):
         return cfg, output_dir
@@ -247,8 +229,7 @@ def resume_plan(cfg: DictConfig, output_dir: Path) -> tuple[DictConfig, Path]:
 
 
 def given_settings(wanted: dict) -> list[tuple[str, str]]:
-    """The settings this command gives: those it names (`optim.lr=...`, even at their default), and
-    those its other overrides (`loss=hinge`, `experiment=...`) set apart from the defaults."""
+    """The settings this command names (even at their default) or sets through a group (`loss=hinge`)."""
     named = {override_key(o) for o in HydraConfig.get().overrides.task}
     defaults = to_dict(compose(config_name=HydraConfig.get().job.config_name))
     return [
@@ -262,7 +243,7 @@ def given_settings(wanted: dict) -> list[tuple[str, str]]:
 
 
 def resume_auto(config: dict, output_dir: Path, outputs: Path = Path("outputs")) -> Optional[Path]:
-    """The checkpoint `trainer.resume=auto` continues: this job's own, else the newest matching one."""
+    """This job's own checkpoint, else the newest matching one under `outputs`."""
     own = output_dir / "checkpoints" / "last.pt"
     if own.is_file():
         return own
@@ -278,8 +259,7 @@ def resume_auto(config: dict, output_dir: Path, outputs: Path = Path("outputs"))
 
 
 def check_resume(cfg: dict, checkpoint: Mapping[str, Any], source: str) -> None:
-    """The resume contract, in train(): ConfigError listing every setting that differs from the
-    checkpoint's own outside RESUMABLE, or a trainer.max_steps below its step."""
+    """The resume contract: ConfigError naming each change outside RESUMABLE, or a max_steps below the step."""
     before = run_identity(stored_config(checkpoint["config"], source), RESUMABLE)
     after = run_identity(cfg, RESUMABLE)
     changed = [
@@ -327,9 +307,8 @@ _held: set[int] = set()  # lock file descriptors this process holds
 
 @contextlib.contextmanager
 def own_run_dir(run_dir: Path, resuming: Optional[Path], enabled: bool = True) -> Iterator[None]:
-    """Hold run_dir for one run: its lock, the refusal of a new run where a run is and of a resume
-    (`resuming`: its checkpoint file) into another run's folder, and the removal of temporary files a
-    killed run left. enabled=False (ranks other than 0, which write nothing) does nothing."""
+    """run_dir held for one run (rank 0's): its lock, no new run over a run, no resume into another
+    run's folder, the temporary files of a killed run removed."""
     if not enabled:
         yield
         return
@@ -345,9 +324,8 @@ def own_run_dir(run_dir: Path, resuming: Optional[Path], enabled: bool = True) -
 
 
 def take_lock(run_dir: Path) -> int:
-    """flock() RUN_DIR/.lock, or RunDirError naming its holder; returns the descriptor. flock, not a
-    file made with O_EXCL: the kernel drops the lock when its holder dies, even by kill -9, so there is
-    no stale lock to guess about. The file holds 'PID HOST' for the messages."""
+    """flock() RUN_DIR/.lock (not O_EXCL: the kernel drops a flock when its holder dies, even by
+    kill -9, so no lock is ever stale); the file holds 'PID HOST' for the messages."""
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_FILE
     while True:
@@ -410,8 +388,7 @@ def still_named(fd: int, path: Path) -> bool:
 
 
 def existing_run(run_dir: Path) -> Optional[str]:
-    """The refusal if run_dir holds a run (a checkpoint, or the record a run writes before its first
-    checkpoint) or lies inside one, else None."""
+    """The refusal if run_dir holds a run (a checkpoint, or a record) or lies inside one, else None."""
     for folder in Path(os.path.abspath(run_dir)).parents:
         if holds_run(folder):
             return (
@@ -482,11 +459,8 @@ def alive(pid: int) -> bool:
     return True
 
 
-# The record, written once every check has passed --------------------------------------------------
-# Hydra, left to itself, writes .hydra/ and opens its log file as the job starts, before anything is
-# checked: a refused command would already have changed the run it named. So configs/train.yaml and
-# configs/evaluate.yaml switch both off, and the entry points write the same files here once the job
-# says every check has passed; what was logged before goes into the log file first.
+# The record, written once every check has passed: Hydra would write .hydra/ and open its log file
+# as the job starts, so a refused command would change the run it named. The configs switch both off.
 
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # Hydra's job_logging format
 
@@ -509,8 +483,7 @@ def write_record(run_dir: Path, cfg: DictConfig) -> None:
 
 @contextlib.contextmanager
 def held_log() -> Iterator[MemoryHandler]:
-    """The job's log lines, held in memory until keep_record opens the run's log file, then written
-    there first and every later line with them; never written if the command is refused."""
+    """The job's log lines, held until keep_record opens the run's log file; lost if the job is refused."""
     held = MemoryHandler(capacity=sys.maxsize, flushLevel=logging.CRITICAL + 1)  # holds until a target is set
     root = logging.getLogger()
     root.addHandler(held)
@@ -535,8 +508,7 @@ def keep_record(run_dir: Path, cfg: DictConfig, run_log: MemoryHandler) -> None:
 
 
 def remove_if_empty(run_dir: Path) -> None:
-    """The folder Hydra made for a command that wrote nothing there, and the folders above it that
-    then hold nothing (outputs/DATE/, outputs/), up to the working directory."""
+    """The folder Hydra made for a job that wrote nothing there, and the empty folders above it."""
     folder, stop = run_dir.absolute(), Path.cwd().absolute()
     while folder != stop and folder != folder.parent:
         try:
@@ -561,8 +533,7 @@ def unquote(value: str) -> str:
 
 
 def hydra_quote(path: Path | str) -> str:
-    """A path as one value of Hydra's override grammar: single-quoted when it holds a character the
-    grammar reserves; inside quotes only backslash runs that end the string or precede a quote double."""
+    """A path as one Hydra value: quoted where needed (backslashes doubled only before a quote or the end)."""
     text = str(path)
     if not any(c in text for c in " =,[]{}()'\"\\:$"):
         return text

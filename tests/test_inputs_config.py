@@ -11,7 +11,7 @@ import math
 import re
 import subprocess
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import conftest
 import numpy as np
@@ -109,7 +109,7 @@ def float_keys(config: Any, prefix: str = "") -> Iterator[str]:
         value = getattr(config, spec.name)
         if dataclasses.is_dataclass(value):
             yield from float_keys(value, f"{prefix}{spec.name}.")
-        elif spec.type in ("float", "Optional[float]"):
+        elif spec.type in (float, Optional[float]):
             yield f"{prefix}{spec.name}"
 
 

@@ -6,8 +6,6 @@ their running average sits near the middle of the oscillation and changes slowly
 own decay schedule; it averages BatchNorm's running statistics too, which evaluate.py recomputes.
 """
 
-from __future__ import annotations
-
 from typing import Callable, Optional
 
 import torch

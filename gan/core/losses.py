@@ -4,8 +4,6 @@ Every function takes logits (D has no Sigmoid) and returns a scalar to minimise.
 forms are exact rewrites of the textbook formulas that never take log(0) and stay correct under autocast.
 """
 
-from __future__ import annotations
-
 from typing import Callable, NamedTuple
 
 import torch

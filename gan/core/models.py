@@ -11,8 +11,6 @@ image_size adds one block to each network:
     D: 1 x 32 x 32 -> 64 x 16 x 16 -> 128 x 8 x 8 -> 256 x 4 x 4 -> logit
 """
 
-from __future__ import annotations
-
 import math
 from typing import Optional
 

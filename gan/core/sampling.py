@@ -6,8 +6,6 @@ Eval mode has its own catch here: the training loop samples the EMA generator, w
 statistics are averages that do not match its averaged weights (see `sample`).
 """
 
-from __future__ import annotations
-
 import contextlib
 import math
 from typing import Iterator, Optional

@@ -15,8 +15,6 @@ Each step returns its diagnostics as 0-dim tensors still on the device: `.item()
 sync, so the loop does that only at log time (trainer.on_nan=skip checks each loss in `update`).
 """
 
-from __future__ import annotations
-
 import contextlib
 import dataclasses
 from enum import Enum

@@ -1,7 +1,5 @@
 """The built-in dataset: digits 0-9 rendered with Pillow's bundled font, then jittered; no download."""
 
-from __future__ import annotations
-
 import math
 
 import torch

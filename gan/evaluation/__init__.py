@@ -1,9 +1,3 @@
-"""Evaluation: how good a trained generator is, and its samples and exports.
-
-- `pipeline.py`: evaluate(), the sections in order (checkpoint, data, instruments, samples, measure,
-  pictures, outputs, report);
-- `metrics.py`: the instruments: the offline feature classifier, FID/KID, precision/recall,
-  density/coverage, class and mode coverage;
-- `grids.py`: interpolation and nearest-neighbour pictures;
-- `export.py`: the generator as TorchScript or torch.export files.
-"""
+"""Evaluation: evaluate() (pipeline.py) measures a trained generator with the instruments of metrics.py
+(feature classifier, FID/KID, precision/recall, density/coverage, class coverage), draws grids.py's
+pictures and writes export.py's TorchScript or torch.export files."""

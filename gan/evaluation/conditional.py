@@ -1,7 +1,5 @@
 """A class-conditional G: `cond_accuracy` (obedience to y, not quality), intra-class FID (StudioGAN's), class grid."""
 
-from __future__ import annotations
-
 import logging
 from typing import Any, Optional
 

@@ -1,7 +1,5 @@
 """G as a file that runs without this project's code: TorchScript, torch.export (control flow: docs/more.md)."""
 
-from __future__ import annotations
-
 import copy
 import warnings
 from pathlib import Path

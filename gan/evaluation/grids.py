@@ -1,7 +1,5 @@
 """Pictures of a generator: latent interpolations and the nearest-neighbour memorisation check."""
 
-from __future__ import annotations
-
 from typing import Optional
 
 import torch

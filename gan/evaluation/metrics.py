@@ -1,8 +1,6 @@
 """Sample quality of uint8 images (N, C, H, W): FID, KID, precision/recall, density/coverage, class/mode coverage.
 Features: `classifier` (a small CNN on the labels, cached; comparable only with itself), `inception` (published FID)."""
 
-from __future__ import annotations
-
 import dataclasses
 import hashlib
 import importlib.util

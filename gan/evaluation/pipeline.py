@@ -1,8 +1,6 @@
 """Evaluating a trained generator: sample, measure, draw, export, report. Samples are uint8, as the reals are;
 metrics use the held-out split, the nearest-neighbour check the training split (memorising copies training images)."""
 
-from __future__ import annotations
-
 import hashlib
 import json
 import logging

@@ -1,8 +1,6 @@
 """Has D won? A D that wins gives D(G(z)) near 0 and r_t near 1, G learns through the flat tail of its sigmoid,
 and the samples decay. One log point like that is noise; a window of trainer.collapse_window steps is not."""
 
-from __future__ import annotations
-
 import collections
 import logging
 import math

@@ -1,7 +1,5 @@
 """A training process's device, threads, allocator, determinism, precision and compile; the step sees a StepContext."""
 
-from __future__ import annotations
-
 import contextlib
 import functools
 import logging

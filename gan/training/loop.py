@@ -276,13 +276,9 @@ def set_up(
         state.load_state_dict(resume_from, world)
         log.info("Resumed from %s at step %d", cfg.trainer.resume, state.step)
     set_learning_rates(state, cfg)  # the first step's; the periodic extras set each next one
-    announce(cfg, device, precision, world)
-    return device, ctx, state, training_set
-
-
-def announce(cfg: TrainConfig, device: torch.device, precision: Precision, world: World) -> None:
     auto = " (trainer.precision=auto)" if cfg.trainer.precision == Precision.auto else ""
     log.info("Training on %s in %s%s, %d process(es)", device, precision.value, auto, world.size)
+    return device, ctx, state, training_set
 
 
 def last_checkpoint(run_dir: Path) -> Path:

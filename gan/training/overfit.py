@@ -1,8 +1,6 @@
 """Is D memorising? Its scores on training reals against held-out reals drift apart well before FID turns worse
 (Karras et al. 2020, fig. 1). Training is untouched: D's buffers are put back and no random number is drawn."""
 
-from __future__ import annotations
-
 import logging
 from typing import Optional
 

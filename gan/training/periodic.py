@@ -1,8 +1,6 @@
 """Everything train() does besides its two steps and the EMA, behind one call, so the loop reads as the lesson.
 loop.py:periodic_extras is the one list of what runs when, as StyleGAN2-ADA hangs snapshots off a tick."""
 
-from __future__ import annotations
-
 import dataclasses
 from typing import Callable, Iterable, Mapping
 

@@ -2,8 +2,6 @@
 The reference is the training split, never the held-out one: best.pt is picked by these numbers, and a pick
 on the test split would flatter it. A cheap cut of evaluate.py's measurement, so a little above its numbers."""
 
-from __future__ import annotations
-
 import dataclasses
 import logging
 import time

@@ -1,7 +1,5 @@
 """The training state: every object that changes while training, saved and restored together."""
 
-from __future__ import annotations
-
 import dataclasses
 import functools
 import logging
@@ -162,12 +160,11 @@ def rng_state(device: torch.device) -> dict[str, Any]:
 
 
 def set_rng_state(rng: dict[str, Any], device: torch.device) -> None:
-    """Restore what `rng_state` saved; older checkpoints hold one CUDA state per GPU, indexed by device."""
+    """Restore what `rng_state` saved."""
     random.setstate(rng["python"])
     torch.set_rng_state(rng["torch"].cpu())
     if rng["cuda"] and device.type == "cuda":
-        states = rng["cuda"]
-        torch.cuda.set_rng_state(states[min(device.index or 0, len(states) - 1)].cpu(), device)
+        torch.cuda.set_rng_state(rng["cuda"][0].cpu(), device)
 
 
 def build_state(
@@ -191,13 +188,8 @@ def build_state(
         labels=dataset.labels if num_classes else None,  # the classes travel with the batch
     )
     G, D = build_models(cfg, device, num_classes)
-    G_ema = build_ema(  # a deep copy of G made before compiling: it stays eager
-        G,
-        cfg.model.ema_decay,
-        cfg.model.ema_kimg,
-        cfg.model.ema_rampup,
-        images_per_step=cfg.data.batch_size * world.size,
-    )
+    model = cfg.model  # G_ema: a deep copy of G made before compiling, so it stays eager
+    G_ema = build_ema(G, model.ema_decay, model.ema_kimg, model.ema_rampup, cfg.data.batch_size * world.size)
     if cfg.trainer.compile:
         compile_models(G, D)
     opt_g, opt_d = build_optimizer(G, cfg, device), build_optimizer(D, cfg, device, lr=cfg.optim.lr_d)

@@ -2,8 +2,6 @@
 busy process one time-sliced chunk stalls every OpenMP region (docs/speed.md#sharing-the-machine).
 A changed count changes oneDNN's reductions: `trainer.threads=N` keeps CPU runs bit-exact."""
 
-from __future__ import annotations
-
 import logging
 import math
 import os
