@@ -54,10 +54,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def job(cfg: DictConfig) -> tuple[int, float]:
     global _run_dir
     run_dir = _run_dir = Path(HydraConfig.get().runtime.output_dir)
+    named = "hydra.run.dir" in {runs.override_key(o) for o in HydraConfig.get().overrides.hydra}
+    problem = runs.existing_run(run_dir) if named else None  # outputs would land among a run's files
     with runs.held_log() as run_log:  # the record and log file go beside the outputs once there are any
         try:
-            named = "hydra.run.dir" in {runs.override_key(o) for o in HydraConfig.get().overrides.hydra}
-            problem = runs.existing_run(run_dir) if named else None  # outputs would land among a run's files
             if problem:
                 raise RunDirError(problem)
             results = evaluate(validate_evaluate(cfg), run_dir, data_overrides(cfg))
@@ -72,18 +72,13 @@ def job(cfg: DictConfig) -> tuple[int, float]:
             log.error("%s", err)
             return EXIT_BAD_INPUT, math.nan
         finally:
-            if run_dir.is_dir() and any(run_dir.iterdir()) and not named_run(run_dir):
+            if problem is None and run_dir.is_dir() and any(run_dir.iterdir()):  # never into a run's record
                 with contextlib.suppress(OSError):  # a full disk: the error said so already
                     runs.keep_record(run_dir, cfg, run_log)
             else:
                 runs.remove_if_empty(run_dir)
         log.info("Done in %.0f s; outputs in %s", results["seconds"]["total"], run_dir)
     return 0, results["fid"]
-
-
-def named_run(run_dir: Path) -> bool:
-    """A training run's folder (refused above): its record is not this evaluation's to write."""
-    return runs.existing_run(run_dir) is not None
 
 
 def interrupted(run_dir: Optional[Path]) -> str:

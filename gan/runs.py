@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import hydra
+import yaml
 from hydra import compose
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
@@ -24,6 +25,7 @@ from hydra.errors import CompactHydraException, HydraException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, read_write
+from omegaconf.errors import OmegaConfBaseException
 
 from gan.checkpoint import checkpoint_path, load_checkpoint, stored_config
 from gan.config import TrainConfig
@@ -253,7 +255,7 @@ def resume_auto(config: dict, output_dir: Path, outputs: Path = Path("outputs"))
         try:
             if run_identity(to_dict(OmegaConf.load(recorded)), RUNTIME_KEYS) == wanted:
                 return last
-        except Exception:  # noqa: BLE001 - a folder of another version, or no record: not the one to continue
+        except (OSError, yaml.YAMLError, OmegaConfBaseException, AttributeError):  # no record, or a damaged one
             continue
     return None
 

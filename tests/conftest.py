@@ -77,15 +77,18 @@ def compose_config(*overrides: str) -> TrainConfig:
     return validate(cfg)
 
 
-def run_train(*overrides: str, cwd: Path | None = None, tiny: bool = True, **_: object) -> subprocess.CompletedProcess:
+def run_train(
+    *overrides: str, cwd: Path | None = None, tiny: bool = True, timeout: float | None = None
+) -> subprocess.CompletedProcess:
     """The real command line `python train.py [TINY] OVERRIDES`, run in this process by train.main:
-    its exit code and what it printed (stdout, stderr), as a CompletedProcess."""
+    its exit code and what it printed (stdout, stderr), as a CompletedProcess. `timeout` is accepted
+    for callers written for a subprocess and ignored: pytest-timeout bounds every test."""
     flags = [o for o in overrides if o.startswith("-")]  # -m before the overrides, as on a command line
     rest = [o for o in overrides if not o.startswith("-")]
     return in_process(importlib.import_module("train").main, [*flags, *(TINY if tiny else []), *rest], cwd)
 
 
-def run_evaluate(*overrides: str, cwd: Path | None = None, **_: object) -> subprocess.CompletedProcess:
+def run_evaluate(*overrides: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """The real command line `python evaluate.py OVERRIDES`, run in this process by evaluate.main."""
     return in_process(importlib.import_module("evaluate").main, list(overrides), cwd)
 

@@ -7,11 +7,10 @@ import json
 import subprocess
 from pathlib import Path
 
-import conftest
 import numpy as np
 import pytest
 import torch
-from conftest import CONFIG_DIR, compose_config, run_train
+from conftest import CONFIG_DIR, compose_config, run_evaluate, run_train
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
@@ -70,11 +69,6 @@ TINY_EVAL = [
     "metrics.classifier.epochs=5",
     "metrics.classifier.min_accuracy=0.9",
 ]
-
-
-def run_evaluate(*overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    """The real `python evaluate.py` command line, in process."""
-    return conftest.run_evaluate(*overrides)
 
 
 @pytest.fixture(scope="module")
