@@ -27,11 +27,11 @@ from gan.training.loop import final_evaluation
 log = logging.getLogger("train")
 
 # Exit codes: 0 done; 1 Hydra's own (an override it cannot parse, a sweep with a failed job); 2 bad
-# input (config, checkpoint, data, output folder); 3 the loss became NaN/inf; 4 the collapse alarm
-# stopped the run (trainer.on_collapse=stop; a sweep's job returns NaN instead and the sweep goes on);
+# input (config, checkpoint, data, output folder); 3 the loss became NaN/inf; 4 the D-won alarm
+# stopped the run (trainer.on_d_won=stop; a sweep's job returns NaN instead and the sweep goes on);
 # 128 + the signal's number when SIGINT/SIGTERM (or SLURM's time-out signal, USR2/USR1) stopped the
 # run after it wrote its checkpoint, as shells report a process that signal ended.
-EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_COLLAPSE = 2, 3, 4
+EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_D_WON = 2, 3, 4
 SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143, "SIGUSR1": 138, "SIGUSR2": 140}
 
 
@@ -88,10 +88,10 @@ def command_line() -> str:
 
 
 def finish(result: TrainResult, fid: float, run_dir: Path, sweep: bool) -> tuple[int, float]:
-    """The run's last words and exit code: stopped by the collapse alarm or a signal, or done."""
-    if result.stopped_by == "collapse":
-        log.warning("Stopped at step %d: D had won (trainer.on_collapse=stop). %s", result.step, result.outcome())
-        return (0 if sweep else EXIT_COLLAPSE), math.nan  # a sweep goes on with its other jobs
+    """The run's last words and exit code: stopped by the D-won alarm or a signal, or done."""
+    if result.stopped_by == "d_won":
+        log.warning("Stopped at step %d: D had won (trainer.on_d_won=stop). %s", result.step, result.outcome())
+        return (0 if sweep else EXIT_D_WON), math.nan  # a sweep goes on with its other jobs
     if result.stopped_by:
         log.warning(
             "Stopped by %s at step %d; checkpoint saved to %s. Resume with:\n  python train.py %s",

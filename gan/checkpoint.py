@@ -20,7 +20,7 @@ Name = TypeVar("Name", bound=Hashable)  # a tensor's name: a string, or a (part,
 
 REQUIRED_KEYS = ("G", "step", "config", "num_classes")  # held by last.pt and best.pt alike
 BEST = "best"  # the `kind` of checkpoints/best.pt
-FORMAT = 1  # the layout's version, written by save_checkpoint; any other is refused
+FORMAT = 2  # the layout's version, written by save_checkpoint; any other is refused. 2: trainer.on_d_won, d_won_window
 
 
 def require_training_state(state: Mapping[str, Any], source: str | Path) -> None:

@@ -44,7 +44,7 @@ class OnNonFinite(str, Enum):
     skip = "skip"  # drop that step's update and go on (costs one host sync per step)
 
 
-class OnCollapse(str, Enum):
+class OnDWon(str, Enum):
     off = "off"  # no watch
     warn = "warn"  # one warning per episode, a text summary and the scalar train/d_won in TensorBoard
     stop = "stop"  # the same, then end the run after that step with its checkpoint (exit code 4): sweeps save time
@@ -191,8 +191,8 @@ class TrainerConfig(_Group):
     checkpoint_every: int = 1000  # steps between writes of checkpoints/last.pt (and one at the end)
     keep_checkpoints: int = 0  # also keep the last K numbered checkpoints (step_000500.pt, ...); 0 = none
     on_nan: OnNonFinite = OnNonFinite.stop  # what a NaN/inf loss does: stop | skip
-    on_collapse: OnCollapse = OnCollapse.warn  # when D has won over collapse_window steps: off | warn | stop
-    collapse_window: int = 1000  # steps the collapse alarm reads (gan/training/collapse.py)
+    on_d_won: OnDWon = OnDWon.warn  # when D has won over d_won_window steps: off | warn | stop
+    d_won_window: int = 1000  # steps the D-won alarm reads (gan/training/d_won.py)
     deterministic: bool = False  # bit-reproducible kernels on GPU (slower); CPU runs are already exact
     num_fixed_samples: int = 64  # images in the fixed-noise grid (an 8 x 8 grid; conditional: 8 per class row)
     overfit_every: int = 500  # steps between D's scores on train and held-out reals (gan/training/overfit.py); 0 = off
@@ -216,8 +216,8 @@ class TrainerConfig(_Group):
         for key in ("log_every", "sample_every", "checkpoint_every", "num_fixed_samples"):
             self._check(getattr(self, key) >= 1, key, "must be at least 1")
         self._check(
-            self.collapse_window >= self.log_every,
-            "collapse_window",
+            self.d_won_window >= self.log_every,
+            "d_won_window",
             f"must be at least trainer.log_every ({self.log_every}): the alarm reads D's outputs at the log points "
             "of the window",
         )

@@ -40,7 +40,7 @@ RUNTIME_KEYS: dict[str, tuple[str, ...]] = {
     "data": ("root", "download", "in_memory", "num_workers"),
     "trainer": tuple(
         "max_steps resume device progress threads retain_host_memory log_every sample_every checkpoint_every "
-        "keep_checkpoints final_eval_samples eval_every eval_samples overfit_every on_collapse collapse_window".split()
+        "keep_checkpoints final_eval_samples eval_every eval_samples overfit_every on_d_won d_won_window".split()
     ),
 }
 # ... and the arithmetic an explicit resume may tune (a lower rate, other hardware), which
@@ -105,11 +105,25 @@ def given_value(argv: Sequence[str], key: str) -> Optional[str]:
 
 # Settings that name a file or folder: a path may hold what Hydra's grammar reserves ('=', ' ', ',')
 PATH_KEYS = ("trainer.resume", "hydra.run.dir", "hydra.sweep.dir", "data.root", "checkpoint")
+# Renamed settings, refused by their old name with the new one (Hydra alone would say "not in TrainerConfig").
+# The alarm detects D winning outright, which is not mode collapse: mode collapse has no loss signature.
+RENAMED = {"trainer.on_collapse": "trainer.on_d_won", "trainer.collapse_window": "trainer.d_won_window"}
 
 
 def preflight(argv: Sequence[str], resumable: bool = True) -> Optional[str]:
     """The refusal of what Hydra would handle badly before any job runs, or None."""
-    return unreadable_path(argv) or unwritable_output(argv) or existing_sweep(argv, resumable)
+    return renamed_setting(argv) or unreadable_path(argv) or unwritable_output(argv) or existing_sweep(argv, resumable)
+
+
+def renamed_setting(argv: Sequence[str]) -> Optional[str]:
+    for arg in argv:
+        if (key := override_key(arg)) in RENAMED:
+            value = arg.split("=", 1)[1] if "=" in arg else "..."
+            return (
+                f"{key} was renamed {RENAMED[key]}: the alarm it sets detects D winning outright (train/d_won), "
+                f"which is not mode collapse. Nothing was written. Use {RENAMED[key]}={value}"
+            )
+    return None
 
 
 def unreadable_path(argv: Sequence[str]) -> Optional[str]:

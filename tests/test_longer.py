@@ -1,4 +1,4 @@
-"""Training longer never loses the good generator: checkpoints/best.pt, the collapse alarm, adaptive
+"""Training longer never loses the good generator: checkpoints/best.pt, the D-won alarm, adaptive
 augmentation (model.ada_target), and the loop's periodic extras they hang on (tiny configs, CPU)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from gan.data import load_dataset
 from gan.errors import CheckpointError
 from gan.evaluation.pipeline import prepare_generator, reference_subset
 from gan.training import train
-from gan.training.collapse import FAKE_BELOW, RT_ABOVE, RT_TAG, WON_TAG, CollapseWatch
+from gan.training.d_won import FAKE_BELOW, RT_ABOVE, RT_TAG, WON_TAG, DWonWatch
 from gan.training.periodic import Every, Extras, Tick
 from gan.training.quality import BEST_FID_TAG, FID_TAG
 
@@ -145,27 +145,27 @@ def test_the_validation_images_come_from_the_training_split():
     assert torch.equal(images, again)  # the same images at every measurement of a run
 
 
-# the collapse alarm ---------------------------------------------------------------------------------
+# the D-won alarm ---------------------------------------------------------------------------------
 
 
-def watch(window: int = 100, log_every: int = 10, squash: bool = False) -> tuple[CollapseWatch, list[int]]:
+def watch(window: int = 100, log_every: int = 10, squash: bool = False) -> tuple[DWonWatch, list[int]]:
     alarms: list[int] = []
-    return CollapseWatch(window, log_every, squash, lambda step, _: alarms.append(step)), alarms
+    return DWonWatch(window, log_every, squash, lambda step, _: alarms.append(step)), alarms
 
 
 def test_the_alarm_needs_a_whole_window_of_dominance_and_warns_once_per_episode():
-    collapse, alarms = watch()
+    alarm, alarms = watch()
     fake, rt = "loss/D(G(z))", RT_TAG
     for step in range(10, 100, 10):  # nine points: the window (ten) is not yet full
-        assert collapse.observe(step, {fake: 0.001, rt: 1.0}) == {}
-    assert collapse.observe(100, {fake: 0.001, rt: 1.0}) == {WON_TAG: 1.0}
-    assert collapse.observe(110, {fake: 0.001, rt: 1.0}) == {WON_TAG: 1.0}
+        assert alarm.observe(step, {fake: 0.001, rt: 1.0}) == {}
+    assert alarm.observe(100, {fake: 0.001, rt: 1.0}) == {WON_TAG: 1.0}
+    assert alarm.observe(110, {fake: 0.001, rt: 1.0}) == {WON_TAG: 1.0}
     assert alarms == [100]  # one warning, not one per log point
     for step in range(120, 220, 10):  # D loses its grip: the alarm re-arms
-        collapse.observe(step, {fake: 0.3, rt: 0.6})
-    assert collapse.observe(220, {fake: 0.3, rt: 0.6}) == {WON_TAG: 0.0}
+        alarm.observe(step, {fake: 0.3, rt: 0.6})
+    assert alarm.observe(220, {fake: 0.3, rt: 0.6}) == {WON_TAG: 0.0}
     for step in range(230, 340, 10):
-        collapse.observe(step, {fake: 0.001, rt: 1.0})
+        alarm.observe(step, {fake: 0.001, rt: 1.0})
     assert alarms == [100, 310]  # nine of ten points at 0.001: the window's mean is 0.031
 
 
@@ -178,17 +178,17 @@ def test_the_alarm_needs_a_whole_window_of_dominance_and_warns_once_per_episode(
     ],
 )
 def test_the_alarm_needs_both_signs_of_dominance(fake, rt, won):
-    collapse, alarms = watch()
+    alarm, alarms = watch()
     for step in range(10, 110, 10):
-        result = collapse.observe(step, {"loss/D(G(z))": fake, RT_TAG: rt})
+        result = alarm.observe(step, {"loss/D(G(z))": fake, RT_TAG: rt})
     assert result == {WON_TAG: float(won)} and bool(alarms) == won
 
 
-def test_one_healthy_batch_in_the_window_does_not_hide_a_collapse_nor_one_bad_batch_make_one():
-    collapse, alarms = watch()
+def test_one_healthy_batch_in_the_window_does_not_hide_a_won_d_nor_one_bad_batch_make_one():
+    alarm, alarms = watch()
     values = [0.001] * 9 + [0.3]  # mean 0.031: still won
     for i, fake in enumerate(values):
-        collapse.observe(10 * (i + 1), {"loss/D(G(z))": fake, RT_TAG: 1.0})
+        alarm.observe(10 * (i + 1), {"loss/D(G(z))": fake, RT_TAG: 1.0})
     assert alarms == [100]
     healthy, none = watch()
     for i, fake in enumerate([0.2] * 9 + [0.0001]):
@@ -197,9 +197,9 @@ def test_one_healthy_batch_in_the_window_does_not_hide_a_collapse_nor_one_bad_ba
 
 
 def test_hinge_scores_are_read_through_a_sigmoid():
-    collapse, alarms = watch(squash=True)
+    alarm, alarms = watch(squash=True)
     for step in range(10, 110, 10):
-        collapse.observe(step, {"loss/D(G(z))": -4.0, RT_TAG: 1.0})  # sigmoid(-4) = 0.018
+        alarm.observe(step, {"loss/D(G(z))": -4.0, RT_TAG: 1.0})  # sigmoid(-4) = 0.018
     assert alarms == [100]
     fine, none = watch(squash=True)
     for step in range(10, 110, 10):
@@ -207,10 +207,10 @@ def test_hinge_scores_are_read_through_a_sigmoid():
     assert none == []
 
 
-FORCED = ("optim.lr=1e-9", "optim.lr_d=2e-3", "trainer.log_every=10", "trainer.collapse_window=50")
+FORCED = ("optim.lr=1e-9", "optim.lr_d=2e-3", "trainer.log_every=10", "trainer.d_won_window=50")
 
 
-def test_a_forced_collapse_sets_off_the_alarm_and_marks_tensorboard(tmp_path):
+def test_a_d_that_wins_sets_off_the_alarm_and_marks_tensorboard(tmp_path):
     """G frozen in practice (learning rate 1e-9) while D learns: D wins within a few dozen steps."""
     result = run_train(f"hydra.run.dir={tmp_path}", "trainer.max_steps=150", *FORCED)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -219,11 +219,11 @@ def test_a_forced_collapse_sets_off_the_alarm_and_marks_tensorboard(tmp_path):
     events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0}).Reload()
     won = [event.value for event in events.Scalars(WON_TAG)]
     assert won[-1] == 1.0 and 0.0 not in won[won.index(1.0) :]
-    assert "collapse" in events.Tags()["tensors"]
+    assert "d_won" in events.Tags()["tensors"]
 
 
-def test_on_collapse_stop_ends_the_run_with_its_checkpoint_and_exit_code_4(tmp_path):
-    result = run_train(f"hydra.run.dir={tmp_path}", "trainer.max_steps=400", "trainer.on_collapse=stop", *FORCED)
+def test_on_d_won_stop_ends_the_run_with_its_checkpoint_and_exit_code_4(tmp_path):
+    result = run_train(f"hydra.run.dir={tmp_path}", "trainer.max_steps=400", "trainer.on_d_won=stop", *FORCED)
     assert result.returncode == 4, result.stderr[-2000:]
     step = load_checkpoint(tmp_path)["step"]
     assert step < 400 and f"Stopped at step {step}" in result.stdout + result.stderr
@@ -231,7 +231,7 @@ def test_on_collapse_stop_ends_the_run_with_its_checkpoint_and_exit_code_4(tmp_p
 
 def test_a_healthy_tiny_run_does_not_set_off_the_alarm(tmp_path):
     result = run_train(f"hydra.run.dir={tmp_path}", "trainer.max_steps=300", "trainer.log_every=10",
-                       "trainer.collapse_window=50", "trainer.sample_every=1000")  # fmt: skip
+                       "trainer.d_won_window=50", "trainer.sample_every=1000")  # fmt: skip
     assert result.returncode == 0 and "D has won" not in result.stdout + result.stderr, result.stderr[-2000:]
 
 
@@ -317,13 +317,13 @@ def test_a_checkpoint_without_adas_p_is_refused_naming_the_entry(tmp_path):
         train(compose_config(*common, f"trainer.resume={run_dir}"), tmp_path / "continued")
 
 
-@pytest.mark.parametrize("stored", [None, 0, 2, "1"], ids=["none", "0", "2", "text"])
+@pytest.mark.parametrize("stored", [None, 1, 3, "2"], ids=["none", "1", "3", "text"])
 def test_a_checkpoint_of_another_format_is_refused_naming_both_versions(tmp_path, stored):
     first = run_train(f"hydra.run.dir={tmp_path}", "trainer.max_steps=2")
     assert first.returncode == 0, first.stderr[-2000:]
     file = tmp_path / "checkpoints" / "last.pt"
     state = torch.load(file, weights_only=True)
-    assert state["format"] == FORMAT == 1
+    assert state["format"] == FORMAT == 2
     state = {k: v for k, v in state.items() if k != "format"}
     torch.save(state if stored is None else {**state, "format": stored}, file)
     before = file.read_bytes()
@@ -331,7 +331,7 @@ def test_a_checkpoint_of_another_format_is_refused_naming_both_versions(tmp_path
         output = command.stdout + command.stderr
         assert command.returncode == 2 and "Traceback" not in output, output[-2000:]
         assert f"has checkpoint format {'none' if stored is None else repr(stored)}" in output
-        assert "this version reads format 1 only" in output
+        assert "this version reads format 2 only" in output
     assert file.read_bytes() == before
 
 
@@ -351,19 +351,30 @@ def test_a_stored_config_without_a_setting_is_damaged(tmp_path):
 @pytest.mark.parametrize(
     "override, named",
     [
-        ("trainer.collapse_window=10", "trainer.collapse_window"),  # below log_every (50)
+        ("trainer.d_won_window=10", "trainer.d_won_window"),  # below log_every (50)
         ("model.ada_target=1.5", "model.ada_target"),
         ("model.ada_kimg=0", "model.ada_kimg"),
-        ("trainer.on_collapse=maybe", "trainer.on_collapse"),
+        ("trainer.on_d_won=maybe", "trainer.on_d_won"),
     ],
 )
 def test_bad_values_of_the_new_options_are_one_clear_error(override, named, tmp_path):
     result = run_train(override, "trainer.log_every=50", f"hydra.run.dir={tmp_path}")
     output = result.stdout + result.stderr
     # range checks exit 2 (train.py's bad input); an unknown choice is refused by Hydra itself (exit 1)
-    assert result.returncode == (1 if "on_collapse" in override else 2), output[-2000:]
+    assert result.returncode == (1 if "on_d_won" in override else 2), output[-2000:]
     assert named in output and "Traceback" not in output
     assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("old, new", [("trainer.on_collapse=stop", "trainer.on_d_won=stop"),
+                                      ("+trainer.collapse_window=200", "trainer.d_won_window=200")])  # fmt: skip
+def test_the_alarms_old_option_names_are_refused_with_the_new_one(old, new, tmp_path):
+    """The alarm detects D winning, not mode collapse (which no loss shows): its options say so."""
+    result = run_train(old, f"hydra.run.dir={tmp_path}")
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in output, output[-2000:]
+    assert "was renamed" in output and f"Use {new}" in output
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
 
 
 def test_a_conditional_run_measures_its_quality_and_keeps_its_best(tmp_path):

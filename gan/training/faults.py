@@ -176,7 +176,7 @@ def _bytes(amount: str) -> str:
 
 
 class StopFlag:
-    """Why the run should stop after this step ("SIGINT", "collapse", ...); None while it should go on."""
+    """Why the run should stop after this step ("SIGINT", "d_won", ...); None while it should go on."""
 
     reason: Optional[str] = None
 

@@ -23,7 +23,7 @@ from gan.checkpoint import (
     require_training_state,
     save_checkpoint,
 )
-from gan.config import EvaluateConfig, OnCollapse, Precision, TrainConfig, to_plain
+from gan.config import EvaluateConfig, OnDWon, Precision, TrainConfig, to_plain
 from gan.core.augment import AdaptiveAugment
 from gan.core.sampling import image_grid, sample
 from gan.core.steps import StepContext, d_step, g_step
@@ -31,8 +31,8 @@ from gan.data import ImageSet, load_dataset, to_unit_range
 from gan.distributed import SINGLE, World, any_rank, gather_to_main, mean_over_ranks
 from gan.evaluation.pipeline import evaluate
 from gan.runs import check_resume, own_run_dir
-from gan.training.collapse import TEXT_TAG as COLLAPSE_TEXT_TAG
-from gan.training.collapse import collapse_watch
+from gan.training.d_won import TEXT_TAG as D_WON_TEXT_TAG
+from gan.training.d_won import d_won_watch
 from gan.training.faults import (
     NonFiniteWatch,
     StopFlag,
@@ -77,7 +77,7 @@ class TrainResult:
     step: int  # generator updates done, in this run and the runs it resumed
     metrics: dict[str, float]  # the last logged scalars
     checkpoint: Path  # checkpoints/last.pt
-    stopped_by: Optional[str] = None  # "SIGINT"/"SIGTERM" when a signal ended the run early, "collapse" the alarm
+    stopped_by: Optional[str] = None  # "SIGINT"/"SIGTERM" when a signal ended the run early, "d_won" the alarm
     seconds: float = 0.0  # wall time of the loop after its first step (which may include compiling)
     best: Optional[dict[str, float]] = None  # {"fid", "step"} of checkpoints/best.pt (trainer.eval_every), or None
 
@@ -133,7 +133,7 @@ def train(
                 if state.G_ema is not None:
                     state.G_ema.update_parameters(state.G)
 
-                # stop: at max_steps, a signal, the collapse alarm or the caller. Under DDP all ranks stop at
+                # stop: at max_steps, a signal, the D-won alarm or the caller. Under DDP all ranks stop at
                 # the same step: one all-reduce per step (a host sync; the others: logging, on_nan=skip).
                 asked = after_step is not None and after_step(state)
                 done = state.step == trainer.max_steps or any_rank(stop.reason is not None or asked, world, device)
@@ -161,7 +161,7 @@ def periodic_extras(
     trainer, overfit, quality = cfg.trainer, probes.overfit, probes.quality
     watch = NonFiniteWatch(device, last_checkpoint(run_dir), cfg)  # NaN losses, read at log/checkpoint only
     governor = thread_governor(trainer.threads, device)  # threads=0 on the CPU: the free cores; else None
-    collapse = collapse_watch(cfg, lambda step, message: raise_alarm(step, message, cfg, monitor, stop))
+    alarm = d_won_watch(cfg, lambda step, message: raise_alarm(step, message, cfg, monitor, stop))
 
     def log_scalars(tick: Tick) -> None:  # scalars leave the device here (float() waits for it)
         watch.check(ctx.skip_nonfinite)
@@ -169,8 +169,8 @@ def periodic_extras(
         if governor is not None:  # the thread count at every log point: a line, not a dot per change
             extra["time/threads"] = governor.threads
         values = monitor.scalars(tick.step, {**tick.stats, **extra})
-        if collapse is not None:  # has D won over the last trainer.collapse_window steps?
-            monitor.numbers(tick.step, collapse.observe(tick.step, values), log_line=False)
+        if alarm is not None:  # has D won over the last trainer.d_won_window steps?
+            monitor.numbers(tick.step, alarm.observe(tick.step, values), log_line=False)
 
     def measure_overfit(tick: Tick) -> None:  # D's train/held-out scores (gan/training/overfit.py)
         values = overfit.measure(state.D, ctx)
@@ -206,7 +206,7 @@ def periodic_extras(
             Every("threads", 1 if governor else 0, lambda tick: governor.poll()),  # the clock; /proc every 2 s
             Every("overfitting", trainer.overfit_every if overfit else 0, measure_overfit),
             Every("augment p", 1 if state.augment else 0, steer_augment),
-            Every("log", trainer.log_every, log_scalars, at_end=True),  # and the collapse alarm
+            Every("log", trainer.log_every, log_scalars, at_end=True),  # and the D-won alarm
             Every("sample", trainer.sample_every if world.is_main else 0, sample, at_end=True),
             Every("quality", trainer.eval_every if quality else 0, measure_quality, at_end=True),  # and best.pt
             Every("checkpoint", trainer.checkpoint_every, checkpoint, at_end=True),
@@ -216,13 +216,13 @@ def periodic_extras(
 
 
 def raise_alarm(step: int, message: str, cfg: TrainConfig, monitor: Monitor, stop: StopFlag) -> None:
-    """D has won (gan/training/collapse.py): one warning, a text summary, and the stop if asked."""
-    stopping = cfg.trainer.on_collapse == OnCollapse.stop
-    message += " Stopping here (trainer.on_collapse=stop)." if stopping else " trainer.on_collapse=stop ends it here."
+    """D has won (gan/training/d_won.py): one warning, a text summary, and the stop if asked."""
+    stopping = cfg.trainer.on_d_won == OnDWon.stop
+    message += " Stopping here (trainer.on_d_won=stop)." if stopping else " trainer.on_d_won=stop ends it here."
     log.warning("%s", message)
-    monitor.text(COLLAPSE_TEXT_TAG, message, step)
+    monitor.text(D_WON_TEXT_TAG, message, step)
     if stopping:
-        stop.request("collapse")
+        stop.request("d_won")
 
 
 def best_generator(state: TrainingState, cfg: TrainConfig, metrics: dict[str, float]) -> dict:

@@ -1,12 +1,12 @@
 """Has D won? A D that wins gives D(G(z)) near 0 and r_t near 1, G learns through the flat tail of its sigmoid,
-and the samples decay. One log point like that is noise; a window of trainer.collapse_window steps is not."""
+and the samples decay. One log point like that is noise; a window of trainer.d_won_window steps is not."""
 
 import collections
 import logging
 import math
 from typing import Callable, Mapping, Optional
 
-from gan.config import LossName, OnCollapse, TrainConfig
+from gan.config import LossName, OnDWon, TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -15,10 +15,10 @@ RT_ABOVE = 0.9  # ...while it also calls nearly every real image real (r_t = 1: 
 FAKE_TAG = "loss/D(G(z))"  # D's output on fakes, under one name whatever the loss (monitor.RENAMED)
 RT_TAG = "train/d_overfit_rt"
 WON_TAG = "train/d_won"
-TEXT_TAG = "collapse"
+TEXT_TAG = "d_won"
 
 
-class CollapseWatch:
+class DWonWatch:
     """`observe` at each log point returns the scalars to log (train/d_won once the window is full)."""
 
     def __init__(self, window_steps: int, log_every: int, squash: bool, on_alarm: Callable[[int, str], None]):
@@ -47,14 +47,14 @@ class CollapseWatch:
         return (
             f"D has won at step {step}: over the last {self.window_steps} steps its mean probability that "
             f"a fake is real was {mean_fake:.3f} (< {FAKE_BELOW}) and r_t = E[sign(D(x))] {mean_rt:.2f} "
-            f"(> {RT_ABOVE}). G learns little from a D this sure, and its samples usually decay from here "
-            "(a collapse). The best generator so far is kept in checkpoints/best.pt when trainer.eval_every "
+            f"(> {RT_ABOVE}). G learns little from a D this sure, and its samples may decay from here. "
+            "The best generator so far is kept in checkpoints/best.pt when trainer.eval_every "
             "is on; docs/results.md, 'Training longer', measures recipes trained past their length."
         )
 
 
-def collapse_watch(cfg: TrainConfig, on_alarm: Callable[[int, str], None]) -> Optional[CollapseWatch]:
-    if cfg.trainer.on_collapse == OnCollapse.off or cfg.loss.name == LossName.wgan_gp:
+def d_won_watch(cfg: TrainConfig, on_alarm: Callable[[int, str], None]) -> Optional[DWonWatch]:
+    if cfg.trainer.on_d_won == OnDWon.off or cfg.loss.name == LossName.wgan_gp:
         return None
     squash = cfg.loss.name != LossName.bce  # hinge: D(G(z)) is a score, read through a sigmoid
-    return CollapseWatch(cfg.trainer.collapse_window, cfg.trainer.log_every, squash, on_alarm)
+    return DWonWatch(cfg.trainer.d_won_window, cfg.trainer.log_every, squash, on_alarm)
