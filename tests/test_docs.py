@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import json
 import re
 from pathlib import Path
 
@@ -468,9 +469,10 @@ def test_heading_anchors_follow_githubs_rule():
 
 KEY_STATEMENTS = {
     "detach": (
-        "Without `detach()` in the D step, D's `backward()` runs on through G's graph and frees it, so the G "
-        'step\'s `backward()` raises "Trying to backward through the graph a second time": nothing leaks '
-        "silently."
+        "Without `detach()` in the D step, D's `backward()` runs on through G's graph and frees it. In "
+        "this loop, whose G step backpropagates through the same `fake`, the G step's `backward()` then "
+        'raises "Trying to backward through the graph a second time"; a G step that made a second `G(z)` '
+        "would raise nothing, and D's loss would reach G's update silently."
     ),
     "retain_graph": (
         "`retain_graph=True` is needed where one graph is backpropagated more than once: here, "
@@ -480,15 +482,19 @@ KEY_STATEMENTS = {
         "next update."
     ),
     "clearing": (
-        "This loop clears gradients after each update (`param.grad = None`), not before each backward as "
-        "`dcgan/main.py`'s `zero_grad()` calls do, so a gradient written between one update and the next is "
-        "still there at the next update: freezing D in the G step and releasing gradients after each update "
-        "are needed because of where this loop clears. `dcgan/main.py` trains correctly without freezing D, "
-        "because its `netD.zero_grad()` wipes what the G step wrote into D's `.grad`."
+        "This loop clears gradients right after each update (`param.grad = None`), not before each "
+        "backward as `dcgan/main.py`'s `zero_grad()` calls do: no gradient outlives its step, so a test "
+        "can check that a network holds none between steps. The price is that a gradient written between "
+        "one update and the next is still there at the next update, which is why D is frozen in the G "
+        "step. `dcgan/main.py` trains correctly without freezing D, because its `netD.zero_grad()` wipes "
+        "what the G step wrote into D's `.grad`."
     ),
     "grad_none": (
-        "Setting `.grad` to `None` rather than zero frees the memory while the other network trains, skips a "
-        "memset, and makes Adam skip the parameter instead of moving it by momentum on a zero gradient."
+        "Setting `.grad` to `None` rather than zero frees the gradient's memory while the other network "
+        "trains, and the next `backward()` writes a fresh gradient instead of adding to zeros. An "
+        "optimizer skips a parameter whose `.grad` is `None`, while a zero `.grad` is still stepped: "
+        "with Adam's beta1 above 0 (`experiment=paper`'s 0.5) that moves the parameter by momentum; with "
+        "the default beta1 = 0 it does not."
     ),
     "eval_sampling": (
         "`sample` draws with G in `eval()` mode under `no_grad()`: BatchNorm normalises with its running "
@@ -511,6 +517,10 @@ WRONG_PHRASINGS = (
     "a missing detach costs a backward through G and nothing worse",  # it raises first
     "or a second `G(z)` for the G step",  # offered as a fix: in this loop D's gradient still reaches G
     "five short files",  # gan/core/ has six
+    "nothing leaks silently",  # only while the G step reuses `fake`: a second G(z) leaks in silence
+    "which this loop needs because it clears",  # circular: the reason for param.grad = None is not itself
+    "instead of moving it by momentum on a zero gradient",  # not with the default beta1 = 0
+    "the signature of a collapse",  # D winning is not mode collapse, which has no loss signature
 )
 
 
@@ -646,3 +656,52 @@ def test_a_readme_citing_a_fact_or_missing_a_proof_is_caught():
         "tests/test_a.py::test_y",
         "tests/test_b.py::test_z",
     }
+
+
+# README's numbers: each is recorded from the file that holds it (scripts/measured.py) ----------------
+
+README = ROOT / "README.md"
+
+
+def test_readme_states_each_measurement_as_its_file_holds_it():
+    from scripts import measured
+
+    entries = measured.load()
+    assert {entry["kind"] for entry in entries.values()} == {"run", "tests"}
+    text = README.read_text(encoding="utf-8")
+    missing = [f"{name}: {p!r}" for name, e in entries.items() for p in measured.phrases(e) if p not in normalise(text)]
+    assert not missing, "README.md does not state, as docs/results/measured.json holds them:\n" + "\n".join(missing)
+    assert measured.table(entries) in text
+
+
+def test_the_readme_is_a_front_door():
+    assert len(README.read_text(encoding="utf-8").splitlines()) <= 150
+
+
+def test_measured_reads_a_run_and_a_test_log(tmp_path):
+    from scripts import measured
+
+    run = tmp_path / "run"
+    (run / "eval").mkdir(parents=True)
+    (run / "train.log").write_text(
+        "[2026-11-27 02:33:00,250][train][INFO] - Output folder: run\n"
+        "[2026-11-27 02:35:10,750][gan.training.monitor][INFO] - step 500  loss/d=1.3\n"
+        "[2026-11-27 02:37:01,000][train][INFO] - Done: 600 steps; outputs in run. Last: run/checkpoints/last.pt\n"
+    )
+    scores = {"fid": 1.23456, "precision": 0.5, "recall": 0.875, "classes_covered": 9, "num_samples": 100}
+    (run / "eval" / "metrics.json").write_text(json.dumps(scores))
+    entry = measured.from_run(run)
+    assert (entry["steps"], entry["seconds"], entry["fid"], entry["classes"]) == (600, 240.8, 1.2346, 9)
+    entry.update(quiet=False, cores=2, cpu={"model": "Some CPU", "fast_bf16": False})
+    assert measured.phrases(entry) == [
+        "600 steps in 4 min 1 s", "FID 1.23", "precision 0.50", "recall 0.88", "9 of 10 classes",
+        "on 2 busy cores of an Some CPU without fast bf16",
+    ]  # fmt: skip
+    log = tmp_path / "pytest.log"
+    log.write_text("....\n790 passed, 23 skipped, 29 deselected, 1 warning in 113.20s (0:01:53)\n")
+    assert measured.from_tests(log) == {
+        "kind": "tests", "passed": 790, "skipped": 23, "deselected": 29, "warning": 1, "seconds": 113.2,
+    }  # fmt: skip
+    (run / "train.log").write_text("[2026-11-27 02:33:00,250][train][INFO] - step 1\n")  # stopped before the end
+    with pytest.raises(SystemExit, match="did not finish"):
+        measured.from_run(run)

@@ -64,6 +64,26 @@ def test_spectral_norm_bounds_each_convolution():
         assert sigma.item() == pytest.approx(1.0, abs=0.05)
 
 
+def test_spectral_norm_bounds_the_reshaped_matrix_not_the_convolution_on_images():
+    """sigma = 1 for the (out, in*4*4) matrix; a 4x4 stride-2 convolution applies it to overlapping
+    patches, each input pixel entering four of them, so on an image its gain can approach 2. A 1x1
+    convolution (no overlap) stays within the bound."""
+    torch.manual_seed(0)
+    overlapping = nn.utils.parametrizations.spectral_norm(nn.Conv2d(1, 1, 4, stride=2, padding=1, bias=False))
+    single = nn.utils.parametrizations.spectral_norm(nn.Conv2d(8, 4, 1, bias=False))
+    with torch.no_grad():
+        overlapping.parametrizations.weight.original.fill_(1.0)  # a spatially constant kernel: the worst case
+        for conv in (overlapping, single):
+            for _ in range(50):
+                conv(torch.randn(1, conv.in_channels, 8, 8))  # power iterations converge to the true sigma
+            conv.eval()  # from here on sigma stays as converged
+        assert torch.linalg.matrix_norm(overlapping.weight.flatten(1), ord=2).item() == pytest.approx(1.0, abs=1e-3)
+        flat = torch.ones(1, 1, 64, 64)
+        assert (overlapping(flat).norm() / flat.norm()).item() > 1.8  # near 2: the per-layer bound is not 1
+        gains = [(single(x).norm() / x.norm()).item() for x in torch.randn(20, 1, 8, 8, 8)]
+        assert max(gains) <= 1.0 + 1e-3
+
+
 def test_pack_judges_groups_of_samples():
     D = Discriminator(width=8, image_size=16, pack=2)
     assert D(torch.randn(8, 1, 16, 16)).shape == (4,)

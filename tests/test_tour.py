@@ -20,8 +20,6 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from test_docs import heading_anchors
 
-from gan.config import ModelConfig
-
 ROOT = Path(__file__).resolve().parents[1]
 TOUR = ROOT / "docs" / "tour.ipynb"
 
@@ -35,9 +33,14 @@ def test_tour_is_stored_without_outputs_and_small():
 
 def test_tour_shows_the_source_of_each_function_before_a_cell_calls_it():
     """Every name the tour imports from `gan` is passed to show_source in an earlier code cell than
-    the first cell that uses it: the reader sees a function before a cell calls it."""
+    the first cell that uses it: the reader sees a function before a cell calls it. The one
+    exception is the cell tagged first-step, section 2's whole training step, which runs the pieces
+    before the sections after it open each; every name it uses is shown later."""
     nb = nbformat.read(TOUR, as_version=4)
-    trees = [ast.parse(cell.source) for cell in nb.cells if cell.cell_type == "code"]
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    first_step = [i for i, cell in enumerate(code) if "first-step" in cell.metadata.get("tags", [])]
+    assert len(first_step) == 1, "the tour has no (or more than one) cell tagged first-step"
+    trees = [ast.parse(cell.source) for cell in code]
     imported = {
         alias.asname or alias.name
         for tree in trees
@@ -47,6 +50,7 @@ def test_tour_shows_the_source_of_each_function_before_a_cell_calls_it():
     }
     shown_at: dict[str, int] = {}
     used_at: dict[str, int] = {}
+    step_uses: set[str] = set()
     for index, tree in enumerate(trees):
         in_show_source = set()
         for node in ast.walk(tree):
@@ -56,12 +60,16 @@ def test_tour_shows_the_source_of_each_function_before_a_cell_calls_it():
                     in_show_source.add(id(name))
         for node in ast.walk(tree):
             if isinstance(node, ast.Name) and node.id in imported and id(node) not in in_show_source:
-                used_at.setdefault(node.id, index)
+                if index == first_step[0]:
+                    step_uses.add(node.id)
+                else:
+                    used_at.setdefault(node.id, index)
     assert used_at, "the tour uses nothing it imports from gan?"
     late = {name: (shown_at.get(name), cell) for name, cell in used_at.items() if shown_at.get(name, cell) >= cell}
     assert not late, (
         f"used before (or without) show_source, as name: (shown in code cell, first used in code cell): {late}"
     )
+    assert step_uses and step_uses <= set(shown_at), f"the first step uses, never shown: {step_uses - set(shown_at)}"
 
 
 def test_tour_links_point_at_files_and_headings_of_this_repository():
@@ -169,10 +177,12 @@ def test_tour_measures_what_its_text_claims(executed):
     assert last, "the D-wins summary has no row for steps 151-200"
     loss_d, loss_g, d_real, d_fake = map(float, last[-1])
     assert loss_d < 0.05 and loss_g > 3 and d_real > 0.95 and d_fake < 0.05
-    # section 3: the default width it names is the config's
-    defaults = ModelConfig()
-    assert f"at this project's defaults (width {defaults.g_width}, z_dim {defaults.z_dim})" in text
-    assert defaults.g_width == defaults.d_width
+    # section 7: D pulls ahead early (#822's shape), then G catches up
+    rows = re.findall(r"(?m)^\s*(\d+)-(\d+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)$", text)
+    run = [tuple(map(float, row[2:])) for row in rows if int(row[1]) - int(row[0]) == 99]  # the 600-step run
+    assert len(run) == 6, run
+    fakes, losses_g = [row[3] for row in run], [row[1] for row in run]
+    assert fakes.index(min(fakes)) <= 2 and losses_g.index(max(losses_g)) <= 2 and fakes[-1] > min(fakes)
     # section 9: train mode moves the statistics and mixes the batch; eval mode does neither
     assert number_after("sample() (eval mode): running_mean moved by", text) == 0
     assert number_after("train mode: |alone - batch A| max", text) > 0.01
@@ -185,8 +195,19 @@ def test_tour_measures_what_its_text_claims(executed):
             match = re.search(r"(?m)^" + re.escape(f"{network}, {mode}") + r"((?:\s+-?[0-9.]+){7})", text)
             assert match, f"no table row for {network}, {mode}"
             rows.setdefault(network, []).append(dict(zip(columns, map(float, match.group(1).split()))))
-    assert min(row["precision"] for row in rows["EMA G"]) > max(row["precision"] for row in rows["G"])
-    assert max(row["recall"] for row in rows["EMA G"]) < min(row["recall"] for row in rows["G"])
+    for column, verdict in [
+        ("precision", "higher"),
+        ("density", "higher"),
+        ("recall", "lower"),
+        ("coverage", "higher"),
+    ]:
+        assert f"EMA G against G, {column}: {verdict} in every row" in text  # as section 10's prose reads them
+        ema, raw = [row[column] for row in rows["EMA G"]], [row[column] for row in rows["G"]]
+        assert min(ema) > max(raw) if verdict == "higher" else max(ema) < min(raw)
+    # train mode matches eval mode with recomputed statistics within the yardstick, for both generators
+    yardstick = number_after("differs from itself by up to", text)
+    for network in ("G", "EMA G"):
+        assert number_after(f"{network}: train mode vs eval with stats recomputed: up to", text) < yardstick
     # the EMA's averaged BatchNorm statistics are not those of its averaged weights
     assert number_after("running_mean, averaged vs recomputed for its weights: up to", text) > 0
     # section 10: the lessons of tests/test_lessons.py, at the tour's size
@@ -195,3 +216,94 @@ def test_tour_measures_what_its_text_claims(executed):
     assert number_after("d_batchnorm=False: 4 micro-batches of 16 vs one of 64, relative difference", text) < 1e-4
     assert number_after("d_batchnorm=True : 4 micro-batches of 16 vs one of 64, relative difference", text) > 1e-2
     assert "view: RuntimeError: view size is not compatible" in text
+
+
+def markdown_and_code(nb) -> list[str]:
+    return [cell.source for cell in nb.cells]
+
+
+def test_the_command_line_run_of_section_7_trains_what_the_tour_trains():
+    """The command the tour gives for its run composes to the tour's own settings."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from gan.config import validate
+
+    nb = nbformat.read(TOUR, as_version=4)
+    text = "\n".join(markdown_and_code(nb))
+    command = re.search(r"`python train\.py ([^`]+)`; `train\.py`'s own defaults", text, re.S)
+    assert command, "section 7 gives no command line for its run"
+    overrides = [o.strip("'") for o in command.group(1).split()]
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = validate(compose(config_name="train", overrides=overrides))
+    step = next(cell.source for cell in nb.cells if "first-step" in cell.metadata.get("tags", []))
+    sizes = dict(zip(("IMAGE_SIZE", "Z_DIM", "WIDTH", "BATCH"), map(int, re.findall(r"\d+", step.splitlines()[0]))))
+    loop = next(cell.source for cell in nb.cells if cell.source.startswith("STEPS, SNAPSHOTS = 600"))
+    for literal in ("lr_g=2e-4, lr_d=2e-4", "betas=(0.5, 0.999)", "ema_decay=0.99", "BatchStream(train_images"):
+        assert literal in loop  # the settings compared below are the loop's
+    assert "render_digits(8192, IMAGE_SIZE" in step
+    assert (cfg.data.image_size, cfg.model.z_dim, cfg.data.batch_size) == (
+        sizes["IMAGE_SIZE"], sizes["Z_DIM"], sizes["BATCH"],
+    )  # fmt: skip
+    assert cfg.model.g_width == cfg.model.d_width == sizes["WIDTH"] and cfg.data.num_samples == 8192
+    assert cfg.model.d_batchnorm and not cfg.model.spectral_norm and list(cfg.model.diffaugment) == []
+    assert cfg.optim.lr == 2e-4 and cfg.optim.lr_d is None and (cfg.optim.beta1, cfg.optim.beta2) == (0.5, 0.999)
+    assert cfg.model.ema_decay == 0.99 and cfg.model.ema_kimg == 0 and cfg.trainer.precision.value == "fp32"
+    assert cfg.loss.name.value == "bce" and cfg.loss.feature_matching == 0 and cfg.trainer.max_steps == 600
+
+
+# Each term, by the text that defines it: no cell before the defining one may use the term.
+TERMS = {
+    r"\blogits?\b": r"returns a \*\*logit\*\*",
+    r"\bEMA\b": r"exponential moving average",
+    r"spectral norm": r"largest singular value",
+    r"\br_t\b|\$r_t\$": r"E\[sign\(D\(x\)\)\]",
+    r"\bADA\b": r"ADA \(Karras et al\. 2020\)",
+    r"\bFID\b": r"Fréchet distance",
+    r"\brecall\b": r"recall \(the share of real images some sample\s+comes near\)",
+    r"\bTTUR\b": r"two time-scale update rule",
+    r"channels_last": r"NHWC",
+    r"\bPacGAN\b|\bkimg\b": r"(?!)",  # not used by the tour at all
+}
+
+
+def test_each_term_is_defined_before_its_first_use():
+    nb = nbformat.read(TOUR, as_version=4)
+    cells = markdown_and_code(nb)
+    problems = []
+    for term, definition in TERMS.items():
+        uses = [i for i, text in enumerate(cells) if re.search(term, text)]
+        defined = [i for i, text in enumerate(cells) if re.search(definition, text)]
+        if uses and (not defined or uses[0] < defined[0]):
+            problems.append(f"{term}: first used in cell {uses[0]}, defined in cell {defined[:1] or 'none'}")
+    assert not problems
+
+
+def test_a_learner_meets_a_full_step_within_about_150_lines():
+    """README's lines down to its link to the tour, then the tour's cells down to the first-step
+    cell, with the source listings they display (resolved from the notebook's own imports)."""
+    import importlib
+    import inspect
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    lines = next(i for i, line in enumerate(readme) if "(docs/tour.ipynb)" in line) + 1
+    nb = nbformat.read(TOUR, as_version=4)
+    names = {}
+    for cell in nb.cells:
+        for node in ast.walk(ast.parse(cell.source) if cell.cell_type == "code" else ast.Module([], [])):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gan"):
+                for alias in node.names:
+                    names[alias.asname or alias.name] = getattr(importlib.import_module(node.module), alias.name)
+    for cell in nb.cells:
+        lines += len(cell.source.splitlines())
+        if "first-step" in cell.metadata.get("tags", []):
+            break
+        for call in re.findall(r"(?m)^show_source\(([^)]*)\)", cell.source):
+            for name in call.split(","):
+                obj = names[name.strip().split(".")[0]]
+                for attribute in name.strip().split(".")[1:]:
+                    obj = getattr(obj, attribute)
+                lines += len(inspect.getsource(inspect.unwrap(obj)).splitlines())
+    assert lines <= 150, lines
+    assert lines > 100  # the count is real: README's top and the tour's first sections

@@ -25,7 +25,7 @@ from torch.optim.swa_utils import update_bn
 from gan.core import steps
 from gan.core.ema import build_ema
 from gan.core.losses import LOSSES
-from gan.core.models import Generator
+from gan.core.models import Discriminator, Generator
 from gan.core.sampling import eval_mode, image_grid, sample
 from gan.core.steps import FP32, d_step, frozen, g_step, release_grads
 
@@ -126,6 +126,19 @@ def test_frozen_discriminator_still_updates_its_batchnorm_statistics(tiny_gan):
     with frozen(D):  # requires_grad_(False) is about gradients, not about BatchNorm's buffers
         D(G(torch.randn(8, 16)))
     assert not torch.equal(before, bn.running_mean)
+
+
+def test_frozen_spectrally_normalised_discriminator_still_advances_its_power_iteration():
+    """The default D has no BatchNorm; what its forward updates under `frozen` is spectral norm's u."""
+    D = Discriminator(width=8, channels=1, image_size=16, batchnorm=False, spectral_norm=True)
+    with torch.no_grad():  # as an update would: spectral norm's u, converged at init, now lags its weight
+        for p in D.parameters():
+            p.add_(torch.randn_like(p))
+    u = [name for name, b in D.named_buffers() if name.endswith("_u") and b.numel() > 1]  # the head's u: 1 number
+    before = {name: buffer.clone() for name, buffer in D.named_buffers() if name in u}
+    with frozen(D):
+        D(torch.randn(8, 1, 16, 16))
+    assert u and all(not torch.equal(before[name], dict(D.named_buffers())[name]) for name in u)
 
 
 def test_batchnorm_in_train_mode_mixes_the_samples_of_a_batch(tiny_gan):

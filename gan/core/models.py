@@ -186,10 +186,12 @@ def pack_samples(x: Tensor, pack: int) -> Tensor:
 
 
 def spectral_norm_(layers: list[nn.Module]) -> None:
-    """Spectral norm (Miyato et al. 2018, model.spectral_norm): each layer's weight divided by its
-    largest singular value (torch's parametrization, one power iteration per training forward), which
-    bounds D's slope against its input. Used without BatchNorm, which would rescale each layer after
-    the normalisation and undo the bound (docs/results.md#training-longer)."""
+    """Spectral norm (Miyato et al. 2018, model.spectral_norm): each layer's weight, reshaped to an
+    (out, in*k*k) matrix, divided by its largest singular value (torch's parametrization, one power
+    iteration per training forward). That bounds each layer's slope against its input by a constant:
+    1 for the matrix, up to 2 for a 4x4 convolution at stride 2, whose patches overlap so that each
+    input pixel enters four of them. Used without BatchNorm, which would rescale each layer after the
+    normalisation and undo the bound (docs/results.md#training-longer)."""
     for layer in layers:
         nn.utils.parametrizations.spectral_norm(layer)
 

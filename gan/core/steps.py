@@ -205,7 +205,10 @@ def frozen(module: nn.Module) -> Iterator[nn.Module]:
 
     A frozen D still passes gradient through to its input (the fake images, hence G) but builds no
     gradient for its own weights: its .grad stays None and no time goes into D's weight gradients.
-    (no_grad() would cut the path to G too; eval() would only change BatchNorm.)
+    (no_grad() would cut the path to G too; eval() would only change how BatchNorm normalises.)
+    Freezing stops gradients, not buffers: D's forward in the G step still updates what a forward
+    updates, BatchNorm's running statistics in DCGAN's D, the power-iteration vector of spectral norm
+    in the default D.
 
     Needed in this loop because it clears gradients after each update, not before each backward:
     unfrozen, D would get G's loss gradient in its .grad, and D's next backward would add to it.
@@ -223,11 +226,13 @@ def frozen(module: nn.Module) -> Iterator[nn.Module]:
 def release_grads(module: nn.Module) -> None:
     """param.grad = None after the update, as optimizer.zero_grad(set_to_none=True) does.
 
-    Setting `.grad` to `None` rather than zero frees the memory while the other network trains,
-    skips a memset, and makes Adam skip the parameter instead of moving it by momentum on a zero
-    gradient. Either way the clearing happens here, after the update: a gradient written after this
-    call and before the module's next update (by the other network's step, were D not frozen) is
-    still there at that update.
+    Setting `.grad` to `None` rather than zero frees the gradient's memory while the other network
+    trains, and the next `backward()` writes a fresh gradient instead of adding to zeros. An optimizer
+    skips a parameter whose `.grad` is `None`, while a zero `.grad` is still stepped: with Adam's beta1
+    above 0 (`experiment=paper`'s 0.5) that moves the parameter by momentum; with the default beta1 = 0
+    it does not. The clearing happens here, after the update: a gradient written after this call and
+    before the module's next update (by the other network's step, were D not frozen) is still there
+    at that update.
     """
     for p in module.parameters():
         p.grad = None
