@@ -191,7 +191,7 @@ def spectral_norm_(layers: list[nn.Module]) -> None:
     iteration per training forward). That bounds each layer's slope against its input by a constant:
     1 for the matrix, up to 2 for a 4x4 convolution at stride 2, whose patches overlap so that each
     input pixel enters four of them. Used without BatchNorm, which would rescale each layer after the
-    normalisation and undo the bound (docs/results.md#training-longer)."""
+    normalisation and undo the bound (docs/results.md#adams-beta1-for-the-spectrally-normalised-d)."""
     for layer in layers:
         nn.utils.parametrizations.spectral_norm(layer)
 
