@@ -10,7 +10,7 @@
 
 Each entry goes into docs/results/measured.json with the CPU it ran on (model name, and whether it
 has fast bf16: AVX512-bf16 or AMX), whether the machine was quiet (`--quiet`: nothing else ran; say
-it only when true) and the date. tests/test_docs.py checks that README.md states every entry exactly
+it only when true) and the date. tests/test_docs.py checks that README.md states each `--prose` entry exactly
 as `phrases` renders it and holds the results `table`, so a README number cannot drift from its file.
 """
 
@@ -88,7 +88,7 @@ def phrases(entry: dict) -> list[str]:
     machine = f"on {entry['cores']} {load} cores of an {entry['cpu']['model']} {bf16} fast bf16"
     if entry["kind"] == "run":
         return [
-            f"{entry['steps']:,} steps in {duration(entry['seconds'])}",
+            f"{entry['steps']:,} steps" + (f" in {duration(entry['seconds'])}" if entry["quiet"] else ""),
             f"FID {entry['fid']:.2f}",
             f"precision {entry['precision']:.2f}",
             f"recall {entry['recall']:.2f}",
@@ -106,10 +106,15 @@ def table(entries: dict) -> str:
     ]
     for entry in (e for e in entries.values() if e["kind"] == "run"):
         rows.append(
-            f"| {entry['title']} | `{entry['command']}` | {entry['steps']:,} | {duration(entry['seconds'])} | "
+            f"| {entry['title']} | `{entry['command']}` | {entry['steps']:,} | {timed(entry)} | "
             f"{entry['fid']:.2f} | {entry['precision']:.2f} | {entry['recall']:.2f} | {entry['classes']} / 10 |"
         )
     return "\n".join(rows)
+
+
+def timed(entry: dict) -> str:
+    """A training time says something only when nothing else ran."""
+    return duration(entry["seconds"]) if entry["quiet"] else "not timed (shared machine)"
 
 
 def load() -> dict:
@@ -126,13 +131,14 @@ def main() -> None:
         command.add_argument("--command", required=True, help="the command that made it, as README gives it")
         command.add_argument("--quiet", action="store_true", help="nothing else ran on the machine")
         command.add_argument("--title", default="", help="a run's row name in README's results table")
+        command.add_argument("--prose", action="store_true", help="README states it in a sentence, not only a row")
     sub.add_parser("show")
     args = parser.parse_args()
     entries = load()
     if args.what != "show":
         entry = from_run(args.path) if args.what == "run" else from_tests(args.path)
         entry.update(command=args.command, quiet=args.quiet, cpu=cpu(), cores=os.cpu_count())
-        entry["date"] = datetime.date.today().isoformat()
+        entry["date"], entry["prose"] = datetime.date.today().isoformat(), args.prose
         if args.what == "run":
             entry["title"] = args.title or args.name
         entries[args.name] = entry
