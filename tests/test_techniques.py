@@ -433,10 +433,14 @@ def test_the_ema_generator_moves_toward_g_at_each_update(tmp_path, one_thread):
         return False
 
     train(cfg, tmp_path, after_step=record)
-    fractions = []
+    fractions, first = [], True
     for (_, before), (g, after) in zip(seen, seen[1:]):
         if torch.equal(before, after):
             continue
+        if first and torch.equal(after, g):  # AveragedModel's first update copies G; in this window if it is late
+            first = False
+            continue
+        first = False
         toward, moved = g - before, after - before
         fraction = (moved @ toward / (toward @ toward)).item()
         assert 0.01 < fraction < 0.99, f"the EMA moved {fraction:.4f} of the way to G"
