@@ -10,13 +10,20 @@ copy's (a plugin records where every gan module came from, and the check reads i
 test must fail there, as a test failure, not a collection or import error; and all of them must pass
 on an unchanged copy, so that the failures are the mutation's doing.
 
-MUTATIONS is the one source of docs/proofs.md's table and of the tests that README.md's technique
-table cites (tests/test_docs.py checks both). VARIANTS removes techniques a second, different way;
-the suite does not run them (each copy costs a process and a few seconds), `--variants` does:
+A proof must check what its technique is for, so that removing the technique in any form fails it,
+not only in the form MUTATIONS patches: TECHNIQUES states each purpose and its proofs. VARIANTS
+removes the techniques other ways, most of them keeping the line a check of presence would look for
+(the D step isolated so far that D stops learning from the fakes, an EMA that never averages, G's
+graph kept alive past the G step, ...). The suite does not run them (each copy costs a process and
+a few seconds), `--variants` does.
+
+MUTATIONS and TECHNIQUES are the one source of docs/proofs.md's tables and of the tests that
+README.md's technique table cites (tests/test_docs.py checks both).
 
     .venv/bin/python -m pytest -q tests/test_mutations.py   # the suite's checks
     .venv/bin/python tests/test_mutations.py --write        # regenerate docs/proofs.md
     .venv/bin/python tests/test_mutations.py --variants     # MUTATIONS and VARIANTS, printed
+    .venv/bin/python tests/test_mutations.py --variants ID  # only the mutations named
 
 Nothing here imports torch (the runs do, in their own processes): tests/test_docs.py imports this
 module to read MUTATIONS.
@@ -104,7 +111,11 @@ MUTATIONS: list[Mutation] = [
         "gan/core/steps.py:d_step",
         "fake_logits = D(ctx.augment(fake.detach()), y)",
         "fake_logits = D(ctx.augment(fake), y)",
-        (T + "test_d_step_leaves_generator_gradients_none", T + "test_each_update_sees_only_its_own_gradients"),
+        (
+            T + "test_d_step_updates_d_from_both_terms_and_g_from_neither",
+            T + "test_d_step_leaves_generator_gradients_none",
+            T + "test_each_update_sees_only_its_own_gradients",
+        ),
         readme="D step on `fake.detach()`",
     ),
     Mutation(
@@ -113,7 +124,11 @@ MUTATIONS: list[Mutation] = [
         "gan/core/steps.py:g_step",
         "with frozen(D):",
         "with contextlib.nullcontext():",
-        (T + "test_g_step_leaves_discriminator_untouched", T + "test_each_update_sees_only_its_own_gradients"),
+        (
+            T + "test_g_step_updates_g_through_d_and_d_from_nothing",
+            T + "test_g_step_leaves_discriminator_untouched",
+            T + "test_each_update_sees_only_its_own_gradients",
+        ),
         readme="D frozen with `requires_grad_(False)`",
     ),
     Mutation(
@@ -161,6 +176,7 @@ MUTATIONS: list[Mutation] = [
         (
             T + "test_summed_and_separate_backward_give_the_same_gradients",
             T + "test_g_step_logs_each_term_in_separate_mode",
+            T + "test_g_step_frees_the_graph_of_g_when_it_returns",
         ),
         readme="`retain_graph=True` is needed where one graph is backpropagated more than once",
     ),
@@ -218,7 +234,25 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_regularizers.py::test_gradient_penalty_closed_form_and_second_order_gradient",),
         readme="`create_graph=True`",
     ),
+    Mutation(
+        "ema-update",
+        "the EMA generator averages G's weights",
+        "gan/training/loop.py:train",
+        "state.G_ema.update_parameters(state.G)",
+        "pass",
+        (T + "test_the_ema_generator_moves_toward_g_at_each_update",),
+        readme="EMA of G's weights",
+    ),
 ]
+
+# the proofs of purpose the forms below are removed under (the tests each must fail)
+D_PURPOSE = (T + "test_d_step_updates_d_from_both_terms_and_g_from_neither",)
+G_PURPOSE = (T + "test_g_step_updates_g_through_d_and_d_from_nothing",)
+GRAPH_PURPOSE = (T + "test_g_step_frees_the_graph_of_g_when_it_returns",)
+EMA_PURPOSE = (T + "test_the_ema_generator_moves_toward_g_at_each_update",)
+EMA_WARMS_UP = "tests/test_regularizers.py::test_ema_decay_warms_up"
+EMA_AVERAGES = "tests/test_regularizers.py::test_ema_averages_weights_and_batchnorm_statistics"
+SAMPLE_PURPOSE = (T + "test_sample_builds_no_graph_and_leaves_generator_untouched",)
 
 # The same techniques removed another way; run by `python tests/test_mutations.py --variants`.
 VARIANTS: list[Mutation] = [
@@ -312,6 +346,304 @@ VARIANTS: list[Mutation] = [
         "gan/training/faults.py:check_finite_state",
         "raise NonFiniteWeightsError(",
         "log.error(",
+        MUTATIONS[10].cited,
+    ),
+    # each technique removed in a way that keeps the line its first check looks for
+    Mutation(
+        "d-fake-logits-no-grad",
+        "D step on `fake.detach()`",
+        "gan/core/steps.py:d_step",
+        "fake_logits = D(ctx.augment(fake.detach()), y)\n",
+        "with torch.no_grad():\n            fake_logits = D(ctx.augment(fake.detach()), y)\n",
+        D_PURPOSE,
+    ),
+    Mutation(
+        "d-fake-logits-detached",
+        "D step on `fake.detach()`",
+        "gan/core/steps.py:d_step",
+        "fake_logits = D(ctx.augment(fake.detach()), y)",
+        "fake_logits = D(ctx.augment(fake.detach()), y).detach()",
+        D_PURPOSE,
+    ),
+    Mutation(
+        "d-fake-term-detached",
+        "D step on `fake.detach()`",
+        "gan/core/steps.py:d_step",
+        'terms = {"adv": ctx.loss.d(real_logits, fake_logits)}',
+        'terms = {"adv": ctx.loss.d(real_logits, fake_logits.detach())}',
+        D_PURPOSE,
+    ),
+    Mutation(
+        "d-fake-term-dropped",
+        "D step on `fake.detach()`",
+        "gan/core/losses.py:d_loss_bce",
+        "    return real + fake\n",
+        "    return real\n",
+        D_PURPOSE,
+    ),
+    Mutation(
+        "d-real-logits-detached",
+        "D step on `fake.detach()`",
+        "gan/core/steps.py:d_step",
+        "real_logits, real_features = D(ctx.augment(real), y, with_features=True)",
+        "real_logits, real_features = (t.detach() for t in D(ctx.augment(real), y, with_features=True))",
+        D_PURPOSE,
+    ),
+    Mutation(
+        "frozen-clears-after",
+        "D frozen for the G step",
+        "gan/core/steps.py:frozen",
+        "    module.requires_grad_(False)\n    try:\n        yield module\n    finally:\n",
+        "    try:\n        yield module\n    finally:\n        module.zero_grad(set_to_none=True)\n",
+        (*G_PURPOSE, T + "test_frozen_restores_each_flag_even_on_error"),
+    ),
+    Mutation(
+        "release-zero-grad-d",
+        "D's gradients released after D's update",
+        "gan/core/steps.py:d_step",
+        "release_grads(D)",
+        "opt_d.zero_grad(set_to_none=False)",
+        MUTATIONS[2].cited,
+    ),
+    Mutation(
+        "ema-decay-one",
+        "the EMA generator averages G's weights",
+        "gan/core/ema.py:ema_with_warmup",
+        ".clamp(max=decay)",
+        ".clamp(min=1.0)",
+        (*EMA_PURPOSE, EMA_WARMS_UP, EMA_AVERAGES),
+    ),
+    Mutation(
+        "ema-update-copies-nothing",
+        "the EMA generator averages G's weights",
+        "gan/core/ema.py:_ema_update",
+        "torch._foreach_lerp_(averaged, current, 1 - decay)",
+        "pass",
+        (*EMA_PURPOSE, EMA_WARMS_UP, EMA_AVERAGES),
+    ),
+    Mutation(
+        "ema-averages-itself",
+        "the EMA generator averages G's weights",
+        "gan/training/loop.py:train",
+        "state.G_ema.update_parameters(state.G)",
+        "state.G_ema.update_parameters(state.G_ema.module)",
+        EMA_PURPOSE,
+    ),
+    Mutation(
+        "ema-copies-g",
+        "the EMA generator averages G's weights",
+        "gan/core/ema.py:_ema_update",
+        "torch._foreach_lerp_(averaged, current, 1 - decay)",
+        "torch._foreach_copy_(averaged, current)",
+        (*EMA_PURPOSE, EMA_WARMS_UP, EMA_AVERAGES, *MUTATIONS[7].cited),
+    ),
+    Mutation(
+        "ema-weights-swapped",
+        "the EMA generator averages G's weights",
+        "gan/core/ema.py:_ema_update",
+        "torch._foreach_lerp_(averaged, current, 1 - decay)",
+        "torch._foreach_lerp_(averaged, current, decay)",
+        (EMA_WARMS_UP, *MUTATIONS[7].cited),
+    ),
+    Mutation(
+        "ema-no-buffers",
+        "the EMA generator averages G's weights",
+        "gan/core/ema.py:build_ema",
+        "multi_avg_fn=update, use_buffers=True",
+        "multi_avg_fn=update, use_buffers=False",
+        (*EMA_PURPOSE, EMA_AVERAGES),
+    ),
+    Mutation(
+        "g-retain-graph-summed",
+        "G's graph freed when the G step returns",
+        "gan/core/steps.py:backward_terms",
+        "ctx.scaler.scale(sum(terms.values())).backward()",
+        "ctx.scaler.scale(sum(terms.values())).backward(retain_graph=True)",
+        GRAPH_PURPOSE,
+    ),
+    Mutation(
+        "g-retain-graph-every-term",
+        "G's graph freed when the G step returns",
+        "gan/core/steps.py:backward_terms",
+        "backward(retain_graph=not last)",
+        "backward(retain_graph=True)",
+        GRAPH_PURPOSE,
+    ),
+    Mutation(
+        "g-fake-kept-on-g",
+        "G's graph freed when the G step returns",
+        "gan/core/steps.py:g_step",
+        "    fake.retain_grad()\n",
+        "    fake.retain_grad()\n    G.last_fake = fake\n",
+        GRAPH_PURPOSE,
+    ),
+    Mutation(
+        "g-loss-returned-with-graph",
+        "G's graph freed when the G step returns",
+        "gan/core/steps.py:g_step",
+        "loss_g = sum(terms.values()).detach()",
+        "loss_g = sum(terms.values())",
+        GRAPH_PURPOSE,
+    ),
+    Mutation(
+        "g-scores-with-graph",
+        "G's graph freed when the G step returns",
+        "gan/core/steps.py:g_step",
+        "after = ctx.loss.scores(fake_logits.detach(), fake_logits.detach())",
+        "after = ctx.loss.scores(fake_logits, fake_logits)",
+        GRAPH_PURPOSE,
+    ),
+    Mutation(
+        "sample-leaves-eval-mode",
+        "samples drawn in `eval()` mode",
+        "gan/core/sampling.py:eval_mode",
+        "module.train(was_training)",
+        "module.train()",
+        SAMPLE_PURPOSE,
+    ),
+    Mutation(
+        "sample-detached-not-no-grad",
+        "samples drawn under `no_grad()`",
+        "gan/core/sampling.py:sample",
+        "    with eval_mode(G), torch.no_grad():\n        return G(z) if y is None else G(z, y)\n",
+        "    with eval_mode(G):\n        return (G(z) if y is None else G(z, y)).detach()\n",
+        SAMPLE_PURPOSE,
+    ),
+    Mutation(
+        "latents-on-cpu-then-moved",
+        "latents made on the device",
+        "gan/training/loop.py:train",
+        "z = torch.randn(real.size(0), z_dim, device=device)",
+        'z = torch.randn(real.size(0), z_dim, device="cpu").to(device)',
+        MUTATIONS[8].cited,
+    ),
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Technique:
+    """One row of the table of techniques and their proofs (docs/proofs.md; README.md's technique
+    table cites the same tests). purpose: what the technique is for, which is what its proofs check.
+    proofs: node ids (`tests/test_x.py::test_name`)."""
+
+    technique: str
+    purpose: str
+    where: str
+    proofs: tuple[str, ...]
+
+
+R = "tests/test_regularizers.py::"
+
+TECHNIQUES: list[Technique] = [
+    Technique(
+        "D step on `fake.detach()`",
+        "D learns from the real and the fake images: the gradient its update sees is the whole D loss's, "
+        "with a nonzero part through each; G gets no gradient from D's loss",
+        "`gan/core/steps.py:d_step`",
+        MUTATIONS[0].cited,
+    ),
+    Technique(
+        "D frozen with `requires_grad_(False)` for the G step, restored after",
+        "G's update sees exactly the G loss's gradient through D, and autograd computes no gradient for "
+        "any of D's weights (none to clear, none left for D's next update); each flag restored, even on error",
+        "`gan/core/steps.py:g_step`, `gan/core/steps.py:frozen`",
+        (
+            *MUTATIONS[1].cited,
+            T + "test_frozen_restores_each_flag_even_on_error",
+            T + "test_frozen_discriminator_still_passes_gradient_to_its_input",
+        ),
+    ),
+    Technique(
+        "`param.grad = None` after each update, in both steps",
+        "each update sees the gradients of its own step only: this loop clears after each update, not "
+        "before each backward; `None`, not zero, so that Adam skips a parameter without a gradient",
+        "`gan/core/steps.py:release_grads`, in `d_step` and `g_step`",
+        (
+            *MUTATIONS[2].cited,
+            T + "test_g_step_leaves_discriminator_untouched",
+            T + "test_release_grads_sets_none_not_zero",
+        ),
+    ),
+    Technique(
+        "multi-loss G objective; `retain_graph=True` only where one graph is backpropagated more than once",
+        "one summed `backward()` and one per term give the same gradients; G's graph (every tensor saved "
+        "for backward) is freed when the G step returns, though the caller still holds `fake`, and "
+        "nothing the step returns or keeps refers to it",
+        "`gan/core/steps.py:backward_terms`, `gan/core/steps.py:g_step`",
+        MUTATIONS[6].cited,
+    ),
+    Technique(
+        "`retain_grad()` on the fake images",
+        "the gradient at the fake images is kept, and is exactly d loss_G / d fake",
+        "`gan/core/steps.py:g_step`",
+        MUTATIONS[11].cited,
+    ),
+    Technique(
+        "`create_graph=True` in the gradient penalty",
+        "the penalty's own gradient reaches D's weights (a second-order backward)",
+        "`gan/core/losses.py:gradient_penalty`",
+        MUTATIONS[12].cited,
+    ),
+    Technique(
+        "sampling under `eval()` + `no_grad()`, previous mode restored",
+        "drawing images disturbs nothing: no tensor saved for a backward, no graph on the images, G's "
+        "weights, BatchNorm statistics and mode (train or eval) as they were; each image depends on its "
+        "own latent alone",
+        "`gan/core/sampling.py:sample`, `gan/core/sampling.py:eval_mode`",
+        (*MUTATIONS[4].cited, T + "test_eval_mode_restores_the_previous_mode"),
+    ),
+    Technique(
+        "EMA of G's weights and BatchNorm statistics; every sample drawn from the EMA generator",
+        "in a training run each EMA update moves every weight and statistic part of the way toward G's, "
+        "by one fraction 1 - decay strictly between 0 and 1; the decay follows its schedule; the sample "
+        "grids are the EMA's, not G's",
+        "`gan/core/ema.py:build_ema`, `gan/training/loop.py:train`, `gan/training/state.py:TrainingState.sampler`",
+        (
+            *MUTATIONS[13].cited,
+            R + "test_ema_decay_warms_up",
+            R + "test_ema_averages_weights_and_batchnorm_statistics",
+            *MUTATIONS[7].cited,
+        ),
+    ),
+    Technique(
+        "latents made on the device",
+        "no host-to-device copy per step: `torch.randn` is given the training device and the latent it "
+        "makes is never moved or copied",
+        "`gan/training/loop.py:train`",
+        MUTATIONS[8].cited,
+    ),
+    Technique(
+        "a checkpoint's tensors loaded where they are wanted (`map_location`); an unavailable "
+        "`trainer.device=cuda` refused",
+        "a checkpoint's tensors land on the device asked for, whatever device saved them; asking for a "
+        "GPU that is not there is refused naming the key",
+        "`gan/checkpoint.py:load_checkpoint`, `gan/device.py:resolve_device`",
+        (T + "test_checkpoint_tensors_follow_map_location", T + "test_unavailable_cuda_is_refused_naming_the_key"),
+    ),
+    Technique(
+        "D returns logits; with-logits losses; N(0, 0.02) init",
+        "the losses take logits, so they equal sigmoid + BCELoss where that is finite and stay exact "
+        "where sigmoid saturates; G's convolutions start from DCGAN's N(0, 0.02), its BatchNorm weights "
+        "near 1 and biases 0",
+        "`gan/core/models.py:Discriminator`, `gan/core/losses.py`, `gan/core/models.py:dcgan_init_`",
+        (
+            "tests/test_models.py::test_discriminator_returns_logits_not_probabilities",
+            "tests/test_models.py::test_dcgan_init",
+            "tests/test_losses.py::test_bce_matches_sigmoid_plus_bceloss",
+            "tests/test_losses.py::test_with_logits_form_is_exact_where_sigmoid_saturates",
+        ),
+    ),
+    Technique(
+        "BatchNorm statistics recomputed for the generator `evaluate.py` measures",
+        "the measured generator normalises with statistics of its own weights, not the EMA's averages "
+        "of past statistics",
+        "`gan/evaluation/pipeline.py:prepare_generator`, `gan/evaluation/pipeline.py:recompute_batchnorm_stats`",
+        MUTATIONS[9].cited,
+    ),
+    Technique(
+        "the finiteness check before each checkpoint",
+        "no checkpoint holds a NaN: a run whose weights became infinite stops before writing one",
+        "`gan/training/faults.py:check_finite_state`, in `gan/training/loop.py:periodic_extras`",
         MUTATIONS[10].cited,
     ),
 ]
@@ -493,9 +825,17 @@ def pytorch_facts() -> set[str]:
 
 
 def shown(code: str) -> str:
-    """A patch's side as a code span of one line, or `(deleted)`."""
-    code = code.strip()
+    """A patch's side as a code span of one line (its lines joined by ↵), or `(deleted)`."""
+    code = " ↵ ".join(line.strip() for line in code.strip().splitlines())
     return f"`{code}`" if code else "(deleted)"
+
+
+def purpose_table() -> list[str]:
+    rows = ["| technique | what it is for, which its proofs check | where | proven by |", "|---|---|---|---|"]
+    for t in TECHNIQUES:
+        proofs = ", ".join(f"`{node}`" for node in t.proofs)
+        rows.append(f"| {t.technique} | {t.purpose} | {t.where} | {proofs} |")
+    return rows
 
 
 def table(mutations: Sequence[Mutation], caught: str) -> list[str]:
@@ -510,48 +850,66 @@ def table(mutations: Sequence[Mutation], caught: str) -> list[str]:
 
 
 def proofs_page() -> str:
-    """docs/proofs.md, generated from MUTATIONS and VARIANTS."""
+    """docs/proofs.md, generated from TECHNIQUES, MUTATIONS and VARIANTS."""
     lines = [
-        "# Proofs that bind: mutation checks",
+        "# Proofs of purpose: what each technique is for, and mutation checks",
         "",
-        "<!-- Generated from MUTATIONS and VARIANTS in tests/test_mutations.py by",
+        "<!-- Generated from TECHNIQUES, MUTATIONS and VARIANTS in tests/test_mutations.py by",
         "     `.venv/bin/python tests/test_mutations.py --write`; tests/test_docs.py fails when it is stale. -->",
         "",
         "A test proves that this project applies a technique only if it fails when the technique is",
-        "removed. A test that shows a PyTorch fact on its own toy code keeps passing whatever `gan/` does:",
-        "it explains the failure a technique prevents, and proves nothing about this code",
-        "(`tests/test_techniques.py` keeps those in a section of their own, *PyTorch facts*).",
+        "removed, in whatever form it is removed. So each proof checks what the technique is *for*, not",
+        "that its line is there: that D's update learns from both the real and the fake term, not only",
+        "that G got no gradient (D under `no_grad()` on the fakes also gives G none, and learns from the",
+        "reals alone); that the EMA moves toward G at each update, not only that samples come from an",
+        "EMA object (one that never averages is an EMA object too). A test that shows a PyTorch fact on",
+        "its own toy code keeps passing whatever `gan/` does: it explains the failure a technique",
+        "prevents, and proves nothing about this code (`tests/test_techniques.py` keeps those in a",
+        "section of their own, *PyTorch facts*).",
         "",
-        "A mutation check makes the difference visible. For each technique below, `tests/test_mutations.py`",
-        "copies the project into a temporary folder, removes the technique there by an exact text patch",
-        "(the text must occur exactly once, inside the function named, so the patch cannot miss), and runs",
-        "the cited tests on the copy with pytest, in a process of its own whose `import gan` is checked to",
-        "be the copy's. Each cited test must fail as a test, not as an import or collection error, and all",
-        "of them must pass on an unchanged copy. The technique table of the [README](../README.md) cites",
-        "these tests as its proofs.",
+        "## What each technique is for",
+        "",
+        *purpose_table(),
+        "",
+        "Gradients are observed from outside the step: an optimizer that records the gradients its",
+        "`step()` is given (release_grads clears `.grad` before the step function returns), and a hook on",
+        "each parameter of the other network, which fires whenever autograd computes a gradient for it,",
+        "even one cleared again later. Freed graphs are checked by reachability, not by memory counters:",
+        "each tensor autograd saves for backward is packed into a holder",
+        "(`torch.autograd.graph.saved_tensors_hooks`), and after `gc.collect()` no holder may be reachable.",
+        "",
+        "## Mutation checks",
+        "",
+        "For each mutation below, `tests/test_mutations.py` copies the project into a temporary folder,",
+        "removes the technique there by an exact text patch (the text must occur exactly once, inside the",
+        "function named, so the patch cannot miss; ↵ marks a line break), and runs the cited tests on the",
+        "copy with pytest, in a process of its own whose `import gan` is checked to be the copy's. Each",
+        "cited test must fail as a test, not as an import or collection error, and all of them must pass on",
+        "an unchanged copy. The technique table of the [README](../README.md) cites these tests as its",
+        "proofs.",
         "",
         "```bash",
         ".venv/bin/python -m pytest -q tests/test_mutations.py   # the checks (part of `make test`)",
-        ".venv/bin/python tests/test_mutations.py --variants     # also the second ways below",
+        ".venv/bin/python tests/test_mutations.py --variants     # also the other ways below",
+        ".venv/bin/python tests/test_mutations.py --variants ID  # only the mutations named",
         ".venv/bin/python tests/test_mutations.py --write        # regenerate this page",
         "```",
         "",
-        "## Checked by the test suite",
+        "### Checked by the test suite",
         "",
         *table(MUTATIONS, "yes"),
         "",
-        "## The same techniques removed a second way",
+        "### The same techniques removed other ways",
         "",
         "Not run by the suite (each copy costs a process and a few seconds): checked by hand with",
-        "`--variants`, which runs every mutation of both tables and fails if one is not caught.",
+        "`--variants`, which runs every mutation of both tables and fails if one is not caught. Most",
+        "keep the line the technique's first proof looked for and defeat its purpose another way: the",
+        "D step isolated so far that D stops learning from the fakes, an EMA that never averages, G's",
+        "graph kept alive past the G step, sampling that builds a graph and detaches it, a latent made",
+        "on the CPU by name and then moved (on a CPU run it is on the right device, so its proof looks",
+        "for the move itself).",
         "",
         *table(VARIANTS, "by hand (`--variants`)"),
-        "",
-        'What these checks cannot see: on a CPU run, a latent made with `device="cpu"` and then moved is',
-        "made on the training device, so that way of removing *latents made on the device* passes. Its",
-        "proof looks at how the loop calls `torch.randn`: a latent made without a device is caught on any",
-        "machine, one made on the CPU by name only by a suite run on a GPU (`GAN_TEST_DEVICE=cuda`), where",
-        "the device it names is not the training device.",
         "",
     ]
     return "\n".join(lines)
@@ -611,6 +969,16 @@ def test_no_cited_test_is_a_pytorch_fact():
     assert not cited & facts, sorted(cited & facts)
 
 
+def test_every_cited_test_is_a_proof_of_the_purpose_table_and_exists():
+    proofs = {node for technique in TECHNIQUES for node in technique.proofs}
+    assert not set(all_cited([*MUTATIONS, *VARIANTS])) - proofs, "cited but in no row of TECHNIQUES"
+    assert not proofs & pytorch_facts(), "a PyTorch fact in TECHNIQUES"
+    for node in proofs:
+        file, name = node.split("::")
+        tree = ast.parse((ROOT / file).read_text(encoding="utf-8"))
+        assert any(isinstance(n, ast.FunctionDef) and n.name == name for n in tree.body), f"{node} is not defined"
+
+
 def test_each_mutation_has_an_id_of_its_own():
     ids = [m.id for m in [*MUTATIONS, *VARIANTS]]  # test ids, and the keys of the runs
     assert len(set(ids)) == len(ids), sorted(i for i in ids if ids.count(i) > 1)
@@ -637,7 +1005,9 @@ def main(argv: Sequence[str]) -> int:
         print(f"wrote {PROOFS_PAGE.relative_to(ROOT)}")
         return 0
     if "--variants" in argv:
-        mutations, where = [*MUTATIONS, *VARIANTS], Path(tempfile.mkdtemp())
+        chosen = set(argv[argv.index("--variants") + 1 :])  # ids, or none for all
+        mutations = [m for m in [*MUTATIONS, *VARIANTS] if not chosen or m.id in chosen]
+        where = Path(tempfile.mkdtemp())
         with ThreadPoolExecutor(max_workers=WORKERS) as pool:
             original = pool.submit(lambda: run_tests(copy_project(where / "original"), all_cited(mutations)))
             runs = {m.id: pool.submit(run_mutant, m, where / m.id) for m in mutations}

@@ -16,8 +16,11 @@ Two kinds of test, in two sections:
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from typing import Any, Callable
+import gc
+import weakref
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pytest
@@ -32,7 +35,7 @@ from gan.config import BackwardMode, ConfigError, EvaluateConfig, to_plain
 from gan.core.ema import build_ema
 from gan.core.losses import LOSSES
 from gan.core.sampling import eval_mode, image_grid, sample
-from gan.core.steps import StepContext, backward_terms, d_step, frozen, g_step, release_grads
+from gan.core.steps import StepContext, backward_terms, d_step, frozen, g_step, release_grads, total_norm_of
 from gan.device import resolve_device
 from gan.evaluation.pipeline import build_generator, prepare_generator
 from gan.training import train
@@ -55,6 +58,75 @@ def batch(G: nn.Module, n: int = 16) -> tuple[Tensor, Tensor]:
     return real, fake
 
 
+# What a step did, seen from outside it --------------------------------------------------------------
+
+
+class RecordingSGD(torch.optim.SGD):
+    """SGD that keeps a copy of the gradients each step() is given: exactly what the update saw, which
+    release_grads clears from .grad before the step function returns."""
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        self.seen = [None if p.grad is None else p.grad.clone() for group in self.param_groups for p in group["params"]]
+        return super().step(closure)
+
+
+@contextlib.contextmanager
+def gradient_arrivals(module: nn.Module) -> Iterator[list[str]]:
+    """The names of `module`'s parameters for which autograd computes a gradient inside the block. A
+    tensor hook fires whenever that gradient is computed, so a gradient cleared again before the block
+    ends (zero_grad after the fact) is still seen; a frozen parameter (requires_grad False) gets none."""
+    arrived: list[str] = []
+    hooks = [p.register_hook(lambda _, name=name: arrived.append(name)) for name, p in module.named_parameters()]
+    try:
+        yield arrived
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+class Holder:
+    """What the pack hook of `saved_tensors` stores in place of a tensor saved for backward."""
+
+    def __init__(self, tensor: Tensor) -> None:
+        self.tensor = tensor
+
+
+@contextlib.contextmanager
+def saved_tensors() -> Iterator[list[weakref.ref]]:
+    """Weak references to a Holder of each tensor autograd saves for backward inside the block
+    (torch.autograd.graph.saved_tensors_hooks). Autograd keeps a Holder exactly as long as the graph
+    node that saved it keeps its saved tensors: backward releases them unless retain_graph=True. After
+    gc.collect() a reference is dead iff nothing can reach its Holder any more, which is reachability,
+    not an accident of reference counting or of the allocator's memory statistics."""
+    refs: list[weakref.ref] = []
+
+    def pack(tensor: Tensor) -> Holder:
+        holder = Holder(tensor)
+        refs.append(weakref.ref(holder))
+        return holder
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda holder: holder.tensor):
+        yield refs
+
+
+class Token:
+    """An object that only a graph node holds (see Tagged)."""
+
+
+class Tagged(torch.autograd.Function):
+    """The identity, whose backward node holds `token`: the token lives as long as anything (a tensor,
+    a loss, another node) still refers to the graph built on this output."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, token: Token) -> Tensor:
+        ctx.token = token
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        return grad, None
+
+
 # ==================================================================================================
 # Proofs of this project's code: each test calls gan/ and fails when its technique is removed there
 # (tests/test_mutations.py checks that for the tests it cites).
@@ -73,6 +145,39 @@ def test_d_step_leaves_generator_gradients_none(tiny_gan):
     assert any(not torch.equal(a, b) for a, b in zip(d_before, D.parameters()))  # D did learn
 
 
+def test_d_step_updates_d_from_both_terms_and_g_from_neither(tiny_gan):
+    """What the D step is for: D learns from the real AND the fake images, while G, whose fakes it
+    judges, learns nothing from it. For each loss, the gradient D's update saw (RecordingSGD) must
+    equal the gradient of the whole D loss, split by chain rule into the part that comes through the
+    real logits and the part through the fake logits, both nonzero; and autograd must compute no
+    gradient for any parameter of G (a hook on each would fire). Removing detach() gives G a gradient;
+    isolating the fakes too far (D on them under no_grad, their logits detached, their term dropped
+    from the loss) leaves D learning from the reals alone, and fails the fake part."""
+    G, D = tiny_gan
+    for name, loss in LOSSES.items():
+        real, fake = batch(G)
+        reference = copy.deepcopy(D)  # D before its update, in the same (train) mode
+        opt = RecordingSGD(D.parameters(), lr=0.01)
+        with gradient_arrivals(G) as into_g:
+            d_step(D, opt, real, fake, StepContext(loss=loss))
+        assert not into_g, f"{name}: the D step computed a gradient for G's {into_g}"
+        # d_step's forward passes, in its order (BatchNorm normalises each batch on its own)
+        real_logits, fake_logits = reference(real), reference(fake.detach())
+        by_real, by_fake = torch.autograd.grad(
+            loss.d(real_logits, fake_logits), (real_logits, fake_logits), allow_unused=True, materialize_grads=True
+        )
+        params = list(reference.parameters())
+        from_real = torch.autograd.grad(real_logits, params, by_real)
+        from_fake = torch.autograd.grad(fake_logits, params, by_fake)
+        assert total_norm_of(list(from_real)) > 0, f"{name}: the D loss does not depend on the real logits"
+        assert total_norm_of(list(from_fake)) > 0, f"{name}: the D loss does not depend on the fake logits"
+        for (key, _), seen, r, f in zip(D.named_parameters(), opt.seen, from_real, from_fake):
+            assert seen is not None, f"{name}: D.{key} got no gradient"
+            torch.testing.assert_close(
+                seen, r + f, rtol=1e-4, atol=1e-6, msg=f"{name}: D.{key} was not updated by the real and the fake term"
+            )
+
+
 # 2. D frozen with requires_grad_(False) during the G step ------------------------------------
 
 
@@ -87,6 +192,31 @@ def test_g_step_leaves_discriminator_untouched(tiny_gan):
     assert all(p.requires_grad for p in D.parameters())  # unfrozen after
     assert all(p.grad is None for p in G.parameters())  # released after the update
     assert any(not torch.equal(a, b) for a, b in zip(g_before, G.parameters()))  # G did learn
+
+
+def test_g_step_updates_g_through_d_and_d_from_nothing(tiny_gan):
+    """What freezing D is for: G learns from D's judgement of its fakes, and D learns nothing in G's
+    step. The gradient G's update saw (RecordingSGD) must equal the gradient of the G loss through D
+    (D as the D step left it) with respect to G's weights, and autograd must compute no gradient for
+    any parameter of D: a hook on each fires even if that gradient were cleared again before the step
+    returned, as zero_grad() after an unfrozen G step would do."""
+    G, D = tiny_gan
+    z, real = torch.randn(16, 16), torch.rand(16, 1, 16, 16) * 2 - 1
+    G_before = copy.deepcopy(G)
+    fake = G(z)
+    _, real_features = d_step(D, adam(D), real, fake)
+    D_after, d_weights = copy.deepcopy(D), snapshot(D)
+    opt = RecordingSGD(G.parameters(), lr=0.01)
+    with gradient_arrivals(D) as into_d:
+        g_step(D, G, opt, fake, real_features)
+    assert not into_d, f"the G step computed a gradient for D's {into_d}"
+    assert all(torch.equal(a, b) for a, b in zip(d_weights, D.parameters()))
+    params = list(G_before.parameters())
+    expected = torch.autograd.grad(BCE.g(D_after(G_before(z))), params)
+    assert total_norm_of(list(expected)) > 0
+    for (key, _), seen, e in zip(G.named_parameters(), opt.seen, expected):
+        assert seen is not None, f"G.{key} got no gradient"
+        torch.testing.assert_close(seen, e, rtol=1e-4, atol=1e-6, msg=f"G.{key}: not the G loss's gradient through D")
 
 
 def test_frozen_restores_each_flag_even_on_error(tiny_gan):
@@ -146,6 +276,36 @@ def test_g_step_logs_each_term_in_separate_mode(tiny_gan):
     assert stats["grad_norm/images"].item() > 0  # retain_grad() kept the gradient at the images
 
 
+def test_g_step_frees_the_graph_of_g_when_it_returns(tiny_gan):
+    """What backpropagating without retain_graph (but on the last term) is for: G's graph, the
+    activations its forward saved for backward, the largest thing a step holds, is gone when the G
+    step returns, although the caller still holds `fake` (the loop keeps it until the next iteration).
+    In both backward modes: every tensor autograd saved during G's forward, the D step and the G step
+    is freed (saved_tensors: after gc.collect() no Holder is reachable), so backward through the kept
+    `fake` raises; no statistic returned carries a graph; and once the caller lets go of `fake`,
+    nothing the step left behind refers to any node of the graph (the token of a node at G's output is
+    freed). retain_graph=True left on, or `fake` or a loss kept on an object, fails one of these."""
+    G, D = tiny_gan
+    for mode in BackwardMode:
+        ctx = StepContext(feature_matching=1.0, backward_mode=mode)  # two G terms: separate runs two backwards
+        token = Token()
+        node_alive = weakref.ref(token)
+        with saved_tensors() as saved:
+            fake = Tagged.apply(G(torch.randn(16, 16)), token)
+            _, real_features = d_step(D, adam(D), torch.rand(16, 1, 16, 16) * 2 - 1, fake, ctx)
+            stats = g_step(D, G, adam(G), fake, real_features, ctx)
+        del token
+        gc.collect()
+        kept = sum(ref() is not None for ref in saved)
+        assert saved and not kept, f"{mode.value}: {kept} of {len(saved)} saved tensors outlive the G step"
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            fake.sum().backward()
+        assert not [tag for tag, value in stats.items() if value.requires_grad], f"{mode.value}: stats with a graph"
+        del fake, stats
+        gc.collect()
+        assert node_alive() is None, f"{mode.value}: something the G step left behind holds G's graph"
+
+
 # 4. Zeroing by param.grad = None ------------------------------------------------------------
 
 
@@ -194,14 +354,25 @@ def test_each_update_sees_only_its_own_gradients(tiny_gan):
 
 
 def test_sample_builds_no_graph_and_leaves_generator_untouched(tiny_gan):
+    """What sampling under eval() and no_grad() is for: drawing images disturbs nothing. From either
+    mode G is in, sample() records nothing for a backward (no tensor saved: a graph built and then
+    detached would save some), returns images with no graph, leaves G's weights, BatchNorm statistics
+    and mode exactly as they were, and draws each image from its own latent alone (BatchNorm on its
+    running statistics: an image does not depend on the rest of its batch)."""
     G, _ = tiny_gan
     G(torch.randn(32, 16))  # a train-mode forward, so BatchNorm's running stats are not the defaults
-    params, buffers = snapshot(G), [b.clone() for b in G.buffers()]
-    images = sample(G, torch.randn(8, 16))
-    assert not images.requires_grad and images.grad_fn is None
-    assert all(torch.equal(a, b) for a, b in zip(params, G.parameters()))
-    assert all(torch.equal(a, b) for a, b in zip(buffers, G.buffers()))  # running stats too
-    assert G.training
+    z = torch.randn(8, 16)
+    for training in (True, False):
+        G.train(training)
+        params, buffers = snapshot(G), [b.clone() for b in G.buffers()]
+        with saved_tensors() as saved:
+            images = sample(G, z)
+        assert not saved, f"sampling saved {len(saved)} tensors for a backward"
+        assert not images.requires_grad and images.grad_fn is None
+        assert all(torch.equal(a, b) for a, b in zip(params, G.parameters()))
+        assert all(torch.equal(a, b) for a, b in zip(buffers, G.buffers()))  # running stats too
+        assert G.training == training
+        torch.testing.assert_close(sample(G, z[:3]), images[:3])
 
 
 def test_eval_mode_restores_the_previous_mode(tiny_gan):
@@ -240,36 +411,90 @@ def test_sample_grids_are_drawn_from_the_ema_generator(tmp_path, one_thread):
     assert (written.to(torch.int16) - drawn["raw"]).abs().max() > 1  # and not G's own
 
 
+def floats(module: nn.Module) -> Tensor:
+    """Every floating-point weight and buffer (BatchNorm's statistics) of a module, as one vector."""
+    return torch.cat([t.detach().flatten() for t in module.state_dict().values() if t.is_floating_point()])
+
+
+def test_the_ema_generator_moves_toward_g_at_each_update(tmp_path, one_thread):
+    """What the EMA is for: the generator samples are drawn from is an average of G over the steps.
+    In a real run, each change of the EMA after its first (AveragedModel's first update copies G)
+    must be EMA += (1 - decay) (G - EMA) for every weight and BatchNorm statistic at once: a move
+    along G - EMA by one fraction strictly between 0 and 1, whatever the decay schedule. An EMA
+    that never moves (decay 1, the update never called or averaging itself), that copies G instead
+    of averaging, or that leaves its BatchNorm statistics behind fails it. (The decay's own value is
+    test_regularizers.py's.) Steps at which the EMA does not change are skipped, so an EMA updated
+    every k steps passes if it averages."""
+    cfg = compose_config("trainer.max_steps=8", "optim.lr=0.01")  # big steps: rounding stays far below them
+    seen: list[tuple[Tensor, Tensor]] = []
+
+    def record(state: Any) -> bool:
+        seen.append((floats(state.G), floats(state.G_ema.module)))
+        return False
+
+    train(cfg, tmp_path, after_step=record)
+    fractions, first = [], True
+    for (_, before), (g, after) in zip(seen, seen[1:]):
+        if torch.equal(before, after):
+            continue
+        if first and torch.equal(after, g):  # AveragedModel's first update copies G; in this window if it is late
+            first = False
+            continue
+        first = False
+        toward, moved = g - before, after - before
+        fraction = (moved @ toward / (toward @ toward)).item()
+        assert 0.01 < fraction < 0.99, f"the EMA moved {fraction:.4f} of the way to G"
+        assert (moved - fraction * toward).norm() <= 1e-3 * moved.norm(), "the EMA did not move along G - EMA"
+        fractions.append(fraction)
+    assert len(fractions) >= 3, f"the EMA averaged at {len(fractions)} of {len(seen) - 1} steps"
+
+
 # 6. Device placement --------------------------------------------------------------------------
 
 
 class RandnCalls(TorchFunctionMode):
-    """Records (shape, the device= argument or None) of each torch.randn call made while active."""
+    """Records (shape, the device= argument or None) of each torch.randn call made while active, and
+    the name of each call that moves or copies a tensor of `watched` shape that torch.randn made."""
 
-    def __init__(self) -> None:
+    MOVES = {"to", "cuda", "cpu", "copy_", "pin_memory"}
+
+    def __init__(self, watched: tuple[int, ...]) -> None:
         super().__init__()
+        self.watched = watched
         self.calls: list[tuple[tuple[int, ...], object]] = []
+        self.made: list[Tensor] = []
+        self.moved: list[str] = []
 
     def __torch_function__(
         self, func: Callable[..., Any], types: tuple[type, ...], args: tuple = (), kwargs: dict | None = None
     ) -> Any:
         kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in self.MOVES and any(arg is made for arg in args for made in self.made):
+            self.moved.append(name)
+        result = func(*args, **kwargs)
         if func is torch.randn:
             shape = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)) else args
             self.calls.append((tuple(int(n) for n in shape), kwargs.get("device")))
-        return func(*args, **kwargs)
+            if self.calls[-1][0] == self.watched:
+                self.made.append(result)
+        return result
 
 
 def test_the_loop_makes_each_latent_batch_on_the_device(tmp_path, one_thread):
-    # On a CPU run a latent made on the CPU and moved is on the right device too, so the test looks at
-    # how it is made: torch.randn must be given the training device (nothing made elsewhere, then copied).
+    """What making latents on the device is for: no host-to-device copy per step. On a CPU run a
+    latent made on the CPU and moved is on the right device too, so the test looks at how it is made:
+    torch.randn must be given the training device, and the latent it makes is never moved or copied
+    (a .to() that finds it already there is still the code that would copy on a GPU)."""
     cfg = compose_config("trainer.max_steps=2")
-    with RandnCalls() as randn:
+    shape = (cfg.data.batch_size, cfg.model.z_dim)
+    with RandnCalls(watched=shape) as randn:
         train(cfg, tmp_path)
-    latents = [device for shape, device in randn.calls if shape == (cfg.data.batch_size, cfg.model.z_dim)]
+    latents = [device for made, device in randn.calls if made == shape]
     assert len(latents) == cfg.trainer.max_steps  # one latent batch per step
     expected = resolve_device(cfg.trainer.device).type
     assert all(device is not None and torch.device(device).type == expected for device in latents), latents
+    assert not randn.moved, f"a latent batch was moved or copied after it was made: {randn.moved}"
 
 
 def test_unavailable_cuda_is_refused_naming_the_key(monkeypatch):
