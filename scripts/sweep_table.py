@@ -4,7 +4,7 @@
 
 Any folder of runs works (`outputs`: every run under it). Each run is read from its `tb/` events, as
 TensorBoard reads them: the settings of its HParams session (its swept keys, or a single run's
-overrides, and `data`, `loss`), `FID/best` and `FID/best_step` (trainer.eval_every: the lowest
+overrides, and `data`, `loss`), `FID/best` and `FID/step_of_best` (trainer.eval_every: the lowest
 in-training FID, the generator in checkpoints/best.pt) and `FID/final` (trainer.final_eval_samples:
 evaluate.py's FID of the last checkpoint); the recall is the final evaluation's (RUN_DIR/eval/metrics.json),
 else the last in-training `quality/recall`. Rows are sorted by best FID, else final FID; a run without

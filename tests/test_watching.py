@@ -276,15 +276,15 @@ def test_sweep_jobs_are_named_by_what_varies_only(watched_sweep):
 
 def test_sweep_hparams_show_the_swept_keys_and_the_results_first(watched_sweep):
     """The page shows the first five settings (those that differ first), then the first five metrics
-    (in tag order): the swept keys and `data` alone, then the runs' results, FID/best and
-    FID/best_step, before the losses."""
+    (in tag order): a sweep job's swept keys alone, then the runs' results, FID/best and
+    FID/step_of_best (FID/final, with trainer.final_eval_samples, between them), before the losses."""
     tb = TensorBoardClient(watched_sweep)
     experiment = tb.experiment()
     infos = experiment["hparamInfos"]
-    assert [info["name"] for info in infos] == ["loss", "optim.lr", "data"]  # differing first, by name
-    assert [info.get("differs", False) for info in infos] == [True, True, False]
+    assert [info["name"] for info in infos] == ["loss", "optim.lr"]  # not the constants (debug, log_every, ...)
+    assert all(info["differs"] for info in infos)
     types = {info["name"]: info["type"] for info in infos}
-    assert types == {"loss": "DATA_TYPE_STRING", "optim.lr": "DATA_TYPE_FLOAT64", "data": "DATA_TYPE_STRING"}
+    assert types == {"loss": "DATA_TYPE_STRING", "optim.lr": "DATA_TYPE_FLOAT64"}
     metrics = [m["name"]["tag"] for m in experiment["metricInfos"]]
     assert metrics[:6] == [BEST_FID_TAG, BEST_STEP_TAG, *LOSS_CHARTS]
     assert all(m["name"].get("group", "") == "" for m in experiment["metricInfos"])  # no sub-runs
@@ -306,7 +306,7 @@ def test_sweep_hparams_show_the_swept_keys_and_the_results_first(watched_sweep):
 
 
 def test_the_results_are_one_point_per_run_in_the_group_that_opens_first(watched_sweep):
-    """FID/best and FID/best_step are written once, at the run's end: one dot per run in its own colour,
+    """FID/best and FID/step_of_best are written once, at the run's end: one dot per run in its own colour,
     which TensorBoard's smoothing leaves as it is (a one-point average is the point)."""
     for job in SWEEP_JOBS:
         events = events_of(watched_sweep / job / "tb")
@@ -320,21 +320,9 @@ def test_sweep_table_prints_a_row_per_run_best_first(watched_sweep, tmp_path):
     result = run_script("sweep_table.py", str(watched_sweep), "--plot", str(plot))
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
-    assert lines[0] == "the same in every run: data=digits"
-    assert lines[1].split() == [
-        "run",
-        "loss",
-        "optim.lr",
-        "FID",
-        "best",
-        "at",
-        "step",
-        "FID",
-        "final",
-        "recall",
-        "steps",
-    ]
-    rows = [line.split() for line in lines[2:6]]
+    header = "run  loss  optim.lr  FID best  at step  FID final  recall  steps"
+    assert re.sub(" +", " ", lines[0]) == header.replace("  ", " ")  # a sweep job's settings: its swept keys
+    rows = [line.split() for line in lines[1:5]]
     assert sorted(row[0] for row in rows) == SWEEP_JOBS
     bests = []
     for row in rows:
@@ -348,7 +336,7 @@ def test_sweep_table_prints_a_row_per_run_best_first(watched_sweep, tmp_path):
         assert row[7] == "6"
         bests.append(float(row[3]))
     assert bests == sorted(bests)
-    assert lines[6] == f"wrote {plot}" and Image.open(plot).size[0] > 0
+    assert lines[5] == f"wrote {plot}" and Image.open(plot).size[0] > 0
 
 
 def test_sweep_table_refuses_a_folder_without_runs(tmp_path):
@@ -410,11 +398,11 @@ def test_eval_every_puts_the_fid_curve_beside_the_losses_and_the_final_fid_among
     assert {"samples/eval_samples", "samples/eval_interpolation"} <= set(tags["images"])
     assert "eval/metrics" in tb.get("/data/plugin/text/tags")["tb"]
     metrics = [(m["name"]["tag"], m["name"].get("group", "")) for m in tb.experiment()["metricInfos"]]
-    # the page shows the first five: the run's three results, then D's outputs
+    # the page shows the first five: the run's three results, best and final FID first, then D's outputs
     assert metrics[:5] == [
         (BEST_FID_TAG, ""),
-        (BEST_STEP_TAG, ""),
         (FINAL_FID_TAG, ""),
+        (BEST_STEP_TAG, ""),
         *((t, "") for t in LOSS_CHARTS[:2]),
     ]
     (group,) = tb.session_groups()

@@ -15,6 +15,7 @@ import torch
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from PIL import Image
+from tensorboard.plugins.text.summary_v2 import text_pb
 from torch import Tensor, nn
 from torch.optim.swa_utils import update_bn
 from torch.utils.tensorboard import SummaryWriter
@@ -412,7 +413,8 @@ def write_tensorboard(log_dir: Path, pictures: Mapping[str, Tensor], table: str,
     with SummaryWriter(log_dir=str(log_dir)) as writer:
         for name, grid in pictures.items():
             writer.add_image(f"samples/eval_{name}", grid, step)
-        writer.add_text("eval/metrics", "```\n" + table + "\n```", step)
+        # under `eval/metrics` itself: torch's add_text would name it `eval/metrics/text_summary`
+        writer.file_writer.add_summary(text_pb("eval/metrics", "```\n" + table + "\n```"), step)
 
 
 class Stopwatch:

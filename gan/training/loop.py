@@ -10,7 +10,7 @@ import dataclasses
 import logging
 import math
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 from torchvision.utils import save_image
@@ -99,11 +99,11 @@ def train(
     after_step: Optional[Callable[[TrainingState], bool]] = None,
     on_ready: Optional[Callable[[], None]] = None,
     command: Optional[str] = None,
-    compared: Sequence[str] = (),
+    hparams: Optional[Mapping[str, float | str | bool | None]] = None,
 ) -> TrainResult:
     """Train (or resume) one run into run_dir. `dataset` replaces cfg.data's; `after_step(state)` returning
     True ends the run as a signal would; `on_ready()` runs once every check passed, before any write;
-    `command` is shown in the Text tab, `compared` (overrides) are the run's HParams beside data and loss."""
+    `command` is shown in the Text tab, `hparams` are its HParams columns (`hparams_of`; data and loss if None)."""
     trainer, z_dim = cfg.trainer, cfg.model.z_dim
     resuming = checkpoint_path(trainer.resume) if trainer.resume else None
     with own_run_dir(run_dir, resuming, enabled=world.is_main):  # rank 0's alone, never over another run
@@ -112,7 +112,7 @@ def train(
         if on_ready is not None and world.is_main:
             on_ready()  # every check passed: from here on, the run writes into run_dir
         G, D = wrap_for_ddp(state.G, state.D, world, device)  # DDP wrappers: the same modules under DDP
-        monitor = open_monitor(cfg, state, run_dir, world, training, command, compared)  # HParams, text, reals
+        monitor = open_monitor(cfg, state, run_dir, world, training, command, hparams)  # HParams, text, reals
         with monitor, stop_on_signals() as stop:
             extras = periodic_extras(cfg, state, ctx, world, device, run_dir, monitor, stop, probes)
             while state.step < trainer.max_steps:
@@ -296,7 +296,7 @@ def open_monitor(
     world: World,
     training: ImageSet,
     command: Optional[str] = None,
-    compared: Sequence[str] = (),
+    hparams: Optional[Mapping[str, float | str | bool | None]] = None,
 ) -> Monitor:
     """The run's Monitor, its HParams session open, the config in the Text tab, a fresh run's real grid."""
     trainer = cfg.trainer
@@ -311,7 +311,7 @@ def open_monitor(
                 image_grid(to_unit_range(rows), nrow=state.grid_columns), row_labels(state.fixed_y, state.grid_columns)
             )
     optimizers = {"g": state.opt_g, "d": state.opt_d}
-    monitor.begin(hparams_of(cfg, compared), trial_name(run_dir), optimizers, real, state.step)
+    monitor.begin(hparams_of(cfg) if hparams is None else hparams, trial_name(run_dir), optimizers, real, state.step)
     monitor.describe(state.step, config_text(cfg), command)
     if trainer.eval_every and world.is_main:
         note_short_curve(trainer.eval_every, state.step, trainer.max_steps)
@@ -356,10 +356,12 @@ def write_checkpoint(
     keep_numbered(path, state.step, cfg.trainer.keep_checkpoints)
 
 
-def hparams_of(cfg: TrainConfig, compared: Sequence[str] = ()) -> dict[str, float | str | bool | None]:
+def hparams_of(
+    cfg: TrainConfig, compared: Sequence[str] = (), context: bool = True
+) -> dict[str, float | str | bool | None]:
     """The HParams columns: the `compared` overrides' keys (a sweep job's swept keys, a single run's own), as the
-    command line names them, with the values the run used, and `data` and `loss`, which every reader needs.
-    Only these: the page shows its first five columns of settings before any metric (docs/watching.md)."""
+    command line names them, with the values the run used, and with `context` the `data` and `loss` a reader of
+    a single run needs. Only these: the page shows its first five settings before any metric (docs/watching.md)."""
     plain = to_plain(cfg)
     named = {"data.name": "data", "loss.name": "loss"}  # one column each, however the command set them
     columns: dict[str, object] = {}
@@ -367,11 +369,14 @@ def hparams_of(cfg: TrainConfig, compared: Sequence[str] = ()) -> dict[str, floa
         if override.startswith("~") or "=" not in override:
             continue  # a deletion sets nothing to compare
         key = override_key(override)
-        group, _, field = key.partition(".")
-        if field and field in plain.get(group, {}):
-            columns[named.get(key, key)] = plain[group][field]
-        elif key not in named.values():  # a config group's choice (experiment=wgan_gp), or a key of no group
+        column, (group, _, field) = named.get(key, key), key.partition(".")
+        if column in ("data", "loss"):
+            columns[column] = plain[column]["name"]
+        elif field and field in plain.get(group, {}):
+            columns[key] = plain[group][field]
+        else:  # a config group's choice (experiment=wgan_gp), or a key of no group
             columns[key] = override.split("=", 1)[1]
-    columns.update({"data": plain["data"]["name"], "loss": plain["loss"]["name"]})
+    if context:
+        columns = {"data": plain["data"]["name"], "loss": plain["loss"]["name"], **columns}
     # ints (and lists) as text: the page prints every number to five digits, 300 as 300.00
     return {key: v if v is None or isinstance(v, (float, str, bool)) else str(v) for key, v in columns.items()}
