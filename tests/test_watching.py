@@ -339,6 +339,25 @@ def test_sweep_table_prints_a_row_per_run_best_first(watched_sweep, tmp_path):
     assert lines[5] == f"wrote {plot}" and Image.open(plot).size[0] > 0
 
 
+def documented_tags() -> set[str]:
+    """The tags docs/watching.md's table names: every `...` of its first column."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "watching.md").read_text(encoding="utf-8")
+    rows = [line.split(" | ")[0] for line in page.splitlines() if line.startswith("| `") or line.startswith("| Text")]
+    return {tag for row in rows for tag in re.findall(r"`([^`]+)`", row)}
+
+
+def test_every_tag_a_run_writes_is_named_in_the_docs(watched_run, watched_sweep):
+    """A single run and a sweep over losses with the FID measured: each scalar, image and text tag
+    they write has its row in docs/watching.md's table."""
+    written = set()
+    for tb in [watched_run / "tb", *(watched_sweep / job / "tb" for job in SWEEP_JOBS)]:
+        tags = events_of(tb).Tags()
+        written |= {tag for kind in ("scalars", "images", "tensors") for tag in tags[kind]}
+    written = {tag for tag in written if not tag.startswith("_hparams_")}  # the HParams plugin's own records
+    assert {"FID/best", "train/D(x)_score", "quality/FID", "run/command"} <= written
+    assert written - documented_tags() == set()
+
+
 def test_sweep_table_refuses_a_folder_without_runs(tmp_path):
     result = run_script("sweep_table.py", str(tmp_path))
     assert result.returncode == 2 and "No runs under" in result.stderr
