@@ -22,7 +22,7 @@ from gan.config import register_configs, validate
 from gan.distributed import broadcast_object, close, init_process_group, world_from_env
 from gan.errors import UserError, environment_error
 from gan.training import NonFiniteLossError, TrainResult, train
-from gan.training.loop import final_evaluation
+from gan.training.loop import final_evaluation, hparams_of
 
 log = logging.getLogger("train")
 
@@ -66,7 +66,8 @@ def job(cfg: DictConfig) -> tuple[int, float]:
                 run_dir = Path(broadcast_object(str(run_dir), world))  # one run folder per job: rank 0's
                 typed = validate(cfg)
                 ready = (lambda: runs.keep_record(run_dir, cfg, run_log)) if world.is_main else None
-                result = train(typed, run_dir, world=world, on_ready=ready, command=command_line())
+                hparams = hparams_of(typed, compared(), context=not sweep)  # a sweep job: its swept keys alone
+                result = train(typed, run_dir, world=world, on_ready=ready, command=command_line(), hparams=hparams)
                 measure = world.is_main and not result.stopped_by and typed.trainer.final_eval_samples
                 fid = final_evaluation(typed, result, run_dir) if measure else math.nan
         except (UserError, NonFiniteLossError, OSError) as err:
@@ -85,6 +86,13 @@ def job(cfg: DictConfig) -> tuple[int, float]:
 def command_line() -> str:
     """This job's command (a sweep job's own values), quoted for the shell: the Text tab shows it."""
     return " ".join(["python train.py", *(runs.shell_quote(o) for o in HydraConfig.get().overrides.task)])
+
+
+def compared() -> list[str]:
+    """This job's overrides that its folder is named by (configs/train.yaml's exclude_keys, and in a sweep the
+    keys given one value, gan/runs.py:SweepNames, left out): the settings its HParams columns compare."""
+    excluded = set(HydraConfig.get().job.config.override_dirname.exclude_keys)
+    return [o for o in HydraConfig.get().overrides.task if runs.override_key(o) not in excluded]
 
 
 def finish(result: TrainResult, fid: float, run_dir: Path, sweep: bool) -> tuple[int, float]:

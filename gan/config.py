@@ -321,7 +321,8 @@ def register_configs() -> None:
 
 def run_suffix(overrides: Sequence[str], exclude: Sequence[str] = (), limit: int = 120) -> str:
     """A run folder's suffix from its overrides, e.g. `_loss-hinge+optim.lr-2e-4`: only letters, digits and
-    `._+-@%`, so the folder can be passed to `trainer.resume=` unquoted."""
+    `._+-@%`, so the folder can be passed to `trainer.resume=` unquoted; at most `limit` characters, of whole
+    overrides (the time keeps folders apart; the Text tab has the command)."""
     items = []
     for override in sorted(overrides, key=lambda o: o.lstrip("+~")):
         key, equals, value = override.lstrip("+~").partition("=")
@@ -329,8 +330,12 @@ def run_suffix(overrides: Sequence[str], exclude: Sequence[str] = (), limit: int
             continue
         value = value.strip("'\"").strip("[]").replace(",", "-").replace("/", "-")
         items.append(f"{key}-{re.sub(r'[^A-Za-z0-9._+@%-]', '_', value)}")
-    name = "+".join(items)
-    return f"_{name[:limit]}" if name else ""
+    name = items[0][:limit] if items else ""  # one override longer than the limit alone is cut in its value
+    for item in items[1:]:  # whole overrides only: a name cut mid-key reads as another setting
+        if len(name) + 1 + len(item) > limit:
+            break
+        name = f"{name}+{item}"
+    return f"_{name}" if name else ""
 
 
 # evaluate.py: its `data` is the checkpoint's, with command-line `data.*` laid over it

@@ -10,8 +10,9 @@ headless Chromium at the window sizes people use, and save the PNGs of docs/imag
 
 `runs` trains, from the folder given (so every run gets Hydra's default name under outputs/, as a
 user's would):
-    run          python train.py trainer.max_steps=1500 trainer.eval_every=100 ...   a single run with FID
-    sweep        python train.py -m optim.lr=1e-4,1e-3 loss=bce,hinge ...            the README's sweep
+    run          python train.py trainer.max_steps=1000 trainer.eval_every=100 ...   a single run with FID
+    sweep        python train.py -m optim.lr=1e-4,1e-3 loss=bce,hinge ...            the README's sweep, with
+                 trainer.eval_every=100 and trainer.final_eval_samples=2000, 600 steps a job
     conditional  python train.py model.conditional=true ...
 `shoot` serves one folder at a time (the single run, the sweep, the conditional run, and all of
 outputs/ together) and takes each page from a fresh browser profile (nothing remembered from an
@@ -39,10 +40,12 @@ from PIL import Image
 
 log = logging.getLogger("tensorboard_screenshots")
 ROOT = Path(__file__).resolve().parents[1]
-SHORT = ["trainer.log_every=25", "trainer.sample_every=250", "trainer.progress=false"]
+SHORT = ["trainer.log_every=25", "trainer.sample_every=250", "trainer.progress=false", "trainer.threads=1"]
+FID = ["trainer.eval_samples=500"]
+SWEEP = ["optim.lr=1e-4,1e-3", "loss=bce,hinge", "trainer.max_steps=600", "trainer.eval_every=100"]
 RUNS = {
-    "run": ["trainer.max_steps=1500", "trainer.eval_every=100", "trainer.eval_samples=500", *SHORT],
-    "sweep": ["-m", "optim.lr=1e-4,1e-3", "loss=bce,hinge", "trainer.max_steps=600", *SHORT],
+    "run": ["trainer.max_steps=1000", "trainer.eval_every=100", *FID, *SHORT],
+    "sweep": ["-m", *SWEEP, *FID, "trainer.final_eval_samples=2000", *SHORT],
     "conditional": ["model.conditional=true", "trainer.max_steps=600", *SHORT],
 }
 
@@ -62,6 +65,7 @@ SHOTS = [
     Shot("run_text", "run", "text"),
     Shot("sweep_timeseries", "sweep", "timeseries"),
     Shot("sweep_hparams", "sweep", "hparams"),
+    Shot("sweep_hparams_1920", "sweep", "hparams", (1920, 1080)),
     Shot("sweep_parallel", "sweep", "hparams", click="PARALLEL COORDINATES VIEW"),
     Shot("conditional_images", "conditional", "images"),
     Shot("outputs_timeseries", "outputs", "timeseries"),

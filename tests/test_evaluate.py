@@ -156,7 +156,8 @@ def test_tensorboard_has_the_pictures_and_the_table_at_the_checkpoint_step(evalu
         tags["images"]
     )
     assert [e.step for e in events.Images("samples/eval_samples")] == [6]
-    (text_tag,) = [tag for tag in tags["tensors"] if tag.startswith("eval/metrics")]  # torch adds /text_summary
+    (text_tag,) = [tag for tag in tags["tensors"] if tag.startswith("eval/")]
+    assert text_tag == "eval/metrics"  # the tag itself, not torch add_text's eval/metrics/text_summary
     (table,) = events.Tensors(text_tag)
     assert table.step == 6 and b"fid" in table.tensor_proto.string_val[0]
 

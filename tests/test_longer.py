@@ -10,15 +10,17 @@ import torch
 from conftest import compose_config, run_evaluate, run_train
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_checkpoints import assert_same_state, stop_at
+from test_watching import tb_group_order
 
 from gan.checkpoint import FORMAT, load_checkpoint, stored_config
 from gan.config import EvaluateConfig
 from gan.core.augment import AdaptiveAugment, diff_augment
+from gan.core.losses import LOSSES
 from gan.data import load_dataset
 from gan.errors import CheckpointError
 from gan.evaluation.pipeline import prepare_generator, reference_subset
 from gan.training import train
-from gan.training.d_won import FAKE_BELOW, RT_ABOVE, RT_TAG, WON_TAG, DWonWatch
+from gan.training.d_won import ALARM_TAG, FAKE_BELOW, RT_ABOVE, RT_TAG, WON_TAG, DWonWatch
 from gan.training.periodic import Every, Extras, Tick
 from gan.training.quality import BEST_FID_TAG, FID_TAG
 
@@ -148,9 +150,9 @@ def test_the_validation_images_come_from_the_training_split():
 # the D-won alarm ---------------------------------------------------------------------------------
 
 
-def watch(window: int = 100, log_every: int = 10, squash: bool = False) -> tuple[DWonWatch, list[int]]:
+def watch(window: int = 100, log_every: int = 10) -> tuple[DWonWatch, list[int]]:
     alarms: list[int] = []
-    return DWonWatch(window, log_every, squash, lambda step, _: alarms.append(step)), alarms
+    return DWonWatch(window, log_every, lambda step, _: alarms.append(step)), alarms
 
 
 def test_the_alarm_needs_a_whole_window_of_dominance_and_warns_once_per_episode():
@@ -158,12 +160,13 @@ def test_the_alarm_needs_a_whole_window_of_dominance_and_warns_once_per_episode(
     fake, rt = "loss/D(G(z))", RT_TAG
     for step in range(10, 100, 10):  # nine points: the window (ten) is not yet full
         assert alarm.observe(step, {fake: 0.001, rt: 1.0}) == {}
-    assert alarm.observe(100, {fake: 0.001, rt: 1.0}) == {WON_TAG: 1.0}
-    assert alarm.observe(110, {fake: 0.001, rt: 1.0}) == {WON_TAG: 1.0}
+    # the alarm's own tag from its first firing on (a healthy run never writes it)
+    assert alarm.observe(100, {fake: 0.001, rt: 1.0}) == {WON_TAG: 1.0, ALARM_TAG: 1.0}
+    assert alarm.observe(110, {fake: 0.001, rt: 1.0}) == {WON_TAG: 1.0, ALARM_TAG: 1.0}
     assert alarms == [100]  # one warning, not one per log point
     for step in range(120, 220, 10):  # D loses its grip: the alarm re-arms
         alarm.observe(step, {fake: 0.3, rt: 0.6})
-    assert alarm.observe(220, {fake: 0.3, rt: 0.6}) == {WON_TAG: 0.0}
+    assert alarm.observe(220, {fake: 0.3, rt: 0.6}) == {WON_TAG: 0.0, ALARM_TAG: 0.0}
     for step in range(230, 340, 10):
         alarm.observe(step, {fake: 0.001, rt: 1.0})
     assert alarms == [100, 310]  # nine of ten points at 0.001: the window's mean is 0.031
@@ -181,7 +184,7 @@ def test_the_alarm_needs_both_signs_of_dominance(fake, rt, won):
     alarm, alarms = watch()
     for step in range(10, 110, 10):
         result = alarm.observe(step, {"loss/D(G(z))": fake, RT_TAG: rt})
-    assert result == {WON_TAG: float(won)} and bool(alarms) == won
+    assert result == {WON_TAG: float(won), **({ALARM_TAG: 1.0} if won else {})} and bool(alarms) == won
 
 
 def test_one_healthy_batch_in_the_window_does_not_hide_a_won_d_nor_one_bad_batch_make_one():
@@ -197,14 +200,16 @@ def test_one_healthy_batch_in_the_window_does_not_hide_a_won_d_nor_one_bad_batch
 
 
 def test_hinge_scores_are_read_through_a_sigmoid():
-    alarm, alarms = watch(squash=True)
+    """The alarm reads loss/D(G(z)), which is D's probability under every loss: a hinge D's scores
+    through a sigmoid, its raw scores logged beside (train/D(G(z))_score)."""
+    real, fake = torch.tensor([3.0, 5.0]), torch.tensor([-4.0, -4.0])
+    scores = LOSSES["hinge"].scores(real, fake)
+    assert float(scores["d/fake"]) == pytest.approx(float(torch.sigmoid(torch.tensor(-4.0))))  # 0.018
+    assert float(scores["d/fake_score"]) == -4.0 and float(scores["d/real_score"]) == 4.0
+    alarm, alarms = watch()
     for step in range(10, 110, 10):
-        alarm.observe(step, {"loss/D(G(z))": -4.0, RT_TAG: 1.0})  # sigmoid(-4) = 0.018
+        alarm.observe(step, {"loss/D(G(z))": float(scores["d/fake"]), RT_TAG: 1.0})
     assert alarms == [100]
-    fine, none = watch(squash=True)
-    for step in range(10, 110, 10):
-        fine.observe(step, {"loss/D(G(z))": -0.5, RT_TAG: 1.0})  # sigmoid(-0.5) = 0.38
-    assert none == []
 
 
 FORCED = ("optim.lr=1e-9", "optim.lr_d=2e-3", "trainer.log_every=10", "trainer.d_won_window=50")
@@ -220,6 +225,10 @@ def test_a_d_that_wins_sets_off_the_alarm_and_marks_tensorboard(tmp_path):
     won = [event.value for event in events.Scalars(WON_TAG)]
     assert won[-1] == 1.0 and 0.0 not in won[won.index(1.0) :]
     assert "d_won" in events.Tags()["tensors"]
+    # the alarm's card, from the step it fired: its group (alarm) sorts before loss, so it opens
+    fired = [event.step for event in events.Scalars(WON_TAG) if event.value == 1.0][0]
+    assert [event.step for event in events.Scalars(ALARM_TAG)][0] == fired
+    assert tb_group_order(events.Tags()["scalars"])[:2] == ["alarm", "loss"]
 
 
 def test_on_d_won_stop_ends_the_run_with_its_checkpoint_and_exit_code_4(tmp_path):

@@ -10,11 +10,12 @@ docs/watching.md has the screenshots.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
-from conftest import compose_config, run_train
+from conftest import compose_config, run_script, run_train
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 from PIL import Image
@@ -27,7 +28,9 @@ from werkzeug.test import Client
 from gan.config import run_suffix
 from gan.runs import EXCLUDE_KEYS, SweepNames
 from gan.training import train
+from gan.training.d_won import ALARM_TAG
 from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, REAL_TAG, write_progress_gif
+from gan.training.quality import BEST_FID_TAG, BEST_STEP_TAG, FID_TAG, FINAL_FID_TAG
 
 # TensorBoard --------------------------------------------------------------------------------------
 
@@ -117,6 +120,8 @@ def test_the_first_screen_opens_on_the_losses_and_the_sample_grids(watched_run):
     assert sorted(tag for tag in tags["scalars"] if tag.startswith("loss/")) == sorted(LOSS_CHARTS)
     assert {"train/lr_g", "train/lr_d", "time/img_per_s", "time/sec_per_kimg"} <= set(tags["scalars"])
     assert set(tags["images"]) == {REAL_TAG, FAKE_TAG}
+    # a healthy run writes no alarm: the group that would open first is not there
+    assert ALARM_TAG not in tags["scalars"] and not [tag for tag in tags["scalars"] if tag.startswith("FID/")]
 
 
 def test_no_chart_is_a_single_point_and_nothing_is_duplicated_as_final(watched_run):
@@ -141,17 +146,13 @@ def test_a_run_without_ema_names_its_grid_for_g_itself(tmp_path):
     assert set(events_of(tmp_path / "tb").Tags()["images"]) == {REAL_TAG, RAW_FAKE_TAG}
 
 
-def test_the_run_is_one_hparams_session_with_typed_values(watched_run):
+def test_the_run_is_one_hparams_session_of_its_overrides_and_data_and_loss(watched_run):
+    """`python train.py debug=tiny trainer.threads=1`: its one override that sets what it computes, and
+    the two settings every reader needs; not the whole config (the Text tab has it)."""
     tb = TensorBoardClient(watched_run)
     infos = {info["name"]: info for info in tb.experiment()["hparamInfos"]}
-    assert infos["optim.lr"]["type"] == "DATA_TYPE_FLOAT64"
-    assert infos["model.spectral_norm"]["type"] == "DATA_TYPE_BOOL"
-    assert infos["loss.name"]["type"] == "DATA_TYPE_STRING"
-    assert infos["optim.lr_d"]["domainDiscrete"] == ["null"]  # None, written as on the command line
-    # whole numbers as text: the page would print 6 as 6.0000 (five significant digits)
-    assert infos["trainer.max_steps"]["type"] == "DATA_TYPE_STRING"
-    assert infos["trainer.max_steps"]["domainDiscrete"] == ["6"]
-    assert "trainer.resume" not in infos
+    assert set(infos) == {"debug", "data", "loss"}
+    assert infos["debug"]["domainDiscrete"] == ["tiny"] and infos["loss"]["domainDiscrete"] == ["bce"]
     (group,) = tb.session_groups()
     (session,) = group["sessions"]
     assert session["name"] == "tb" and session["status"] == "STATUS_SUCCESS"
@@ -168,7 +169,9 @@ def test_the_text_tab_holds_the_resolved_config_and_the_command_line(watched_run
     # every key, defaults included, as YAML; the command as the job ran it (its overrides, not
     # Hydra's own such as hydra.run.dir), quoted for a shell
     assert "lr: 0.001" in config[0]["text"] and "max_steps: 6" in config[0]["text"]
-    assert "<code>python train.py debug=tiny trainer.threads=1\n</code>" in command[0]["text"]
+    # inline code, which wraps at the page's edge: a code block (<pre>) would scroll sideways
+    assert "<code>python train.py debug=tiny trainer.threads=1</code>" in command[0]["text"]
+    assert "<pre>" not in command[0]["text"]
 
 
 def test_a_resumed_run_adds_its_own_command_at_the_step_it_resumed_from(tmp_path):
@@ -204,13 +207,17 @@ LOSS_MIXES = [["loss=bce"], ["loss=hinge"], ["experiment=wgan_gp"], ["loss.r1=1"
 
 @pytest.mark.parametrize("overrides", LOSS_MIXES)
 def test_the_loss_group_is_the_same_four_charts_whatever_the_loss(tmp_path, overrides):
-    """D(x) and D(G(z)) keep their names under every loss (probabilities under bce, D's raw scores
-    under hinge and WGAN-GP), so runs of a sweep over losses share their charts and HParams metrics;
-    a loss's terms (a penalty, feature matching) and D(G(z)) after D's update live under train/."""
+    """D(x) and D(G(z)) keep their names and their meaning under every loss, D's probability that an
+    image is real (a hinge D's or a critic's scores through a sigmoid), so runs of a sweep over losses
+    share their charts on one [0, 1] axis and their HParams metrics; raw scores, a loss's terms (a
+    penalty, feature matching) and D(G(z)) after D's update live under train/."""
     result = train(compose_config(*overrides, "trainer.max_steps=2"), tmp_path)
     assert sorted(key for key in result.metrics if key.startswith("loss/")) == sorted(LOSS_CHARTS)
+    assert all(0 <= result.metrics[tag] <= 1 for tag in ("loss/D(x)", "loss/D(G(z))"))
     assert "train/D(G(z))_after_d_step" in result.metrics
-    assert not [key for key in result.metrics if key.startswith(("d/", "grad_norm/", "perf/")) or "_score" in key]
+    scored = compose_config(*overrides).loss.name != "bce"
+    assert ("train/D(x)_score" in result.metrics) == scored == ("train/D(G(z))_score" in result.metrics)
+    assert not [key for key in result.metrics if key.startswith(("d/", "grad_norm/", "perf/"))]
 
 
 # run names ----------------------------------------------------------------------------------------
@@ -218,10 +225,12 @@ def test_the_loss_group_is_the_same_four_charts_whatever_the_loss(tmp_path, over
 
 def test_a_single_run_is_named_by_its_time_and_the_overrides_that_set_what_it_computes(tmp_path):
     """`tensorboard --logdir outputs` names a run by its folder: a single run's says what it is."""
-    result = run_train("loss=hinge", "trainer.threads=1", f"data.root={tmp_path / 'data'}", cwd=tmp_path)
+    shown = ("trainer.log_every=2", "trainer.sample_every=3", "trainer.checkpoint_every=3")
+    result = run_train("loss=hinge", "trainer.threads=1", *shown, f"data.root={tmp_path / 'data'}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = (tmp_path / "outputs").glob("*/*")
-    # the time, then the overrides; how it ran (threads) and where its data lives (a path) left out
+    # the time, then the overrides; how it ran (threads), was shown and saved (log_every, sample_every,
+    # checkpoint_every) and where its data lives (a path) left out
     assert re.fullmatch(r"\d\d-\d\d-\d\d_debug-tiny\+loss-hinge", run_dir.name), run_dir.name
     assert (run_dir / "tb").is_dir()
 
@@ -231,7 +240,10 @@ def test_run_suffix_keeps_folders_flat_and_names_short():
     assert run_suffix(["optim.lr=2e-4", "loss=hinge"]) == "_loss-hinge+optim.lr-2e-4"  # sorted, as Hydra sorts
     named = run_suffix(["data=folder", "model.diffaugment=[color,cutout]", "+x.y='a b/c'", "hydra.run.dir=/x"])
     assert named == "_data-folder+model.diffaugment-color-cutout+x.y-a_b-c"
-    assert len(run_suffix(["k=" + "x" * 500])) == 121
+    assert len(run_suffix(["k=" + "x" * 500])) == 121  # one override longer than the limit: cut in its value
+    # never cut mid-override: the name ends at the last whole one that fits in 120 characters
+    long = ["a=" + "x" * 80, "b=" + "y" * 30, "c=" + "z" * 30]
+    assert run_suffix(long) == "_a-" + "x" * 80 + "+b-" + "y" * 30
     # the folder is what trainer.resume= is given: the path must read unquoted in Hydra's grammar
     parsed = OverridesParser.create().parse_override(f"trainer.resume=outputs/2026-11-24/14-13-01{named}")
     assert parsed.value() == f"outputs/2026-11-24/14-13-01{named}"
@@ -242,41 +254,113 @@ def test_run_suffix_keeps_folders_flat_and_names_short():
 
 @pytest.fixture(scope="module")
 def watched_sweep(tmp_path_factory) -> Path:
-    """`-m optim.lr=1e-4,4e-4 loss=bce,hinge` with constant overrides beside it, as a person would sweep."""
+    """`-m optim.lr=1e-4,4e-4 loss=bce,hinge` with the FID measured and constant overrides beside it, as a
+    person would sweep."""
     sweep_dir = tmp_path_factory.mktemp("watch") / "sweep"
     overrides = ["optim.lr=1e-4,4e-4", "loss=bce,hinge", "trainer.threads=1", "trainer.log_every=2",
-                 f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
+                 "trainer.eval_every=3", "trainer.eval_samples=64", f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
     result = run_train("-m", *overrides)
     assert result.returncode == 0, result.stderr[-3000:]
     return sweep_dir
 
 
+SWEEP_JOBS = ["0_loss=bce,optim.lr=0.0001", "1_loss=hinge,optim.lr=0.0001", "2_loss=bce,optim.lr=0.0004",
+              "3_loss=hinge,optim.lr=0.0004"]  # fmt: skip
+
+
 def test_sweep_jobs_are_named_by_what_varies_only(watched_sweep):
     jobs = sorted(p.name for p in watched_sweep.iterdir() if p.is_dir())
-    names = ["0_loss=bce,optim.lr=0.0001", "1_loss=hinge,optim.lr=0.0001", "2_loss=bce,optim.lr=0.0004",
-             "3_loss=hinge,optim.lr=0.0004"]  # fmt: skip
-    assert jobs == names
-    assert TensorBoardClient(watched_sweep).get("/data/runs") == [f"{name}/tb" for name in names]
+    assert jobs == SWEEP_JOBS
+    assert TensorBoardClient(watched_sweep).get("/data/runs") == [f"{name}/tb" for name in SWEEP_JOBS]
 
 
-def test_sweep_hparams_show_the_swept_key_first_and_marked_differing(watched_sweep):
+def test_sweep_hparams_show_the_swept_keys_and_the_results_first(watched_sweep):
+    """The page shows the first five settings (those that differ first), then the first five metrics
+    (in tag order): a sweep job's swept keys alone, then the runs' results, FID/best and
+    FID/step_of_best (FID/final, with trainer.final_eval_samples, between them), before the losses."""
     tb = TensorBoardClient(watched_sweep)
     experiment = tb.experiment()
     infos = experiment["hparamInfos"]
-    # the page checks the first five and puts the differing ones first: loss.name and optim.lr
-    assert {info["name"] for info in infos[:2]} == {"loss.name", "optim.lr"}
-    assert all(info["differs"] for info in infos[:2])
-    assert not [info["name"] for info in infos[2:] if info.get("differs")]
-    # metrics: every live scalar tag, the page shows the first five: both losses and D's outputs first
+    assert [info["name"] for info in infos] == ["loss", "optim.lr"]  # not the constants (debug, log_every, ...)
+    assert all(info["differs"] for info in infos)
+    types = {info["name"]: info["type"] for info in infos}
+    assert types == {"loss": "DATA_TYPE_STRING", "optim.lr": "DATA_TYPE_FLOAT64"}
     metrics = [m["name"]["tag"] for m in experiment["metricInfos"]]
-    assert metrics[:4] == LOSS_CHARTS
-    assert not [tag for tag in metrics if tag.startswith("final/")]
+    assert metrics[:6] == [BEST_FID_TAG, BEST_STEP_TAG, *LOSS_CHARTS]
+    assert all(m["name"].get("group", "") == "" for m in experiment["metricInfos"])  # no sub-runs
     groups = tb.session_groups()
     # trial ids: the sweep's folder and the job number, short enough for the 10em trial column
     assert sorted(group["name"] for group in groups) == [f"sweep #{i}" for i in range(4)]
-    # every run has every metric, whatever its loss: the parallel-coordinates and scatter views,
-    # which leave out a run that lacks one of the metrics they show, show all four
-    assert all(len(group["metricValues"]) == len(metrics) for group in groups)
+    # every run has the five metrics the page shows, whatever its loss: the parallel-coordinates and
+    # scatter views, which leave out a run that lacks one of the metrics they show, show all four (a
+    # hinge run's raw scores, train/D(x)_score, are metrics a bce run lacks: tick them, and bce runs go)
+    for group in groups:
+        assert set(metrics[:5]) <= {value["name"]["tag"] for value in group["metricValues"]}
+    for group in groups:  # each run's result: the lowest point of its FID curve, and where it was
+        (session,) = group["sessions"]
+        events = events_of(watched_sweep / session["name"])
+        curve = events.Scalars(FID_TAG)
+        best = min(curve, key=lambda event: event.value)
+        values = {v["name"]["tag"]: v["value"] for v in group["metricValues"]}
+        assert values[BEST_FID_TAG] == pytest.approx(best.value) and values[BEST_STEP_TAG] == best.step
+
+
+def test_the_results_are_one_point_per_run_in_the_group_that_opens_first(watched_sweep):
+    """FID/best and FID/step_of_best are written once, at the run's end: one dot per run in its own colour,
+    which TensorBoard's smoothing leaves as it is (a one-point average is the point)."""
+    for job in SWEEP_JOBS:
+        events = events_of(watched_sweep / job / "tb")
+        assert [e.step for e in events.Scalars(BEST_FID_TAG)] == [6] == [e.step for e in events.Scalars(BEST_STEP_TAG)]
+        assert len(events.Scalars(FID_TAG)) == 2  # the curve, at 3 and 6
+        assert tb_group_order(events.Tags()["scalars"] + events.Tags()["images"])[:2] == ["FID", "loss"]
+
+
+def test_sweep_table_prints_a_row_per_run_best_first(watched_sweep, tmp_path):
+    plot = tmp_path / "sweep.png"
+    result = run_script("sweep_table.py", str(watched_sweep), "--plot", str(plot))
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    header = "run  loss  optim.lr  FID best  at step  FID final  recall  steps"
+    assert re.sub(" +", " ", lines[0]) == header.replace("  ", " ")  # a sweep job's settings: its swept keys
+    rows = [line.split() for line in lines[1:5]]
+    assert sorted(row[0] for row in rows) == SWEEP_JOBS
+    bests = []
+    for row in rows:
+        events = events_of(watched_sweep / row[0] / "tb")
+        best = min(events.Scalars(FID_TAG), key=lambda event: event.value)
+        settings = dict(part.split("=") for part in row[0].split("_", 1)[1].split(","))
+        assert row[1:3] == [settings["loss"], str(float(settings["optim.lr"]))]
+        assert float(row[3]) == pytest.approx(best.value, rel=1e-3) and int(row[4]) == best.step
+        assert row[5] == "-"  # no trainer.final_eval_samples
+        assert float(row[6]) == pytest.approx(events.Scalars("quality/recall")[-1].value, abs=1e-3)
+        assert row[7] == "6"
+        bests.append(float(row[3]))
+    assert bests == sorted(bests)
+    assert lines[5] == f"wrote {plot}" and Image.open(plot).size[0] > 0
+
+
+def documented_tags() -> set[str]:
+    """The tags docs/watching.md's table names: every `...` of its first column."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "watching.md").read_text(encoding="utf-8")
+    rows = [line.split(" | ")[0] for line in page.splitlines() if line.startswith("| `") or line.startswith("| Text")]
+    return {tag for row in rows for tag in re.findall(r"`([^`]+)`", row)}
+
+
+def test_every_tag_a_run_writes_is_named_in_the_docs(watched_run, watched_sweep):
+    """A single run and a sweep over losses with the FID measured: each scalar, image and text tag
+    they write has its row in docs/watching.md's table."""
+    written = set()
+    for tb in [watched_run / "tb", *(watched_sweep / job / "tb" for job in SWEEP_JOBS)]:
+        tags = events_of(tb).Tags()
+        written |= {tag for kind in ("scalars", "images", "tensors") for tag in tags[kind]}
+    written = {tag for tag in written if not tag.startswith("_hparams_")}  # the HParams plugin's own records
+    assert {"FID/best", "train/D(x)_score", "quality/FID", "run/command"} <= written
+    assert written - documented_tags() == set()
+
+
+def test_sweep_table_refuses_a_folder_without_runs(tmp_path):
+    result = run_script("sweep_table.py", str(tmp_path))
+    assert result.returncode == 2 and "No runs under" in result.stderr
 
 
 def sweep_start(task: list[str], hydra: list[str] = ()) -> DictConfig:
@@ -306,7 +390,7 @@ def test_a_sweep_excludes_from_its_job_names_the_overrides_that_do_not_vary():
 @pytest.mark.slow
 def test_eval_every_puts_the_fid_curve_beside_the_losses_and_the_final_fid_among_the_metrics(tmp_path):
     """trainer.eval_every: quality/* curves in the run; trainer.final_eval_samples: evaluate.py's
-    numbers in the sub-run tb/final_eval, which the hparams plugin reads as the run's metrics."""
+    FID as FID/final, its pictures and table, all in the run's own events: one TensorBoard run."""
     run_dir = tmp_path / "run"
     result = run_train(
         "data.num_samples=20000",  # enough digits for the metrics classifier to pass its 97% bar
@@ -320,21 +404,29 @@ def test_eval_every_puts_the_fid_curve_beside_the_losses_and_the_final_fid_among
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     # two points: the log says TensorBoard's default smoothing will bend the curve, and what to do
     assert "trainer.eval_every=3 draws 2 point(s) of quality/FID" in result.stdout + result.stderr
+    tb = TensorBoardClient(run_dir)
+    assert tb.get("/data/runs") == ["tb"]  # not a run of its own for the final evaluation
     events = events_of(run_dir / "tb")
     tags = events.Tags()
-    assert tb_group_order(tags["scalars"] + tags["images"])[:2] == ["loss", "quality"]
-    assert [e.step for e in events.Scalars("quality/FID")] == [3, 6]
+    # the result group first, then the losses; the curve's group (quality) is the third
+    assert tb_group_order(tags["scalars"] + tags["images"])[:3] == ["FID", "loss", "quality"]
+    assert [e.step for e in events.Scalars(FID_TAG)] == [3, 6]
     assert {"quality/precision", "quality/recall", "quality/classes_covered"} <= set(tags["scalars"])
-    final = events_of(run_dir / "tb" / "final_eval")
-    assert [e.step for e in final.Scalars("quality/FID")] == [6]
-    tb = TensorBoardClient(run_dir)
+    final = json.loads((run_dir / "eval" / "metrics.json").read_text())
+    assert [(e.step, e.value) for e in events.Scalars(FINAL_FID_TAG)] == [(6, pytest.approx(final["fid"]))]
+    assert {"samples/eval_samples", "samples/eval_interpolation"} <= set(tags["images"])
+    assert "eval/metrics" in tb.get("/data/plugin/text/tags")["tb"]
     metrics = [(m["name"]["tag"], m["name"].get("group", "")) for m in tb.experiment()["metricInfos"]]
-    # the page shows the first five: the four loss charts and the FID curve's last value
-    assert metrics[:5] == [(tag, "") for tag in LOSS_CHARTS] + [("quality/FID", "")]
-    assert metrics[5] == ("quality/FID", "final_eval")
+    # the page shows the first five: the run's three results, best and final FID first, then D's outputs
+    assert metrics[:5] == [
+        (BEST_FID_TAG, ""),
+        (FINAL_FID_TAG, ""),
+        (BEST_STEP_TAG, ""),
+        *((t, "") for t in LOSS_CHARTS[:2]),
+    ]
     (group,) = tb.session_groups()
-    values = {(v["name"]["tag"], v["name"].get("group", "")): v["value"] for v in group["metricValues"]}
-    assert values[("quality/FID", "final_eval")] == pytest.approx(final.Scalars("quality/FID")[0].value)
+    values = {v["name"]["tag"]: v["value"] for v in group["metricValues"]}
+    assert values[FINAL_FID_TAG] == pytest.approx(final["fid"])
     # measuring leaves training alone: the same run without it logs the same losses
     plain_dir = tmp_path / "plain"
     plain = run_train("data.num_samples=20000", "trainer.threads=1", f"hydra.run.dir={plain_dir}", cwd=tmp_path)

@@ -80,8 +80,10 @@ def probabilities(real_logits: Tensor, fake_logits: Tensor) -> dict[str, Tensor]
 
 def mean_scores(real_logits: Tensor, fake_logits: Tensor) -> dict[str, Tensor]:
     """Mean raw scores of D on real and fake images: a hinge D or a Wasserstein critic outputs no
-    probability. For WGAN their gap estimates the Wasserstein distance."""
-    return {"d/real_score": real_logits.mean(), "d/fake_score": fake_logits.mean()}
+    probability, and for WGAN their gap estimates the Wasserstein distance. Beside them, the scores
+    read as logits, as bce's: one [0, 1] axis for D(x) and D(G(z)) whatever the loss."""
+    return {**probabilities(real_logits, fake_logits), "d/real_score": real_logits.mean(),
+            "d/fake_score": fake_logits.mean()}  # fmt: skip
 
 
 class AdversarialLoss(NamedTuple):

@@ -15,6 +15,7 @@ import torch
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from PIL import Image
+from tensorboard.plugins.text.summary_v2 import text_pb
 from torch import Tensor, nn
 from torch.optim.swa_utils import update_bn
 from torch.utils.tensorboard import SummaryWriter
@@ -43,8 +44,14 @@ from gan.evaluation.grids import interpolation_strip, neighbour_grid
 log = logging.getLogger(__name__)
 
 
-def evaluate(cfg: EvaluateConfig, run_dir: Path, data_overrides: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
-    """Writes metrics.json, PNGs and TensorBoard events into run_dir; returns metrics.json's content."""
+def evaluate(
+    cfg: EvaluateConfig,
+    run_dir: Path,
+    data_overrides: Optional[Mapping[str, Any]] = None,
+    tb_dir: Optional[Path] = None,
+) -> dict[str, Any]:
+    """Writes metrics.json, PNGs and TensorBoard events into run_dir (the events into `tb_dir` if given: the
+    training run's own, for train.py's final evaluation); returns metrics.json's content."""
     clock = Stopwatch()
     run_dir.mkdir(parents=True, exist_ok=True)
     device = setup_torch(cfg.device, cfg.threads, cfg.seed, "device")
@@ -91,7 +98,7 @@ def evaluate(cfg: EvaluateConfig, run_dir: Path, data_overrides: Optional[Mappin
     clock("outputs")
 
     results["seconds"] = {**clock.timings, "total": sum(clock.timings.values())}
-    report(results, pictures, run_dir)
+    report(results, pictures, run_dir, tb_dir or run_dir / "tb")
     return results
 
 
@@ -164,14 +171,14 @@ def feature_space(feature_net: nn.Module, classifier_file: Optional[str], cfg: E
     return {**own, "kid_kernel": M.kid_kernel(cfg.metrics), "measures": list(M.FEATURE_METRICS)}
 
 
-def report(results: dict[str, Any], pictures: Mapping[str, Tensor], run_dir: Path) -> None:
+def report(results: dict[str, Any], pictures: Mapping[str, Tensor], run_dir: Path, tb_dir: Path) -> None:
     (run_dir / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
     table = format_table(results)
     log.info("Metrics (%s features, %d samples vs %d held-out images):\n%s", results["features"],
              results["num_samples"], results["num_real"], table)  # fmt: skip
     space = results["feature_space"]
     log.info("Feature space: %s, %s; resizer: %s", space["network"], space["file"], space["resizer"])
-    write_tensorboard(run_dir / "tb", pictures, table, results["step"])
+    write_tensorboard(tb_dir, pictures, table, results["step"])
 
 
 def data_config_of(
@@ -406,7 +413,8 @@ def write_tensorboard(log_dir: Path, pictures: Mapping[str, Tensor], table: str,
     with SummaryWriter(log_dir=str(log_dir)) as writer:
         for name, grid in pictures.items():
             writer.add_image(f"samples/eval_{name}", grid, step)
-        writer.add_text("eval/metrics", "```\n" + table + "\n```", step)
+        # under `eval/metrics` itself: torch's add_text would name it `eval/metrics/text_summary`
+        writer.file_writer.add_summary(text_pb("eval/metrics", "```\n" + table + "\n```"), step)
 
 
 class Stopwatch:

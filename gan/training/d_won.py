@@ -12,36 +12,37 @@ log = logging.getLogger(__name__)
 
 FAKE_BELOW = 0.05  # D's mean probability on fakes below which it is winning: sigmoid(-2.9)
 RT_ABOVE = 0.9  # ...while it also calls nearly every real image real (r_t = 1: every real logit positive)
-FAKE_TAG = "loss/D(G(z))"  # D's output on fakes, under one name whatever the loss (monitor.RENAMED)
+FAKE_TAG = "loss/D(G(z))"  # D's mean probability that a fake is real, whatever the loss (losses.mean_scores)
 RT_TAG = "train/d_overfit_rt"
-WON_TAG = "train/d_won"
+WON_TAG = "train/d_won"  # the watch's reading at every log point once its window is full: 0 or 1
+ALARM_TAG = "alarm/D_won"  # the same from the first alarm on: its group sorts before `loss`, so it opens
 TEXT_TAG = "d_won"
 
 
 class DWonWatch:
-    """`observe` at each log point returns the scalars to log (train/d_won once the window is full)."""
+    """`observe` at each log point returns the scalars to log (train/d_won once the window is full, and
+    alarm/D_won once the alarm has fired: a healthy run never writes it)."""
 
-    def __init__(self, window_steps: int, log_every: int, squash: bool, on_alarm: Callable[[int, str], None]):
-        """`squash`: FAKE_TAG is a raw score, to pass through a sigmoid; `on_alarm` is called once per episode."""
+    def __init__(self, window_steps: int, log_every: int, on_alarm: Callable[[int, str], None]):
+        """`on_alarm` is called once per episode."""
         self.points = max(1, window_steps // log_every)  # log points in a window
-        self.window_steps, self.squash, self.on_alarm = window_steps, squash, on_alarm
+        self.window_steps, self.on_alarm = window_steps, on_alarm
         self.recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=self.points)
-        self.won = False
+        self.won = self.fired = False
 
     def observe(self, step: int, values: Mapping[str, float]) -> dict[str, float]:
         fake, rt = values.get(FAKE_TAG), values.get(RT_TAG)
         if fake is None or rt is None or not (math.isfinite(fake) and math.isfinite(rt)):
             return {}
-        p_fake = 1 / (1 + math.exp(-max(-60.0, min(60.0, fake)))) if self.squash else fake
-        self.recent.append((p_fake, rt))
+        self.recent.append((fake, rt))
         if len(self.recent) < self.points:
             return {}
         mean_fake, mean_rt = (sum(column) / len(self.recent) for column in zip(*self.recent))
         won = mean_fake < FAKE_BELOW and mean_rt > RT_ABOVE
         if won and not self.won:
             self.on_alarm(step, self.message(step, mean_fake, mean_rt))
-        self.won = won
-        return {WON_TAG: float(won)}
+        self.won, self.fired = won, self.fired or won
+        return {WON_TAG: float(won), **({ALARM_TAG: float(won)} if self.fired else {})}
 
     def message(self, step: int, mean_fake: float, mean_rt: float) -> str:
         return (
@@ -56,5 +57,4 @@ class DWonWatch:
 def d_won_watch(cfg: TrainConfig, on_alarm: Callable[[int, str], None]) -> Optional[DWonWatch]:
     if cfg.trainer.on_d_won == OnDWon.off or cfg.loss.name == LossName.wgan_gp:
         return None
-    squash = cfg.loss.name != LossName.bce  # hinge: D(G(z)) is a score, read through a sigmoid
-    return DWonWatch(cfg.trainer.d_won_window, cfg.trainer.log_every, squash, on_alarm)
+    return DWonWatch(cfg.trainer.d_won_window, cfg.trainer.log_every, on_alarm)

@@ -10,7 +10,7 @@ import dataclasses
 import logging
 import math
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 from torchvision.utils import save_image
@@ -30,7 +30,7 @@ from gan.core.steps import StepContext, d_step, g_step
 from gan.data import ImageSet, load_dataset, to_unit_range
 from gan.distributed import SINGLE, World, any_rank, gather_to_main, mean_over_ranks
 from gan.evaluation.pipeline import evaluate
-from gan.runs import check_resume, own_run_dir
+from gan.runs import check_resume, override_key, own_run_dir
 from gan.training.d_won import TEXT_TAG as D_WON_TEXT_TAG
 from gan.training.d_won import d_won_watch
 from gan.training.faults import (
@@ -58,7 +58,7 @@ from gan.training.monitor import (
 )
 from gan.training.overfit import OverfitProbe, build_probe
 from gan.training.periodic import Every, Extras, Tick
-from gan.training.quality import BEST_FID_TAG, FID_TAG, QUALITY_TAGS, QualityProbe
+from gan.training.quality import BEST_FID_TAG, BEST_STEP_TAG, FID_TAG, FINAL_FID_TAG, QualityProbe
 from gan.training.state import (
     TrainingState,
     build_state,
@@ -99,9 +99,11 @@ def train(
     after_step: Optional[Callable[[TrainingState], bool]] = None,
     on_ready: Optional[Callable[[], None]] = None,
     command: Optional[str] = None,
+    hparams: Optional[Mapping[str, float | str | bool | None]] = None,
 ) -> TrainResult:
     """Train (or resume) one run into run_dir. `dataset` replaces cfg.data's; `after_step(state)` returning
-    True ends the run as a signal would; `on_ready()` runs once every check passed, before any write."""
+    True ends the run as a signal would; `on_ready()` runs once every check passed, before any write;
+    `command` is shown in the Text tab, `hparams` are its HParams columns (`hparams_of`; data and loss if None)."""
     trainer, z_dim = cfg.trainer, cfg.model.z_dim
     resuming = checkpoint_path(trainer.resume) if trainer.resume else None
     with own_run_dir(run_dir, resuming, enabled=world.is_main):  # rank 0's alone, never over another run
@@ -110,7 +112,7 @@ def train(
         if on_ready is not None and world.is_main:
             on_ready()  # every check passed: from here on, the run writes into run_dir
         G, D = wrap_for_ddp(state.G, state.D, world, device)  # DDP wrappers: the same modules under DDP
-        monitor = open_monitor(cfg, state, run_dir, world, training, command)  # HParams, config text, reals
+        monitor = open_monitor(cfg, state, run_dir, world, training, command, hparams)  # HParams, text, reals
         with monitor, stop_on_signals() as stop:
             extras = periodic_extras(cfg, state, ctx, world, device, run_dir, monitor, stop, probes)
             while state.step < trainer.max_steps:
@@ -142,6 +144,8 @@ def train(
                 extras.after_step(Tick(state.step, {**d_stats, **g_stats}, real.size(0) * world.size, done))
                 if done:  # a signal that lands after `done` was computed gets one more step
                     break
+            if state.best:  # the run's result, one point each, in the group TensorBoard opens first
+                monitor.numbers(state.step, {BEST_FID_TAG: state.best["fid"], BEST_STEP_TAG: state.best["step"]})
             monitor.end_session(state.step, finished=state.step == trainer.max_steps)
         return TrainResult(state.step, monitor.last, last_checkpoint(run_dir), stop.reason, monitor.seconds, state.best)
 
@@ -183,7 +187,7 @@ def periodic_extras(
             state.best = {"fid": values[FID_TAG], "step": tick.step}
             with monitor.timed("checkpoint", tick.step):
                 save_checkpoint(best_generator(state, cfg, values), best_checkpoint(run_dir))
-        monitor.numbers(tick.step, {**values, BEST_FID_TAG: state.best["fid"] if state.best else math.nan})
+        monitor.numbers(tick.step, values)
 
     def steer_augment(tick: Tick) -> None:  # ADA's p toward model.ada_target (gan/core/augment.py)
         state.augment.observe(tick.stats["d/overfit_rt"], lambda rt: mean_over_ranks(rt, world))
@@ -239,7 +243,8 @@ def best_generator(state: TrainingState, cfg: TrainConfig, metrics: dict[str, fl
 
 
 def final_evaluation(cfg: TrainConfig, result: TrainResult, run_dir: Path) -> float:
-    """evaluate.py's metrics of the finished run into RUN_DIR/eval and TensorBoard; returns the FID."""
+    """evaluate.py's metrics of the finished run into RUN_DIR/eval, its pictures and table into the run's own
+    TensorBoard events, and its FID as FID/final at the last step; returns the FID."""
     trainer = cfg.trainer
     eval_cfg = EvaluateConfig(
         checkpoint=str(result.checkpoint),
@@ -248,9 +253,8 @@ def final_evaluation(cfg: TrainConfig, result: TrainResult, run_dir: Path) -> fl
         threads=trainer.threads,
     )
     eval_cfg.check()
-    results = evaluate(eval_cfg, run_dir / "eval")
-    numbers = {tag: float(results[key]) for key, tag in QUALITY_TAGS.items() if results.get(key) is not None}
-    write_final_numbers(run_dir, result.step, numbers)
+    results = evaluate(eval_cfg, run_dir / "eval", tb_dir=run_dir / "tb")  # one TensorBoard run per job
+    write_final_numbers(run_dir, result.step, {FINAL_FID_TAG: float(results["fid"])})
     return float(results["fid"])
 
 
@@ -292,6 +296,7 @@ def open_monitor(
     world: World,
     training: ImageSet,
     command: Optional[str] = None,
+    hparams: Optional[Mapping[str, float | str | bool | None]] = None,
 ) -> Monitor:
     """The run's Monitor, its HParams session open, the config in the Text tab, a fresh run's real grid."""
     trainer = cfg.trainer
@@ -305,7 +310,8 @@ def open_monitor(
             real = labelled_rows(
                 image_grid(to_unit_range(rows), nrow=state.grid_columns), row_labels(state.fixed_y, state.grid_columns)
             )
-    monitor.begin(hparams_of(cfg), trial_name(run_dir), {"g": state.opt_g, "d": state.opt_d}, real, state.step)
+    optimizers = {"g": state.opt_g, "d": state.opt_d}
+    monitor.begin(hparams_of(cfg) if hparams is None else hparams, trial_name(run_dir), optimizers, real, state.step)
     monitor.describe(state.step, config_text(cfg), command)
     if trainer.eval_every and world.is_main:
         note_short_curve(trainer.eval_every, state.step, trainer.max_steps)
@@ -350,13 +356,27 @@ def write_checkpoint(
     keep_numbered(path, state.step, cfg.trainer.keep_checkpoints)
 
 
-def hparams_of(cfg: TrainConfig) -> dict[str, int | float | str | bool | None]:
-    """The config as HParams columns, 'group.key' -> value; trainer.resume/progress are not what it computes."""
-    flat = {}
-    for group, values in to_plain(cfg).items():
-        for key, value in values.items():
-            typed = value is None or isinstance(value, (float, str, bool))
-            flat[f"{group}.{key}"] = value if typed else str(value)  # ints as text: HParams would show 300 as 300.00
-    for key in ("trainer.resume", "trainer.progress"):
-        flat.pop(key, None)
-    return flat
+def hparams_of(
+    cfg: TrainConfig, compared: Sequence[str] = (), context: bool = True
+) -> dict[str, float | str | bool | None]:
+    """The HParams columns: the `compared` overrides' keys (a sweep job's swept keys, a single run's own), as the
+    command line names them, with the values the run used, and with `context` the `data` and `loss` a reader of
+    a single run needs. Only these: the page shows its first five settings before any metric (docs/watching.md)."""
+    plain = to_plain(cfg)
+    named = {"data.name": "data", "loss.name": "loss"}  # one column each, however the command set them
+    columns: dict[str, object] = {}
+    for override in compared:
+        if override.startswith("~") or "=" not in override:
+            continue  # a deletion sets nothing to compare
+        key = override_key(override)
+        column, (group, _, field) = named.get(key, key), key.partition(".")
+        if column in ("data", "loss"):
+            columns[column] = plain[column]["name"]
+        elif field and field in plain.get(group, {}):
+            columns[key] = plain[group][field]
+        else:  # a config group's choice (experiment=wgan_gp), or a key of no group
+            columns[key] = override.split("=", 1)[1]
+    if context:
+        columns = {"data": plain["data"]["name"], "loss": plain["loss"]["name"], **columns}
+    # ints (and lists) as text: the page prints every number to five digits, 300 as 300.00
+    return {key: v if v is None or isinstance(v, (float, str, bool)) else str(v) for key, v in columns.items()}

@@ -31,12 +31,16 @@ from gan.data import BatchStream
 
 log = logging.getLogger(__name__)
 
-# one name whatever the loss, so runs of different losses share their charts and HParams metrics
+# D's probabilities under one name whatever the loss (a hinge D's scores through a sigmoid: losses.mean_scores), so
+# runs of different losses share their charts, on one [0, 1] axis, and HParams metrics; raw scores on their own
 RENAMED = {
-    **dict.fromkeys(("d/real", "d/real_score"), "loss/D(x)"),
-    **dict.fromkeys(("d/fake", "d/fake_score"), "loss/D(G(z))"),
+    "d/real": "loss/D(x)",
+    "d/fake": "loss/D(G(z))",
+    "d/real_score": "train/D(x)_score",
+    "d/fake_score": "train/D(G(z))_score",
     # D(G(z)) after D's update: pytorch/examples' D_G_z2, kept out of the `loss` group
-    **dict.fromkeys(("d/fake_after_d_step", "d/fake_score_after_d_step"), "train/D(G(z))_after_d_step"),
+    "d/fake_after_d_step": "train/D(G(z))_after_d_step",
+    "d/fake_score_after_d_step": "train/D(G(z))_score_after_d_step",
 }
 REAL_TAG = "samples/real"  # training images, once at the start of a run
 FAKE_TAG = "samples/fake (EMA G, fixed z)"  # the same latents through the EMA generator at every grid
@@ -151,8 +155,9 @@ class Monitor:
 
     def describe(self, step: int, config: str, command: Optional[str]) -> None:
         self.text(CONFIG_TEXT_TAG, f"```yaml\n{config}```", step)
-        if command:
-            self.text(COMMAND_TEXT_TAG, f"```\n{command}\n```", step)
+        if command:  # inline code, which wraps at the page's edge (a code block scrolls sideways)
+            fence = "``" if "`" in command else "`"
+            self.text(COMMAND_TEXT_TAG, f"{fence}{command}{fence}", step)
 
     def text(self, tag: str, text: str, step: int) -> None:
         """Under `tag` itself: torch's add_text would name it `tag/text_summary`."""
@@ -187,8 +192,8 @@ def trial_name(run_dir: Path) -> str:
 
 
 def write_final_numbers(run_dir: Path, step: int, values: Mapping[str, float]) -> None:
-    """In the sub-run tb/final_eval, where they join the run's HParams metrics."""
-    with SummaryWriter(log_dir=str(run_dir / "tb" / "final_eval")) as writer:
+    """Into the run's own events (its colour, its HParams session), after the loop's writer closed."""
+    with SummaryWriter(log_dir=str(run_dir / "tb")) as writer:
         for tag, value in values.items():
             writer.add_scalar(tag, value, step)
 
