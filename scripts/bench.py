@@ -8,8 +8,9 @@
 Both sides train the same networks (this project's Generator and DCGAN's Discriminator, with
 BatchNorm, so the model size is identical) on the same images at the same batch size; the rows
 "project ..., default D" train train.py's default recipe instead (its D spectrally normalised without
-BatchNorm, adaptive DiffAugment, the EMA), the whole loop a user runs, in each precision. The canonical side is re-implemented as
-plain reference code in `canonical_step`: fp32, Sigmoid + BCELoss, `zero_grad()`, a DataLoader.
+BatchNorm, adaptive DiffAugment, the EMA), the whole loop a user runs, in each precision. The
+canonical side is re-implemented as plain reference code in `canonical_step`: fp32, Sigmoid +
+BCELoss, `zero_grad()`, a DataLoader.
 The project side is the real `gan.training.train()` loop, logging, sampling and checkpointing
 included. Rows alternate round by round, so load on the machine hits all alike, and the table
 reports the median round. Each row runs in a fresh process (`probe`): the project's loop sets a
