@@ -117,6 +117,7 @@ class ModelConfig(_Group):
     ema_decay: float = 0.999  # EMA of G's weights for sampling (Karras et al. 2018), warmed up; 0 = off
     ema_kimg: float = 0.0  # > 0: EMA half-life in thousands of images (StyleGAN2-ADA's ema_kimg), replaces ema_decay
     ema_rampup: float = 0.05  # ema_kimg's half-life is at most this x the images seen so far; 0 = no ramp
+    ema_every: int = 1  # steps between EMA updates, each with the decay of that many steps (same half-life)
     sync_batchnorm: bool = False  # DDP: BatchNorm statistics over all ranks' batches (SyncBatchNorm)
     d_batchnorm: bool = False  # BatchNorm in D, as DCGAN (experiment=paper); per-sample penalties need it off
     spectral_norm: bool = True  # on D's convolutions (Miyato et al. 2018; docs/results.md#training-longer)
@@ -135,6 +136,7 @@ class ModelConfig(_Group):
         self._check(0 <= self.ema_decay < 1, "ema_decay", "must be in [0, 1) (0 = no EMA)")
         self._check(self.ema_kimg >= 0, "ema_kimg", "must be >= 0 (0 = use model.ema_decay)")
         self._check(self.ema_rampup >= 0, "ema_rampup", "must be >= 0 (0 = no ramp-up)")
+        self._check(self.ema_every >= 1, "ema_every", "must be >= 1 (1 = every step)")
         self._check(0 <= self.ada_target < 1, "ada_target", "must be in [0, 1) (0 = off)")
         self._check(self.ada_kimg > 0, "ada_kimg", "must be > 0")
         why = "must be 1 with model.conditional=true: a pack of several images has no single class to project on"

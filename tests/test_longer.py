@@ -267,14 +267,36 @@ def test_ada_at_p_0_is_the_identity_and_at_p_1_is_diffaugment():
     assert torch.equal(ada(x), x)
     ada.p.fill_(1.0)
     # the same draws: diff_augment's, interleaved with ADA's gate draws, which at p = 1 always pass
-    torch.manual_seed(5)
+    ada.generator.manual_seed(5)
     mine = ada(x)
-    torch.manual_seed(5)
-    theirs = x
+    theirs, generator = x, torch.Generator().manual_seed(5)
     for policy in ("color", "translation", "cutout"):
-        torch.rand(8, 1, 1, 1)  # the gate's draw, which at p = 1 takes every image
-        theirs = diff_augment(theirs, [policy])
+        torch.rand(8, 1, 1, 1, generator=generator)  # the gate's draw, which at p = 1 takes every image
+        theirs = diff_augment(theirs, [policy], generator)
     assert torch.allclose(mine, theirs)
+
+
+def test_ada_draws_only_from_its_own_generator_and_nothing_at_p_0():
+    x = torch.randn(8, 1, 16, 16)
+    ada = AdaptiveAugment(["color", "translation", "cutout"], target=0.6, speed_kimg=1, batch_size=8, seed=3)
+    main, own = torch.get_rng_state(), ada.generator.get_state()
+    assert ada(x) is x  # p = 0: the images themselves, no copy
+    assert torch.equal(ada.generator.get_state(), own) and torch.equal(torch.get_rng_state(), main)
+    ada.p.fill_(0.5)
+    assert not torch.equal(ada(x), x)
+    assert not torch.equal(ada.generator.get_state(), own)  # its own stream moved ...
+    assert torch.equal(torch.get_rng_state(), main)  # ... and torch's global one did not
+
+
+def test_a_run_with_ada_at_p_0_keeps_the_random_stream_and_weights_of_a_run_without_augmentation(tmp_path):
+    # p moves first after the 4th step (model.ada_target's interval): 4 steps all run at p = 0
+    common = ("trainer.max_steps=4", "trainer.checkpoint_every=100", "trainer.threads=1")  # bit-exact under load
+    train(compose_config(*common, "model.ada_target=0.6"), tmp_path / "ada")
+    train(compose_config(*common, "model.diffaugment=[]"), tmp_path / "plain")
+    ada, plain = load_checkpoint(tmp_path / "ada"), load_checkpoint(tmp_path / "plain")
+    assert ada["config"]["model"]["diffaugment"] and ada["augment"] is not None and plain["augment"] is None
+    assert torch.equal(ada["rng"]["torch"], plain["rng"]["torch"])  # the main stream: latents, shuffling
+    assert_same_state(ada, plain)
 
 
 def test_ada_passes_g_gradient_through_the_augmented_images():
@@ -301,16 +323,25 @@ def test_ada_augments_about_p_of_the_images():
 
 
 def test_ada_p_is_checkpointed_and_a_resume_is_bit_identical(tmp_path):
+    # trainer.threads=1: the adaptive count (the default) may change under load, and a run is then not bit-exact
     common = ("trainer.max_steps=12", "'model.diffaugment=[translation,cutout]'", "model.ada_target=0.01",
-              "model.ada_kimg=0.5", "trainer.checkpoint_every=100")  # fmt: skip
+              "model.ada_kimg=0.5", "trainer.checkpoint_every=100", "trainer.threads=1")  # fmt: skip
     common = tuple(o.strip("'") for o in common)
     train(compose_config(*common), tmp_path / "straight")
     train(compose_config(*common), tmp_path / "split", after_step=stop_at(5))
     assert 0 < load_checkpoint(tmp_path / "split")["augment"]["p"] < 1  # steered, mid-range: resumed, not reset
+    halfway = load_checkpoint(tmp_path / "split")
     train(compose_config(*common, f"trainer.resume={tmp_path / 'split'}"), tmp_path / "split")
     straight, resumed = load_checkpoint(tmp_path / "straight"), load_checkpoint(tmp_path / "split")
     assert straight["augment"] == resumed["augment"]
+    assert torch.equal(straight["rng"]["augment"], resumed["rng"]["augment"])
     assert_same_state(straight, resumed)
+    # the augmentation's generator travels in the checkpoint: resumed without it, the run is another one
+    run_dir = tmp_path / "without"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    torch.save({**halfway, "rng": {**halfway["rng"], "augment": None}}, run_dir / "checkpoints" / "last.pt")
+    train(compose_config(*common, f"trainer.resume={run_dir}"), run_dir)
+    assert not torch.equal(load_checkpoint(run_dir)["D"]["features.0.bias"], straight["D"]["features.0.bias"])
 
 
 def test_a_checkpoint_without_adas_p_is_refused_naming_the_entry(tmp_path):

@@ -10,7 +10,7 @@ from conftest import compose_config
 from torch import nn
 
 from gan.config import ConfigError
-from gan.core.ema import build_ema
+from gan.core.ema import build_ema, ema_with_half_life, ema_with_warmup
 from gan.core.losses import d_loss_bce, gradient_penalty, r1_penalty
 from gan.core.models import Discriminator, MinibatchStd
 from gan.training import train
@@ -196,6 +196,37 @@ def test_ema_half_life_in_images():
     assert build_ema(G, cfg.model.ema_decay, cfg.model.ema_kimg, cfg.model.ema_rampup) is not None
     with pytest.raises(ConfigError, match="model.ema_kimg"):
         compose_config("model.ema_kimg=-1")
+
+
+@pytest.mark.parametrize("every", [2, 4, 7])
+@pytest.mark.parametrize("kind", ["warm-up", "half-life"])
+def test_an_ema_updated_every_k_steps_keeps_its_half_life(kind, every):
+    def update(k: int):
+        return ema_with_warmup(0.999, k) if kind == "warm-up" else ema_with_half_life(1000.0, 0.05, 64, k)
+
+    single, cadenced, current = update(1), update(every), [torch.ones(3)]
+    # G holding still: one update every k steps lands where the k single-step updates it stands for do,
+    # in the warm-up (or ramp-up) and after it. After n updates it stands for steps n * k ... n * k + k - 1.
+    for n in (1, 2, 5, 40, 3000):
+        steps, once = [torch.zeros(3)], [torch.zeros(3)]
+        for step in range(n * every, n * every + every):
+            single(steps, current, torch.tensor(step))
+        cadenced(once, current, torch.tensor(n))
+        torch.testing.assert_close(once[0], steps[0])
+    # past the warm-up each update keeps decay ** k of the average: the half-life in steps is unchanged
+    per_step = 0.999 if kind == "warm-up" else 0.5 ** (64 / 1000)
+    late = [torch.zeros(1)]
+    cadenced(late, [torch.ones(1)], torch.tensor(10**6))
+    assert late[0].item() == pytest.approx(1 - per_step**every, abs=1e-6)  # float32 arithmetic
+
+
+def test_the_loop_updates_the_ema_every_model_ema_every_steps(tmp_path):
+    seen = []
+    train(compose_config("trainer.max_steps=7", "model.ema_every=3"), tmp_path / "run",
+          after_step=lambda state: seen.append(int(state.G_ema.n_averaged)))  # fmt: skip
+    assert seen == [0, 0, 1, 1, 1, 2, 2]  # after steps 3 and 6 (the first update copies G)
+    with pytest.raises(ConfigError, match="model.ema_every"):
+        compose_config("model.ema_every=0")
 
 
 def test_ema_averages_weights_and_batchnorm_statistics():

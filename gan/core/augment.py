@@ -8,7 +8,9 @@ augmentation must be made of differentiable tensor ops: G's gradient flows back 
 augmentation of uint8 pixels, a data loader's, would round that gradient away).
 
 The three policies follow the paper's reference code (DiffAugment_pytorch.py), one random draw per
-image, from torch's generator (so a checkpoint, which saves the generators, resumes the same draws).
+image, from the generator passed in (torch's global one when None). AdaptiveAugment draws from a
+generator of its own, which the checkpoint saves: the run's main stream (latents, batches) then does
+not depend on how often, or whether, the augmentation ran.
 """
 
 from __future__ import annotations
@@ -113,22 +115,36 @@ class AdaptiveAugment:
     an image took (both are differentiable).
     """
 
-    def __init__(self, policies: Sequence[str], target: float, speed_kimg: float, batch_size: int, interval: int = 4):
-        self.policies, self.target, self.interval = list(policies), target, interval
+    def __init__(
+        self,
+        policies: Sequence[str],
+        target: float,
+        speed_kimg: float,
+        batch_size: int,
+        interval: int = 4,
+        seed: int = 0,
+    ):
+        self.policies, self.target, self.interval, self.seed = list(policies), target, interval, seed
         self.step_size = interval * batch_size / (speed_kimg * 1000)
         self.p = torch.zeros(())
         self.rt_sum, self.seen = torch.zeros(()), 0
+        # every draw (gates and augmentations) from here; its state travels in the checkpoint's "rng"
+        self.generator = torch.Generator().manual_seed(seed)
 
     def to(self, device: torch.device) -> AdaptiveAugment:
         self.p, self.rt_sum = self.p.to(device), self.rt_sum.to(device)
+        self.generator = torch.Generator(device).manual_seed(self.seed)
         return self
 
-    def __call__(self, x: Tensor, generator: Optional[torch.Generator] = None) -> Tensor:
+    def __call__(self, x: Tensor) -> Tensor:
+        on_cpu = x.device.type == "cpu"
+        if on_cpu and not self.p > 0:  # reading p is free on the CPU: at p = 0 no work and no draw
+            return x
         for name, functions in POLICIES.items():
             if name not in self.policies:
                 continue
-            take = _uniform(x, generator) < self.p.to(x.dtype)  # (N, 1, 1, 1): this policy for these images
-            if x.device.type == "cpu":
+            take = _uniform(x, self.generator) < self.p.to(x.dtype)  # (N, 1, 1, 1): this policy for these images
+            if on_cpu:
                 # Reading which images were drawn costs nothing on the CPU, so only those are augmented:
                 # while p is small (early in a run, and in a run D never dominates) it costs next to
                 # nothing. index_put is differentiable: G's gradient reaches the images either way.
@@ -137,13 +153,14 @@ class AdaptiveAugment:
                     continue
                 augmented = x[index]
                 for augment in functions:
-                    augmented = augment(augmented, generator)
+                    augmented = augment(augmented, self.generator)
                 x = x.index_put((index,), augmented)
             else:
-                # On an accelerator that read would wait for the device: augment all, keep the drawn ones
+                # On an accelerator reading p or the draws would wait for the device: augment all, keep
+                # the drawn ones (work even at p = 0, but no host sync; the draws are still the augment's own)
                 augmented = x
                 for augment in functions:
-                    augmented = augment(augmented, generator)
+                    augmented = augment(augmented, self.generator)
                 x = torch.where(take, augmented, x)
         return x
 

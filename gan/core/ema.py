@@ -17,32 +17,33 @@ EmaUpdate = Callable[[list[Tensor], list[Tensor], Tensor], None]
 
 
 def build_ema(
-    G: nn.Module, decay: float, kimg: float = 0.0, rampup: float = 0.0, images_per_step: int = 1
+    G: nn.Module, decay: float, kimg: float = 0.0, rampup: float = 0.0, images_per_step: int = 1, every: int = 1
 ) -> Optional[AveragedModel]:
     """An exponential moving average of G (torch's AveragedModel), or None when it is off.
 
     The decay is `decay` with TF's warm-up, or, when kimg > 0, a half-life of kimg thousand images.
-    use_buffers=True averages BatchNorm's running statistics along with the weights.
+    use_buffers=True averages BatchNorm's running statistics along with the weights. `every`: the
+    loop updates it every that many steps, each update standing for that many steps' (ema_every).
     """
     if kimg > 0:
-        update = ema_with_half_life(kimg * 1000, rampup, images_per_step)
+        update = ema_with_half_life(kimg * 1000, rampup, images_per_step, every)
     elif decay > 0:
-        update = ema_with_warmup(decay)
+        update = ema_with_warmup(decay, every)
     else:
         return None
     return AveragedModel(G, multi_avg_fn=update, use_buffers=True)
 
 
-def ema_with_warmup(decay: float) -> EmaUpdate:
+def ema_with_warmup(decay: float, every: int = 1) -> EmaUpdate:
     """EMA update whose decay warms up as in TF's ExponentialMovingAverage(num_updates):
-    min(decay, (1 + n) / (10 + n)) after n updates. With a fixed 0.999 the first few hundred
+    min(decay, (1 + n) / (10 + n)) after n steps. With a fixed 0.999 the first few hundred
     steps' samples would still be mostly the random initial weights (0.999^300 = 74%).
     The decay is a 0-dim tensor on the device: no host sync per step.
     """
-    return _ema_update(lambda n: ((1 + n) / (10 + n)).clamp(max=decay))
+    return _ema_update(lambda n: ((1 + n) / (10 + n)).clamp(max=decay), every)
 
 
-def ema_with_half_life(half_life_images: float, rampup: float, images_per_step: int) -> EmaUpdate:
+def ema_with_half_life(half_life_images: float, rampup: float, images_per_step: int, every: int = 1) -> EmaUpdate:
     """EMA update with a half-life counted in images (StyleGAN2-ADA, training_loop.py): the decay
     per step is 0.5 ** (images_per_step / half-life), so the average spans the same images
     whatever the batch size; with rampup > 0 the half-life is at most rampup x the images seen
@@ -55,19 +56,26 @@ def ema_with_half_life(half_life_images: float, rampup: float, images_per_step: 
             half_life = torch.minimum(half_life, rampup * (n.float() + 1) * images_per_step)
         return 0.5 ** (images_per_step / half_life)
 
-    return _ema_update(decay)
+    return _ema_update(decay, every)
 
 
-def _ema_update(decay_after: Callable[[Tensor], Tensor]) -> EmaUpdate:
+def _ema_update(decay_after: Callable[[Tensor], Tensor], every: int = 1) -> EmaUpdate:
     """AveragedModel's multi_avg_fn: averaged = decay * averaged + (1 - decay) * current, with the
-    decay a function of the number of updates so far (a 0-dim tensor on the device)."""
+    decay a function of the number of steps so far (a tensor on the device: no host sync).
+
+    Updated every `every` steps, one update stands for that many: its decay is the product of those
+    steps' decays (decay ** every once warmed up), so the average keeps its half-life in steps. It is
+    exact while G holds still, and otherwise misses at most the last every - 1 steps of G (the argument by
+    which StyleGAN2-ADA's ema_kimg counts its half-life in images: decay ** (images per update)).
+    """
 
     @torch.no_grad()
     def update(averaged: list[Tensor], current: list[Tensor], num_averaged: Tensor) -> None:
         if not averaged[0].is_floating_point():  # BatchNorm's num_batches_tracked: just follow G
             torch._foreach_copy_(averaged, current)
             return
-        decay = decay_after(num_averaged).to(averaged[0].dtype)
+        steps = num_averaged * every + torch.arange(every, device=num_averaged.device)  # the steps it stands for
+        decay = decay_after(steps).prod().to(averaged[0].dtype)
         torch._foreach_lerp_(averaged, current, 1 - decay)
 
     return update

@@ -131,8 +131,8 @@ def train(
                 ctx.scaler.update()  # once per iteration, after both optimizers stepped (fp16 only)
                 state.step += 1
 
-                # EMA of G's weights (and BatchNorm statistics), used for every sample
-                if state.G_ema is not None:
+                # EMA of G's weights (and BatchNorm statistics), used for every sample; every model.ema_every steps
+                if state.G_ema is not None and state.step % cfg.model.ema_every == 0:
                     state.G_ema.update_parameters(state.G)
 
                 # stop: at max_steps, a signal, the D-won alarm or the caller. Under DDP all ranks stop at
@@ -196,7 +196,7 @@ def periodic_extras(
         write_samples(state, run_dir, monitor)
 
     def checkpoint(tick: Tick) -> None:  # never over the last good one with weights a NaN has reached
-        rngs = gather_to_main(rng_state(device), world)  # every rank's generators, for resume
+        rngs = gather_to_main(rng_state(device, state.augment), world)  # every rank's generators, for resume
         if world.is_main:
             watch.check(ctx.skip_nonfinite)
             check_finite_state(state, last_checkpoint(run_dir))  # weights and Adam moments, too
@@ -269,7 +269,7 @@ def set_up(
     device = prepare_process(cfg, world)
     # read the checkpoint to resume from before any work, so a bad path fails at once
     resume_from = load_checkpoint(cfg.trainer.resume, map_location=device) if cfg.trainer.resume else None
-    ctx, precision = build_step_context(cfg, device)  # the precision, the loss and its extra terms of both steps
+    ctx, precision = build_step_context(cfg, device, world.rank)  # the precision, loss and extra terms of both steps
     with explain_allocation_failure(cfg):  # model.g_width=10000000: one paragraph, not a traceback
         training_set = dataset or load_dataset(cfg.data)
         state = build_state(cfg, device, ctx.scaler, world, training_set)

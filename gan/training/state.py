@@ -66,7 +66,7 @@ class TrainingState:
             "num_classes": self.G.num_classes,  # 0: unconditional; evaluate.py rebuilds G from it
             "data": self.batches.state_dict(),
             "fixed_z": self.fixed_z,
-            "rng": rank_rngs[0] if rank_rngs else rng_state(self.fixed_z.device),
+            "rng": rank_rngs[0] if rank_rngs else rng_state(self.fixed_z.device, self.augment),
             "rng_ranks": rank_rngs if rank_rngs and len(rank_rngs) > 1 else [],
             "config": to_plain(cfg),
             "best": dict(self.best) if self.best else None,
@@ -99,9 +99,9 @@ class TrainingState:
             entry = "rng"
             per_rank = state.get("rng_ranks") or []
             if len(per_rank) == world.size and world.size > 1:
-                set_rng_state(per_rank[world.rank], self.fixed_z.device)
+                set_rng_state(per_rank[world.rank], self.fixed_z.device, self.augment)
             elif world.rank == 0:
-                set_rng_state(state["rng"], self.fixed_z.device)
+                set_rng_state(state["rng"], self.fixed_z.device, self.augment)
             entry = "step"
             self.step = int(state["step"])
             entry = "best"
@@ -150,21 +150,31 @@ def check_data_position(position: dict[str, int], batches: BatchStream) -> dict[
     return position
 
 
-def rng_state(device: torch.device) -> dict[str, Any]:
-    """Python's, torch's CPU and the training GPU's generators (get_rng_state_all() would touch every GPU)."""
+def rng_state(device: torch.device, augment: Optional[AdaptiveAugment] = None) -> dict[str, Any]:
+    """Python's, torch's CPU and the training GPU's generators (get_rng_state_all() would touch every GPU),
+    and the adaptive augmentation's own."""
     return {
         "python": random.getstate(),
         "torch": torch.get_rng_state(),
         "cuda": [torch.cuda.get_rng_state(device)] if device.type == "cuda" else [],
+        "augment": augment.generator.get_state() if augment is not None else None,
     }
 
 
-def set_rng_state(rng: dict[str, Any], device: torch.device) -> None:
+def set_rng_state(rng: dict[str, Any], device: torch.device, augment: Optional[AdaptiveAugment] = None) -> None:
     """Restore what `rng_state` saved."""
     random.setstate(rng["python"])
     torch.set_rng_state(rng["torch"].cpu())
     if rng["cuda"] and device.type == "cuda":
         torch.cuda.set_rng_state(rng["cuda"][0].cpu(), device)
+    if augment is not None and rng.get("augment") is not None:
+        augment.generator.set_state(rng["augment"].cpu())
+    elif augment is not None:  # written before the augmentation had a generator of its own
+        log.warning(
+            "trainer.resume: the checkpoint holds no state of the augmentation's generator (it was written by an "
+            "older version, whose augmentation drew from torch's global stream); its draws restart from the seed, "
+            "so this continuation is not bit-identical to an uninterrupted run."
+        )
 
 
 def build_state(
@@ -189,7 +199,8 @@ def build_state(
     )
     G, D = build_models(cfg, device, num_classes)
     model = cfg.model  # G_ema: a deep copy of G made before compiling, so it stays eager
-    G_ema = build_ema(G, model.ema_decay, model.ema_kimg, model.ema_rampup, cfg.data.batch_size * world.size)
+    images_per_step = cfg.data.batch_size * world.size
+    G_ema = build_ema(G, model.ema_decay, model.ema_kimg, model.ema_rampup, images_per_step, model.ema_every)
     if cfg.trainer.compile:
         compile_models(G, D)
     opt_g, opt_d = build_optimizer(G, cfg, device), build_optimizer(D, cfg, device, lr=cfg.optim.lr_d)
@@ -271,7 +282,7 @@ def build_loss(cfg: TrainConfig) -> AdversarialLoss:
     return loss
 
 
-def build_step_context(cfg: TrainConfig, device: torch.device = CPU) -> tuple[StepContext, Precision]:
+def build_step_context(cfg: TrainConfig, device: torch.device = CPU, rank: int = 0) -> tuple[StepContext, Precision]:
     """The StepContext both steps run with, and the precision trainer.precision resolved to."""
     precision = resolve_precision(cfg.trainer.precision, device)
     ctx = step_context(precision, device, skip_nonfinite=cfg.trainer.on_nan == OnNonFinite.skip)
@@ -281,18 +292,24 @@ def build_step_context(cfg: TrainConfig, device: torch.device = CPU) -> tuple[St
         penalties=Penalties(cfg.loss.gradient_penalty, cfg.loss.r1),
         feature_matching=cfg.loss.feature_matching,
         backward_mode=cfg.loss.backward_mode,
-        augment=build_augment(cfg, device),
+        augment=build_augment(cfg, device, rank),
     ), precision
 
 
-def build_augment(cfg: TrainConfig, device: torch.device = CPU) -> Callable[[Tensor], Tensor]:
-    """DiffAugment (adaptive with model.ada_target) or the identity; its draws use checkpointed generators."""
+def build_augment(cfg: TrainConfig, device: torch.device = CPU, rank: int = 0) -> Callable[[Tensor], Tensor]:
+    """DiffAugment (adaptive with model.ada_target) or the identity; its draws use checkpointed generators.
+    ADA's generator is seeded apart from torch's global one (trainer.seed + rank), so its numbers are not
+    the latents' again; each rank draws its own, as each draws its own latents."""
     if not cfg.model.diffaugment:
         return no_augment
     policies = [policy.value for policy in cfg.model.diffaugment]
     if cfg.model.ada_target > 0:
-        return AdaptiveAugment(policies, cfg.model.ada_target, cfg.model.ada_kimg, cfg.data.batch_size).to(device)
+        model, seed = cfg.model, cfg.trainer.seed + rank + AUGMENT_SEED_OFFSET
+        return AdaptiveAugment(policies, model.ada_target, model.ada_kimg, cfg.data.batch_size, seed=seed).to(device)
     return functools.partial(diff_augment, policies=policies)
+
+
+AUGMENT_SEED_OFFSET = 0xA06_5EED  # any constant: ADA's stream, apart from the global one seeded trainer.seed + rank
 
 
 def wrap_for_ddp(G: nn.Module, D: nn.Module, world: World, device: torch.device) -> tuple[nn.Module, nn.Module]:
