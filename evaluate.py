@@ -5,7 +5,7 @@ against the held-out split, in the feature space of a classifier trained on the 
 (offline) or of Inception-v3; draws sample, interpolation and nearest-neighbour grids; optionally
 saves the samples and exports the generator. Everything goes into this run's directory:
 metrics.json, *.png, tb/, export/. `main(argv)` runs the command line in this process and returns
-its exit code, as train.py's does.
+its exit code, as train.py's does. Installed with pip, the same program is the command `dcgan-evaluate`.
 """
 
 from __future__ import annotations

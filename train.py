@@ -1,4 +1,5 @@
 """Train a DCGAN: `python train.py [group=option] [key=value ...]`; see README.md and configs/.
+Installed with pip, the same program is the command `dcgan-train` (gan/cli.py).
 
 `main(argv)` runs the command line in this process and returns its exit code: the job turns Hydra's
 config (a resume's: its checkpoint's, gan/runs.py) into a checked, typed one and calls train().
@@ -33,6 +34,7 @@ log = logging.getLogger("train")
 # run after it wrote its checkpoint, as shells report a process that signal ended.
 EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_COLLAPSE = 2, 3, 4
 SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143, "SIGUSR1": 138, "SIGUSR2": 140}
+PROGRAM = "python train.py"  # how the Text tab's command line and the resume hint name this program
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -84,7 +86,7 @@ def job(cfg: DictConfig) -> tuple[int, float]:
 
 def command_line() -> str:
     """This job's command (a sweep job's own values), quoted for the shell: the Text tab shows it."""
-    return " ".join(["python train.py", *(runs.shell_quote(o) for o in HydraConfig.get().overrides.task)])
+    return " ".join([PROGRAM, *(runs.shell_quote(o) for o in HydraConfig.get().overrides.task)])
 
 
 def finish(result: TrainResult, fid: float, run_dir: Path, sweep: bool) -> tuple[int, float]:
@@ -94,8 +96,8 @@ def finish(result: TrainResult, fid: float, run_dir: Path, sweep: bool) -> tuple
         return (0 if sweep else EXIT_COLLAPSE), math.nan  # a sweep goes on with its other jobs
     if result.stopped_by:
         log.warning(
-            "Stopped by %s at step %d; checkpoint saved to %s. Resume with:\n  python train.py %s",
-            *(result.stopped_by, result.step, result.checkpoint, runs.resume_override(run_dir)),
+            "Stopped by %s at step %d; checkpoint saved to %s. Resume with:\n  %s %s",
+            *(result.stopped_by, result.step, result.checkpoint, PROGRAM, runs.resume_override(run_dir)),
         )
         if sweep:  # a signal stops the whole sweep, not just this job
             raise SystemExit(SIGNAL_EXIT[result.stopped_by])
@@ -105,5 +107,7 @@ def finish(result: TrainResult, fid: float, run_dir: Path, sweep: bool) -> tuple
 
 
 if __name__ == "__main__":
+    if not sys.argv[0].endswith(".py"):  # the console command pip installed (gan/cli.py)
+        PROGRAM = Path(sys.argv[0]).name
     logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")  # until Hydra's
     sys.exit(main())

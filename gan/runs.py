@@ -32,7 +32,8 @@ from gan.config import TrainConfig
 from gan.errors import ConfigError, RunDirError
 
 log = logging.getLogger(__name__)
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+# configs/ of a clone, or gan/configs/ where pip installed the package (pyproject.toml maps one to the other)
+CONFIG_DIR = next(d for d in (Path(__file__).parent / "configs", Path(__file__).parents[1] / "configs") if d.is_dir())
 
 # The resume contract: what a resume may change. Where and how the run executes, and what it
 # measures (trainer.resume=auto ignores these when it looks for the run to continue) ...
