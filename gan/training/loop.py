@@ -28,6 +28,7 @@ from gan.core.augment import AdaptiveAugment
 from gan.core.sampling import image_grid, sample
 from gan.core.steps import StepContext, d_step, g_step
 from gan.data import ImageSet, load_dataset, to_unit_range
+from gan.device import environment, environment_changes
 from gan.distributed import SINGLE, World, any_rank, gather_to_main, mean_over_ranks
 from gan.evaluation.pipeline import evaluate
 from gan.runs import check_resume, own_run_dir
@@ -102,6 +103,7 @@ def train(
 ) -> TrainResult:
     """Train (or resume) one run into run_dir. `dataset` replaces cfg.data's; `after_step(state)` returning
     True ends the run as a signal would; `on_ready()` runs once every check passed, before any write."""
+    cfg.check()  # the range checks train.py makes (gan/config.py), for a config built in code too
     trainer, z_dim = cfg.trainer, cfg.model.z_dim
     resuming = checkpoint_path(trainer.resume) if trainer.resume else None
     with own_run_dir(run_dir, resuming, enabled=world.is_main):  # rank 0's alone, never over another run
@@ -235,6 +237,7 @@ def best_generator(state: TrainingState, cfg: TrainConfig, metrics: dict[str, fl
         "step": state.step,
         "metrics": dict(metrics),
         "config": to_plain(cfg),
+        "environment": environment(state.fixed_z.device),
     }
 
 
@@ -275,6 +278,14 @@ def set_up(
         check_resume(to_plain(cfg), resume_from, cfg.trainer.resume)  # the resume contract: gan/runs.py
         state.load_state_dict(resume_from, world)
         log.info("Resumed from %s at step %d", cfg.trainer.resume, state.step)
+        changes = environment_changes(resume_from.get("environment"), environment(device))
+        if changes:  # read for this warning alone: a checkpoint that records none resumes without it
+            log.warning(
+                "Resuming under another environment than the checkpoint was written in (%s): the continuation "
+                "may not match an uninterrupted run bit for bit (another torch, CUDA or device computes "
+                "differently).",
+                "; ".join(changes),
+            )
     set_learning_rates(state, cfg)  # the first step's; the periodic extras set each next one
     auto = " (trainer.precision=auto)" if cfg.trainer.precision == Precision.auto else ""
     log.info("Training on %s in %s%s, %d process(es)", device, precision.value, auto, world.size)
@@ -306,7 +317,7 @@ def open_monitor(
                 image_grid(to_unit_range(rows), nrow=state.grid_columns), row_labels(state.fixed_y, state.grid_columns)
             )
     monitor.begin(hparams_of(cfg), trial_name(run_dir), {"g": state.opt_g, "d": state.opt_d}, real, state.step)
-    monitor.describe(state.step, config_text(cfg), command)
+    monitor.describe(state.step, config_text(cfg), command, environment(state.fixed_z.device))
     if trainer.eval_every and world.is_main:
         note_short_curve(trainer.eval_every, state.step, trainer.max_steps)
     return monitor
