@@ -205,7 +205,7 @@ def periodic_extras(
         [
             Every("NaN watch", 1, lambda tick: watch.update(tick.step, tick.stats["loss/d"], tick.stats["loss/g"])),
             Every("progress", 1, lambda tick: monitor.advance(tick.step, tick.images)),  # time/img_per_s too
-            Every("threads", 1 if governor else 0, lambda tick: governor.poll()),  # the clock; /proc every 2 s
+            Every("threads", 1 if governor else 0, lambda tick: governor.poll()),  # the clock; CPU times every 2 s
             Every("overfitting", trainer.overfit_every if overfit else 0, measure_overfit),
             Every("augment p", 1 if state.augment else 0, steer_augment),
             Every("log", trainer.log_every, log_scalars, at_end=True),  # and the collapse alarm
