@@ -82,6 +82,9 @@ def test_the_wheel_installs_commands_that_train_and_evaluate_from_any_folder(tmp
     assert json.loads(metrics.read_text())["step"] == 6
     assert f"Environment: python {sys.version.split()[0]}" in evaluated.stdout + evaluated.stderr
 
+    packed = command("dcgan-pack", "pack", "data=digits", "data.num_samples=300", "data.image_size=16")
+    assert packed.returncode == 0 and (elsewhere / "pack" / "pack.pt").is_file(), packed.stderr[-3000:]
+
 
 def test_the_notebook_api_trains_loads_and_samples_in_a_few_lines(tmp_path):
     result = gan.train(tmp_path / "run", *TINY, "trainer.threads=1", "loss=hinge")
