@@ -105,8 +105,13 @@ def data_overrides(cfg: DictConfig) -> dict[str, Any]:
     return {key: OmegaConf.to_container(cfg.data, resolve=True)[key] for key in keys}
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The program: `python evaluate.py`, or the command pip installs (`dcgan-evaluate`, gan/cli.py)."""
     logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")  # until Hydra's
     # Ctrl-C interrupts even when this process was started with SIGINT ignored (`cmd &` in a shell)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

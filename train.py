@@ -107,8 +107,13 @@ def finish(result: TrainResult, fid: Optional[float], run_dir: Path, sweep: bool
     return 0, fid if fid is not None and math.isfinite(fid) else None
 
 
-if __name__ == "__main__":
-    if not sys.argv[0].endswith(".py"):  # the console command pip installed (gan/cli.py)
-        PROGRAM = Path(sys.argv[0]).name
+def cli(program: str = PROGRAM) -> None:
+    """The program: `python train.py`, or the command pip installs (`dcgan-train`, gan/cli.py)."""
+    global PROGRAM
+    PROGRAM = program
     logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")  # until Hydra's
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ROOT, TINY, run_train
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_evaluate import TINY_EVAL
 
 import gan
@@ -72,6 +73,9 @@ def test_the_wheel_installs_commands_that_train_and_evaluate_from_any_folder(tmp
     assert (run_dir / "checkpoints" / "last.pt").is_file() and (run_dir / ".hydra" / "config.yaml").is_file()
     assert load_checkpoint(run_dir)["environment"].keys() >= {"torch", "device"}
     assert "git_commit" not in load_checkpoint(run_dir)["environment"]  # an installed package has no clone
+    events = EventAccumulator(str(run_dir / "tb"), size_guidance={"tensors": 0}).Reload()
+    command_line = events.Tensors("run/command")[0].tensor_proto.string_val[0].decode()
+    assert command_line.startswith("```\ndcgan-train debug=tiny"), command_line  # the command that ran
 
     refused = command("dcgan-train", *TINY, "optim.lr=-1")
     assert refused.returncode == 2 and "optim.lr=-1.0 must be > 0" in refused.stdout + refused.stderr
