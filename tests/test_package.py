@@ -137,6 +137,13 @@ def test_a_checkpoint_records_the_environment_it_was_written_in(tiny_run):
         assert recorded["git_commit"] == head and isinstance(recorded["git_dirty"], bool)
 
 
+@pytest.mark.cuda
+def test_a_gpu_is_recorded_by_name_with_the_cudnn_in_use():
+    recorded = environment(torch.device("cuda"))
+    assert recorded["device"] == torch.cuda.get_device_name() and recorded["device_count"] == torch.cuda.device_count()
+    assert recorded["cudnn"] == torch.backends.cudnn.version() and recorded["cuda"] == torch.version.cuda
+
+
 @pytest.mark.parametrize("recorded", ["other torch", "none recorded"])
 def test_a_resume_warns_when_the_environment_changed(tiny_run, tmp_path, recorded):
     run_dir = tmp_path / "run"
