@@ -557,7 +557,7 @@ def test_a_pack_holds_the_folder_s_pixels_labels_and_splits(tmp_path, channels):
     assert settings["name"] == "folder" and settings["root"] == str((tmp_path / "images").resolve())
 
 
-def test_training_from_a_pack_decodes_nothing(tmp_path, monkeypatch):
+def test_training_from_a_pack_decodes_nothing(tmp_path, monkeypatch, one_thread):
     write_pack(cfg_for("folder", make_folder(tmp_path / "images"), image_size=16), tmp_path / "pack")
 
     def no_decoding(*args: object) -> None:
@@ -567,7 +567,7 @@ def test_training_from_a_pack_decodes_nothing(tmp_path, monkeypatch):
     streamed = load_dataset(cfg_for("packed", tmp_path / "pack", image_size=16), in_memory=False).images
     batch = next(BatchStream(streamed, 4, seed=0, device=CPU, num_workers=0))
     assert batch.shape == (4, 1, 16, 16)
-    packed = compose_config("data=packed", f"data.root={tmp_path / 'pack'}", "data.batch_size=8", "trainer.threads=1")
+    packed = compose_config("data=packed", f"data.root={tmp_path / 'pack'}", "data.batch_size=8")
     assert train(packed, tmp_path / "run").step == 6
 
 
