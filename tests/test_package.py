@@ -7,7 +7,6 @@ import json
 import shutil
 import subprocess
 import sys
-import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -46,14 +45,16 @@ def test_the_wheel_installs_commands_that_train_and_evaluate_from_any_folder(tmp
     code = {p.relative_to(ROOT).as_posix() for p in (ROOT / "gan").rglob("*.py")}
     assert configs <= names and code <= names and {"gan/commands/train.py", "gan/commands/evaluate.py"} <= names
 
-    # a fresh venv, offline: the wheel alone, its dependencies seen through a .pth of this interpreter's
+    # a fresh venv, offline: the wheel alone, its dependencies seen through a .pth naming the folders this
+    # interpreter imports them from (its site-packages, and those its own .pth files add)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
     python = venv / "bin" / "python"
     purelib = subprocess.run(
         [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True
     ).stdout.strip()
-    Path(purelib, "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    dependencies = [path for path in sys.path if Path(path).name in ("site-packages", "dist-packages")]
+    Path(purelib, "dependencies.pth").write_text("".join(f"{path}\n" for path in dependencies))
     installed = subprocess.run(
         [*pip, "--python", python, "install", "--no-deps", "--no-index", wheel], capture_output=True, text=True
     )
