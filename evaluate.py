@@ -5,7 +5,7 @@ against the held-out split, in the feature space of a classifier trained on the 
 (offline) or of Inception-v3; draws sample, interpolation and nearest-neighbour grids; optionally
 saves the samples and exports the generator. Everything goes into this run's directory:
 metrics.json, *.png, tb/, export/. `main(argv)` runs the command line in this process and returns
-its exit code, as train.py's does.
+its exit code, as train.py's does. Installed with pip, the same program is the command `dcgan-evaluate`.
 """
 
 from __future__ import annotations
@@ -105,8 +105,13 @@ def data_overrides(cfg: DictConfig) -> dict[str, Any]:
     return {key: OmegaConf.to_container(cfg.data, resolve=True)[key] for key in keys}
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The program: `python evaluate.py`, or the command pip installs (`dcgan-evaluate`, gan/cli.py)."""
     logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")  # until Hydra's
     # Ctrl-C interrupts even when this process was started with SIGINT ignored (`cmd &` in a shell)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

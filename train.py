@@ -1,4 +1,5 @@
 """Train a DCGAN: `python train.py [group=option] [key=value ...]`; see README.md and configs/.
+Installed with pip, the same program is the command `dcgan-train` (gan/cli.py).
 
 `main(argv)` runs the command line in this process and returns its exit code: the job turns Hydra's
 config (a resume's: its checkpoint's, gan/runs.py) into a checked, typed one and calls train().
@@ -28,11 +29,12 @@ log = logging.getLogger("train")
 
 # Exit codes: 0 done; 1 Hydra's own (an override it cannot parse, a sweep with a failed job); 2 bad
 # input (config, checkpoint, data, output folder); 3 the loss became NaN/inf; 4 the D-won alarm
-# stopped the run (trainer.on_d_won=stop; a sweep's job returns NaN instead and the sweep goes on);
+# stopped the run (trainer.on_d_won=stop; a sweep's job returns no score instead and the sweep goes on);
 # 128 + the signal's number when SIGINT/SIGTERM (or SLURM's time-out signal, USR2/USR1) stopped the
 # run after it wrote its checkpoint, as shells report a process that signal ended.
 EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_D_WON = 2, 3, 4
 SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143, "SIGUSR1": 138, "SIGUSR2": 140}
+PROGRAM = "python train.py"  # how the Text tab's command line and the resume hint name this program
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -51,8 +53,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return runs.run_hydra(job, "train", argv)
 
 
-def job(cfg: DictConfig) -> tuple[int, float]:
-    """One training job: (exit code, the final FID a sweeper minimises, or NaN)."""
+def job(cfg: DictConfig) -> tuple[int, Optional[float]]:
+    """One training job: (exit code, the final FID a sweeper minimises, or None when there is none: a
+    sweeper records a job without a score as a failed trial, where a NaN would crash Optuna's)."""
     world = world_from_env()
     init_process_group(world, cfg.trainer.device)
     if not world.is_main:
@@ -69,14 +72,14 @@ def job(cfg: DictConfig) -> tuple[int, float]:
                 hparams = hparams_of(typed, compared(), context=not sweep)  # a sweep job: its swept keys alone
                 result = train(typed, run_dir, world=world, on_ready=ready, command=command_line(), hparams=hparams)
                 measure = world.is_main and not result.stopped_by and typed.trainer.final_eval_samples
-                fid = final_evaluation(typed, result, run_dir) if measure else math.nan
+                fid = final_evaluation(typed, result, run_dir) if measure else None
         except (UserError, NonFiniteLossError, OSError) as err:
             if isinstance(err, OSError):  # disk full, permissions: the environment, not a bug
                 err = environment_error(err)
             if sweep:  # Hydra records the failed job, prints this paragraph and runs the others
                 raise runs.SweepJobFailed(str(err)) from err
             log.error("%s", err)
-            return (EXIT_NON_FINITE if isinstance(err, NonFiniteLossError) else EXIT_BAD_INPUT), math.nan
+            return (EXIT_NON_FINITE if isinstance(err, NonFiniteLossError) else EXIT_BAD_INPUT), None
         finally:
             close(world)
             runs.remove_if_empty(hydra_dir)  # Hydra's folder, when the job was refused or resumed a run elsewhere
@@ -85,7 +88,7 @@ def job(cfg: DictConfig) -> tuple[int, float]:
 
 def command_line() -> str:
     """This job's command (a sweep job's own values), quoted for the shell: the Text tab shows it."""
-    return " ".join(["python train.py", *(runs.shell_quote(o) for o in HydraConfig.get().overrides.task)])
+    return " ".join([PROGRAM, *(runs.shell_quote(o) for o in HydraConfig.get().overrides.task)])
 
 
 def compared() -> list[str]:
@@ -95,23 +98,30 @@ def compared() -> list[str]:
     return [o for o in HydraConfig.get().overrides.task if runs.override_key(o) not in excluded]
 
 
-def finish(result: TrainResult, fid: float, run_dir: Path, sweep: bool) -> tuple[int, float]:
+def finish(result: TrainResult, fid: Optional[float], run_dir: Path, sweep: bool) -> tuple[int, Optional[float]]:
     """The run's last words and exit code: stopped by the D-won alarm or a signal, or done."""
     if result.stopped_by == "d_won":
         log.warning("Stopped at step %d: D had won (trainer.on_d_won=stop). %s", result.step, result.outcome())
-        return (0 if sweep else EXIT_D_WON), math.nan  # a sweep goes on with its other jobs
+        return (0 if sweep else EXIT_D_WON), None  # a sweep goes on with its other jobs
     if result.stopped_by:
         log.warning(
-            "Stopped by %s at step %d; checkpoint saved to %s. Resume with:\n  python train.py %s",
-            *(result.stopped_by, result.step, result.checkpoint, runs.resume_override(run_dir)),
+            "Stopped by %s at step %d; checkpoint saved to %s. Resume with:\n  %s %s",
+            *(result.stopped_by, result.step, result.checkpoint, PROGRAM, runs.resume_override(run_dir)),
         )
         if sweep:  # a signal stops the whole sweep, not just this job
             raise SystemExit(SIGNAL_EXIT[result.stopped_by])
-        return SIGNAL_EXIT[result.stopped_by], math.nan
+        return SIGNAL_EXIT[result.stopped_by], None
     log.info("Done: %d steps; outputs in %s. %s", result.step, run_dir, result.outcome())
-    return 0, fid
+    return 0, fid if fid is not None and math.isfinite(fid) else None
+
+
+def cli(program: str = PROGRAM) -> None:
+    """The program: `python train.py`, or the command pip installs (`dcgan-train`, gan/cli.py)."""
+    global PROGRAM
+    PROGRAM = program
+    logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")  # until Hydra's
+    sys.exit(main())
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")  # until Hydra's
-    sys.exit(main())
+    cli()

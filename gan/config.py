@@ -28,6 +28,7 @@ class DatasetName(str, Enum):
     folder = "folder"  # any folder of images, flat or one subfolder per class
     celeba = "celeba"  # CelebA's aligned faces, read as a folder where torchvision puts them
     stacked = "stacked"  # Stacked-MNIST: three grayscale images as R, G, B (1000 modes)
+    packed = "packed"  # any of the above decoded and resized once into one uint8 file (gan/data/pack.py)
 
     def __str__(self) -> str:  # `data={name}` in messages, not `data=DatasetName.digits` (Python 3.11+)
         return self.value
@@ -99,7 +100,7 @@ class DataConfig(_Group):
         stacked = self.name == "stacked"
         why = "must be 3 for data=stacked: its three channels are three different images"
         self._check(not stacked or self.channels == 3, "channels", why)
-        built_in = self.name in ("digits", "folder") or (stacked and self.source == "digits")
+        built_in = self.name in ("digits", "folder", "packed") or (stacked and self.source == "digits")
         why = f"has nothing to fetch for data={self.name}" + (f" with data.source={self.source}" if stacked else "")
         self._check(not (self.download and built_in), "download", why)
         batch = f"data.batch_size ({self.batch_size}): an epoch needs one full batch"

@@ -1,10 +1,16 @@
 """This process and its hardware: the device, threads and seeds, and the CPU allocator setting."""
 
 import ctypes
+import functools
 import os
+import platform
 import random
+import subprocess
+from pathlib import Path
+from typing import Any, Mapping, Optional
 
 import torch
+import torchvision
 
 from gan.errors import ConfigError
 
@@ -23,6 +29,45 @@ def available_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
+
+
+@functools.lru_cache(maxsize=None)
+def environment(device: torch.device) -> dict[str, Any]:
+    """What a result depends on besides its config: the versions, the device, and the code's commit
+    when it runs from a clone. Checkpoints, the Text tab and metrics.json record it."""
+    cuda = device.type == "cuda"
+    cpu = platform.processor() or platform.machine()
+    return {
+        "python": platform.python_version(),
+        "torch": str(torch.__version__),  # a TorchVersion, which neither YAML nor weights_only loading reads
+        "torchvision": torchvision.__version__,
+        "cuda": torch.version.cuda,  # the CUDA torch was built with (None: a CPU build)
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "device": torch.cuda.get_device_name(device) if cuda else f"{device.type} ({cpu})",
+        "device_count": torch.cuda.device_count() if cuda else available_cpus(),  # GPUs visible, or CPUs usable
+        "platform": platform.platform(),
+        **git_commit(Path(__file__).resolve().parents[1]),
+    }
+
+
+def git_commit(root: Path) -> dict[str, Any]:
+    """{"git_commit", "git_dirty"} of a clone at root (tracked files only); {} for an installed package."""
+    if not (root / ".git").exists():  # a wheel in site-packages: not the repository a venv may sit in
+        return {}
+    try:
+        run = functools.partial(subprocess.run, cwd=root, capture_output=True, text=True, timeout=10, check=True)
+        commit = run(["git", "rev-parse", "HEAD"]).stdout.strip()
+        dirty = bool(run(["git", "status", "--porcelain", "--untracked-files=no"]).stdout.strip())
+    except (OSError, subprocess.SubprocessError):  # no git, or not a repository after all
+        return {}
+    return {"git_commit": commit, "git_dirty": dirty}
+
+
+def environment_changes(recorded: Optional[Mapping[str, Any]], current: Mapping[str, Any]) -> list[str]:
+    """'torch: 2.5.1 -> 2.6.0' for each recorded entry that differs now (none recorded: nothing to say)."""
+    if not isinstance(recorded, Mapping):
+        return []
+    return [f"{key}: {recorded[key]} -> {current.get(key)}" for key in recorded if recorded[key] != current.get(key)]
 
 
 def seed_everything(seed: int) -> None:

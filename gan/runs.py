@@ -32,7 +32,8 @@ from gan.config import TrainConfig
 from gan.errors import ConfigError, RunDirError
 
 log = logging.getLogger(__name__)
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+# configs/ of a clone, or gan/configs/ where pip installed the package (pyproject.toml maps one to the other)
+CONFIG_DIR = next(d for d in (Path(__file__).parent / "configs", Path(__file__).parents[1] / "configs") if d.is_dir())
 
 # The resume contract: what a resume may change. Where and how the run executes, and what it
 # measures (trainer.resume=auto ignores these when it looks for the run to continue) ...
@@ -61,14 +62,14 @@ class SweepJobFailed(CompactHydraException):
 # Running Hydra in process -------------------------------------------------------------------------
 
 
-def run_hydra(job: Callable[[DictConfig], tuple[int, float]], config_name: str, argv: Sequence[str]) -> int:
+def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_name: str, argv: Sequence[str]) -> int:
     """`job` under @hydra.main with `argv` as the command line, in this process: the exit code, the
     job's (it returns (code, value a sweeper minimises)) or Hydra's own (1: a bad override, a failed
     sweep job). Nothing calls sys.exit, so tests drive the real command line in process."""
     codes: list[int] = []
 
     @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name=config_name)
-    def task(cfg: DictConfig) -> float:
+    def task(cfg: DictConfig) -> Optional[float]:
         code, value = job(cfg)
         codes.append(code)
         return value
@@ -210,6 +211,14 @@ class SweepNames(Callback):
             keys = list(dict.fromkeys([*config.hydra.job.config.override_dirname.exclude_keys, *constant]))
             with read_write(hydra_overrides):
                 hydra_overrides.append(f"{EXCLUDE_KEYS}=[{','.join(repr(key) for key in keys)}]")
+
+
+class SweepFolder(Callback):
+    """Makes hydra.sweep.dir as the sweep starts: an Optuna study stored there (hparams_search=optuna)
+    opens its SQLite file before the launcher makes the folder for the first job."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        Path(config.hydra.sweep.dir).mkdir(parents=True, exist_ok=True)
 
 
 # The resume: the checkpoint's config, and this command's resumable settings over it -----------------

@@ -5,7 +5,9 @@
 Writes MNIST-like PNGs (28x28 gray) and CelebA-like JPEGs (178x218 RGB) into a temporary folder,
 then times, for each: the one-off preprocessing into memory (decode, resize, centre-crop), batches
 from that in-memory tensor (no DataLoader), and batches streamed by a DataLoader with 0..N workers
-that decode and resize per batch. With --fashion-root (a folder holding FashionMNIST/raw) the real
+that decode and resize per batch. The JPEGs are also packed once (gan/data/pack.py, data=packed) and
+timed from the pack: read into memory, and streamed from its memory-mapped arrays by the same
+DataLoader, which then decodes nothing. With --fashion-root (a folder holding FashionMNIST/raw) the real
 Fashion-MNIST IDX arrays are timed the same way. Prints one table; nothing is downloaded.
 """
 
@@ -27,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 from gan.config import DataConfig  # noqa: E402
 from gan.data import BatchStream, load_dataset, render_digits  # noqa: E402
+from gan.data.pack import write_pack  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -61,12 +64,14 @@ def images_per_second(images, workers: int, seconds: float, batch_size: int = 12
     return count / (time.perf_counter() - start)
 
 
-def bench(label: str, cfg: DataConfig, workers: list[int], seconds: float) -> list[tuple]:
+def bench(label: str, cfg: DataConfig, workers: list[int], seconds: float, packed_s: float = 0.0) -> list[tuple]:
+    """`packed_s`: the one-off packing that made cfg's pack (data=packed), shown with its read time."""
     rows = []
     start = time.perf_counter()
     in_memory = load_dataset(cfg, in_memory=True).images
     load_s = time.perf_counter() - start
     n = in_memory.size(0)
+    once = f"packed in {packed_s:.1f} s once, read in {load_s:.2f} s" if packed_s else f"{load_s:.1f} s once"
     rows.append(
         (
             label,
@@ -75,12 +80,13 @@ def bench(label: str, cfg: DataConfig, workers: list[int], seconds: float) -> li
             "in memory (indexing)",
             0,
             images_per_second(in_memory, 0, seconds),
-            f"{load_s:.1f} s once ({n / load_s:,.0f} img/s)",
+            f"{once} ({n / (packed_s or load_s):,.0f} img/s)",
         )
     )
     streamed = load_dataset(cfg, in_memory=False).images
+    path = "streamed from the pack" if packed_s else "streamed (DataLoader)"
     for w in workers:
-        rows.append((label, n, cfg.image_size, "streamed (DataLoader)", w, images_per_second(streamed, w, seconds), ""))
+        rows.append((label, n, cfg.image_size, path, w, images_per_second(streamed, w, seconds), ""))
     return rows
 
 
@@ -107,12 +113,13 @@ def main() -> None:
             args.workers,
             args.seconds,
         )
-        rows += bench(
-            "JPEG 178x218 RGB",
-            DataConfig(name="folder", root=str(faces), image_size=64, channels=3),
-            args.workers,
-            args.seconds,
-        )
+        jpegs = DataConfig(name="folder", root=str(faces), image_size=64, channels=3)
+        rows += bench("JPEG 178x218 RGB", jpegs, args.workers, args.seconds)
+        start = time.perf_counter()
+        write_pack(jpegs, Path(tmp) / "faces-64")
+        packed_s = time.perf_counter() - start
+        packed = DataConfig(name="packed", root=str(Path(tmp) / "faces-64"), image_size=64, channels=3)
+        rows += bench("JPEG packed", packed, args.workers, args.seconds, packed_s)
     if args.fashion_root:
         rows += bench(
             "Fashion-MNIST IDX",
@@ -125,11 +132,11 @@ def main() -> None:
         f"torch {torch.__version__}, batch 128, CPU device"
     )
     print(
-        f"| {'data':<18} | {'images':>6} | {'px':>3} | {'path':<22} | {'workers':>7} | {'img/s':>9} | preprocessing |"
+        f"| {'data':<18} | {'images':>6} | {'px':>3} | {'path':<23} | {'workers':>7} | {'img/s':>9} | preprocessing |"
     )
-    print(f"|{'-' * 20}|{'-' * 8}|{'-' * 5}|{'-' * 24}|{'-' * 9}|{'-' * 11}|---------------|")
+    print(f"|{'-' * 20}|{'-' * 8}|{'-' * 5}|{'-' * 25}|{'-' * 9}|{'-' * 11}|---------------|")
     for label, n, px, path, w, rate, load in rows:
-        print(f"| {label:<18} | {n:>6} | {px:>3} | {path:<22} | {w:>7} | {rate:>9,.0f} | {load} |")
+        print(f"| {label:<18} | {n:>6} | {px:>3} | {path:<23} | {w:>7} | {rate:>9,.0f} | {load} |")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ other: run together they would share the cores and each would measure the other'
 load; interleaving them (stopping one process while the other runs) would also split caches and
 the allocator's warm memory between them. What sequential runs cannot rule out, load from outside
 drifting between the two, is measured instead: the CPU time other processes used during each side
-(from /proc/stat), printed with the table, so a run on a busy machine shows itself.
+(psutil's per-CPU times), printed with the table, so a run on a busy machine shows itself.
 
 The clock of each side starts after its first iteration (which builds kernels and starts the
 DataLoader's workers) and counts everything the trainer does after it, its own sample grids and

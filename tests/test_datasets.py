@@ -25,6 +25,8 @@ from torchvision import transforms
 import gan.data.sources
 from gan.config import ConfigError, DataConfig
 from gan.data import BatchStream, DataError, ImageSource, is_held_out, load_dataset, open_source, read_image
+from gan.data.pack import main as pack_main
+from gan.data.pack import write_pack
 from gan.data.sources import CLASSIFIER_CACHE
 from gan.training import train
 
@@ -535,3 +537,60 @@ def test_a_missing_dataset_fails_before_training_with_one_clear_message(tmp_path
     assert "FashionMNIST/raw" in output and "data.download=true" in output
     assert "Traceback" not in output
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+# a packed dataset: decoded and resized once (gan/data/pack.py), then trained from with no decoding ----------
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_a_pack_holds_the_folder_s_pixels_labels_and_splits(tmp_path, channels):
+    for i in range(30):  # two classes, of mixed sizes
+        write_image(tmp_path / "images" / ("ab"[i % 2]) / f"{i:02d}.png", (24 + i, 20), seed=i)
+    folder = cfg_for("folder", tmp_path / "images", image_size=16, channels=channels)
+    write_pack(folder, tmp_path / "pack")
+    packed = cfg_for("packed", tmp_path / "pack", image_size=16, channels=channels)
+    for training in (True, False):
+        expected, got = (load_dataset(cfg, training, in_memory=True) for cfg in (folder, packed))
+        assert torch.equal(got.images, expected.images) and torch.equal(got.labels, expected.labels)
+        assert got.num_classes == expected.num_classes == 2
+    settings = torch.load(tmp_path / "pack" / "pack.pt", weights_only=True)["settings"]
+    assert settings["name"] == "folder" and settings["root"] == str((tmp_path / "images").resolve())
+
+
+def test_training_from_a_pack_decodes_nothing(tmp_path, monkeypatch, one_thread):
+    write_pack(cfg_for("folder", make_folder(tmp_path / "images"), image_size=16), tmp_path / "pack")
+
+    def no_decoding(*args: object) -> None:
+        raise AssertionError("an image file was decoded")
+
+    monkeypatch.setattr(gan.data.sources, "read_image", no_decoding)
+    streamed = load_dataset(cfg_for("packed", tmp_path / "pack", image_size=16), in_memory=False).images
+    batch = next(BatchStream(streamed, 4, seed=0, device=CPU, num_workers=0))
+    assert batch.shape == (4, 1, 16, 16)
+    packed = compose_config("data=packed", f"data.root={tmp_path / 'pack'}", "data.batch_size=8")
+    assert train(packed, tmp_path / "run").step == 6
+
+
+def test_a_pack_of_another_size_a_missing_or_a_damaged_pack_is_refused(tmp_path):
+    write_pack(cfg_for("folder", make_folder(tmp_path / "images"), image_size=16), tmp_path / "pack")
+    with pytest.raises(
+        ConfigError, match=r"packed at 16 px with 1 channel\(s\).*Set data.image_size=16 data.channels=1"
+    ):
+        load_dataset(cfg_for("packed", tmp_path / "pack", image_size=32, channels=1))
+    with pytest.raises(DataError, match="no pack in .*python -m gan.data.pack"):
+        load_dataset(cfg_for("packed", tmp_path / "nowhere", image_size=16))
+    file = tmp_path / "pack" / "pack.pt"
+    file.write_bytes(file.read_bytes()[:1000])
+    with pytest.raises(DataError, match="cannot be read as a pack"):
+        load_dataset(cfg_for("packed", tmp_path / "pack", image_size=16))
+
+
+def test_the_pack_command_takes_train_py_s_data_overrides(tmp_path):
+    make_folder(tmp_path / "images")
+    args = ["data=folder", f"data.root={tmp_path / 'images'}", "data.image_size=16", "data.channels=3"]
+    assert pack_main([str(tmp_path / "pack"), *args]) == 0
+    assert torch.load(tmp_path / "pack" / "pack.pt", weights_only=True)["train"]["images"].shape[1:] == (3, 16, 16)
+    assert pack_main([str(tmp_path / "again"), "data=packed", f"data.root={tmp_path / 'pack'}"]) == 2
+    assert pack_main(["data=folder"]) == 2  # no output folder
+    assert pack_main([str(tmp_path / "bad"), "data=folder", "data.image_size=17"]) == 2
+    assert not (tmp_path / "again").exists() and not (tmp_path / "bad").exists()

@@ -117,6 +117,16 @@ def test_metrics_json_holds_every_metric(evaluated, trained_run):
     assert "modes_covered" not in results  # digits are not stacked
 
 
+def test_the_environment_is_printed_and_recorded_with_the_training_one(evaluated):
+    eval_dir, result = evaluated
+    results = json.loads((eval_dir / "metrics.json").read_text())
+    assert results["environment"]["torch"] == str(torch.__version__)
+    assert results["training_environment"] == results["environment"]  # trained in this process
+    log = result.stdout + result.stderr
+    assert f"Environment: python {results['environment']['python']}, torch {torch.__version__}," in log
+    assert "Trained in another environment" not in log
+
+
 def test_the_table_is_printed_and_the_classifier_cached_under_data_root(evaluated):
     eval_dir, result = evaluated
     log = result.stdout + result.stderr

@@ -1,11 +1,12 @@
 """trainer.threads=0 on the CPU: the governor gives torch the cores other processes leave free
-(gan/training/threads.py). Driven here by a fake clock and fake CPU counters; the real counters are
-read once to show they exist and move."""
+(gan/training/threads.py). Driven here by a fake clock and fake CPU counters (psutil's readings as Linux,
+macOS and Windows name them); the real counters are read once to show they exist and move."""
 
 from __future__ import annotations
 
-import os
+import logging
 import time
+from collections import namedtuple
 
 import pytest
 import torch
@@ -88,7 +89,6 @@ def test_the_governor_is_made_only_for_threads_0_on_a_cpu_with_cores_to_share():
     assert (made is not None) == (torch.get_num_threads() >= 2 and T.machine_busy_seconds() is not None)
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads Linux's /proc")
 def test_the_real_counters_see_this_process_work():
     busy, own = T.machine_busy_seconds(), T.own_busy_seconds()
     end = time.process_time() + 0.3
@@ -97,6 +97,41 @@ def test_the_real_counters_see_this_process_work():
     assert T.own_busy_seconds() - own >= 0.2
     assert T.machine_busy_seconds() - busy >= 0.2
     assert T.machine_busy_seconds(cpus=set()) == 0.0  # no CPUs of ours: nothing to count
+
+
+# psutil's per-CPU readings as each system names its fields
+LINUX = namedtuple("scputimes", "user nice system idle iowait irq softirq steal guest guest_nice")
+MACOS = namedtuple("scputimes", "user nice system idle")
+WINDOWS = namedtuple("scputimes", "user system idle interrupt dpc")
+
+
+@pytest.mark.parametrize(
+    "readings, busy",
+    [
+        # guest time is already in user: counted once; idle and iowait are not busy
+        ([LINUX(1.0, 0.5, 2.0, 90.0, 5.0, 0.25, 0.25, 0.5, 1.0, 0.0), LINUX(3.0, 0, 1.0, 50.0, 0, 0, 0, 0, 0, 0)], 8.5),
+        ([MACOS(1.0, 0.5, 2.0, 100.0), MACOS(3.0, 0.0, 1.0, 50.0)], 7.5),
+        ([WINDOWS(1.0, 2.0, 99.0, 0.25, 0.25), WINDOWS(3.0, 1.0, 50.0, 0.0, 0.0)], 7.0),
+    ],
+    ids=["linux", "macos", "windows"],
+)
+def test_busy_seconds_are_read_through_psutil_on_each_system(monkeypatch, readings, busy):
+    monkeypatch.setattr(T.psutil, "cpu_times", lambda percpu: readings)
+    assert T.machine_busy_seconds(cpus={0, 1}) == busy
+    assert T.machine_busy_seconds(cpus={1}) == sum(getattr(readings[1], f, 0.0) for f in T.BUSY_FIELDS)
+    monkeypatch.delattr(T.psutil.Process, "cpu_affinity", raising=False)  # macOS sets no affinity: every CPU
+    assert T.machine_busy_seconds() == busy
+
+
+def test_without_readable_cpu_times_the_count_stays_fixed_and_says_so(monkeypatch, caplog):
+    def unreadable(percpu: bool) -> list:
+        raise NotImplementedError
+
+    monkeypatch.setattr(T.psutil, "cpu_times", unreadable)
+    monkeypatch.setattr(T.torch, "get_num_threads", lambda: 4)
+    with caplog.at_level(logging.INFO, logger=T.__name__):
+        assert T.machine_busy_seconds() is None and thread_governor(0, torch.device("cpu")) is None
+    assert caplog.messages == ["trainer.threads=0: this system's CPU times cannot be read; training keeps 4 thread(s)."]
 
 
 def test_the_thread_count_is_drawn_at_every_log_point_with_its_change(tmp_path, monkeypatch):

@@ -11,10 +11,14 @@ docs/watching.md has the screenshots.
 from __future__ import annotations
 
 import json
+import platform
 import re
+import shutil
 from pathlib import Path
 
 import pytest
+import torch
+import torchvision
 from conftest import compose_config, run_script, run_train
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
@@ -159,10 +163,15 @@ def test_the_run_is_one_hparams_session_of_its_overrides_and_data_and_loss(watch
     assert group["name"] == "run"  # the trial id: the run folder's name
 
 
-def test_the_text_tab_holds_the_resolved_config_and_the_command_line(watched_run):
+def test_the_text_tab_holds_the_resolved_config_the_command_line_and_the_environment(watched_run):
     tb = TensorBoardClient(watched_run)
     tags = tb.get("/data/plugin/text/tags")["tb"]
-    assert set(tags) == {"run/config", "run/command"}
+    assert set(tags) == {"run/config", "run/command", "run/environment"}
+    environment = tb.get("/data/plugin/text/text?run=tb&tag=run/environment")[0]["text"]
+    for line in (f"torch: {torch.__version__}", f"torchvision: {torchvision.__version__}", "device: cpu ("):
+        assert line in environment, environment
+    assert f"python: {platform.python_version()}" in environment
+    assert ("git_commit: " in environment) == (shutil.which("git") is not None)  # the tests run from a clone
     config = tb.get("/data/plugin/text/text?run=tb&tag=run/config")
     command = tb.get("/data/plugin/text/text?run=tb&tag=run/command")
     assert [entry["step"] for entry in config] == [0] and [entry["step"] for entry in command] == [0]

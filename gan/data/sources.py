@@ -290,6 +290,7 @@ _LAYOUT = {
     DatasetName.celeba: (
         "reads its JPEGs from data.root/celeba/img_align_celeba: set data.root to the folder that holds celeba"
     ),
+    DatasetName.packed: "reads data.root/pack.pt: set data.root to the folder a pack was written to",
 }
 
 
@@ -413,6 +414,36 @@ def open_stacked(cfg: DataConfig, train: bool) -> StackedImages:
     return StackedImages(source.images, triples, digits[:, 0] * 100 + digits[:, 1] * 10 + digits[:, 2])
 
 
+PACK_FILE = "pack.pt"  # in data.root, for data=packed: written by gan/data/pack.py
+PACK_FORMAT = 1
+
+
+def open_packed(cfg: DataConfig, train: bool) -> ArrayImages:
+    """A pack (gan/data/pack.py): its uint8 images memory-mapped, already at their size: nothing is decoded."""
+    file = _root(cfg) / PACK_FILE
+    if not file.is_file():
+        raise DataError(
+            f"data=packed: no pack in {cfg.root} ({file} is missing). Write one with `python -m gan.data.pack "
+            f"{cfg.root} data=NAME ...` (the training data's own overrides), or set data.root to a pack's folder."
+        )
+    try:
+        pack = torch.load(file, mmap=True, weights_only=True)
+        settings, split = pack["settings"], pack["train" if train else "held_out"]
+        images, labels, num_classes = split["images"], split["labels"], int(pack["num_classes"])
+        if pack["format"] != PACK_FORMAT or images.dtype != torch.uint8 or images.size(0) != labels.numel():
+            raise ValueError("its format, dtype or counts are not a pack's")
+    except Exception as err:  # unreadable, cut short, or another file named pack.pt
+        raise DataError(f"data=packed: {file} cannot be read as a pack ({err}). Write it again.") from err
+    packed_at = (settings["image_size"], settings["channels"])
+    if packed_at != (cfg.image_size, cfg.channels):
+        raise ConfigError(
+            f"data.image_size={cfg.image_size} data.channels={cfg.channels}, but {file} holds images packed at "
+            f"{packed_at[0]} px with {packed_at[1]} channel(s) (from data={settings['name']}). Set "
+            f"data.image_size={packed_at[0]} data.channels={packed_at[1]}, or pack again at the size you want."
+        )
+    return ArrayImages(images, labels, num_classes, cfg.channels, cfg.image_size)
+
+
 _OPENERS: dict[DatasetName, Callable[[DataConfig, bool], ImageSource]] = {
     DatasetName.digits: open_digits,
     DatasetName.mnist: lambda cfg, train: _open_mnist_like(cfg, train, datasets.MNIST, "about 12 MB"),
@@ -421,4 +452,5 @@ _OPENERS: dict[DatasetName, Callable[[DataConfig, bool], ImageSource]] = {
     DatasetName.folder: open_folder,
     DatasetName.celeba: open_celeba,
     DatasetName.stacked: open_stacked,
+    DatasetName.packed: open_packed,
 }

@@ -25,7 +25,7 @@ from gan.checkpoint import save_checkpoint
 from gan.config import ClassifierConfig, DataConfig, DatasetName, FeatureSpace, MetricsConfig
 from gan.core.sampling import eval_mode
 from gan.data import ImageSet, load_dataset, to_unit_range
-from gan.data.sources import CLASSIFIER_CACHE, list_images
+from gan.data.sources import CLASSIFIER_CACHE, PACK_FILE, list_images
 from gan.errors import MetricsError
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,8 @@ def classifier_key(data: DataConfig, cfg: ClassifierConfig) -> str:
         # a folder's images are its files, not its settings: a class or an image added is another classifier
         paths, _, num_classes = list_images(root)
         identity["folder"] = {"images": len(paths), "classes": num_classes}
+    if data.name == DatasetName.packed and (root / PACK_FILE).is_file():  # packed again: another classifier
+        identity["pack"] = (root / PACK_FILE).stat().st_mtime_ns
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"{data.name}-{data.image_size}px-{data.channels}ch-{digest}"
 

@@ -34,7 +34,7 @@ from gan.config import DataConfig, EvaluateConfig, ExportFormat, FeatureSpace, M
 from gan.core.models import Generator
 from gan.core.sampling import eval_mode, image_grid
 from gan.data import ImageSet, load_dataset, take, to_unit_range
-from gan.device import setup_torch
+from gan.device import environment, environment_changes, setup_torch
 from gan.errors import CheckpointError, ConfigError
 from gan.evaluation import metrics as M
 from gan.evaluation.conditional import LabelledLatents, check_class_id, class_grid, conditional_metrics, sample_classes
@@ -98,6 +98,8 @@ def evaluate(
     clock("outputs")
 
     results["seconds"] = {**clock.timings, "total": sum(clock.timings.values())}
+    results["environment"] = environment(device)
+    results["training_environment"] = state.get("environment")  # as the checkpoint recorded it, if it did
     report(results, pictures, run_dir, tb_dir or run_dir / "tb")
     return results
 
@@ -178,6 +180,10 @@ def report(results: dict[str, Any], pictures: Mapping[str, Tensor], run_dir: Pat
              results["num_samples"], results["num_real"], table)  # fmt: skip
     space = results["feature_space"]
     log.info("Feature space: %s, %s; resizer: %s", space["network"], space["file"], space["resizer"])
+    log.info("Environment: %s", ", ".join(f"{key} {value}" for key, value in results["environment"].items()))
+    changes = environment_changes(results["training_environment"], results["environment"])
+    if changes:
+        log.info("Trained in another environment: %s", "; ".join(changes))
     write_tensorboard(tb_dir, pictures, table, results["step"])
 
 

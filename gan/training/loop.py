@@ -28,6 +28,7 @@ from gan.core.augment import AdaptiveAugment
 from gan.core.sampling import image_grid, sample
 from gan.core.steps import StepContext, d_step, g_step
 from gan.data import ImageSet, load_dataset, to_unit_range
+from gan.device import environment, environment_changes
 from gan.distributed import SINGLE, World, any_rank, gather_to_main, mean_over_ranks
 from gan.evaluation.pipeline import evaluate
 from gan.runs import check_resume, override_key, own_run_dir
@@ -104,6 +105,7 @@ def train(
     """Train (or resume) one run into run_dir. `dataset` replaces cfg.data's; `after_step(state)` returning
     True ends the run as a signal would; `on_ready()` runs once every check passed, before any write;
     `command` is shown in the Text tab, `hparams` are its HParams columns (`hparams_of`; data and loss if None)."""
+    cfg.check()  # the range checks train.py makes (gan/config.py), for a config built in code too
     trainer, z_dim = cfg.trainer, cfg.model.z_dim
     resuming = checkpoint_path(trainer.resume) if trainer.resume else None
     with own_run_dir(run_dir, resuming, enabled=world.is_main):  # rank 0's alone, never over another run
@@ -207,7 +209,7 @@ def periodic_extras(
         [
             Every("NaN watch", 1, lambda tick: watch.update(tick.step, tick.stats["loss/d"], tick.stats["loss/g"])),
             Every("progress", 1, lambda tick: monitor.advance(tick.step, tick.images)),  # time/img_per_s too
-            Every("threads", 1 if governor else 0, lambda tick: governor.poll()),  # the clock; /proc every 2 s
+            Every("threads", 1 if governor else 0, lambda tick: governor.poll()),  # the clock; CPU times every 2 s
             Every("overfitting", trainer.overfit_every if overfit else 0, measure_overfit),
             Every("augment p", 1 if state.augment else 0, steer_augment),
             Every("log", trainer.log_every, log_scalars, at_end=True),  # and the D-won alarm
@@ -239,6 +241,7 @@ def best_generator(state: TrainingState, cfg: TrainConfig, metrics: dict[str, fl
         "step": state.step,
         "metrics": dict(metrics),
         "config": to_plain(cfg),
+        "environment": environment(state.fixed_z.device),
     }
 
 
@@ -279,6 +282,14 @@ def set_up(
         check_resume(to_plain(cfg), resume_from, cfg.trainer.resume)  # the resume contract: gan/runs.py
         state.load_state_dict(resume_from, world)
         log.info("Resumed from %s at step %d", cfg.trainer.resume, state.step)
+        changes = environment_changes(resume_from.get("environment"), environment(device))
+        if changes:  # read for this warning alone: a checkpoint that records none resumes without it
+            log.warning(
+                "Resuming under another environment than the checkpoint was written in (%s): the continuation "
+                "may not match an uninterrupted run bit for bit (another torch, CUDA or device computes "
+                "differently).",
+                "; ".join(changes),
+            )
     set_learning_rates(state, cfg)  # the first step's; the periodic extras set each next one
     auto = " (trainer.precision=auto)" if cfg.trainer.precision == Precision.auto else ""
     log.info("Training on %s in %s%s, %d process(es)", device, precision.value, auto, world.size)
@@ -312,7 +323,7 @@ def open_monitor(
             )
     optimizers = {"g": state.opt_g, "d": state.opt_d}
     monitor.begin(hparams_of(cfg) if hparams is None else hparams, trial_name(run_dir), optimizers, real, state.step)
-    monitor.describe(state.step, config_text(cfg), command)
+    monitor.describe(state.step, config_text(cfg), command, environment(state.fixed_z.device))
     if trainer.eval_every and world.is_main:
         note_short_curve(trainer.eval_every, state.step, trainer.max_steps)
     return monitor

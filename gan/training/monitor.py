@@ -46,7 +46,8 @@ REAL_TAG = "samples/real"  # training images, once at the start of a run
 FAKE_TAG = "samples/fake (EMA G, fixed z)"  # the same latents through the EMA generator at every grid
 RAW_FAKE_TAG = "samples/fake (G, fixed z)"  # the same through G itself, in a run without an EMA
 BAR_TAGS = {"d": "loss/d", "g": "loss/g", "D(x)": "loss/D(x)", "D(G(z))": "loss/D(G(z))"}  # beside the progress bar
-CONFIG_TEXT_TAG, COMMAND_TEXT_TAG = "run/config", "run/command"  # the Text tab: what the run computes, how it began
+# the Text tab: what the run computes, how it began, and with what versions and hardware
+CONFIG_TEXT_TAG, COMMAND_TEXT_TAG, ENVIRONMENT_TEXT_TAG = "run/config", "run/command", "run/environment"
 GIF_FRAMES = 50  # at most this many grids in samples/progress.gif, spread evenly over the run
 
 
@@ -153,8 +154,9 @@ class Monitor:
         if log_line:
             log.info("step %d  %s", step, "  ".join(f"{tag}={value:.4g}" for tag, value in values.items()))
 
-    def describe(self, step: int, config: str, command: Optional[str]) -> None:
+    def describe(self, step: int, config: str, command: Optional[str], environment: Mapping[str, object]) -> None:
         self.text(CONFIG_TEXT_TAG, f"```yaml\n{config}```", step)
+        self.text(ENVIRONMENT_TEXT_TAG, f"```yaml\n{yaml.safe_dump(dict(environment), sort_keys=False)}```", step)
         if command:  # inline code, which wraps at the page's edge (a code block scrolls sideways)
             fence = "``" if "`" in command else "`"
             self.text(COMMAND_TEXT_TAG, f"{fence}{command}{fence}", step)

@@ -20,6 +20,7 @@ from gan.core.models import Discriminator, Generator
 from gan.core.sampling import class_rows
 from gan.core.steps import Penalties, StepContext
 from gan.data import BatchStream, ImageSet, load_dataset
+from gan.device import environment
 from gan.distributed import SINGLE, World
 from gan.errors import CheckpointError, ConfigError
 from gan.training.hardware import compile_models, resolve_precision, step_context
@@ -71,6 +72,7 @@ class TrainingState:
             "config": to_plain(cfg),
             "best": dict(self.best) if self.best else None,
             "augment": self.augment.state_dict() if self.augment is not None else None,  # ADA's p
+            "environment": environment(self.fixed_z.device),  # versions, device, commit: a resume compares them
         }
 
     def load_state_dict(self, state: dict[str, Any], world: World = SINGLE) -> None:

@@ -4,65 +4,45 @@ A changed count changes oneDNN's reductions: `trainer.threads=N` keeps CPU runs 
 
 import logging
 import math
-import os
 import time
-from pathlib import Path
 from typing import Callable, Optional
 
+import psutil
 import torch
 
 from gan.device import available_cpus
 
 log = logging.getLogger(__name__)
 
-CLOCK_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+# psutil's per-CPU times, in seconds, that count as busy (fields a system lacks count 0): Linux's /proc/stat
+# less idle, iowait and guest (already in user); macOS has user, nice, system; Windows user, system
+BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")
 
 
 def machine_busy_seconds(cpus: Optional[set[int]] = None) -> Optional[float]:
-    """All processes' busy CPU seconds since boot on this process's CPUs; None off Linux."""
-    cpus = os.sched_getaffinity(0) if cpus is None and hasattr(os, "sched_getaffinity") else cpus
+    """All processes' busy CPU seconds since boot on this process's CPUs (every CPU where the system sets no
+    affinity, as on macOS), read through psutil on Linux, macOS and Windows; None where it cannot read them."""
+    if cpus is None and hasattr(psutil.Process, "cpu_affinity"):
+        cpus = set(psutil.Process().cpu_affinity())
     try:
-        lines = Path("/proc/stat").read_text().splitlines()
-    except OSError:
+        per_cpu = psutil.cpu_times(percpu=True)
+    except (OSError, NotImplementedError):
         return None
-    total = 0.0
-    for line in lines:
-        if not line.startswith("cpu") or line.startswith("cpu "):  # per-CPU lines only, not the total
-            continue
-        name, *fields = line.split()
-        if cpus is not None and int(name[3:]) not in cpus:
-            continue
-        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
-        total += user + nice + system + irq + softirq + steal
-    return total / CLOCK_TICK
+    chosen = [times for cpu, times in enumerate(per_cpu) if cpus is None or cpu in cpus]
+    return sum(getattr(times, field, 0.0) for times in chosen for field in BUSY_FIELDS)
 
 
-def own_busy_seconds(pid: Optional[int] = None) -> float:
-    pid = pid or os.getpid()
+def own_busy_seconds() -> float:
+    """CPU seconds of this process and of its live children (DataLoader workers)."""
+    me = psutil.Process()
     total = 0.0
-    for stat in [Path(f"/proc/{pid}/stat"), *children_stats(pid)]:
+    for process in [me, *me.children(recursive=True)]:
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "(comm)", which may hold spaces
-        except (OSError, IndexError):
-            continue  # a child that just ended
-        total += (int(fields[11]) + int(fields[12])) / CLOCK_TICK  # utime, stime
+            times = process.cpu_times()
+        except psutil.Error:  # a child that just ended
+            continue
+        total += times.user + times.system
     return total
-
-
-def children_stats(pid: int) -> list[Path]:
-    try:
-        return [Path(f"/proc/{child}/stat") for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        pass  # a kernel without CONFIG_PROC_CHILDREN: look for processes whose parent is `pid`
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:  # field 4: ppid
-                    found.append(entry / "stat")
-            except (OSError, IndexError, ValueError):
-                continue
-    return found
 
 
 def threads_for(limit: int, cpus: int, others: float) -> int:
@@ -71,7 +51,7 @@ def threads_for(limit: int, cpus: int, others: float) -> int:
 
 
 class ThreadGovernor:
-    """Call `poll()` after every step: /proc is read once per window, a change needs two windows running."""
+    """Call `poll()` after every step: the CPU times are read once per window, a change needs two windows running."""
 
     def __init__(
         self,
@@ -96,7 +76,7 @@ class ThreadGovernor:
             return
         self.next_at = now + self.window_s
         busy = self.busy()
-        if busy is None:  # not Linux: nothing to read, keep the count
+        if busy is None:  # psutil cannot read the CPUs here: keep the count
             self.next_at = math.inf
             return
         mark, self.mark = self.mark, (now, busy, self.own())
@@ -119,6 +99,9 @@ class ThreadGovernor:
 
 def thread_governor(threads: int, device: torch.device) -> Optional[ThreadGovernor]:
     limit = torch.get_num_threads()
-    if threads or device.type != "cpu" or limit < 2 or machine_busy_seconds() is None:
+    if threads or device.type != "cpu" or limit < 2:
+        return None
+    if machine_busy_seconds() is None:
+        log.info("trainer.threads=0: this system's CPU times cannot be read; training keeps %d thread(s).", limit)
         return None
     return ThreadGovernor(limit, available_cpus())

@@ -1,0 +1,164 @@
+"""The tool as others use it: the wheel's commands from a folder of their own (slow: a build and a venv),
+the notebook API (gan.train, gan.load_generator, gan.sample), and the environment every run records."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, TINY, run_train
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_evaluate import TINY_EVAL
+
+import gan
+from gan.checkpoint import load_checkpoint, save_checkpoint
+from gan.device import environment
+from gan.errors import ConfigError
+
+# the files a wheel is built from: the package's code, its two programs and the configs it ships
+SOURCES = ("pyproject.toml", "README.md", "train.py", "evaluate.py", "gan", "configs")
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_commands_that_train_and_evaluate_from_any_folder(tmp_path):
+    source = tmp_path / "source"  # a copy: a build in place would leave build/ and *.egg-info in the clone
+    source.mkdir()
+    for name in SOURCES:
+        copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy2
+        copy(ROOT / name, source / name, **({"ignore": shutil.ignore_patterns("__pycache__")} if name == "gan" else {}))
+    pip = [sys.executable, "-m", "pip"]
+    built = subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", tmp_path / "dist", source],
+        capture_output=True,
+        text=True,
+    )
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    wheel = next((tmp_path / "dist").glob("dcgan_reference-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    configs = {f"gan/configs/{p.relative_to(ROOT / 'configs').as_posix()}" for p in (ROOT / "configs").rglob("*.yaml")}
+    code = {p.relative_to(ROOT).as_posix() for p in (ROOT / "gan").rglob("*.py")}
+    assert configs <= names and code <= names and {"gan/commands/train.py", "gan/commands/evaluate.py"} <= names
+
+    # a fresh venv, offline: the wheel alone, its dependencies seen through a .pth naming the folders this
+    # interpreter imports them from (its site-packages, and those its own .pth files add)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True
+    ).stdout.strip()
+    dependencies = [path for path in sys.path if Path(path).name in ("site-packages", "dist-packages")]
+    Path(purelib, "dependencies.pth").write_text("".join(f"{path}\n" for path in dependencies))
+    installed = subprocess.run(
+        [*pip, "--python", python, "install", "--no-deps", "--no-index", wheel], capture_output=True, text=True
+    )
+    assert installed.returncode == 0, installed.stderr[-3000:]
+
+    elsewhere = tmp_path / "elsewhere"  # outside the repository: nothing there but what the commands write
+    elsewhere.mkdir()
+    where = subprocess.run([python, "-c", "import gan; print(gan.__file__)"], cwd=elsewhere, capture_output=True)
+    assert where.stdout.decode().startswith(purelib), where  # the wheel's package, not the clone's
+
+    def command(name: str, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([venv / "bin" / name, *args], cwd=elsewhere, capture_output=True, text=True)
+
+    trained = command("dcgan-train", *TINY, "data.num_samples=1200", "trainer.threads=1")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    (run_dir,) = (elsewhere / "outputs").glob("*/*debug-tiny*")  # Hydra's dated folder, under this cwd
+    assert (run_dir / "checkpoints" / "last.pt").is_file() and (run_dir / ".hydra" / "config.yaml").is_file()
+    assert load_checkpoint(run_dir)["environment"].keys() >= {"torch", "device"}
+    assert "git_commit" not in load_checkpoint(run_dir)["environment"]  # an installed package has no clone
+    events = EventAccumulator(str(run_dir / "tb"), size_guidance={"tensors": 0}).Reload()
+    command_line = events.Tensors("run/command")[0].tensor_proto.string_val[0].decode()
+    assert command_line.startswith("```\ndcgan-train debug=tiny"), command_line  # the command that ran
+
+    refused = command("dcgan-train", *TINY, "optim.lr=-1")
+    assert refused.returncode == 2 and "optim.lr=-1.0 must be > 0" in refused.stdout + refused.stderr
+
+    evaluated = command("dcgan-evaluate", f"checkpoint={run_dir}", *TINY_EVAL)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    (metrics,) = (elsewhere / "outputs" / "eval").glob("*/*/metrics.json")
+    assert json.loads(metrics.read_text())["step"] == 6
+    assert f"Environment: python {sys.version.split()[0]}" in evaluated.stdout + evaluated.stderr
+
+    packed = command("dcgan-pack", "pack", "data=digits", "data.num_samples=300", "data.image_size=16")
+    assert packed.returncode == 0 and (elsewhere / "pack" / "pack.pt").is_file(), packed.stderr[-3000:]
+
+
+def test_the_notebook_api_trains_loads_and_samples_in_a_few_lines(tmp_path, one_thread):
+    result = gan.train(tmp_path / "run", *TINY, "loss=hinge")  # one_thread: torch's count put back after
+    G = gan.load_generator(result.checkpoint)
+    images = gan.sample(G, 10, seed=1)
+    assert result.step == 6 and images.shape == (10, 1, 16, 16)
+    assert images.abs().max() <= 1 and torch.equal(images, gan.sample(gan.load_generator(tmp_path / "run"), 10, seed=1))
+    assert not torch.equal(images, gan.sample(G, 10, seed=2))
+    assert load_checkpoint(result.checkpoint)["config"]["loss"]["name"] == "hinge"
+
+
+def test_the_api_refuses_what_the_command_line_refuses(tmp_path):
+    with pytest.raises(ConfigError, match=r"optim.lr=-1.0 must be > 0"):
+        gan.train(tmp_path / "a", *TINY, "optim.lr=-1")
+    with pytest.raises(ConfigError, match="nosuch"):
+        gan.train(tmp_path / "b", "nosuch=1")
+    cfg = gan.compose_config(*TINY)
+    cfg.data.batch_size = 0  # set in code, where no command line checks it
+    with pytest.raises(ConfigError, match=r"data.batch_size=0"):
+        gan.train(tmp_path / "c", config=cfg)
+    cfg.data.batch_size = "many"  # a wrong type: OmegaConf's check, as on the command line
+    with pytest.raises(ConfigError, match="many"):
+        gan.train(tmp_path / "d", config=cfg)
+    assert not any(tmp_path.iterdir())  # nothing written by a refused run
+
+
+def test_gan_training_train_checks_a_config_built_in_code(tmp_path):
+    from gan.training import train
+
+    cfg = gan.compose_config(*TINY)
+    cfg.optim.lr = float("nan")
+    with pytest.raises(ConfigError, match="optim.lr"):
+        train(cfg, tmp_path / "run")
+
+
+# the environment ------------------------------------------------------------------------------------
+
+
+def test_a_checkpoint_records_the_environment_it_was_written_in(tiny_run):
+    recorded = load_checkpoint(tiny_run)["environment"]
+    assert recorded == environment(torch.device("cpu"))
+    assert recorded["torch"] == torch.__version__ and recorded["device_count"] >= 1
+    assert recorded["python"] == sys.version.split()[0]
+    if shutil.which("git"):  # a commit of this clone (HEAD when the run started), and whether files differed
+        known = subprocess.run(["git", "cat-file", "-t", recorded["git_commit"]], cwd=ROOT, capture_output=True)
+        assert known.stdout == b"commit\n" and len(recorded["git_commit"]) == 40
+        assert isinstance(recorded["git_dirty"], bool)
+
+
+@pytest.mark.cuda
+def test_a_gpu_is_recorded_by_name_with_the_cudnn_in_use():
+    recorded = environment(torch.device("cuda"))
+    assert recorded["device"] == torch.cuda.get_device_name() and recorded["device_count"] == torch.cuda.device_count()
+    assert recorded["cudnn"] == torch.backends.cudnn.version() and recorded["cuda"] == torch.version.cuda
+
+
+@pytest.mark.parametrize("recorded", ["other torch", "none recorded"])
+def test_a_resume_warns_when_the_environment_changed(tiny_run, tmp_path, recorded):
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_run, run_dir)
+    state = load_checkpoint(run_dir)
+    if recorded == "other torch":
+        state["environment"] = {**state["environment"], "torch": "1.0.0"}
+    else:  # written before runs recorded it: resumed without a word about it
+        del state["environment"]
+    save_checkpoint(state, run_dir / "checkpoints" / "last.pt")
+    resumed = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", "trainer.threads=1", tiny=False)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    log = resumed.stdout + resumed.stderr
+    warned = f"torch: 1.0.0 -> {torch.__version__}" in log and "bit for bit" in log
+    assert warned == (recorded == "other torch"), log[-3000:]
+    assert load_checkpoint(run_dir)["environment"]["torch"] == torch.__version__  # the continuation's own
