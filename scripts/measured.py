@@ -1,8 +1,9 @@
 """The measured numbers README.md states, each recorded from the file that holds it.
 
-    python scripts/measured.py run RUN_DIR --name digits_default --command "make train" --quiet
+    python scripts/measured.py run RUN_DIR --eval EVAL_DIR --name digits_default --command "make train" --quiet
         a training run: its time from RUN_DIR/train.log (first log line to the "Done" line), its
-        quality from RUN_DIR/eval/metrics.json (what `python evaluate.py checkpoint=RUN_DIR` writes)
+        quality from EVAL_DIR/metrics.json (what `python evaluate.py checkpoint=RUN_DIR
+        hydra.run.dir=EVAL_DIR` writes; RUN_DIR/eval if not given)
     python scripts/measured.py tests LOG --name fast_tier --command "make test" --quiet
         a test tier: pytest's summary line at the end of LOG ("790 passed, ... in 113.20s (0:01:53)")
     python scripts/measured.py show
@@ -23,6 +24,7 @@ import os
 import platform
 import re
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "docs" / "results" / "measured.json"
@@ -45,8 +47,8 @@ def cpu() -> dict:
     }
 
 
-def from_run(run_dir: Path) -> dict:
-    """Steps and training seconds from train.log, quality from eval/metrics.json."""
+def from_run(run_dir: Path, eval_dir: Optional[Path] = None) -> dict:
+    """Steps and training seconds from train.log, quality from evaluate.py's metrics.json in `eval_dir`."""
     times, steps = [], None
     for line in (run_dir / "train.log").read_text().splitlines():
         if match := LOG_TIME.match(line):
@@ -56,7 +58,7 @@ def from_run(run_dir: Path) -> dict:
             steps, end = int(done.group(1)), times[-1]
     if steps is None:
         raise SystemExit(f"{run_dir / 'train.log'} has no 'Done: N steps' line: the run did not finish")
-    metrics = json.loads((run_dir / "eval" / "metrics.json").read_text())
+    metrics = json.loads(((eval_dir or run_dir / "eval") / "metrics.json").read_text())
     return {
         "kind": "run",
         "steps": steps,
@@ -132,11 +134,12 @@ def main() -> None:
         command.add_argument("--quiet", action="store_true", help="nothing else ran on the machine")
         command.add_argument("--title", default="", help="a run's row name in README's results table")
         command.add_argument("--prose", action="store_true", help="README states it in a sentence, not only a row")
+        command.add_argument("--eval", type=Path, help="a run's evaluation folder (hydra.run.dir of evaluate.py)")
     sub.add_parser("show")
     args = parser.parse_args()
     entries = load()
     if args.what != "show":
-        entry = from_run(args.path) if args.what == "run" else from_tests(args.path)
+        entry = from_run(args.path, args.eval) if args.what == "run" else from_tests(args.path)
         entry.update(command=args.command, quiet=args.quiet, cpu=cpu(), cores=os.cpu_count())
         entry["date"], entry["prose"] = datetime.date.today().isoformat(), args.prose
         if args.what == "run":
