@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from gan import runs
+from gan.checkpoint import load_checkpoint
 from gan.config import register_configs, validate
 from gan.distributed import broadcast_object, close, init_process_group, world_from_env
 from gan.errors import UserError, environment_error
@@ -58,7 +59,7 @@ def job(cfg: DictConfig) -> tuple[int, float]:
     if not world.is_main:
         logging.getLogger().setLevel(logging.WARNING)  # rank 0 speaks for the job
     sweep = HydraConfig.get().mode == RunMode.MULTIRUN
-    hydra_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra_dir = run_dir = Path(HydraConfig.get().runtime.output_dir)
     with runs.held_log() as run_log:  # the record and log file are written once every check has passed
         try:
             with logging_redirect_tqdm():  # log lines print above the progress bar, not through it
@@ -71,7 +72,7 @@ def job(cfg: DictConfig) -> tuple[int, float]:
                 fid = final_evaluation(typed, result, run_dir) if measure else math.nan
         except (UserError, NonFiniteLossError, OSError) as err:
             if isinstance(err, OSError):  # disk full, permissions: the environment, not a bug
-                err = environment_error(err)
+                err = environment_error(err, then=what_is_kept(run_dir))
             if sweep:  # Hydra records the failed job, prints this paragraph and runs the others
                 raise runs.SweepJobFailed(str(err)) from err
             log.error("%s", err)
@@ -80,6 +81,19 @@ def job(cfg: DictConfig) -> tuple[int, float]:
             close(world)
             runs.remove_if_empty(hydra_dir)  # Hydra's folder, when the job was refused or resumed a run elsewhere
         return finish(result, fid, run_dir, sweep)
+
+
+def what_is_kept(run_dir: Path) -> str:
+    """What to run after a failed write, by whether the run has a checkpoint to resume from."""
+    last = run_dir / "checkpoints" / "last.pt"
+    try:
+        step = load_checkpoint(last)["step"]
+    except UserError:
+        return f"run the command again: no checkpoint of this run was written ({last} does not exist or is unusable)."
+    return (
+        f"resume: python train.py {runs.resume_override(run_dir)} ({last} holds step {step}; checkpoints are "
+        "written whole or not at all)."
+    )
 
 
 def command_line() -> str:

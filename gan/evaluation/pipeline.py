@@ -34,7 +34,7 @@ from gan.core.models import Generator
 from gan.core.sampling import eval_mode, image_grid
 from gan.data import ImageSet, load_dataset, take, to_unit_range
 from gan.device import setup_torch
-from gan.errors import CheckpointError, ConfigError
+from gan.errors import CheckpointError, ConfigError, MetricsError
 from gan.evaluation import metrics as M
 from gan.evaluation.conditional import LabelledLatents, check_class_id, class_grid, conditional_metrics, sample_classes
 from gan.evaluation.export import save_generator
@@ -62,6 +62,7 @@ def evaluate(cfg: EvaluateConfig, run_dir: Path, data_overrides: Optional[Mappin
     if cfg.class_id is not None:  # one class asked for: measured against that class's images alone
         reference = only_class(reference, cfg.class_id, cfg.metrics)
     reals = Reals(*reference_subset(reference, cfg.num_samples, cfg.seed), stacked=M.is_stacked(reference))
+    check_real_count(reals.images.size(0), cfg.metrics, data.name)
     clock("data")
 
     classifier, accuracy, classifier_file = classifier_for(data, reference, reals.stacked, cfg, device)
@@ -134,6 +135,19 @@ def measure(
         results.update(conditional_metrics(classifier, fake, requested, real_features, reals.labels, fake_features,
                                            cfg.batch_size, device, **per_class))  # fmt: skip
     return results
+
+
+def check_real_count(count: int, metrics: MetricsConfig, dataset: str) -> None:
+    """Precision/recall and density/coverage draw a ball to each real image's k-th nearest other real image."""
+    for key in ("pr_k", "dc_k"):
+        k = getattr(metrics, key)
+        if k >= count:
+            raise MetricsError(
+                f"metrics.{key}={k} needs more than {k} real images, and the held-out split of data={dataset} "
+                f"measured here holds {count}: each real image's ball reaches its k-th nearest other one. Lower "
+                f"metrics.{key} below {count} (k = {3 if key == 'pr_k' else 5} is the published setting), or "
+                "measure against a larger held-out split."
+            )
 
 
 def draw_pictures(G: nn.Module, fake: Tensor, data: DataConfig, cfg: EvaluateConfig, device: torch.device) -> dict:

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import os
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Iterator, Mapping, Optional
@@ -28,6 +29,7 @@ from tqdm import tqdm
 
 from gan.config import TrainConfig, to_plain
 from gan.data import BatchStream
+from gan.errors import naming
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,18 @@ RAW_FAKE_TAG = "samples/fake (G, fixed z)"  # the same through G itself, in a ru
 BAR_TAGS = {"d": "loss/d", "g": "loss/g", "D(x)": "loss/D(x)", "D(G(z))": "loss/D(G(z))"}  # beside the progress bar
 CONFIG_TEXT_TAG, COMMAND_TEXT_TAG = "run/config", "run/command"  # the Text tab: what the run computes, how it began
 GIF_FRAMES = 50  # at most this many grids in samples/progress.gif, spread evenly over the run
+
+
+def _quiet_event_writer_thread(args: threading.ExceptHookArgs, default=threading.excepthook) -> None:
+    """TensorBoard writes events in a thread, which keeps a failed write (a full disk) and raises it again in
+    the thread that writes next, where the run reports it in one paragraph; Python would also print the
+    writer thread's own traceback."""
+    if type(args.thread).__name__ == "_AsyncWriterThread" and issubclass(args.exc_type, OSError):
+        return
+    default(args)
+
+
+threading.excepthook = _quiet_event_writer_thread
 
 
 def shown_name(key: str) -> str:
@@ -63,7 +77,11 @@ class Monitor:
         self.last: dict[str, float] = {}  # the last scalars() values: TrainResult.metrics
         # after a resume, hide the interrupted run's events past the checkpoint: one curve, not a doubled stretch
         purge_step = start_step + 1 if start_step else None
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tb"), purge_step=purge_step) if enabled else None
+        with naming(run_dir / "tb"):
+            self.writer = SummaryWriter(log_dir=str(run_dir / "tb"), purge_step=purge_step) if enabled else None
+        # tensorboard's errors name no file (or one in bytes): each write names the events file
+        events = getattr(self.writer.file_writer.event_writer, "_file_name", None) if enabled else None
+        self.events = Path(events) if events else run_dir / "tb"
         shown = progress and enabled
         self.bar = tqdm(
             total=max_steps, initial=start_step, disable=not shown, dynamic_ncols=True, desc="train", unit="step"
@@ -95,9 +113,10 @@ class Monitor:
             return
         # the plugin types each column from the values; None as "null", as on the command line
         typed = {key: "null" if value is None else value for key, value in hparams.items()}
-        self.writer.file_writer.add_summary(hparams_pb(typed, trial_id=trial_id), step)
-        if real_grid is not None:
-            self.writer.add_image(REAL_TAG, real_grid, step)
+        with naming(self.events):
+            self.writer.file_writer.add_summary(hparams_pb(typed, trial_id=trial_id), step)
+            if real_grid is not None:
+                self.writer.add_image(REAL_TAG, real_grid, step)
 
     @property
     def seconds(self) -> float:
@@ -122,7 +141,8 @@ class Monitor:
         spent = time.perf_counter() - started
         self.time_since += spent
         if self.enabled:
-            self.writer.add_scalar(f"time/phase_{phase}_s", spent, step)
+            with naming(self.events):
+                self.writer.add_scalar(f"time/phase_{phase}_s", spent, step)
 
     def scalars(self, step: int, stats: Mapping[str, Tensor | float]) -> dict[str, float]:
         values = {shown_name(tag): float(value) for tag, value in stats.items()}  # float(t) = t.item(): a host sync
@@ -144,8 +164,9 @@ class Monitor:
         self.last = {**self.last, **values}
         if not self.enabled or not values:
             return
-        for tag, value in values.items():
-            self.writer.add_scalar(tag, value, step)
+        with naming(self.events):
+            for tag, value in values.items():
+                self.writer.add_scalar(tag, value, step)
         if log_line:
             log.info("step %d  %s", step, "  ".join(f"{tag}={value:.4g}" for tag, value in values.items()))
 
@@ -157,11 +178,13 @@ class Monitor:
     def text(self, tag: str, text: str, step: int) -> None:
         """Under `tag` itself: torch's add_text would name it `tag/text_summary`."""
         if self.enabled:
-            self.writer.file_writer.add_summary(text_pb(tag, text), step)
+            with naming(self.events):
+                self.writer.file_writer.add_summary(text_pb(tag, text), step)
 
     def image(self, tag: str, grid: Tensor, step: int) -> None:
         if self.enabled:
-            self.writer.add_image(tag, grid, step)
+            with naming(self.events):
+                self.writer.add_image(tag, grid, step)
 
     def end_session(self, step: int, finished: bool) -> None:
         """Only success is written: TensorBoard keeps the first status, and a stopped run may yet resume."""
@@ -172,12 +195,14 @@ class Monitor:
         end = metadata.create_summary_metadata(plugin_data_pb2.HParamsPluginData(session_end_info=info))
         summary = summary_pb2.Summary()
         summary.value.add(tag=metadata.SESSION_END_INFO_TAG, metadata=end, tensor=metadata.NULL_TENSOR)
-        self.writer.file_writer.add_summary(summary, step)
+        with naming(self.events):
+            self.writer.file_writer.add_summary(summary, step)
 
     def close(self) -> None:
         self.bar.close()
         if self.writer is not None:
-            self.writer.close()  # flushes: events are unreadable before flush()/close()
+            with naming(self.events):
+                self.writer.close()  # flushes: events are unreadable before flush()/close()
 
 
 def trial_name(run_dir: Path) -> str:
