@@ -89,7 +89,10 @@ def what_is_kept(run_dir: Path) -> str:
     try:
         step = load_checkpoint(last)["step"]
     except UserError:
-        return f"run the command again: no checkpoint of this run was written ({last} does not exist or is unusable)."
+        return (
+            f"run the command again. No checkpoint of this run was written ({last} does not exist), so the run "
+            f"starts again from step 0: delete {run_dir} first if it holds this attempt's record (.hydra/)."
+        )
     return (
         f"resume: python train.py {runs.resume_override(run_dir)} ({last} holds step {step}; checkpoints are "
         "written whole or not at all)."

@@ -4,6 +4,7 @@ the resume: the checkpoint's config is the source of truth, the command's settin
 and train() refuses those a resume may not change (`RESUMABLE`)."""
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -139,24 +140,29 @@ def unwritable_output(argv: Sequence[str]) -> Optional[str]:
     existing = target
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
-    try:
-        if not existing.is_dir():
-            raise NotADirectoryError(20, "Not a directory", str(existing))
-        with tempfile.TemporaryDirectory(dir=existing, prefix=".write-test-") as folder:
-            with open(Path(folder) / "probe", "wb") as file:  # a full disk refuses the blocks, not the name
-                file.write(bytes(4096))
-                file.flush()
-                os.fsync(file.fileno())
+    if existing.exists() and not existing.is_dir():
+        why = f"{existing} is not a directory"
+    elif err := write_probe(existing):
+        why = f"{err.strerror or err} (the nearest existing folder is {existing})"
+    else:
         return None
+    return (
+        f"Cannot write the run directory {target}: {why}. Choose a writable folder "
+        f"with {key}=PATH (or launch from a writable directory)."
+    )
+
+
+def write_probe(folder: Path) -> Optional[OSError]:
+    """Why `folder` refuses a new file holding one block of data (a full disk refuses the blocks, not the
+    name), or None; the file is removed."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-") as file:
+            file.write(bytes(4096))
+            file.flush()
+            os.fsync(file.fileno())
     except OSError as err:
-        if existing.exists() and not existing.is_dir():
-            why = f"{existing} is not a directory"
-        else:
-            why = f"{err.strerror or err} (the nearest existing folder is {existing})"
-        return (
-            f"Cannot write the run directory {target}: {why}. Choose a writable folder "
-            f"with {key}=PATH (or launch from a writable directory)."
-        )
+        return err
+    return None
 
 
 def existing_sweep(argv: Sequence[str], resumable: bool = True) -> Optional[str]:
@@ -435,6 +441,40 @@ def same_folder(a: Path, b: Path) -> bool:
         return False
 
 
+# What each folder of a run holds, for the messages; the record's files and the log are written by keep_record
+OUTPUT_FOLDERS = {
+    RECORD: "its record",
+    "checkpoints": "its checkpoints",
+    "samples": "its sample grids",
+    "tb": "its TensorBoard events",
+    "eval": "its final evaluation",
+}
+OUTPUT_FILES = ("*.log", f"{RECORD}/*.yaml", "checkpoints/*.pt", "samples/*.png", "samples/*.gif", "eval/*")
+
+
+def check_outputs(run_dir: Path) -> None:
+    """Before the run writes anything: RunDirError naming the first place it writes that cannot take it (a
+    file where it keeps a folder, a folder where it writes a file, a folder that refuses a new file). Tried,
+    as unwritable_output does: permission bits do not tell a read-only mount or a full disk."""
+    for folder, holds in [(run_dir, "its files"), *((run_dir / name, holds) for name, holds in OUTPUT_FOLDERS.items())]:
+        if folder.exists() and not folder.is_dir():
+            raise RunDirError(_cannot(folder, f"it is a file, where the run keeps a folder of {holds}", "Move it away"))
+        if folder.is_dir() and (err := write_probe(folder)):
+            fix = "Free disk space" if err.errno in (errno.ENOSPC, errno.EDQUOT) else "Make it writable"
+            raise RunDirError(_cannot(folder, f"this folder of {holds} refuses a new file ({err.strerror})", fix))
+    for pattern in OUTPUT_FILES:
+        for path in sorted(run_dir.glob(pattern)):
+            if path.is_dir() and not (path.parent.name == "eval" and path.name in ("tb", "export")):
+                raise RunDirError(_cannot(path, "it is a folder, where the run writes a file", "Move it away"))
+
+
+def _cannot(path: Path, problem: str, fix: str) -> str:
+    return (
+        f"Cannot write {path}: {problem}. Nothing was written: the run's record, log, TensorBoard events and "
+        f"checkpoints are as they were. {fix}, then run the same command again."
+    )
+
+
 def remove_stale_temp_files(folder: Path) -> None:
     """The `.NAME.PID.tmp` files that checkpoint writers killed mid-write left, unless their process runs."""
     for tmp in sorted(folder.glob(".*.tmp")):
@@ -468,19 +508,23 @@ LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # Hydra's j
 
 
 def write_record(run_dir: Path, cfg: DictConfig) -> None:
-    """RUN_DIR/.hydra/{config,hydra,overrides}.yaml as Hydra writes them, each replaced atomically."""
+    """RUN_DIR/.hydra/{config,hydra,overrides}.yaml as Hydra writes them, replaced together: renames only."""
     hydra_cfg = HydraConfig.instance().cfg
     folder = run_dir / RECORD
     folder.mkdir(parents=True, exist_ok=True)
-    for name, node in (
-        ("config.yaml", cfg),
-        ("hydra.yaml", hydra_cfg),
-        ("overrides.yaml", hydra_cfg.hydra.overrides.task),
-    ):
-        path = folder / name
-        partial = path.with_name(f".{name}.{os.getpid()}.tmp")
-        partial.write_text(OmegaConf.to_yaml(node), encoding="utf-8")
-        os.replace(partial, path)
+    nodes = {"config.yaml": cfg, "hydra.yaml": hydra_cfg, "overrides.yaml": hydra_cfg.hydra.overrides.task}
+    partial = {name: folder / f".{name}.{os.getpid()}.tmp" for name in nodes}
+    try:  # all three written before any is replaced: a full disk leaves the old record whole, and no temp file
+        for name, node in nodes.items():
+            with open(partial[name], "w", encoding="utf-8") as file:
+                file.write(OmegaConf.to_yaml(node))
+                file.flush()
+                os.fsync(file.fileno())
+        for name in nodes:
+            os.replace(partial[name], folder / name)
+    finally:
+        for path in partial.values():
+            path.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

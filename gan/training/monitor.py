@@ -11,7 +11,7 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Iterator, Mapping, Optional
+from typing import Callable, Iterator, Mapping, Optional
 
 import numpy
 import torch
@@ -71,17 +71,24 @@ def shown_name(key: str) -> str:
 
 
 class Monitor:
-    def __init__(self, run_dir: Path, start_step: int, max_steps: int, progress: bool = True, enabled: bool = True):
-        """enabled=False (DDP ranks > 0): nothing is written, shown or logged."""
+    def __init__(
+        self,
+        run_dir: Path,
+        start_step: int,
+        max_steps: int,
+        progress: bool = True,
+        enabled: bool = True,
+        before_write: Optional[Callable[[], None]] = None,
+    ):
+        """enabled=False (DDP ranks > 0): nothing is written, shown or logged. The events file is opened at
+        the first write, after `before_write()` (the run's record): a resume that fails before it writes
+        anything leaves tb/ as it was."""
         self.enabled = enabled
         self.last: dict[str, float] = {}  # the last scalars() values: TrainResult.metrics
-        # after a resume, hide the interrupted run's events past the checkpoint: one curve, not a doubled stretch
-        purge_step = start_step + 1 if start_step else None
-        with naming(run_dir / "tb"):
-            self.writer = SummaryWriter(log_dir=str(run_dir / "tb"), purge_step=purge_step) if enabled else None
-        # tensorboard's errors name no file (or one in bytes): each write names the events file
-        events = getattr(self.writer.file_writer.event_writer, "_file_name", None) if enabled else None
-        self.events = Path(events) if events else run_dir / "tb"
+        self.tb, self.start_step, self.before_write = run_dir / "tb", start_step, before_write
+        self.writer: Optional[SummaryWriter] = None
+        self.events = self.tb  # the events file once it is open: tensorboard's errors name none (or one in bytes)
+        self.pending: list[Callable[[SummaryWriter], None]] = []  # written with the first event
         shown = progress and enabled
         self.bar = tqdm(
             total=max_steps, initial=start_step, disable=not shown, dynamic_ncols=True, desc="train", unit="step"
@@ -98,6 +105,23 @@ class Monitor:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[SummaryWriter]:
+        """The events writer, opened at the first write, each error naming the events file."""
+        if self.writer is None:  # the run's first write
+            if self.before_write is not None:
+                self.before_write()
+            # after a resume, hide the interrupted run's events past the checkpoint: one curve, not a doubled stretch
+            purge_step = self.start_step + 1 if self.start_step else None
+            with naming(self.tb):
+                self.writer = SummaryWriter(log_dir=str(self.tb), purge_step=purge_step)
+            self.events = Path(getattr(self.writer.file_writer.event_writer, "_file_name", self.tb))
+        with naming(self.events):
+            for write in self.pending:
+                write(self.writer)
+            self.pending = []
+            yield self.writer
+
     def begin(
         self,
         hparams: Mapping[str, int | float | str | bool | None],
@@ -113,10 +137,10 @@ class Monitor:
             return
         # the plugin types each column from the values; None as "null", as on the command line
         typed = {key: "null" if value is None else value for key, value in hparams.items()}
-        with naming(self.events):
-            self.writer.file_writer.add_summary(hparams_pb(typed, trial_id=trial_id), step)
+        with self.writing() as writer:
+            writer.file_writer.add_summary(hparams_pb(typed, trial_id=trial_id), step)
             if real_grid is not None:
-                self.writer.add_image(REAL_TAG, real_grid, step)
+                writer.add_image(REAL_TAG, real_grid, step)
 
     @property
     def seconds(self) -> float:
@@ -136,13 +160,16 @@ class Monitor:
     @contextlib.contextmanager
     def timed(self, phase: str, step: int) -> Iterator[None]:
         """A phase outside the training step, left out of time/img_per_s."""
+        if self.enabled:  # a phase writes into the run: its record first
+            with self.writing():
+                pass
         started = time.perf_counter()
         yield
         spent = time.perf_counter() - started
         self.time_since += spent
         if self.enabled:
-            with naming(self.events):
-                self.writer.add_scalar(f"time/phase_{phase}_s", spent, step)
+            with self.writing() as writer:
+                writer.add_scalar(f"time/phase_{phase}_s", spent, step)
 
     def scalars(self, step: int, stats: Mapping[str, Tensor | float]) -> dict[str, float]:
         values = {shown_name(tag): float(value) for tag, value in stats.items()}  # float(t) = t.item(): a host sync
@@ -164,27 +191,37 @@ class Monitor:
         self.last = {**self.last, **values}
         if not self.enabled or not values:
             return
-        with naming(self.events):
+        with self.writing() as writer:
             for tag, value in values.items():
-                self.writer.add_scalar(tag, value, step)
+                writer.add_scalar(tag, value, step)
         if log_line:
             log.info("step %d  %s", step, "  ".join(f"{tag}={value:.4g}" for tag, value in values.items()))
 
     def describe(self, step: int, config: str, command: Optional[str]) -> None:
-        self.text(CONFIG_TEXT_TAG, f"```yaml\n{config}```", step)
-        if command:
-            self.text(COMMAND_TEXT_TAG, f"```\n{command}\n```", step)
+        """The config and command in the Text tab, written with the run's first event."""
+        texts = {
+            CONFIG_TEXT_TAG: f"```yaml\n{config}```",
+            COMMAND_TEXT_TAG: f"```\n{command}\n```" if command else None,
+        }
+        for tag, text in texts.items():
+            if text is not None and self.enabled:
+                self.pending.append(
+                    lambda writer, summary=text_pb(tag, text): writer.file_writer.add_summary(summary, step)
+                )
+        if self.writer is not None:  # a fresh run's HParams session opened it
+            with self.writing():
+                pass
 
     def text(self, tag: str, text: str, step: int) -> None:
         """Under `tag` itself: torch's add_text would name it `tag/text_summary`."""
         if self.enabled:
-            with naming(self.events):
-                self.writer.file_writer.add_summary(text_pb(tag, text), step)
+            with self.writing() as writer:
+                writer.file_writer.add_summary(text_pb(tag, text), step)
 
     def image(self, tag: str, grid: Tensor, step: int) -> None:
         if self.enabled:
-            with naming(self.events):
-                self.writer.add_image(tag, grid, step)
+            with self.writing() as writer:
+                writer.add_image(tag, grid, step)
 
     def end_session(self, step: int, finished: bool) -> None:
         """Only success is written: TensorBoard keeps the first status, and a stopped run may yet resume."""
@@ -195,8 +232,8 @@ class Monitor:
         end = metadata.create_summary_metadata(plugin_data_pb2.HParamsPluginData(session_end_info=info))
         summary = summary_pb2.Summary()
         summary.value.add(tag=metadata.SESSION_END_INFO_TAG, metadata=end, tensor=metadata.NULL_TENSOR)
-        with naming(self.events):
-            self.writer.file_writer.add_summary(summary, step)
+        with self.writing() as writer:
+            writer.file_writer.add_summary(summary, step)
 
     def close(self) -> None:
         self.bar.close()
@@ -292,11 +329,15 @@ def write_progress_gif(samples_dir: Path, max_frames: int = GIF_FRAMES) -> Path:
         frames = [frames[round(i * (len(frames) - 1) / (max_frames - 1))] for i in range(max_frames)]
     images = []
     for path in frames:
-        with Image.open(path) as image:
-            images.append(image.convert("RGB"))
+        try:
+            with Image.open(path) as image:
+                images.append(image.convert("RGB"))
+        except OSError as err:  # a grid damaged since it was written: the animation goes on without it
+            log.warning("Left %s out of progress.gif: it cannot be read as an image (%s).", path, err)
     # the last frame held so the final grid can be read before the loop restarts
     durations = [200] * (len(images) - 1) + [2000]
     target, partial = samples_dir / "progress.gif", samples_dir / ".progress.gif.tmp"
-    images[0].save(partial, format="GIF", save_all=True, append_images=images[1:], duration=durations, loop=0)
-    os.replace(partial, target)
+    with naming(target):
+        images[0].save(partial, format="GIF", save_all=True, append_images=images[1:], duration=durations, loop=0)
+        os.replace(partial, target)
     return target
