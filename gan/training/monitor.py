@@ -205,9 +205,8 @@ class Monitor:
         }
         for tag, text in texts.items():
             if text is not None and self.enabled:
-                self.pending.append(
-                    lambda writer, summary=text_pb(tag, text): writer.file_writer.add_summary(summary, step)
-                )
+                summary = text_pb(tag, text)
+                self.pending.append(lambda writer, summary=summary: writer.file_writer.add_summary(summary, step))
         if self.writer is not None:  # a fresh run's HParams session opened it
             with self.writing():
                 pass
