@@ -51,12 +51,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_INTERRUPTED
 
 
+# Another evaluation holds the folder: what to do instead
+IN_USE = (
+    "it is evaluating into this folder). Nothing was written. Wait for it to finish, or choose another hydra.run.dir."
+)
+
+
 def job(cfg: DictConfig) -> tuple[int, float]:
     global _run_dir
     run_dir = _run_dir = Path(HydraConfig.get().runtime.output_dir)
     named = "hydra.run.dir" in {runs.override_key(o) for o in HydraConfig.get().overrides.hydra}
-    problem = runs.existing_run(run_dir) if named else None  # outputs would land among a run's files
     with runs.held_log() as run_log:  # the record and log file go beside the outputs once there are any
+        try:
+            lock = runs.take_lock(run_dir, IN_USE)  # one evaluation per folder, as one run per run folder
+        except RunDirError as err:
+            log.error("%s", err)
+            return EXIT_BAD_INPUT, math.nan
+        problem = (runs.existing_run(run_dir) if named else None) or existing_evaluation(run_dir)
         try:
             if problem:
                 raise RunDirError(problem)
@@ -72,13 +83,26 @@ def job(cfg: DictConfig) -> tuple[int, float]:
             log.error("%s", err)
             return EXIT_BAD_INPUT, math.nan
         finally:
-            if problem is None and run_dir.is_dir() and any(run_dir.iterdir()):  # never into a run's record
+            outputs = [p for p in run_dir.iterdir() if p.name != runs.LOCK_FILE] if run_dir.is_dir() else []
+            if problem is None and outputs:  # never into a run's record
                 with contextlib.suppress(OSError):  # a full disk: the error said so already
                     runs.keep_record(run_dir, cfg, run_log)
-            else:
+            runs.release_lock(lock, run_dir)
+            if problem is not None or not outputs:
                 runs.remove_if_empty(run_dir)
         log.info("Done in %.0f s; outputs in %s", results["seconds"]["total"], run_dir)
     return 0, results["fid"]
+
+
+def existing_evaluation(run_dir: Path) -> Optional[str]:
+    """An evaluation's folder holding a finished one: its metrics.json would be replaced, its pictures mixed."""
+    if not (run_dir / "metrics.json").is_file():
+        return None
+    return (
+        f"{run_dir} already holds an evaluation (metrics.json): a second one there would replace its numbers and "
+        "mix its pictures and TensorBoard events with the first's. Nothing was written. Choose another "
+        "hydra.run.dir, or move that folder away."
+    )
 
 
 def interrupted(run_dir: Optional[Path]) -> str:

@@ -229,11 +229,72 @@ def resume_plan(cfg: DictConfig, output_dir: Path) -> tuple[DictConfig, Path]:
     if file.parent.name == "checkpoints" and not placed:
         output_dir = file.parent.parent  # train() takes its lock: a second resume of a run in use is refused
     stored = stored_config(load_checkpoint(file)["config"], file)
+    if problem := record_disagreement(file, stored):
+        raise RunDirError(problem)
     wanted = to_dict(cfg)
     for group, key in given_settings(wanted):
         stored[group][key] = wanted[group][key]
     stored["trainer"]["resume"] = resume
     return OmegaConf.merge(OmegaConf.structured(TrainConfig), stored), output_dir
+
+
+def record_disagreement(file: Path, stored: dict) -> Optional[str]:
+    """What the .hydra/ record beside a run's checkpoint says that the checkpoint does not, in one paragraph, or
+    None: config.yaml is compared whole, overrides.yaml setting by setting (a resume's record names only its own
+    settings), each outside RESUMABLE; a key the checkpoint lacks is named too."""
+    record = file.parent.parent / RECORD
+    if file.parent.name != "checkpoints" or not record.is_dir():
+        return None
+    problems = []
+    for name in ("config.yaml", "overrides.yaml"):
+        if not (record / name).is_file():
+            continue
+        try:
+            recorded = OmegaConf.load(record / name)
+            if name == "overrides.yaml":
+                overrides = [str(o) for o in recorded]
+                recorded = compose(config_name=HydraConfig.get().job.config_name, overrides=overrides)
+            keys = set(named_keys(overrides, stored)) if name == "overrides.yaml" else None
+            problems += differences(name, to_dict(recorded), stored, keys)
+        except (OSError, yaml.YAMLError, OmegaConfBaseException, HydraException, TypeError) as err:
+            problems.append(f"{name} cannot be read as settings ({str(err).strip().splitlines()[0]})")
+    if not problems:
+        return None
+    return (
+        f"The record {record} disagrees with the checkpoint beside it ({file}): {'; '.join(problems[:6])}"
+        f"{f'; and {len(problems) - 6} more' if len(problems) > 6 else ''}. A resume continues what the checkpoint "
+        "holds, so the record was edited (or copied from another run) after the run wrote it, and resuming would "
+        f"either obey it or quietly ignore it. Nothing was written. Restore the record, or move {record} away to "
+        "resume with the checkpoint's settings (the resume then writes a new record)."
+    )
+
+
+def named_keys(overrides: Sequence[str], stored: dict) -> Iterator[tuple[str, str]]:
+    """(group, key) of each setting the overrides name: a group option (loss=hinge) names its group's keys,
+    and one that is no group of the config (debug=tiny) every key."""
+    for override in overrides:
+        path = override_key(override).split(".")
+        if len(path) == 2:
+            yield path[0], path[1]
+        elif len(path) == 1:
+            for group in [path[0]] if path[0] in stored else list(stored):
+                yield from ((group, key) for key in stored.get(group, {}))
+
+
+def differences(name: str, recorded: dict, stored: dict, keys: Optional[set[tuple[str, str]]] = None) -> list[str]:
+    """`name`'s settings unknown to the checkpoint, and those outside RESUMABLE it gives another value."""
+    found = []
+    for group, values in recorded.items():
+        if group == "hydra" or not isinstance(values, dict):
+            continue
+        for key, value in values.items():
+            if keys is not None and (group, key) not in keys:
+                continue
+            if key not in stored.get(group, {}):
+                found.append(f"{name} has {group}.{key}={value!r}, which is no setting of the checkpoint")
+            elif key not in RESUMABLE.get(group, ()) and stored[group][key] != value:
+                found.append(f"{name} has {group}.{key}={value!r} where the checkpoint has {stored[group][key]!r}")
+    return found
 
 
 def given_settings(wanted: dict) -> list[tuple[str, str]]:
@@ -331,7 +392,13 @@ def own_run_dir(run_dir: Path, resuming: Optional[Path], enabled: bool = True) -
         release_lock(lock, run_dir)
 
 
-def take_lock(run_dir: Path) -> int:
+IN_USE = (
+    "it is training or resuming this run). Nothing was written. Wait for it to finish, or stop it (kill -TERM writes "
+    "a checkpoint first), then resume with trainer.resume=RUN_DIR; or choose another hydra.run.dir."
+)
+
+
+def take_lock(run_dir: Path, in_use: str = IN_USE) -> int:
     """flock() RUN_DIR/.lock (not O_EXCL: the kernel drops a flock when its holder dies, even by
     kill -9, so no lock is ever stale); the file holds 'PID HOST' for the messages."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -343,11 +410,7 @@ def take_lock(run_dir: Path) -> int:
         except BlockingIOError:
             holder = read_holder(fd)
             os.close(fd)
-            raise RunDirError(
-                f"The run directory {run_dir} is in use: {holder} holds {path} (it is training or resuming this "
-                "run). Nothing was written. Wait for it to finish, or stop it (kill -TERM writes a checkpoint "
-                "first), then resume with trainer.resume=RUN_DIR; or choose another hydra.run.dir."
-            ) from None
+            raise RunDirError(f"The run directory {run_dir} is in use: {holder} holds {path} ({in_use}") from None
         if still_named(fd, path):  # not unlinked by a holder that released it meanwhile
             break
         os.close(fd)
