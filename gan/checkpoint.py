@@ -320,6 +320,11 @@ def _check_optimizer(state: Mapping[str, Any], entry: str, file: Path) -> None:
         raise _damaged(
             file, entry, "is damaged: its 'state' holds something other than each parameter's moments", "resume from"
         )
+    for index, slots in value["state"].items():  # torch would cast them to each parameter's type without a word
+        for slot, moment in slots.items():
+            if isinstance(moment, Tensor) and not moment.is_floating_point():
+                problem = f"is damaged: its state[{index}].{slot} holds {moment.dtype}, where Adam keeps floats"
+                raise _damaged(file, entry, problem, "resume from")
 
 
 def _check_data_position(state: Mapping[str, Any], file: Path) -> None:
@@ -410,6 +415,18 @@ def load_module_state(
     ]
     problems += [f"{key}: missing from the checkpoint" for key in own if key not in state]
     problems += [f"{key}: in the checkpoint, not in the model" for key in state if key not in own]
+    retyped = [
+        f"{key}: {value.dtype} in the checkpoint, {own[key].dtype} in the model"
+        for key, value in state.items()
+        if key in own and own[key].dtype != value.dtype
+    ]
+    if retyped and not problems:  # load_state_dict would cast them without a word
+        raise CheckpointError(
+            f"The checkpoint's {name} holds tensors of another type than the {name} built from the config: "
+            f"{'; '.join(retyped[:6])}{f'; and {len(retyped) - 6} more' if len(retyped) > 6 else ''}. This project "
+            "writes each tensor in its network's own type, so the checkpoint was altered after it was written: "
+            "resume or evaluate another one."
+        )
     if problems:
         shown = "; ".join(problems[:6]) + (f"; and {len(problems) - 6} more" if len(problems) > 6 else "")
         raise CheckpointError(
