@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
@@ -29,10 +31,11 @@ log = logging.getLogger("train")
 
 # Exit codes: 0 done; 1 Hydra's own (an override it cannot parse, a sweep with a failed job); 2 bad
 # input (config, checkpoint, data, output folder); 3 the loss became NaN/inf; 4 the collapse alarm
-# stopped the run (trainer.on_collapse=stop; a sweep's job returns NaN instead and the sweep goes on);
+# stopped the run (trainer.on_collapse=stop; a sweep's job returns NaN instead and the sweep goes on); 5 another
+# process of a torchrun job died (gan/torchrun.py exits as the first process that failed);
 # 128 + the signal's number when SIGINT/SIGTERM (or SLURM's time-out signal, USR2/USR1) stopped the
 # run after it wrote its checkpoint, as shells report a process that signal ended.
-EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_COLLAPSE = 2, 3, 4
+EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_COLLAPSE, EXIT_PEER_LOST = 2, 3, 4, 5
 SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143, "SIGUSR1": 138, "SIGUSR2": 140}
 
 
@@ -47,7 +50,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "jobs. Run the sweep without torchrun, or one torchrun per setting."
         )
     if problem:
-        log.error("%s", problem)
+        if world_from_env().is_main:  # under torchrun, rank 0 says it for every rank
+            log.error("%s", problem)
         return EXIT_BAD_INPUT
     return runs.run_hydra(job, "train", argv)
 
@@ -56,8 +60,8 @@ def job(cfg: DictConfig) -> tuple[int, float]:
     """One training job: (exit code, the final FID a sweeper minimises, or NaN)."""
     world = world_from_env()
     init_process_group(world, cfg.trainer.device)
-    if not world.is_main:
-        logging.getLogger().setLevel(logging.WARNING)  # rank 0 speaks for the job
+    if not world.is_main:  # rank 0 speaks for the job: every rank meets the same refusal, said once
+        logging.getLogger().setLevel(logging.CRITICAL)
     sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     hydra_dir = run_dir = Path(HydraConfig.get().runtime.output_dir)
     with runs.held_log() as run_log:  # the record and log file are written once every check has passed
@@ -77,10 +81,23 @@ def job(cfg: DictConfig) -> tuple[int, float]:
                 raise runs.SweepJobFailed(str(err)) from err
             log.error("%s", err)
             return (EXIT_NON_FINITE if isinstance(err, NonFiniteLossError) else EXIT_BAD_INPUT), math.nan
+        except RuntimeError as err:  # a collective whose peer died (kill -9, out of memory): not this rank's bug
+            if not (world.distributed and peer_lost(err)):
+                raise
+            reason = re.sub(r"^\[[^\]]*\] ", "", str(err).strip().splitlines()[0]).split(". ")[0]  # gloo's source line
+            log.error("Another process of this torchrun job ended, so this one stops too (%s); %s", reason,
+                      what_is_kept(run_dir).replace("run the command", "run the job", 1))  # fmt: skip
+            return EXIT_PEER_LOST, math.nan
         finally:
             close(world)
             runs.remove_if_empty(hydra_dir)  # Hydra's folder, when the job was refused or resumed a run elsewhere
         return finish(result, fid, run_dir, sweep)
+
+
+def peer_lost(err: RuntimeError) -> bool:
+    """gloo and NCCL report a process that died mid-collective as a RuntimeError (DistError in newer torch)."""
+    text = str(err)
+    return isinstance(err, dist.DistError) or any(word in text for word in ("gloo", "NCCL", "by peer"))
 
 
 def what_is_kept(run_dir: Path) -> str:
