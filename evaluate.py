@@ -67,7 +67,7 @@ def job(cfg: DictConfig) -> tuple[int, float]:
         except RunDirError as err:
             log.error("%s", err)
             return EXIT_BAD_INPUT, math.nan
-        problem = (runs.existing_run(run_dir) if named else None) or existing_evaluation(run_dir)
+        problem = existing_evaluation(run_dir) or (runs.existing_run(run_dir) if named else None)
         try:
             if problem:
                 raise RunDirError(problem)
