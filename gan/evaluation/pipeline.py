@@ -5,6 +5,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,7 +180,9 @@ def feature_space(feature_net: nn.Module, classifier_file: Optional[str], cfg: E
 
 
 def report(results: dict[str, Any], pictures: Mapping[str, Tensor], run_dir: Path) -> None:
-    (run_dir / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
+    partial = run_dir / ".metrics.json.tmp"  # replaced whole: a killed write never leaves half a file
+    partial.write_text(json.dumps(results, indent=2) + "\n")
+    os.replace(partial, run_dir / "metrics.json")
     table = format_table(results)
     log.info("Metrics (%s features, %d samples vs %d held-out images):\n%s", results["features"],
              results["num_samples"], results["num_real"], table)  # fmt: skip
