@@ -510,7 +510,9 @@ OUTPUT_FOLDERS = {
     "checkpoints": "its checkpoints",
     "samples": "its sample grids",
     "tb": "its TensorBoard events",
+    "tb/final_eval": "its final evaluation's TensorBoard events",
     "eval": "its final evaluation",
+    "eval/tb": "its final evaluation's TensorBoard events",
 }
 OUTPUT_FILES = ("*.log", f"{RECORD}/*.yaml", "checkpoints/*.pt", "samples/*.png", "samples/*.gif", "eval/*")
 
