@@ -51,10 +51,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_INTERRUPTED
 
 
-# Another evaluation holds the folder: what to do instead
-IN_USE = (
-    "it is evaluating into this folder). Nothing was written. Wait for it to finish, or choose another hydra.run.dir."
-)
+# A training run or another evaluation holds the folder: what to do instead
+IN_USE = "it is training or evaluating there). Nothing was written. Wait for it to finish, or choose another folder."
 
 
 def job(cfg: DictConfig) -> tuple[int, float]:
