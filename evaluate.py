@@ -75,7 +75,9 @@ def job(cfg: DictConfig) -> tuple[int, float]:
             return EXIT_INTERRUPTED, math.nan
         except (UserError, OSError) as err:
             if isinstance(err, OSError):  # disk full, permissions: the environment, not a bug
-                err = environment_error(err)
+                written = run_dir / "metrics.json"  # written before the events: a folder holding it is refused
+                again = f"evaluate again into another folder ({written} holds this one's numbers)."
+                err = environment_error(err, then=again if written.is_file() else "run the same command again.")
             if HydraConfig.get().mode == RunMode.MULTIRUN:  # Hydra prints it and runs the other jobs
                 raise runs.SweepJobFailed(str(err)) from err
             log.error("%s", err)

@@ -250,12 +250,15 @@ def record_disagreement(file: Path, stored: dict) -> Optional[str]:
         if not (record / name).is_file():
             continue
         try:
-            recorded = OmegaConf.load(record / name)
+            recorded, keys = to_dict(OmegaConf.load(record / name)), None
             if name == "overrides.yaml":
                 overrides = [str(o) for o in recorded]
-                recorded = compose(config_name=HydraConfig.get().job.config_name, overrides=overrides)
-            keys = set(named_keys(overrides, stored)) if name == "overrides.yaml" else None
-            problems += differences(name, to_dict(recorded), stored, keys)
+                job = HydraConfig.get().job.config_name
+                recorded = to_dict(compose(config_name=job, overrides=overrides))
+                keys = set(named_keys(overrides, recorded, to_dict(compose(config_name=job))))
+            if not isinstance(recorded, dict):
+                raise TypeError(f"it holds {type(recorded).__name__}, not a mapping of groups")
+            problems += differences(name, recorded, stored, keys)
         except (OSError, yaml.YAMLError, OmegaConfBaseException, HydraException, TypeError) as err:
             problems.append(f"{name} cannot be read as settings ({str(err).strip().splitlines()[0]})")
     if not problems:
@@ -269,16 +272,23 @@ def record_disagreement(file: Path, stored: dict) -> Optional[str]:
     )
 
 
-def named_keys(overrides: Sequence[str], stored: dict) -> Iterator[tuple[str, str]]:
+def named_keys(overrides: Sequence[str], composed: dict, defaults: dict) -> Iterator[tuple[str, str]]:
     """(group, key) of each setting the overrides name: a group option (loss=hinge) names its group's keys,
-    and one that is no group of the config (debug=tiny) every key."""
+    and one that is no group of the config (debug=tiny) the keys it moves from their defaults."""
     for override in overrides:
         path = override_key(override).split(".")
         if len(path) == 2:
             yield path[0], path[1]
+        elif len(path) == 1 and path[0] in composed:
+            yield from ((path[0], key) for key in composed[path[0]])
         elif len(path) == 1:
-            for group in [path[0]] if path[0] in stored else list(stored):
-                yield from ((group, key) for key in stored.get(group, {}))
+            yield from (
+                (group, key)
+                for group, values in composed.items()
+                if isinstance(values, dict)
+                for key, value in values.items()
+                if defaults.get(group, {}).get(key) != value
+            )
 
 
 def differences(name: str, recorded: dict, stored: dict, keys: Optional[set[tuple[str, str]]] = None) -> list[str]:
