@@ -6,6 +6,8 @@ config (a resume's: its checkpoint's, gan/runs.py) into a checked, typed one and
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import math
 import re
@@ -49,11 +51,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "torchrun launches one training job over several processes; a Hydra sweep (-m) launches several "
             "jobs. Run the sweep without torchrun, or one torchrun per setting."
         )
+    world = world_from_env()
     if problem:
-        if world_from_env().is_main:  # under torchrun, rank 0 says it for every rank
+        if world.is_main:  # under torchrun, rank 0 says it for every rank
             log.error("%s", problem)
         return EXIT_BAD_INPUT
-    return runs.run_hydra(job, "train", argv)
+    if world.is_main:
+        return runs.run_hydra(job, "train", argv)
+    said = io.StringIO()  # another rank: Hydra's refusal of the command line (exit 1, no traceback) is rank 0's to say
+    with contextlib.redirect_stderr(said):
+        code = runs.run_hydra(job, "train", argv)
+    if code != 1 or "Traceback" in said.getvalue():
+        sys.stderr.write(said.getvalue())
+    return code
 
 
 def job(cfg: DictConfig) -> tuple[int, float]:
