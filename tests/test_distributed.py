@@ -224,7 +224,9 @@ def test_a_refusal_under_torchrun_is_said_once_without_a_traceback_from_this_pro
 
 @pytest.mark.slow
 def test_hydras_refusal_of_an_override_under_torchrun_is_said_once(tmp_path):
-    process = torchrun("trainer.nosuch=1", cwd=tmp_path, launcher="gan.torchrun", stdout=subprocess.PIPE)
+    process = torchrun(
+        "trainer.nosuch=1", cwd=tmp_path, launcher="gan.torchrun", stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     code, output = finish(process)
     assert code == 1, output[-3000:]  # Hydra's own exit code, as for a single process
     assert output.count("Could not override 'trainer.nosuch'") == 1 and "Traceback" not in output
