@@ -33,10 +33,10 @@ log = logging.getLogger("train")
 
 # Exit codes: 0 done; 1 Hydra's own (an override it cannot parse, a sweep with a failed job); 2 bad
 # input (config, checkpoint, data, output folder); 3 the loss became NaN/inf; 4 the collapse alarm
-# stopped the run (trainer.on_collapse=stop; a sweep's job returns NaN instead and the sweep goes on); 5 another
-# process of a torchrun job died (gan/torchrun.py exits as the first process that failed);
+# stopped the run (trainer.on_collapse=stop; a sweep's job returns NaN instead and the sweep goes on);
 # 128 + the signal's number when SIGINT/SIGTERM (or SLURM's time-out signal, USR2/USR1) stopped the
-# run after it wrote its checkpoint, as shells report a process that signal ended.
+# run after it wrote its checkpoint, as shells report a process that signal ended. Under torchrun, 5: another
+# process of the job died mid-step (gan/torchrun.py exits as the job's first failed process did).
 EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_COLLAPSE, EXIT_PEER_LOST = 2, 3, 4, 5
 SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143, "SIGUSR1": 138, "SIGUSR2": 140}
 
