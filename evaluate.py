@@ -51,12 +51,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_INTERRUPTED
 
 
+# A training run or another evaluation holds the folder: what to do instead
+IN_USE = "it is training or evaluating there). Nothing was written. Wait for it to finish, or choose another folder."
+
+
 def job(cfg: DictConfig) -> tuple[int, float]:
     global _run_dir
     run_dir = _run_dir = Path(HydraConfig.get().runtime.output_dir)
     named = "hydra.run.dir" in {runs.override_key(o) for o in HydraConfig.get().overrides.hydra}
-    problem = runs.existing_run(run_dir) if named else None  # outputs would land among a run's files
     with runs.held_log() as run_log:  # the record and log file go beside the outputs once there are any
+        try:
+            lock = runs.take_lock(run_dir, IN_USE)  # one evaluation per folder, as one run per run folder
+        except RunDirError as err:
+            log.error("%s", err)
+            return EXIT_BAD_INPUT, math.nan
+        problem = existing_evaluation(run_dir) or (runs.existing_run(run_dir) if named else None)
         try:
             if problem:
                 raise RunDirError(problem)
@@ -66,19 +75,34 @@ def job(cfg: DictConfig) -> tuple[int, float]:
             return EXIT_INTERRUPTED, math.nan
         except (UserError, OSError) as err:
             if isinstance(err, OSError):  # disk full, permissions: the environment, not a bug
-                err = environment_error(err)
+                written = run_dir / "metrics.json"  # written before the events: a folder holding it is refused
+                again = f"evaluate again into another folder ({written} holds this one's numbers)."
+                err = environment_error(err, then=again if written.is_file() else "run the same command again.")
             if HydraConfig.get().mode == RunMode.MULTIRUN:  # Hydra prints it and runs the other jobs
                 raise runs.SweepJobFailed(str(err)) from err
             log.error("%s", err)
             return EXIT_BAD_INPUT, math.nan
         finally:
-            if problem is None and run_dir.is_dir() and any(run_dir.iterdir()):  # never into a run's record
+            outputs = [p for p in run_dir.iterdir() if p.name != runs.LOCK_FILE] if run_dir.is_dir() else []
+            if problem is None and outputs:  # never into a run's record
                 with contextlib.suppress(OSError):  # a full disk: the error said so already
                     runs.keep_record(run_dir, cfg, run_log)
-            else:
+            runs.release_lock(lock, run_dir)
+            if problem is not None or not outputs:
                 runs.remove_if_empty(run_dir)
         log.info("Done in %.0f s; outputs in %s", results["seconds"]["total"], run_dir)
     return 0, results["fid"]
+
+
+def existing_evaluation(run_dir: Path) -> Optional[str]:
+    """An evaluation's folder holding a finished one: its metrics.json would be replaced, its pictures mixed."""
+    if not (run_dir / "metrics.json").is_file():
+        return None
+    return (
+        f"{run_dir} already holds an evaluation (metrics.json): a second one there would replace its numbers and "
+        "mix its pictures and TensorBoard events with the first's. Nothing was written. Choose another "
+        "hydra.run.dir, or move that folder away."
+    )
 
 
 def interrupted(run_dir: Optional[Path]) -> str:

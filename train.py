@@ -7,18 +7,23 @@ config (a resume's: its checkpoint's, gan/runs.py) into a checked, typed one and
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from gan import runs
+from gan.checkpoint import load_checkpoint
 from gan.config import register_configs, validate
 from gan.distributed import broadcast_object, close, init_process_group, world_from_env
 from gan.errors import UserError, environment_error
@@ -31,8 +36,9 @@ log = logging.getLogger("train")
 # input (config, checkpoint, data, output folder); 3 the loss became NaN/inf; 4 the D-won alarm
 # stopped the run (trainer.on_d_won=stop; a sweep's job returns no score instead and the sweep goes on);
 # 128 + the signal's number when SIGINT/SIGTERM (or SLURM's time-out signal, USR2/USR1) stopped the
-# run after it wrote its checkpoint, as shells report a process that signal ended.
-EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_D_WON = 2, 3, 4
+# run after it wrote its checkpoint, as shells report a process that signal ended. Under torchrun, 5: another
+# process of the job died mid-step (gan/torchrun.py exits as the job's first failed process did).
+EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_D_WON, EXIT_PEER_LOST = 2, 3, 4, 5
 SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143, "SIGUSR1": 138, "SIGUSR2": 140}
 PROGRAM = "python train.py"  # how the Text tab's command line and the resume hint name this program
 
@@ -47,10 +53,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "torchrun launches one training job over several processes; a Hydra sweep (-m) launches several "
             "jobs. Run the sweep without torchrun, or one torchrun per setting."
         )
+    world = world_from_env()
     if problem:
-        log.error("%s", problem)
+        if world.is_main:  # under torchrun, rank 0 says it for every rank
+            log.error("%s", problem)
         return EXIT_BAD_INPUT
-    return runs.run_hydra(job, "train", argv)
+    if world.is_main:
+        return runs.run_hydra(job, "train", argv)
+    said = io.StringIO()  # another rank: Hydra's refusal of the command line (exit 1, no traceback) is rank 0's to say
+    with contextlib.redirect_stderr(said):
+        code = runs.run_hydra(job, "train", argv)
+    if code != 1 or "Traceback" in said.getvalue():
+        sys.stderr.write(said.getvalue())
+    return code
 
 
 def job(cfg: DictConfig) -> tuple[int, Optional[float]]:
@@ -58,10 +73,10 @@ def job(cfg: DictConfig) -> tuple[int, Optional[float]]:
     sweeper records a job without a score as a failed trial, where a NaN would crash Optuna's)."""
     world = world_from_env()
     init_process_group(world, cfg.trainer.device)
-    if not world.is_main:
-        logging.getLogger().setLevel(logging.WARNING)  # rank 0 speaks for the job
+    if not world.is_main:  # rank 0 speaks for the job: every rank meets the same refusal, said once
+        logging.getLogger().setLevel(logging.CRITICAL)
     sweep = HydraConfig.get().mode == RunMode.MULTIRUN
-    hydra_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra_dir = run_dir = Path(HydraConfig.get().runtime.output_dir)
     with runs.held_log() as run_log:  # the record and log file are written once every check has passed
         try:
             with logging_redirect_tqdm():  # log lines print above the progress bar, not through it
@@ -75,15 +90,44 @@ def job(cfg: DictConfig) -> tuple[int, Optional[float]]:
                 fid = final_evaluation(typed, result, run_dir) if measure else None
         except (UserError, NonFiniteLossError, OSError) as err:
             if isinstance(err, OSError):  # disk full, permissions: the environment, not a bug
-                err = environment_error(err)
+                err = environment_error(err, then=what_is_kept(run_dir))
             if sweep:  # Hydra records the failed job, prints this paragraph and runs the others
                 raise runs.SweepJobFailed(str(err)) from err
             log.error("%s", err)
             return (EXIT_NON_FINITE if isinstance(err, NonFiniteLossError) else EXIT_BAD_INPUT), None
+        except RuntimeError as err:  # a collective whose peer died (kill -9, out of memory): not this rank's bug
+            if not (world.distributed and peer_lost(err)):
+                raise
+            reason = re.sub(r"^\[[^\]]*\] ", "", str(err).strip().splitlines()[0]).split(". ")[0]  # gloo's source line
+            log.error("Another process of this torchrun job ended, so this one stops too (%s); %s", reason,
+                      what_is_kept(run_dir).replace("run the command", "run the job", 1))  # fmt: skip
+            return EXIT_PEER_LOST, None
         finally:
             close(world)
             runs.remove_if_empty(hydra_dir)  # Hydra's folder, when the job was refused or resumed a run elsewhere
         return finish(result, fid, run_dir, sweep)
+
+
+def peer_lost(err: RuntimeError) -> bool:
+    """gloo and NCCL report a process that died mid-collective as a RuntimeError (DistError in newer torch)."""
+    text = str(err)
+    return isinstance(err, dist.DistError) or any(word in text for word in ("gloo", "NCCL", "by peer"))
+
+
+def what_is_kept(run_dir: Path) -> str:
+    """What to run after a failed write, by whether the run has a checkpoint to resume from."""
+    last = run_dir / "checkpoints" / "last.pt"
+    try:
+        step = load_checkpoint(last)["step"]
+    except UserError:
+        return (
+            f"run the command again. No checkpoint of this run was written ({last} does not exist), so the run "
+            f"starts again from step 0: delete {run_dir} first if it holds this attempt's record (.hydra/)."
+        )
+    return (
+        f"resume: python train.py {runs.resume_override(run_dir)} ({last} holds step {step}; checkpoints are "
+        "written whole or not at all)."
+    )
 
 
 def command_line() -> str:

@@ -5,6 +5,7 @@ import os
 import pickle
 import re
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any, Hashable, Iterable, Mapping, Optional, Sequence, TypeVar
 
@@ -127,8 +128,8 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
     if not file.is_file():
         where = f"{path} (looked for {file})" if str(file) != str(path) else str(path)
         raise CheckpointError(
-            f"Checkpoint not found: {where}. Pass a checkpoint file or a run "
-            "directory that contains checkpoints/last.pt."
+            f"Checkpoint not found: {where}. Pass a checkpoint file or a run directory that contains "
+            f"checkpoints/last.pt.{kept_instead(file)}"
         )
     try:
         size = file.stat().st_size
@@ -151,9 +152,9 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
             "containers, and unpickling it could run arbitrary code. Checkpoints written by this project "
             "never do; do not trust this file."
         ) from err
-    except OSError as err:  # unreadable: permissions, an I/O error
-        raise CheckpointError(f"Cannot read {file}: {_describe(err)}.") from err
-    except Exception as err:  # the unpickler fails in many ways on a damaged file (EOFError, IndexError, ...)
+    except Exception as err:  # the unpickler fails in many ways on a damaged file (EOFError, OSError, ...)
+        if isinstance(err, OSError) and not readable(file):  # permissions, an I/O error
+            raise CheckpointError(f"Cannot read {file}: {_describe(err)}.") from err
         raise _corrupt(file, err) from err
     if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
         found = sorted(state) if isinstance(state, dict) else type(state).__name__
@@ -319,6 +320,11 @@ def _check_optimizer(state: Mapping[str, Any], entry: str, file: Path) -> None:
         raise _damaged(
             file, entry, "is damaged: its 'state' holds something other than each parameter's moments", "resume from"
         )
+    for index, slots in value["state"].items():  # torch would cast them to each parameter's type without a word
+        for slot, moment in slots.items():
+            if isinstance(moment, Tensor) and not moment.is_floating_point():
+                problem = f"is damaged: its state[{index}].{slot} holds {moment.dtype}, where Adam keeps floats"
+                raise _damaged(file, entry, problem, "resume from")
 
 
 def _check_data_position(state: Mapping[str, Any], file: Path) -> None:
@@ -349,9 +355,38 @@ _ELSEWHERE = (
 
 
 def _corrupt(file: Path, err: Exception) -> CheckpointError:
-    return CheckpointError(
-        f"Cannot read {file}: it is truncated, corrupt or not a PyTorch file ({_describe(err)}). {_ELSEWHERE}"
-    )
+    with open(file, "rb") as f:
+        zipped = f.read(4) == b"PK\x03\x04"  # torch.save writes a zip archive; its end record comes last
+    if zipped and not zipfile.is_zipfile(file):
+        what = f"it is truncated: torch.save's zip archive cut short at {file.stat().st_size} bytes, its end missing"
+    else:
+        what = f"it is corrupt or not a PyTorch file ({_describe(err)})"
+    return CheckpointError(f"Cannot read {file}: {what}. {_ELSEWHERE}")
+
+
+def readable(file: Path) -> bool:
+    try:
+        with open(file, "rb") as f:
+            f.read(1)
+        return True
+    except OSError:
+        return False
+
+
+def kept_instead(missing: Path) -> str:
+    """The other checkpoints in the folder where `missing` was looked for, and what each is good for."""
+    folder = missing.parent
+    numbered = sorted(folder.glob("step_*.pt"), reverse=True)
+    best = folder / f"{BEST}.pt"
+    found = ""
+    if numbered:
+        found += f" {folder} holds {numbered[0].name}, a numbered copy: resume or evaluate it by its path."
+    if best.is_file():
+        found += (
+            f" {folder} holds {best.name}, the generator with the best in-training FID: evaluate it with "
+            f"python evaluate.py checkpoint={best}; training cannot resume from it (it holds no D or optimizers)."
+        )
+    return found
 
 
 def _forbidden_global(err: Exception) -> str:
@@ -380,6 +415,18 @@ def load_module_state(
     ]
     problems += [f"{key}: missing from the checkpoint" for key in own if key not in state]
     problems += [f"{key}: in the checkpoint, not in the model" for key in state if key not in own]
+    retyped = [
+        f"{key}: {value.dtype} in the checkpoint, {own[key].dtype} in the model"
+        for key, value in state.items()
+        if key in own and own[key].dtype != value.dtype
+    ]
+    if retyped and not problems:  # load_state_dict would cast them without a word
+        raise CheckpointError(
+            f"The checkpoint's {name} holds tensors of another type than the {name} built from the config: "
+            f"{'; '.join(retyped[:6])}{f'; and {len(retyped) - 6} more' if len(retyped) > 6 else ''}. This project "
+            "writes each tensor in its network's own type, so the checkpoint was altered after it was written: "
+            "resume or evaluate another one."
+        )
     if problems:
         shown = "; ".join(problems[:6]) + (f"; and {len(problems) - 6} more" if len(problems) > 6 else "")
         raise CheckpointError(

@@ -437,8 +437,10 @@ class EvaluateConfig(_Group):
         require_finite(self)
         self._check(self.class_id is None or self.class_id >= 0, "class_id", "must be >= 0 (a class number)")
         self._check(self.num_samples >= 2, "num_samples", "must be at least 2 (FID needs a covariance)")
-        why = f"must exceed metrics.dc_k ({self.metrics.dc_k}): each sample needs k neighbours"
-        self._check(self.num_samples > self.metrics.dc_k, "num_samples", why)
+        k = max(self.metrics.pr_k, self.metrics.dc_k)
+        which = "metrics.pr_k" if self.metrics.pr_k >= self.metrics.dc_k else "metrics.dc_k"
+        why = f"must exceed {which} ({k}): each sample needs k neighbours among the others, or lower {which}"
+        self._check(self.num_samples > k, "num_samples", why)
         for key in ("batch_size", "grid_samples", "interpolation_rows", "neighbour_queries", "neighbours"):
             self._check(getattr(self, key) >= 1, key, "must be at least 1")
         self._check(self.interpolation_steps >= 2, "interpolation_steps", "must be at least 2 (both ends)")

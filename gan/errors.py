@@ -1,6 +1,12 @@
 """The errors a user can cause: each message is one paragraph naming the key or path at fault and what to do, and
 the entry points turn any of them into exit code 2 (bad input). Anything else is a bug, and keeps its traceback."""
 
+import contextlib
+import errno
+import os
+from pathlib import Path
+from typing import Iterator
+
 
 class UserError(RuntimeError):
     """Bad input: a config value, a checkpoint, a dataset, an output folder or a measurement that cannot be made."""
@@ -22,15 +28,37 @@ class MetricsError(UserError):
     """A measurement that cannot be made honestly; the message says why and what to change."""
 
 
-def environment_error(err: OSError) -> UserError:
-    """An OSError (disk full, no permission, a file that vanished) as a UserError naming the file."""
-    where = f" {err.filename}" if err.filename else ""
+def environment_error(err: OSError, then: str = "run the same command again.") -> UserError:
+    """An OSError (disk full, no permission, a file where a folder belongs) as a UserError naming the file and
+    what to do for its cause, `then` what to run (train.py says whether a checkpoint exists to resume from)."""
+    where = os.fsdecode(err.filename) if err.filename else "a file"  # tensorboard's gfile names files in bytes
     reason = err.strerror or str(err) or type(err).__name__
-    return UserError(
-        f"The operating system refused a file operation on{where or ' a file'}: {reason} (errno {err.errno}). "
-        "Free disk space or fix the permissions and run the same command again; checkpoints are written "
-        "atomically, so the last one written before this is intact."
-    )
+    fix = _FIXES.get(err.errno, "Fix what the operating system reports")
+    return UserError(f"Cannot use {where}: {reason} (errno {err.errno}). {fix}, then {then}")
+
+
+_FIXES = {
+    errno.ENOSPC: "Free disk space",
+    errno.EDQUOT: "Free space within your disk quota",
+    errno.EFBIG: "The file outgrew the largest file allowed here (ulimit -f, or the file system's limit): raise it",
+    errno.EACCES: "Give this user write permission there",
+    errno.EPERM: "Give this user write permission there",
+    errno.EROFS: "The file system is mounted read-only: write the run to another folder (hydra.run.dir=PATH)",
+    errno.ENOTDIR: "A file stands where the run needs a folder: move it away",
+    errno.EISDIR: "A folder stands where the run writes a file: move it away",
+    errno.EIO: "The disk reported an I/O error: check it",
+}
+
+
+@contextlib.contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """An OSError raised inside as one that names `path` when it names no file (a write to an open file)."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename:
+            raise
+        raise OSError(err.errno, err.strerror or str(err), str(path)) from err
 
 
 class RunDirError(UserError):

@@ -4,6 +4,7 @@ the resume: the checkpoint's config is the source of truth, the command's settin
 and train() refuses those a resume may not change (`RESUMABLE`)."""
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -154,24 +155,29 @@ def unwritable_output(argv: Sequence[str]) -> Optional[str]:
     existing = target
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
-    try:
-        if not existing.is_dir():
-            raise NotADirectoryError(20, "Not a directory", str(existing))
-        with tempfile.TemporaryDirectory(dir=existing, prefix=".write-test-") as folder:
-            with open(Path(folder) / "probe", "wb") as file:  # a full disk refuses the blocks, not the name
-                file.write(bytes(4096))
-                file.flush()
-                os.fsync(file.fileno())
+    if existing.exists() and not existing.is_dir():
+        why = f"{existing} is not a directory"
+    elif err := write_probe(existing):
+        why = f"{err.strerror or err} (the nearest existing folder is {existing})"
+    else:
         return None
+    return (
+        f"Cannot write the run directory {target}: {why}. Choose a writable folder "
+        f"with {key}=PATH (or launch from a writable directory)."
+    )
+
+
+def write_probe(folder: Path) -> Optional[OSError]:
+    """Why `folder` refuses a new file holding one block of data (a full disk refuses the blocks, not the
+    name), or None; the file is removed."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-") as file:
+            file.write(bytes(4096))
+            file.flush()
+            os.fsync(file.fileno())
     except OSError as err:
-        if existing.exists() and not existing.is_dir():
-            why = f"{existing} is not a directory"
-        else:
-            why = f"{err.strerror or err} (the nearest existing folder is {existing})"
-        return (
-            f"Cannot write the run directory {target}: {why}. Choose a writable folder "
-            f"with {key}=PATH (or launch from a writable directory)."
-        )
+        return err
+    return None
 
 
 def existing_sweep(argv: Sequence[str], resumable: bool = True) -> Optional[str]:
@@ -246,11 +252,82 @@ def resume_plan(cfg: DictConfig, output_dir: Path) -> tuple[DictConfig, Path]:
     if file.parent.name == "checkpoints" and not placed:
         output_dir = file.parent.parent  # train() takes its lock: a second resume of a run in use is refused
     stored = stored_config(load_checkpoint(file)["config"], file)
+    if problem := record_disagreement(file, stored):
+        raise RunDirError(problem)
     wanted = to_dict(cfg)
     for group, key in given_settings(wanted):
         stored[group][key] = wanted[group][key]
     stored["trainer"]["resume"] = resume
     return OmegaConf.merge(OmegaConf.structured(TrainConfig), stored), output_dir
+
+
+def record_disagreement(file: Path, stored: dict) -> Optional[str]:
+    """What the .hydra/ record beside a run's checkpoint says that the checkpoint does not, in one paragraph, or
+    None: config.yaml is compared whole, overrides.yaml setting by setting (a resume's record names only its own
+    settings), each outside RESUMABLE; a key the checkpoint lacks is named too."""
+    record = file.parent.parent / RECORD
+    if file.parent.name != "checkpoints" or not record.is_dir():
+        return None
+    problems = []
+    for name in ("config.yaml", "overrides.yaml"):
+        if not (record / name).is_file():
+            continue
+        try:
+            recorded, keys = to_dict(OmegaConf.load(record / name)), None
+            if name == "overrides.yaml":
+                overrides = [str(o) for o in recorded]
+                job = HydraConfig.get().job.config_name
+                recorded = to_dict(compose(config_name=job, overrides=overrides))
+                keys = set(named_keys(overrides, recorded, to_dict(compose(config_name=job))))
+            if not isinstance(recorded, dict):
+                raise TypeError(f"it holds {type(recorded).__name__}, not a mapping of groups")
+            problems += differences(name, recorded, stored, keys)
+        except (OSError, yaml.YAMLError, OmegaConfBaseException, HydraException, TypeError) as err:
+            problems.append(f"{name} cannot be read as settings ({str(err).strip().splitlines()[0]})")
+    if not problems:
+        return None
+    return (
+        f"The record {record} disagrees with the checkpoint beside it ({file}): {'; '.join(problems[:6])}"
+        f"{f'; and {len(problems) - 6} more' if len(problems) > 6 else ''}. A resume continues what the checkpoint "
+        "holds, so the record was edited (or copied from another run) after the run wrote it, and resuming would "
+        f"either obey it or quietly ignore it. Nothing was written. Restore the record, or move {record} away to "
+        "resume with the checkpoint's settings (the resume then writes a new record)."
+    )
+
+
+def named_keys(overrides: Sequence[str], composed: dict, defaults: dict) -> Iterator[tuple[str, str]]:
+    """(group, key) of each setting the overrides name: a group option (loss=hinge) names its group's keys,
+    and one that is no group of the config (debug=tiny) the keys it moves from their defaults."""
+    for override in overrides:
+        path = override_key(override).split(".")
+        if len(path) == 2:
+            yield path[0], path[1]
+        elif len(path) == 1 and path[0] in composed:
+            yield from ((path[0], key) for key in composed[path[0]])
+        elif len(path) == 1:
+            yield from (
+                (group, key)
+                for group, values in composed.items()
+                if isinstance(values, dict)
+                for key, value in values.items()
+                if defaults.get(group, {}).get(key) != value
+            )
+
+
+def differences(name: str, recorded: dict, stored: dict, keys: Optional[set[tuple[str, str]]] = None) -> list[str]:
+    """`name`'s settings unknown to the checkpoint, and those outside RESUMABLE it gives another value."""
+    found = []
+    for group, values in recorded.items():
+        if group == "hydra" or not isinstance(values, dict):
+            continue
+        for key, value in values.items():
+            if keys is not None and (group, key) not in keys:
+                continue
+            if key not in stored.get(group, {}):
+                found.append(f"{name} has {group}.{key}={value!r}, which is no setting of the checkpoint")
+            elif key not in RESUMABLE.get(group, ()) and stored[group][key] != value:
+                found.append(f"{name} has {group}.{key}={value!r} where the checkpoint has {stored[group][key]!r}")
+    return found
 
 
 def given_settings(wanted: dict) -> list[tuple[str, str]]:
@@ -348,7 +425,13 @@ def own_run_dir(run_dir: Path, resuming: Optional[Path], enabled: bool = True) -
         release_lock(lock, run_dir)
 
 
-def take_lock(run_dir: Path) -> int:
+IN_USE = (
+    "it is training or resuming this run). Nothing was written. Wait for it to finish, or stop it (kill -TERM writes "
+    "a checkpoint first), then resume with trainer.resume=RUN_DIR; or choose another hydra.run.dir."
+)
+
+
+def take_lock(run_dir: Path, in_use: str = IN_USE) -> int:
     """flock() RUN_DIR/.lock (not O_EXCL: the kernel drops a flock when its holder dies, even by
     kill -9, so no lock is ever stale); the file holds 'PID HOST' for the messages."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -360,11 +443,7 @@ def take_lock(run_dir: Path) -> int:
         except BlockingIOError:
             holder = read_holder(fd)
             os.close(fd)
-            raise RunDirError(
-                f"The run directory {run_dir} is in use: {holder} holds {path} (it is training or resuming this "
-                "run). Nothing was written. Wait for it to finish, or stop it (kill -TERM writes a checkpoint "
-                "first), then resume with trainer.resume=RUN_DIR; or choose another hydra.run.dir."
-            ) from None
+            raise RunDirError(f"The run directory {run_dir} is in use: {holder} holds {path} ({in_use}") from None
         if still_named(fd, path):  # not unlinked by a holder that released it meanwhile
             break
         os.close(fd)
@@ -458,6 +537,42 @@ def same_folder(a: Path, b: Path) -> bool:
         return False
 
 
+# What each folder of a run holds, for the messages; the record's files and the log are written by keep_record
+OUTPUT_FOLDERS = {
+    RECORD: "its record",
+    "checkpoints": "its checkpoints",
+    "samples": "its sample grids",
+    "tb": "its TensorBoard events",
+    "tb/final_eval": "its final evaluation's TensorBoard events",
+    "eval": "its final evaluation",
+    "eval/tb": "its final evaluation's TensorBoard events",
+}
+OUTPUT_FILES = ("*.log", f"{RECORD}/*.yaml", "checkpoints/*.pt", "samples/*.png", "samples/*.gif", "eval/*")
+
+
+def check_outputs(run_dir: Path) -> None:
+    """Before the run writes anything: RunDirError naming the first place it writes that cannot take it (a
+    file where it keeps a folder, a folder where it writes a file, a folder that refuses a new file). Tried,
+    as unwritable_output does: permission bits do not tell a read-only mount or a full disk."""
+    for folder, holds in [(run_dir, "its files"), *((run_dir / name, holds) for name, holds in OUTPUT_FOLDERS.items())]:
+        if folder.exists() and not folder.is_dir():
+            raise RunDirError(_cannot(folder, f"it is a file, where the run keeps a folder of {holds}", "Move it away"))
+        if folder.is_dir() and (err := write_probe(folder)):
+            fix = "Free disk space" if err.errno in (errno.ENOSPC, errno.EDQUOT) else "Make it writable"
+            raise RunDirError(_cannot(folder, f"this folder of {holds} refuses a new file ({err.strerror})", fix))
+    for pattern in OUTPUT_FILES:
+        for path in sorted(run_dir.glob(pattern)):
+            if path.is_dir() and not (path.parent.name == "eval" and path.name in ("tb", "export")):
+                raise RunDirError(_cannot(path, "it is a folder, where the run writes a file", "Move it away"))
+
+
+def _cannot(path: Path, problem: str, fix: str) -> str:
+    return (
+        f"Cannot write {path}: {problem}. Nothing was written: the run's record, log, TensorBoard events and "
+        f"checkpoints are as they were. {fix}, then run the same command again."
+    )
+
+
 def remove_stale_temp_files(folder: Path) -> None:
     """The `.NAME.PID.tmp` files that checkpoint writers killed mid-write left, unless their process runs."""
     for tmp in sorted(folder.glob(".*.tmp")):
@@ -491,19 +606,23 @@ LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # Hydra's j
 
 
 def write_record(run_dir: Path, cfg: DictConfig) -> None:
-    """RUN_DIR/.hydra/{config,hydra,overrides}.yaml as Hydra writes them, each replaced atomically."""
+    """RUN_DIR/.hydra/{config,hydra,overrides}.yaml as Hydra writes them, replaced together: renames only."""
     hydra_cfg = HydraConfig.instance().cfg
     folder = run_dir / RECORD
     folder.mkdir(parents=True, exist_ok=True)
-    for name, node in (
-        ("config.yaml", cfg),
-        ("hydra.yaml", hydra_cfg),
-        ("overrides.yaml", hydra_cfg.hydra.overrides.task),
-    ):
-        path = folder / name
-        partial = path.with_name(f".{name}.{os.getpid()}.tmp")
-        partial.write_text(OmegaConf.to_yaml(node), encoding="utf-8")
-        os.replace(partial, path)
+    nodes = {"config.yaml": cfg, "hydra.yaml": hydra_cfg, "overrides.yaml": hydra_cfg.hydra.overrides.task}
+    partial = {name: folder / f".{name}.{os.getpid()}.tmp" for name in nodes}
+    try:  # all three written before any is replaced: a full disk leaves the old record whole, and no temp file
+        for name, node in nodes.items():
+            with open(partial[name], "w", encoding="utf-8") as file:
+                file.write(OmegaConf.to_yaml(node))
+                file.flush()
+                os.fsync(file.fileno())
+        for name in nodes:
+            os.replace(partial[name], folder / name)
+    finally:
+        for path in partial.values():
+            path.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

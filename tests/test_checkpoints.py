@@ -207,8 +207,8 @@ def bad_files(tmp_path: Path, good: Path) -> dict[str, Path]:
     "case, message",
     [
         ("missing", "Checkpoint not found"),
-        ("truncated", "truncated, corrupt or not a PyTorch file"),
-        ("text", "truncated, corrupt or not a PyTorch file"),
+        ("truncated", "it is truncated: torch.save's zip archive cut short"),
+        ("text", "it is corrupt or not a PyTorch file"),
         ("not_checkpoint", "is not a checkpoint of this project"),
         ("code", "Refused to load"),
     ],

@@ -23,18 +23,21 @@ from gan.distributed import World
 from gan.training.state import build_models, build_optimizer, wrap_for_ddp
 
 
-def torchrun(*overrides: str, cwd: Path, nproc: int = 2, **popen) -> subprocess.Popen:
+def torchrun(
+    *overrides: str, cwd: Path, nproc: int = 2, launcher: str = "torch.distributed.run", **popen
+) -> subprocess.Popen:
+    """`torchrun ... train.py` (torch.distributed.run is torchrun's module), or gan.torchrun's launcher."""
     args = [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        launcher,
         "--standalone",
         f"--nproc_per_node={nproc}",
         str(ROOT / "train.py"),
         *TINY,
         *overrides,
     ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(args, cwd=cwd, env=env, text=True, **popen)
 
 
@@ -193,3 +196,75 @@ def test_sigterm_to_the_job_leaves_a_loadable_checkpoint(tmp_path):
     output = "".join(lines) + rest
     assert "Stopped by SIGTERM" in output, output[-3000:]
     assert load_checkpoint(run_dir)["step"] >= 4
+
+
+def run_until(process: subprocess.Popen, text: str) -> list[str]:
+    """The job's lines up to the first holding `text`."""
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if text in line:
+            return lines
+    raise AssertionError("".join(lines)[-3000:])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher, code", [("gan.torchrun", 2), ("torch.distributed.run", 1)])
+def test_a_refusal_under_torchrun_is_said_once_without_a_traceback_from_this_project(tmp_path, launcher, code):
+    # gan.torchrun exits 2 as a single process does; torchrun itself exits 1 after its ChildFailedError summary
+    process = torchrun(
+        "trainer.max_steps=0", cwd=tmp_path, launcher=launcher, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    returncode, output = finish(process)
+    assert returncode == code, output[-3000:]
+    assert output.count("trainer.max_steps=0 must be at least 1") == 1
+    assert "/gan/" not in output and 'train.py", line' not in output  # no frame of this project
+    assert ("Traceback" in output) == (launcher != "gan.torchrun") and not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.slow
+def test_hydras_refusal_of_an_override_under_torchrun_is_said_once(tmp_path):
+    process = torchrun(
+        "trainer.nosuch=1", cwd=tmp_path, launcher="gan.torchrun", stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    code, output = finish(process)
+    assert code == 1, output[-3000:]  # Hydra's own exit code, as for a single process
+    assert output.count("Could not override 'trainer.nosuch'") == 1 and "Traceback" not in output
+
+
+@pytest.mark.slow
+def test_sigterm_to_gan_torchrun_checkpoints_every_rank_and_exits_143(tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = ("trainer.max_steps=100000", "trainer.checkpoint_every=100000", f"hydra.run.dir={run_dir}")
+    process = torchrun(
+        *overrides, cwd=tmp_path, launcher="gan.torchrun", stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    lines = run_until(process, "step 4 ")
+    process.send_signal(signal.SIGTERM)  # to the launcher alone, which passes it on to every rank
+    code, rest = finish(process)
+    output = "".join(lines) + rest
+    assert code == 143, output[-3000:]
+    assert output.count("Stopped by SIGTERM") == 1 and "Traceback" not in output
+    assert load_checkpoint(run_dir)["step"] >= 4
+
+
+@pytest.mark.slow
+def test_a_rank_killed_by_sigkill_ends_the_job_without_a_traceback_saying_what_is_kept(tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = ("trainer.max_steps=100000", "trainer.checkpoint_every=2", f"hydra.run.dir={run_dir}")
+    process = torchrun(
+        *overrides, cwd=tmp_path, launcher="gan.torchrun", stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    lines = run_until(process, "step 6 ")
+    ranks = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()
+    os.kill(int(max(ranks, key=int)), signal.SIGKILL)  # the younger of the two: rank 1
+    code, rest = finish(process)
+    output = "".join(lines) + rest
+    assert code == 137, output[-3000:]  # 128 + 9, as a shell reports a process SIGKILL ended
+    assert "Traceback" not in output
+    step = load_checkpoint(run_dir)["step"]  # the checkpoint of step 4 at least (step 6's log line comes first)
+    assert step >= 4
+    # rank 0 says so when its collective reports the lost peer; one blocked in gloo until torchrun's
+    # shutdown timeout ends by torchrun's SIGKILL, silently
+    said = [line for line in output.splitlines() if "Another process of this torchrun job ended" in line]
+    assert all(f"{run_dir / 'checkpoints' / 'last.pt'} holds step {step}" in line for line in said) and len(said) <= 1

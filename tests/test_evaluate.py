@@ -430,3 +430,13 @@ def test_evaluate_end_to_end_with_each_inception_file(key, tmp_path, one_thread,
 
 def test_export_format_none_writes_nothing(tiny_gan, tmp_path):
     assert X.save_generator(tiny_gan[0], ExportFormat.none, tmp_path / "export") == []
+
+
+def test_a_second_evaluation_into_a_finished_ones_folder_is_refused_and_its_metrics_kept(evaluated, trained_run):
+    folder, _ = evaluated
+    before = (folder / "metrics.json").read_bytes()
+    result = run_evaluate(f"checkpoint={trained_run}", *TINY_EVAL, "seed=1", f"hydra.run.dir={folder}")
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-3000:]
+    assert f"{folder} already holds an evaluation (metrics.json)" in output and "Traceback" not in output
+    assert (folder / "metrics.json").read_bytes() == before and not (folder / ".lock").exists()

@@ -263,10 +263,10 @@ def bad_checkpoint(kind: str, folder: Path, good: Path) -> Path:
 
 EXPECTED = {
     "empty": "it is an empty file (0 bytes)",
-    "random": "it is truncated, corrupt or not a PyTorch file",
-    "truncated": "it is truncated, corrupt or not a PyTorch file",
-    "text": "it is truncated, corrupt or not a PyTorch file",
-    "zip": "it is truncated, corrupt or not a PyTorch file",
+    "random": "it is corrupt or not a PyTorch file",
+    "truncated": "it is truncated: torch.save's zip archive cut short at",
+    "text": "it is corrupt or not a PyTorch file",
+    "zip": "it is corrupt or not a PyTorch file",
     "code": "it names posix.system",
 }
 

@@ -9,28 +9,33 @@ Each refusal is tested where it is raised, in process; the command line only whe
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 import re
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIG_DIR, compose_config, run_train
+from conftest import CONFIG_DIR, compose_config, run_evaluate, run_train
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from PIL import Image
+from tensorboard.compat.tensorflow_stub.io.gfile import LocalFileSystem
 
 from gan.checkpoint import load_checkpoint
 from gan.config import ClassifierConfig, EvaluateConfig, MetricsConfig, register_evaluate_configs, to_plain
 from gan.data import load_dataset
 from gan.device import resolve_device
-from gan.errors import CheckpointError, ConfigError, DataError, RunDirError
+from gan.errors import CheckpointError, ConfigError, DataError, RunDirError, environment_error
 from gan.evaluation.pipeline import build_generator, evaluate
-from gan.runs import resume_auto
+from gan.runs import release_lock, resume_auto, take_lock
 from gan.training import train
+from gan.training.monitor import Monitor
+from train import what_is_kept
 
 ONE_THREAD = "trainer.threads=1"
 CPU = torch.device("cpu")
@@ -327,3 +332,268 @@ def test_a_sweep_into_a_folder_under_a_file_is_refused_before_hydra_naming_the_f
     assert result.returncode == 2, output[-3000:]
     assert f"{blocker} is not a directory" in output and "hydra.sweep.dir" in output and "Traceback" not in output
     assert blocker.read_text() == "not a folder\n" and sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+# 9. a resume whose outputs cannot take a write: refused before it writes, naming the path --------
+
+DAMAGED_OUTPUTS = {  # what is done to the run's folder -> (the path named, what the message says of it)
+    "samples/ is a file": ("samples", "file", "it is a file, where the run keeps a folder of its sample grids"),
+    "tb/ is a file": ("tb", "file", "it is a file, where the run keeps a folder of its TensorBoard events"),
+    "eval/ is a file": ("eval", "file", "it is a file, where the run keeps a folder of its final evaluation"),
+    "a grid to come is a folder": ("samples/step_000008.png", "folder", "it is a folder, where the run writes a file"),
+    "best.pt is a folder": ("checkpoints/best.pt", "folder", "it is a folder, where the run writes a file"),
+    "config.yaml is a folder": (".hydra/config.yaml", "folder", "it is a folder, where the run writes a file"),
+    "the log is a folder": ("train.log", "folder", "it is a folder, where the run writes a file"),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGED_OUTPUTS)
+def test_a_resume_whose_outputs_cannot_take_a_write_is_refused_naming_the_path_and_changes_nothing(
+    trained, tmp_path, case
+):
+    where, becomes, said = DAMAGED_OUTPUTS[case]
+    run_dir = copy_run(trained, tmp_path / "run")
+    path = run_dir / where
+    if path.is_dir():
+        shutil.rmtree(path)
+    path.unlink(missing_ok=True)
+    if becomes == "file":
+        path.write_text("not a folder\n")
+    else:
+        path.mkdir()
+    before = snapshot(run_dir)
+    result = run_train(ONE_THREAD, f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
+    output = output_of(result)
+    assert result.returncode == 2, output[-3000:]
+    assert f"Cannot write {path}: {said}" in output and "Nothing was written" in output
+    assert "Traceback" not in output and "Free disk space" not in output
+    assert snapshot(run_dir) == before  # record, log, events, grids and checkpoint as they were
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no folder of its own either
+
+
+def test_a_damaged_old_grid_is_left_out_of_the_animation_and_the_resume_goes_on(trained, tmp_path):
+    run_dir = copy_run(trained, tmp_path / "run")
+    damaged = run_dir / "samples" / "step_000003.png"
+    damaged.write_bytes(b"not a png any more")
+    result = run_train(ONE_THREAD, f"trainer.resume={run_dir}", "trainer.max_steps=9", cwd=tmp_path)
+    output = output_of(result)
+    assert result.returncode == 0, output[-3000:]
+    assert f"Left {damaged} out of progress.gif: it cannot be read as an image" in output
+    assert damaged.read_bytes() == b"not a png any more"  # a grid of a step past the checkpoint is never rewritten
+    with Image.open(run_dir / "samples" / "progress.gif") as gif:
+        assert gif.n_frames == 2  # steps 6 and 9
+
+
+def test_a_resume_that_dies_before_its_first_write_leaves_record_log_and_events_as_they_were(trained, tmp_path):
+    # the first step's update is not finite (optim.lr=1e39, tunable on resume): caught at the first log, before
+    # any event, grid or checkpoint, so the record (which would hold the new rate and max_steps) is not written
+    run_dir = copy_run(trained, tmp_path / "run")
+    before = snapshot(run_dir)
+    result = run_train(
+        ONE_THREAD, f"trainer.resume={run_dir}", "trainer.max_steps=9", "optim.lr=1e39", "optim.lr_d=1e39", cwd=tmp_path
+    )
+    assert result.returncode == 3, output_of(result)[-3000:]
+    assert snapshot(run_dir) == before
+
+
+FULL_DISKS = {  # where the disk is full when the resume writes -> what the paragraph says
+    "the record": (".hydra/.config.yaml.", "No space left on device (errno 28). Free disk space, then resume: "),
+    "the grids' folder": ("samples/.write-test-", "samples: this folder of its sample grids refuses a new file"),
+}
+
+
+@pytest.mark.parametrize("where", FULL_DISKS)
+def test_a_disk_that_fills_as_a_resume_writes_leaves_the_run_as_it_was_and_no_temporary_file(
+    trained, tmp_path, monkeypatch, where
+):
+    run_dir = copy_run(trained, tmp_path / "run")
+    before = snapshot(run_dir)
+    fsync, full, said = os.fsync, *FULL_DISKS[where]
+
+    def no_room_there(fd: int) -> None:  # the blocks of a file written there find no room
+        if f"/{full}" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", no_room_there)
+    result = run_train(ONE_THREAD, f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
+    output = output_of(result)
+    assert result.returncode == 2, output[-3000:]
+    assert said in output and "Traceback" not in output
+    if where == "the record":
+        assert f"{run_dir / 'checkpoints' / 'last.pt'} holds step 6" in output
+    assert snapshot(run_dir) == before  # no temporary file in .hydra/, no log, no events
+
+
+# 10. a record that disagrees with the checkpoint beside it --------------------------------------
+
+EDITED_RECORDS = {  # (file in .hydra/, how it is edited, what the message names)
+    "an unknown key in overrides.yaml": ("overrides.yaml", "- foo.bar=1\n", "foo.bar"),
+    "an unknown key added with +": ("overrides.yaml", "- +trainer.bogus=1\n", "trainer.bogus=1"),
+    "another loss in overrides.yaml": ("overrides.yaml", "- loss=hinge\n", "loss.name='hinge' where the checkpoint"),
+    "a wider D in overrides.yaml": ("overrides.yaml", "- model.d_width=64\n", "model.d_width=64 where the checkpoint"),
+    "another loss in config.yaml": ("config.yaml", "loss: {name: hinge}\n", "loss.name='hinge' where the checkpoint"),
+    "an unknown group in config.yaml": ("config.yaml", "extra: {a: 1}\n", "extra.a=1, which is no setting"),
+}
+
+
+@pytest.mark.parametrize("case", EDITED_RECORDS)
+def test_a_record_that_disagrees_with_its_checkpoint_is_reported_never_obeyed_or_ignored(trained, tmp_path, case):
+    name, edit, named = EDITED_RECORDS[case]
+    run_dir = copy_run(trained, tmp_path / "run")
+    record = run_dir / ".hydra" / name
+    if name == "config.yaml":  # merged into the recorded config, as a hand edit would change it
+        merged = OmegaConf.merge(OmegaConf.load(record), OmegaConf.create(edit))
+        record.write_text(OmegaConf.to_yaml(merged))
+    else:
+        record.write_text(record.read_text() + edit)
+    before = snapshot(run_dir)
+    result = run_train(ONE_THREAD, f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
+    output = output_of(result)
+    assert result.returncode == 2, output[-3000:]
+    assert f"The record {run_dir / '.hydra'} disagrees with the checkpoint beside it" in output
+    assert named in output and "Traceback" not in output
+    assert snapshot(run_dir) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no copy trained into a folder of its own
+
+
+def test_a_record_that_agrees_with_its_checkpoint_on_what_a_resume_may_not_change_is_no_obstacle(trained, tmp_path):
+    # the record of a resume that lowered the rate and died before its first checkpoint: still the run's
+    run_dir = copy_run(trained, tmp_path / "run")
+    record = run_dir / ".hydra" / "overrides.yaml"
+    record.write_text(record.read_text() + "- optim.lr=0.0005\n- trainer.max_steps=100\n")
+    result = run_train(ONE_THREAD, f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
+    assert result.returncode == 0, output_of(result)[-3000:]
+    assert load_checkpoint(run_dir)["step"] == 8
+
+
+# 11. checkpoint tensors of another type or shape than the model's ------------------------------
+
+RETYPED = {  # entry, how its first weight (or moment) is changed, what the message says
+    "an integer G weight": ("G", lambda t: t.to(torch.int32), "torch.int32 in the checkpoint, torch.float32"),
+    "a complex G weight": ("G", lambda t: t.to(torch.complex64), "torch.complex64 in the checkpoint"),
+    "a float64 D weight": ("D", lambda t: t.double(), "torch.float64 in the checkpoint, torch.float32"),
+    "an integer EMA weight": ("G_ema", lambda t: t.long(), "torch.int64 in the checkpoint"),
+    "an integer Adam moment": ("opt_d", lambda t: t.long(), "holds torch.int64, where Adam keeps floats"),
+    "a moment of another shape": ("opt_g", lambda t: t.flatten()[:3].clone(), "has shape (3,), where its parameter"),
+}
+
+
+@pytest.mark.parametrize("case", RETYPED)
+def test_a_checkpoint_tensor_of_another_type_or_shape_is_refused_naming_it(trained, tmp_path, case):
+    entry, change, said = RETYPED[case]
+    run_dir = copy_run(trained, tmp_path / "run")
+    state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    if entry.startswith("opt"):
+        slots = state[entry]["state"][0]
+        slots["exp_avg"] = change(slots["exp_avg"])
+        named = "state[0].exp_avg"
+    else:
+        named = next(key for key in state[entry] if "weight" in key)
+        state[entry][named] = change(state[entry][named])
+    torch.save(state, run_dir / "checkpoints" / "last.pt")
+    with pytest.raises(CheckpointError) as caught:
+        train(compose_config(ONE_THREAD, f"trainer.resume={run_dir}", "trainer.max_steps=8"), run_dir)
+    assert named in str(caught.value) and said in str(caught.value)
+    if entry in ("G", "G_ema"):  # evaluate.py reads the generator it samples from alike
+        with pytest.raises(CheckpointError) as caught:
+            build_generator(state, use_ema=entry == "G_ema", device=CPU, source="altered.pt")
+        assert named.removeprefix("module.") in str(caught.value) and said in str(caught.value)
+
+
+# 12. messages: what the folder holds instead, a truncated file, k beyond the real images --------
+
+
+@pytest.mark.parametrize("kept", ["best.pt", "step_000006.pt"])
+def test_a_run_folder_without_last_pt_names_the_checkpoint_it_holds_and_its_use(trained, tmp_path, kept):
+    run_dir = copy_run(trained, tmp_path / "run")
+    (run_dir / "checkpoints" / "last.pt").rename(run_dir / "checkpoints" / kept)
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(run_dir)
+    message = str(caught.value)
+    assert message.startswith(f"Checkpoint not found: {run_dir}") and kept in message
+    assert ("evaluate.py checkpoint=" in message) == (kept == "best.pt")  # best.pt: G alone, no resume
+
+
+@pytest.mark.parametrize("kept", [0.1, 0.5, 0.99])
+def test_a_checkpoint_cut_short_anywhere_is_called_truncated(trained, tmp_path, kept):
+    data = (trained / "checkpoints" / "last.pt").read_bytes()
+    cut = tmp_path / "last.pt"
+    cut.write_bytes(data[: int(len(data) * kept)])
+    with pytest.raises(CheckpointError, match=f"{cut}: it is truncated: torch.save's zip archive cut short at"):
+        load_checkpoint(cut)
+
+
+@pytest.mark.parametrize(
+    "setting, named", [("metrics.pr_k=1000", "metrics.pr_k=1000"), ("metrics.dc_k=500", "metrics.dc_k=500")]
+)
+def test_a_neighbour_count_beyond_the_real_images_is_refused_in_one_paragraph(trained, tmp_path, setting, named):
+    # num_samples (10,000 by default) is enough: the held-out split of the tiny digits (42 images) is not
+    result = run_evaluate(f"checkpoint={trained}", setting, "threads=1", f"data.root={tmp_path}", cwd=tmp_path)
+    output = output_of(result)
+    assert result.returncode == 2, output[-3000:]
+    assert f"{named} needs more than" in output and "holds 42" in output and "Traceback" not in output
+
+
+def test_a_neighbour_count_beyond_num_samples_is_refused_naming_both():
+    cfg = EvaluateConfig(checkpoint="x.pt", num_samples=10, metrics=MetricsConfig(pr_k=10))
+    with pytest.raises(ConfigError, match=r"num_samples=10 must exceed metrics.pr_k \(10\)"):
+        cfg.check()
+
+
+FAILED_WRITES = {  # the OSError, the file the message names, what it says to do
+    "full disk, bytes path": (OSError(errno.ENOSPC, "No space left on device", b"/r/tb/ev"), "/r/tb/ev", "Free disk"),
+    "read-only mount": (OSError(errno.EROFS, "Read-only file system", "/r/x"), "/r/x", "mounted read-only"),
+    "file size limit": (OSError(errno.EFBIG, "File too large", "/r/c.pt"), "/r/c.pt", "ulimit -f"),
+    "no permission": (PermissionError(errno.EACCES, "Permission denied", "/r/s"), "/r/s", "write permission"),
+}
+
+
+@pytest.mark.parametrize("case", FAILED_WRITES)
+def test_a_failed_write_names_the_file_its_cause_and_what_to_do(case):
+    err, named, fix = FAILED_WRITES[case]
+    message = str(environment_error(err))
+    assert message.startswith(f"Cannot use {named}: {err.strerror}") and fix in message and "b'" not in message
+
+
+def test_a_full_disk_under_tensorboard_names_the_events_file_without_the_writer_threads_traceback(
+    tmp_path, monkeypatch, capfd
+):
+    monitor = Monitor(tmp_path, 0, 10, progress=False)
+    monitor.numbers(1, {"loss/d": 1.0})  # the events file opens at the first write
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")  # as gfile reports it: no file named
+
+    monkeypatch.setattr(LocalFileSystem, "append", full)
+    monitor.numbers(2, {"loss/d": 1.0})
+    with pytest.raises(OSError) as caught:
+        monitor.close()  # the writer thread's failure comes back here
+    assert caught.value.filename == str(monitor.events) and monitor.events.parent == tmp_path / "tb"
+    assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("written", [False, True])
+def test_after_a_failed_write_train_py_says_whether_a_checkpoint_exists(trained, tmp_path, written):
+    run_dir = copy_run(trained, tmp_path / "run")
+    if not written:
+        (run_dir / "checkpoints" / "last.pt").unlink()
+    said = what_is_kept(run_dir)
+    assert ("holds step 6" in said) == written and ("No checkpoint of this run was written" in said) != written
+
+
+# 13. evaluate.py owns its folder ----------------------------------------------------------------
+
+
+def test_an_evaluation_into_a_folder_another_holds_is_refused_naming_the_holder(trained, tmp_path):
+    folder = tmp_path / "eval"
+    lock = take_lock(folder)
+    try:
+        result = run_evaluate(f"checkpoint={trained}", f"hydra.run.dir={folder}", "threads=1", cwd=tmp_path)
+    finally:
+        release_lock(lock, folder)
+    output = output_of(result)
+    assert result.returncode == 2, output[-3000:]
+    assert f"The run directory {folder} is in use: process {os.getpid()}" in output
+    assert "it is training or evaluating there" in output
+    assert list(folder.iterdir()) == []  # the holder's lock went with it; the refused evaluation wrote nothing

@@ -291,3 +291,17 @@ def test_a_path_hydra_cannot_read_is_named_with_the_quoting_that_works(runs, tmp
     result = run_train(pasted, "trainer.max_steps=4", "trainer.threads=1", cwd=tmp_path)
     assert result.returncode == 0, output_of(result)[-3000:]
     assert load_checkpoint(job)["step"] == 4
+
+
+def test_the_record_of_a_resume_that_named_only_its_own_settings_agrees_with_its_checkpoint(tmp_path):
+    # a resume's overrides.yaml holds its command (debug=tiny, trainer.resume, max_steps), not loss=hinge: the
+    # next resume compares only what those overrides set, so the run's hinge loss is no disagreement
+    run_dir = tmp_path / "run"
+    first = run_train("loss=hinge", "trainer.threads=1", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert first.returncode == 0, output_of(first)[-3000:]
+    for steps in (8, 10):
+        resume = (f"trainer.resume={run_dir}", f"trainer.max_steps={steps}")
+        resumed = run_train("trainer.threads=1", *resume, cwd=tmp_path)
+        assert resumed.returncode == 0, output_of(resumed)[-3000:]
+    assert "loss=hinge" not in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    assert load_checkpoint(run_dir)["step"] == 10 and load_checkpoint(run_dir)["config"]["loss"]["name"] == "hinge"

@@ -5,6 +5,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ from gan.core.models import Generator
 from gan.core.sampling import eval_mode, image_grid
 from gan.data import ImageSet, load_dataset, take, to_unit_range
 from gan.device import environment, environment_changes, setup_torch
-from gan.errors import CheckpointError, ConfigError
+from gan.errors import CheckpointError, ConfigError, MetricsError
 from gan.evaluation import metrics as M
 from gan.evaluation.conditional import LabelledLatents, check_class_id, class_grid, conditional_metrics, sample_classes
 from gan.evaluation.export import save_generator
@@ -69,6 +70,7 @@ def evaluate(
     if cfg.class_id is not None:  # one class asked for: measured against that class's images alone
         reference = only_class(reference, cfg.class_id, cfg.metrics)
     reals = Reals(*reference_subset(reference, cfg.num_samples, cfg.seed), stacked=M.is_stacked(reference))
+    check_real_count(reals.images.size(0), cfg.metrics, data.name)
     clock("data")
 
     classifier, accuracy, classifier_file = classifier_for(data, reference, reals.stacked, cfg, device)
@@ -145,6 +147,19 @@ def measure(
     return results
 
 
+def check_real_count(count: int, metrics: MetricsConfig, dataset: str) -> None:
+    """Precision/recall and density/coverage draw a ball to each real image's k-th nearest other real image."""
+    for key in ("pr_k", "dc_k"):
+        k = getattr(metrics, key)
+        if k >= count:
+            raise MetricsError(
+                f"metrics.{key}={k} needs more than {k} real images, and the held-out split of data={dataset} "
+                f"measured here holds {count}: each real image's ball reaches its k-th nearest other one. Lower "
+                f"metrics.{key} below {count} (k = {3 if key == 'pr_k' else 5} is the published setting), or "
+                "measure against a larger held-out split."
+            )
+
+
 def draw_pictures(G: nn.Module, fake: Tensor, data: DataConfig, cfg: EvaluateConfig, device: torch.device) -> dict:
     classes = None
     if G.num_classes:  # interpolation rows: the class asked for, else classes 0, 1, ... in turn
@@ -174,7 +189,9 @@ def feature_space(feature_net: nn.Module, classifier_file: Optional[str], cfg: E
 
 
 def report(results: dict[str, Any], pictures: Mapping[str, Tensor], run_dir: Path, tb_dir: Path) -> None:
-    (run_dir / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
+    partial = run_dir / ".metrics.json.tmp"  # replaced whole: a killed write never leaves half a file
+    partial.write_text(json.dumps(results, indent=2) + "\n")
+    os.replace(partial, run_dir / "metrics.json")
     table = format_table(results)
     log.info("Metrics (%s features, %d samples vs %d held-out images):\n%s", results["features"],
              results["num_samples"], results["num_real"], table)  # fmt: skip

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
@@ -30,8 +31,9 @@ from gan.core.steps import StepContext, d_step, g_step
 from gan.data import ImageSet, load_dataset, to_unit_range
 from gan.device import environment, environment_changes
 from gan.distributed import SINGLE, World, any_rank, gather_to_main, mean_over_ranks
+from gan.errors import naming
 from gan.evaluation.pipeline import evaluate
-from gan.runs import check_resume, override_key, own_run_dir
+from gan.runs import check_outputs, check_resume, override_key, own_run_dir
 from gan.training.d_won import TEXT_TAG as D_WON_TEXT_TAG
 from gan.training.d_won import d_won_watch
 from gan.training.faults import (
@@ -103,18 +105,20 @@ def train(
     hparams: Optional[Mapping[str, float | str | bool | None]] = None,
 ) -> TrainResult:
     """Train (or resume) one run into run_dir. `dataset` replaces cfg.data's; `after_step(state)` returning
-    True ends the run as a signal would; `on_ready()` runs once every check passed, before any write;
-    `command` is shown in the Text tab, `hparams` are its HParams columns (`hparams_of`; data and loss if None)."""
+    True ends the run as a signal would; `on_ready()` runs once every check passed, just before the first
+    write; `command` is shown in the Text tab, `hparams` are its HParams columns (`hparams_of`; data and loss
+    if None)."""
     cfg.check()  # the range checks train.py makes (gan/config.py), for a config built in code too
     trainer, z_dim = cfg.trainer, cfg.model.z_dim
     resuming = checkpoint_path(trainer.resume) if trainer.resume else None
     with own_run_dir(run_dir, resuming, enabled=world.is_main):  # rank 0's alone, never over another run
         device, ctx, state, training = set_up(cfg, world, dataset)  # may refuse: nothing is written yet
         probes = build_probes(cfg, training, device, world, own_data=dataset is None)
-        if on_ready is not None and world.is_main:
-            on_ready()  # every check passed: from here on, the run writes into run_dir
+        if world.is_main:
+            check_outputs(run_dir)  # every place the run writes takes a file: nothing fails half-way for that
         G, D = wrap_for_ddp(state.G, state.D, world, device)  # DDP wrappers: the same modules under DDP
-        monitor = open_monitor(cfg, state, run_dir, world, training, command, hparams)  # HParams, text, reals
+        # on_ready() (the record) runs once, just before the first write: events, grid or checkpoint
+        monitor = open_monitor(cfg, state, run_dir, world, training, command, hparams, on_ready)
         with monitor, stop_on_signals() as stop:
             extras = periodic_extras(cfg, state, ctx, world, device, run_dir, monitor, stop, probes)
             while state.step < trainer.max_steps:
@@ -308,10 +312,11 @@ def open_monitor(
     training: ImageSet,
     command: Optional[str] = None,
     hparams: Optional[Mapping[str, float | str | bool | None]] = None,
+    before_write: Optional[Callable[[], None]] = None,
 ) -> Monitor:
     """The run's Monitor, its HParams session open, the config in the Text tab, a fresh run's real grid."""
     trainer = cfg.trainer
-    monitor = Monitor(run_dir, state.step, trainer.max_steps, trainer.progress, enabled=world.is_main)
+    monitor = Monitor(run_dir, state.step, trainer.max_steps, trainer.progress, world.is_main, before_write)
     real = None
     if world.is_main and state.step == 0:
         if state.fixed_y is None:
@@ -354,7 +359,11 @@ def write_samples(state: TrainingState, run_dir: Path, monitor: Monitor) -> None
         samples_dir.mkdir(parents=True, exist_ok=True)
         if state.fixed_y is not None:  # conditional: each row's class written at its left
             grid = labelled_rows(grid, row_labels(state.fixed_y, state.grid_columns))
-        save_image(grid, samples_dir / f"step_{state.step:06d}.png")
+        path = samples_dir / f"step_{state.step:06d}.png"
+        partial = path.with_name(f".{path.name}.tmp")  # replaced whole: an old damaged image is never half-kept
+        with naming(path):
+            save_image(grid, partial, format="png")
+            os.replace(partial, path)
         write_progress_gif(samples_dir)
         monitor.image(FAKE_TAG if state.G_ema is not None else RAW_FAKE_TAG, grid, state.step)
 

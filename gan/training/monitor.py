@@ -8,9 +8,10 @@ import contextlib
 import logging
 import os
 import re
+import threading
 import time
 from pathlib import Path
-from typing import Iterator, Mapping, Optional
+from typing import Callable, Iterator, Mapping, Optional
 
 import numpy
 import torch
@@ -28,6 +29,7 @@ from tqdm import tqdm
 
 from gan.config import TrainConfig, to_plain
 from gan.data import BatchStream
+from gan.errors import naming
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,18 @@ CONFIG_TEXT_TAG, COMMAND_TEXT_TAG, ENVIRONMENT_TEXT_TAG = "run/config", "run/com
 GIF_FRAMES = 50  # at most this many grids in samples/progress.gif, spread evenly over the run
 
 
+def _quiet_event_writer_thread(args: threading.ExceptHookArgs, default=threading.excepthook) -> None:
+    """TensorBoard writes events in a thread, which keeps a failed write (a full disk) and raises it again in
+    the thread that writes next, where the run reports it in one paragraph; Python would also print the
+    writer thread's own traceback."""
+    if type(args.thread).__name__ == "_AsyncWriterThread" and issubclass(args.exc_type, OSError):
+        return
+    default(args)
+
+
+threading.excepthook = _quiet_event_writer_thread
+
+
 def shown_name(key: str) -> str:
     """`d/real` -> `loss/D(x)`, `grad_norm/d` -> `train/grad_norm_d`; `loss/d` and `loss/g` keep theirs."""
     if key in RENAMED:
@@ -62,13 +76,24 @@ def shown_name(key: str) -> str:
 
 
 class Monitor:
-    def __init__(self, run_dir: Path, start_step: int, max_steps: int, progress: bool = True, enabled: bool = True):
-        """enabled=False (DDP ranks > 0): nothing is written, shown or logged."""
+    def __init__(
+        self,
+        run_dir: Path,
+        start_step: int,
+        max_steps: int,
+        progress: bool = True,
+        enabled: bool = True,
+        before_write: Optional[Callable[[], None]] = None,
+    ):
+        """enabled=False (DDP ranks > 0): nothing is written, shown or logged. The events file is opened at
+        the first write, after `before_write()` (the run's record): a resume that fails before it writes
+        anything leaves tb/ as it was."""
         self.enabled = enabled
         self.last: dict[str, float] = {}  # the last scalars() values: TrainResult.metrics
-        # after a resume, hide the interrupted run's events past the checkpoint: one curve, not a doubled stretch
-        purge_step = start_step + 1 if start_step else None
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tb"), purge_step=purge_step) if enabled else None
+        self.tb, self.start_step, self.before_write = run_dir / "tb", start_step, before_write
+        self.writer: Optional[SummaryWriter] = None
+        self.events = self.tb  # the events file once it is open: tensorboard's errors name none (or one in bytes)
+        self.pending: list[Callable[[SummaryWriter], None]] = []  # written with the first event
         shown = progress and enabled
         self.bar = tqdm(
             total=max_steps, initial=start_step, disable=not shown, dynamic_ncols=True, desc="train", unit="step"
@@ -85,6 +110,23 @@ class Monitor:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[SummaryWriter]:
+        """The events writer, opened at the first write, each error naming the events file."""
+        if self.writer is None:  # the run's first write
+            if self.before_write is not None:
+                self.before_write()
+            # after a resume, hide the interrupted run's events past the checkpoint: one curve, not a doubled stretch
+            purge_step = self.start_step + 1 if self.start_step else None
+            with naming(self.tb):
+                self.writer = SummaryWriter(log_dir=str(self.tb), purge_step=purge_step)
+            self.events = Path(getattr(self.writer.file_writer.event_writer, "_file_name", self.tb))
+        with naming(self.events):
+            for write in self.pending:
+                write(self.writer)
+            self.pending = []
+            yield self.writer
+
     def begin(
         self,
         hparams: Mapping[str, int | float | str | bool | None],
@@ -100,9 +142,10 @@ class Monitor:
             return
         # the plugin types each column from the values; None as "null", as on the command line
         typed = {key: "null" if value is None else value for key, value in hparams.items()}
-        self.writer.file_writer.add_summary(hparams_pb(typed, trial_id=trial_id), step)
-        if real_grid is not None:
-            self.writer.add_image(REAL_TAG, real_grid, step)
+        with self.writing() as writer:
+            writer.file_writer.add_summary(hparams_pb(typed, trial_id=trial_id), step)
+            if real_grid is not None:
+                writer.add_image(REAL_TAG, real_grid, step)
 
     @property
     def seconds(self) -> float:
@@ -122,12 +165,16 @@ class Monitor:
     @contextlib.contextmanager
     def timed(self, phase: str, step: int) -> Iterator[None]:
         """A phase outside the training step, left out of time/img_per_s."""
+        if self.enabled:  # a phase writes into the run: its record first
+            with self.writing():
+                pass
         started = time.perf_counter()
         yield
         spent = time.perf_counter() - started
         self.time_since += spent
         if self.enabled:
-            self.writer.add_scalar(f"time/phase_{phase}_s", spent, step)
+            with self.writing() as writer:
+                writer.add_scalar(f"time/phase_{phase}_s", spent, step)
 
     def scalars(self, step: int, stats: Mapping[str, Tensor | float]) -> dict[str, float]:
         values = {shown_name(tag): float(value) for tag, value in stats.items()}  # float(t) = t.item(): a host sync
@@ -149,26 +196,39 @@ class Monitor:
         self.last = {**self.last, **values}
         if not self.enabled or not values:
             return
-        for tag, value in values.items():
-            self.writer.add_scalar(tag, value, step)
+        with self.writing() as writer:
+            for tag, value in values.items():
+                writer.add_scalar(tag, value, step)
         if log_line:
             log.info("step %d  %s", step, "  ".join(f"{tag}={value:.4g}" for tag, value in values.items()))
 
     def describe(self, step: int, config: str, command: Optional[str], environment: Mapping[str, object]) -> None:
-        self.text(CONFIG_TEXT_TAG, f"```yaml\n{config}```", step)
-        self.text(ENVIRONMENT_TEXT_TAG, f"```yaml\n{yaml.safe_dump(dict(environment), sort_keys=False)}```", step)
-        if command:  # inline code, which wraps at the page's edge (a code block scrolls sideways)
-            fence = "``" if "`" in command else "`"
-            self.text(COMMAND_TEXT_TAG, f"{fence}{command}{fence}", step)
+        """The config, environment and command in the Text tab, written with the run's first event. The command
+        is inline code, which wraps at the page's edge (a code block scrolls sideways)."""
+        fence = "``" if command and "`" in command else "`"
+        texts = {
+            CONFIG_TEXT_TAG: f"```yaml\n{config}```",
+            ENVIRONMENT_TEXT_TAG: f"```yaml\n{yaml.safe_dump(dict(environment), sort_keys=False)}```",
+            COMMAND_TEXT_TAG: f"{fence}{command}{fence}" if command else None,
+        }
+        for tag, text in texts.items():
+            if text is not None and self.enabled:
+                summary = text_pb(tag, text)
+                self.pending.append(lambda writer, summary=summary: writer.file_writer.add_summary(summary, step))
+        if self.writer is not None:  # a fresh run's HParams session opened it
+            with self.writing():
+                pass
 
     def text(self, tag: str, text: str, step: int) -> None:
         """Under `tag` itself: torch's add_text would name it `tag/text_summary`."""
         if self.enabled:
-            self.writer.file_writer.add_summary(text_pb(tag, text), step)
+            with self.writing() as writer:
+                writer.file_writer.add_summary(text_pb(tag, text), step)
 
     def image(self, tag: str, grid: Tensor, step: int) -> None:
         if self.enabled:
-            self.writer.add_image(tag, grid, step)
+            with self.writing() as writer:
+                writer.add_image(tag, grid, step)
 
     def end_session(self, step: int, finished: bool) -> None:
         """Only success is written: TensorBoard keeps the first status, and a stopped run may yet resume."""
@@ -179,12 +239,14 @@ class Monitor:
         end = metadata.create_summary_metadata(plugin_data_pb2.HParamsPluginData(session_end_info=info))
         summary = summary_pb2.Summary()
         summary.value.add(tag=metadata.SESSION_END_INFO_TAG, metadata=end, tensor=metadata.NULL_TENSOR)
-        self.writer.file_writer.add_summary(summary, step)
+        with self.writing() as writer:
+            writer.file_writer.add_summary(summary, step)
 
     def close(self) -> None:
         self.bar.close()
         if self.writer is not None:
-            self.writer.close()  # flushes: events are unreadable before flush()/close()
+            with naming(self.events):
+                self.writer.close()  # flushes: events are unreadable before flush()/close()
 
 
 def trial_name(run_dir: Path) -> str:
@@ -274,11 +336,15 @@ def write_progress_gif(samples_dir: Path, max_frames: int = GIF_FRAMES) -> Path:
         frames = [frames[round(i * (len(frames) - 1) / (max_frames - 1))] for i in range(max_frames)]
     images = []
     for path in frames:
-        with Image.open(path) as image:
-            images.append(image.convert("RGB"))
+        try:
+            with Image.open(path) as image:
+                images.append(image.convert("RGB"))
+        except OSError as err:  # a grid damaged since it was written: the animation goes on without it
+            log.warning("Left %s out of progress.gif: it cannot be read as an image (%s).", path, err)
     # the last frame held so the final grid can be read before the loop restarts
     durations = [200] * (len(images) - 1) + [2000]
     target, partial = samples_dir / "progress.gif", samples_dir / ".progress.gif.tmp"
-    images[0].save(partial, format="GIF", save_all=True, append_images=images[1:], duration=durations, loop=0)
-    os.replace(partial, target)
+    with naming(target):
+        images[0].save(partial, format="GIF", save_all=True, append_images=images[1:], duration=durations, loop=0)
+        os.replace(partial, target)
     return target

@@ -90,6 +90,7 @@ class TrainingState:
                 self.G_ema.n_averaged.zero_()
                 self.G_ema.update_parameters(self.G)
             for entry in ("opt_g", "opt_d"):  # their learning rates go unused: set_learning_rates sets both
+                check_moments(getattr(self, entry), state[entry], entry)
                 getattr(self, entry).load_state_dict(state[entry])
             entry = "scaler"
             if self.scaler.is_enabled() and state.get("scaler"):
@@ -121,6 +122,21 @@ class TrainingState:
                 "Resume from another checkpoint of the run if trainer.keep_checkpoints kept any "
                 "(checkpoints/step_NNNNNN.pt), or start a new run."
             ) from err
+
+
+def check_moments(optimizer: torch.optim.Optimizer, saved: dict[str, Any], entry: str) -> None:
+    """Each saved moment shaped as its parameter: torch's load_state_dict does not check, and Adam's fused
+    update then writes past the moment's memory."""
+    for group, saved_group in zip(optimizer.param_groups, saved["param_groups"]):
+        for param, index in zip(group["params"], saved_group["params"]):
+            for slot, moment in saved["state"].get(index, {}).items():
+                if isinstance(moment, Tensor) and moment.dim() and moment.shape != param.shape:
+                    raise CheckpointError(
+                        f"trainer.resume: the checkpoint's {entry}.state[{index}].{slot} has shape "
+                        f"{tuple(moment.shape)}, where its parameter has {tuple(param.shape)}: the checkpoint was "
+                        "altered after it was written. Resume from another checkpoint of the run if "
+                        "trainer.keep_checkpoints kept any (checkpoints/step_NNNNNN.pt), or start a new run."
+                    )
 
 
 NETWORK_NAMES = {"G": "generator", "D": "discriminator"}

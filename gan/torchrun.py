@@ -1,0 +1,28 @@
+"""torchrun with a single process's exit status: `python -m gan.torchrun [torchrun's options] train.py [overrides]`.
+
+torchrun exits 1 whenever a process of the job fails, after a traceback of its own (ChildFailedError) that
+repeats what the processes said: a refused override, a signal and a bug all read alike. This runs torchrun's own
+launcher (torch.distributed.run) and exits as the job's first failed process did: 2 for a refusal, 143 when
+SIGTERM stopped the job after its checkpoint, 128 + N for a process killed by signal N."""
+
+import sys
+from typing import Optional, Sequence
+
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.run import parse_args, run
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+        run(parse_args(list(sys.argv[1:] if argv is None else argv)))
+    except ChildFailedError as err:  # each process has said why; torchrun's log line names the process
+        _, failure = err.get_first_failure()
+        return failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
+    except SignalException as err:  # torchrun passed the signal on to every process, which checkpointed
+        return 128 + int(err.sigval)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
