@@ -6,6 +6,8 @@
         hydra.run.dir=EVAL_DIR` writes; RUN_DIR/eval if not given)
     python scripts/measured.py tests LOG --name fast_tier --command "make test" --quiet
         a test tier: pytest's summary line at the end of LOG ("790 passed, ... in 113.20s (0:01:53)")
+    python scripts/measured.py minute LOG --name one_minute --command "python scripts/one_minute.py" --quiet
+        the last line scripts/one_minute.py printed ("one_minute steps=N seconds=S fid=F classes=C recall=R")
     python scripts/measured.py show
         prints each entry as README.md states it, and README's results table
 
@@ -78,6 +80,15 @@ def from_tests(log: Path) -> dict:
     return {"kind": "tests", **counts, "seconds": round(float(match.group("seconds")), 1)}
 
 
+def from_minute(log: Path) -> dict:
+    lines = [line for line in log.read_text().splitlines() if line.startswith("one_minute ")]
+    if not lines:
+        raise SystemExit(f"{log} has no 'one_minute steps=...' line: scripts/one_minute.py did not finish")
+    values = dict(field.split("=") for field in lines[-1].split()[1:])
+    numbers = {"steps": int(values["steps"]), "seconds": float(values["seconds"]), "fid": float(values["fid"])}
+    return {"kind": "minute", **numbers, "classes": int(values["classes"]), "recall": float(values["recall"])}
+
+
 def duration(seconds: float) -> str:
     minutes, rest = divmod(round(seconds), 60)
     return f"{minutes} min {rest} s" if minutes else f"{rest} s"
@@ -97,6 +108,8 @@ def phrases(entry: dict) -> list[str]:
             f"{entry['classes']} of 10 classes",
             machine,
         ]
+    if entry["kind"] == "minute":
+        return [f"{entry['steps']:,} steps in {duration(entry['seconds'])}, FID {entry['fid']:.2f}", machine]
     return [f"{entry['passed']:,} passed in {duration(entry['seconds'])}", machine]
 
 
@@ -126,7 +139,7 @@ def load() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="what", required=True)
-    for what in ("run", "tests"):
+    for what in ("run", "tests", "minute"):
         command = sub.add_parser(what)
         command.add_argument("path", type=Path)
         command.add_argument("--name", required=True)
@@ -139,7 +152,8 @@ def main() -> None:
     args = parser.parse_args()
     entries = load()
     if args.what != "show":
-        entry = from_run(args.path, args.eval) if args.what == "run" else from_tests(args.path)
+        read = {"run": lambda: from_run(args.path, args.eval), "tests": lambda: from_tests(args.path)}
+        entry = read.get(args.what, lambda: from_minute(args.path))()
         entry.update(command=args.command, quiet=args.quiet, cpu=cpu(), cores=os.cpu_count())
         entry["date"], entry["prose"] = datetime.date.today().isoformat(), args.prose
         if args.what == "run":

@@ -151,7 +151,9 @@ def tiny_run(tmp_path_factory) -> Path:
 @pytest.fixture(autouse=True)
 def _seed_and_clean_hydra():
     torch.manual_seed(0)
+    threads = torch.get_num_threads()  # a test that calls train() directly sets the run's count: give it back
     yield
+    torch.set_num_threads(threads)
     GlobalHydra.instance().clear()
 
 

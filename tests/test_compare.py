@@ -320,7 +320,8 @@ def test_longer_averages_draws_of_latents_and_measures_only_the_missing_ones(tmp
     assert [len(row["draws"]) for row in more] == [3, 3]
     assert more[0]["draws"][0]["fid"] == 123.0
     assert more[1]["draws"][0] == stored[1]["draws"][0]  # draw 0 kept, draws 1 and 2 measured
-    assert more[1]["draws"][1]["fid"] == pytest.approx(stored[1]["draws"][1]["fid"])  # the same latents again
+    # the same latents again, measured in this process: equal up to float32 reduction order (other threads)
+    assert more[1]["draws"][1]["fid"] == pytest.approx(stored[1]["draws"][1]["fid"], rel=1e-4)
     assert more[0]["fid"] == pytest.approx(sum(d["fid"] for d in more[0]["draws"]) / 3)
     assert [len(row["draws"]) for row in longer.measure_all(tmp_path / "run", measurer, draws=1)] == [1, 1]
     bad = script("longer.py", "--out", "run", "--measure-only", "--draws", "0", cwd=tmp_path)

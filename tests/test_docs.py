@@ -667,7 +667,7 @@ def test_readme_states_each_measurement_as_its_file_holds_it():
     from scripts import measured
 
     entries = measured.load()
-    assert {entry["kind"] for entry in entries.values()} == {"run", "tests"}
+    assert {entry["kind"] for entry in entries.values()} == {"run", "tests", "minute"}
     text = README.read_text(encoding="utf-8")
     missing = [
         f"{name}: {p!r}"
@@ -711,6 +711,10 @@ def test_measured_reads_a_run_and_a_test_log(tmp_path):
     assert measured.from_tests(log) == {
         "kind": "tests", "passed": 790, "skipped": 23, "deselected": 29, "warning": 1, "seconds": 113.2,
     }  # fmt: skip
+    minute = tmp_path / "minute.log"
+    minute.write_text("...\none_minute steps=2208 seconds=60.0 fid=2.76 classes=10 recall=0.840\n")
+    entry = {**measured.from_minute(minute), "quiet": True, "cores": 2, "cpu": {"model": "X", "fast_bf16": True}}
+    assert measured.phrases(entry)[0] == "2,208 steps in 1 min 0 s, FID 2.76"
     (run / "train.log").write_text("[2026-11-27 02:33:00,250][train][INFO] - step 1\n")  # stopped before the end
     with pytest.raises(SystemExit, match="did not finish"):
         measured.from_run(run)

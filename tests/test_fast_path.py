@@ -67,9 +67,11 @@ def test_fp32_project_step_matches_the_canonical_step(d):
         canon_loss_d, canon_loss_g = canonical_step(netG, netD, canon_g, canon_d, real, z)
         assert d_stats["loss/d"].item() == pytest.approx(canon_loss_d, rel=1e-5, abs=1e-6)
         assert g_stats["loss/g"].item() == pytest.approx(canon_loss_g, rel=1e-5, abs=1e-6)
+    # Adam divides by sqrt(v): a gradient's last-bit differences (another reduction order: one thread or
+    # two, fused or not) can move a weight by ~1e-6 after two steps; a change of math moves it by ~lr
     for ours, theirs in ((G, netG), (D, netD.D)):
         for a, b in zip(ours.parameters(), theirs.parameters()):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
 def loss_trajectory(precision: Precision, steps: int = 20) -> torch.Tensor:

@@ -153,7 +153,7 @@ def test_the_thread_count_is_drawn_at_every_log_point_with_its_change(tmp_path, 
                               own=lambda: 0.0)  # fmt: skip
 
     monkeypatch.setattr(loop, "thread_governor", busy_governor)
-    train(compose_config("trainer.max_steps=6"), tmp_path / "run")
+    train(compose_config("trainer.max_steps=6", "trainer.threads=0"), tmp_path / "run")  # debug=tiny fixes 1
     events = EventAccumulator(str(tmp_path / "run" / "tb"), size_guidance={"scalars": 0})
     events.Reload()
     drawn = [(e.step, e.value) for e in events.Scalars("time/threads")]
