@@ -76,7 +76,7 @@ def test_the_wheel_installs_commands_that_train_and_evaluate_from_any_folder(tmp
     assert "git_commit" not in load_checkpoint(run_dir)["environment"]  # an installed package has no clone
     events = EventAccumulator(str(run_dir / "tb"), size_guidance={"tensors": 0}).Reload()
     command_line = events.Tensors("run/command")[0].tensor_proto.string_val[0].decode()
-    assert command_line.startswith("```\ndcgan-train debug=tiny"), command_line  # the command that ran
+    assert command_line.startswith("`dcgan-train debug=tiny"), command_line  # the command that ran (inline code)
 
     refused = command("dcgan-train", *TINY, "optim.lr=-1")
     assert refused.returncode == 2 and "optim.lr=-1.0 must be > 0" in refused.stdout + refused.stderr
