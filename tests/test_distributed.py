@@ -208,6 +208,16 @@ def run_until(process: subprocess.Popen, text: str) -> list[str]:
     raise AssertionError("".join(lines)[-3000:])
 
 
+def long_job(tmp_path: Path, checkpoint_every: int, until: str) -> tuple[Path, subprocess.Popen, list[str]]:
+    """A gan.torchrun job with no end in sight, into tmp_path/run, read up to the line holding `until`."""
+    run_dir = tmp_path / "run"
+    overrides = ("trainer.max_steps=100000", f"trainer.checkpoint_every={checkpoint_every}", f"hydra.run.dir={run_dir}")
+    process = torchrun(
+        *overrides, cwd=tmp_path, launcher="gan.torchrun", stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    return run_dir, process, run_until(process, until)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher, code", [("gan.torchrun", 2), ("torch.distributed.run", 1)])
 def test_a_refusal_under_torchrun_is_said_once_without_a_traceback_from_this_project(tmp_path, launcher, code):
@@ -234,12 +244,7 @@ def test_hydras_refusal_of_an_override_under_torchrun_is_said_once(tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_to_gan_torchrun_checkpoints_every_rank_and_exits_143(tmp_path):
-    run_dir = tmp_path / "run"
-    overrides = ("trainer.max_steps=100000", "trainer.checkpoint_every=100000", f"hydra.run.dir={run_dir}")
-    process = torchrun(
-        *overrides, cwd=tmp_path, launcher="gan.torchrun", stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    lines = run_until(process, "step 4 ")
+    run_dir, process, lines = long_job(tmp_path, checkpoint_every=100000, until="step 4 ")
     process.send_signal(signal.SIGTERM)  # to the launcher alone, which passes it on to every rank
     code, rest = finish(process)
     output = "".join(lines) + rest
@@ -250,12 +255,7 @@ def test_sigterm_to_gan_torchrun_checkpoints_every_rank_and_exits_143(tmp_path):
 
 @pytest.mark.slow
 def test_a_rank_killed_by_sigkill_ends_the_job_without_a_traceback_saying_what_is_kept(tmp_path):
-    run_dir = tmp_path / "run"
-    overrides = ("trainer.max_steps=100000", "trainer.checkpoint_every=2", f"hydra.run.dir={run_dir}")
-    process = torchrun(
-        *overrides, cwd=tmp_path, launcher="gan.torchrun", stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    lines = run_until(process, "step 6 ")
+    run_dir, process, lines = long_job(tmp_path, checkpoint_every=2, until="step 6 ")
     ranks = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()
     os.kill(int(max(ranks, key=int)), signal.SIGKILL)  # the younger of the two: rank 1
     code, rest = finish(process)
