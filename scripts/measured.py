@@ -13,8 +13,10 @@
 
 Each entry goes into docs/results/measured.json with the CPU it ran on (model name, and whether it
 has fast bf16: AVX512-bf16 or AMX), whether the machine was quiet (`--quiet`: nothing else ran; say
-it only when true) and the date. tests/test_docs.py checks that README.md states each `--prose` entry exactly
-as `phrases` renders it and holds the results `table`, so a README number cannot drift from its file.
+it only when true) and the date; `--limited-to AVX2` records a run made with ATEN_CPU_CAPABILITY=avx2
+ONEDNN_MAX_CPU_ISA=AVX2 and trainer.precision=fp32, this CPU standing in for one without AVX-512 or fast bf16.
+tests/test_docs.py checks that README.md states each `--prose` entry exactly as `phrases` renders it
+and holds the results `table`, so a README number cannot drift from its file.
 """
 
 from __future__ import annotations
@@ -35,8 +37,12 @@ DONE = re.compile(r"Done: (\d+) steps")
 SUMMARY = re.compile(r"(?P<counts>\d+ passed[^=]*?) in (?P<seconds>[0-9.]+)s")
 
 
-def cpu() -> dict:
-    """The CPU's model name and whether it has fast bf16 (what trainer.precision=auto looks for)."""
+def cpu(limited_to: str = "") -> dict:
+    """The CPU's model name and whether it has fast bf16 (what trainer.precision=auto looks for). `limited_to`: the
+    instruction set the run was held to (ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA), standing in for a CPU
+    without fast bf16 (the run then trains in fp32)."""
+    if limited_to:
+        return {**cpu(), "limited_to": limited_to, "fast_bf16": False}
     try:
         info = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -96,9 +102,10 @@ def duration(seconds: float) -> str:
 
 def phrases(entry: dict) -> list[str]:
     """How README.md states an entry: each string must appear in it word for word."""
-    bf16 = "with" if entry["cpu"]["fast_bf16"] else "without"
+    held = entry["cpu"].get("limited_to")
+    kind = f"held to {held}" if held else ("with" if entry["cpu"]["fast_bf16"] else "without") + " fast bf16"
     load = "quiet" if entry["quiet"] else "busy"
-    machine = f"on {entry['cores']} {load} cores of an {entry['cpu']['model']} {bf16} fast bf16"
+    machine = f"on {entry['cores']} {load} cores of an {entry['cpu']['model']} {kind}"
     if entry["kind"] == "run":
         return [
             f"{entry['steps']:,} steps" + (f" in {duration(entry['seconds'])}" if entry["quiet"] else ""),
@@ -148,13 +155,14 @@ def main() -> None:
         command.add_argument("--title", default="", help="a run's row name in README's results table")
         command.add_argument("--prose", action="store_true", help="README states it in a sentence, not only a row")
         command.add_argument("--eval", type=Path, help="a run's evaluation folder (hydra.run.dir of evaluate.py)")
+        command.add_argument("--limited-to", default="", help="the instruction set the run was held to, e.g. AVX2")
     sub.add_parser("show")
     args = parser.parse_args()
     entries = load()
     if args.what != "show":
         read = {"run": lambda: from_run(args.path, args.eval), "tests": lambda: from_tests(args.path)}
         entry = read.get(args.what, lambda: from_minute(args.path))()
-        entry.update(command=args.command, quiet=args.quiet, cpu=cpu(), cores=os.cpu_count())
+        entry.update(command=args.command, quiet=args.quiet, cpu=cpu(args.limited_to), cores=os.cpu_count())
         entry["date"], entry["prose"] = datetime.date.today().isoformat(), args.prose
         if args.what == "run":
             entry["title"] = args.title or args.name

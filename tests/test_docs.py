@@ -715,6 +715,9 @@ def test_measured_reads_a_run_and_a_test_log(tmp_path):
     minute.write_text("...\none_minute steps=2208 seconds=60.0 fid=2.76 classes=10 recall=0.840\n")
     entry = {**measured.from_minute(minute), "quiet": True, "cores": 2, "cpu": {"model": "X", "fast_bf16": True}}
     assert measured.phrases(entry)[0] == "2,208 steps in 1 min 0 s, FID 2.76"
+    held = measured.cpu(limited_to="AVX2")  # this CPU standing in for one without AVX-512 or fast bf16
+    assert held["limited_to"] == "AVX2" and held["fast_bf16"] is False
+    assert measured.phrases({**entry, "cpu": held})[1].endswith(f"quiet cores of an {held['model']} held to AVX2")
     (run / "train.log").write_text("[2026-11-27 02:33:00,250][train][INFO] - step 1\n")  # stopped before the end
     with pytest.raises(SystemExit, match="did not finish"):
         measured.from_run(run)
