@@ -30,6 +30,13 @@ from gan.training import train as train_run
 
 def compose_config(*overrides: str) -> TrainConfig:
     """configs/train.yaml with train.py's overrides ("loss=hinge", "optim.lr=1e-4"), typed and checked."""
+    config = _composed(overrides)
+    config.check()
+    return config
+
+
+def _composed(overrides: tuple[str, ...]) -> TrainConfig:
+    """compose_config's config before its range checks (gan.training.train runs them)."""
     register_configs()
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
@@ -40,10 +47,10 @@ def compose_config(*overrides: str) -> TrainConfig:
 
 def train(run_dir: Union[str, Path], *overrides: str, config: Optional[TrainConfig] = None) -> TrainResult:
     """A run in run_dir from train.py's overrides, or from a TrainConfig built in code, checked as the
-    command line's are: its types by OmegaConf, its ranges by gan/config.py."""
+    command line's are: its types by OmegaConf, its ranges by gan/config.py (in gan.training.train)."""
     if config is None:
-        config = compose_config(*overrides)
-    elif overrides:
+        return train_run(_composed(overrides), Path(run_dir))
+    if overrides:
         raise ConfigError(f"Pass overrides ({' '.join(overrides)}) or config=, not both.")
     try:
         typed = validate(OmegaConf.structured(config))

@@ -289,17 +289,12 @@ def _shown(value: object) -> str:
 def _check_state_dict(state: Mapping[str, Any], entry: str, file: Path, use: str = "resume or evaluate") -> None:
     value = state[entry]
     if not isinstance(value, Mapping):
-        raise _damaged(
-            file, entry, f"is damaged: it holds {_shown(value)}, not a network's state dict (its tensors by name)", use
-        )
+        problem = f"is damaged: it holds {_shown(value)}, not a network's state dict (its tensors by name)"
+        raise _damaged(file, entry, problem, use)
     wrong = [key for key, t in value.items() if not isinstance(key, str) or not isinstance(t, Tensor)]
     if wrong:
-        raise _damaged(
-            file,
-            entry,
-            f"is damaged: {wrong[0]!r} holds {_shown(value[wrong[0]])}, where a state dict holds tensors",
-            use,
-        )
+        problem = f"is damaged: {wrong[0]!r} holds {_shown(value[wrong[0]])}, where a state dict holds tensors"
+        raise _damaged(file, entry, problem, use)
 
 
 def _check_optimizer(state: Mapping[str, Any], entry: str, file: Path) -> None:
@@ -310,16 +305,11 @@ def _check_optimizer(state: Mapping[str, Any], entry: str, file: Path) -> None:
         raise _damaged(file, entry, f"is damaged: it holds {problem}, not an optimizer's state dict", "resume from")
     groups = value.get("param_groups")
     if not isinstance(groups, list) or not all(isinstance(g, Mapping) for g in groups):
-        raise _damaged(
-            file,
-            entry,
-            f"is damaged: its 'param_groups' is {_shown(groups)}, where torch writes a list of parameter groups",
-            "resume from",
-        )
+        problem = f"is damaged: its 'param_groups' is {_shown(groups)}, where torch writes a list of parameter groups"
+        raise _damaged(file, entry, problem, "resume from")
     if not all(isinstance(slots, Mapping) for slots in value["state"].values()):
-        raise _damaged(
-            file, entry, "is damaged: its 'state' holds something other than each parameter's moments", "resume from"
-        )
+        problem = "is damaged: its 'state' holds something other than each parameter's moments"
+        raise _damaged(file, entry, problem, "resume from")
     for index, slots in value["state"].items():  # torch would cast them to each parameter's type without a word
         for slot, moment in slots.items():
             if isinstance(moment, Tensor) and not moment.is_floating_point():

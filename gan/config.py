@@ -304,9 +304,10 @@ def _require(ok: bool, key: str, value: Any, why: str) -> None:
 
 
 def validate(cfg: DictConfig) -> TrainConfig:
+    """The typed config, its types checked by OmegaConf; its ranges are TrainConfig.check's, which
+    gan.training.train runs: the one function every way of training goes through."""
     typed = OmegaConf.to_object(cfg)
     assert isinstance(typed, TrainConfig), type(typed)
-    typed.check()
     return typed
 
 

@@ -74,7 +74,9 @@ def compose_config(*overrides: str) -> TrainConfig:
     GlobalHydra.instance().clear()  # nested initialize() raises; start clean every time
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(config_name="train", overrides=[*TINY, *overrides])
-    return validate(cfg)
+    typed = validate(cfg)
+    typed.check()  # as gan.training.train will: a test of a refused value may stop here
+    return typed
 
 
 def run_train(
@@ -140,10 +142,10 @@ def in_process(main: Callable[[list[str]], int], argv: list[str], cwd: Path | No
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory) -> Path:
-    """The session's one finished `python train.py debug=tiny trainer.threads=1` run (6 steps), shared
+    """The session's one finished `python train.py debug=tiny` run (6 steps), shared
     by every module that only reads a run; a test that writes into a run copies it first."""
     run_dir = tmp_path_factory.mktemp("tiny") / "run"
-    result = run_train("trainer.threads=1", f"hydra.run.dir={run_dir}")
+    result = run_train(f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     return run_dir
 

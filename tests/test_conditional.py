@@ -378,9 +378,7 @@ def test_the_probe_restores_D_buffers_and_draws_no_random_number(tiny_gan):
 def conditional_run(tmp_path_factory):
     """A 6-step conditional run on 16 px digits (1200 training, 200 held-out images)."""
     run_dir = tmp_path_factory.mktemp("cond") / "run"
-    result = run_train(
-        f"hydra.run.dir={run_dir}", "data.num_samples=1200", "model.conditional=true", "trainer.threads=1"
-    )
+    result = run_train(f"hydra.run.dir={run_dir}", "data.num_samples=1200", "model.conditional=true")
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
 
@@ -425,7 +423,7 @@ def test_a_class_id_that_cannot_be_drawn_exits_2_naming_class_id(conditional_run
     checkpoint = conditional_run
     if message == "unconditional":
         checkpoint = tmp_path / "plain"
-        assert run_train(f"hydra.run.dir={checkpoint}", "trainer.threads=1").returncode == 0
+        assert run_train(f"hydra.run.dir={checkpoint}").returncode == 0
     result = run_evaluate(f"checkpoint={checkpoint}", f"class_id={class_id}", f"hydra.run.dir={tmp_path / 'eval'}")
     output = result.stdout + result.stderr
     assert result.returncode == 2 and f"class_id={class_id}" in output and message in output

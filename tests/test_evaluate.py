@@ -75,7 +75,7 @@ TINY_EVAL = [
 def trained_run(tmp_path_factory) -> Path:
     """A real 6-step training run on 16 px digits (1200 training, 200 held-out images)."""
     run_dir = tmp_path_factory.mktemp("train") / "run"
-    result = run_train(f"hydra.run.dir={run_dir}", "data.num_samples=1200", "trainer.threads=1")
+    result = run_train(f"hydra.run.dir={run_dir}", "data.num_samples=1200")
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
 

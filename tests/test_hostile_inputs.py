@@ -37,7 +37,6 @@ from gan.training import train
 from gan.training.monitor import Monitor
 from train import what_is_kept
 
-ONE_THREAD = "trainer.threads=1"
 CPU = torch.device("cpu")
 register_evaluate_configs()
 
@@ -173,7 +172,7 @@ def test_a_folder_smaller_than_one_batch_stops_training_before_anything_is_writt
         Image.new("RGB", (20, 20), (40 * i, 80, 120)).save(folder / f"img{i}.png")
     run_dir = tmp_path / "run"
     with pytest.raises(DataError) as caught:
-        train(compose_config(ONE_THREAD, "data=folder", f"data.root={folder}"), run_dir)
+        train(compose_config("data=folder", f"data.root={folder}"), run_dir)
     assert "fewer than data.batch_size=32" in str(caught.value)  # debug=tiny's batch
     assert not run_dir.exists() or not any(path.is_file() for path in run_dir.rglob("*"))
 
@@ -205,7 +204,7 @@ def test_a_nan_in_a_batchnorm_statistic_alone_is_refused_by_evaluate(trained, us
 def test_a_resume_already_at_max_steps_trains_nothing_and_is_no_error(trained, tmp_path):
     run_dir = copy_run(trained, tmp_path / "run")
     before = load_checkpoint(run_dir)
-    result = train(compose_config(ONE_THREAD, f"trainer.resume={run_dir}", "trainer.max_steps=6"), run_dir)
+    result = train(compose_config(f"trainer.resume={run_dir}", "trainer.max_steps=6"), run_dir)
     after = load_checkpoint(run_dir)
     assert result.step == after["step"] == 6
     assert all(torch.equal(before["G"][key], after["G"][key]) for key in before["G"])
@@ -228,7 +227,7 @@ def test_a_new_run_is_refused_over_a_run_however_its_folder_is_spelled(trained, 
     before = snapshot(run_dir)
     named = SPELLINGS[spelling](tmp_path)
     with pytest.raises(RunDirError) as caught:
-        train(compose_config(ONE_THREAD, "trainer.max_steps=1"), named)
+        train(compose_config("trainer.max_steps=1"), named)
     assert str(caught.value).startswith(f"{named} already holds a run")
     assert snapshot(run_dir) == before  # its lock came and went; nothing else was written
 
@@ -247,7 +246,7 @@ def test_resume_auto_finds_the_matching_run_wherever_it_lies_under_outputs(train
     run_dir = copy_run(trained, tmp_path / "outputs" / where)
     record = run_dir / ".hydra"
     record.mkdir(exist_ok=True)
-    (record / "config.yaml").write_text(OmegaConf.to_yaml(to_plain(compose_config(ONE_THREAD))))
+    (record / "config.yaml").write_text(OmegaConf.to_yaml(to_plain(compose_config())))
     (record / "overrides.yaml").unlink(missing_ok=True)
     if overrides:
         (record / "overrides.yaml").write_text("- debug=tiny\n- trainer.threads=1\n")
@@ -287,9 +286,7 @@ def test_evaluating_a_run_leaves_every_file_of_it_as_it_was(trained, tmp_path, o
 def test_a_new_run_into_a_run_named_through_an_interpolation_is_refused(trained, tmp_path):
     run_dir = copy_run(trained, tmp_path / "runs" / "interp_7")
     before = snapshot(run_dir)
-    result = run_train(
-        ONE_THREAD, "trainer.seed=7", f"hydra.run.dir={tmp_path / 'runs'}/interp_${{trainer.seed}}", cwd=tmp_path
-    )
+    result = run_train("trainer.seed=7", f"hydra.run.dir={tmp_path / 'runs'}/interp_${{trainer.seed}}", cwd=tmp_path)
     output = output_of(result)
     assert result.returncode == 2, output[-3000:]
     assert f"{run_dir} already holds a run" in output and "Traceback" not in output
@@ -299,7 +296,7 @@ def test_a_new_run_into_a_run_named_through_an_interpolation_is_refused(trained,
 def test_a_new_run_into_a_quoted_folder_with_a_space_and_an_equals_sign_is_refused(trained, tmp_path):
     run_dir = copy_run(trained, tmp_path / "my runs" / "0_optim.lr=0.002")  # a sweep job's name, moved
     before = snapshot(run_dir)
-    result = run_train(ONE_THREAD, f"hydra.run.dir='{run_dir}'", cwd=tmp_path)
+    result = run_train(f"hydra.run.dir='{run_dir}'", cwd=tmp_path)
     output = output_of(result)
     assert result.returncode == 2, output[-3000:]
     assert f"{run_dir} already holds a run" in output and "Traceback" not in output
@@ -308,7 +305,7 @@ def test_a_new_run_into_a_quoted_folder_with_a_space_and_an_equals_sign_is_refus
 
 def test_a_resume_given_a_bare_path_with_a_space_continues_the_run_in_place(trained, tmp_path):
     run_dir = copy_run(trained, tmp_path / "my run")
-    result = run_train(ONE_THREAD, f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
+    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
     assert result.returncode == 0, output_of(result)[-3000:]
     assert load_checkpoint(run_dir)["step"] == 8
     assert not any((tmp_path / "outputs").rglob("*"))  # no folder of its own: the run went on in place
@@ -316,9 +313,7 @@ def test_a_resume_given_a_bare_path_with_a_space_continues_the_run_in_place(trai
 
 def test_a_resume_given_a_relative_path_to_the_checkpoint_file_continues_its_run_in_place(trained, tmp_path):
     run_dir = copy_run(trained, tmp_path / "outputs" / "runs" / "a")
-    result = run_train(
-        ONE_THREAD, "trainer.resume=outputs/runs/a/checkpoints/last.pt", "trainer.max_steps=8", cwd=tmp_path
-    )
+    result = run_train("trainer.resume=outputs/runs/a/checkpoints/last.pt", "trainer.max_steps=8", cwd=tmp_path)
     assert result.returncode == 0, output_of(result)[-3000:]
     assert [p.parent.parent for p in (tmp_path / "outputs").rglob("last.pt")] == [run_dir]
     assert load_checkpoint(run_dir)["step"] == 8
@@ -327,7 +322,7 @@ def test_a_resume_given_a_relative_path_to_the_checkpoint_file_continues_its_run
 def test_a_sweep_into_a_folder_under_a_file_is_refused_before_hydra_naming_the_file(tmp_path):
     blocker = tmp_path / "afile"
     blocker.write_text("not a folder\n")
-    result = run_train("-m", ONE_THREAD, "optim.lr=0.002,0.003", f"hydra.sweep.dir={blocker / 'sweep'}", cwd=tmp_path)
+    result = run_train("-m", "optim.lr=0.002,0.003", f"hydra.sweep.dir={blocker / 'sweep'}", cwd=tmp_path)
     output = output_of(result)
     assert result.returncode == 2, output[-3000:]
     assert f"{blocker} is not a directory" in output and "hydra.sweep.dir" in output and "Traceback" not in output
@@ -362,7 +357,7 @@ def test_a_resume_whose_outputs_cannot_take_a_write_is_refused_naming_the_path_a
     else:
         path.mkdir()
     before = snapshot(run_dir)
-    result = run_train(ONE_THREAD, f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
+    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
     output = output_of(result)
     assert result.returncode == 2, output[-3000:]
     assert f"Cannot write {path}: {said}" in output and "Nothing was written" in output
@@ -375,7 +370,7 @@ def test_a_damaged_old_grid_is_left_out_of_the_animation_and_the_resume_goes_on(
     run_dir = copy_run(trained, tmp_path / "run")
     damaged = run_dir / "samples" / "step_000003.png"
     damaged.write_bytes(b"not a png any more")
-    result = run_train(ONE_THREAD, f"trainer.resume={run_dir}", "trainer.max_steps=9", cwd=tmp_path)
+    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=9", cwd=tmp_path)
     output = output_of(result)
     assert result.returncode == 0, output[-3000:]
     assert f"Left {damaged} out of progress.gif: it cannot be read as an image" in output
@@ -390,7 +385,7 @@ def test_a_resume_that_dies_before_its_first_write_leaves_record_log_and_events_
     run_dir = copy_run(trained, tmp_path / "run")
     before = snapshot(run_dir)
     result = run_train(
-        ONE_THREAD, f"trainer.resume={run_dir}", "trainer.max_steps=9", "optim.lr=1e39", "optim.lr_d=1e39", cwd=tmp_path
+        f"trainer.resume={run_dir}", "trainer.max_steps=9", "optim.lr=1e39", "optim.lr_d=1e39", cwd=tmp_path
     )
     assert result.returncode == 3, output_of(result)[-3000:]
     assert snapshot(run_dir) == before
@@ -416,7 +411,7 @@ def test_a_disk_that_fills_as_a_resume_writes_leaves_the_run_as_it_was_and_no_te
         fsync(fd)
 
     monkeypatch.setattr(os, "fsync", no_room_there)
-    result = run_train(ONE_THREAD, f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
+    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
     output = output_of(result)
     assert result.returncode == 2, output[-3000:]
     assert said in output and "Traceback" not in output
@@ -448,7 +443,7 @@ def test_a_record_that_disagrees_with_its_checkpoint_is_reported_never_obeyed_or
     else:
         record.write_text(record.read_text() + edit)
     before = snapshot(run_dir)
-    result = run_train(ONE_THREAD, f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
+    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
     output = output_of(result)
     assert result.returncode == 2, output[-3000:]
     assert f"The record {run_dir / '.hydra'} disagrees with the checkpoint beside it" in output
@@ -462,7 +457,7 @@ def test_a_record_that_agrees_with_its_checkpoint_on_what_a_resume_may_not_chang
     run_dir = copy_run(trained, tmp_path / "run")
     record = run_dir / ".hydra" / "overrides.yaml"
     record.write_text(record.read_text() + "- optim.lr=0.0005\n- trainer.max_steps=100\n")
-    result = run_train(ONE_THREAD, f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
+    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
     assert result.returncode == 0, output_of(result)[-3000:]
     assert load_checkpoint(run_dir)["step"] == 8
 
@@ -493,7 +488,7 @@ def test_a_checkpoint_tensor_of_another_type_or_shape_is_refused_naming_it(train
         state[entry][named] = change(state[entry][named])
     torch.save(state, run_dir / "checkpoints" / "last.pt")
     with pytest.raises(CheckpointError) as caught:
-        train(compose_config(ONE_THREAD, f"trainer.resume={run_dir}", "trainer.max_steps=8"), run_dir)
+        train(compose_config(f"trainer.resume={run_dir}", "trainer.max_steps=8"), run_dir)
     assert named in str(caught.value) and said in str(caught.value)
     if entry in ("G", "G_ema"):  # evaluate.py reads the generator it samples from alike
         with pytest.raises(CheckpointError) as caught:

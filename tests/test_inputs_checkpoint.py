@@ -50,7 +50,6 @@ def run(tmp_path_factory) -> Path:
         "trainer.max_steps=4",
         "trainer.checkpoint_every=2",
         "trainer.keep_checkpoints=2",
-        "trainer.threads=1",
         f"hydra.run.dir={run_dir}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -61,7 +60,7 @@ def run(tmp_path_factory) -> Path:
 def conditional_run(tmp_path_factory) -> Path:
     """A finished 2-step class-conditional run (G(z, y) on the 10 digit classes)."""
     run_dir = tmp_path_factory.mktemp("inputs-checkpoint-conditional") / "run"
-    result = run_train("trainer.max_steps=2", "model.conditional=true", "trainer.threads=1", f"hydra.run.dir={run_dir}")
+    result = run_train("trainer.max_steps=2", "model.conditional=true", f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
 

@@ -30,7 +30,6 @@ from gan.training.faults import NonFiniteWatch
 from gan.training.overfit import build_probe
 
 CPU = torch.device("cpu")
-ONE_THREAD = "trainer.threads=1"
 
 
 def output_of(result: subprocess.CompletedProcess) -> str:
@@ -138,7 +137,7 @@ def test_every_float_field_of_every_schema_is_checked_for_nan_and_inf(schema, ne
 
 def test_train_cli_refuses_an_infinite_lr_d_before_training(tmp_path):
     run_dir = tmp_path / "run"
-    result = run_train("optim.lr_d=inf", ONE_THREAD, f"hydra.run.dir={run_dir}")
+    result = run_train("optim.lr_d=inf", f"hydra.run.dir={run_dir}")
     output = assert_refused(result, "optim.lr_d=inf must be a finite number", run_dir=run_dir)
     assert "Non-finite loss" not in output  # no longer blamed on optim.lr after a step
 
@@ -169,7 +168,7 @@ def nan_from_the_start(monkeypatch) -> None:
 def test_a_nan_at_step_one_claims_no_checkpoint_that_does_not_exist(tmp_path, monkeypatch):
     nan_from_the_start(monkeypatch)
     with pytest.raises(NonFiniteLossError) as caught:
-        train(compose_config(ONE_THREAD, "trainer.max_steps=4"), tmp_path)
+        train(compose_config("trainer.max_steps=4"), tmp_path)
     message = str(caught.value)
     assert message.startswith("Non-finite loss at step 1: ")
     assert "still holds" not in message  # the old claim: there was no checkpoint to hold anything
@@ -195,7 +194,7 @@ def test_the_non_finite_loss_message_says_there_is_no_checkpoint_yet_and_names_o
 
 
 def test_the_non_finite_loss_message_names_the_checkpoint_step_and_both_rates(tmp_path):
-    cfg = compose_config(ONE_THREAD, "trainer.max_steps=2", "optim.lr_d=0.0004", "loss=hinge")
+    cfg = compose_config("trainer.max_steps=2", "optim.lr_d=0.0004", "loss=hinge")
     train(cfg, tmp_path)  # a real run writes checkpoints/last.pt at step 2
     last = tmp_path / "checkpoints" / "last.pt"
     message = watched_nan(3, last, cfg)
@@ -209,7 +208,7 @@ def test_the_non_finite_loss_message_names_the_checkpoint_step_and_both_rates(tm
 
 def test_a_minibatch_std_group_that_does_not_divide_the_batch_is_refused_naming_both_keys(tmp_path):
     run_dir = tmp_path / "run"
-    result = run_train("model.minibatch_std=5", "data.batch_size=16", ONE_THREAD, f"hydra.run.dir={run_dir}")
+    result = run_train("model.minibatch_std=5", "data.batch_size=16", f"hydra.run.dir={run_dir}")
     assert_refused(
         result,
         "model.minibatch_std=5 must divide the 16 samples D judges at once (data.batch_size=16)",
@@ -240,7 +239,7 @@ def test_a_limit_above_the_training_split_is_refused_naming_its_size(tmp_path):
 
 def test_train_cli_refuses_a_limit_above_the_generated_set(tmp_path):
     run_dir = tmp_path / "run"
-    result = run_train("data.limit=300", ONE_THREAD, f"hydra.run.dir={run_dir}")  # debug=tiny renders 256 digits
+    result = run_train("data.limit=300", f"hydra.run.dir={run_dir}")  # debug=tiny renders 256 digits
     output = assert_refused(
         result, "data.limit=300 is more than the 256 images in the training split of data=digits", run_dir=run_dir
     )
@@ -254,7 +253,7 @@ def test_a_folder_root_that_is_a_file_is_called_a_file(tmp_path):
     image = tmp_path / "one.png"
     write_image(image, (20, 20))
     run_dir = tmp_path / "run"
-    result = run_train("data=folder", f"data.root={image}", ONE_THREAD, f"hydra.run.dir={run_dir}")
+    result = run_train("data=folder", f"data.root={image}", f"hydra.run.dir={run_dir}")
     output = assert_refused(result, f"data.root='{image}' is a file", "not a folder")
     assert "does not exist" not in output
     assert not (run_dir / "checkpoints").exists()
@@ -297,7 +296,7 @@ def test_damaged_test_labels_are_refused_naming_the_file(tmp_path, damage):
 def test_training_warns_about_damaged_test_labels_naming_the_file(tmp_path, damage):
     labels = damaged_mnist(tmp_path / "data", damage)
     run_dir = tmp_path / "run"
-    result = run_train("data=mnist", f"data.root={tmp_path / 'data'}", ONE_THREAD, f"hydra.run.dir={run_dir}")
+    result = run_train("data=mnist", f"data.root={tmp_path / 'data'}", f"hydra.run.dir={run_dir}")
     output = output_of(result)
     assert result.returncode == 0, output[-3000:]  # the held-out split is a diagnostic here
     warnings = [line for line in output.splitlines() if "[WARNING]" in line and "held-out split" in line]
@@ -319,9 +318,7 @@ REFUSED_LABELS = [
 def test_a_run_that_measures_on_the_held_out_split_stops_on_damaged_test_labels(tmp_path, damage, measuring, expected):
     labels = damaged_mnist(tmp_path / "data", damage)
     run_dir = tmp_path / "run"
-    result = run_train(
-        "data=mnist", f"data.root={tmp_path / 'data'}", *measuring, ONE_THREAD, f"hydra.run.dir={run_dir}"
-    )
+    result = run_train("data=mnist", f"data.root={tmp_path / 'data'}", *measuring, f"hydra.run.dir={run_dir}")
     assert_refused(result, *(text.format(labels=labels) for text in expected))
     assert not (run_dir / "checkpoints").exists()
 

@@ -290,7 +290,7 @@ def test_ada_draws_only_from_its_own_generator_and_nothing_at_p_0():
 
 def test_a_run_with_ada_at_p_0_keeps_the_random_stream_and_weights_of_a_run_without_augmentation(tmp_path):
     # p moves first after the 4th step (model.ada_target's interval): 4 steps all run at p = 0
-    common = ("trainer.max_steps=4", "trainer.checkpoint_every=100", "trainer.threads=1")  # bit-exact under load
+    common = ("trainer.max_steps=4", "trainer.checkpoint_every=100")
     train(compose_config(*common, "model.ada_target=0.6"), tmp_path / "ada")
     train(compose_config(*common, "model.diffaugment=[]"), tmp_path / "plain")
     ada, plain = load_checkpoint(tmp_path / "ada"), load_checkpoint(tmp_path / "plain")
@@ -323,9 +323,8 @@ def test_ada_augments_about_p_of_the_images():
 
 
 def test_ada_p_is_checkpointed_and_a_resume_is_bit_identical(tmp_path):
-    # trainer.threads=1: the adaptive count (the default) may change under load, and a run is then not bit-exact
     common = ("trainer.max_steps=12", "'model.diffaugment=[translation,cutout]'", "model.ada_target=0.01",
-              "model.ada_kimg=0.5", "trainer.checkpoint_every=100", "trainer.threads=1")  # fmt: skip
+              "model.ada_kimg=0.5", "trainer.checkpoint_every=100")  # fmt: skip
     common = tuple(o.strip("'") for o in common)
     train(compose_config(*common), tmp_path / "straight")
     train(compose_config(*common), tmp_path / "split", after_step=stop_at(5))

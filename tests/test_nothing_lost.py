@@ -50,7 +50,7 @@ def two_runs(tmp_path_factory) -> tuple[Path, Path]:
     """Two finished 3-step runs, A and B (tests copy them before writing)."""
     base = tmp_path_factory.mktemp("runs")
     for name in ("A", "B"):
-        result = run_train("trainer.max_steps=3", "trainer.threads=1", f"hydra.run.dir={base / name}", cwd=base)
+        result = run_train("trainer.max_steps=3", f"hydra.run.dir={base / name}", cwd=base)
         assert result.returncode == 0, output_of(result)[-3000:]
     return base / "A", base / "B"
 
@@ -76,7 +76,7 @@ def test_a_refused_resume_leaves_the_run_as_it_was_and_its_plain_resume_works(ru
     assert key in output_of(refused) and "Traceback" not in output_of(refused)
     assert snapshot(run_a) == before  # the bad value reached no file: .hydra/overrides.yaml included
     assert not any((tmp_path / "outputs").rglob("*"))  # and no folder of its own is left either
-    plain = run_train(f"trainer.resume={run_a}", "trainer.max_steps=5", "trainer.threads=1", cwd=tmp_path)
+    plain = run_train(f"trainer.resume={run_a}", "trainer.max_steps=5", cwd=tmp_path)
     assert plain.returncode == 0, output_of(plain)[-3000:]
     assert load_checkpoint(run_a)["step"] == 5
 
@@ -98,7 +98,7 @@ def test_a_resume_into_another_runs_folder_is_refused(runs, tmp_path):
 @pytest.mark.slow  # two processes at once: a second command while the first trains
 def test_a_new_run_over_a_run_in_progress_changes_nothing_and_its_resume_still_works(tmp_path):
     run_dir = tmp_path / "busy"
-    args = [sys.executable, str(ROOT / "train.py"), *TINY, "trainer.threads=1", f"hydra.run.dir={run_dir}"]
+    args = [sys.executable, str(ROOT / "train.py"), *TINY, f"hydra.run.dir={run_dir}"]
     # a run that takes long to reach its first checkpoint: the window the record used to be lost in
     first = subprocess.Popen(
         [*args, "trainer.max_steps=100000", "trainer.checkpoint_every=100000", "trainer.sample_every=100000"],
@@ -124,14 +124,14 @@ def test_a_new_run_over_a_run_in_progress_changes_nothing_and_its_resume_still_w
         out, _ = first.communicate(timeout=120)
     assert first.returncode == 143, out[-3000:]
     step = load_checkpoint(run_dir)["step"]
-    resumed = run_train(f"trainer.resume={run_dir}", f"trainer.max_steps={step + 2}", "trainer.threads=1", cwd=tmp_path)
+    resumed = run_train(f"trainer.resume={run_dir}", f"trainer.max_steps={step + 2}", cwd=tmp_path)
     assert resumed.returncode == 0, output_of(resumed)[-3000:]
     assert load_checkpoint(run_dir)["step"] == step + 2
 
 
 def test_a_run_writes_its_record_and_a_complete_log_once_its_checks_passed(tmp_path):
     run_dir = tmp_path / "run"
-    result = run_train("trainer.max_steps=2", "trainer.threads=1", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    result = run_train("trainer.max_steps=2", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert result.returncode == 0, output_of(result)[-3000:]
     overrides = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
     assert "trainer.max_steps=2" in overrides and (run_dir / ".hydra" / "config.yaml").is_file()
@@ -164,7 +164,7 @@ def test_a_run_whose_record_is_missing_resumes_with_the_settings_in_its_checkpoi
 
 def test_a_resume_keeps_each_setting_its_checkpoint_holds_and_refuses_a_change_by_name(tmp_path):
     run_dir = tmp_path / "run"
-    result = run_train("trainer.max_steps=2", "trainer.threads=1", "model.ema_decay=0.99", f"hydra.run.dir={run_dir}")
+    result = run_train("trainer.max_steps=2", "model.ema_decay=0.99", f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, output_of(result)[-3000:]
     # the resume's command line does not say it: the checkpoint does
     result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=4", cwd=tmp_path)
@@ -177,7 +177,7 @@ def test_a_resume_keeps_each_setting_its_checkpoint_holds_and_refuses_a_change_b
 
 def test_a_sweep_with_resume_auto_continues_each_jobs_own_run(tmp_path):
     sweep = tmp_path / "sweep"
-    common = ("-m", "trainer.threads=1", "optim.lr=1e-3,2e-3", f"hydra.sweep.dir={sweep}")
+    common = ("-m", "optim.lr=1e-3,2e-3", f"hydra.sweep.dir={sweep}")
     first = run_train(*common, "trainer.max_steps=2", cwd=tmp_path)
     assert first.returncode == 0, output_of(first)[-3000:]
     jobs = sorted(p.parent.parent for p in sweep.rglob("last.pt"))
@@ -200,7 +200,6 @@ def test_the_resume_line_a_stopped_run_prints_works_when_pasted(tmp_path, name):
         sys.executable,
         str(ROOT / "train.py"),
         *TINY,
-        "trainer.threads=1",
         f"hydra.run.dir={_hydra_quote(run_dir)}",
     ]
     process = subprocess.Popen(
@@ -254,7 +253,7 @@ def test_a_disk_that_refuses_every_write_is_reported_before_hydra_starts(tmp_pat
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))  # Python starts; no block of data
 
-    settings = [*TINY, "trainer.threads=1"] if program == "train.py" else [f"checkpoint={runs[0]}", "threads=1"]
+    settings = TINY if program == "train.py" else [f"checkpoint={runs[0]}", "threads=1"]
     result = subprocess.run(
         [sys.executable, str(ROOT / program), *settings],
         cwd=tmp_path,
@@ -288,7 +287,7 @@ def test_a_path_hydra_cannot_read_is_named_with_the_quoting_that_works(runs, tmp
     assert f"trainer.resume={job}" in message and "mismatched input" not in message
     suggestion = message.split("inside the shell's quotes: ", 1)[1].split()[0]
     pasted = subprocess.run(["bash", "-c", f"printf %s {suggestion}"], capture_output=True, text=True).stdout
-    result = run_train(pasted, "trainer.max_steps=4", "trainer.threads=1", cwd=tmp_path)
+    result = run_train(pasted, "trainer.max_steps=4", cwd=tmp_path)
     assert result.returncode == 0, output_of(result)[-3000:]
     assert load_checkpoint(job)["step"] == 4
 
@@ -297,11 +296,11 @@ def test_the_record_of_a_resume_that_named_only_its_own_settings_agrees_with_its
     # a resume's overrides.yaml holds its command (debug=tiny, trainer.resume, max_steps), not loss=hinge: the
     # next resume compares only what those overrides set, so the run's hinge loss is no disagreement
     run_dir = tmp_path / "run"
-    first = run_train("loss=hinge", "trainer.threads=1", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    first = run_train("loss=hinge", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert first.returncode == 0, output_of(first)[-3000:]
     for steps in (8, 10):
         resume = (f"trainer.resume={run_dir}", f"trainer.max_steps={steps}")
-        resumed = run_train("trainer.threads=1", *resume, cwd=tmp_path)
+        resumed = run_train(*resume, cwd=tmp_path)
         assert resumed.returncode == 0, output_of(resumed)[-3000:]
     assert "loss=hinge" not in (run_dir / ".hydra" / "overrides.yaml").read_text()
     assert load_checkpoint(run_dir)["step"] == 10 and load_checkpoint(run_dir)["config"]["loss"]["name"] == "hinge"

@@ -68,7 +68,7 @@ def test_the_wheel_installs_commands_that_train_and_evaluate_from_any_folder(tmp
     def command(name: str, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([venv / "bin" / name, *args], cwd=elsewhere, capture_output=True, text=True)
 
-    trained = command("dcgan-train", *TINY, "data.num_samples=1200", "trainer.threads=1")
+    trained = command("dcgan-train", *TINY, "data.num_samples=1200")
     assert trained.returncode == 0, trained.stderr[-3000:]
     (run_dir,) = (elsewhere / "outputs").glob("*/*debug-tiny*")  # Hydra's dated folder, under this cwd
     assert (run_dir / "checkpoints" / "last.pt").is_file() and (run_dir / ".hydra" / "config.yaml").is_file()

@@ -13,7 +13,6 @@ optuna = pytest.importorskip("optuna")
 # 20,000 digits train a metrics classifier that passes its accuracy check (once: it is cached under data/).
 SEARCH = (
     "hparams_search=optuna",
-    "trainer.threads=1",
     "data.num_samples=20000",
     "hydra.sweeper.params=null",
     "hydra.sweeper.n_trials=2",

@@ -41,8 +41,6 @@ log = logging.getLogger(__name__)
 # Long enough a run that SLURM's time-limit signal lands while it trains (time_limit_overrides): this
 # many seconds of training at this machine's speed, measured first (long_run)
 TRAINING_S = 60
-# One torch thread in every run: the CPU resume is bit-exact for a fixed thread count
-THREADS = "trainer.threads=1"
 # What every long run writes: a log line each 250 steps (the requeue test waits for step 500), no
 # samples or checkpoints but the one a signal or the end writes (what a resume must recover is then
 # all in that one)
@@ -152,7 +150,6 @@ def start_sweep(*overrides: str, cwd: Path, name: str) -> Sweep:
         f"hydra.launcher.name={name}",
         f"hydra.sweep.dir={folder}",
         *TINY,
-        THREADS,
         "trainer.resume=auto",
         *overrides,
     ]
@@ -262,7 +259,7 @@ def long_run(slurm, tmp_path_factory) -> LongRun:
     step count could end before SLURM's time-limit signal (which lands 15 to 45 s into a job)."""
     folder = tmp_path_factory.mktemp("long_run")
     quiet_probe = ("trainer.log_every=100", "trainer.sample_every=1000000", "trainer.checkpoint_every=1000000")
-    probe = run_train(THREADS, "trainer.max_steps=700", *quiet_probe, cwd=folder, timeout=300)
+    probe = run_train("trainer.max_steps=700", *quiet_probe, cwd=folder, timeout=300)
     assert probe.returncode == 0, probe.stderr[-3000:]
     times = {}
     for line in (probe.stdout + probe.stderr).splitlines():
@@ -273,7 +270,7 @@ def long_run(slurm, tmp_path_factory) -> LongRun:
     rate = 500 / (times[700] - times[200]).total_seconds()
     steps = max(3000, round(rate * TRAINING_S / 250) * 250)
     log.info("%.0f steps/s here: the long run is %d steps", rate, steps)
-    reference = run_train(THREADS, *long_overrides(steps), f"hydra.run.dir={folder / 'run'}", cwd=folder, timeout=600)
+    reference = run_train(*long_overrides(steps), f"hydra.run.dir={folder / 'run'}", cwd=folder, timeout=600)
     assert reference.returncode == 0, reference.stderr[-3000:]
     return LongRun(steps, load_checkpoint(folder / "run"))
 
@@ -417,7 +414,7 @@ def test_a_two_task_job_is_one_ddp_run_that_matches_torchruns(launch, tmp_path):
     [run_dir] = sweep.run_dirs()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["launcher.log", "sweep"]  # rank 1 wrote nothing
     torchrun_dir = tmp_path / "torchrun"
-    ddp_job(THREADS, "trainer.max_steps=8", f"hydra.run.dir={torchrun_dir}", cwd=tmp_path)
+    ddp_job("trainer.max_steps=8", f"hydra.run.dir={torchrun_dir}", cwd=tmp_path)
     state = load_checkpoint(run_dir)
     assert len(state["rng_ranks"]) == 2
     assert_same_state(load_checkpoint(torchrun_dir), state)

@@ -151,7 +151,7 @@ def test_a_run_without_ema_names_its_grid_for_g_itself(tmp_path):
 
 
 def test_the_run_is_one_hparams_session_of_its_overrides_and_data_and_loss(watched_run):
-    """`python train.py debug=tiny trainer.threads=1`: its one override that sets what it computes, and
+    """`python train.py debug=tiny`: its one override that sets what it computes, and
     the two settings every reader needs; not the whole config (the Text tab has it)."""
     tb = TensorBoardClient(watched_run)
     infos = {info["name"]: info for info in tb.experiment()["hparamInfos"]}
@@ -179,13 +179,13 @@ def test_the_text_tab_holds_the_resolved_config_the_command_line_and_the_environ
     # Hydra's own such as hydra.run.dir), quoted for a shell
     assert "lr: 0.001" in config[0]["text"] and "max_steps: 6" in config[0]["text"]
     # inline code, which wraps at the page's edge: a code block (<pre>) would scroll sideways
-    assert "<code>python train.py debug=tiny trainer.threads=1</code>" in command[0]["text"]
+    assert "<code>python train.py debug=tiny</code>" in command[0]["text"]
     assert "<pre>" not in command[0]["text"]
 
 
 def test_a_resumed_run_adds_its_own_command_at_the_step_it_resumed_from(tmp_path):
     run_dir = tmp_path / "run"
-    assert run_train("trainer.threads=1", f"hydra.run.dir={run_dir}").returncode == 0
+    assert run_train(f"hydra.run.dir={run_dir}").returncode == 0
     resumed = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", tiny=False)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     entries = TensorBoardClient(run_dir).get("/data/plugin/text/text?run=tb&tag=run/command")
@@ -266,7 +266,7 @@ def watched_sweep(tmp_path_factory) -> Path:
     """`-m optim.lr=1e-4,4e-4 loss=bce,hinge` with the FID measured and constant overrides beside it, as a
     person would sweep."""
     sweep_dir = tmp_path_factory.mktemp("watch") / "sweep"
-    overrides = ["optim.lr=1e-4,4e-4", "loss=bce,hinge", "trainer.threads=1", "trainer.log_every=2",
+    overrides = ["optim.lr=1e-4,4e-4", "loss=bce,hinge", "trainer.log_every=2",
                  "trainer.eval_every=3", "trainer.eval_samples=64", f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
     result = run_train("-m", *overrides)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -406,7 +406,6 @@ def test_eval_every_puts_the_fid_curve_beside_the_losses_and_the_final_fid_among
         "trainer.eval_every=3",
         "trainer.eval_samples=200",
         "trainer.final_eval_samples=300",
-        "trainer.threads=1",
         f"hydra.run.dir={run_dir}",
         cwd=tmp_path,
     )
@@ -438,7 +437,7 @@ def test_eval_every_puts_the_fid_curve_beside_the_losses_and_the_final_fid_among
     assert values[FINAL_FID_TAG] == pytest.approx(final["fid"])
     # measuring leaves training alone: the same run without it logs the same losses
     plain_dir = tmp_path / "plain"
-    plain = run_train("data.num_samples=20000", "trainer.threads=1", f"hydra.run.dir={plain_dir}", cwd=tmp_path)
+    plain = run_train("data.num_samples=20000", f"hydra.run.dir={plain_dir}", cwd=tmp_path)
     assert plain.returncode == 0, (plain.stdout + plain.stderr)[-3000:]
     for tag in ("loss/d", "loss/g", "loss/D(x)"):
         assert [e.value for e in events_of(plain_dir / "tb").Scalars(tag)] == [e.value for e in events.Scalars(tag)]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from gan.checkpoint import load_checkpoint, nonfinite
 from gan.errors import CheckpointError, ConfigError
@@ -153,8 +154,10 @@ def explain_allocation_failure(cfg: TrainConfig) -> Iterator[None]:
         text = str(err)
         if not isinstance(err, torch.OutOfMemoryError) and "can't allocate memory" not in text:
             raise
-        asked = re.search(r"allocate (\d+ bytes|[\d.]+ [KMGTPE]?i?B)", text, re.IGNORECASE)
-        amount = f" (it asked for {_bytes(asked.group(1))})" if asked else ""
+        amount = ""
+        if asked := re.search(r"allocate ((\d+) bytes|[\d.]+ [KMGTPE]?i?B)", text, re.IGNORECASE):
+            size = f" = {tqdm.format_sizeof(int(asked[2]), 'B', 1000)}" if asked[2] else ""  # the CPU's count of bytes
+            amount = f" (it asked for {asked[1]}{size})"
         data, model = cfg.data, cfg.model
         raise ConfigError(
             f"Not enough memory to build the models and the fixed latents{amount}. Their sizes come from "
@@ -162,17 +165,6 @@ def explain_allocation_failure(cfg: TrainConfig) -> Iterator[None]:
             f"data.batch_size={data.batch_size} and trainer.num_fixed_samples={cfg.trainer.num_fixed_samples}: "
             "lower the one that is too large."
         ) from err
-
-
-def _bytes(amount: str) -> str:
-    """'12800000000000000 bytes' -> '12800000000000000 bytes = 12.8 PB'."""
-    if not amount.endswith(" bytes"):
-        return amount
-    count = int(amount.split()[0])
-    for power, unit in ((5, "PB"), (4, "TB"), (3, "GB"), (2, "MB")):
-        if count >= 1000**power:
-            return f"{count} bytes = {count / 1000**power:.1f} {unit}"
-    return f"{count} bytes"
 
 
 class StopFlag:

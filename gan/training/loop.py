@@ -108,7 +108,7 @@ def train(
     True ends the run as a signal would; `on_ready()` runs once every check passed, just before the first
     write; `command` is shown in the Text tab, `hparams` are its HParams columns (`hparams_of`; data and loss
     if None)."""
-    cfg.check()  # the range checks train.py makes (gan/config.py), for a config built in code too
+    cfg.check()  # the range checks (gan/config.py), here for every caller: train.py, gan.api, a config built in code
     trainer, z_dim = cfg.trainer, cfg.model.z_dim
     resuming = checkpoint_path(trainer.resume) if trainer.resume else None
     with own_run_dir(run_dir, resuming, enabled=world.is_main):  # rank 0's alone, never over another run

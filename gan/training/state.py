@@ -28,6 +28,10 @@ from gan.training.hardware import compile_models, resolve_precision, step_contex
 log = logging.getLogger(__name__)
 
 CPU = torch.device("cpu")
+ANOTHER = (  # what a damaged checkpoint leaves to do
+    "Resume from another checkpoint of the run if trainer.keep_checkpoints kept any (checkpoints/step_NNNNNN.pt), "
+    "or start a new run."
+)
 
 
 @dataclasses.dataclass
@@ -119,8 +123,7 @@ class TrainingState:
             raise CheckpointError(
                 f"trainer.resume: the checkpoint's entry {entry!r} is missing or damaged ({type(err).__name__}: "
                 f"{str(err).splitlines()[0] if str(err) else 'no detail'}), so the run cannot continue from it. "
-                "Resume from another checkpoint of the run if trainer.keep_checkpoints kept any "
-                "(checkpoints/step_NNNNNN.pt), or start a new run."
+                + ANOTHER
             ) from err
 
 
@@ -134,8 +137,7 @@ def check_moments(optimizer: torch.optim.Optimizer, saved: dict[str, Any], entry
                     raise CheckpointError(
                         f"trainer.resume: the checkpoint's {entry}.state[{index}].{slot} has shape "
                         f"{tuple(moment.shape)}, where its parameter has {tuple(param.shape)}: the checkpoint was "
-                        "altered after it was written. Resume from another checkpoint of the run if "
-                        "trainer.keep_checkpoints kept any (checkpoints/step_NNNNNN.pt), or start a new run."
+                        "altered after it was written. " + ANOTHER
                     )
 
 
@@ -143,8 +145,7 @@ NETWORK_NAMES = {"G": "generator", "D": "discriminator"}
 MISMATCH = (
     "The resume contract keeps this run's model.* and data.image_size/data.channels equal to those stored in "
     "the checkpoint, so the checkpoint's weights and its own config disagree: it was damaged or edited after "
-    "it was written. Resume from another checkpoint of the run if trainer.keep_checkpoints kept any "
-    "(checkpoints/step_NNNNNN.pt), or start a new run."
+    "it was written. " + ANOTHER
 )
 MISMATCH_CLASSES = (
     " (A conditional run's class count comes from the data: if data.root now holds another dataset than the "
