@@ -226,9 +226,9 @@ class Monitor:
                 writer.file_writer.add_summary(text_pb(tag, text), step)
 
     def image(self, tag: str, grid: Tensor, step: int) -> None:
-        if self.enabled:
+        if self.enabled:  # a diverged G's NaN pixels drawn black: numpy's uint8 cast of NaN warns, and is arbitrary
             with self.writing() as writer:
-                writer.add_image(tag, grid, step)
+                writer.add_image(tag, grid.nan_to_num(0.0), step)
 
     def end_session(self, step: int, finished: bool) -> None:
         """Only success is written: TensorBoard keeps the first status, and a stopped run may yet resume."""
