@@ -20,6 +20,8 @@ retain memory" is the canonical step with that allocator option, to show what it
 (CPU only). On CUDA both sides keep their models and batches on the GPU (the canonical side copies
 each batch from its DataLoader, as the examples do), the clock stops after torch.cuda.synchronize(),
 and peak memory is the GPU's (torch.cuda.max_memory_allocated), measured in the speed process.
+GFLOP/step is each loop's own count (torch's FlopCounterMode over one step): the project's step does
+fewer than the canonical one, which computes weight gradients for D in its G step that it throws away.
 
 A program, not part of the library: the trainer imports nothing from it. `canonical_step` also
 serves the test that checks the project's fp32 math against the canonical step.
@@ -51,9 +53,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 from gan.config import DataConfig, ModelConfig, Precision, TrainConfig, TrainerConfig  # noqa: E402
 from gan.core.models import Discriminator, Generator  # noqa: E402
+from gan.core.steps import d_step, g_step  # noqa: E402
 from gan.data import ImageSet  # noqa: E402
 from gan.device import retain_freed_memory  # noqa: E402
 from gan.training import train  # noqa: E402
+from gan.training.state import build_state, build_step_context  # noqa: E402
 from scripts.canonical_dcgan import iteration  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -153,6 +157,30 @@ def project_config(
     )
 
 
+def project_step(cfg: TrainConfig, p: float | None = None) -> Callable[[], None]:
+    """One training step as train()'s loop runs it (its extras apart), ADA's p held at `p` (None: as built)."""
+    device = torch.device("cpu")
+    ctx, _ = build_step_context(cfg, device)
+    channels, size = cfg.data.channels, cfg.data.image_size
+    images = torch.randint(0, 256, (1024, channels, size, size), dtype=torch.uint8)
+    state = build_state(cfg, device, ctx.scaler, dataset=ImageSet(images, torch.zeros(1024, dtype=torch.long), 1))
+    if p is not None:
+        ctx.augment.p.fill_(p)
+
+    def step() -> None:
+        real, y = state.batches.next_with_labels()
+        z = torch.randn(real.size(0), cfg.model.z_dim)
+        with ctx.autocast():
+            fake = state.G(z, y)
+        _, real_features = d_step(state.D, state.opt_d, real, fake, ctx, y)
+        g_step(state.D, state.G, state.opt_g, fake, real_features, ctx, y)
+        state.step += 1
+        if state.G_ema is not None and state.step % cfg.model.ema_every == 0:
+            state.G_ema.update_parameters(state.G)
+
+    return step
+
+
 def run_project(images: Tensor, cfg: TrainConfig) -> float:
     """The real training loop for cfg.trainer.max_steps steps; img/s after the first step."""
     dataset = ImageSet(images, torch.zeros(images.size(0), dtype=torch.long), 1)
@@ -164,13 +192,20 @@ def run_project(images: Tensor, cfg: TrainConfig) -> float:
 # measurements -------------------------------------------------------------------------------------
 
 
-def flops_per_step(size: int, channels: int, batch_size: int, z_dim: int, width: int) -> int:
-    """Forward + backward FLOPs of one canonical iteration, counted by torch's FlopCounterMode."""
-    netG, netD = Generator(z_dim, width, channels, size), SigmoidD(Discriminator(width, channels, size))
-    opt_g, opt_d = torch.optim.Adam(netG.parameters()), torch.optim.Adam(netD.parameters())
-    real = torch.rand(batch_size, channels, size, size) * 2 - 1
+def flops_per_step(
+    size: int, channels: int, batch_size: int, z_dim: int, width: int, cfg: TrainConfig | None = None
+) -> int:
+    """Forward + backward FLOPs of one iteration, counted by torch's FlopCounterMode: the canonical one, or
+    the project's step under `cfg` (no weight gradients for the frozen D in its G step: fewer FLOPs)."""
+    if cfg is not None:
+        step = project_step(cfg)
+    else:
+        netG, netD = Generator(z_dim, width, channels, size), SigmoidD(Discriminator(width, channels, size))
+        opt_g, opt_d = torch.optim.Adam(netG.parameters()), torch.optim.Adam(netD.parameters())
+        real = torch.rand(batch_size, channels, size, size) * 2 - 1
+        step = functools.partial(canonical_step, netG, netD, opt_g, opt_d, real, torch.randn(batch_size, z_dim, 1, 1))
     with FlopCounterMode(display=False) as counter:
-        canonical_step(netG, netD, opt_g, opt_d, real, torch.randn(batch_size, z_dim, 1, 1))
+        step()
     return counter.get_total_flops()
 
 
@@ -391,9 +426,12 @@ def main() -> None:
             return result["value"]
 
         rates = interleaved({row.name: functools.partial(speed, row) for row in table}, args.rounds)
-        flops = flops_per_step(size, channels, batch, z_dim, width)
+        flops_of = {None: flops_per_step(size, channels, batch, z_dim, width)}  # each loop's own FLOPs per step
+        for dcgan_d in (True, False):  # the same in every precision and layout
+            cfg = project_config(size, channels, batch, z_dim, width, 1, Precision.fp32, dcgan_d=dcgan_d)
+            flops_of[dcgan_d] = flops_per_step(size, channels, batch, z_dim, width, cfg)
         for row in table:
-            rate = rates[row.name]
+            rate, flops = rates[row.name], flops_of[None if row.kind == "canonical" else row.dcgan_d]
             if on_gpu:
                 memory = gpu_mb[row.name]
             elif args.no_memory or row.compile:

@@ -37,12 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 from gan.config import DataConfig, ModelConfig, Precision, TrainConfig, TrainerConfig  # noqa: E402
 from gan.core.models import Discriminator, Generator  # noqa: E402
-from gan.core.steps import d_step, g_step  # noqa: E402
-from gan.data import ImageSet  # noqa: E402
 from gan.device import retain_freed_memory  # noqa: E402
 from gan.training import periodic, train  # noqa: E402
-from gan.training.state import build_state, build_step_context  # noqa: E402
-from scripts.bench import SigmoidD, canonical_step  # noqa: E402
+from scripts.bench import SigmoidD, canonical_step, project_step  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -81,30 +78,6 @@ def config(
     return cfg
 
 
-def stepper(cfg: TrainConfig, p: float | None) -> Callable[[], None]:
-    """One training step as train()'s loop runs it (its extras apart), ADA's p held at `p`."""
-    device = torch.device("cpu")
-    ctx, _ = build_step_context(cfg, device)
-    channels, size = cfg.data.channels, cfg.data.image_size
-    images = torch.randint(0, 256, (1024, channels, size, size), dtype=torch.uint8)
-    state = build_state(cfg, device, ctx.scaler, dataset=ImageSet(images, torch.zeros(1024, dtype=torch.long), 1))
-    if p is not None:
-        ctx.augment.p.fill_(p)
-
-    def step() -> None:
-        real, y = state.batches.next_with_labels()
-        z = torch.randn(real.size(0), cfg.model.z_dim)
-        with ctx.autocast():
-            fake = state.G(z, y)
-        _, real_features = d_step(state.D, state.opt_d, real, fake, ctx, y)
-        g_step(state.D, state.G, state.opt_g, fake, real_features, ctx, y)
-        state.step += 1
-        if state.G_ema is not None and state.step % cfg.model.ema_every == 0:
-            state.G_ema.update_parameters(state.G)
-
-    return step
-
-
 def canonical(cfg: TrainConfig) -> Callable[[], None]:
     """pytorch/examples' fp32 step on the same G, DCGAN's D (BatchNorm, Sigmoid), widths and batch."""
     channels, size, width = cfg.data.channels, cfg.data.image_size, cfg.model.g_width
@@ -123,7 +96,7 @@ def step_times(
     for name in names:
         model, trainer, p = VARIANTS[name]
         cfg = config(size, precision, model, trainer, batch, width)
-        steppers[name] = canonical(cfg) if name == "canonical fp32 step" else stepper(cfg, p)
+        steppers[name] = canonical(cfg) if name == "canonical fp32 step" else project_step(cfg, p)
     for step in steppers.values():  # warm-up: oneDNN builds its kernels on first use
         step()
     times: dict[str, list[float]] = {name: [] for name in steppers}

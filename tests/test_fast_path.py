@@ -190,3 +190,24 @@ def test_bench_measures_each_row_in_a_fresh_process():
     default = project_config(16, 1, 8, 8, 8, 3, Precision.bf16, dcgan_d=False).model
     assert (same.d_batchnorm, same.spectral_norm) == (True, False)
     assert (default.d_batchnorm, default.spectral_norm) == (ModelConfig().d_batchnorm, ModelConfig().spectral_norm)
+
+
+def test_bench_counts_each_loops_own_flops_the_frozen_d_saves_its_weight_gradients():
+    """bench.py's GFLOP/step: the project's step does the canonical step's work less the weight gradients
+    of D in the G step, which the canonical step computes (D not frozen) and zero_grad() throws away."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from scripts.bench import flops_per_step
+
+    size, channels, batch, z_dim, width = 32, 1, 4, 8, 8
+    cfg = project_config(size, channels, batch, z_dim, width, 1, Precision.fp32)  # DCGAN's D, as canonical's
+    canonical = flops_per_step(size, channels, batch, z_dim, width)
+    project = flops_per_step(size, channels, batch, z_dim, width, cfg)
+    D = Discriminator(width, channels, size)
+    images = torch.randn(batch, channels, size, size)  # D's input gradient alone: what the G step needs
+    with FlopCounterMode(display=False) as both:
+        D(images.requires_grad_()).sum().backward()
+    with FlopCounterMode(display=False) as input_only:
+        D.requires_grad_(False)
+        D(images).sum().backward()
+    assert canonical - project == both.get_total_flops() - input_only.get_total_flops() > 0
