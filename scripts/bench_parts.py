@@ -3,6 +3,9 @@
     python scripts/bench_parts.py                              # 32 and 64 px, fp32 and bf16, 1 thread
     python scripts/bench_parts.py --sizes 64 --precisions fp32 --rounds 5
     ONEDNN_MAX_CPU_ISA=AVX2 python scripts/bench_parts.py      # oneDNN limited to AVX2 (a CPU without AVX-512)
+    python scripts/bench_parts.py --ratio --profile --sizes 64 --width 64 --batch 128
+        # the default step against the canonical one, and the most any change outside the convolutions
+        # could give: the ratio if the step's time were its convolutions' alone (torch.profiler)
 
 The step is train.py's (gan/training/loop.py): G's forward, the D step, the G step, the EMA update,
 with the default model (spectrally normalised D, adaptive DiffAugment, EMA) at data.batch_size and the
@@ -157,6 +160,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64, help="data.batch_size (the default's)")
     parser.add_argument("--width", type=int, default=32, help="model.g_width and d_width (the default's)")
     parser.add_argument("--ratio", action="store_true", help="only the default step against the canonical one")
+    parser.add_argument("--profile", action="store_true", help="also the convolutions' share (torch.profiler)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for name in ("gan", "gan.training", "gan.training.monitor", "gan.data.sources"):
@@ -173,6 +177,13 @@ def main() -> None:
         step_ms[column] = base * 1e3
         ratio = times["canonical fp32 step"] / base
         shares.setdefault("canonical fp32 step: its time / the default step's", {})[column] = f"{ratio:.2f}x"
+        if args.profile:  # what no change outside the convolutions can beat: the step with only them left
+            share = conv_share(project_step(config(*column, batch=args.batch, width=args.width), 0.0), args.steps)
+            shares.setdefault("convolutions' share of the default step (torch.profiler, self time)", {})[column] = (
+                f"{share:.1%}"
+            )
+            bound = shares.setdefault("the default step with nothing but its convolutions, vs canonical", {})
+            bound[column] = f"{ratio / share:.2f}x"
         if args.ratio:
             continue
         for part, (with_it, without) in PARTS.items():
@@ -191,6 +202,17 @@ def main() -> None:
     for part, row in shares.items():
         print(f"| {part} | " + " | ".join(row.get(c, "-") for c in columns) + " |")
     print(f"\nCPU time per step; {torch.get_num_threads()} torch thread(s); torch {torch.__version__}; {cpu_name()}")
+
+
+def conv_share(step: Callable[[], None], steps: int) -> float:
+    """The share of the step's self time (each op's own, its callees apart) spent in convolution ops,
+    forward and backward: aten::mkldnn_convolution, aten::convolution_backward and their kin."""
+    step()  # builds the kernels
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    events = prof.key_averages()
+    return sum(e.self_cpu_time_total for e in events if "conv" in e.key) / sum(e.self_cpu_time_total for e in events)
 
 
 def cpu_name() -> str:

@@ -211,3 +211,11 @@ def test_bench_counts_each_loops_own_flops_the_frozen_d_saves_its_weight_gradien
         D.requires_grad_(False)
         D(images).sum().backward()
     assert canonical - project == both.get_total_flops() - input_only.get_total_flops() > 0
+
+
+def test_bench_parts_conv_share_counts_convolutions_alone():
+    from scripts.bench_parts import conv_share
+
+    images, kernel = torch.randn(8, 3, 32, 32), torch.randn(16, 3, 3, 3)
+    assert conv_share(lambda: torch.nn.functional.conv2d(images, kernel), 3) > 0.5
+    assert conv_share(lambda: (images * 2).sum(), 3) == 0
