@@ -12,8 +12,10 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import pickle
 import re
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -187,6 +189,24 @@ def test_a_folder_without_a_checkpoint_is_refused_naming_where_it_looked(tmp_pat
         load_checkpoint(tmp_path)
     message = str(caught.value)
     assert f"Checkpoint not found: {tmp_path} (looked for {tmp_path / 'checkpoints' / 'last.pt'})" in message
+
+
+def test_an_empty_checkpoint_path_is_refused_not_read_as_the_launch_directory(trained, tmp_path):
+    # Path("") is ".": a checkpoints/last.pt where the command runs would be evaluated unasked
+    copy_run(trained, tmp_path / "here")
+    result = run_evaluate("checkpoint=", f"hydra.run.dir={tmp_path / 'eval'}", cwd=tmp_path / "here")
+    assert result.returncode == 2 and "The checkpoint path is empty" in output_of(result)
+    assert not (tmp_path / "eval").exists()
+
+
+def test_a_pickle_of_another_program_is_refused_in_one_line(tmp_path):
+    # pickle protocol 4: torch's safe unpickler warns about it, and the warning printed under the refusal
+    (tmp_path / "model.pt").write_bytes(pickle.dumps({"weights": [1.0]}, protocol=4))
+    with warnings.catch_warnings(record=True) as shown:  # as a shell would print them, not pytest's summary
+        warnings.simplefilter("always")
+        result = run_evaluate(f"checkpoint={tmp_path / 'model.pt'}", f"hydra.run.dir={tmp_path / 'eval'}")
+    assert result.returncode == 2 and "model.pt" in output_of(result)
+    assert len(output_of(result).strip().splitlines()) == 1 and not shown, [str(w.message) for w in shown]
 
 
 @pytest.mark.parametrize("use_ema", [False, True], ids=["G", "G_ema"])
