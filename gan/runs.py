@@ -117,6 +117,7 @@ def preflight(argv: Sequence[str], resumable: bool = True, config_name: str = "t
     """The refusal of what Hydra would handle badly before any job runs, or None."""
     return (
         renamed_setting(argv)
+        or empty_path(argv)
         or unreadable_path(argv)
         or unusable_override(argv, config_name)
         or unwritable_output(argv)
@@ -144,7 +145,7 @@ def unusable_override(argv: Sequence[str], config_name: str) -> Optional[str]:
         for job in jobs or [overrides]:
             GlobalHydra.instance().clear()
             with hydra.initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-                cfg = compose(config_name=config_name, overrides=[o for o in job if not o.startswith("hydra/")])
+                cfg = compose(config_name=config_name, overrides=job)
             OmegaConf.to_container(cfg, resolve=True)  # an interpolation of a key there is no such as ${nosuch}
     except (HydraException, OmegaConfBaseException) as err:
         return hydra_refusal(err, config_name)
@@ -188,6 +189,17 @@ def renamed_setting(argv: Sequence[str]) -> Optional[str]:
             return (
                 f"{key} was renamed {RENAMED[key]}: the alarm it sets detects D winning outright (train/d_won), "
                 f"which is not mode collapse. Nothing was written. Use {RENAMED[key]}={value}"
+            )
+    return None
+
+
+def empty_path(argv: Sequence[str]) -> Optional[str]:
+    """A path setting given as nothing (an unset shell variable): Path("") is the launch directory."""
+    for key in PATH_KEYS:
+        if (value := given_value(argv, key)) is not None and not value.strip():
+            return (
+                f"{key}={value} is empty (an unset shell variable?), which names the launch directory. Nothing was "
+                f"written. Give {key} a path, or leave it out."
             )
     return None
 

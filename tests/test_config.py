@@ -118,8 +118,8 @@ def test_out_of_range_values_are_refused_naming_the_key(override, key):
         ("data.root=${nosuch}", "data.root: Interpolation key 'nosuch' not found"),
         ("+trainer.foo=1", "trainer.foo is not a setting"),  # kept by Hydra, then read by nothing
         ("trainer.seed=99999999999999999999", "trainer.seed"),  # beyond torch's 64 bits (was a traceback)
-        ("trainer.resume=", "trainer.resume=''"),  # an unset shell variable: would start a new run
-        ("data.root=", "data.root=''"),  # would read the launch directory as the dataset
+        ("trainer.resume=", "trainer.resume= is empty"),  # an unset shell variable: would start a new run
+        ("data.root=", "data.root= is empty"),  # would read the launch directory as the dataset
         ("data.num_workers=100000", "data.num_workers"),  # a process each
         ("trainer.max_steps=-1", "trainer.max_steps"),  # out of range, refused before training
         ("data.image_size=24", "data.image_size"),  # a size the model cannot build
@@ -139,6 +139,16 @@ def test_a_sweep_with_one_value_hydra_refuses_is_refused_before_any_job_runs(tmp
     output = result.stdout + result.stderr
     assert result.returncode == 2 and "optim.lr=abc" in output and "Nothing was written" in output
     assert not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.parametrize(
+    "args", [["hydra.run.dir="], ["hydra.run.dir=''"], ["-m", "hydra.sweep.dir=", "loss=bce,hinge"]], ids=str
+)
+def test_an_empty_run_folder_is_refused_not_read_as_the_launch_directory(tmp_path, args):
+    # an unset shell variable (hydra.run.dir=$RUN): the run's files were written among the launcher's own
+    result = run_train(*args, cwd=tmp_path)
+    assert result.returncode == 2 and "is empty (an unset shell variable?)" in result.stdout + result.stderr
+    assert not any(tmp_path.iterdir())
 
 
 def test_evaluate_refuses_an_override_hydra_refuses_in_one_paragraph(tmp_path):
