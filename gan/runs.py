@@ -140,9 +140,10 @@ def unusable_override(argv: Sequence[str], config_name: str) -> Optional[str]:
         if multirun(argv):
             parsed = OverridesParser.create().parse_overrides(overrides)
             fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-            swept = [o for o in parsed if o.is_discrete_sweep()]  # an optuna interval(...) is its sweeper's to read
-            jobs = [[*fixed, f"{o.get_key_element()}={value}"] for o in swept for value in o.sweep_string_iterator()]
-        for job in jobs or [overrides]:
+            # each value of a list, range or choice as written (with its + or ~); interval(...) is Optuna's to read
+            swept = [(o.input_line.split("=", 1)[0], o) for o in parsed if o.is_discrete_sweep()]
+            jobs = [[*fixed, f"{key}={value}"] for key, o in swept for value in o.sweep_string_iterator()] or [fixed]
+        for job in jobs:
             GlobalHydra.instance().clear()
             with hydra.initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
                 cfg = compose(config_name=config_name, overrides=job)
@@ -169,6 +170,8 @@ def hydra_refusal(err: Exception, program: str) -> str:
     elif isinstance(err, MissingConfigException) and err.options:
         group = str(err.missing_cfg_file).rsplit("/", 1)[0]
         said, hint = said.split(" Available options")[0], f"Choose one of {', '.join(err.options)} for {group}=. "
+        if group.startswith("hydra/"):  # hparams_search=optuna and hydra/launcher=slurm name a plugin's config
+            hint += "The others come with Hydra plugins: pip install -c constraints.txt -e '.[sweeps]' or '.[slurm]'. "
     elif key and isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
         parent, _, name = str(key).rpartition(".")
         GlobalHydra.instance().clear()

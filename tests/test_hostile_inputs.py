@@ -195,8 +195,10 @@ def test_an_empty_checkpoint_path_is_refused_not_read_as_the_launch_directory(tr
     # Path("") is ".": a checkpoints/last.pt where the command runs would be evaluated unasked
     copy_run(trained, tmp_path / "here")
     result = run_evaluate("checkpoint=", f"hydra.run.dir={tmp_path / 'eval'}", cwd=tmp_path / "here")
-    assert result.returncode == 2 and "The checkpoint path is empty" in output_of(result)
+    assert result.returncode == 2 and "checkpoint= is empty" in output_of(result)
     assert not (tmp_path / "eval").exists()
+    with pytest.raises(CheckpointError, match="The checkpoint path is empty"):  # gan.load_generator(""), resume
+        load_checkpoint("")
 
 
 def test_a_pickle_of_another_program_is_refused_in_one_line(tmp_path):
