@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from gan.config import BackwardMode, ConfigError, DatasetName, LossName, TrainConfig
 from gan.data.sources import _OPENERS
+from gan.runs import unusable_override
 
 # Options that are refused alone, with what they need (none since the default D lost its BatchNorm;
 # test_wgan_gp_with_batchnorm_names_its_recipe).
@@ -149,6 +150,13 @@ def test_an_empty_run_folder_is_refused_not_read_as_the_launch_directory(tmp_pat
     result = run_train(*args, cwd=tmp_path)
     assert result.returncode == 2 and "is empty (an unset shell variable?)" in result.stdout + result.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_a_hydra_option_a_plugin_would_provide_names_the_extra_that_installs_it():
+    # hparams_search=optuna without the sweeps extra: Hydra says only "Could not find 'hydra/sweeper/optuna'"
+    said = unusable_override(["hydra/launcher=nosuch"], "train")
+    assert "Could not find 'hydra/launcher/nosuch'" in said and "pip install -c constraints.txt -e '.[sweeps]'" in said
+    assert unusable_override(["-m", "optim.lr=interval(1e-4,1e-3)", "loss=bce,hinge"], "train") is None  # Optuna's
 
 
 def test_evaluate_refuses_an_override_hydra_refuses_in_one_paragraph(tmp_path):

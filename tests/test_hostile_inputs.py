@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIG_DIR, compose_config, run_evaluate, run_train
+from conftest import CONFIG_DIR, compose_config, run_evaluate, run_script, run_train
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
@@ -619,3 +619,21 @@ def test_an_evaluation_into_a_folder_another_holds_is_refused_naming_the_holder(
     assert f"The run directory {folder} is in use: process {os.getpid()}" in output
     assert "it is training or evaluating there" in output
     assert list(folder.iterdir()) == []  # the holder's lock went with it; the refused evaluation wrote nothing
+
+
+# 6. scripts the docs tell users to run, given arguments they cannot use --------------------------
+
+BAD_SCRIPT_ARGUMENTS = {  # each was a traceback, after work: a benchmark's subprocess, or an empty median
+    "bench --rounds 0": (["bench.py", "--rounds", "0"], "--rounds"),
+    "bench --precisions fp64": (["bench.py", "--precisions", "fp64"], "invalid choice: 'fp64'"),
+    "bench_parts --sizes 24": (["bench_parts.py", "--sizes", "24"], "--sizes powers of two"),
+    "longer --plot without NAME=": (["longer.py", "--plot", "runs", "--out", "x.png"], "each run is NAME=DIR"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_SCRIPT_ARGUMENTS)
+def test_a_script_refuses_an_argument_it_cannot_use_before_it_works(case, tmp_path):
+    args, says = BAD_SCRIPT_ARGUMENTS[case]
+    result = run_script(*args, cwd=tmp_path)
+    assert result.returncode == 2 and says in result.stderr and "Traceback" not in output_of(result)
+    assert not any(tmp_path.iterdir())
