@@ -29,8 +29,8 @@ from gan.evaluation.pipeline import evaluate
 
 log = logging.getLogger("evaluate")
 
-# Exit codes: 0 done; 1 Hydra's own (an override it cannot parse); 2 bad input (config, checkpoint,
-# data, a metric that cannot be measured); 130 stopped by SIGINT (Ctrl-C), as train.py's.
+# Exit codes: 0 done; 2 bad input (an override Hydra refuses, config, checkpoint, data, a metric that
+# cannot be measured); 130 stopped by SIGINT (Ctrl-C), as train.py's.
 EXIT_BAD_INPUT, EXIT_INTERRUPTED = 2, 130
 _run_dir: Optional[Path] = None  # this job's folder once Hydra has made it: what an interruption reports on
 
@@ -40,7 +40,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     global _run_dir
     argv, _run_dir = list(sys.argv[1:] if argv is None else argv), None
     register_evaluate_configs()
-    problem = runs.preflight(argv, resumable=False)
+    problem = runs.preflight(argv, resumable=False, config_name="evaluate")
     if problem:
         log.error("%s", problem)
         return EXIT_BAD_INPUT

@@ -32,8 +32,8 @@ from gan.training.loop import final_evaluation, hparams_of
 
 log = logging.getLogger("train")
 
-# Exit codes: 0 done; 1 Hydra's own (an override it cannot parse, a sweep with a failed job); 2 bad
-# input (config, checkpoint, data, output folder); 3 the loss became NaN/inf; 4 the D-won alarm
+# Exit codes: 0 done; 1 Hydra's own (a sweep with a failed job); 2 bad input (an override Hydra refuses,
+# config, checkpoint, data, output folder); 3 the loss became NaN/inf; 4 the D-won alarm
 # stopped the run (trainer.on_d_won=stop; a sweep's job returns no score instead and the sweep goes on);
 # 128 + the signal's number when SIGINT/SIGTERM (or SLURM's time-out signal, USR2/USR1) stopped the
 # run after it wrote its checkpoint, as shells report a process that signal ended. Under torchrun, 5: another
@@ -60,7 +60,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_BAD_INPUT
     if world.is_main:
         return runs.run_hydra(job, "train", argv)
-    said = io.StringIO()  # another rank: Hydra's refusal of the command line (exit 1, no traceback) is rank 0's to say
+    said = io.StringIO()  # another rank: Hydra's own refusal (exit 1, no traceback) is rank 0's to say
     with contextlib.redirect_stderr(said):
         code = runs.run_hydra(job, "train", argv)
     if code != 1 or "Traceback" in said.getvalue():

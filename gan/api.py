@@ -18,12 +18,13 @@ from omegaconf.errors import OmegaConfBaseException
 from torch import Tensor
 
 from gan.checkpoint import load_checkpoint
-from gan.config import EvaluateConfig, TrainConfig, register_configs, validate
+from gan.config import EvaluateConfig, TrainConfig, check_device_name, register_configs, validate
 from gan.core.models import Generator
 from gan.core.sampling import sample as sample_from
+from gan.device import resolve_device
 from gan.errors import ConfigError
 from gan.evaluation.pipeline import build_generator, recompute_batchnorm_stats
-from gan.runs import CONFIG_DIR
+from gan.runs import CONFIG_DIR, hydra_refusal
 from gan.training import TrainResult
 from gan.training import train as train_run
 
@@ -37,17 +38,19 @@ def compose_config(*overrides: str) -> TrainConfig:
 
 def _composed(overrides: tuple[str, ...]) -> TrainConfig:
     """compose_config's config before its range checks (gan.training.train runs them)."""
+    _require(all(isinstance(o, str) for o in overrides), "overrides", overrides, "must be strings, one per setting")
     register_configs()
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             return validate(compose(config_name="train", overrides=list(overrides)))
     except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(f"{' '.join(overrides)}: {err}") from err
+        raise ConfigError(hydra_refusal(err, "train")) from err
 
 
 def train(run_dir: Union[str, Path], *overrides: str, config: Optional[TrainConfig] = None) -> TrainResult:
     """A run in run_dir from train.py's overrides, or from a TrainConfig built in code, checked as the
     command line's are: its types by OmegaConf, its ranges by gan/config.py (in gan.training.train)."""
+    _require(isinstance(run_dir, (str, Path)), "run_dir", run_dir, "must be a folder's path (str or Path)")
     if config is None:
         return train_run(_composed(overrides), Path(run_dir))
     if overrides:
@@ -62,17 +65,33 @@ def train(run_dir: Union[str, Path], *overrides: str, config: Optional[TrainConf
 def load_generator(path: Union[str, Path], ema: bool = True, device: str = "cpu") -> Generator:
     """The generator of a checkpoint file or run folder, checked as evaluate.py checks it, in eval mode;
     an EMA generator's BatchNorm statistics are re-estimated as evaluate.py does (bn_batches)."""
-    settings = EvaluateConfig()
-    G, _ = build_generator(load_checkpoint(path), ema, torch.device(device), source=str(path))
-    recompute_batchnorm_stats(G, settings.bn_batches, settings.batch_size, settings.seed, torch.device(device))
+    _require(isinstance(path, (str, Path)), "path", path, "must be a checkpoint file or run folder (str or Path)")
+    _require(isinstance(ema, bool), "ema", ema, "must be True or False")
+    check_device_name(device, "device")
+    settings, where = EvaluateConfig(), resolve_device(device, "device")
+    G, _ = build_generator(load_checkpoint(path), ema, where, source=str(path))
+    recompute_batchnorm_stats(G, settings.bn_batches, settings.batch_size, settings.seed, where)
     return G
 
 
 def sample(G: Generator, n: int, seed: int = 0, classes: Optional[Tensor] = None) -> Tensor:
     """n images in [-1, 1] from latents drawn with `seed`; a conditional G draws `classes` (default:
     0, 1, 2, ... in turn)."""
+    _require(isinstance(G, Generator), "type(G)", type(G).__name__, "is not Generator: gan.load_generator gives one")
+    _require(isinstance(n, int) and not isinstance(n, bool) and n >= 1, "n", n, "must be a whole number >= 1")
+    _require(isinstance(seed, int) and -(2**63) <= seed < 2**63, "seed", seed, "must be an int of 64 bits")
+    if classes is not None:
+        why = f"must be a tensor of {n} class numbers from 0 to {G.num_classes - 1}"
+        ok = G.num_classes and isinstance(classes, Tensor) and not classes.is_floating_point()
+        ok = ok and classes.shape == (n,) and 0 <= int(classes.min()) and int(classes.max()) < G.num_classes
+        _require(ok, "classes", classes, why if G.num_classes else "must be None: this G is unconditional")
     device = next(G.parameters()).device
     z = torch.randn(n, G.z_dim, generator=torch.Generator().manual_seed(seed)).to(device)
     if G.num_classes and classes is None:
         classes = torch.arange(n) % G.num_classes
     return sample_from(G, z, None if classes is None else classes.to(device))
+
+
+def _require(ok: bool, name: str, value: object, why: str) -> None:
+    if not ok:
+        raise ConfigError(f"{name}={value!r} {why}.")

@@ -5,6 +5,7 @@ import os
 import pickle
 import re
 import shutil
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any, Hashable, Iterable, Mapping, Optional, Sequence, TypeVar
@@ -124,6 +125,8 @@ def checkpoint_path(path: str | Path) -> Path:
 
 def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
     """Load and sanity-check a checkpoint file or run directory onto `map_location`; CheckpointError."""
+    if not str(path).strip():  # Path("") is the launch directory: its checkpoints/last.pt is no one's choice
+        raise CheckpointError("The checkpoint path is empty (an unset shell variable?). Name a checkpoint or run.")
     file = checkpoint_path(path)
     if not file.is_file():
         where = f"{path} (looked for {file})" if str(file) != str(path) else str(path)
@@ -142,7 +145,9 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
             f"{_ELSEWHERE}"
         )
     try:
-        state = torch.load(file, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():  # a foreign pickle's protocol warning would print over the one paragraph
+            warnings.simplefilter("ignore")
+            state = torch.load(file, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
         forbidden = _forbidden_global(err)
         if not forbidden:  # the safe unpickler met bytes it cannot parse, not a forbidden object

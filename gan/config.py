@@ -92,6 +92,9 @@ class DataConfig(_Group):
         self._check(self.channels in (1, 3), "channels", "must be 1 or 3")
         self._check(self.batch_size >= 1, "batch_size", "must be at least 1")
         self._check(self.num_workers is None or self.num_workers >= 0, "num_workers", "must be >= 0, or null for auto")
+        if self.num_workers:  # a process each: thousands would exhaust the machine's memory
+            check_threads(self.num_workers, "data.num_workers", "0 to load in the main process, or null for auto")
+        self._check(bool(str(self.root).strip()), "root", "is empty, which reads the launch directory: name a folder")
         # Hydra refuses other names at the command line; these two catch a DataConfig built in code.
         names = [member.value for member in DatasetName]
         self._check(self.name in names, "name", f"must be one of {', '.join(names)}")
@@ -206,6 +209,8 @@ class TrainerConfig(_Group):
 
     def check(self) -> None:
         self._check(self.max_steps >= 1, "max_steps", "must be at least 1")
+        why = "is empty (an unset shell variable?): name a checkpoint or run folder, or auto; omit it for a new run"
+        self._check(self.resume is None or bool(self.resume.strip()), "resume", why)
         self._check(self.threads >= 0, "threads", "must be >= 0 (0 = adapt to the free cores)")
         check_threads(self.threads, "trainer.threads", "0 to adapt to the free cores")
         self._check(self.keep_checkpoints >= 0, "keep_checkpoints", "must be >= 0")
@@ -281,7 +286,8 @@ def check_minibatch_std(group: int, batch_size: int, pack: int) -> None:
 
 
 def require_finite(config: Any, prefix: str = "") -> None:
-    """Hydra reads `nan`, `inf` and `1e400` as floats, and a range check such as `lr_d > 0` lets inf through."""
+    """Hydra reads `nan`, `inf` and `1e400` as floats, and a range check such as `lr_d > 0` lets inf through; it
+    reads any number of digits as an int, where torch (seeds, counts) takes 64 bits and raises a traceback."""
     for spec in fields(config):
         value, key = getattr(config, spec.name), f"{prefix}{spec.name}"
         if is_dataclass(value):
@@ -289,6 +295,22 @@ def require_finite(config: Any, prefix: str = "") -> None:
         elif isinstance(value, float) and not math.isfinite(value):
             why = "must be a finite number: Hydra reads nan and inf as floats, but no setting can use them"
             _require(False, key, value, why)
+        elif isinstance(value, int) and not -(2**63) <= value < 2**63:
+            _require(False, key, value, "does not fit in 64 bits, the integers torch takes: choose a smaller number")
+
+
+def require_known(cfg: DictConfig, schema: Any, prefix: str = "") -> None:
+    """A setting added with `+key=value` is kept by Hydra and dropped by OmegaConf.to_object: nothing would read it."""
+    known = {spec.name: spec for spec in fields(schema)}
+    for key in cfg:
+        if key not in known:
+            raise ConfigError(
+                f"{prefix}{key} is not a setting (added with +{prefix}{key}=...?): nothing would read it. Remove it; "
+                "`--cfg job` prints every setting there is."
+            )
+        node = cfg._get_node(key)
+        if isinstance(node, DictConfig) and is_dataclass(known[key].type):
+            require_known(node, known[key].type, f"{prefix}{key}.")
 
 
 def check_device_name(name: str, key: str) -> None:
@@ -306,6 +328,7 @@ def _require(ok: bool, key: str, value: Any, why: str) -> None:
 def validate(cfg: DictConfig) -> TrainConfig:
     """The typed config, its types checked by OmegaConf; its ranges are TrainConfig.check's, which
     gan.training.train runs: the one function every way of training goes through."""
+    require_known(cfg, TrainConfig)
     typed = OmegaConf.to_object(cfg)
     assert isinstance(typed, TrainConfig), type(typed)
     return typed
@@ -459,6 +482,7 @@ def validate_evaluate(cfg: DictConfig) -> EvaluateConfig:
             "checkpoint=PATH is required: a checkpoint file (checkpoints/last.pt) or the "
             "directory of the training run that wrote it."
         )
+    require_known(cfg, EvaluateConfig)
     typed = OmegaConf.to_object(cfg)
     assert isinstance(typed, EvaluateConfig), type(typed)
     typed.check()

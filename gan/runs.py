@@ -4,6 +4,7 @@ the resume: the checkpoint's config is the source of truth, the command's settin
 and train() refuses those a resume may not change (`RESUMABLE`)."""
 
 import contextlib
+import difflib
 import errno
 import fcntl
 import logging
@@ -22,11 +23,11 @@ from hydra import compose
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import CompactHydraException, HydraException
+from hydra.errors import CompactHydraException, HydraException, MissingConfigException, OverrideParseException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, read_write
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from gan.checkpoint import checkpoint_path, load_checkpoint, stored_config
 from gan.config import TrainConfig
@@ -65,7 +66,7 @@ class SweepJobFailed(CompactHydraException):
 
 def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_name: str, argv: Sequence[str]) -> int:
     """`job` under @hydra.main with `argv` as the command line, in this process: the exit code, the
-    job's (it returns (code, value a sweeper minimises)) or Hydra's own (1: a bad override, a failed
+    job's (it returns (code, value a sweeper minimises)) or Hydra's own (1: a failed
     sweep job). Nothing calls sys.exit, so tests drive the real command line in process."""
     codes: list[int] = []
 
@@ -112,9 +113,76 @@ PATH_KEYS = ("trainer.resume", "hydra.run.dir", "hydra.sweep.dir", "data.root", 
 RENAMED = {"trainer.on_collapse": "trainer.on_d_won", "trainer.collapse_window": "trainer.d_won_window"}
 
 
-def preflight(argv: Sequence[str], resumable: bool = True) -> Optional[str]:
+def preflight(argv: Sequence[str], resumable: bool = True, config_name: str = "train") -> Optional[str]:
     """The refusal of what Hydra would handle badly before any job runs, or None."""
-    return renamed_setting(argv) or unreadable_path(argv) or unwritable_output(argv) or existing_sweep(argv, resumable)
+    return (
+        renamed_setting(argv)
+        or empty_path(argv)
+        or unreadable_path(argv)
+        or unusable_override(argv, config_name)
+        or unwritable_output(argv)
+        or existing_sweep(argv, resumable)
+    )
+
+
+# Hydra's options that choose another config: the command line is then composed as they say, by Hydra alone
+CONFIG_FLAGS = ("--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd")
+
+
+def unusable_override(argv: Sequence[str], config_name: str) -> Optional[str]:
+    """Hydra's refusal of an override (a wrong type, an unknown key or option, a value its grammar cannot read) in
+    one paragraph, where Hydra would print several and exit 1. A sweep's jobs are composed one value at a time."""
+    if any(arg.split("=", 1)[0] in CONFIG_FLAGS for arg in argv):
+        return None
+    overrides = [arg for arg in argv if not arg.startswith("-")]
+    try:
+        jobs = [overrides]
+        if multirun(argv):
+            parsed = OverridesParser.create().parse_overrides(overrides)
+            fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+            # each value of a list, range or choice as written (with its + or ~); interval(...) is Optuna's to read
+            swept = [(o.input_line.split("=", 1)[0], o) for o in parsed if o.is_discrete_sweep()]
+            jobs = [[*fixed, f"{key}={value}"] for key, o in swept for value in o.sweep_string_iterator()] or [fixed]
+        for job in jobs:
+            GlobalHydra.instance().clear()
+            with hydra.initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+                cfg = compose(config_name=config_name, overrides=job)
+            OmegaConf.to_container(cfg, resolve=True)  # an interpolation of a key there is no such as ${nosuch}
+    except (HydraException, OmegaConfBaseException) as err:
+        return hydra_refusal(err, config_name)
+    finally:
+        GlobalHydra.instance().clear()
+    return None
+
+
+def hydra_refusal(err: Exception, program: str) -> str:
+    """Hydra's or OmegaConf's error about a command line as one paragraph naming the override and what to do."""
+    cause = err.__cause__ if isinstance(err.__cause__, OmegaConfBaseException) else err
+    key, hint = getattr(cause, "full_key", None), ""
+    lines = [line.strip() for line in f"{err}\n{cause if cause is not err else ''}".splitlines()]
+    noise = ("full_key:", "reference_type=", "object_type=", "See https://", "To append", "^")
+    said = " ".join(line for line in lines if line and not line.startswith(noise)).split(" Config search path")[0]
+    if key and str(key) not in said:
+        said = f"{key}: {said}"
+    if isinstance(err, OverrideParseException):
+        detail = said.replace(f"Error parsing override '{err.override}'", "").replace(err.override, "").strip(" :")
+        said = f"Hydra's override grammar cannot read {err.override!r} ({detail}): quote a value holding symbols"
+    elif isinstance(err, MissingConfigException) and err.options:
+        group = str(err.missing_cfg_file).rsplit("/", 1)[0]
+        said, hint = said.split(" Available options")[0], f"Choose one of {', '.join(err.options)} for {group}=. "
+        if group.startswith("hydra/"):  # hparams_search=optuna and hydra/launcher=slurm name a plugin's config
+            hint += "The others come with Hydra plugins: pip install -c constraints.txt -e '.[sweeps]' or '.[slurm]'. "
+    elif key and isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
+        parent, _, name = str(key).rpartition(".")
+        GlobalHydra.instance().clear()
+        with hydra.initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            node = OmegaConf.select(compose(config_name=program), parent) if parent else None
+        near = difflib.get_close_matches(name, list(node) if isinstance(node, DictConfig) else [], n=1)
+        hint = f"Did you mean {parent}.{near[0]}? " if near else ""
+    return (
+        f"{said.rstrip('.')}. Nothing was written. {hint}`python {program}.py --cfg job` prints every setting and "
+        f"its value, `python {program}.py --help` the groups and their options; an override reads key=value."
+    )
 
 
 def renamed_setting(argv: Sequence[str]) -> Optional[str]:
@@ -124,6 +192,17 @@ def renamed_setting(argv: Sequence[str]) -> Optional[str]:
             return (
                 f"{key} was renamed {RENAMED[key]}: the alarm it sets detects D winning outright (train/d_won), "
                 f"which is not mode collapse. Nothing was written. Use {RENAMED[key]}={value}"
+            )
+    return None
+
+
+def empty_path(argv: Sequence[str]) -> Optional[str]:
+    """A path setting given as nothing (an unset shell variable): Path("") is the launch directory."""
+    for key in PATH_KEYS:
+        if (value := given_value(argv, key)) is not None and not value.strip():
+            return (
+                f"{key}={value} is empty (an unset shell variable?), which names the launch directory. Nothing was "
+                f"written. Give {key} a path, or leave it out."
             )
     return None
 

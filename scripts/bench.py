@@ -385,7 +385,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--steps", type=int, default=15, help="iterations per round and side")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16", "fp16"])
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16", "fp16"], choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--compile", action="store_true", help="also time bf16 with trainer.compile=true")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -393,6 +393,8 @@ def main() -> None:
     parser.add_argument("--nchw", action="store_true", help="also time bf16 without channels_last")
     parser.add_argument("--probe", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if min(args.steps, args.rounds, args.width, *args.batch) < 1 or any(s < 16 or s & (s - 1) for s in args.sizes):
+        parser.error("--steps, --rounds, --width and --batch take numbers >= 1, --sizes powers of two >= 16")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("gan.training").setLevel(logging.WARNING)
     logging.getLogger("gan.training.monitor").setLevel(logging.WARNING)

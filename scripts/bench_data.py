@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 from gan.config import DataConfig  # noqa: E402
 from gan.data import BatchStream, load_dataset, render_digits  # noqa: E402
 from gan.data.pack import write_pack  # noqa: E402
+from gan.errors import UserError  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -140,4 +141,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserError as err:  # a --fashion-root without FashionMNIST: the data loader's paragraph, not a traceback
+        print(f"bench_data: {err}", file=sys.stderr)
+        raise SystemExit(2) from None

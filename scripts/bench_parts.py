@@ -153,7 +153,7 @@ DEFAULT_CADENCE = {  # the extras' names in loop.periodic_extras -> TrainerConfi
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[32, 64])
-    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--steps", type=int, default=10, help="steps per variant and round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steady beside other work)")
@@ -162,6 +162,8 @@ def main() -> None:
     parser.add_argument("--ratio", action="store_true", help="only the default step against the canonical one")
     parser.add_argument("--profile", action="store_true", help="also the convolutions' share (torch.profiler)")
     args = parser.parse_args()
+    if min(args.steps, args.rounds, args.width, args.batch) < 1 or any(s < 16 or s & (s - 1) for s in args.sizes):
+        parser.error("--steps, --rounds, --width and --batch take numbers >= 1, --sizes powers of two >= 16")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for name in ("gan", "gan.training", "gan.training.monitor", "gan.data.sources"):
         logging.getLogger(name).setLevel(logging.WARNING)

@@ -62,12 +62,13 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: the repo's gan and scripts
 
-from gan.config import EvaluateConfig, MetricsConfig, TrainConfig, register_configs, to_plain  # noqa: E402
+from gan.config import EvaluateConfig, MetricsConfig, TrainConfig, register_configs, to_plain, validate  # noqa: E402
 from gan.data import load_dataset  # noqa: E402
 from gan.device import resolve_device  # noqa: E402
 from gan.errors import ConfigError, UserError  # noqa: E402
 from gan.evaluation import metrics as M  # noqa: E402
 from gan.evaluation.pipeline import Reals, classifier_for, generate, measure, prepare_generator, reference_subset  # noqa: E402
+from gan.runs import hydra_refusal  # noqa: E402
 from gan.training import train  # noqa: E402
 from gan.training.state import TrainingState  # noqa: E402
 from gan.training.threads import machine_busy_seconds  # noqa: E402
@@ -126,12 +127,10 @@ def train_config(overrides: list[str]) -> TrainConfig:
     try:
         with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
             cfg = compose(config_name="train", overrides=[o for o in overrides if not o.startswith("metrics.")])
-        typed = OmegaConf.to_object(cfg)
-    except (HydraException, OmegaConfBaseException) as err:  # a bad override: Hydra's own message
-        raise ConfigError(f"The overrides {' '.join(overrides)} do not make a train.py config: {err}") from None
-    assert isinstance(typed, TrainConfig)
-    typed.check()
-    return typed
+        return validate(cfg)
+    except (HydraException, OmegaConfBaseException) as err:  # a bad override: Hydra's message, in one paragraph
+        why = hydra_refusal(err, "train")
+        raise ConfigError(f"The overrides {' '.join(overrides)} do not make a train.py config: {why}") from None
 
 
 def metrics_config(overrides: list[str]) -> MetricsConfig:

@@ -237,6 +237,8 @@ def plot_runs(runs: list[str], path: Path) -> None:
     fig, (fid_ax, recall_ax) = plt.subplots(1, 2, figsize=(11, 4.5))
     for run in runs:
         name, _, folder = run.partition("=")
+        if not (name and folder):
+            raise UserError(f"--plot {run}: each run is NAME=DIR, a label and the --out folder of an earlier run")
         result_file = Path(folder) / "longer.json"
         if not result_file.exists():
             raise UserError(f"--plot {run}: {result_file} does not exist (run scripts/longer.py --out {folder} first)")

@@ -5,13 +5,14 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import CONFIG_DIR, compose_config, run_train
+from conftest import CONFIG_DIR, compose_config, run_evaluate, run_train
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from gan.config import BackwardMode, ConfigError, DatasetName, LossName, TrainConfig
 from gan.data.sources import _OPENERS
+from gan.runs import unusable_override
 
 # Options that are refused alone, with what they need (none since the default D lost its BatchNorm;
 # test_wgan_gp_with_batchnorm_names_its_recipe).
@@ -98,15 +99,29 @@ def test_out_of_range_values_are_refused_naming_the_key(override, key):
         compose_config(override)
 
 
-# The command line, as a user meets it: Hydra's message, a non-zero exit, no Python traceback.
+# The command line, as a user meets it: one paragraph naming the setting, exit 2 (bad input), no traceback, and no
+# folder. Hydra's own refusals (a type, a key, an option, its grammar, an interpolation) included: Hydra alone
+# would print several paragraphs and exit 1.
 @pytest.mark.parametrize(
     "override, expected",
     [
         ("optim.lr=abc", "optim.lr"),  # wrong type
-        ("optim.lrr=1", "lrr"),  # unknown key
-        ("data=nosuch", "nosuch"),  # unknown option of a group
+        ("optim.lr=[1,2]", "optim.lr"),  # a list for a number
+        ("optim.lr={a:1}", "optim.lr"),  # a dict for a number
+        ("trainer.max_steps=", "trainer.max_steps"),  # empty
+        ("optim.lrr=1", "Did you mean optim.lr?"),  # unknown key, near a real one
+        ("data=nosuch", "Choose one of celeba, cifar10, digits"),  # unknown option of a group
+        ("experiment=nosuch", "experiment/nosuch"),
         ("data.name=nosuch", "nosuch"),  # unknown dataset: DatasetName refuses it
         ("loss.name=foo", "foo"),  # unknown choice of an enum
+        ("max_steps", "'max_steps'"),  # no '=': Hydra's grammar
+        ("model.z_dim=\u00fc", "model.z_dim"),  # a character the grammar has no token for
+        ("data.root=${nosuch}", "data.root: Interpolation key 'nosuch' not found"),
+        ("+trainer.foo=1", "trainer.foo is not a setting"),  # kept by Hydra, then read by nothing
+        ("trainer.seed=99999999999999999999", "trainer.seed"),  # beyond torch's 64 bits (was a traceback)
+        ("trainer.resume=", "trainer.resume= is empty"),  # an unset shell variable: would start a new run
+        ("data.root=", "data.root= is empty"),  # would read the launch directory as the dataset
+        ("data.num_workers=100000", "data.num_workers"),  # a process each
         ("trainer.max_steps=-1", "trainer.max_steps"),  # out of range, refused before training
         ("data.image_size=24", "data.image_size"),  # a size the model cannot build
     ],
@@ -114,10 +129,45 @@ def test_out_of_range_values_are_refused_naming_the_key(override, key):
 def test_bad_command_line_fails_cleanly(tmp_path, override, expected):
     result = run_train(override, f"hydra.run.dir={tmp_path / 'run'}")
     output = result.stdout + result.stderr
-    assert result.returncode != 0
-    assert expected in output
-    assert "Traceback" not in output
-    assert not (tmp_path / "run" / "checkpoints").exists()  # refused before any training
+    assert result.returncode == 2, output[-3000:]
+    assert expected in output and "Traceback" not in output
+    assert "\n\n" not in output.strip() and len(output.strip().splitlines()[-1]) > 40  # one paragraph, on one line
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_a_sweep_with_one_value_hydra_refuses_is_refused_before_any_job_runs(tmp_path):
+    result = run_train("-m", "optim.lr=1e-3,abc", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "optim.lr=abc" in output and "Nothing was written" in output
+    assert not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.parametrize(
+    "args", [["hydra.run.dir="], ["hydra.run.dir=''"], ["-m", "hydra.sweep.dir=", "loss=bce,hinge"]], ids=str
+)
+def test_an_empty_run_folder_is_refused_not_read_as_the_launch_directory(tmp_path, args):
+    # an unset shell variable (hydra.run.dir=$RUN): the run's files were written among the launcher's own
+    result = run_train(*args, cwd=tmp_path)
+    assert result.returncode == 2 and "is empty (an unset shell variable?)" in result.stdout + result.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_hydra_option_a_plugin_would_provide_names_the_extra_that_installs_it():
+    # hparams_search=optuna without the sweeps extra: Hydra says only "Could not find 'hydra/sweeper/optuna'"
+    said = unusable_override(["hydra/launcher=nosuch"], "train")
+    assert "Could not find 'hydra/launcher/nosuch'" in said and "pip install -c constraints.txt -e '.[sweeps]'" in said
+    assert unusable_override(["-m", "optim.lr=interval(1e-4,1e-3)", "loss=bce,hinge"], "train") is None  # Optuna's
+
+
+def test_evaluate_refuses_an_override_hydra_refuses_in_one_paragraph(tmp_path):
+    result = run_evaluate("checkpoint=x.pt", "metrics.featurs=classifier", f"hydra.run.dir={tmp_path / 'eval'}")
+    output = result.stdout + result.stderr
+    assert (
+        result.returncode == 2
+        and "Did you mean metrics.features?" in output
+        and "python evaluate.py --cfg job" in output
+    )
+    assert len(output.strip().splitlines()) == 1 and not (tmp_path / "eval").exists()
 
 
 def test_wgan_gp_with_batchnorm_names_its_recipe():

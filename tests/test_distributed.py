@@ -238,7 +238,7 @@ def test_hydras_refusal_of_an_override_under_torchrun_is_said_once(tmp_path):
         "trainer.nosuch=1", cwd=tmp_path, launcher="gan.torchrun", stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     code, output = finish(process)
-    assert code == 1, output[-3000:]  # Hydra's own exit code, as for a single process
+    assert code == 2, output[-3000:]  # bad input, as for a single process
     assert output.count("Could not override 'trainer.nosuch'") == 1 and "Traceback" not in output
 
 

@@ -12,13 +12,15 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import pickle
 import re
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIG_DIR, compose_config, run_evaluate, run_train
+from conftest import CONFIG_DIR, compose_config, run_evaluate, run_script, run_train
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
@@ -186,6 +188,26 @@ def test_a_folder_without_a_checkpoint_is_refused_naming_where_it_looked(tmp_pat
         load_checkpoint(tmp_path)
     message = str(caught.value)
     assert f"Checkpoint not found: {tmp_path} (looked for {tmp_path / 'checkpoints' / 'last.pt'})" in message
+
+
+def test_an_empty_checkpoint_path_is_refused_not_read_as_the_launch_directory(trained, tmp_path):
+    # Path("") is ".": a checkpoints/last.pt where the command runs would be evaluated unasked
+    copy_run(trained, tmp_path / "here")
+    result = run_evaluate("checkpoint=", f"hydra.run.dir={tmp_path / 'eval'}", cwd=tmp_path / "here")
+    assert result.returncode == 2 and "checkpoint= is empty" in output_of(result)
+    assert not (tmp_path / "eval").exists()
+    with pytest.raises(CheckpointError, match="The checkpoint path is empty"):  # gan.load_generator(""), resume
+        load_checkpoint("")
+
+
+def test_a_pickle_of_another_program_is_refused_in_one_line(tmp_path):
+    # pickle protocol 4: torch's safe unpickler warns about it, and the warning printed under the refusal
+    (tmp_path / "model.pt").write_bytes(pickle.dumps({"weights": [1.0]}, protocol=4))
+    with warnings.catch_warnings(record=True) as shown:  # as a shell would print them, not pytest's summary
+        warnings.simplefilter("always")
+        result = run_evaluate(f"checkpoint={tmp_path / 'model.pt'}", f"hydra.run.dir={tmp_path / 'eval'}")
+    assert result.returncode == 2 and "model.pt" in output_of(result)
+    assert len(output_of(result).strip().splitlines()) == 1 and not shown, [str(w.message) for w in shown]
 
 
 @pytest.mark.parametrize("use_ema", [False, True], ids=["G", "G_ema"])
@@ -592,3 +614,21 @@ def test_an_evaluation_into_a_folder_another_holds_is_refused_naming_the_holder(
     assert f"The run directory {folder} is in use: process {os.getpid()}" in output
     assert "it is training or evaluating there" in output
     assert list(folder.iterdir()) == []  # the holder's lock went with it; the refused evaluation wrote nothing
+
+
+# 6. scripts the docs tell users to run, given arguments they cannot use --------------------------
+
+BAD_SCRIPT_ARGUMENTS = {  # each was a traceback, after work: a benchmark's subprocess, or an empty median
+    "bench --rounds 0": (["bench.py", "--rounds", "0"], "--rounds"),
+    "bench --precisions fp64": (["bench.py", "--precisions", "fp64"], "invalid choice: 'fp64'"),
+    "bench_parts --sizes 24": (["bench_parts.py", "--sizes", "24"], "--sizes powers of two"),
+    "longer --plot without NAME=": (["longer.py", "--plot", "runs", "--out", "x.png"], "each run is NAME=DIR"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_SCRIPT_ARGUMENTS)
+def test_a_script_refuses_an_argument_it_cannot_use_before_it_works(case, tmp_path):
+    args, says = BAD_SCRIPT_ARGUMENTS[case]
+    result = run_script(*args, cwd=tmp_path)
+    assert result.returncode == 2 and says in result.stderr and "Traceback" not in output_of(result)
+    assert not any(tmp_path.iterdir())

@@ -116,6 +116,43 @@ def test_the_api_refuses_what_the_command_line_refuses(tmp_path):
     assert not any(tmp_path.iterdir())  # nothing written by a refused run
 
 
+# each bad argument -> the word its message starts with; torch would raise a TypeError, a RuntimeError or an
+# overflow from deep inside, or (classes for an unconditional G, ema="no") quietly ignore or misread it
+BAD_CALLS = {
+    "n=0": (lambda G: gan.sample(G, 0), "n=0"),
+    "n=-1": (lambda G: gan.sample(G, -1), "n=-1"),
+    "n=2.5": (lambda G: gan.sample(G, 2.5), "n=2.5"),
+    "n='4'": (lambda G: gan.sample(G, "4"), "n='4'"),
+    "seed=2**70": (lambda G: gan.sample(G, 2, seed=2**70), "seed="),
+    "classes, unconditional G": (lambda G: gan.sample(G, 2, classes=torch.tensor([0, 1])), "classes="),
+    "G=a path": (lambda G: gan.sample("outputs/run", 2), "type(G)='str'"),
+    "device=tpu": (lambda G: gan.load_generator("run", device="tpu"), "device='tpu'"),
+    "device=''": (lambda G: gan.load_generator("run", device=""), "device=''"),
+    "path=None": (lambda G: gan.load_generator(None), "path=None"),
+    "ema='no'": (lambda G: gan.load_generator("run", ema="no"), "ema='no'"),
+    "overrides in a list": (lambda G: gan.compose_config(["loss=hinge"]), "overrides="),
+    "run_dir=None": (lambda G: gan.train(None, *TINY), "run_dir=None"),
+    "data.root=": (lambda G: gan.compose_config("data.root="), "data.root=''"),  # Path(""): the working directory
+    "trainer.resume=": (lambda G: gan.compose_config("trainer.resume="), "trainer.resume=''"),  # a new run, unasked
+}
+
+
+@pytest.mark.parametrize("case", BAD_CALLS)
+def test_the_api_refuses_a_bad_argument_naming_it(tiny_run, case):
+    call, named = BAD_CALLS[case]
+    with pytest.raises(ConfigError) as caught:
+        call(gan.load_generator(tiny_run))
+    assert str(caught.value).startswith(named) and "\n" not in str(caught.value)
+
+
+def test_a_conditional_generators_classes_must_be_n_class_numbers(tmp_path, one_thread):
+    G = gan.load_generator(gan.train(tmp_path / "run", *TINY, "model.conditional=true").checkpoint)
+    for classes in (torch.tensor([10, 1]), torch.tensor([-1, 1]), torch.tensor([1]), [1, 2], torch.tensor([1.0, 2.0])):
+        with pytest.raises(ConfigError, match=r"must be a tensor of 2 class numbers from 0 to 9"):
+            gan.sample(G, 2, classes=classes)
+    assert gan.sample(G, 2, classes=torch.tensor([9, 0])).shape == (2, 1, 16, 16)
+
+
 def test_gan_training_train_checks_a_config_built_in_code(tmp_path):
     from gan.training import train
 

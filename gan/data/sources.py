@@ -183,6 +183,8 @@ def convert_channels(images: Tensor, channels: int) -> Tensor:
 def read_image(path: str, channels: int, size: int) -> Tensor:
     try:
         with Image.open(path) as image:
+            if image.mode.startswith("I;16") or (image.mode == "I" and image.getextrema()[1] > 255):
+                image = image.convert("I").point(lambda v: v / 256)  # 16 bits: convert() clips them, near white
             pixels = pil_to_tensor(image.convert("L" if channels == 1 else "RGB"))
     except OSError as err:  # unreadable or truncated file; PIL.UnidentifiedImageError is an OSError
         raise DataError(f"{path} cannot be read as an image ({err}). Remove it or fix it.") from err
@@ -205,7 +207,8 @@ def _open_mnist_like(cfg: DataConfig, train: bool, kind: type[datasets.MNIST], d
         raise DataError(
             f"data={cfg.name}: no {kind.__name__} in {folder} (absolute path {folder.resolve()}). torchvision's "
             f"{kind.__name__} expects the four uncompressed IDX files there: {', '.join(_IDX_FILES)}; "
-            f"{_which_missing(missing, _IDX_FILES)}. Add data.download=true to fetch them there ({download_size}, "
+            f"{_which_missing(missing, _IDX_FILES)}{_gzipped(folder, missing)}. Add data.download=true to fetch them "
+            f"there ({download_size}, "
             f"needs internet), or set data.root to the folder that holds {kind.__name__}/raw."
         )
     prefix = "train" if train else "t10k"  # torchvision's file names: the held-out split is MNIST's test split
@@ -236,18 +239,20 @@ _IDX_ITEM_BYTES = {0x08: 1, 0x09: 1, 0x0B: 2, 0x0C: 4, 0x0D: 4, 0x0E: 8}
 
 
 def _check_idx_length(cfg: DataConfig, path: Path) -> None:
-    """Refuse an IDX file not as long as its header says, naming it (torchvision does not)."""
+    """Refuse an IDX file whose header is not one of its kind, or not as long as its header says, naming it
+    (torchvision does not: it says "invalid literal for int()" or "x should have 3 dimension instead of 2")."""
+    ndim = int(path.name.split("-idx")[1][0])  # train-images-idx3-ubyte: 3 sizes (count, height, width)
     with path.open("rb") as file:
-        header = file.read(4)
-        if len(header) < 4 or header[2] not in _IDX_ITEM_BYTES or not 1 <= header[3] <= 3:
-            return
-        sizes = file.read(4 * header[3])
-    if len(sizes) < 4 * header[3]:
-        return
-    shape = struct.unpack(f">{header[3]}i", sizes)
-    if min(shape) < 0:  # not a size: torchvision refuses the header itself
-        return
-    expected = 4 + len(sizes) + math.prod(shape) * _IDX_ITEM_BYTES[header[2]]
+        header = file.read(4 + 4 * ndim)
+    shape = struct.unpack(f">{ndim}i", header[4:]) if len(header) == 4 + 4 * ndim else (-1,)
+    if header[:2] != b"\0\0" or header[2] not in _IDX_ITEM_BYTES or header[3] != ndim or min(shape) < 0:
+        raise DataError(
+            f"data={cfg.name}: {path} is not an IDX file of {ndim} dimension(s): it should open with a header of "
+            f"{4 + 4 * ndim} bytes (0, 0, a type code, {ndim}, then {ndim} sizes), and "
+            f"{'it holds only ' + str(len(header)) if len(header) < 4 + 4 * ndim else 'opens ' + header[:4].hex(' ')}. "
+            f"Replace it with the official file, or delete {path.parent} and run again with data.download=true."
+        )
+    expected = len(header) + math.prod(shape) * _IDX_ITEM_BYTES[header[2]]
     actual = path.stat().st_size
     if actual != expected:
         state = "is truncated" if actual < expected else "is longer than its header says"
@@ -271,6 +276,13 @@ def open_cifar10(cfg: DataConfig, train: bool) -> ArrayImages:
     dataset = _torchvision(cfg, lambda: datasets.CIFAR10(cfg.root, train=train, download=cfg.download), folder)
     raw = torch.from_numpy(dataset.data).permute(0, 3, 1, 2).contiguous()  # HWC -> CHW
     return ArrayImages(raw, torch.tensor(dataset.targets), 10, cfg.channels, cfg.image_size)
+
+
+def _gzipped(folder: Path, missing: Sequence[str]) -> str:
+    """The missing files that lie there compressed, as the download leaves them, which torchvision does not read."""
+    packed = [f"{name}.gz" for name in missing if (folder / f"{name}.gz").is_file()]
+    there = "is there: gunzip it" if len(packed) == 1 else "are there: gunzip them"
+    return f" ({', '.join(packed)} {there})" if packed else ""
 
 
 def _which_missing(missing: Sequence[str], expected: Sequence[str]) -> str:
@@ -427,7 +439,11 @@ def open_packed(cfg: DataConfig, train: bool) -> ArrayImages:
             f"{cfg.root} data=NAME ...` (the training data's own overrides), or set data.root to a pack's folder."
         )
     try:
+        if file.stat().st_size == 0:
+            raise ValueError("it is empty, 0 bytes")
         pack = torch.load(file, mmap=True, weights_only=True)
+        if not isinstance(pack, dict) or not {"format", "settings", "num_classes", "train", "held_out"} <= set(pack):
+            raise ValueError(f"it holds {sorted(pack) if isinstance(pack, dict) else type(pack).__name__}, not a pack")
         settings, split = pack["settings"], pack["train" if train else "held_out"]
         images, labels, num_classes = split["images"], split["labels"], int(pack["num_classes"])
         if pack["format"] != PACK_FORMAT or images.dtype != torch.uint8 or images.size(0) != labels.numel():
