@@ -155,8 +155,9 @@ def unusable_override(argv: Sequence[str], config_name: str) -> Optional[str]:
     return None
 
 
-def hydra_refusal(err: Exception, program: str) -> str:
-    """Hydra's or OmegaConf's error about a command line as one paragraph naming the override and what to do."""
+def hydra_refusal(err: Exception, config_name: str) -> str:
+    """Hydra's or OmegaConf's error about a command line as one paragraph naming the override and what to do
+    (whether the program is `python train.py` or the wheel's `dcgan-train`)."""
     cause = err.__cause__ if isinstance(err.__cause__, OmegaConfBaseException) else err
     key, hint = getattr(cause, "full_key", None), ""
     lines = [line.strip() for line in f"{err}\n{cause if cause is not err else ''}".splitlines()]
@@ -176,12 +177,12 @@ def hydra_refusal(err: Exception, program: str) -> str:
         parent, _, name = str(key).rpartition(".")
         GlobalHydra.instance().clear()
         with hydra.initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            node = OmegaConf.select(compose(config_name=program), parent) if parent else None
+            node = OmegaConf.select(compose(config_name=config_name), parent) if parent else None
         near = difflib.get_close_matches(name, list(node) if isinstance(node, DictConfig) else [], n=1)
         hint = f"Did you mean {parent}.{near[0]}? " if near else ""
     return (
-        f"{said.rstrip('.')}. Nothing was written. {hint}`python {program}.py --cfg job` prints every setting and "
-        f"its value, `python {program}.py --help` the groups and their options; an override reads key=value."
+        f"{said.rstrip('.')}. Nothing was written. {hint}The command with --cfg job prints every setting and its "
+        "value, with --help the groups and their options; an override reads key=value."
     )
 
 

@@ -165,7 +165,7 @@ def test_evaluate_refuses_an_override_hydra_refuses_in_one_paragraph(tmp_path):
     assert (
         result.returncode == 2
         and "Did you mean metrics.features?" in output
-        and "python evaluate.py --cfg job" in output
+        and "with --cfg job prints every setting" in output
     )
     assert len(output.strip().splitlines()) == 1 and not (tmp_path / "eval").exists()
 
