@@ -54,28 +54,25 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: the repo's gan and scripts
 
-from gan.config import EvaluateConfig, MetricsConfig, TrainConfig, register_configs, to_plain, validate  # noqa: E402
+from gan.api import compose_config  # noqa: E402
+from gan.config import EvaluateConfig, MetricsConfig, TrainConfig, to_plain  # noqa: E402
 from gan.data import load_dataset  # noqa: E402
 from gan.device import resolve_device  # noqa: E402
 from gan.errors import ConfigError, UserError  # noqa: E402
 from gan.evaluation import metrics as M  # noqa: E402
 from gan.evaluation.pipeline import Reals, classifier_for, generate, measure, prepare_generator, reference_subset  # noqa: E402
-from gan.runs import hydra_refusal  # noqa: E402
 from gan.training import train  # noqa: E402
 from gan.training.state import TrainingState  # noqa: E402
 from gan.training.threads import machine_busy_seconds  # noqa: E402
 from scripts import canonical_dcgan as canonical  # noqa: E402
 
 log = logging.getLogger("compare")
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SIDES = ("canonical", "project")
 
 
@@ -122,15 +119,12 @@ class Budget:
 
 
 def train_config(overrides: list[str]) -> TrainConfig:
-    """train.py's config with the given overrides (the metrics.* ones excluded), checked as train.py checks it."""
-    register_configs()
+    """train.py's config with the given overrides (the metrics.* ones excluded), checked as train.py checks it:
+    gan.compose_config, its types by Hydra and OmegaConf, its ranges by gan/config.py."""
     try:
-        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-            cfg = compose(config_name="train", overrides=[o for o in overrides if not o.startswith("metrics.")])
-        return validate(cfg)
-    except (HydraException, OmegaConfBaseException) as err:  # a bad override: Hydra's message, in one paragraph
-        why = hydra_refusal(err, "train")
-        raise ConfigError(f"The overrides {' '.join(overrides)} do not make a train.py config: {why}") from None
+        return compose_config(*[o for o in overrides if not o.startswith("metrics.")])
+    except ConfigError as err:  # a bad override, in one paragraph
+        raise ConfigError(f"The overrides {' '.join(overrides)} do not make a train.py config: {err}") from None
 
 
 def metrics_config(overrides: list[str]) -> MetricsConfig:

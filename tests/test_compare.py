@@ -217,7 +217,9 @@ def test_compare_runs_end_to_end(tmp_path):
 
 
 def test_compare_refuses_bad_overrides_before_training(tmp_path):
-    for bad, says in (("model.nope=1", "do not make a train.py config"), ("metrics.nope=1", "metrics.* override")):
+    cases = [("model.nope=1", "do not make a train.py config"), ("metrics.nope=1", "metrics.* override")]
+    cases.append(("optim.lr=-1", "optim.lr=-1.0 must be > 0"))  # a range gan/config.py checks, before any side trains
+    for bad, says in cases:
         done = script("compare.py", bad, "--out", "race", cwd=tmp_path)
         assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr
         assert not (tmp_path / "race").exists()
