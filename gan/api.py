@@ -18,7 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 from torch import Tensor
 
 from gan.checkpoint import load_checkpoint
-from gan.config import EvaluateConfig, TrainConfig, check_device_name, register_configs, validate
+from gan.config import EvaluateConfig, TrainConfig, _require, check_device_name, register_configs, validate
 from gan.core.models import Generator
 from gan.core.sampling import sample as sample_from
 from gan.device import resolve_device
@@ -90,8 +90,3 @@ def sample(G: Generator, n: int, seed: int = 0, classes: Optional[Tensor] = None
     if G.num_classes and classes is None:
         classes = torch.arange(n) % G.num_classes
     return sample_from(G, z, None if classes is None else classes.to(device))
-
-
-def _require(ok: bool, name: str, value: object, why: str) -> None:
-    if not ok:
-        raise ConfigError(f"{name}={value!r} {why}.")

@@ -378,6 +378,12 @@ def interleaved(runners: dict[str, Callable[[], float]], rounds: int) -> dict[st
     return {name: statistics.median(values) for name, values in rates.items()}
 
 
+def refuse_bad_numbers(parser: argparse.ArgumentParser, counts: list[int], sizes: list[int]) -> None:
+    """Before any work: counts of at least 1, and image sizes the models take (powers of two from 16)."""
+    if min(counts) < 1 or any(s < 16 or s & (s - 1) for s in sizes):
+        parser.error("--steps, --rounds, --width and --batch take numbers >= 1, --sizes powers of two >= 16")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[32, 64])
@@ -393,8 +399,7 @@ def main() -> None:
     parser.add_argument("--nchw", action="store_true", help="also time bf16 without channels_last")
     parser.add_argument("--probe", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if min(args.steps, args.rounds, args.width, *args.batch) < 1 or any(s < 16 or s & (s - 1) for s in args.sizes):
-        parser.error("--steps, --rounds, --width and --batch take numbers >= 1, --sizes powers of two >= 16")
+    refuse_bad_numbers(parser, [args.steps, args.rounds, args.width, *args.batch], args.sizes)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("gan.training").setLevel(logging.WARNING)
     logging.getLogger("gan.training.monitor").setLevel(logging.WARNING)

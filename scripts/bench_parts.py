@@ -42,7 +42,7 @@ from gan.config import DataConfig, ModelConfig, Precision, TrainConfig, TrainerC
 from gan.core.models import Discriminator, Generator  # noqa: E402
 from gan.device import retain_freed_memory  # noqa: E402
 from gan.training import periodic, train  # noqa: E402
-from scripts.bench import SigmoidD, canonical_step, project_step  # noqa: E402
+from scripts.bench import SigmoidD, canonical_step, project_step, refuse_bad_numbers  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -162,8 +162,7 @@ def main() -> None:
     parser.add_argument("--ratio", action="store_true", help="only the default step against the canonical one")
     parser.add_argument("--profile", action="store_true", help="also the convolutions' share (torch.profiler)")
     args = parser.parse_args()
-    if min(args.steps, args.rounds, args.width, args.batch) < 1 or any(s < 16 or s & (s - 1) for s in args.sizes):
-        parser.error("--steps, --rounds, --width and --batch take numbers >= 1, --sizes powers of two >= 16")
+    refuse_bad_numbers(parser, [args.steps, args.rounds, args.width, args.batch], args.sizes)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for name in ("gan", "gan.training", "gan.training.monitor", "gan.data.sources"):
         logging.getLogger(name).setLevel(logging.WARNING)
