@@ -1,7 +1,7 @@
 # Two commands do all the set-up on a fresh machine (Python >= 3.10 with venv, and make):
 #   make train [ARGS="loss=hinge optim.lr=1e-4"]   install into .venv, then train on the built-in digits
 #   make test  [PYTEST_ARGS=...]                   install into .venv, then the fast tier: every test not marked
-#                                                  slow, in process (a few minutes on 2 cores)
+#                                                  slow, in process, one pytest-xdist worker per core
 #   make test-slow                                 the tests marked slow: where a process is the point (signals,
 #                                                  kill, torchrun, file-size limits, the notebook's kernel)
 #   make lint                                      ruff lint and format check (CI runs it before the tests)
@@ -29,7 +29,7 @@ train: $(STAMP)
 	$(BIN)/python train.py $(ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" -n auto --dist loadfile $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)

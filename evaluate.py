@@ -1,11 +1,12 @@
-"""Evaluate a trained generator: `python evaluate.py checkpoint=PATH [key=value ...]`; see configs/evaluate.yaml.
+"""Evaluate a trained generator: `python evaluate.py checkpoint=PATH [key=value ...]`, a Hydra app as train.py is
+(installed with pip: `dcgan-evaluate`); see configs/evaluate.yaml.
 
-Measures FID, KID, precision/recall, density/coverage and class (or Stacked-MNIST mode) coverage
-against the held-out split, in the feature space of a classifier trained on the dataset's labels
-(offline) or of Inception-v3; draws sample, interpolation and nearest-neighbour grids; optionally
-saves the samples and exports the generator. Everything goes into this run's directory:
-metrics.json, *.png, tb/, export/. `main(argv)` runs the command line in this process and returns
-its exit code, as train.py's does. Installed with pip, the same program is the command `dcgan-evaluate`.
+Measures FID, KID, precision/recall, density/coverage and class (or Stacked-MNIST mode) coverage against the
+held-out split, in the feature space of a classifier trained on the dataset's labels (offline) or of
+Inception-v3; draws sample, interpolation and nearest-neighbour grids; optionally saves the samples and exports
+the generator. Everything goes into this job's folder: metrics.json, *.png, tb/, export/.
+Exit codes: 0 done; 2 bad input (an override, the config, a checkpoint, the data, a metric that cannot be
+measured); 130 stopped by SIGINT (Ctrl-C), as train.py's.
 """
 
 from __future__ import annotations
@@ -22,96 +23,75 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from gan import runs
+from gan import launch
 from gan.config import register_evaluate_configs, validate_evaluate
 from gan.errors import RunDirError, UserError, environment_error
 from gan.evaluation.pipeline import evaluate
+from gan.run import Run, held_log
 
 log = logging.getLogger("evaluate")
-
-# Exit codes: 0 done; 2 bad input (an override Hydra refuses, config, checkpoint, data, a metric that
-# cannot be measured); 130 stopped by SIGINT (Ctrl-C), as train.py's.
 EXIT_BAD_INPUT, EXIT_INTERRUPTED = 2, 130
-_run_dir: Optional[Path] = None  # this job's folder once Hydra has made it: what an interruption reports on
+IN_USE = "it is training or evaluating there). Nothing was written. Wait for it to finish, or choose another folder."
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """`python evaluate.py ARGV`, in this process: the exit code."""
-    global _run_dir
-    argv, _run_dir = list(sys.argv[1:] if argv is None else argv), None
     register_evaluate_configs()
-    problem = runs.preflight(argv, resumable=False, config_name="evaluate")
-    if problem:
-        log.error("%s", problem)
-        return EXIT_BAD_INPUT
     try:
-        return runs.run_hydra(job, "evaluate", argv)
-    except KeyboardInterrupt:  # while Hydra starts, or winds down after the job
-        log.warning("%s", interrupted(_run_dir))
+        return launch.run_hydra(job, "evaluate", list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:  # while Hydra starts or winds down: nothing of the job's
+        log.warning("Interrupted (SIGINT) before the evaluation began; nothing was measured.")
         return EXIT_INTERRUPTED
 
 
-# A training run or another evaluation holds the folder: what to do instead
-IN_USE = "it is training or evaluating there). Nothing was written. Wait for it to finish, or choose another folder."
-
-
 def job(cfg: DictConfig) -> tuple[int, float]:
-    global _run_dir
-    run_dir = _run_dir = Path(HydraConfig.get().runtime.output_dir)
-    named = "hydra.run.dir" in {runs.override_key(o) for o in HydraConfig.get().overrides.hydra}
-    with runs.held_log() as run_log:  # the record and log file go beside the outputs once there are any
+    hydra, results = HydraConfig.get(), None
+    run = Run(hydra.runtime.output_dir)
+    named = "hydra.run.dir" in {launch.override_key(o) for o in hydra.overrides.hydra}
+    with held_log() as run_log, contextlib.ExitStack() as held:
         try:
-            lock = runs.take_lock(run_dir, IN_USE)  # one evaluation per folder, as one run per run folder
-        except RunDirError as err:
-            log.error("%s", err)
-            return EXIT_BAD_INPUT, math.nan
-        problem = existing_evaluation(run_dir) or (runs.existing_run(run_dir) if named else None)
-        try:
-            if problem:
+            held.enter_context(run.owned(IN_USE))  # one evaluation per folder, as one run per run folder
+            if (run.dir / "metrics.json").is_file():
+                raise RunDirError(
+                    f"{run.dir} already holds an evaluation (metrics.json): a second one there would replace its "
+                    "numbers and mix its pictures and TensorBoard events with the first's. Nothing was written. "
+                    "Choose another hydra.run.dir, or move that folder away."
+                )
+            if named and (problem := run.existing_run()):
                 raise RunDirError(problem)
-            results = evaluate(validate_evaluate(cfg), run_dir, data_overrides(cfg))
+            held.callback(lambda: keep_record(run, cfg, run_log))  # runs before the lock is released
+            results = evaluate(validate_evaluate(cfg), run.dir, data_overrides(cfg, hydra.overrides.task))
         except KeyboardInterrupt:  # Ctrl-C: one line saying what was saved, not a traceback
-            log.warning("%s", interrupted(run_dir))
+            log.warning("%s", interrupted(run.dir))
             return EXIT_INTERRUPTED, math.nan
         except (UserError, OSError) as err:
             if isinstance(err, OSError):  # disk full, permissions: the environment, not a bug
-                written = run_dir / "metrics.json"  # written before the events: a folder holding it is refused
+                written = run.dir / "metrics.json"  # written before the events: a folder holding it is refused
                 again = f"evaluate again into another folder ({written} holds this one's numbers)."
                 err = environment_error(err, then=again if written.is_file() else "run the same command again.")
-            if HydraConfig.get().mode == RunMode.MULTIRUN:  # Hydra prints it and runs the other jobs
-                raise runs.SweepJobFailed(str(err)) from err
+            if hydra.mode == RunMode.MULTIRUN:  # Hydra records the failed job, and the sweep goes on
+                raise launch.SweepJobFailed(str(err)) from err
             log.error("%s", err)
             return EXIT_BAD_INPUT, math.nan
         finally:
-            outputs = [p for p in run_dir.iterdir() if p.name != runs.LOCK_FILE] if run_dir.is_dir() else []
-            if problem is None and outputs:  # never into a run's record
-                with contextlib.suppress(OSError):  # a full disk: the error said so already
-                    runs.keep_record(run_dir, cfg, run_log)
-            runs.release_lock(lock, run_dir)
-            if problem is not None or not outputs:
-                runs.remove_if_empty(run_dir)
-        log.info("Done in %.0f s; outputs in %s", results["seconds"]["total"], run_dir)
+            if results is None and not run.outputs():
+                held.close()
+                run.remove_if_empty()
+    log.info("Done in %.0f s; outputs in %s", results["seconds"]["total"], run.dir)
     return 0, results["fid"]
 
 
-def existing_evaluation(run_dir: Path) -> Optional[str]:
-    """An evaluation's folder holding a finished one: its metrics.json would be replaced, its pictures mixed."""
-    if not (run_dir / "metrics.json").is_file():
-        return None
-    return (
-        f"{run_dir} already holds an evaluation (metrics.json): a second one there would replace its numbers and "
-        "mix its pictures and TensorBoard events with the first's. Nothing was written. Choose another "
-        "hydra.run.dir, or move that folder away."
-    )
+def keep_record(run: Run, cfg: DictConfig, run_log: Any) -> None:
+    """The record and log beside an evaluation's outputs, once there are any (a full disk: the error said so)."""
+    if run.outputs():
+        with contextlib.suppress(OSError):
+            run.keep_record(cfg, run_log, HydraConfig.instance().cfg, "evaluate")
 
 
-def interrupted(run_dir: Optional[Path]) -> str:
-    """The line an interrupted evaluation ends with, saying what run_dir holds by then. metrics.json is
-    written after every measurement and picture, before TensorBoard's events (pipeline.report)."""
-    if run_dir is None:
-        return "Interrupted (SIGINT) before the evaluation began; nothing was measured."
-    names = [p.name for p in run_dir.iterdir()] if run_dir.is_dir() else []
-    outputs = sorted(name for name in names if not name.startswith(".") and not name.endswith(".log"))
+def interrupted(run_dir: Path) -> str:
+    """The line an interrupted evaluation ends with, saying what run_dir holds by then. metrics.json is written
+    after every measurement and picture, before TensorBoard's events (pipeline.report)."""
+    outputs = sorted(p.name for p in Run(run_dir).outputs() if not p.name.startswith(".") and p.suffix != ".log")
     if "metrics.json" in outputs:
         return (
             f"Interrupted (SIGINT) after the metrics were saved to {run_dir / 'metrics.json'}; "
@@ -121,16 +101,15 @@ def interrupted(run_dir: Optional[Path]) -> str:
     return f"Interrupted (SIGINT); nothing measured was saved: {run_dir} holds no metrics.json{partial}."
 
 
-def data_overrides(cfg: DictConfig) -> dict[str, Any]:
-    """The data.* keys given on the command line, with the values Hydra typed: they replace the
-    checkpoint's own; everything else about the data comes from the checkpoint."""
-    given = {runs.override_key(o) for o in HydraConfig.get().overrides.task}
-    keys = [key.split(".", 1)[1] for key in given if key.startswith("data.")]
+def data_overrides(cfg: DictConfig, overrides: Sequence[str]) -> dict[str, Any]:
+    """The data.* keys given on the command line, with the values Hydra typed: they replace the checkpoint's own."""
+    keys = [key.split(".", 1)[1] for key in map(launch.override_key, overrides) if key.startswith("data.")]
     return {key: OmegaConf.to_container(cfg.data, resolve=True)[key] for key in keys}
 
 
-def cli() -> None:
+def cli(program: str = "python evaluate.py") -> None:
     """The program: `python evaluate.py`, or the command pip installs (`dcgan-evaluate`, gan/cli.py)."""
+    launch.PROGRAMS["evaluate"] = program
     logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")  # until Hydra's
     # Ctrl-C interrupts even when this process was started with SIGINT ignored (`cmd &` in a shell)
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -24,7 +24,7 @@ from gan.core.sampling import sample as sample_from
 from gan.device import resolve_device
 from gan.errors import ConfigError
 from gan.evaluation.pipeline import build_generator, recompute_batchnorm_stats
-from gan.runs import CONFIG_DIR, hydra_refusal
+from gan.launch import CONFIG_DIR, hydra_refusal
 from gan.training import TrainResult
 from gan.training import train as train_run
 

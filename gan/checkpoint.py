@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from gan.config import TrainConfig
 from gan.errors import CheckpointError
+from gan.run import Run
 
 Name = TypeVar("Name", bound=Hashable)  # a tensor's name: a string, or a (part, key) pair
 
@@ -118,9 +119,7 @@ def keep_numbered(last: Path, step: int, keep: int) -> None:
 def checkpoint_path(path: str | Path) -> Path:
     """A checkpoint file, or a run directory -> its checkpoints/last.pt."""
     path = Path(path).expanduser()
-    if path.is_dir():
-        return path / "checkpoints" / "last.pt"
-    return path
+    return Run(path).last if path.is_dir() else path
 
 
 def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:

@@ -25,4 +25,4 @@ def train() -> None:
 
 
 def evaluate() -> None:
-    program("evaluate").cli()
+    program("evaluate").cli("dcgan-evaluate")

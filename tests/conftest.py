@@ -51,6 +51,22 @@ def _counted_popen_init(self: subprocess.Popen, args: object, *rest: object, **k
 subprocess.Popen.__init__ = _counted_popen_init  # type: ignore[method-assign]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`make test` runs one worker per core) each worker's torch takes its share of the cores."""
+    if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: its count goes to the controller
+        session.config.workeroutput["started"] = STARTED
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: known only where it is installed
+def pytest_testnodedown(node: object, error: object) -> None:
+    STARTED.extend(getattr(node, "workeroutput", {}).get("started", []))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     python = [command for command in STARTED if "python" in Path(command.split()[0]).name or "torchrun" in command]
     terminalreporter.write_line(f"processes started by the tests: {len(STARTED)}, of them Python: {len(python)}")

@@ -7,7 +7,6 @@ disk and sizes too large to allocate. Each failure ends with one paragraph and i
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import multiprocessing
 import os
@@ -17,11 +16,9 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Iterator
 
 import conftest
 import numpy as np
@@ -30,12 +27,10 @@ import torch
 from conftest import ROOT, TINY, compose_config, run_train
 from PIL import Image
 
-from gan import runs as rundir
 from gan.checkpoint import load_checkpoint
 from gan.data.stream import BatchStream
-from gan.errors import CheckpointError, ConfigError, RunDirError
+from gan.errors import CheckpointError, ConfigError
 from gan.evaluation.pipeline import build_generator
-from gan.runs import LOCK_FILE, release_lock, remove_stale_temp_files, take_lock
 from gan.training import train
 from gan.training.faults import NonFiniteWeightsError, check_finite_state, diverged
 
@@ -307,14 +302,6 @@ def test_resume_auto_onto_an_empty_checkpoint(tmp_path, good_run):
 # temporary files of writers killed mid-write ------------------------------------------------------
 
 
-def test_stale_temp_files_go_and_live_ones_stay(tmp_path):
-    dead, live = tmp_path / f".last.pt.{unused_pid()}.tmp", tmp_path / f".last.pt.{os.getpid()}.tmp"
-    for path in (dead, live, tmp_path / "last.pt"):
-        path.write_bytes(b"x" * 100)
-    remove_stale_temp_files(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "last.pt"])
-
-
 def test_a_resume_removes_the_temp_file_a_killed_run_left(tmp_path, good_run):
     run_dir = copy_of(good_run, tmp_path / "run")
     folder = run_dir / "checkpoints"
@@ -325,97 +312,6 @@ def test_a_resume_removes_the_temp_file_a_killed_run_left(tmp_path, good_run):
     assert result.returncode == 0, result.stderr[-3000:]
     assert not dead.exists() and live.exists()
     assert f"Removed {dead}" in output_of(result)
-
-
-# one owner per run directory ----------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def held_lock(run_dir: Path) -> Iterator[None]:
-    """RUN_DIR/.lock held by this process, as a running train.py holds it."""
-    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    os.write(fd, f"{os.getpid()} testhost\n".encode())
-    try:
-        yield
-    finally:
-        os.close(fd)
-
-
-def test_a_run_dir_in_use_is_refused_naming_the_holder(tmp_path, good_run):
-    run_dir = copy_of(good_run, tmp_path / "run")
-    before = digest(run_dir / "checkpoints" / "last.pt")
-    record = {p: digest(p) for p in (run_dir / ".hydra").iterdir()}
-    with held_lock(run_dir):
-        result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=4", cwd=tmp_path)
-    output = output_of(result)
-    assert result.returncode == 2, output[-3000:]
-    assert f"The run directory {run_dir} is in use: process {os.getpid()} on host testhost" in output
-    assert "Traceback" not in output and digest(run_dir / "checkpoints" / "last.pt") == before
-    assert {p: digest(p) for p in (run_dir / ".hydra").iterdir()} == record  # refused before Hydra wrote
-
-
-def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path, good_run):
-    run_dir = copy_of(good_run, tmp_path / "run")
-    pid = unused_pid()
-    (run_dir / LOCK_FILE).write_text(f"{pid} testhost\n")  # no flock: its holder is gone
-    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=3", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"from process {pid} on host testhost, which ended without releasing it" in output_of(result)
-    assert not (run_dir / LOCK_FILE).exists()  # released at the end
-    assert load_checkpoint(run_dir)["step"] == 3
-
-
-def test_the_lock_excludes_a_second_holder_in_the_same_process(tmp_path):
-    fd = take_lock(tmp_path)
-    with pytest.raises(RunDirError, match=f"process {os.getpid()}"):
-        take_lock(tmp_path)
-    release_lock(fd, tmp_path)
-    assert not (tmp_path / LOCK_FILE).exists()
-    release_lock(take_lock(tmp_path), tmp_path)
-
-
-def test_a_new_run_is_refused_where_a_run_already_is(tmp_path, good_run):
-    run_dir = copy_of(good_run, tmp_path / "run")
-    kept = {p: digest(p) for p in [*(run_dir / "checkpoints").iterdir(), *(run_dir / "samples").iterdir()]}
-    result = run_train(f"hydra.run.dir={run_dir}", "loss=hinge", cwd=tmp_path)
-    output = output_of(result)
-    assert result.returncode == 2, output[-3000:]
-    assert f"{run_dir} already holds a run" in output and f"trainer.resume={run_dir}" in output
-    assert "Traceback" not in output
-    assert {p: digest(p) for p in kept} == kept
-    assert sorted((run_dir / "checkpoints").iterdir()) == sorted(p for p in kept if p.parent.name == "checkpoints")
-
-
-def test_a_forked_child_does_not_keep_the_run_dir_locked(tmp_path):
-    # DataLoader workers are forked while the lock is held; after a kill -9 of the main process they
-    # live on for a few seconds, and must not keep a resume out meanwhile.
-    fork = multiprocessing.get_context("fork")
-    started = fork.Event()
-
-    def worker() -> None:  # runs after the fork handlers
-        started.set()
-        time.sleep(60)
-
-    fd = take_lock(tmp_path)
-    child = fork.Process(target=worker)
-    child.start()
-    try:
-        assert started.wait(30)
-        os.close(fd)  # what the kernel does to a killed process's files; .lock itself stays
-        rundir._held.discard(fd)
-        release_lock(take_lock(tmp_path), tmp_path)  # free at once, though the child still runs
-    finally:
-        child.kill()
-        child.join()
-
-
-def test_train_refuses_a_new_run_over_a_finished_one(tmp_path):
-    train(compose_config("trainer.max_steps=1"), tmp_path)  # in-process: no preflight before it
-    before = digest(tmp_path / "checkpoints" / "last.pt")
-    with pytest.raises(RunDirError, match="already holds a run"):
-        train(compose_config("trainer.max_steps=1", "loss=hinge"), tmp_path)
-    assert digest(tmp_path / "checkpoints" / "last.pt") == before and not (tmp_path / LOCK_FILE).exists()
 
 
 @pytest.mark.parametrize("program", ["train.py", "evaluate.py"])

@@ -406,7 +406,7 @@ def test_bad_values_of_the_new_options_are_one_clear_error(override, named, tmp_
 
 
 @pytest.mark.parametrize("old, new", [("trainer.on_collapse=stop", "trainer.on_d_won=stop"),
-                                      ("+trainer.collapse_window=200", "trainer.d_won_window=200")])  # fmt: skip
+                                      ("trainer.collapse_window=200", "trainer.d_won_window=200")])  # fmt: skip
 def test_the_alarms_old_option_names_are_refused_with_the_new_one(old, new, tmp_path):
     """The alarm detects D winning, not mode collapse (which no loss shows): its options say so."""
     result = run_train(old, f"hydra.run.dir={tmp_path}")

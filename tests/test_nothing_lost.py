@@ -2,7 +2,7 @@
 
 Hydra writes a job's .hydra/ record and opens its log file as the job starts, before train.py has
 checked anything; train.py switches both off and writes them itself once every check has passed
-(gan/runs.py). These tests make real commands fail in the ways a user does, and compare
+(gan/run.py, gan/launch.py). These tests make real commands fail in the ways a user does, and compare
 every file of every run before and after.
 """
 
@@ -25,8 +25,8 @@ from conftest import ROOT, TINY, run_train
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from gan.checkpoint import load_checkpoint
-from gan.runs import hydra_quote as _hydra_quote
-from gan.runs import resume_override, unquote
+from gan.launch import hydra_quote as _hydra_quote
+from gan.launch import resume_override, unquote
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
 

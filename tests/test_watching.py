@@ -30,7 +30,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from werkzeug.test import Client
 
 from gan.config import run_suffix
-from gan.runs import EXCLUDE_KEYS, SweepNames
+from gan.launch import SweepNames
 from gan.training import train
 from gan.training.d_won import ALARM_TAG
 from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, REAL_TAG, write_progress_gif
@@ -384,12 +384,12 @@ def sweep_start(task: list[str], hydra: list[str] = ()) -> DictConfig:
 def test_a_sweep_excludes_from_its_job_names_the_overrides_that_do_not_vary():
     config = sweep_start(["optim.lr=1e-4,4e-4", "loss=bce,hinge", "trainer.threads=1", "+data.seed=3"])
     added = list(config.hydra.overrides.hydra)
-    assert len(added) == 1 and added[0].startswith(f"{EXCLUDE_KEYS}=[")
+    assert len(added) == 1 and added[0].startswith(f"{SweepNames.EXCLUDE_KEYS}=[")
     excluded = added[0].split("=", 1)[1]
     assert "'trainer.threads'" in excluded and "'data.seed'" in excluded and "'trainer.resume'" in excluded
     assert "optim.lr" not in excluded and "'loss'" not in excluded
     assert list(sweep_start(["optim.lr=1e-4,4e-4"]).hydra.overrides.hydra) == []  # nothing constant
-    chosen = [f"{EXCLUDE_KEYS}=[debug]"]
+    chosen = [f"{SweepNames.EXCLUDE_KEYS}=[debug]"]
     assert list(sweep_start(["optim.lr=1e-4,4e-4", "debug=tiny"], chosen).hydra.overrides.hydra) == chosen
 
 

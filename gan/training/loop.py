@@ -6,10 +6,12 @@ Read it beside pytorch/examples' dcgan/main.py: the same sections in the same or
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 import os
+import re
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
@@ -31,9 +33,10 @@ from gan.core.steps import StepContext, d_step, g_step
 from gan.data import ImageSet, load_dataset, to_unit_range
 from gan.device import environment, environment_changes
 from gan.distributed import SINGLE, World, any_rank, gather_to_main, mean_over_ranks
-from gan.errors import naming
+from gan.errors import UserError, naming
 from gan.evaluation.pipeline import evaluate
-from gan.runs import check_outputs, check_resume, override_key, own_run_dir
+from gan.launch import check_resume, override_key, resume_command
+from gan.run import Run
 from gan.training.d_won import TEXT_TAG as D_WON_TEXT_TAG
 from gan.training.d_won import d_won_watch
 from gan.training.faults import (
@@ -111,11 +114,12 @@ def train(
     cfg.check()  # the range checks (gan/config.py), here for every caller: train.py, gan.api, a config built in code
     trainer, z_dim = cfg.trainer, cfg.model.z_dim
     resuming = checkpoint_path(trainer.resume) if trainer.resume else None
-    with own_run_dir(run_dir, resuming, enabled=world.is_main):  # rank 0's alone, never over another run
+    run = Run(run_dir)
+    with run.owned_for_training(resuming) if world.is_main else contextlib.nullcontext():  # rank 0's alone
         device, ctx, state, training = set_up(cfg, world, dataset)  # may refuse: nothing is written yet
         probes = build_probes(cfg, training, device, world, own_data=dataset is None)
         if world.is_main:
-            check_outputs(run_dir)  # every place the run writes takes a file: nothing fails half-way for that
+            run.check_outputs()  # every place the run writes takes a file: nothing fails half-way for that
         G, D = wrap_for_ddp(state.G, state.D, world, device)  # DDP wrappers: the same modules under DDP
         # on_ready() (the record) runs once, just before the first write: events, grid or checkpoint
         monitor = open_monitor(cfg, state, run_dir, world, training, command, hparams, on_ready)
@@ -260,13 +264,14 @@ def final_evaluation(cfg: TrainConfig, result: TrainResult, run_dir: Path) -> fl
         threads=trainer.threads,
     )
     eval_cfg.check()
-    results = evaluate(eval_cfg, run_dir / "eval", tb_dir=run_dir / "tb")  # one TensorBoard run per job
+    run = Run(run_dir)
+    results = evaluate(eval_cfg, run.eval, tb_dir=run.tb)  # one TensorBoard run per job
     write_final_numbers(run_dir, result.step, {FINAL_FID_TAG: float(results["fid"])})
     return float(results["fid"])
 
 
 def best_checkpoint(run_dir: Path) -> Path:
-    return run_dir / "checkpoints" / "best.pt"
+    return Run(run_dir).best
 
 
 def set_up(
@@ -283,7 +288,7 @@ def set_up(
     state.augment = ctx.augment if isinstance(ctx.augment, AdaptiveAugment) else None
     if resume_from is not None:
         require_training_state(resume_from, cfg.trainer.resume)
-        check_resume(to_plain(cfg), resume_from, cfg.trainer.resume)  # the resume contract: gan/runs.py
+        check_resume(to_plain(cfg), resume_from, cfg.trainer.resume)  # the resume contract: gan/launch.py
         state.load_state_dict(resume_from, world)
         log.info("Resumed from %s at step %d", cfg.trainer.resume, state.step)
         changes = environment_changes(resume_from.get("environment"), environment(device))
@@ -301,7 +306,29 @@ def set_up(
 
 
 def last_checkpoint(run_dir: Path) -> Path:
-    return run_dir / "checkpoints" / "last.pt"
+    return Run(run_dir).last
+
+
+def what_is_kept(run_dir: Path) -> str:
+    """What to run after a failed write, by whether the run has a checkpoint to resume from."""
+    last = Run(run_dir).last
+    try:
+        step = load_checkpoint(last)["step"]
+    except UserError:
+        return (
+            f"run the command again. No checkpoint of this run was written ({last} does not exist), so the run "
+            f"starts again from step 0: delete {run_dir} first if it holds this attempt's record (.hydra/)."
+        )
+    return f"resume: {resume_command(run_dir)} ({last} holds step {step}; checkpoints are written whole or not at all)."
+
+
+def peer_lost(err: RuntimeError) -> Optional[str]:
+    """gloo's or NCCL's report of a process that died mid-collective (DistError in newer torch), as its first
+    sentence without gloo's source line; None for any other error."""
+    text = str(err)
+    if not (isinstance(err, torch.distributed.DistError) or any(w in text for w in ("gloo", "NCCL", "by peer"))):
+        return None
+    return re.sub(r"^\[[^\]]*\] ", "", text.strip().splitlines()[0]).split(". ")[0]
 
 
 def open_monitor(
@@ -355,7 +382,7 @@ def write_samples(state: TrainingState, run_dir: Path, monitor: Monitor) -> None
     """This step's fixed-latent grid into samples/step_NNNNNN.png, samples/progress.gif and TensorBoard."""
     with monitor.timed("sample", state.step):
         grid = image_grid(sample(state.sampler, state.fixed_z, state.fixed_y), nrow=state.grid_columns)
-        samples_dir = run_dir / "samples"
+        samples_dir = Run(run_dir).samples
         samples_dir.mkdir(parents=True, exist_ok=True)
         if state.fixed_y is not None:  # conditional: each row's class written at its left
             grid = labelled_rows(grid, row_labels(state.fixed_y, state.grid_columns))

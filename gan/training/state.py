@@ -81,7 +81,7 @@ class TrainingState:
 
     def load_state_dict(self, state: dict[str, Any], world: World = SINGLE) -> None:
         """Load a checkpoint into these fresh objects; per-rank generators only if saved for a job this size."""
-        # The resume contract (gan/runs.py) keeps model.* as stored: a misfit is the checkpoint's own fault
+        # The resume contract (gan/launch.py) keeps model.* as stored: a misfit is the checkpoint's own fault
         advice = MISMATCH + (MISMATCH_CLASSES if self.G.num_classes else "")
         entry = "?"
         try:

@@ -1,0 +1,414 @@
+"""The programs as Hydra apps, and the resume.
+
+`run_hydra` runs a task function under @hydra.main in this process, so every flag of a Hydra app works as
+Hydra documents it (--help, --hydra-help, --cfg/-c, --package/-p, --resolve, --info, -sc, -cd, -cn, -m).
+Hydra composes each job's config once. Its refusals of a command line come back as its own exceptions
+(HYDRA_FULL_ERROR=1, Hydra's switch for raising instead of printing) and are said in one paragraph with
+exit code 2; what only the launch can check is a Hydra callback (`LaunchChecks`).
+
+A resume continues the config stored in its checkpoint: the command's settings are laid over it, and
+train() refuses those a resume may not change (`RESUMABLE`), where the checkpoint is read."""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+import re
+import shlex
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Callable, Mapping, NoReturn, Optional, Sequence
+
+import hydra
+import yaml
+from hydra import compose
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import CompactHydraException, HydraException, MissingConfigException, OverrideParseException
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf, read_write
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+from gan.checkpoint import checkpoint_path, load_checkpoint, stored_config
+from gan.config import EvaluateConfig, TrainConfig
+from gan.distributed import world_from_env
+from gan.errors import ConfigError, UserError
+from gan.run import Run
+
+log = logging.getLogger(__name__)
+# configs/ of a clone, or gan/configs/ where pip installed the package (pyproject.toml maps one to the other)
+CONFIG_DIR = next(d for d in (Path(__file__).parent / "configs", Path(__file__).parents[1] / "configs") if d.is_dir())
+SCHEMAS = {"train": TrainConfig, "evaluate": EvaluateConfig}
+EXIT_HYDRA, EXIT_BAD_INPUT = 1, 2  # 1: Hydra's own (a sweep with a failed job); 2: bad input
+
+# The resume contract: what a resume may change. Where and how the run executes, and what it
+# measures (trainer.resume=auto ignores these when it looks for the run to continue) ...
+RUNTIME_KEYS: dict[str, tuple[str, ...]] = {
+    "data": ("root", "download", "in_memory", "num_workers"),
+    "trainer": tuple(
+        "max_steps resume device progress threads retain_host_memory log_every sample_every checkpoint_every "
+        "keep_checkpoints final_eval_samples eval_every eval_samples overfit_every on_d_won d_won_window".split()
+    ),
+}
+# ... and the arithmetic an explicit resume may tune (a lower rate, other hardware), which
+# trainer.resume=auto treats as the run's identity: a sweep over rates never continues another point.
+TUNABLE_ON_RESUME: dict[str, tuple[str, ...]] = {
+    "optim": ("lr", "lr_d", "lr_decay"),
+    "trainer": ("precision", "compile", "channels_last", "on_nan", "deterministic"),
+}
+RESUMABLE = {
+    group: (*RUNTIME_KEYS.get(group, ()), *TUNABLE_ON_RESUME.get(group, ())) for group in ("data", "optim", "trainer")
+}
+# Renamed settings, refused by their old name with the new one. The alarm detects D winning outright,
+# which is not mode collapse: mode collapse has no loss signature.
+RENAMED = {"trainer.on_collapse": "trainer.on_d_won", "trainer.collapse_window": "trainer.d_won_window"}
+# Settings that name a file or folder: a path may hold what Hydra's grammar reserves ('=', ' ', ',')
+PATH_KEYS = ("trainer.resume", "hydra.run.dir", "hydra.sweep.dir", "data.root", "checkpoint")
+PROGRAMS = {"train": "python train.py", "evaluate": "python evaluate.py"}  # as --help and the resume hint name them
+
+
+class SweepJobFailed(CompactHydraException):
+    """A sweep job refused its input: Hydra records the failed job and goes on with the others."""
+
+
+def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_name: str, argv: Sequence[str]) -> int:
+    """`job` under @hydra.main with `argv` as the command line, in this process: the exit code, the job's
+    (it returns (code, value a sweeper minimises)), Hydra's own (0 after --help, 1 for a failed sweep job)
+    or 2 for a command Hydra refuses. Nothing calls sys.exit, so tests drive the real command line."""
+    codes: list[int] = []
+
+    @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name=config_name)
+    def task(cfg: DictConfig) -> Optional[float]:
+        code, value = job(cfg)
+        codes.append(code)
+        return value
+
+    own_traceback = os.environ.get("HYDRA_FULL_ERROR") == "1"  # the user asked for Hydra's traceback: let it be
+    saved_argv, saved_env = sys.argv, os.environ.get("HYDRA_FULL_ERROR")
+    # sys.argv[0] is how Hydra's shell completion names the program: `python` for a .py file, else the command
+    program = PROGRAMS[config_name]
+    sys.argv = [f"{config_name}.py" if program.startswith("python ") else program, *argv]
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    GlobalHydra.instance().clear()
+    LaunchChecks.new_sweep = None
+    try:
+        task()
+    except SystemExit as stop:  # Hydra's own: --help, -sc
+        return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else EXIT_HYDRA)
+    except SweepJobFailed as err:  # the jobs ran; Hydra said which one failed
+        log.error("%s", err)
+        return EXIT_HYDRA
+    except (HydraException, OmegaConfBaseException, UserError, OSError, ValueError) as err:
+        if own_traceback or (type(err) is ValueError and not raised_by_hydra(err)):  # a ValueError of ours: a bug
+            raise
+        if isinstance(err, OSError) and not isinstance(err, HydraException):  # Hydra could not make the folder
+            key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(argv) else "hydra.run.dir"
+            err = UserError(unwritable(key, Path(os.fsdecode(err.filename or ".")), err))
+        if world_from_env().is_main:  # under torchrun, rank 0 says it for every rank
+            log.error("%s", err if isinstance(err, UserError) else hydra_refusal(err, config_name))  # one paragraph
+        LaunchChecks.undo()
+        return EXIT_BAD_INPUT
+    finally:
+        sys.argv = saved_argv
+        os.environ.pop("HYDRA_FULL_ERROR") if saved_env is None else os.environ.update(HYDRA_FULL_ERROR=saved_env)
+        GlobalHydra.instance().clear()
+    return max(codes, default=0)
+
+
+def raised_by_hydra(err: BaseException) -> bool:
+    """Whether Hydra itself raised `err` (its ValueErrors about its own flags, e.g. --resolve without --cfg)."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_globals.get("__name__", "").startswith("hydra.")
+
+
+def hydra_refusal(err: Exception, config_name: str) -> str:
+    """Hydra's or OmegaConf's refusal of a command line as one paragraph naming the override and what to do."""
+    cause = err.__cause__ if isinstance(err.__cause__, OmegaConfBaseException) else err
+    key, hint = getattr(cause, "full_key", None), ""
+    lines = [line.strip() for line in f"{err}\n{cause if cause is not err else ''}".splitlines()]
+    noise = ("full_key:", "reference_type=", "object_type=", "See https://", "To append", "^")
+    said = " ".join(line for line in lines if line and not line.startswith(noise)).split(" Config search path")[0]
+    if key and str(key) not in said:
+        said = f"{key}: {said}"
+    if isinstance(err, OverrideParseException):
+        name, _, value = err.override.partition("=")
+        detail = said.replace(f"Error parsing override '{err.override}'", "").replace(err.override, "").strip(" :")
+        said = f"Hydra's override grammar cannot read {err.override!r} ({detail}): quote a value holding symbols"
+        if name.lstrip("+~") in PATH_KEYS:  # a path holding '=', ',' or spaces: Hydra says "mismatched input"
+            said = (
+                f"{err.override}: Hydra cannot read this path as written: it holds characters its override grammar "
+                "reserves ('=', ',', spaces, brackets or quotes)"
+            )
+            quoted = shell_quote(f"{name}={hydra_quote(unquote(value))}")
+            hint = f"Quote it for Hydra inside the shell's quotes: {quoted} "
+    elif isinstance(err, MissingConfigException) and err.options:
+        group = str(err.missing_cfg_file).rsplit("/", 1)[0]
+        said, hint = said.split(" Available options")[0], f"Choose one of {', '.join(err.options)} for {group}=. "
+        if group.startswith("hydra/"):  # hparams_search=optuna and hydra/launcher=slurm name a plugin's config
+            hint += "The others come with Hydra plugins: pip install -c constraints.txt -e '.[sweeps]' or '.[slurm]'. "
+    elif key and str(key) in RENAMED:
+        said = f"{key} was renamed {RENAMED[str(key)]}: the alarm it sets detects D winning outright (train/d_won), "
+        said += "which is not mode collapse"
+        value = re.search(r"use \+\S+?=(\S+)", str(err))  # Hydra's "To append to your config use +KEY=VALUE"
+        hint = f"Use {RENAMED[str(key)]}={value[1] if value else '...'} instead. "
+    elif key and isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and config_name in SCHEMAS:
+        parent, _, name = str(key).rpartition(".")
+        schema = OmegaConf.structured(SCHEMAS[config_name])
+        node = OmegaConf.select(schema, parent) if parent else schema
+        near = difflib.get_close_matches(name, list(node) if isinstance(node, DictConfig) else [], n=1)
+        hint = f"Did you mean {parent + '.' if parent else ''}{near[0]}? " if near else ""
+    return (
+        f"{said.rstrip('.')}. Nothing was written. {hint}The command with --cfg job prints every setting and its "
+        "value, with --help the groups and their options; an override reads key=value."
+    )
+
+
+def override_key(override: str) -> str:
+    """'+a.b=1' -> 'a.b'; 'loss=hinge' -> 'loss'."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+class LaunchChecks(Callback):
+    """What only the launch can check, before Hydra makes a folder: an empty output path, a sweep into a
+    folder that holds one, a sweep under torchrun. Hydra turns a callback's exception into a warning, so a
+    refusal ends the launch as argparse's does: its paragraph, then SystemExit(2). Makes hydra.sweep.dir
+    first, for an Optuna study's file."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if (folder := OmegaConf.select(config, "hydra.run.dir", throw_on_resolution_failure=False)) is not None:
+            empty_path("hydra.run.dir", folder)  # (one that cannot be resolved: Hydra refuses it next)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        folder = empty_path("hydra.sweep.dir", config.hydra.sweep.dir)
+        if world_from_env().distributed:
+            refuse(
+                "torchrun launches one training job over several processes; a Hydra sweep (-m) launches several "
+                "jobs. Run the sweep without torchrun, or one torchrun per setting."
+            )
+        if (folder / "multirun.yaml").is_file() and OmegaConf.select(config, "trainer.resume") != "auto":
+            again = "Add trainer.resume=auto to continue each job's run there, or choose" if "trainer" in config else ""
+            refuse(
+                f"hydra.sweep.dir={folder} already holds a sweep (multirun.yaml): Hydra would replace its record, and "
+                f"its jobs' folders hold its results. Nothing was written. {again or 'Choose'} another "
+                "hydra.sweep.dir for a new sweep."
+            )
+        try:
+            new = not folder.exists()
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            refuse(unwritable("hydra.sweep.dir", folder, err))
+        LaunchChecks.new_sweep = folder if new else None
+
+    new_sweep: Optional[Path] = None  # the sweep folder this launch made: removed when Hydra then refuses a job
+
+    @classmethod
+    def undo(cls) -> None:
+        """What a refused sweep wrote before Hydra checked its jobs: the folder, multirun.yaml, an empty study."""
+        made = cls.new_sweep
+        if made is not None and made.is_dir() and {p.name for p in made.iterdir()} <= {"multirun.yaml", "optuna.db"}:
+            shutil.rmtree(made)
+            Run(made.parent).remove_if_empty()
+        cls.new_sweep = None
+
+
+def unwritable(key: str, folder: Path, err: OSError) -> str:
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    why = f"{existing} is not a directory" if existing.exists() and not existing.is_dir() else err.strerror or err
+    return (
+        f"Cannot write the run directory {folder}: {why}. Nothing was written. Choose a writable folder with "
+        f"{key}=PATH (or launch from a writable directory)."
+    )
+
+
+def empty_path(key: str, value: str) -> Path:
+    if not str(value).strip():  # an unset shell variable: Path("") is the launch directory
+        refuse(
+            f"{key}={value} is empty (an unset shell variable?), which names the launch directory. Nothing was "
+            f"written. Give {key} a path, or leave it out."
+        )
+    return Path(value).expanduser()
+
+
+def refuse(message: str) -> NoReturn:
+    if world_from_env().is_main:  # under torchrun, rank 0 says it for every rank
+        log.error("%s", message)
+    raise SystemExit(EXIT_BAD_INPUT)
+
+
+class SweepNames(Callback):
+    """Names each sweep job by the overrides that vary (`0_optim.lr=0.0001`, not
+    `0_optim.lr=0.0001,trainer.threads=1`, which TensorBoard's run list cuts): as the sweep starts, the
+    keys given one value join override_dirname's exclude_keys. An exclude_keys given by hand wins."""
+
+    EXCLUDE_KEYS = "hydra.job.config.override_dirname.exclude_keys"
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        hydra_overrides = config.hydra.overrides.hydra
+        if any(override_key(o) == self.EXCLUDE_KEYS for o in hydra_overrides):
+            return
+        parsed = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
+        constant = [o.key_or_group for o in parsed if not o.is_sweep_override()]
+        if constant:
+            keys = list(dict.fromkeys([*config.hydra.job.config.override_dirname.exclude_keys, *constant]))
+            with read_write(hydra_overrides):
+                hydra_overrides.append(f"{self.EXCLUDE_KEYS}=[{','.join(repr(key) for key in keys)}]")
+
+
+# The resume: the checkpoint's config, and this command's settings over it ------------------------------
+
+
+def resume_plan(cfg: DictConfig, output_dir: Path) -> tuple[DictConfig, Path]:
+    """This job's config and run folder: the command's, in Hydra's folder; for a resume, the config
+    stored in the checkpoint with this command's settings laid over it, in the checkpoint's run folder
+    unless the command names one (hydra.run.dir, a sweep's job folder). `auto` continues this job's
+    own run, else the newest under outputs/ with these settings (RUNTIME_KEYS aside), else starts."""
+    resume = cfg.trainer.resume
+    if resume is None:
+        return cfg, output_dir
+    named = {override_key(o) for o in HydraConfig.get().overrides.hydra}
+    placed = HydraConfig.get().mode == RunMode.MULTIRUN or "hydra.run.dir" in named
+    if resume == "auto":
+        found = resume_auto(to_dict(cfg), output_dir)
+        log.info("trainer.resume=auto: %s", f"continuing {found}" if found else "no matching run, starting one")
+        if found is None:
+            with read_write(cfg):
+                cfg.trainer.resume = None
+            return cfg, output_dir
+        resume = str(found)
+    checkpoint, file = load_checkpoint(resume), checkpoint_path(resume)  # refuses an empty path, a damaged file
+    if (own := Run.of_checkpoint(file)) is not None and not placed:
+        output_dir = own.dir  # train() takes its lock: a second resume of a run in use is refused
+    stored = stored_config(checkpoint["config"], file)
+    wanted = to_dict(cfg)
+    for group, key in given_settings(wanted):
+        stored[group][key] = wanted[group][key]
+    stored["trainer"]["resume"] = resume
+    return OmegaConf.merge(OmegaConf.structured(TrainConfig), stored), output_dir
+
+
+def given_settings(wanted: dict) -> list[tuple[str, str]]:
+    """The settings this command names (even at their default) or sets through a group (`loss=hinge`): its
+    config against the defaults', composed once more for a resume alone."""
+    named = {override_key(o) for o in HydraConfig.get().overrides.task}
+    defaults = to_dict(compose(config_name=HydraConfig.get().job.config_name))
+    return [
+        (group, key)
+        for group, values in wanted.items()
+        if isinstance(values, dict)
+        for key, value in values.items()
+        if f"{group}.{key}" != "trainer.resume"
+        and (f"{group}.{key}" in named or defaults.get(group, {}).get(key) != value)
+    ]
+
+
+def resume_auto(config: dict, output_dir: Path, outputs: Path = Path("outputs")) -> Optional[Path]:
+    """This job's own checkpoint, else the newest under `outputs` whose run recorded these settings."""
+    if (own := Run(output_dir)).last.is_file():
+        return own.last
+    wanted = run_identity(config, RUNTIME_KEYS)
+    for last in sorted(outputs.glob("**/checkpoints/last.pt"), key=os.path.getmtime, reverse=True):
+        try:
+            recorded = to_dict(OmegaConf.load(Run.of_checkpoint(last).record / "config.yaml"))
+            if run_identity(recorded, RUNTIME_KEYS) == wanted:
+                return last
+        except (OSError, yaml.YAMLError, OmegaConfBaseException, AttributeError):  # no record, or a damaged one
+            continue
+    return None
+
+
+def check_resume(cfg: dict, checkpoint: Mapping[str, Any], source: str) -> None:
+    """The resume contract: ConfigError naming each change outside RESUMABLE, or a max_steps below the step."""
+    before = run_identity(stored_config(checkpoint["config"], source), RESUMABLE)
+    after = run_identity(cfg, RESUMABLE)
+    changed = [
+        f"{group}.{key}: {before.get(group, {}).get(key)!r} -> {after.get(group, {}).get(key)!r}"
+        for group in sorted(set(before) | set(after))
+        for key in sorted(set(before.get(group, {})) | set(after.get(group, {})))
+        if before.get(group, {}).get(key) != after.get(group, {}).get(key)
+    ]
+    if changed:
+        may = ", ".join(f"{group}.{key}" for group, keys in RESUMABLE.items() for key in keys if key != "resume")
+        raise ConfigError(
+            f"trainer.resume={source}: this command changes what the run computes ({'; '.join(changed)}). "
+            f"A resume may change only {may}. Nothing was written. Drop those overrides to continue the run, "
+            "or drop trainer.resume to start a new run with them."
+        )
+    step, max_steps = int(checkpoint["step"]), cfg["trainer"]["max_steps"]
+    if max_steps < step:
+        raise ConfigError(
+            f"trainer.max_steps={max_steps} is below the step of the checkpoint being resumed ({step}): "
+            f"nothing would be trained. Nothing was written. Pass trainer.max_steps above {step} to train further."
+        )
+    if max_steps == step:
+        log.info("The checkpoint is at step %d = trainer.max_steps: nothing left to train.", step)
+
+
+def run_identity(config: dict, ignored: Mapping[str, Sequence[str]]) -> dict:
+    """What makes two runs the same run: the config without hydra's section and the `ignored` keys."""
+    return {
+        group: {k: v for k, v in values.items() if k not in ignored.get(group, ())}
+        for group, values in config.items()
+        if group != "hydra" and isinstance(values, dict)
+    }
+
+
+def to_dict(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+
+
+# Quoting: the printed resume line works when pasted ----------------------------------------------
+
+
+def unquote(value: str) -> str:
+    """A value as Hydra's override grammar reads it: 'a b' or "a b" (with its escapes) -> a b."""
+    if not (len(value) >= 2 and value[0] == value[-1] and value[0] in "'\""):
+        return value
+    try:
+        parsed = OverridesParser.create().parse_override(f"key={value}").value()
+    except HydraException:
+        return value
+    return parsed if isinstance(parsed, str) else value
+
+
+def hydra_quote(path: Path | str) -> str:
+    """A path as one Hydra value: quoted where needed (backslashes doubled only before a quote or the end)."""
+    text = str(path)
+    if not any(c in text for c in " =,[]{}()'\"\\:$"):
+        return text
+    out, run = [], 0
+    for char in text:
+        if char == "\\":
+            run += 1
+            continue
+        out.append("\\" * (2 * run if char == "'" else run) + ("\\'" if char == "'" else char))
+        run = 0
+    out.append("\\" * (2 * run))
+    return "'" + "".join(out) + "'"
+
+
+def shell_quote(text: str) -> str:
+    """`text` as one word of a POSIX shell, in double quotes where nothing in it is special there."""
+    if text == shlex.quote(text) or any(c in text for c in '"$`\\!'):
+        return shlex.quote(text)
+    return f'"{text}"'
+
+
+def resume_override(run_dir: Path) -> str:
+    """`trainer.resume=RUN_DIR`, quoted for Hydra's grammar and then for the shell."""
+    return shell_quote(f"trainer.resume={hydra_quote(run_dir)}")
+
+
+def resume_command(run_dir: Path) -> str:
+    return f"{PROGRAMS['train']} {resume_override(run_dir)}"
+
+
+if not OmegaConf.has_resolver("program"):  # configs/*.yaml: --help names the program as it was invoked
+    OmegaConf.register_new_resolver("program", lambda name: PROGRAMS[name])

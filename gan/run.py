@@ -1,0 +1,279 @@
+"""A run folder: the one place that knows its layout, who holds it, and what it must not be written over.
+
+StyleGAN2-ADA's training loop and minGPT keep a run's bookkeeping in one place; this is that place for both
+entry points. train.py and evaluate.py open a `Run` on Hydra's output folder and hand it on; nothing else
+spells a path inside a run folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import socket
+import sys
+import tempfile
+from logging.handlers import MemoryHandler
+from pathlib import Path
+from typing import Iterator, Optional
+
+from filelock import FileLock, Timeout
+from omegaconf import DictConfig, OmegaConf
+
+from gan.errors import RunDirError
+
+log = logging.getLogger(__name__)
+
+LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # Hydra's job_logging format
+IN_USE = (
+    "it is training or resuming this run). Nothing was written. Wait for it to finish, or stop it (kill -TERM writes "
+    "a checkpoint first), then resume with trainer.resume=RUN_DIR; or choose another hydra.run.dir."
+)
+
+
+class Run:
+    """A run folder: checkpoints/{last,best,step_N}.pt, tb/, samples/, eval/, the .hydra/ record, NAME.log, .lock."""
+
+    RECORD = ".hydra"  # Hydra's name for a job's record, so every tool that reads Hydra's runs finds it
+    LOCK = ".lock"
+    # each folder the run writes into, and what it holds (for the refusals)
+    FOLDERS = {
+        RECORD: "its record",
+        "checkpoints": "its checkpoints",
+        "samples": "its sample grids",
+        "tb": "its TensorBoard events",
+        "eval": "its final evaluation",
+    }
+
+    def __init__(self, folder: Path | str) -> None:
+        self.dir = Path(folder)
+        self.checkpoints = self.dir / "checkpoints"
+        self.last = self.checkpoints / "last.pt"
+        self.best = self.checkpoints / "best.pt"
+        self.tb, self.samples, self.eval = self.dir / "tb", self.dir / "samples", self.dir / "eval"
+        self.record = self.dir / self.RECORD
+
+    def __repr__(self) -> str:
+        return f"Run({str(self.dir)!r})"
+
+    @classmethod
+    def of_checkpoint(cls, file: Path) -> Optional[Run]:
+        """The run whose checkpoints/ folder holds `file`, or None for a loose checkpoint."""
+        return cls(file.parent.parent) if file.parent.name == "checkpoints" else None
+
+    def holds_run(self) -> bool:
+        return self.last.is_file() or (self.record / "overrides.yaml").is_file()
+
+    # --- no new run over an old one ----------------------------------------------------------------------
+
+    def existing_run(self) -> Optional[str]:
+        """The refusal if this folder holds a run (a checkpoint, or a record) or lies inside one, else None."""
+        for folder in Path(os.path.abspath(self.dir)).parents:
+            if Run(folder).holds_run():
+                return (
+                    f"{self.dir} lies inside the folder of another run, {folder}: a run there would write among "
+                    "that run's files. Nothing was written. Choose a hydra.run.dir outside it."
+                )
+        if self.last.is_file():
+            return (
+                f"{self.dir} already holds a run (checkpoints/last.pt): a new run there would overwrite its .hydra/ "
+                f"record and replace its checkpoint. Nothing was written. Use trainer.resume={self.dir} to continue "
+                "it, or another hydra.run.dir for a new run."
+            )
+        if self.holds_run():
+            return (
+                f"{self.dir} already holds a run that wrote no checkpoint (its .hydra/ record, no "
+                "checkpoints/last.pt: it stopped before its first checkpoint): a new run there would mix its logs "
+                "with that run's. Nothing was written. Choose another hydra.run.dir, or delete that folder if its "
+                "run is of no use."
+            )
+        return None
+
+    def foreign_run(self, checkpoint: Path) -> Optional[str]:
+        """The refusal of a resume of `checkpoint` into this folder while it holds another run."""
+        own = Run.of_checkpoint(checkpoint)
+        if (own is not None and same_folder(own.dir, self.dir)) or self.existing_run() is None:
+            return None
+        return (
+            f"trainer.resume={checkpoint} would continue its run in {self.dir}, which holds another run: its "
+            "checkpoint and .hydra/ record would be replaced. Nothing was written. Drop hydra.run.dir to continue "
+            "the run in its own folder, or name a new folder for the continuation."
+        )
+
+    # --- one owner at a time --------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def owned(self, in_use: str = IN_USE) -> Iterator[None]:
+        """The folder's lock for the block: filelock's FileLock (flock on POSIX, msvcrt on Windows); the OS drops
+        it when its holder dies, even by kill -9, so no lock is ever stale. The file names its holder."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.dir / self.LOCK
+        lock = FileLock(path, timeout=0, on_acquired=_write_holder)
+        try:
+            lock.acquire()
+        except Timeout:
+            holder = _read_holder(path)
+            raise RunDirError(f"The run directory {self.dir} is in use: {holder} holds {path} ({in_use}") from None
+        try:
+            yield
+        finally:
+            lock.release()
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+    @contextlib.contextmanager
+    def owned_for_training(self, resuming: Optional[Path]) -> Iterator[None]:
+        """Held for one training run: no new run over a run, no resume into another run's folder, and the
+        temporary files of a killed run's checkpoint writes removed."""
+        with self.owned():
+            problem = self.existing_run() if resuming is None else self.foreign_run(resuming)
+            if problem:
+                raise RunDirError(problem)
+            self.remove_stale_temp_files()
+            yield
+
+    def check_outputs(self) -> None:
+        """Before the run writes anything: RunDirError naming the first place it writes that cannot take it (a
+        file where it keeps a folder, a folder where it writes a file, a folder that refuses a new file). Tried,
+        not guessed from permission bits, which are wrong for root on a read-only mount or a spent quota."""
+        folders = {**self.FOLDERS, "tb/final_eval": "its final evaluation's TensorBoard events"}
+        folders["eval/tb"] = folders["tb/final_eval"]
+        for folder, holds in [(self.dir, "its files"), *((self.dir / name, holds) for name, holds in folders.items())]:
+            if folder.exists() and not folder.is_dir():
+                why = f"it is a file, where the run keeps a folder of {holds}"
+                raise RunDirError(_cannot(folder, why, "Move it away"))
+            if folder.is_dir() and (err := write_probe(folder)):
+                fix = "Free disk space" if err.errno in (errno.ENOSPC, errno.EDQUOT) else "Make it writable"
+                raise RunDirError(_cannot(folder, f"this folder of {holds} refuses a new file ({err.strerror})", fix))
+        files = ("*.log", f"{self.RECORD}/*.yaml", "checkpoints/*.pt", "samples/*.png", "samples/*.gif", "eval/*")
+        for pattern in files:
+            for path in sorted(self.dir.glob(pattern)):
+                if path.is_dir() and not (path.parent.name == "eval" and path.name in ("tb", "export")):
+                    raise RunDirError(_cannot(path, "it is a folder, where the run writes a file", "Move it away"))
+
+    def remove_stale_temp_files(self) -> None:
+        """The `.NAME.PID.tmp` files that checkpoint writers killed mid-write left, unless their process runs."""
+        for tmp in sorted(self.checkpoints.glob(".*.tmp")):
+            pid = tmp.name.rsplit(".", 2)[-2]
+            if pid.isdigit() and not alive(int(pid)):
+                with contextlib.suppress(FileNotFoundError):
+                    size = tmp.stat().st_size
+                    tmp.unlink()
+                    log.warning("Removed %s (%.1f MB), left by process %s that died writing a checkpoint.",
+                                tmp, size / 1e6, pid)  # fmt: skip
+
+    # --- the record and log, written once every check has passed ----------------------------------------
+    # Hydra would write .hydra/ and open its log file as the job starts, so a refused command would change
+    # the run it named; configs/*.yaml switch both off and the entry points call keep_record instead.
+
+    def keep_record(self, cfg: DictConfig, held: MemoryHandler, hydra_cfg: DictConfig, job_name: str) -> None:
+        """.hydra/{config,hydra,overrides}.yaml as Hydra writes them (all three replaced together, renames
+        only), then the job's log file, with the lines held so far."""
+        self.record.mkdir(parents=True, exist_ok=True)
+        nodes = {"config.yaml": cfg, "hydra.yaml": hydra_cfg, "overrides.yaml": hydra_cfg.hydra.overrides.task}
+        partial = {name: self.record / f".{name}.{os.getpid()}.tmp" for name in nodes}
+        try:  # all three written before any is replaced: a full disk leaves the old record whole
+            for name, node in nodes.items():
+                with open(partial[name], "w", encoding="utf-8") as file:
+                    file.write(OmegaConf.to_yaml(node))
+                    file.flush()
+                    os.fsync(file.fileno())
+            for name in nodes:
+                os.replace(partial[name], self.record / name)
+        finally:
+            for path in partial.values():
+                path.unlink(missing_ok=True)
+        handler = logging.FileHandler(self.dir / f"{job_name}.log", encoding="utf-8")
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        held.setTarget(handler)
+        held.flushLevel = logging.NOTSET  # from now on every line is written at once
+        held.flush()
+
+    def outputs(self) -> list[Path]:
+        return [p for p in self.dir.iterdir() if p.name != self.LOCK] if self.dir.is_dir() else []
+
+    def remove_if_empty(self) -> None:
+        """The folder Hydra made for a job that wrote nothing there, and the empty folders above it."""
+        folder, stop = self.dir.absolute(), Path.cwd().absolute()
+        while folder != stop and folder != folder.parent:
+            try:
+                folder.rmdir()  # only an empty folder
+            except OSError:
+                return
+            folder = folder.parent
+
+
+@contextlib.contextmanager
+def held_log() -> Iterator[MemoryHandler]:
+    """The job's log lines, held until Run.keep_record opens the run's log file; dropped if the job is refused."""
+    held = MemoryHandler(capacity=sys.maxsize, flushLevel=logging.CRITICAL + 1)  # holds until a target is set
+    root = logging.getLogger()
+    root.addHandler(held)
+    try:
+        yield held
+    finally:
+        root.removeHandler(held)
+        file = held.target
+        held.close()  # writes what is still held to the file, if there is one
+        if file is not None:
+            file.close()
+
+
+def _write_holder(fd: int) -> None:
+    """filelock's on_acquired: this process's 'PID HOST' into the lock file, and a word about a holder that died."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    if previous := os.read(fd, 200).decode(errors="replace").split():
+        log.warning("Took over the run directory's lock from process %s, which ended without releasing it (killed?).",
+                    " on host ".join(previous[:2]))  # fmt: skip
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+
+
+def _read_holder(path: Path) -> str:
+    """'process 1234 on host node7' from the lock file's 'PID HOST'."""
+    try:
+        fields = path.read_text(errors="replace").split()
+    except OSError:  # Windows: the holder's lock covers the file
+        fields = []
+    if not fields:
+        return "another process"
+    return f"process {fields[0]}" + (f" on host {fields[1]}" if len(fields) > 1 else "")
+
+
+def _cannot(path: Path, problem: str, fix: str) -> str:
+    return (
+        f"Cannot write {path}: {problem}. Nothing was written: the run's record, log, TensorBoard events and "
+        f"checkpoints are as they were. {fix}, then run the same command again."
+    )
+
+
+def write_probe(folder: Path) -> Optional[OSError]:
+    """Why `folder` refuses a new file holding one block of data (a full disk refuses the blocks, not the
+    name), or None; the file is removed."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-") as file:
+            file.write(bytes(4096))
+            file.flush()
+            os.fsync(file.fileno())
+    except OSError as err:
+        return err
+    return None
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):  # it exists, and belongs to another user (Windows: no signal 0)
+        return True
+    return True
+
+
+def same_folder(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False

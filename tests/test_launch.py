@@ -1,0 +1,189 @@
+"""gan/launch.py: train.py and evaluate.py are Hydra apps. Every flag Hydra documents works as it documents it, in
+process; Hydra's refusals of a command line come back as one paragraph and exit code 2, with nothing written."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT, in_process, run_train
+
+from gan import launch
+
+PROGRAMS = ("train.py", "evaluate.py")
+PACKAGE = {"train.py": "trainer", "evaluate.py": "metrics"}  # a group of each config, for --package
+
+
+def run(program: str, *argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`python PROGRAM ARGV` in this process, the arguments in the order given."""
+    return in_process(importlib.import_module(program.removesuffix(".py")).main, list(argv), cwd)
+
+
+def nothing_written(folder: Path) -> bool:
+    return sorted(p.name for p in folder.iterdir()) == []
+
+
+# Hydra's own flags: each exits 0, prints what Hydra documents, and writes nothing -------------------------
+
+FLAGS = {  # argv -> a line its output holds
+    "--cfg job": ["--cfg", "job"],
+    "-c job": ["-c", "job"],
+    "--cfg=job": ["--cfg=job"],
+    "--cfg hydra": ["--cfg", "hydra"],
+    "--cfg all": ["--cfg", "all"],
+    "--cfg job --package GROUP": ["--cfg", "job", "--package", "GROUP"],
+    "-c job -p GROUP --resolve": ["-c", "job", "-p", "GROUP", "--resolve"],
+    "--info defaults": ["--info", "defaults"],
+    "--info": ["--info"],
+    "--hydra-help": ["--hydra-help"],
+}
+
+
+@pytest.mark.parametrize("flags", FLAGS.values(), ids=FLAGS.keys())
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_hydras_flags_work_as_hydra_documents_them_and_write_nothing(program, flags, tmp_path):
+    flags = [PACKAGE[program] if flag == "GROUP" else flag for flag in flags]
+    result = run(program, *flags, cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "Traceback" not in output and nothing_written(tmp_path)
+    if flags[0] in ("--cfg", "-c", "--cfg=job") and "hydra" not in flags:
+        printed = yaml.safe_load(result.stdout)
+        if "-p" in flags or "--package" in flags:
+            assert ("max_steps" if program == "train.py" else "features") in printed  # the group's own keys
+        else:
+            assert set(printed) >= ({"data", "model", "trainer"} if program == "train.py" else {"checkpoint"})
+    if flags == ["--cfg", "hydra"]:
+        assert "hydra:" in result.stdout and "run:" in result.stdout
+    if flags[0] == "--info":
+        assert "Defaults List" in output
+    if flags == ["--hydra-help"]:
+        assert "Hydra (" in result.stdout and "--cfg,-c" in result.stdout
+
+
+def test_cfg_job_prints_the_config_with_the_overrides_given(tmp_path):
+    result = run("train.py", "--cfg", "job", "loss=hinge", "optim.lr=1e-4", cwd=tmp_path)
+    printed = yaml.safe_load(result.stdout)
+    assert result.returncode == 0 and printed["loss"]["name"] == "hinge" and printed["optim"]["lr"] == 1e-4
+
+
+@pytest.mark.parametrize(("program", "name"), [("train.py", "train"), ("evaluate.py", "evaluate")])
+@pytest.mark.parametrize("invoked", ["python {file}", "dcgan-{name}"])
+def test_help_names_the_program_as_it_was_invoked(program, name, invoked, tmp_path, monkeypatch):
+    shown = invoked.format(file=program, name=name)
+    monkeypatch.setitem(launch.PROGRAMS, name, shown)
+    result = run(program, "--help", cwd=tmp_path)
+    assert result.returncode == 0 and nothing_written(tmp_path)
+    assert result.stdout.startswith(f"{shown}: ") and "powered by Hydra" not in result.stdout
+    assert "== Configuration groups ==" in result.stdout and "== Config ==" in result.stdout
+
+
+@pytest.mark.parametrize(("invoked", "completed"), [("python train.py", "python"), ("dcgan-train", "dcgan-train")])
+def test_sc_install_bash_prints_hydras_completion_script_for_the_program(invoked, completed, tmp_path, monkeypatch):
+    monkeypatch.setitem(launch.PROGRAMS, "train", invoked)
+    result = run("train.py", "-sc", "install=bash", cwd=tmp_path)
+    assert result.returncode == 0 and nothing_written(tmp_path)
+    assert "hydra_bash_completion()" in result.stdout
+    assert result.stdout.rstrip().endswith(f"-F hydra_bash_completion {completed}")
+
+
+@pytest.mark.parametrize(
+    ("line", "offered"),
+    [
+        ("python train.py optim.l", "optim.lr="),
+        ("python train.py los", "loss="),
+        ("python train.py loss=h", "loss=hinge"),
+    ],
+)
+def test_the_completion_query_offers_the_configs_keys_and_options(line, offered, tmp_path, monkeypatch):
+    monkeypatch.setenv("COMP_LINE", line)
+    result = run("train.py", "-sc", "query=bash", cwd=tmp_path)
+    assert result.returncode == 0 and offered in result.stdout.split() and nothing_written(tmp_path)
+
+
+def test_config_dir_and_config_name_compose_a_users_own_primary_config(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "short.yaml").write_text("defaults:\n  - train\n  - _self_\n\ntrainer:\n  max_steps: 3\n")
+    for flags in (["-cd", str(mine), "-cn", "short"], ["--config-dir", str(mine), "--config-name", "short"]):
+        result = run("train.py", *flags, "--cfg", "job", cwd=tmp_path)
+        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+        assert yaml.safe_load(result.stdout)["trainer"]["max_steps"] == 3
+    missing = run("train.py", "-cd", str(tmp_path / "nowhere"), "--cfg", "job", cwd=tmp_path)
+    assert missing.returncode == 2 and "nowhere" in missing.stderr and "Traceback" not in missing.stderr
+
+
+# Hydra's refusals: one paragraph, exit 2, nothing written ---------------------------------------------------
+
+REFUSED = {  # argv -> what the paragraph says
+    "a wrong type": (["optim.lr=abc"], "Value 'abc' of type 'str' could not be converted to Float"),
+    "an unknown key, with the nearest": (["optim.lrr=1"], "Did you mean optim.lr?"),
+    "an unknown group option, with the list": (["loss=nosuch"], "Choose one of bce, hinge, wgan_gp for loss="),
+    "a plugin's option, with its extra": (["hydra/launcher=nosuch"], "come with Hydra plugins"),
+    "an unreadable value": (["data.batch_size=[1,"], "Hydra's override grammar cannot read"),
+    "a path holding '='": (["data.root=a=b"], "Quote it for Hydra inside the shell's quotes: \"data.root='a=b'\""),
+    "a renamed setting": (["trainer.on_collapse=warn"], "was renamed trainer.on_d_won"),
+    "an interpolation of nothing": (["trainer.max_steps=${nosuch}"], "nosuch"),
+    "an empty run folder": (["hydra.run.dir="], "hydra.run.dir= is empty (an unset shell variable?)"),
+    "--resolve alone": (["--resolve"], "--resolve flag can only be used in conjunction with --cfg or --help"),
+    "a bad value in a sweep": (["-m", "optim.lr=1e-4,abc"], "could not be converted to Float"),
+    "an empty sweep folder": (["-m", "hydra.sweep.dir="], "hydra.sweep.dir= is empty"),
+}
+
+
+@pytest.mark.parametrize(("argv", "said"), REFUSED.values(), ids=REFUSED.keys())
+def test_a_command_hydra_refuses_gets_one_paragraph_and_exit_2(argv, said, tmp_path):
+    result = run_train(*argv, cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-3000:]
+    assert said in output and "Traceback" not in output and nothing_written(tmp_path)
+    assert len([line for line in output.splitlines() if line.strip()]) == 1, output  # one paragraph, one line
+
+
+def test_hydra_full_error_keeps_hydras_own_traceback(tmp_path, monkeypatch):
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    with pytest.raises(Exception, match="Error merging override optim.lr=abc"):
+        run_train("optim.lr=abc", cwd=tmp_path)
+
+
+def test_evaluate_refuses_as_train_does(tmp_path):
+    result = run("evaluate.py", "checkpoint=x", "num_samplez=3", cwd=tmp_path)
+    assert result.returncode == 2 and "Did you mean num_samples?" in result.stderr and nothing_written(tmp_path)
+
+
+def test_a_sweep_into_a_folder_that_holds_a_sweep_is_refused_unless_it_continues(tmp_path):
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    result = run_train("-m", "optim.lr=1e-4,2e-4", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    output = result.stdout + result.stderr  # a sweep's lines go where Hydra's logging sends them: stdout
+    assert result.returncode == 2 and "already holds a sweep (multirun.yaml)" in output
+    assert sorted(p.name for p in sweep.iterdir()) == ["multirun.yaml"] and "Add trainer.resume=auto" in output
+
+
+def test_a_sweep_under_torchrun_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    result = run_train("-m", "optim.lr=1e-4,2e-4", cwd=tmp_path)
+    assert result.returncode == 2 and "a Hydra sweep (-m) launches several jobs" in result.stdout + result.stderr
+
+
+@pytest.mark.slow  # a process is the point: bash runs the completion script Hydra prints, then the query it makes
+def test_tab_completion_works_in_bash_after_eval(tmp_path):
+    script = f"""
+        cd {ROOT}
+        eval "$(python train.py -sc install=bash)"
+        COMP_LINE="python train.py optim.l"; COMP_POINT=23; COMP_CWORD=2
+        hydra_bash_completion
+        echo "${{COMPREPLY[@]}}"
+    """
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # `python` is this one
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "optim.lr=" in done.stdout.split()
