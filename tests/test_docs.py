@@ -529,8 +529,6 @@ WRONG_PHRASINGS = (
 
 def scanned_texts() -> dict[Path, str]:
     """README.md, docs/*.md, gan/**/*.py and the tour's cells, as text (a comment's lines joined)."""
-    import json  # here rather than at the top: only this check reads the notebook
-
     texts = {doc: doc.read_text(encoding="utf-8") for doc in DOCS}
     for path in sorted((ROOT / "gan").rglob("*.py")):
         texts[path] = re.sub(r"\n\s*#\s*", " ", path.read_text(encoding="utf-8"))
