@@ -370,7 +370,7 @@ def run_suffix(overrides: Sequence[str], exclude: Sequence[str] = (), limit: int
 
 class FeatureSpace(str, Enum):
     classifier = "classifier"  # penultimate layer of a small CNN trained on the dataset's labels; offline
-    inception = "inception"  # Inception-v3 pool3 (2048-d), the published FID (docs/metrics.md)
+    inception = "inception"  # Inception-v3 pool3 (2048-d), the published FID (docs/evaluation.md)
 
 
 class SaveSamples(str, Enum):
@@ -410,7 +410,7 @@ class ClassifierConfig(_Group):
 class MetricsConfig(_Group):
     KEY = "metrics."
     features: FeatureSpace = FeatureSpace.classifier  # feature space of FID, KID, precision/recall, density/coverage
-    inception_weights: Optional[str] = None  # features=inception: torch-fidelity's state dict (docs/metrics.md)
+    inception_weights: Optional[str] = None  # features=inception: torch-fidelity's state dict (docs/evaluation.md)
     feature_network: Optional[str] = None  # features=inception: NVlabs' TorchScript inception-2015-12-05.pt
     kid_subsets: int = 100  # KID averages the MMD over this many random subsets (Binkowski et al. 2018)
     kid_subset_size: int = 1000  # images per KID subset; clipped to the number of samples

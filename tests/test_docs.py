@@ -309,16 +309,18 @@ def citation_problems(text: str, doc: Path) -> list[str]:
 
 
 def link_problems(text: str, doc: Path) -> list[str]:
-    """A relative link must point at a file or folder; its #anchor, if any, at a heading of the
-    Markdown page it names (or of this page, for a bare #anchor)."""
+    """A relative link must point at a file or folder of this repository; its #anchor, if any, at a
+    heading of the Markdown page it names (or of this page, for a bare #anchor)."""
     prose, _ = split_fences(text)
     problems = []
     for match in LINK.finditer("\n".join(prose)):
         target, _, anchor = match.group("target").partition("#")
         if re.match(r"^[a-z]+:", target):
             continue
-        page = doc.parent / target if target else doc
-        if not page.exists():
+        page = (doc.parent / target).resolve() if target else doc
+        if page != ROOT and ROOT not in page.parents:
+            problems.append(f"link ({match.group('target')}) leaves the repository")
+        elif not page.exists():
             problems.append(f"link ({match.group('target')}) points at nothing")
         elif anchor and page.suffix == ".md" and anchor not in heading_anchors(page.read_text(encoding="utf-8")):
             problems.append(f"link ({match.group('target')}): {page.name} has no heading #{anchor}")
@@ -453,6 +455,7 @@ def test_an_excerpt_that_is_not_in_the_code_is_caught():
 def test_a_broken_link_is_caught():
     assert link_problems("[x](../tests/test_claims.py)", PAGE) == []
     assert link_problems("[x](../tests/test_nothing.py)", PAGE) != []
+    assert link_problems("[x](../../shared/notes.md)", PAGE) == ["link (../../shared/notes.md) leaves the repository"]
     assert link_problems("[x](walkthrough.md#more-lessons)", PAGE) == []
     assert link_problems("[x](walkthrough.md#no-such-section)", PAGE) != []
 
@@ -526,8 +529,6 @@ WRONG_PHRASINGS = (
 
 def scanned_texts() -> dict[Path, str]:
     """README.md, docs/*.md, gan/**/*.py and the tour's cells, as text (a comment's lines joined)."""
-    import json  # here rather than at the top: only this check reads the notebook
-
     texts = {doc: doc.read_text(encoding="utf-8") for doc in DOCS}
     for path in sorted((ROOT / "gan").rglob("*.py")):
         texts[path] = re.sub(r"\n\s*#\s*", " ", path.read_text(encoding="utf-8"))

@@ -18,7 +18,7 @@ import pytest
 from ipykernel import kernelspec
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
-from test_docs import heading_anchors
+from test_docs import link_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 TOUR = ROOT / "docs" / "tour.ipynb"
@@ -76,23 +76,14 @@ def test_tour_links_point_at_files_and_headings_of_this_repository():
     nb = nbformat.read(TOUR, as_version=4)
     problems = []
     for cell in nb.cells:
-        if cell.cell_type != "markdown":
-            continue
-        assert "issue notes" not in cell.source.lower()
-        # every relative path the text names, link or not, is a file of this repository
-        for path in re.findall(r"(?:\.\./)+[\w./-]*\w", cell.source):
-            named = (TOUR.parent / path).resolve()
-            if ROOT not in named.parents or not named.exists():
-                problems.append(f"{path} is no file of this repository")
-        for match in re.finditer(r"\]\((?P<target>[^)\s]+)\)", cell.source):
-            target, _, anchor = match.group("target").partition("#")
-            if re.match(r"^[a-z]+:", target):
-                continue
-            page = (TOUR.parent / target).resolve() if target else TOUR
-            if ROOT not in page.parents or not page.exists():
-                problems.append(f"({match.group('target')}) is no file of this repository")
-            elif anchor and page.suffix == ".md" and anchor not in heading_anchors(page.read_text(encoding="utf-8")):
-                problems.append(f"({match.group('target')}): {page.name} has no heading #{anchor}")
+        if cell.cell_type == "markdown":
+            assert "issue notes" not in cell.source.lower()
+            problems += link_problems(cell.source, TOUR)
+            # every relative path the text names, link or not, is a file of this repository
+            for path in re.findall(r"(?:\.\./)+[\w./-]*\w", cell.source):
+                named = (TOUR.parent / path).resolve()
+                if ROOT not in named.parents or not named.exists():
+                    problems.append(f"{path} is no file of this repository")
     assert not problems
 
 
