@@ -20,15 +20,21 @@ from gan.training import train
 from gan.training.state import build_models
 
 
-def test_ema_decay_warms_up():
+def after_a_jump(ema: Any, updates: int) -> float:
+    """The EMA of a weight that was 0 at the EMA's first update (a copy) and 1 at the `updates` after it."""
     G = nn.Linear(1, 1, bias=False)
-    ema = build_ema(G, decay=0.999)
     with torch.no_grad():
         G.weight.fill_(0.0)
-        ema.update_parameters(G)  # n = 0: a copy
+        ema.update_parameters(G)
         G.weight.fill_(1.0)
-        ema.update_parameters(G)  # n = 1: decay (1 + 1) / (10 + 1) = 2/11, not 0.999
-    assert ema.module.weight.item() == pytest.approx(1 - 2 / 11)
+        for _ in range(updates):
+            ema.update_parameters(G)
+    return ema.module.weight.item()
+
+
+def test_ema_decay_warms_up():
+    # the update n = 1 keeps a decay of (1 + 1) / (10 + 1) = 2/11 of the average, not 0.999
+    assert after_a_jump(build_ema(nn.Linear(1, 1, bias=False), decay=0.999), 1) == pytest.approx(1 - 2 / 11)
 
 
 def test_ema_half_life_in_images():
@@ -36,22 +42,11 @@ def test_ema_half_life_in_images():
     # 0.5 ** (100 / 1000) of the average, so 10 steps of a new value close half the gap
     G = nn.Linear(1, 1, bias=False)
     ema = build_ema(G, decay=0.0, kimg=1.0, rampup=0.0, images_per_step=100)
-    with torch.no_grad():
-        G.weight.fill_(0.0)
-        ema.update_parameters(G)  # n = 0: a copy
-        G.weight.fill_(1.0)
-        for _ in range(10):
-            ema.update_parameters(G)
-    assert ema.module.weight.item() == pytest.approx(0.5, abs=1e-5)
+    assert after_a_jump(ema, 10) == pytest.approx(0.5, abs=1e-5)
     # ramp-up 0.5: after n updates the half-life is at most 0.5 (n + 1) x 100 images, so the
     # second update (n = 1) keeps 0.5 ** (100 / 100) = 0.5, not 0.5 ** 0.1
     ramped = build_ema(G, decay=0.0, kimg=1.0, rampup=0.5, images_per_step=100)
-    with torch.no_grad():
-        G.weight.fill_(0.0)
-        ramped.update_parameters(G)
-        G.weight.fill_(1.0)
-        ramped.update_parameters(G)
-    assert ramped.module.weight.item() == pytest.approx(0.5, abs=1e-6)
+    assert after_a_jump(ramped, 1) == pytest.approx(0.5, abs=1e-6)
     cfg = compose_config("model.ema_kimg=10", "model.ema_decay=0")  # kimg alone turns the EMA on
     assert build_ema(G, cfg.model.ema_decay, cfg.model.ema_kimg, cfg.model.ema_rampup) is not None
 

@@ -501,28 +501,23 @@ def origin_problems(run: Run, module: str | None = None) -> list[str]:
     return problems
 
 
+def run_problems(run: Run, cited: Sequence[str], outcome: str, module: str | None = None) -> list[str]:
+    """Why the run does not show every cited test with `outcome`, FAILED on a mutant (pytest exits 1:
+    tests failed; 2 is a collection error or an interruption, 3 and 4 internal or usage errors) or
+    PASSED on the unchanged copy (pytest exits 0); [] when it does."""
+    problems = origin_problems(run, module)
+    code = 1 if outcome == "FAILED" else 0
+    if run.returncode != code:
+        problems.append(f"pytest exited {run.returncode}, not {code}")
+    outcomes = run.outcomes()
+    return problems + [
+        f"{node}: {outcomes.get(node, 'did not run')}, not {outcome}" for node in cited if outcomes.get(node) != outcome
+    ]
+
+
 def mutant_problems(mutation: Mutation, run: Run) -> list[str]:
     """Why the mutant run does not show the mutation caught; [] when every cited test failed."""
-    problems = origin_problems(run, module_of(mutation.file))
-    outcomes = run.outcomes()
-    if run.returncode != 1:  # 1: tests failed; 2: collection error or interrupted; 3, 4: internal, usage
-        problems.append(f"pytest exited {run.returncode}, not 1 (tests failed)")
-    for node in mutation.cited:
-        if outcomes.get(node) != "FAILED":
-            problems.append(f"{node}: {outcomes.get(node, 'did not run')}, not FAILED")
-    return problems
-
-
-def original_problems(run: Run, cited: Sequence[str]) -> list[str]:
-    """Why the run on the unchanged copy does not show every cited test passing; [] when it does."""
-    problems = origin_problems(run)
-    outcomes = run.outcomes()
-    if run.returncode != 0:
-        problems.append(f"pytest exited {run.returncode}, not 0")
-    for node in cited:
-        if outcomes.get(node) != "PASSED":
-            problems.append(f"{node}: {outcomes.get(node, 'did not run')}, not PASSED")
-    return problems
+    return run_problems(run, mutation.cited, "FAILED", module_of(mutation.file))
 
 
 def all_cited(mutations: Sequence[Mutation]) -> list[str]:
@@ -609,7 +604,7 @@ def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
 def test_the_cited_tests_pass_on_an_unchanged_copy(runs):
     run = runs["original"].result()
-    problems = original_problems(run, all_cited(MUTATIONS))
+    problems = run_problems(run, all_cited(MUTATIONS), "PASSED")
     assert not problems, "\n".join(problems) + "\n" + run.output[-3000:]
 
 
@@ -680,7 +675,7 @@ def main(argv: Sequence[str]) -> int:
         with ThreadPoolExecutor(max_workers=WORKERS) as pool:
             original = pool.submit(lambda: run_tests(copy_project(where / "original"), all_cited(mutations)))
             runs = {m.id: pool.submit(run_mutant, m, where / m.id) for m in mutations}
-            problems = {"original": original_problems(original.result(), all_cited(mutations))}
+            problems = {"original": run_problems(original.result(), all_cited(mutations), "PASSED")}
             print(f"{'original':24} {'; '.join(problems['original']) or 'every cited test passed'}")
             for m in mutations:
                 run = runs[m.id].result()
