@@ -1,7 +1,9 @@
 """The CUDA-only paths: fp16 with its GradScaler, bf16, deterministic kernels, resume on a GPU, CUDA
 checkpoints on a CPU-only machine and back, compile, pinned-memory loading. Every test here needs a
 CUDA device and is skipped without one (the `cuda` marker, tests/conftest.py); the rest of the
-suite runs the same code on the CPU.
+suite runs the same code on the CPU. The precision and compile runs on CUDA are rows of the tables of
+tests/test_training.py (test_each_precision_and_tool_trains, test_compiled_networks_match_eager), marked
+`cuda` there.
 
     pytest -m cuda                                  # these alone, on a machine with a GPU
     GAN_TEST_DEVICE=cuda pytest                     # the whole suite's training runs on the GPU
@@ -18,7 +20,6 @@ from conftest import compose_config, run_train
 from test_checkpoints import assert_same_state
 from test_evaluate import TINY_EVAL, run_evaluate
 
-import gan.training.hardware
 from gan.checkpoint import load_checkpoint
 from gan.config import Precision
 from gan.core.losses import LOSSES
@@ -53,20 +54,6 @@ def restore_determinism():
 
 
 # precision ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_reduced_precision_trains_on_cuda(tmp_path, precision):
-    result = train(compose_config(CUDA, f"trainer.precision={precision}", "trainer.max_steps=8"), tmp_path)
-    state = load_checkpoint(tmp_path)
-    assert result.step == 8 and all(map(torch.isfinite, [torch.tensor(v) for v in result.metrics.values()]))
-    # autocast runs the convolutions in 16 bits; the weights and Adam's moments stay float32
-    assert {t.dtype for t in state["G"].values() if t.is_floating_point()} == {torch.float32}
-    assert all(torch.isfinite(t).all() for t in tensors(state["G"]) + tensors(state["D"]) if t.is_floating_point())
-    if precision == "fp16":
-        assert state["scaler"]["scale"] > 0  # the GradScaler ran, and its scale is saved for resume
-    else:
-        assert not state["scaler"]  # no scaler outside fp16: bf16 has float32's exponent range
 
 
 def test_the_grad_scaler_skips_a_step_whose_gradients_overflow_and_backs_off():
@@ -160,30 +147,6 @@ def test_a_run_moves_between_cpu_and_cuda_on_resume(tmp_path, first, then):
 
 
 # the fast paths -------------------------------------------------------------------------------
-
-
-def test_compiled_networks_match_eager_on_cuda():
-    device = torch.device("cuda")
-    torch.manual_seed(0)
-    G, D = Generator(16, 8, 1, 16).to(device), Discriminator(8, 1, 16).to(device)
-    eager_G, eager_D = copy.deepcopy(G), copy.deepcopy(D)
-    gan.training.hardware.compile_models(G, D)
-    z = torch.randn(8, 16, device=device)
-    images, eager_images = G(z), eager_G(z)
-    # TF32 is off (torch's default for convolutions is on: cuDNN may use it in both, differently)
-    torch.testing.assert_close(images, eager_images, rtol=1e-3, atol=1e-3)
-    logits, eager_logits = D(images), eager_D(eager_images)
-    torch.testing.assert_close(logits, eager_logits, rtol=1e-3, atol=1e-3)
-    logits.sum().backward()
-    eager_logits.sum().backward()
-    for a, b in zip(G.parameters(), eager_G.parameters()):
-        torch.testing.assert_close(a.grad, b.grad, rtol=1e-2, atol=1e-3)
-
-
-def test_a_compiled_run_trains_on_cuda(tmp_path):
-    result = train(compose_config(CUDA, "trainer.compile=true", "trainer.precision=bf16"), tmp_path)
-    assert result.step == 6
-    assert all(torch.isfinite(torch.tensor(v)) for v in result.metrics.values())
 
 
 def test_pinned_worker_batches_equal_the_device_resident_ones():

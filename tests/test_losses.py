@@ -1,4 +1,4 @@
-"""Unit tier: the losses' known values and their agreement with the textbook formulas."""
+"""gan/core/losses.py: the losses' and penalties' known values, and their agreement with the textbook formulas."""
 
 import math
 
@@ -6,15 +6,43 @@ import pytest
 import torch
 from torch import nn
 
-from gan.core.losses import LOSSES, d_loss_bce, d_loss_hinge, feature_matching, g_loss_bce, g_loss_hinge
+from gan.config import LossName
+from gan.core.losses import (
+    LOSSES,
+    d_loss_bce,
+    d_loss_hinge,
+    feature_matching,
+    g_loss_bce,
+    g_loss_hinge,
+    gradient_penalty,
+    r1_penalty,
+)
+
+ZERO = torch.zeros(8)  # D(x) = sigmoid(0) = 1/2 everywhere
+SIGMOID_2 = 1 / (1 + math.exp(-2.0))
+F = torch.randn(16, 8, 4, 4)  # features of 16 samples
 
 
-def test_known_values_at_zero_logits():
-    zero = torch.zeros(8)  # D(x) = sigmoid(0) = 1/2 everywhere
-    assert d_loss_bce(zero, zero).item() == pytest.approx(2 * math.log(2))
-    assert g_loss_bce(zero).item() == pytest.approx(math.log(2))
-    assert d_loss_hinge(zero, zero).item() == pytest.approx(2.0)
-    assert g_loss_hinge(zero).item() == pytest.approx(0.0)
+@pytest.mark.parametrize(
+    "loss, expected",
+    [
+        (lambda: d_loss_bce(ZERO, ZERO), 2 * math.log(2)),
+        (lambda: g_loss_bce(ZERO), math.log(2)),
+        (lambda: d_loss_hinge(ZERO, ZERO), 2.0),
+        (lambda: g_loss_hinge(ZERO), 0.0),
+        (lambda: d_loss_hinge(torch.full((4,), 2.0), torch.full((4,), -2.0)), 0.0),  # confident and right: 0
+        # one-sided label smoothing: the real target 0.9, the fake one still 0
+        (
+            lambda: d_loss_bce(torch.full((4,), 2.0), torch.full((4,), -3.0), real_label=0.9),
+            -(0.9 * math.log(SIGMOID_2) + 0.1 * math.log(1 - SIGMOID_2)) - math.log(1 - 1 / (1 + math.exp(3.0))),
+        ),
+        (lambda: feature_matching(F, F[torch.randperm(16)]), 0.0),  # the same mean feature
+        (lambda: feature_matching(F, F + 1), 1.0),
+    ],
+    ids=["bce-d", "bce-g", "hinge-d", "hinge-g", "hinge-confident", "label-smoothing", "fm-same", "fm-shifted"],
+)
+def test_known_values(loss, expected):
+    assert loss().item() == pytest.approx(expected, rel=1e-6, abs=1e-10)
 
 
 def test_bce_matches_sigmoid_plus_bceloss():
@@ -33,17 +61,32 @@ def test_with_logits_form_is_exact_where_sigmoid_saturates():
     assert nn.BCELoss()(torch.sigmoid(logits), torch.ones(1)).item() == pytest.approx(100.0)
 
 
-def test_hinge_ignores_confident_correct_answers():
-    assert d_loss_hinge(torch.full((4,), 2.0), torch.full((4,), -2.0)).item() == 0.0
-
-
-def test_feature_matching():
-    f = torch.randn(16, 8, 4, 4)
-    assert feature_matching(f, f[torch.randperm(16)]).item() == pytest.approx(0.0, abs=1e-10)  # same mean
-    assert feature_matching(f, f + 1).item() == pytest.approx(1.0)
-
-
 def test_every_loss_is_registered_with_the_config_choices():
-    from gan.config import LossName
-
     assert set(LOSSES) == {name.value for name in LossName}
+
+
+class LinearCritic(nn.Module):
+    """D(x) = <w, x>: its input gradient is w for every sample, so the penalties have closed forms."""
+
+    def __init__(self, w: torch.Tensor):
+        super().__init__()
+        self.w = nn.Parameter(w)
+
+    def forward(self, x):
+        return (x.flatten(1) * self.w.flatten()).sum(1)
+
+
+def test_gradient_penalty_closed_form_and_second_order_gradient():
+    w = torch.full((1, 4, 4), 0.5)  # ||w|| = 0.5 * 4 = 2
+    critic = LinearCritic(w)
+    penalty = gradient_penalty(critic, torch.randn(8, 1, 4, 4), torch.randn(8, 1, 4, 4))
+    assert penalty.item() == pytest.approx((2.0 - 1.0) ** 2)
+    penalty.backward()  # reaches the weights only because the input gradient kept its graph
+    # d/dw (||w|| - 1)^2 = 2 (||w|| - 1) w / ||w||
+    torch.testing.assert_close(critic.w.grad, 2 * (2.0 - 1.0) * w / 2.0)
+
+
+def test_r1_penalty_closed_form():
+    critic = LinearCritic(torch.full((1, 4, 4), 0.5))
+    real = torch.randn(8, 1, 4, 4, requires_grad=True)
+    assert r1_penalty(critic(real), real).item() == pytest.approx(4.0)  # ||w||^2

@@ -1,11 +1,11 @@
-"""Unit tier: shapes, ranges and initialisation of G and D at several image sizes, and what
-gan/core/models.py's docstring says of them: DCGAN as pytorch/examples' dcgan/main.py builds it."""
+"""gan/core/models.py: shapes, ranges and initialisation of G and D at several image sizes, DCGAN as
+pytorch/examples' dcgan/main.py builds it, and D's variants (spectral norm, packing, minibatch stddev)."""
 
 import pytest
 import torch
 from torch import nn
 
-from gan.core.models import Discriminator, Generator, num_blocks
+from gan.core.models import Discriminator, Generator, MinibatchStd, num_blocks
 from scripts import canonical_dcgan as canonical
 
 
@@ -68,3 +68,69 @@ def test_networks_are_pytorch_examples_layer_for_layer_but_for_ds_sigmoid(image_
     theirs = layers(canonical.Discriminator(64, channels, image_size))
     assert theirs[-1] == "Sigmoid()"
     assert layers(Discriminator(64, channels, image_size)) == theirs[:-1]
+
+
+def test_spectral_norm_bounds_each_convolution():
+    D = Discriminator(width=8, image_size=16, batchnorm=False, spectral_norm=True)
+    for _ in range(20):  # one power iteration per training forward
+        D(torch.randn(4, 1, 16, 16))
+    for conv in [m for m in D.modules() if isinstance(m, nn.Conv2d)]:
+        sigma = torch.linalg.matrix_norm(conv.weight.flatten(1), ord=2)
+        assert sigma.item() == pytest.approx(1.0, abs=0.05)
+
+
+def test_spectral_norm_bounds_the_reshaped_matrix_not_the_convolution_on_images():
+    """sigma = 1 for the (out, in*4*4) matrix; a 4x4 stride-2 convolution applies it to overlapping
+    patches, each input pixel entering four of them, so on an image its gain can approach 2. A 1x1
+    convolution (no overlap) stays within the bound."""
+    torch.manual_seed(0)
+    overlapping = nn.utils.parametrizations.spectral_norm(nn.Conv2d(1, 1, 4, stride=2, padding=1, bias=False))
+    single = nn.utils.parametrizations.spectral_norm(nn.Conv2d(8, 4, 1, bias=False))
+    with torch.no_grad():
+        overlapping.parametrizations.weight.original.fill_(1.0)  # a spatially constant kernel: the worst case
+        for conv in (overlapping, single):
+            for _ in range(50):
+                conv(torch.randn(1, conv.in_channels, 8, 8))  # power iterations converge to the true sigma
+            conv.eval()  # from here on sigma stays as converged
+        assert torch.linalg.matrix_norm(overlapping.weight.flatten(1), ord=2).item() == pytest.approx(1.0, abs=1e-3)
+        flat = torch.ones(1, 1, 64, 64)
+        assert (overlapping(flat).norm() / flat.norm()).item() > 1.8  # near 2: the per-layer bound is not 1
+        gains = [(single(x).norm() / x.norm()).item() for x in torch.randn(20, 1, 8, 8, 8)]
+        assert max(gains) <= 1.0 + 1e-3
+
+
+def test_pack_judges_groups_of_samples():
+    D = Discriminator(width=8, image_size=16, pack=2)
+    assert D(torch.randn(8, 1, 16, 16)).shape == (4,)
+
+
+def test_minibatch_std_known_values():
+    # 4 samples, groups of 2 in StyleGAN2-ADA's layout: {0, 2} and {1, 3}
+    x = torch.stack([torch.full((3, 2, 2), v) for v in (0.0, 5.0, 2.0, 5.0)])
+    out = MinibatchStd(group_size=2)(x)
+    assert out.shape == (4, 4, 2, 2)
+    torch.testing.assert_close(out[:, :3], x)  # the features pass through
+    extra = out[:, 3, 0, 0]
+    assert extra[0].item() == pytest.approx(1.0) and extra[2].item() == pytest.approx(1.0)  # std of 0 and 2
+    assert extra[1].item() == pytest.approx(1e-4) and extra[3].item() == pytest.approx(1e-4)  # sqrt(0 + eps)
+    assert (out[:, 3] == extra.view(4, 1, 1)).all()  # one constant channel per sample
+
+
+def test_minibatch_std_lets_d_see_a_collapsed_batch():
+    layer = MinibatchStd(group_size=4)
+    varied, collapsed = torch.randn(8, 16, 4, 4), torch.randn(1, 16, 4, 4).expand(8, 16, 4, 4)
+    assert layer(varied)[:, -1].min() > 0.5 and layer(collapsed)[:, -1].max() < 1e-3
+    # the channel couples the samples of a group and only those: a sample's gradient reaches its
+    # group mates (n, n + 2, n + 4, n + 6 for 8 samples in groups of 4), never the other group
+    x = torch.randn(8, 16, 4, 4, requires_grad=True)
+    layer(x)[0, -1].sum().backward()
+    touched = x.grad.flatten(1).abs().sum(1) > 0
+    assert touched.tolist() == [True, False, True, False, True, False, True, False]
+    assert MinibatchStd(group_size=4)(torch.randn(6, 2, 4, 4)).shape == (6, 3, 4, 4)  # gcd(6, 4) = 2
+
+
+def test_minibatch_std_in_discriminator():
+    D = Discriminator(width=8, image_size=16, minibatch_std=4)
+    assert D.head.in_channels == 8 * 2 + 1 and D(torch.randn(8, 1, 16, 16)).shape == (8,)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.isfinite(D(torch.randn(8, 1, 16, 16)).float()).all()
