@@ -206,15 +206,10 @@ def build_state(
     """A fresh training state on `device`; `dataset` replaces the one cfg.data names."""
     dataset = dataset or load_dataset(cfg.data)
     num_classes = check_classes(cfg, dataset) if cfg.model.conditional else 0
+    labels = dataset.labels if num_classes else None  # the classes travel with the batch
+    data = cfg.data
     batches = BatchStream(
-        dataset.images,
-        cfg.data.batch_size,
-        cfg.trainer.seed,
-        device,
-        cfg.data.num_workers,
-        world.rank,
-        world.size,
-        labels=dataset.labels if num_classes else None,  # the classes travel with the batch
+        dataset.images, data.batch_size, cfg.trainer.seed, device, data.num_workers, world.rank, world.size, labels
     )
     G, D = build_models(cfg, device, num_classes)
     model = cfg.model  # G_ema: a deep copy of G made before compiling, so it stays eager
@@ -245,18 +240,10 @@ def check_classes(cfg: TrainConfig, dataset: ImageSet) -> int:
 
 
 def build_models(cfg: TrainConfig, device: torch.device, num_classes: int = 0) -> tuple[Generator, Discriminator]:
-    model = cfg.model
-    G = Generator(model.z_dim, model.g_width, cfg.data.channels, cfg.data.image_size, num_classes)
-    D = Discriminator(
-        model.d_width,
-        cfg.data.channels,
-        cfg.data.image_size,
-        model.d_batchnorm,
-        model.spectral_norm,
-        model.pack,
-        model.minibatch_std,
-        num_classes,
-    )
+    model, shape = cfg.model, (cfg.data.channels, cfg.data.image_size)
+    G = Generator(model.z_dim, model.g_width, *shape, num_classes)
+    d_options = (model.d_batchnorm, model.spectral_norm, model.pack, model.minibatch_std)
+    D = Discriminator(model.d_width, *shape, *d_options, num_classes)
     if model.sync_batchnorm:  # one set of batch statistics across all ranks of a DDP job
         G, D = nn.SyncBatchNorm.convert_sync_batchnorm(G), nn.SyncBatchNorm.convert_sync_batchnorm(D)
     memory_format = torch.channels_last if cfg.trainer.channels_last else torch.contiguous_format
@@ -268,12 +255,9 @@ def build_optimizer(
 ) -> torch.optim.Adam:
     """Adam with the configured betas; `lr` overrides optim.lr (D's own rate, TTUR)."""
     fused = device.type in ("cpu", "cuda")  # one kernel for the whole update; elsewhere foreach. Same math
+    betas, foreach = (cfg.optim.beta1, cfg.optim.beta2), None if fused else True
     return torch.optim.Adam(
-        module.parameters(),
-        lr=lr or cfg.optim.lr,
-        betas=(cfg.optim.beta1, cfg.optim.beta2),
-        fused=fused or None,
-        foreach=None if fused else True,
+        module.parameters(), lr=lr or cfg.optim.lr, betas=betas, fused=fused or None, foreach=foreach
     )
 
 
@@ -305,14 +289,10 @@ def build_step_context(cfg: TrainConfig, device: torch.device = CPU, rank: int =
     """The StepContext both steps run with, and the precision trainer.precision resolved to."""
     precision = resolve_precision(cfg.trainer.precision, device)
     ctx = step_context(precision, device, skip_nonfinite=cfg.trainer.on_nan == OnNonFinite.skip)
-    return dataclasses.replace(
-        ctx,
-        loss=build_loss(cfg),
-        penalties=Penalties(cfg.loss.gradient_penalty, cfg.loss.r1),
-        feature_matching=cfg.loss.feature_matching,
-        backward_mode=cfg.loss.backward_mode,
-        augment=build_augment(cfg, device, rank),
-    ), precision
+    loss, penalties = cfg.loss, Penalties(cfg.loss.gradient_penalty, cfg.loss.r1)
+    objective = dict(loss=build_loss(cfg), penalties=penalties, feature_matching=loss.feature_matching)
+    augment = build_augment(cfg, device, rank)
+    return dataclasses.replace(ctx, **objective, backward_mode=loss.backward_mode, augment=augment), precision
 
 
 def build_augment(cfg: TrainConfig, device: torch.device = CPU, rank: int = 0) -> Callable[[Tensor], Tensor]:
