@@ -114,8 +114,6 @@ class ImageSource(Dataset):
 
 
 class ArrayImages(ImageSource):
-    """One uint8 array (N, C, H, W) at any size and channel count."""
-
     def __init__(self, raw: Tensor, labels: Tensor, num_classes: int, channels: int, image_size: int):
         super().__init__(labels, num_classes, channels, image_size)
         self.raw = raw
@@ -334,7 +332,6 @@ def open_folder(cfg: DataConfig, train: bool) -> ImageFiles:
 
 
 def open_celeba(cfg: DataConfig, train: bool) -> ImageFiles:
-    """CelebA's aligned faces, read as a folder where torchvision's CelebA keeps them."""
     folder = _root(cfg) / datasets.CelebA.base_folder
     if cfg.download and not (folder / "img_align_celeba").is_dir():
         _torchvision(cfg, lambda: datasets.CelebA(cfg.root, split="all", target_type=[], download=True), folder)

@@ -217,7 +217,6 @@ def inception_space(network: str, file: Path, resizer: str, why: str, **more: An
 
 
 def inception_network(cfg: MetricsConfig) -> nn.Module:
-    """Its `feature_space` says which file and which resizer."""
     if cfg.feature_network is not None:
         return nvlabs_inception(cfg.feature_network)
     return inception_features(cfg.inception_weights)

@@ -181,7 +181,6 @@ def rng_state(device: torch.device, augment: Optional[AdaptiveAugment] = None) -
 
 
 def set_rng_state(rng: dict[str, Any], device: torch.device, augment: Optional[AdaptiveAugment] = None) -> None:
-    """Restore what `rng_state` saved."""
     random.setstate(rng["python"])
     torch.set_rng_state(rng["torch"].cpu())
     if rng["cuda"] and device.type == "cuda":
@@ -227,7 +226,6 @@ def build_state(
 
 
 def check_classes(cfg: TrainConfig, dataset: ImageSet) -> int:
-    """The number of classes a conditional run learns; ConfigError when the data has no labels."""
     if dataset.num_classes < 2:
         where = f" in {cfg.data.root}" if cfg.data.name in ("folder", "celeba") else ""
         raise ConfigError(
@@ -253,7 +251,6 @@ def build_models(cfg: TrainConfig, device: torch.device, num_classes: int = 0) -
 def build_optimizer(
     module: nn.Module, cfg: TrainConfig, device: torch.device, lr: Optional[float] = None
 ) -> torch.optim.Adam:
-    """Adam with the configured betas; `lr` overrides optim.lr (D's own rate, TTUR)."""
     fused = device.type in ("cpu", "cuda")  # one kernel for the whole update; elsewhere foreach. Same math
     betas, foreach = (cfg.optim.beta1, cfg.optim.beta2), None if fused else True
     return torch.optim.Adam(
@@ -270,7 +267,6 @@ def lr_scale(step: int, max_steps: int, decay: float) -> float:
 
 
 def set_learning_rates(state: TrainingState, cfg: TrainConfig) -> None:
-    """Both optimizers' step sizes for the next update."""
     scale = lr_scale(state.step, cfg.trainer.max_steps, cfg.optim.lr_decay)
     for optimizer, base in ((state.opt_g, cfg.optim.lr), (state.opt_d, cfg.optim.lr_d or cfg.optim.lr)):
         for group in optimizer.param_groups:
@@ -286,7 +282,6 @@ def build_loss(cfg: TrainConfig) -> AdversarialLoss:
 
 
 def build_step_context(cfg: TrainConfig, device: torch.device = CPU, rank: int = 0) -> tuple[StepContext, Precision]:
-    """The StepContext both steps run with, and the precision trainer.precision resolved to."""
     precision = resolve_precision(cfg.trainer.precision, device)
     ctx = step_context(precision, device, skip_nonfinite=cfg.trainer.on_nan == OnNonFinite.skip)
     loss, penalties = cfg.loss, Penalties(cfg.loss.gradient_penalty, cfg.loss.r1)
