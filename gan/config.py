@@ -84,11 +84,8 @@ class DataConfig(_Group):
     limit: int = 0  # train on the first N images of the training split only (debug=overfit); 0 = all
 
     def check(self) -> None:
-        self._check(
-            16 <= self.image_size <= 256 and 2 ** int(math.log2(self.image_size)) == self.image_size,
-            "image_size",
-            "must be a power of two from 16 to 256: the generator starts at 4x4 and doubles the side in each block",
-        )
+        why = "must be a power of two from 16 to 256: the generator starts at 4x4 and doubles the side in each block"
+        self._check(self.image_size in (16, 32, 64, 128, 256), "image_size", why)
         self._check(self.channels in (1, 3), "channels", "must be 1 or 3")
         self._check(self.batch_size >= 1, "batch_size", "must be at least 1")
         self._check(self.num_workers is None or self.num_workers >= 0, "num_workers", "must be >= 0, or null for auto")
@@ -215,20 +212,15 @@ class TrainerConfig(_Group):
         check_threads(self.threads, "trainer.threads", "0 to adapt to the free cores")
         self._check(self.keep_checkpoints >= 0, "keep_checkpoints", "must be >= 0")
         self._check(self.overfit_every >= 0, "overfit_every", "must be >= 0 (0 = off)")
-        self._check(
-            self.final_eval_samples >= 0, "final_eval_samples", "must be >= 0 (0 = no evaluation after training)"
-        )
+        why = "must be >= 0 (0 = no evaluation after training)"
+        self._check(self.final_eval_samples >= 0, "final_eval_samples", why)
         self._check(self.eval_every >= 0, "eval_every", "must be >= 0 (0 = off)")
         why = "must be at least 10 (FID needs a covariance, precision/recall k + 1 neighbours)"
         self._check(self.eval_samples >= 10, "eval_samples", why)
         for key in ("log_every", "sample_every", "checkpoint_every", "num_fixed_samples"):
             self._check(getattr(self, key) >= 1, key, "must be at least 1")
-        self._check(
-            self.d_won_window >= self.log_every,
-            "d_won_window",
-            f"must be at least trainer.log_every ({self.log_every}): the alarm reads D's outputs at the log points "
-            "of the window",
-        )
+        why = f"must be at least trainer.log_every ({self.log_every}): the alarm reads D's outputs at the log points"
+        self._check(self.d_won_window >= self.log_every, "d_won_window", why + " of the window")
         check_device_name(self.device, "trainer.device")
 
 
@@ -249,23 +241,19 @@ class TrainConfig:
         model._check(batch_size % model.pack == 0, "pack", why)
         check_minibatch_std(model.minibatch_std, batch_size, model.pack)
         per_sample = self.loss.gradient_penalty > 0 or self.loss.r1 > 0
-        model._check(
-            not (per_sample and model.d_batchnorm),
-            "d_batchnorm",
+        why = (
             "must be false with loss.gradient_penalty or loss.r1: those penalties are per sample, and BatchNorm makes "
             "each sample's output depend on the whole batch. Add model.d_batchnorm=false, or for WGAN-GP use "
-            "experiment=wgan_gp, the ready pairing (loss=wgan_gp, no BatchNorm in D, Adam betas (0.0, 0.9))",
+            "experiment=wgan_gp, the ready pairing (loss=wgan_gp, no BatchNorm in D, Adam betas (0.0, 0.9))"
         )
+        model._check(not (per_sample and model.d_batchnorm), "d_batchnorm", why)
 
 
 def check_threads(threads: int, key: str, zero_means: str) -> None:
     """torch.set_num_threads takes any int, and a count far above the CPUs crashes its thread pool."""
     cpus = available_cpus()
-    why = (
-        f"is more than the {cpus} CPU(s) this process may use on this machine: set {key} to a number "
-        f"from 1 to {cpus}, or {zero_means}"
-    )
-    _require(threads <= cpus, key, threads, why)
+    why = f"is more than the {cpus} CPU(s) this process may use on this machine: set {key} to a number from 1 to "
+    _require(threads <= cpus, key, threads, why + f"{cpus}, or {zero_means}")
 
 
 def check_minibatch_std(group: int, batch_size: int, pack: int) -> None:
@@ -328,9 +316,13 @@ def _require(ok: bool, key: str, value: Any, why: str) -> None:
 def validate(cfg: DictConfig) -> TrainConfig:
     """The typed config, its types checked by OmegaConf; its ranges are TrainConfig.check's, which
     gan.training.train runs: the one function every way of training goes through."""
-    require_known(cfg, TrainConfig)
+    return _typed(cfg, TrainConfig)
+
+
+def _typed(cfg: DictConfig, schema: type) -> Any:
+    require_known(cfg, schema)
     typed = OmegaConf.to_object(cfg)
-    assert isinstance(typed, TrainConfig), type(typed)
+    assert isinstance(typed, schema), type(typed)
     return typed
 
 
@@ -427,12 +419,9 @@ class MetricsConfig(_Group):
         for key in ("inception_weights", "feature_network"):
             why = "is an Inception-v3 file, used only with metrics.features=inception: add that override"
             self._check(getattr(self, key) is None or inception, key, why)
-        self._check(
-            self.inception_weights is None or self.feature_network is None,
-            "feature_network",
-            f"and metrics.inception_weights={self.inception_weights!r} are two files of the same network in two "
-            "formats (NVlabs' TorchScript, torch-fidelity's state dict): give one",
-        )
+        why = f"and metrics.inception_weights={self.inception_weights!r} are two files of the same network in two "
+        why += "formats (NVlabs' TorchScript, torch-fidelity's state dict): give one"
+        self._check(self.inception_weights is None or self.feature_network is None, "feature_network", why)
         self.classifier.check()
 
 
@@ -482,9 +471,7 @@ def validate_evaluate(cfg: DictConfig) -> EvaluateConfig:
             "checkpoint=PATH is required: a checkpoint file (checkpoints/last.pt) or the "
             "directory of the training run that wrote it."
         )
-    require_known(cfg, EvaluateConfig)
-    typed = OmegaConf.to_object(cfg)
-    assert isinstance(typed, EvaluateConfig), type(typed)
+    typed = _typed(cfg, EvaluateConfig)
     typed.check()
     return typed
 

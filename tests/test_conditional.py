@@ -20,7 +20,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 
 from gan.checkpoint import load_checkpoint
-from gan.config import ConfigError, EvaluateConfig, MetricsConfig
+from gan.config import EvaluateConfig, MetricsConfig
 from gan.core import augment as A
 from gan.core.losses import LOSSES
 from gan.core.models import Discriminator, Generator
@@ -105,11 +105,12 @@ def test_class_rows_lay_one_class_per_row_over_the_same_latents():
 # gradient isolation with labels ------------------------------------------------------------------
 
 
-def test_d_step_with_labels_leaves_every_generator_gradient_none(conditional_gan):
+@pytest.mark.parametrize("augmented", [False, True], ids=["plain", "augmented"])
+def test_d_step_with_labels_leaves_every_generator_gradient_none(conditional_gan, augmented):
     G, D = conditional_gan
     real, y, fake = labelled_batch(G)
     d_before = [p.detach().clone() for p in D.parameters()]
-    d_step(D, adam(D), real, fake, y=y)
+    d_step(D, adam(D), real, fake, *([augmenting(*ALL)] if augmented else []), y=y)
     assert all(p.grad is None for p in G.parameters())  # the weights that read the class too
     assert not torch.equal(d_before[-1], D.embed.weight)  # D's class embedding did learn
 
@@ -212,13 +213,6 @@ def test_an_augmentation_of_pixels_rounded_to_uint8_would_give_G_no_gradient(tin
     assert stats["grad_norm/g"] == 0 and fake.grad.abs().sum() == 0
 
 
-def test_d_step_with_augmentation_and_labels_still_cannot_reach_G(conditional_gan):
-    G, D = conditional_gan
-    real, y, fake = labelled_batch(G)
-    d_step(D, adam(D), real, fake, augmenting(*ALL), y=y)
-    assert all(p.grad is None for p in G.parameters())
-
-
 def test_r_t_is_the_mean_sign_of_D_on_the_real_batch(tiny_gan):
     G, D = tiny_gan
     real, fake = torch.rand(16, 1, 16, 16) * 2 - 1, G(torch.randn(16, 16))
@@ -262,18 +256,6 @@ def test_the_new_keys_reach_the_typed_config_with_their_defaults():
     assert compose_config("experiment=paper").model.diffaugment == []
     cfg = compose_config("model.conditional=true", "model.diffaugment=[translation,color]")
     assert cfg.model.conditional and [p.value for p in cfg.model.diffaugment] == ["translation", "color"]
-
-
-@pytest.mark.parametrize(
-    "overrides, key",
-    [
-        (("model.conditional=true", "model.pack=2"), "model.pack"),
-        (("trainer.overfit_every=-1",), "trainer.overfit_every"),
-    ],
-)
-def test_out_of_range_values_are_refused_naming_the_key(overrides, key):
-    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        compose_config(*overrides)
 
 
 def test_an_unknown_augmentation_is_refused_by_hydra():

@@ -91,11 +91,14 @@ def test_overrides_reach_the_typed_config():
         ("loss.feature_matching=-1", "loss.feature_matching"),
         ("data.limit=-1", "data.limit"),
         ("data.limit=16", "data.limit"),  # below debug=tiny's batch of 32: not one full batch
+        ("model.minibatch_std=64", "model.minibatch_std=64"),  # a group larger than debug=tiny's batch of 32
+        ("model.conditional=true model.pack=2", "model.pack"),
+        ("trainer.overfit_every=-1", "trainer.overfit_every"),
     ],
 )
 def test_out_of_range_values_are_refused_naming_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        compose_config(override)
+        compose_config(*override.split())
 
 
 # The command line, as a user meets it: one paragraph naming the setting, exit 2 (bad input), no traceback, and no

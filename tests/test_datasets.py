@@ -1,14 +1,19 @@
-"""Real datasets, read from small files each test writes in the real on-disk format.
+"""gan.data: the built-in digits, the pixel rules every dataset shares, the resumable batch stream, and real
+datasets read from small files each test writes in the real on-disk format.
 
 MNIST and Fashion-MNIST as the four uncompressed IDX files torchvision reads from ROOT/<Class>/raw,
 CIFAR-10 as the pickled batches of ROOT/cifar-10-batches-py, folders of PNG and JPEG files, CelebA
 as ROOT/celeba/img_align_celeba. No test downloads anything (internet sockets are blocked below) or
-reads outside its temporary directory.
+reads outside its temporary directory. Damaged datasets are a DataError (or a ConfigError) whose one paragraph
+names the file and what is wrong, never a bare AssertionError, a worker's pasted traceback or a silent acceptance.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import gzip
 import pickle
+import re
 import socket
 import struct
 from pathlib import Path
@@ -25,9 +30,11 @@ from torchvision import transforms
 import gan.data.sources
 from gan.config import ConfigError, DataConfig
 from gan.data import BatchStream, DataError, ImageSource, is_held_out, load_dataset, open_source, read_image
+from gan.data.digits import render_digits
 from gan.data.pack import main as pack_main
 from gan.data.pack import write_pack
-from gan.data.sources import CLASSIFIER_CACHE
+from gan.data.sources import CLASSIFIER_CACHE, convert_channels, fit_square
+from gan.data.stream import to_unit_range, worker_message
 from gan.training import train
 
 CPU = torch.device("cpu")
@@ -102,24 +109,8 @@ def write_cifar(root: Path, per_batch: int = 2) -> Path:
         with open(folder / name, "wb") as f:
             pickle.dump(cifar_batch(per_batch, offset=b * per_batch), f)
     with open(folder / "batches.meta", "wb") as f:
-        pickle.dump(
-            {
-                "label_names": [
-                    "airplane",
-                    "automobile",
-                    "bird",
-                    "cat",
-                    "deer",
-                    "dog",
-                    "frog",
-                    "horse",
-                    "ship",
-                    "truck",
-                ],
-                "num_vis": 3072,
-            },
-            f,
-        )
+        labels = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+        pickle.dump({"label_names": labels, "num_vis": 3072}, f)
     return folder
 
 
@@ -142,6 +133,65 @@ def patch_cifar_checksums(monkeypatch) -> None:
     that the file exists: torchvision's layout, unpickling and HWC arrays stay the ones under test.
     test_cifar10_with_wrong_checksums_is_refused shows what the real check does to these files."""
     monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", lambda path, md5=None: Path(path).is_file())
+
+
+# the built-in digits and the pixel rules every dataset shares -----------------------------------------
+
+
+def test_digits_are_deterministic_labelled_and_in_range():
+    images, labels = render_digits(500, 32, seed=7)
+    again, labels_again = render_digits(500, 32, seed=7)
+    assert torch.equal(images, again) and torch.equal(labels, labels_again)
+    assert images.shape == (500, 1, 32, 32) and images.dtype == torch.uint8
+    assert set(labels.tolist()) == set(range(10))
+    assert not torch.equal(render_digits(500, 32, seed=8)[0], images)
+
+
+@pytest.mark.parametrize("size", [16, 32, 64])
+def test_digits_render_at_any_size_with_ink_in_the_middle(size):
+    images, _ = render_digits(64, size, seed=0)
+    mean = images.float().mean(0)[0]
+    center, border = mean[size // 4 : -size // 4, size // 4 : -size // 4].mean(), mean[0].mean()
+    assert center > 3 * border  # the digit, not the noise, carries the ink
+
+
+def test_classes_differ_from_each_other():
+    images, labels = render_digits(2000, 32, seed=0)
+    means = torch.stack([images[labels == c].float().mean(0) for c in range(10)])
+    distances = torch.cdist(means.flatten(1), means.flatten(1))
+    assert distances[~torch.eye(10, dtype=torch.bool)].min() > 50  # ten distinct average shapes
+
+
+def test_held_out_split_differs_from_training_split():
+    cfg = DataConfig(num_samples=600)
+    train, held_out = load_dataset(cfg), load_dataset(cfg, train=False)
+    assert held_out.images.size(0) == 100
+    assert not any(torch.equal(held_out.images[0], image) for image in train.images)
+
+
+def test_an_unknown_dataset_is_refused_by_the_loader_too():
+    with pytest.raises(DataError, match="not a known dataset"):
+        load_dataset(DataConfig(name="nosuch"))  # check() would refuse it first; the loader does too
+
+
+@pytest.mark.parametrize("height, width", [(28, 28), (218, 178), (12, 40)])
+def test_fit_square_resizes_the_shorter_side_then_crops_the_centre(height, width):
+    images = torch.zeros(2, 1, height, width, dtype=torch.uint8)
+    images[..., height // 2 :, :] = 200  # bottom half bright: the crop keeps the middle rows
+    out = fit_square(images, 16)
+    assert out.shape == (2, 1, 16, 16) and out.dtype == torch.uint8
+    assert out[..., :7, :].max() < 50 and out[..., 9:, :].min() > 150
+    same = torch.randint(0, 256, (3, 3, 16, 16), dtype=torch.uint8)
+    assert fit_square(same, 16) is same  # already that size: untouched, not resampled
+
+
+def test_rgb_to_gray_is_pillows_luma_to_the_byte():
+    pixels = torch.randint(0, 256, (64, 64, 3), dtype=torch.uint8)
+    pixels[0, 0] = 255  # white stays 255: the rounding constant must not overflow a byte
+    pillow = torch.tensor(np.asarray(Image.fromarray(pixels.numpy()).convert("L")))
+    rgb = pixels.permute(2, 0, 1)
+    assert torch.equal(convert_channels(rgb, 1)[0], pillow)
+    assert convert_channels(rgb, 3) is rgb  # already RGB: untouched
 
 
 # torchvision's datasets ----------------------------------------------------------------------------
@@ -237,10 +287,39 @@ def test_a_missing_root_says_where_what_and_how_to_get_it(tmp_path, name, expect
     assert remedy in message and f"data={name}" in message
 
 
-def test_a_partial_mnist_names_the_missing_file(tmp_path):
+IMAGES, LABELS = "train-images-idx3-ubyte", "train-labels-idx1-ubyte"
+NOT_IDX = "{images} is not an IDX file of 3 dimension"  # torchvision: "invalid literal for int() with base 16"...
+
+
+def gzipped(raw: Path) -> None:  # the download leaves FILE.gz and unpacks it; torchvision reads no .gz copy alone
+    (raw / f"{IMAGES}.gz").write_bytes(gzip.compress((raw / IMAGES).read_bytes()))
+    (raw / IMAGES).unlink()
+
+
+MNIST_DAMAGE = {
+    "a wrong type code": (
+        lambda raw: (raw / IMAGES).write_bytes(b"\0\0\x42\x03" + (raw / IMAGES).read_bytes()[4:]),
+        NOT_IDX,
+    ),
+    "empty": (lambda raw: (raw / IMAGES).write_bytes(b""), NOT_IDX),
+    "a header cut short": (lambda raw: (raw / IMAGES).write_bytes(b"\0\0\x08\x03\0\0"), NOT_IDX),
+    "2 sizes for 3": (lambda raw: (raw / IMAGES).write_bytes(b"\0\0\x08\x02\0\0\0\x28\0\0\0\x1c"), NOT_IDX),
+    "counts that disagree": (
+        lambda raw: write_idx(raw / LABELS, np.arange(30) % 10),
+        rf"{IMAGES} holds 40 images but \S+{LABELS} holds 30",
+    ),
+    "labels outside 0-9": (lambda raw: write_idx(raw / LABELS, np.arange(40) % 10 + 3), "outside the 10 classes"),
+    "left gzipped": (gzipped, rf"{IMAGES} \({IMAGES}.gz is there: gunzip it"),
+    "a file missing": (lambda raw: (raw / "t10k-labels-idx1-ubyte").unlink(), "missing: t10k-labels-idx1-ubyte"),
+}
+
+
+@pytest.mark.parametrize("damage, message", MNIST_DAMAGE.values(), ids=MNIST_DAMAGE)
+def test_a_damaged_or_partial_mnist_is_named_with_what_is_wrong(tmp_path, damage, message):
     write_mnist(tmp_path)
-    (tmp_path / "MNIST" / "raw" / "t10k-labels-idx1-ubyte").unlink()
-    with pytest.raises(DataError, match="missing: t10k-labels-idx1-ubyte"):
+    damage(tmp_path / "MNIST" / "raw")
+    images = re.escape(str(tmp_path / "MNIST" / "raw" / IMAGES))
+    with pytest.raises(DataError, match=message.replace("{images}", images)):
         load_dataset(cfg_for("mnist", tmp_path))
 
 
@@ -253,11 +332,25 @@ def test_a_folder_without_images_is_refused(tmp_path, content):
         load_dataset(cfg_for("folder", tmp_path))
 
 
-def test_an_unreadable_image_is_named(tmp_path):
-    bad = tmp_path / "broken.png"
-    bad.write_bytes(b"\x89PNG\r\n\x1a\n not really")
-    with pytest.raises(DataError, match="broken.png cannot be read"):
-        read_image(str(bad), 3, 16)
+@pytest.mark.parametrize("bomb", [False, True], ids=["unreadable", "a decompression bomb"])
+def test_an_image_pillow_refuses_is_named(tmp_path, monkeypatch, bomb):
+    path = tmp_path / "bad.png"
+    if bomb:
+        write_image(path, (64, 64))
+        monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 64 x 64 = 4096 > 2 x 1000: Pillow refuses it
+    else:
+        path.write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    with pytest.raises(DataError, match="bad.png is refused" if bomb else "bad.png cannot be read"):
+        read_image(str(path), 3, 16)
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_a_16_bit_png_is_scaled_to_8_bits_not_clipped_to_white(tmp_path, channels):
+    # Pillow's convert("L") clips a 16-bit value above 255 to 255: a whole folder of them read as white
+    ramp = np.arange(256 * 256, dtype=np.uint16).reshape(256, 256)
+    Image.fromarray(ramp).save(tmp_path / "ramp.png")
+    pixels = read_image(str(tmp_path / "ramp.png"), channels, 256)
+    assert torch.equal(pixels[0].to(torch.int64), torch.from_numpy(ramp.astype(np.int64) >> 8))
 
 
 def test_too_few_images_for_one_batch_is_refused(tmp_path):
@@ -487,6 +580,25 @@ def test_a_streamed_folder_gives_the_in_memory_batches_and_resumes_exactly(tmp_p
     assert all(torch.equal(a, next(resumed)) for a in following)
 
 
+def test_a_bad_image_read_by_a_worker_gives_the_workers_own_message(tmp_path):
+    folder = tmp_path / "images"
+    for i in range(40):
+        write_image(folder / f"{i:03d}.png", (20, 20), seed=i)
+    (folder / "010.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    dataset = load_dataset(cfg_for("folder", folder, image_size=16, in_memory=False))
+    stream = BatchStream(dataset.images, 32, seed=0, device=CPU, num_workers=1)
+    with pytest.raises(DataError) as caught:
+        for _ in range(3):
+            next(stream)
+    workers = list(stream.loader._iterator._workers)
+    stream.close()  # what collection or the interpreter's exit does: workers ignore SIGTERM, so are stopped
+    assert not any(worker.is_alive() for worker in workers)
+    message = str(caught.value)
+    assert "010.png cannot be read as an image" in message
+    assert "Traceback" not in message and "worker process" not in message
+    assert worker_message("plain") == "plain"  # a message raised in the main process is kept
+
+
 def test_pixels_reach_the_loop_scaled_to_the_range_of_tanh(tmp_path):
     checkers = Image.fromarray(np.array([[0, 255], [255, 0]], np.uint8), "L").resize((20, 20))
     for name in "abcd":  # 1 in 7 is held out: some of the four are training images
@@ -494,6 +606,45 @@ def test_pixels_reach_the_loop_scaled_to_the_range_of_tanh(tmp_path):
     images = load_dataset(cfg_for("folder", tmp_path, image_size=16, channels=1), in_memory=True).images
     batch = next(BatchStream(images.repeat(4, 1, 1, 1), 4, seed=0, device=CPU))
     assert batch.dtype == torch.float32 and batch.min() == -1 and batch.max() == 1
+    assert to_unit_range(torch.tensor([0, 255], dtype=torch.uint8)).tolist() == [-1.0, 1.0]
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_batch_stream_covers_each_epoch_once_and_resumes_exactly(workers):
+    images = torch.arange(10, dtype=torch.uint8).view(10, 1, 1, 1)
+    stream = BatchStream(images, batch_size=3, seed=0, device=CPU, num_workers=workers)
+    epoch0 = torch.cat([next(stream) for _ in range(3)])  # 3 full batches; the 10th image is dropped
+    assert len(set(epoch0.flatten().tolist())) == 9
+    state = stream.state_dict()
+    assert state == {"epoch": 0, "batch": 3}
+    following = [next(stream) for _ in range(4)]
+    assert stream.epoch == 2  # 3 batches an epoch: the 4 batches cross into epoch 2
+    resumed = BatchStream(images, batch_size=3, seed=0, device=CPU, num_workers=workers)
+    resumed.load_state_dict(state)
+    assert all(torch.equal(a, next(resumed)) for a in following)
+
+
+@pytest.mark.parametrize("name, channels", [("digits", 1), ("stacked", 3)])
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_limit_keeps_the_first_images_with_their_labels_and_the_whole_held_out_split(name, channels, in_memory):
+    cfg = DataConfig(name=name, channels=channels, num_samples=240, in_memory=in_memory)
+    limited_cfg = dataclasses.replace(cfg, limit=64)
+    full, limited = load_dataset(cfg), load_dataset(limited_cfg)
+    assert len(limited.images) == limited.labels.numel() == 64 and limited.num_classes == full.num_classes
+    assert torch.equal(limited.labels, full.labels[:64])
+    assert all(torch.equal(limited.images[i], full.images[i]) for i in (0, 31, 63))  # tensor or streamed source
+    held_out = load_dataset(limited_cfg, train=False)
+    assert held_out.labels.numel() == 40 and torch.equal(held_out.labels, load_dataset(cfg, train=False).labels)
+
+
+def test_limit_slices_a_streamed_folder_with_its_labels(tmp_path):
+    for i in range(16):  # two classes, so the labels can go wrong
+        (tmp_path / f"class_{i % 2}").mkdir(exist_ok=True)
+        Image.fromarray(np.full((20, 20), 10 * i, dtype=np.uint8)).save(tmp_path / f"class_{i % 2}" / f"{i:02d}.png")
+    cfg = DataConfig(name="folder", root=str(tmp_path), image_size=16, in_memory=False)
+    full, limited = load_dataset(cfg), load_dataset(dataclasses.replace(cfg, limit=10))
+    assert limited.images.paths == full.images.paths[:10] and torch.equal(limited.labels, full.labels[:10])
+    assert 0 < full.labels[:10].sum() < 10  # the first ten span both classes
 
 
 # training on each size -------------------------------------------------------------------------
@@ -502,15 +653,8 @@ def test_pixels_reach_the_loop_scaled_to_the_range_of_tanh(tmp_path):
 @pytest.mark.parametrize("size", [16, 32, 64, 128])
 def test_a_training_step_at_each_image_size(tmp_path, size):
     write_mnist(tmp_path / "data", train=64)
-    cfg = compose_config(
-        "data=mnist",
-        f"data.root={tmp_path / 'data'}",
-        f"data.image_size={size}",
-        "data.channels=3",
-        "trainer.max_steps=2",
-        "model.g_width=4",
-        "model.d_width=4",
-    )
+    root, steps = f"data.root={tmp_path / 'data'}", ("trainer.max_steps=2", "model.g_width=4", "model.d_width=4")
+    cfg = compose_config("data=mnist", root, f"data.image_size={size}", "data.channels=3", *steps)
     result = train(cfg, tmp_path / "run")
     assert result.step == 2 and all(np.isfinite(v) for v in result.metrics.values())
     assert (tmp_path / "run" / "samples" / "step_000002.png").is_file()
@@ -518,15 +662,9 @@ def test_a_training_step_at_each_image_size(tmp_path, size):
 
 def test_training_streams_a_folder_through_a_worker(tmp_path):
     make_folder(tmp_path / "images", count=40)
-    cfg = compose_config(
-        "data=folder",
-        f"data.root={tmp_path / 'images'}",
-        "data.image_size=16",
-        "data.in_memory=false",
-        "data.num_workers=1",
-        "data.batch_size=8",
-        "trainer.max_steps=3",
-    )
+    root = f"data.root={tmp_path / 'images'}"
+    stream = ("data.in_memory=false", "data.num_workers=1", "data.batch_size=8", "trainer.max_steps=3")
+    cfg = compose_config("data=folder", root, "data.image_size=16", *stream)
     assert train(cfg, tmp_path / "run").step == 3
 
 
@@ -571,7 +709,7 @@ def test_training_from_a_pack_decodes_nothing(tmp_path, monkeypatch, one_thread)
     assert train(packed, tmp_path / "run").step == 6
 
 
-def test_a_pack_of_another_size_a_missing_or_a_damaged_pack_is_refused(tmp_path):
+def test_a_pack_of_another_size_or_a_missing_pack_is_refused(tmp_path):
     write_pack(cfg_for("folder", make_folder(tmp_path / "images"), image_size=16), tmp_path / "pack")
     with pytest.raises(
         ConfigError, match=r"packed at 16 px with 1 channel\(s\).*Set data.image_size=16 data.channels=1"
@@ -579,10 +717,25 @@ def test_a_pack_of_another_size_a_missing_or_a_damaged_pack_is_refused(tmp_path)
         load_dataset(cfg_for("packed", tmp_path / "pack", image_size=32, channels=1))
     with pytest.raises(DataError, match="no pack in .*python -m gan.data.pack"):
         load_dataset(cfg_for("packed", tmp_path / "nowhere", image_size=16))
+
+
+@pytest.mark.parametrize(
+    "content, says",
+    [(None, "it is empty, 0 bytes"), (torch.zeros(3), "it holds Tensor"), ({"images": 1}, "it holds ['images']"),
+     ("cut", "")],
+    ids=["empty", "a tensor", "other keys", "cut short"],
+)  # fmt: skip
+def test_a_pack_file_that_is_no_pack_is_named_with_what_it_holds(tmp_path, content, says):
+    # a tensor was indexed with "settings": torch's "too many indices" under an indexing warning
     file = tmp_path / "pack" / "pack.pt"
-    file.write_bytes(file.read_bytes()[:1000])
-    with pytest.raises(DataError, match="cannot be read as a pack"):
-        load_dataset(cfg_for("packed", tmp_path / "pack", image_size=16))
+    if content == "cut":
+        write_pack(cfg_for("folder", make_folder(tmp_path / "images"), image_size=16), tmp_path / "pack")
+        file.write_bytes(file.read_bytes()[:1000])
+    else:
+        file.parent.mkdir()
+        file.write_bytes(b"") if content is None else torch.save(content, file)
+    with pytest.raises(DataError, match=re.escape(f"{file} cannot be read as a pack ({says}")):
+        load_dataset(cfg_for("packed", file.parent, image_size=16))
 
 
 def test_the_pack_command_takes_train_py_s_data_overrides(tmp_path):

@@ -206,13 +206,8 @@ def test_class_coverage_and_kl_on_known_histograms():
 
 def test_mode_coverage_counts_triples_and_kl_to_uniform():
     zero = pytest.approx(0, abs=1e-9)
-    assert M.mode_coverage(torch.arange(1000)) == {
-        "modes_covered": 1000,
-        "mode_kl": zero,
-        "digit_kl_ch0": zero,
-        "digit_kl_ch1": zero,
-        "digit_kl_ch2": zero,
-    }
+    uniform = {"modes_covered": 1000, "mode_kl": zero, **{f"digit_kl_ch{c}": zero for c in range(3)}}
+    assert M.mode_coverage(torch.arange(1000)) == uniform
     one_mode = M.mode_coverage(torch.full((500,), 123))
     assert one_mode["modes_covered"] == 1 and one_mode["mode_kl"] == pytest.approx(math.log(1000))
     assert [one_mode[f"digit_kl_ch{c}"] for c in range(3)] == pytest.approx([math.log(10)] * 3)
@@ -235,9 +230,8 @@ def test_stacked_images_are_classified_channel_by_channel(digits):
     assert M.mode_coverage(modes)["modes_covered"] > 400  # 600 draws over 1000 modes hit about 450
     collapsed = stacked.images.clone()
     collapsed[:, 1:] = stacked.images[0, 1:]  # green and blue frozen: at most 10 modes remain
-    assert (
-        M.mode_coverage(M.predict(digits["classifier"], collapsed, 500, CPU, per_channel=True))["modes_covered"] <= 10
-    )
+    collapsed_modes = M.predict(digits["classifier"], collapsed, 500, CPU, per_channel=True)
+    assert M.mode_coverage(collapsed_modes)["modes_covered"] <= 10
     features = M.ClassifierFeatures(digits["classifier"], per_channel=True, channels=3)
     assert features(stacked.images[:4]).shape == (4, 3 * TINY_CLASSIFIER.feature_dim) == (4, features.num_features)
 
@@ -271,11 +265,6 @@ def test_classifier_is_cached_under_data_root_keyed_by_what_decides_it(tmp_path,
         M.load_or_train_classifier(data, dataclasses.replace(config, min_accuracy=1.01), CPU)
 
 
-def test_inception_checks_the_weights_path_before_anything_else(tmp_path):
-    with pytest.raises(M.MetricsError, match="no such file"):
-        M.inception_features(str(tmp_path / "missing.pth"))
-
-
 def test_inception_without_torch_fidelity_says_how_to_get_it(tmp_path, monkeypatch):
     weights = tmp_path / "weights.pth"
     weights.write_bytes(b"not really weights")
@@ -304,7 +293,7 @@ def test_torch_fidelity_weights_load_and_give_finite_2048_d_features_and_fid(inc
     # published weights: the sha256 check says so, and metrics.json records it.
     with caplog.at_level(logging.WARNING, logger=M.__name__):
         net = inception(inception_weights=str(inception_weights))
-    assert isinstance(net, M.InceptionFeatures) and "not comparable with published FIDs" in caplog.text
+    assert isinstance(net, M.Inception) and not net.torchscript and "not comparable with published FIDs" in caplog.text
     real, fake = digits_and_noise()
     real_features, fake_features = M.batched(net, real, 8, CPU), M.batched(net, fake, 8, CPU)
     assert real_features.shape == (8, 2048) and torch.isfinite(real_features).all()
@@ -321,7 +310,7 @@ def test_torch_fidelity_weights_load_and_give_finite_2048_d_features_and_fid(inc
 
 def test_nvlabs_torchscript_network_gives_finite_2048_d_features_and_fid(nvlabs_inception, one_thread):
     net = inception(feature_network=str(nvlabs_inception))
-    assert isinstance(net, M.TorchScriptInception)
+    assert isinstance(net, M.Inception) and net.torchscript
     real, fake = digits_and_noise()
     real_features, fake_features = M.batched(net, real, 8, CPU), M.batched(net, fake, 8, CPU)
     assert real_features.shape == (8, 2048) and torch.isfinite(real_features).all()
@@ -361,6 +350,7 @@ WRONG_FILES = [  # (key, file, what the message says)
     ("feature_network", "no_return_features", "return_features=True) fails"),
     ("feature_network", "64_features", "returns a torch.float32 tensor of shape (2, 64)"),
     ("feature_network", "missing", "no such file"),
+    ("inception_weights", "missing", "no such file"),  # checked before anything else
 ]
 
 

@@ -401,14 +401,9 @@ def test_eval_every_puts_the_fid_curve_beside_the_losses_and_the_final_fid_among
     """trainer.eval_every: quality/* curves in the run; trainer.final_eval_samples: evaluate.py's
     FID as FID/final, its pictures and table, all in the run's own events: one TensorBoard run."""
     run_dir = tmp_path / "run"
-    result = run_train(
-        "data.num_samples=20000",  # enough digits for the metrics classifier to pass its 97% bar
-        "trainer.eval_every=3",
-        "trainer.eval_samples=200",
-        "trainer.final_eval_samples=300",
-        f"hydra.run.dir={run_dir}",
-        cwd=tmp_path,
-    )
+    digits = "data.num_samples=20000"  # enough digits for the metrics classifier to pass its 97% bar
+    measured = ("trainer.eval_every=3", "trainer.eval_samples=200", "trainer.final_eval_samples=300")
+    result = run_train(digits, *measured, f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     # two points: the log says TensorBoard's default smoothing will bend the curve, and what to do
     assert "trainer.eval_every=3 draws 2 point(s) of quality/FID" in result.stdout + result.stderr
@@ -426,18 +421,13 @@ def test_eval_every_puts_the_fid_curve_beside_the_losses_and_the_final_fid_among
     assert "eval/metrics" in tb.get("/data/plugin/text/tags")["tb"]
     metrics = [(m["name"]["tag"], m["name"].get("group", "")) for m in tb.experiment()["metricInfos"]]
     # the page shows the first five: the run's three results, best and final FID first, then D's outputs
-    assert metrics[:5] == [
-        (BEST_FID_TAG, ""),
-        (FINAL_FID_TAG, ""),
-        (BEST_STEP_TAG, ""),
-        *((t, "") for t in LOSS_CHARTS[:2]),
-    ]
+    assert metrics[:5] == [(tag, "") for tag in (BEST_FID_TAG, FINAL_FID_TAG, BEST_STEP_TAG, *LOSS_CHARTS[:2])]
     (group,) = tb.session_groups()
     values = {v["name"]["tag"]: v["value"] for v in group["metricValues"]}
     assert values[FINAL_FID_TAG] == pytest.approx(final["fid"])
     # measuring leaves training alone: the same run without it logs the same losses
     plain_dir = tmp_path / "plain"
-    plain = run_train("data.num_samples=20000", f"hydra.run.dir={plain_dir}", cwd=tmp_path)
+    plain = run_train(digits, f"hydra.run.dir={plain_dir}", cwd=tmp_path)
     assert plain.returncode == 0, (plain.stdout + plain.stderr)[-3000:]
     for tag in ("loss/d", "loss/g", "loss/D(x)"):
         assert [e.value for e in events_of(plain_dir / "tb").Scalars(tag)] == [e.value for e in events.Scalars(tag)]

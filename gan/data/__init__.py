@@ -1,13 +1,11 @@
 """Datasets and the batch stream: `load_dataset(cfg.data)` -> an ImageSet; `BatchStream` -> batches.
 `digits.py` renders the built-in set, `sources.py` opens every dataset, `stream.py` makes the float batches."""
 
-from gan.data.digits import NUM_DIGIT_CLASSES, render_digits
+from gan.data.digits import render_digits
 from gan.data.sources import (
     EmptySplitError,
     ImageSet,
     ImageSource,
-    convert_channels,
-    fit_square,
     is_held_out,
     load_dataset,
     open_source,
@@ -18,15 +16,12 @@ from gan.data.stream import BatchStream, EpochBatchSampler, to_unit_range
 from gan.errors import DataError
 
 __all__ = [
-    "NUM_DIGIT_CLASSES",
     "BatchStream",
     "DataError",
     "EmptySplitError",
     "EpochBatchSampler",
     "ImageSet",
     "ImageSource",
-    "convert_channels",
-    "fit_square",
     "is_held_out",
     "load_dataset",
     "open_source",

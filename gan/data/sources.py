@@ -104,9 +104,6 @@ class ImageSource(Dataset):
     def __len__(self) -> int:
         return self.labels.numel()
 
-    def first(self, count: int) -> ImageSource:
-        raise NotImplementedError
-
     def load_all(self) -> Tensor:
         out = torch.empty(len(self), self.channels, self.image_size, self.image_size, dtype=torch.uint8)
         # Forking workers costs more than it saves on a few hundred small files.
@@ -117,8 +114,6 @@ class ImageSource(Dataset):
 
 
 class ArrayImages(ImageSource):
-    """One uint8 array (N, C, H, W) at any size and channel count."""
-
     def __init__(self, raw: Tensor, labels: Tensor, num_classes: int, channels: int, image_size: int):
         super().__init__(labels, num_classes, channels, image_size)
         self.raw = raw
@@ -289,21 +284,16 @@ def _which_missing(missing: Sequence[str], expected: Sequence[str]) -> str:
     return "none of them is there" if len(missing) == len(expected) else f"missing: {', '.join(missing)}"
 
 
-_LAYOUT = {
-    DatasetName.mnist: "reads its IDX files from data.root/MNIST/raw: set data.root to the folder that holds MNIST/raw",
-    DatasetName.fashion_mnist: (
-        "reads its IDX files from data.root/FashionMNIST/raw: set data.root to the folder that holds FashionMNIST/raw"
-    ),
-    DatasetName.cifar10: (
-        "reads its batches from data.root/cifar-10-batches-py: set data.root to the folder that holds "
-        "cifar-10-batches-py"
-    ),
+_LAYOUT = {  # data=NAME ...
+    **{name: f"reads its IDX files from data.root/{folder}/raw: set data.root to the folder that holds {folder}/raw"
+       for name, folder in ((DatasetName.mnist, "MNIST"), (DatasetName.fashion_mnist, "FashionMNIST"))},
+    DatasetName.cifar10: "reads its batches from data.root/cifar-10-batches-py: set data.root to the folder that "
+    "holds cifar-10-batches-py",
     DatasetName.folder: "reads the images in or below data.root itself: set data.root to a folder of images",
-    DatasetName.celeba: (
-        "reads its JPEGs from data.root/celeba/img_align_celeba: set data.root to the folder that holds celeba"
-    ),
+    DatasetName.celeba: "reads its JPEGs from data.root/celeba/img_align_celeba: set data.root to the folder that "
+    "holds celeba",
     DatasetName.packed: "reads data.root/pack.pt: set data.root to the folder a pack was written to",
-}
+}  # fmt: skip
 
 
 def _root(cfg: DataConfig) -> Path:
@@ -342,7 +332,6 @@ def open_folder(cfg: DataConfig, train: bool) -> ImageFiles:
 
 
 def open_celeba(cfg: DataConfig, train: bool) -> ImageFiles:
-    """CelebA's aligned faces, read as a folder where torchvision's CelebA keeps them."""
     folder = _root(cfg) / datasets.CelebA.base_folder
     if cfg.download and not (folder / "img_align_celeba").is_dir():
         _torchvision(cfg, lambda: datasets.CelebA(cfg.root, split="all", target_type=[], download=True), folder)
@@ -404,10 +393,13 @@ def is_held_out(relative: Path) -> bool:
     return zlib.crc32(relative.as_posix().encode()) % HELD_OUT_EVERY == 0
 
 
+def generated_split(cfg: DataConfig, train: bool) -> tuple[int, int]:
+    """(count, seed): the held-out split, a sixth of the size, uses another seed, so none of it is in training."""
+    return (cfg.num_samples, cfg.seed) if train else (max(cfg.num_samples // 6, 1), cfg.seed + _HELD_OUT_SEED_OFFSET)
+
+
 def open_digits(cfg: DataConfig, train: bool) -> ArrayImages:
-    # The held-out split uses another seed, so no image of it is in the training set.
-    seed = cfg.seed if train else cfg.seed + _HELD_OUT_SEED_OFFSET
-    count = cfg.num_samples if train else max(cfg.num_samples // 6, 1)
+    count, seed = generated_split(cfg, train)
     images, labels = render_digits(count, cfg.image_size, seed)
     return ArrayImages(images, labels, NUM_DIGIT_CLASSES, cfg.channels, cfg.image_size)
 
@@ -419,8 +411,7 @@ def open_stacked(cfg: DataConfig, train: bool) -> StackedImages:
         source = load_dataset(replace(cfg, name=cfg.source, channels=1, limit=0), train, in_memory=True)
     except DataError as err:
         raise DataError(f"data=stacked reads its images from data.source={cfg.source}: {err}") from err
-    count = cfg.num_samples if train else max(cfg.num_samples // 6, 1)
-    seed = cfg.seed if train else cfg.seed + _HELD_OUT_SEED_OFFSET
+    count, seed = generated_split(cfg, train)
     triples = torch.randint(0, source.labels.numel(), (count, 3), generator=torch.Generator().manual_seed(seed))
     digits = source.labels[triples]  # (count, 3): the class of the red, green and blue image
     return StackedImages(source.images, triples, digits[:, 0] * 100 + digits[:, 1] * 10 + digits[:, 2])

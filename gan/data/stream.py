@@ -69,8 +69,7 @@ class BatchStream:
         if num_workers is None:
             num_workers = 0 if in_memory else default_num_workers()
         self.images: Optional[Tensor] = None
-        self.labels: Optional[Tensor] = None
-        self.loader: Optional[DataLoader] = None
+        self.labels, self.loader = None, None
         if in_memory and num_workers == 0:
             self.images = images.to(device)  # uint8: a quarter of float32's size
             self.labels = labels.to(device) if labels is not None else None
@@ -94,12 +93,10 @@ class BatchStream:
         return self.sampler.epoch
 
     def _epoch_iterator(self) -> Iterator[Tensor | tuple[Tensor, Tensor]]:
-        if self.loader is None:
-            if self.labels is None:
-                return (self.images[torch.tensor(index, device=self.device)] for index in self.sampler)
-            indices = (torch.tensor(index, device=self.device) for index in self.sampler)
-            return ((self.images[index], self.labels[index]) for index in indices)
-        return iter(self.loader)
+        if self.loader is not None:
+            return iter(self.loader)
+        indices = (torch.tensor(index, device=self.device) for index in self.sampler)
+        return (self.images[i] if self.labels is None else (self.images[i], self.labels[i]) for i in indices)
 
     def __iter__(self) -> BatchStream:
         return self
@@ -163,7 +160,6 @@ def default_num_workers() -> int:
 
 
 def worker_message(text: str) -> str:
-    """The original message of an exception a DataLoader worker raised."""
     if "Original Traceback" not in text:
         return text
     last = text.strip().splitlines()[-1]

@@ -15,8 +15,6 @@ EXPORT_FILE = "generator.pt2"
 
 
 class SamplingGenerator(nn.Module):
-    """G in eval mode, for a batch of latents or one latent."""
-
     def __init__(self, G: nn.Module):
         super().__init__()
         self.G = copy.deepcopy(G).cpu().to(memory_format=torch.contiguous_format).eval()

@@ -193,46 +193,36 @@ def to_rgb(images: Tensor) -> Tensor:
     return images.repeat(1, 3, 1, 1) if images.size(1) == 1 else images
 
 
-class InceptionFeatures(nn.Module):
-    """torch-fidelity's Inception-v3, TF1 resize (the published FID); an antialiased one moves FID (Parmar 2022)."""
+class Inception(nn.Module):
+    """Inception-v3 pool3: torch-fidelity's, with TF1 resize (the published FID; an antialiased resize moves FID,
+    Parmar 2022), or NVlabs' TorchScript file, called as StyleGAN2-ADA calls it. `feature_space` says which."""
 
     num_features = INCEPTION_DIMS
 
-    def __init__(self, weights: Optional[str]):
+    def __init__(self, net: nn.Module, feature_space: dict[str, Any], torchscript: bool = False):
         super().__init__()
-        from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
-
-        self.net = FeatureExtractorInceptionV3(
-            "inception-v3-compat", [str(self.num_features)], feature_extractor_weights_path=weights
-        )
-        self.feature_space: dict[str, Any] = {}
+        self.net, self.feature_space, self.torchscript = net, feature_space, torchscript
 
     def forward(self, images: Tensor) -> Tensor:
+        if self.torchscript:
+            return self.net(to_rgb(images), return_features=True)
         (features,) = self.net(to_rgb(images))
         return features
 
 
-class TorchScriptInception(nn.Module):
-    """NVlabs' TorchScript Inception-v3, called as StyleGAN2-ADA calls it."""
-
-    num_features = INCEPTION_DIMS
-
-    def __init__(self, net: nn.Module, feature_space: dict[str, Any]):
-        super().__init__()
-        self.net, self.feature_space = net.eval(), feature_space
-
-    def forward(self, images: Tensor) -> Tensor:
-        return self.net(to_rgb(images), return_features=True)
+def inception_space(network: str, file: Path, resizer: str, why: str, **more: Any) -> dict[str, Any]:
+    return {"network": f"Inception-v3 pool3, {network}", "file": str(file), **more, "dims": INCEPTION_DIMS,
+            "input": "uint8 RGB at data.image_size (grayscale repeated to 3 channels)",
+            "resizer": f"inside the network: {resizer} to 299 x 299 ({why})"}  # fmt: skip
 
 
 def inception_network(cfg: MetricsConfig) -> nn.Module:
-    """Its `feature_space` says which file and which resizer."""
     if cfg.feature_network is not None:
         return nvlabs_inception(cfg.feature_network)
     return inception_features(cfg.inception_weights)
 
 
-def inception_features(weights: Optional[str]) -> InceptionFeatures:
+def inception_features(weights: Optional[str]) -> Inception:
     """`weights` None: downloaded. Each piece is checked first so a missing one fails with what to do."""
     file = existing_file(weights, "metrics.inception_weights", INCEPTION_WEIGHTS_URL) if weights else None
     if importlib.util.find_spec("torch_fidelity") is None:
@@ -246,7 +236,12 @@ def inception_features(weights: Optional[str]) -> InceptionFeatures:
     if file is not None:
         check_state_dict(file, weights)
     try:
-        features = InceptionFeatures(str(file) if file else None)
+        from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+
+        path = str(file) if file else None
+        net = FeatureExtractorInceptionV3(
+            "inception-v3-compat", [str(INCEPTION_DIMS)], feature_extractor_weights_path=path
+        )
     except Exception as err:  # offline: URLError; a wrong file: load_state_dict's RuntimeError (keys, shapes)
         if file is not None:
             raise MetricsError(
@@ -267,20 +262,13 @@ def inception_features(weights: Optional[str]) -> InceptionFeatures:
             f"{file}: its sha256 begins {digest[:8]}, not {INCEPTION_SHA256_PREFIX} as the published FID weights' "
             "does: the metrics are measured, but they are not comparable with published FIDs."
         )
-    features.feature_space = {
-        "network": "Inception-v3 pool3, torch-fidelity's FeatureExtractorInceptionV3",
-        "file": str(file),
-        "sha256": digest,
-        "published_weights": published,
-        "dims": INCEPTION_DIMS,
-        "input": "uint8 RGB at data.image_size (grayscale repeated to 3 channels)",
-        "resizer": "inside the network: torch-fidelity's interpolate_bilinear_2d_like_tensorflow1x to 299 x 299 "
-        "(TF1 resize_bilinear, as the TTUR FID)",
-    }
-    return features
+    resizer, why = "torch-fidelity's interpolate_bilinear_2d_like_tensorflow1x", "TF1 resize_bilinear, as the TTUR FID"
+    space = inception_space("torch-fidelity's FeatureExtractorInceptionV3", file, resizer, why, sha256=digest,
+                            published_weights=published)  # fmt: skip
+    return Inception(net, space)
 
 
-def nvlabs_inception(path: str) -> TorchScriptInception:
+def nvlabs_inception(path: str) -> Inception:
     file = existing_file(path, "metrics.feature_network", NVLABS_INCEPTION_URL)
     try:
         with warnings.catch_warnings():  # torch 2.x deprecates TorchScript (FutureWarning); NVlabs' file is one
@@ -307,16 +295,11 @@ def nvlabs_inception(path: str) -> TorchScriptInception:
             f"metrics.feature_network={path}: {call} returns {got}, not float features of shape "
             f"(2, {INCEPTION_DIMS}): it is not NVlabs' Inception-v3 ({NVLABS_INCEPTION_URL})."
         )
-    space = {
-        "network": "Inception-v3 pool3, NVlabs' TorchScript file",
-        "file": str(file),
-        "sha256": sha256(file),
-        "dims": INCEPTION_DIMS,
-        "input": "uint8 RGB at data.image_size (grayscale repeated to 3 channels)",
-        "resizer": "inside the network: the TorchScript file's own resize to 299 x 299 "
-        "(clean-fid's legacy_tensorflow mode, which matches the TTUR FID)",
-    }
-    return TorchScriptInception(net, space)
+    why = "clean-fid's legacy_tensorflow mode, which matches the TTUR FID"
+    space = inception_space(
+        "NVlabs' TorchScript file", file, "the TorchScript file's own resize", why, sha256=sha256(file)
+    )
+    return Inception(net.eval(), space, torchscript=True)
 
 
 def existing_file(path: str, key: str, url: str) -> Path:

@@ -1,13 +1,13 @@
 """Evaluating a trained generator: sample, measure, draw, export, report. Samples are uint8, as the reals are;
 metrics use the held-out split, the nearest-neighbour check the training split (memorising copies training images)."""
 
+import dataclasses
 import hashlib
 import json
 import logging
 import math
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -106,7 +106,7 @@ def evaluate(
     return results
 
 
-@dataclass
+@dataclasses.dataclass
 class Reals:
     images: Tensor
     labels: Tensor
@@ -201,7 +201,11 @@ def report(results: dict[str, Any], pictures: Mapping[str, Tensor], run_dir: Pat
     changes = environment_changes(results["training_environment"], results["environment"])
     if changes:
         log.info("Trained in another environment: %s", "; ".join(changes))
-    write_tensorboard(tb_dir, pictures, table, results["step"])
+    with SummaryWriter(log_dir=str(tb_dir)) as writer:  # the numbers as a text table: one number is a one-point chart
+        for name, grid in pictures.items():
+            writer.add_image(f"samples/eval_{name}", grid, results["step"])
+        # under `eval/metrics` itself: torch's add_text would name it `eval/metrics/text_summary`
+        writer.file_writer.add_summary(text_pb("eval/metrics", "```\n" + table + "\n```"), results["step"])
 
 
 def data_config_of(
@@ -357,13 +361,10 @@ def classifier_for(
 
 def classifier_data(data: DataConfig, stacked: bool) -> DataConfig:
     """Stacked-MNIST: the grayscale source, one channel at a time."""
-    if not stacked:
-        return data
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(data), {"name": data.source, "channels": 1}))
+    return dataclasses.replace(data, name=data.source, channels=1) if stacked else data
 
 
-def to_uint8(images: Tensor) -> Tensor:
-    """[-1, 1] -> uint8, rounded: the pixels a saved PNG would hold."""
+def to_uint8(images: Tensor) -> Tensor:  # the pixels a saved PNG would hold
     return images.add(1).mul_(127.5).round_().clamp_(0, 255).to(torch.uint8)
 
 
@@ -422,22 +423,8 @@ def format_table(results: Mapping[str, Any]) -> str:
     rows = [(key, value) for key, value in results.items() if not isinstance(value, Mapping)]
     rows.append(("seconds", f"{results['seconds']['total']:.1f}" if "seconds" in results else ""))
     width = max(len(key) for key, _ in rows)
-    return "\n".join(f"  {key:<{width}}  {_format(value)}" for key, value in rows)
-
-
-def _format(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return "-" if value is None else str(value)
-
-
-def write_tensorboard(log_dir: Path, pictures: Mapping[str, Tensor], table: str, step: int) -> None:
-    """The numbers as a text table, not scalars: one number is a one-point chart."""
-    with SummaryWriter(log_dir=str(log_dir)) as writer:
-        for name, grid in pictures.items():
-            writer.add_image(f"samples/eval_{name}", grid, step)
-        # under `eval/metrics` itself: torch's add_text would name it `eval/metrics/text_summary`
-        writer.file_writer.add_summary(text_pb("eval/metrics", "```\n" + table + "\n```"), step)
+    shown = [f"{value:.6g}" if isinstance(value, float) else "-" if value is None else str(value) for _, value in rows]
+    return "\n".join(f"  {key:<{width}}  {text}" for (key, _), text in zip(rows, shown))
 
 
 class Stopwatch:

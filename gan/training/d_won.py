@@ -21,10 +21,9 @@ TEXT_TAG = "d_won"
 
 class DWonWatch:
     """`observe` at each log point returns the scalars to log (train/d_won once the window is full, and
-    alarm/D_won once the alarm has fired: a healthy run never writes it)."""
+    alarm/D_won once the alarm has fired: a healthy run never writes it); `on_alarm` is called once per episode."""
 
     def __init__(self, window_steps: int, log_every: int, on_alarm: Callable[[int, str], None]):
-        """`on_alarm` is called once per episode."""
         self.points = max(1, window_steps // log_every)  # log points in a window
         self.window_steps, self.on_alarm = window_steps, on_alarm
         self.recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=self.points)

@@ -39,6 +39,3 @@ class Extras:
         for task in self.tasks:
             if task.due(tick):
                 task.run(tick)
-
-    def __repr__(self) -> str:
-        return "Extras(" + ", ".join(f"{task.name} every {task.steps}" for task in self.tasks) + ")"

@@ -181,7 +181,6 @@ def rng_state(device: torch.device, augment: Optional[AdaptiveAugment] = None) -
 
 
 def set_rng_state(rng: dict[str, Any], device: torch.device, augment: Optional[AdaptiveAugment] = None) -> None:
-    """Restore what `rng_state` saved."""
     random.setstate(rng["python"])
     torch.set_rng_state(rng["torch"].cpu())
     if rng["cuda"] and device.type == "cuda":
@@ -206,15 +205,10 @@ def build_state(
     """A fresh training state on `device`; `dataset` replaces the one cfg.data names."""
     dataset = dataset or load_dataset(cfg.data)
     num_classes = check_classes(cfg, dataset) if cfg.model.conditional else 0
+    labels = dataset.labels if num_classes else None  # the classes travel with the batch
+    data = cfg.data
     batches = BatchStream(
-        dataset.images,
-        cfg.data.batch_size,
-        cfg.trainer.seed,
-        device,
-        cfg.data.num_workers,
-        world.rank,
-        world.size,
-        labels=dataset.labels if num_classes else None,  # the classes travel with the batch
+        dataset.images, data.batch_size, cfg.trainer.seed, device, data.num_workers, world.rank, world.size, labels
     )
     G, D = build_models(cfg, device, num_classes)
     model = cfg.model  # G_ema: a deep copy of G made before compiling, so it stays eager
@@ -232,7 +226,6 @@ def build_state(
 
 
 def check_classes(cfg: TrainConfig, dataset: ImageSet) -> int:
-    """The number of classes a conditional run learns; ConfigError when the data has no labels."""
     if dataset.num_classes < 2:
         where = f" in {cfg.data.root}" if cfg.data.name in ("folder", "celeba") else ""
         raise ConfigError(
@@ -245,18 +238,10 @@ def check_classes(cfg: TrainConfig, dataset: ImageSet) -> int:
 
 
 def build_models(cfg: TrainConfig, device: torch.device, num_classes: int = 0) -> tuple[Generator, Discriminator]:
-    model = cfg.model
-    G = Generator(model.z_dim, model.g_width, cfg.data.channels, cfg.data.image_size, num_classes)
-    D = Discriminator(
-        model.d_width,
-        cfg.data.channels,
-        cfg.data.image_size,
-        model.d_batchnorm,
-        model.spectral_norm,
-        model.pack,
-        model.minibatch_std,
-        num_classes,
-    )
+    model, shape = cfg.model, (cfg.data.channels, cfg.data.image_size)
+    G = Generator(model.z_dim, model.g_width, *shape, num_classes)
+    d_options = (model.d_batchnorm, model.spectral_norm, model.pack, model.minibatch_std)
+    D = Discriminator(model.d_width, *shape, *d_options, num_classes)
     if model.sync_batchnorm:  # one set of batch statistics across all ranks of a DDP job
         G, D = nn.SyncBatchNorm.convert_sync_batchnorm(G), nn.SyncBatchNorm.convert_sync_batchnorm(D)
     memory_format = torch.channels_last if cfg.trainer.channels_last else torch.contiguous_format
@@ -266,14 +251,10 @@ def build_models(cfg: TrainConfig, device: torch.device, num_classes: int = 0) -
 def build_optimizer(
     module: nn.Module, cfg: TrainConfig, device: torch.device, lr: Optional[float] = None
 ) -> torch.optim.Adam:
-    """Adam with the configured betas; `lr` overrides optim.lr (D's own rate, TTUR)."""
     fused = device.type in ("cpu", "cuda")  # one kernel for the whole update; elsewhere foreach. Same math
+    betas, foreach = (cfg.optim.beta1, cfg.optim.beta2), None if fused else True
     return torch.optim.Adam(
-        module.parameters(),
-        lr=lr or cfg.optim.lr,
-        betas=(cfg.optim.beta1, cfg.optim.beta2),
-        fused=fused or None,
-        foreach=None if fused else True,
+        module.parameters(), lr=lr or cfg.optim.lr, betas=betas, fused=fused or None, foreach=foreach
     )
 
 
@@ -286,7 +267,6 @@ def lr_scale(step: int, max_steps: int, decay: float) -> float:
 
 
 def set_learning_rates(state: TrainingState, cfg: TrainConfig) -> None:
-    """Both optimizers' step sizes for the next update."""
     scale = lr_scale(state.step, cfg.trainer.max_steps, cfg.optim.lr_decay)
     for optimizer, base in ((state.opt_g, cfg.optim.lr), (state.opt_d, cfg.optim.lr_d or cfg.optim.lr)):
         for group in optimizer.param_groups:
@@ -302,17 +282,12 @@ def build_loss(cfg: TrainConfig) -> AdversarialLoss:
 
 
 def build_step_context(cfg: TrainConfig, device: torch.device = CPU, rank: int = 0) -> tuple[StepContext, Precision]:
-    """The StepContext both steps run with, and the precision trainer.precision resolved to."""
     precision = resolve_precision(cfg.trainer.precision, device)
     ctx = step_context(precision, device, skip_nonfinite=cfg.trainer.on_nan == OnNonFinite.skip)
-    return dataclasses.replace(
-        ctx,
-        loss=build_loss(cfg),
-        penalties=Penalties(cfg.loss.gradient_penalty, cfg.loss.r1),
-        feature_matching=cfg.loss.feature_matching,
-        backward_mode=cfg.loss.backward_mode,
-        augment=build_augment(cfg, device, rank),
-    ), precision
+    loss, penalties = cfg.loss, Penalties(cfg.loss.gradient_penalty, cfg.loss.r1)
+    objective = dict(loss=build_loss(cfg), penalties=penalties, feature_matching=loss.feature_matching)
+    augment = build_augment(cfg, device, rank)
+    return dataclasses.replace(ctx, **objective, backward_mode=loss.backward_mode, augment=augment), precision
 
 
 def build_augment(cfg: TrainConfig, device: torch.device = CPU, rank: int = 0) -> Callable[[Tensor], Tensor]:
