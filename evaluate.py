@@ -51,6 +51,7 @@ def job(cfg: DictConfig) -> tuple[int, float]:
     with held_log() as run_log, contextlib.ExitStack() as held:
         try:
             held.enter_context(run.owned(IN_USE))  # one evaluation per folder, as one run per run folder
+            run.check_writable()  # a full disk or a read-only folder: said before minutes of measuring
             if (run.dir / "metrics.json").is_file():
                 raise RunDirError(
                     f"{run.dir} already holds an evaluation (metrics.json): a second one there would replace its "

@@ -13,7 +13,6 @@ import logging
 import os
 import socket
 import sys
-import tempfile
 from logging.handlers import MemoryHandler
 from pathlib import Path
 from typing import Iterator, Optional
@@ -143,14 +142,21 @@ class Run:
             if folder.exists() and not folder.is_dir():
                 why = f"it is a file, where the run keeps a folder of {holds}"
                 raise RunDirError(_cannot(folder, why, "Move it away"))
-            if folder.is_dir() and (err := write_probe(folder)):
-                fix = "Free disk space" if err.errno in (errno.ENOSPC, errno.EDQUOT) else "Make it writable"
-                raise RunDirError(_cannot(folder, f"this folder of {holds} refuses a new file ({err.strerror})", fix))
+            if folder.is_dir():
+                self.check_writable(folder, holds)
         files = ("*.log", f"{self.RECORD}/*.yaml", "checkpoints/*.pt", "samples/*.png", "samples/*.gif", "eval/*")
         for pattern in files:
             for path in sorted(self.dir.glob(pattern)):
                 if path.is_dir() and not (path.parent.name == "eval" and path.name in ("tb", "export")):
                     raise RunDirError(_cannot(path, "it is a folder, where the run writes a file", "Move it away"))
+
+    def check_writable(self, folder: Optional[Path] = None, holds: str = "its files") -> None:
+        """RunDirError if `folder` (the run's own by default) refuses a new file of one block of data."""
+        if err := write_probe(folder or self.dir):
+            full = err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+            fix = "Free disk space (or raise the file-size limit)" if full else "Make it writable"
+            why = f"this folder of {holds} refuses a new file ({err.strerror})"
+            raise RunDirError(_cannot(folder or self.dir, why, fix))
 
     def remove_stale_temp_files(self) -> None:
         """The `.NAME.PID.tmp` files that checkpoint writers killed mid-write left, unless their process runs."""
@@ -251,14 +257,20 @@ def _cannot(path: Path, problem: str, fix: str) -> str:
 
 def write_probe(folder: Path) -> Optional[OSError]:
     """Why `folder` refuses a new file holding one block of data (a full disk refuses the blocks, not the
-    name), or None; the file is removed."""
+    name), or None. Unbuffered, and removed in every case: a failed flush would keep a buffered file."""
+    path, fd = folder / f".write-test-{os.getpid()}", None
     try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-") as file:
-            file.write(bytes(4096))
-            file.flush()
-            os.fsync(file.fileno())
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        block = memoryview(bytes(4096))
+        while block:  # a short write, then the error: a file-size limit or a disk that filled meanwhile
+            block = block[os.write(fd, block) :]
+        os.fsync(fd)
     except OSError as err:
         return err
+    finally:
+        if fd is not None:
+            os.close(fd)
+            path.unlink(missing_ok=True)
     return None
 
 

@@ -121,7 +121,7 @@ def test_out_of_range_values_are_refused_naming_the_key(override, key):
         ("data.root=${nosuch}", "data.root: Interpolation key 'nosuch' not found"),
         ("+trainer.foo=1", "trainer.foo is not a setting"),  # kept by Hydra, then read by nothing
         ("trainer.seed=99999999999999999999", "trainer.seed"),  # beyond torch's 64 bits (was a traceback)
-        ("trainer.resume=", "checkpoint path is empty (an unset shell variable?)"),  # an unset shell variable: would start a new run
+        ("trainer.resume=", "checkpoint path is empty (an unset shell variable?)"),  # would start a new run
         ("data.root=", "data.root='' is empty"),  # would read the launch directory as the dataset
         ("data.num_workers=100000", "data.num_workers"),  # a process each
         ("trainer.max_steps=-1", "trainer.max_steps"),  # out of range, refused before training

@@ -10,7 +10,7 @@ Checked in README.md and docs/*.md, reading the code with ast (nothing is import
 - a cited test must be a test function of the file it names: `test_x.py::test_name` (a bare
   `test_x.py` is looked up in tests/); `::test_name` after a cited test file in the same table cell
   or sentence; `prefix::test_name` with a prefix a page maps to a file in a table row
-  (docs/walkthrough.md: | `techniques::` | `tests/test_techniques.py` |); a bare `test_name`, in the
+  (docs/walkthrough.md: | `steps::` | `tests/test_steps.py` |); a bare `test_name`, in the
   test file cited before it in the same cell or sentence, else in any test file. A parametrize id
   (`[True]`) is not checked;
 - a relative link must point at a file or folder that exists;
@@ -411,10 +411,10 @@ PAGE = ROOT / "docs" / "page.md"
         "`training.py:train`",  # a bare name that no file has any more (gan/training.py moved)
         "`gan.steps.frozen`",  # no such module
         "`gan.core.steps.thawed`",  # no such name
-        "`tests/test_techniques.py::test_nothing_like_this`",
-        "| `test_techniques.py::test_d_step_leaves_generator_gradients_none`, `::test_nothing_like_this` |",
+        "`tests/test_steps.py::test_nothing_like_this`",
+        "| `test_steps.py::test_d_step_leaves_generator_gradients_none`, `::test_nothing_like_this` |",
         "| `::test_d_step_leaves_generator_gradients_none` |",  # no file before it in its cell
-        "`techniques::test_d_step_leaves_generator_gradients_none`",  # no prefix table on this page
+        "`steps::test_d_step_leaves_generator_gradients_none`",  # no prefix table on this page
         "| `walk::` | `tests/test_walkthrough.py` |\n\nSee `walk::test_d_step_leaves_generator_gradients_none`.",
         "`test_nothing_like_this`",
         "```\ngan/training.py   the loop\n```",  # a layout diagram names files too
@@ -431,7 +431,7 @@ def test_a_wrong_citation_is_caught(text):
     [
         "`gan/core/steps.py:d_step`, `gan/core/models.py:Discriminator.forward`, `models.py:Generator`",
         "`gan/core/steps.py:FP32`, `gan.core.steps.frozen`, `gan.training.train`, `dcgan/main.py`",
-        "| `test_techniques.py::test_d_step_leaves_generator_gradients_none`, "
+        "| `test_steps.py::test_d_step_leaves_generator_gradients_none`, "
         "`::test_adam_skips_parameters_whose_grad_is_none` |",
         "| `walk::` | `tests/test_walkthrough.py` |\n\nSee `walk::test_gradients_accumulate_until_released[True]`.",
         "`python scripts/bench.py --rounds 3`",

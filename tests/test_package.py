@@ -4,6 +4,7 @@ the notebook API (gan.train, gan.load_generator, gan.sample), and the environmen
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import ROOT, TINY, run_train
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_evaluate import TINY_EVAL
@@ -86,6 +88,19 @@ def test_the_wheel_installs_commands_that_train_and_evaluate_from_any_folder(tmp
     (metrics,) = (elsewhere / "outputs" / "eval").glob("*/*/metrics.json")
     assert json.loads(metrics.read_text())["step"] == 6
     assert f"Environment: python {sys.version.split()[0]}" in evaluated.stdout + evaluated.stderr
+
+    for name in ("dcgan-train", "dcgan-evaluate"):  # Hydra's flags, the program named as it was invoked
+        helped = command(name, "--help")
+        assert helped.returncode == 0 and helped.stdout.startswith(f"{name}: "), helped.stderr[-3000:]
+        shown = command(name, "--cfg", "job")
+        assert shown.returncode == 0 and yaml.safe_load(shown.stdout), shown.stderr[-3000:]
+    completion = command("dcgan-train", "-sc", "install=bash")
+    assert completion.returncode == 0 and completion.stdout.rstrip().endswith("-F hydra_bash_completion dcgan-train")
+    queried = subprocess.run(
+        [venv / "bin" / "dcgan-train", "-sc", "query=bash"],
+        cwd=elsewhere, capture_output=True, text=True, env={**os.environ, "COMP_LINE": "dcgan-train optim.l"},
+    )  # fmt: skip
+    assert "optim.lr=" in queried.stdout.split(), queried.stderr[-3000:]
 
     packed = command("dcgan-pack", "pack", "data=digits", "data.num_samples=300", "data.image_size=16")
     assert packed.returncode == 0 and (elsewhere / "pack" / "pack.pt").is_file(), packed.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""The statements of docs/walkthrough.md and docs/more.md that tests/test_techniques.py and
+"""The statements of docs/walkthrough.md and docs/more.md that tests/test_steps.py and
 tests/test_claims.py do not already prove, on the real G and D wherever the statement is about them.
 
 Sections follow the walkthrough: batch in, D step, G step, where this loop clears gradients, the

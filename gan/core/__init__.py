@@ -21,5 +21,5 @@ D(x, y)): the classes travel with the batch, and nothing else in the steps chang
 
 The training loop that calls them, `gan/training/loop.py`, reads like pytorch/examples'
 dcgan/main.py: fetch, (1) D step, (2) G step, EMA, log, sample, checkpoint. Each technique has a
-test that shows what breaks without it (tests/test_techniques.py).
+test that shows what breaks without it (tests/test_steps.py).
 """
