@@ -1,32 +1,26 @@
-"""Evaluate a trained generator: `python evaluate.py checkpoint=PATH [key=value ...]`, a Hydra app as train.py is
-(installed with pip: `dcgan-evaluate`); see configs/evaluate.yaml.
-
-Measures FID, KID, precision/recall, density/coverage and class (or Stacked-MNIST mode) coverage against the
-held-out split, in the feature space of a classifier trained on the dataset's labels (offline) or of
-Inception-v3; draws sample, interpolation and nearest-neighbour grids; optionally saves the samples and exports
-the generator. Everything goes into this job's folder: metrics.json, *.png, tb/, export/.
-Exit codes: 0 done; 2 bad input (an override, the config, a checkpoint, the data, a metric that cannot be
-measured); 130 stopped by SIGINT (Ctrl-C), as train.py's.
+"""Evaluate a trained generator: `python evaluate.py checkpoint=PATH [key=value ...]` (pip: `dcgan-evaluate`), a
+Hydra app as train.py is. FID, KID, precision/recall, density/coverage and class (or Stacked-MNIST mode) coverage
+against the held-out split, in a classifier's feature space (trained offline on the labels) or Inception-v3's;
+sample, interpolation and nearest-neighbour grids; optionally the samples and the exported generator: all in this
+job's folder. Exit codes: 0 done; 2 bad input (an override, the config, a checkpoint, the data, a metric that
+cannot be measured); 130 stopped by SIGINT (Ctrl-C), as train.py's.
 """
-
-from __future__ import annotations
 
 import contextlib
 import logging
 import math
 import signal
 import sys
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from gan import launch
 from gan.config import register_evaluate_configs, validate_evaluate
 from gan.errors import RunDirError, UserError, environment_error
-from gan.evaluation.pipeline import evaluate
+from gan.evaluation.pipeline import evaluate, interrupted
 from gan.run import Run, held_log
 
 log = logging.getLogger("evaluate")
@@ -60,8 +54,8 @@ def job(cfg: DictConfig) -> tuple[int, float]:
                 )
             if named and (problem := run.existing_run()):
                 raise RunDirError(problem)
-            held.callback(lambda: keep_record(run, cfg, run_log))  # runs before the lock is released
-            results = evaluate(validate_evaluate(cfg), run.dir, data_overrides(cfg, hydra.overrides.task))
+            held.callback(keep_record, run, cfg, run_log)  # runs before the lock is released
+            results = evaluate(validate_evaluate(cfg), run.dir, launch.data_overrides(cfg))
         except KeyboardInterrupt:  # Ctrl-C: one line saying what was saved, not a traceback
             log.warning("%s", interrupted(run.dir))
             return EXIT_INTERRUPTED, math.nan
@@ -87,25 +81,6 @@ def keep_record(run: Run, cfg: DictConfig, run_log: Any) -> None:
     if run.outputs():
         with contextlib.suppress(OSError):
             run.keep_record(cfg, run_log, HydraConfig.instance().cfg, "evaluate")
-
-
-def interrupted(run_dir: Path) -> str:
-    """The line an interrupted evaluation ends with, saying what run_dir holds by then. metrics.json is written
-    after every measurement and picture, before TensorBoard's events (pipeline.report)."""
-    outputs = sorted(p.name for p in Run(run_dir).outputs() if not p.name.startswith(".") and p.suffix != ".log")
-    if "metrics.json" in outputs:
-        return (
-            f"Interrupted (SIGINT) after the metrics were saved to {run_dir / 'metrics.json'}; "
-            f"the TensorBoard events in {run_dir / 'tb'} may be incomplete."
-        )
-    partial = f", only partial outputs ({', '.join(outputs)})" if outputs else ""
-    return f"Interrupted (SIGINT); nothing measured was saved: {run_dir} holds no metrics.json{partial}."
-
-
-def data_overrides(cfg: DictConfig, overrides: Sequence[str]) -> dict[str, Any]:
-    """The data.* keys given on the command line, with the values Hydra typed: they replace the checkpoint's own."""
-    keys = [key.split(".", 1)[1] for key in map(launch.override_key, overrides) if key.startswith("data.")]
-    return {key: OmegaConf.to_container(cfg.data, resolve=True)[key] for key in keys}
 
 
 def cli(program: str = "python evaluate.py") -> None:

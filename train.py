@@ -1,13 +1,9 @@
-"""Train a DCGAN: `python train.py [group=option] [key=value ...]`, a Hydra app (every Hydra flag works: --help,
---cfg job, -m, -sc install=bash); installed with pip, the same program is `dcgan-train`. See README.md.
-
+"""Train a DCGAN: `python train.py [group=option] [key=value ...]` (pip installs it as `dcgan-train`), a Hydra app.
 Exit codes: 0 done; 1 Hydra's own (a sweep with a failed job); 2 bad input (an override, the config, a checkpoint,
 the data, the output folder); 3 the loss became NaN/inf; 4 the D-won alarm stopped the run (trainer.on_d_won=stop;
 in a sweep the job returns no score and the sweep goes on); 128 + the signal's number when SIGINT, SIGTERM or
 SLURM's USR1/USR2 stopped the run after it wrote its checkpoint; 5 under torchrun: another process of the job died.
 """
-
-from __future__ import annotations
 
 import logging
 import math
@@ -42,11 +38,11 @@ def job(cfg: DictConfig) -> tuple[int, Optional[float]]:
     """One training job: (exit code, the final FID a sweeper minimises, or None: a sweeper records a job without
     a score as a failed trial, where a NaN would crash Optuna's)."""
     world, hydra = world_from_env(), HydraConfig.get()
+    sweep, hydra_dir = hydra.mode == RunMode.MULTIRUN, Run(hydra.runtime.output_dir)
     init_process_group(world, cfg.trainer.device)
     if not world.is_main:  # rank 0 speaks for the job: every rank meets the same refusal, said once
         logging.getLogger().setLevel(logging.CRITICAL)
-    sweep = hydra.mode == RunMode.MULTIRUN
-    hydra_dir = run = Run(hydra.runtime.output_dir)
+    run = hydra_dir
     with held_log() as run_log:  # the record and log file are written once every check has passed
         try:
             with logging_redirect_tqdm():  # log lines print above the progress bar, not through it
@@ -55,10 +51,7 @@ def job(cfg: DictConfig) -> tuple[int, Optional[float]]:
                 typed = validate(cfg)
                 record = HydraConfig.instance().cfg
                 ready = (lambda: run.keep_record(cfg, run_log, record, "train")) if world.is_main else None
-                excluded = set(hydra.job.config.override_dirname.exclude_keys)
-                compared = [o for o in hydra.overrides.task if launch.override_key(o) not in excluded]
-                hparams = hparams_of(typed, compared, context=not sweep)  # a sweep job: its swept keys alone
-                command = " ".join([launch.PROGRAMS["train"], *map(launch.shell_quote, hydra.overrides.task)])
+                hparams, command = hparams_of(typed, launch.compared(), context=not sweep), launch.command("train")
                 result = train(typed, run.dir, world=world, on_ready=ready, command=command, hparams=hparams)
                 measure = world.is_main and not result.stopped_by and typed.trainer.final_eval_samples
                 fid = final_evaluation(typed, result, run.dir) if measure else None
@@ -70,11 +63,10 @@ def job(cfg: DictConfig) -> tuple[int, Optional[float]]:
             log.error("%s", err)
             return (EXIT_NON_FINITE if isinstance(err, NonFiniteLossError) else EXIT_BAD_INPUT), None
         except RuntimeError as err:  # a collective whose peer died (kill -9, out of memory): not this rank's bug
-            if not (world.distributed and peer_lost(err)):
+            if not (world.distributed and (reason := peer_lost(err))):
                 raise
-            then = what_is_kept(run.dir).replace("run the command", "run the job", 1)
-            log.error("Another process of this torchrun job ended, so this one stops too (%s); %s", peer_lost(err),
-                      then)  # fmt: skip
+            kept = what_is_kept(run.dir).replace("run the command", "run the job", 1)
+            log.error("Another process of this torchrun job ended, so this one stops too (%s); %s", reason, kept)
             return EXIT_PEER_LOST, None
         finally:
             close(world)
@@ -88,8 +80,8 @@ def finish(result: TrainResult, fid: Optional[float], run: Run, sweep: bool) -> 
         log.warning("Stopped at step %d: D had won (trainer.on_d_won=stop). %s", result.step, result.outcome())
         return (0 if sweep else EXIT_D_WON), None  # a sweep goes on with its other jobs
     if result.stopped_by:
-        log.warning("Stopped by %s at step %d; checkpoint saved to %s. Resume with:\n  %s", result.stopped_by,
-                    result.step, result.checkpoint, launch.resume_command(run.dir))  # fmt: skip
+        facts = (result.stopped_by, result.step, result.checkpoint, launch.resume_command(run.dir))
+        log.warning("Stopped by %s at step %d; checkpoint saved to %s. Resume with:\n  %s", *facts)
         if sweep:  # a signal stops the whole sweep, not just this job
             raise SystemExit(SIGNAL_EXIT[result.stopped_by])
         return SIGNAL_EXIT[result.stopped_by], None

@@ -169,6 +169,25 @@ def hydra_refusal(err: Exception, config_name: str) -> str:
     )
 
 
+def compared() -> list[str]:
+    """This job's overrides that its folder is named by (hydra.job.config.override_dirname.exclude_keys left out;
+    in a sweep also the keys given one value, `SweepNames`): the settings its HParams columns compare."""
+    excluded = set(HydraConfig.get().job.config.override_dirname.exclude_keys)
+    return [o for o in HydraConfig.get().overrides.task if override_key(o) not in excluded]
+
+
+def command(program: str) -> str:
+    """This job's command line (a sweep job's own values), quoted for the shell: the Text tab shows it."""
+    return " ".join([PROGRAMS[program], *map(shell_quote, HydraConfig.get().overrides.task)])
+
+
+def data_overrides(cfg: DictConfig) -> dict[str, Any]:
+    """evaluate.py: the data.* keys given on the command line, with the values Hydra typed (they replace the
+    checkpoint's own)."""
+    keys = [key.split(".", 1)[1] for key in map(override_key, HydraConfig.get().overrides.task) if key[:5] == "data."]
+    return {key: OmegaConf.to_container(cfg.data, resolve=True)[key] for key in keys}
+
+
 def override_key(override: str) -> str:
     """'+a.b=1' -> 'a.b'; 'loss=hinge' -> 'loss'."""
     return override.split("=", 1)[0].lstrip("+~")

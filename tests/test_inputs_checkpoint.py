@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import math
 import os
 import shutil
@@ -25,6 +24,7 @@ from conftest import ROOT, run_train
 
 from gan.checkpoint import load_checkpoint, require_training_state, save_checkpoint, stored_config
 from gan.errors import CheckpointError
+from gan.evaluation.pipeline import interrupted
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
 
@@ -347,16 +347,7 @@ def test_sigint_during_evaluate_says_what_was_saved_and_exits_130(run, tmp_path)
     assert not (eval_dir / "metrics.json").exists()
 
 
-def evaluate_cli():
-    """evaluate.py as a module (its name would clash with nothing, but load it by path all the same)."""
-    spec = importlib.util.spec_from_file_location("evaluate_cli", ROOT / "evaluate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_interruption_line_says_only_what_the_run_dir_holds(tmp_path):
-    interrupted = evaluate_cli().interrupted
     (tmp_path / ".hydra").mkdir()
     (tmp_path / "evaluate.log").write_text("")
     nothing = f"Interrupted (SIGINT); nothing measured was saved: {tmp_path} holds no metrics.json."

@@ -51,6 +51,7 @@ def test_a_lock_left_by_a_dead_process_is_taken_over_with_a_word(tmp_path, caplo
     assert "on host testhost, which ended without releasing it" in caplog.text
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the held lock's file was closed
 def test_a_forked_child_does_not_keep_the_run_dir_locked(tmp_path):
     # DataLoader workers are forked while the lock is held; after a kill -9 of the main process they live on
     # for a few seconds, and must not keep a resume out meanwhile (filelock closes its descriptor in a child).

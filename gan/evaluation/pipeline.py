@@ -436,3 +436,17 @@ class Stopwatch:
         now = time.perf_counter()
         self.timings[name] = round(now - self.last, 3)
         self.last = now
+
+
+def interrupted(run_dir: Path) -> str:
+    """The line an interrupted evaluation ends with, saying what run_dir holds by then. metrics.json is written
+    after every measurement and picture, before TensorBoard's events (`report`)."""
+    names = [path.name for path in run_dir.iterdir()] if run_dir.is_dir() else []
+    outputs = sorted(name for name in names if not name.startswith(".") and not name.endswith(".log"))
+    if "metrics.json" in outputs:
+        return (
+            f"Interrupted (SIGINT) after the metrics were saved to {run_dir / 'metrics.json'}; "
+            f"the TensorBoard events in {run_dir / 'tb'} may be incomplete."
+        )
+    partial = f", only partial outputs ({', '.join(outputs)})" if outputs else ""
+    return f"Interrupted (SIGINT); nothing measured was saved: {run_dir} holds no metrics.json{partial}."
