@@ -3,6 +3,7 @@ process; Hydra's refusals of a command line come back as one paragraph and exit 
 
 from __future__ import annotations
 
+import ast
 import importlib
 import os
 import subprocess
@@ -187,3 +188,14 @@ def test_tab_completion_works_in_bash_after_eval(tmp_path):
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "optim.lr=" in done.stdout.split()
+
+
+POSIX_ONLY = {"fcntl", "resource", "termios", "pwd", "grp"}  # standard modules Windows lacks
+
+
+@pytest.mark.parametrize("path", [ROOT / "train.py", ROOT / "evaluate.py", *sorted((ROOT / "gan").rglob("*.py"))])
+def test_no_module_of_the_project_imports_at_its_top_what_windows_lacks(path):
+    tree = ast.parse(path.read_text())
+    imported = {alias.name.split(".")[0] for node in tree.body if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in tree.body if isinstance(node, ast.ImportFrom) and node.module}
+    assert not imported & POSIX_ONLY, f"{path.relative_to(ROOT)} imports {imported & POSIX_ONLY} at its top"
