@@ -87,8 +87,8 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
         codes.append(code)
         return value
 
-    own_traceback = os.environ.get("HYDRA_FULL_ERROR") == "1"  # the user asked for Hydra's traceback: let it be
     saved_argv, saved_env = sys.argv, os.environ.get("HYDRA_FULL_ERROR")
+    own_traceback = saved_env == "1"  # the user asked for Hydra's traceback: let it be
     # sys.argv[0] is how Hydra's shell completion names the program: `python` for a .py file, else the command
     program = PROGRAMS[config_name]
     sys.argv = [f"{config_name}.py" if program.startswith("python ") else program, *argv]
@@ -184,8 +184,10 @@ def command(program: str) -> str:
 def data_overrides(cfg: DictConfig) -> dict[str, Any]:
     """evaluate.py: the data.* keys given on the command line, with the values Hydra typed (they replace the
     checkpoint's own)."""
-    keys = [key.split(".", 1)[1] for key in map(override_key, HydraConfig.get().overrides.task) if key[:5] == "data."]
-    return {key: OmegaConf.to_container(cfg.data, resolve=True)[key] for key in keys}
+    typed = OmegaConf.to_container(cfg.data, resolve=True)
+    given = map(override_key, HydraConfig.get().overrides.task)
+    names = [key.split(".", 1)[1] for key in given if key.startswith("data.")]
+    return {name: typed[name] for name in names}
 
 
 def override_key(override: str) -> str:
@@ -211,11 +213,12 @@ class LaunchChecks(Callback):
                 "jobs. Run the sweep without torchrun, or one torchrun per setting."
             )
         if (folder / "multirun.yaml").is_file() and OmegaConf.select(config, "trainer.resume") != "auto":
-            again = "Add trainer.resume=auto to continue each job's run there, or choose" if "trainer" in config else ""
+            resumable = "trainer" in config  # train.py's sweeps, not evaluate.py's
+            again = "Add trainer.resume=auto to continue each job's run there, or choose" if resumable else "Choose"
             refuse(
                 f"hydra.sweep.dir={folder} already holds a sweep (multirun.yaml): Hydra would replace its record, and "
-                f"its jobs' folders hold its results. Nothing was written. {again or 'Choose'} another "
-                "hydra.sweep.dir for a new sweep."
+                f"its jobs' folders hold its results. Nothing was written. {again} another hydra.sweep.dir for a new "
+                "sweep."
             )
         try:
             new = not folder.exists()

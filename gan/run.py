@@ -279,7 +279,7 @@ def alive(pid: int) -> bool:
         os.kill(pid, 0)  # signal 0: only asks whether the process exists
     except ProcessLookupError:
         return False
-    except (PermissionError, OSError):  # it exists, and belongs to another user (Windows: no signal 0)
+    except OSError:  # PermissionError: it exists, and belongs to another user (Windows: no signal 0)
         return True
     return True
 

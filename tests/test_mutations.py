@@ -153,7 +153,7 @@ MUTATIONS: list[Mutation] = [
              "recomputed = recompute_batchnorm_stats(G, cfg.bn_batches, cfg.batch_size, cfg.seed, device)",
              "recomputed = False", (BN_STATS,), readme="BatchNorm statistics recomputed"),
     Mutation("finite-check", "the finiteness check before each checkpoint", LOOP + "periodic_extras",
-             "check_finite_state(state, last_checkpoint(run_dir))", "pass", (NO_NAN_CHECKPOINT,),
+             "check_finite_state(state, run.last)", "pass", (NO_NAN_CHECKPOINT,),
              readme="no checkpoint holds a NaN"),
     Mutation("retain-grad", "`retain_grad()` on the fake images", STEPS + "g_step", "fake.retain_grad()", "pass",
              (GRAD_AT_IMAGES,), readme="`retain_grad()` on a non-leaf"),

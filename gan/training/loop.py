@@ -93,7 +93,7 @@ class TrainResult:
         last = f"Last: {self.checkpoint} (step {self.step}" + ("" if fid is None else f", in-training FID {fid:.4g}")
         if self.best is None:
             return last + ")."
-        best = best_checkpoint(self.checkpoint.parent.parent)
+        best = Run.of_checkpoint(self.checkpoint).best
         return f"{last}); best: {best} (step {self.best['step']}, in-training FID {self.best['fid']:.4g})."
 
 
@@ -157,7 +157,7 @@ def train(
             if state.best:  # the run's result, one point each, in the group TensorBoard opens first
                 monitor.numbers(state.step, {BEST_FID_TAG: state.best["fid"], BEST_STEP_TAG: state.best["step"]})
             monitor.end_session(state.step, finished=state.step == trainer.max_steps)
-        return TrainResult(state.step, monitor.last, last_checkpoint(run_dir), stop.reason, monitor.seconds, state.best)
+        return TrainResult(state.step, monitor.last, run.last, stop.reason, monitor.seconds, state.best)
 
 
 def periodic_extras(
@@ -173,7 +173,8 @@ def periodic_extras(
 ) -> Extras:
     """What the loop does after each iteration besides the EMA, in this order, each at its cadence."""
     trainer, overfit, quality = cfg.trainer, probes.overfit, probes.quality
-    watch = NonFiniteWatch(device, last_checkpoint(run_dir), cfg)  # NaN losses, read at log/checkpoint only
+    run = Run(run_dir)
+    watch = NonFiniteWatch(device, run.last, cfg)  # NaN losses, read at log/checkpoint only
     governor = thread_governor(trainer.threads, device)  # threads=0 on the CPU: the free cores; else None
     alarm = d_won_watch(cfg, lambda step, message: raise_alarm(step, message, cfg, monitor, stop))
 
@@ -196,7 +197,7 @@ def periodic_extras(
         if values[FID_TAG] < (state.best["fid"] if state.best else math.inf):  # NaN never is
             state.best = {"fid": values[FID_TAG], "step": tick.step}
             with monitor.timed("checkpoint", tick.step):
-                save_checkpoint(best_generator(state, cfg, values), best_checkpoint(run_dir))
+                save_checkpoint(best_generator(state, cfg, values), run.best)
         monitor.numbers(tick.step, values)
 
     def steer_augment(tick: Tick) -> None:  # ADA's p toward model.ada_target (gan/core/augment.py)
@@ -209,7 +210,7 @@ def periodic_extras(
         rngs = gather_to_main(rng_state(device, state.augment), world)  # every rank's generators, for resume
         if world.is_main:
             watch.check(ctx.skip_nonfinite)
-            check_finite_state(state, last_checkpoint(run_dir))  # weights and Adam moments, too
+            check_finite_state(state, run.last)  # weights and Adam moments, too
             with monitor.timed("checkpoint", tick.step):
                 write_checkpoint(state, cfg, run_dir, rngs)
 
@@ -270,10 +271,6 @@ def final_evaluation(cfg: TrainConfig, result: TrainResult, run_dir: Path) -> fl
     return float(results["fid"])
 
 
-def best_checkpoint(run_dir: Path) -> Path:
-    return Run(run_dir).best
-
-
 def set_up(
     cfg: TrainConfig, world: World, dataset: Optional[ImageSet]
 ) -> tuple[torch.device, StepContext, TrainingState, ImageSet]:
@@ -303,10 +300,6 @@ def set_up(
     auto = " (trainer.precision=auto)" if cfg.trainer.precision == Precision.auto else ""
     log.info("Training on %s in %s%s, %d process(es)", device, precision.value, auto, world.size)
     return device, ctx, state, training_set
-
-
-def last_checkpoint(run_dir: Path) -> Path:
-    return Run(run_dir).last
 
 
 def what_is_kept(run_dir: Path) -> str:
@@ -398,7 +391,7 @@ def write_samples(state: TrainingState, run_dir: Path, monitor: Monitor) -> None
 def write_checkpoint(
     state: TrainingState, cfg: TrainConfig, run_dir: Path, rank_rngs: Optional[list[dict]] = None
 ) -> None:
-    path = last_checkpoint(run_dir)
+    path = Run(run_dir).last
     save_checkpoint(state.state_dict(cfg, rank_rngs), path)
     keep_numbered(path, state.step, cfg.trainer.keep_checkpoints)
 
