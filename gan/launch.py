@@ -38,6 +38,7 @@ from gan.config import EvaluateConfig, TrainConfig
 from gan.distributed import world_from_env
 from gan.errors import ConfigError, UserError
 from gan.run import Run
+from gan.search import SearchChecks, no_score
 
 log = logging.getLogger(__name__)
 # configs/ of a clone, or gan/configs/ where pip installed the package (pyproject.toml maps one to the other)
@@ -97,13 +98,19 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
     LaunchChecks.new_sweep = None
     try:
         task()
-    except SystemExit as stop:  # Hydra's own: --help, -sc
+    except SystemExit as stop:  # Hydra's own (--help, -sc), or a callback's refusal
+        if stop.code == EXIT_BAD_INPUT:
+            LaunchChecks.undo()
         return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else EXIT_HYDRA)
     except SweepJobFailed as err:  # the jobs ran; Hydra said which one failed
         log.error("%s", err)
         return EXIT_HYDRA
     except (HydraException, OmegaConfBaseException, UserError, OSError, ValueError) as err:
-        if own_traceback or (type(err) is ValueError and not raised_by_hydra(err)):  # a ValueError of ours: a bug
+        no_best = re.search("Record does not exist|No trials are completed", str(err))  # optuna: none scored
+        if not own_traceback and raised_by(err, "optuna.") and no_best:
+            log.error("%s", no_score(SearchChecks.sweep_dir))
+            return EXIT_HYDRA
+        if own_traceback or (type(err) is ValueError and not raised_by(err, "hydra.")):  # a ValueError of ours: a bug
             raise
         if isinstance(err, OSError) and not isinstance(err, HydraException):  # Hydra could not make the folder
             key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(argv) else "hydra.run.dir"
@@ -119,12 +126,12 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
     return max(codes, default=0)
 
 
-def raised_by_hydra(err: BaseException) -> bool:
-    """Whether Hydra itself raised `err` (its ValueErrors about its own flags, e.g. --resolve without --cfg)."""
+def raised_by(err: BaseException, package: str) -> bool:
+    """Whether `package` raised `err` (Hydra's ValueErrors about its own flags, e.g. --resolve without --cfg)."""
     tb = err.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
-    return tb is not None and tb.tb_frame.f_globals.get("__name__", "").startswith("hydra.")
+    return tb is not None and tb.tb_frame.f_globals.get("__name__", "").startswith(package)
 
 
 def hydra_refusal(err: Exception, config_name: str) -> str:

@@ -4,7 +4,9 @@ score is recorded as failed and the study goes on; the study, stored in SQLite i
 from __future__ import annotations
 
 import pytest
-from conftest import run_train
+from conftest import in_process, run_train
+
+import train
 
 pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="needs the sweeps extra (pip install '.[sweeps]')")
 optuna = pytest.importorskip("optuna")
@@ -41,3 +43,45 @@ def test_a_search_fails_a_trial_without_a_score_goes_on_and_resumes_from_its_sto
         assert (trial.state.name == "FAIL") == (trial.params["trainer.final_eval_samples"] == 0), trial
     runs = sorted(sweep.glob("*_*/checkpoints/last.pt"))
     assert len(runs) == 4  # every trial trained, each in a folder of its own (job numbers restart at 0)
+
+
+# a search that cannot run as asked: one paragraph, exit 2, before the study opens (gan/search.py) ----------
+
+QUICK = ("-m", "hparams_search=optuna", "debug=tiny", "hydra.sweeper.n_trials=1", "hydra.sweeper.n_jobs=1")
+REFUSED = {  # overrides (STORE: the sweep folder's optuna.db) -> what the paragraph says
+    "no trials": (["hydra.sweeper.n_trials=0"], "n_trials=0: the number of trials to run must be 1 or more"),
+    "no jobs": (["hydra.sweeper.n_jobs=0"], "n_jobs=0: the number of trials asked for at once must be 1 or more"),
+    "failure rate": (["hydra.sweeper.max_failure_rate=1.5"], "must be from 0 (stop at the first failure) to 1"),
+    "direction": (["hydra.sweeper.direction=maximize"], "lower is better, so the search minimizes it"),
+    "unknown key": (["optim.lrr=interval(1e-4,2e-4)"], "Key 'lrr' not in 'OptimConfig'. Change hydra.sweeper.params"),
+    "unknown option": (["loss=choice(bce,nope)"], "Could not find 'loss/nope'"),
+    "wrong type": (["optim.beta1=choice(0.5,high)"], "optim.beta1=high"),
+    "damaged storage": (["STORE=garbage"], "cannot be read as an SQLite database (file is not a database)"),
+    "folder storage": (["STORE=folder"], "names a folder, where the study is kept in a file"),
+}
+
+
+@pytest.mark.parametrize("overrides, says", REFUSED.values(), ids=REFUSED.keys())
+def test_a_search_that_cannot_run_as_asked_is_refused_before_its_study_opens(tmp_path, overrides, says):
+    sweep, store = tmp_path / "sweep", [o.split("=")[1] for o in overrides if o.startswith("STORE=")]
+    if store:
+        sweep.mkdir()
+        (sweep / "optuna.db").mkdir() if store == ["folder"] else (sweep / "optuna.db").write_text("garbage" * 99)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    argv = [*QUICK, *(o for o in overrides if not o.startswith("STORE=")), f"hydra.sweep.dir={sweep}"]
+    result = in_process(train.main, argv, tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and says in output and "Nothing was written" in output, output[-2000:]
+    assert "Traceback" not in output and sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_a_search_where_no_trial_scored_says_so_and_where_a_study_outside_its_folder_is(tmp_path):
+    outside = tmp_path / "elsewhere.db"
+    argv = [*QUICK, "trainer.final_eval_samples=0", f"hydra.sweep.dir={tmp_path / 's'}"]
+    result = in_process(train.main, [*argv, f"hydra.sweeper.storage=sqlite:///{outside}"], tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1 and "Traceback" not in output, output[-2000:]
+    assert "No trial of the search returned a score, so it has no best trial" in output
+    assert f"The study is stored in {outside}, outside the sweep folder" in output
+    trials = optuna.load_study(study_name="dcgan", storage=f"sqlite:///{outside}").trials
+    assert [t.state.name for t in trials] == ["FAIL"]  # told, not left RUNNING
