@@ -83,12 +83,17 @@ def nonfinite(named: Iterable[tuple[Name, Any]]) -> tuple[list[Name], int]:
 
 
 def save_checkpoint(state: Mapping[str, Any], path: Path) -> None:
-    """Write `state` atomically (torch.save writes in place, pytorch#2883): temp file, fsync, os.replace."""
+    save_atomically({**state, "format": FORMAT}, path)
+
+
+def save_atomically(obj: Any, path: Path) -> None:
+    """torch.save `obj` whole or not at all (torch.save writes in place, pytorch#2883): temp file, fsync,
+    os.replace; the temp file is removed whatever stops the write (a full disk, Ctrl-C)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
-            torch.save({**state, "format": FORMAT}, f)
+            torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 from PIL import Image
 from torchvision import transforms
 
+import gan.checkpoint
 import gan.data.sources
 from gan.config import ConfigError, DataConfig
 from gan.data import BatchStream, DataError, ImageSource, is_held_out, load_dataset, open_source, read_image
@@ -722,15 +723,20 @@ def test_a_pack_of_another_size_or_a_missing_pack_is_refused(tmp_path):
 @pytest.mark.parametrize(
     "content, says",
     [(None, "it is empty, 0 bytes"), (torch.zeros(3), "it holds Tensor"), ({"images": 1}, "it holds ['images']"),
-     ("cut", "")],
-    ids=["empty", "a tensor", "other keys", "cut short"],
+     ("cut", ""), ({"image_size": "16"}, "its settings or content hash are damaged"),
+     ("no hash", "its settings or content hash are damaged")],
+    ids=["empty", "a tensor", "other keys", "cut short", "settings", "no hash"],
 )  # fmt: skip
 def test_a_pack_file_that_is_no_pack_is_named_with_what_it_holds(tmp_path, content, says):
     # a tensor was indexed with "settings": torch's "too many indices" under an indexing warning
     file = tmp_path / "pack" / "pack.pt"
-    if content == "cut":
+    if content == "cut" or isinstance(content, dict) and "image_size" in content or content == "no hash":
         write_pack(cfg_for("folder", make_folder(tmp_path / "images"), image_size=16), tmp_path / "pack")
-        file.write_bytes(file.read_bytes()[:1000])
+        pack = torch.load(file, weights_only=True)
+        pack.update({"settings": content} if isinstance(content, dict) else {"content": None})
+        torch.save(pack, file)
+        if content == "cut":
+            file.write_bytes(file.read_bytes()[:1000])
     else:
         file.parent.mkdir()
         file.write_bytes(b"") if content is None else torch.save(content, file)
@@ -747,3 +753,47 @@ def test_the_pack_command_takes_train_py_s_data_overrides(tmp_path):
     assert pack_main(["data=folder"]) == 2  # no output folder
     assert pack_main([str(tmp_path / "bad"), "data=folder", "data.image_size=17"]) == 2
     assert not (tmp_path / "again").exists() and not (tmp_path / "bad").exists()
+
+
+def interrupted(fault: BaseException):
+    """torch.save that writes a little of its file, then meets `fault` (a full disk, Ctrl-C)."""
+
+    def save(obj: object, f) -> None:
+        f.write(b"PK partial")
+        raise fault
+
+    return save
+
+
+PACK_FAULTS = {  # what stops the pack command -> exit code, what it says
+    "not data.*": (None, ["debug=tiny", "trainer.max_steps=3"], 2, "debug=tiny trainer.max_steps=3: a pack holds"),
+    "full disk": (OSError(28, "No space left on device"), [], 2, "No space left on device (errno 28). Free disk"),
+    "read-only": (OSError(30, "Read-only file system"), [], 2, "mounted read-only"),
+    "Ctrl-C": (KeyboardInterrupt(), [], 130, "Interrupted: no pack was written"),
+}
+
+
+@pytest.mark.parametrize("fault, extra, code, says", PACK_FAULTS.values(), ids=PACK_FAULTS.keys())
+def test_a_refused_or_interrupted_pack_says_why_and_leaves_no_partial_file(
+    tmp_path, monkeypatch, caplog, fault, extra, code, says
+):
+    (tmp_path / "pack").mkdir()
+    if fault is not None:
+        monkeypatch.setattr(gan.checkpoint.torch, "save", interrupted(fault))
+    args = ["data=folder", f"data.root={make_folder(tmp_path / 'images', 8)}", "data.image_size=16", *extra]
+    assert pack_main([str(tmp_path / "pack"), *args]) == code
+    assert says in caplog.text and list((tmp_path / "pack").iterdir()) == []
+
+
+def test_a_resume_refuses_a_pack_other_than_the_one_its_run_trained_from(tmp_path, one_thread):
+    settings = ["data=packed", f"data.root={tmp_path / 'pack'}", "data.batch_size=8"]
+    write_pack(cfg_for("folder", make_folder(tmp_path / "images"), image_size=16), tmp_path / "pack")
+    train(compose_config(*settings, "trainer.max_steps=3"), tmp_path / "run")
+    resumed = compose_config(*settings, "trainer.max_steps=4", f"trainer.resume={tmp_path / 'run'}")
+    write_pack(cfg_for("folder", make_folder(tmp_path / "images"), image_size=16), tmp_path / "pack")  # the same images
+    assert train(resumed, tmp_path / "run").step == 4
+    write_image(tmp_path / "images" / "00.png", (24, 20), seed=99)  # one image changed, packed again
+    write_pack(cfg_for("folder", tmp_path / "images", image_size=16), tmp_path / "pack")
+    again = compose_config(*settings, "trainer.max_steps=6", f"trainer.resume={tmp_path / 'run'}")
+    with pytest.raises(DataError, match="data.root holds another pack than the run trained from"):
+        train(again, tmp_path / "run")

@@ -4,24 +4,25 @@ then trains from its uint8 arrays (memory-mapped) with no decoding per epoch.
     python -m gan.data.pack OUT_FOLDER data=folder data.root=IMAGES data.image_size=64 data.channels=3
     python train.py data=packed data.root=OUT_FOLDER data.image_size=64 data.channels=3
 
-The overrides are train.py's data.* (any dataset); OUT_FOLDER/pack.pt holds both splits, their labels and
-the data settings that made them. Installed with pip, the command is `dcgan-pack`."""
+The overrides are train.py's data.* (any dataset); OUT_FOLDER/pack.pt holds both splits, their labels, the
+data settings that made them and the hash of their content, which each checkpoint of a run records (a resume
+refuses another pack). Installed with pip, the command is `dcgan-pack`."""
 
 import dataclasses
+import hashlib
 import logging
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-import torch
-
+from gan.checkpoint import save_atomically
 from gan.config import DataConfig
 from gan.data.sources import PACK_FILE, PACK_FORMAT, load_dataset
-from gan.errors import ConfigError, UserError
+from gan.errors import ConfigError, UserError, environment_error
 
 log = logging.getLogger(__name__)
+USAGE = "Usage: python -m gan.data.pack OUT_FOLDER data=NAME [data.KEY=VALUE ...]"
 
 
 def write_pack(data: DataConfig, folder: Path) -> Path:
@@ -33,36 +34,55 @@ def write_pack(data: DataConfig, folder: Path) -> Path:
     splits = {"train": load_dataset(data, train=True), "held_out": load_dataset(data, train=False)}
     settings = {key: str(value) for key, value in dataclasses.asdict(data).items()}  # enums and paths as text
     settings.update(image_size=data.image_size, channels=data.channels, root=str(Path(data.root).resolve()))
+    content = hashlib.sha256()  # of the pixels and labels: what a run trained from, whatever folder holds it
+    for split in splits.values():
+        content.update(split.images.contiguous().numpy())
+        content.update(split.labels.contiguous().numpy())
     pack = {
         "format": PACK_FORMAT,
         "settings": settings,
+        "content": content.hexdigest(),
         "num_classes": splits["train"].num_classes,
         **{name: {"images": split.images, "labels": split.labels} for name, split in splits.items()},
     }
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / PACK_FILE
-    partial = folder / f".{PACK_FILE}.{os.getpid()}.tmp"
-    torch.save(pack, partial)
-    os.replace(partial, path)
+    save_atomically(pack, path)
     counts = ", ".join(f"{len(split.labels)} {name}" for name, split in splits.items())
     log.info("Packed data=%s (%s images) into %s in %.1f s", data.name, counts, path, time.perf_counter() - started)
     return path
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """`python -m gan.data.pack OUT_FOLDER [data overrides]`: the exit code (2: bad input)."""
+    """`python -m gan.data.pack OUT_FOLDER [data overrides]`: the exit code (2: bad input, 130: Ctrl-C)."""
     from gan.api import compose_config  # the training configs, composed and checked as train.py does
+    from gan.launch import override_key
 
     logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")  # unless set up
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["-h"], ["--help"]):
+        print(f"{USAGE}\n\n{__doc__}")
+        return 0
     if not argv or "=" in argv[0]:
-        log.error("Usage: python -m gan.data.pack OUT_FOLDER data=NAME [data.KEY=VALUE ...]")
+        log.error(USAGE)
         return 2
+    others = [o for o in argv[1:] if override_key(o).split(".")[0] != "data"]
     try:
+        if others:
+            raise ConfigError(
+                f"{' '.join(others)}: a pack holds images, so it takes the data settings only (data=NAME, "
+                "data.KEY=VALUE); the others would be ignored. Nothing was written. Drop them, and give them to "
+                "train.py when it trains from the pack."
+            )
         write_pack(compose_config(*argv[1:]).data, Path(argv[0]))
-    except (UserError, OSError) as err:
+    except UserError as err:
         log.error("%s", err)
         return 2
+    except OSError as err:  # a full disk, a read-only folder: no partial file is left
+        log.error("%s", environment_error(err, then="pack again."))
+        return 2
+    except KeyboardInterrupt:
+        log.error("Interrupted: no pack was written (a partial file is removed). Pack again to write it.")
+        return 130
     return 0
 
 

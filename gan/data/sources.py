@@ -42,6 +42,7 @@ class ImageSet:
     images: Tensor | Dataset
     labels: Tensor
     num_classes: int
+    pack: Optional[str] = None  # data=packed: the pack's content hash, which each checkpoint records
 
 
 def take(images: Tensor | Dataset, index: Tensor) -> Tensor:
@@ -54,6 +55,7 @@ def load_dataset(cfg: DataConfig, train: bool = True, in_memory: Optional[bool] 
     """`in_memory` overrides `cfg.in_memory` (None: follow it)."""
     started = time.perf_counter()
     source, split = open_source(cfg, train), "training" if train else "held-out"
+    pack = source.pack
     if train and cfg.limit:  # the first N images, their labels with them; the held-out split stays whole
         check_limit(cfg, len(source))
         source, split = source.first(cfg.limit), f"training (first {cfg.limit}: data.limit)"
@@ -68,7 +70,7 @@ def load_dataset(cfg: DataConfig, train: bool = True, in_memory: Optional[bool] 
         f"({nbytes / 1e6:.0f} MB as uint8), {where}, {source.num_classes} classes "
         f"({time.perf_counter() - started:.1f} s)"
     )
-    return ImageSet(images, source.labels, source.num_classes)
+    return ImageSet(images, source.labels, source.num_classes, pack)
 
 
 def check_limit(cfg: DataConfig, size: int) -> None:
@@ -96,6 +98,8 @@ def open_source(cfg: DataConfig, train: bool = True) -> ImageSource:
 
 class ImageSource(Dataset):
     """uint8 (C, S, S) images with labels: one by `__getitem__` (workers) or all by `load_all`, the same pixels."""
+
+    pack: Optional[str] = None  # a pack's content hash (open_packed)
 
     def __init__(self, labels: Tensor, num_classes: int, channels: int, image_size: int):
         self.labels, self.num_classes = labels.long(), num_classes
@@ -418,7 +422,7 @@ def open_stacked(cfg: DataConfig, train: bool) -> StackedImages:
 
 
 PACK_FILE = "pack.pt"  # in data.root, for data=packed: written by gan/data/pack.py
-PACK_FORMAT = 1
+PACK_FORMAT = 2  # 2: the content hash
 
 
 def open_packed(cfg: DataConfig, train: bool) -> ArrayImages:
@@ -435,20 +439,25 @@ def open_packed(cfg: DataConfig, train: bool) -> ArrayImages:
         pack = torch.load(file, mmap=True, weights_only=True)
         if not isinstance(pack, dict) or not {"format", "settings", "num_classes", "train", "held_out"} <= set(pack):
             raise ValueError(f"it holds {sorted(pack) if isinstance(pack, dict) else type(pack).__name__}, not a pack")
-        settings, split = pack["settings"], pack["train" if train else "held_out"]
+        split, content = pack["train" if train else "held_out"], pack.get("content")
         images, labels, num_classes = split["images"], split["labels"], int(pack["num_classes"])
         if pack["format"] != PACK_FORMAT or images.dtype != torch.uint8 or images.size(0) != labels.numel():
             raise ValueError("its format, dtype or counts are not a pack's")
-    except Exception as err:  # unreadable, cut short, or another file named pack.pt
+        settings = pack["settings"] if isinstance(pack["settings"], dict) else {}
+        size, channels, name = (settings.get(key) for key in ("image_size", "channels", "name"))
+        if not (type(size) is type(channels) is int and isinstance(name, str) and isinstance(content, str)):
+            raise ValueError(f"its settings or content hash are damaged: {str(pack['settings'])[:80]}")
+    except Exception as err:  # unreadable, cut short, damaged, or another file named pack.pt
         raise DataError(f"data=packed: {file} cannot be read as a pack ({err}). Write it again.") from err
-    packed_at = (settings["image_size"], settings["channels"])
-    if packed_at != (cfg.image_size, cfg.channels):
+    if (size, channels) != (cfg.image_size, cfg.channels):
         raise ConfigError(
             f"data.image_size={cfg.image_size} data.channels={cfg.channels}, but {file} holds images packed at "
-            f"{packed_at[0]} px with {packed_at[1]} channel(s) (from data={settings['name']}). Set "
-            f"data.image_size={packed_at[0]} data.channels={packed_at[1]}, or pack again at the size you want."
+            f"{size} px with {channels} channel(s) (from data={name}). Set "
+            f"data.image_size={size} data.channels={channels}, or pack again at the size you want."
         )
-    return ArrayImages(images, labels, num_classes, cfg.channels, cfg.image_size)
+    source = ArrayImages(images, labels, num_classes, cfg.channels, cfg.image_size)
+    source.pack = content
+    return source
 
 
 _OPENERS: dict[DatasetName, Callable[[DataConfig, bool], ImageSource]] = {

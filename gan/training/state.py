@@ -22,7 +22,7 @@ from gan.core.steps import Penalties, StepContext
 from gan.data import BatchStream, ImageSet, load_dataset
 from gan.device import environment
 from gan.distributed import SINGLE, World
-from gan.errors import CheckpointError, ConfigError
+from gan.errors import CheckpointError, ConfigError, DataError
 from gan.training.hardware import compile_models, resolve_precision, step_context
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,7 @@ class TrainingState:
     fixed_y: Optional[Tensor] = None  # conditional: each fixed latent's class; rebuilt, not checkpointed
     best: Optional[dict[str, float]] = None  # best.pt's FID and step: a resume replaces it only with a better one
     augment: Optional[AdaptiveAugment] = None  # the StepContext's ADA, whose p is checkpointed
+    pack: Optional[str] = None  # data=packed: the content hash of the pack trained from; a resume needs the same
 
     @property
     def sampler(self) -> nn.Module:
@@ -77,12 +78,20 @@ class TrainingState:
             "best": dict(self.best) if self.best else None,
             "augment": self.augment.state_dict() if self.augment is not None else None,  # ADA's p
             "environment": environment(self.fixed_z.device),  # versions, device, commit: a resume compares them
+            "pack": self.pack,
         }
 
     def load_state_dict(self, state: dict[str, Any], world: World = SINGLE) -> None:
         """Load a checkpoint into these fresh objects; per-rank generators only if saved for a job this size."""
         # The resume contract (gan/launch.py) keeps model.* as stored: a misfit is the checkpoint's own fault
         advice = MISMATCH + (MISMATCH_CLASSES if self.G.num_classes else "")
+        if state.get("pack") != self.pack:  # data.root may change on a resume; the images may not
+            raise DataError(
+                f"trainer.resume: data.root holds another pack than the run trained from (content hash "
+                f"{str(self.pack)[:12]}, where the checkpoint records {str(state.get('pack'))[:12]}): it was packed "
+                "again from other images, or data.root names another pack. Nothing was trained. Set data.root to "
+                "the pack the run trained from, or start a new run from this one (drop trainer.resume)."
+            )
         entry = "?"
         try:
             for entry in ("G", "D"):
@@ -222,7 +231,7 @@ def build_state(
     fixed_y = None
     if num_classes:  # one grid row per class, the same latents in each row
         fixed_z, fixed_y = class_rows(fixed_z, num_classes)
-    return TrainingState(G, D, G_ema, opt_g, opt_d, scaler, batches, fixed_z, fixed_y=fixed_y)
+    return TrainingState(G, D, G_ema, opt_g, opt_d, scaler, batches, fixed_z, fixed_y=fixed_y, pack=dataset.pack)
 
 
 def check_classes(cfg: TrainConfig, dataset: ImageSet) -> int:
