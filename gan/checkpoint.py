@@ -8,7 +8,7 @@ import shutil
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any, Hashable, Iterable, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Callable, Hashable, Iterable, Mapping, Optional, Sequence, TypeVar
 
 import torch
 from omegaconf import OmegaConf
@@ -183,26 +183,13 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
 
 def check_common_entries(state: Mapping[str, Any], file: Path) -> None:
     """Check the entries every reader uses, once, so none meets a wrong type later (int(1.5) is a step)."""
-    step = state["step"]
-    if not _whole(step):
-        raise _damaged(
-            file,
-            "step",
-            f"is damaged: it holds {_shown(step)}, where this project writes the number "
-            "of generator updates done, a whole number of 0 or more",
-        )
+    for entry, (fits, what) in ENTRIES.items():
+        value = state.get(entry)
+        if (value is not None or entry in REQUIRED_KEYS) and not fits(value):
+            raise _damaged(file, entry, f"is damaged: it holds {_shown(value)}, where this project writes {what}")
     _check_state_dict(state, "G", file)
     if state.get("G_ema") is not None:
         _check_state_dict(state, "G_ema", file)
-    if not _whole(state["num_classes"]):
-        raise _damaged(
-            file,
-            "num_classes",
-            f"is damaged: it holds {_shown(state['num_classes'])}, where this project "
-            "writes the number of classes G was built for (0: unconditional)",
-        )
-    if "kind" in state and not isinstance(state["kind"], str):
-        raise _damaged(file, "kind", f"is damaged: it holds {_shown(state['kind'])}, not a name such as 'best'")
     check_config_groups(state["config"], file)
 
 
@@ -288,6 +275,34 @@ def _whole(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def _real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# The plain entries train.py and evaluate.py read, and what each holds (None: absent, where not required)
+ENTRIES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "step": (_whole, "the number of generator updates done, a whole number of 0 or more"),
+    "num_classes": (_whole, "the number of classes G was built for (0: unconditional)"),
+    "kind": (lambda v: isinstance(v, str), "a name such as 'best'"),
+    "pack": (lambda v: isinstance(v, str), "the content hash of the pack the run trained from (data=packed)"),
+    "best": (
+        lambda v: isinstance(v, Mapping) and _real(v.get("fid")) and _whole(v.get("step")),
+        "the best in-training FID and its step, {'fid': F, 'step': S}",
+    ),
+    "environment": (lambda v: isinstance(v, Mapping), "the versions and device it was written with, a mapping"),
+}
+# The settings of each parameter group that Adam's step reads (torch casts nothing: a str crashes its kernel)
+ADAM_SETTINGS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "lr": (_real, "a number"),
+    "betas": (lambda v: isinstance(v, (tuple, list)) and len(v) == 2 and all(map(_real, v)), "two numbers"),
+    "eps": (_real, "a number"),
+    "weight_decay": (_real, "a number"),
+    "amsgrad": (lambda v: isinstance(v, bool), "True or False"),
+    "maximize": (lambda v: isinstance(v, bool), "True or False"),
+}
+COUNTERS = ("num_batches_tracked", "n_averaged")  # the int64 buffers of a network's state dict; the rest are floats
+
+
 def _shown(value: object) -> str:
     if isinstance(value, Tensor):
         return f"a tensor of shape {tuple(value.shape)}"
@@ -304,6 +319,10 @@ def _check_state_dict(state: Mapping[str, Any], entry: str, file: Path, use: str
     if wrong:
         problem = f"is damaged: {wrong[0]!r} holds {_shown(value[wrong[0]])}, where a state dict holds tensors"
         raise _damaged(file, entry, problem, use)
+    retyped = [key for key, t in value.items() if not (t.is_floating_point() or key.endswith(COUNTERS))]
+    if retyped:  # booleans would be cast to 0.0 and 1.0 without a word, and measured
+        problem = f"is damaged: {retyped[0]!r} holds {value[retyped[0]].dtype}, where a network's weights are floats"
+        raise _damaged(file, entry, problem, use)
 
 
 def _check_optimizer(state: Mapping[str, Any], entry: str, file: Path) -> None:
@@ -316,6 +335,11 @@ def _check_optimizer(state: Mapping[str, Any], entry: str, file: Path) -> None:
     if not isinstance(groups, list) or not all(isinstance(g, Mapping) for g in groups):
         problem = f"is damaged: its 'param_groups' is {_shown(groups)}, where torch writes a list of parameter groups"
         raise _damaged(file, entry, problem, "resume from")
+    for index, group in enumerate(groups):
+        for key, (fits, what) in ADAM_SETTINGS.items():
+            if not fits(group.get(key)):
+                problem = f"is damaged: its param_groups[{index}].{key} holds {_shown(group.get(key))}"
+                raise _damaged(file, entry, f"{problem}, where Adam takes {what}", "resume from")
     if not all(isinstance(slots, Mapping) for slots in value["state"].values()):
         problem = "is damaged: its 'state' holds something other than each parameter's moments"
         raise _damaged(file, entry, problem, "resume from")

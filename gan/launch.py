@@ -344,12 +344,25 @@ def resume_auto(config: dict, output_dir: Path, outputs: Path = Path("outputs"))
         return own.last
     wanted = run_identity(config, RUNTIME_KEYS)
     for last in sorted(outputs.glob("**/checkpoints/last.pt"), key=os.path.getmtime, reverse=True):
+        record = Run.of_checkpoint(last).record / "config.yaml"
         try:
-            recorded = to_dict(OmegaConf.load(Run.of_checkpoint(last).record / "config.yaml"))
-            if run_identity(recorded, RUNTIME_KEYS) == wanted:
-                return last
-        except (OSError, yaml.YAMLError, OmegaConfBaseException, AttributeError):  # no record, or a damaged one
+            recorded = to_dict(OmegaConf.load(record))
+            scalars = [group for group, values in recorded.items() if not isinstance(values, dict)]
+            if scalars:  # run_identity would leave such a group out, and match on the others alone
+                raise ValueError(f"its group {scalars[0]!r} is {recorded[scalars[0]]!r}, not a mapping of settings")
+        except FileNotFoundError:  # a run that wrote no record is no one's to continue by its settings
             continue
+        except (
+            OSError,
+            ValueError,
+            yaml.YAMLError,
+            OmegaConfBaseException,
+            AttributeError,
+        ) as err:  # non-UTF-8: ValueError
+            log.warning("trainer.resume=auto: %s cannot be read (%s), so that run is not continued.", record, err)
+            continue
+        if run_identity(recorded, RUNTIME_KEYS) == wanted:
+            return last
     return None
 
 

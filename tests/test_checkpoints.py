@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import torch
 from conftest import ROOT, TINY, compose_config, run_train
 
 import gan.core.losses
-from gan.checkpoint import CheckpointError, load_checkpoint, load_module_state, save_checkpoint
+from gan.checkpoint import CheckpointError, load_checkpoint, load_module_state, require_training_state, save_checkpoint
 from gan.core.losses import LOSSES, AdversarialLoss
 from gan.core.models import Generator
 from gan.training import NonFiniteLossError, train
@@ -285,3 +286,38 @@ def test_resume_auto_continues_the_matching_run_or_starts_one(tmp_path):
     other = run_train("trainer.max_steps=2", "trainer.resume=auto", "loss=hinge", cwd=tmp_path)
     assert other.returncode == 0, other.stderr[-3000:]
     assert len(list((tmp_path / "outputs").glob("*/*/checkpoints/last.pt"))) == 2  # a new run
+
+
+# every entry typed where a checkpoint is read, for train.py and evaluate.py alike (gan/checkpoint.py) -------
+
+
+def _retyped(state: dict, entry: str, dtype: torch.dtype) -> None:
+    state[entry] = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state[entry].items()}
+
+
+def _group(entry: str, **settings: object):
+    return lambda state: state[entry]["param_groups"][0].update(settings)
+
+
+TYPED = {  # an edit of a trained checkpoint -> what the refusal says (the shared load, then the resume gate)
+    "G booleans": (lambda s: _retyped(s, "G", torch.bool), "entry 'G' is damaged: 'net.0.weight' holds torch.bool"),
+    "G_ema ints": (lambda s: _retyped(s, "G_ema", torch.int32), "entry 'G_ema' is damaged: 'module.net.0.weight' hol"),
+    "D booleans": (lambda s: _retyped(s, "D", torch.bool), "entry 'D' is damaged: 'features.0.bias' holds torch.bool"),
+    "betas as text": (_group("opt_g", betas=("a", 0.9)), "param_groups[0].betas holds ('a', 0.9) (tuple), where Adam"),
+    "eps None": (_group("opt_d", eps=None), "param_groups[0].eps holds None (NoneType), where Adam takes a number"),
+    "lr as text": (_group("opt_g", lr="0.1"), "param_groups[0].lr holds '0.1' (str), where Adam takes a number"),
+    "amsgrad 1": (_group("opt_d", amsgrad=1), "param_groups[0].amsgrad holds 1 (int), where Adam takes True or False"),
+    "pack a number": (lambda s: s.update(pack=5), "entry 'pack' is damaged: it holds 5 (int)"),
+    "best as text": (lambda s: s.update(best="7.5"), "entry 'best' is damaged: it holds '7.5' (str)"),
+    "environment a list": (lambda s: s.update(environment=[1]), "entry 'environment' is damaged: it holds [1]"),
+    "kind a number": (lambda s: s.update(kind=3), "entry 'kind' is damaged: it holds 3 (int)"),
+}
+
+
+@pytest.mark.parametrize("edit, says", TYPED.values(), ids=TYPED.keys())
+def test_a_checkpoint_entry_of_the_wrong_type_is_refused_where_it_is_read(tiny_run, tmp_path, edit, says):
+    state = torch.load(tiny_run / "checkpoints" / "last.pt", weights_only=True)
+    edit(state)
+    torch.save(state, tmp_path / "last.pt")
+    with pytest.raises(CheckpointError, match=re.escape(says)):
+        require_training_state(load_checkpoint(tmp_path / "last.pt"), tmp_path / "last.pt")

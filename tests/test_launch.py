@@ -199,3 +199,22 @@ def test_no_module_of_the_project_imports_at_its_top_what_windows_lacks(path):
     imported = {alias.name.split(".")[0] for node in tree.body if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module.split(".")[0] for node in tree.body if isinstance(node, ast.ImportFrom) and node.module}
     assert not imported & POSIX_ONLY, f"{path.relative_to(ROOT)} imports {imported & POSIX_ONLY} at its top"
+
+
+# trainer.resume=auto reads each run's record: one it cannot read is said, not skipped silently ------------
+
+RECORDS = {  # the record's bytes -> what the warning says
+    "not UTF-8": (b"model: {g_width: 8}\n\xff\xfe\n", "'utf-8' codec can't decode byte 0xff"),
+    "a group replaced by a number": (b"loss: 5\n", "its group 'loss' is 5, not a mapping of settings"),
+}
+
+
+@pytest.mark.parametrize("record, says", RECORDS.values(), ids=RECORDS.keys())
+def test_resume_auto_says_which_record_it_cannot_read(tmp_path, caplog, record, says):
+    run_dir = tmp_path / "outputs" / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "last.pt").write_bytes(b"")
+    (run_dir / ".hydra").mkdir()
+    (run_dir / ".hydra" / "config.yaml").write_bytes(record)
+    assert launch.resume_auto({"loss": {"name": "bce"}}, tmp_path / "new", tmp_path / "outputs") is None
+    assert f"{run_dir / '.hydra' / 'config.yaml'} cannot be read" in caplog.text and says in caplog.text
