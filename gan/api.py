@@ -22,7 +22,7 @@ from gan.config import EvaluateConfig, TrainConfig, _require, check_device_name,
 from gan.core.models import Generator
 from gan.core.sampling import sample as sample_from
 from gan.device import resolve_device
-from gan.errors import ConfigError
+from gan.errors import ConfigError, environment_error
 from gan.evaluation.pipeline import build_generator, recompute_batchnorm_stats
 from gan.launch import CONFIG_DIR, hydra_refusal
 from gan.training import TrainResult
@@ -51,15 +51,22 @@ def train(run_dir: Union[str, Path], *overrides: str, config: Optional[TrainConf
     """A run in run_dir from train.py's overrides, or from a TrainConfig built in code, checked as the
     command line's are: its types by OmegaConf, its ranges by gan/config.py (in gan.training.train)."""
     _require(isinstance(run_dir, (str, Path)), "run_dir", run_dir, "must be a folder's path (str or Path)")
+    _require(not Path(run_dir).expanduser().is_file(), "run_dir", str(run_dir), "is a file: name a folder for the run")
+    why = "must be a TrainConfig (gan.compose_config gives one), or None with train.py's overrides"
+    _require(config is None or isinstance(config, TrainConfig), "config", type(config).__name__, why)
     if config is None:
-        return train_run(_composed(overrides), Path(run_dir))
-    if overrides:
+        typed = _composed(overrides)
+    elif overrides:
         raise ConfigError(f"Pass overrides ({' '.join(overrides)}) or config=, not both.")
+    else:
+        try:
+            typed = validate(OmegaConf.structured(config))
+        except OmegaConfBaseException as err:
+            raise ConfigError(str(err)) from err
     try:
-        typed = validate(OmegaConf.structured(config))
-    except OmegaConfBaseException as err:
-        raise ConfigError(str(err)) from err
-    return train_run(typed, Path(run_dir))
+        return train_run(typed, Path(run_dir))
+    except OSError as err:  # a full disk, a read-only folder: as train.py says it
+        raise environment_error(err, then="call gan.train again.") from err
 
 
 def load_generator(path: Union[str, Path], ema: bool = True, device: str = "cpu") -> Generator:

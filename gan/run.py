@@ -111,6 +111,9 @@ class Run:
         lock = FileLock(path, timeout=0, on_acquired=_write_holder)
         try:
             lock.acquire()
+        except IsADirectoryError:
+            why = "it is a folder, where the run keeps its lock file"
+            raise RunDirError(_cannot(path, why, "Move it away")) from None
         except Timeout:
             holder = _read_holder(path)
             raise RunDirError(f"The run directory {self.dir} is in use: {holder} holds {path} ({in_use}") from None

@@ -147,6 +147,8 @@ BAD_CALLS = {
     "ema='no'": (lambda G: gan.load_generator("run", ema="no"), "ema='no'"),
     "overrides in a list": (lambda G: gan.compose_config(["loss=hinge"]), "overrides="),
     "run_dir=None": (lambda G: gan.train(None, *TINY), "run_dir=None"),
+    "run_dir=a file": (lambda G: gan.train(__file__, *TINY), f"run_dir={__file__!r} is a file"),
+    "config=a dict": (lambda G: gan.train("r", config={"data": {}}), "config='dict' must be a TrainConfig"),
     "data.root=": (lambda G: gan.compose_config("data.root="), "data.root=''"),  # Path(""): the working directory
     "trainer.resume=": (lambda G: gan.compose_config("trainer.resume="), "trainer.resume=''"),  # a new run, unasked
 }

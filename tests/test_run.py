@@ -44,6 +44,13 @@ def test_the_lock_excludes_a_second_holder_naming_the_first(tmp_path):
         pass
 
 
+def test_a_lock_that_is_a_folder_is_named_not_raised(tmp_path):
+    (tmp_path / Run.LOCK).mkdir()
+    with pytest.raises(RunDirError, match="it is a folder, where the run keeps its lock file. Nothing was written"):
+        with Run(tmp_path).owned():
+            pass
+
+
 def test_a_lock_left_by_a_dead_process_is_taken_over_with_a_word(tmp_path, caplog):
     (tmp_path / Run.LOCK).write_text(f"{unused_pid()} testhost\n")  # no flock: its holder is gone
     with Run(tmp_path).owned():
