@@ -12,10 +12,21 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
 
+COUNTS = ("auto", "cpu", "gpu", "xpu")  # torchrun's names for "one process per device"
+
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    count = str(args.nproc_per_node)
+    if not (count in COUNTS or count.isdigit() and int(count) >= 1):  # torch's own refusal is a bare AssertionError
+        print(
+            f"--nproc_per_node={count}: the number of processes per node must be a whole number of 1 or more, or one "
+            f"of {', '.join(COUNTS)}. Nothing was started.",
+            file=sys.stderr,
+        )
+        return 2
     try:
-        run(parse_args(list(sys.argv[1:] if argv is None else argv)))
+        run(args)
     except ChildFailedError as err:  # each process has said why; torchrun's log line names the process
         _, failure = err.get_first_failure()
         return failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode

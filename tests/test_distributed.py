@@ -16,6 +16,7 @@ import torch.multiprocessing as mp
 from conftest import ROOT, TINY, compose_config, run_train
 from test_checkpoints import assert_same_state
 
+import gan.torchrun
 from gan.checkpoint import load_checkpoint
 from gan.core.steps import d_step, g_step
 from gan.data import EpochBatchSampler
@@ -229,3 +230,10 @@ def test_a_rank_killed_by_sigkill_ends_the_job_without_a_traceback_saying_what_i
     # shutdown timeout ends by torchrun's SIGKILL, silently
     said = [line for line in output.splitlines() if "Another process of this torchrun job ended" in line]
     assert all(f"{run_dir / 'checkpoints' / 'last.pt'} holds step {step}" in line for line in said) and len(said) <= 1
+
+
+@pytest.mark.parametrize("count", ["0", "-1", "abc"])
+def test_a_process_count_torchrun_cannot_use_is_one_paragraph(count, capsys):
+    assert gan.torchrun.main([f"--nproc_per_node={count}", "train.py"]) == 2
+    said = capsys.readouterr().err
+    assert f"--nproc_per_node={count}: the number of processes per node must be" in said and "Traceback" not in said
