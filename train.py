@@ -18,7 +18,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from gan import launch
 from gan.config import register_configs, validate
 from gan.distributed import broadcast_object, close, init_process_group, world_from_env
-from gan.errors import UserError, environment_error
+from gan.errors import MetricsError, UserError, environment_error
 from gan.run import Run, held_log
 from gan.training import NonFiniteLossError, TrainResult, train
 from gan.training.loop import final_evaluation, hparams_of, peer_lost, what_is_kept
@@ -54,7 +54,15 @@ def job(cfg: DictConfig) -> tuple[int, Optional[float]]:
                 hparams, command = hparams_of(typed, launch.compared(), context=not sweep), launch.command("train")
                 result = train(typed, run.dir, world=world, on_ready=ready, command=command, hparams=hparams)
                 measure = world.is_main and not result.stopped_by and typed.trainer.final_eval_samples
-                fid = final_evaluation(typed, result, run.dir) if measure else None
+                try:
+                    fid = final_evaluation(typed, result, run.dir) if measure else None
+                except MetricsError as err:  # its advice names evaluate.py's metrics.*, which train.py does not take
+                    raise MetricsError(f"{err} {measure_later(run)}") from err
+                except KeyboardInterrupt:  # Ctrl-C while measuring: the trained run is saved
+                    log.warning("Interrupted (SIGINT) during the final evaluation. %s", measure_later(run))
+                    if sweep:
+                        raise SystemExit(SIGNAL_EXIT["SIGINT"]) from None
+                    return SIGNAL_EXIT["SIGINT"], None
         except (UserError, NonFiniteLossError, OSError) as err:
             if isinstance(err, OSError):  # disk full, permissions: the environment, not a bug
                 err = environment_error(err, then=what_is_kept(run.dir))
@@ -87,6 +95,15 @@ def finish(result: TrainResult, fid: Optional[float], run: Run, sweep: bool) -> 
         return SIGNAL_EXIT[result.stopped_by], None
     log.info("Done: %d steps; outputs in %s. %s", result.step, run.dir, result.outcome())
     return 0, fid if fid is not None and math.isfinite(fid) else None
+
+
+def measure_later(run: Run) -> str:
+    checkpoint = launch.shell_quote(f"checkpoint={launch.hydra_quote(run.dir)}")
+    return (
+        f"The run trained and its checkpoint is saved in {run.dir}: measure it with {launch.PROGRAMS['evaluate']} "
+        f"{checkpoint} (which takes the metrics.* settings), or set trainer.final_eval_samples=0 to train without "
+        "the final evaluation."
+    )
 
 
 def cli(program: str = "python train.py") -> None:

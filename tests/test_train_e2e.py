@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, compose_config, run_train
+from conftest import ROOT, compose_config, in_process, run_train
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import train as train_py
+from gan.errors import MetricsError
 from gan.training import train
 from gan.training.monitor import FAKE_TAG
 
@@ -202,3 +204,29 @@ def test_final_eval_measures_the_run_for_sweepers(tmp_path):
     metrics = json.loads((run_dir / "eval" / "metrics.json").read_text())
     assert metrics["num_samples"] == 300 and metrics["fid"] > 0
     assert (tmp_path / "data" / "classifiers").is_dir()  # trained once, cached under data.root
+
+
+# the final evaluation stopped: the trained run is saved, and train.py says how to measure it ---------------
+
+FINAL_EVAL_STOPS = {  # what the final evaluation raises -> exit code, what train.py says
+    "Ctrl-C": (KeyboardInterrupt(), 130, "Interrupted (SIGINT) during the final evaluation. The run trained"),
+    "classifier refused": (
+        MetricsError("The metrics classifier reaches only 50% (metrics.classifier.min_accuracy=0.97)."),
+        2,
+        "or set trainer.final_eval_samples=0 to train without the final evaluation",
+    ),
+}
+
+
+@pytest.mark.parametrize("stop, code, says", FINAL_EVAL_STOPS.values(), ids=FINAL_EVAL_STOPS.keys())
+def test_a_final_evaluation_stopped_says_how_to_measure_the_saved_run(tmp_path, monkeypatch, stop, code, says):
+    def final_evaluation(*args: object) -> float:
+        raise stop
+
+    monkeypatch.setattr(train_py, "final_evaluation", final_evaluation)
+    argv = ["debug=tiny", "trainer.final_eval_samples=100", f"hydra.run.dir={tmp_path / 'run'}"]
+    result = in_process(train_py.main, argv, tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == code and says in output and "Traceback" not in output, output[-2000:]
+    assert f"python evaluate.py checkpoint={tmp_path / 'run'}" in output
+    assert (tmp_path / "run" / "checkpoints" / "last.pt").is_file()
