@@ -69,6 +69,7 @@ RESUMABLE = {
 RENAMED = {"trainer.on_collapse": "trainer.on_d_won", "trainer.collapse_window": "trainer.d_won_window"}
 # Settings that name a file or folder: a path may hold what Hydra's grammar reserves ('=', ' ', ',')
 PATH_KEYS = ("trainer.resume", "hydra.run.dir", "hydra.sweep.dir", "data.root", "checkpoint")
+RERUN = "--experimental-rerun"  # Hydra's flag that unpickles a config.pickle
 PROGRAMS = {"train": "python train.py", "evaluate": "python evaluate.py"}  # as --help and the resume hint name them
 
 
@@ -80,6 +81,14 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
     """`job` under @hydra.main with `argv` as the command line, in this process: the exit code, the job's
     (it returns (code, value a sweeper minimises)), Hydra's own (0 after --help, 1 for a failed sweep job)
     or 2 for a command Hydra refuses. Nothing calls sys.exit, so tests drive the real command line."""
+    if any(len(flag := arg.split("=")[0]) > 2 and RERUN.startswith(flag) for arg in argv):  # argparse takes --exp
+        log.error(
+            "%s unpickles a job's config.pickle, and unpickling runs whatever code the file names; this project "
+            "never writes one (the job's record is .hydra/config.yaml, and a run resumes with trainer.resume=RUN_DIR). "
+            "Nothing was read or written. Drop the flag.",
+            RERUN,
+        )
+        return EXIT_BAD_INPUT
     codes: list[int] = []
 
     @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name=config_name)

@@ -218,3 +218,13 @@ def test_resume_auto_says_which_record_it_cannot_read(tmp_path, caplog, record, 
     (run_dir / ".hydra" / "config.yaml").write_bytes(record)
     assert launch.resume_auto({"loss": {"name": "bce"}}, tmp_path / "new", tmp_path / "outputs") is None
     assert f"{run_dir / '.hydra' / 'config.yaml'} cannot be read" in caplog.text and says in caplog.text
+
+
+@pytest.mark.parametrize("flag", ["--experimental-rerun", "--experimental-rerun=x", "--exp"])
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_hydras_rerun_which_unpickles_a_file_is_refused(program, flag, tmp_path):
+    (tmp_path / "config.pickle").write_bytes(b"cos\nsystem\n(S'touch pwned'\ntR.")
+    result = run(program, flag, str(tmp_path / "config.pickle"), cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "--experimental-rerun unpickles a job's config.pickle" in output, output[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.pickle"]
