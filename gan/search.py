@@ -75,6 +75,8 @@ def storage_problem(storage: Optional[str], sweep: Path) -> str:
     said = f"hydra.sweeper.storage={storage}"
     if file.is_dir():
         return f"{said} names a folder, where the study is kept in a file: name a file, or leave the setting out"
+    if not file.parent.is_dir():
+        return f"{said}: the folder {file.parent} does not exist: make it, or leave the setting out"
     if not os.access(file if file.exists() else file.parent, os.W_OK):
         return f"{said}: this user cannot write {file if file.exists() else file.parent}: give write permission there"
     if file.exists():

@@ -58,6 +58,7 @@ REFUSED = {  # overrides (STORE: the sweep folder's optuna.db) -> what the parag
     "wrong type": (["optim.beta1=choice(0.5,high)"], "optim.beta1=high"),
     "damaged storage": (["STORE=garbage"], "cannot be read as an SQLite database (file is not a database)"),
     "folder storage": (["STORE=folder"], "names a folder, where the study is kept in a file"),
+    "no such folder": (["hydra.sweeper.storage=sqlite:////nowhere/x.db"], "the folder /nowhere does not exist"),
 }
 
 
