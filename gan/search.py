@@ -51,6 +51,11 @@ def settings_problem(sweeper: DictConfig) -> str:
             f"hydra.sweeper.max_failure_rate={sweeper.max_failure_rate}: the share of a batch of trials that may fail "
             "must be from 0 (stop at the first failure) to 1 (never stop)"
         )
+    if not sweeper.study_name and sweeper.storage:
+        return (
+            f"hydra.sweeper.study_name={sweeper.study_name}: Optuna would name the study at random, so no later launch "
+            "could continue it: give it a name, or leave the setting out"
+        )
     if sweeper.direction != "minimize":
         return (
             f"hydra.sweeper.direction={sweeper.direction}: each trial returns its final FID, where lower is better, "

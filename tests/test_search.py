@@ -52,6 +52,7 @@ REFUSED = {  # overrides (STORE: the sweep folder's optuna.db) -> what the parag
     "no trials": (["hydra.sweeper.n_trials=0"], "n_trials=0: the number of trials to run must be 1 or more"),
     "no jobs": (["hydra.sweeper.n_jobs=0"], "n_jobs=0: the number of trials asked for at once must be 1 or more"),
     "failure rate": (["hydra.sweeper.max_failure_rate=1.5"], "must be from 0 (stop at the first failure) to 1"),
+    "no study name": (["hydra.sweeper.study_name=null"], "Optuna would name the study at random"),
     "direction": (["hydra.sweeper.direction=maximize"], "lower is better, so the search minimizes it"),
     "unknown key": (["optim.lrr=interval(1e-4,2e-4)"], "Key 'lrr' not in 'OptimConfig'. Change hydra.sweeper.params"),
     "unknown option": (["loss=choice(bce,nope)"], "Could not find 'loss/nope'"),
