@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -84,6 +85,29 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(tmp_path, workers)
     resumed = load_checkpoint(tmp_path / "split")
     assert resumed["data"] == {"epoch": 1, "batch": 4}
     assert_same_state(straight, resumed)
+
+
+def test_a_resume_keeps_the_runs_thread_count_whatever_the_default_is_by_then(tmp_path, monkeypatch, caplog):
+    # The default trainer.threads=0 (debug=tiny fixes 1) computes with torch's count, 2 here. Before the
+    # resume the default drops to 1, as a busier machine, OMP_NUM_THREADS or another affinity would make
+    # it: the resume still computes with the 2 its checkpoint records, and matches the straight run.
+    monkeypatch.setattr("gan.training.threads.available_cpus", lambda: 2)  # a 1-CPU machine too
+    common = ("trainer.max_steps=8", "trainer.checkpoint_every=100", "trainer.threads=0")
+    torch.set_num_threads(2)
+    train(compose_config(*common), tmp_path / "straight")
+    train(compose_config(*common), tmp_path / "split", after_step=stop_at(4))
+    shutil.copytree(tmp_path / "split", tmp_path / "forced")
+    torch.set_num_threads(1)
+    train(compose_config(*common, f"trainer.resume={tmp_path / 'split'}"), tmp_path / "split")
+    straight = load_checkpoint(tmp_path / "straight")
+    assert straight["threads"] == 2 and load_checkpoint(tmp_path / "split")["threads"] == 2
+    assert_same_state(straight, load_checkpoint(tmp_path / "split"))
+    # the count is part of the arithmetic: a resume told trainer.threads=1 differs, and says so
+    resume = f"trainer.resume={tmp_path / 'forced'}"
+    train(compose_config(*common[:2], "trainer.threads=1", resume), tmp_path / "forced")
+    with pytest.raises(AssertionError, match="differs"):
+        assert_same_state(straight, load_checkpoint(tmp_path / "forced"))
+    assert "computed with 2 torch thread(s) and resumes with 1 (trainer.threads=1)" in caplog.text
 
 
 def test_a_finished_run_extended_with_constant_rates_is_bit_identical_to_a_longer_one(tmp_path):
