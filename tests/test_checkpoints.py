@@ -92,10 +92,10 @@ def test_a_resume_keeps_the_runs_thread_count_whatever_the_default_is_by_then(tm
     # resume the default drops to 1, as a busier machine, OMP_NUM_THREADS or another affinity would make
     # it: the resume still computes with the 2 its checkpoint records, and matches the straight run.
     monkeypatch.setattr("gan.training.threads.available_cpus", lambda: 2)  # a 1-CPU machine too
-    common = ("trainer.max_steps=8", "trainer.checkpoint_every=100", "trainer.threads=0")
+    common = ("trainer.max_steps=4", "trainer.checkpoint_every=100", "trainer.threads=0")
     torch.set_num_threads(2)
     train(compose_config(*common), tmp_path / "straight")
-    train(compose_config(*common), tmp_path / "split", after_step=stop_at(4))
+    train(compose_config(*common), tmp_path / "split", after_step=stop_at(2))
     shutil.copytree(tmp_path / "split", tmp_path / "forced")
     torch.set_num_threads(1)
     train(compose_config(*common, f"trainer.resume={tmp_path / 'split'}"), tmp_path / "split")
