@@ -646,6 +646,20 @@ def test_the_readme_cites_the_mutation_checked_proofs_and_no_pytorch_fact():
     assert not problems, "\n".join(problems)
 
 
+def test_the_readme_states_what_make_test_runs_of_the_mutations():
+    from test_mutations import MUTATIONS, VARIANTS
+
+    readme, kinds = normalise((ROOT / "README.md").read_text(encoding="utf-8")), sum(1 for m in MUTATIONS if m.kind)
+    assert (
+        f"`make test` runs the {len(MUTATIONS)} mutants of `tests/test_mutations.py`, each on a copy of the code: "
+        f"{len(MUTATIONS) - kinds} remove a technique one way, and {kinds} break what surrounds one" in readme
+    )
+    assert f"{len(VARIANTS)} more ways run by hand (`--variants`" in readme
+    # make test is the tier not marked slow, and nothing in test_mutations.py is marked slow
+    assert '-m "not slow"' in (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "mark.slow" not in (ROOT / "tests" / "test_mutations.py").read_text(encoding="utf-8")
+
+
 def test_a_readme_citing_a_fact_or_missing_a_proof_is_caught():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     proof, fact = "::test_d_step_leaves_generator_gradients_none", "::test_without_detach_d_loss_reaches_generator"
