@@ -524,6 +524,9 @@ WRONG_PHRASINGS = (
     "which this loop needs because it clears",  # circular: the reason for param.grad = None is not itself
     "instead of moving it by momentum on a zero gradient",  # not with the default beta1 = 0
     "the signature of a collapse",  # D winning is not mode collapse, which has no loss signature
+    "D is sure of every real",  # r_t counts the signs of D's logits, not how sure D is
+    "the share of real images D scores as real, averaged",  # r_t is that share less the share scored fake
+    "so that Adam skips a parameter without a gradient",  # no parameter of this loop lacks one at its update
 )
 
 

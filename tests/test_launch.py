@@ -237,5 +237,6 @@ def sweep_jobs(argv: list[str]) -> list[list[str]]:
     """The jobs of a sweep (-m, which --cfg refuses), or the command itself."""
     if "-m" not in argv:
         return [argv]
-    choices = [[f"{key}={v}" for v in values.split(",")] for key, values in (a.split("=", 1) for a in argv if a != "-m")]
+    pairs = (arg.split("=", 1) for arg in argv if arg != "-m")
+    choices = [[f"{key}={value}" for value in values.split(",")] for key, values in pairs]
     return [list(job) for job in itertools.product(*choices)]

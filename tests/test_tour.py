@@ -324,5 +324,40 @@ def test_the_step_comes_abridged_within_about_250_lines_and_whole_later():
     assert 20 < len(code) <= 40, len(code)
     walkthrough = (ROOT / "docs" / "walkthrough.md").read_text(encoding="utf-8")
     assert MERMAID.findall(cell) == MERMAID.findall(walkthrough) != []
-    whole = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.startswith("show_source(d_step, g_step")]
+    whole = [i for i, c in enumerate(nb.cells) if c.source.startswith("show_source(d_step, g_step")]
     assert whole and whole[0] > index
+
+
+# Each place a page names a section of the tour, and what that section's cells hold for the name to be right.
+TOUR_REFERENCES = {
+    ("docs/walkthrough.md", 2): ["d_stats, real_features = d_step(D, opt_d, real, fake)", "```mermaid"],
+    ("docs/walkthrough.md", 6): ["without detach, after D's backward", "second G(z), this loop"],
+    ("docs/walkthrough.md", 10): ["stats recomputed"],
+    ("docs/walkthrough.md", 11): ["backward(s) through G", "saved_bytes"],
+    ("docs/more.md", 11): ["D(x) alone", "micro-batches of"],
+}
+SECTION_NAMED = re.compile(r"tour(?:'s| \(|\)?,)\s*section (\d+)|section (\d+) of the tour")
+
+
+def test_every_tour_section_a_page_names_holds_what_the_page_says():
+    sections, number = {}, 0
+    for cell in nbformat.read(TOUR, as_version=4).cells:
+        heading = re.match(r"## (\d+)\. ", cell.source) if cell.cell_type == "markdown" else None
+        number = int(heading[1]) if heading else number
+        sections[number] = sections.get(number, "") + cell.source
+    pages = ["README.md", *(f"docs/{page.name}" for page in sorted((ROOT / "docs").glob("*.md")))]
+    named = {
+        (page, int(a or b))
+        for page in pages
+        for a, b in SECTION_NAMED.findall(" ".join((ROOT / page).read_text(encoding="utf-8").split()))
+    }
+    assert named == set(TOUR_REFERENCES), "a page names a tour section this table does not check, or no longer does"
+    wrong = [(page, n, marker) for (page, n), markers in TOUR_REFERENCES.items() for marker in markers
+             if marker not in sections[n]]  # fmt: skip
+    assert not wrong, wrong
+
+
+def test_a_cell_that_says_the_next_cell_is_followed_by_a_code_cell():
+    cells = nbformat.read(TOUR, as_version=4).cells
+    wrong = [i for i, cell in enumerate(cells[:-1]) if "next cell" in cell.source and cells[i + 1].cell_type != "code"]
+    assert not wrong, f"cells {wrong} say 'the next cell' above a cell that is not code"
