@@ -193,6 +193,9 @@ MUTATIONS: list[Mutation] = [
     Mutation("term-norm-accumulated", "separate mode's `grad_norm/g_NAME` is term NAME's own", STEPS + "backward_terms",
              "        before = after\n", "", (EACH_TERM,),
              readme="`retain_graph=True` is needed where one graph is backpropagated more than once", kind="b"),
+    Mutation("grad-norm-images-of-the-batch", "`grad_norm/images` is the mean norm per image", STEPS + "g_step",
+             "fake.grad.flatten(1).norm(dim=1).mean()", "fake.grad.norm()", (GRAD_AT_IMAGES,),
+             readme="`retain_grad()` on a non-leaf", kind="b"),
     Mutation("gp-fake-attached", "the gradient penalty's interpolates on `fake.detach()`", STEPS + "d_step",
              "real, fake.detach())", "real, fake)", (D_STEP,), readme="D step on `fake.detach()`", kind="c"),
     Mutation("map-location-after-load", "`map_location` for a checkpoint saved on a GPU",
@@ -338,7 +341,8 @@ TECHNIQUES: list[Technique] = [
     ),
     Technique(
         "`retain_grad()` on the fake images",
-        "the gradient at the fake images is kept, and is exactly d loss_G / d fake",
+        "the gradient at the fake images is kept, and is exactly d loss_G / d fake; `grad_norm/images` logs "
+        "its mean norm per image",
         "`gan/core/steps.py:g_step`",
         (GRAD_AT_IMAGES,),
     ),
