@@ -527,6 +527,7 @@ WRONG_PHRASINGS = (
     "D is sure of every real",  # r_t counts the signs of D's logits, not how sure D is
     "the share of real images D scores as real, averaged",  # r_t is that share less the share scored fake
     "so that Adam skips a parameter without a gradient",  # no parameter of this loop lacks one at its update
+    "random draws come from torch's generator",  # the default adaptive augmentation draws from its own
 )
 
 
