@@ -15,7 +15,8 @@ not only in the form MUTATIONS patches: TECHNIQUES states each purpose and its p
 removes the techniques other ways, most of them keeping the line a check of presence would look for
 (the D step isolated so far that D stops learning from the fakes, an EMA that never averages, G's
 graph kept alive past the G step, ...). The suite does not run them (each copy costs a process and
-a few seconds), `--variants` does.
+a few seconds), `--variants` does. Some MUTATIONS break what surrounds a technique rather than the
+technique itself (KINDS: a config key, a logged number, a penalty, a checkpoint from another device).
 
 MUTATIONS and TECHNIQUES are the one source of docs/proofs.md's tables and of the tests that
 README.md's technique table cites (tests/test_docs.py checks both).

@@ -440,7 +440,7 @@ def test_unavailable_cuda_is_refused_naming_the_key(monkeypatch):
 def test_checkpoint_tensors_follow_map_location(tmp_path, tiny_gan, monkeypatch):
     """Tensors land where map_location says, from a checkpoint saved on the CPU and from one saved on a
     GPU: made here by tagging each storage cuda:0 as torch.save tags a GPU's (torch.serialization's
-    location_tag), which torch.load without map_location would restore onto a GPU this machine lacks."""
+    location_tag), which torch.load without map_location would restore onto cuda:0, absent here."""
     G, D = tiny_gan
     state = {"G": G.state_dict(), "D": D.state_dict(), "step": 1, "num_classes": 0, "config": {}}
     save_checkpoint(state, tmp_path / "cpu.pt")
