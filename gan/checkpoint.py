@@ -284,6 +284,7 @@ ENTRIES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "step": (_whole, "the number of generator updates done, a whole number of 0 or more"),
     "num_classes": (_whole, "the number of classes G was built for (0: unconditional)"),
     "kind": (lambda v: isinstance(v, str), "a name such as 'best'"),
+    "threads": (lambda v: _whole(v) and v >= 1, "the torch thread count the run computed with, 1 or more"),
     "pack": (lambda v: isinstance(v, str), "the content hash of the pack the run trained from (data=packed)"),
     "best": (
         lambda v: isinstance(v, Mapping) and _real(v.get("fid")) and _whole(v.get("step")),

@@ -187,7 +187,9 @@ class TrainerConfig(_Group):
     precision: Precision = Precision.auto  # auto | fp32 | bf16 | fp16 (docs/speed.md)
     channels_last: bool = True  # NHWC memory format: faster convolutions on CPU (oneDNN) and tensor cores
     compile: bool = False  # torch.compile G and D (not the whole step); compile time is logged apart
-    threads: int = 0  # torch intra-op threads; 0 = adapt to the free cores (gan/training/threads.py), N = fixed
+    threads: int = 0  # torch intra-op threads; 0 = torch's default (a thread per core); fixed, and kept on resume
+    adapt_threads: bool = False  # follow the cores other processes leave free (gan/training/threads.py): faster
+    # beside a busy neighbour, but a changed count changes oneDNN's reductions, so such a run is not bit-exact
     retain_host_memory: bool = True  # CPU: glibc malloc keeps freed memory (gan/device.py:retain_freed_memory)
     log_every: int = 50  # steps between scalar logs (the only host syncs of the loop)
     sample_every: int = 500  # steps between fixed-noise sample grids (20 in a default run)
@@ -208,8 +210,10 @@ class TrainerConfig(_Group):
         self._check(self.max_steps >= 1, "max_steps", "must be at least 1")
         why = "is empty (an unset shell variable?): name a checkpoint or run folder, or auto; omit it for a new run"
         self._check(self.resume is None or bool(self.resume.strip()), "resume", why)
-        self._check(self.threads >= 0, "threads", "must be >= 0 (0 = adapt to the free cores)")
-        check_threads(self.threads, "trainer.threads", "0 to adapt to the free cores")
+        self._check(self.threads >= 0, "threads", "must be >= 0 (0 = torch's default)")
+        check_threads(self.threads, "trainer.threads", "0 for torch's default")
+        why = "adapts the count, which trainer.threads fixes: set one of them, or neither for a fixed default"
+        self._check(not (self.adapt_threads and self.threads), "adapt_threads", why)
         self._check(self.keep_checkpoints >= 0, "keep_checkpoints", "must be >= 0")
         self._check(self.overfit_every >= 0, "overfit_every", "must be >= 0 (0 = off)")
         why = "must be >= 0 (0 = no evaluation after training)"

@@ -51,8 +51,9 @@ EXIT_HYDRA, EXIT_BAD_INPUT = 1, 2  # 1: Hydra's own (a sweep with a failed job);
 RUNTIME_KEYS: dict[str, tuple[str, ...]] = {
     "data": ("root", "download", "in_memory", "num_workers"),
     "trainer": tuple(
-        "max_steps resume device progress threads retain_host_memory log_every sample_every checkpoint_every "
-        "keep_checkpoints final_eval_samples eval_every eval_samples overfit_every on_d_won d_won_window".split()
+        "max_steps resume device progress threads adapt_threads retain_host_memory log_every sample_every "
+        "checkpoint_every keep_checkpoints final_eval_samples eval_every eval_samples overfit_every on_d_won "
+        "d_won_window".split()
     ),
 }
 # ... and the arithmetic an explicit resume may tune (a lower rate, other hardware), which

@@ -7,7 +7,7 @@ thread-count and OpenMP wait-policy choices. Prints a table of seconds per step.
 Each case runs the measured run (train() with the defaults and the overrides given, in a fresh
 process) while `neighbours` other processes train without end, started first and killed after. The
 measured run's clock starts --settle-s seconds after its first step (kernels built, neighbours
-going, and trainer.threads=0's governor, which waits 10 s and then two 2 s windows, settled) and
+going, and trainer.adapt_threads' governor, which waits 10 s and then two 2 s windows, settled) and
 stops after --steps more steps or --seconds, whichever comes first. A fair share of C cores among P
 busy processes is C / P each: a run that keeps T cores busy alone should take at most
 max(1, T x P / C) times its alone time beside the others ("x fair share" divides by that); above 1
@@ -31,14 +31,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 log = logging.getLogger("bench_contention")
 
-# (name, trainer.threads of the measured run, of each neighbour, extra environment of every process)
+# (name, threads of the measured run, of each neighbour, extra environment of every process); threads:
+# a trainer.threads count, or "adapt" for trainer.adapt_threads=true
 CASES = [
-    ("threads=0 (the default: adapts), neighbours the same", 0, 0, {}),
-    ("threads=0 beside neighbours fixed at 2 threads", 0, 2, {}),
-    ("threads=2 fixed (torch's default count, no adapting)", 2, 2, {}),
-    ("threads=2 fixed, OMP_WAIT_POLICY=PASSIVE", 2, 2, {"OMP_WAIT_POLICY": "PASSIVE"}),
-    ("threads=1", 1, 1, {}),
+    ("the default (threads=0: torch's count, fixed), neighbours the same", "0", "0", {}),
+    ("adapt_threads=true, neighbours the same", "adapt", "adapt", {}),
+    ("adapt_threads=true beside neighbours at the default", "adapt", "0", {}),
+    ("threads=2, OMP_WAIT_POLICY=PASSIVE", "2", "2", {"OMP_WAIT_POLICY": "PASSIVE"}),
+    ("threads=1", "1", "1", {}),
 ]
+
+
+def thread_overrides(threads: str) -> list[str]:
+    return ["trainer.threads=0", "trainer.adapt_threads=true"] if threads == "adapt" else [f"trainer.threads={threads}"]
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -47,7 +52,7 @@ def worker(args: argparse.Namespace) -> None:
     from scripts.compare import train_config
 
     cfg = train_config(args.overrides + ["trainer.progress=false", "trainer.max_steps=1000000000",
-                                         f"trainer.threads={args.threads}", "trainer.log_every=100000"])  # fmt: skip
+                                         *thread_overrides(args.threads), "trainer.log_every=100000"])  # fmt: skip
     first: list[float] = []
     marks: list[tuple[int, float]] = []
 
@@ -74,11 +79,11 @@ def measure(case: tuple, neighbours: int, args: argparse.Namespace) -> float:
     base = [sys.executable, __file__, "--worker", *args.overrides, "--settle-s", str(args.settle_s),
             "--steps", str(args.steps), "--seconds", str(args.seconds)]  # fmt: skip
     quiet = subprocess.DEVNULL
-    others = [subprocess.Popen([*base, "--threads", str(their_threads)], env=environment, stdout=quiet, stderr=quiet)
+    others = [subprocess.Popen([*base, "--threads", their_threads], env=environment, stdout=quiet, stderr=quiet)
               for _ in range(neighbours)]  # fmt: skip
     try:
         time.sleep(8 if neighbours else 0)  # the neighbours past their start-up
-        argv = [*base, "--threads", str(threads), "--measure"]
+        argv = [*base, "--threads", threads, "--measure"]
         done = subprocess.run(argv, env=environment, capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(done.stderr[-2000:])
@@ -98,7 +103,7 @@ def main(args: argparse.Namespace) -> None:
         for neighbours in [0, *args.neighbours]:
             seconds = statistics.median(measure(case, neighbours, args) for _ in range(args.rounds))
             alone = seconds if neighbours == 0 else alone
-            used = min(threads or cores, cores)  # cores the run keeps busy alone
+            used = min(int(threads) if threads.isdigit() and threads != "0" else cores, cores)  # busy alone
             fair = alone * max(1.0, used * (1 + neighbours) / cores)  # each process's share: cores / (1 + neighbours)
             rows.append((name, neighbours, seconds, seconds / alone, seconds / fair))
             log.info("%s, %d neighbour(s): %.3f s/step", name, neighbours, seconds)
@@ -118,7 +123,7 @@ if __name__ == "__main__":
     parser.add_argument("--settle-s", type=float, default=16.0, help="seconds after the first step before the clock")
     parser.add_argument("--neighbours", type=int, nargs="+", default=[1], help="busy neighbour counts to try")
     parser.add_argument("--rounds", type=int, default=1, help="repeats of each case (the median is shown)")
-    parser.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--threads", default="0", help=argparse.SUPPRESS)
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     arguments = parser.parse_args()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -85,6 +86,29 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(tmp_path, workers)
     resumed = load_checkpoint(tmp_path / "split")
     assert resumed["data"] == {"epoch": 1, "batch": 4}
     assert_same_state(straight, resumed)
+
+
+def test_a_resume_keeps_the_runs_thread_count_whatever_the_default_is_by_then(tmp_path, monkeypatch, caplog):
+    # The default trainer.threads=0 (debug=tiny fixes 1) computes with torch's count, 2 here. Before the
+    # resume the default drops to 1, as a busier machine, OMP_NUM_THREADS or another affinity would make
+    # it: the resume still computes with the 2 its checkpoint records, and matches the straight run.
+    monkeypatch.setattr("gan.training.threads.available_cpus", lambda: 2)  # a 1-CPU machine too
+    common = ("trainer.max_steps=4", "trainer.checkpoint_every=100", "trainer.threads=0")
+    torch.set_num_threads(2)
+    train(compose_config(*common), tmp_path / "straight")
+    train(compose_config(*common), tmp_path / "split", after_step=stop_at(2))
+    shutil.copytree(tmp_path / "split", tmp_path / "forced")
+    torch.set_num_threads(1)
+    train(compose_config(*common, f"trainer.resume={tmp_path / 'split'}"), tmp_path / "split")
+    straight = load_checkpoint(tmp_path / "straight")
+    assert straight["threads"] == 2 and load_checkpoint(tmp_path / "split")["threads"] == 2
+    assert_same_state(straight, load_checkpoint(tmp_path / "split"))
+    # the count is part of the arithmetic: a resume told trainer.threads=1 differs, and says so
+    resume = f"trainer.resume={tmp_path / 'forced'}"
+    train(compose_config(*common[:2], "trainer.threads=1", resume), tmp_path / "forced")
+    with pytest.raises(AssertionError, match="differs"):
+        assert_same_state(straight, load_checkpoint(tmp_path / "forced"))
+    assert "computed with 2 torch thread(s) and resumes with 1 (trainer.threads=1)" in caplog.text
 
 
 def test_a_finished_run_extended_with_constant_rates_is_bit_identical_to_a_longer_one(tmp_path):
@@ -307,6 +331,7 @@ TYPED = {  # an edit of a trained checkpoint -> what the refusal says (the share
     "eps None": (_group("opt_d", eps=None), "param_groups[0].eps holds None (NoneType), where Adam takes a number"),
     "lr as text": (_group("opt_g", lr="0.1"), "param_groups[0].lr holds '0.1' (str), where Adam takes a number"),
     "amsgrad 1": (_group("opt_d", amsgrad=1), "param_groups[0].amsgrad holds 1 (int), where Adam takes True or False"),
+    "threads as text": (lambda s: s.update(threads="2"), "entry 'threads' is damaged: it holds '2' (str)"),
     "pack a number": (lambda s: s.update(pack=5), "entry 'pack' is damaged: it holds 5 (int)"),
     "best as text": (lambda s: s.update(best="7.5"), "entry 'best' is damaged: it holds '7.5' (str)"),
     "environment a list": (lambda s: s.update(environment=[1]), "entry 'environment' is damaged: it holds [1]"),

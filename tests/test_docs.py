@@ -524,6 +524,10 @@ WRONG_PHRASINGS = (
     "which this loop needs because it clears",  # circular: the reason for param.grad = None is not itself
     "instead of moving it by momentum on a zero gradient",  # not with the default beta1 = 0
     "the signature of a collapse",  # D winning is not mode collapse, which has no loss signature
+    "D is sure of every real",  # r_t counts the signs of D's logits, not how sure D is
+    "the share of real images D scores as real, averaged",  # r_t is that share less the share scored fake
+    "so that Adam skips a parameter without a gradient",  # no parameter of this loop lacks one at its update
+    "random draws come from torch's generator",  # the default adaptive augmentation draws from its own
 )
 
 
@@ -644,6 +648,20 @@ def test_the_proofs_page_is_what_the_mutation_list_generates():
 def test_the_readme_cites_the_mutation_checked_proofs_and_no_pytorch_fact():
     problems = proof_citation_problems((ROOT / "README.md").read_text(encoding="utf-8"))
     assert not problems, "\n".join(problems)
+
+
+def test_the_readme_states_what_make_test_runs_of_the_mutations():
+    from test_mutations import MUTATIONS, VARIANTS
+
+    readme, kinds = normalise((ROOT / "README.md").read_text(encoding="utf-8")), sum(1 for m in MUTATIONS if m.kind)
+    assert (
+        f"`make test` runs the {len(MUTATIONS)} mutants of `tests/test_mutations.py`, each on a copy of the code: "
+        f"{len(MUTATIONS) - kinds} remove a technique one way, and {kinds} break what surrounds one" in readme
+    )
+    assert f"{len(VARIANTS)} more ways run by hand (`--variants`" in readme
+    # make test is the tier not marked slow, and nothing in test_mutations.py is marked slow
+    assert '-m "not slow"' in (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "mark.slow" not in (ROOT / "tests" / "test_mutations.py").read_text(encoding="utf-8")
 
 
 def test_a_readme_citing_a_fact_or_missing_a_proof_is_caught():

@@ -3,6 +3,7 @@ the loop, and the sample grids drawn from it."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -73,11 +74,19 @@ def test_an_ema_updated_every_k_steps_keeps_its_half_life(kind, every):
     assert late[0].item() == pytest.approx(1 - per_step**every, abs=1e-6)  # float32 arithmetic
 
 
-def test_the_loop_updates_the_ema_every_model_ema_every_steps(tmp_path):
+def test_the_loop_updates_the_ema_every_model_ema_every_steps(tmp_path, one_thread):
+    """model.ema_every reaches the loop's EMA: at 3, a run updates it after steps 3 and 6 only (the first
+    update copies G), and the second moves it toward G by 1 - the decay of the 3 steps it stands for."""
     seen = []
-    train(compose_config("trainer.max_steps=7", "model.ema_every=3"), tmp_path / "run",
-          after_step=lambda state: seen.append(int(state.G_ema.n_averaged)))  # fmt: skip
-    assert seen == [0, 0, 1, 1, 1, 2, 2]  # after steps 3 and 6 (the first update copies G)
+
+    def record(state: Any) -> None:
+        seen.append((int(state.G_ema.n_averaged), floats(state.G), floats(state.G_ema.module)))
+
+    train(compose_config("trainer.max_steps=7", "model.ema_every=3"), tmp_path / "run", after_step=record)
+    assert [n for n, _, _ in seen] == [0, 0, 1, 1, 1, 2, 2]
+    (_, _, before), (_, g, after) = seen[4:6]  # after steps 5 and 6
+    decay = math.prod(min(0.999, (1 + step) / (10 + step)) for step in (3, 4, 5))  # ema_with_warmup's
+    torch.testing.assert_close(after, decay * before + (1 - decay) * g)
 
 
 def test_ema_averages_weights_and_batchnorm_statistics():

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import ast
 import importlib
+import itertools
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -199,6 +202,44 @@ def test_no_module_of_the_project_imports_at_its_top_what_windows_lacks(path):
     imported = {alias.name.split(".")[0] for node in tree.body if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module.split(".")[0] for node in tree.body if isinstance(node, ast.ImportFrom) and node.module}
     assert not imported & POSIX_ONLY, f"{path.relative_to(ROOT)} imports {imported & POSIX_ONLY} at its top"
+
+
+# Every command the lesson prints (README, the walkthrough, more.md, the tour) composes as written: each runs here
+# with `--cfg job` added, which prints the config it composes and trains nothing.
+LESSON = ("README.md", "docs/walkthrough.md", "docs/more.md", "docs/tour.ipynb")
+COMMAND = re.compile(r"python (train|evaluate)\.py((?: +[^\s`#;)\"\\]+)*)")
+
+
+def lesson_commands() -> list[tuple[str, list[str]]]:
+    found = []
+    for page in LESSON:
+        text = (ROOT / page).read_text(encoding="utf-8")
+        if page.endswith(".ipynb"):
+            text = "\n".join("".join(cell["source"]) for cell in json.loads(text)["cells"])
+        text = re.sub(r"(?<!`)`[^`]+`(?!`)", lambda span: span[0].replace("\n", " "), text)  # spans, unwrapped
+        for program, args in COMMAND.findall(text):
+            argv = [arg.strip("'") for arg in args.split()]
+            if "..." not in argv and "-sc" not in argv:  # -sc: its own test above
+                found.append((f"{program}.py", argv))
+    return found
+
+
+def test_every_command_the_lesson_prints_composes_as_written(tmp_path):
+    commands = lesson_commands()
+    assert len({program for program, _ in commands}) == 2 and len(commands) > 10, commands
+    for program, argv in commands:
+        for job in sweep_jobs(argv):
+            result = run(program, *job, *([] if "--cfg" in job else ["--cfg", "job"]), cwd=tmp_path)
+            assert result.returncode == 0 and "Traceback" not in result.stderr, (program, job, result.stderr[-2000:])
+
+
+def sweep_jobs(argv: list[str]) -> list[list[str]]:
+    """The jobs of a sweep (-m, which --cfg refuses), or the command itself."""
+    if "-m" not in argv:
+        return [argv]
+    pairs = (arg.split("=", 1) for arg in argv if arg != "-m")
+    choices = [[f"{key}={value}" for value in values.split(",")] for key, values in pairs]
+    return [list(job) for job in itertools.product(*choices)]
 
 
 # trainer.resume=auto reads each run's record: one it cannot read is said, not skipped silently ------------

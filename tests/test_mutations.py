@@ -15,7 +15,8 @@ not only in the form MUTATIONS patches: TECHNIQUES states each purpose and its p
 removes the techniques other ways, most of them keeping the line a check of presence would look for
 (the D step isolated so far that D stops learning from the fakes, an EMA that never averages, G's
 graph kept alive past the G step, ...). The suite does not run them (each copy costs a process and
-a few seconds), `--variants` does.
+a few seconds), `--variants` does. Some MUTATIONS break what surrounds a technique rather than the
+technique itself (KINDS: a config key, a logged number, a penalty, a checkpoint from another device).
 
 MUTATIONS and TECHNIQUES are the one source of docs/proofs.md's tables and of the tests that
 README.md's technique table cites (tests/test_docs.py checks both).
@@ -82,7 +83,8 @@ class Mutation:
     `path.py:Class.method`) whose body holds the anchor. anchor: text that occurs exactly once in the
     file, inside `where`. replacement: what it becomes ("" deletes it). cited: node ids
     (`tests/test_x.py::test_name`), each of which must fail on the mutant. readme: text of the first
-    cell of README.md's technique-table row for this technique ("" for a variant).
+    cell of README.md's technique-table row for this technique ("" for a variant). kind: a key of KINDS,
+    what the mutant breaks ("" the technique itself).
     """
 
     id: str
@@ -92,6 +94,7 @@ class Mutation:
     replacement: str
     cited: tuple[str, ...]
     readme: str = ""
+    kind: str = ""
 
     @property
     def file(self) -> str:
@@ -103,6 +106,16 @@ class Mutation:
 
 
 STEPS, SAMPLING, EMA, LOOP = "gan/core/steps.py:", "gan/core/sampling.py:", "gan/core/ema.py:", "gan/training/loop.py:"
+STATE = "gan/training/state.py:"
+# What a mutant breaks, besides the technique itself: the proofs must bind the technique's wiring and
+# its side channels too, not only the function that applies it.
+KINDS = {
+    "": "the technique removed",
+    "a": "(a) a config key stops reaching the code it configures",
+    "b": "(b) a logged number differs from what it names",
+    "c": "(c) isolation broken under a penalty",
+    "d": "(d) a checkpoint written on another device",
+}
 S, E = "tests/test_steps.py::", "tests/test_ema.py::"
 # the tests MUTATIONS, VARIANTS and TECHNIQUES cite
 D_STEP = S + "test_d_step_leaves_generator_gradients_none"
@@ -121,6 +134,9 @@ EMA_GRIDS = E + "test_sample_grids_are_drawn_from_the_ema_generator"
 EMA_MOVES = E + "test_the_ema_generator_moves_toward_g_at_each_update"
 EMA_WARMS_UP = E + "test_ema_decay_warms_up"
 EMA_AVERAGES = E + "test_ema_averages_weights_and_batchnorm_statistics"
+EMA_EVERY = E + "test_the_loop_updates_the_ema_every_model_ema_every_steps"
+LOSS_KEYS = "tests/test_training.py::test_each_loss_key_reaches_the_steps"
+MAP_LOCATION = S + "test_checkpoint_tensors_follow_map_location"
 NO_NAN_CHECKPOINT = "tests/test_faults.py::test_an_infinite_learning_rate_stops_before_any_checkpoint"
 GRAD_AT_IMAGES = "tests/test_walkthrough.py::test_g_step_keeps_the_gradient_that_reaches_the_fake_images"
 SECOND_ORDER = "tests/test_losses.py::test_gradient_penalty_closed_form_and_second_order_gradient"
@@ -163,6 +179,31 @@ MUTATIONS: list[Mutation] = [
              (SECOND_ORDER,), readme="`create_graph=True`"),
     Mutation("ema-update", "the EMA generator averages G's weights", LOOP + "train",
              "state.G_ema.update_parameters(state.G)", "pass", (EMA_MOVES,), readme="EMA of G's weights"),
+    # (a)-(d): the technique's wiring and side channels, each with the readme row of its technique
+    Mutation("ema-every-cadence", "`model.ema_every` reaches the loop's EMA", LOOP + "train",
+             "state.step % cfg.model.ema_every == 0", "state.step % 1 == 0", (EMA_EVERY,),
+             readme="EMA of G's weights", kind="a"),
+    Mutation("ema-every-decay", "`model.ema_every` reaches the EMA's decay", STATE + "build_state",
+             "images_per_step, model.ema_every)", "images_per_step)", (EMA_EVERY,),
+             readme="EMA of G's weights", kind="a"),
+    Mutation("backward-mode-key", "`loss.backward_mode` reaches the G step", STATE + "build_step_context",
+             ", backward_mode=loss.backward_mode", "", (LOSS_KEYS,),
+             readme="`retain_graph=True` is needed where one graph is backpropagated more than once", kind="a"),
+    Mutation("penalty-keys", "`loss.gradient_penalty` and `loss.r1` reach the D step", STATE + "build_step_context",
+             "penalties=penalties, ", "", (LOSS_KEYS,), readme="`create_graph=True`", kind="a"),
+    Mutation("term-norm-accumulated", "separate mode's `grad_norm/g_NAME` is term NAME's own", STEPS + "backward_terms",
+             "        before = after\n", "", (EACH_TERM,),
+             readme="`retain_graph=True` is needed where one graph is backpropagated more than once", kind="b"),
+    Mutation("grad-norm-images-of-the-batch", "`grad_norm/images` is the mean norm per image", STEPS + "g_step",
+             "fake.grad.flatten(1).norm(dim=1).mean()", "fake.grad.norm()", (GRAD_AT_IMAGES,),
+             readme="`retain_grad()` on a non-leaf", kind="b"),
+    Mutation("gp-fake-attached", "the gradient penalty's interpolates on `fake.detach()`", STEPS + "d_step",
+             "real, fake.detach())", "real, fake)", (D_STEP,), readme="D step on `fake.detach()`", kind="c"),
+    Mutation("map-location-after-load", "`map_location` for a checkpoint saved on a GPU",
+             "gan/checkpoint.py:load_checkpoint", "torch.load(file, map_location=map_location, weights_only=True)",
+             "torch.utils._pytree.tree_map(lambda t: t.to(map_location) if isinstance(t, torch.Tensor) else t, "
+             "torch.load(file, weights_only=True))", (MAP_LOCATION,),
+             readme="a checkpoint's tensors loaded where they are wanted", kind="d"),
 ]
 
 # The same techniques removed other ways (most keep the line a check of presence would look for);
@@ -271,7 +312,7 @@ TECHNIQUES: list[Technique] = [
     Technique(
         "D step on `fake.detach()`",
         "D learns from the real and the fake images: the gradient its update sees is the whole D loss's, "
-        "with a nonzero part through each; G gets no gradient from D's loss",
+        "with a nonzero part through each; G gets no gradient from D's loss, with every loss and penalty",
         "`gan/core/steps.py:d_step`",
         (D_STEP, EACH_UPDATE),
     ),
@@ -285,7 +326,8 @@ TECHNIQUES: list[Technique] = [
     Technique(
         "`param.grad = None` after each update, in both steps",
         "each update sees the gradients of its own step only: this loop clears after each update, not "
-        "before each backward; `None`, not zero, so that Adam skips a parameter without a gradient",
+        "before each backward; `None`, not zero: no memory held and no zeros written between the steps, and a "
+        "parameter its step gave no gradient shows `None`, not a zero that looks computed",
         "`gan/core/steps.py:release_grads`, in `d_step` and `g_step`",
         (D_STEP, EACH_UPDATE, G_STEP, NONE_NOT_ZERO),
     ),
@@ -293,21 +335,24 @@ TECHNIQUES: list[Technique] = [
         "multi-loss G objective; `retain_graph=True` only where one graph is backpropagated more than once",
         "one summed `backward()` and one per term give the same gradients; G's graph (every tensor saved "
         "for backward) is freed when the G step returns, though the caller still holds `fake`, and nothing "
-        "the step returns or keeps refers to it",
+        "the step returns or keeps refers to it; each term's logged gradient norm is its own; "
+        "`loss.backward_mode` reaches the G step",
         "`gan/core/steps.py:backward_terms`, `gan/core/steps.py:g_step`",
-        (SAME_GRADIENTS, EACH_TERM, GRAPH_FREED),
+        (SAME_GRADIENTS, EACH_TERM, GRAPH_FREED, LOSS_KEYS),
     ),
     Technique(
         "`retain_grad()` on the fake images",
-        "the gradient at the fake images is kept, and is exactly d loss_G / d fake",
+        "the gradient at the fake images is kept, and is exactly d loss_G / d fake; `grad_norm/images` logs "
+        "its mean norm per image",
         "`gan/core/steps.py:g_step`",
         (GRAD_AT_IMAGES,),
     ),
     Technique(
         "`create_graph=True` in the gradient penalty",
-        "the penalty's own gradient reaches D's weights (a second-order backward)",
+        "the penalty's own gradient reaches D's weights (a second-order backward); `loss.gradient_penalty` "
+        "and `loss.r1` reach the D step",
         "`gan/core/losses.py:gradient_penalty`",
-        (SECOND_ORDER,),
+        (SECOND_ORDER, LOSS_KEYS),
     ),
     Technique(
         "sampling under `eval()` + `no_grad()`, previous mode restored",
@@ -320,10 +365,10 @@ TECHNIQUES: list[Technique] = [
     Technique(
         "EMA of G's weights and BatchNorm statistics; every sample drawn from the EMA generator",
         "in a training run each EMA update moves every weight and statistic part of the way toward G's, by "
-        "one fraction 1 - decay strictly between 0 and 1; the decay follows its schedule; the sample grids "
-        "are the EMA's, not G's",
+        "one fraction 1 - decay strictly between 0 and 1; the decay follows its schedule; `model.ema_every` "
+        "sets the loop's cadence and decay; the sample grids are the EMA's, not G's",
         "`gan/core/ema.py:build_ema`, `gan/training/loop.py:train`, `gan/training/state.py:TrainingState.sampler`",
-        (EMA_MOVES, EMA_WARMS_UP, EMA_AVERAGES, EMA_GRIDS),
+        (EMA_MOVES, EMA_WARMS_UP, EMA_AVERAGES, EMA_EVERY, EMA_GRIDS),
     ),
     Technique(
         "latents made on the device",
@@ -338,7 +383,7 @@ TECHNIQUES: list[Technique] = [
         "a checkpoint's tensors land on the device asked for, whatever device saved them; asking for a GPU "
         "that is not there is refused naming the key",
         "`gan/checkpoint.py:load_checkpoint`, `gan/device.py:resolve_device`",
-        (S + "test_checkpoint_tensors_follow_map_location", S + "test_unavailable_cuda_is_refused_naming_the_key"),
+        (MAP_LOCATION, S + "test_unavailable_cuda_is_refused_naming_the_key"),
     ),
     Technique(
         "D returns logits; with-logits losses; N(0, 0.02) init",
@@ -555,12 +600,12 @@ def purpose_table() -> list[str]:
 
 def table(mutations: Sequence[Mutation], caught: str) -> list[str]:
     rows = [
-        "| technique | mutation (file: what is removed) | cited tests (each must fail) | caught |",
-        "|---|---|---|---|",
+        "| technique | what breaks | mutation (file: what is removed) | cited tests (each must fail) | caught |",
+        "|---|---|---|---|---|",
     ]
     for m in mutations:
-        cited = ", ".join(f"`{node}`" for node in m.cited)
-        rows.append(f"| {m.technique} | `{m.where}`: {shown(m.anchor)} → {shown(m.replacement)} | {cited} | {caught} |")
+        cited, change = ", ".join(f"`{node}`" for node in m.cited), f"{shown(m.anchor)} → {shown(m.replacement)}"
+        rows.append(f"| {m.technique} | {KINDS[m.kind]} | `{m.where}`: {change} | {cited} | {caught} |")
     return rows
 
 

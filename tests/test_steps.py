@@ -27,9 +27,9 @@ from torch.overrides import TorchFunctionMode
 from gan.checkpoint import load_checkpoint, save_checkpoint
 from gan.config import BackwardMode, ConfigError, EvaluateConfig, Precision, to_plain
 from gan.core.ema import build_ema
-from gan.core.losses import LOSSES
+from gan.core.losses import LOSSES, feature_matching
 from gan.core.sampling import eval_mode, sample
-from gan.core.steps import StepContext, backward_terms, d_step, frozen, g_step, release_grads, total_norm_of
+from gan.core.steps import Penalties, StepContext, backward_terms, d_step, frozen, g_step, release_grads, total_norm_of
 from gan.device import resolve_device
 from gan.evaluation.pipeline import build_generator, prepare_generator
 from gan.training import train
@@ -139,7 +139,9 @@ def test_d_step_leaves_generator_gradients_none(tiny_gan):
     logits and the part through the fake logits, both nonzero; autograd must compute no gradient for
     any parameter of G (a hook on each would fire); and no .grad outlives the step. Removing detach()
     gives G a gradient; isolating the fakes too far (D on them under no_grad, their logits detached,
-    their term dropped from the loss) leaves D learning from the reals alone, and fails the fake part."""
+    their term dropped from the loss) leaves D learning from the reals alone, and fails the fake part.
+    G gets no gradient with either penalty on either (loss.gradient_penalty builds its interpolates
+    from the fakes, loss.r1 differentiates D at the reals)."""
     G, D = tiny_gan
     for name, loss in LOSSES.items():
         real, fake = batch(G)
@@ -164,6 +166,13 @@ def test_d_step_leaves_generator_gradients_none(tiny_gan):
             torch.testing.assert_close(
                 seen, r + f, rtol=1e-4, atol=1e-6, msg=f"{name}: D.{key} was not updated by the real and the fake term"
             )
+    for penalties in (Penalties(gradient_penalty=10.0), Penalties(r1=1.0)):
+        for name, loss in LOSSES.items():
+            real, fake = batch(G)
+            with gradient_arrivals(G) as into_g:
+                stats, _ = d_step(D, adam(D), real, fake, StepContext(loss=loss, penalties=penalties))
+            assert {"loss/d_gp", "loss/d_r1"} & set(stats), "the penalty was not on"
+            assert not into_g, f"{name}, {penalties}: the D step computed a gradient for G's {into_g}"
 
 
 # 2. D frozen with requires_grad_(False) during the G step ------------------------------------
@@ -224,7 +233,6 @@ def two_term_objective(G: nn.Module, D: nn.Module, real: Tensor) -> dict[str, Te
     with frozen(D):
         logits, features = D(fake, with_features=True)
         _, real_features = D(real, with_features=True)
-    from gan.core.losses import feature_matching
 
     return {"adv": BCE.g(logits), "fm": 10 * feature_matching(real_features.detach(), features)}
 
@@ -244,13 +252,22 @@ def test_summed_and_separate_backward_give_the_same_gradients(tiny_gan):
 
 
 def test_g_step_logs_each_term_in_separate_mode(tiny_gan):
+    """Each logged number is what it names: loss/g is the sum of the logged terms, and grad_norm/g_NAME
+    is the norm of autograd.grad(term NAME, G's weights), computed on copies of G and D as the G step
+    found them (a norm of the gradient accumulated so far, not of the term's own, fails it)."""
     G, D = tiny_gan
-    real, fake = batch(G)
+    z, real = torch.randn(16, 16), torch.rand(16, 1, 16, 16) * 2 - 1
+    fake = G(z)
     _, real_features = d_step(D, adam(D), real, fake)
+    G_copy, D_copy = copy.deepcopy(G), copy.deepcopy(D)
     ctx = StepContext(feature_matching=1.0, backward_mode=BackwardMode.separate)
     stats = g_step(D, G, adam(G), fake, real_features, ctx)
-    assert {"loss/g_adv", "loss/g_fm", "grad_norm/g_adv", "grad_norm/g_fm"} <= set(stats)
     assert stats["loss/g"].item() == pytest.approx((stats["loss/g_adv"] + stats["loss/g_fm"]).item())
+    logits, features = D_copy(G_copy(z), with_features=True)
+    terms = {"adv": BCE.g(logits), "fm": feature_matching(real_features, features)}
+    for name, term in terms.items():
+        own = torch.autograd.grad(term, list(G_copy.parameters()), retain_graph=True)
+        assert stats[f"grad_norm/g_{name}"].item() == pytest.approx(total_norm_of(list(own)).item(), rel=1e-4), name
     assert stats["grad_norm/images"].item() > 0  # retain_grad() kept the gradient at the images
 
 
@@ -420,13 +437,22 @@ def test_unavailable_cuda_is_refused_naming_the_key(monkeypatch):
     assert resolve_device("auto").type in ("cpu", "mps")
 
 
-def test_checkpoint_tensors_follow_map_location(tmp_path, tiny_gan):
+def test_checkpoint_tensors_follow_map_location(tmp_path, tiny_gan, monkeypatch):
+    """Tensors land where map_location says, from a checkpoint saved on the CPU and from one saved on a
+    GPU: made here by tagging each storage cuda:0 as torch.save tags a GPU's (torch.serialization's
+    location_tag), which torch.load without map_location would restore onto cuda:0, absent here."""
     G, D = tiny_gan
-    save_checkpoint(
-        {"G": G.state_dict(), "D": D.state_dict(), "step": 1, "num_classes": 0, "config": {}}, tmp_path / "c.pt"
-    )
-    state = load_checkpoint(tmp_path / "c.pt", map_location="meta")
-    assert all(t.device.type == "meta" for t in state["G"].values())
+    state = {"G": G.state_dict(), "D": D.state_dict(), "step": 1, "num_classes": 0, "config": {}}
+    save_checkpoint(state, tmp_path / "cpu.pt")
+    with monkeypatch.context() as patched:
+        patched.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+        save_checkpoint(state, tmp_path / "gpu.pt")
+    tags: set[str] = set()
+    torch.load(tmp_path / "gpu.pt", map_location=lambda storage, tag: tags.add(tag) or storage, weights_only=True)
+    assert tags == {"cuda:0"}
+    for file, device in (("cpu.pt", "meta"), ("gpu.pt", "cpu"), ("gpu.pt", "meta")):
+        loaded = load_checkpoint(tmp_path / file, map_location=device)
+        assert all(t.device.type == device for t in loaded["G"].values()), (file, device)
 
 
 # 7. Evaluation: BatchNorm statistics recomputed for the measured generator --------------------

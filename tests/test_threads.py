@@ -1,6 +1,7 @@
-"""trainer.threads=0 on the CPU: the governor gives torch the cores other processes leave free
-(gan/training/threads.py). Driven here by a fake clock and fake CPU counters (psutil's readings as Linux,
-macOS and Windows name them); the real counters are read once to show they exist and move."""
+"""trainer.adapt_threads=true on the CPU: the governor gives torch the cores other processes leave free
+(gan/training/threads.py; by default the count is fixed, test_checkpoints.py). Driven here by a fake clock
+and fake CPU counters (psutil's readings as Linux, macOS and Windows name them); the real counters are
+read once to show they exist and move."""
 
 from __future__ import annotations
 
@@ -82,10 +83,10 @@ def test_nothing_is_read_in_the_first_seconds(machine):
     assert reads == []  # every short run (the whole test suite) trains exactly as with a fixed count
 
 
-def test_the_governor_is_made_only_for_threads_0_on_a_cpu_with_cores_to_share():
+def test_the_governor_is_made_only_when_asked_on_a_cpu_with_cores_to_share():
     cpu = torch.device("cpu")
-    assert thread_governor(1, cpu) is None and thread_governor(0, torch.device("meta")) is None
-    made = thread_governor(0, cpu)
+    assert thread_governor(False, cpu) is None and thread_governor(True, torch.device("meta")) is None
+    made = thread_governor(True, cpu)
     assert (made is not None) == (torch.get_num_threads() >= 2 and T.machine_busy_seconds() is not None)
 
 
@@ -130,8 +131,9 @@ def test_without_readable_cpu_times_the_count_stays_fixed_and_says_so(monkeypatc
     monkeypatch.setattr(T.psutil, "cpu_times", unreadable)
     monkeypatch.setattr(T.torch, "get_num_threads", lambda: 4)
     with caplog.at_level(logging.INFO, logger=T.__name__):
-        assert T.machine_busy_seconds() is None and thread_governor(0, torch.device("cpu")) is None
-    assert caplog.messages == ["trainer.threads=0: this system's CPU times cannot be read; training keeps 4 thread(s)."]
+        assert T.machine_busy_seconds() is None and thread_governor(True, torch.device("cpu")) is None
+    said = "trainer.adapt_threads: this system's CPU times cannot be read; training keeps 4 thread(s)."
+    assert caplog.messages == [said]
 
 
 def test_the_thread_count_is_drawn_at_every_log_point_with_its_change(tmp_path, monkeypatch):
@@ -148,12 +150,12 @@ def test_the_thread_count_is_drawn_at_every_log_point_with_its_change(tmp_path, 
         tick["busy"] += 1.5
         return tick["t"]
 
-    def busy_governor(threads, device):
+    def busy_governor(adapt, device):
         return ThreadGovernor(2, 2, window_s=0.5, warm_up_s=0.0, clock=clock, busy=lambda: tick["busy"],
                               own=lambda: 0.0)  # fmt: skip
 
     monkeypatch.setattr(loop, "thread_governor", busy_governor)
-    train(compose_config("trainer.max_steps=6", "trainer.threads=0"), tmp_path / "run")  # debug=tiny fixes 1
+    train(compose_config("trainer.max_steps=6", "trainer.threads=0", "trainer.adapt_threads=true"), tmp_path / "run")
     events = EventAccumulator(str(tmp_path / "run" / "tb"), size_guidance={"scalars": 0})
     events.Reload()
     drawn = [(e.step, e.value) for e in events.Scalars("time/threads")]

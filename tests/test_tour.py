@@ -271,9 +271,10 @@ def test_each_term_is_defined_before_its_first_use():
     assert not problems
 
 
-def test_a_learner_meets_a_full_step_within_about_150_lines():
-    """README's lines down to its link to the tour, then the tour's cells down to the first-step
-    cell, with the source listings they display (resolved from the notebook's own imports)."""
+def lines_read_until(last) -> int:
+    """README's lines down to its link to the tour, then the tour's cells down to the first cell for
+    which `last(cell)` holds, with the source listings they display (resolved from the notebook's own
+    imports): the shortest reading route."""
     import importlib
     import inspect
 
@@ -288,13 +289,75 @@ def test_a_learner_meets_a_full_step_within_about_150_lines():
                     names[alias.asname or alias.name] = getattr(importlib.import_module(node.module), alias.name)
     for cell in nb.cells:
         lines += len(cell.source.splitlines())
-        if "first-step" in cell.metadata.get("tags", []):
-            break
+        if last(cell):
+            return lines
         for call in re.findall(r"(?m)^show_source\(([^)]*)\)", cell.source):
             for name in call.split(","):
                 obj = names[name.strip().split(".")[0]]
                 for attribute in name.strip().split(".")[1:]:
                     obj = getattr(obj, attribute)
                 lines += len(inspect.getsource(inspect.unwrap(obj)).splitlines())
-    assert lines <= 150, lines
-    assert lines > 100  # the count is real: README's top and the tour's first sections
+    raise AssertionError("no cell ends the route")
+
+
+def test_a_learner_meets_a_full_step_within_about_150_lines():
+    lines = lines_read_until(lambda cell: "first-step" in cell.metadata.get("tags", []))
+    assert 100 < lines <= 150, lines  # more than 100: the count is real, README's top and the tour's first sections
+
+
+ABRIDGED = "# gan/core/steps.py:d_step (abridged)"
+MERMAID = re.compile(r"```mermaid\n.*?```", re.S)
+
+
+def test_the_step_comes_abridged_within_about_250_lines_and_whole_later():
+    """Section 2 shows, beside the first full step, a diagram of one iteration (the same as the
+    walkthrough's, which GitHub renders) and the two steps' bodies abridged, each line as in the source
+    (test_docs's excerpt check) and at most 40 lines; section 5 lists them whole."""
+    from test_docs import excerpt_problems
+
+    assert lines_read_until(lambda cell: ABRIDGED in cell.source) <= 250
+    nb = nbformat.read(TOUR, as_version=4)
+    index = next(i for i, cell in enumerate(nb.cells) if ABRIDGED in cell.source)
+    cell = nb.cells[index].source
+    assert excerpt_problems(cell, TOUR) == []
+    code = [line for block in re.findall(r"```python\n(.*?)```", cell, re.S) for line in block.splitlines()]
+    assert 20 < len(code) <= 40, len(code)
+    walkthrough = (ROOT / "docs" / "walkthrough.md").read_text(encoding="utf-8")
+    assert MERMAID.findall(cell) == MERMAID.findall(walkthrough) != []
+    whole = [i for i, c in enumerate(nb.cells) if c.source.startswith("show_source(d_step, g_step")]
+    assert whole and whole[0] > index
+
+
+# Each place a page names a section of the tour, and what that section's cells hold for the name to be right.
+TOUR_REFERENCES = {
+    ("docs/walkthrough.md", 2): ["d_stats, real_features = d_step(D, opt_d, real, fake)", "```mermaid"],
+    ("docs/walkthrough.md", 6): ["without detach, after D's backward", "second G(z), this loop"],
+    ("docs/walkthrough.md", 10): ["stats recomputed"],
+    ("docs/walkthrough.md", 11): ["backward(s) through G", "saved_bytes"],
+    ("docs/more.md", 11): ["D(x) alone", "micro-batches of"],
+}
+SECTION_NAMED = re.compile(r"tour(?:'s| \(|\)?,)\s*section (\d+)|section (\d+) of the tour")
+
+
+def test_every_tour_section_a_page_names_holds_what_the_page_says():
+    sections, number = {}, 0
+    for cell in nbformat.read(TOUR, as_version=4).cells:
+        heading = re.match(r"## (\d+)\. ", cell.source) if cell.cell_type == "markdown" else None
+        number = int(heading[1]) if heading else number
+        sections[number] = sections.get(number, "") + cell.source
+    pages = ["README.md", *(f"docs/{page.name}" for page in sorted((ROOT / "docs").glob("*.md")))]
+    named = {
+        (page, int(a or b))
+        for page in pages
+        for a, b in SECTION_NAMED.findall(" ".join((ROOT / page).read_text(encoding="utf-8").split()))
+    }
+    assert named == set(TOUR_REFERENCES), "a page names a tour section this table does not check, or no longer does"
+    wrong = [(page, n, marker) for (page, n), markers in TOUR_REFERENCES.items() for marker in markers
+             if marker not in sections[n]]  # fmt: skip
+    assert not wrong, wrong
+
+
+def test_a_cell_that_says_the_next_cell_is_followed_by_a_code_cell():
+    cells = nbformat.read(TOUR, as_version=4).cells
+    wrong = [i for i, cell in enumerate(cells[:-1]) if "next cell" in cell.source and cells[i + 1].cell_type != "code"]
+    assert not wrong, f"cells {wrong} say 'the next cell' above a cell that is not code"

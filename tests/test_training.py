@@ -57,6 +57,21 @@ def test_each_precision_and_tool_trains(tmp_path, overrides):
         assert not state["scaler"]  # no scaler outside fp16: bf16 has float32's exponent range
 
 
+# Each loss key, set, shows in what a run logs: the key reached the steps (tests/test_mutations.py
+# drops each on its way from the config to the StepContext).
+KEYS_LOGGED = [
+    (["loss=wgan_gp"], {"train/loss_d_gp"}),
+    (["loss.r1=1.0"], {"train/loss_d_r1"}),
+    (["loss.feature_matching=1.0", "loss.backward_mode=separate"], {"train/grad_norm_g_adv", "train/grad_norm_g_fm"}),
+]
+
+
+def test_each_loss_key_reaches_the_steps(tmp_path, one_thread):
+    for i, (overrides, logged) in enumerate(KEYS_LOGGED):
+        metrics = train(compose_config("trainer.max_steps=2", *overrides), tmp_path / str(i)).metrics
+        assert logged <= set(metrics) and all(metrics[key] > 0 for key in logged), (overrides, sorted(metrics))
+
+
 @pytest.mark.parametrize(
     "override, message",
     [

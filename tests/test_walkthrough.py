@@ -112,11 +112,13 @@ def test_g_step_keeps_the_gradient_that_reaches_the_fake_images(tiny_gan):
     G, D = tiny_gan
     real, fake = torch.rand(8, 1, 16, 16), G(torch.randn(8, 16))
     _, real_features = d_step(D, adam(D), real, fake)
-    g_step(D, G, adam(G), fake, real_features)
+    stats = g_step(D, G, adam(G), fake, real_features)
     assert fake.grad is not None  # retain_grad() in g_step kept it on a non-leaf
     images = fake.detach().requires_grad_()  # D's weights are unchanged by the G step
     (expected,) = torch.autograd.grad(BCE.g(D(images)), images)
     torch.testing.assert_close(fake.grad, expected)
+    # and the number logged for it is what its name says: the mean over the images of each one's gradient norm
+    assert stats["grad_norm/images"].item() == pytest.approx(expected.flatten(1).norm(dim=1).mean().item(), rel=1e-5)
 
 
 def test_frozen_discriminator_still_updates_its_batchnorm_statistics(tiny_gan):

@@ -49,9 +49,12 @@ def gradient_penalty(critic: Callable[[Tensor], Tensor], real: Tensor, fake: Ten
     respect to D's weights needs the graph of that gradient (a second-order backward). Without it
     the gradient is a constant and the penalty changes nothing. The norm is per sample
     (.norm(2, dim=1) over the flattened image), so D must not mix samples (no BatchNorm).
+    `fake` must come detached (d_step passes fake.detach()): the interpolates follow its graph, so an
+    attached fake would carry the penalty's gradient into G. `real` is detached here: under R1 it is a
+    leaf that requires grad, whose .grad this penalty's backward would otherwise fill for nothing.
     """
     epsilon = torch.rand(real.size(0), 1, 1, 1, device=real.device, dtype=real.dtype)
-    interpolates = (epsilon * real.detach() + (1 - epsilon) * fake.detach()).requires_grad_(True)
+    interpolates = (epsilon * real.detach() + (1 - epsilon) * fake).requires_grad_(True)
     (grad,) = torch.autograd.grad(critic(interpolates).sum(), interpolates, create_graph=True)
     return (grad.flatten(1).norm(2, dim=1) - 1).pow(2).mean()
 

@@ -98,7 +98,10 @@ def d_step(
         fake_logits = D(ctx.augment(fake.detach()), y)
         terms = {"adv": ctx.loss.d(real_logits, fake_logits)}
         if penalties.gradient_penalty > 0:  # on interpolates of a real and a fake of the same class y
-            terms["gp"] = penalties.gradient_penalty * gradient_penalty(lambda x: D(ctx.augment(x), y), real, fake)
+            # fake.detach() again: the interpolates are built from `fake`, and their penalty is part of D's
+            # loss, so an attached fake would let that penalty's backward run on into G, as above
+            gp = gradient_penalty(lambda x: D(ctx.augment(x), y), real, fake.detach())
+            terms["gp"] = penalties.gradient_penalty * gp
         if penalties.r1 > 0:
             terms["r1"] = penalties.r1 / 2 * r1_penalty(real_logits, real)
         loss_d = sum(terms.values())

@@ -73,7 +73,7 @@ from gan.training.state import (
     set_learning_rates,
     wrap_for_ddp,
 )
-from gan.training.threads import thread_governor
+from gan.training.threads import keep_thread_count, thread_governor
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ def periodic_extras(
     trainer, overfit, quality = cfg.trainer, probes.overfit, probes.quality
     run = Run(run_dir)
     watch = NonFiniteWatch(device, run.last, cfg)  # NaN losses, read at log/checkpoint only
-    governor = thread_governor(trainer.threads, device)  # threads=0 on the CPU: the free cores; else None
+    governor = thread_governor(trainer.adapt_threads, device)  # the free cores (trainer.adapt_threads); else None
     alarm = d_won_watch(cfg, lambda step, message: raise_alarm(step, message, cfg, monitor, stop))
 
     def log_scalars(tick: Tick) -> None:  # scalars leave the device here (float() waits for it)
@@ -287,6 +287,7 @@ def set_up(
         require_training_state(resume_from, cfg.trainer.resume)
         check_resume(to_plain(cfg), resume_from, cfg.trainer.resume)  # the resume contract: gan/launch.py
         state.load_state_dict(resume_from, world)
+        keep_thread_count(resume_from.get("threads"), cfg.trainer.threads, cfg.trainer.adapt_threads)
         log.info("Resumed from %s at step %d", cfg.trainer.resume, state.step)
         changes = environment_changes(resume_from.get("environment"), environment(device))
         if changes:  # read for this warning alone: a checkpoint that records none resumes without it

@@ -78,6 +78,7 @@ class TrainingState:
             "best": dict(self.best) if self.best else None,
             "augment": self.augment.state_dict() if self.augment is not None else None,  # ADA's p
             "environment": environment(self.fixed_z.device),  # versions, device, commit: a resume compares them
+            "threads": torch.get_num_threads(),  # part of the arithmetic on the CPU: a resume keeps it (threads.py)
             "pack": self.pack,
         }
 

@@ -1,6 +1,9 @@
-"""trainer.threads=0 on the CPU: torch's threads follow the cores other processes leave free, since beside a
-busy process one time-sliced chunk stalls every OpenMP region (docs/speed.md#sharing-the-machine).
-A changed count changes oneDNN's reductions: `trainer.threads=N` keeps CPU runs bit-exact."""
+"""A run's torch thread count on the CPU. oneDNN splits its reductions by thread count, so the count is part
+of what a run computes: by default it is fixed for the run's life, written into each checkpoint and taken
+back on resume (`keep_thread_count`), whatever the load or the machine's default is by then.
+`trainer.adapt_threads=true` trades that for speed beside busy processes: the count follows the cores
+others leave free, since beside a busy process one time-sliced chunk stalls every OpenMP region
+(docs/speed.md#sharing-the-machine)."""
 
 import logging
 import math
@@ -91,17 +94,37 @@ class ThreadGovernor:
             torch.set_num_threads(wanted)
             log.info(
                 f"Other processes keep {others:.1f} of {self.cpus} CPUs busy: training goes on with {wanted} thread(s) "
-                "(trainer.threads=0 adapts; trainer.threads=N fixes the count)"
+                "(trainer.adapt_threads=true; without it the count stays fixed and the run bit-exact)"
             )
         else:
             self.pending = wanted
 
 
-def thread_governor(threads: int, device: torch.device) -> Optional[ThreadGovernor]:
+def thread_governor(adapt: bool, device: torch.device) -> Optional[ThreadGovernor]:
     limit = torch.get_num_threads()
-    if threads or device.type != "cpu" or limit < 2:
+    if not adapt or device.type != "cpu" or limit < 2:
         return None
     if machine_busy_seconds() is None:
-        log.info("trainer.threads=0: this system's CPU times cannot be read; training keeps %d thread(s).", limit)
+        log.info("trainer.adapt_threads: this system's CPU times cannot be read; training keeps %d thread(s).", limit)
         return None
     return ThreadGovernor(limit, available_cpus())
+
+
+def keep_thread_count(recorded: object, threads: int, adapt: bool) -> None:
+    """On resume: the count the checkpoint's run computed with (`recorded`), unless the command fixes
+    another (trainer.threads=N) or adapts. Where this process may use fewer CPUs than that, it takes what
+    it has: a count above the CPUs can only be slower, and at 100s crashes torch's pool."""
+    now = torch.get_num_threads()
+    if not isinstance(recorded, int) or isinstance(recorded, bool) or recorded < 1 or adapt or recorded == now:
+        return  # a checkpoint from before counts were recorded, or an adapting run: nothing to keep
+    usable = min(recorded, available_cpus())
+    if not threads:
+        torch.set_num_threads(usable)
+    if (threads or usable) != recorded:
+        log.warning(
+            "The run computed with %d torch thread(s) and resumes with %d (%s): the continuation will not "
+            "match an uninterrupted run bit for bit, as oneDNN splits its sums by thread count.",
+            recorded,
+            threads or usable,
+            f"trainer.threads={threads}" if threads else f"{usable} CPU(s) usable here",
+        )
