@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf, read_write
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from gan.checkpoint import checkpoint_path, load_checkpoint, stored_config
-from gan.config import EvaluateConfig, TrainConfig
+from gan.config import EvaluateConfig, GenerateConfig, TrainConfig
 from gan.distributed import world_from_env
 from gan.errors import ConfigError, UserError
 from gan.run import Run
@@ -42,7 +42,7 @@ from gan.run import Run
 log = logging.getLogger(__name__)
 # configs/ of a clone, or gan/configs/ where pip installed the package (pyproject.toml maps one to the other)
 CONFIG_DIR = next(d for d in (Path(__file__).parent / "configs", Path(__file__).parents[1] / "configs") if d.is_dir())
-SCHEMAS = {"train": TrainConfig, "evaluate": EvaluateConfig}
+SCHEMAS = {"train": TrainConfig, "evaluate": EvaluateConfig, "generate": GenerateConfig}
 EXIT_HYDRA, EXIT_BAD_INPUT = 1, 2  # 1: Hydra's own (a sweep with a failed job); 2: bad input
 
 # The resume contract: what a resume may change. Where and how the run executes, and what it
@@ -67,8 +67,10 @@ RESUMABLE = {
 # which is not mode collapse: mode collapse has no loss signature.
 RENAMED = {"trainer.on_collapse": "trainer.on_d_won", "trainer.collapse_window": "trainer.d_won_window"}
 # Settings that name a file or folder: a path may hold what Hydra's grammar reserves ('=', ' ', ',')
-PATH_KEYS = ("trainer.resume", "hydra.run.dir", "hydra.sweep.dir", "data.root", "checkpoint")
-PROGRAMS = {"train": "python train.py", "evaluate": "python evaluate.py"}  # as --help and the resume hint name them
+PATH_KEYS = ("trainer.resume", "hydra.run.dir", "hydra.sweep.dir", "data.root", "checkpoint", "out")
+# as --help and the resume hint name them
+PROGRAMS = {"train": "python train.py", "evaluate": "python evaluate.py", "generate": "python generate.py"}
+OUTPUT_KEYS = {"generate": "out"}  # the setting that names a program's folder, where it is not hydra.run.dir
 
 
 class SweepJobFailed(CompactHydraException):
@@ -106,7 +108,8 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
         if own_traceback or (type(err) is ValueError and not raised_by_hydra(err)):  # a ValueError of ours: a bug
             raise
         if isinstance(err, OSError) and not isinstance(err, HydraException):  # Hydra could not make the folder
-            key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(argv) else "hydra.run.dir"
+            single = OUTPUT_KEYS.get(config_name, "hydra.run.dir")
+            key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(argv) else single
             err = UserError(unwritable(key, Path(os.fsdecode(err.filename or ".")), err))
         if world_from_env().is_main:  # under torchrun, rank 0 says it for every rank
             log.error("%s", err if isinstance(err, UserError) else hydra_refusal(err, config_name))  # one paragraph
