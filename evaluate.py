@@ -55,7 +55,7 @@ def job(cfg: DictConfig) -> tuple[int, float]:
             if named and (problem := run.existing_run()):
                 raise RunDirError(problem)
             held.callback(keep_record, run, cfg, run_log)  # runs before the lock is released
-            results = evaluate(validate_evaluate(cfg), run.dir, launch.data_overrides(cfg))
+            results = evaluate(validate_evaluate(cfg), run.dir, launch.data_overrides(cfg, hydra.overrides.task))
         except KeyboardInterrupt:  # Ctrl-C: one line saying what was saved, not a traceback
             log.warning("%s", interrupted(run.dir))
             return EXIT_INTERRUPTED, math.nan

@@ -184,11 +184,11 @@ def command(program: str) -> str:
     return " ".join([PROGRAMS[program], *map(shell_quote, HydraConfig.get().overrides.task)])
 
 
-def data_overrides(cfg: DictConfig) -> dict[str, Any]:
-    """evaluate.py: the data.* keys given on the command line, with the values Hydra typed (they replace the
+def data_overrides(cfg: DictConfig, overrides: Sequence[str]) -> dict[str, Any]:
+    """evaluate.py: the data.* keys among its overrides, with the values Hydra typed (they replace the
     checkpoint's own)."""
     typed = OmegaConf.to_container(cfg.data, resolve=True)
-    given = map(override_key, HydraConfig.get().overrides.task)
+    given = map(override_key, overrides)
     names = [key.split(".", 1)[1] for key in given if key.startswith("data.")]
     return {name: typed[name] for name in names}
 

@@ -747,3 +747,9 @@ def test_the_pack_command_takes_train_py_s_data_overrides(tmp_path):
     assert pack_main(["data=folder"]) == 2  # no output folder
     assert pack_main([str(tmp_path / "bad"), "data=folder", "data.image_size=17"]) == 2
     assert not (tmp_path / "again").exists() and not (tmp_path / "bad").exists()
+
+
+def test_the_pack_command_prints_its_usage_for_help_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert pack_main(["--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: ") and not any(tmp_path.iterdir())

@@ -41,3 +41,12 @@ def test_a_search_fails_a_trial_without_a_score_goes_on_and_resumes_from_its_sto
         assert (trial.state.name == "FAIL") == (trial.params["trainer.final_eval_samples"] == 0), trial
     runs = sorted(sweep.glob("*_*/checkpoints/last.pt"))
     assert len(runs) == 4  # every trial trained, each in a folder of its own (job numbers restart at 0)
+
+
+@pytest.mark.slow  # four trainings and four evaluations
+def test_the_tiny_search_completes_its_trials_as_typed(tmp_path, one_thread):
+    result = run_train("-m", "hparams_search=optuna", "debug=tiny", "hydra.sweeper.n_trials=4", tiny=False, cwd=tmp_path)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    (storage,) = (tmp_path / "outputs" / "multirun").glob("*/*/optuna.db")
+    trials = optuna.load_study(study_name="dcgan", storage=f"sqlite:///{storage}").trials
+    assert [trial.state.name for trial in trials] == ["COMPLETE"] * 4 and all(trial.value > 0 for trial in trials)

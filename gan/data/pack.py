@@ -7,6 +7,7 @@ then trains from its uint8 arrays (memory-mapped) with no decoding per epoch.
 The overrides are train.py's data.* (any dataset); OUT_FOLDER/pack.pt holds both splits, their labels and
 the data settings that made them. Installed with pip, the command is `dcgan-pack`."""
 
+import argparse
 import dataclasses
 import logging
 import os
@@ -50,16 +51,24 @@ def write_pack(data: DataConfig, folder: Path) -> Path:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """`python -m gan.data.pack OUT_FOLDER [data overrides]`: the exit code (2: bad input)."""
+    """`python -m gan.data.pack OUT_FOLDER [data overrides]`: the exit code (0 also after --help; 2: bad input)."""
     from gan.api import compose_config  # the training configs, composed and checked as train.py does
 
     logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")  # unless set up
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or "=" in argv[0]:
-        log.error("Usage: python -m gan.data.pack OUT_FOLDER data=NAME [data.KEY=VALUE ...]")
-        return 2
+    installed = Path(sys.argv[0]).name == "dcgan-pack"
+    parser = argparse.ArgumentParser(
+        prog="dcgan-pack" if installed else "python -m gan.data.pack", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("out_folder", type=Path, help="the folder pack.pt is written to")
+    parser.add_argument("overrides", nargs="*", metavar="data.KEY=VALUE", help="train.py's data overrides: data=NAME")
     try:
-        write_pack(compose_config(*argv[1:]).data, Path(argv[0]))
+        args = parser.parse_args(argv)
+        if "=" in str(args.out_folder):
+            parser.error(f"the first argument is OUT_FOLDER, not an override ({args.out_folder})")
+    except SystemExit as stop:  # argparse's own: 0 after --help, 2 for bad arguments (its usage said why)
+        return stop.code if isinstance(stop.code, int) else 2
+    try:
+        write_pack(compose_config(*args.overrides).data, args.out_folder)
     except (UserError, OSError) as err:
         log.error("%s", err)
         return 2
