@@ -1,5 +1,6 @@
-"""Hyper-parameter search with Optuna (hparams_search=optuna, the sweeps extra): a trial that ends without a
-score is recorded as failed and the study goes on; the study, stored in SQLite in the sweep folder, resumes."""
+"""Hyper-parameter search with Optuna (hparams_search=optuna, the sweeps extra): the tiny search as documented; a
+trial that ends without a score is recorded as failed and the study goes on; the study, stored in SQLite in the
+sweep folder, resumes."""
 
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ def test_a_search_fails_a_trial_without_a_score_goes_on_and_resumes_from_its_sto
 
 @pytest.mark.slow  # four trainings and four evaluations
 def test_the_tiny_search_completes_its_trials_as_typed(tmp_path, one_thread):
-    result = run_train("-m", "hparams_search=optuna", "debug=tiny", "hydra.sweeper.n_trials=4", tiny=False, cwd=tmp_path)
+    typed = ("-m", "hparams_search=optuna", "debug=tiny", "hydra.sweeper.n_trials=4")  # docs/package.md
+    result = run_train(*typed, tiny=False, cwd=tmp_path)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     (storage,) = (tmp_path / "outputs" / "multirun").glob("*/*/optuna.db")
     trials = optuna.load_study(study_name="dcgan", storage=f"sqlite:///{storage}").trials
