@@ -33,8 +33,9 @@ from gan.core.steps import StepContext, d_step, g_step
 from gan.data import ImageSet, load_dataset, to_unit_range
 from gan.device import environment, environment_changes
 from gan.distributed import SINGLE, World, any_rank, gather_to_main, mean_over_ranks
-from gan.errors import UserError, naming
-from gan.evaluation.pipeline import evaluate
+from gan.errors import ConfigError, MetricsError, UserError, naming
+from gan.evaluation import metrics as M
+from gan.evaluation.pipeline import classifier_data, evaluate
 from gan.launch import check_resume, override_key, resume_command
 from gan.run import Run
 from gan.training.d_won import TEXT_TAG as D_WON_TEXT_TAG
@@ -271,6 +272,23 @@ def final_evaluation(cfg: TrainConfig, result: TrainResult, run_dir: Path) -> fl
     return float(results["fid"])
 
 
+def check_final_evaluation(cfg: TrainConfig, training: ImageSet, device: torch.device) -> None:
+    """The metrics classifier final_evaluation measures with, trained (and cached) before the run trains: one
+    that cannot pass evaluate.py's checks refuses the run now, not after it."""
+    final = f"trainer.final_eval_samples={cfg.trainer.final_eval_samples}"
+    if training.num_classes < 2:
+        raise ConfigError(
+            f"{final} measures in the features of a classifier of the data's classes, and data={cfg.data.name} has "
+            f"{training.num_classes} class. Nothing was trained. Set trainer.final_eval_samples=0 and measure with "
+            "evaluate.py metrics.features=inception."
+        )
+    settings = EvaluateConfig().metrics.classifier  # final_evaluation's
+    try:
+        M.load_or_train_classifier(classifier_data(cfg.data, M.is_stacked(training)), settings, device)
+    except MetricsError as err:
+        raise MetricsError(f"{final}: {err} Nothing was trained; or set trainer.final_eval_samples=0.") from err
+
+
 def set_up(
     cfg: TrainConfig, world: World, dataset: Optional[ImageSet]
 ) -> tuple[torch.device, StepContext, TrainingState, ImageSet]:
@@ -365,6 +383,8 @@ class Probes:
 def build_probes(cfg: TrainConfig, training: ImageSet, device: torch.device, world: World, own_data: bool) -> Probes:
     """`own_data`: the training set is cfg.data's, so its held-out split exists; rank 0 measures quality."""
     overfit = build_probe(cfg, training, device) if own_data else None
+    if cfg.trainer.final_eval_samples and world.is_main:
+        check_final_evaluation(cfg, training, device)
     quality = None
     if cfg.trainer.eval_every and world.is_main:
         quality = QualityProbe(cfg.data, training, cfg.trainer.eval_samples, cfg.trainer.seed, device)
