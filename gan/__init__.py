@@ -7,10 +7,16 @@ Data flows one way: train.py -> gan.config -> gan.data, gan.core.models -> gan.c
 from importlib import metadata
 
 API = ("train", "load_generator", "sample", "evaluate", "compose_config")  # gan/api.py, imported on first use
-try:
-    __version__ = metadata.version("dcgan-reference")
-except metadata.PackageNotFoundError:  # a clone used without `pip install`: the commit says what ran (gan.device)
-    __version__ = "unknown"
+
+
+def installed_version() -> str:
+    try:
+        return metadata.version("dcgan-reference")
+    except metadata.PackageNotFoundError:  # a clone used without `pip install`: its commit says what ran (gan.device)
+        return "unknown"
+
+
+__version__ = installed_version()
 
 
 def __getattr__(name: str) -> object:

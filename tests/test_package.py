@@ -148,8 +148,14 @@ def test_gan_evaluate_returns_what_metrics_json_holds(tiny_run, tmp_path, one_th
         gan.evaluate(tiny_run, "num_samplez=3")
 
 
-def test_gan_version_is_the_installed_packages():
+def test_gan_version_is_the_installed_packages(monkeypatch):
     assert gan.__version__ == importlib.metadata.version("dcgan-reference")
+
+    def not_installed(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)  # a clone used without pip install
+    assert gan.installed_version() == "unknown"
 
 
 def test_the_api_refuses_what_the_command_line_refuses(tmp_path):
