@@ -11,7 +11,7 @@ import logging
 import math
 import signal
 import sys
-from typing import Any, Optional, Sequence
+from typing import Any, NoReturn, Optional, Sequence
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -83,13 +83,11 @@ def keep_record(run: Run, cfg: DictConfig, run_log: Any) -> None:
             run.keep_record(cfg, run_log, HydraConfig.instance().cfg, "evaluate")
 
 
-def cli(program: str = "python evaluate.py") -> None:
+def cli(program: str = "python evaluate.py") -> NoReturn:
     """The program: `python evaluate.py`, or the command pip installs (`dcgan-evaluate`, gan/cli.py)."""
-    launch.PROGRAMS["evaluate"] = program
-    logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")  # until Hydra's
     # Ctrl-C interrupts even when this process was started with SIGINT ignored (`cmd &` in a shell)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    sys.exit(main())
+    launch.start("evaluate", main, program)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
 
 import logging
 import sys
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
 
 import torch
 from hydra.core.hydra_config import HydraConfig
@@ -56,11 +56,9 @@ def job(cfg: DictConfig) -> tuple[int, None]:
     return 0, None
 
 
-def cli(program: str = "python generate.py") -> None:
+def cli(program: str = "python generate.py") -> NoReturn:
     """The program: `python generate.py`, or the command pip installs (`dcgan-generate`, gan/cli.py)."""
-    launch.PROGRAMS["generate"] = program
-    logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")  # until Hydra's
-    sys.exit(main())
+    launch.start("generate", main, program)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ SLURM's USR1/USR2 stopped the run after it wrote its checkpoint; 5 under torchru
 import logging
 import math
 import sys
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -89,11 +89,9 @@ def finish(result: TrainResult, fid: Optional[float], run: Run, sweep: bool) -> 
     return 0, fid if fid is not None and math.isfinite(fid) else None
 
 
-def cli(program: str = "python train.py") -> None:
+def cli(program: str = "python train.py") -> NoReturn:
     """The program: `python train.py`, or the command pip installs (`dcgan-train`, gan/cli.py)."""
-    launch.PROGRAMS["train"] = program
-    logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")  # until Hydra's
-    sys.exit(main())
+    launch.start("train", main, program)
 
 
 if __name__ == "__main__":

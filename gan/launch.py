@@ -122,6 +122,14 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
     return max(codes, default=0)
 
 
+def start(name: str, main: Callable[[], int], program: str) -> NoReturn:
+    """A program run from the shell: `program` names it as it was invoked (--help, the resume hint); the log
+    prints from the start (Hydra's configuration replaces it); its exit code is main()'s."""
+    PROGRAMS[name] = program
+    logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")
+    sys.exit(main())
+
+
 def raised_by_hydra(err: BaseException) -> bool:
     """Whether Hydra itself raised `err` (its ValueErrors about its own flags, e.g. --resolve without --cfg)."""
     tb = err.__traceback__
