@@ -118,7 +118,8 @@ def test_the_environment_is_printed_and_recorded_with_the_training_one(evaluated
     assert results["environment"]["torch"] == str(torch.__version__)
     assert results["training_environment"] == results["environment"]  # trained in this process
     log = result.stdout + result.stderr
-    assert f"Environment: python {results['environment']['python']}, torch {torch.__version__}," in log
+    environment = results["environment"]
+    assert f"Environment: package {environment['package']}, python {environment['python']}, torch " in log
     assert "Trained in another environment" not in log
 
 
