@@ -33,7 +33,7 @@ from gan.core.steps import StepContext, d_step, g_step
 from gan.data import ImageSet, load_dataset, to_unit_range
 from gan.device import environment, environment_changes
 from gan.distributed import SINGLE, World, any_rank, gather_to_main, mean_over_ranks
-from gan.errors import ConfigError, MetricsError, UserError, naming
+from gan.errors import MetricsError, UserError, naming
 from gan.evaluation import metrics as M
 from gan.evaluation.pipeline import classifier_data, evaluate
 from gan.launch import check_resume, override_key, resume_command
@@ -274,18 +274,12 @@ def final_evaluation(cfg: TrainConfig, result: TrainResult, run_dir: Path) -> fl
 
 def check_final_evaluation(cfg: TrainConfig, training: ImageSet, device: torch.device) -> None:
     """The metrics classifier final_evaluation measures with, trained (and cached) before the run trains: one
-    that cannot pass evaluate.py's checks refuses the run now, not after it."""
-    final = f"trainer.final_eval_samples={cfg.trainer.final_eval_samples}"
-    if training.num_classes < 2:
-        raise ConfigError(
-            f"{final} measures in the features of a classifier of the data's classes, and data={cfg.data.name} has "
-            f"{training.num_classes} class. Nothing was trained. Set trainer.final_eval_samples=0 and measure with "
-            "evaluate.py metrics.features=inception."
-        )
+    that cannot pass evaluate.py's checks (too inaccurate, or data without classes) refuses the run now."""
     settings = EvaluateConfig().metrics.classifier  # final_evaluation's
     try:
         M.load_or_train_classifier(classifier_data(cfg.data, M.is_stacked(training)), settings, device)
     except MetricsError as err:
+        final = f"trainer.final_eval_samples={cfg.trainer.final_eval_samples}"
         raise MetricsError(f"{final}: {err} Nothing was trained; or set trainer.final_eval_samples=0.") from err
 
 
