@@ -411,15 +411,15 @@ def class_metrics(
 
 
 def write_samples(fake: Tensor, npz: Optional[Path] = None, pngs: Optional[Path] = None) -> None:
-    """npz: uint8 (N, H, W, C) under np.savez's default key `arr_0`, as metric tools read it; pngs: a folder,
-    one file per image."""
+    """pngs: a folder, one file per image; npz: uint8 (N, H, W, C) under np.savez's default key `arr_0`, as metric
+    tools read it, written last (generate.py: a folder holding it holds every PNG)."""
     images = fake.permute(0, 2, 3, 1).numpy()
-    if npz is not None:
-        np.savez_compressed(npz, images)
     if pngs is not None:
         pngs.mkdir(exist_ok=True)
         for i, image in enumerate(images):
             Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image).save(pngs / f"{i:06d}.png")
+    if npz is not None:
+        np.savez_compressed(npz, images)
 
 
 def format_table(results: Mapping[str, Any]) -> str:
