@@ -11,7 +11,7 @@ import logging
 import math
 import signal
 import sys
-from typing import Any, Optional, Sequence
+from typing import Any, NoReturn, Optional, Sequence
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -55,7 +55,7 @@ def job(cfg: DictConfig) -> tuple[int, float]:
             if named and (problem := run.existing_run()):
                 raise RunDirError(problem)
             held.callback(keep_record, run, cfg, run_log)  # runs before the lock is released
-            results = evaluate(validate_evaluate(cfg), run.dir, launch.data_overrides(cfg))
+            results = evaluate(validate_evaluate(cfg), run.dir, launch.data_overrides(cfg, hydra.overrides.task))
         except KeyboardInterrupt:  # Ctrl-C: one line saying what was saved, not a traceback
             log.warning("%s", interrupted(run.dir))
             return EXIT_INTERRUPTED, math.nan
@@ -83,13 +83,11 @@ def keep_record(run: Run, cfg: DictConfig, run_log: Any) -> None:
             run.keep_record(cfg, run_log, HydraConfig.instance().cfg, "evaluate")
 
 
-def cli(program: str = "python evaluate.py") -> None:
+def cli(program: str = "python evaluate.py") -> NoReturn:
     """The program: `python evaluate.py`, or the command pip installs (`dcgan-evaluate`, gan/cli.py)."""
-    launch.PROGRAMS["evaluate"] = program
-    logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")  # until Hydra's
     # Ctrl-C interrupts even when this process was started with SIGINT ignored (`cmd &` in a shell)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    sys.exit(main())
+    launch.start("evaluate", main, program)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ SLURM's USR1/USR2 stopped the run after it wrote its checkpoint; 5 under torchru
 import logging
 import math
 import sys
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -18,10 +18,10 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from gan import launch
 from gan.config import register_configs, validate
 from gan.distributed import broadcast_object, close, init_process_group, world_from_env
-from gan.errors import MetricsError, UserError, environment_error
+from gan.errors import UserError, environment_error
 from gan.run import Run, held_log
 from gan.training import NonFiniteLossError, TrainResult, train
-from gan.training.loop import final_evaluation, hparams_of, peer_lost, what_is_kept
+from gan.training.loop import final_evaluation, hparams_of, measure_later, peer_lost, what_is_kept
 
 log = logging.getLogger("train")
 EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_D_WON, EXIT_PEER_LOST = 2, 3, 4, 5
@@ -56,10 +56,8 @@ def job(cfg: DictConfig) -> tuple[int, Optional[float]]:
                 measure = world.is_main and not result.stopped_by and typed.trainer.final_eval_samples
                 try:
                     fid = final_evaluation(typed, result, run.dir) if measure else None
-                except MetricsError as err:  # its advice names evaluate.py's metrics.*, which train.py does not take
-                    raise MetricsError(f"{err} {measure_later(run)}") from err
                 except KeyboardInterrupt:  # Ctrl-C while measuring: the trained run is saved
-                    log.warning("Interrupted (SIGINT) during the final evaluation. %s", measure_later(run))
+                    log.warning("Interrupted (SIGINT) during the final evaluation. %s", measure_later(run.dir))
                     if sweep:
                         raise SystemExit(SIGNAL_EXIT["SIGINT"]) from None
                     return SIGNAL_EXIT["SIGINT"], None
@@ -97,20 +95,9 @@ def finish(result: TrainResult, fid: Optional[float], run: Run, sweep: bool) -> 
     return 0, fid if fid is not None and math.isfinite(fid) else None
 
 
-def measure_later(run: Run) -> str:
-    checkpoint = launch.shell_quote(f"checkpoint={launch.hydra_quote(run.dir)}")
-    return (
-        f"The run trained and its checkpoint is saved in {run.dir}: measure it with {launch.PROGRAMS['evaluate']} "
-        f"{checkpoint} (which takes the metrics.* settings), or set trainer.final_eval_samples=0 to train without "
-        "the final evaluation."
-    )
-
-
-def cli(program: str = "python train.py") -> None:
+def cli(program: str = "python train.py") -> NoReturn:
     """The program: `python train.py`, or the command pip installs (`dcgan-train`, gan/cli.py)."""
-    launch.PROGRAMS["train"] = program
-    logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")  # until Hydra's
-    sys.exit(main())
+    launch.start("train", main, program)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,19 @@ Data flows one way: train.py -> gan.config -> gan.data, gan.core.models -> gan.c
 (monitor, checkpoint). gan.core.models and gan.core.losses import nothing else from this package.
 """
 
-API = ("train", "load_generator", "sample", "compose_config")  # gan/api.py, imported on first use
+from importlib import metadata
+
+API = ("train", "load_generator", "sample", "evaluate", "compose_config")  # gan/api.py, imported on first use
+
+
+def installed_version() -> str:
+    try:
+        return metadata.version("dcgan-reference")
+    except metadata.PackageNotFoundError:  # a clone used without `pip install`: its commit says what ran (gan.device)
+        return "unknown"
+
+
+__version__ = installed_version()
 
 
 def __getattr__(name: str) -> object:

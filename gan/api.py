@@ -1,14 +1,16 @@
-"""Train, load and sample in a notebook, with the command line's configs and checks:
+"""Train, load, sample and measure in a notebook, with the command line's configs and checks:
 
     import gan
     result = gan.train("outputs/notebook", "debug=tiny", "loss=hinge")  # train.py's overrides
     G = gan.load_generator(result.checkpoint)                           # or the run folder
     images = gan.sample(G, 64)                                          # (64, C, H, W) in [-1, 1]
+    numbers = gan.evaluate(result.checkpoint, "num_samples=2000")       # evaluate.py's metrics.json
 
 A bad override or value is refused with the message train.py prints (gan.errors.ConfigError)."""
 
+import tempfile
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 from hydra import compose, initialize_config_dir
@@ -18,33 +20,47 @@ from omegaconf.errors import OmegaConfBaseException
 from torch import Tensor
 
 from gan.checkpoint import load_checkpoint
-from gan.config import EvaluateConfig, TrainConfig, _require, check_device_name, register_configs, validate
+from gan.config import (
+    EvaluateConfig,
+    TrainConfig,
+    _require,
+    check_device_name,
+    register_configs,
+    register_evaluate_configs,
+    validate,
+    validate_evaluate,
+)
 from gan.core.models import Generator
 from gan.core.sampling import sample as sample_from
 from gan.device import resolve_device
 from gan.errors import ConfigError, environment_error
 from gan.evaluation.pipeline import build_generator, recompute_batchnorm_stats
-from gan.launch import CONFIG_DIR, hydra_refusal
+from gan.evaluation.pipeline import evaluate as measure
+from gan.launch import CONFIG_DIR, data_overrides, hydra_quote, hydra_refusal
 from gan.training import TrainResult
 from gan.training import train as train_run
 
 
 def compose_config(*overrides: str) -> TrainConfig:
     """configs/train.yaml with train.py's overrides ("loss=hinge", "optim.lr=1e-4"), typed and checked."""
-    config = _composed(overrides)
+    config = _composed(overrides)[1]
     config.check()
     return config
 
 
-def _composed(overrides: tuple[str, ...]) -> TrainConfig:
-    """compose_config's config before its range checks (gan.training.train runs them)."""
+def _composed(overrides: tuple[str, ...], program: str = "train") -> tuple[Any, Any]:
+    """The program's config from its overrides, and typed: train's before its range checks (gan.training.train
+    runs them), evaluate's checked."""
     _require(all(isinstance(o, str) for o in overrides), "overrides", overrides, "must be strings, one per setting")
     register_configs()
+    register_evaluate_configs()
+    typed = validate if program == "train" else validate_evaluate
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            return validate(compose(config_name="train", overrides=list(overrides)))
+            cfg = compose(config_name=program, overrides=list(overrides))
+            return cfg, typed(cfg)
     except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(hydra_refusal(err, "train")) from err
+        raise ConfigError(hydra_refusal(err, program)) from err
 
 
 def train(run_dir: Union[str, Path], *overrides: str, config: Optional[TrainConfig] = None) -> TrainResult:
@@ -55,7 +71,7 @@ def train(run_dir: Union[str, Path], *overrides: str, config: Optional[TrainConf
     why = "must be a TrainConfig (gan.compose_config gives one), or None with train.py's overrides"
     _require(config is None or isinstance(config, TrainConfig), "config", type(config).__name__, why)
     if config is None:
-        typed = _composed(overrides)
+        typed = _composed(overrides)[1]
     elif overrides:
         raise ConfigError(f"Pass overrides ({' '.join(overrides)}) or config=, not both.")
     else:
@@ -97,3 +113,20 @@ def sample(G: Generator, n: int, seed: int = 0, classes: Optional[Tensor] = None
     if G.num_classes and classes is None:
         classes = torch.arange(n) % G.num_classes
     return sample_from(G, z, None if classes is None else classes.to(device))
+
+
+def evaluate(
+    checkpoint: Union[str, Path], *overrides: str, run_dir: Optional[Union[str, Path]] = None
+) -> dict[str, Any]:
+    """evaluate.py's numbers (metrics.json's content) for a checkpoint file or run folder, from its overrides
+    ("num_samples=2000", "metrics.features=inception"); its pictures and TensorBoard events go into run_dir, by
+    default a temporary folder removed afterwards."""
+    _require(isinstance(checkpoint, (str, Path)), "checkpoint", checkpoint, "must be a checkpoint file or run folder")
+    _require(run_dir is None or isinstance(run_dir, (str, Path)), "run_dir", run_dir, "must be a folder's path")
+    given = (f"checkpoint={hydra_quote(checkpoint)}", *overrides)
+    cfg, settings = _composed(given, "evaluate")
+    data = data_overrides(cfg, given)
+    if run_dir is not None:
+        return measure(settings, Path(run_dir), data)
+    with tempfile.TemporaryDirectory() as folder:
+        return measure(settings, Path(folder), data)

@@ -371,7 +371,7 @@ class FeatureSpace(str, Enum):
 
 class SaveSamples(str, Enum):
     none = "none"
-    npz = "npz"  # samples.npz, key `images`: uint8 (N, C, H, W)
+    npz = "npz"  # samples.npz, key `arr_0`: uint8 (N, H, W, C), as metric tools read it
     png = "png"  # samples/000000.png, ...: one file per sample
 
 
@@ -468,17 +468,38 @@ class EvaluateConfig(_Group):
         self.metrics.check()
 
 
-def validate_evaluate(cfg: DictConfig) -> EvaluateConfig:
-    """`data` aside; raises ConfigError naming the key."""
+@dataclass
+class GenerateConfig(_Group):
+    checkpoint: str = "???"  # required: a checkpoint file, or a training run directory (its checkpoints/last.pt)
+    num: int = 64  # images written, as PNGs and in samples.npz
+    # the folder they are written to (Hydra's job folder: hydra.run.dir follows it)
+    out: str = "outputs/generate/${now:%Y-%m-%d}/${now:%H-%M-%S}"
+    class_id: Optional[int] = None  # conditional: this class alone; null = classes 0, 1, 2, ... in turn
+    seed: int = 0  # the latents drawn: the same seed gives the same images
+    use_ema: bool = True  # the EMA generator when the checkpoint has one, else G itself
+    batch_size: int = 500  # images per batch through G
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps, as trainer.device
+
+    def check(self) -> None:
+        self._check(self.num >= 1, "num", "must be at least 1")
+        self._check(self.batch_size >= 1, "batch_size", "must be at least 1")
+        self._check(self.class_id is None or self.class_id >= 0, "class_id", "must be >= 0 (a class number)")
+        check_device_name(self.device, "device")
+
+
+def validate_evaluate(cfg: DictConfig, schema: type = EvaluateConfig) -> Any:
+    """evaluate.py's config (`data` aside), or generate.py's (GenerateConfig); raises ConfigError naming the key."""
     if OmegaConf.is_missing(cfg, "checkpoint"):
         raise ConfigError(
             "checkpoint=PATH is required: a checkpoint file (checkpoints/last.pt) or the "
             "directory of the training run that wrote it."
         )
-    typed = _typed(cfg, EvaluateConfig)
+    typed = _typed(cfg, schema)
     typed.check()
     return typed
 
 
 def register_evaluate_configs() -> None:
+    """evaluate.py's schema and generate.py's."""
     ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
+    ConfigStore.instance().store(name="generate_schema", node=GenerateConfig)

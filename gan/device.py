@@ -12,6 +12,7 @@ from typing import Any, Mapping, Optional
 import torch
 import torchvision
 
+import gan
 from gan.errors import ConfigError
 
 
@@ -33,21 +34,30 @@ def available_cpus() -> int:
 
 @functools.lru_cache(maxsize=None)
 def environment(device: torch.device) -> dict[str, Any]:
-    """What a result depends on besides its config: the versions, the device, and the code's commit
-    when it runs from a clone. Checkpoints, the Text tab and metrics.json record it."""
+    """What a result depends on besides its config: the versions, the device (the GPU's or CPU's model), and
+    the code's commit when it runs from a clone. Checkpoints, the Text tab and metrics.json record it."""
     cuda = device.type == "cuda"
-    cpu = platform.processor() or platform.machine()
     return {
+        "package": gan.__version__,  # dcgan-reference's own: a wheel records no commit
         "python": platform.python_version(),
         "torch": str(torch.__version__),  # a TorchVersion, which neither YAML nor weights_only loading reads
         "torchvision": torchvision.__version__,
         "cuda": torch.version.cuda,  # the CUDA torch was built with (None: a CPU build)
         "cudnn": torch.backends.cudnn.version() if cuda else None,
-        "device": torch.cuda.get_device_name(device) if cuda else f"{device.type} ({cpu})",
+        "device": torch.cuda.get_device_name(device) if cuda else f"{device.type} ({cpu_model()})",
         "device_count": torch.cuda.device_count() if cuda else available_cpus(),  # GPUs visible, or CPUs usable
         "platform": platform.platform(),
         **git_commit(Path(__file__).resolve().parents[1]),
     }
+
+
+def cpu_model() -> str:
+    """Linux's /proc/cpuinfo names the model (platform.processor() says x86_64 there); elsewhere platform's."""
+    try:
+        names = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")]
+    except OSError:  # not Linux
+        names = []
+    return names[0].split(":", 1)[1].strip() if names else platform.processor() or platform.machine()
 
 
 def git_commit(root: Path) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf, read_write
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from gan.checkpoint import checkpoint_path, load_checkpoint, stored_config
-from gan.config import EvaluateConfig, TrainConfig
+from gan.config import EvaluateConfig, GenerateConfig, TrainConfig
 from gan.distributed import world_from_env
 from gan.errors import ConfigError, UserError
 from gan.run import Run
@@ -43,7 +43,7 @@ from gan.search import SearchChecks, no_score
 log = logging.getLogger(__name__)
 # configs/ of a clone, or gan/configs/ where pip installed the package (pyproject.toml maps one to the other)
 CONFIG_DIR = next(d for d in (Path(__file__).parent / "configs", Path(__file__).parents[1] / "configs") if d.is_dir())
-SCHEMAS = {"train": TrainConfig, "evaluate": EvaluateConfig}
+SCHEMAS = {"train": TrainConfig, "evaluate": EvaluateConfig, "generate": GenerateConfig}
 EXIT_HYDRA, EXIT_BAD_INPUT = 1, 2  # 1: Hydra's own (a sweep with a failed job); 2: bad input
 
 # The resume contract: what a resume may change. Where and how the run executes, and what it
@@ -69,9 +69,11 @@ RESUMABLE = {
 # which is not mode collapse: mode collapse has no loss signature.
 RENAMED = {"trainer.on_collapse": "trainer.on_d_won", "trainer.collapse_window": "trainer.d_won_window"}
 # Settings that name a file or folder: a path may hold what Hydra's grammar reserves ('=', ' ', ',')
-PATH_KEYS = ("trainer.resume", "hydra.run.dir", "hydra.sweep.dir", "data.root", "checkpoint")
+PATH_KEYS = ("trainer.resume", "hydra.run.dir", "hydra.sweep.dir", "data.root", "checkpoint", "out")
 RERUN = "--experimental-rerun"  # Hydra's flag that unpickles a config.pickle
-PROGRAMS = {"train": "python train.py", "evaluate": "python evaluate.py"}  # as --help and the resume hint name them
+# as --help and the resume hint name them
+PROGRAMS = {"train": "python train.py", "evaluate": "python evaluate.py", "generate": "python generate.py"}
+OUTPUT_KEYS = {"generate": "out"}  # the setting that names a program's folder, where it is not hydra.run.dir
 
 
 class SweepJobFailed(CompactHydraException):
@@ -123,7 +125,8 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
         if own_traceback or (type(err) is ValueError and not raised_by(err, "hydra.")):  # a ValueError of ours: a bug
             raise
         if isinstance(err, OSError) and not isinstance(err, HydraException):  # Hydra could not make the folder
-            key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(argv) else "hydra.run.dir"
+            single = OUTPUT_KEYS.get(config_name, "hydra.run.dir")
+            key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(argv) else single
             err = UserError(unwritable(key, Path(os.fsdecode(err.filename or ".")), err))
         if world_from_env().is_main:  # under torchrun, rank 0 says it for every rank
             log.error("%s", err if isinstance(err, UserError) else hydra_refusal(err, config_name))  # one paragraph
@@ -134,6 +137,14 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
         os.environ.pop("HYDRA_FULL_ERROR") if saved_env is None else os.environ.update(HYDRA_FULL_ERROR=saved_env)
         GlobalHydra.instance().clear()
     return max(codes, default=0)
+
+
+def start(name: str, main: Callable[[], int], program: str) -> NoReturn:
+    """A program run from the shell: `program` names it as it was invoked (--help, the resume hint); the log
+    prints from the start (Hydra's configuration replaces it); its exit code is main()'s."""
+    PROGRAMS[name] = program
+    logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")
+    sys.exit(main())
 
 
 def raised_by(err: BaseException, package: str) -> bool:
@@ -198,11 +209,11 @@ def command(program: str) -> str:
     return " ".join([PROGRAMS[program], *map(shell_quote, HydraConfig.get().overrides.task)])
 
 
-def data_overrides(cfg: DictConfig) -> dict[str, Any]:
-    """evaluate.py: the data.* keys given on the command line, with the values Hydra typed (they replace the
+def data_overrides(cfg: DictConfig, overrides: Sequence[str]) -> dict[str, Any]:
+    """evaluate.py: the data.* keys among its overrides, with the values Hydra typed (they replace the
     checkpoint's own)."""
     typed = OmegaConf.to_container(cfg.data, resolve=True)
-    given = map(override_key, HydraConfig.get().overrides.task)
+    given = map(override_key, overrides)
     names = [key.split(".", 1)[1] for key in given if key.startswith("data.")]
     return {name: typed[name] for name in names}
 
@@ -460,6 +471,10 @@ def resume_override(run_dir: Path) -> str:
 
 def resume_command(run_dir: Path) -> str:
     return f"{PROGRAMS['train']} {resume_override(run_dir)}"
+
+
+def measure_command(run_dir: Path) -> str:
+    return f"{PROGRAMS['evaluate']} {shell_quote(f'checkpoint={hydra_quote(run_dir)}')}"
 
 
 if not OmegaConf.has_resolver("program"):  # configs/*.yaml: --help names the program as it was invoked

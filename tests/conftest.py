@@ -23,7 +23,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from torch import Tensor, nn
 
-from gan.config import TrainConfig, register_configs, validate
+from gan.checkpoint import save_checkpoint
+from gan.config import TrainConfig, register_configs, to_plain, validate
 from gan.core.models import Discriminator, Generator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,6 +155,32 @@ def in_process(main: Callable[[list[str]], int], argv: list[str], cwd: Path | No
             signal.signal(sig, handler)
         GlobalHydra.instance().clear()
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
+def tiny_checkpoint(tmp_path: Path, *overrides: str, ema: bool = True) -> Path:
+    """A checkpoint with untrained weights and the real config: enough to evaluate."""
+    cfg = compose_config("data.num_samples=1200", *overrides)
+    torch.manual_seed(0)
+    num_classes = 10 if cfg.model.conditional else 0  # digits' classes
+    G = Generator(cfg.model.z_dim, cfg.model.g_width, cfg.data.channels, cfg.data.image_size, num_classes)
+    averaged = torch.optim.swa_utils.AveragedModel(G, use_buffers=True) if ema else None
+    if averaged is not None:
+        with torch.no_grad():
+            for p in averaged.module.parameters():
+                p.mul_(0.5)  # so the EMA generator differs from G
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(
+        {
+            "G": G.state_dict(),
+            "D": {},
+            "G_ema": averaged.state_dict() if averaged else None,
+            "step": 3,
+            "num_classes": num_classes,
+            "config": to_plain(cfg),
+        },
+        path,
+    )
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -367,7 +367,6 @@ def conditional_run(tmp_path_factory):
 
 def eval_config(run, root, **kwargs) -> EvaluateConfig:
     metrics = MetricsConfig(kid_subsets=10)
-    metrics.classifier.epochs, metrics.classifier.min_accuracy = 5, 0.9
     cfg = EvaluateConfig(checkpoint=str(run), num_samples=200, threads=1, device="cpu", metrics=metrics, **kwargs)
     cfg.check()
     return cfg

@@ -797,3 +797,9 @@ def test_a_resume_refuses_a_pack_other_than_the_one_its_run_trained_from(tmp_pat
     again = compose_config(*settings, "trainer.max_steps=6", f"trainer.resume={tmp_path / 'run'}")
     with pytest.raises(DataError, match="data.root holds another pack than the run trained from"):
         train(again, tmp_path / "run")
+
+
+def test_the_pack_command_prints_its_usage_for_help_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert pack_main(["--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: ") and not any(tmp_path.iterdir())

@@ -1,8 +1,10 @@
-"""The tool as others use it: the wheel's commands from a folder of their own (slow: a build and a venv),
-the notebook API (gan.train, gan.load_generator, gan.sample), and the environment every run records."""
+"""The tool as others use it: the wheel's commands from a folder of their own (slow: a build and a venv), the quick
+start as docs/package.md types it, the notebook API (gan.train, gan.load_generator, gan.sample, gan.evaluate,
+gan.__version__), and the environment every run records."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -14,17 +16,17 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import ROOT, TINY, run_train
+from conftest import ROOT, TINY, run_evaluate, run_train
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_evaluate import TINY_EVAL
 
 import gan
 from gan.checkpoint import load_checkpoint, save_checkpoint
-from gan.device import environment
+from gan.device import cpu_model, environment
 from gan.errors import ConfigError
 
 # the files a wheel is built from: the package's code, its two programs and the configs it ships
-SOURCES = ("pyproject.toml", "README.md", "train.py", "evaluate.py", "gan", "configs")
+SOURCES = ("pyproject.toml", "README.md", "train.py", "evaluate.py", "generate.py", "gan", "configs")
 
 
 @pytest.mark.slow
@@ -45,7 +47,8 @@ def test_the_wheel_installs_commands_that_train_and_evaluate_from_any_folder(tmp
     names = set(zipfile.ZipFile(wheel).namelist())
     configs = {f"gan/configs/{p.relative_to(ROOT / 'configs').as_posix()}" for p in (ROOT / "configs").rglob("*.yaml")}
     code = {p.relative_to(ROOT).as_posix() for p in (ROOT / "gan").rglob("*.py")}
-    assert configs <= names and code <= names and {"gan/commands/train.py", "gan/commands/evaluate.py"} <= names
+    programs = {f"gan/commands/{name}.py" for name in ("train", "evaluate", "generate")}
+    assert configs <= names and code <= names and programs <= names
 
     # a fresh venv, offline: the wheel alone, its dependencies seen through a .pth naming the folders this
     # interpreter imports them from (its site-packages, and those its own .pth files add)
@@ -70,12 +73,13 @@ def test_the_wheel_installs_commands_that_train_and_evaluate_from_any_folder(tmp
     def command(name: str, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([venv / "bin" / name, *args], cwd=elsewhere, capture_output=True, text=True)
 
-    trained = command("dcgan-train", *TINY, "data.num_samples=1200")
+    trained = command("dcgan-train", *TINY)
     assert trained.returncode == 0, trained.stderr[-3000:]
     (run_dir,) = (elsewhere / "outputs").glob("*/*debug-tiny*")  # Hydra's dated folder, under this cwd
     assert (run_dir / "checkpoints" / "last.pt").is_file() and (run_dir / ".hydra" / "config.yaml").is_file()
-    assert load_checkpoint(run_dir)["environment"].keys() >= {"torch", "device"}
-    assert "git_commit" not in load_checkpoint(run_dir)["environment"]  # an installed package has no clone
+    recorded = load_checkpoint(run_dir)["environment"]
+    assert recorded["package"] == gan.__version__ and recorded["device"] == f"cpu ({cpu_model()})"
+    assert "git_commit" not in recorded  # an installed package has no clone
     events = EventAccumulator(str(run_dir / "tb"), size_guidance={"tensors": 0}).Reload()
     command_line = events.Tensors("run/command")[0].tensor_proto.string_val[0].decode()
     assert command_line.startswith("`dcgan-train debug=tiny"), command_line  # the command that ran (inline code)
@@ -87,9 +91,13 @@ def test_the_wheel_installs_commands_that_train_and_evaluate_from_any_folder(tmp
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     (metrics,) = (elsewhere / "outputs" / "eval").glob("*/*/metrics.json")
     assert json.loads(metrics.read_text())["step"] == 6
-    assert f"Environment: python {sys.version.split()[0]}" in evaluated.stdout + evaluated.stderr
+    said = f"Environment: package {gan.__version__}, python {sys.version.split()[0]}"
+    assert said in evaluated.stdout + evaluated.stderr
 
-    for name in ("dcgan-train", "dcgan-evaluate"):  # Hydra's flags, the program named as it was invoked
+    generated = command("dcgan-generate", f"checkpoint={run_dir}", "num=64", "out=images")
+    assert generated.returncode == 0 and len(list((elsewhere / "images").glob("*.png"))) == 64, generated.stderr
+
+    for name in ("dcgan-train", "dcgan-evaluate", "dcgan-generate"):  # Hydra's flags, the program named as invoked
         helped = command(name, "--help")
         assert helped.returncode == 0 and helped.stdout.startswith(f"{name}: "), helped.stderr[-3000:]
         shown = command(name, "--cfg", "job")
@@ -104,6 +112,8 @@ def test_the_wheel_installs_commands_that_train_and_evaluate_from_any_folder(tmp
 
     packed = command("dcgan-pack", "pack", "data=digits", "data.num_samples=300", "data.image_size=16")
     assert packed.returncode == 0 and (elsewhere / "pack" / "pack.pt").is_file(), packed.stderr[-3000:]
+    helped = command("dcgan-pack", "--help")
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: dcgan-pack"), helped.stderr[-3000:]
 
 
 def test_the_notebook_api_trains_loads_and_samples_in_a_few_lines(tmp_path, one_thread):
@@ -114,6 +124,38 @@ def test_the_notebook_api_trains_loads_and_samples_in_a_few_lines(tmp_path, one_
     assert images.abs().max() <= 1 and torch.equal(images, gan.sample(gan.load_generator(tmp_path / "run"), 10, seed=1))
     assert not torch.equal(images, gan.sample(G, 10, seed=2))
     assert load_checkpoint(result.checkpoint)["config"]["loss"]["name"] == "hinge"
+
+
+def test_the_quick_start_trains_then_evaluates_as_typed(tmp_path, one_thread):
+    trained = run_train("debug=tiny", tiny=False, cwd=tmp_path)  # docs/package.md, as typed
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    (run_dir,) = (tmp_path / "outputs").glob("*/*_debug-tiny")
+    # the metrics classifier trains on 10,000 digits, not the 256 the run drew, and passes its 97% bar
+    evaluated = run_evaluate(f"checkpoint={run_dir.relative_to(tmp_path)}", cwd=tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    (metrics,) = (tmp_path / "outputs" / "eval").glob("*/*/metrics.json")
+    assert json.loads(metrics.read_text())["classifier_accuracy"] >= 0.97
+
+
+def test_gan_evaluate_returns_what_metrics_json_holds(tiny_run, tmp_path, one_thread):
+    overrides = ("num_samples=200", "device=cpu", "metrics.kid_subsets=10", f"data.root={tmp_path / 'data'}")
+    results = gan.evaluate(tiny_run, *overrides, run_dir=tmp_path / "eval")
+    assert results == json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert results["num_samples"] == 200 and list((tmp_path / "data" / "classifiers").glob("*.pt"))  # data.root
+    again = gan.evaluate(tiny_run, *overrides)  # into a temporary folder, removed afterwards
+    assert again["fid"] == results["fid"] > 0
+    with pytest.raises(ConfigError, match="num_samplez"):
+        gan.evaluate(tiny_run, "num_samplez=3")
+
+
+def test_gan_version_is_the_installed_packages(monkeypatch):
+    assert gan.__version__ == importlib.metadata.version("dcgan-reference")
+
+    def not_installed(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)  # a clone used without pip install
+    assert gan.installed_version() == "unknown"
 
 
 def test_the_api_refuses_what_the_command_line_refuses(tmp_path):
@@ -162,8 +204,9 @@ def test_the_api_refuses_a_bad_argument_naming_it(tiny_run, case):
     assert str(caught.value).startswith(named) and "\n" not in str(caught.value)
 
 
-def test_a_conditional_generators_classes_must_be_n_class_numbers(tmp_path, one_thread):
+def test_a_conditional_generator_loads_in_eval_mode_and_takes_n_class_numbers(tmp_path, one_thread):
     G = gan.load_generator(gan.train(tmp_path / "run", *TINY, "model.conditional=true").checkpoint)
+    assert not any(module.training for module in G.modules())  # eval mode: BatchNorm's running statistics
     for classes in (torch.tensor([10, 1]), torch.tensor([-1, 1]), torch.tensor([1]), [1, 2], torch.tensor([1.0, 2.0])):
         with pytest.raises(ConfigError, match=r"must be a tensor of 2 class numbers from 0 to 9"):
             gan.sample(G, 2, classes=classes)
@@ -186,7 +229,8 @@ def test_a_checkpoint_records_the_environment_it_was_written_in(tiny_run):
     recorded = load_checkpoint(tiny_run)["environment"]
     assert recorded == environment(torch.device("cpu"))
     assert recorded["torch"] == torch.__version__ and recorded["device_count"] >= 1
-    assert recorded["python"] == sys.version.split()[0]
+    assert recorded["python"] == sys.version.split()[0] and recorded["package"] == gan.__version__
+    assert recorded["device"] == f"cpu ({cpu_model()})"
     if shutil.which("git"):  # a commit of this clone (HEAD when the run started), and whether files differed
         known = subprocess.run(["git", "cat-file", "-t", recorded["git_commit"]], cwd=ROOT, capture_output=True)
         assert known.stdout == b"commit\n" and len(recorded["git_commit"]) == 40

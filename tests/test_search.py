@@ -1,5 +1,6 @@
-"""Hyper-parameter search with Optuna (hparams_search=optuna, the sweeps extra): a trial that ends without a
-score is recorded as failed and the study goes on; the study, stored in SQLite in the sweep folder, resumes."""
+"""Hyper-parameter search with Optuna (hparams_search=optuna, the sweeps extra): the tiny search as documented; a
+trial that ends without a score is recorded as failed and the study goes on; the study, stored in SQLite in the
+sweep folder, resumes."""
 
 from __future__ import annotations
 
@@ -87,3 +88,13 @@ def test_a_search_where_no_trial_scored_says_so_and_where_a_study_outside_its_fo
     assert f"The study is stored in {outside}, outside the sweep folder" in output
     trials = optuna.load_study(study_name="dcgan", storage=f"sqlite:///{outside}").trials
     assert [t.state.name for t in trials] == ["FAIL"]  # told, not left RUNNING
+
+
+@pytest.mark.slow  # four trainings and four evaluations
+def test_the_tiny_search_completes_its_trials_as_typed(tmp_path, one_thread):
+    typed = ("-m", "hparams_search=optuna", "debug=tiny", "hydra.sweeper.n_trials=4")  # docs/package.md
+    result = run_train(*typed, tiny=False, cwd=tmp_path)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    (storage,) = (tmp_path / "outputs" / "multirun").glob("*/*/optuna.db")
+    trials = optuna.load_study(study_name="dcgan", storage=f"sqlite:///{storage}").trials
+    assert [trial.state.name for trial in trials] == ["COMPLETE"] * 4 and all(trial.value > 0 for trial in trials)

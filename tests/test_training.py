@@ -19,6 +19,8 @@ import gan.training.hardware
 from gan.checkpoint import load_checkpoint
 from gan.config import ConfigError, ModelConfig, Precision
 from gan.core.models import Discriminator, Generator
+from gan.errors import MetricsError
+from gan.evaluation import metrics as M
 from gan.training import train
 from gan.training.hardware import resolve_precision
 from gan.training.state import build_models, build_optimizer, lr_scale
@@ -233,3 +235,12 @@ def test_bench_parts_conv_share_counts_convolutions_alone():
     images, kernel = torch.randn(8, 3, 32, 32), torch.randn(16, 3, 3, 3)
     assert conv_share(lambda: torch.nn.functional.conv2d(images, kernel), 3) > 0.5
     assert conv_share(lambda: (images * 2).sum(), 3) == 0
+
+
+def test_a_final_evaluation_that_cannot_pass_is_refused_before_training(tmp_path, monkeypatch):
+    untrained = M.Classifier(1, 10, width=4, feature_dim=8)
+    monkeypatch.setattr(M, "train_classifier", lambda *args: (untrained, 0.5))  # below its 97% bar
+    cfg = compose_config("trainer.final_eval_samples=100", f"data.root={tmp_path / 'data'}")
+    with pytest.raises(MetricsError, match=r"trainer.final_eval_samples=100: The metrics classifier .* 50.00%"):
+        train(cfg, tmp_path / "run")
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -8,6 +8,7 @@ The overrides are train.py's data.* (any dataset); OUT_FOLDER/pack.pt holds both
 data settings that made them and the hash of their content, which each checkpoint of a run records (a resume
 refuses another pack). Installed with pip, the command is `dcgan-pack`."""
 
+import argparse
 import dataclasses
 import hashlib
 import logging
@@ -22,7 +23,6 @@ from gan.data.sources import PACK_FILE, PACK_FORMAT, load_dataset
 from gan.errors import ConfigError, UserError, environment_error
 
 log = logging.getLogger(__name__)
-USAGE = "Usage: python -m gan.data.pack OUT_FOLDER data=NAME [data.KEY=VALUE ...]"
 
 
 def write_pack(data: DataConfig, folder: Path) -> Path:
@@ -53,19 +53,25 @@ def write_pack(data: DataConfig, folder: Path) -> Path:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """`python -m gan.data.pack OUT_FOLDER [data overrides]`: the exit code (2: bad input, 130: Ctrl-C)."""
+    """`python -m gan.data.pack OUT_FOLDER [data overrides]`: the exit code (0 also after --help; 2: bad input,
+    130: Ctrl-C)."""
     from gan.api import compose_config  # the training configs, composed and checked as train.py does
     from gan.launch import override_key
 
     logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")  # unless set up
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] in (["-h"], ["--help"]):
-        print(f"{USAGE}\n\n{__doc__}")
-        return 0
-    if not argv or "=" in argv[0]:
-        log.error(USAGE)
-        return 2
-    others = [o for o in argv[1:] if override_key(o).split(".")[0] != "data"]
+    installed = Path(sys.argv[0]).name == "dcgan-pack"
+    parser = argparse.ArgumentParser(
+        prog="dcgan-pack" if installed else "python -m gan.data.pack", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("out_folder", type=Path, help="the folder pack.pt is written to")
+    parser.add_argument("overrides", nargs="*", metavar="data.KEY=VALUE", help="train.py's data overrides: data=NAME")
+    try:
+        args = parser.parse_args(argv)
+        if "=" in str(args.out_folder):
+            parser.error(f"the first argument is OUT_FOLDER, not an override ({args.out_folder})")
+    except SystemExit as stop:  # argparse's own: 0 after --help, 2 for bad arguments (its usage said why)
+        return stop.code if isinstance(stop.code, int) else 2
+    others = [o for o in args.overrides if override_key(o).split(".")[0] != "data"]
     try:
         if others:
             raise ConfigError(
@@ -73,7 +79,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "data.KEY=VALUE); the others would be ignored. Nothing was written. Drop them, and give them to "
                 "train.py when it trains from the pack."
             )
-        write_pack(compose_config(*argv[1:]).data, Path(argv[0]))
+        write_pack(compose_config(*args.overrides).data, args.out_folder)
     except UserError as err:
         log.error("%s", err)
         return 2

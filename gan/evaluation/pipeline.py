@@ -94,7 +94,8 @@ def evaluate(
         save_image(grid, run_dir / f"{name}.png")
     clock("pictures")
 
-    write_samples(fake, cfg.save_samples, run_dir)
+    npz, pngs = (cfg.save_samples == how for how in (SaveSamples.npz, SaveSamples.png))
+    write_samples(fake, npz=run_dir / "samples.npz" if npz else None, pngs=run_dir / "samples" if pngs else None)
     for path in save_generator(G, cfg.export, run_dir / "export"):
         log.info("Exported the generator: %s", path)
     clock("outputs")
@@ -409,14 +410,16 @@ def class_metrics(
     return results
 
 
-def write_samples(fake: Tensor, how: SaveSamples, run_dir: Path) -> None:
-    if how == SaveSamples.npz:
-        np.savez_compressed(run_dir / "samples.npz", images=fake.numpy())
-    elif how == SaveSamples.png:
-        folder = run_dir / "samples"
-        folder.mkdir(exist_ok=True)
-        for i, image in enumerate(fake.numpy()):
-            Image.fromarray(image[0] if image.shape[0] == 1 else image.transpose(1, 2, 0)).save(folder / f"{i:06d}.png")
+def write_samples(fake: Tensor, npz: Optional[Path] = None, pngs: Optional[Path] = None) -> None:
+    """pngs: a folder, one file per image; npz: uint8 (N, H, W, C) under np.savez's default key `arr_0`, as metric
+    tools read it, written last (generate.py: a folder holding it holds every PNG)."""
+    images = fake.permute(0, 2, 3, 1).numpy()
+    if pngs is not None:
+        pngs.mkdir(exist_ok=True)
+        for i, image in enumerate(images):
+            Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image).save(pngs / f"{i:06d}.png")
+    if npz is not None:
+        np.savez_compressed(npz, images)
 
 
 def format_table(results: Mapping[str, Any]) -> str:

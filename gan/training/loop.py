@@ -33,9 +33,10 @@ from gan.core.steps import StepContext, d_step, g_step
 from gan.data import ImageSet, load_dataset, to_unit_range
 from gan.device import environment, environment_changes
 from gan.distributed import SINGLE, World, any_rank, gather_to_main, mean_over_ranks
-from gan.errors import UserError, naming
-from gan.evaluation.pipeline import evaluate
-from gan.launch import check_resume, override_key, resume_command
+from gan.errors import MetricsError, UserError, naming
+from gan.evaluation import metrics as M
+from gan.evaluation.pipeline import classifier_data, evaluate
+from gan.launch import check_resume, measure_command, override_key, resume_command
 from gan.run import Run
 from gan.training.d_won import TEXT_TAG as D_WON_TEXT_TAG
 from gan.training.d_won import d_won_watch
@@ -266,9 +267,32 @@ def final_evaluation(cfg: TrainConfig, result: TrainResult, run_dir: Path) -> fl
     )
     eval_cfg.check()
     run = Run(run_dir)
-    results = evaluate(eval_cfg, run.eval, tb_dir=run.tb)  # one TensorBoard run per job
+    try:
+        results = evaluate(eval_cfg, run.eval, tb_dir=run.tb)  # one TensorBoard run per job
+    except MetricsError as err:  # its advice names evaluate.py's metrics.*, which train.py does not take
+        raise MetricsError(f"{err} {measure_later(run_dir)}") from err
     write_final_numbers(run_dir, result.step, {FINAL_FID_TAG: float(results["fid"])})
     return float(results["fid"])
+
+
+def measure_later(run_dir: Path) -> str:
+    """What to do with a trained run whose final evaluation did not end."""
+    return (
+        f"The run trained and its checkpoint is saved in {run_dir}: measure it with {measure_command(run_dir)} "
+        "(which takes the metrics.* settings), or set trainer.final_eval_samples=0 to train without the final "
+        "evaluation."
+    )
+
+
+def check_final_evaluation(cfg: TrainConfig, training: ImageSet, device: torch.device) -> None:
+    """The metrics classifier final_evaluation measures with, trained (and cached) before the run trains: one
+    that cannot pass evaluate.py's checks (too inaccurate, or data without classes) refuses the run now."""
+    settings = EvaluateConfig().metrics.classifier  # final_evaluation's
+    try:
+        M.load_or_train_classifier(classifier_data(cfg.data, M.is_stacked(training)), settings, device)
+    except MetricsError as err:
+        final = f"trainer.final_eval_samples={cfg.trainer.final_eval_samples}"
+        raise MetricsError(f"{final}: {err} Nothing was trained; or set trainer.final_eval_samples=0.") from err
 
 
 def set_up(
@@ -366,6 +390,8 @@ class Probes:
 def build_probes(cfg: TrainConfig, training: ImageSet, device: torch.device, world: World, own_data: bool) -> Probes:
     """`own_data`: the training set is cfg.data's, so its held-out split exists; rank 0 measures quality."""
     overfit = build_probe(cfg, training, device) if own_data else None
+    if cfg.trainer.final_eval_samples and world.is_main:
+        check_final_evaluation(cfg, training, device)
     quality = None
     if cfg.trainer.eval_every and world.is_main:
         quality = QualityProbe(cfg.data, training, cfg.trainer.eval_samples, cfg.trainer.seed, device)

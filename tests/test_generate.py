@@ -1,0 +1,73 @@
+"""generate.py: images from a checkpoint into a folder of PNGs and samples.npz, with no dataset; bad input is one
+paragraph, exit code 2, and nothing written."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import in_process, tiny_checkpoint
+from PIL import Image
+
+import gan
+from gan.evaluation.pipeline import to_uint8
+
+
+def run_generate(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`python generate.py ARGV`, in this process."""
+    return in_process(importlib.import_module("generate").main, list(argv), cwd)
+
+
+def test_generate_writes_num_pngs_and_the_npz_metric_tools_read(tiny_run, tmp_path, one_thread):
+    result = run_generate(f"checkpoint={tiny_run}", "num=10", "out=images", "batch_size=4", "device=cpu", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    pngs = sorted((tmp_path / "images").glob("*.png"))
+    assert [p.name for p in pngs] == [f"{i:06d}.png" for i in range(10)]
+    with np.load(tmp_path / "images" / "samples.npz") as saved:
+        images = saved["arr_0"]
+    assert images.dtype == np.uint8 and images.shape == (10, 16, 16, 1)  # N x H x W x C
+    np.testing.assert_array_equal(np.asarray(Image.open(pngs[3])), images[3, ..., 0])
+    # the images of gan.sample with the same seed: batches of 4 draw the latents of one batch of 10
+    expected = to_uint8(gan.sample(gan.load_generator(tiny_run), 10, seed=0)).permute(0, 2, 3, 1)
+    np.testing.assert_array_equal(images, expected.numpy())
+
+
+def test_a_conditional_generator_draws_the_class_asked_for(tmp_path, one_thread):
+    checkpoint = tiny_checkpoint(tmp_path, "model.conditional=true")
+    result = run_generate(f"checkpoint={checkpoint}", "num=6", "class_id=3", "seed=5", "out=threes", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with np.load(tmp_path / "threes" / "samples.npz") as saved:
+        images = torch.from_numpy(saved["arr_0"]).permute(0, 3, 1, 2)
+    G = gan.load_generator(checkpoint)
+    torch.testing.assert_close(images, to_uint8(gan.sample(G, 6, seed=5, classes=torch.full((6,), 3))))
+    assert not torch.equal(images, to_uint8(gan.sample(G, 6, seed=5, classes=torch.full((6,), 4))))
+
+
+REFUSALS = {
+    "no checkpoint": (["checkpoint=missing"], "Checkpoint not found"),
+    "num=0": (["num=0"], "num=0 must be at least 1"),
+    "class_id unconditional": (["class_id=1"], "holds an unconditional generator"),
+    "class_id out of range": (["class_id=10", "CONDITIONAL"], "class_id=10 is out of range"),
+    "out is a file": (["out=afile"], "afile is not a directory"),
+    "out holds images": (["out=done"], "already holds generated images"),
+}
+
+
+@pytest.mark.parametrize(("argv", "said"), REFUSALS.values(), ids=REFUSALS.keys())
+def test_bad_input_is_one_paragraph_exit_2_and_nothing_written(tiny_run, argv, said, tmp_path):
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "samples.npz").write_bytes(b"")
+    checkpoint = tiny_checkpoint(tmp_path, "model.conditional=true") if "CONDITIONAL" in argv else tiny_run
+    before = sorted(tmp_path.rglob("*"))
+    given = dict(a.split("=", 1) for a in argv if a != "CONDITIONAL")
+    argv = [f"{key}={value}" for key, value in {"checkpoint": checkpoint, "out": "out", **given}.items()]
+    result = run_generate(*argv, cwd=tmp_path)
+    output = (result.stdout + result.stderr).strip()
+    assert result.returncode == 2 and said in output, output[-3000:]
+    assert "Traceback" not in output and len(output.splitlines()) == 1
+    assert sorted(tmp_path.rglob("*")) == before
