@@ -219,10 +219,10 @@ FINAL_EVAL_STOPS = {  # what the final evaluation raises -> exit code, what trai
 
 @pytest.mark.parametrize("stop, code, says", FINAL_EVAL_STOPS.values(), ids=FINAL_EVAL_STOPS.keys())
 def test_a_final_evaluation_stopped_says_how_to_measure_the_saved_run(tmp_path, monkeypatch, stop, code, says):
-    def final_evaluation(*args: object) -> float:
+    def evaluate(*args: object, **kwargs: object) -> dict:
         raise stop
 
-    monkeypatch.setattr(train_py, "final_evaluation", final_evaluation)
+    monkeypatch.setattr("gan.training.loop.evaluate", evaluate)  # what final_evaluation measures with
     argv = ["debug=tiny", "trainer.final_eval_samples=100", f"hydra.run.dir={tmp_path / 'run'}"]
     result = in_process(train_py.main, argv, tmp_path)
     output = result.stdout + result.stderr
