@@ -33,8 +33,9 @@ from gan.config import run_suffix
 from gan.launch import SweepNames
 from gan.training import train
 from gan.training.d_won import ALARM_TAG
+from gan.training.loop import COMPARED
 from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, REAL_TAG, write_progress_gif
-from gan.training.quality import BEST_FID_TAG, BEST_STEP_TAG, FID_TAG, FINAL_FID_TAG
+from gan.training.quality import BEST_FID_TAG, FID_TAG, FINAL_FID_TAG
 
 # TensorBoard --------------------------------------------------------------------------------------
 
@@ -150,13 +151,17 @@ def test_a_run_without_ema_names_its_grid_for_g_itself(tmp_path):
     assert set(events_of(tmp_path / "tb").Tags()["images"]) == {REAL_TAG, RAW_FAKE_TAG}
 
 
-def test_the_run_is_one_hparams_session_of_its_overrides_and_data_and_loss(watched_run):
-    """`python train.py debug=tiny`: its one override that sets what it computes, and
-    the two settings every reader needs; not the whole config (the Text tab has it)."""
+def test_the_run_is_one_hparams_session_of_the_compared_settings_and_its_overrides(watched_run):
+    """`python train.py debug=tiny`: the five settings every run reports, with its own values (defaults
+    too), then its one override that sets what it computes; not the whole config (the Text tab has it)."""
     tb = TensorBoardClient(watched_run)
     infos = {info["name"]: info for info in tb.experiment()["hparamInfos"]}
-    assert set(infos) == {"debug", "data", "loss"}
+    assert set(infos) == {*COMPARED, "debug"}
     assert infos["debug"]["domainDiscrete"] == ["tiny"] and infos["loss"]["domainDiscrete"] == ["bce"]
+    assert (
+        infos["trainer.max_steps"]["domainDiscrete"] == ["6"] and infos["model.conditional"]["type"] == "DATA_TYPE_BOOL"
+    )
+    assert infos["optim.lr"]["domainInterval"] == {"minValue": 0.001, "maxValue": 0.001}
     (group,) = tb.session_groups()
     (session,) = group["sessions"]
     assert session["name"] == "tb" and session["status"] == "STATUS_SUCCESS"
@@ -284,18 +289,20 @@ def test_sweep_jobs_are_named_by_what_varies_only(watched_sweep):
 
 
 def test_sweep_hparams_show_the_swept_keys_and_the_results_first(watched_sweep):
-    """The page shows the first five settings (those that differ first), then the first five metrics
-    (in tag order): a sweep job's swept keys alone, then the runs' results, FID/best and
-    FID/step_of_best (FID/final, with trainer.final_eval_samples, between them), before the losses."""
+    """The page shows the first five settings (those that differ first, then by name), then the first
+    five metrics (in tag order): the swept keys, the other compared settings with their values, then
+    the runs' result, FID/best (FID/final, with trainer.final_eval_samples, after it), before the losses."""
     tb = TensorBoardClient(watched_sweep)
     experiment = tb.experiment()
     infos = experiment["hparamInfos"]
-    assert [info["name"] for info in infos] == ["loss", "optim.lr"]  # not the constants (debug, log_every, ...)
-    assert all(info["differs"] for info in infos)
+    shown = sorted(infos, key=lambda info: (not info["differs"], info["name"]))[:5]  # the page's five
+    assert [info["name"] for info in shown] == ["loss", "optim.lr", "data", "model.conditional", "trainer.max_steps"]
+    assert {info["name"] for info in infos if info["differs"]} == {"loss", "optim.lr"}
     types = {info["name"]: info["type"] for info in infos}
-    assert types == {"loss": "DATA_TYPE_STRING", "optim.lr": "DATA_TYPE_FLOAT64"}
+    assert types["loss"] == "DATA_TYPE_STRING" and types["optim.lr"] == "DATA_TYPE_FLOAT64"
+    assert {info["name"] for info in infos} == set(COMPARED)  # not the constants (debug, log_every, ...)
     metrics = [m["name"]["tag"] for m in experiment["metricInfos"]]
-    assert metrics[:6] == [BEST_FID_TAG, BEST_STEP_TAG, *LOSS_CHARTS]
+    assert metrics[:5] == [BEST_FID_TAG, *LOSS_CHARTS]
     assert all(m["name"].get("group", "") == "" for m in experiment["metricInfos"])  # no sub-runs
     groups = tb.session_groups()
     # trial ids: the sweep's folder and the job number, short enough for the 10em trial column
@@ -311,15 +318,17 @@ def test_sweep_hparams_show_the_swept_keys_and_the_results_first(watched_sweep):
         curve = events.Scalars(FID_TAG)
         best = min(curve, key=lambda event: event.value)
         values = {v["name"]["tag"]: v["value"] for v in group["metricValues"]}
-        assert values[BEST_FID_TAG] == pytest.approx(best.value) and values[BEST_STEP_TAG] == best.step
+        assert values[BEST_FID_TAG] == pytest.approx(best.value)
 
 
 def test_the_results_are_one_point_per_run_in_the_group_that_opens_first(watched_sweep):
-    """FID/best and FID/step_of_best are written once, at the run's end: one dot per run in its own colour,
-    which TensorBoard's smoothing leaves as it is (a one-point average is the point)."""
+    """FID/best is written once, at the run's end: one dot per run in its own colour, which TensorBoard's
+    smoothing leaves as it is (a one-point average is the point); its step is the curve's lowest point's."""
     for job in SWEEP_JOBS:
         events = events_of(watched_sweep / job / "tb")
-        assert [e.step for e in events.Scalars(BEST_FID_TAG)] == [6] == [e.step for e in events.Scalars(BEST_STEP_TAG)]
+        assert [e.step for e in events.Scalars(BEST_FID_TAG)] == [6] and not [
+            t for t in events.Tags()["scalars"] if "step_of" in t
+        ]
         assert len(events.Scalars(FID_TAG)) == 2  # the curve, at 3 and 6
         assert tb_group_order(events.Tags()["scalars"] + events.Tags()["images"])[:2] == ["FID", "loss"]
 
@@ -328,7 +337,17 @@ def test_sweep_table_prints_a_row_per_run_best_first(watched_sweep, tmp_path):
     plot = tmp_path / "sweep.png"
     result = run_script("sweep_table.py", str(watched_sweep), "--plot", str(plot))
     assert result.returncode == 0, result.stderr[-3000:]
-    lines = result.stdout.splitlines()
+    constant, *lines = result.stdout.splitlines()
+    assert constant.split() == [
+        "the",
+        "same",
+        "in",
+        "every",
+        "run:",
+        "data=digits",
+        "model.conditional=False",
+        "trainer.max_steps=6",
+    ]
     header = "run  loss  optim.lr  FID best  at step  FID final  recall  steps"
     assert re.sub(" +", " ", lines[0]) == header.replace("  ", " ")  # a sweep job's settings: its swept keys
     rows = [line.split() for line in lines[1:5]]
@@ -417,11 +436,11 @@ def test_eval_every_puts_the_fid_curve_beside_the_losses_and_the_final_fid_among
     assert {"quality/precision", "quality/recall", "quality/classes_covered"} <= set(tags["scalars"])
     final = json.loads((run_dir / "eval" / "metrics.json").read_text())
     assert [(e.step, e.value) for e in events.Scalars(FINAL_FID_TAG)] == [(6, pytest.approx(final["fid"]))]
-    assert {"samples/eval_samples", "samples/eval_interpolation"} <= set(tags["images"])
-    assert "eval/metrics" in tb.get("/data/plugin/text/tags")["tb"]
+    assert {"samples_eval/samples", "samples_eval/interpolation"} <= set(tags["images"])
+    assert "run/eval_metrics" in tb.get("/data/plugin/text/tags")["tb"]
     metrics = [(m["name"]["tag"], m["name"].get("group", "")) for m in tb.experiment()["metricInfos"]]
     # the page shows the first five: the run's three results, best and final FID first, then D's outputs
-    assert metrics[:5] == [(tag, "") for tag in (BEST_FID_TAG, FINAL_FID_TAG, BEST_STEP_TAG, *LOSS_CHARTS[:2])]
+    assert metrics[:5] == [(tag, "") for tag in (BEST_FID_TAG, FINAL_FID_TAG, *LOSS_CHARTS[:3])]
     (group,) = tb.session_groups()
     values = {v["name"]["tag"]: v["value"] for v in group["metricValues"]}
     assert values[FINAL_FID_TAG] == pytest.approx(final["fid"])

@@ -44,6 +44,10 @@ from gan.evaluation.grids import interpolation_strip, neighbour_grid
 
 log = logging.getLogger(__name__)
 
+# TensorBoard sorts tags by name, so a run's final evaluation sorts after its training: these grids after the
+# fixed-noise `samples/` grids (`samples` < `samples_eval`), the table after the run's command and config
+IMAGES_GROUP, METRICS_TEXT_TAG = "samples_eval", "run/eval_metrics"
+
 
 def evaluate(
     cfg: EvaluateConfig,
@@ -203,9 +207,9 @@ def report(results: dict[str, Any], pictures: Mapping[str, Tensor], run_dir: Pat
         log.info("Trained in another environment: %s", "; ".join(changes))
     with SummaryWriter(log_dir=str(tb_dir)) as writer:  # the numbers as a text table: one number is a one-point chart
         for name, grid in pictures.items():
-            writer.add_image(f"samples/eval_{name}", grid, results["step"])
-        # under `eval/metrics` itself: torch's add_text would name it `eval/metrics/text_summary`
-        writer.file_writer.add_summary(text_pb("eval/metrics", "```\n" + table + "\n```"), results["step"])
+            writer.add_image(f"{IMAGES_GROUP}/{name}", grid, results["step"])
+        # under the tag itself: torch's add_text would add `/text_summary` to it
+        writer.file_writer.add_summary(text_pb(METRICS_TEXT_TAG, "```\n" + table + "\n```"), results["step"])
 
 
 def data_config_of(
