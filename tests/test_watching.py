@@ -10,6 +10,7 @@ docs/watching.md has the screenshots.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import platform
 import re
@@ -30,10 +31,11 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from werkzeug.test import Client
 
 from gan.config import run_suffix
+from gan.evaluation.pipeline import IMAGES_GROUP, METRICS_TEXT_TAG
 from gan.launch import SweepNames
 from gan.training import train
 from gan.training.d_won import ALARM_TAG
-from gan.training.loop import COMPARED
+from gan.training.loop import COMPARED, hparams_of
 from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, REAL_TAG, write_progress_gif
 from gan.training.quality import BEST_FID_TAG, FID_TAG, FINAL_FID_TAG
 
@@ -151,21 +153,29 @@ def test_a_run_without_ema_names_its_grid_for_g_itself(tmp_path):
     assert set(events_of(tmp_path / "tb").Tags()["images"]) == {REAL_TAG, RAW_FAKE_TAG}
 
 
-def test_the_run_is_one_hparams_session_of_the_compared_settings_and_its_overrides(watched_run):
-    """`python train.py debug=tiny`: the five settings every run reports, with its own values (defaults
-    too), then its one override that sets what it computes; not the whole config (the Text tab has it)."""
+def test_the_run_is_one_hparams_session_of_the_four_compared_settings(watched_run):
+    """`python train.py debug=tiny`: the four settings every run reports, with its own values, defaults
+    too; not its overrides (its folder's name and the Text tab have them), nor the whole config."""
     tb = TensorBoardClient(watched_run)
     infos = {info["name"]: info for info in tb.experiment()["hparamInfos"]}
-    assert set(infos) == {*COMPARED, "debug"}
-    assert infos["debug"]["domainDiscrete"] == ["tiny"] and infos["loss"]["domainDiscrete"] == ["bce"]
-    assert (
-        infos["trainer.max_steps"]["domainDiscrete"] == ["6"] and infos["model.conditional"]["type"] == "DATA_TYPE_BOOL"
-    )
+    assert list(COMPARED) == ["data", "loss", "optim.lr", "trainer.max_steps"] and set(infos) == set(COMPARED)
+    assert infos["data"]["domainDiscrete"] == ["digits"] and infos["loss"]["domainDiscrete"] == ["bce"]
+    assert infos["trainer.max_steps"]["domainDiscrete"] == ["6"]  # a whole number as text: 6, not 6.0000
     assert infos["optim.lr"]["domainInterval"] == {"minValue": 0.001, "maxValue": 0.001}
     (group,) = tb.session_groups()
     (session,) = group["sessions"]
     assert session["name"] == "tb" and session["status"] == "STATUS_SUCCESS"
     assert group["name"] == "run"  # the trial id: the run folder's name
+
+
+def test_every_run_reports_the_four_settings_and_a_sweep_adds_its_keys_outside_them():
+    """A conditional model says so in `data`; a sweep job's swept key outside the four gets its own column
+    (blank in runs outside that sweep); keys the four show are not repeated."""
+    conditional = compose_config("model.conditional=true", "loss=hinge", "model.g_width=12")
+    swept = ["model.g_width=12", "loss=hinge", "model.conditional=true", "experiment=wgan_gp", "~model.pack"]
+    four = {"data": "digits, conditional", "loss": "hinge", "optim.lr": 0.001, "trainer.max_steps": "6"}
+    assert hparams_of(conditional) == four
+    assert hparams_of(conditional, swept) == {**four, "model.g_width": "12", "experiment": "wgan_gp"}
 
 
 def test_the_text_tab_holds_the_resolved_config_the_command_line_and_the_environment(watched_run):
@@ -295,8 +305,8 @@ def test_sweep_hparams_show_the_swept_keys_and_the_results_first(watched_sweep):
     tb = TensorBoardClient(watched_sweep)
     experiment = tb.experiment()
     infos = experiment["hparamInfos"]
-    shown = sorted(infos, key=lambda info: (not info["differs"], info["name"]))[:5]  # the page's five
-    assert [info["name"] for info in shown] == ["loss", "optim.lr", "data", "model.conditional", "trainer.max_steps"]
+    shown = sorted(infos, key=lambda info: (not info["differs"], info["name"]))[:5]  # the page's (up to five)
+    assert [info["name"] for info in shown] == ["loss", "optim.lr", "data", "trainer.max_steps"]
     assert {info["name"] for info in infos if info["differs"]} == {"loss", "optim.lr"}
     types = {info["name"]: info["type"] for info in infos}
     assert types["loss"] == "DATA_TYPE_STRING" and types["optim.lr"] == "DATA_TYPE_FLOAT64"
@@ -338,16 +348,7 @@ def test_sweep_table_prints_a_row_per_run_best_first(watched_sweep, tmp_path):
     result = run_script("sweep_table.py", str(watched_sweep), "--plot", str(plot))
     assert result.returncode == 0, result.stderr[-3000:]
     constant, *lines = result.stdout.splitlines()
-    assert constant.split() == [
-        "the",
-        "same",
-        "in",
-        "every",
-        "run:",
-        "data=digits",
-        "model.conditional=False",
-        "trainer.max_steps=6",
-    ]
+    assert constant == "the same in every run: data=digits  trainer.max_steps=6"  # the four's constants, once
     header = "run  loss  optim.lr  FID best  at step  FID final  recall  steps"
     assert re.sub(" +", " ", lines[0]) == header.replace("  ", " ")  # a sweep job's settings: its swept keys
     rows = [line.split() for line in lines[1:5]]
@@ -450,3 +451,46 @@ def test_eval_every_puts_the_fid_curve_beside_the_losses_and_the_final_fid_among
     assert plain.returncode == 0, (plain.stdout + plain.stderr)[-3000:]
     for tag in ("loss/d", "loss/g", "loss/D(x)"):
         assert [e.value for e in events_of(plain_dir / "tb").Scalars(tag)] == [e.value for e in events.Scalars(tag)]
+
+
+# the screenshots ------------------------------------------------------------------------------------
+
+SHOT_TAGS = Path(__file__).resolve().parents[1] / "docs" / "images" / "tensorboard_tags.json"
+SHRUNK = {"trainer.max_steps": 6, "trainer.eval_every": 3, "trainer.eval_samples": 64, "trainer.log_every": 2,
+          "trainer.sample_every": 3}  # fmt: skip
+
+
+def screenshot_script():
+    spec = importlib.util.spec_from_file_location(
+        "shots", SHOT_TAGS.parents[2] / "scripts" / "tensorboard_screenshots.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("case", ["run", "conditional", "d_won"])
+def test_the_screenshots_show_the_tags_and_text_items_the_code_writes(case, tmp_path):
+    """docs/images/tensorboard_tags.json holds the tags of the runs in docs/images (written by
+    `tensorboard_screenshots.py shoot`); each case's command at debug=tiny's size writes the same tags
+    and Text items now (a D-won run as it is: D must win). When it fails, shoot the pictures again."""
+    shown, script = json.loads(SHOT_TAGS.read_text()), screenshot_script()
+    overrides = shown["runs"][case]
+    if case != "d_won":
+        overrides = [f"{key}={SHRUNK[key]}" if (key := o.split("=")[0]) in SHRUNK else o for o in overrides]
+    result = run_train(*overrides, f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert script.tags_of(tmp_path) == shown["tags"][case]
+
+
+def test_the_screenshots_of_the_sweep_show_the_tags_and_text_items_the_code_writes(watched_sweep):
+    """The sweep of the pictures had a final evaluation, which a fast sweep cannot (its classifier must pass
+    evaluate.py's bar): all but the final evaluation's tags are compared."""
+    shown = json.loads(SHOT_TAGS.read_text())["tags"]["sweep"]
+    final = {"scalars": {FINAL_FID_TAG}, "text": {METRICS_TEXT_TAG}, "images": set()}
+    final["images"] = {tag for tag in shown["images"] if tag.startswith(f"{IMAGES_GROUP}/")}
+    assert final["images"] and set(shown["text"]) >= final["text"]  # the pictures do show one
+    written = screenshot_script().tags_of(watched_sweep)
+    assert {kind: set(tags) for kind, tags in written.items()} == {
+        kind: set(shown[kind]) - final[kind] for kind in shown
+    }

@@ -397,25 +397,24 @@ def write_checkpoint(
 
 
 # Every run reports these to HParams with the value it used, default or not: runs of different days and sweeps
-# share their columns, and no blank stands for a default. Five, as the page shows five settings (docs/watching.md).
-COMPARED = ("data", "loss", "optim.lr", "trainer.max_steps", "model.conditional")
+# share their columns, and no blank stands for a default. Four: the page shows up to five settings, then the
+# metrics, and four leave FID/best on a 1400 px screen (docs/watching.md). `data` says ", conditional" of a
+# conditional model, which draws its samples per class.
+COMPARED = ("data", "loss", "optim.lr", "trainer.max_steps")
 
 
-def hparams_of(cfg: TrainConfig, overrides: Sequence[str] = ()) -> dict[str, float | str | bool | None]:
-    """The HParams columns: COMPARED, then the keys of `overrides` (a sweep job's swept keys, a single run's own:
-    launch.compared), as the command line names them, each with the value the run used."""
+def hparams_of(cfg: TrainConfig, swept: Sequence[str] = ()) -> dict[str, float | str | bool | None]:
+    """The HParams columns: COMPARED, then the keys of `swept` (a sweep job's swept overrides: launch.compared) the
+    four do not show, as the command line names them, each with the value the run used."""
     plain = to_plain(cfg)
-    columns: dict[str, object] = {}
-    for override in [*COMPARED, *overrides]:
-        if override.startswith("~"):
-            continue  # a deletion sets nothing to compare
-        key = override_key(override).removesuffix(".name")  # data.name=x and data=x: one column, `data`
+    data = plain["data"]["name"] + (", conditional" if plain["model"]["conditional"] else "")
+    columns = dict(zip(COMPARED, (data, plain["loss"]["name"], plain["optim"]["lr"], plain["trainer"]["max_steps"])))
+    for override in swept:
+        key = override_key(override).removesuffix(".name")  # data.name=x and data=x: the column `data`
         group, _, field = key.partition(".")
-        if group in ("data", "loss") and not field:
-            columns[key] = plain[group]["name"]
-        elif field and field in plain.get(group, {}):
-            columns[key] = plain[group][field]
-        else:  # a config group's choice (experiment=wgan_gp), or a key of no group
-            columns[key] = override.split("=", 1)[1]
+        if override.startswith("~") or key in (*columns, "loss", "model.conditional"):
+            continue  # a deletion sets nothing to compare; the four show these
+        # a config group's choice (experiment=wgan_gp), or a key of no group, as the command gave it
+        columns[key] = plain[group][field] if field in plain.get(group, {}) else override.split("=", 1)[1]
     # ints (and lists) as text: the page prints every number to five digits, 300 as 300.00
     return {key: v if v is None or isinstance(v, (float, str, bool)) else str(v) for key, v in columns.items()}
