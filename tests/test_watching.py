@@ -331,6 +331,26 @@ def test_sweep_hparams_show_the_swept_keys_and_the_results_first(watched_sweep):
         assert values[BEST_FID_TAG] == pytest.approx(best.value)
 
 
+def test_every_run_under_outputs_fills_the_same_four_columns(watched_run, watched_sweep, tmp_path):
+    """`tensorboard --logdir outputs` over a single run, a sweep and a conditional run: four settings, so the
+    page shows four and FID/best is the first metric; every run has a value in each (no blank stands for a
+    default); the conditional run is told apart by `data`."""
+    outputs = tmp_path / "outputs"
+    shutil.copytree(watched_run / "tb", outputs / "run" / "tb")
+    for job in SWEEP_JOBS:
+        shutil.copytree(watched_sweep / job / "tb", outputs / "multirun" / "sweep" / job / "tb")
+    train(compose_config("model.conditional=true"), outputs / "conditional")
+    tb = TensorBoardClient(outputs)
+    experiment = tb.experiment()
+    differing = {info["name"] for info in experiment["hparamInfos"] if info["differs"]}
+    assert {info["name"] for info in experiment["hparamInfos"]} == set(COMPARED)
+    assert differing == {"data", "loss", "optim.lr"}  # all six ran 6 steps
+    assert experiment["metricInfos"][0]["name"]["tag"] == BEST_FID_TAG
+    groups = tb.session_groups()
+    assert len(groups) == 6 and all(set(group["hparams"]) == set(COMPARED) for group in groups)
+    assert sorted(group["hparams"]["data"] for group in groups) == ["digits"] * 5 + ["digits, conditional"]
+
+
 def test_the_results_are_one_point_per_run_in_the_group_that_opens_first(watched_sweep):
     """FID/best is written once, at the run's end: one dot per run in its own colour, which TensorBoard's
     smoothing leaves as it is (a one-point average is the point); its step is the curve's lowest point's."""
