@@ -162,9 +162,9 @@ def test_tensorboard_has_the_pictures_and_the_table_at_the_checkpoint_step(evalu
     events.Reload()
     tags = events.Tags()
     assert tags["scalars"] == []  # single numbers go in the table: a one-point chart says nothing
-    shown = {"samples_eval/samples", "samples_eval/interpolation", "samples_eval/nearest_neighbours"}
+    shown = {"summary/samples", "summary/interpolation", "summary/nearest_neighbours"}
     assert shown <= set(tags["images"])
-    assert [e.step for e in events.Images("samples_eval/samples")] == [6]
+    assert [e.step for e in events.Images("summary/samples")] == [6]
     (text_tag,) = [tag for tag in tags["tensors"] if "metrics" in tag]
     assert text_tag == "run/eval_metrics"  # the tag itself, not torch add_text's run/eval_metrics/text_summary
     (table,) = events.Tensors(text_tag)

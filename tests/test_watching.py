@@ -457,7 +457,7 @@ def test_eval_every_puts_the_fid_curve_beside_the_losses_and_the_final_fid_among
     assert {"quality/precision", "quality/recall", "quality/classes_covered"} <= set(tags["scalars"])
     final = json.loads((run_dir / "eval" / "metrics.json").read_text())
     assert [(e.step, e.value) for e in events.Scalars(FINAL_FID_TAG)] == [(6, pytest.approx(final["fid"]))]
-    assert {"samples_eval/samples", "samples_eval/interpolation"} <= set(tags["images"])
+    assert {"summary/samples", "summary/interpolation"} <= set(tags["images"])
     assert "run/eval_metrics" in tb.get("/data/plugin/text/tags")["tb"]
     metrics = [(m["name"]["tag"], m["name"].get("group", "")) for m in tb.experiment()["metricInfos"]]
     # the page shows the first five: the run's three results, best and final FID first, then D's outputs

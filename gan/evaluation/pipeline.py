@@ -44,9 +44,9 @@ from gan.evaluation.grids import interpolation_strip, neighbour_grid
 
 log = logging.getLogger(__name__)
 
-# TensorBoard sorts tags by name, so a run's final evaluation sorts after its training: these grids after the
-# fixed-noise `samples/` grids (`samples` < `samples_eval`), the table after the run's command and config
-IMAGES_GROUP, METRICS_TEXT_TAG = "samples_eval", "run/eval_metrics"
+# TensorBoard orders groups and tags by name, so a run's final evaluation comes after its training: these grids
+# after the fixed-noise `samples` group (its Images page puts `samples_eval` first), the table after the command
+IMAGES_GROUP, METRICS_TEXT_TAG = "summary", "run/eval_metrics"
 
 
 def evaluate(
