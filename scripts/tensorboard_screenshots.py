@@ -67,7 +67,6 @@ SHOTS = [
     Shot("run_timeseries_1920", "run", "timeseries", (1920, 1080)),
     Shot("run_text", "run", "text"),
     Shot("sweep_timeseries", "sweep", "timeseries"),
-    Shot("sweep_images", "sweep", "images"),
     Shot("sweep_hparams", "sweep", "hparams"),
     Shot("sweep_parallel", "sweep", "hparams", click="PARALLEL COORDINATES VIEW"),
     Shot("conditional_images", "conditional", "images"),
@@ -75,7 +74,6 @@ SHOTS = [
     Shot("d_won_text", "d_won", "text"),
     Shot("outputs_timeseries", "outputs", "timeseries"),
     Shot("outputs_hparams", "outputs", "hparams"),
-    Shot("outputs_text", "outputs", "text"),
 ]
 
 
@@ -109,6 +107,7 @@ def overrides_of(run: Path) -> Optional[list[str]]:
 def tags_of(logdir: Path) -> dict[str, list[str]]:
     """Every scalar, image and text tag the runs under `logdir` wrote (TensorBoard's reader)."""
     found: dict[str, set[str]] = {"scalars": set(), "images": set(), "text": set()}
+    logging.getLogger("tensorboard").setLevel(logging.WARNING)  # not a line per events file read
     for tb in {events.parent for events in logdir.rglob("events.out.tfevents.*")}:
         tags = EventAccumulator(str(tb), size_guidance={"scalars": 1, "images": 1, "tensors": 1}).Reload().Tags()
         found["scalars"] |= set(tags["scalars"])

@@ -15,6 +15,7 @@ import json
 import platform
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -484,7 +485,7 @@ def screenshot_script():
     spec = importlib.util.spec_from_file_location(
         "shots", SHOT_TAGS.parents[2] / "scripts" / "tensorboard_screenshots.py"
     )
-    module = importlib.util.module_from_spec(spec)
+    module = sys.modules.setdefault(spec.name, importlib.util.module_from_spec(spec))  # its dataclass needs it
     spec.loader.exec_module(module)
     return module
 
