@@ -4,7 +4,7 @@ headless Chromium at the window sizes people use, and save the PNGs of docs/imag
 
     python -m pip install -c constraints.txt -e '.[screenshots]'   # Playwright, the browser driver
     apt-get install -y chromium                             # the browser (Debian's; no download)
-    python scripts/tensorboard_screenshots.py runs /tmp/watch     # train the runs (~15 min on 2 cores)
+    python scripts/tensorboard_screenshots.py runs /tmp/watch     # train the runs (~4 min on 2 cores)
     python scripts/tensorboard_screenshots.py shoot /tmp/watch    # the screenshots, into docs/images
     python scripts/tensorboard_screenshots.py page LOGDIR NAME --page text --size 1400 1100   # any folder
 

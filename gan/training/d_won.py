@@ -16,7 +16,7 @@ FAKE_TAG = "loss/D(G(z))"  # D's mean probability that a fake is real, whatever 
 RT_TAG = "train/d_overfit_rt"
 WON_TAG = "train/d_won"  # the watch's reading at every log point, 0 until its window is full: 0 or 1
 ALARM_TAG = "alarm/D_won"  # 1 at each step the alarm fires, so its card reads that step; sorts before `loss`: it opens
-TEXT_TAG = "run/d_won"  # the warning, in the Text tab between the run's command and config and its environment
+TEXT_TAG = "run/d_won"  # the warning: the Text tab sorts it after the run's command and config
 
 
 class DWonWatch:
