@@ -515,3 +515,13 @@ def test_the_screenshots_of_the_sweep_show_the_tags_and_text_items_the_code_writ
     assert {kind: set(tags) for kind, tags in written.items()} == {
         kind: set(shown[kind]) - final[kind] for kind in shown
     }
+
+
+def test_a_final_evaluation_leaves_the_training_first_in_every_tab():
+    """The documented sweep: its Images tab opens on the fixed-noise grids, the evaluation's after them; its
+    Text tab on the command and config; its first metrics (the HParams columns) are the results."""
+    shown = json.loads(SHOT_TAGS.read_text())["tags"]["sweep"]
+    assert tb_group_order(shown["images"]) == ["samples", IMAGES_GROUP]
+    assert sorted(shown["images"])[:2] == [FAKE_TAG, REAL_TAG]
+    assert sorted(shown["text"]) == ["run/command", "run/config", "run/environment", METRICS_TEXT_TAG]
+    assert sorted(shown["scalars"])[:2] == [BEST_FID_TAG, FINAL_FID_TAG]
