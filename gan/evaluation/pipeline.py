@@ -44,8 +44,8 @@ from gan.evaluation.grids import interpolation_strip, neighbour_grid
 
 log = logging.getLogger(__name__)
 
-# TensorBoard orders groups and tags by name, so a run's final evaluation comes after its training: these grids
-# after the fixed-noise `samples` group (its Images page puts `samples_eval` first), the table after the command
+# Named to sort after the training's own in each tab: `summary` after `samples` (TensorBoard's Images page would
+# put `samples_eval` first), the metrics table after run/command and run/config
 IMAGES_GROUP, METRICS_TEXT_TAG = "summary", "run/eval_metrics"
 
 

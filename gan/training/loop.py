@@ -396,10 +396,9 @@ def write_checkpoint(
     keep_numbered(path, state.step, cfg.trainer.keep_checkpoints)
 
 
-# Every run reports these to HParams with the value it used, default or not: runs of different days and sweeps
-# share their columns, and no blank stands for a default. Four: the page shows up to five settings, then the
-# metrics, and four leave FID/best on a 1400 px screen (docs/watching.md). `data` says ", conditional" of a
-# conditional model, which draws its samples per class.
+# Every run reports these to HParams with the value it used, default or not, so no blank stands for a default.
+# Four: the page shows up to five settings, then the metrics, and four leave FID/best on a 1400 px screen
+# (docs/watching.md); `data` says ", conditional" of a conditional model.
 COMPARED = ("data", "loss", "optim.lr", "trainer.max_steps")
 
 
