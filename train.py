@@ -51,7 +51,7 @@ def job(cfg: DictConfig) -> tuple[int, Optional[float]]:
                 typed = validate(cfg)
                 record = HydraConfig.instance().cfg
                 ready = (lambda: run.keep_record(cfg, run_log, record, "train")) if world.is_main else None
-                hparams, command = hparams_of(typed, launch.compared(), context=not sweep), launch.command("train")
+                hparams, command = hparams_of(typed, launch.compared() if sweep else ()), launch.command("train")
                 result = train(typed, run.dir, world=world, on_ready=ready, command=command, hparams=hparams)
                 measure = world.is_main and not result.stopped_by and typed.trainer.final_eval_samples
                 try:

@@ -199,7 +199,7 @@ def hydra_refusal(err: Exception, config_name: str) -> str:
 
 def compared() -> list[str]:
     """This job's overrides that its folder is named by (hydra.job.config.override_dirname.exclude_keys left out;
-    in a sweep also the keys given one value, `SweepNames`): the settings its HParams columns compare."""
+    in a sweep also the keys given one value, `SweepNames`): a sweep job's swept keys, which HParams compares."""
     excluded = set(HydraConfig.get().job.config.override_dirname.exclude_keys)
     return [o for o in HydraConfig.get().overrides.task if override_key(o) not in excluded]
 

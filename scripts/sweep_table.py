@@ -3,13 +3,14 @@
     python scripts/sweep_table.py outputs/multirun/2026-11-24/16-03-58 [--plot sweep.png]
 
 Any folder of runs works (`outputs`: every run under it). Each run is read from its `tb/` events, as
-TensorBoard reads them: the settings of its HParams session (its swept keys, or a single run's
-overrides, and `data`, `loss`), `FID/best` and `FID/step_of_best` (trainer.eval_every: the lowest
-in-training FID, the generator in checkpoints/best.pt) and `FID/final` (trainer.final_eval_samples:
-evaluate.py's FID of the last checkpoint); the recall is the final evaluation's (RUN_DIR/eval/metrics.json),
-else the last in-training `quality/recall`. Rows are sorted by best FID, else final FID; a run without
-either comes last. Settings the same in every run are printed once above the table. `--plot` draws each
-run's best and final FID as dots on one axis, labelled by the settings that differ.
+TensorBoard reads them: the settings of its HParams session (the compared settings every run reports,
+and its own overrides: gan/training/loop.py:hparams_of), `FID/best` and the step of the lowest
+`quality/FID` (trainer.eval_every: the generator in checkpoints/best.pt) and `FID/final`
+(trainer.final_eval_samples: evaluate.py's FID of the last checkpoint); the recall is the final
+evaluation's (RUN_DIR/eval/metrics.json), else the last in-training `quality/recall`. Rows are
+sorted by best FID, else final FID; a run without either comes last. Settings the same in every run
+are printed once above the table. `--plot` draws each run's best and final FID as dots on one axis,
+labelled by the settings that differ.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams import metadata
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # gan/, when run from anywhere
-from gan.training.quality import BEST_FID_TAG, BEST_STEP_TAG, FINAL_FID_TAG  # noqa: E402
+from gan.training.quality import BEST_FID_TAG, FID_TAG, FINAL_FID_TAG  # noqa: E402
 
 RECALL_TAG = "quality/recall"
 
@@ -48,11 +49,12 @@ def read_run(tb: Path) -> dict:
     metrics = tb.parent / "eval" / "metrics.json"
     if metrics.is_file():
         recall = float(json.loads(metrics.read_text()).get("recall", math.nan))
-    best_step = last(BEST_STEP_TAG)
+    curve = events.Scalars(FID_TAG) if FID_TAG in scalars else []
+    lowest = min(curve, key=lambda event: event.value, default=None)  # FID/best's step: the curve's lowest point
     return {
         "settings": settings,
         "best": last(BEST_FID_TAG),
-        "best_step": best_step if math.isnan(best_step) else int(best_step),
+        "best_step": math.nan if lowest is None else lowest.step,
         "final": last(FINAL_FID_TAG),
         "recall": recall,
         "step": max(steps, default=0),

@@ -4,21 +4,19 @@ headless Chromium at the window sizes people use, and save the PNGs of docs/imag
 
     python -m pip install -c constraints.txt -e '.[screenshots]'   # Playwright, the browser driver
     apt-get install -y chromium                             # the browser (Debian's; no download)
-    python scripts/tensorboard_screenshots.py runs /tmp/watch     # train the runs (~10 min on 2 cores)
+    python scripts/tensorboard_screenshots.py runs /tmp/watch     # train the runs (~4 min on 2 cores)
     python scripts/tensorboard_screenshots.py shoot /tmp/watch    # the screenshots, into docs/images
     python scripts/tensorboard_screenshots.py page LOGDIR NAME --page text --size 1400 1100   # any folder
 
-`runs` trains, from the folder given (so every run gets Hydra's default name under outputs/, as a
-user's would):
-    run          python train.py trainer.max_steps=1000 trainer.eval_every=100 ...   a single run with FID
-    sweep        python train.py -m optim.lr=1e-4,1e-3 loss=bce,hinge ...            the README's sweep, with
-                 trainer.eval_every=100 and trainer.final_eval_samples=2000, 600 steps a job
-    conditional  python train.py model.conditional=true ...
-`shoot` serves one folder at a time (the single run, the sweep, the conditional run, and all of
-outputs/ together) and takes each page from a fresh browser profile (nothing remembered from an
-earlier visit: what a new user sees), with TensorBoard's default chart renderer. A shot can click
-first (the HParams page's parallel-coordinates view). Each PNG is re-encoded with a 256-colour
-palette (Pillow), which keeps a 1400 x 1000 screenshot near 100 KB.
+`runs` trains RUNS from the folder given, so every run gets Hydra's default name under outputs/, as
+a user's would: a single run with the FID measured, the README's sweep `-m optim.lr=1e-4,1e-3
+loss=bce,hinge` with a final evaluation, a conditional run and a run whose D wins. `shoot` serves one
+folder at a time (each case, and all of outputs/ together) and takes each page from a fresh browser
+profile (nothing remembered from an earlier visit: what a new user sees), with TensorBoard's default
+chart renderer. A shot can click first (the HParams page's parallel-coordinates view). Each PNG is
+re-encoded with a 256-colour palette (Pillow), which keeps a 1400 x 1000 screenshot near 100 KB.
+`shoot` also writes the tags of each case's runs into docs/images/tensorboard_tags.json, which
+tests/test_watching.py compares with what the code writes now.
 """
 
 from __future__ import annotations
@@ -36,18 +34,23 @@ import urllib.request
 from pathlib import Path
 from typing import Optional
 
+import yaml
 from PIL import Image
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 log = logging.getLogger("tensorboard_screenshots")
 ROOT = Path(__file__).resolve().parents[1]
-SHORT = ["trainer.log_every=25", "trainer.sample_every=250", "trainer.progress=false", "trainer.threads=1"]
+SHORT = ["trainer.log_every=10", "trainer.sample_every=50", "trainer.progress=false", "trainer.threads=1"]
 FID = ["trainer.eval_samples=500"]
-SWEEP = ["optim.lr=1e-4,1e-3", "loss=bce,hinge", "trainer.max_steps=600", "trainer.eval_every=100"]
-RUNS = {
-    "run": ["trainer.max_steps=1000", "trainer.eval_every=100", *FID, *SHORT],
-    "sweep": ["-m", *SWEEP, *FID, "trainer.final_eval_samples=2000", *SHORT],
-    "conditional": ["model.conditional=true", "trainer.max_steps=600", *SHORT],
+SWEEP = ["optim.lr=1e-4,1e-3", "loss=bce,hinge", "trainer.max_steps=200", "trainer.eval_every=50"]
+RUNS = {  # the cases, each told apart by its command's overrides (.hydra/overrides.yaml)
+    "run": ["trainer.max_steps=300", "trainer.eval_every=50", *FID, *SHORT],
+    "sweep": ["-m", *SWEEP, *FID, "trainer.final_eval_samples=1000", *SHORT],
+    "conditional": ["model.conditional=true", "trainer.max_steps=200", *SHORT],
+    # G frozen in practice (learning rate 1e-9) while D learns: D wins within 100 steps
+    "d_won": ["optim.lr=1e-9", "optim.lr_d=2e-3", "trainer.max_steps=200", "trainer.d_won_window=50", *SHORT],
 }
+MANIFEST = "tensorboard_tags.json"  # beside the PNGs: the tags of the runs shown (tests/test_watching.py reads it)
 
 
 @dataclasses.dataclass
@@ -65,10 +68,12 @@ SHOTS = [
     Shot("run_text", "run", "text"),
     Shot("sweep_timeseries", "sweep", "timeseries"),
     Shot("sweep_hparams", "sweep", "hparams"),
-    Shot("sweep_hparams_1920", "sweep", "hparams", (1920, 1080)),
     Shot("sweep_parallel", "sweep", "hparams", click="PARALLEL COORDINATES VIEW"),
     Shot("conditional_images", "conditional", "images"),
+    Shot("d_won_timeseries", "d_won", "timeseries"),
+    Shot("d_won_text", "d_won", "text"),
     Shot("outputs_timeseries", "outputs", "timeseries"),
+    Shot("outputs_hparams", "outputs", "hparams"),
 ]
 
 
@@ -78,7 +83,6 @@ def train_runs(folder: Path) -> None:
     for name, overrides in RUNS.items():
         started = time.monotonic()
         subprocess.run([sys.executable, str(ROOT / "train.py"), *overrides], cwd=folder, check=True)
-        (folder / f"{name}.done").write_text(json.dumps(overrides))
         log.info("%s: %.0f s", name, time.monotonic() - started)
 
 
@@ -89,12 +93,27 @@ def run_folder(folder: Path, name: str) -> Path:
         return outputs
     if name == "sweep":
         return max((outputs / "multirun").glob("*/*"), key=lambda p: p.stat().st_mtime)
-    singles = [p for p in outputs.glob("*/*") if p.parent.name != "multirun" and (p / "tb").is_dir()]
-    conditional = [p for p in singles if "model.conditional=true" in (p / ".hydra" / "overrides.yaml").read_text()]
-    chosen = conditional if name == "conditional" else [p for p in singles if p not in conditional]
+    chosen = [p for p in outputs.glob("*/*") if overrides_of(p) == RUNS[name]]
     if not chosen:
         raise SystemExit(f"No {name} run under {outputs}: run `{Path(__file__).name} runs {folder}` first")
     return max(chosen, key=lambda p: p.stat().st_mtime)
+
+
+def overrides_of(run: Path) -> Optional[list[str]]:
+    record = run / ".hydra" / "overrides.yaml"
+    return yaml.safe_load(record.read_text()) if record.is_file() else None
+
+
+def tags_of(logdir: Path) -> dict[str, list[str]]:
+    """Every scalar, image and text tag the runs under `logdir` wrote (TensorBoard's reader)."""
+    found: dict[str, set[str]] = {"scalars": set(), "images": set(), "text": set()}
+    logging.getLogger("tensorboard").setLevel(logging.WARNING)  # not a line per events file read
+    for tb in {events.parent for events in logdir.rglob("events.out.tfevents.*")}:
+        tags = EventAccumulator(str(tb), size_guidance={"scalars": 1, "images": 1, "tensors": 1}).Reload().Tags()
+        found["scalars"] |= set(tags["scalars"])
+        found["images"] |= set(tags["images"])
+        found["text"] |= {tag for tag in tags["tensors"] if not tag.startswith("_hparams_")}  # the plugin's own
+    return {kind: sorted(tags) for kind, tags in found.items()}
 
 
 def free_port() -> int:
@@ -135,6 +154,9 @@ def shoot(folder: Path, out: Path, chromium: str, shots: list[Shot], logdirs: Op
     from playwright.sync_api import sync_playwright  # the screenshots extra: pip install -e '.[screenshots]'
 
     out.mkdir(parents=True, exist_ok=True)
+    if logdirs is None:  # the documented runs: their tags beside their pictures
+        cases = {name: tags_of(run_folder(folder, name)) for name in RUNS}
+        (out / MANIFEST).write_text(json.dumps({"runs": RUNS, "tags": cases}, indent=1) + "\n")
     logdirs = logdirs or {}
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])  # root in a container

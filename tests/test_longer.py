@@ -22,6 +22,7 @@ from gan.evaluation import metrics as M
 from gan.evaluation.pipeline import prepare_generator, reference_subset
 from gan.training import train
 from gan.training.d_won import ALARM_TAG, FAKE_BELOW, RT_ABOVE, RT_TAG, WON_TAG, DWonWatch
+from gan.training.d_won import TEXT_TAG as D_WON_TEXT_TAG
 from gan.training.periodic import Every, Extras, Tick
 from gan.training.quality import BEST_FID_TAG, FID_TAG
 
@@ -161,15 +162,15 @@ def watch(window: int = 100, log_every: int = 10) -> tuple[DWonWatch, list[int]]
 def test_the_alarm_needs_a_whole_window_of_dominance_and_warns_once_per_episode():
     alarm, alarms = watch()
     fake, rt = "loss/D(G(z))", RT_TAG
-    for step in range(10, 100, 10):  # nine points: the window (ten) is not yet full
-        assert alarm.observe(step, {fake: 0.001, rt: 1.0}) == {}
-    # the alarm's own tag from its first firing on (a healthy run never writes it)
+    for step in range(10, 100, 10):  # nine points: the window (ten) is not yet full, train/d_won is 0
+        assert alarm.observe(step, {fake: 0.001, rt: 1.0}) == {WON_TAG: 0.0}
+    # the alarm's own tag at the step it fires, so its card reads that step (a healthy run never writes it)
     assert alarm.observe(100, {fake: 0.001, rt: 1.0}) == {WON_TAG: 1.0, ALARM_TAG: 1.0}
-    assert alarm.observe(110, {fake: 0.001, rt: 1.0}) == {WON_TAG: 1.0, ALARM_TAG: 1.0}
+    assert alarm.observe(110, {fake: 0.001, rt: 1.0}) == {WON_TAG: 1.0}
     assert alarms == [100]  # one warning, not one per log point
     for step in range(120, 220, 10):  # D loses its grip: the alarm re-arms
         alarm.observe(step, {fake: 0.3, rt: 0.6})
-    assert alarm.observe(220, {fake: 0.3, rt: 0.6}) == {WON_TAG: 0.0, ALARM_TAG: 0.0}
+    assert alarm.observe(220, {fake: 0.3, rt: 0.6}) == {WON_TAG: 0.0}
     for step in range(230, 340, 10):
         alarm.observe(step, {fake: 0.001, rt: 1.0})
     assert alarms == [100, 310]  # nine of ten points at 0.001: the window's mean is 0.031
@@ -227,10 +228,10 @@ def test_a_d_that_wins_sets_off_the_alarm_and_marks_tensorboard(tmp_path):
     events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0}).Reload()
     won = [event.value for event in events.Scalars(WON_TAG)]
     assert won[-1] == 1.0 and 0.0 not in won[won.index(1.0) :]
-    assert "d_won" in events.Tags()["tensors"]
-    # the alarm's card, from the step it fired: its group (alarm) sorts before loss, so it opens
+    assert D_WON_TEXT_TAG in events.Tags()["tensors"]
+    # the alarm's card, one point at the step it fired: its group (alarm) sorts before loss, so it opens
     fired = [event.step for event in events.Scalars(WON_TAG) if event.value == 1.0][0]
-    assert [event.step for event in events.Scalars(ALARM_TAG)][0] == fired
+    assert [(event.step, event.value) for event in events.Scalars(ALARM_TAG)] == [(fired, 1.0)]
     assert tb_group_order(events.Tags()["scalars"])[:2] == ["alarm", "loss"]
 
 

@@ -162,6 +162,14 @@ def test_kid_gamma_keeps_the_kernel_scale_free():
     assert scaled == pytest.approx((mean, std), rel=1e-6, abs=1e-9)
 
 
+def test_kid_std_is_0_when_every_subset_is_the_whole_sample():
+    """kid_subset_size at or above the sample count: every subset is the same draw, whose spread is rounding."""
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.rand(200, 16, generator=gen), torch.rand(200, 16, generator=gen) + 0.05
+    whole, halves = M.kid(a, b, subsets=5, subset_size=1000), M.kid(a, b, subsets=5, subset_size=100)
+    assert whole[1] == 0.0 and whole[0] > 0 and halves[1] > 1e-6
+
+
 # the arithmetic, against brute force -------------------------------------------------------------
 
 

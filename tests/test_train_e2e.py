@@ -31,6 +31,7 @@ EXPECTED_SCALARS = {
     "train/D(G(z))_after_d_step",  # pytorch/examples' D_G_z2
     "train/d_overfit_rt",  # ADA's r_t = E[sign(D(x))]
     "train/augment_p",  # the default adaptive DiffAugment's p (model.ada_target)
+    "train/d_won",  # the D-won alarm's reading at every log point: 0 until D has won over a window
     "train/grad_norm_d",
     "train/grad_norm_g",
     "train/grad_norm_images",

@@ -10,10 +10,12 @@ docs/watching.md has the screenshots.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import platform
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,11 +32,13 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from werkzeug.test import Client
 
 from gan.config import run_suffix
+from gan.evaluation.pipeline import IMAGES_GROUP, METRICS_TEXT_TAG
 from gan.launch import SweepNames
 from gan.training import train
 from gan.training.d_won import ALARM_TAG
+from gan.training.loop import COMPARED, hparams_of
 from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, REAL_TAG, write_progress_gif
-from gan.training.quality import BEST_FID_TAG, BEST_STEP_TAG, FID_TAG, FINAL_FID_TAG
+from gan.training.quality import BEST_FID_TAG, FID_TAG, FINAL_FID_TAG
 
 # TensorBoard --------------------------------------------------------------------------------------
 
@@ -150,17 +154,29 @@ def test_a_run_without_ema_names_its_grid_for_g_itself(tmp_path):
     assert set(events_of(tmp_path / "tb").Tags()["images"]) == {REAL_TAG, RAW_FAKE_TAG}
 
 
-def test_the_run_is_one_hparams_session_of_its_overrides_and_data_and_loss(watched_run):
-    """`python train.py debug=tiny`: its one override that sets what it computes, and
-    the two settings every reader needs; not the whole config (the Text tab has it)."""
+def test_the_run_is_one_hparams_session_of_the_four_compared_settings(watched_run):
+    """`python train.py debug=tiny`: the four settings every run reports, with its own values, defaults
+    too; not its overrides (its folder's name and the Text tab have them), nor the whole config."""
     tb = TensorBoardClient(watched_run)
     infos = {info["name"]: info for info in tb.experiment()["hparamInfos"]}
-    assert set(infos) == {"debug", "data", "loss"}
-    assert infos["debug"]["domainDiscrete"] == ["tiny"] and infos["loss"]["domainDiscrete"] == ["bce"]
+    assert list(COMPARED) == ["data", "loss", "optim.lr", "trainer.max_steps"] and set(infos) == set(COMPARED)
+    assert infos["data"]["domainDiscrete"] == ["digits"] and infos["loss"]["domainDiscrete"] == ["bce"]
+    assert infos["trainer.max_steps"]["domainDiscrete"] == ["6"]  # a whole number as text: 6, not 6.0000
+    assert infos["optim.lr"]["domainInterval"] == {"minValue": 0.001, "maxValue": 0.001}
     (group,) = tb.session_groups()
     (session,) = group["sessions"]
     assert session["name"] == "tb" and session["status"] == "STATUS_SUCCESS"
     assert group["name"] == "run"  # the trial id: the run folder's name
+
+
+def test_every_run_reports_the_four_settings_and_a_sweep_adds_its_keys_outside_them():
+    """A conditional model says so in `data`; a sweep job's swept key outside the four gets its own column
+    (blank in runs outside that sweep); keys the four show are not repeated."""
+    conditional = compose_config("model.conditional=true", "loss=hinge", "model.g_width=12")
+    swept = ["model.g_width=12", "loss=hinge", "model.conditional=true", "experiment=wgan_gp", "~model.pack"]
+    four = {"data": "digits, conditional", "loss": "hinge", "optim.lr": 0.001, "trainer.max_steps": "6"}
+    assert hparams_of(conditional) == four
+    assert hparams_of(conditional, swept) == {**four, "model.g_width": "12", "experiment": "wgan_gp"}
 
 
 def test_the_text_tab_holds_the_resolved_config_the_command_line_and_the_environment(watched_run):
@@ -284,18 +300,20 @@ def test_sweep_jobs_are_named_by_what_varies_only(watched_sweep):
 
 
 def test_sweep_hparams_show_the_swept_keys_and_the_results_first(watched_sweep):
-    """The page shows the first five settings (those that differ first), then the first five metrics
-    (in tag order): a sweep job's swept keys alone, then the runs' results, FID/best and
-    FID/step_of_best (FID/final, with trainer.final_eval_samples, between them), before the losses."""
+    """The page shows the first five settings (those that differ first, then by name), then the first
+    five metrics (in tag order): the swept keys, the other compared settings with their values, then
+    the runs' result, FID/best (FID/final, with trainer.final_eval_samples, after it), before the losses."""
     tb = TensorBoardClient(watched_sweep)
     experiment = tb.experiment()
     infos = experiment["hparamInfos"]
-    assert [info["name"] for info in infos] == ["loss", "optim.lr"]  # not the constants (debug, log_every, ...)
-    assert all(info["differs"] for info in infos)
+    shown = sorted(infos, key=lambda info: (not info["differs"], info["name"]))[:5]  # the page's (up to five)
+    assert [info["name"] for info in shown] == ["loss", "optim.lr", "data", "trainer.max_steps"]
+    assert {info["name"] for info in infos if info["differs"]} == {"loss", "optim.lr"}
     types = {info["name"]: info["type"] for info in infos}
-    assert types == {"loss": "DATA_TYPE_STRING", "optim.lr": "DATA_TYPE_FLOAT64"}
+    assert types["loss"] == "DATA_TYPE_STRING" and types["optim.lr"] == "DATA_TYPE_FLOAT64"
+    assert {info["name"] for info in infos} == set(COMPARED)  # not the constants (debug, log_every, ...)
     metrics = [m["name"]["tag"] for m in experiment["metricInfos"]]
-    assert metrics[:6] == [BEST_FID_TAG, BEST_STEP_TAG, *LOSS_CHARTS]
+    assert metrics[:5] == [BEST_FID_TAG, *LOSS_CHARTS]
     assert all(m["name"].get("group", "") == "" for m in experiment["metricInfos"])  # no sub-runs
     groups = tb.session_groups()
     # trial ids: the sweep's folder and the job number, short enough for the 10em trial column
@@ -311,15 +329,37 @@ def test_sweep_hparams_show_the_swept_keys_and_the_results_first(watched_sweep):
         curve = events.Scalars(FID_TAG)
         best = min(curve, key=lambda event: event.value)
         values = {v["name"]["tag"]: v["value"] for v in group["metricValues"]}
-        assert values[BEST_FID_TAG] == pytest.approx(best.value) and values[BEST_STEP_TAG] == best.step
+        assert values[BEST_FID_TAG] == pytest.approx(best.value)
+
+
+def test_every_run_under_outputs_fills_the_same_four_columns(watched_run, watched_sweep, tmp_path):
+    """`tensorboard --logdir outputs` over a single run, a sweep and a conditional run: four settings, so the
+    page shows four and FID/best is the first metric; every run has a value in each (no blank stands for a
+    default); the conditional run is told apart by `data`."""
+    outputs = tmp_path / "outputs"
+    shutil.copytree(watched_run / "tb", outputs / "run" / "tb")
+    for job in SWEEP_JOBS:
+        shutil.copytree(watched_sweep / job / "tb", outputs / "multirun" / "sweep" / job / "tb")
+    train(compose_config("model.conditional=true"), outputs / "conditional")
+    tb = TensorBoardClient(outputs)
+    experiment = tb.experiment()
+    differing = {info["name"] for info in experiment["hparamInfos"] if info["differs"]}
+    assert {info["name"] for info in experiment["hparamInfos"]} == set(COMPARED)
+    assert differing == {"data", "loss", "optim.lr"}  # all six ran 6 steps
+    assert experiment["metricInfos"][0]["name"]["tag"] == BEST_FID_TAG
+    groups = tb.session_groups()
+    assert len(groups) == 6 and all(set(group["hparams"]) == set(COMPARED) for group in groups)
+    assert sorted(group["hparams"]["data"] for group in groups) == ["digits"] * 5 + ["digits, conditional"]
 
 
 def test_the_results_are_one_point_per_run_in_the_group_that_opens_first(watched_sweep):
-    """FID/best and FID/step_of_best are written once, at the run's end: one dot per run in its own colour,
-    which TensorBoard's smoothing leaves as it is (a one-point average is the point)."""
+    """FID/best is written once, at the run's end: one dot per run in its own colour, which TensorBoard's
+    smoothing leaves as it is (a one-point average is the point); its step is the curve's lowest point's."""
     for job in SWEEP_JOBS:
         events = events_of(watched_sweep / job / "tb")
-        assert [e.step for e in events.Scalars(BEST_FID_TAG)] == [6] == [e.step for e in events.Scalars(BEST_STEP_TAG)]
+        assert [e.step for e in events.Scalars(BEST_FID_TAG)] == [6] and not [
+            t for t in events.Tags()["scalars"] if "step_of" in t
+        ]
         assert len(events.Scalars(FID_TAG)) == 2  # the curve, at 3 and 6
         assert tb_group_order(events.Tags()["scalars"] + events.Tags()["images"])[:2] == ["FID", "loss"]
 
@@ -328,7 +368,8 @@ def test_sweep_table_prints_a_row_per_run_best_first(watched_sweep, tmp_path):
     plot = tmp_path / "sweep.png"
     result = run_script("sweep_table.py", str(watched_sweep), "--plot", str(plot))
     assert result.returncode == 0, result.stderr[-3000:]
-    lines = result.stdout.splitlines()
+    constant, *lines = result.stdout.splitlines()
+    assert constant == "the same in every run: data=digits  trainer.max_steps=6"  # the four's constants, once
     header = "run  loss  optim.lr  FID best  at step  FID final  recall  steps"
     assert re.sub(" +", " ", lines[0]) == header.replace("  ", " ")  # a sweep job's settings: its swept keys
     rows = [line.split() for line in lines[1:5]]
@@ -417,11 +458,11 @@ def test_eval_every_puts_the_fid_curve_beside_the_losses_and_the_final_fid_among
     assert {"quality/precision", "quality/recall", "quality/classes_covered"} <= set(tags["scalars"])
     final = json.loads((run_dir / "eval" / "metrics.json").read_text())
     assert [(e.step, e.value) for e in events.Scalars(FINAL_FID_TAG)] == [(6, pytest.approx(final["fid"]))]
-    assert {"samples/eval_samples", "samples/eval_interpolation"} <= set(tags["images"])
-    assert "eval/metrics" in tb.get("/data/plugin/text/tags")["tb"]
+    assert {"summary/samples", "summary/interpolation"} <= set(tags["images"])
+    assert "run/eval_metrics" in tb.get("/data/plugin/text/tags")["tb"]
     metrics = [(m["name"]["tag"], m["name"].get("group", "")) for m in tb.experiment()["metricInfos"]]
     # the page shows the first five: the run's three results, best and final FID first, then D's outputs
-    assert metrics[:5] == [(tag, "") for tag in (BEST_FID_TAG, FINAL_FID_TAG, BEST_STEP_TAG, *LOSS_CHARTS[:2])]
+    assert metrics[:5] == [(tag, "") for tag in (BEST_FID_TAG, FINAL_FID_TAG, *LOSS_CHARTS[:3])]
     (group,) = tb.session_groups()
     values = {v["name"]["tag"]: v["value"] for v in group["metricValues"]}
     assert values[FINAL_FID_TAG] == pytest.approx(final["fid"])
@@ -431,3 +472,56 @@ def test_eval_every_puts_the_fid_curve_beside_the_losses_and_the_final_fid_among
     assert plain.returncode == 0, (plain.stdout + plain.stderr)[-3000:]
     for tag in ("loss/d", "loss/g", "loss/D(x)"):
         assert [e.value for e in events_of(plain_dir / "tb").Scalars(tag)] == [e.value for e in events.Scalars(tag)]
+
+
+# the screenshots ------------------------------------------------------------------------------------
+
+SHOT_TAGS = Path(__file__).resolve().parents[1] / "docs" / "images" / "tensorboard_tags.json"
+SHRUNK = {"trainer.max_steps": 6, "trainer.eval_every": 3, "trainer.eval_samples": 64, "trainer.log_every": 2,
+          "trainer.sample_every": 3}  # fmt: skip
+
+
+def screenshot_script():
+    spec = importlib.util.spec_from_file_location(
+        "shots", SHOT_TAGS.parents[2] / "scripts" / "tensorboard_screenshots.py"
+    )
+    module = sys.modules.setdefault(spec.name, importlib.util.module_from_spec(spec))  # its dataclass needs it
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("case", ["run", "conditional", "d_won"])
+def test_the_screenshots_show_the_tags_and_text_items_the_code_writes(case, tmp_path):
+    """docs/images/tensorboard_tags.json holds the tags of the runs in docs/images (written by
+    `tensorboard_screenshots.py shoot`); each case's command at debug=tiny's size writes the same tags
+    and Text items now (a D-won run as it is: D must win). When it fails, shoot the pictures again."""
+    shown, script = json.loads(SHOT_TAGS.read_text()), screenshot_script()
+    overrides = shown["runs"][case]
+    if case != "d_won":
+        overrides = [f"{key}={SHRUNK[key]}" if (key := o.split("=")[0]) in SHRUNK else o for o in overrides]
+    result = run_train(*overrides, f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert script.tags_of(tmp_path) == shown["tags"][case]
+
+
+def test_the_screenshots_of_the_sweep_show_the_tags_and_text_items_the_code_writes(watched_sweep):
+    """The sweep of the pictures had a final evaluation, which a fast sweep cannot (its classifier must pass
+    evaluate.py's bar): all but the final evaluation's tags are compared."""
+    shown = json.loads(SHOT_TAGS.read_text())["tags"]["sweep"]
+    final = {"scalars": {FINAL_FID_TAG}, "text": {METRICS_TEXT_TAG}, "images": set()}
+    final["images"] = {tag for tag in shown["images"] if tag.startswith(f"{IMAGES_GROUP}/")}
+    assert final["images"] and set(shown["text"]) >= final["text"]  # the pictures do show one
+    written = screenshot_script().tags_of(watched_sweep)
+    assert {kind: set(tags) for kind, tags in written.items()} == {
+        kind: set(shown[kind]) - final[kind] for kind in shown
+    }
+
+
+def test_a_final_evaluation_leaves_the_training_first_in_every_tab():
+    """The documented sweep: its Images tab opens on the fixed-noise grids, the evaluation's after them; its
+    Text tab on the command and config; its first metrics (the HParams columns) are the results."""
+    shown = json.loads(SHOT_TAGS.read_text())["tags"]["sweep"]
+    assert tb_group_order(shown["images"]) == ["samples", IMAGES_GROUP]
+    assert sorted(shown["images"])[:2] == [FAKE_TAG, REAL_TAG]
+    assert sorted(shown["text"]) == ["run/command", "run/config", "run/environment", METRICS_TEXT_TAG]
+    assert sorted(shown["scalars"])[:2] == [BEST_FID_TAG, FINAL_FID_TAG]

@@ -44,6 +44,10 @@ from gan.evaluation.grids import interpolation_strip, neighbour_grid
 
 log = logging.getLogger(__name__)
 
+# Named to sort after the training's own in each tab: `summary` after `samples` (TensorBoard's Images page would
+# put `samples_eval` first), the metrics table after run/command and run/config
+IMAGES_GROUP, METRICS_TEXT_TAG = "summary", "run/eval_metrics"
+
 
 def evaluate(
     cfg: EvaluateConfig,
@@ -204,9 +208,9 @@ def report(results: dict[str, Any], pictures: Mapping[str, Tensor], run_dir: Pat
         log.info("Trained in another environment: %s", "; ".join(changes))
     with SummaryWriter(log_dir=str(tb_dir)) as writer:  # the numbers as a text table: one number is a one-point chart
         for name, grid in pictures.items():
-            writer.add_image(f"samples/eval_{name}", grid, results["step"])
-        # under `eval/metrics` itself: torch's add_text would name it `eval/metrics/text_summary`
-        writer.file_writer.add_summary(text_pb("eval/metrics", "```\n" + table + "\n```"), results["step"])
+            writer.add_image(f"{IMAGES_GROUP}/{name}", grid, results["step"])
+        # under the tag itself: torch's add_text would add `/text_summary` to it
+        writer.file_writer.add_summary(text_pb(METRICS_TEXT_TAG, "```\n" + table + "\n```"), results["step"])
 
 
 def data_config_of(

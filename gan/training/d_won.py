@@ -14,34 +14,32 @@ FAKE_BELOW = 0.05  # D's mean probability on fakes below which it is winning: si
 RT_ABOVE = 0.9  # ...while it also calls nearly every real image real (r_t = 1: every real logit positive)
 FAKE_TAG = "loss/D(G(z))"  # D's mean probability that a fake is real, whatever the loss (losses.mean_scores)
 RT_TAG = "train/d_overfit_rt"
-WON_TAG = "train/d_won"  # the watch's reading at every log point once its window is full: 0 or 1
-ALARM_TAG = "alarm/D_won"  # the same from the first alarm on: its group sorts before `loss`, so it opens
-TEXT_TAG = "d_won"
+WON_TAG = "train/d_won"  # the watch's reading at every log point, 0 until its window is full: 0 or 1
+ALARM_TAG = "alarm/D_won"  # 1 at each step the alarm fires, so its card reads that step; sorts before `loss`: it opens
+TEXT_TAG = "run/d_won"  # the warning: the Text tab sorts it after the run's command and config
 
 
 class DWonWatch:
-    """`observe` at each log point returns the scalars to log (train/d_won once the window is full, and
-    alarm/D_won once the alarm has fired: a healthy run never writes it); `on_alarm` is called once per episode."""
+    """`observe` at each log point returns the scalars to log (train/d_won, and alarm/D_won at the step the alarm
+    fires: a healthy run never writes it); `on_alarm` is called once per episode."""
 
     def __init__(self, window_steps: int, log_every: int, on_alarm: Callable[[int, str], None]):
         self.points = max(1, window_steps // log_every)  # log points in a window
         self.window_steps, self.on_alarm = window_steps, on_alarm
         self.recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=self.points)
-        self.won = self.fired = False
+        self.won = False
 
     def observe(self, step: int, values: Mapping[str, float]) -> dict[str, float]:
         fake, rt = values.get(FAKE_TAG), values.get(RT_TAG)
         if fake is None or rt is None or not (math.isfinite(fake) and math.isfinite(rt)):
             return {}
         self.recent.append((fake, rt))
-        if len(self.recent) < self.points:
-            return {}
         mean_fake, mean_rt = (sum(column) / len(self.recent) for column in zip(*self.recent))
-        won = mean_fake < FAKE_BELOW and mean_rt > RT_ABOVE
-        if won and not self.won:
+        won = len(self.recent) == self.points and mean_fake < FAKE_BELOW and mean_rt > RT_ABOVE  # a whole window
+        fired, self.won = won and not self.won, won
+        if fired:
             self.on_alarm(step, self.message(step, mean_fake, mean_rt))
-        self.won, self.fired = won, self.fired or won
-        return {WON_TAG: float(won), **({ALARM_TAG: float(won)} if self.fired else {})}
+        return {WON_TAG: float(won), **({ALARM_TAG: 1.0} if fired else {})}
 
     def message(self, step: int, mean_fake: float, mean_rt: float) -> str:
         return (

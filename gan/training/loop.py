@@ -65,7 +65,7 @@ from gan.training.monitor import (
 )
 from gan.training.overfit import OverfitProbe, build_probe
 from gan.training.periodic import Every, Extras, Tick
-from gan.training.quality import BEST_FID_TAG, BEST_STEP_TAG, FID_TAG, FINAL_FID_TAG, QualityProbe
+from gan.training.quality import BEST_FID_TAG, FID_TAG, FINAL_FID_TAG, QualityProbe
 from gan.training.state import (
     TrainingState,
     build_state,
@@ -110,8 +110,8 @@ def train(
 ) -> TrainResult:
     """Train (or resume) one run into run_dir. `dataset` replaces cfg.data's; `after_step(state)` returning
     True ends the run as a signal would; `on_ready()` runs once every check passed, just before the first
-    write; `command` is shown in the Text tab, `hparams` are its HParams columns (`hparams_of`; data and loss
-    if None)."""
+    write; `command` is shown in the Text tab, `hparams` are its HParams columns (`hparams_of`;
+    COMPARED alone if None)."""
     cfg.check()  # the range checks (gan/config.py), here for every caller: train.py, gan.api, a config built in code
     trainer, z_dim = cfg.trainer, cfg.model.z_dim
     resuming = checkpoint_path(trainer.resume) if trainer.resume else None
@@ -156,7 +156,7 @@ def train(
                 if done:  # a signal that lands after `done` was computed gets one more step
                     break
             if state.best:  # the run's result, one point each, in the group TensorBoard opens first
-                monitor.numbers(state.step, {BEST_FID_TAG: state.best["fid"], BEST_STEP_TAG: state.best["step"]})
+                monitor.numbers(state.step, {BEST_FID_TAG: state.best["fid"]})
             monitor.end_session(state.step, finished=state.step == trainer.max_steps)
         return TrainResult(state.step, monitor.last, run.last, stop.reason, monitor.seconds, state.best)
 
@@ -423,27 +423,24 @@ def write_checkpoint(
     keep_numbered(path, state.step, cfg.trainer.keep_checkpoints)
 
 
-def hparams_of(
-    cfg: TrainConfig, compared: Sequence[str] = (), context: bool = True
-) -> dict[str, float | str | bool | None]:
-    """The HParams columns: the `compared` overrides' keys (a sweep job's swept keys, a single run's own), as the
-    command line names them, with the values the run used, and with `context` the `data` and `loss` a reader of
-    a single run needs. Only these: the page shows its first five settings before any metric (docs/watching.md)."""
+# Every run reports these to HParams with the value it used, default or not, so no blank stands for a default.
+# Four: the page shows up to five settings, then the metrics, and four leave FID/best on a 1400 px screen
+# (docs/watching.md); `data` says ", conditional" of a conditional model.
+COMPARED = ("data", "loss", "optim.lr", "trainer.max_steps")
+
+
+def hparams_of(cfg: TrainConfig, swept: Sequence[str] = ()) -> dict[str, float | str | bool | None]:
+    """The HParams columns: COMPARED, then the keys of `swept` (a sweep job's swept overrides: launch.compared) the
+    four do not show, as the command line names them, each with the value the run used."""
     plain = to_plain(cfg)
-    named = {"data.name": "data", "loss.name": "loss"}  # one column each, however the command set them
-    columns: dict[str, object] = {}
-    for override in compared:
-        if override.startswith("~") or "=" not in override:
-            continue  # a deletion sets nothing to compare
-        key = override_key(override)
-        column, (group, _, field) = named.get(key, key), key.partition(".")
-        if column in ("data", "loss"):
-            columns[column] = plain[column]["name"]
-        elif field and field in plain.get(group, {}):
-            columns[key] = plain[group][field]
-        else:  # a config group's choice (experiment=wgan_gp), or a key of no group
-            columns[key] = override.split("=", 1)[1]
-    if context:
-        columns = {"data": plain["data"]["name"], "loss": plain["loss"]["name"], **columns}
+    data = plain["data"]["name"] + (", conditional" if plain["model"]["conditional"] else "")
+    columns = dict(zip(COMPARED, (data, plain["loss"]["name"], plain["optim"]["lr"], plain["trainer"]["max_steps"])))
+    for override in swept:
+        key = override_key(override).removesuffix(".name")  # data.name=x and data=x: the column `data`
+        group, _, field = key.partition(".")
+        if override.startswith("~") or key in (*columns, "loss", "model.conditional"):
+            continue  # a deletion sets nothing to compare; the four show these
+        # a config group's choice (experiment=wgan_gp), or a key of no group, as the command gave it
+        columns[key] = plain[group][field] if field in plain.get(group, {}) else override.split("=", 1)[1]
     # ints (and lists) as text: the page prints every number to five digits, 300 as 300.00
     return {key: v if v is None or isinstance(v, (float, str, bool)) else str(v) for key, v in columns.items()}

@@ -250,9 +250,10 @@ class Monitor:
 
 
 def trial_name(run_dir: Path) -> str:
-    """Short, since the trial column cuts a longer one: `<sweep folder> #<n>`, else the run folder's name."""
-    job = re.match(r"(\d+)_", run_dir.name)
-    return f"{run_dir.parent.name} #{job.group(1)}" if job else run_dir.name
+    """Short, since the trial column cuts one past 16 characters: `<sweep folder> #<n>`, a single run's start
+    time (Hydra's `HH-MM-SS_<overrides>`), else the run folder's name."""
+    job, start = re.match(r"(\d+)_", run_dir.name), re.match(r"\d\d-\d\d-\d\d(?=_|$)", run_dir.name)
+    return f"{run_dir.parent.name} #{job.group(1)}" if job else start.group(0) if start else run_dir.name
 
 
 def write_final_numbers(run_dir: Path, step: int, values: Mapping[str, float]) -> None:

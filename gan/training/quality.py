@@ -23,8 +23,7 @@ QUALITY_TAGS = {"fid": "quality/FID", **{name: f"quality/{name}" for name in _NA
 FID_TAG = QUALITY_TAGS["fid"]
 # A run's result, written at its end, one point each: the group sorts before `loss`, so it is the first group that
 # TensorBoard opens and the first metrics (the first columns) of its HParams page (docs/watching.md)
-BEST_FID_TAG = "FID/best"  # the lowest quality/FID: the generator in checkpoints/best.pt
-BEST_STEP_TAG = "FID/step_of_best"  # ...and its step; named to sort after FID/final, the column a sweep reads first
+BEST_FID_TAG = "FID/best"  # the lowest quality/FID: the generator in checkpoints/best.pt (its step: the curve's lowest)
 FINAL_FID_TAG = "FID/final"  # trainer.final_eval_samples: evaluate.py's FID of the last checkpoint
 
 
