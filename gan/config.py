@@ -224,7 +224,8 @@ class TrainerConfig(_Group):
         for key in ("log_every", "sample_every", "checkpoint_every", "num_fixed_samples"):
             self._check(getattr(self, key) >= 1, key, "must be at least 1")
         why = f"must be at least trainer.log_every ({self.log_every}): the alarm reads D's outputs at the log points"
-        self._check(self.d_won_window >= self.log_every, "d_won_window", why + " of the window")
+        ok = self.d_won_window >= self.log_every or self.on_d_won == OnDWon.off  # off: no window is read
+        self._check(ok, "d_won_window", why + " of the window (or trainer.on_d_won=off)")
         check_device_name(self.device, "trainer.device")
 
 

@@ -17,7 +17,7 @@ from gan.config import EvaluateConfig
 from gan.core.augment import AdaptiveAugment, diff_augment
 from gan.core.losses import LOSSES
 from gan.data import load_dataset
-from gan.errors import CheckpointError
+from gan.errors import CheckpointError, ConfigError
 from gan.evaluation import metrics as M
 from gan.evaluation.pipeline import prepare_generator, reference_subset
 from gan.training import train
@@ -407,6 +407,13 @@ def test_bad_values_of_the_new_options_are_one_clear_error(override, named, tmp_
     assert result.returncode == 2, output[-2000:]
     assert named in output and "Traceback" not in output
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_a_window_the_alarm_never_reads_is_no_error():
+    # log points sparser than the window leave the alarm nothing to read, unless it is off
+    assert compose_config("trainer.on_d_won=off", "trainer.log_every=50", "trainer.d_won_window=10").trainer
+    with pytest.raises(ConfigError, match=r"of the window \(or trainer.on_d_won=off\)"):
+        compose_config("trainer.log_every=50", "trainer.d_won_window=10")
 
 
 @pytest.mark.parametrize("old, new", [("trainer.on_collapse=stop", "trainer.on_d_won=stop"),
