@@ -278,16 +278,6 @@ def test_shape_mismatch_lists_each_tensor_with_both_shapes(tiny_gan):
     assert "net.0.weight: (16, 32, 4, 4) in the checkpoint, (16, 16, 4, 4) in the model" in message
 
 
-def test_unwritable_output_dir_is_refused(tmp_path):
-    blocker = tmp_path / "a-file"
-    blocker.write_text("")
-    result = run_train(f"hydra.run.dir={blocker / 'run'}")
-    output = result.stdout + result.stderr
-    assert result.returncode == 2
-    assert "Cannot write the run directory" in output and "is not a directory" in output
-    assert "Traceback" not in output
-
-
 def test_missing_data_root_is_refused_before_training(tmp_path):
     missing = tmp_path / "no-datasets-here"
     result = run_train("data=fashion_mnist", f"data.root={missing}", f"hydra.run.dir={tmp_path / 'run'}")
@@ -346,3 +336,29 @@ def test_a_checkpoint_entry_of_the_wrong_type_is_refused_where_it_is_read(tiny_r
     torch.save(state, tmp_path / "last.pt")
     with pytest.raises(CheckpointError, match=re.escape(says)):
         require_training_state(load_checkpoint(tmp_path / "last.pt"), tmp_path / "last.pt")
+
+
+@pytest.mark.parametrize(
+    "entry, value",
+    [
+        ("opt_g", KeyError),  # missing
+        ("opt_d", {"state": {}, "param_groups": "not a list"}),  # wrong type
+        ("data", {"epoch": "x", "batch": 0}),
+        ("rng", {"python": (3, (1, 2), None), "torch": torch.zeros(3, dtype=torch.uint8), "cuda": []}),
+        ("fixed_z", torch.zeros(5)),
+    ],
+)
+def test_a_damaged_checkpoint_entry_is_named(tiny_run, tmp_path, entry, value):
+    state = torch.load(tiny_run / "checkpoints" / "last.pt", weights_only=True)
+    if value is KeyError:
+        del state[entry]
+    else:
+        state[entry] = value
+    torch.save(state, tmp_path / "damaged.pt")
+    result = run_train(
+        f"trainer.resume={tmp_path / 'damaged.pt'}", "trainer.max_steps=8", f"hydra.run.dir={tmp_path / 'run'}"
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-3000:]
+    assert "Traceback" not in output and re.search(rf"entry '{entry}' is (missing|damaged)", output)
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -342,16 +342,6 @@ def test_a_resume_given_a_relative_path_to_the_checkpoint_file_continues_its_run
     assert load_checkpoint(run_dir)["step"] == 8
 
 
-def test_a_sweep_into_a_folder_under_a_file_is_refused_before_hydra_naming_the_file(tmp_path):
-    blocker = tmp_path / "afile"
-    blocker.write_text("not a folder\n")
-    result = run_train("-m", "optim.lr=0.002,0.003", f"hydra.sweep.dir={blocker / 'sweep'}", cwd=tmp_path)
-    output = output_of(result)
-    assert result.returncode == 2, output[-3000:]
-    assert f"{blocker} is not a directory" in output and "hydra.sweep.dir" in output and "Traceback" not in output
-    assert blocker.read_text() == "not a folder\n" and sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
-
-
 # 9. a resume whose outputs cannot take a write: refused before it writes, naming the path --------
 
 DAMAGED_OUTPUTS = {  # what is done to the run's folder -> (the path named, what the message says of it)

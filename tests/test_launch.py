@@ -183,6 +183,39 @@ def test_a_sweep_under_torchrun_is_refused(tmp_path, monkeypatch):
     assert result.returncode == 2 and "a Hydra sweep (-m) launches several jobs" in result.stdout + result.stderr
 
 
+def test_a_sweep_reports_a_bad_job_without_a_traceback_and_runs_the_others(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    result = run_train("-m", "optim.lr=-1,1e-4", "trainer.max_steps=2", f"hydra.sweep.dir={sweep_dir}")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0  # Hydra ends a sweep with a failed job with exit 1
+    assert "optim.lr=-1.0 must be > 0." in output and "Traceback" not in output
+    finished = list(Path(sweep_dir).glob("*/checkpoints/last.pt"))
+    assert len(finished) == 1 and "optim.lr=0.0001" in str(finished[0])
+
+
+UNWRITABLE = {  # the folder a command names -> (its key, the folder, whether a sweep); a file blocks tmp/afile/...
+    "a run under a file": ("hydra.run.dir", "afile/run", False),
+    "a sweep under a file": ("hydra.sweep.dir", "afile/sweep", True),
+    # os.access says /proc is writable to root, yet nothing can be created in it: the pre-check must try
+    "a run in /proc": ("hydra.run.dir", "/proc/dcgan-reference-run", False),
+}
+
+
+@pytest.mark.parametrize(("key", "folder", "sweep"), UNWRITABLE.values(), ids=UNWRITABLE.keys())
+def test_a_run_folder_that_cannot_be_created_is_refused_before_hydra_naming_why(tmp_path, key, folder, sweep):
+    if folder.startswith("/proc") and not Path("/proc").is_dir():
+        pytest.skip("needs Linux's /proc, a folder no file can be created in")
+    blocker, target = tmp_path / "afile", tmp_path / folder
+    blocker.write_text("not a folder\n")
+    result = run_train(*(["-m", "optim.lr=0.002,0.003"] if sweep else []), f"{key}={target}", cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in output, output[-3000:]
+    assert f"Cannot write the run directory {target}: " in output and f"{key}=PATH" in output
+    if target.is_relative_to(tmp_path):
+        assert f"{blocker} is not a directory" in output
+    assert blocker.read_text() == "not a folder\n" and sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
 @pytest.mark.slow  # a process is the point: bash runs the completion script Hydra prints, then the query it makes
 def test_tab_completion_works_in_bash_after_eval(tmp_path):
     script = f"""
