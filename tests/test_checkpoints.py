@@ -278,15 +278,6 @@ def test_shape_mismatch_lists_each_tensor_with_both_shapes(tiny_gan):
     assert "net.0.weight: (16, 32, 4, 4) in the checkpoint, (16, 16, 4, 4) in the model" in message
 
 
-def test_missing_data_root_is_refused_before_training(tmp_path):
-    missing = tmp_path / "no-datasets-here"
-    result = run_train("data=fashion_mnist", f"data.root={missing}", f"hydra.run.dir={tmp_path / 'run'}")
-    output = result.stdout + result.stderr
-    assert result.returncode == 2
-    assert str(missing) in output and "data.download=true" in output and "Traceback" not in output
-    assert not (tmp_path / "run" / "checkpoints").exists()
-
-
 # resume=auto -----------------------------------------------------------------------------------
 
 

@@ -669,13 +669,72 @@ def test_training_streams_a_folder_through_a_worker(tmp_path):
     assert train(cfg, tmp_path / "run").step == 3
 
 
-def test_a_missing_dataset_fails_before_training_with_one_clear_message(tmp_path):
-    result = run_train("data=fashion_mnist", f"data.root={tmp_path / 'nowhere'}", f"hydra.run.dir={tmp_path / 'run'}")
+# data no loader can serve, on the command line: one paragraph naming the setting or file, exit 2, before training
+COMMAND_REFUSED = {  # argv -> what the paragraph says, what it must not say ({tmp}: the test's folder)
+    "a missing root": (
+        ["data=fashion_mnist", "data.root={tmp}/nowhere"],
+        ["{tmp}/nowhere", "FashionMNIST/raw", "data.download=true"], [],
+    ),
+    "a limit above the generated set": (  # debug=tiny renders 256 digits
+        ["data.limit=300"], ["data.limit=300 is more than the 256 images in the training split of data=digits",
+                             "data.num_samples"], [],
+    ),
+    "a folder root that is a file": (
+        ["data=folder", "data.root={tmp}/one.png"], ["data.root='{tmp}/one.png' is a file", "not a folder"],
+        ["does not exist"],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "said", "unsaid"), COMMAND_REFUSED.values(), ids=COMMAND_REFUSED)
+def test_data_no_loader_can_serve_is_refused_before_training_in_one_paragraph(tmp_path, argv, said, unsaid):
+    write_image(tmp_path / "one.png", (20, 20))
+    run_dir = tmp_path / "run"
+    result = run_train(*(arg.format(tmp=tmp_path) for arg in argv), f"hydra.run.dir={run_dir}")
     output = result.stdout + result.stderr
-    assert result.returncode == 2
-    assert "FashionMNIST/raw" in output and "data.download=true" in output
-    assert "Traceback" not in output
-    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert result.returncode == 2 and "Traceback" not in output, output[-3000:]
+    assert all(text.format(tmp=tmp_path) in output for text in said), output[-3000:]
+    assert not any(text in output for text in unsaid), output[-3000:]
+    assert not (run_dir / "checkpoints").exists() and not (run_dir / "tb").exists()
+
+
+def test_a_limit_above_the_training_split_is_refused_naming_its_size(tmp_path):
+    write_mnist(tmp_path, train=40)
+    with pytest.raises(
+        ConfigError, match=r"data\.limit=41 is more than the 40 images in the training split of data=mnist"
+    ):
+        load_dataset(cfg_for("mnist", tmp_path, limit=41, batch_size=32))
+    assert len(load_dataset(cfg_for("mnist", tmp_path, limit=40, batch_size=32)).labels) == 40
+
+
+def test_a_celeba_folder_that_is_a_file_is_called_a_file(tmp_path):
+    (tmp_path / "celeba").write_bytes(b"not a folder")
+    with pytest.raises(DataError, match=r"celeba \(absolute path .*\) is a file, not a folder") as caught:
+        load_dataset(cfg_for("celeba", tmp_path, channels=3))
+    assert "does not exist" not in str(caught.value)
+
+
+def damaged_mnist(root: Path, damage: str) -> Path:
+    """MNIST IDX files (40 training, 8 test images) whose test labels file is damaged; returns it."""
+    write_mnist(root, train=40, test=8)
+    labels = root / "MNIST" / "raw" / "t10k-labels-idx1-ubyte"
+    if damage == "truncated":  # the header still counts 8 labels; the file holds 6
+        labels.write_bytes(labels.read_bytes()[:-2])
+    else:  # labels 5..12: three of them are no digit
+        write_idx(labels, np.arange(8) + 5)
+    return labels
+
+
+HELD_OUT_DAMAGE = {"truncated": "is truncated", "out of range": "outside the 10 classes 0-9"}
+
+
+@pytest.mark.parametrize("damage", list(HELD_OUT_DAMAGE))
+def test_damaged_test_labels_are_refused_naming_the_file(tmp_path, damage):
+    labels = damaged_mnist(tmp_path, damage)
+    with pytest.raises(DataError) as caught:
+        load_dataset(cfg_for("mnist", tmp_path), train=False)
+    assert str(labels) in str(caught.value) and HELD_OUT_DAMAGE[damage] in str(caught.value)
+    assert len(load_dataset(cfg_for("mnist", tmp_path)).labels) == 40  # the training split is whole
 
 
 # a packed dataset: decoded and resized once (gan/data/pack.py), then trained from with no decoding ----------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import multiprocessing
 import os
 import random
@@ -27,12 +28,14 @@ import torch
 from conftest import ROOT, TINY, compose_config, run_train
 from PIL import Image
 
+import gan.core.losses
 from gan.checkpoint import load_checkpoint
+from gan.core.losses import LOSSES, AdversarialLoss
 from gan.data.stream import BatchStream
 from gan.errors import CheckpointError, ConfigError
 from gan.evaluation.pipeline import build_generator
-from gan.training import train
-from gan.training.faults import NonFiniteWeightsError, check_finite_state, diverged
+from gan.training import NonFiniteLossError, train
+from gan.training.faults import NonFiniteWatch, NonFiniteWeightsError, check_finite_state, diverged
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
 
@@ -138,7 +141,7 @@ def test_a_signal_to_the_process_group_checkpoints_a_streamed_run(tmp_path, sig,
 
 def test_an_infinite_learning_rate_stops_before_any_checkpoint(tmp_path):
     # The losses of step 1 are finite; the update it makes is not. optim.lr=inf is refused by the
-    # config (tests/test_inputs_config.py); 1e39 is finite as a setting but above float32's range,
+    # config (tests/test_config.py); 1e39 is finite as a setting but above float32's range,
     # so the weights it updates become inf all the same.
     cfg = compose_config("optim.lr=1e39", "optim.lr_d=2e-4", "trainer.checkpoint_every=1")
     with pytest.raises(NonFiniteWeightsError) as caught:
@@ -370,3 +373,52 @@ def test_weights_blown_up_by_a_huge_learning_rate_are_reported(tiny_gan):
         G.net[0].weight.mul_(1e9)
     found = diverged({"G": G, "D": D})
     assert list(found) == ["G"] and found["G"] > 1e6
+
+
+# the stop on a non-finite loss says what exists ------------------------------------------------------
+
+
+def nan_from_the_start(monkeypatch) -> None:
+    """The bce G loss is NaN from its first call: step 1 is the first non-finite one."""
+    real = LOSSES["bce"]
+    monkeypatch.setitem(
+        gan.core.losses.LOSSES, "bce", AdversarialLoss(real.d, lambda logits: real.g(logits) * math.nan)
+    )
+
+
+def test_a_nan_at_step_one_claims_no_checkpoint_that_does_not_exist(tmp_path, monkeypatch):
+    nan_from_the_start(monkeypatch)
+    with pytest.raises(NonFiniteLossError) as caught:
+        train(compose_config("trainer.max_steps=4"), tmp_path)
+    message = str(caught.value)
+    assert message.startswith("Non-finite loss at step 1: ")
+    assert "still holds" not in message  # the old claim: there was no checkpoint to hold anything
+    assert not (tmp_path / "checkpoints" / "last.pt").exists()
+    assert "optim.lr" in message and "trainer.on_nan=skip" in message
+
+
+def watched_nan(step: int, checkpoint: Path, cfg) -> str:
+    watch = NonFiniteWatch(torch.device("cpu"), checkpoint, cfg)
+    watch.update(step, torch.tensor(0.7), torch.tensor(math.nan))
+    with pytest.raises(NonFiniteLossError) as caught:
+        watch.check()
+    return str(caught.value)
+
+
+def test_the_non_finite_loss_message_says_there_is_no_checkpoint_yet_and_names_optim_lr(tmp_path):
+    last = tmp_path / "checkpoints" / "last.pt"
+    message = watched_nan(1, last, compose_config())
+    assert message.startswith("Non-finite loss at step 1: loss/d=0.699999988079071, loss/g=nan.")
+    assert f"this run had written none yet ({last} does not exist)" in message
+    assert "Lower optim.lr (set to 0.001: the step size of G and D), try loss=hinge" in message
+    assert "optim.lr_d" not in message  # not set in this run
+
+
+def test_the_non_finite_loss_message_names_the_checkpoint_step_and_both_rates(tmp_path):
+    cfg = compose_config("trainer.max_steps=2", "optim.lr_d=0.0004", "loss=hinge")
+    train(cfg, tmp_path)  # a real run writes checkpoints/last.pt at step 2
+    last = tmp_path / "checkpoints" / "last.pt"
+    message = watched_nan(3, last, cfg)
+    assert f"{last} keeps step 2, the last good one." in message
+    assert "Lower optim.lr (set to 0.001: G's step size) or optim.lr_d (set to 0.0004: D's)" in message
+    assert "loss=hinge" not in message  # this run already uses it

@@ -1,10 +1,11 @@
-"""gan/training/ (hardware.py, state.py): precision modes, compile, retained host memory, the
+"""gan/training/ (hardware.py, state.py, overfit.py): precision modes, compile, retained host memory, the
 optimizers and their schedule, each tool training; and scripts/bench.py's measurements of the fast path."""
 
 from __future__ import annotations
 
 import copy
 import json
+import logging
 import math
 import re
 import subprocess
@@ -13,16 +14,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose_config
+from conftest import compose_config, run_train
+from test_datasets import HELD_OUT_DAMAGE, damaged_mnist, write_image
 
 import gan.training.hardware
 from gan.checkpoint import load_checkpoint
 from gan.config import ConfigError, ModelConfig, Precision
 from gan.core.models import Discriminator, Generator
+from gan.data import EmptySplitError, is_held_out, load_dataset
 from gan.errors import MetricsError
 from gan.evaluation import metrics as M
 from gan.training import train
 from gan.training.hardware import resolve_precision
+from gan.training.overfit import build_probe
 from gan.training.state import build_models, build_optimizer, lr_scale
 from scripts.bench import Row, probe, project_config
 
@@ -244,3 +248,53 @@ def test_a_final_evaluation_that_cannot_pass_is_refused_before_training(tmp_path
     with pytest.raises(MetricsError, match=r"trainer.final_eval_samples=100: The metrics classifier .* 50.00%"):
         train(cfg, tmp_path / "run")
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+# damaged held-out (test) files at train time: gan/training/overfit.py opens the split first ------------
+
+
+@pytest.mark.parametrize("damage", list(HELD_OUT_DAMAGE))
+def test_training_warns_about_damaged_test_labels_naming_the_file(tmp_path, damage):
+    labels = damaged_mnist(tmp_path / "data", damage)
+    run_dir = tmp_path / "run"
+    result = run_train("data=mnist", f"data.root={tmp_path / 'data'}", f"hydra.run.dir={run_dir}")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]  # the held-out split is a diagnostic here
+    warnings = [line for line in output.splitlines() if "[WARNING]" in line and "held-out split" in line]
+    assert len(warnings) == 1, output[-3000:]
+    assert str(labels) in warnings[0] and HELD_OUT_DAMAGE[damage] in warnings[0] and "evaluate.py" in warnings[0]
+
+
+# trainer.final_eval_samples measures the trained generator on the held-out split; trainer.eval_every
+# trains the metrics classifier, which is tested on it: either stops before training on damaged labels
+REFUSED_LABELS = [
+    ("truncated", ["trainer.final_eval_samples=20"],
+     ["{labels} is truncated", "trainer.final_eval_samples=20 measures the trained generator"]),
+    ("out of range", ["trainer.eval_every=2", "trainer.eval_samples=10", "trainer.overfit_every=0"],
+     ["labels file {labels} holds values from 5 to 12"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("damage, measuring, expected", REFUSED_LABELS, ids=["final_eval", "eval_every"])
+def test_a_run_that_measures_on_the_held_out_split_stops_on_damaged_test_labels(tmp_path, damage, measuring, expected):
+    labels = damaged_mnist(tmp_path / "data", damage)
+    run_dir = tmp_path / "run"
+    result = run_train("data=mnist", f"data.root={tmp_path / 'data'}", *measuring, f"hydra.run.dir={run_dir}")
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in output, output[-3000:]
+    assert all(text.format(labels=labels) in output for text in expected), output[-3000:]
+    assert not (run_dir / "checkpoints").exists()
+
+
+def test_a_folder_too_small_for_a_held_out_split_is_only_noted(tmp_path, caplog):
+    # not damage: the held-out split is simply empty, and the run goes on with an INFO line as before
+    folder = tmp_path / "images"
+    names = [f"{i:03d}.png" for i in range(60) if not is_held_out(Path(f"{i:03d}.png"))]
+    for i, name in enumerate(names):
+        write_image(folder / name, (16, 16), seed=i)
+    cfg = compose_config("data=folder", f"data.root={folder}", "data.channels=3")
+    with pytest.raises(EmptySplitError):
+        load_dataset(cfg.data, train=False)
+    with caplog.at_level(logging.INFO, logger="gan.training.overfit"):
+        assert build_probe(cfg, load_dataset(cfg.data), CPU) is None
+    assert [r.levelname for r in caplog.records if "held-out" in r.getMessage()] == ["INFO"]
