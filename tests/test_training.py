@@ -298,3 +298,16 @@ def test_a_folder_too_small_for_a_held_out_split_is_only_noted(tmp_path, caplog)
     with caplog.at_level(logging.INFO, logger="gan.training.overfit"):
         assert build_probe(cfg, load_dataset(cfg.data), CPU) is None
     assert [r.levelname for r in caplog.records if "held-out" in r.getMessage()] == ["INFO"]
+
+
+def test_a_data_position_beyond_an_epoch_is_refused_when_the_stream_is_rebuilt(tiny_run, tmp_path):
+    # 256 images / 32 a batch = 8 batches an epoch; step 40 could reach batch 20, no epoch has one
+    state = {**torch.load(tiny_run / "checkpoints" / "last.pt", weights_only=True), "step": 40}
+    torch.save({**state, "data": {"epoch": 0, "batch": 20}}, tmp_path / "far.pt")
+    run_dir = tmp_path / "out"
+    result = run_train(f"trainer.resume={tmp_path / 'far.pt'}", "trainer.max_steps=42", f"hydra.run.dir={run_dir}")
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-3000:]
+    assert "the checkpoint's entry 'data' places the batch stream at batch 20 of epoch 0" in output
+    assert "256 images make 8 batches of data.batch_size=32" in output and "Traceback" not in output
+    assert not (run_dir / "checkpoints").exists()
