@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import resource
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import compose_config, run_train
+import yaml
+from conftest import ROOT, TINY, compose_config, output_of, run_train, snapshot
 from filelock import FileLock
 
+from gan.checkpoint import load_checkpoint
 from gan.errors import RunDirError
 from gan.run import Run
 from gan.training import train
@@ -141,3 +147,107 @@ def test_a_run_dir_in_use_is_refused_by_the_command_naming_the_holder(tiny_run, 
     output = result.stdout + result.stderr
     assert result.returncode == 2 and f"The run directory {run_dir} is in use: process {os.getpid()}" in output
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+
+
+# the command line: a refused command changes no file of any run ------------------------------------------
+
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
+
+
+def test_a_resume_into_another_runs_folder_is_refused_by_the_command(tiny_run, tmp_path):
+    run_a, run_b = (shutil.copytree(tiny_run, tmp_path / name) for name in "AB")
+    before = snapshot(run_a, run_b)
+    result = run_train(f"trainer.resume={run_a}", f"hydra.run.dir={run_b}", "trainer.max_steps=8", cwd=tmp_path)
+    assert result.returncode == 2, output_of(result)[-3000:]
+    assert str(run_b) in output_of(result) and "holds another run" in output_of(result)
+    assert snapshot(run_a, run_b) == before
+    # into a new folder it is a continuation of A there; A itself stays as it was
+    fresh = tmp_path / "continued"
+    result = run_train(f"trainer.resume={run_a}", f"hydra.run.dir={fresh}", "trainer.max_steps=8", cwd=tmp_path)
+    assert result.returncode == 0, output_of(result)[-3000:]
+    assert load_checkpoint(fresh)["step"] == 8 and snapshot(run_a, run_b) == before
+
+
+@pytest.mark.slow  # two processes at once: a second command while the first trains
+def test_a_new_run_over_a_run_in_progress_changes_nothing_and_its_resume_still_works(tmp_path):
+    run_dir = tmp_path / "busy"
+    args = [sys.executable, str(ROOT / "train.py"), *TINY, f"hydra.run.dir={run_dir}"]
+    # a run that takes long to reach its first checkpoint: the window the record used to be lost in
+    first = subprocess.Popen(
+        [*args, "trainer.max_steps=100000", "trainer.checkpoint_every=100000", "trainer.sample_every=100000"],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / ".hydra" / "overrides.yaml").is_file():
+            assert first.poll() is None and time.monotonic() < deadline, "the first run never started"
+            time.sleep(0.2)
+        time.sleep(0.5)
+        record = snapshot(run_dir / ".hydra")
+        second = run_train(f"hydra.run.dir={run_dir}", "loss=hinge", cwd=tmp_path)
+        assert second.returncode == 2, output_of(second)[-3000:]
+        assert "in use" in output_of(second) or "already holds a run" in output_of(second)
+        assert snapshot(run_dir / ".hydra") == record
+    finally:
+        first.send_signal(signal.SIGTERM)
+        out, _ = first.communicate(timeout=120)
+    assert first.returncode == 143, out[-3000:]
+    step = load_checkpoint(run_dir)["step"]
+    resumed = run_train(f"trainer.resume={run_dir}", f"trainer.max_steps={step + 2}", cwd=tmp_path)
+    assert resumed.returncode == 0, output_of(resumed)[-3000:]
+    assert load_checkpoint(run_dir)["step"] == step + 2
+
+
+def test_a_run_writes_its_record_and_a_complete_log_once_its_checks_passed(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_train("trainer.max_steps=2", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert result.returncode == 0, output_of(result)[-3000:]
+    overrides = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
+    assert "trainer.max_steps=2" in overrides and (run_dir / ".hydra" / "config.yaml").is_file()
+    assert yaml.safe_load((run_dir / ".hydra" / "hydra.yaml").read_text())["hydra"]["run"]["dir"] == str(run_dir)
+    log = (run_dir / "train.log").read_text()
+    # lines logged before the record was written (the data is read during the checks) are in the file
+    assert "training split" in log and "Done: 2 steps" in log
+
+
+def test_a_refused_new_run_leaves_no_folder(tmp_path):
+    result = run_train("optim.lr_d=-1", cwd=tmp_path)
+    assert result.returncode == 2 and "optim.lr_d" in output_of(result)
+    assert [p for p in (tmp_path / "outputs").rglob("*")] == []
+
+
+@pytest.mark.slow  # a process whose file-size limit is 1,000 bytes: the disk it sees is full
+@pytest.mark.parametrize("program", ["train.py", "evaluate.py"])
+def test_a_disk_that_refuses_every_write_is_reported_before_anything_is_written(tmp_path, program, tiny_run):
+    def no_file_may_grow():  # what a full disk does to a write; SIGXFSZ would kill the process instead
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))  # Python starts; no block of data
+
+    settings = TINY if program == "train.py" else [f"checkpoint={tiny_run}", "threads=1"]
+    result = subprocess.run(
+        [sys.executable, str(ROOT / program), *settings],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        preexec_fn=no_file_may_grow,
+    )
+    assert result.returncode == 2, output_of(result)[-3000:]
+    output = output_of(result)
+    assert "refuses a new file (File too large)" in output and "Free disk space" in output, output[-3000:]
+    assert "Traceback" not in output and not (tmp_path / "outputs").exists()
+
+
+def test_a_new_run_inside_another_runs_folder_is_refused(tiny_run, tmp_path):
+    run_a = shutil.copytree(tiny_run, tmp_path / "A")
+    before = snapshot(run_a)
+    for inside in (run_a / "checkpoints", run_a / "more" / "deeply"):
+        result = run_train(f"hydra.run.dir={inside}", cwd=tmp_path)
+        assert result.returncode == 2, output_of(result)[-3000:]
+        assert f"inside the folder of another run, {run_a}" in output_of(result)
+        assert snapshot(run_a) == before
