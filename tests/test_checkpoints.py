@@ -5,17 +5,19 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import pickle
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 import torch
-from conftest import ROOT, TINY, compose_config, run_evaluate, run_train
+from conftest import ROOT, TINY, compose_config, output_of, run_evaluate, run_train
 
 import gan.core.losses
 from gan.checkpoint import (
@@ -28,6 +30,7 @@ from gan.checkpoint import (
 )
 from gan.core.losses import LOSSES, AdversarialLoss
 from gan.core.models import Generator
+from gan.evaluation.pipeline import build_generator
 from gan.training import NonFiniteLossError, train
 
 # atomic writes ---------------------------------------------------------------------------------
@@ -245,7 +248,6 @@ def bad_files(tmp_path: Path, good: Path) -> dict[str, Path]:
     "case, message",
     [
         ("missing", "Checkpoint not found"),
-        ("truncated", "it is truncated: torch.save's zip archive cut short"),
         ("text", "it is corrupt or not a PyTorch file"),
         ("not_checkpoint", "is not a checkpoint of this project"),
         ("code", "Refused to load"),
@@ -585,3 +587,85 @@ def test_an_impossible_data_position_is_refused_on_resume(good_run, tmp_path, ca
         require_training_state(state, str(tmp_path / "last.pt"))
     message = str(caught.value)
     assert f"Cannot resume from {tmp_path / 'last.pt'}: its entry 'data' is damaged" in message
+
+
+# where a checkpoint is looked for, and what an unreadable one is called ---------------------------------------
+
+
+@pytest.mark.parametrize("kept", [None, "best.pt", "step_000006.pt"], ids=["nothing", "best.pt", "a numbered copy"])
+def test_a_folder_without_last_pt_names_where_it_looked_and_the_checkpoint_it_holds(tiny_run, tmp_path, kept):
+    # trainer.resume=DIR and evaluate.py's checkpoint=DIR both read the checkpoint through this
+    run_dir = tmp_path if kept is None else shutil.copytree(tiny_run, tmp_path / "run")
+    if kept:
+        (run_dir / "checkpoints" / "last.pt").rename(run_dir / "checkpoints" / kept)
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(run_dir)
+    message = str(caught.value)
+    assert message.startswith(f"Checkpoint not found: {run_dir}") and (kept is None or kept in message)
+    if kept is None:
+        assert f"Checkpoint not found: {run_dir} (looked for {run_dir / 'checkpoints' / 'last.pt'})" in message
+    assert ("evaluate.py checkpoint=" in message) == (kept == "best.pt")  # best.pt: G alone, no resume
+
+
+def test_an_empty_checkpoint_path_is_refused_not_read_as_the_launch_directory(tiny_run, tmp_path):
+    # Path("") is ".": a checkpoints/last.pt where the command runs would be evaluated unasked
+    shutil.copytree(tiny_run, tmp_path / "here")
+    result = run_evaluate("device=cpu", "checkpoint=", f"hydra.run.dir={tmp_path / 'eval'}", cwd=tmp_path / "here")
+    assert result.returncode == 2 and "checkpoint path is empty (an unset shell variable?)" in output_of(result)
+    assert not (tmp_path / "eval").exists()
+    with pytest.raises(CheckpointError, match="The checkpoint path is empty"):  # gan.load_generator(""), resume
+        load_checkpoint("")
+
+
+def test_a_pickle_of_another_program_is_refused_in_one_line(tmp_path):
+    # pickle protocol 4: torch's safe unpickler warns about it, and the warning printed under the refusal
+    (tmp_path / "model.pt").write_bytes(pickle.dumps({"weights": [1.0]}, protocol=4))
+    with warnings.catch_warnings(record=True) as shown:  # as a shell would print them, not pytest's summary
+        warnings.simplefilter("always")
+        result = run_evaluate("device=cpu", f"checkpoint={tmp_path / 'model.pt'}", f"hydra.run.dir={tmp_path / 'eval'}")
+    assert result.returncode == 2 and "model.pt" in output_of(result)
+    assert len(output_of(result).strip().splitlines()) == 1 and not shown, [str(w.message) for w in shown]
+
+
+@pytest.mark.parametrize("kept", [0.1, 0.5, 0.99])
+def test_a_checkpoint_cut_short_anywhere_is_called_truncated(tiny_run, tmp_path, kept):
+    data = (tiny_run / "checkpoints" / "last.pt").read_bytes()
+    cut = tmp_path / "last.pt"
+    cut.write_bytes(data[: int(len(data) * kept)])
+    with pytest.raises(CheckpointError, match=f"{cut}: it is truncated: torch.save's zip archive cut short at"):
+        load_checkpoint(cut)
+
+
+# checkpoint tensors of another type or shape than the model's ------------------------------------------
+
+RETYPED = {  # entry, how its first weight (or moment) is changed, what the message says
+    # not a float at all: refused as the checkpoint is read (gan/checkpoint.py), and by build_generator alike
+    "an integer G weight": ("G", lambda t: t.to(torch.int32), "torch.int32"),
+    "a complex G weight": ("G", lambda t: t.to(torch.complex64), "torch.complex64"),
+    "a float64 D weight": ("D", lambda t: t.double(), "torch.float64 in the checkpoint, torch.float32"),
+    "an integer EMA weight": ("G_ema", lambda t: t.long(), "torch.int64"),
+    "an integer Adam moment": ("opt_d", lambda t: t.long(), "holds torch.int64, where Adam keeps floats"),
+    "a moment of another shape": ("opt_g", lambda t: t.flatten()[:3].clone(), "has shape (3,), where its parameter"),
+}
+
+
+@pytest.mark.parametrize("case", RETYPED)
+def test_a_checkpoint_tensor_of_another_type_or_shape_is_refused_naming_it(tiny_run, tmp_path, case):
+    entry, change, said = RETYPED[case]
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
+    state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    if entry.startswith("opt"):
+        slots = state[entry]["state"][0]
+        slots["exp_avg"] = change(slots["exp_avg"])
+        named = "state[0].exp_avg"
+    else:
+        named = next(key for key in state[entry] if "weight" in key)
+        state[entry][named] = change(state[entry][named])
+    torch.save(state, run_dir / "checkpoints" / "last.pt")
+    with pytest.raises(CheckpointError) as caught:
+        train(compose_config(f"trainer.resume={run_dir}", "trainer.max_steps=8"), run_dir)
+    assert named in str(caught.value) and said in str(caught.value)
+    if entry in ("G", "G_ema"):  # evaluate.py reads the generator it samples from alike
+        with pytest.raises(CheckpointError) as caught:
+            build_generator(state, use_ema=entry == "G_ema", device=torch.device("cpu"), source="altered.pt")
+        assert named.removeprefix("module.") in str(caught.value) and said in str(caught.value)

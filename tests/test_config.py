@@ -9,14 +9,24 @@ import time
 from typing import Any, Iterator, Optional
 
 import pytest
+import torch
 from conftest import CONFIG_DIR, compose_config, run_evaluate, run_train
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from gan.config import BackwardMode, ConfigError, DatasetName, EvaluateConfig, LossName, TrainConfig
+from gan.config import (
+    BackwardMode,
+    ConfigError,
+    DatasetName,
+    EvaluateConfig,
+    LossName,
+    TrainConfig,
+    register_evaluate_configs,
+)
 from gan.data.sources import _OPENERS
-from gan.device import available_cpus
+from gan.device import available_cpus, resolve_device
 
 # Options that are refused alone, with what they need (none since the default D lost its BatchNorm;
 # test_wgan_gp_with_batchnorm_names_its_recipe).
@@ -313,3 +323,64 @@ def test_debug_tiny_runs_in_seconds_and_writes_what_a_real_run_writes(tmp_path):
 def test_debug_overfit_sees_one_batch_over_and_over():
     cfg = compose_config("debug=overfit")  # replaces the tests' debug=tiny
     assert cfg.data.limit == cfg.data.batch_size and cfg.trainer.max_steps >= 300
+
+
+# values Hydra refuses: a wrong type, a choice that is not one -------------------------------------------------
+
+register_evaluate_configs()
+HYDRA_REFUSED = {  # config, override -> the key Hydra's error names, the value it quotes
+    "max_steps float": ("train", "trainer.max_steps=1.5", "trainer.max_steps", "1.5"),
+    "precision typo": ("train", "trainer.precision=fp64", "trainer.precision", "fp64"),
+    "diffaugment policy": ("train", "model.diffaugment=[rotate]", "model.diffaugment", "rotate"),
+    "evaluate's num_samples": ("evaluate", "num_samples=abc", "num_samples", "abc"),
+}
+
+
+@pytest.mark.parametrize(("config", "override", "key", "value"), HYDRA_REFUSED.values(), ids=HYDRA_REFUSED)
+def test_hydra_refuses_a_wrong_type_or_choice_naming_the_key_and_the_value(config, override, key, value):
+    with pytest.raises(ConfigCompositionException) as caught:
+        if config == "train":
+            compose_config(override)
+        else:
+            GlobalHydra.instance().clear()
+            with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+                compose(config_name="evaluate", overrides=["checkpoint=x.pt", override])
+    cause = caught.value.__cause__  # OmegaConf's error, which Hydra prints under its own line
+    assert override in str(caught.value) and f"'{value}'" in str(cause)
+    assert re.fullmatch(rf"{re.escape(key)}(\[\d+\])?", str(getattr(cause, "full_key", ""))), cause
+
+
+# the edge of a range: refused on the wrong side, accepted just inside ------------------------------------------
+
+EDGES = {  # the refused override(s), an accepted neighbour, the key=value the message opens with
+    "max_steps 0": (["trainer.max_steps=0"], ["trainer.max_steps=1"], "trainer.max_steps=0"),
+    "beta1 1.0": (["optim.beta1=1.0"], ["optim.beta1=0.99"], "optim.beta1=1.0"),
+    "ema_decay 1.0": (["model.ema_decay=1.0"], ["model.ema_decay=0.9999"], "model.ema_decay=1.0"),
+    "real_label 0.3": (["loss.real_label=0.3"], ["loss.real_label=0.9"], "loss.real_label=0.3"),
+    "real_label 0.5": (["loss.real_label=0.5"], ["loss.real_label=0.51"], "loss.real_label=0.5"),
+    "eval_samples 5": (
+        ["trainer.eval_every=3", "trainer.eval_samples=5"],
+        ["trainer.eval_every=3", "trainer.eval_samples=10"],
+        "trainer.eval_samples=5",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", EDGES)
+def test_a_value_just_outside_a_range_is_refused_naming_the_key_and_the_one_inside_is_kept(case):
+    refused, accepted, named = EDGES[case]
+    with pytest.raises(ConfigError) as caught:
+        compose_config(*refused)
+    assert str(caught.value).startswith(named + " ")
+    key, value = accepted[-1].split("=")
+    assert str(OmegaConf.select(OmegaConf.structured(compose_config(*accepted)), key)) == value
+
+
+@pytest.mark.parametrize("key", ["trainer.device", "device"])
+def test_a_cuda_index_beyond_the_visible_devices_is_refused_naming_the_setting(monkeypatch, key):
+    # spelled right (check_device_name lets cuda:N through): only the machine can say no
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match=re.escape(f"{key}='cuda:99' but only 1 CUDA device(s) are visible")):
+        resolve_device("cuda:99", key)
+    assert resolve_device("cuda:0", key) == torch.device("cuda", 0)

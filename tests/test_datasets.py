@@ -312,6 +312,12 @@ MNIST_DAMAGE = {
     "labels outside 0-9": (lambda raw: write_idx(raw / LABELS, np.arange(40) % 10 + 3), "outside the 10 classes"),
     "left gzipped": (gzipped, rf"{IMAGES} \({IMAGES}.gz is there: gunzip it"),
     "a file missing": (lambda raw: (raw / "t10k-labels-idx1-ubyte").unlink(), "missing: t10k-labels-idx1-ubyte"),
+    # a download cut short: each file the IDX magic and a few bytes; the header's sizes multiply to about 6e20
+    # bytes, which must be read as damage, not allocated
+    "a header announcing more than it holds": (
+        lambda raw: [(raw / name).write_bytes(b"\x00\x00\x08\x03" + bytes(range(40))) for name in raw.iterdir()],
+        r"{images} is truncated.*data\.download=true",
+    ),
 }
 
 
@@ -324,13 +330,20 @@ def test_a_damaged_or_partial_mnist_is_named_with_what_is_wrong(tmp_path, damage
         load_dataset(cfg_for("mnist", tmp_path))
 
 
-@pytest.mark.parametrize("content", [[], ["notes.txt", "sub/readme.md"]])
-def test_a_folder_without_images_is_refused(tmp_path, content):
-    for name in content:
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text("not an image")
-    with pytest.raises(DataError, match="holds no image files"):
-        load_dataset(cfg_for("folder", tmp_path))
+@pytest.mark.parametrize(
+    "content", [[], ["notes.txt", "sub/readme.md"], ["readme.txt", "broken.png"]], ids=["empty", "text", "a fake png"]
+)
+def test_a_folder_without_a_usable_image_is_refused_naming_the_folder(tmp_path, content):
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for name in content:  # broken.png: an image by its name only
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text("not an image")
+    with pytest.raises(DataError) as caught:
+        load_dataset(cfg_for("folder", folder))
+    message = str(caught.value)
+    assert str(folder) in message and "data=folder" in message
+    assert "broken.png" in content or "holds no image files" in message
 
 
 @pytest.mark.parametrize("bomb", [False, True], ids=["unreadable", "a decompression bomb"])
@@ -352,6 +365,18 @@ def test_a_16_bit_png_is_scaled_to_8_bits_not_clipped_to_white(tmp_path, channel
     Image.fromarray(ramp).save(tmp_path / "ramp.png")
     pixels = read_image(str(tmp_path / "ramp.png"), channels, 256)
     assert torch.equal(pixels[0].to(torch.int64), torch.from_numpy(ramp.astype(np.int64) >> 8))
+
+
+def test_a_folder_smaller_than_one_batch_stops_training_before_anything_is_written(tmp_path):
+    folder = tmp_path / "three"
+    folder.mkdir()
+    for i in range(3):
+        Image.new("RGB", (20, 20), (40 * i, 80, 120)).save(folder / f"img{i}.png")
+    run_dir = tmp_path / "run"
+    with pytest.raises(DataError) as caught:
+        train(compose_config("data=folder", f"data.root={folder}"), run_dir)
+    assert "fewer than data.batch_size=32" in str(caught.value)  # debug=tiny's batch
+    assert not run_dir.exists() or not any(path.is_file() for path in run_dir.rglob("*"))
 
 
 def test_too_few_images_for_one_batch_is_refused(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import CONFIG_DIR, ROOT, run_evaluate, run_train, tiny_checkpoint
+from conftest import CONFIG_DIR, ROOT, output_of, run_evaluate, run_train, snapshot, tiny_checkpoint
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
@@ -32,7 +33,7 @@ from gan.config import (
     register_evaluate_configs,
     validate_evaluate,
 )
-from gan.errors import MetricsError
+from gan.errors import CheckpointError, MetricsError
 from gan.evaluation import export as X
 from gan.evaluation.grids import slerp
 from gan.evaluation.pipeline import (
@@ -44,6 +45,7 @@ from gan.evaluation.pipeline import (
     recompute_batchnorm_stats,
     to_uint8,
 )
+from gan.run import Run
 
 REQUIRED_KEYS = {
     "fid",
@@ -513,3 +515,68 @@ def test_the_interruption_line_says_only_what_the_run_dir_holds(tmp_path):
     assert interrupted(tmp_path).endswith("holds no metrics.json, only partial outputs (samples.png).")
     (tmp_path / "metrics.json").write_text("{}")
     assert interrupted(tmp_path).startswith(f"Interrupted (SIGINT) after the metrics were saved to {tmp_path}")
+
+
+# what evaluate.py reads and where it writes -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("use_ema", [False, True], ids=["G", "G_ema"])
+def test_a_nan_in_a_batchnorm_statistic_alone_is_refused_by_evaluate(tiny_run, use_ema):
+    # the statistics are buffers, not weights: evaluate.py with bn_batches=0 would sample with them
+    state = torch.load(tiny_run / "checkpoints" / "last.pt", weights_only=True)
+    entry = "G_ema" if use_ema else "G"
+    key = next(k for k in state[entry] if k.endswith("running_var"))
+    state[entry][key][0] = float("nan")
+    with pytest.raises(CheckpointError) as caught:
+        build_generator(state, use_ema=use_ema, device=torch.device("cpu"), source="damaged.pt")
+    assert "holds NaN or inf in 1 of its" in str(caught.value) and key.removeprefix("module.") in str(caught.value)
+    assert build_generator(state, use_ema=not use_ema, device=torch.device("cpu"))[1] == ("raw" if use_ema else "EMA")
+
+
+def test_evaluating_a_run_leaves_every_file_of_it_as_it_was(tiny_run, tmp_path, one_thread):
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
+    before = snapshot(run_dir)
+    metrics = MetricsConfig(kid_subsets=2, kid_subset_size=32, classifier=ClassifierConfig(min_accuracy=0))
+    cfg = EvaluateConfig(
+        checkpoint=str(run_dir),
+        num_samples=32,
+        bn_batches=2,
+        grid_samples=16,
+        interpolation_rows=2,
+        neighbour_queries=2,
+        device="cpu",
+        threads=1,
+        metrics=metrics,
+    )
+    cfg.check()
+    evaluate(cfg, tmp_path / "eval", {"root": str(tmp_path / "data")})  # the classifier is cached there
+    assert (tmp_path / "eval" / "metrics.json").is_file()
+    assert snapshot(run_dir) == before
+
+
+@pytest.mark.parametrize(
+    "setting, named", [("metrics.pr_k=1000", "metrics.pr_k=1000"), ("metrics.dc_k=500", "metrics.dc_k=500")]
+)
+def test_a_neighbour_count_beyond_the_real_images_is_refused_in_one_paragraph(tiny_run, tmp_path, setting, named):
+    # num_samples (10,000 by default) is enough: the held-out split of the tiny digits (42 images) is not
+    result = run_evaluate(f"checkpoint={tiny_run}", setting, "threads=1", f"data.root={tmp_path}", cwd=tmp_path)
+    output = output_of(result)
+    assert result.returncode == 2, output[-3000:]
+    assert f"{named} needs more than" in output and "holds 42" in output and "Traceback" not in output
+
+
+def test_a_neighbour_count_beyond_num_samples_is_refused_naming_both():
+    cfg = EvaluateConfig(checkpoint="x.pt", num_samples=10, metrics=MetricsConfig(pr_k=10))
+    with pytest.raises(ConfigError, match=r"num_samples=10 must exceed metrics.pr_k \(10\)"):
+        cfg.check()
+
+
+def test_an_evaluation_into_a_folder_another_holds_is_refused_naming_the_holder(tiny_run, tmp_path):
+    folder = tmp_path / "eval"
+    with Run(folder).owned():
+        result = run_evaluate(f"checkpoint={tiny_run}", f"hydra.run.dir={folder}", "threads=1", cwd=tmp_path)
+    output = output_of(result)
+    assert result.returncode == 2, output[-3000:]
+    assert f"The run directory {folder} is in use: process {os.getpid()}" in output
+    assert "it is training or evaluating there" in output
+    assert list(folder.iterdir()) == []  # the holder's lock went with it; the refused evaluation wrote nothing

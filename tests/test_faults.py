@@ -7,6 +7,7 @@ disk and sizes too large to allocate. Each failure ends with one paragraph and i
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import math
 import multiprocessing
@@ -27,15 +28,17 @@ import pytest
 import torch
 from conftest import ROOT, TINY, compose_config, run_train
 from PIL import Image
+from tensorboard.compat.tensorflow_stub.io.gfile import LocalFileSystem
 
 import gan.core.losses
 from gan.checkpoint import load_checkpoint
 from gan.core.losses import LOSSES, AdversarialLoss
 from gan.data.stream import BatchStream
-from gan.errors import CheckpointError, ConfigError
+from gan.errors import CheckpointError, ConfigError, environment_error
 from gan.evaluation.pipeline import build_generator
 from gan.training import NonFiniteLossError, train
 from gan.training.faults import NonFiniteWatch, NonFiniteWeightsError, check_finite_state, diverged
+from gan.training.monitor import Monitor
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
 
@@ -422,3 +425,38 @@ def test_the_non_finite_loss_message_names_the_checkpoint_step_and_both_rates(tm
     assert f"{last} keeps step 2, the last good one." in message
     assert "Lower optim.lr (set to 0.001: G's step size) or optim.lr_d (set to 0.0004: D's)" in message
     assert "loss=hinge" not in message  # this run already uses it
+
+
+# a failed write: which file, why, what to do --------------------------------------------------------------
+
+
+FAILED_WRITES = {  # the OSError, the file the message names, what it says to do
+    "full disk, bytes path": (OSError(errno.ENOSPC, "No space left on device", b"/r/tb/ev"), "/r/tb/ev", "Free disk"),
+    "read-only mount": (OSError(errno.EROFS, "Read-only file system", "/r/x"), "/r/x", "mounted read-only"),
+    "file size limit": (OSError(errno.EFBIG, "File too large", "/r/c.pt"), "/r/c.pt", "ulimit -f"),
+    "no permission": (PermissionError(errno.EACCES, "Permission denied", "/r/s"), "/r/s", "write permission"),
+}
+
+
+@pytest.mark.parametrize("case", FAILED_WRITES)
+def test_a_failed_write_names_the_file_its_cause_and_what_to_do(case):
+    err, named, fix = FAILED_WRITES[case]
+    message = str(environment_error(err))
+    assert message.startswith(f"Cannot use {named}: {err.strerror}") and fix in message and "b'" not in message
+
+
+def test_a_full_disk_under_tensorboard_names_the_events_file_without_the_writer_threads_traceback(
+    tmp_path, monkeypatch, capfd
+):
+    monitor = Monitor(tmp_path, 0, 10, progress=False)
+    monitor.numbers(1, {"loss/d": 1.0})  # the events file opens at the first write
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")  # as gfile reports it: no file named
+
+    monkeypatch.setattr(LocalFileSystem, "append", full)
+    monitor.numbers(2, {"loss/d": 1.0})
+    with pytest.raises(OSError) as caught:
+        monitor.close()  # the writer thread's failure comes back here
+    assert caught.value.filename == str(monitor.events) and monitor.events.parent == tmp_path / "tb"
+    assert "Traceback" not in capfd.readouterr().err

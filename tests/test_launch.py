@@ -19,11 +19,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, TINY, in_process, output_of, run_train, snapshot
+from conftest import ROOT, TINY, compose_config, in_process, output_of, run_train, snapshot
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
 
 from gan import launch
 from gan.checkpoint import load_checkpoint
+from gan.config import to_plain
 
 PROGRAMS = ("train.py", "evaluate.py", "generate.py")
 PACKAGE = {"train.py": "trainer", "evaluate.py": "metrics"}  # a group of each config, for --package (generate: none)
@@ -395,3 +397,25 @@ def test_a_path_hydra_cannot_read_is_named_with_the_quoting_that_works(tiny_run,
     result = run_train(pasted, "trainer.max_steps=8", cwd=tmp_path)
     assert result.returncode == 0, output_of(result)[-3000:]
     assert load_checkpoint(job)["step"] == 8
+
+
+PLACES = {  # where the run lies under outputs/, and whether its .hydra/overrides.yaml survives
+    "a sweep's job folder": ("sweep/0_optim.lr=0.002", True),
+    "a run whose overrides.yaml is lost": ("runs/a", False),
+}
+
+
+@pytest.mark.parametrize("place", PLACES)
+def test_resume_auto_finds_the_matching_run_wherever_it_lies_under_outputs(tiny_run, tmp_path, place):
+    where, overrides = PLACES[place]
+    run_dir = shutil.copytree(tiny_run, tmp_path / "outputs" / where)
+    record = run_dir / ".hydra"
+    record.mkdir(exist_ok=True)
+    (record / "config.yaml").write_text(OmegaConf.to_yaml(to_plain(compose_config())))
+    (record / "overrides.yaml").unlink(missing_ok=True)
+    if overrides:
+        (record / "overrides.yaml").write_text("- debug=tiny\n- trainer.threads=1\n")
+    outputs, fresh = tmp_path / "outputs", tmp_path / "new"
+    wanted = to_plain(compose_config("trainer.threads=2", "trainer.max_steps=9"))  # runtime keys differ
+    assert launch.resume_auto(wanted, fresh, outputs) == run_dir / "checkpoints" / "last.pt"
+    assert launch.resume_auto(to_plain(compose_config("loss=hinge")), fresh, outputs) is None  # another run's settings

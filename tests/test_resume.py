@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import output_of, run_train, snapshot
+from conftest import compose_config, output_of, run_train, snapshot
 
 from gan.checkpoint import load_checkpoint
 from gan.launch import unquote
+from gan.training import train
 from gan.training.state import lr_scale
 
 
@@ -101,13 +102,24 @@ def test_max_steps_below_the_checkpoint_is_refused(finished_run):
     assert snapshot(finished_run) == before
 
 
-@pytest.mark.parametrize("quote", ["'", '"'])
-def test_a_quoted_run_dir_is_resumed_like_a_bare_one(finished_run, tmp_path, quote):
-    run_dir = copy_run(finished_run, tmp_path / "my run")  # a space: the path must be quoted for Hydra
-    result = run_train(f"trainer.resume={quote}{run_dir}{quote}", "trainer.max_steps=5")
-    assert result.returncode == 0, result.stderr[-3000:]
+NAMED = {  # where the run lies under the launch folder, and how trainer.resume names it there
+    "quoted '": ("my run", "'{run}'"),  # a space: the path quoted for Hydra
+    'quoted "': ("my run", '"{run}"'),
+    "bare, with a space": ("my run", "{run}"),
+    "a relative path to its checkpoint file": ("outputs/runs/a", "outputs/runs/a/checkpoints/last.pt"),
+}
+
+
+@pytest.mark.parametrize(("where", "named"), NAMED.values(), ids=NAMED)
+def test_a_resume_continues_its_run_in_place_however_the_run_is_named(tiny_run, tmp_path, where, named):
+    run_dir = shutil.copytree(tiny_run, tmp_path / where)
+    result = run_train(f"trainer.resume={named.format(run=run_dir)}", "trainer.max_steps=8", cwd=tmp_path)
+    assert result.returncode == 0, output_of(result)[-3000:]
     state = load_checkpoint(run_dir)
-    assert state["step"] == 5 and state["config"]["model"]["g_width"] == 8  # replayed, same directory
+    assert state["step"] == 8 and state["config"]["model"]["g_width"] == 8  # replayed, same directory
+    # no folder of its own: the run went on in place
+    assert sorted(p.name for p in tmp_path.iterdir()) == [where.split("/")[0]]
+    assert all(run_dir in p.parents for p in tmp_path.rglob("*") if p.is_file())
 
 
 def test_unquote_reads_hydras_quoted_strings():
@@ -182,3 +194,12 @@ def test_the_record_of_a_resume_that_named_only_its_own_settings_agrees_with_its
         assert resumed.returncode == 0, output_of(resumed)[-3000:]
     assert "loss=hinge" not in (run_dir / ".hydra" / "overrides.yaml").read_text()
     assert load_checkpoint(run_dir)["step"] == 10 and load_checkpoint(run_dir)["config"]["loss"]["name"] == "hinge"
+
+
+def test_a_resume_already_at_max_steps_trains_nothing_and_is_no_error(tiny_run, tmp_path):
+    run_dir = copy_run(tiny_run, tmp_path / "run")
+    before = load_checkpoint(run_dir)
+    result = train(compose_config(f"trainer.resume={run_dir}", "trainer.max_steps=6"), run_dir)
+    after = load_checkpoint(run_dir)
+    assert result.step == after["step"] == 6
+    assert all(torch.equal(before["G"][key], after["G"][key]) for key in before["G"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 import resource
@@ -243,11 +244,129 @@ def test_a_disk_that_refuses_every_write_is_reported_before_anything_is_written(
     assert "Traceback" not in output and not (tmp_path / "outputs").exists()
 
 
-def test_a_new_run_inside_another_runs_folder_is_refused(tiny_run, tmp_path):
-    run_a = shutil.copytree(tiny_run, tmp_path / "A")
-    before = snapshot(run_a)
-    for inside in (run_a / "checkpoints", run_a / "more" / "deeply"):
-        result = run_train(f"hydra.run.dir={inside}", cwd=tmp_path)
-        assert result.returncode == 2, output_of(result)[-3000:]
-        assert f"inside the folder of another run, {run_a}" in output_of(result)
-        assert snapshot(run_a) == before
+SPELLINGS = {  # how the folder of the run at tmp/runs/a is named
+    "dot-dot": lambda tmp: tmp / "runs" / "a" / ".." / "a",
+    "relative": lambda tmp: Path("runs/a"),
+    "symlink": lambda tmp: tmp / "link_to_a",
+}
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_a_new_run_is_refused_over_a_run_however_its_folder_is_spelled(tiny_run, tmp_path, monkeypatch, spelling):
+    run_dir = shutil.copytree(tiny_run, tmp_path / "runs" / "a")
+    (tmp_path / "link_to_a").symlink_to(run_dir, target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(run_dir)
+    named = SPELLINGS[spelling](tmp_path)
+    with pytest.raises(RunDirError) as caught:
+        train(compose_config("trainer.max_steps=1"), named)
+    assert str(caught.value).startswith(f"{named} already holds a run")
+    assert snapshot(run_dir) == before  # its lock came and went; nothing else was written
+
+
+BY_COMMAND = {  # where the run lies, hydra.run.dir= and more of the command ({run}, {tmp}), what is said
+    "inside its checkpoints/": ("A", ["hydra.run.dir={run}/checkpoints"], "inside the folder of another run, {run}"),
+    "deeper inside": ("A", ["hydra.run.dir={run}/more/deeply"], "inside the folder of another run, {run}"),
+    "named through an interpolation": (
+        "runs/interp_7",
+        ["trainer.seed=7", "hydra.run.dir={tmp}/runs/interp_${{trainer.seed}}"],
+        "{run} already holds a run",
+    ),
+    "quoted, with a space and '='": (  # a sweep job's name, moved
+        "my runs/0_optim.lr=0.002",
+        ["hydra.run.dir='{run}'"],
+        "{run} already holds a run",
+    ),
+}
+
+
+@pytest.mark.parametrize(("where", "argv", "said"), BY_COMMAND.values(), ids=BY_COMMAND)
+def test_a_new_run_into_or_inside_a_run_is_refused_by_the_command_however_it_is_named(
+    tiny_run, tmp_path, where, argv, said
+):
+    run_dir = shutil.copytree(tiny_run, tmp_path / where)
+    before = snapshot(run_dir)
+    result = run_train(*(arg.format(run=run_dir, tmp=tmp_path) for arg in argv), cwd=tmp_path)
+    output = output_of(result)
+    assert result.returncode == 2, output[-3000:]
+    assert said.format(run=run_dir) in output and "Traceback" not in output
+    assert snapshot(run_dir) == before
+
+
+# a resume whose outputs cannot take a write: refused before it writes, naming the path -------------------
+
+
+DAMAGED_OUTPUTS = {  # what is done to the run's folder -> (the path named, what the message says of it)
+    "samples/ is a file": ("samples", "file", "it is a file, where the run keeps a folder of its sample grids"),
+    "tb/ is a file": ("tb", "file", "it is a file, where the run keeps a folder of its TensorBoard events"),
+    "eval/ is a file": ("eval", "file", "it is a file, where the run keeps a folder of its final evaluation"),
+    "a grid to come is a folder": ("samples/step_000008.png", "folder", "it is a folder, where the run writes a file"),
+    "best.pt is a folder": ("checkpoints/best.pt", "folder", "it is a folder, where the run writes a file"),
+    "config.yaml is a folder": (".hydra/config.yaml", "folder", "it is a folder, where the run writes a file"),
+    "the log is a folder": ("train.log", "folder", "it is a folder, where the run writes a file"),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGED_OUTPUTS)
+def test_a_resume_whose_outputs_cannot_take_a_write_is_refused_naming_the_path_and_changes_nothing(
+    tiny_run, tmp_path, case
+):
+    where, becomes, said = DAMAGED_OUTPUTS[case]
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
+    path = run_dir / where
+    if path.is_dir():
+        shutil.rmtree(path)
+    path.unlink(missing_ok=True)
+    if becomes == "file":
+        path.write_text("not a folder\n")
+    else:
+        path.mkdir()
+    before = snapshot(run_dir)
+    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
+    output = output_of(result)
+    assert result.returncode == 2, output[-3000:]
+    assert f"Cannot write {path}: {said}" in output and "Nothing was written" in output
+    assert "Traceback" not in output and "Free disk space" not in output
+    assert snapshot(run_dir) == before  # record, log, events, grids and checkpoint as they were
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no folder of its own either
+
+
+def test_a_resume_that_dies_before_its_first_write_leaves_record_log_and_events_as_they_were(tiny_run, tmp_path):
+    # the first step's update is not finite (optim.lr=1e39, tunable on resume): caught at the first log, before
+    # any event, grid or checkpoint, so the record (which would hold the new rate and max_steps) is not written
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
+    before = snapshot(run_dir)
+    result = run_train(
+        f"trainer.resume={run_dir}", "trainer.max_steps=9", "optim.lr=1e39", "optim.lr_d=1e39", cwd=tmp_path
+    )
+    assert result.returncode == 3, output_of(result)[-3000:]
+    assert snapshot(run_dir) == before
+
+
+FULL_DISKS = {  # where the disk is full when the resume writes -> what the paragraph says
+    "the record": (".hydra/.config.yaml.", "No space left on device (errno 28). Free disk space, then resume: "),
+    "the grids' folder": ("samples/.write-test-", "samples: this folder of its sample grids refuses a new file"),
+}
+
+
+@pytest.mark.parametrize("where", FULL_DISKS)
+def test_a_disk_that_fills_as_a_resume_writes_leaves_the_run_as_it_was_and_no_temporary_file(
+    tiny_run, tmp_path, monkeypatch, where
+):
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
+    before = snapshot(run_dir)
+    fsync, full, said = os.fsync, *FULL_DISKS[where]
+
+    def no_room_there(fd: int) -> None:  # the blocks of a file written there find no room
+        if f"/{full}" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", no_room_there)
+    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
+    output = output_of(result)
+    assert result.returncode == 2, output[-3000:]
+    assert said in output and "Traceback" not in output
+    if where == "the record":
+        assert f"{run_dir / 'checkpoints' / 'last.pt'} holds step 6" in output
+    assert snapshot(run_dir) == before  # no temporary file in .hydra/, no log, no events

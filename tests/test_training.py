@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose_config, run_train
+from conftest import compose_config, output_of, run_script, run_train
 from test_datasets import HELD_OUT_DAMAGE, damaged_mnist, write_image
 
 import gan.training.hardware
@@ -311,3 +311,21 @@ def test_a_data_position_beyond_an_epoch_is_refused_when_the_stream_is_rebuilt(t
     assert "the checkpoint's entry 'data' places the batch stream at batch 20 of epoch 0" in output
     assert "256 images make 8 batches of data.batch_size=32" in output and "Traceback" not in output
     assert not (run_dir / "checkpoints").exists()
+
+
+# scripts the docs tell users to run, given arguments they cannot use ------------------------------------
+
+BAD_SCRIPT_ARGUMENTS = {  # each was a traceback, after work: a benchmark's subprocess, or an empty median
+    "bench --rounds 0": (["bench.py", "--rounds", "0"], "--rounds"),
+    "bench --precisions fp64": (["bench.py", "--precisions", "fp64"], "invalid choice: 'fp64'"),
+    "bench_parts --sizes 24": (["bench_parts.py", "--sizes", "24"], "--sizes powers of two"),
+    "longer --plot without NAME=": (["longer.py", "--plot", "runs", "--out", "x.png"], "each run is NAME=DIR"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_SCRIPT_ARGUMENTS)
+def test_a_script_refuses_an_argument_it_cannot_use_before_it_works(case, tmp_path):
+    args, says = BAD_SCRIPT_ARGUMENTS[case]
+    result = run_script(*args, cwd=tmp_path)
+    assert result.returncode == 2 and says in result.stderr and "Traceback" not in output_of(result)
+    assert not any(tmp_path.iterdir())
