@@ -6,12 +6,14 @@ import hashlib
 import math
 import os
 import pickle
+import random
 import re
 import shutil
 import signal
 import subprocess
 import sys
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -234,43 +236,66 @@ class RunsCode:
         return os.system, (f"touch {self.marker}",)
 
 
-def bad_files(tmp_path: Path, good: Path) -> dict[str, Path]:
-    files = {name: tmp_path / f"{name}.pt" for name in ("truncated", "text", "not_checkpoint", "code")}
+def bad_checkpoint(kind: str, folder: Path, good: Path) -> Path:
+    path = folder / f"{kind}.pt"  # "missing": no file there at all
     data = (good / "checkpoints" / "last.pt").read_bytes()
-    files["truncated"].write_bytes(data[: len(data) // 2])
-    files["text"].write_text("this is not a checkpoint\n")
-    torch.save({"weights": torch.zeros(2)}, files["not_checkpoint"])
-    torch.save({"G": RunsCode(tmp_path / "pwned"), "D": {}, "step": 0, "config": {}}, files["code"])
-    return files
+    if kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "random":
+        path.write_bytes(random.Random(0).randbytes(4096))
+    elif kind == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif kind == "text":
+        path.write_text("this is not a checkpoint\n")
+    elif kind == "zip":
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("notes.txt", "a zip file, not a torch one")
+    elif kind == "not_checkpoint":
+        torch.save({"weights": torch.zeros(2)}, path)
+    elif kind == "code":
+        torch.save({"G": RunsCode(folder / "pwned"), "D": {}, "step": 0, "config": {}}, path)
+    return path
 
 
-@pytest.mark.parametrize(
-    "case, message",
-    [
-        ("missing", "Checkpoint not found"),
-        ("text", "it is corrupt or not a PyTorch file"),
-        ("not_checkpoint", "is not a checkpoint of this project"),
-        ("code", "Refused to load"),
-    ],
-)
-def test_bad_checkpoint_is_refused(tmp_path, good_run, case, message):
-    path = tmp_path / "nothing-here.pt" if case == "missing" else bad_files(tmp_path, good_run)[case]
-    with pytest.raises(CheckpointError, match=message):
-        load_checkpoint(path)
+EXPECTED = {  # what is wrong with the file -> what its one line says
+    "missing": "Checkpoint not found",
+    "empty": "it is an empty file (0 bytes)",
+    "random": "it is corrupt or not a PyTorch file",
+    "truncated": "it is truncated: torch.save's zip archive cut short at",
+    "text": "it is corrupt or not a PyTorch file",
+    "zip": "it is corrupt or not a PyTorch file",
+    "not_checkpoint": "is not a checkpoint of this project",
+    "code": "it names posix.system",
+}
+
+
+@pytest.mark.parametrize("kind", EXPECTED)
+def test_bad_checkpoint_is_refused(tmp_path, good_run, kind):
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(bad_checkpoint(kind, tmp_path, good_run))
+    message = str(caught.value)
+    assert EXPECTED[kind] in message and "\n" not in message
+    assert ("arbitrary code" in message) == (kind == "code")  # only a forbidden object is a threat
+    assert kind != "code" or "Refused to load" in message
     assert not (tmp_path / "pwned").exists()  # the crafted pickle's code never ran
 
 
-@pytest.mark.parametrize("case", ["missing", "truncated", "code"])
-def test_bad_resume_exits_cleanly_and_overwrites_nothing(tmp_path, good_run, case):
-    path = tmp_path / "nothing-here.pt" if case == "missing" else bad_files(tmp_path, good_run)[case]
+@pytest.mark.parametrize("program", ["train.py", "evaluate.py"])
+@pytest.mark.parametrize("kind", EXPECTED)
+def test_bad_checkpoint_through_the_cli_exits_2_and_overwrites_nothing(tmp_path, good_run, kind, program):
+    path, out = bad_checkpoint(kind, tmp_path, good_run), tmp_path / "out"
     before = digest(good_run / "checkpoints" / "last.pt")
-    result = run_train(f"trainer.resume={path}", f"hydra.run.dir={tmp_path / 'new'}")
-    output = result.stdout + result.stderr
-    assert result.returncode == 2
-    assert str(path) in output and "Traceback" not in output
-    assert not (tmp_path / "new" / "checkpoints" / "last.pt").exists()
-    assert digest(good_run / "checkpoints" / "last.pt") == before
-    assert not (tmp_path / "pwned").exists()
+    if program == "train.py":
+        result = run_train(f"trainer.resume={path}", f"hydra.run.dir={out}")
+    else:
+        result = run_evaluate("device=cpu", "threads=1", f"checkpoint={path}", f"hydra.run.dir={out}")
+    output = output_of(result)
+    assert result.returncode == 2, output[-3000:]
+    leads = (f"{path}: ", f"Refused to load {path}: ", f"{path} ")  # the file, then what is wrong with it
+    said = [lead + EXPECTED[kind] for lead in leads] + [f"{EXPECTED[kind]}: {path}"]
+    assert any(line in output for line in said) and "Traceback" not in output, output[-3000:]
+    assert not (out / "checkpoints").exists() and not (out / "metrics.json").exists()
+    assert digest(good_run / "checkpoints" / "last.pt") == before and not (tmp_path / "pwned").exists()
 
 
 def test_architecture_change_on_resume_names_the_key(tmp_path, good_run):
