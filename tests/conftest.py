@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import io
 import logging
@@ -155,6 +156,20 @@ def in_process(main: Callable[[list[str]], int], argv: list[str], cwd: Path | No
             signal.signal(sig, handler)
         GlobalHydra.instance().clear()
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
+def output_of(result: subprocess.CompletedProcess) -> str:
+    return result.stdout + result.stderr  # Hydra's logging writes to stdout
+
+
+def snapshot(*folders: Path) -> dict[str, str]:
+    """Every file under the folders (hidden ones too), by path -> sha256 of its bytes."""
+    return {
+        str(path): hashlib.sha256(path.read_bytes()).hexdigest()
+        for folder in folders
+        for path in sorted(Path(folder).rglob("*"))
+        if path.is_file()
+    }
 
 
 def tiny_checkpoint(tmp_path: Path, *overrides: str, ema: bool = True) -> Path:

@@ -3,22 +3,36 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import os
+import pickle
+import random
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import warnings
+import zipfile
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 import torch
-from conftest import ROOT, TINY, compose_config, run_train
+from conftest import ROOT, TINY, compose_config, output_of, run_evaluate, run_train
 
 import gan.core.losses
-from gan.checkpoint import CheckpointError, load_checkpoint, load_module_state, require_training_state, save_checkpoint
+from gan.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    load_module_state,
+    require_training_state,
+    save_checkpoint,
+    stored_config,
+)
 from gan.core.losses import LOSSES, AdversarialLoss
 from gan.core.models import Generator
+from gan.evaluation.pipeline import build_generator
 from gan.training import NonFiniteLossError, train
 
 # atomic writes ---------------------------------------------------------------------------------
@@ -199,8 +213,12 @@ def test_nan_steps_are_skipped_with_on_nan_skip(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def good_run(tmp_path_factory) -> Path:
+    """A finished 4-step run that kept numbered copies: checkpoints/step_000002.pt and step_000004.pt."""
     run_dir = tmp_path_factory.mktemp("good") / "run"
-    assert run_train("trainer.max_steps=2", f"hydra.run.dir={run_dir}").returncode == 0
+    result = run_train(
+        "trainer.max_steps=4", "trainer.checkpoint_every=2", "trainer.keep_checkpoints=2", f"hydra.run.dir={run_dir}"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
 
 
@@ -218,44 +236,66 @@ class RunsCode:
         return os.system, (f"touch {self.marker}",)
 
 
-def bad_files(tmp_path: Path, good: Path) -> dict[str, Path]:
-    files = {name: tmp_path / f"{name}.pt" for name in ("truncated", "text", "not_checkpoint", "code")}
+def bad_checkpoint(kind: str, folder: Path, good: Path) -> Path:
+    path = folder / f"{kind}.pt"  # "missing": no file there at all
     data = (good / "checkpoints" / "last.pt").read_bytes()
-    files["truncated"].write_bytes(data[: len(data) // 2])
-    files["text"].write_text("this is not a checkpoint\n")
-    torch.save({"weights": torch.zeros(2)}, files["not_checkpoint"])
-    torch.save({"G": RunsCode(tmp_path / "pwned"), "D": {}, "step": 0, "config": {}}, files["code"])
-    return files
+    if kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "random":
+        path.write_bytes(random.Random(0).randbytes(4096))
+    elif kind == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif kind == "text":
+        path.write_text("this is not a checkpoint\n")
+    elif kind == "zip":
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("notes.txt", "a zip file, not a torch one")
+    elif kind == "not_checkpoint":
+        torch.save({"weights": torch.zeros(2)}, path)
+    elif kind == "code":
+        torch.save({"G": RunsCode(folder / "pwned"), "D": {}, "step": 0, "config": {}}, path)
+    return path
 
 
-@pytest.mark.parametrize(
-    "case, message",
-    [
-        ("missing", "Checkpoint not found"),
-        ("truncated", "it is truncated: torch.save's zip archive cut short"),
-        ("text", "it is corrupt or not a PyTorch file"),
-        ("not_checkpoint", "is not a checkpoint of this project"),
-        ("code", "Refused to load"),
-    ],
-)
-def test_bad_checkpoint_is_refused(tmp_path, good_run, case, message):
-    path = tmp_path / "nothing-here.pt" if case == "missing" else bad_files(tmp_path, good_run)[case]
-    with pytest.raises(CheckpointError, match=message):
-        load_checkpoint(path)
+EXPECTED = {  # what is wrong with the file -> what its one line says
+    "missing": "Checkpoint not found",
+    "empty": "it is an empty file (0 bytes)",
+    "random": "it is corrupt or not a PyTorch file",
+    "truncated": "it is truncated: torch.save's zip archive cut short at",
+    "text": "it is corrupt or not a PyTorch file",
+    "zip": "it is corrupt or not a PyTorch file",
+    "not_checkpoint": "is not a checkpoint of this project",
+    "code": "it names posix.system",
+}
+
+
+@pytest.mark.parametrize("kind", EXPECTED)
+def test_bad_checkpoint_is_refused(tmp_path, good_run, kind):
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(bad_checkpoint(kind, tmp_path, good_run))
+    message = str(caught.value)
+    assert EXPECTED[kind] in message and "\n" not in message
+    assert ("arbitrary code" in message) == (kind == "code")  # only a forbidden object is a threat
+    assert kind != "code" or "Refused to load" in message
     assert not (tmp_path / "pwned").exists()  # the crafted pickle's code never ran
 
 
-@pytest.mark.parametrize("case", ["missing", "truncated", "code"])
-def test_bad_resume_exits_cleanly_and_overwrites_nothing(tmp_path, good_run, case):
-    path = tmp_path / "nothing-here.pt" if case == "missing" else bad_files(tmp_path, good_run)[case]
+@pytest.mark.parametrize("program", ["train.py", "evaluate.py"])
+@pytest.mark.parametrize("kind", EXPECTED)
+def test_bad_checkpoint_through_the_cli_exits_2_and_overwrites_nothing(tmp_path, good_run, kind, program):
+    path, out = bad_checkpoint(kind, tmp_path, good_run), tmp_path / "out"
     before = digest(good_run / "checkpoints" / "last.pt")
-    result = run_train(f"trainer.resume={path}", f"hydra.run.dir={tmp_path / 'new'}")
-    output = result.stdout + result.stderr
-    assert result.returncode == 2
-    assert str(path) in output and "Traceback" not in output
-    assert not (tmp_path / "new" / "checkpoints" / "last.pt").exists()
-    assert digest(good_run / "checkpoints" / "last.pt") == before
-    assert not (tmp_path / "pwned").exists()
+    if program == "train.py":
+        result = run_train(f"trainer.resume={path}", f"hydra.run.dir={out}")
+    else:
+        result = run_evaluate("device=cpu", "threads=1", f"checkpoint={path}", f"hydra.run.dir={out}")
+    output = output_of(result)
+    assert result.returncode == 2, output[-3000:]
+    leads = (f"{path}: ", f"Refused to load {path}: ", f"{path} ")  # the file, then what is wrong with it
+    said = [lead + EXPECTED[kind] for lead in leads] + [f"{EXPECTED[kind]}: {path}"]
+    assert any(line in output for line in said) and "Traceback" not in output, output[-3000:]
+    assert not (out / "checkpoints").exists() and not (out / "metrics.json").exists()
+    assert digest(good_run / "checkpoints" / "last.pt") == before and not (tmp_path / "pwned").exists()
 
 
 def test_architecture_change_on_resume_names_the_key(tmp_path, good_run):
@@ -276,25 +316,6 @@ def test_shape_mismatch_lists_each_tensor_with_both_shapes(tiny_gan):
     message = str(caught.value)
     assert "does not match the generator built from the config" in message
     assert "net.0.weight: (16, 32, 4, 4) in the checkpoint, (16, 16, 4, 4) in the model" in message
-
-
-def test_unwritable_output_dir_is_refused(tmp_path):
-    blocker = tmp_path / "a-file"
-    blocker.write_text("")
-    result = run_train(f"hydra.run.dir={blocker / 'run'}")
-    output = result.stdout + result.stderr
-    assert result.returncode == 2
-    assert "Cannot write the run directory" in output and "is not a directory" in output
-    assert "Traceback" not in output
-
-
-def test_missing_data_root_is_refused_before_training(tmp_path):
-    missing = tmp_path / "no-datasets-here"
-    result = run_train("data=fashion_mnist", f"data.root={missing}", f"hydra.run.dir={tmp_path / 'run'}")
-    output = result.stdout + result.stderr
-    assert result.returncode == 2
-    assert str(missing) in output and "data.download=true" in output and "Traceback" not in output
-    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 # resume=auto -----------------------------------------------------------------------------------
@@ -346,3 +367,330 @@ def test_a_checkpoint_entry_of_the_wrong_type_is_refused_where_it_is_read(tiny_r
     torch.save(state, tmp_path / "last.pt")
     with pytest.raises(CheckpointError, match=re.escape(says)):
         require_training_state(load_checkpoint(tmp_path / "last.pt"), tmp_path / "last.pt")
+
+
+# damaged entries: one paragraph naming the file and the entry, for train.py's resume and evaluate.py alike -----
+
+
+def state_of(run_dir: Path) -> dict[str, Any]:
+    return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+
+
+def with_config(state: dict[str, Any], group: str, key: str, value: object) -> dict[str, Any]:
+    """A copy of `state` whose stored config holds `value` at group.key (the rest shared)."""
+    config = {**state["config"], group: {**state["config"][group], key: value}}
+    return {**state, "config": config}
+
+
+def written(state: dict[str, Any], path: Path) -> Path:
+    torch.save(state, path)  # not save_checkpoint: a damaged file as another program would leave it
+    return path
+
+
+@pytest.mark.parametrize("step", ["abc", 1.5, -3, True], ids=["str", "float", "negative", "bool"])
+def test_a_step_that_is_not_a_whole_number_is_refused_where_the_checkpoint_is_loaded(good_run, tmp_path, step):
+    path = written({**state_of(good_run), "step": step}, tmp_path / "bad-step.pt")
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(path)
+    message = str(caught.value)
+    assert f"{path}: its entry 'step' is damaged: it holds {step!r}" in message and "\n" not in message
+    # alone in its folder: the message says there is no other checkpoint, and does not invent one
+    assert "No numbered copy (step_NNNNNN.pt) is kept beside it" in message
+
+
+def stored(group: str, key: str, value: object) -> Callable[[dict], object]:
+    return lambda state: state["config"][group].__setitem__(key, value)
+
+
+DAMAGED_ENTRIES = {  # program, what is done to the checkpoint, what the paragraph says ({path}: the file)
+    "resume: step 'abc'": ("train.py", lambda s: s.update(step="abc"), "{path}: its entry 'step' is damaged"),
+    "resume: step 1.5": ("train.py", lambda s: s.update(step=1.5), "{path}: its entry 'step' is damaged"),
+    "resume: opt_g missing": ("train.py", lambda s: s.pop("opt_g"), "its entry 'opt_g' is missing"),
+    "resume: opt_d of the wrong type": (
+        "train.py",
+        lambda s: s.update(opt_d={"state": {}, "param_groups": "not a list"}),
+        "entry 'opt_d' is damaged",
+    ),
+    "resume: data": ("train.py", lambda s: s.update(data={"epoch": "x", "batch": 0}), "entry 'data' is damaged"),
+    "resume: rng": (
+        "train.py",
+        lambda s: s.update(rng={"python": (3, (1, 2), None), "torch": torch.zeros(3, dtype=torch.uint8), "cuda": []}),
+        "entry 'rng' is missing or damaged",
+    ),
+    "resume: fixed_z": (
+        "train.py",
+        lambda s: s.update(fixed_z=torch.zeros(5)),
+        "entry 'fixed_z' is missing or damaged",
+    ),
+    "evaluate: step 'abc'": ("evaluate.py", lambda s: s.update(step="abc"), "its entry 'step' is damaged"),
+    "evaluate: step 1.5": ("evaluate.py", lambda s: s.update(step=1.5), "its entry 'step' is damaged"),
+    "evaluate: G_ema=7": ("evaluate.py", lambda s: s.update(G_ema=7), "its entry 'G_ema' is damaged: it holds 7 (int)"),
+    "evaluate: G=list": (
+        "evaluate.py",
+        lambda s: s.update(G=[1, 2]),
+        "its entry 'G' is damaged: it holds [1, 2] (list)",
+    ),
+    "evaluate: num_classes='x'": (
+        "evaluate.py",
+        lambda s: s.update(num_classes="x"),
+        "its entry 'num_classes' is damaged: it holds 'x'",
+    ),
+    "evaluate: model.z_dim='abc'": (
+        "evaluate.py",
+        stored("model", "z_dim", "abc"),
+        "is damaged: model.z_dim: Value 'abc'",
+    ),
+    "evaluate: model.conditional='x'": (
+        "evaluate.py",
+        stored("model", "conditional", "x"),
+        "is damaged: model.conditional",
+    ),
+    "evaluate: data.image_size=[16]": (
+        "evaluate.py",
+        stored("data", "image_size", [16]),
+        "is damaged: data.image_size",
+    ),
+}
+
+
+@pytest.mark.parametrize(("program", "damage", "said"), DAMAGED_ENTRIES.values(), ids=DAMAGED_ENTRIES)
+def test_a_damaged_entry_ends_resume_and_evaluate_with_one_paragraph_naming_file_and_entry(
+    good_run, tmp_path, program, damage, said
+):
+    state = state_of(good_run)
+    damage(state)
+    path, out = written(state, tmp_path / "damaged.pt"), tmp_path / "out"
+    if program == "train.py":
+        result = run_train(f"trainer.resume={path}", "trainer.max_steps=8", f"hydra.run.dir={out}")
+    else:
+        result = run_evaluate("device=cpu", "threads=1", f"checkpoint={path}", f"hydra.run.dir={out}")
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-3000:]
+    assert said.format(path=path) in output and "Traceback" not in output, output[-3000:]
+    assert program == "train.py" or str(path) in output  # evaluate.py names the file it read
+    assert "another version" not in output  # a wrong type is damage, not a version
+    assert not (out / "checkpoints").exists() and not (out / "metrics.json").exists()
+
+
+# NaN or inf in a tensor a resume starts from ---------------------------------------------------------------
+
+
+def poison(state: dict[str, Any], entry: str, key: str, slot: str = "", value: float = math.nan) -> dict[str, Any]:
+    """A copy of `state` with one tensor filled with `value`: state[entry][key], or for an optimizer
+    its parameter `key`'s moment `slot`."""
+    copy = {**state}
+    if slot:
+        slots = {index: dict(moments) for index, moments in state[entry]["state"].items()}
+        slots[key][slot] = slots[key][slot].clone().fill_(value)
+        copy[entry] = {**state[entry], "state": slots}
+    else:
+        copy[entry] = {**state[entry], key: state[entry][key].clone().fill_(value)}
+    return copy
+
+
+SN_U = "features.2.parametrizations.weight.0._u"
+NONFINITE = {  # (entry, key, slot), and the name the message gives the tensor
+    "G weight": (("G", "net.0.weight", ""), "G.net.0.weight"),
+    # the default D's spectral norm: a power-iteration vector (a buffer, as BatchNorm's statistics are)
+    "D spectral norm u": (("D", SN_U, ""), f"D.{SN_U}"),
+    "G_ema BatchNorm running_mean": (("G_ema", "module.net.1.running_mean", ""), "G_ema.module.net.1.running_mean"),
+    "opt_g exp_avg": (("opt_g", 0, "exp_avg"), "opt_g.state[0].exp_avg"),
+    "opt_d exp_avg_sq": (("opt_d", 3, "exp_avg_sq"), "opt_d.state[3].exp_avg_sq"),
+}
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf], ids=["nan", "inf"])
+@pytest.mark.parametrize("where", NONFINITE)
+def test_a_resume_refuses_a_checkpoint_holding_nan_or_inf_naming_the_tensor(good_run, tmp_path, where, value):
+    (entry, key, slot), name = NONFINITE[where]
+    state = poison(state_of(good_run), entry, key, slot, value)
+    with pytest.raises(CheckpointError) as caught:
+        require_training_state(state, str(tmp_path / "last.pt"))
+    message = str(caught.value)
+    assert "it holds NaN or inf in 1 of its" in message and f"({name})" in message
+    assert "The checkpoint is damaged and training cannot continue from it" in message
+
+
+def test_resuming_a_run_whose_last_checkpoint_holds_inf_names_the_copies_kept_beside_it(good_run, tmp_path):
+    copy = Path(shutil.copytree(good_run, tmp_path / "run"))  # plain copies: last.pt and its numbered twin apart
+    last = copy / "checkpoints" / "last.pt"
+    save_checkpoint(poison(state_of(copy), "D", SN_U, value=math.inf), last)
+    before = {p.name: digest(p) for p in (copy / "checkpoints").iterdir()}
+    result = run_train(f"trainer.resume={copy}", "trainer.max_steps=8")
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-3000:]
+    assert f"Cannot resume from {last}: it holds NaN or inf in 1 of its" in output
+    assert f"(D.{SN_U})" in output and "Traceback" not in output
+    newest = copy / "checkpoints" / "step_000004.pt"
+    assert f"Other checkpoints are kept beside it (step_000004.pt, step_000002.pt): resume from {newest}" in output
+    # not the words of a run that diverged while training: nothing trained, nothing was written
+    assert "Lower optim.lr" not in output and "last good one" not in output and "Non-finite loss" not in output
+    assert {p.name: digest(p) for p in (copy / "checkpoints").iterdir()} == before
+
+
+def test_resuming_a_lone_checkpoint_with_a_nan_moment_says_no_copy_is_kept(good_run, tmp_path):
+    path = written(poison(state_of(good_run), "opt_d", 3, "exp_avg_sq"), tmp_path / "lone.pt")
+    result = run_train(f"trainer.resume={path}", "trainer.max_steps=8", f"hydra.run.dir={tmp_path / 'out'}")
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-3000:]
+    assert f"Cannot resume from {path}: it holds NaN or inf" in output and "(opt_d.state[3].exp_avg_sq)" in output
+    assert "No numbered copy (step_NNNNNN.pt) is kept beside it" in output and "Traceback" not in output
+    assert "Lower optim.lr" not in output and not (tmp_path / "out" / "checkpoints").exists()
+
+
+# a damaged stored config is the file's fault, an unknown key may be another version's -------------------
+
+
+DAMAGED_CONFIGS: dict[str, tuple[Callable[[dict], object], str]] = {
+    "not a mapping": (lambda c: 5, "it is 5 (int), not a mapping of groups"),
+    "a list": (lambda c: [c], "not a mapping of groups"),
+    "a group replaced by a number": (lambda c: {**c, "model": 5}, "its group 'model' is 5 (int)"),
+    "a group missing": (lambda c: {k: v for k, v in c.items() if k != "optim"}, "it has no 'optim' group"),
+    "a wrongly typed value": (lambda c: {**c, "model": {**c["model"], "z_dim": "abc"}}, "model.z_dim: Value 'abc'"),
+    "an unknown value type": (
+        lambda c: {**c, "trainer": {**c["trainer"], "seed": torch.zeros(2)}},
+        "trainer.seed: Value 'Tensor' is not a supported primitive type",
+    ),
+    "a bool that is none": (lambda c: {**c, "model": {**c["model"], "conditional": "maybe"}}, "model.conditional"),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGED_CONFIGS)
+def test_a_damaged_stored_config_is_called_damaged_not_another_version(good_run, tmp_path, case):
+    damage, detail = DAMAGED_CONFIGS[case]
+    source = tmp_path / "last.pt"
+    with pytest.raises(CheckpointError) as caught:
+        stored_config(damage(state_of(good_run)["config"]), source)
+    message = str(caught.value)
+    assert f"The config stored in {source} is damaged: " in message and detail in message
+    assert "another version" not in message and "this command" not in message and "\n" not in message
+
+
+def test_an_unknown_stored_key_may_be_another_version_or_an_edit(good_run, tmp_path):
+    source = tmp_path / "last.pt"
+    with pytest.raises(CheckpointError) as caught:
+        stored_config(with_config(state_of(good_run), "model", "num_classes", "x")["config"], source)
+    message = str(caught.value)
+    assert f"The config stored in {source} does not fit this version's settings" in message
+    assert "model.num_classes is not a setting of this version" in message
+    assert "another version of this project" in message and "edited" in message and "is damaged" not in message
+
+
+def test_resuming_a_run_whose_stored_config_is_damaged_blames_the_file_not_the_command(good_run, tmp_path):
+    copy = Path(shutil.copytree(good_run, tmp_path / "run"))
+    last = copy / "checkpoints" / "last.pt"
+    save_checkpoint(with_config(state_of(copy), "model", "g_width", "wide"), last)
+    result = run_train(f"trainer.resume={copy}", "trainer.max_steps=8")
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-3000:]
+    assert f"The config stored in {last} is damaged: model.g_width" in output and "Traceback" not in output
+    assert "another version" not in output and "this command changes" not in output
+    assert "Other checkpoints are kept beside it" in output
+
+
+# a data position no run reaches -------------------------------------------------------------------------
+
+
+POSITIONS = {
+    "negative epoch": {"epoch": -1, "batch": 2},
+    "negative batch": {"epoch": 0, "batch": -3},
+    "a string": {"epoch": 0, "batch": "3"},
+    "a float": {"epoch": 0.0, "batch": 4},
+    "a bool": {"epoch": False, "batch": 4},
+    "a key missing": {"epoch": 0},
+    "not a mapping": [0, 4],
+    "beyond the step": {"epoch": 3, "batch": 4},  # 4 steps take 4 batches
+    "far beyond the step": {"epoch": 0, "batch": 10**9},
+}
+
+
+@pytest.mark.parametrize("case", POSITIONS)
+def test_an_impossible_data_position_is_refused_on_resume(good_run, tmp_path, case):
+    state = {**state_of(good_run), "data": POSITIONS[case]}
+    assert state["step"] == 4
+    with pytest.raises(CheckpointError) as caught:
+        require_training_state(state, str(tmp_path / "last.pt"))
+    message = str(caught.value)
+    assert f"Cannot resume from {tmp_path / 'last.pt'}: its entry 'data' is damaged" in message
+
+
+# where a checkpoint is looked for, and what an unreadable one is called ---------------------------------------
+
+
+@pytest.mark.parametrize("kept", [None, "best.pt", "step_000006.pt"], ids=["nothing", "best.pt", "a numbered copy"])
+def test_a_folder_without_last_pt_names_where_it_looked_and_the_checkpoint_it_holds(tiny_run, tmp_path, kept):
+    # trainer.resume=DIR and evaluate.py's checkpoint=DIR both read the checkpoint through this
+    run_dir = tmp_path if kept is None else shutil.copytree(tiny_run, tmp_path / "run")
+    if kept:
+        (run_dir / "checkpoints" / "last.pt").rename(run_dir / "checkpoints" / kept)
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(run_dir)
+    message = str(caught.value)
+    assert message.startswith(f"Checkpoint not found: {run_dir}") and (kept is None or kept in message)
+    if kept is None:
+        assert f"Checkpoint not found: {run_dir} (looked for {run_dir / 'checkpoints' / 'last.pt'})" in message
+    assert ("evaluate.py checkpoint=" in message) == (kept == "best.pt")  # best.pt: G alone, no resume
+
+
+def test_an_empty_checkpoint_path_is_refused_not_read_as_the_launch_directory(tiny_run, tmp_path):
+    # Path("") is ".": a checkpoints/last.pt where the command runs would be evaluated unasked
+    shutil.copytree(tiny_run, tmp_path / "here")
+    result = run_evaluate("device=cpu", "checkpoint=", f"hydra.run.dir={tmp_path / 'eval'}", cwd=tmp_path / "here")
+    assert result.returncode == 2 and "checkpoint path is empty (an unset shell variable?)" in output_of(result)
+    assert not (tmp_path / "eval").exists()
+    with pytest.raises(CheckpointError, match="The checkpoint path is empty"):  # gan.load_generator(""), resume
+        load_checkpoint("")
+
+
+def test_a_pickle_of_another_program_is_refused_in_one_line(tmp_path):
+    # pickle protocol 4: torch's safe unpickler warns about it, and the warning printed under the refusal
+    (tmp_path / "model.pt").write_bytes(pickle.dumps({"weights": [1.0]}, protocol=4))
+    with warnings.catch_warnings(record=True) as shown:  # as a shell would print them, not pytest's summary
+        warnings.simplefilter("always")
+        result = run_evaluate("device=cpu", f"checkpoint={tmp_path / 'model.pt'}", f"hydra.run.dir={tmp_path / 'eval'}")
+    assert result.returncode == 2 and "model.pt" in output_of(result)
+    assert len(output_of(result).strip().splitlines()) == 1 and not shown, [str(w.message) for w in shown]
+
+
+@pytest.mark.parametrize("kept", [0.1, 0.5, 0.99])
+def test_a_checkpoint_cut_short_anywhere_is_called_truncated(tiny_run, tmp_path, kept):
+    data = (tiny_run / "checkpoints" / "last.pt").read_bytes()
+    cut = tmp_path / "last.pt"
+    cut.write_bytes(data[: int(len(data) * kept)])
+    with pytest.raises(CheckpointError, match=f"{cut}: it is truncated: torch.save's zip archive cut short at"):
+        load_checkpoint(cut)
+
+
+# checkpoint tensors of another type or shape than the model's ------------------------------------------
+
+RETYPED = {  # entry, how its first weight (or moment) is changed, what the message says
+    # not a float at all: refused as the checkpoint is read (gan/checkpoint.py), and by build_generator alike
+    "an integer G weight": ("G", lambda t: t.to(torch.int32), "torch.int32"),
+    "a complex G weight": ("G", lambda t: t.to(torch.complex64), "torch.complex64"),
+    "a float64 D weight": ("D", lambda t: t.double(), "torch.float64 in the checkpoint, torch.float32"),
+    "an integer EMA weight": ("G_ema", lambda t: t.long(), "torch.int64"),
+    "an integer Adam moment": ("opt_d", lambda t: t.long(), "holds torch.int64, where Adam keeps floats"),
+    "a moment of another shape": ("opt_g", lambda t: t.flatten()[:3].clone(), "has shape (3,), where its parameter"),
+}
+
+
+@pytest.mark.parametrize("case", RETYPED)
+def test_a_checkpoint_tensor_of_another_type_or_shape_is_refused_naming_it(tiny_run, tmp_path, case):
+    entry, change, said = RETYPED[case]
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
+    state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    if entry.startswith("opt"):
+        slots = state[entry]["state"][0]
+        slots["exp_avg"] = change(slots["exp_avg"])
+        named = "state[0].exp_avg"
+    else:
+        named = next(key for key in state[entry] if "weight" in key)
+        state[entry][named] = change(state[entry][named])
+    torch.save(state, run_dir / "checkpoints" / "last.pt")
+    with pytest.raises(CheckpointError) as caught:
+        train(compose_config(f"trainer.resume={run_dir}", "trainer.max_steps=8"), run_dir)
+    assert named in str(caught.value) and said in str(caught.value)
+    if entry in ("G", "G_ema"):  # evaluate.py reads the generator it samples from alike
+        with pytest.raises(CheckpointError) as caught:
+            build_generator(state, use_ema=entry == "G_ema", device=torch.device("cpu"), source="altered.pt")
+        assert named.removeprefix("module.") in str(caught.value) and said in str(caught.value)

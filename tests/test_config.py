@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import re
 import time
+from typing import Any, Iterator, Optional
 
 import pytest
+import torch
 from conftest import CONFIG_DIR, compose_config, run_evaluate, run_train
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from gan.config import BackwardMode, ConfigError, DatasetName, LossName, TrainConfig
+from gan.config import (
+    BackwardMode,
+    ConfigError,
+    DatasetName,
+    EvaluateConfig,
+    LossName,
+    TrainConfig,
+    register_evaluate_configs,
+)
 from gan.data.sources import _OPENERS
+from gan.device import available_cpus, resolve_device
 
 # Options that are refused alone, with what they need (none since the default D lost its BatchNorm;
 # test_wgan_gp_with_batchnorm_names_its_recipe).
@@ -165,6 +180,120 @@ def test_evaluate_refuses_an_override_hydra_refuses_in_one_paragraph(tmp_path):
     assert len(output.strip().splitlines()) == 1 and not (tmp_path / "eval").exists()
 
 
+# The config's own checks, on the command line of either program: one paragraph naming the setting, exit 2, no
+# traceback, nothing a run writes ({cpus}: the CPUs this process may use, read from the machine, not assumed).
+CHECKED = {  # program, argv -> what the paragraph says
+    "trainer.threads=1e6 (segfaulted)": (
+        "train", ["trainer.threads=1000000"],
+        ["trainer.threads=1000000 is more than the {cpus} CPU(s) this process may use"],
+    ),
+    "trainer.threads=2^40 (overflowed)": (
+        "train", ["trainer.threads=1099511627776"],
+        ["trainer.threads=1099511627776 is more than the {cpus} CPU(s) this process may use"],
+    ),
+    "threads=1e6, before the checkpoint is read": (
+        "evaluate", ["checkpoint=nowhere.pt", "threads=1000000"], ["threads=1000000 is more than the {cpus} CPU(s)"]
+    ),
+    "optim.lr_d=inf (was blamed on optim.lr after a step)": (
+        "train", ["optim.lr_d=inf"], ["optim.lr_d=inf must be a finite number"]
+    ),
+    "metrics.classifier.lr=nan": (
+        "evaluate", ["checkpoint=nowhere.pt", "threads=1", "metrics.classifier.lr=nan"],
+        ["metrics.classifier.lr=nan must be a finite number"],
+    ),
+    "metrics.class_threshold=inf": (
+        "evaluate", ["checkpoint=nowhere.pt", "threads=1", "metrics.class_threshold=inf"],
+        ["metrics.class_threshold=inf must be a finite number"],
+    ),
+    "a minibatch-stddev group that does not divide the batch": (
+        "train", ["model.minibatch_std=5", "data.batch_size=16"],
+        ["model.minibatch_std=5 must divide the 16 samples D judges at once (data.batch_size=16)",
+         "groups of 1 sample, a constant channel", "such as 4"],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("program", "argv", "said"), CHECKED.values(), ids=CHECKED)
+def test_a_setting_the_config_refuses_ends_the_command_naming_it(tmp_path, program, argv, said):
+    run_dir = tmp_path / "run"
+    if program == "train":
+        result = run_train(*argv, f"hydra.run.dir={run_dir}")
+    else:
+        result = run_evaluate("device=cpu", *argv, cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in output and "Non-finite loss" not in output, output[-3000:]
+    for text in said:
+        assert text.format(cpus=available_cpus()) in output, output[-3000:]
+    assert not (run_dir / "checkpoints").exists() and not (run_dir / "tb").exists()
+
+
+def test_the_thread_limit_is_this_machines_cpu_count():
+    cpus = available_cpus()  # whatever the machine: the boundary is read from it, not assumed
+    assert compose_config(f"trainer.threads={cpus}").trainer.threads == cpus
+    with pytest.raises(ConfigError, match=rf"trainer\.threads={cpus + 1} is more than the {cpus} CPU"):
+        compose_config(f"trainer.threads={cpus + 1}")
+    with pytest.raises(ConfigError, match=rf"^threads={cpus + 1} is more than"):
+        EvaluateConfig(checkpoint="x", threads=cpus + 1).check()
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "optim.lr_d=inf",  # passed `lr_d > 0` and reached training
+        "optim.lr=nan",
+        "loss.feature_matching=inf",  # passed `>= 0`
+        "loss.r1=1e400",  # Hydra reads it as inf
+        "model.ema_decay=nan",
+        "model.ada_kimg=inf",
+        "model.ema_kimg=-inf",
+    ],
+)
+def test_a_non_finite_float_is_refused_naming_its_key(override):
+    key, value = override.split("=")
+    shown = repr(float(value))  # 1e400 is read as inf, and named so
+    with pytest.raises(ConfigError, match="^" + re.escape(f"{key}={shown} must be a finite number")):
+        compose_config(override)
+
+
+def float_keys(config: Any, prefix: str = "") -> Iterator[str]:
+    for spec in dataclasses.fields(config):
+        value = getattr(config, spec.name)
+        if dataclasses.is_dataclass(value):
+            yield from float_keys(value, f"{prefix}{spec.name}.")
+        elif spec.type in (float, Optional[float]):
+            yield f"{prefix}{spec.name}"
+
+
+def with_value(config: Any, key: str, value: float) -> Any:
+    *path, name = key.split(".")
+    node = config
+    for part in path:
+        node = getattr(node, part)
+    setattr(node, name, value)
+    return config
+
+
+@pytest.mark.parametrize(
+    "schema, nested",
+    [(TrainConfig, "optim.lr_d"), (lambda: EvaluateConfig(checkpoint="x"), "metrics.classifier.lr")],
+    ids=["train", "evaluate"],
+)
+def test_every_float_field_of_every_schema_is_checked_for_nan_and_inf(schema, nested):
+    keys = list(float_keys(schema()))
+    assert nested in keys  # the walk reached the nested groups
+    for key in keys:
+        for bad in (math.nan, math.inf, -math.inf):
+            with pytest.raises(ConfigError, match="^" + re.escape(f"{key}={bad!r} must be a finite number")):
+                with_value(schema(), key, bad).check()
+
+
+def test_the_minibatch_std_group_is_checked_against_each_pack():
+    with pytest.raises(ConfigError, match=r"the 8 samples D judges at once \(data\.batch_size=16 / model\.pack=2\)"):
+        compose_config("model.minibatch_std=6", "model.pack=2", "data.batch_size=16")
+    assert compose_config("model.minibatch_std=4", "data.batch_size=16").model.minibatch_std == 4
+    assert compose_config("model.minibatch_std=8", "model.pack=2", "data.batch_size=16").model.pack == 2
+
+
 def test_wgan_gp_with_batchnorm_names_its_recipe():
     with pytest.raises(ConfigError, match=r"model\.d_batchnorm=True .*experiment=wgan_gp"):
         compose_config("loss=wgan_gp", "model.d_batchnorm=true")
@@ -194,3 +323,64 @@ def test_debug_tiny_runs_in_seconds_and_writes_what_a_real_run_writes(tmp_path):
 def test_debug_overfit_sees_one_batch_over_and_over():
     cfg = compose_config("debug=overfit")  # replaces the tests' debug=tiny
     assert cfg.data.limit == cfg.data.batch_size and cfg.trainer.max_steps >= 300
+
+
+# values Hydra refuses: a wrong type, a choice that is not one -------------------------------------------------
+
+register_evaluate_configs()
+HYDRA_REFUSED = {  # config, override -> the key Hydra's error names, the value it quotes
+    "max_steps float": ("train", "trainer.max_steps=1.5", "trainer.max_steps", "1.5"),
+    "precision typo": ("train", "trainer.precision=fp64", "trainer.precision", "fp64"),
+    "diffaugment policy": ("train", "model.diffaugment=[rotate]", "model.diffaugment", "rotate"),
+    "evaluate's num_samples": ("evaluate", "num_samples=abc", "num_samples", "abc"),
+}
+
+
+@pytest.mark.parametrize(("config", "override", "key", "value"), HYDRA_REFUSED.values(), ids=HYDRA_REFUSED)
+def test_hydra_refuses_a_wrong_type_or_choice_naming_the_key_and_the_value(config, override, key, value):
+    with pytest.raises(ConfigCompositionException) as caught:
+        if config == "train":
+            compose_config(override)
+        else:
+            GlobalHydra.instance().clear()
+            with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+                compose(config_name="evaluate", overrides=["checkpoint=x.pt", override])
+    cause = caught.value.__cause__  # OmegaConf's error, which Hydra prints under its own line
+    assert override in str(caught.value) and f"'{value}'" in str(cause)
+    assert re.fullmatch(rf"{re.escape(key)}(\[\d+\])?", str(getattr(cause, "full_key", ""))), cause
+
+
+# the edge of a range: refused on the wrong side, accepted just inside ------------------------------------------
+
+EDGES = {  # the refused override(s), an accepted neighbour, the key=value the message opens with
+    "max_steps 0": (["trainer.max_steps=0"], ["trainer.max_steps=1"], "trainer.max_steps=0"),
+    "beta1 1.0": (["optim.beta1=1.0"], ["optim.beta1=0.99"], "optim.beta1=1.0"),
+    "ema_decay 1.0": (["model.ema_decay=1.0"], ["model.ema_decay=0.9999"], "model.ema_decay=1.0"),
+    "real_label 0.3": (["loss.real_label=0.3"], ["loss.real_label=0.9"], "loss.real_label=0.3"),
+    "real_label 0.5": (["loss.real_label=0.5"], ["loss.real_label=0.51"], "loss.real_label=0.5"),
+    "eval_samples 5": (
+        ["trainer.eval_every=3", "trainer.eval_samples=5"],
+        ["trainer.eval_every=3", "trainer.eval_samples=10"],
+        "trainer.eval_samples=5",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", EDGES)
+def test_a_value_just_outside_a_range_is_refused_naming_the_key_and_the_one_inside_is_kept(case):
+    refused, accepted, named = EDGES[case]
+    with pytest.raises(ConfigError) as caught:
+        compose_config(*refused)
+    assert str(caught.value).startswith(named + " ")
+    key, value = accepted[-1].split("=")
+    assert str(OmegaConf.select(OmegaConf.structured(compose_config(*accepted)), key)) == value
+
+
+@pytest.mark.parametrize("key", ["trainer.device", "device"])
+def test_a_cuda_index_beyond_the_visible_devices_is_refused_naming_the_setting(monkeypatch, key):
+    # spelled right (check_device_name lets cuda:N through): only the machine can say no
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match=re.escape(f"{key}='cuda:99' but only 1 CUDA device(s) are visible")):
+        resolve_device("cuda:99", key)
+    assert resolve_device("cuda:0", key) == torch.device("cuda", 0)

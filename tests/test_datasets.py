@@ -312,6 +312,12 @@ MNIST_DAMAGE = {
     "labels outside 0-9": (lambda raw: write_idx(raw / LABELS, np.arange(40) % 10 + 3), "outside the 10 classes"),
     "left gzipped": (gzipped, rf"{IMAGES} \({IMAGES}.gz is there: gunzip it"),
     "a file missing": (lambda raw: (raw / "t10k-labels-idx1-ubyte").unlink(), "missing: t10k-labels-idx1-ubyte"),
+    # a download cut short: each file the IDX magic and a few bytes; the header's sizes multiply to about 6e20
+    # bytes, which must be read as damage, not allocated
+    "a header announcing more than it holds": (
+        lambda raw: [(raw / name).write_bytes(b"\x00\x00\x08\x03" + bytes(range(40))) for name in raw.iterdir()],
+        r"{images} is truncated.*data\.download=true",
+    ),
 }
 
 
@@ -324,13 +330,20 @@ def test_a_damaged_or_partial_mnist_is_named_with_what_is_wrong(tmp_path, damage
         load_dataset(cfg_for("mnist", tmp_path))
 
 
-@pytest.mark.parametrize("content", [[], ["notes.txt", "sub/readme.md"]])
-def test_a_folder_without_images_is_refused(tmp_path, content):
-    for name in content:
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text("not an image")
-    with pytest.raises(DataError, match="holds no image files"):
-        load_dataset(cfg_for("folder", tmp_path))
+@pytest.mark.parametrize(
+    "content", [[], ["notes.txt", "sub/readme.md"], ["readme.txt", "broken.png"]], ids=["empty", "text", "a fake png"]
+)
+def test_a_folder_without_a_usable_image_is_refused_naming_the_folder(tmp_path, content):
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for name in content:  # broken.png: an image by its name only
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text("not an image")
+    with pytest.raises(DataError) as caught:
+        load_dataset(cfg_for("folder", folder))
+    message = str(caught.value)
+    assert str(folder) in message and "data=folder" in message
+    assert "broken.png" in content or "holds no image files" in message
 
 
 @pytest.mark.parametrize("bomb", [False, True], ids=["unreadable", "a decompression bomb"])
@@ -352,6 +365,18 @@ def test_a_16_bit_png_is_scaled_to_8_bits_not_clipped_to_white(tmp_path, channel
     Image.fromarray(ramp).save(tmp_path / "ramp.png")
     pixels = read_image(str(tmp_path / "ramp.png"), channels, 256)
     assert torch.equal(pixels[0].to(torch.int64), torch.from_numpy(ramp.astype(np.int64) >> 8))
+
+
+def test_a_folder_smaller_than_one_batch_stops_training_before_anything_is_written(tmp_path):
+    folder = tmp_path / "three"
+    folder.mkdir()
+    for i in range(3):
+        Image.new("RGB", (20, 20), (40 * i, 80, 120)).save(folder / f"img{i}.png")
+    run_dir = tmp_path / "run"
+    with pytest.raises(DataError) as caught:
+        train(compose_config("data=folder", f"data.root={folder}"), run_dir)
+    assert "fewer than data.batch_size=32" in str(caught.value)  # debug=tiny's batch
+    assert not run_dir.exists() or not any(path.is_file() for path in run_dir.rglob("*"))
 
 
 def test_too_few_images_for_one_batch_is_refused(tmp_path):
@@ -669,13 +694,72 @@ def test_training_streams_a_folder_through_a_worker(tmp_path):
     assert train(cfg, tmp_path / "run").step == 3
 
 
-def test_a_missing_dataset_fails_before_training_with_one_clear_message(tmp_path):
-    result = run_train("data=fashion_mnist", f"data.root={tmp_path / 'nowhere'}", f"hydra.run.dir={tmp_path / 'run'}")
+# data no loader can serve, on the command line: one paragraph naming the setting or file, exit 2, before training
+COMMAND_REFUSED = {  # argv -> what the paragraph says, what it must not say ({tmp}: the test's folder)
+    "a missing root": (
+        ["data=fashion_mnist", "data.root={tmp}/nowhere"],
+        ["{tmp}/nowhere", "FashionMNIST/raw", "data.download=true"], [],
+    ),
+    "a limit above the generated set": (  # debug=tiny renders 256 digits
+        ["data.limit=300"], ["data.limit=300 is more than the 256 images in the training split of data=digits",
+                             "data.num_samples"], [],
+    ),
+    "a folder root that is a file": (
+        ["data=folder", "data.root={tmp}/one.png"], ["data.root='{tmp}/one.png' is a file", "not a folder"],
+        ["does not exist"],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "said", "unsaid"), COMMAND_REFUSED.values(), ids=COMMAND_REFUSED)
+def test_data_no_loader_can_serve_is_refused_before_training_in_one_paragraph(tmp_path, argv, said, unsaid):
+    write_image(tmp_path / "one.png", (20, 20))
+    run_dir = tmp_path / "run"
+    result = run_train(*(arg.format(tmp=tmp_path) for arg in argv), f"hydra.run.dir={run_dir}")
     output = result.stdout + result.stderr
-    assert result.returncode == 2
-    assert "FashionMNIST/raw" in output and "data.download=true" in output
-    assert "Traceback" not in output
-    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert result.returncode == 2 and "Traceback" not in output, output[-3000:]
+    assert all(text.format(tmp=tmp_path) in output for text in said), output[-3000:]
+    assert not any(text in output for text in unsaid), output[-3000:]
+    assert not (run_dir / "checkpoints").exists() and not (run_dir / "tb").exists()
+
+
+def test_a_limit_above_the_training_split_is_refused_naming_its_size(tmp_path):
+    write_mnist(tmp_path, train=40)
+    with pytest.raises(
+        ConfigError, match=r"data\.limit=41 is more than the 40 images in the training split of data=mnist"
+    ):
+        load_dataset(cfg_for("mnist", tmp_path, limit=41, batch_size=32))
+    assert len(load_dataset(cfg_for("mnist", tmp_path, limit=40, batch_size=32)).labels) == 40
+
+
+def test_a_celeba_folder_that_is_a_file_is_called_a_file(tmp_path):
+    (tmp_path / "celeba").write_bytes(b"not a folder")
+    with pytest.raises(DataError, match=r"celeba \(absolute path .*\) is a file, not a folder") as caught:
+        load_dataset(cfg_for("celeba", tmp_path, channels=3))
+    assert "does not exist" not in str(caught.value)
+
+
+def damaged_mnist(root: Path, damage: str) -> Path:
+    """MNIST IDX files (40 training, 8 test images) whose test labels file is damaged; returns it."""
+    write_mnist(root, train=40, test=8)
+    labels = root / "MNIST" / "raw" / "t10k-labels-idx1-ubyte"
+    if damage == "truncated":  # the header still counts 8 labels; the file holds 6
+        labels.write_bytes(labels.read_bytes()[:-2])
+    else:  # labels 5..12: three of them are no digit
+        write_idx(labels, np.arange(8) + 5)
+    return labels
+
+
+HELD_OUT_DAMAGE = {"truncated": "is truncated", "out of range": "outside the 10 classes 0-9"}
+
+
+@pytest.mark.parametrize("damage", list(HELD_OUT_DAMAGE))
+def test_damaged_test_labels_are_refused_naming_the_file(tmp_path, damage):
+    labels = damaged_mnist(tmp_path, damage)
+    with pytest.raises(DataError) as caught:
+        load_dataset(cfg_for("mnist", tmp_path), train=False)
+    assert str(labels) in str(caught.value) and HELD_OUT_DAMAGE[damage] in str(caught.value)
+    assert len(load_dataset(cfg_for("mnist", tmp_path)).labels) == 40  # the training split is whole
 
 
 # a packed dataset: decoded and resized once (gan/data/pack.py), then trained from with no decoding ----------

@@ -3,14 +3,19 @@ latent interpolation, and the exported generator (TorchScript, torch.export) aga
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import CONFIG_DIR, run_evaluate, run_train, tiny_checkpoint
+from conftest import CONFIG_DIR, ROOT, output_of, run_evaluate, run_train, snapshot, tiny_checkpoint
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
@@ -28,7 +33,7 @@ from gan.config import (
     register_evaluate_configs,
     validate_evaluate,
 )
-from gan.errors import MetricsError
+from gan.errors import CheckpointError, MetricsError
 from gan.evaluation import export as X
 from gan.evaluation.grids import slerp
 from gan.evaluation.pipeline import (
@@ -36,9 +41,11 @@ from gan.evaluation.pipeline import (
     data_config_of,
     evaluate,
     generate,
+    interrupted,
     recompute_batchnorm_stats,
     to_uint8,
 )
+from gan.run import Run
 
 REQUIRED_KEYS = {
     "fid",
@@ -410,3 +417,165 @@ def test_a_second_evaluation_into_a_finished_ones_folder_is_refused_and_its_metr
     assert result.returncode == 2, output[-3000:]
     assert f"{folder} already holds an evaluation (metrics.json)" in output and "Traceback" not in output
     assert (folder / "metrics.json").read_bytes() == before and not (folder / ".lock").exists()
+
+
+# a checkpoint whose config disagrees with its weights: evaluate.py has no model.* to change -----------------
+
+
+@pytest.fixture(scope="module")
+def conditional_run(tmp_path_factory) -> Path:
+    """A finished 2-step class-conditional run (G(z, y) on the 10 digit classes)."""
+    run_dir = tmp_path_factory.mktemp("conditional") / "run"
+    result = run_train("trainer.max_steps=2", "model.conditional=true", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+AT_ODDS = {  # the run, conditional=, num_classes=, what the paragraph says of the disagreement
+    "conditional marked unconditional, num_classes kept": (
+        "conditional_run",
+        False,
+        None,
+        "model.conditional=false, but the checkpoint's entry 'num_classes' says",
+    ),
+    # the first layer of the weights takes z_dim + 10 inputs, the model built from the config z_dim
+    "conditional marked unconditional, num_classes 0": (
+        "conditional_run",
+        False,
+        0,
+        "net.0.weight: (26, 16, 4, 4) in the checkpoint, (16, 16, 4, 4) in the model",
+    ),
+    "unconditional marked conditional": (
+        "trained_run",
+        True,
+        10,
+        "The generator is built from the config stored in {path}: its config and weights disagree",
+    ),
+}
+
+
+@pytest.mark.parametrize(("run", "conditional", "num_classes", "said"), AT_ODDS.values(), ids=AT_ODDS)
+def test_a_checkpoint_whose_config_and_weights_disagree_is_called_at_odds_with_itself(
+    request, tmp_path, run, conditional, num_classes, said
+):
+    state = torch.load(request.getfixturevalue(run) / "checkpoints" / "last.pt", weights_only=True)
+    state["config"]["model"]["conditional"] = conditional
+    if num_classes is not None:
+        state["num_classes"] = num_classes
+    torch.save(state, tmp_path / "edited.pt")
+    path = tmp_path / "edited.pt"
+    result = run_evaluate("device=cpu", "threads=1", f"checkpoint={path}", f"hydra.run.dir={tmp_path / 'eval'}")
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-3000:]
+    assert f"config stored in {path}" in output and "disagree" in output and "damaged or edited" in output
+    assert said.format(path=path) in output
+    assert "Use the same model.*" not in output and "Traceback" not in output
+
+
+# Ctrl-C during evaluate.py ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # a real Ctrl-C to a real process
+def test_sigint_during_evaluate_says_what_was_saved_and_exits_130(trained_run, tmp_path):
+    eval_dir = tmp_path / "eval"
+    args = [sys.executable, str(ROOT / "evaluate.py"), f"checkpoint={trained_run}", "device=cpu", "threads=1"]
+    # a classifier to train from scratch for many epochs: the evaluation is still at it when the signal comes
+    args += ["num_samples=200", f"data.root={tmp_path / 'data'}", "metrics.classifier.epochs=200"]
+    args += [f"hydra.run.dir={eval_dir}"]
+    # its own session, as a terminal runs a command: Ctrl-C signals the whole process group
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
+    process = subprocess.Popen(
+        args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        output = []
+        for line in process.stdout:  # wait until the evaluation is under way
+            output.append(line)
+            if "Evaluating " in line:
+                break
+        os.killpg(process.pid, signal.SIGINT)
+        rest, _ = process.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    output = "".join(output) + rest
+    assert process.returncode == 130, output[-3000:]
+    assert f"Interrupted (SIGINT); nothing measured was saved: {eval_dir} holds no metrics.json" in output
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output
+    assert not (eval_dir / "metrics.json").exists()
+
+
+def test_the_interruption_line_says_only_what_the_run_dir_holds(tmp_path):
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / "evaluate.log").write_text("")
+    nothing = f"Interrupted (SIGINT); nothing measured was saved: {tmp_path} holds no metrics.json."
+    assert interrupted(tmp_path) == nothing  # Hydra's own .hydra/ and log are no outputs
+    (tmp_path / "samples.png").write_bytes(b"")
+    assert interrupted(tmp_path).endswith("holds no metrics.json, only partial outputs (samples.png).")
+    (tmp_path / "metrics.json").write_text("{}")
+    assert interrupted(tmp_path).startswith(f"Interrupted (SIGINT) after the metrics were saved to {tmp_path}")
+
+
+# what evaluate.py reads and where it writes -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("use_ema", [False, True], ids=["G", "G_ema"])
+def test_a_nan_in_a_batchnorm_statistic_alone_is_refused_by_evaluate(tiny_run, use_ema):
+    # the statistics are buffers, not weights: evaluate.py with bn_batches=0 would sample with them
+    state = torch.load(tiny_run / "checkpoints" / "last.pt", weights_only=True)
+    entry = "G_ema" if use_ema else "G"
+    key = next(k for k in state[entry] if k.endswith("running_var"))
+    state[entry][key][0] = float("nan")
+    with pytest.raises(CheckpointError) as caught:
+        build_generator(state, use_ema=use_ema, device=torch.device("cpu"), source="damaged.pt")
+    assert "holds NaN or inf in 1 of its" in str(caught.value) and key.removeprefix("module.") in str(caught.value)
+    assert build_generator(state, use_ema=not use_ema, device=torch.device("cpu"))[1] == ("raw" if use_ema else "EMA")
+
+
+def test_evaluating_a_run_leaves_every_file_of_it_as_it_was(tiny_run, tmp_path, one_thread):
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
+    before = snapshot(run_dir)
+    metrics = MetricsConfig(kid_subsets=2, kid_subset_size=32, classifier=ClassifierConfig(min_accuracy=0))
+    cfg = EvaluateConfig(
+        checkpoint=str(run_dir),
+        num_samples=32,
+        bn_batches=2,
+        grid_samples=16,
+        interpolation_rows=2,
+        neighbour_queries=2,
+        device="cpu",
+        threads=1,
+        metrics=metrics,
+    )
+    cfg.check()
+    evaluate(cfg, tmp_path / "eval", {"root": str(tmp_path / "data")})  # the classifier is cached there
+    assert (tmp_path / "eval" / "metrics.json").is_file()
+    assert snapshot(run_dir) == before
+
+
+@pytest.mark.parametrize(
+    "setting, named", [("metrics.pr_k=1000", "metrics.pr_k=1000"), ("metrics.dc_k=500", "metrics.dc_k=500")]
+)
+def test_a_neighbour_count_beyond_the_real_images_is_refused_in_one_paragraph(tiny_run, tmp_path, setting, named):
+    # num_samples (10,000 by default) is enough: the held-out split of the tiny digits (42 images) is not
+    result = run_evaluate(f"checkpoint={tiny_run}", setting, "threads=1", f"data.root={tmp_path}", cwd=tmp_path)
+    output = output_of(result)
+    assert result.returncode == 2, output[-3000:]
+    assert f"{named} needs more than" in output and "holds 42" in output and "Traceback" not in output
+
+
+def test_a_neighbour_count_beyond_num_samples_is_refused_naming_both():
+    cfg = EvaluateConfig(checkpoint="x.pt", num_samples=10, metrics=MetricsConfig(pr_k=10))
+    with pytest.raises(ConfigError, match=r"num_samples=10 must exceed metrics.pr_k \(10\)"):
+        cfg.check()
+
+
+def test_an_evaluation_into_a_folder_another_holds_is_refused_naming_the_holder(tiny_run, tmp_path):
+    folder = tmp_path / "eval"
+    with Run(folder).owned():
+        result = run_evaluate(f"checkpoint={tiny_run}", f"hydra.run.dir={folder}", "threads=1", cwd=tmp_path)
+    output = output_of(result)
+    assert result.returncode == 2, output[-3000:]
+    assert f"The run directory {folder} is in use: process {os.getpid()}" in output
+    assert "it is training or evaluating there" in output
+    assert list(folder.iterdir()) == []  # the holder's lock went with it; the refused evaluation wrote nothing

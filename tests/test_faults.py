@@ -7,16 +7,16 @@ disk and sizes too large to allocate. Each failure ends with one paragraph and i
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import math
 import multiprocessing
 import os
-import random
 import resource
 import shutil
 import signal
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,13 +26,17 @@ import pytest
 import torch
 from conftest import ROOT, TINY, compose_config, run_train
 from PIL import Image
+from tensorboard.compat.tensorflow_stub.io.gfile import LocalFileSystem
 
+import gan.core.losses
 from gan.checkpoint import load_checkpoint
+from gan.core.losses import LOSSES, AdversarialLoss
 from gan.data.stream import BatchStream
-from gan.errors import CheckpointError, ConfigError
+from gan.errors import CheckpointError, ConfigError, environment_error
 from gan.evaluation.pipeline import build_generator
-from gan.training import train
-from gan.training.faults import NonFiniteWeightsError, check_finite_state, diverged
+from gan.training import NonFiniteLossError, train
+from gan.training.faults import NonFiniteWatch, NonFiniteWeightsError, check_finite_state, diverged
+from gan.training.monitor import Monitor
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
 
@@ -138,7 +142,7 @@ def test_a_signal_to_the_process_group_checkpoints_a_streamed_run(tmp_path, sig,
 
 def test_an_infinite_learning_rate_stops_before_any_checkpoint(tmp_path):
     # The losses of step 1 are finite; the update it makes is not. optim.lr=inf is refused by the
-    # config (tests/test_inputs_config.py); 1e39 is finite as a setting but above float32's range,
+    # config (tests/test_config.py); 1e39 is finite as a setting but above float32's range,
     # so the weights it updates become inf all the same.
     cfg = compose_config("optim.lr=1e39", "optim.lr_d=2e-4", "trainer.checkpoint_every=1")
     with pytest.raises(NonFiniteWeightsError) as caught:
@@ -227,69 +231,6 @@ def test_build_generator_checks_the_generator_it_uses(good_run):
 # unreadable checkpoints: one paragraph, exit 2, corrupt bytes called corrupt ----------------------
 
 
-class RunsCode:
-    """Unpickling this runs os.system: a stand-in for a malicious checkpoint."""
-
-    def __init__(self, marker: Path):
-        self.marker = marker
-
-    def __reduce__(self):
-        return os.system, (f"touch {self.marker}",)
-
-
-def bad_checkpoint(kind: str, folder: Path, good: Path) -> Path:
-    path = folder / f"{kind}.pt"
-    data = (good / "checkpoints" / "last.pt").read_bytes()
-    if kind == "empty":
-        path.write_bytes(b"")
-    elif kind == "random":
-        path.write_bytes(random.Random(0).randbytes(4096))
-    elif kind == "truncated":
-        path.write_bytes(data[: len(data) // 2])
-    elif kind == "text":
-        path.write_text("this is not a checkpoint\n")
-    elif kind == "zip":
-        with zipfile.ZipFile(path, "w") as archive:
-            archive.writestr("notes.txt", "a zip file, not a torch one")
-    elif kind == "code":
-        torch.save({"G": RunsCode(folder / "pwned"), "D": {}, "step": 0, "config": {}}, path)
-    return path
-
-
-EXPECTED = {
-    "empty": "it is an empty file (0 bytes)",
-    "random": "it is corrupt or not a PyTorch file",
-    "truncated": "it is truncated: torch.save's zip archive cut short at",
-    "text": "it is corrupt or not a PyTorch file",
-    "zip": "it is corrupt or not a PyTorch file",
-    "code": "it names posix.system",
-}
-
-
-@pytest.mark.parametrize("kind", EXPECTED)
-def test_unreadable_checkpoint_is_named_for_what_it_is(tmp_path, good_run, kind):
-    with pytest.raises(CheckpointError) as caught:
-        load_checkpoint(bad_checkpoint(kind, tmp_path, good_run))
-    message = str(caught.value)
-    assert EXPECTED[kind] in message and "\n" not in message
-    assert ("arbitrary code" in message) == (kind == "code")  # only a forbidden object is a threat
-    assert not (tmp_path / "pwned").exists()
-
-
-@pytest.mark.parametrize("program", ["train.py", "evaluate.py"])
-@pytest.mark.parametrize("kind", EXPECTED)
-def test_unreadable_checkpoint_through_the_cli(tmp_path, good_run, kind, program):
-    path = bad_checkpoint(kind, tmp_path, good_run)
-    if program == "train.py":
-        result = run_train(f"trainer.resume={path}", f"hydra.run.dir={tmp_path / 'run'}")
-    else:
-        result = run_evaluate(f"checkpoint={path}", f"hydra.run.dir={tmp_path / 'eval'}")
-    output = output_of(result)
-    assert result.returncode == 2, output[-3000:]
-    assert f"{path}: {EXPECTED[kind]}" in output or f"Refused to load {path}: {EXPECTED[kind]}" in output
-    assert "Traceback" not in output and not (tmp_path / "pwned").exists()
-
-
 def test_resume_auto_onto_an_empty_checkpoint(tmp_path, good_run):
     run_dir = copy_of(good_run, tmp_path / "outputs" / "2020-01-01" / "00-00-00")
     (run_dir / "checkpoints" / "last.pt").write_bytes(b"")
@@ -370,3 +311,87 @@ def test_weights_blown_up_by_a_huge_learning_rate_are_reported(tiny_gan):
         G.net[0].weight.mul_(1e9)
     found = diverged({"G": G, "D": D})
     assert list(found) == ["G"] and found["G"] > 1e6
+
+
+# the stop on a non-finite loss says what exists ------------------------------------------------------
+
+
+def nan_from_the_start(monkeypatch) -> None:
+    """The bce G loss is NaN from its first call: step 1 is the first non-finite one."""
+    real = LOSSES["bce"]
+    monkeypatch.setitem(
+        gan.core.losses.LOSSES, "bce", AdversarialLoss(real.d, lambda logits: real.g(logits) * math.nan)
+    )
+
+
+def test_a_nan_at_step_one_claims_no_checkpoint_that_does_not_exist(tmp_path, monkeypatch):
+    nan_from_the_start(monkeypatch)
+    with pytest.raises(NonFiniteLossError) as caught:
+        train(compose_config("trainer.max_steps=4"), tmp_path)
+    message = str(caught.value)
+    assert message.startswith("Non-finite loss at step 1: ")
+    assert "still holds" not in message  # the old claim: there was no checkpoint to hold anything
+    assert not (tmp_path / "checkpoints" / "last.pt").exists()
+    assert "optim.lr" in message and "trainer.on_nan=skip" in message
+
+
+def watched_nan(step: int, checkpoint: Path, cfg) -> str:
+    watch = NonFiniteWatch(torch.device("cpu"), checkpoint, cfg)
+    watch.update(step, torch.tensor(0.7), torch.tensor(math.nan))
+    with pytest.raises(NonFiniteLossError) as caught:
+        watch.check()
+    return str(caught.value)
+
+
+def test_the_non_finite_loss_message_says_there_is_no_checkpoint_yet_and_names_optim_lr(tmp_path):
+    last = tmp_path / "checkpoints" / "last.pt"
+    message = watched_nan(1, last, compose_config())
+    assert message.startswith("Non-finite loss at step 1: loss/d=0.699999988079071, loss/g=nan.")
+    assert f"this run had written none yet ({last} does not exist)" in message
+    assert "Lower optim.lr (set to 0.001: the step size of G and D), try loss=hinge" in message
+    assert "optim.lr_d" not in message  # not set in this run
+
+
+def test_the_non_finite_loss_message_names_the_checkpoint_step_and_both_rates(tmp_path):
+    cfg = compose_config("trainer.max_steps=2", "optim.lr_d=0.0004", "loss=hinge")
+    train(cfg, tmp_path)  # a real run writes checkpoints/last.pt at step 2
+    last = tmp_path / "checkpoints" / "last.pt"
+    message = watched_nan(3, last, cfg)
+    assert f"{last} keeps step 2, the last good one." in message
+    assert "Lower optim.lr (set to 0.001: G's step size) or optim.lr_d (set to 0.0004: D's)" in message
+    assert "loss=hinge" not in message  # this run already uses it
+
+
+# a failed write: which file, why, what to do --------------------------------------------------------------
+
+
+FAILED_WRITES = {  # the OSError, the file the message names, what it says to do
+    "full disk, bytes path": (OSError(errno.ENOSPC, "No space left on device", b"/r/tb/ev"), "/r/tb/ev", "Free disk"),
+    "read-only mount": (OSError(errno.EROFS, "Read-only file system", "/r/x"), "/r/x", "mounted read-only"),
+    "file size limit": (OSError(errno.EFBIG, "File too large", "/r/c.pt"), "/r/c.pt", "ulimit -f"),
+    "no permission": (PermissionError(errno.EACCES, "Permission denied", "/r/s"), "/r/s", "write permission"),
+}
+
+
+@pytest.mark.parametrize("case", FAILED_WRITES)
+def test_a_failed_write_names_the_file_its_cause_and_what_to_do(case):
+    err, named, fix = FAILED_WRITES[case]
+    message = str(environment_error(err))
+    assert message.startswith(f"Cannot use {named}: {err.strerror}") and fix in message and "b'" not in message
+
+
+def test_a_full_disk_under_tensorboard_names_the_events_file_without_the_writer_threads_traceback(
+    tmp_path, monkeypatch, capfd
+):
+    monitor = Monitor(tmp_path, 0, 10, progress=False)
+    monitor.numbers(1, {"loss/d": 1.0})  # the events file opens at the first write
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")  # as gfile reports it: no file named
+
+    monkeypatch.setattr(LocalFileSystem, "append", full)
+    monitor.numbers(2, {"loss/d": 1.0})
+    with pytest.raises(OSError) as caught:
+        monitor.close()  # the writer thread's failure comes back here
+    assert caught.value.filename == str(monitor.events) and monitor.events.parent == tmp_path / "tb"
+    assert "Traceback" not in capfd.readouterr().err

@@ -10,15 +10,22 @@ import itertools
 import json
 import os
 import re
+import shlex
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, in_process, run_train
+from conftest import ROOT, TINY, compose_config, in_process, output_of, run_train, snapshot
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
 
 from gan import launch
+from gan.checkpoint import load_checkpoint
+from gan.config import to_plain
 
 PROGRAMS = ("train.py", "evaluate.py", "generate.py")
 PACKAGE = {"train.py": "trainer", "evaluate.py": "metrics"}  # a group of each config, for --package (generate: none)
@@ -165,14 +172,22 @@ def test_evaluate_refuses_as_train_does(tmp_path):
     assert result.returncode == 2 and "Did you mean num_samples?" in result.stderr and nothing_written(tmp_path)
 
 
-def test_a_sweep_into_a_folder_that_holds_a_sweep_is_refused_unless_it_continues(tmp_path):
+def test_a_sweep_with_resume_auto_continues_each_jobs_own_run(tmp_path):
     sweep = tmp_path / "sweep"
-    sweep.mkdir()
-    (sweep / "multirun.yaml").write_text("hydra: {}\n")
-    result = run_train("-m", "optim.lr=1e-4,2e-4", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
-    output = result.stdout + result.stderr  # a sweep's lines go where Hydra's logging sends them: stdout
-    assert result.returncode == 2 and "already holds a sweep (multirun.yaml)" in output
-    assert sorted(p.name for p in sweep.iterdir()) == ["multirun.yaml"] and "Add trainer.resume=auto" in output
+    common = ("-m", "optim.lr=1e-3,2e-3", f"hydra.sweep.dir={sweep}")
+    first = run_train(*common, "trainer.max_steps=2", cwd=tmp_path)
+    assert first.returncode == 0, output_of(first)[-3000:]
+    jobs = sorted(p.parent.parent for p in sweep.rglob("last.pt"))
+    assert len(jobs) == 2
+    before = snapshot(sweep)
+    again = run_train(*common, "trainer.max_steps=2", cwd=tmp_path)  # the same sweep, into the same folder
+    assert again.returncode == 2 and "hydra.sweep.dir" in output_of(again) and snapshot(sweep) == before
+    assert "already holds a sweep (multirun.yaml)" in output_of(again) and "Add trainer.resume=auto" in output_of(again)
+    resumed = run_train(*common, "trainer.max_steps=4", "trainer.resume=auto", cwd=tmp_path)
+    assert resumed.returncode == 0, output_of(resumed)[-3000:]
+    assert "Checkpoint not found" not in output_of(resumed)
+    assert [load_checkpoint(job)["step"] for job in jobs] == [4, 4]
+    assert [load_checkpoint(job)["config"]["optim"]["lr"] for job in jobs] == [1e-3, 2e-3]
 
 
 def test_a_sweep_under_torchrun_is_refused(tmp_path, monkeypatch):
@@ -181,6 +196,39 @@ def test_a_sweep_under_torchrun_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "0")
     result = run_train("-m", "optim.lr=1e-4,2e-4", cwd=tmp_path)
     assert result.returncode == 2 and "a Hydra sweep (-m) launches several jobs" in result.stdout + result.stderr
+
+
+def test_a_sweep_reports_a_bad_job_without_a_traceback_and_runs_the_others(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    result = run_train("-m", "optim.lr=-1,1e-4", "trainer.max_steps=2", f"hydra.sweep.dir={sweep_dir}")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0  # Hydra ends a sweep with a failed job with exit 1
+    assert "optim.lr=-1.0 must be > 0." in output and "Traceback" not in output
+    finished = list(Path(sweep_dir).glob("*/checkpoints/last.pt"))
+    assert len(finished) == 1 and "optim.lr=0.0001" in str(finished[0])
+
+
+UNWRITABLE = {  # the folder a command names -> (its key, the folder, whether a sweep); a file blocks tmp/afile/...
+    "a run under a file": ("hydra.run.dir", "afile/run", False),
+    "a sweep under a file": ("hydra.sweep.dir", "afile/sweep", True),
+    # os.access says /proc is writable to root, yet nothing can be created in it: the pre-check must try
+    "a run in /proc": ("hydra.run.dir", "/proc/dcgan-reference-run", False),
+}
+
+
+@pytest.mark.parametrize(("key", "folder", "sweep"), UNWRITABLE.values(), ids=UNWRITABLE.keys())
+def test_a_run_folder_that_cannot_be_created_is_refused_before_hydra_naming_why(tmp_path, key, folder, sweep):
+    if folder.startswith("/proc") and not Path("/proc").is_dir():
+        pytest.skip("needs Linux's /proc, a folder no file can be created in")
+    blocker, target = tmp_path / "afile", tmp_path / folder
+    blocker.write_text("not a folder\n")
+    result = run_train(*(["-m", "optim.lr=0.002,0.003"] if sweep else []), f"{key}={target}", cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in output, output[-3000:]
+    assert f"Cannot write the run directory {target}: " in output and f"{key}=PATH" in output
+    if target.is_relative_to(tmp_path):
+        assert f"{blocker} is not a directory" in output
+    assert blocker.read_text() == "not a folder\n" and sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
 
 
 @pytest.mark.slow  # a process is the point: bash runs the completion script Hydra prints, then the query it makes
@@ -274,3 +322,100 @@ def test_hydras_rerun_which_unpickles_a_file_is_refused(program, flag, tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode == 2 and "--experimental-rerun unpickles a job's config.pickle" in output, output[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.pickle"]
+
+
+# a run's folder on the command line: quoted for Hydra's grammar, then for the shell ------------------------
+
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
+
+
+@pytest.mark.slow  # a signal to a real process, and the line it prints pasted into a shell
+@pytest.mark.parametrize("name", ["with space", "lr=1e-3,seed=2", "it's"])
+def test_the_resume_line_a_stopped_run_prints_works_when_pasted(tmp_path, name):
+    run_dir = tmp_path / name / "run"
+    args = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        *TINY,
+        f"hydra.run.dir={launch.hydra_quote(run_dir)}",
+    ]
+    process = subprocess.Popen(
+        [*args, "trainer.max_steps=100000", "trainer.checkpoint_every=100000"],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    seen = []
+    for line in process.stdout:  # training is under way (its signal handlers set) once a step is logged
+        seen.append(line)
+        if "time/first_step_s" in line:
+            break
+    process.send_signal(signal.SIGTERM)
+    out, _ = process.communicate(timeout=120)
+    out = "".join(seen) + out
+    assert process.returncode == 143, out[-3000:]
+    line = out.split("Resume with:\n", 1)[1].splitlines()[0].strip()
+    step = load_checkpoint(run_dir)["step"]
+    assert line.startswith("python train.py ")
+    pasted = line.replace("python train.py", f"{shlex.quote(sys.executable)} {shlex.quote(str(ROOT / 'train.py'))}", 1)
+    result = subprocess.run(
+        ["bash", "-c", f"{pasted} trainer.max_steps={step + 1}"],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, output_of(result)[-3000:]
+    assert load_checkpoint(run_dir)["step"] == step + 1
+
+
+@pytest.mark.parametrize(
+    "path", ["/a b/c", "/x=1,y=2/r", "/it's/r", "/back\\slash/r", "/end\\", '/q"x', "/a'b\\'c", "/plain"]
+)
+def test_paths_are_quoted_for_hydra_and_the_shell(path):
+    quoted = launch.hydra_quote(path)
+    assert OverridesParser.create().parse_override(f"trainer.resume={quoted}").value() == path
+    assert launch.unquote(quoted) == path
+    echoed = subprocess.run(
+        ["bash", "-c", f"printf %s {launch.resume_override(Path(path))}"], capture_output=True, text=True
+    )
+    assert OverridesParser.create().parse_override(echoed.stdout).value() == path
+
+
+def test_a_path_hydra_cannot_read_is_named_with_the_quoting_that_works(tiny_run, tmp_path):
+    job = tmp_path / "0_optim.lr=0.002"  # how a sweep names its job folders
+    shutil.copytree(tiny_run, job)
+    result = run_train(f"trainer.resume={job}", "trainer.max_steps=8", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in output_of(result)
+    message = output_of(result)
+    assert f"trainer.resume={job}" in message and "mismatched input" not in message
+    suggestion = message.split("inside the shell's quotes: ", 1)[1].split()[0]
+    pasted = subprocess.run(["bash", "-c", f"printf %s {suggestion}"], capture_output=True, text=True).stdout
+    result = run_train(pasted, "trainer.max_steps=8", cwd=tmp_path)
+    assert result.returncode == 0, output_of(result)[-3000:]
+    assert load_checkpoint(job)["step"] == 8
+
+
+PLACES = {  # where the run lies under outputs/, and whether its .hydra/overrides.yaml survives
+    "a sweep's job folder": ("sweep/0_optim.lr=0.002", True),
+    "a run whose overrides.yaml is lost": ("runs/a", False),
+}
+
+
+@pytest.mark.parametrize("place", PLACES)
+def test_resume_auto_finds_the_matching_run_wherever_it_lies_under_outputs(tiny_run, tmp_path, place):
+    where, overrides = PLACES[place]
+    run_dir = shutil.copytree(tiny_run, tmp_path / "outputs" / where)
+    record = run_dir / ".hydra"
+    record.mkdir(exist_ok=True)
+    (record / "config.yaml").write_text(OmegaConf.to_yaml(to_plain(compose_config())))
+    (record / "overrides.yaml").unlink(missing_ok=True)
+    if overrides:
+        (record / "overrides.yaml").write_text("- debug=tiny\n- trainer.threads=1\n")
+    outputs, fresh = tmp_path / "outputs", tmp_path / "new"
+    wanted = to_plain(compose_config("trainer.threads=2", "trainer.max_steps=9"))  # runtime keys differ
+    assert launch.resume_auto(wanted, fresh, outputs) == run_dir / "checkpoints" / "last.pt"
+    assert launch.resume_auto(to_plain(compose_config("loss=hinge")), fresh, outputs) is None  # another run's settings

@@ -3,30 +3,18 @@ touches nothing on disk (the real CLI in a subprocess, tiny configs)."""
 
 from __future__ import annotations
 
-import hashlib
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from conftest import run_train
+from conftest import compose_config, output_of, run_train, snapshot
 
 from gan.checkpoint import load_checkpoint
 from gan.launch import unquote
+from gan.training import train
 from gan.training.state import lr_scale
-
-
-def digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def snapshot(run_dir: Path) -> dict[str, str]:
-    """Every file of a run directory (TensorBoard aside) -> its hash."""
-    return {
-        str(p.relative_to(run_dir)): digest(p)
-        for p in sorted(run_dir.rglob("*"))
-        if p.is_file() and "tb" not in p.parts
-    }
 
 
 def copy_run(run_dir: Path, to: Path) -> Path:
@@ -63,12 +51,26 @@ def test_a_resume_that_changes_the_run_is_refused_before_anything_is_written(fin
     assert snapshot(finished_run) == before  # .hydra/overrides.yaml and config.yaml included
 
 
-def test_the_refused_run_still_resumes_with_the_documented_command(finished_run, tmp_path):
-    copy = copy_run(finished_run, tmp_path / "run")
-    assert run_train(f"trainer.resume={copy}", "data.image_size=32").returncode == 2
-    result = run_train(f"trainer.resume={copy}", "trainer.max_steps=6")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert load_checkpoint(copy)["step"] == 6
+@pytest.mark.parametrize(
+    "bad, key",
+    [
+        ("optim.lr=-1", "optim.lr"),
+        ("trainer.threads=-1", "trainer.threads"),
+        ("trainer.device=cuda:7", "trainer.device"),
+        ("data.image_size=32", "data.image_size"),  # a change the contract refuses
+    ],
+)
+def test_a_refused_resume_leaves_the_run_as_it_was_and_its_plain_resume_works(tiny_run, tmp_path, bad, key):
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
+    before = snapshot(run_dir)
+    refused = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", bad, cwd=tmp_path)
+    assert refused.returncode == 2, output_of(refused)[-3000:]
+    assert key in output_of(refused) and "Traceback" not in output_of(refused)
+    assert snapshot(run_dir) == before  # the bad value reached no file: .hydra/overrides.yaml included
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # and no folder of its own is left either
+    plain = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
+    assert plain.returncode == 0, output_of(plain)[-3000:]
+    assert load_checkpoint(run_dir)["step"] == 8
 
 
 def test_a_new_learning_rate_takes_effect_and_is_recorded(finished_run, tmp_path):
@@ -100,13 +102,24 @@ def test_max_steps_below_the_checkpoint_is_refused(finished_run):
     assert snapshot(finished_run) == before
 
 
-@pytest.mark.parametrize("quote", ["'", '"'])
-def test_a_quoted_run_dir_is_resumed_like_a_bare_one(finished_run, tmp_path, quote):
-    run_dir = copy_run(finished_run, tmp_path / "my run")  # a space: the path must be quoted for Hydra
-    result = run_train(f"trainer.resume={quote}{run_dir}{quote}", "trainer.max_steps=5")
-    assert result.returncode == 0, result.stderr[-3000:]
+NAMED = {  # where the run lies under the launch folder, and how trainer.resume names it there
+    "quoted '": ("my run", "'{run}'"),  # a space: the path quoted for Hydra
+    'quoted "': ("my run", '"{run}"'),
+    "bare, with a space": ("my run", "{run}"),
+    "a relative path to its checkpoint file": ("outputs/runs/a", "outputs/runs/a/checkpoints/last.pt"),
+}
+
+
+@pytest.mark.parametrize(("where", "named"), NAMED.values(), ids=NAMED)
+def test_a_resume_continues_its_run_in_place_however_the_run_is_named(tiny_run, tmp_path, where, named):
+    run_dir = shutil.copytree(tiny_run, tmp_path / where)
+    result = run_train(f"trainer.resume={named.format(run=run_dir)}", "trainer.max_steps=8", cwd=tmp_path)
+    assert result.returncode == 0, output_of(result)[-3000:]
     state = load_checkpoint(run_dir)
-    assert state["step"] == 5 and state["config"]["model"]["g_width"] == 8  # replayed, same directory
+    assert state["step"] == 8 and state["config"]["model"]["g_width"] == 8  # replayed, same directory
+    # no folder of its own: the run went on in place
+    assert sorted(p.name for p in tmp_path.iterdir()) == [where.split("/")[0]]
+    assert all(run_dir in p.parents for p in tmp_path.rglob("*") if p.is_file())
 
 
 def test_unquote_reads_hydras_quoted_strings():
@@ -139,3 +152,54 @@ def test_resume_auto_never_continues_another_learning_rate(tmp_path):
     assert len(runs) == 2  # a run of its own, not the 1e-4 run continued
     lrs = {torch.load(p, weights_only=True)["config"]["optim"]["lr"] for p in runs}
     assert lrs == {1e-4, 3e-4}
+
+
+def test_a_run_whose_record_is_missing_resumes_with_the_settings_in_its_checkpoint(tiny_run, tmp_path):
+    run_a = shutil.copytree(tiny_run, tmp_path / "A")
+    shutil.rmtree(run_a / ".hydra")
+    result = run_train(f"trainer.resume={run_a}", "trainer.max_steps=8", "trainer.threads=1", cwd=tmp_path, tiny=False)
+    assert result.returncode == 0, output_of(result)[-3000:]
+    state = load_checkpoint(run_a)
+    assert state["step"] == 8 and state["config"]["model"]["g_width"] == 8  # debug=tiny's, not the default
+    # a checkpoint outside any run directory, with no settings on the command line: the same
+    loose = tmp_path / "loose.pt"
+    shutil.copy(run_a / "checkpoints" / "last.pt", loose)
+    result = run_train(f"trainer.resume={loose}", "trainer.max_steps=9", cwd=tmp_path, tiny=False)
+    assert result.returncode == 0, output_of(result)[-3000:]
+    assert [load_checkpoint(p)["step"] for p in (tmp_path / "outputs").rglob("last.pt")] == [9]
+
+
+def test_a_resume_keeps_each_setting_its_checkpoint_holds_and_refuses_a_change_by_name(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_train("trainer.max_steps=2", "model.ema_decay=0.99", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, output_of(result)[-3000:]
+    # the resume's command line does not say it: the checkpoint does
+    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=4", cwd=tmp_path)
+    assert result.returncode == 0, output_of(result)[-3000:]
+    assert load_checkpoint(run_dir)["config"]["model"]["ema_decay"] == 0.99
+    # a change the command asks for is still refused, by name
+    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=6", "model.ema_decay=0.9", cwd=tmp_path)
+    assert result.returncode == 2 and "model.ema_decay" in output_of(result)
+
+
+def test_the_record_of_a_resume_that_named_only_its_own_settings_agrees_with_its_checkpoint(tmp_path):
+    # a resume's overrides.yaml holds its command (debug=tiny, trainer.resume, max_steps), not loss=hinge: the
+    # next resume compares only what those overrides set, so the run's hinge loss is no disagreement
+    run_dir = tmp_path / "run"
+    first = run_train("loss=hinge", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert first.returncode == 0, output_of(first)[-3000:]
+    for steps in (8, 10):
+        resume = (f"trainer.resume={run_dir}", f"trainer.max_steps={steps}")
+        resumed = run_train(*resume, cwd=tmp_path)
+        assert resumed.returncode == 0, output_of(resumed)[-3000:]
+    assert "loss=hinge" not in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    assert load_checkpoint(run_dir)["step"] == 10 and load_checkpoint(run_dir)["config"]["loss"]["name"] == "hinge"
+
+
+def test_a_resume_already_at_max_steps_trains_nothing_and_is_no_error(tiny_run, tmp_path):
+    run_dir = copy_run(tiny_run, tmp_path / "run")
+    before = load_checkpoint(run_dir)
+    result = train(compose_config(f"trainer.resume={run_dir}", "trainer.max_steps=6"), run_dir)
+    after = load_checkpoint(run_dir)
+    assert result.step == after["step"] == 6
+    assert all(torch.equal(before["G"][key], after["G"][key]) for key in before["G"])

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
+import resource
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import compose_config, run_train
+import yaml
+from conftest import ROOT, TINY, compose_config, output_of, run_train, snapshot
 from filelock import FileLock
 
+from gan.checkpoint import load_checkpoint
 from gan.errors import RunDirError
 from gan.run import Run
 from gan.training import train
@@ -125,14 +132,6 @@ def test_a_place_the_run_writes_that_cannot_take_it_is_named_before_any_write(tm
         Run(tmp_path).check_outputs()
 
 
-def test_train_refuses_a_new_run_over_a_finished_one(tmp_path):
-    train(compose_config("trainer.max_steps=1"), tmp_path)
-    before = Run(tmp_path).last.read_bytes()
-    with pytest.raises(RunDirError, match="already holds a run"):
-        train(compose_config("trainer.max_steps=1", "loss=hinge"), tmp_path)
-    assert Run(tmp_path).last.read_bytes() == before and not (tmp_path / Run.LOCK).exists()
-
-
 def test_a_run_dir_in_use_is_refused_by_the_command_naming_the_holder(tiny_run, tmp_path):
     run_dir = Path(shutil.copytree(tiny_run, tmp_path / "run"))
     before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
@@ -141,3 +140,226 @@ def test_a_run_dir_in_use_is_refused_by_the_command_naming_the_holder(tiny_run, 
     output = result.stdout + result.stderr
     assert result.returncode == 2 and f"The run directory {run_dir} is in use: process {os.getpid()}" in output
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+
+
+# the command line: a refused command changes no file of any run ------------------------------------------
+
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
+
+
+def test_a_resume_into_another_runs_folder_is_refused_by_the_command(tiny_run, tmp_path):
+    run_a, run_b = (shutil.copytree(tiny_run, tmp_path / name) for name in "AB")
+    before = snapshot(run_a, run_b)
+    result = run_train(f"trainer.resume={run_a}", f"hydra.run.dir={run_b}", "trainer.max_steps=8", cwd=tmp_path)
+    assert result.returncode == 2, output_of(result)[-3000:]
+    assert str(run_b) in output_of(result) and "holds another run" in output_of(result)
+    assert snapshot(run_a, run_b) == before
+    # into a new folder it is a continuation of A there; A itself stays as it was
+    fresh = tmp_path / "continued"
+    result = run_train(f"trainer.resume={run_a}", f"hydra.run.dir={fresh}", "trainer.max_steps=8", cwd=tmp_path)
+    assert result.returncode == 0, output_of(result)[-3000:]
+    assert load_checkpoint(fresh)["step"] == 8 and snapshot(run_a, run_b) == before
+
+
+@pytest.mark.slow  # two processes at once: a second command while the first trains
+def test_a_new_run_over_a_run_in_progress_changes_nothing_and_its_resume_still_works(tmp_path):
+    run_dir = tmp_path / "busy"
+    args = [sys.executable, str(ROOT / "train.py"), *TINY, f"hydra.run.dir={run_dir}"]
+    # a run that takes long to reach its first checkpoint: the window the record used to be lost in
+    first = subprocess.Popen(
+        [*args, "trainer.max_steps=100000", "trainer.checkpoint_every=100000", "trainer.sample_every=100000"],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / ".hydra" / "overrides.yaml").is_file():
+            assert first.poll() is None and time.monotonic() < deadline, "the first run never started"
+            time.sleep(0.2)
+        time.sleep(0.5)
+        record = snapshot(run_dir / ".hydra")
+        second = run_train(f"hydra.run.dir={run_dir}", "loss=hinge", cwd=tmp_path)
+        assert second.returncode == 2, output_of(second)[-3000:]
+        assert "in use" in output_of(second) or "already holds a run" in output_of(second)
+        assert snapshot(run_dir / ".hydra") == record
+    finally:
+        first.send_signal(signal.SIGTERM)
+        out, _ = first.communicate(timeout=120)
+    assert first.returncode == 143, out[-3000:]
+    step = load_checkpoint(run_dir)["step"]
+    resumed = run_train(f"trainer.resume={run_dir}", f"trainer.max_steps={step + 2}", cwd=tmp_path)
+    assert resumed.returncode == 0, output_of(resumed)[-3000:]
+    assert load_checkpoint(run_dir)["step"] == step + 2
+
+
+def test_a_run_writes_its_record_and_a_complete_log_once_its_checks_passed(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_train("trainer.max_steps=2", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert result.returncode == 0, output_of(result)[-3000:]
+    overrides = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
+    assert "trainer.max_steps=2" in overrides and (run_dir / ".hydra" / "config.yaml").is_file()
+    assert yaml.safe_load((run_dir / ".hydra" / "hydra.yaml").read_text())["hydra"]["run"]["dir"] == str(run_dir)
+    log = (run_dir / "train.log").read_text()
+    # lines logged before the record was written (the data is read during the checks) are in the file
+    assert "training split" in log and "Done: 2 steps" in log
+
+
+def test_a_refused_new_run_leaves_no_folder(tmp_path):
+    result = run_train("optim.lr_d=-1", cwd=tmp_path)
+    assert result.returncode == 2 and "optim.lr_d" in output_of(result)
+    assert [p for p in (tmp_path / "outputs").rglob("*")] == []
+
+
+@pytest.mark.slow  # a process whose file-size limit is 1,000 bytes: the disk it sees is full
+@pytest.mark.parametrize("program", ["train.py", "evaluate.py"])
+def test_a_disk_that_refuses_every_write_is_reported_before_anything_is_written(tmp_path, program, tiny_run):
+    def no_file_may_grow():  # what a full disk does to a write; SIGXFSZ would kill the process instead
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))  # Python starts; no block of data
+
+    settings = TINY if program == "train.py" else [f"checkpoint={tiny_run}", "threads=1"]
+    result = subprocess.run(
+        [sys.executable, str(ROOT / program), *settings],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        preexec_fn=no_file_may_grow,
+    )
+    assert result.returncode == 2, output_of(result)[-3000:]
+    output = output_of(result)
+    assert "refuses a new file (File too large)" in output and "Free disk space" in output, output[-3000:]
+    assert "Traceback" not in output and not (tmp_path / "outputs").exists()
+
+
+SPELLINGS = {  # how the folder of the run at tmp/runs/a is named
+    "as it is": lambda tmp: tmp / "runs" / "a",
+    "dot-dot": lambda tmp: tmp / "runs" / "a" / ".." / "a",
+    "relative": lambda tmp: Path("runs/a"),
+    "symlink": lambda tmp: tmp / "link_to_a",
+}
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_a_new_run_is_refused_over_a_run_however_its_folder_is_spelled(tiny_run, tmp_path, monkeypatch, spelling):
+    run_dir = shutil.copytree(tiny_run, tmp_path / "runs" / "a")
+    (tmp_path / "link_to_a").symlink_to(run_dir, target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(run_dir)
+    named = SPELLINGS[spelling](tmp_path)
+    with pytest.raises(RunDirError) as caught:
+        train(compose_config("trainer.max_steps=1"), named)
+    assert str(caught.value).startswith(f"{named} already holds a run")
+    assert snapshot(run_dir) == before and not (run_dir / Run.LOCK).exists()  # its lock came and went; nothing else
+
+
+BY_COMMAND = {  # where the run lies, hydra.run.dir= and more of the command ({run}, {tmp}), what is said
+    "inside its checkpoints/": ("A", ["hydra.run.dir={run}/checkpoints"], "inside the folder of another run, {run}"),
+    "deeper inside": ("A", ["hydra.run.dir={run}/more/deeply"], "inside the folder of another run, {run}"),
+    "named through an interpolation": (
+        "runs/interp_7",
+        ["trainer.seed=7", "hydra.run.dir={tmp}/runs/interp_${{trainer.seed}}"],
+        "{run} already holds a run",
+    ),
+    "quoted, with a space and '='": (  # a sweep job's name, moved
+        "my runs/0_optim.lr=0.002",
+        ["hydra.run.dir='{run}'"],
+        "{run} already holds a run",
+    ),
+}
+
+
+@pytest.mark.parametrize(("where", "argv", "said"), BY_COMMAND.values(), ids=BY_COMMAND)
+def test_a_new_run_into_or_inside_a_run_is_refused_by_the_command_however_it_is_named(
+    tiny_run, tmp_path, where, argv, said
+):
+    run_dir = shutil.copytree(tiny_run, tmp_path / where)
+    before = snapshot(run_dir)
+    result = run_train(*(arg.format(run=run_dir, tmp=tmp_path) for arg in argv), cwd=tmp_path)
+    output = output_of(result)
+    assert result.returncode == 2, output[-3000:]
+    assert said.format(run=run_dir) in output and "Traceback" not in output
+    assert snapshot(run_dir) == before
+
+
+# a resume whose outputs cannot take a write: refused before it writes, naming the path -------------------
+
+
+DAMAGED_OUTPUTS = {  # what is done to the run's folder -> (the path named, what the message says of it)
+    "samples/ is a file": ("samples", "file", "it is a file, where the run keeps a folder of its sample grids"),
+    "tb/ is a file": ("tb", "file", "it is a file, where the run keeps a folder of its TensorBoard events"),
+    "eval/ is a file": ("eval", "file", "it is a file, where the run keeps a folder of its final evaluation"),
+    "a grid to come is a folder": ("samples/step_000008.png", "folder", "it is a folder, where the run writes a file"),
+    "best.pt is a folder": ("checkpoints/best.pt", "folder", "it is a folder, where the run writes a file"),
+    "config.yaml is a folder": (".hydra/config.yaml", "folder", "it is a folder, where the run writes a file"),
+    "the log is a folder": ("train.log", "folder", "it is a folder, where the run writes a file"),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGED_OUTPUTS)
+def test_a_resume_whose_outputs_cannot_take_a_write_is_refused_naming_the_path_and_changes_nothing(
+    tiny_run, tmp_path, case
+):
+    where, becomes, said = DAMAGED_OUTPUTS[case]
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
+    path = run_dir / where
+    if path.is_dir():
+        shutil.rmtree(path)
+    path.unlink(missing_ok=True)
+    if becomes == "file":
+        path.write_text("not a folder\n")
+    else:
+        path.mkdir()
+    before = snapshot(run_dir)
+    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
+    output = output_of(result)
+    assert result.returncode == 2, output[-3000:]
+    assert f"Cannot write {path}: {said}" in output and "Nothing was written" in output
+    assert "Traceback" not in output and "Free disk space" not in output
+    assert snapshot(run_dir) == before  # record, log, events, grids and checkpoint as they were
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no folder of its own either
+
+
+def test_a_resume_that_dies_before_its_first_write_leaves_record_log_and_events_as_they_were(tiny_run, tmp_path):
+    # the first step's update is not finite (optim.lr=1e39, tunable on resume): caught at the first log, before
+    # any event, grid or checkpoint, so the record (which would hold the new rate and max_steps) is not written
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
+    before = snapshot(run_dir)
+    result = run_train(
+        f"trainer.resume={run_dir}", "trainer.max_steps=9", "optim.lr=1e39", "optim.lr_d=1e39", cwd=tmp_path
+    )
+    assert result.returncode == 3, output_of(result)[-3000:]
+    assert snapshot(run_dir) == before
+
+
+FULL_DISKS = {  # where the disk is full when the resume writes -> what the paragraph says
+    "the record": (".hydra/.config.yaml.", "No space left on device (errno 28). Free disk space, then resume: "),
+    "the grids' folder": ("samples/.write-test-", "samples: this folder of its sample grids refuses a new file"),
+}
+
+
+@pytest.mark.parametrize("where", FULL_DISKS)
+def test_a_disk_that_fills_as_a_resume_writes_leaves_the_run_as_it_was_and_no_temporary_file(
+    tiny_run, tmp_path, monkeypatch, where
+):
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
+    before = snapshot(run_dir)
+    fsync, full, said = os.fsync, *FULL_DISKS[where]
+
+    def no_room_there(fd: int) -> None:  # the blocks of a file written there find no room
+        if f"/{full}" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", no_room_there)
+    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
+    output = output_of(result)
+    assert result.returncode == 2, output[-3000:]
+    assert said in output and "Traceback" not in output
+    if where == "the record":
+        assert f"{run_dir / 'checkpoints' / 'last.pt'} holds step 6" in output
+    assert snapshot(run_dir) == before  # no temporary file in .hydra/, no log, no events

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, compose_config, in_process, run_train
+from conftest import ROOT, compose_config, in_process, output_of, run_train
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -230,3 +231,25 @@ def test_a_final_evaluation_stopped_says_how_to_measure_the_saved_run(tmp_path, 
     assert result.returncode == code and says in output and "Traceback" not in output, output[-2000:]
     assert f"python evaluate.py checkpoint={tmp_path / 'run'}" in output
     assert (tmp_path / "run" / "checkpoints" / "last.pt").is_file()
+
+
+def test_a_damaged_old_grid_is_left_out_of_the_animation_and_the_resume_goes_on(tiny_run, tmp_path):
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
+    damaged = run_dir / "samples" / "step_000003.png"
+    damaged.write_bytes(b"not a png any more")
+    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=9", cwd=tmp_path)
+    output = output_of(result)
+    assert result.returncode == 0, output[-3000:]
+    assert f"Left {damaged} out of progress.gif: it cannot be read as an image" in output
+    assert damaged.read_bytes() == b"not a png any more"  # a grid of a step past the checkpoint is never rewritten
+    with Image.open(run_dir / "samples" / "progress.gif") as gif:
+        assert gif.n_frames == 2  # steps 6 and 9
+
+
+@pytest.mark.parametrize("written", [False, True])
+def test_after_a_failed_write_train_py_says_whether_a_checkpoint_exists(tiny_run, tmp_path, written):
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
+    if not written:
+        (run_dir / "checkpoints" / "last.pt").unlink()
+    said = train_py.what_is_kept(run_dir)
+    assert ("holds step 6" in said) == written and ("No checkpoint of this run was written" in said) != written

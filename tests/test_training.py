@@ -1,10 +1,11 @@
-"""gan/training/ (hardware.py, state.py): precision modes, compile, retained host memory, the
+"""gan/training/ (hardware.py, state.py, overfit.py): precision modes, compile, retained host memory, the
 optimizers and their schedule, each tool training; and scripts/bench.py's measurements of the fast path."""
 
 from __future__ import annotations
 
 import copy
 import json
+import logging
 import math
 import re
 import subprocess
@@ -13,16 +14,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose_config
+from conftest import compose_config, output_of, run_script, run_train
+from test_datasets import HELD_OUT_DAMAGE, damaged_mnist, write_image
 
 import gan.training.hardware
 from gan.checkpoint import load_checkpoint
 from gan.config import ConfigError, ModelConfig, Precision
 from gan.core.models import Discriminator, Generator
+from gan.data import EmptySplitError, is_held_out, load_dataset
 from gan.errors import MetricsError
 from gan.evaluation import metrics as M
 from gan.training import train
 from gan.training.hardware import resolve_precision
+from gan.training.overfit import build_probe
 from gan.training.state import build_models, build_optimizer, lr_scale
 from scripts.bench import Row, probe, project_config
 
@@ -244,3 +248,84 @@ def test_a_final_evaluation_that_cannot_pass_is_refused_before_training(tmp_path
     with pytest.raises(MetricsError, match=r"trainer.final_eval_samples=100: The metrics classifier .* 50.00%"):
         train(cfg, tmp_path / "run")
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+# damaged held-out (test) files at train time: gan/training/overfit.py opens the split first ------------
+
+
+@pytest.mark.parametrize("damage", list(HELD_OUT_DAMAGE))
+def test_training_warns_about_damaged_test_labels_naming_the_file(tmp_path, damage):
+    labels = damaged_mnist(tmp_path / "data", damage)
+    run_dir = tmp_path / "run"
+    result = run_train("data=mnist", f"data.root={tmp_path / 'data'}", f"hydra.run.dir={run_dir}")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]  # the held-out split is a diagnostic here
+    warnings = [line for line in output.splitlines() if "[WARNING]" in line and "held-out split" in line]
+    assert len(warnings) == 1, output[-3000:]
+    assert str(labels) in warnings[0] and HELD_OUT_DAMAGE[damage] in warnings[0] and "evaluate.py" in warnings[0]
+
+
+# trainer.final_eval_samples measures the trained generator on the held-out split; trainer.eval_every
+# trains the metrics classifier, which is tested on it: either stops before training on damaged labels
+REFUSED_LABELS = [
+    ("truncated", ["trainer.final_eval_samples=20"],
+     ["{labels} is truncated", "trainer.final_eval_samples=20 measures the trained generator"]),
+    ("out of range", ["trainer.eval_every=2", "trainer.eval_samples=10", "trainer.overfit_every=0"],
+     ["labels file {labels} holds values from 5 to 12"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("damage, measuring, expected", REFUSED_LABELS, ids=["final_eval", "eval_every"])
+def test_a_run_that_measures_on_the_held_out_split_stops_on_damaged_test_labels(tmp_path, damage, measuring, expected):
+    labels = damaged_mnist(tmp_path / "data", damage)
+    run_dir = tmp_path / "run"
+    result = run_train("data=mnist", f"data.root={tmp_path / 'data'}", *measuring, f"hydra.run.dir={run_dir}")
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in output, output[-3000:]
+    assert all(text.format(labels=labels) in output for text in expected), output[-3000:]
+    assert not (run_dir / "checkpoints").exists()
+
+
+def test_a_folder_too_small_for_a_held_out_split_is_only_noted(tmp_path, caplog):
+    # not damage: the held-out split is simply empty, and the run goes on with an INFO line as before
+    folder = tmp_path / "images"
+    names = [f"{i:03d}.png" for i in range(60) if not is_held_out(Path(f"{i:03d}.png"))]
+    for i, name in enumerate(names):
+        write_image(folder / name, (16, 16), seed=i)
+    cfg = compose_config("data=folder", f"data.root={folder}", "data.channels=3")
+    with pytest.raises(EmptySplitError):
+        load_dataset(cfg.data, train=False)
+    with caplog.at_level(logging.INFO, logger="gan.training.overfit"):
+        assert build_probe(cfg, load_dataset(cfg.data), CPU) is None
+    assert [r.levelname for r in caplog.records if "held-out" in r.getMessage()] == ["INFO"]
+
+
+def test_a_data_position_beyond_an_epoch_is_refused_when_the_stream_is_rebuilt(tiny_run, tmp_path):
+    # 256 images / 32 a batch = 8 batches an epoch; step 40 could reach batch 20, no epoch has one
+    state = {**torch.load(tiny_run / "checkpoints" / "last.pt", weights_only=True), "step": 40}
+    torch.save({**state, "data": {"epoch": 0, "batch": 20}}, tmp_path / "far.pt")
+    run_dir = tmp_path / "out"
+    result = run_train(f"trainer.resume={tmp_path / 'far.pt'}", "trainer.max_steps=42", f"hydra.run.dir={run_dir}")
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-3000:]
+    assert "the checkpoint's entry 'data' places the batch stream at batch 20 of epoch 0" in output
+    assert "256 images make 8 batches of data.batch_size=32" in output and "Traceback" not in output
+    assert not (run_dir / "checkpoints").exists()
+
+
+# scripts the docs tell users to run, given arguments they cannot use ------------------------------------
+
+BAD_SCRIPT_ARGUMENTS = {  # each was a traceback, after work: a benchmark's subprocess, or an empty median
+    "bench --rounds 0": (["bench.py", "--rounds", "0"], "--rounds"),
+    "bench --precisions fp64": (["bench.py", "--precisions", "fp64"], "invalid choice: 'fp64'"),
+    "bench_parts --sizes 24": (["bench_parts.py", "--sizes", "24"], "--sizes powers of two"),
+    "longer --plot without NAME=": (["longer.py", "--plot", "runs", "--out", "x.png"], "each run is NAME=DIR"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_SCRIPT_ARGUMENTS)
+def test_a_script_refuses_an_argument_it_cannot_use_before_it_works(case, tmp_path):
+    args, says = BAD_SCRIPT_ARGUMENTS[case]
+    result = run_script(*args, cwd=tmp_path)
+    assert result.returncode == 2 and says in result.stderr and "Traceback" not in output_of(result)
+    assert not any(tmp_path.iterdir())
