@@ -438,8 +438,8 @@ def hparams_of(cfg: TrainConfig, swept: Sequence[str] = ()) -> dict[str, float |
     for override in swept:
         key = override_key(override).removesuffix(".name")  # data.name=x and data=x: the column `data`
         group, _, field = key.partition(".")
-        if override.startswith("~") or key in (*columns, "loss", "model.conditional"):
-            continue  # a deletion sets nothing to compare; the four show these
+        if override.startswith("~") or key in (*columns, "model.conditional"):
+            continue  # a deletion sets nothing to compare; the four show these (`data` says conditional)
         # a config group's choice (experiment=wgan_gp), or a key of no group, as the command gave it
         columns[key] = plain[group][field] if field in plain.get(group, {}) else override.split("=", 1)[1]
     # ints (and lists) as text: the page prints every number to five digits, 300 as 300.00

@@ -110,13 +110,13 @@ def thread_governor(adapt: bool, device: torch.device) -> Optional[ThreadGoverno
     return ThreadGovernor(limit, available_cpus())
 
 
-def keep_thread_count(recorded: object, threads: int, adapt: bool) -> None:
-    """On resume: the count the checkpoint's run computed with (`recorded`), unless the command fixes
-    another (trainer.threads=N) or adapts. Where this process may use fewer CPUs than that, it takes what
-    it has: a count above the CPUs can only be slower, and at 100s crashes torch's pool."""
-    now = torch.get_num_threads()
-    if not isinstance(recorded, int) or isinstance(recorded, bool) or recorded < 1 or adapt or recorded == now:
-        return  # a checkpoint from before counts were recorded, or an adapting run: nothing to keep
+def keep_thread_count(recorded: Optional[int], threads: int, adapt: bool) -> None:
+    """On resume: the count the checkpoint's run computed with (`recorded`, typed where the checkpoint is read:
+    checkpoint.ENTRIES), unless the command fixes another (trainer.threads=N) or adapts. Where this process may
+    use fewer CPUs than that, it takes what it has: a count above the CPUs can only be slower, and at 100s
+    crashes torch's pool."""
+    if recorded is None or adapt or recorded == torch.get_num_threads():
+        return  # a checkpoint that records no count, or an adapting run: nothing to keep
     usable = min(recorded, available_cpus())
     if not threads:
         torch.set_num_threads(usable)
