@@ -35,6 +35,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+import gc
 import json
 import multiprocessing
 import multiprocessing.context
@@ -474,11 +475,14 @@ class Run:
         return {node: outcome for outcome, node in found}
 
 
-# Each run is a process of its own, forked from a server that imported torch and the other
-# third-party modules once (multiprocessing's forkserver): `python -m pytest` per copy would spend
-# most of its time importing torch again. Never gan: each run imports the copy's. hydra is left out
-# because pytest rewrites the asserts of its plugin module, which must not be imported before.
-PRELOAD = ["torch", "torchvision", "numpy", "PIL.Image", "omegaconf", "torch.utils.tensorboard", "tqdm", "pytest"]
+# Each run is a process of its own, forked from a server that imported the third-party modules the
+# cited tests import, once (multiprocessing's forkserver): `python -m pytest` per copy would spend
+# most of its time importing them again. Never gan: each run imports the copy's. Of hydra, not its
+# pytest plugin (hydra.extra.pytest_plugin), whose asserts pytest rewrites as it loads it.
+PRELOAD = [
+    *("torch", "torchvision", "numpy", "PIL.Image", "omegaconf", "torch.utils.tensorboard", "tqdm", "pytest"),
+    *("hydra.compose", "hydra.utils", "torchmetrics", "torch_fidelity", "scipy.linalg", "matplotlib.pyplot"),
+]
 
 
 @functools.cache
@@ -491,6 +495,7 @@ def fork_server() -> multiprocessing.context.BaseContext:
 def pytest_in_copy(copy: str, args: list[str], log: str) -> None:
     """In a forked process: pytest on the copy as `python -m pytest ARGS` run in its root would be,
     with PYTHONPATH=copy; stdout and stderr into `log`."""
+    gc.freeze()  # what the server preloaded is never garbage: pytest's gc.collect() calls skip it
     os.chdir(copy)
     # this checkout off the path and the copy first: `import gan` must find the copy's package
     own = {ROOT.resolve(), (ROOT / "tests").resolve()}
