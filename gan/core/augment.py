@@ -1,16 +1,13 @@
 """DiffAugment (Zhao et al. 2020, "Differentiable Augmentation for Data-Efficient GAN Training").
 
-Why: on a few thousand images D memorises the training set and G's signal goes with it.
-Augmenting only the real images teaches G to draw augmented images; DiffAugment applies the same
-random transformations to every image D sees, real and fake, in both steps, so the augmentation
-cancels out of the game. In the G step the fakes are augmented on their way into D, so the
-augmentation must be made of differentiable tensor ops: G's gradient flows back through it (an
+Why: on a few thousand images D memorises the training set and G's signal goes with it. DiffAugment
+applies the same random transformations to every image D sees, real and fake, in both steps, so the
+augmentation cancels out of the game. The fakes are augmented on their way into D in the G step, so
+the augmentations are differentiable tensor ops: G's gradient flows back through them (an
 augmentation of uint8 pixels, a data loader's, would round that gradient away).
 
-The three policies follow the paper's reference code (DiffAugment_pytorch.py), one random draw per
-image, from the generator passed in (torch's global one when None). AdaptiveAugment draws from a
-generator of its own, which the checkpoint saves: the run's main stream (latents, batches) then does
-not depend on how often, or whether, the augmentation ran.
+The policies follow the paper's reference code (DiffAugment_pytorch.py), one random draw per image,
+from the generator passed in (torch's global one when None).
 """
 
 from __future__ import annotations
@@ -27,6 +24,11 @@ Augmentation = Callable[[Tensor, Optional[torch.Generator]], Tensor]
 def _uniform(x: Tensor, generator: Optional[torch.Generator]) -> Tensor:
     """One U(0, 1) number per image, shaped (N, 1, 1, 1) to broadcast over its pixels."""
     return torch.rand(x.size(0), 1, 1, 1, dtype=x.dtype, device=x.device, generator=generator)
+
+
+def _grid(n: int, h: int, w: int, device: torch.device) -> tuple[Tensor, ...]:
+    """(image, row, column) indices of an (n, h, w) block."""
+    return torch.meshgrid(*(torch.arange(size, device=device) for size in (n, h, w)), indexing="ij")
 
 
 def brightness(x: Tensor, generator: Optional[torch.Generator] = None) -> Tensor:
@@ -46,22 +48,21 @@ def contrast(x: Tensor, generator: Optional[torch.Generator] = None) -> Tensor:
     return (x - mean) * (_uniform(x, generator) + 0.5) + mean
 
 
+def color(x: Tensor, generator: Optional[torch.Generator] = None) -> Tensor:
+    return contrast(saturation(brightness(x, generator), generator), generator)
+
+
 def translation(x: Tensor, generator: Optional[torch.Generator] = None, ratio: float = 0.125) -> Tensor:
     """Shift each image by up to `ratio` of its side in each direction; zeros fill the border.
 
-    A gather, not a roll: pixel (i, j) of the output reads pixel (i + dx, j + dy) of the input padded
-    by one zero pixel, its index clamped into the padding. Gradient flows back to the pixels read.
+    A gather, not a roll: pixel (i, j) reads pixel (i + dx, j + dy) of the input padded by one zero
+    pixel, its index clamped into the padding. Gradient flows back to the pixels read.
     """
     n, _, h, w = x.shape
     shift_h, shift_w = int(h * ratio + 0.5), int(w * ratio + 0.5)
     dx = torch.randint(-shift_h, shift_h + 1, (n, 1, 1), device=x.device, generator=generator)
     dy = torch.randint(-shift_w, shift_w + 1, (n, 1, 1), device=x.device, generator=generator)
-    batch, rows, cols = torch.meshgrid(
-        torch.arange(n, device=x.device),
-        torch.arange(h, device=x.device),
-        torch.arange(w, device=x.device),
-        indexing="ij",
-    )
+    batch, rows, cols = _grid(n, h, w, x.device)
     rows = torch.clamp(rows + dx + 1, 0, h + 1)
     cols = torch.clamp(cols + dy + 1, 0, w + 1)
     padded = F.pad(x, [1, 1, 1, 1])
@@ -74,12 +75,7 @@ def cutout(x: Tensor, generator: Optional[torch.Generator] = None, ratio: float 
     size_h, size_w = int(h * ratio + 0.5), int(w * ratio + 0.5)
     offset_h = torch.randint(0, h + (1 - size_h % 2), (n, 1, 1), device=x.device, generator=generator)
     offset_w = torch.randint(0, w + (1 - size_w % 2), (n, 1, 1), device=x.device, generator=generator)
-    batch, rows, cols = torch.meshgrid(
-        torch.arange(n, device=x.device),
-        torch.arange(size_h, device=x.device),
-        torch.arange(size_w, device=x.device),
-        indexing="ij",
-    )
+    batch, rows, cols = _grid(n, size_h, size_w, x.device)
     rows = torch.clamp(rows + offset_h - size_h // 2, 0, h - 1)
     cols = torch.clamp(cols + offset_w - size_w // 2, 0, w - 1)
     mask = torch.ones(n, h, w, dtype=x.dtype, device=x.device)
@@ -87,20 +83,15 @@ def cutout(x: Tensor, generator: Optional[torch.Generator] = None, ratio: float 
     return x * mask.unsqueeze(1)  # a product with a constant mask: gradient 1 where kept, 0 where cut
 
 
-POLICIES: dict[str, tuple[Augmentation, ...]] = {
-    "color": (brightness, saturation, contrast),
-    "translation": (translation,),
-    "cutout": (cutout,),
-}
+# in the reference code's order, which diff_augment and AdaptiveAugment keep
+POLICIES: dict[str, Augmentation] = {"color": color, "translation": translation, "cutout": cutout}
 
 
 def diff_augment(x: Tensor, policies: Sequence[str], generator: Optional[torch.Generator] = None) -> Tensor:
-    """x (N, C, H, W) through each policy in POLICIES' order (color, translation, cutout), as the
-    reference code applies them; `policies` empty returns x itself."""
-    for name, functions in POLICIES.items():
+    """x (N, C, H, W) through each of `policies`, in POLICIES' order; none returns x itself."""
+    for name, augment in POLICIES.items():
         if name in policies:
-            for augment in functions:
-                x = augment(x, generator)
+            x = augment(x, generator)
     return x
 
 
@@ -110,9 +101,9 @@ class AdaptiveAugment:
     (StyleGAN2-ADA, Karras et al. 2020, sec. 3: "adaptive discriminator augmentation").
 
     Every `interval` steps p moves by sign(mean r_t - target) x (images in those steps) / (speed_kimg
-    x 1000), from 0 to 1 over speed_kimg thousand images at the fastest. p starts at 0 and is a 0-dim
-    tensor on the device: steering it costs no host sync. G's gradient flows through whichever branch
-    an image took (both are differentiable).
+    x 1000). p starts at 0 and is a 0-dim tensor on the device: steering it costs no host sync. Every
+    draw comes from a generator of its own, which the checkpoint saves: the run's main stream
+    (latents, batches) then does not depend on how often, or whether, the augmentation ran.
     """
 
     def __init__(
@@ -128,8 +119,7 @@ class AdaptiveAugment:
         self.step_size = interval * batch_size / (speed_kimg * 1000)
         self.p = torch.zeros(())
         self.rt_sum, self.seen = torch.zeros(()), 0
-        # every draw (gates and augmentations) from here; its state travels in the checkpoint's "rng"
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator().manual_seed(seed)  # its state travels in the checkpoint's "rng"
 
     def to(self, device: torch.device) -> AdaptiveAugment:
         self.p, self.rt_sum = self.p.to(device), self.rt_sum.to(device)
@@ -140,28 +130,20 @@ class AdaptiveAugment:
         on_cpu = x.device.type == "cpu"
         if on_cpu and not self.p > 0:  # reading p is free on the CPU: at p = 0 no work and no draw
             return x
-        for name, functions in POLICIES.items():
+        for name, augment in POLICIES.items():
             if name not in self.policies:
                 continue
             take = _uniform(x, self.generator) < self.p.to(x.dtype)  # (N, 1, 1, 1): this policy for these images
             if on_cpu:
-                # Reading which images were drawn costs nothing on the CPU, so only those are augmented:
-                # while p is small (early in a run, and in a run D never dominates) it costs next to
-                # nothing. index_put is differentiable: G's gradient reaches the images either way.
+                # Reading the draws is free on the CPU, so only the images drawn are augmented: next to
+                # nothing while p is small. index_put is differentiable: G's gradient reaches every image.
                 index = take.flatten().nonzero().flatten()
-                if index.numel() == 0:
-                    continue
-                augmented = x[index]
-                for augment in functions:
-                    augmented = augment(augmented, self.generator)
-                x = x.index_put((index,), augmented)
+                if index.numel() > 0:
+                    x = x.index_put((index,), augment(x[index], self.generator))
             else:
                 # On an accelerator reading p or the draws would wait for the device: augment all, keep
-                # the drawn ones (work even at p = 0, but no host sync; the draws are still the augment's own)
-                augmented = x
-                for augment in functions:
-                    augmented = augment(augmented, self.generator)
-                x = torch.where(take, augmented, x)
+                # the drawn ones (work even at p = 0, but no host sync)
+                x = torch.where(take, augment(x, self.generator), x)
         return x
 
     def state_dict(self) -> dict[str, float]:
