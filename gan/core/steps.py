@@ -1,18 +1,13 @@
 """One optimisation step per network: where the autograd techniques of this project live.
 
-Owns the order of forward, backward and update for D and for G, and the isolation between them:
   - the D step sees `fake.detach()`, so D's loss never reaches G's parameters;
   - the G step runs D with `requires_grad_(False)`, so G's loss never fills D's `.grad`;
   - gradients live only inside the step that makes them: `param.grad = None` right after the update.
-Where gradients are cleared decides what else is needed. pytorch/examples' dcgan/main.py clears
-before each backward (`netD.zero_grad()`, `netG.zero_grad()`); this module clears after each update,
-so a gradient written between one update and the next would still be there at the next update: that
-is why the G step freezes D (docs/walkthrough.md, section 4).
-A conditional run passes the classes `y` to both networks; DiffAugment (`ctx.augment`) runs every
-image D sees, real or fake, through the same differentiable augmentation.
+pytorch/examples' dcgan/main.py clears gradients before each backward (`netD.zero_grad()`); this
+module clears them after each update, which is why the G step freezes D (docs/walkthrough.md, 4).
 
 Each step returns its diagnostics as 0-dim tensors still on the device: `.item()` forces a host
-sync, so the loop does that only at log time (trainer.on_nan=skip checks each loss in `update`).
+sync, so the loop does that only at log time.
 """
 
 import contextlib
@@ -49,10 +44,8 @@ NO_PENALTIES = Penalties()
 class StepContext:
     """What both steps share for a whole run: the objective, and how the arithmetic is done.
 
-    autocast: a zero-argument callable giving the mixed-precision context for forward passes.
-    scaler: a GradScaler for fp16 (scales the loss so small gradients survive fp16; one scaler for
-        both networks, updated once per iteration, as PyTorch's AMP recipe for several optimizers).
-        Disabled, it is a pass-through.
+    scaler: a GradScaler for fp16, one for both networks, updated once per iteration (PyTorch's AMP
+        recipe for several optimizers); disabled, a pass-through.
     skip_nonfinite: drop an update whose loss is NaN/inf (trainer.on_nan=skip; one host sync).
     augment: what every image goes through on its way into D, in both steps (DiffAugment or identity).
     """
@@ -61,7 +54,7 @@ class StepContext:
     penalties: Penalties = NO_PENALTIES
     feature_matching: float = 0.0
     backward_mode: BackwardMode = BackwardMode.summed
-    autocast: Callable[[], ContextManager] = contextlib.nullcontext
+    autocast: Callable[[], ContextManager] = contextlib.nullcontext  # the forward passes' mixed precision
     scaler: torch.amp.GradScaler = dataclasses.field(default_factory=lambda: torch.amp.GradScaler("cpu", enabled=False))
     skip_nonfinite: bool = False
     augment: Callable[[Tensor], Tensor] = no_augment
@@ -83,8 +76,8 @@ def d_step(
 ) -> tuple[dict[str, Tensor], Tensor]:
     """(1) Update D: minimise loss.d(D(x), D(G(z))); for bce, maximise log D(x) + log(1 - D(G(z))).
 
-    `y`: the real batch's classes, for which the fakes were drawn (conditional runs only). Returns the
-    diagnostics and D's detached features of the real batch, which the G step reuses for feature matching.
+    `y`: the classes of the batch (conditional runs). Returns the diagnostics and D's detached
+    features of the real batch, for the G step's feature matching.
     """
     penalties = ctx.penalties
     if penalties.r1 > 0:  # R1 differentiates D(x) with respect to the images themselves
@@ -133,9 +126,8 @@ def g_step(
 ) -> dict[str, Tensor]:
     """(2) Update G: minimise loss.g(D(G(z))) [+ w * feature matching]; for bce, maximise log D(G(z)).
 
-    `fake` is G's output with its graph (the same batch the D step saw detached). D is frozen for G's
-    forward and backward only: `frozen` gives D its flags back before opt_g.step(), which is harmless,
-    since opt_g holds G's parameters alone and D's .grad stayed None throughout.
+    `fake` is G's output with its graph (the batch the D step saw detached). D is frozen for G's
+    forward and backward; opt_g holds G's parameters alone.
     """
     # retain_grad(): `fake` is not a leaf, so autograd would drop its gradient after use. Keeping it
     # shows how strongly D pushes on the images, a diagnostic of the adversarial signal.
@@ -172,12 +164,11 @@ def backward_terms(
 ) -> dict[str, Tensor]:
     """Backpropagate a multi-term loss into .grad; in separate mode, returns each term's gradient norm.
 
-    summed: one backward of the sum, the usual and cheapest form.
-    separate: one backward per term. The terms share one graph (through D and G), and backward()
-    frees a graph's saved tensors as it goes, so every call but the last passes retain_graph=True;
-    without it the next call raises "Trying to backward through the graph a second time". The
-    gradients accumulate in .grad, so both modes leave the same .grad; each term's own norm is the
-    growth of .grad during its call.
+    summed: one backward of the sum, the usual and cheapest form. separate: one backward per term.
+    The terms share one graph (through D and G), and backward() frees its saved tensors as it goes,
+    so every call but the last passes retain_graph=True; without it the next call raises "Trying to
+    backward through the graph a second time". Both modes leave the same .grad; a term's own norm is
+    the growth of .grad during its call.
     """
     if mode == BackwardMode.summed or len(terms) == 1:
         ctx.scaler.scale(sum(terms.values())).backward()
@@ -189,7 +180,7 @@ def backward_terms(
         last = i == len(terms) - 1
         ctx.scaler.scale(term).backward(retain_graph=not last)
         after = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
-        norms[name] = total_norm_of([a - b for a, b in zip(after, before)]) / scale
+        norms[name] = nn.utils.get_total_norm([a - b for a, b in zip(after, before)]) / scale
         before = after
     return norms
 
@@ -207,15 +198,11 @@ def frozen(module: nn.Module) -> Iterator[nn.Module]:
     """requires_grad_(False) on every parameter inside the block, then each flag as it was.
 
     A frozen D still passes gradient through to its input (the fake images, hence G) but builds no
-    gradient for its own weights: its .grad stays None and no time goes into D's weight gradients.
-    (no_grad() would cut the path to G too; eval() would only change how BatchNorm normalises.)
-    Freezing stops gradients, not buffers: D's forward in the G step still updates what a forward
-    updates, BatchNorm's running statistics in DCGAN's D, the power-iteration vector of spectral norm
-    in the default D.
-
-    Needed in this loop because it clears gradients after each update, not before each backward:
-    unfrozen, D would get G's loss gradient in its .grad, and D's next backward would add to it.
-    pytorch/examples' dcgan/main.py does not freeze D; its `netD.zero_grad()` wipes that gradient.
+    gradient for its own weights. (no_grad() would cut the path to G too; eval() would only change
+    how BatchNorm normalises.) Its forward still updates its buffers (BatchNorm's statistics).
+    Needed because this loop clears gradients after each update, not before each backward: unfrozen,
+    D's next update would add G's loss gradient to its own. pytorch/examples' dcgan/main.py does not
+    freeze D; its `netD.zero_grad()` wipes that gradient.
     """
     flags = [p.requires_grad for p in module.parameters()]
     module.requires_grad_(False)
@@ -229,13 +216,10 @@ def frozen(module: nn.Module) -> Iterator[nn.Module]:
 def release_grads(module: nn.Module) -> None:
     """param.grad = None after the update, as optimizer.zero_grad(set_to_none=True) does.
 
-    Setting `.grad` to `None` rather than zero frees the gradient's memory while the other network
-    trains, and the next `backward()` writes a fresh gradient instead of adding to zeros. An optimizer
-    skips a parameter whose `.grad` is `None`, while a zero `.grad` is still stepped: with Adam's beta1
-    above 0 (`experiment=paper`'s 0.5) that moves the parameter by momentum; with the default beta1 = 0
-    it does not. The clearing happens here, after the update: a gradient written after this call and
-    before the module's next update (by the other network's step, were D not frozen) is still there
-    at that update.
+    `None` rather than zero frees the gradient's memory while the other network trains, and the next
+    `backward()` writes a fresh gradient instead of adding to zeros. An optimizer skips a parameter
+    whose `.grad` is `None`; a zero `.grad` is still stepped, which Adam's momentum (beta1 > 0,
+    `experiment=paper`) turns into a move.
     """
     for p in module.parameters():
         p.grad = None
@@ -247,9 +231,4 @@ def total_norm(params: Iterable[Tensor]) -> Tensor:
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros((), device=params[0].device if params else None)
-    return total_norm_of(grads)
-
-
-def total_norm_of(tensors: list[Tensor]) -> Tensor:
-    """L2 norm of a non-empty list of tensors taken together."""
-    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors)))
+    return nn.utils.get_total_norm(grads)
