@@ -53,11 +53,8 @@ def color(x: Tensor, generator: Optional[torch.Generator] = None) -> Tensor:
 
 
 def translation(x: Tensor, generator: Optional[torch.Generator] = None, ratio: float = 0.125) -> Tensor:
-    """Shift each image by up to `ratio` of its side in each direction; zeros fill the border.
-
-    A gather, not a roll: pixel (i, j) reads pixel (i + dx, j + dy) of the input padded by one zero
-    pixel, its index clamped into the padding. Gradient flows back to the pixels read.
-    """
+    """Shift each image by up to `ratio` of its side in each direction; zeros fill the border. A gather
+    from the input padded by one zero pixel, not a roll: gradient flows back to the pixels read."""
     n, _, h, w = x.shape
     shift_h, shift_w = int(h * ratio + 0.5), int(w * ratio + 0.5)
     dx = torch.randint(-shift_h, shift_h + 1, (n, 1, 1), device=x.device, generator=generator)
@@ -101,9 +98,8 @@ class AdaptiveAugment:
     (StyleGAN2-ADA, Karras et al. 2020, sec. 3: "adaptive discriminator augmentation").
 
     Every `interval` steps p moves by sign(mean r_t - target) x (images in those steps) / (speed_kimg
-    x 1000). p starts at 0 and is a 0-dim tensor on the device: steering it costs no host sync. Every
-    draw comes from a generator of its own, which the checkpoint saves: the run's main stream
-    (latents, batches) then does not depend on how often, or whether, the augmentation ran.
+    x 1000); p starts at 0, a 0-dim tensor on the device (no host sync). Its draws come from a generator
+    of its own, which the checkpoint saves: the run's main stream does not depend on them.
     """
 
     def __init__(

@@ -1,9 +1,8 @@
 """An exponential moving average (EMA) of G's weights: the generator every sample is drawn from.
 
 Why (Karras et al. 2018; Yazici et al. 2019): G's weights oscillate as G and D chase each other;
-their running average sits near the middle of the oscillation and changes slowly
-(docs/results.md#training-tools). Built on torch's AveragedModel (torch.optim.swa_utils) with its
-own decay schedule; it averages BatchNorm's running statistics too, which evaluate.py recomputes.
+their running average sits near the middle and changes slowly (docs/results.md#training-tools).
+Built on torch's AveragedModel, with its own decay schedule.
 """
 
 from typing import Callable, Optional
@@ -19,12 +18,9 @@ EmaUpdate = Callable[[list[Tensor], list[Tensor], Tensor], None]
 def build_ema(
     G: nn.Module, decay: float, kimg: float = 0.0, rampup: float = 0.0, images_per_step: int = 1, every: int = 1
 ) -> Optional[AveragedModel]:
-    """An exponential moving average of G (torch's AveragedModel), or None when it is off.
-
-    The decay is `decay` with TF's warm-up, or, when kimg > 0, a half-life of kimg thousand images.
-    use_buffers=True averages BatchNorm's running statistics along with the weights. `every`: the
-    loop updates it every that many steps, each update standing for that many steps' (ema_every).
-    """
+    """An exponential moving average of G (torch's AveragedModel), or None when it is off: `decay` with
+    TF's warm-up, or, when kimg > 0, a half-life of kimg thousand images; updated every `every` steps.
+    use_buffers=True averages BatchNorm's running statistics along with the weights."""
     if kimg > 0:
         update = ema_with_half_life(kimg * 1000, rampup, images_per_step, every)
     elif decay > 0:
@@ -35,20 +31,16 @@ def build_ema(
 
 
 def ema_with_warmup(decay: float, every: int = 1) -> EmaUpdate:
-    """EMA update whose decay warms up as in TF's ExponentialMovingAverage(num_updates):
-    min(decay, (1 + n) / (10 + n)) after n steps. With a fixed 0.999 the first few hundred
-    steps' samples would still be mostly the random initial weights (0.999^300 = 74%).
-    The decay is a 0-dim tensor on the device: no host sync per step.
-    """
+    """EMA update whose decay warms up as TF's ExponentialMovingAverage(num_updates): min(decay,
+    (1 + n) / (10 + n)) after n steps. With a fixed 0.999 the first few hundred steps' samples would
+    still be mostly the random initial weights (0.999^300 = 74%)."""
     return _ema_update(lambda n: ((1 + n) / (10 + n)).clamp(max=decay), every)
 
 
 def ema_with_half_life(half_life_images: float, rampup: float, images_per_step: int, every: int = 1) -> EmaUpdate:
-    """EMA update with a half-life counted in images (StyleGAN2-ADA, training_loop.py): the decay
-    per step is 0.5 ** (images_per_step / half-life), so the average spans the same images
-    whatever the batch size; with rampup > 0 the half-life is at most rampup x the images seen
-    so far, which plays the part of the warm-up.
-    """
+    """EMA update with a half-life counted in images (StyleGAN2-ADA, training_loop.py): the decay per
+    step is 0.5 ** (images_per_step / half-life), whatever the batch size; with rampup > 0 the
+    half-life is at most rampup x the images seen so far, which plays the part of the warm-up."""
 
     def decay(n: Tensor) -> Tensor:
         half_life = torch.full_like(n, half_life_images, dtype=torch.float32)
@@ -60,13 +52,12 @@ def ema_with_half_life(half_life_images: float, rampup: float, images_per_step: 
 
 
 def _ema_update(decay_after: Callable[[Tensor], Tensor], every: int = 1) -> EmaUpdate:
-    """AveragedModel's multi_avg_fn: averaged = decay * averaged + (1 - decay) * current, with the
-    decay a function of the number of steps so far (a tensor on the device: no host sync).
+    """AveragedModel's multi_avg_fn: averaged = decay * averaged + (1 - decay) * current, the decay a
+    function of the steps so far (a tensor on the device: no host sync).
 
-    Updated every `every` steps, one update stands for that many: its decay is the product of those
-    steps' decays (decay ** every once warmed up), so the average keeps its half-life in steps. It is
-    exact while G holds still, and otherwise misses at most the last every - 1 steps of G (the argument by
-    which StyleGAN2-ADA's ema_kimg counts its half-life in images: decay ** (images per update)).
+    Updated every `every` steps, one update's decay is the product of the decays of the steps it
+    stands for, so the average keeps its half-life in steps (exact while G holds still; as
+    StyleGAN2-ADA's ema_kimg counts its half-life in images).
     """
 
     @torch.no_grad()

@@ -1,8 +1,6 @@
-"""Adversarial losses and regularisers as pure functions of D's outputs.
-
-Every function takes logits (D has no Sigmoid) and returns a scalar to minimise. The with-logits
-forms are exact rewrites of the textbook formulas that never take log(0) and stay correct under autocast.
-"""
+"""Adversarial losses and regularisers as pure functions of D's logits (D has no Sigmoid), each a
+scalar to minimise. The with-logits forms are exact rewrites of the textbook formulas that never take
+log(0) and stay correct under autocast."""
 
 from typing import Callable, NamedTuple
 
@@ -14,9 +12,8 @@ from torch import Tensor
 def d_loss_bce(real_logits: Tensor, fake_logits: Tensor, real_label: float = 1.0) -> Tensor:
     """-[log D(x) + log(1 - D(G(z)))], the GAN discriminator loss (Goodfellow et al. 2014).
 
-    real_label < 1 is one-sided label smoothing (Salimans et al. 2016, sec. 3.4): D aims at 0.9,
-    say, for real images, which keeps it from growing overconfident; fakes keep the target 0.
-    """
+    real_label < 1 is one-sided label smoothing (Salimans et al. 2016, sec. 3.4): D aims at 0.9, say,
+    for real images, which keeps it from growing overconfident; fakes keep the target 0."""
     real = F.binary_cross_entropy_with_logits(real_logits, torch.full_like(real_logits, real_label))  # -log sigmoid(l)
     fake = F.binary_cross_entropy_with_logits(fake_logits, torch.zeros_like(fake_logits))  # -log(1 - sigmoid(l))
     return real + fake
@@ -45,13 +42,10 @@ def d_loss_wgan(real_logits: Tensor, fake_logits: Tensor) -> Tensor:
 def gradient_penalty(critic: Callable[[Tensor], Tensor], real: Tensor, fake: Tensor) -> Tensor:
     """E[(||grad_x D(x_hat)||_2 - 1)^2] on random interpolates of real and fake (Gulrajani et al. 2017).
 
-    create_graph=True: the penalty is a function of D's input gradient, and its own gradient with
-    respect to D's weights needs the graph of that gradient (a second-order backward). Without it
-    the gradient is a constant and the penalty changes nothing. The norm is per sample
-    (.norm(2, dim=1) over the flattened image), so D must not mix samples (no BatchNorm).
-    `fake` must come detached (d_step passes fake.detach()): the interpolates follow its graph, so an
-    attached fake would carry the penalty's gradient into G. `real` is detached here: under R1 it is a
-    leaf that requires grad, whose .grad this penalty's backward would otherwise fill for nothing.
+    create_graph=True: the penalty's gradient with respect to D's weights needs the graph of D's input
+    gradient (a second-order backward); without it the penalty changes nothing. The norm is per
+    sample, so D must not mix samples (no BatchNorm). `fake` must come detached, or the penalty's
+    gradient would reach G; `real` is detached here (under R1 it requires grad: no .grad filled for nothing).
     """
     epsilon = torch.rand(real.size(0), 1, 1, 1, device=real.device, dtype=real.dtype)
     interpolates = (epsilon * real.detach() + (1 - epsilon) * fake).requires_grad_(True)
@@ -66,25 +60,19 @@ def r1_penalty(real_logits: Tensor, real: Tensor) -> Tensor:
 
 
 def feature_matching(real_features: Tensor, fake_features: Tensor) -> Tensor:
-    """||E f(x) - E f(G(z))||^2 over D's intermediate features (Salimans et al. 2016, sec. 3.1).
-
-    The real statistics are constants for G: pass them detached.
-    """
+    """||E f(x) - E f(G(z))||^2 over D's features (Salimans et al. 2016, sec. 3.1); real ones detached."""
     return (real_features.mean(0) - fake_features.mean(0)).pow(2).mean()
 
 
 def probabilities(real_logits: Tensor, fake_logits: Tensor) -> dict[str, Tensor]:
-    """Mean D(x) and D(G(z)) as probabilities of "real": what a bce D's logits mean.
-
-    D(x) near 1 and D(G(z)) near 0 for long means D wins and G learns little (pytorch/examples#822).
-    """
+    """Mean D(x) and D(G(z)) as probabilities of "real": near 1 and 0 for long, D wins and G learns
+    little (pytorch/examples#822)."""
     return {"d/real": torch.sigmoid(real_logits).mean(), "d/fake": torch.sigmoid(fake_logits).mean()}
 
 
 def mean_scores(real_logits: Tensor, fake_logits: Tensor) -> dict[str, Tensor]:
-    """Mean raw scores of D on real and fake images: a hinge D or a Wasserstein critic outputs no
-    probability, and for WGAN their gap estimates the Wasserstein distance. Beside them, the scores
-    read as logits, as bce's: one [0, 1] axis for D(x) and D(G(z)) whatever the loss."""
+    """Mean raw scores of D on real and fake images (a hinge D or a Wasserstein critic outputs no
+    probability; for WGAN their gap estimates the Wasserstein distance), and bce's probabilities."""
     return {**probabilities(real_logits, fake_logits), "d/real_score": real_logits.mean(),
             "d/fake_score": fake_logits.mean()}  # fmt: skip
 

@@ -3,10 +3,9 @@
 `Generator`, `Discriminator` and `dcgan_init_` are pytorch/examples' dcgan/main.py layer for layer,
 with one change: D returns logits, not probabilities (no Sigmoid), so the losses can use the
 with-logits forms, exact where a sigmoid saturates and safe under autocast (pytorch#61098). The
-"Variants" below are constructor arguments, off by default here; skip them on a first read.
+"Variants" below are off by default here; skip them on a first read.
 
-Shapes for a 32 x 32 grayscale model of width 64 (pytorch/examples' ngf and ndf); each doubling of
-image_size adds one block to each network:
+Shapes for a 32 x 32 grayscale model of width 64 (pytorch/examples' ngf and ndf):
     G: z 100 -> 256 x 4 x 4 -> 128 x 8 x 8 -> 64 x 16 x 16 -> 1 x 32 x 32
     D: 1 x 32 x 32 -> 64 x 16 x 16 -> 128 x 8 x 8 -> 256 x 4 x 4 -> logit
 """
@@ -30,11 +29,9 @@ def num_blocks(image_size: int) -> int:
 
 
 class Generator(nn.Module):
-    """z (N, z_dim) -> images (N, channels, image_size, image_size) in [-1, 1].
-
-    Transposed convolutions, each doubling the side, with BatchNorm and ReLU between them and tanh at
-    the end (Radford et al. 2015, sec. 3). num_classes > 0 makes it conditional, G(z, y).
-    """
+    """z (N, z_dim) -> images (N, channels, image_size, image_size) in [-1, 1]: transposed convolutions,
+    each doubling the side, with BatchNorm and ReLU between them and tanh at the end (Radford et al.
+    2015, sec. 3). num_classes > 0 makes it conditional, G(z, y)."""
 
     def __init__(
         self, z_dim: int = 100, width: int = 64, channels: int = 1, image_size: int = 32, num_classes: int = 0
@@ -66,12 +63,9 @@ class Generator(nn.Module):
 
 
 class Discriminator(nn.Module):
-    """images (N, channels, S, S) -> logits (N,).
-
-    Strided convolutions, each halving the side, with BatchNorm (except on the input layer) and
-    LeakyReLU(0.2) between them, and one 4 x 4 convolution to a logit. The other arguments are the
-    variants below; batchnorm=False drops BatchNorm (the convolutions then get a bias).
-    """
+    """images (N, channels, S, S) -> logits (N,): strided convolutions, each halving the side, with
+    BatchNorm (except on the input layer) and LeakyReLU(0.2) between them, and one 4 x 4 convolution to
+    a logit. The other arguments are the variants below; batchnorm=False drops BatchNorm."""
 
     def __init__(
         self,
@@ -109,11 +103,8 @@ class Discriminator(nn.Module):
     def forward(
         self, x: Tensor, y: Optional[Tensor] = None, with_features: bool = False
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """logits (N,); with_features=True: (logits, features (N, ch, 4, 4)) for feature matching.
-
-        with_features is a keyword of forward() rather than a second method, so that a
-        DistributedDataParallel wrapper, which only intercepts forward(), passes it through.
-        """
+        """logits (N,); with_features=True: (logits, features (N, ch, 4, 4)) for feature matching,
+        a keyword of forward() so that a DistributedDataParallel wrapper passes it through."""
         if self.pack > 1:  # variant: PacGAN
             x = pack_samples(x, self.pack)
         features = self.features(x)
@@ -125,9 +116,8 @@ class Discriminator(nn.Module):
 
 @torch.no_grad()
 def dcgan_init_(module: nn.Module) -> None:
-    """Convolution weights ~ N(0, 0.02) (the DCGAN paper, sec. 4: "all weights" from a zero-centred
-    normal with standard deviation 0.02); BatchNorm scale ~ N(1, 0.02) and shift 0, as
-    pytorch/examples' weights_init does (the paper says nothing of BatchNorm's scale and shift)."""
+    """Convolution weights ~ N(0, 0.02) (the DCGAN paper, sec. 4); BatchNorm scale ~ N(1, 0.02) and
+    shift 0, as pytorch/examples' weights_init does (the paper says nothing of them)."""
     if isinstance(module, (nn.Conv2d, nn.ConvTranspose2d)):
         nn.init.normal_(module.weight, 0.0, 0.02)
         if module.bias is not None:
@@ -138,25 +128,21 @@ def dcgan_init_(module: nn.Module) -> None:
 
 
 # Variants -----------------------------------------------------------------------------------------
-# Each is a config option, off by default in these constructors; with all of them off, G and D above
-# are DCGAN's. The config turns two on by default: spectral norm, and D without BatchNorm.
+# Each is a config option, off by default in these constructors; the config turns two on by default:
+# spectral norm, and D without BatchNorm.
 
 
 def append_class_code(z: Tensor, y: Optional[Tensor], num_classes: int) -> Tensor:
-    """Conditional G (model.conditional): z (N, z_dim) and classes y (N,) -> (N, z_dim + num_classes).
-
-    The one-hot class code is concatenated to z at the input (cGAN, Mirza & Osindero 2014). It is
-    small next to z (norm 1 against about sqrt(z_dim) = 10), so G keeps drawing its variety from z
-    (docs/conditional.md).
-    """
+    """Conditional G (model.conditional): z (N, z_dim) and classes y (N,) -> (N, z_dim + num_classes),
+    the one-hot class code concatenated to z (cGAN, Mirza & Osindero 2014; docs/conditional.md)."""
     if y is None:
         raise ValueError("this generator is class-conditional: call it as G(z, y) with the classes y")
     return torch.cat([z, F.one_hot(y, num_classes).to(z.dtype)], dim=1)
 
 
 def class_embeddings(num_classes: int, size: int) -> Optional[nn.Embedding]:
-    """The projection discriminator's embed(y), one learned vector of D's feature size per class; None
-    when unconditional. N(0, 0.02), the head's init, so the two terms of the logit start equally small."""
+    """The projection discriminator's embed(y), one vector of D's feature size per class, or None;
+    N(0, 0.02), the head's init, so the two terms of the logit start equally small."""
     if not num_classes:
         return None
     embed = nn.Embedding(num_classes, size)
@@ -165,14 +151,8 @@ def class_embeddings(num_classes: int, size: int) -> Optional[nn.Embedding]:
 
 
 def projection(embed: nn.Embedding, y: Optional[Tensor], features: Tensor) -> Tensor:
-    """The class term of a projection discriminator (Miyato & Koyama 2018, model.conditional):
-
-        logit = psi(phi(x)) + <embed(y), phi(x)>,
-
-    with phi(x) D's trunk output (ch x 4 x 4), psi DCGAN's head and embed(y) one learned ch x 4 x 4
-    tensor per class. This returns the second term, one dot product per image: "does x look like
-    class y?" in D's own feature space.
-    """
+    """The class term of a projection discriminator (Miyato & Koyama 2018): logit = psi(phi(x)) +
+    <embed(y), phi(x)>, phi(x) D's features; one dot product per image: "does x look like class y?"."""
     if y is None:
         raise ValueError("this discriminator is class-conditional: call it as D(x, y) with the classes y")
     return (embed(y).to(features.dtype) * features.flatten(1)).sum(dim=1)
@@ -186,25 +166,20 @@ def pack_samples(x: Tensor, pack: int) -> Tensor:
 
 
 def spectral_norm_(layers: list[nn.Module]) -> None:
-    """Spectral norm (Miyato et al. 2018, model.spectral_norm): each layer's weight, reshaped to an
-    (out, in*k*k) matrix, divided by its largest singular value (torch's parametrization, one power
-    iteration per training forward). That bounds each layer's slope against its input by a constant:
-    1 for the matrix, up to 2 for a 4x4 convolution at stride 2, whose patches overlap so that each
-    input pixel enters four of them. Used without BatchNorm, which would rescale each layer after the
-    normalisation and undo the bound (docs/results.md#adams-beta1-for-the-spectrally-normalised-d)."""
+    """Spectral norm (Miyato et al. 2018): each weight, as an (out, in*k*k) matrix, divided by its
+    largest singular value (torch's parametrization, one power iteration per training forward). That
+    bounds each layer's slope: 1 for the matrix, up to 2 for a 4x4 stride-2 convolution, whose patches
+    overlap. Used without BatchNorm, which would undo the bound
+    (docs/results.md#adams-beta1-for-the-spectrally-normalised-d)."""
     for layer in layers:
         nn.utils.parametrizations.spectral_norm(layer)
 
 
 class MinibatchStd(nn.Module):
-    """(N, C, H, W) -> (N, C + 1, H, W): appends the standard deviation of the features across a
-    group of samples, averaged over features and positions, as one constant channel
-    (model.minibatch_std=g, the group size; 0 = off).
-
-    Karras et al. 2018 (ProGAN), sec. 3: a D that judges samples one at a time cannot see that a batch
-    of fakes lacks the variety of a batch of reals. Groups follow StyleGAN2-ADA's layout (sample n with
-    n + N/g, n + 2N/g, ...); a g that does not divide N shrinks to gcd(N, g). Computed in float32:
-    under bf16 autocast a variance of small differences loses its digits.
+    """(N, C, H, W) -> (N, C + 1, H, W): the features' standard deviation across a group of g samples,
+    averaged, as one more channel (ProGAN, Karras et al. 2018, sec. 3): a D that judges samples one at
+    a time cannot see that a batch of fakes lacks variety. Groups as StyleGAN2-ADA's (sample n with
+    n + N/g, ...; g shrinks to gcd(N, g)); in float32, as bf16 loses a small variance's digits.
     """
 
     def __init__(self, group_size: int = 4):

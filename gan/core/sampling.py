@@ -1,9 +1,7 @@
 """Sampling from G without disturbing training: eval mode, no autograd, previous mode restored.
 
-Owns how images are drawn from a generator and laid out as grids. pytorch/examples samples in
-train mode, so every snapshot also moves BatchNorm's running statistics (examples#804, #807).
-Eval mode has its own catch here: the training loop samples the EMA generator, whose running
-statistics are averages that do not match its averaged weights (see `sample`).
+pytorch/examples samples in train mode, so every snapshot also moves BatchNorm's running
+statistics (examples#804, #807).
 """
 
 import contextlib
@@ -31,20 +29,16 @@ def sample(G: nn.Module, z: Tensor, y: Optional[Tensor] = None) -> Tensor:
 
     eval(): BatchNorm normalises with its running statistics and leaves them unchanged.
     no_grad(): no graph is recorded, so nothing is kept for a backward that will never come.
-    Neither implies the other: eval() alone still builds a graph; no_grad() alone still updates
-    BatchNorm's running statistics in train mode.
-
-    The EMA generator's running statistics are averages of G's and do not match its averaged
-    weights; evaluate.py recomputes them (gan/evaluation/pipeline.py:recompute_batchnorm_stats).
+    Neither implies the other. The EMA generator's running statistics are averages that do not match
+    its averaged weights; evaluate.py recomputes them (gan/evaluation/pipeline.py:recompute_batchnorm_stats).
     """
     with eval_mode(G), torch.no_grad():
         return G(z) if y is None else G(z, y)
 
 
 def class_rows(z: Tensor, num_classes: int, max_rows: int = 16) -> tuple[Tensor, Tensor]:
-    """Latents and classes for a grid of a conditional G with one row per class: each row repeats the
-    first ceil(sqrt(len(z))) latents (so a column holds one z across the classes), and rows are
-    classes 0..K-1, or max_rows classes evenly spread over them when there are more."""
+    """Latents and classes for a conditional G's grid: one row per class (at most max_rows, evenly
+    spread), each the first ceil(sqrt(len(z))) latents, so a column holds one z across the classes."""
     columns = math.ceil(math.sqrt(z.size(0)))
     rows = min(num_classes, max_rows)
     classes = torch.linspace(0, num_classes - 1, rows, device=z.device).round().long()

@@ -37,30 +37,20 @@ class Penalties:
     r1: float = 0.0  # gamma of R1 (Mescheder et al. 2018), on real images
 
 
-NO_PENALTIES = Penalties()
-
-
 @dataclasses.dataclass(frozen=True)
 class StepContext:
-    """What both steps share for a whole run: the objective, and how the arithmetic is done.
-
-    scaler: a GradScaler for fp16, one for both networks, updated once per iteration (PyTorch's AMP
-        recipe for several optimizers); disabled, a pass-through.
-    skip_nonfinite: drop an update whose loss is NaN/inf (trainer.on_nan=skip; one host sync).
-    augment: what every image goes through on its way into D, in both steps (DiffAugment or identity).
-    """
+    """What both steps share for a whole run: the objective, and how the arithmetic is done. `scaler`:
+    fp16's GradScaler, one for both networks (PyTorch's AMP recipe for several optimizers); disabled,
+    a pass-through. `augment`: what every image goes through on its way into D, in both steps."""
 
     loss: AdversarialLoss = LOSSES["bce"]
-    penalties: Penalties = NO_PENALTIES
+    penalties: Penalties = Penalties()
     feature_matching: float = 0.0
     backward_mode: BackwardMode = BackwardMode.summed
     autocast: Callable[[], ContextManager] = contextlib.nullcontext  # the forward passes' mixed precision
     scaler: torch.amp.GradScaler = dataclasses.field(default_factory=lambda: torch.amp.GradScaler("cpu", enabled=False))
-    skip_nonfinite: bool = False
+    skip_nonfinite: bool = False  # trainer.on_nan=skip: drop an update whose loss is NaN/inf
     augment: Callable[[Tensor], Tensor] = no_augment
-
-    def gradient_scale(self) -> float:
-        return self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
 
 
 FP32 = StepContext()  # bce, no extra terms, fp32: both steps' default, which the tests use
@@ -75,10 +65,7 @@ def d_step(
     y: Optional[Tensor] = None,
 ) -> tuple[dict[str, Tensor], Tensor]:
     """(1) Update D: minimise loss.d(D(x), D(G(z))); for bce, maximise log D(x) + log(1 - D(G(z))).
-
-    `y`: the classes of the batch (conditional runs). Returns the diagnostics and D's detached
-    features of the real batch, for the G step's feature matching.
-    """
+    `y`: the batch's classes (conditional runs). Returns the diagnostics and D's features of the reals."""
     penalties = ctx.penalties
     if penalties.r1 > 0:  # R1 differentiates D(x) with respect to the images themselves
         real = real.detach().requires_grad_(True)
@@ -125,10 +112,7 @@ def g_step(
     y: Optional[Tensor] = None,
 ) -> dict[str, Tensor]:
     """(2) Update G: minimise loss.g(D(G(z))) [+ w * feature matching]; for bce, maximise log D(G(z)).
-
-    `fake` is G's output with its graph (the batch the D step saw detached). D is frozen for G's
-    forward and backward; opt_g holds G's parameters alone.
-    """
+    `fake` is G's output with its graph (the batch the D step saw detached)."""
     # retain_grad(): `fake` is not a leaf, so autograd would drop its gradient after use. Keeping it
     # shows how strongly D pushes on the images, a diagnostic of the adversarial signal.
     fake.retain_grad()
@@ -148,7 +132,7 @@ def g_step(
     stats = {
         "loss/g": loss_g,
         "grad_norm/g": grad_norm,
-        "grad_norm/images": fake.grad.flatten(1).norm(dim=1).mean() / ctx.gradient_scale(),
+        "grad_norm/images": fake.grad.flatten(1).norm(dim=1).mean() / ctx.scaler.get_scale(),
     }
     stats.update({f"loss/g_{name}": value.detach() for name, value in terms.items() if len(terms) > 1})
     stats.update({f"grad_norm/g_{name}": value for name, value in term_norms.items()})
@@ -173,7 +157,7 @@ def backward_terms(
     if mode == BackwardMode.summed or len(terms) == 1:
         ctx.scaler.scale(sum(terms.values())).backward()
         return {}
-    scale = ctx.gradient_scale()
+    scale = ctx.scaler.get_scale()
     norms: dict[str, Tensor] = {}
     before = [torch.zeros_like(p) for p in params]
     for i, (name, term) in enumerate(terms.items()):
