@@ -1,33 +1,23 @@
 """Mutation checks: the tests cited as the proof of a technique fail when that technique is removed.
 
-A test that demonstrates a PyTorch fact on its own toy code keeps passing whatever this project's code
-does, so it cannot prove that the code applies the technique. A mutation check settles which tests
-can: for each technique in MUTATIONS it copies the project (gan/, the tests and what they read) into
-a temporary folder, removes the technique there by an exact text patch (its anchor must occur exactly
-once in the file, and inside the function the entry names, so the patch cannot silently miss), and
-runs the cited tests on that copy with pytest, in a process of its own whose `import gan` is the
-copy's (a plugin records where every gan module came from, and the check reads it). Every cited
-test must fail there, as a test failure, not a collection or import error; and all of them must pass
-on an unchanged copy, so that the failures are the mutation's doing.
-
-A proof must check what its technique is for, so that removing the technique in any form fails it,
-not only in the form MUTATIONS patches: TECHNIQUES states each purpose and its proofs. VARIANTS
-removes the techniques other ways, most of them keeping the line a check of presence would look for
-(the D step isolated so far that D stops learning from the fakes, an EMA that never averages, G's
-graph kept alive past the G step, ...). The suite does not run them (each copy costs a process and
-a few seconds), `--variants` does. Some MUTATIONS break what surrounds a technique rather than the
-technique itself (KINDS: a config key, a logged number, a penalty, a checkpoint from another device).
-
-MUTATIONS and TECHNIQUES are the one source of docs/proofs.md's tables and of the tests that
-README.md's technique table cites (tests/test_docs.py checks both).
+A test that demonstrates a PyTorch fact on its own toy code passes whatever this project's code does,
+so it cannot prove that the code applies the technique. For each technique in MUTATIONS this copies
+the project into a temporary folder, removes the technique there by an exact text patch (its anchor
+occurs exactly once in the file, inside the function the entry names), and runs the cited tests on
+the copy in a process whose `import gan` is the copy's (a plugin records where every gan module came
+from). Every cited test must fail there, as a test failure, not a collection error; and all of them
+must pass on an unchanged copy. TECHNIQUES states what each technique is for, which its proofs check,
+so that VARIANTS, which remove the techniques other ways (most keeping the line a check of presence
+would look for), fail them too; `--variants` runs those. KINDS names what a mutant breaks besides
+the technique itself. MUTATIONS and TECHNIQUES are the one source of docs/proofs.md's tables and of
+README.md's technique table (tests/test_docs.py checks both).
 
     .venv/bin/python -m pytest -q tests/test_mutations.py   # the suite's checks
     .venv/bin/python tests/test_mutations.py --write        # regenerate docs/proofs.md
     .venv/bin/python tests/test_mutations.py --variants     # MUTATIONS and VARIANTS, printed
     .venv/bin/python tests/test_mutations.py --variants ID  # only the mutations named
 
-Nothing here imports torch (the runs do, in their own processes): tests/test_docs.py imports this
-module to read MUTATIONS.
+Nothing here imports torch (the runs do, in their own processes): tests/test_docs.py imports it.
 """
 
 from __future__ import annotations
@@ -80,12 +70,9 @@ def pytest_sessionfinish(session, exitstatus):
 class Mutation:
     """One technique removed by one exact text patch, and the tests that must fail without it.
 
-    id: the test id. technique: the technique, in Markdown. where: `path.py:function` (or
-    `path.py:Class.method`) whose body holds the anchor. anchor: text that occurs exactly once in the
-    file, inside `where`. replacement: what it becomes ("" deletes it). cited: node ids
-    (`tests/test_x.py::test_name`), each of which must fail on the mutant. readme: text of the first
-    cell of README.md's technique-table row for this technique ("" for a variant). kind: a key of KINDS,
-    what the mutant breaks ("" the technique itself).
+    where: `path.py:function` (or `:Class.method`) whose body holds the anchor, which occurs once in
+    the file; replacement "" deletes it. cited: node ids. readme: the first cell of README.md's
+    technique-table row ("" for a variant). kind: a key of KINDS.
     """
 
     id: str
@@ -299,9 +286,7 @@ VARIANTS: list[Mutation] = [
 
 @dataclasses.dataclass(frozen=True)
 class Technique:
-    """One row of the table of techniques and their proofs (docs/proofs.md; README.md's technique
-    table cites the same tests). purpose: what the technique is for, which is what its proofs check.
-    proofs: node ids (`tests/test_x.py::test_name`)."""
+    """One row of docs/proofs.md's table of techniques: what each is for, which its proofs check."""
 
     technique: str
     purpose: str

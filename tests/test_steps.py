@@ -1,14 +1,8 @@
 """gan/core/steps.py and the techniques around it (sampling, device placement, evaluation's BatchNorm
-statistics), on the real G and D. Two kinds of test, in two sections:
-
-- proofs of this project's code: each calls the project's own functions (`d_step`, `g_step`,
-  `backward_terms`, `sample`, `train`, `prepare_generator`, ...) and asserts what a technique
-  guarantees there. tests/test_mutations.py removes each technique from a copy of gan/ and checks
-  that the proofs it cites for it (MUTATIONS, tabled in docs/proofs.md) fail on that copy;
-- PyTorch facts (not proofs of this project's code): toy code that shows what goes wrong without a
-  technique in PyTorch itself. They pass whatever gan/ does: a page may cite them for the failure a
-  technique prevents, never as the proof that this project applies it (tests/test_docs.py checks that).
-"""
+statistics), on the real G and D, in two sections: proofs of this project's code, each calling its
+functions (tests/test_mutations.py checks that the proofs it cites fail when their technique is
+removed); and PyTorch facts, toy code that passes whatever gan/ does, which a page may cite for the
+failure a technique prevents, never as the proof that this project applies it (tests/test_docs.py)."""
 
 from __future__ import annotations
 
@@ -59,8 +53,7 @@ def batch(G: nn.Module, n: int = 16) -> tuple[Tensor, Tensor]:
 
 
 class RecordingSGD(torch.optim.SGD):
-    """SGD that keeps a copy of the gradients each step() is given: exactly what the update saw, which
-    release_grads clears from .grad before the step function returns."""
+    """SGD that keeps a copy of the gradients each step() is given (release_grads clears .grad after)."""
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
         self.seen = [None if p.grad is None else p.grad.clone() for group in self.param_groups for p in group["params"]]
@@ -69,9 +62,8 @@ class RecordingSGD(torch.optim.SGD):
 
 @contextlib.contextmanager
 def gradient_arrivals(module: nn.Module) -> Iterator[list[str]]:
-    """The names of `module`'s parameters for which autograd computes a gradient inside the block. A
-    tensor hook fires whenever that gradient is computed, so a gradient cleared again before the block
-    ends (zero_grad after the fact) is still seen; a frozen parameter (requires_grad False) gets none."""
+    """Names of `module`'s parameters whose gradient autograd computes inside the block (a tensor hook
+    fires even if the gradient is cleared again before the block ends)."""
     arrived: list[str] = []
     hooks = [p.register_hook(lambda _, name=name: arrived.append(name)) for name, p in module.named_parameters()]
     try:
@@ -90,11 +82,8 @@ class Holder:
 
 @contextlib.contextmanager
 def saved_tensors() -> Iterator[list[weakref.ref]]:
-    """Weak references to a Holder of each tensor autograd saves for backward inside the block
-    (torch.autograd.graph.saved_tensors_hooks). Autograd keeps a Holder exactly as long as the graph
-    node that saved it keeps its saved tensors: backward releases them unless retain_graph=True. After
-    gc.collect() a reference is dead iff nothing can reach its Holder any more, which is reachability,
-    not an accident of reference counting or of the allocator's memory statistics."""
+    """Weak references to a Holder of each tensor autograd saves for backward inside the block: after
+    gc.collect() a reference is dead iff nothing can reach its Holder any more (backward released it)."""
     refs: list[weakref.ref] = []
 
     def pack(tensor: Tensor) -> Holder:
@@ -111,8 +100,7 @@ class Token:
 
 
 class Tagged(torch.autograd.Function):
-    """The identity, whose backward node holds `token`: the token lives as long as anything (a tensor,
-    a loss, another node) still refers to the graph built on this output."""
+    """The identity, whose backward node holds `token`: the token lives as long as the graph on its output."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, token: Token) -> Tensor:
@@ -124,24 +112,15 @@ class Tagged(torch.autograd.Function):
         return grad, None
 
 
-# ==================================================================================================
-# Proofs of this project's code: each test calls gan/ and fails when its technique is removed there
-# (tests/test_mutations.py checks that for the tests it cites).
-# ==================================================================================================
+# Proofs of this project's code ============================================================
 
 # 1. D step on fake.detach() ------------------------------------------------------------------
 
 
 def test_d_step_leaves_generator_gradients_none(tiny_gan):
-    """What the D step is for: D learns from the real AND the fake images, while G, whose fakes it
-    judges, learns nothing from it. For each loss, the gradient D's update saw (RecordingSGD) must
-    equal the gradient of the whole D loss, split by chain rule into the part through the real
-    logits and the part through the fake logits, both nonzero; autograd must compute no gradient for
-    any parameter of G (a hook on each would fire); and no .grad outlives the step. Removing detach()
-    gives G a gradient; isolating the fakes too far (D on them under no_grad, their logits detached,
-    their term dropped from the loss) leaves D learning from the reals alone, and fails the fake part.
-    G gets no gradient with either penalty on either (loss.gradient_penalty builds its interpolates
-    from the fakes, loss.r1 differentiates D at the reals)."""
+    """D learns from the real AND the fake images, G learns nothing from D's step: for each loss, the
+    gradient D's update saw equals the whole D loss's, with a nonzero part through each logit; no
+    gradient is computed for G (with each penalty on, too); no .grad outlives the step."""
     G, D = tiny_gan
     for name, loss in LOSSES.items():
         real, fake = batch(G)
@@ -179,12 +158,8 @@ def test_d_step_leaves_generator_gradients_none(tiny_gan):
 
 
 def test_g_step_leaves_discriminator_untouched(tiny_gan):
-    """What freezing D is for: G learns from D's judgement of its fakes, and D learns nothing in G's
-    step. The gradient G's update saw (RecordingSGD) must equal the gradient of the G loss through D
-    (D as the D step left it) with respect to G's weights; autograd must compute no gradient for any
-    parameter of D (a hook on each fires even if that gradient were cleared again before the step
-    returned, as zero_grad() after an unfrozen G step would do); D's weights and flags are as before;
-    and no .grad outlives the step."""
+    """G's update sees exactly the G loss's gradient through D; no gradient is computed for D (a hook
+    would fire even if it were cleared before the step returned); D's weights and flags as before."""
     G, D = tiny_gan
     z, real = torch.randn(16, 16), torch.rand(16, 1, 16, 16) * 2 - 1
     G_before = copy.deepcopy(G)
@@ -252,9 +227,7 @@ def test_summed_and_separate_backward_give_the_same_gradients(tiny_gan):
 
 
 def test_g_step_logs_each_term_in_separate_mode(tiny_gan):
-    """Each logged number is what it names: loss/g is the sum of the logged terms, and grad_norm/g_NAME
-    is the norm of autograd.grad(term NAME, G's weights), computed on copies of G and D as the G step
-    found them (a norm of the gradient accumulated so far, not of the term's own, fails it)."""
+    """loss/g is the sum of the logged terms; grad_norm/g_NAME is the norm of term NAME's own gradient."""
     G, D = tiny_gan
     z, real = torch.randn(16, 16), torch.rand(16, 1, 16, 16) * 2 - 1
     fake = G(z)
@@ -272,14 +245,8 @@ def test_g_step_logs_each_term_in_separate_mode(tiny_gan):
 
 
 def test_g_step_frees_the_graph_of_g_when_it_returns(tiny_gan):
-    """What backpropagating without retain_graph (but on the last term) is for: G's graph, the
-    activations its forward saved for backward, the largest thing a step holds, is gone when the G
-    step returns, although the caller still holds `fake` (the loop keeps it until the next iteration).
-    In both backward modes: every tensor autograd saved during G's forward, the D step and the G step
-    is freed (saved_tensors: after gc.collect() no Holder is reachable), so backward through the kept
-    `fake` raises; no statistic returned carries a graph; and once the caller lets go of `fake`,
-    nothing the step left behind refers to any node of the graph (the token of a node at G's output is
-    freed). retain_graph=True left on, or `fake` or a loss kept on an object, fails one of these."""
+    """In both backward modes, every tensor saved for backward is freed when the G step returns though the
+    caller holds `fake`; no returned statistic carries a graph; nothing the step keeps refers to the graph."""
     G, D = tiny_gan
     for mode in BackwardMode:
         ctx = StepContext(feature_matching=1.0, backward_mode=mode)  # two G terms: separate runs two backwards
@@ -321,11 +288,8 @@ def iteration(
 
 
 def test_each_update_sees_only_its_own_gradients(tiny_gan):
-    """The loop clears gradients after each update (release_grads), never before a backward, so every
-    isolation of the steps is visible in the next update: two iterations of the real steps, against
-    copies whose .grad were cleared by hand before the second (what zero_grad() before each backward
-    would give), must leave the same weights. Any gradient left over from the first iteration (D's or
-    G's own, not released; or the G step's into D, not frozen) would be added to the second's."""
+    """Two iterations of the real steps leave the weights that clearing every .grad by hand between them
+    would: no gradient of the first iteration (unreleased, or the G step's into an unfrozen D) survives."""
     G, D = tiny_gan
     opt_g, opt_d = adam(G), adam(D)
     gen = torch.Generator().manual_seed(1)
@@ -349,11 +313,8 @@ def test_each_update_sees_only_its_own_gradients(tiny_gan):
 
 
 def test_sample_builds_no_graph_and_leaves_generator_untouched(tiny_gan):
-    """What sampling under eval() and no_grad() is for: drawing images disturbs nothing. From either
-    mode G is in, sample() records nothing for a backward (no tensor saved: a graph built and then
-    detached would save some), returns images with no graph, leaves G's weights, BatchNorm statistics
-    and mode exactly as they were, and draws each image from its own latent alone (BatchNorm on its
-    running statistics: an image does not depend on the rest of its batch)."""
+    """From either mode, sample() saves no tensor for backward, returns images with no graph, leaves G's
+    weights, BatchNorm statistics and mode as they were, and draws each image from its own latent alone."""
     G, _ = tiny_gan
     G(torch.randn(32, 16))  # a train-mode forward, so BatchNorm's running stats are not the defaults
     z = torch.randn(8, 16)
@@ -386,8 +347,7 @@ def test_eval_mode_restores_the_previous_mode(tiny_gan):
 
 
 class RandnCalls(TorchFunctionMode):
-    """Records (shape, the device= argument or None) of each torch.randn call made while active, and
-    the name of each call that moves or copies a tensor of `watched` shape that torch.randn made."""
+    """Records (shape, device=) of each torch.randn call, and any move or copy of a `watched`-shaped result."""
 
     MOVES = {"to", "cuda", "cpu", "copy_", "pin_memory"}
 
@@ -415,10 +375,8 @@ class RandnCalls(TorchFunctionMode):
 
 
 def test_the_loop_makes_each_latent_batch_on_the_device(tmp_path, one_thread):
-    """What making latents on the device is for: no host-to-device copy per step. On a CPU run a
-    latent made on the CPU and moved is on the right device too, so the test looks at how it is made:
-    torch.randn must be given the training device, and the latent it makes is never moved or copied
-    (a .to() that finds it already there is still the code that would copy on a GPU)."""
+    """torch.randn is given the training device and its latent is never moved or copied (a .to() that
+    finds it already there is still the code that would copy on a GPU)."""
     cfg = compose_config("trainer.max_steps=2")
     shape = (cfg.data.batch_size, cfg.model.z_dim)
     with RandnCalls(watched=shape) as randn:
@@ -438,9 +396,8 @@ def test_unavailable_cuda_is_refused_naming_the_key(monkeypatch):
 
 
 def test_checkpoint_tensors_follow_map_location(tmp_path, tiny_gan, monkeypatch):
-    """Tensors land where map_location says, from a checkpoint saved on the CPU and from one saved on a
-    GPU: made here by tagging each storage cuda:0 as torch.save tags a GPU's (torch.serialization's
-    location_tag), which torch.load without map_location would restore onto cuda:0, absent here."""
+    """From a checkpoint saved on the CPU and one tagged cuda:0 as a GPU's would be, tensors land where
+    map_location says."""
     G, D = tiny_gan
     state = {"G": G.state_dict(), "D": D.state_dict(), "step": 1, "num_classes": 0, "config": {}}
     save_checkpoint(state, tmp_path / "cpu.pt")
@@ -484,8 +441,7 @@ def test_evaluation_recomputes_the_batchnorm_statistics_of_the_generator_it_meas
 
 @pytest.mark.parametrize("loss, before", [("bce", "d/fake"), ("hinge", "d/fake_score")])
 def test_g_step_logs_d_of_g_after_the_d_update(tiny_gan, loss, before):
-    """pytorch/examples' D_G_z1 / D_G_z2: D(G(z)) in the D step (d/fake), and again in the G step,
-    after D's update, on the same fakes (d/fake_after_d_step)."""
+    """pytorch/examples' D_G_z1 / D_G_z2: d/fake, and d/fake_after_d_step on the same fakes after D's update."""
     G, D = tiny_gan
     ctx, after = StepContext(loss=LOSSES[loss]), f"{before}_after_d_step"
     opt_d, opt_g = torch.optim.Adam(D.parameters(), lr=1e-3), torch.optim.Adam(G.parameters(), lr=1e-3)
@@ -556,11 +512,7 @@ def loss_trajectory(precision: Precision, steps: int = 20) -> torch.Tensor:
 
 @pytest.mark.parametrize("precision", [Precision.bf16, Precision.fp16])
 def test_reduced_precision_losses_track_fp32_over_20_steps(precision):
-    """Stated tolerance: mean |loss difference| < 0.1 and every step within 0.5 of fp32.
-
-    Rounding differences grow with GAN dynamics (each step feeds the next its rounded weights), so
-    this compares trajectories, not bits; the bits are compared for fp32 against the canonical step.
-    """
+    """Mean |loss difference| < 0.1 and every step within 0.5 of fp32: trajectories, not bits."""
     reference, reduced = loss_trajectory(Precision.fp32), loss_trajectory(precision)
     difference = (reference - reduced).abs()
     assert difference.mean() < 0.1, difference
@@ -568,12 +520,7 @@ def test_reduced_precision_losses_track_fp32_over_20_steps(precision):
     assert not torch.equal(reference, reduced)  # reduced precision really ran
 
 
-# ==================================================================================================
-# PyTorch facts (not proofs of this project's code). Toy code showing what goes wrong without a
-# technique, in PyTorch itself: none of these calls the step it illustrates, so they pass whatever
-# gan/ does. The docs cite them as the failure a technique prevents, never as the proof that this
-# project applies it (tests/test_docs.py checks README's technique table for that).
-# ==================================================================================================
+# PyTorch facts (not proofs of this project's code): none calls the step it illustrates ==========
 
 
 def test_without_detach_d_loss_reaches_generator(tiny_gan):
