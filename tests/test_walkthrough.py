@@ -17,6 +17,7 @@ import weakref
 import pytest
 import torch
 import torch.nn.functional as F
+from test_steps import BCE, adam
 from torch import nn
 from torch.export import Dim, export
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
@@ -24,16 +25,9 @@ from torch.optim.swa_utils import update_bn
 
 from gan.core import steps
 from gan.core.ema import build_ema
-from gan.core.losses import LOSSES
 from gan.core.models import Discriminator, Generator
 from gan.core.sampling import eval_mode, image_grid, sample
 from gan.core.steps import FP32, d_step, frozen, g_step, release_grads
-
-BCE = LOSSES["bce"]
-
-
-def adam(module: nn.Module) -> torch.optim.Adam:
-    return torch.optim.Adam(module.parameters(), lr=1e-2, betas=(0.5, 0.999))
 
 
 def quietly(fn):
@@ -196,15 +190,19 @@ def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def clean_g_gradient(G, D, real, z) -> torch.Tensor:
-    """G's gradient at its first update, in this loop as written."""
+def clean_then_fresh(G, D):
+    """A batch, latents, G's gradient at its first update in this loop as written, then fresh copies
+    of G and D, G's optimizer and what each of its updates sees."""
+    real, z = torch.rand(8, 1, 16, 16) * 2 - 1, torch.randn(8, 16)
+    G_clean, D_clean = copy.deepcopy(G), copy.deepcopy(D)
+    opt_g = adam(G_clean)
+    clean = gradients_at_each_update(opt_g)
+    fake = G_clean(z)
+    _, real_features = d_step(D_clean, adam(D_clean), real, fake)
+    g_step(D_clean, G_clean, opt_g, fake, real_features)
     G, D = copy.deepcopy(G), copy.deepcopy(D)
     opt_g = adam(G)
-    seen = gradients_at_each_update(opt_g)
-    fake = G(z)
-    _, real_features = d_step(D, adam(D), real, fake)
-    g_step(D, G, opt_g, fake, real_features)
-    return seen[0]
+    return real, z, clean[0], G, D, opt_g, gradients_at_each_update(opt_g)
 
 
 def test_without_detach_the_g_step_raises_backward_through_the_graph_a_second_time(tiny_gan):
@@ -217,12 +215,7 @@ def test_without_detach_the_g_step_raises_backward_through_the_graph_a_second_ti
 
 
 def test_retain_graph_on_a_d_step_without_detach_lets_D_loss_reach_G_next_update(tiny_gan):
-    G, D = tiny_gan
-    real, z = torch.rand(8, 1, 16, 16) * 2 - 1, torch.randn(8, 16)
-    clean = clean_g_gradient(G, D, real, z)
-    G, D = copy.deepcopy(G), copy.deepcopy(D)
-    opt_g = adam(G)
-    seen = gradients_at_each_update(opt_g)
+    real, z, clean, G, D, opt_g, seen = clean_then_fresh(*tiny_gan)
     fake = G(z)
     real_features = d_step_without_detach(D, adam(D), real, fake, retain_graph=True)  # silences the error
     from_d = gradient_of(G)  # D's loss, written into G's .grad
@@ -233,10 +226,7 @@ def test_retain_graph_on_a_d_step_without_detach_lets_D_loss_reach_G_next_update
 
 def test_clearing_G_before_its_backward_as_dcgan_main_does_would_wipe_D_contribution(tiny_gan):
     """dcgan/main.py's order, netG.zero_grad() just before the G step's backward, on the same patch."""
-    G, D = tiny_gan
-    real, z = torch.rand(8, 1, 16, 16) * 2 - 1, torch.randn(8, 16)
-    clean = clean_g_gradient(G, D, real, z)
-    G, D = copy.deepcopy(G), copy.deepcopy(D)
+    real, z, clean, G, D, _, _ = clean_then_fresh(*tiny_gan)
     fake = G(z)
     d_step_without_detach(D, adam(D), real, fake, retain_graph=True)
     G.zero_grad(set_to_none=True)
@@ -247,12 +237,7 @@ def test_clearing_G_before_its_backward_as_dcgan_main_does_would_wipe_D_contribu
 
 def test_a_second_G_forward_does_not_fix_a_missing_detach_in_this_loop(tiny_gan):
     """No error (the G step backpropagates a graph of its own), but D's loss is still in G's .grad."""
-    G, D = tiny_gan
-    real, z = torch.rand(8, 1, 16, 16) * 2 - 1, torch.randn(8, 16)
-    clean = clean_g_gradient(G, D, real, z)
-    G, D = copy.deepcopy(G), copy.deepcopy(D)
-    opt_g = adam(G)
-    seen = gradients_at_each_update(opt_g)
+    real, z, clean, G, D, opt_g, seen = clean_then_fresh(*tiny_gan)
     real_features = d_step_without_detach(D, adam(D), real, G(z))
     from_d = gradient_of(G)
     g_step(D, G, opt_g, G(z), real_features)  # a second G(z): the same images, a fresh graph
