@@ -1,9 +1,5 @@
-"""docs/tour.ipynb runs top to bottom and prints what its text says it shows.
-
-The notebook is executed with nbclient in a kernel that runs this very interpreter (a kernel spec
-written for the test, so a user-level `python3` kernel pointing at another Python cannot be picked
-up). It needs the `docs` extra (nbclient, nbformat, ipykernel, matplotlib), which `test` pulls in.
-"""
+"""docs/tour.ipynb runs top to bottom and prints what its text says it shows; executed with nbclient
+in a kernel spec written for the test on this very interpreter (the `docs` extra, which `test` pulls in)."""
 
 from __future__ import annotations
 
@@ -32,10 +28,8 @@ def test_tour_is_stored_without_outputs_and_small():
 
 
 def test_tour_shows_the_source_of_each_function_before_a_cell_calls_it():
-    """Every name the tour imports from `gan` is passed to show_source in an earlier code cell than
-    the first cell that uses it: the reader sees a function before a cell calls it. The one
-    exception is the cell tagged first-step, section 2's whole training step, which runs the pieces
-    before the sections after it open each; every name it uses is shown later."""
+    """Every name the tour imports from `gan` is shown (show_source) in a code cell before the first that
+    uses it, but in the cell tagged first-step, section 2's whole step, whose names are shown later."""
     nb = nbformat.read(TOUR, as_version=4)
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
     first_step = [i for i, cell in enumerate(code) if "first-step" in cell.metadata.get("tags", [])]
@@ -209,10 +203,6 @@ def test_tour_measures_what_its_text_claims(executed):
     assert "view: RuntimeError: view size is not compatible" in text
 
 
-def markdown_and_code(nb) -> list[str]:
-    return [cell.source for cell in nb.cells]
-
-
 def test_the_command_line_run_of_section_7_trains_what_the_tour_trains():
     """The command the tour gives for its run composes to the tour's own settings."""
     from hydra import compose, initialize_config_dir
@@ -221,7 +211,7 @@ def test_the_command_line_run_of_section_7_trains_what_the_tour_trains():
     from gan.config import validate
 
     nb = nbformat.read(TOUR, as_version=4)
-    text = "\n".join(markdown_and_code(nb))
+    text = "\n".join(cell.source for cell in nb.cells)
     command = re.search(r"`python train\.py ([^`]+)`; `train\.py`'s own defaults", text, re.S)
     assert command, "section 7 gives no command line for its run"
     overrides = [o.strip("'") for o in command.group(1).split()]
@@ -261,7 +251,7 @@ TERMS = {
 
 def test_each_term_is_defined_before_its_first_use():
     nb = nbformat.read(TOUR, as_version=4)
-    cells = markdown_and_code(nb)
+    cells = [cell.source for cell in nb.cells]
     problems = []
     for term, definition in TERMS.items():
         uses = [i for i, text in enumerate(cells) if re.search(term, text)]
@@ -272,9 +262,8 @@ def test_each_term_is_defined_before_its_first_use():
 
 
 def lines_read_until(last) -> int:
-    """README's lines down to its link to the tour, then the tour's cells down to the first cell for
-    which `last(cell)` holds, with the source listings they display (resolved from the notebook's own
-    imports): the shortest reading route."""
+    """README's lines down to its link to the tour, then the tour's cells (and the listings they show)
+    down to the first cell for which `last(cell)` holds: the shortest reading route."""
     import importlib
     import inspect
 
@@ -310,9 +299,8 @@ MERMAID = re.compile(r"```mermaid\n.*?```", re.S)
 
 
 def test_the_step_comes_abridged_within_about_250_lines_and_whole_later():
-    """Section 2 shows, beside the first full step, a diagram of one iteration (the same as the
-    walkthrough's, which GitHub renders) and the two steps' bodies abridged, each line as in the source
-    (test_docs's excerpt check) and at most 40 lines; section 5 lists them whole."""
+    """Section 2 shows the walkthrough's diagram of an iteration and the steps' bodies abridged (each line
+    as in the source, at most 40 lines); section 5 lists them whole."""
     from test_docs import excerpt_problems
 
     assert lines_read_until(lambda cell: ABRIDGED in cell.source) <= 250
