@@ -75,8 +75,8 @@ def test_an_ema_updated_every_k_steps_keeps_its_half_life(kind, every):
 
 
 def test_the_loop_updates_the_ema_every_model_ema_every_steps(tmp_path, one_thread):
-    """model.ema_every reaches the loop's EMA: at 3, a run updates it after steps 3 and 6 only (the first
-    update copies G), and the second moves it toward G by 1 - the decay of the 3 steps it stands for."""
+    """At model.ema_every=3 a run updates the EMA after steps 3 and 6 only (the first copies G), and the
+    second moves it toward G by 1 - the decay of the 3 steps it stands for."""
     seen = []
 
     def record(state: Any) -> None:
@@ -137,14 +137,8 @@ def floats(module: nn.Module) -> Tensor:
 
 
 def test_the_ema_generator_moves_toward_g_at_each_update(tmp_path, one_thread):
-    """What the EMA is for: the generator samples are drawn from is an average of G over the steps.
-    In a real run, each change of the EMA after its first (AveragedModel's first update copies G)
-    must be EMA += (1 - decay) (G - EMA) for every weight and BatchNorm statistic at once: a move
-    along G - EMA by one fraction strictly between 0 and 1, whatever the decay schedule. An EMA
-    that never moves (decay 1, the update never called or averaging itself), that copies G instead
-    of averaging, or that leaves its BatchNorm statistics behind fails it. (The decay's own value is
-    tested above.) Steps at which the EMA does not change are skipped, so an EMA updated
-    every k steps passes if it averages."""
+    """In a real run, each change of the EMA after its first (a copy of G) moves every weight and BatchNorm
+    statistic along G - EMA by one fraction strictly between 0 and 1 (steps where it holds still skipped)."""
     cfg = compose_config("trainer.max_steps=8", "optim.lr=0.01")  # big steps: rounding stays far below them
     seen: list[tuple[Tensor, Tensor]] = []
 

@@ -1,10 +1,6 @@
-"""The lessons a learner looks for after the walkthrough, each proven on the project's real G and D.
-
-docs/more.md states each one and cites the test here, except the cost of retain_graph, which
-docs/walkthrough.md states beside the technique ("What retain_graph costs"); docs/tour.ipynb runs
-the same experiments at a larger size and draws them. Each test shows the fact and, where there is
-one, the counterfactual that makes it matter.
-"""
+"""The lessons a learner looks for after the walkthrough, each shown on the project's real G and D with,
+where there is one, the counterfactual that makes it matter; docs/more.md (and, for retain_graph's
+cost, docs/walkthrough.md) cites them, and docs/tour.ipynb runs them at a larger size."""
 
 from __future__ import annotations
 

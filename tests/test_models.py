@@ -56,9 +56,8 @@ def test_dcgan_init():
 
 @pytest.mark.parametrize("image_size, channels", [(64, 3), (32, 1)])
 def test_networks_are_pytorch_examples_layer_for_layer_but_for_ds_sigmoid(image_size, channels):
-    """With the variants off, G and D are main.py's netG and netD (scripts/canonical_dcgan.py rewrites
-    them), layer for layer at the same width; D ends in a logit instead of main.py's nn.Sigmoid, and
-    its minibatch-stddev slot is an Identity."""
+    """With the variants off, G and D are main.py's netG and netD (scripts/canonical_dcgan.py) layer for
+    layer, but D ends in a logit instead of nn.Sigmoid."""
 
     def layers(module: nn.Module) -> list[str]:
         return [repr(m) for m in module.modules() if not list(m.children()) and not isinstance(m, nn.Identity)]
@@ -80,9 +79,8 @@ def test_spectral_norm_bounds_each_convolution():
 
 
 def test_spectral_norm_bounds_the_reshaped_matrix_not_the_convolution_on_images():
-    """sigma = 1 for the (out, in*4*4) matrix; a 4x4 stride-2 convolution applies it to overlapping
-    patches, each input pixel entering four of them, so on an image its gain can approach 2. A 1x1
-    convolution (no overlap) stays within the bound."""
+    """sigma = 1 for the (out, in*4*4) matrix; on an image a 4x4 stride-2 convolution's overlapping patches
+    let its gain approach 2, while a 1x1 convolution stays within the bound."""
     torch.manual_seed(0)
     overlapping = nn.utils.parametrizations.spectral_norm(nn.Conv2d(1, 1, 4, stride=2, padding=1, bias=False))
     single = nn.utils.parametrizations.spectral_norm(nn.Conv2d(8, 4, 1, bias=False))
