@@ -530,13 +530,6 @@ def test_without_detach_d_loss_reaches_generator(tiny_gan):
     assert all(p.grad is not None for p in G.parameters())
 
 
-def test_without_freezing_g_loss_fills_discriminator_grads(tiny_gan):
-    G, D = tiny_gan
-    _, fake = batch(G)
-    BCE.g(D(fake)).backward()  # the canonical example's G step (pytorch/examples#361)
-    assert all(p.grad is not None for p in D.parameters())
-
-
 def test_second_backward_without_retain_graph_raises(tiny_gan):
     G, D = tiny_gan
     terms = two_term_objective(G, D, torch.rand(16, 1, 16, 16))
@@ -566,19 +559,3 @@ def test_train_mode_sampling_would_move_batchnorm_stats(tiny_gan):
     with torch.no_grad():  # no_grad does not change BatchNorm's behaviour; only eval() does
         G(torch.randn(8, 16))
     assert not torch.equal(before, bn.running_mean)
-
-
-def test_device_mismatch_fails_with_a_message_naming_devices(tiny_gan):
-    G, _ = tiny_gan
-    G.to("meta")
-    with pytest.raises(RuntimeError, match="meta|device"):
-        G(torch.randn(2, 16))  # a CPU tensor into a module on another device
-
-
-def test_numbers_leave_the_graph_detached_on_cpu_as_float32(tiny_gan):
-    G, _ = tiny_gan
-    images = G(torch.randn(2, 16))
-    with pytest.raises(RuntimeError, match="requires grad"):
-        images.numpy()  # a tensor in a graph cannot become numpy
-    array = images.detach().cpu().numpy().astype("float32")
-    assert array.dtype == "float32" and array.shape == (2, 1, 16, 16)

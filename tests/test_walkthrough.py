@@ -45,6 +45,8 @@ def test_a_model_moved_to_a_device_takes_latents_made_there(tiny_gan):
     assert G.to("meta") is G  # Module.to moves the parameters in place
     z = torch.randn(2, 16, device="meta")  # created on the device, as gan/training/loop.py makes z
     assert G(z).shape == (2, 1, 16, 16) and G(z).device.type == "meta"
+    with pytest.raises(RuntimeError, match="meta|device"):
+        G(torch.randn(2, 16))  # a CPU tensor into a module on another device
 
 
 def test_float_returns_the_same_tensor_when_it_is_float_already():
@@ -340,6 +342,10 @@ def test_step_diagnostics_are_detached_so_logging_them_warns_nothing(tiny_gan):
         float(BCE.g(D(fake)))  # an undetached loss would warn on every log
     with pytest.raises(ValueError, match="only one element tensors can be converted"):
         float(real_features.mean(dim=0).flatten())  # a vector is not a number
+    with pytest.raises(RuntimeError, match="requires grad"):
+        fake.numpy()  # a tensor in a graph cannot become numpy
+    array = fake.detach().cpu().numpy()
+    assert array.dtype == "float32" and array.shape == (8, 1, 16, 16)
 
 
 def test_numpy_view_of_a_parameter_follows_optimizer_steps_on_cpu(tiny_gan):
