@@ -4,7 +4,7 @@
   - the G step runs D with `requires_grad_(False)`, so G's loss never fills D's `.grad`;
   - gradients live only inside the step that makes them: `param.grad = None` right after the update.
 pytorch/examples' dcgan/main.py clears gradients before each backward (`netD.zero_grad()`); this
-module clears them after each update, which is why the G step freezes D (docs/walkthrough.md, 4).
+module clears them after each update, which is why the G step freezes D (docs/walkthrough.md, section 4).
 
 Each step returns its diagnostics as 0-dim tensors still on the device: `.item()` forces a host
 sync, so the loop does that only at log time.
