@@ -165,7 +165,7 @@ class OptimConfig(_Group):
     KEY = "optim."
     lr: float = 1e-3  # Adam step size for G, and D unless lr_d is set (docs/results.md#quality-in-one-minute)
     lr_d: Optional[float] = None  # D's own step size (TTUR, Heusel et al. 2017); null = optim.lr
-    lr_decay: float = 0.0  # linear decay to 0 over this last fraction of steps (docs/results.md#learning-rate-decay)
+    lr_decay: float = 0.0  # linear decay to 0 over this last fraction of steps (docs/results.md#other-ideas)
     beta1: float = 0.0  # Adam's momentum: 0 for a spectrally normalised D, as SAGAN; experiment=paper: 0.5
     beta2: float = 0.999  # Adam default
 

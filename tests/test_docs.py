@@ -1,23 +1,12 @@
 """The docs cite the code: every file, function, test and excerpt they name must exist as written.
 
-Checked in README.md and docs/*.md, reading the code with ast (nothing is imported, no torch):
-
-- a backticked `path.py`, `path.py:function` or `path.py:Class.method` whose first folder is one
-  of this repository's must exist, and the name must be defined in it (def, class, assignment or
-  import). A bare file name (`steps.py:d_step`) must name exactly one file of the repository;
-  another project's file is written with its own folder (`dcgan/main.py`), which is not checked;
-- a backticked `gan.module.name` must name a module of gan/ and a name bound in it;
-- a cited test must be a test function of the file it names: `test_x.py::test_name` (a bare
-  `test_x.py` is looked up in tests/); `::test_name` after a cited test file in the same table cell
-  or sentence; `prefix::test_name` with a prefix a page maps to a file in a table row
-  (docs/walkthrough.md: | `steps::` | `tests/test_steps.py` |); a bare `test_name`, in the
-  test file cited before it in the same cell or sentence, else in any test file. A parametrize id
-  (`[True]`) is not checked;
-- a relative link must point at a file or folder that exists;
-- a ```python block whose first line is `# path.py:function ...` is an excerpt of that function:
-  every other line, comments included, must be a line of the function, in the function's order;
-  blank lines and lines with `...` (the visible abridgement, which may carry a note) aside;
-- a backticked or fenced `gan/folder/` (also tests/, scripts/, docs/, configs/) must be a folder.
+Checked in README.md and docs/*.md with ast (no torch): a backticked `path.py`, `path.py:name` or
+`path.py:Class.method` of this repository (a bare file name must name one file; `dcgan/main.py`, of
+another project, is not checked), `gan.module.name`, a test as `test_x.py::test_name`, `::test_name`
+(in the test file cited before it in the same table cell or sentence), `prefix::test_name` (a page's
+table row | `steps::` | `tests/test_steps.py` | maps the prefix) or a bare `test_name` (parametrize ids
+are not checked); a relative link and its #anchor; a ```python excerpt headed `# path.py:function`,
+each line of which must be a line of the function, in order (`...` marks an abridgement); a folder.
 """
 
 from __future__ import annotations
@@ -93,7 +82,7 @@ def find_definition(path: Path, dotted: str) -> ast.AST | None:
 
 @functools.cache
 def repository_files() -> tuple[Path, ...]:
-    files = [p for p in ROOT.glob("*.py")]
+    files = list(ROOT.glob("*.py"))
     for folder in SOURCE_DIRS:
         files += (ROOT / folder).rglob("*.py")
     return tuple(sorted(files))
@@ -105,13 +94,13 @@ def top_level_entries() -> set[str]:
 
 def resolve_file(path: str, doc: Path) -> tuple[Path | None, str | None]:
     """(file, None), (None, None) for another project's file, or (None, the problem)."""
-    if path.startswith("../"):
-        target = (doc.parent / path).resolve()
-        return (target, None) if target.is_file() else (None, f"`{path}` does not exist")
     if "/" in path:
-        if path.split("/")[0] not in top_level_entries():
+        if path.startswith("../"):
+            target = (doc.parent / path).resolve()
+        elif path.split("/")[0] in top_level_entries():
+            target = ROOT / path
+        else:
             return None, None  # another project's file (dcgan/main.py of pytorch/examples)
-        target = ROOT / path
         return (target, None) if target.is_file() else (None, f"`{path}` does not exist")
     if (ROOT / path).is_file():
         return ROOT / path, None
@@ -268,20 +257,13 @@ def citation_problems(text: str, doc: Path) -> list[str]:
             for match in TEST_ID.finditer(span):
                 left, name = match.group("left"), match.group("name")
                 if left is None:
-                    if current is None:
-                        problems.append(f"`{span}`: `::{name}` with no test file cited before it")
-                        continue
-                    problems.append(check_test(current, name, span))
+                    file, problem = current, f"`{span}`: `::{name}` with no test file cited before it"
                 elif left.endswith(".py"):
-                    target, problem = resolve_file(left, doc)
-                    if target is None:
-                        problems.append(problem or f"`{span}`: not a file of this repository")
-                        continue
-                    problems.append(check_test(target, name, span))
-                elif left in short:
-                    problems.append(check_test(short[left], name, span))
+                    file, problem = resolve_file(left, doc)
+                    problem = problem or f"`{span}`: not a file of this repository"
                 else:
-                    problems.append(f"`{span}`: the page maps no file to the prefix `{left}::`")
+                    file, problem = short.get(left), f"`{span}`: the page maps no file to the prefix `{left}::`"
+                problems.append(check_test(file, name, span) if file is not None else problem)
             bare = BARE_TEST.match(span)
             if bare:
                 name = bare.group("name")
@@ -296,11 +278,10 @@ def citation_problems(text: str, doc: Path) -> list[str]:
                     problems.append(f"`{span}`: no such module in gan/")
                 elif rest and find_definition(module, rest) is None:
                     problems.append(f"`{span}`: {module.relative_to(ROOT)} binds no `{rest}`")
-    for _, _, lines in blocks:  # commands and layout diagrams name files too
-        for line in lines:
-            for match in PATH.finditer(line):
-                problems.append(check_path(match.group("path"), match.group("name"), doc))
-    for match in FOLDER.finditer("\n".join(line for _, _, lines in blocks for line in lines)):
+    fenced = "\n".join(line for _, _, lines in blocks for line in lines)  # commands and layouts name files too
+    for match in PATH.finditer(fenced):
+        problems.append(check_path(match.group("path"), match.group("name"), doc))
+    for match in FOLDER.finditer(fenced):
         problems.append(check_folder(match.group("folder")))
     for span in CODE_SPAN.findall("\n".join(prose)):
         for match in FOLDER.finditer(span):
@@ -379,21 +360,10 @@ def excerpt_problems(text: str, doc: Path) -> list[str]:
     return problems
 
 
+@pytest.mark.parametrize("check", [citation_problems, link_problems, excerpt_problems])
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
-def test_every_cited_file_name_and_test_exists(doc):
-    problems = citation_problems(doc.read_text(encoding="utf-8"), doc)
-    assert not problems, "\n".join(problems)
-
-
-@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
-def test_every_relative_link_points_at_a_file(doc):
-    problems = link_problems(doc.read_text(encoding="utf-8"), doc)
-    assert not problems, "\n".join(problems)
-
-
-@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
-def test_every_excerpt_is_copied_from_the_code(doc):
-    problems = excerpt_problems(doc.read_text(encoding="utf-8"), doc)
+def test_every_citation_link_and_excerpt_of_a_page_holds(doc, check):
+    problems = check(doc.read_text(encoding="utf-8"), doc)
     assert not problems, "\n".join(problems)
 
 
