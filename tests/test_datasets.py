@@ -310,7 +310,7 @@ MNIST_DAMAGE = {
         rf"{IMAGES} holds 40 images but \S+{LABELS} holds 30",
     ),
     "labels outside 0-9": (lambda raw: write_idx(raw / LABELS, np.arange(40) % 10 + 3), "outside the 10 classes"),
-    "left gzipped": (gzipped, rf"{IMAGES} \({IMAGES}.gz is there: gunzip it"),
+    "left gzipped": (gzipped, rf"{IMAGES} \(gunzip {IMAGES}.gz there"),
     "a file missing": (lambda raw: (raw / "t10k-labels-idx1-ubyte").unlink(), "missing: t10k-labels-idx1-ubyte"),
     # a download cut short: each file the IDX magic and a few bytes; the header's sizes multiply to about 6e20
     # bytes, which must be read as damage, not allocated
@@ -494,7 +494,7 @@ def test_folder_split_is_about_a_seventh_and_stable_when_images_are_added(tmp_pa
 
     def split() -> tuple[set[str], set[str]]:
         train, held = (open_source(cfg_for("folder", tmp_path, image_size=16), train=t) for t in (True, False))
-        return set(train.paths), set(held.paths)
+        return set(train.items), set(held.items)
 
     train, held = split()
     assert not train & held and len(train | held) == 140
@@ -532,7 +532,7 @@ def test_stacked_digits_are_three_independent_images_with_1000_mode_labels():
     cfg = DataConfig(name="stacked", channels=3, num_samples=600, image_size=16)
     data, source = load_dataset(cfg), load_dataset(DataConfig(num_samples=600, image_size=16))
     assert data.images.shape == (600, 3, 16, 16) and data.num_classes == 1000
-    triples = gan.data.sources.open_stacked(cfg, True).triples
+    triples = gan.data.sources.open_stacked(cfg, True).items
     for i in range(5):
         for channel in range(3):
             assert torch.equal(data.images[i, channel], source.images[triples[i, channel], 0])
@@ -669,7 +669,7 @@ def test_limit_slices_a_streamed_folder_with_its_labels(tmp_path):
         Image.fromarray(np.full((20, 20), 10 * i, dtype=np.uint8)).save(tmp_path / f"class_{i % 2}" / f"{i:02d}.png")
     cfg = DataConfig(name="folder", root=str(tmp_path), image_size=16, in_memory=False)
     full, limited = load_dataset(cfg), load_dataset(dataclasses.replace(cfg, limit=10))
-    assert limited.images.paths == full.images.paths[:10] and torch.equal(limited.labels, full.labels[:10])
+    assert limited.images.items == full.images.items[:10] and torch.equal(limited.labels, full.labels[:10])
     assert 0 < full.labels[:10].sum() < 10  # the first ten span both classes
 
 
