@@ -314,8 +314,11 @@ def check_state_dict(file: Path, given: str) -> None:
 
 
 def sha256(file: Path) -> str:
+    digest = hashlib.sha256()
     with file.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def reason(err: BaseException, limit: int = 200) -> str:
