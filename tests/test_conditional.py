@@ -1,11 +1,6 @@
-"""Conditional generation, DiffAugment and the overfitting signals (issue 20).
-
-What changes in the step, and what does not: the labels travel with the batch to both networks,
-DiffAugment sits between every image and D, and the isolation of the two steps (detach in the D
-step, D frozen in the G step) holds with both. Also: the labels of the batch stream on both of its
-paths and across a resume, the refusals that name their key, evaluate.py's class_id and
-cond_accuracy, and the overfitting probe that changes nothing of the run it watches.
-"""
+"""Conditional generation, DiffAugment and the overfitting signals (issue 20): labels travel with the batch to
+both networks, DiffAugment sits between every image and D, and the two steps stay isolated with both; the labels
+of the batch stream, evaluate.py's class_id and cond_accuracy, and the probe that changes nothing of its run."""
 
 from __future__ import annotations
 
@@ -58,6 +53,10 @@ def adam(module: nn.Module) -> torch.optim.Adam:
 def labelled_batch(G: Generator, n: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     real, y = torch.rand(n, 1, 16, 16) * 2 - 1, torch.randint(0, 10, (n,))
     return real, y, G(torch.randn(n, 16), y)
+
+
+def unlabelled_batch(G: Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.rand(16, 1, 16, 16) * 2 - 1, G(torch.randn(16, 16))
 
 
 def augmenting(*policies: str) -> StepContext:
@@ -177,7 +176,7 @@ def test_the_same_generator_state_draws_the_same_augmentation():
 
 def test_g_step_sends_G_gradient_through_the_augmentation(tiny_gan):
     G, D = tiny_gan
-    real, fake = torch.rand(16, 1, 16, 16) * 2 - 1, G(torch.randn(16, 16))
+    real, fake = unlabelled_batch(G)
     ctx = augmenting(*ALL)
     _, features = d_step(D, adam(D), real, fake, ctx)
     seen = []
@@ -191,7 +190,7 @@ def test_g_step_sends_G_gradient_through_the_augmentation(tiny_gan):
 
 def test_with_cutout_alone_the_pixels_D_never_saw_get_no_gradient(tiny_gan):
     G, D = tiny_gan
-    real, fake = torch.rand(16, 1, 16, 16) * 2 - 1, G(torch.randn(16, 16))
+    real, fake = unlabelled_batch(G)
     ctx = augmenting("cutout")
     _, features = d_step(D, adam(D), real, fake, ctx)
     g_step(D, G, adam(G), fake, features, ctx)
@@ -201,7 +200,7 @@ def test_with_cutout_alone_the_pixels_D_never_saw_get_no_gradient(tiny_gan):
 
 def test_an_augmentation_of_pixels_rounded_to_uint8_would_give_G_no_gradient(tiny_gan):
     G, D = tiny_gan
-    real, fake = torch.rand(16, 1, 16, 16) * 2 - 1, G(torch.randn(16, 16))
+    real, fake = unlabelled_batch(G)
 
     def as_a_data_loader_would(x: torch.Tensor) -> torch.Tensor:  # augment uint8 pixels: round() has gradient 0
         pixels = x.add(1).mul(127.5).round()
@@ -215,7 +214,7 @@ def test_an_augmentation_of_pixels_rounded_to_uint8_would_give_G_no_gradient(tin
 
 def test_r_t_is_the_mean_sign_of_D_on_the_real_batch(tiny_gan):
     G, D = tiny_gan
-    real, fake = torch.rand(16, 1, 16, 16) * 2 - 1, G(torch.randn(16, 16))
+    real, fake = unlabelled_batch(G)
     expected = D(real).sign().mean()  # D before its update, as d_step's forward sees it
     stats, _ = d_step(D, adam(D), real, fake)
     torch.testing.assert_close(stats["d/overfit_rt"], expected)
@@ -247,7 +246,7 @@ def test_each_batch_carries_the_labels_of_its_own_images_and_resumes_exactly(wor
 # config, refusals ----------------------------------------------------------------------------------
 
 
-def test_the_new_keys_reach_the_typed_config_with_their_defaults():
+def test_the_new_keys_reach_the_typed_config_and_an_unknown_augmentation_is_refused():
     cfg = compose_config()
     assert not cfg.model.conditional and cfg.trainer.overfit_every == 500
     # adaptive DiffAugment on by default (docs/results.md, "Training longer"); the paper's recipe has none
@@ -256,21 +255,16 @@ def test_the_new_keys_reach_the_typed_config_with_their_defaults():
     assert compose_config("experiment=paper").model.diffaugment == []
     cfg = compose_config("model.conditional=true", "model.diffaugment=[translation,color]")
     assert cfg.model.conditional and [p.value for p in cfg.model.diffaugment] == ["translation", "color"]
-
-
-def test_an_unknown_augmentation_is_refused_by_hydra():
     with pytest.raises(ConfigCompositionException, match="diffaugment"):
         compose_config("model.diffaugment=[colour]")
 
 
 def test_conditional_on_a_flat_folder_exits_2_naming_model_conditional(tmp_path):
-    folder = tmp_path / "flat"
-    folder.mkdir()
+    (tmp_path / "flat").mkdir()
     for i in range(48):
-        Image.new("L", (16, 16), color=i * 5).save(folder / f"{i:03d}.png")
-    result = run_train(
-        "data=folder", f"data.root={folder}", "model.conditional=true", f"hydra.run.dir={tmp_path / 'run'}"
-    )
+        Image.new("L", (16, 16), color=i * 5).save(tmp_path / "flat" / f"{i:03d}.png")
+    flat = ["data=folder", f"data.root={tmp_path / 'flat'}"]
+    result = run_train(*flat, "model.conditional=true", f"hydra.run.dir={tmp_path / 'run'}")
     output = result.stdout + result.stderr
     assert result.returncode == 2, output[-2000:]
     assert "model.conditional" in output and "Traceback" not in output
