@@ -5,6 +5,7 @@ of the batch stream, evaluate.py's class_id and cond_accuracy, and the probe tha
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -150,14 +151,10 @@ def test_translation_is_a_zero_filled_shift_of_up_to_an_eighth():
     gen = torch.Generator().manual_seed(3)  # the same draws, in the same order
     shift_rows, shift_cols = (torch.randint(-2, 3, (2, 1, 1), generator=gen) for _ in range(2))
     assert {int(s) for s in torch.cat([shift_rows, shift_cols]).flatten()} != {0}  # a real shift happens
+    padded = nn.functional.pad(x, (2, 2, 2, 2))  # out[r, c] = x[r + dx, c + dy], 0 beyond the edges
     for i in range(2):
-        dx, dy = int(shift_rows[i]), int(shift_cols[i])
-        expected = torch.zeros(16, 16)
-        for r in range(16):
-            for c in range(16):
-                if 0 <= r + dx < 16 and 0 <= c + dy < 16:
-                    expected[r, c] = x[i, 0, r + dx, c + dy]
-        torch.testing.assert_close(out[i, 0], expected)
+        dx, dy = int(shift_rows[i]) + 2, int(shift_cols[i]) + 2
+        torch.testing.assert_close(out[i, 0], padded[i, 0, dx : dx + 16, dy : dy + 16])
 
 
 def test_cutout_zeroes_at_most_a_square_of_half_the_side():
@@ -315,25 +312,26 @@ def test_row_labels_are_written_in_a_margin_left_of_the_grid():
     assert labelled_rows(grid, ["0", "1"]).shape[2] < labelled.shape[2]  # the margin fits the longest label
 
 
+def assert_same_weights(run: Path, other: Path, entries: tuple[str, ...]) -> None:
+    a, b = load_checkpoint(run), load_checkpoint(other)
+    for key in entries:
+        for name, value in a[key].items():
+            assert torch.equal(value, b[key][name]), f"{key}.{name} differs"
+
+
 def test_a_conditional_augmented_run_resumes_bit_identically(tmp_path):
     common = ("model.conditional=true", "model.diffaugment=[color,translation,cutout]", "trainer.checkpoint_every=100")
     train(compose_config("trainer.max_steps=10", *common), tmp_path / "straight")
     train(compose_config("trainer.max_steps=5", *common), tmp_path / "split")
     train(compose_config("trainer.max_steps=10", f"trainer.resume={tmp_path / 'split'}", *common), tmp_path / "split")
-    straight, resumed = load_checkpoint(tmp_path / "straight"), load_checkpoint(tmp_path / "split")
-    for key in ("G", "D", "G_ema"):
-        for name, value in straight[key].items():
-            assert torch.equal(value, resumed[key][name]), f"{key}.{name} differs"
+    assert_same_weights(tmp_path / "straight", tmp_path / "split", ("G", "D", "G_ema"))
 
 
 def test_the_overfitting_probe_changes_nothing_of_the_run(tmp_path):
     off = train(compose_config("trainer.overfit_every=0"), tmp_path / "off")
     on = train(compose_config("trainer.overfit_every=1"), tmp_path / "on")
     assert off.metrics["loss/d"] == on.metrics["loss/d"]
-    a, b = load_checkpoint(tmp_path / "off"), load_checkpoint(tmp_path / "on")
-    for key in ("G", "D"):
-        for name, value in a[key].items():
-            assert torch.equal(value, b[key][name]), f"{key}.{name} differs"
+    assert_same_weights(tmp_path / "off", tmp_path / "on", ("G", "D"))
 
 
 def test_the_probe_restores_D_buffers_and_draws_no_random_number(tiny_gan):

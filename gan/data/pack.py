@@ -29,8 +29,7 @@ def write_pack(data: DataConfig, folder: Path) -> Path:
     """folder/pack.pt from `data`'s two splits, decoded into memory once; written whole or not at all."""
     if data.name == "packed":
         raise ConfigError("data=packed is already a pack: name the dataset to pack (data=folder, data=celeba, ...).")
-    started = time.perf_counter()
-    data = dataclasses.replace(data, limit=0, in_memory=True)
+    started, data = time.perf_counter(), dataclasses.replace(data, limit=0, in_memory=True)
     splits = {"train": load_dataset(data, train=True), "held_out": load_dataset(data, train=False)}
     settings = {key: str(value) for key, value in dataclasses.asdict(data).items()}  # enums and paths as text
     settings.update(image_size=data.image_size, channels=data.channels, root=str(Path(data.root).resolve()))
@@ -45,16 +44,16 @@ def write_pack(data: DataConfig, folder: Path) -> Path:
         "num_classes": splits["train"].num_classes,
         **{name: {"images": split.images, "labels": split.labels} for name, split in splits.items()},
     }
-    path = folder / PACK_FILE
-    save_atomically(pack, path)
+    save_atomically(pack, folder / PACK_FILE)
     counts = ", ".join(f"{len(split.labels)} {name}" for name, split in splits.items())
-    log.info("Packed data=%s (%s images) into %s in %.1f s", data.name, counts, path, time.perf_counter() - started)
-    return path
+    log.info(
+        f"Packed data={data.name} ({counts} images) into {folder / PACK_FILE} in {time.perf_counter() - started:.1f} s"
+    )
+    return folder / PACK_FILE
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """`python -m gan.data.pack OUT_FOLDER [data overrides]`: the exit code (0 also after --help; 2: bad input,
-    130: Ctrl-C)."""
+    """`python -m gan.data.pack OUT_FOLDER [data overrides]`: the exit code (0 after --help; 2: bad input; 130)."""
     from gan.api import compose_config  # the training configs, composed and checked as train.py does
     from gan.launch import override_key
 
