@@ -274,17 +274,26 @@ def test_a_damaged_or_partial_mnist_is_named_with_what_is_wrong(tmp_path, damage
         load_dataset(cfg_for("mnist", tmp_path))
 
 
-@pytest.mark.parametrize("damage", ["is truncated", "outside the 10 classes 0-9"])
-def test_damaged_test_labels_are_refused_naming_the_file(tmp_path, damage):
-    write_mnist(tmp_path, train=40, test=8)
-    labels = tmp_path / "MNIST" / "raw" / "t10k-labels-idx1-ubyte"
-    if damage == "is truncated":  # the header still counts 8 labels; the file holds 6
+def damaged_mnist(root: Path, damage: str) -> Path:
+    """MNIST IDX files (40 training, 8 test images) whose test labels file is damaged; returns it."""
+    write_mnist(root, train=40, test=8)
+    labels = root / "MNIST" / "raw" / "t10k-labels-idx1-ubyte"
+    if damage == "truncated":  # the header still counts 8 labels; the file holds 6
         labels.write_bytes(labels.read_bytes()[:-2])
     else:  # labels 5..12: three of them are no digit
         write_idx(labels, np.arange(8) + 5)
+    return labels
+
+
+HELD_OUT_DAMAGE = {"truncated": "is truncated", "out of range": "outside the 10 classes 0-9"}
+
+
+@pytest.mark.parametrize("damage", list(HELD_OUT_DAMAGE))
+def test_damaged_test_labels_are_refused_naming_the_file(tmp_path, damage):
+    labels = damaged_mnist(tmp_path, damage)
     with pytest.raises(DataError) as caught:
         load_dataset(cfg_for("mnist", tmp_path), train=False)
-    assert str(labels) in str(caught.value) and damage in str(caught.value)
+    assert str(labels) in str(caught.value) and HELD_OUT_DAMAGE[damage] in str(caught.value)
     assert len(load_dataset(cfg_for("mnist", tmp_path)).labels) == 40  # the training split is whole
 
 

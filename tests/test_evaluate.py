@@ -233,27 +233,15 @@ def test_sampling_is_in_eval_mode_without_autograd_and_leaves_g_as_it_was(tiny_g
     assert samples.dtype == torch.uint8 and torch.equal(samples, expected)
 
 
-def test_recomputed_batchnorm_stats_are_those_of_g_own_activations(tiny_gan):
-    G, _ = tiny_gan
-    cpu = torch.device("cpu")
-    for bn in (m for m in G.modules() if isinstance(m, torch.nn.BatchNorm2d)):
-        bn.running_mean.fill_(3.0)  # statistics that do not belong to these weights,
-        bn.running_var.fill_(50.0)  # like an EMA's averaged ones
-    z = torch.randn(4000, G.z_dim, generator=torch.Generator().manual_seed(9))
-    with torch.no_grad():
-        batch_stats = G.train()(z)  # each BatchNorm normalises with this batch's own statistics
-        stale = G.eval()(z)
-    stale_error = (stale - batch_stats).abs().mean()
-    assert stale_error > 0.01  # the stale statistics change the images
-
-    assert recompute_batchnorm_stats(G, batches=10, batch_size=400, seed=0, device=cpu)
-    assert not G.training  # left in eval mode, as sampling needs
-    with torch.no_grad():
-        recomputed = G(z)
-    # running statistics from 4000 other latents now match the batch statistics of these 4000
-    assert (recomputed - batch_stats).abs().mean() < stale_error / 10
+def test_recomputing_batchnorm_stats_keeps_eval_mode_and_momentum_and_is_skipped_for_zero_batches(tiny_gan):
+    # that the recomputed statistics are G's own: test_steps.py (the technique's proof, cited in docs/proofs.md)
+    G, cpu = tiny_gan[0].eval(), torch.device("cpu")
+    before = [bn.running_var.clone() for bn in G.modules() if isinstance(bn, torch.nn.BatchNorm2d)]
+    assert recompute_batchnorm_stats(G, batches=2, batch_size=64, seed=0, device=cpu)
+    after = [bn.running_var for bn in G.modules() if isinstance(bn, torch.nn.BatchNorm2d)]
+    assert not G.training and not any(torch.equal(a, b) for a, b in zip(before, after))
     assert all(bn.momentum == 0.1 for bn in G.modules() if isinstance(bn, torch.nn.BatchNorm2d))
-    assert not recompute_batchnorm_stats(G, batches=0, batch_size=400, seed=0, device=cpu)
+    assert not recompute_batchnorm_stats(G, batches=0, batch_size=64, seed=0, device=cpu)
 
 
 def test_slerp_runs_along_the_sphere_and_hits_both_ends():

@@ -218,8 +218,8 @@ def _open_mnist_like(cfg: DataConfig, train: bool, kind: type[datasets.MNIST], s
         )
     if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= 10):
         raise DataError(
-            f"data={cfg.name}: the labels in {label_file} run from {int(labels.min())} to {int(labels.max())}, "
-            "outside the 10 classes 0-9: it is damaged. Replace it with the official file."
+            f"data={cfg.name}: the labels file {label_file} holds values from {int(labels.min())} to "
+            f"{int(labels.max())}, outside the 10 classes 0-9: it is damaged. Replace it with the official file."
         )
     return ArrayImages(images.unsqueeze(1), labels, 10, cfg.channels, cfg.image_size)
 
