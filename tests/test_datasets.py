@@ -513,17 +513,19 @@ def test_auto_holds_small_sets_in_memory_and_streams_large_ones(tmp_path, monkey
 
 
 @pytest.mark.parametrize("workers", [0, 1])
-def test_a_streamed_folder_gives_the_in_memory_batches_and_resumes_exactly(tmp_path, workers):
+def test_a_streamed_folder_gives_the_in_memory_batches_each_image_once_an_epoch_and_resumes_exactly(tmp_path, workers):
     cfg = cfg_for("folder", make_folder(tmp_path), image_size=16)
-    streamed = load_dataset(cfg, in_memory=False).images
-    in_memory = load_dataset(cfg, in_memory=True).images
-    reference = BatchStream(in_memory, 4, seed=3, device=CPU, num_workers=0)
+    streamed, in_memory = (load_dataset(cfg, in_memory=keep).images for keep in (False, True))
+    per_epoch = len(in_memory) // 4  # the last incomplete batch is dropped
+    reference = BatchStream(in_memory, 4, seed=3, device=CPU, num_workers=workers)
     stream = BatchStream(streamed, 4, seed=3, device=CPU, num_workers=workers)
-    for _ in range(len(in_memory) // 4 + 2):  # across an epoch boundary
-        images = next(stream)
-        assert torch.equal(images, next(reference)) and images.min() >= -1 and images.max() <= 1
+    batches = [next(stream) for _ in range(per_epoch + 2)]  # across an epoch boundary
+    assert all(torch.equal(batch, next(reference)) and batch.min() >= -1 and batch.max() <= 1 for batch in batches)
+    assert torch.cat(batches[:per_epoch]).flatten(1).unique(dim=0).size(0) == 4 * per_epoch  # each image once
     state = stream.state_dict()
-    following = [next(stream) for _ in range(3)]
+    assert state == {"epoch": 1, "batch": 2}
+    following = [next(stream) for _ in range(per_epoch)]
+    assert stream.epoch == 2
     resumed = BatchStream(streamed, 4, seed=3, device=CPU, num_workers=workers)
     resumed.load_state_dict(state)
     assert all(torch.equal(a, next(resumed)) for a in following)
@@ -554,21 +556,6 @@ def test_pixels_reach_the_loop_scaled_to_the_range_of_tanh(tmp_path):
     batch = next(BatchStream(images.repeat(4, 1, 1, 1), 4, seed=0, device=CPU))
     assert batch.dtype == torch.float32 and batch.min() == -1 and batch.max() == 1
     assert to_unit_range(torch.tensor([0, 255], dtype=torch.uint8)).tolist() == [-1.0, 1.0]
-
-
-@pytest.mark.parametrize("workers", [0, 1])
-def test_batch_stream_covers_each_epoch_once_and_resumes_exactly(workers):
-    images = torch.arange(10, dtype=torch.uint8).view(10, 1, 1, 1)
-    stream = BatchStream(images, batch_size=3, seed=0, device=CPU, num_workers=workers)
-    epoch0 = torch.cat([next(stream) for _ in range(3)])  # 3 full batches; the 10th image is dropped
-    assert len(set(epoch0.flatten().tolist())) == 9
-    state = stream.state_dict()
-    assert state == {"epoch": 0, "batch": 3}
-    following = [next(stream) for _ in range(4)]
-    assert stream.epoch == 2  # 3 batches an epoch: the 4 batches cross into epoch 2
-    resumed = BatchStream(images, batch_size=3, seed=0, device=CPU, num_workers=workers)
-    resumed.load_state_dict(state)
-    assert all(torch.equal(a, next(resumed)) for a in following)
 
 
 # data.limit --------------------------------------------------------------------------------------

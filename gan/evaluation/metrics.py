@@ -136,10 +136,9 @@ def load_or_train_classifier(
         model, accuracy = train_and_cache_classifier(data, cfg, device, path)
     if accuracy < cfg.min_accuracy:
         raise MetricsError(
-            f"The metrics classifier ({path}) reaches only {100 * accuracy:.2f}% test accuracy, below "
-            f"metrics.classifier.min_accuracy={cfg.min_accuracy}: its features and class histogram would be "
-            "unreliable. Train it longer (metrics.classifier.epochs=N) or wider (metrics.classifier.width=N), or "
-            "lower metrics.classifier.min_accuracy."
+            f"The metrics classifier ({path}) reaches {100 * accuracy:.2f}% test accuracy, below "
+            f"metrics.classifier.min_accuracy={cfg.min_accuracy}: its features would be unreliable. Raise "
+            "metrics.classifier.epochs or metrics.classifier.width, or lower metrics.classifier.min_accuracy."
         )
     return model.to(device).eval(), accuracy, path
 
@@ -215,10 +214,8 @@ def inception_features(weights: Optional[str]) -> Inception:
     file = existing_file(weights, "metrics.inception_weights", INCEPTION_WEIGHTS_URL) if weights else None
     if importlib.util.find_spec("torch_fidelity") is None:
         raise MetricsError(
-            "metrics.features=inception without metrics.feature_network runs torch-fidelity's Inception-v3, which "
-            "is not installed: `pip install torch-fidelity` (or the metrics extra: `pip install -c constraints.txt "
-            f"-e '.[metrics]'`). Offline it also needs {INCEPTION_WEIGHTS_URL} as metrics.inception_weights=PATH. "
-            "NVlabs' TorchScript file (metrics.feature_network=PATH) needs no torch-fidelity."
+            "metrics.features=inception runs torch-fidelity's Inception-v3, which is not installed: `pip install "
+            "torch-fidelity` (the metrics extra), or give NVlabs' TorchScript file as metrics.feature_network=PATH."
         )
     if file is not None:
         check_state_dict(file, weights)
@@ -370,9 +367,8 @@ def fid(real: Tensor, fake: Tensor) -> float:
     smallest, dims = min(real.size(0), fake.size(0)), real.size(1)
     if smallest <= dims:
         log.warning(
-            f"FID from {smallest} images of {dims} features: the covariances are singular (rank < {dims}). The number "
-            "is finite but biased upward; compare it only with FIDs from the same number of images (published ones "
-            "use 10k or 50k)."
+            f"FID from {smallest} images of {dims} features: the covariances are singular (rank < {dims}); the "
+            "number is biased upward, comparable only with FIDs from as many images (published ones use 10k or 50k)."
         )
     metric = FrechetInceptionDistance(feature=Precomputed(real.size(1)))
     metric.update(real, real=True)
