@@ -391,12 +391,11 @@ def test_evaluate_class_id_draws_and_measures_that_class_alone(conditional_run, 
     assert not (tmp_path / "eval" / "classes.png").exists()
 
 
-@pytest.mark.parametrize("class_id, message", [(10, "out of range"), (3, "unconditional")])
-def test_a_class_id_that_cannot_be_drawn_exits_2_naming_class_id(conditional_run, tmp_path, class_id, message):
-    checkpoint = conditional_run
-    if message == "unconditional":
-        checkpoint = tmp_path / "plain"
-        assert run_train(f"hydra.run.dir={checkpoint}").returncode == 0
+@pytest.mark.parametrize(
+    "run, class_id, message", [("conditional_run", 10, "out of range"), ("tiny_run", 3, "unconditional")]
+)
+def test_a_class_id_that_cannot_be_drawn_exits_2_naming_class_id(request, tmp_path, run, class_id, message):
+    checkpoint = request.getfixturevalue(run)
     result = run_evaluate(f"checkpoint={checkpoint}", f"class_id={class_id}", f"hydra.run.dir={tmp_path / 'eval'}")
     output = result.stdout + result.stderr
     assert result.returncode == 2 and f"class_id={class_id}" in output and message in output

@@ -259,8 +259,9 @@ def test_slerp_runs_along_the_sphere_and_hits_both_ends():
     torch.testing.assert_close(same[:, 0], z0)
 
 
-def test_trace_drops_control_flow_that_script_keeps_and_export_guards(tiny_gan):
+def test_trace_drops_control_flow_that_script_keeps_and_export_guards(tiny_gan, tmp_path):
     G, _ = tiny_gan
+    assert X.save_generator(G, ExportFormat.none, tmp_path / "export") == []  # export=none writes nothing
     G.eval()
     batch = X.example_latents(G.z_dim)
     one = batch[0]
@@ -335,10 +336,6 @@ def test_evaluate_end_to_end_with_each_inception_file(key, tmp_path, one_thread,
     assert space["measures"] == MEASURES
     assert ("tensorflow1x" if key == "inception_weights" else "TorchScript file's own") in space["resizer"]
     assert results["feature_space"] == space
-
-
-def test_export_format_none_writes_nothing(tiny_gan, tmp_path):
-    assert X.save_generator(tiny_gan[0], ExportFormat.none, tmp_path / "export") == []
 
 
 def test_a_second_evaluation_into_a_finished_ones_folder_is_refused_and_its_metrics_kept(evaluated, trained_run):
