@@ -29,7 +29,8 @@ def write_pack(data: DataConfig, folder: Path) -> Path:
     """folder/pack.pt from `data`'s two splits, decoded into memory once; written whole or not at all."""
     if data.name == "packed":
         raise ConfigError("data=packed is already a pack: name the dataset to pack (data=folder, data=celeba, ...).")
-    started, data = time.perf_counter(), dataclasses.replace(data, limit=0, in_memory=True)
+    started = time.perf_counter()
+    data = dataclasses.replace(data, limit=0, in_memory=True)
     splits = {"train": load_dataset(data, train=True), "held_out": load_dataset(data, train=False)}
     settings = {key: str(value) for key, value in dataclasses.asdict(data).items()}  # enums and paths as text
     settings.update(image_size=data.image_size, channels=data.channels, root=str(Path(data.root).resolve()))
@@ -44,12 +45,11 @@ def write_pack(data: DataConfig, folder: Path) -> Path:
         "num_classes": splits["train"].num_classes,
         **{name: {"images": split.images, "labels": split.labels} for name, split in splits.items()},
     }
-    save_atomically(pack, folder / PACK_FILE)
+    path = folder / PACK_FILE
+    save_atomically(pack, path)
     counts = ", ".join(f"{len(split.labels)} {name}" for name, split in splits.items())
-    log.info(
-        f"Packed data={data.name} ({counts} images) into {folder / PACK_FILE} in {time.perf_counter() - started:.1f} s"
-    )
-    return folder / PACK_FILE
+    log.info("Packed data=%s (%s images) into %s in %.1f s", data.name, counts, path, time.perf_counter() - started)
+    return path
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -152,5 +152,6 @@ def ignore_stop_signals(worker_id: int) -> None:
 def worker_message(text: str) -> str:
     if "Original Traceback" not in text:
         return text
-    name, _, message = text.strip().splitlines()[-1].partition(": ")
-    return message if message and "Error" in name else text.strip().splitlines()[-1]
+    last = text.strip().splitlines()[-1]
+    name, _, message = last.partition(": ")
+    return message if message and "Error" in name else last

@@ -133,6 +133,8 @@ def load_or_train_classifier(
             log.warning(
                 "Ignoring the cached classifier %s (%s: %s); training a new one.", path, type(err).__name__, err
             )
+        model = None
+    if model is None:  # trained outside the except clause: its errors are not "during handling" of this one
         model, accuracy = train_and_cache_classifier(data, cfg, device, path)
     if accuracy < cfg.min_accuracy:
         raise MetricsError(
