@@ -219,16 +219,12 @@ def test_download_is_not_attempted_when_the_files_are_there_and_a_failed_one_is_
 # missing and damaged data ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "name, expected, remedy",
-    [
-        ("mnist", "MNIST/raw", "data.download=true"),
-        ("fashion_mnist", "FashionMNIST/raw", "data.download=true"),
-        ("cifar10", "cifar-10-batches-py", "data.download=true"),
-        ("celeba", "celeba", "data.download=true"),
-        ("folder", "", "nothing to download"),
-    ],
-)
+MISSING = [("mnist", "MNIST/raw", "data.download=true"), ("fashion_mnist", "FashionMNIST/raw", "data.download=true"),
+           ("cifar10", "cifar-10-batches-py", "data.download=true"), ("celeba", "celeba", "data.download=true"),
+           ("folder", "", "nothing to download")]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, expected, remedy", MISSING)
 def test_a_missing_root_says_where_what_and_how_to_get_it(tmp_path, name, expected, remedy):
     root = tmp_path / "nowhere"
     with pytest.raises(DataError) as err:
@@ -341,16 +337,12 @@ def test_a_folder_smaller_than_one_batch_stops_training_before_anything_is_writt
     assert not (tmp_path / "run").exists() or not any(path.is_file() for path in (tmp_path / "run").rglob("*"))
 
 
-@pytest.mark.parametrize(
-    "overrides, key",
-    [
-        (dict(name="nosuch"), "data.name"),
-        (dict(name="stacked", source="cifar10", channels=3), "data.source"),
-        (dict(name="stacked", channels=1), "data.channels"),
-        (dict(name="folder", download=True), "data.download"),
-        (dict(name="digits", download=True), "data.download"),
-    ],
-)
+NO_LOADER = [(dict(name="nosuch"), "data.name"), (dict(name="stacked", source="cifar10", channels=3), "data.source"),
+             (dict(name="stacked", channels=1), "data.channels"), (dict(name="folder", download=True), "data.download"),
+             (dict(name="digits", download=True), "data.download")]  # fmt: skip
+
+
+@pytest.mark.parametrize("overrides, key", NO_LOADER)
 def test_config_refuses_what_no_loader_can_do(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         DataConfig(**overrides).check()
@@ -361,8 +353,8 @@ def test_config_refuses_what_no_loader_can_do(overrides, key):
 
 @pytest.mark.parametrize("size, channels", [(16, 3), (64, 3), (32, 1)])
 def test_folder_images_follow_the_dcgan_tutorial_recipe(tmp_path, size, channels):
-    """Resize(size) + CenterCrop(size) on the decoded image, as the PyTorch DCGAN tutorial does with
-    PIL; ours runs on uint8 tensors (antialiased bilinear), equal up to a rounding step."""
+    # Resize + CenterCrop as the PyTorch DCGAN tutorial runs them on PIL images; ours on uint8 tensors (antialiased
+    # bilinear): equal up to a rounding step
     for i, (width, height) in enumerate([(48, 32), (30, 50), (178, 218), (20, 12)]):
         write_image(tmp_path / f"{i}.png", (width, height), seed=i)
     data = load_dataset(cfg_for("folder", tmp_path, image_size=size, channels=channels), train=True)
