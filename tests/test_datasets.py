@@ -1,12 +1,7 @@
 """gan.data: the built-in digits, the pixel rules every dataset shares, the resumable batch stream, and real
-datasets read from small files each test writes in the real on-disk format.
-
-MNIST and Fashion-MNIST as the four uncompressed IDX files torchvision reads from ROOT/<Class>/raw,
-CIFAR-10 as the pickled batches of ROOT/cifar-10-batches-py, folders of PNG and JPEG files, CelebA
-as ROOT/celeba/img_align_celeba. No test downloads anything (internet sockets are blocked below) or
-reads outside its temporary directory. Damaged datasets are a DataError (or a ConfigError) whose one paragraph
-names the file and what is wrong, never a bare AssertionError, a worker's pasted traceback or a silent acceptance.
-"""
+datasets in their on-disk formats (MNIST IDX files, CIFAR-10 pickles, image folders, CelebA, packs), written
+small by each test. Nothing is downloaded (internet sockets are blocked). Damaged data is one paragraph naming
+the file and what is wrong, never a bare AssertionError, a worker's traceback or a silent acceptance."""
 
 from __future__ import annotations
 
@@ -29,13 +24,14 @@ from torchvision import transforms
 
 import gan.checkpoint
 import gan.data.sources
-from gan.config import ConfigError, DataConfig
+from gan.config import ClassifierConfig, ConfigError, DataConfig
 from gan.data import BatchStream, DataError, ImageSource, is_held_out, load_dataset, open_source, read_image
 from gan.data.digits import render_digits
 from gan.data.pack import main as pack_main
 from gan.data.pack import write_pack
 from gan.data.sources import CLASSIFIER_CACHE, convert_channels, fit_square
 from gan.data.stream import to_unit_range, worker_message
+from gan.evaluation.metrics import classifier_key
 from gan.training import train
 
 CPU = torch.device("cpu")
@@ -64,54 +60,31 @@ def write_idx(path: Path, array: np.ndarray) -> None:
     path.write_bytes(header + array.astype(np.uint8).tobytes())
 
 
-def mnist_image(value: int) -> np.ndarray:
-    """28x28: the top half at `value`, the bottom half black, so a transposed read would show."""
-    image = np.zeros((28, 28), np.uint8)
-    image[:14] = value
-    return image
-
-
 def write_mnist(root: Path, folder: str = "MNIST", train: int = 40, test: int = 8) -> list[int]:
-    """`train` + `test` images whose top half holds 100 + label * 10 + (index % 4); returns the
-    training labels (index % 10)."""
-    raw = root / folder / "raw"
+    """28 x 28 images whose top half holds 100 + label * 10 + (index % 4), the bottom half black (a transposed
+    read would show); the test split starts at class 5. Returns the training labels (index % 10)."""
     for prefix, count in (("train", train), ("t10k", test)):
-        labels = np.arange(count) % 10
-        if prefix == "t10k":
-            labels = (labels + 5) % 10  # the test split starts at another class: it is not the train split
-        write_idx(
-            raw / f"{prefix}-images-idx3-ubyte",
-            np.stack([mnist_image(100 + int(c) * 10 + i % 4) for i, c in enumerate(labels)]),
-        )
-        write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels)
+        labels = (np.arange(count) + (5 if prefix == "t10k" else 0)) % 10
+        images = np.zeros((count, 28, 28), np.uint8)
+        images[:, :14] = (100 + labels * 10 + np.arange(count) % 4)[:, None, None]
+        write_idx(root / folder / "raw" / f"{prefix}-images-idx3-ubyte", images)
+        write_idx(root / folder / "raw" / f"{prefix}-labels-idx1-ubyte", labels)
     return [i % 10 for i in range(train)]
 
 
-def cifar_batch(count: int, offset: int) -> dict:
-    """The layout of CIFAR-10's python pickles: 'data' is (N, 3072) uint8 rows, the 1024 red values,
-    then green, then blue, each plane row-major; 'labels' a list of ints."""
-    images = np.zeros((count, 3, 32, 32), np.uint8)
-    for i in range(count):
-        images[i, 0], images[i, 1], images[i, 2] = 200, 100, offset + i  # red, green, blue
-        images[i, :, 16:, :] = 0  # bottom half black: a transposed read would show
-    return {
-        "batch_label": "test",
-        "labels": [(offset + i) % 10 for i in range(count)],
-        "data": images.reshape(count, 3072),
-        "filenames": [f"{offset + i}.png" for i in range(count)],
-    }
-
-
 def write_cifar(root: Path, per_batch: int = 2) -> Path:
+    """CIFAR-10's python pickles: 'data' (N, 3072) uint8 rows, the red plane, then green, then blue; image i
+    of the set is red 200, green 100, blue i, its bottom half black; its label i % 10."""
     folder = root / "cifar-10-batches-py"
     folder.mkdir(parents=True)
-    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
-    for b, name in enumerate(names):
-        with open(folder / name, "wb") as f:
-            pickle.dump(cifar_batch(per_batch, offset=b * per_batch), f)
-    with open(folder / "batches.meta", "wb") as f:
-        labels = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-        pickle.dump({"label_names": labels, "num_vis": 3072}, f)
+    for b, name in enumerate([f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]):
+        offset = b * per_batch
+        images = np.zeros((per_batch, 3, 32, 32), np.uint8)
+        images[:, 0, :16], images[:, 1, :16] = 200, 100
+        images[:, 2, :16] = (offset + np.arange(per_batch))[:, None, None]
+        batch = {"labels": [(offset + i) % 10 for i in range(per_batch)], "data": images.reshape(per_batch, 3072)}
+        (folder / name).write_bytes(pickle.dumps(batch))
+    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": [str(c) for c in range(10)]}))
     return folder
 
 
@@ -124,53 +97,45 @@ def write_image(path: Path, size: tuple[int, int], mode: str = "RGB", seed: int 
     return pixels
 
 
+def make_folder(root: Path, count: int = 24) -> Path:
+    for i in range(count):
+        write_image(root / f"{i:02d}.png", (24 + i, 20), seed=i)
+    return root
+
+
 def cfg_for(name: str, root: Path, **overrides) -> DataConfig:
     return DataConfig(name=name, root=str(root), **overrides)
 
 
 def patch_cifar_checksums(monkeypatch) -> None:
-    """torchvision checks each CIFAR-10 file's md5 against the official archive (`_check_integrity`,
-    `_load_meta`); files a test writes cannot match. Only that comparison is replaced, by a check
-    that the file exists: torchvision's layout, unpickling and HWC arrays stay the ones under test.
-    test_cifar10_with_wrong_checksums_is_refused shows what the real check does to these files."""
+    """torchvision checks each CIFAR-10 file's md5 against the official archive; files a test writes cannot
+    match. Only that comparison is replaced (test_cifar10_with_wrong_checksums_is_refused shows the real one)."""
     monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", lambda path, md5=None: Path(path).is_file())
 
 
 # the built-in digits and the pixel rules every dataset shares -----------------------------------------
 
 
-def test_digits_are_deterministic_labelled_and_in_range():
-    images, labels = render_digits(500, 32, seed=7)
-    again, labels_again = render_digits(500, 32, seed=7)
-    assert torch.equal(images, again) and torch.equal(labels, labels_again)
-    assert images.shape == (500, 1, 32, 32) and images.dtype == torch.uint8
-    assert set(labels.tolist()) == set(range(10))
-    assert not torch.equal(render_digits(500, 32, seed=8)[0], images)
-
-
 @pytest.mark.parametrize("size", [16, 32, 64])
-def test_digits_render_at_any_size_with_ink_in_the_middle(size):
-    images, _ = render_digits(64, size, seed=0)
+def test_digits_are_deterministic_labelled_distinct_and_inked_in_the_middle(size):
+    images, labels = render_digits(2000, size, seed=7)
+    again, labels_again = render_digits(2000, size, seed=7)
+    assert torch.equal(images, again) and torch.equal(labels, labels_again)
+    assert images.shape == (2000, 1, size, size) and images.dtype == torch.uint8
+    assert set(labels.tolist()) == set(range(10))
+    assert not torch.equal(render_digits(2000, size, seed=8)[0], images)
     mean = images.float().mean(0)[0]
-    center, border = mean[size // 4 : -size // 4, size // 4 : -size // 4].mean(), mean[0].mean()
-    assert center > 3 * border  # the digit, not the noise, carries the ink
-
-
-def test_classes_differ_from_each_other():
-    images, labels = render_digits(2000, 32, seed=0)
-    means = torch.stack([images[labels == c].float().mean(0) for c in range(10)])
-    distances = torch.cdist(means.flatten(1), means.flatten(1))
+    assert mean[size // 4 : -size // 4, size // 4 : -size // 4].mean() > 3 * mean[0].mean()  # the digit, not noise
+    means = torch.stack([images[labels == c].float().mean(0) for c in range(10)]).flatten(1)
+    distances = torch.cdist(means, means) * 32 / size  # per 32 x 32 pixels
     assert distances[~torch.eye(10, dtype=torch.bool)].min() > 50  # ten distinct average shapes
 
 
-def test_held_out_split_differs_from_training_split():
+def test_the_generated_held_out_split_is_other_images_and_an_unknown_dataset_is_refused():
     cfg = DataConfig(num_samples=600)
     train, held_out = load_dataset(cfg), load_dataset(cfg, train=False)
     assert held_out.images.size(0) == 100
     assert not any(torch.equal(held_out.images[0], image) for image in train.images)
-
-
-def test_an_unknown_dataset_is_refused_by_the_loader_too():
     with pytest.raises(DataError, match="not a known dataset"):
         load_dataset(DataConfig(name="nosuch"))  # check() would refuse it first; the loader does too
 
@@ -208,17 +173,10 @@ def test_mnist_like_datasets_read_torchvision_layout_resized_and_oriented(tmp_pa
     values = [100 + c * 10 + i % 4 for i, c in enumerate(labels)]
     assert top.flatten(1).float().mean(1).tolist() == values  # in file order, rows as rows
     assert int(bottom.max()) == 0
-
     held_out = load_dataset(cfg_for(name, tmp_path), train=False)
     assert held_out.images.size(0) == 8 and held_out.labels[0] == 5  # the t10k files
-
-
-def test_grayscale_becomes_rgb_by_repeating_its_channel(tmp_path):
-    write_mnist(tmp_path)
-    gray = load_dataset(cfg_for("mnist", tmp_path, channels=1)).images
-    rgb = load_dataset(cfg_for("mnist", tmp_path, channels=3)).images
-    assert rgb.shape == (40, 3, 32, 32)
-    assert all(torch.equal(rgb[:, c : c + 1], gray) for c in range(3))
+    rgb = load_dataset(cfg_for(name, tmp_path, channels=3)).images  # grayscale repeated into RGB
+    assert rgb.shape == (40, 3, 32, 32) and all(torch.equal(rgb[:, c : c + 1], data.images) for c in range(3))
 
 
 def test_cifar10_reads_the_pickled_batches_as_rgb_planes(tmp_path, monkeypatch):
@@ -232,12 +190,7 @@ def test_cifar10_reads_the_pickled_batches_as_rgb_planes(tmp_path, monkeypatch):
     assert int(data.images[:, :, 16:].max()) == 0
     held_out = load_dataset(cfg_for("cifar10", tmp_path, channels=3), train=False)
     assert held_out.labels.tolist() == [0, 1]  # test_batch: offsets 10, 11
-
-
-def test_rgb_becomes_gray_as_pillow_converts_it(tmp_path, monkeypatch):
-    write_cifar(tmp_path)
-    patch_cifar_checksums(monkeypatch)
-    gray = load_dataset(cfg_for("cifar10", tmp_path, channels=1)).images
+    gray = load_dataset(cfg_for("cifar10", tmp_path, channels=1)).images  # as Pillow converts RGB
     expected = Image.fromarray(np.array([[[200, 100, 7]]], np.uint8)).convert("L").getpixel((0, 0))
     assert gray.shape == (10, 1, 32, 32) and int(gray[7, 0, 0, 0]) == expected
 
@@ -249,43 +202,35 @@ def test_cifar10_with_wrong_checksums_is_refused(tmp_path):
     assert str(folder.resolve()) in str(err.value) and "data.download=true" in str(err.value)
 
 
-def test_download_is_not_attempted_when_the_files_are_there(tmp_path, monkeypatch):
-    write_mnist(tmp_path)
-    monkeypatch.setattr(
-        torchvision.datasets.mnist, "download_and_extract_archive", lambda *a, **k: pytest.fail("tried to download")
-    )
-    assert load_dataset(cfg_for("mnist", tmp_path, download=True)).images.size(0) == 40
+def test_download_is_not_attempted_when_the_files_are_there_and_a_failed_one_is_a_data_error(tmp_path, monkeypatch):
+    write_mnist(tmp_path / "there")
+    mnist = torchvision.datasets.mnist
+    monkeypatch.setattr(mnist, "download_and_extract_archive", lambda *a, **k: pytest.fail("tried to download"))
+    assert load_dataset(cfg_for("mnist", tmp_path / "there", download=True)).images.size(0) == 40
 
-
-def test_a_failed_download_is_a_data_error(tmp_path, monkeypatch):
     def offline(self):
         raise RuntimeError("Error downloading train-images-idx3-ubyte.gz")
 
     monkeypatch.setattr(torchvision.datasets.MNIST, "download", offline)
     with pytest.raises(DataError, match="could not be downloaded.*Error downloading"):
-        load_dataset(cfg_for("mnist", tmp_path, download=True))
+        load_dataset(cfg_for("mnist", tmp_path / "empty", download=True))
 
 
-# missing and empty roots ---------------------------------------------------------------------------
+# missing and damaged data ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "name, expected, remedy",
-    [
-        ("mnist", "MNIST/raw", "data.download=true"),
-        ("fashion_mnist", "FashionMNIST/raw", "data.download=true"),
-        ("cifar10", "cifar-10-batches-py", "data.download=true"),
-        ("celeba", "celeba", "data.download=true"),
-        ("folder", "nowhere", "nothing to download"),
-    ],
-)
+MISSING = [("mnist", "MNIST/raw", "data.download=true"), ("fashion_mnist", "FashionMNIST/raw", "data.download=true"),
+           ("cifar10", "cifar-10-batches-py", "data.download=true"), ("celeba", "celeba", "data.download=true"),
+           ("folder", "", "nothing to download")]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, expected, remedy", MISSING)
 def test_a_missing_root_says_where_what_and_how_to_get_it(tmp_path, name, expected, remedy):
     root = tmp_path / "nowhere"
     with pytest.raises(DataError) as err:
         load_dataset(cfg_for(name, root, channels=3))
     message = str(err.value)
-    assert str((root / expected).resolve() if name != "folder" else root.resolve()) in message
-    assert remedy in message and f"data={name}" in message
+    assert str((root / expected).resolve()) in message and remedy in message and f"data={name}" in message
 
 
 IMAGES, LABELS = "train-images-idx3-ubyte", "train-labels-idx1-ubyte"
@@ -298,27 +243,22 @@ def gzipped(raw: Path) -> None:  # the download leaves FILE.gz and unpacks it; t
 
 
 MNIST_DAMAGE = {
-    "a wrong type code": (
-        lambda raw: (raw / IMAGES).write_bytes(b"\0\0\x42\x03" + (raw / IMAGES).read_bytes()[4:]),
-        NOT_IDX,
-    ),
+    "a wrong type code": (lambda raw: (raw / IMAGES).write_bytes(b"\0\0\x42\x03" + (raw / IMAGES).read_bytes()[4:]),
+                          NOT_IDX),
     "empty": (lambda raw: (raw / IMAGES).write_bytes(b""), NOT_IDX),
     "a header cut short": (lambda raw: (raw / IMAGES).write_bytes(b"\0\0\x08\x03\0\0"), NOT_IDX),
     "2 sizes for 3": (lambda raw: (raw / IMAGES).write_bytes(b"\0\0\x08\x02\0\0\0\x28\0\0\0\x1c"), NOT_IDX),
-    "counts that disagree": (
-        lambda raw: write_idx(raw / LABELS, np.arange(30) % 10),
-        rf"{IMAGES} holds 40 images but \S+{LABELS} holds 30",
-    ),
+    "counts that disagree": (lambda raw: write_idx(raw / LABELS, np.arange(30) % 10),
+                             rf"{IMAGES} holds 40 images but \S+{LABELS} holds 30"),
     "labels outside 0-9": (lambda raw: write_idx(raw / LABELS, np.arange(40) % 10 + 3), "outside the 10 classes"),
-    "left gzipped": (gzipped, rf"{IMAGES} \({IMAGES}.gz is there: gunzip it"),
+    "left gzipped": (gzipped, rf"{IMAGES} \(gunzip {IMAGES}.gz there"),
     "a file missing": (lambda raw: (raw / "t10k-labels-idx1-ubyte").unlink(), "missing: t10k-labels-idx1-ubyte"),
     # a download cut short: each file the IDX magic and a few bytes; the header's sizes multiply to about 6e20
     # bytes, which must be read as damage, not allocated
     "a header announcing more than it holds": (
         lambda raw: [(raw / name).write_bytes(b"\x00\x00\x08\x03" + bytes(range(40))) for name in raw.iterdir()],
-        r"{images} is truncated.*data\.download=true",
-    ),
-}
+        r"{images} is truncated.*data\.download=true"),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("damage, message", MNIST_DAMAGE.values(), ids=MNIST_DAMAGE)
@@ -328,6 +268,29 @@ def test_a_damaged_or_partial_mnist_is_named_with_what_is_wrong(tmp_path, damage
     images = re.escape(str(tmp_path / "MNIST" / "raw" / IMAGES))
     with pytest.raises(DataError, match=message.replace("{images}", images)):
         load_dataset(cfg_for("mnist", tmp_path))
+
+
+def damaged_mnist(root: Path, damage: str) -> Path:
+    """MNIST IDX files (40 training, 8 test images) whose test labels file is damaged; returns it."""
+    write_mnist(root, train=40, test=8)
+    labels = root / "MNIST" / "raw" / "t10k-labels-idx1-ubyte"
+    if damage == "truncated":  # the header still counts 8 labels; the file holds 6
+        labels.write_bytes(labels.read_bytes()[:-2])
+    else:  # labels 5..12: three of them are no digit
+        write_idx(labels, np.arange(8) + 5)
+    return labels
+
+
+HELD_OUT_DAMAGE = {"truncated": "is truncated", "out of range": "outside the 10 classes 0-9"}
+
+
+@pytest.mark.parametrize("damage", list(HELD_OUT_DAMAGE))
+def test_damaged_test_labels_are_refused_naming_the_file(tmp_path, damage):
+    labels = damaged_mnist(tmp_path, damage)
+    with pytest.raises(DataError) as caught:
+        load_dataset(cfg_for("mnist", tmp_path), train=False)
+    assert str(labels) in str(caught.value) and HELD_OUT_DAMAGE[damage] in str(caught.value)
+    assert len(load_dataset(cfg_for("mnist", tmp_path)).labels) == 40  # the training split is whole
 
 
 @pytest.mark.parametrize(
@@ -368,34 +331,18 @@ def test_a_16_bit_png_is_scaled_to_8_bits_not_clipped_to_white(tmp_path, channel
 
 
 def test_a_folder_smaller_than_one_batch_stops_training_before_anything_is_written(tmp_path):
-    folder = tmp_path / "three"
-    folder.mkdir()
-    for i in range(3):
-        Image.new("RGB", (20, 20), (40 * i, 80, 120)).save(folder / f"img{i}.png")
-    run_dir = tmp_path / "run"
-    with pytest.raises(DataError) as caught:
-        train(compose_config("data=folder", f"data.root={folder}"), run_dir)
-    assert "fewer than data.batch_size=32" in str(caught.value)  # debug=tiny's batch
-    assert not run_dir.exists() or not any(path.is_file() for path in run_dir.rglob("*"))
+    make_folder(tmp_path / "three", count=3)
+    with pytest.raises(DataError, match="fewer than data.batch_size=32"):  # debug=tiny's batch
+        train(compose_config("data=folder", f"data.root={tmp_path / 'three'}"), tmp_path / "run")
+    assert not (tmp_path / "run").exists() or not any(path.is_file() for path in (tmp_path / "run").rglob("*"))
 
 
-def test_too_few_images_for_one_batch_is_refused(tmp_path):
-    write_mnist(tmp_path)
-    images = load_dataset(cfg_for("mnist", tmp_path)).images
-    with pytest.raises(DataError, match="fewer than data.batch_size=64"):
-        BatchStream(images, batch_size=64, seed=0, device=CPU)
+NO_LOADER = [(dict(name="nosuch"), "data.name"), (dict(name="stacked", source="cifar10", channels=3), "data.source"),
+             (dict(name="stacked", channels=1), "data.channels"), (dict(name="folder", download=True), "data.download"),
+             (dict(name="digits", download=True), "data.download")]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "overrides, key",
-    [
-        (dict(name="nosuch"), "data.name"),
-        (dict(name="stacked", source="cifar10", channels=3), "data.source"),
-        (dict(name="stacked", channels=1), "data.channels"),
-        (dict(name="folder", download=True), "data.download"),
-        (dict(name="digits", download=True), "data.download"),
-    ],
-)
+@pytest.mark.parametrize("overrides, key", NO_LOADER)
 def test_config_refuses_what_no_loader_can_do(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         DataConfig(**overrides).check()
@@ -406,8 +353,8 @@ def test_config_refuses_what_no_loader_can_do(overrides, key):
 
 @pytest.mark.parametrize("size, channels", [(16, 3), (64, 3), (32, 1)])
 def test_folder_images_follow_the_dcgan_tutorial_recipe(tmp_path, size, channels):
-    """Resize(size) + CenterCrop(size) on the decoded image, as the PyTorch DCGAN tutorial does with
-    PIL; ours runs on uint8 tensors (antialiased bilinear), equal up to a rounding step."""
+    # Resize + CenterCrop as the PyTorch DCGAN tutorial runs them on PIL images; ours on uint8 tensors (antialiased
+    # bilinear): equal up to a rounding step
     for i, (width, height) in enumerate([(48, 32), (30, 50), (178, 218), (20, 12)]):
         write_image(tmp_path / f"{i}.png", (width, height), seed=i)
     data = load_dataset(cfg_for("folder", tmp_path, image_size=size, channels=channels), train=True)
@@ -427,56 +374,35 @@ def test_jpeg_png_gray_and_rgb_files_mix_in_one_folder(tmp_path):
     write_image(tmp_path / "b.png", (40, 40), "RGB")
     write_image(tmp_path / "c.bmp", (40, 40), "RGB")
     source = open_source(cfg_for("folder", tmp_path, image_size=16, channels=3))
-    # Split aside, look at every file: the gray JPEG comes out with three equal channels.
-    gray = read_image(str(tmp_path / "a.jpg"), 3, 16)
+    gray = read_image(str(tmp_path / "a.jpg"), 3, 16)  # the gray JPEG comes out with three equal channels
     assert gray.shape == (3, 16, 16) and torch.equal(gray[0], gray[1]) and torch.equal(gray[1], gray[2])
     assert read_image(str(tmp_path / "b.png"), 1, 16).shape == (1, 16, 16)
     assert all(source[i].shape == (3, 16, 16) for i in range(len(source)))
 
 
-def test_class_subfolders_become_labels_and_are_searched_at_any_depth(tmp_path):
+def test_class_subfolders_are_labels_at_any_depth_and_the_classifier_cache_is_no_class(tmp_path):
+    """The metrics cache their classifier in data.root/classifiers, the image folder itself under data=folder:
+    it must not turn 2 classes into 3 (nor may an empty folder); its key changes with a class or an image."""
     for i in range(14):
         write_image(tmp_path / "cats" / f"{i}.png", (20, 20), seed=i)
         write_image(tmp_path / "dogs" / "deeper" / f"{i}.jpg", (20, 20), seed=100 + i)
-    both = [load_dataset(cfg_for("folder", tmp_path, image_size=16), train=t) for t in (True, False)]
-    assert sum(d.labels.numel() for d in both) == 28
+    data, config = cfg_for("folder", tmp_path, image_size=16), ClassifierConfig()
+    both = [load_dataset(data, train=t) for t in (True, False)]
     assert all(d.num_classes == 2 for d in both)
     assert torch.cat([d.labels for d in both]).bincount().tolist() == [14, 14]  # cats 0, dogs 1
-
-
-def test_the_classifier_cache_and_empty_folders_are_not_classes(tmp_path):
-    """The metrics cache their classifier in data.root/classifiers, the image folder itself under
-    data=folder: once written, it must not turn 2 classes into 3 (nor may an empty folder)."""
-    for i in range(14):
-        write_image(tmp_path / "cats" / f"{i}.png", (20, 20), seed=i)
-        write_image(tmp_path / "dogs" / f"{i}.png", (20, 20), seed=100 + i)
-    before = load_dataset(cfg_for("folder", tmp_path, image_size=16))
+    key = classifier_key(data, config)
     (tmp_path / CLASSIFIER_CACHE).mkdir()
-    (tmp_path / CLASSIFIER_CACHE / "folder-16px-3ch-0123456789.pt").write_bytes(b"weights")
+    (tmp_path / CLASSIFIER_CACHE / f"{key}.pt").write_bytes(b"weights")
     (tmp_path / "empty").mkdir()
     (tmp_path / "only_notes").mkdir()
     (tmp_path / "only_notes" / "readme.txt").write_text("no image here")
-    after = load_dataset(cfg_for("folder", tmp_path, image_size=16))
-    assert before.num_classes == after.num_classes == 2
-    assert torch.equal(before.labels, after.labels) and torch.equal(before.images, after.images)
-
-
-def test_a_folder_s_cached_classifier_is_keyed_by_its_images_and_classes(tmp_path):
-    """A classifier cached for a folder must not judge it once a class or an image is added."""
-    from gan.config import ClassifierConfig
-    from gan.evaluation.metrics import classifier_key
-
-    for i in range(7):
-        write_image(tmp_path / "cats" / f"{i}.png", (20, 20), seed=i)
-    data, config = cfg_for("folder", tmp_path, image_size=16), ClassifierConfig()
-    first = classifier_key(data, config)
-    (tmp_path / CLASSIFIER_CACHE).mkdir()
-    (tmp_path / CLASSIFIER_CACHE / f"{first}.pt").write_bytes(b"weights")  # the cache is no image
-    assert classifier_key(data, config) == first
-    write_image(tmp_path / "dogs" / "0.png", (20, 20), seed=99)  # a new class
+    after = load_dataset(data)
+    assert after.num_classes == 2 and torch.equal(after.labels, both[0].labels)
+    assert torch.equal(after.images, both[0].images) and classifier_key(data, config) == key
+    write_image(tmp_path / "birds" / "0.png", (20, 20), seed=99)  # a new class
     second = classifier_key(data, config)
-    write_image(tmp_path / "dogs" / "1.png", (20, 20), seed=98)  # one more image
-    assert len({first, second, classifier_key(data, config)}) == 3
+    write_image(tmp_path / "birds" / "1.png", (20, 20), seed=98)  # one more image
+    assert len({key, second, classifier_key(data, config)}) == 3
 
 
 def test_images_beside_folders_make_one_unlabelled_set_of_everything(tmp_path):
@@ -494,7 +420,7 @@ def test_folder_split_is_about_a_seventh_and_stable_when_images_are_added(tmp_pa
 
     def split() -> tuple[set[str], set[str]]:
         train, held = (open_source(cfg_for("folder", tmp_path, image_size=16), train=t) for t in (True, False))
-        return set(train.paths), set(held.paths)
+        return set(train.items), set(held.items)
 
     train, held = split()
     assert not train & held and len(train | held) == 140
@@ -507,6 +433,9 @@ def test_folder_split_is_about_a_seventh_and_stable_when_images_are_added(tmp_pa
 
 def test_celeba_is_read_where_torchvision_puts_it_at_64_px(tmp_path):
     faces = tmp_path / "celeba" / "img_align_celeba"
+    faces.mkdir(parents=True)
+    with pytest.raises(DataError, match="holds no image files.*data.download=true"):
+        load_dataset(cfg_for("celeba", tmp_path, channels=3, image_size=64))
     for i in range(1, 15):
         write_image(faces / f"{i:06d}.jpg", (178, 218), seed=i)
     (tmp_path / "celeba" / "list_attr_celeba.txt").write_text("not an image\n")
@@ -519,10 +448,11 @@ def test_celeba_is_read_where_torchvision_puts_it_at_64_px(tmp_path):
     assert data.images.size(0) + len(open_source(cfg, train=False)) == 14
 
 
-def test_empty_celeba_folder_is_refused_with_the_download_override(tmp_path):
-    (tmp_path / "celeba" / "img_align_celeba").mkdir(parents=True)
-    with pytest.raises(DataError, match="holds no image files.*data.download=true"):
-        load_dataset(cfg_for("celeba", tmp_path, channels=3, image_size=64))
+def test_a_celeba_folder_that_is_a_file_is_called_a_file(tmp_path):
+    (tmp_path / "celeba").write_bytes(b"not a folder")
+    with pytest.raises(DataError, match=r"celeba \(absolute path .*\) is a file, not a folder") as caught:
+        load_dataset(cfg_for("celeba", tmp_path, channels=3))
+    assert "does not exist" not in str(caught.value)
 
 
 # stacked ---------------------------------------------------------------------------------------
@@ -532,10 +462,8 @@ def test_stacked_digits_are_three_independent_images_with_1000_mode_labels():
     cfg = DataConfig(name="stacked", channels=3, num_samples=600, image_size=16)
     data, source = load_dataset(cfg), load_dataset(DataConfig(num_samples=600, image_size=16))
     assert data.images.shape == (600, 3, 16, 16) and data.num_classes == 1000
-    triples = gan.data.sources.open_stacked(cfg, True).triples
-    for i in range(5):
-        for channel in range(3):
-            assert torch.equal(data.images[i, channel], source.images[triples[i, channel], 0])
+    triples = gan.data.sources.open_stacked(cfg, True).items
+    assert all(torch.equal(data.images[i, c], source.images[triples[i, c], 0]) for i in range(5) for c in range(3))
     digits = source.labels[triples]
     assert torch.equal(data.labels, digits[:, 0] * 100 + digits[:, 1] * 10 + digits[:, 2])
     assert data.labels.unique().numel() > 400  # 600 draws from 1000 equally likely modes: ~450
@@ -544,34 +472,22 @@ def test_stacked_digits_are_three_independent_images_with_1000_mode_labels():
     assert held_out.images.size(0) == 100 and not torch.equal(held_out.images[:5], data.images[:5])
 
 
-def test_stacked_mnist_reads_its_source_from_the_mnist_files(tmp_path):
+def test_stacked_mnist_reads_its_source_from_the_mnist_files_and_names_a_missing_one(tmp_path):
     write_mnist(tmp_path)
     data = load_dataset(cfg_for("stacked", tmp_path, source="mnist", channels=3, num_samples=64))
     top = data.images[:, :, :12].flatten(2).float().mean(2)  # (N, 3): 100 + 10 * digit + (i % 4)
     digits = ((top - 100) // 10).long()
     assert torch.equal(data.labels, digits[:, 0] * 100 + digits[:, 1] * 10 + digits[:, 2])
-
-
-def test_stacked_names_its_missing_source(tmp_path):
     with pytest.raises(DataError, match="data.source=fashion_mnist.*FashionMNIST/raw"):
         load_dataset(cfg_for("stacked", tmp_path, source="fashion_mnist", channels=3))
 
 
-# in memory or streamed -------------------------------------------------------------------------
-
-
-def make_folder(root: Path, count: int = 24) -> Path:
-    for i in range(count):
-        write_image(root / f"{i:02d}.png", (24 + i, 20), seed=i)
-    return root
+# in memory or streamed, and the batch stream -------------------------------------------------------
 
 
 @pytest.mark.parametrize("kind", ["mnist", "folder", "stacked"])
 def test_streamed_items_equal_the_in_memory_tensor(tmp_path, kind):
-    if kind == "folder":
-        make_folder(tmp_path)
-    else:
-        write_mnist(tmp_path)
+    make_folder(tmp_path) if kind == "folder" else write_mnist(tmp_path)
     cfg = cfg_for(kind, tmp_path, image_size=16, channels=3, source="mnist", num_samples=32)
     streamed = load_dataset(cfg, in_memory=False).images
     assert isinstance(streamed, ImageSource)
@@ -589,28 +505,27 @@ def test_auto_holds_small_sets_in_memory_and_streams_large_ones(tmp_path, monkey
 
 
 @pytest.mark.parametrize("workers", [0, 1])
-def test_a_streamed_folder_gives_the_in_memory_batches_and_resumes_exactly(tmp_path, workers):
+def test_a_streamed_folder_gives_the_in_memory_batches_each_image_once_an_epoch_and_resumes_exactly(tmp_path, workers):
     cfg = cfg_for("folder", make_folder(tmp_path), image_size=16)
-    streamed = load_dataset(cfg, in_memory=False).images
-    in_memory = load_dataset(cfg, in_memory=True).images
-    batch = 4
-    reference = BatchStream(in_memory, batch, seed=3, device=CPU, num_workers=0)
-    stream = BatchStream(streamed, batch, seed=3, device=CPU, num_workers=workers)
-    for _ in range(len(in_memory) // batch + 2):  # across an epoch boundary
-        images = next(stream)
-        assert torch.equal(images, next(reference)) and images.min() >= -1 and images.max() <= 1
+    streamed, in_memory = (load_dataset(cfg, in_memory=keep).images for keep in (False, True))
+    per_epoch = len(in_memory) // 4  # the last incomplete batch is dropped
+    reference = BatchStream(in_memory, 4, seed=3, device=CPU, num_workers=workers)
+    stream = BatchStream(streamed, 4, seed=3, device=CPU, num_workers=workers)
+    batches = [next(stream) for _ in range(per_epoch + 2)]  # across an epoch boundary
+    assert all(torch.equal(batch, next(reference)) and batch.min() >= -1 and batch.max() <= 1 for batch in batches)
+    assert torch.cat(batches[:per_epoch]).flatten(1).unique(dim=0).size(0) == 4 * per_epoch  # each image once
     state = stream.state_dict()
-    following = [next(stream) for _ in range(3)]
-    resumed = BatchStream(streamed, batch, seed=3, device=CPU, num_workers=workers)
+    assert state == {"epoch": 1, "batch": 2}
+    following = [next(stream) for _ in range(per_epoch)]
+    assert stream.epoch == 2
+    resumed = BatchStream(streamed, 4, seed=3, device=CPU, num_workers=workers)
     resumed.load_state_dict(state)
     assert all(torch.equal(a, next(resumed)) for a in following)
 
 
 def test_a_bad_image_read_by_a_worker_gives_the_workers_own_message(tmp_path):
-    folder = tmp_path / "images"
-    for i in range(40):
-        write_image(folder / f"{i:03d}.png", (20, 20), seed=i)
-    (folder / "010.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    folder = make_folder(tmp_path / "images", count=40)
+    (folder / "10.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
     dataset = load_dataset(cfg_for("folder", folder, image_size=16, in_memory=False))
     stream = BatchStream(dataset.images, 32, seed=0, device=CPU, num_workers=1)
     with pytest.raises(DataError) as caught:
@@ -620,7 +535,7 @@ def test_a_bad_image_read_by_a_worker_gives_the_workers_own_message(tmp_path):
     stream.close()  # what collection or the interpreter's exit does: workers ignore SIGTERM, so are stopped
     assert not any(worker.is_alive() for worker in workers)
     message = str(caught.value)
-    assert "010.png cannot be read as an image" in message
+    assert "10.png cannot be read as an image" in message
     assert "Traceback" not in message and "worker process" not in message
     assert worker_message("plain") == "plain"  # a message raised in the main process is kept
 
@@ -635,19 +550,7 @@ def test_pixels_reach_the_loop_scaled_to_the_range_of_tanh(tmp_path):
     assert to_unit_range(torch.tensor([0, 255], dtype=torch.uint8)).tolist() == [-1.0, 1.0]
 
 
-@pytest.mark.parametrize("workers", [0, 1])
-def test_batch_stream_covers_each_epoch_once_and_resumes_exactly(workers):
-    images = torch.arange(10, dtype=torch.uint8).view(10, 1, 1, 1)
-    stream = BatchStream(images, batch_size=3, seed=0, device=CPU, num_workers=workers)
-    epoch0 = torch.cat([next(stream) for _ in range(3)])  # 3 full batches; the 10th image is dropped
-    assert len(set(epoch0.flatten().tolist())) == 9
-    state = stream.state_dict()
-    assert state == {"epoch": 0, "batch": 3}
-    following = [next(stream) for _ in range(4)]
-    assert stream.epoch == 2  # 3 batches an epoch: the 4 batches cross into epoch 2
-    resumed = BatchStream(images, batch_size=3, seed=0, device=CPU, num_workers=workers)
-    resumed.load_state_dict(state)
-    assert all(torch.equal(a, next(resumed)) for a in following)
+# data.limit --------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name, channels", [("digits", 1), ("stacked", 3)])
@@ -665,15 +568,23 @@ def test_limit_keeps_the_first_images_with_their_labels_and_the_whole_held_out_s
 
 def test_limit_slices_a_streamed_folder_with_its_labels(tmp_path):
     for i in range(16):  # two classes, so the labels can go wrong
-        (tmp_path / f"class_{i % 2}").mkdir(exist_ok=True)
-        Image.fromarray(np.full((20, 20), 10 * i, dtype=np.uint8)).save(tmp_path / f"class_{i % 2}" / f"{i:02d}.png")
+        write_image(tmp_path / f"class_{i % 2}" / f"{i:02d}.png", (20, 20), seed=i)
     cfg = DataConfig(name="folder", root=str(tmp_path), image_size=16, in_memory=False)
     full, limited = load_dataset(cfg), load_dataset(dataclasses.replace(cfg, limit=10))
-    assert limited.images.paths == full.images.paths[:10] and torch.equal(limited.labels, full.labels[:10])
+    assert limited.images.items == full.images.items[:10] and torch.equal(limited.labels, full.labels[:10])
     assert 0 < full.labels[:10].sum() < 10  # the first ten span both classes
 
 
-# training on each size -------------------------------------------------------------------------
+def test_a_limit_above_the_training_split_is_refused_naming_its_size(tmp_path):
+    write_mnist(tmp_path, train=40)
+    with pytest.raises(
+        ConfigError, match=r"data\.limit=41 is more than the 40 images in the training split of data=mnist"
+    ):
+        load_dataset(cfg_for("mnist", tmp_path, limit=41, batch_size=32))
+    assert len(load_dataset(cfg_for("mnist", tmp_path, limit=40, batch_size=32)).labels) == 40
+
+
+# training ------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("size", [16, 32, 64, 128])
@@ -687,11 +598,9 @@ def test_a_training_step_at_each_image_size(tmp_path, size):
 
 
 def test_training_streams_a_folder_through_a_worker(tmp_path):
-    make_folder(tmp_path / "images", count=40)
-    root = f"data.root={tmp_path / 'images'}"
+    root = f"data.root={make_folder(tmp_path / 'images', count=40)}"
     stream = ("data.in_memory=false", "data.num_workers=1", "data.batch_size=8", "trainer.max_steps=3")
-    cfg = compose_config("data=folder", root, "data.image_size=16", *stream)
-    assert train(cfg, tmp_path / "run").step == 3
+    assert train(compose_config("data=folder", root, "data.image_size=16", *stream), tmp_path / "run").step == 3
 
 
 # data no loader can serve, on the command line: one paragraph naming the setting or file, exit 2, before training
@@ -723,46 +632,13 @@ def test_data_no_loader_can_serve_is_refused_before_training_in_one_paragraph(tm
     assert not (run_dir / "checkpoints").exists() and not (run_dir / "tb").exists()
 
 
-def test_a_limit_above_the_training_split_is_refused_naming_its_size(tmp_path):
-    write_mnist(tmp_path, train=40)
-    with pytest.raises(
-        ConfigError, match=r"data\.limit=41 is more than the 40 images in the training split of data=mnist"
-    ):
-        load_dataset(cfg_for("mnist", tmp_path, limit=41, batch_size=32))
-    assert len(load_dataset(cfg_for("mnist", tmp_path, limit=40, batch_size=32)).labels) == 40
-
-
-def test_a_celeba_folder_that_is_a_file_is_called_a_file(tmp_path):
-    (tmp_path / "celeba").write_bytes(b"not a folder")
-    with pytest.raises(DataError, match=r"celeba \(absolute path .*\) is a file, not a folder") as caught:
-        load_dataset(cfg_for("celeba", tmp_path, channels=3))
-    assert "does not exist" not in str(caught.value)
-
-
-def damaged_mnist(root: Path, damage: str) -> Path:
-    """MNIST IDX files (40 training, 8 test images) whose test labels file is damaged; returns it."""
-    write_mnist(root, train=40, test=8)
-    labels = root / "MNIST" / "raw" / "t10k-labels-idx1-ubyte"
-    if damage == "truncated":  # the header still counts 8 labels; the file holds 6
-        labels.write_bytes(labels.read_bytes()[:-2])
-    else:  # labels 5..12: three of them are no digit
-        write_idx(labels, np.arange(8) + 5)
-    return labels
-
-
-HELD_OUT_DAMAGE = {"truncated": "is truncated", "out of range": "outside the 10 classes 0-9"}
-
-
-@pytest.mark.parametrize("damage", list(HELD_OUT_DAMAGE))
-def test_damaged_test_labels_are_refused_naming_the_file(tmp_path, damage):
-    labels = damaged_mnist(tmp_path, damage)
-    with pytest.raises(DataError) as caught:
-        load_dataset(cfg_for("mnist", tmp_path), train=False)
-    assert str(labels) in str(caught.value) and HELD_OUT_DAMAGE[damage] in str(caught.value)
-    assert len(load_dataset(cfg_for("mnist", tmp_path)).labels) == 40  # the training split is whole
-
-
 # a packed dataset: decoded and resized once (gan/data/pack.py), then trained from with no decoding ----------
+
+
+def pack_folder(tmp_path: Path, count: int = 24) -> Path:
+    """A pack of `count` gray 16 px images in tmp_path/pack; returns pack.pt."""
+    write_pack(cfg_for("folder", make_folder(tmp_path / "images", count), image_size=16), tmp_path / "pack")
+    return tmp_path / "pack" / "pack.pt"
 
 
 @pytest.mark.parametrize("channels", [1, 3])
@@ -781,21 +657,16 @@ def test_a_pack_holds_the_folder_s_pixels_labels_and_splits(tmp_path, channels):
 
 
 def test_training_from_a_pack_decodes_nothing(tmp_path, monkeypatch, one_thread):
-    write_pack(cfg_for("folder", make_folder(tmp_path / "images"), image_size=16), tmp_path / "pack")
-
-    def no_decoding(*args: object) -> None:
-        raise AssertionError("an image file was decoded")
-
-    monkeypatch.setattr(gan.data.sources, "read_image", no_decoding)
+    pack_folder(tmp_path)
+    monkeypatch.setattr(gan.data.sources, "read_image", lambda *args: pytest.fail("an image file was decoded"))
     streamed = load_dataset(cfg_for("packed", tmp_path / "pack", image_size=16), in_memory=False).images
-    batch = next(BatchStream(streamed, 4, seed=0, device=CPU, num_workers=0))
-    assert batch.shape == (4, 1, 16, 16)
+    assert next(BatchStream(streamed, 4, seed=0, device=CPU, num_workers=0)).shape == (4, 1, 16, 16)
     packed = compose_config("data=packed", f"data.root={tmp_path / 'pack'}", "data.batch_size=8")
     assert train(packed, tmp_path / "run").step == 6
 
 
 def test_a_pack_of_another_size_or_a_missing_pack_is_refused(tmp_path):
-    write_pack(cfg_for("folder", make_folder(tmp_path / "images"), image_size=16), tmp_path / "pack")
+    pack_folder(tmp_path)
     with pytest.raises(
         ConfigError, match=r"packed at 16 px with 1 channel\(s\).*Set data.image_size=16 data.channels=1"
     ):
@@ -804,31 +675,30 @@ def test_a_pack_of_another_size_or_a_missing_pack_is_refused(tmp_path):
         load_dataset(cfg_for("packed", tmp_path / "nowhere", image_size=16))
 
 
-@pytest.mark.parametrize(
-    "content, says",
-    [(None, "it is empty, 0 bytes"), (torch.zeros(3), "it holds Tensor"), ({"images": 1}, "it holds ['images']"),
-     ("cut", ""), ({"image_size": "16"}, "its settings or content hash are damaged"),
-     ("no hash", "its settings or content hash are damaged")],
-    ids=["empty", "a tensor", "other keys", "cut short", "settings", "no hash"],
-)  # fmt: skip
-def test_a_pack_file_that_is_no_pack_is_named_with_what_it_holds(tmp_path, content, says):
-    # a tensor was indexed with "settings": torch's "too many indices" under an indexing warning
-    file = tmp_path / "pack" / "pack.pt"
-    if content == "cut" or isinstance(content, dict) and "image_size" in content or content == "no hash":
-        write_pack(cfg_for("folder", make_folder(tmp_path / "images"), image_size=16), tmp_path / "pack")
-        pack = torch.load(file, weights_only=True)
-        pack.update({"settings": content} if isinstance(content, dict) else {"content": None})
-        torch.save(pack, file)
-        if content == "cut":
-            file.write_bytes(file.read_bytes()[:1000])
-    else:
-        file.parent.mkdir()
-        file.write_bytes(b"") if content is None else torch.save(content, file)
+def damage_pack(file: Path, **entries) -> None:
+    pack = torch.load(file, weights_only=True)
+    torch.save({**pack, **entries}, file)
+
+
+NO_PACK = {  # what pack.pt is made to hold -> what the refusal says it holds
+    "empty": (lambda file: file.write_bytes(b""), "it is empty, 0 bytes"),
+    "a tensor": (lambda file: torch.save(torch.zeros(3), file), "it holds Tensor"),
+    "other keys": (lambda file: torch.save({"images": 1}, file), "it holds ['images']"),
+    "cut short": (lambda file: file.write_bytes(file.read_bytes()[:1000]), ""),
+    "settings": (lambda file: damage_pack(file, settings={"image_size": "16"}), "its settings or content hash are "),
+    "no hash": (lambda file: damage_pack(file, content=None), "its settings or content hash are damaged"),
+}
+
+
+@pytest.mark.parametrize("damage, says", NO_PACK.values(), ids=NO_PACK)
+def test_a_pack_file_that_is_no_pack_is_named_with_what_it_holds(tmp_path, damage, says):
+    file = pack_folder(tmp_path)
+    damage(file)
     with pytest.raises(DataError, match=re.escape(f"{file} cannot be read as a pack ({says}")):
         load_dataset(cfg_for("packed", file.parent, image_size=16))
 
 
-def test_the_pack_command_takes_train_py_s_data_overrides(tmp_path):
+def test_the_pack_command_takes_train_py_s_data_overrides_and_prints_its_usage(tmp_path, monkeypatch, capsys):
     make_folder(tmp_path / "images")
     args = ["data=folder", f"data.root={tmp_path / 'images'}", "data.image_size=16", "data.channels=3"]
     assert pack_main([str(tmp_path / "pack"), *args]) == 0
@@ -837,6 +707,10 @@ def test_the_pack_command_takes_train_py_s_data_overrides(tmp_path):
     assert pack_main(["data=folder"]) == 2  # no output folder
     assert pack_main([str(tmp_path / "bad"), "data=folder", "data.image_size=17"]) == 2
     assert not (tmp_path / "again").exists() and not (tmp_path / "bad").exists()
+    monkeypatch.chdir(tmp_path / "images")
+    capsys.readouterr()
+    assert pack_main(["--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: ") and len(list(Path().iterdir())) == 24  # nothing written
 
 
 def interrupted(fault: BaseException):
@@ -871,19 +745,13 @@ def test_a_refused_or_interrupted_pack_says_why_and_leaves_no_partial_file(
 
 def test_a_resume_refuses_a_pack_other_than_the_one_its_run_trained_from(tmp_path, one_thread):
     settings = ["data=packed", f"data.root={tmp_path / 'pack'}", "data.batch_size=8"]
-    write_pack(cfg_for("folder", make_folder(tmp_path / "images"), image_size=16), tmp_path / "pack")
+    pack_folder(tmp_path)
     train(compose_config(*settings, "trainer.max_steps=3"), tmp_path / "run")
     resumed = compose_config(*settings, "trainer.max_steps=4", f"trainer.resume={tmp_path / 'run'}")
-    write_pack(cfg_for("folder", make_folder(tmp_path / "images"), image_size=16), tmp_path / "pack")  # the same images
+    pack_folder(tmp_path)  # the same images, packed again
     assert train(resumed, tmp_path / "run").step == 4
     write_image(tmp_path / "images" / "00.png", (24, 20), seed=99)  # one image changed, packed again
     write_pack(cfg_for("folder", tmp_path / "images", image_size=16), tmp_path / "pack")
     again = compose_config(*settings, "trainer.max_steps=6", f"trainer.resume={tmp_path / 'run'}")
     with pytest.raises(DataError, match="data.root holds another pack than the run trained from"):
         train(again, tmp_path / "run")
-
-
-def test_the_pack_command_prints_its_usage_for_help_and_writes_nothing(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    assert pack_main(["--help"]) == 0
-    assert capsys.readouterr().out.startswith("usage: ") and not any(tmp_path.iterdir())

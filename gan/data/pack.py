@@ -53,8 +53,7 @@ def write_pack(data: DataConfig, folder: Path) -> Path:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """`python -m gan.data.pack OUT_FOLDER [data overrides]`: the exit code (0 also after --help; 2: bad input,
-    130: Ctrl-C)."""
+    """`python -m gan.data.pack OUT_FOLDER [data overrides]`: the exit code (0 after --help; 2: bad input; 130)."""
     from gan.api import compose_config  # the training configs, composed and checked as train.py does
     from gan.launch import override_key
 

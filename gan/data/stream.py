@@ -44,7 +44,7 @@ class EpochBatchSampler(Sampler[list[int]]):
 
 
 class BatchStream:
-    """Float batches on the device; num_workers=None: 0 for a tensor, else `default_num_workers()`."""
+    """Float batches on the device; num_workers=None: 0 for a tensor, else half the usable cores, 1 to 8."""
 
     def __init__(
         self,
@@ -57,19 +57,17 @@ class BatchStream:
         world_size: int = 1,
         labels: Optional[Tensor] = None,
     ):
-        size = len(images)
-        if size < batch_size * world_size:
+        if len(images) < batch_size * world_size:
             raise DataError(
-                f"The training split has {size} images, fewer than data.batch_size={batch_size} x {world_size} "
-                "process(es): an epoch needs one full batch per process. Lower data.batch_size."
+                f"The training split has {len(images)} images, fewer than data.batch_size={batch_size} x "
+                f"{world_size} process(es): an epoch needs one full batch per process. Lower data.batch_size."
             )
-        self.device = device
-        self.sampler = EpochBatchSampler(size, batch_size, seed, rank, world_size)
+        self.device, self.batch = device, 0  # batches taken in the current epoch
+        self.sampler = EpochBatchSampler(len(images), batch_size, seed, rank, world_size)
         in_memory = isinstance(images, Tensor)
         if num_workers is None:
-            num_workers = 0 if in_memory else default_num_workers()
-        self.images: Optional[Tensor] = None
-        self.labels, self.loader = None, None
+            num_workers = 0 if in_memory else max(1, min(8, available_cpus() // 2))  # the other half trains
+        self.images = self.labels = self.loader = None
         if in_memory and num_workers == 0:
             self.images = images.to(device)  # uint8: a quarter of float32's size
             self.labels = labels.to(device) if labels is not None else None
@@ -85,7 +83,6 @@ class BatchStream:
             # Workers ignore SIGTERM, so multiprocessing's exit-time terminate() would wait forever: stop
             # them here, before multiprocessing's own exit handler (registered earlier) runs.
             self.close = weakref.finalize(self, stop_workers, self.loader)
-        self.batch = 0  # batches taken in the current epoch
         self._batches = self._epoch_iterator()
 
     @property
@@ -108,8 +105,7 @@ class BatchStream:
         try:
             batch = self._next_batch()
         except StopIteration:  # end of epoch: the next one starts from its first batch
-            self.sampler.epoch, self.sampler.start, self.batch = self.sampler.epoch + 1, 0, 0
-            self._batches = self._epoch_iterator()
+            self.load_state_dict({"epoch": self.sampler.epoch + 1, "batch": 0})
             batch = self._next_batch()
         self.batch += 1
         images, labels = batch if isinstance(batch, (tuple, list)) else (batch, None)
@@ -118,10 +114,9 @@ class BatchStream:
         return to_unit_range(images.to(self.device, non_blocking=True)), labels
 
     def _next_batch(self) -> Tensor | tuple[Tensor, Tensor]:
-        """A DataError raised in a worker is re-raised with its own message."""
         try:
             return next(self._batches)
-        except DataError as err:
+        except DataError as err:  # raised in a worker: its own message, not the pasted traceback
             raise DataError(worker_message(str(err))) from None
 
     def state_dict(self) -> dict[str, int]:
@@ -152,11 +147,6 @@ def ignore_stop_signals(worker_id: int) -> None:
     before it could checkpoint (gan.training.faults.stop_on_signals)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-
-def default_num_workers() -> int:
-    """Half the usable CPU cores (the other half trains), 1 to 8."""
-    return max(1, min(8, available_cpus() // 2))
 
 
 def worker_message(text: str) -> str:

@@ -21,9 +21,8 @@ def check_class_id(class_id: Optional[int], num_classes: int, source: str) -> No
         return
     if not num_classes:
         raise ConfigError(
-            f"class_id={class_id} asks for one class, but {source} holds an unconditional generator "
-            "(trained without model.conditional=true), which cannot be told a class. Leave class_id out, "
-            "or use a checkpoint of a run trained with model.conditional=true."
+            f"class_id={class_id} asks for one class, but {source} holds an unconditional generator, which cannot "
+            "be told a class. Leave class_id out, or use a checkpoint of a run with model.conditional=true."
         )
     if not 0 <= class_id < num_classes:
         raise ConfigError(

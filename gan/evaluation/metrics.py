@@ -6,7 +6,6 @@ import hashlib
 import importlib.util
 import json
 import logging
-import re
 import time
 import warnings
 from enum import Enum
@@ -31,9 +30,9 @@ from gan.errors import MetricsError
 log = logging.getLogger(__name__)
 
 CLASSIFIER_VERSION = 1  # part of the cache key: bump when Classifier or train_classifier changes
-# DataConfig keys left out of the cache key: how images are read, and data.limit (the classifier learns the whole split)
 # the classifier's generated digits (data.num_samples), at least: 99.9% held-out accuracy at 16 px in one epoch
 GENERATED_IMAGES = 10_000
+# DataConfig keys left out of the cache key: how images are read, and data.limit (the classifier learns the whole split)
 _LOADING_KEYS = ("root", "download", "in_memory", "batch_size", "num_workers", "limit")
 INCEPTION_WEIGHTS_URL = (
     "https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/weights-inception-2015-12-05-6726825d.pth"
@@ -78,15 +77,13 @@ def train_classifier(
     with torch.random.fork_rng(devices=[]):  # a fixed init that leaves the caller's random stream alone
         torch.manual_seed(cfg.seed)
         model = Classifier(images.size(1), train.num_classes, cfg.width, cfg.feature_dim).to(device)
-    batches_per_epoch = max(images.size(0) // cfg.batch_size, 1)
+    batches = max(images.size(0) // cfg.batch_size, 1)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, cfg.lr, total_steps=cfg.epochs * batches_per_epoch)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, cfg.lr, total_steps=cfg.epochs * batches)
     order = torch.Generator().manual_seed(cfg.seed)
     model.train()
     for _ in range(cfg.epochs):
-        permutation = torch.randperm(images.size(0), generator=order)
-        for b in range(batches_per_epoch):
-            index = permutation[b * cfg.batch_size : (b + 1) * cfg.batch_size]
+        for index in torch.randperm(images.size(0), generator=order)[: batches * cfg.batch_size].split(cfg.batch_size):
             loss = F.cross_entropy(model(images[index].to(device)), labels[index].to(device))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -126,55 +123,50 @@ def load_or_train_classifier(
     # the whole training split, whatever subset G trained on; of generated digits at least GENERATED_IMAGES
     data = dataclasses.replace(data, limit=0, num_samples=max(data.num_samples, GENERATED_IMAGES))
     path = Path(data.root).expanduser() / CLASSIFIER_CACHE / f"{classifier_key(data, cfg)}.pt"
-    model, accuracy = _load_classifier(path, device)
-    if model is None:
-        started = time.perf_counter()
-        train = load_dataset(data, train=True, in_memory=True)
-        test = load_dataset(data, train=False, in_memory=True)
-        if train.num_classes < 2:
-            raise MetricsError(
-                f"data={data.name} has {train.num_classes} class: the classifier feature space needs "
-                "labelled data with at least 2 classes. Use metrics.features=inception instead."
-            )
-        model, accuracy = train_classifier(train, test, cfg, device)
-        log.info(
-            f"Trained the metrics classifier in {time.perf_counter() - started:.1f} s: {100 * accuracy:.2f}% test "
-            f"accuracy on {test.labels.numel()} held-out images"
-        )
-        state = {
-            "weights": model.state_dict(),
-            "accuracy": accuracy,
-            "architecture": model.architecture,
-            "data": plain(data),  # enums as their values: the file must load with weights_only=True
-            "classifier": plain(cfg),
-        }
-        try:
-            save_checkpoint(state, path)
-            log.info("Cached it as %s", path)
-        except OSError as err:  # a read-only data folder: measure anyway, train again next time
-            log.warning("Could not cache the classifier in %s (%s); it will be trained again next time.", path, err)
-    if accuracy < cfg.min_accuracy:
-        raise MetricsError(
-            f"The metrics classifier ({path}) reaches only {100 * accuracy:.2f}% test accuracy, below "
-            f"metrics.classifier.min_accuracy={cfg.min_accuracy}: its features and class histogram would "
-            "be unreliable. Train it longer (metrics.classifier.epochs=N) or wider "
-            "(metrics.classifier.width=N), or accept it by lowering metrics.classifier.min_accuracy."
-        )
-    return model, accuracy, path
-
-
-def _load_classifier(path: Path, device: torch.device) -> tuple[Optional[Classifier], float]:
-    if not path.is_file():
-        return None, 0.0
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-        model = Classifier(**state["architecture"])
+        model, accuracy = Classifier(**state["architecture"]), float(state["accuracy"])
         model.load_state_dict(state["weights"])
-    except Exception as err:  # damaged or foreign file: train a new one over it
-        log.warning("Ignoring the cached classifier %s (%s: %s); training a new one.", path, type(err).__name__, err)
-        return None, 0.0
-    log.info("Metrics classifier: %s (%.2f%% test accuracy)", path, 100 * state["accuracy"])
-    return model.to(device).eval(), float(state["accuracy"])
+        log.info("Metrics classifier: %s (%.2f%% test accuracy)", path, 100 * accuracy)
+    except Exception as err:  # none yet, or a damaged or foreign file: train a new one over it
+        if path.is_file():
+            log.warning(
+                "Ignoring the cached classifier %s (%s: %s); training a new one.", path, type(err).__name__, err
+            )
+        model = None
+    if model is None:  # trained outside the except clause: its errors are not "during handling" of this one
+        model, accuracy = train_and_cache_classifier(data, cfg, device, path)
+    if accuracy < cfg.min_accuracy:
+        raise MetricsError(
+            f"The metrics classifier ({path}) reaches {100 * accuracy:.2f}% test accuracy, below "
+            f"metrics.classifier.min_accuracy={cfg.min_accuracy}: its features would be unreliable. Raise "
+            "metrics.classifier.epochs or metrics.classifier.width, or lower metrics.classifier.min_accuracy."
+        )
+    return model.to(device).eval(), accuracy, path
+
+
+def train_and_cache_classifier(
+    data: DataConfig, cfg: ClassifierConfig, device: torch.device, path: Path
+) -> tuple[Classifier, float]:
+    started = time.perf_counter()
+    train, test = (load_dataset(data, train=split, in_memory=True) for split in (True, False))
+    if train.num_classes < 2:
+        raise MetricsError(
+            f"data={data.name} has {train.num_classes} class: the classifier feature space needs labelled data "
+            "with at least 2 classes. Use metrics.features=inception instead."
+        )
+    model, accuracy = train_classifier(train, test, cfg, device)
+    log.info(f"Trained the metrics classifier in {time.perf_counter() - started:.1f} s: {100 * accuracy:.2f}% "
+             f"test accuracy on {test.labels.numel()} held-out images")  # fmt: skip
+    # enums as their values: the file must load with weights_only=True
+    state = {"weights": model.state_dict(), "accuracy": accuracy, "architecture": model.architecture,
+             "data": plain(data), "classifier": plain(cfg)}  # fmt: skip
+    try:
+        save_checkpoint(state, path)
+        log.info("Cached it as %s", path)
+    except OSError as err:  # a read-only data folder: measure anyway, train again next time
+        log.warning("Could not cache the classifier in %s (%s); it will be trained again next time.", path, err)
+    return model, accuracy
 
 
 class ClassifierFeatures(nn.Module):
@@ -191,11 +183,6 @@ class ClassifierFeatures(nn.Module):
         return self.classifier.features(split_channels(images)).view(images.size(0), -1)
 
 
-def to_rgb(images: Tensor) -> Tensor:
-    """Grayscale repeated to RGB, as StyleGAN2-ADA and compare_gan feed MNIST to Inception."""
-    return images.repeat(1, 3, 1, 1) if images.size(1) == 1 else images
-
-
 class Inception(nn.Module):
     """Inception-v3 pool3: torch-fidelity's, with TF1 resize (the published FID; an antialiased resize moves FID,
     Parmar 2022), or NVlabs' TorchScript file, called as StyleGAN2-ADA calls it. `feature_space` says which."""
@@ -207,10 +194,9 @@ class Inception(nn.Module):
         self.net, self.feature_space, self.torchscript = net, feature_space, torchscript
 
     def forward(self, images: Tensor) -> Tensor:
-        if self.torchscript:
-            return self.net(to_rgb(images), return_features=True)
-        (features,) = self.net(to_rgb(images))
-        return features
+        # grayscale repeated to RGB, as StyleGAN2-ADA and compare_gan feed MNIST to Inception
+        rgb = images.repeat(1, 3, 1, 1) if images.size(1) == 1 else images
+        return self.net(rgb, return_features=True) if self.torchscript else self.net(rgb)[0]
 
 
 def inception_space(network: str, file: Path, resizer: str, why: str, **more: Any) -> dict[str, Any]:
@@ -219,7 +205,7 @@ def inception_space(network: str, file: Path, resizer: str, why: str, **more: An
             "resizer": f"inside the network: {resizer} to 299 x 299 ({why})"}  # fmt: skip
 
 
-def inception_network(cfg: MetricsConfig) -> nn.Module:
+def inception_network(cfg: MetricsConfig) -> Inception:
     if cfg.feature_network is not None:
         return nvlabs_inception(cfg.feature_network)
     return inception_features(cfg.inception_weights)
@@ -230,27 +216,22 @@ def inception_features(weights: Optional[str]) -> Inception:
     file = existing_file(weights, "metrics.inception_weights", INCEPTION_WEIGHTS_URL) if weights else None
     if importlib.util.find_spec("torch_fidelity") is None:
         raise MetricsError(
-            "metrics.features=inception without metrics.feature_network runs torch-fidelity's Inception-v3, and "
-            "torch-fidelity is not installed (`pip install torch-fidelity`, or the project's metrics extra: "
-            "`pip install -c constraints.txt -e '.[metrics]'`). Offline it also needs the weights: download "
-            f"{INCEPTION_WEIGHTS_URL} elsewhere and pass metrics.inception_weights=PATH. NVlabs' TorchScript file "
-            "(metrics.feature_network=PATH) needs no torch-fidelity; or use the default metrics.features=classifier."
+            "metrics.features=inception runs torch-fidelity's Inception-v3, which is not installed: `pip install "
+            "torch-fidelity` (the metrics extra), or give NVlabs' TorchScript file as metrics.feature_network=PATH."
         )
     if file is not None:
         check_state_dict(file, weights)
     try:
         from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
 
-        path = str(file) if file else None
         net = FeatureExtractorInceptionV3(
-            "inception-v3-compat", [str(INCEPTION_DIMS)], feature_extractor_weights_path=path
+            "inception-v3-compat", [str(INCEPTION_DIMS)], feature_extractor_weights_path=str(file) if file else None
         )
     except Exception as err:  # offline: URLError; a wrong file: load_state_dict's RuntimeError (keys, shapes)
         if file is not None:
             raise MetricsError(
                 f"metrics.inception_weights={weights} is a state dict, but not of torch-fidelity's Inception-v3 "
-                f"({state_dict_mismatch(err)}). It takes {INCEPTION_WEIGHTS_URL} (pytorch-fid's "
-                "pt_inception-2015-12-05-6726825d.pth has the same keys)."
+                f"({reason(err)}). It takes {INCEPTION_WEIGHTS_URL} (or pytorch-fid's file of the same name)."
             ) from err
         raise MetricsError(
             f"Could not download torch-fidelity's Inception-v3 weights ({reason(err)}). Without internet, download "
@@ -273,36 +254,35 @@ def inception_features(weights: Optional[str]) -> Inception:
 
 def nvlabs_inception(path: str) -> Inception:
     file = existing_file(path, "metrics.feature_network", NVLABS_INCEPTION_URL)
+    call = "net(uint8 images of shape (2, 3, 32, 32), return_features=True)"
+    not_nvlabs = f"it is not NVlabs' Inception-v3 ({NVLABS_INCEPTION_URL}), which takes uint8 RGB images at any size"
     try:
         with warnings.catch_warnings():  # torch 2.x deprecates TorchScript (FutureWarning); NVlabs' file is one
             warnings.simplefilter("ignore", FutureWarning)
-            net = torch.jit.load(str(file), map_location="cpu")
+            net = torch.jit.load(str(file), map_location="cpu").eval()
     except Exception as err:  # a state dict, a pickle, anything else: torch.jit.load's RuntimeError
         raise MetricsError(
             f"metrics.feature_network={path} is not a TorchScript file ({reason(err)}). It takes NVlabs' "
-            f"{NVLABS_INCEPTION_URL} (not the .pkl copy, a pickle that needs NVlabs' code to load); torch-fidelity's "
-            "state dict, weights-inception-2015-12-05-6726825d.pth, goes in metrics.inception_weights instead."
+            f"{NVLABS_INCEPTION_URL} (not the .pkl copy); torch-fidelity's state dict goes in "
+            "metrics.inception_weights instead."
         ) from err
-    call = "net(uint8 images of shape (2, 3, 32, 32), return_features=True)"
     try:
         with torch.inference_mode():
-            out = net.eval()(torch.zeros(2, 3, 32, 32, dtype=torch.uint8), return_features=True)
+            out = net(torch.zeros(2, 3, 32, 32, dtype=torch.uint8), return_features=True)
     except Exception as err:  # another signature or another input format
-        raise MetricsError(
-            f"metrics.feature_network={path} loads, but {call} fails ({reason(err)}): it is not NVlabs' Inception-v3 "
-            f"({NVLABS_INCEPTION_URL}), which takes uint8 RGB images at any size."
-        ) from err
+        message = f"metrics.feature_network={path} loads, but {call} fails ({reason(err)}): {not_nvlabs}."
+        raise MetricsError(message) from err
     if not (isinstance(out, Tensor) and out.is_floating_point() and tuple(out.shape) == (2, INCEPTION_DIMS)):
         got = f"a {out.dtype} tensor of shape {tuple(out.shape)}" if isinstance(out, Tensor) else type(out).__name__
         raise MetricsError(
             f"metrics.feature_network={path}: {call} returns {got}, not float features of shape "
-            f"(2, {INCEPTION_DIMS}): it is not NVlabs' Inception-v3 ({NVLABS_INCEPTION_URL})."
+            f"(2, {INCEPTION_DIMS}): {not_nvlabs}."
         )
     why = "clean-fid's legacy_tensorflow mode, which matches the TTUR FID"
     space = inception_space(
         "NVlabs' TorchScript file", file, "the TorchScript file's own resize", why, sha256=sha256(file)
     )
-    return Inception(net.eval(), space, torchscript=True)
+    return Inception(net, space, torchscript=True)
 
 
 def existing_file(path: str, key: str, url: str) -> Path:
@@ -314,12 +294,12 @@ def existing_file(path: str, key: str, url: str) -> Path:
 
 def check_state_dict(file: Path, given: str) -> None:
     """Refuse a non-state-dict before torch-fidelity loads it with weights_only=False (runs pickled code)."""
+    hint = f"It takes torch-fidelity's {INCEPTION_WEIGHTS_URL}."
     try:
         with warnings.catch_warnings():  # torch.load warns of a TorchScript archive before refusing it; we say so
             warnings.simplefilter("ignore", UserWarning)
             state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as err:  # not a torch file, a pickle with code, a TorchScript archive
-        hint = f"It takes torch-fidelity's {INCEPTION_WEIGHTS_URL}."
         if "torchscript" in str(err).lower():
             hint = "It is a TorchScript file: pass it as metrics.feature_network instead."
         raise MetricsError(
@@ -328,7 +308,7 @@ def check_state_dict(file: Path, given: str) -> None:
     if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
         raise MetricsError(
             f"metrics.inception_weights={given} holds a {type(state).__name__}, not a state dict (parameter name -> "
-            f"tensor). It takes torch-fidelity's {INCEPTION_WEIGHTS_URL}."
+            f"tensor). {hint}"
         )
 
 
@@ -338,15 +318,6 @@ def sha256(file: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def state_dict_mismatch(err: BaseException) -> str:
-    """load_state_dict's error (every key listed) as counts and examples."""
-    parts = []
-    for kind, keys in re.findall(r'(Missing|Unexpected) key\(s\) in state_dict: ((?:"[^"]*"(?:, )?)+)', str(err)):
-        names = re.findall(r'"([^"]*)"', keys)
-        parts.append(f"{len(names)} {kind.lower()} keys: {', '.join(names[:2])}{', ...' if len(names) > 2 else ''}")
-    return "; ".join(parts) if parts else reason(err)
 
 
 def reason(err: BaseException, limit: int = 200) -> str:
@@ -398,9 +369,8 @@ def fid(real: Tensor, fake: Tensor) -> float:
     smallest, dims = min(real.size(0), fake.size(0)), real.size(1)
     if smallest <= dims:
         log.warning(
-            f"FID from {smallest} images of {dims} features: the covariances are singular (rank < {dims}). The number "
-            "is finite but biased upward; compare it only with FIDs from the same number of images (published ones "
-            "use 10k or 50k)."
+            f"FID from {smallest} images of {dims} features: the covariances are singular (rank < {dims}); the "
+            "number is biased upward, comparable only with FIDs from as many images (published ones use 10k or 50k)."
         )
     metric = FrechetInceptionDistance(feature=Precomputed(real.size(1)))
     metric.update(real, real=True)
@@ -462,11 +432,10 @@ def precision_recall_density_coverage(
 
 
 def distribution_metrics(real: Tensor, fake: Tensor, cfg: MetricsConfig, seed: int = 0) -> dict[str, float]:
-    results = {"fid": fid(real, fake)}
     gamma = 1.0 / real.size(1) if cfg.features == FeatureSpace.inception else None
-    results["kid_mean"], results["kid_std"] = kid(real, fake, cfg.kid_subsets, cfg.kid_subset_size, seed, gamma)
-    results.update(precision_recall_density_coverage(real, fake, cfg.pr_k, cfg.dc_k))
-    return results
+    kid_mean, kid_std = kid(real, fake, cfg.kid_subsets, cfg.kid_subset_size, seed, gamma)
+    return {"fid": fid(real, fake), "kid_mean": kid_mean, "kid_std": kid_std,
+            **precision_recall_density_coverage(real, fake, cfg.pr_k, cfg.dc_k)}  # fmt: skip
 
 
 def histogram(labels: Tensor, num_classes: int) -> Tensor:
@@ -475,8 +444,7 @@ def histogram(labels: Tensor, num_classes: int) -> Tensor:
 
 def kl_divergence(q: Tensor, p: Tensor) -> float:
     """KL(q || p) in nats; 0 log 0 = 0."""
-    present = q > 0
-    return float((q[present] * (q[present] / p[present]).log()).sum())
+    return float(torch.xlogy(q, q / p).sum())
 
 
 def class_coverage(
@@ -491,11 +459,12 @@ def class_coverage(
 def mode_coverage(fake_modes: Tensor, num_modes: int = 1000) -> dict[str, float]:
     """Modes covered, KL to uniform (Metz et al. 2017); `digit_kl_ch{c}` tells a lopsided channel from a spread KL."""
     q = histogram(fake_modes, num_modes)
-    uniform = torch.full((num_modes,), 1.0 / num_modes, dtype=torch.float64)
-    results = {"modes_covered": int((q > 0).sum()), "mode_kl": kl_divergence(q, uniform)}
-    ten = torch.full((10,), 0.1, dtype=torch.float64)
+    results = {
+        "modes_covered": int((q > 0).sum()),
+        "mode_kl": kl_divergence(q, torch.tensor(1.0 / num_modes, dtype=torch.float64)),
+    }
     for channel, digits in enumerate(mode_digits(fake_modes)):
-        results[f"digit_kl_ch{channel}"] = kl_divergence(histogram(digits, 10), ten)
+        results[f"digit_kl_ch{channel}"] = kl_divergence(histogram(digits, 10), torch.tensor(0.1, dtype=torch.float64))
     return results
 
 

@@ -57,15 +57,26 @@ def evaluate(
 ) -> dict[str, Any]:
     """Writes metrics.json, PNGs and TensorBoard events into run_dir (the events into `tb_dir` if given: the
     training run's own, for train.py's final evaluation); returns metrics.json's content."""
-    clock = Stopwatch()
+    seconds, last = {}, time.perf_counter()
+
+    def clock(name: str) -> None:
+        nonlocal last
+        seconds[name], last = round(time.perf_counter() - last, 3), time.perf_counter()
+
     run_dir.mkdir(parents=True, exist_ok=True)
     device = setup_torch(cfg.device, cfg.threads, cfg.seed, "device")
     # Inception first: a missing file or package fails before any other work
     inception = M.inception_network(cfg.metrics) if cfg.metrics.features == FeatureSpace.inception else None
 
-    state = load_checkpoint(cfg.checkpoint, map_location="cpu")
-    data = data_config_of(state, data_overrides or {}, str(cfg.checkpoint))
-    check_conditional_options(cfg, classes_of(state, str(cfg.checkpoint)), str(cfg.checkpoint))
+    state, source = load_checkpoint(cfg.checkpoint, map_location="cpu"), str(cfg.checkpoint)
+    data = data_config_of(state, data_overrides or {}, source)
+    num_classes = classes_of(state, source)
+    check_class_id(cfg.class_id, num_classes, source)
+    if num_classes and cfg.export != ExportFormat.none:
+        raise ConfigError(
+            f"export={cfg.export.value}: {source} holds a class-conditional generator, G(z, y), and export "
+            "packages G(z) only. Leave export out (the checkpoint itself holds the generator)."
+        )
     G, about = prepare_generator(state, cfg, device)
     log.info("Evaluating %s: step %d, %s generator, data=%s (%d px, %d channel(s))", cfg.checkpoint,
              about["step"], about["generator"], data.name, data.image_size, data.channels)  # fmt: skip
@@ -104,7 +115,7 @@ def evaluate(
         log.info("Exported the generator: %s", path)
     clock("outputs")
 
-    results["seconds"] = {**clock.timings, "total": sum(clock.timings.values())}
+    results["seconds"] = {**seconds, "total": sum(seconds.values())}
     results["environment"] = environment(device)
     results["training_environment"] = state.get("environment")  # as the checkpoint recorded it, if it did
     report(results, pictures, run_dir, tb_dir or run_dir / "tb")
@@ -154,14 +165,13 @@ def measure(
 
 def check_real_count(count: int, metrics: MetricsConfig, dataset: str) -> None:
     """Precision/recall and density/coverage draw a ball to each real image's k-th nearest other real image."""
-    for key in ("pr_k", "dc_k"):
+    for key, published in (("pr_k", 3), ("dc_k", 5)):
         k = getattr(metrics, key)
         if k >= count:
             raise MetricsError(
                 f"metrics.{key}={k} needs more than {k} real images, and the held-out split of data={dataset} "
-                f"measured here holds {count}: each real image's ball reaches its k-th nearest other one. Lower "
-                f"metrics.{key} below {count} (k = {3 if key == 'pr_k' else 5} is the published setting), or "
-                "measure against a larger held-out split."
+                f"measured here holds {count}. Lower metrics.{key} below {count} ({published} is the published "
+                "setting), or measure against a larger held-out split."
             )
 
 
@@ -181,15 +191,13 @@ def draw_pictures(G: nn.Module, fake: Tensor, data: DataConfig, cfg: EvaluateCon
 
 
 def feature_space(feature_net: nn.Module, classifier_file: Optional[str], cfg: EvaluateConfig) -> dict[str, Any]:
-    own = getattr(feature_net, "feature_space", None)
-    if own is None:
-        own = {
-            "network": "classifier: penultimate layer of a small CNN trained on the dataset's labels",
-            "file": classifier_file,
-            "dims": feature_net.num_features,
-            "input": "uint8 at data.image_size, scaled to [-1, 1]",
-            "resizer": "none: images at data.image_size",
-        }
+    own = getattr(feature_net, "feature_space", None) or {
+        "network": "classifier: penultimate layer of a small CNN trained on the dataset's labels",
+        "file": classifier_file,
+        "dims": feature_net.num_features,
+        "input": "uint8 at data.image_size, scaled to [-1, 1]",
+        "resizer": "none: images at data.image_size",
+    }
     return {**own, "kid_kernel": M.kid_kernel(cfg.metrics), "measures": list(M.FEATURE_METRICS)}
 
 
@@ -197,7 +205,11 @@ def report(results: dict[str, Any], pictures: Mapping[str, Tensor], run_dir: Pat
     partial = run_dir / ".metrics.json.tmp"  # replaced whole: a killed write never leaves half a file
     partial.write_text(json.dumps(results, indent=2) + "\n")
     os.replace(partial, run_dir / "metrics.json")
-    table = format_table(results)
+    rows = [(key, value) for key, value in results.items() if not isinstance(value, Mapping)]
+    rows.append(("seconds", f"{results['seconds']['total']:.1f}"))
+    width = max(len(key) for key, _ in rows)
+    shown = [f"{value:.6g}" if isinstance(value, float) else "-" if value is None else str(value) for _, value in rows]
+    table = "\n".join(f"  {key:<{width}}  {text}" for (key, _), text in zip(rows, shown))
     log.info("Metrics (%s features, %d samples vs %d held-out images):\n%s", results["features"],
              results["num_samples"], results["num_real"], table)  # fmt: skip
     space = results["feature_space"]
@@ -264,24 +276,13 @@ _DISAGREE = (
 )
 
 
-def check_conditional_options(cfg: EvaluateConfig, num_classes: int, source: str) -> None:
-    """Before any work: export packages G(z) only."""
-    check_class_id(cfg.class_id, num_classes, source)
-    if num_classes and cfg.export != ExportFormat.none:
-        raise ConfigError(
-            f"export={cfg.export.value}: {source} holds a class-conditional generator, G(z, y), and export "
-            "packages G(z) only. Leave export out (the checkpoint itself holds the generator)."
-        )
-
-
 def only_class(dataset: ImageSet, class_id: int, metrics: MetricsConfig) -> ImageSet:
     keep = dataset.labels == class_id
     count, k = int(keep.sum()), max(metrics.pr_k, metrics.dc_k)
     if count <= k:
-        raise M.MetricsError(
-            f"class_id={class_id}: the held-out split holds {count} images of that class, too few to "
-            f"measure against (precision/recall and density/coverage need more than {k} neighbours "
-            "per image, metrics.pr_k and metrics.dc_k). Evaluate without class_id."
+        raise MetricsError(
+            f"class_id={class_id}: the held-out split holds {count} images of that class, too few for "
+            f"metrics.pr_k and metrics.dc_k ({k} neighbours an image). Evaluate without class_id."
         )
     return ImageSet(dataset.images[keep], dataset.labels[keep], dataset.num_classes)
 
@@ -337,10 +338,8 @@ def reference_subset(
 ) -> tuple[Tensor, Tensor]:
     total = reference.labels.numel()
     if total < count:
-        log.warning(
-            f"The {split} has {total} images, fewer than {setting}={count}: the metrics compare {count} samples "
-            f"with {total} real images."
-        )
+        log.warning(f"The {split} has {total} images, fewer than {setting}={count}: the metrics compare {count} "
+                    f"samples with {total} real images.")  # fmt: skip
         index = torch.arange(total)
     else:
         index = torch.randperm(total, generator=torch.Generator().manual_seed(seed))[:count]
@@ -352,14 +351,14 @@ def classifier_for(
 ) -> tuple[Optional[M.Classifier], Optional[float], Optional[str]]:
     """Classifier, accuracy, and file name with a hash (numbers compare only under the same file)."""
     if reference.num_classes >= 2:
-        source = classifier_data(data, stacked)
-        classifier, accuracy, path = M.load_or_train_classifier(source, cfg.metrics.classifier, device)
+        classifier, accuracy, path = M.load_or_train_classifier(classifier_data(data, stacked), cfg.metrics.classifier,
+                                                                device)  # fmt: skip
         digest = hashlib.sha1(path.read_bytes()).hexdigest()[:10] if path.is_file() else "not cached"
         return classifier, accuracy, f"{path.name} (sha1 {digest})"
     if cfg.metrics.features == FeatureSpace.classifier:
-        raise M.MetricsError(
-            f"data={data.name} has no class labels (1 class): the default classifier "
-            "features need them. Use metrics.features=inception."
+        raise MetricsError(
+            f"data={data.name} has no class labels (1 class): the default classifier features need them. Use "
+            "metrics.features=inception."
         )
     return None, None, None
 
@@ -399,19 +398,13 @@ def class_metrics(
         return M.class_coverage(fake_classes, real_classes, classifier.head.out_features, threshold)
     fake_modes, real_modes = (M.predict(classifier, x, batch, device, per_channel=True) for x in (fake, reals.images))
     decoded = float((real_modes == reals.labels).float().mean())
-    log.info(
-        f"Stacked data: the channel classifier reads {100 * decoded:.1f}% of the held-out digit triples right "
-        f"({int(real_modes.unique().numel())} of 1000 modes present among them)"
-    )
+    log.info(f"Stacked data: the channel classifier reads {100 * decoded:.1f}% of the held-out digit triples right "
+             f"({int(real_modes.unique().numel())} of 1000 modes present among them)")  # fmt: skip
     if decoded < 0.5:
-        log.warning(
-            "Fewer than half of the held-out triples decode to their labels: the channel order "
-            "or the source classifier does not match the stacked data; modes are unreliable."
-        )
+        log.warning("Fewer than half of the held-out triples decode to their labels: the channel order or the "
+                    "source classifier does not match the stacked data; modes are unreliable.")  # fmt: skip
     fake_digits, real_digits = torch.cat(M.mode_digits(fake_modes)), torch.cat(M.mode_digits(real_modes))
-    results = M.class_coverage(fake_digits, real_digits, 10, threshold)
-    results.update(M.mode_coverage(fake_modes, 1000))
-    return results
+    return {**M.class_coverage(fake_digits, real_digits, 10, threshold), **M.mode_coverage(fake_modes, 1000)}
 
 
 def write_samples(fake: Tensor, npz: Optional[Path] = None, pngs: Optional[Path] = None) -> None:
@@ -424,25 +417,6 @@ def write_samples(fake: Tensor, npz: Optional[Path] = None, pngs: Optional[Path]
             Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image).save(pngs / f"{i:06d}.png")
     if npz is not None:
         np.savez_compressed(npz, images)
-
-
-def format_table(results: Mapping[str, Any]) -> str:
-    rows = [(key, value) for key, value in results.items() if not isinstance(value, Mapping)]
-    rows.append(("seconds", f"{results['seconds']['total']:.1f}" if "seconds" in results else ""))
-    width = max(len(key) for key, _ in rows)
-    shown = [f"{value:.6g}" if isinstance(value, float) else "-" if value is None else str(value) for _, value in rows]
-    return "\n".join(f"  {key:<{width}}  {text}" for (key, _), text in zip(rows, shown))
-
-
-class Stopwatch:
-    def __init__(self) -> None:
-        self.timings: dict[str, float] = {}
-        self.last = time.perf_counter()
-
-    def __call__(self, name: str) -> None:
-        now = time.perf_counter()
-        self.timings[name] = round(now - self.last, 3)
-        self.last = now
 
 
 def interrupted(run_dir: Path) -> str:
