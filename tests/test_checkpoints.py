@@ -310,16 +310,13 @@ def test_shape_mismatch_lists_each_tensor_with_both_shapes(tiny_gan):
 # resume=auto -----------------------------------------------------------------------------------
 
 
-def test_resume_auto_continues_the_matching_run_or_starts_one(tmp_path):
+def test_resume_auto_continues_the_matching_run(tmp_path):  # another run's settings: test_resume.py
     first = run_train("trainer.max_steps=2", "trainer.resume=auto", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     [run_dir] = [p.parent.parent for p in (tmp_path / "outputs").glob("*/*/checkpoints/last.pt")]
     again = run_train("trainer.max_steps=4", "trainer.resume=auto", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert load_checkpoint(run_dir)["step"] == 4  # continued in place
-    other = run_train("trainer.max_steps=2", "trainer.resume=auto", "loss=hinge", cwd=tmp_path)
-    assert other.returncode == 0, other.stderr[-3000:]
-    assert len(list((tmp_path / "outputs").glob("*/*/checkpoints/last.pt"))) == 2  # a new run
 
 
 # every entry typed where a checkpoint is read, for train.py and evaluate.py alike (gan/checkpoint.py) -------

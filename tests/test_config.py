@@ -111,18 +111,15 @@ def test_out_of_range_values_are_refused_naming_the_key(override, key):
 @pytest.mark.parametrize(
     "override, expected",
     [
-        ("optim.lr=abc", "optim.lr"),  # wrong type
         ("optim.lr=[1,2]", "optim.lr"),  # a list for a number
         ("optim.lr={a:1}", "optim.lr"),  # a dict for a number
         ("trainer.max_steps=", "trainer.max_steps"),  # empty
-        ("optim.lrr=1", "Did you mean optim.lr?"),  # unknown key, near a real one
         ("data=nosuch", "Choose one of celeba, cifar10, digits"),  # unknown option of a group
         ("experiment=nosuch", "experiment/nosuch"),
         ("data.name=nosuch", "nosuch"),  # unknown dataset: DatasetName refuses it
         ("loss.name=foo", "foo"),  # unknown choice of an enum
         ("max_steps", "'max_steps'"),  # no '=': Hydra's grammar
         ("model.z_dim=\u00fc", "model.z_dim"),  # a character the grammar has no token for
-        ("data.root=${nosuch}", "data.root: Interpolation key 'nosuch' not found"),
         ("+trainer.foo=1", "trainer.foo is not a setting"),  # kept by Hydra, then read by nothing
         ("trainer.seed=99999999999999999999", "trainer.seed"),  # beyond torch's 64 bits (was a traceback)
         ("trainer.resume=", "checkpoint path is empty (an unset shell variable?)"),  # would start a new run
@@ -147,12 +144,9 @@ def test_a_sweep_with_one_value_hydra_refuses_is_refused_before_any_job_runs(tmp
     assert not (tmp_path / "sweep").exists()
 
 
-@pytest.mark.parametrize(
-    "args", [["hydra.run.dir="], ["hydra.run.dir=''"], ["-m", "hydra.sweep.dir=", "loss=bce,hinge"]], ids=str
-)
-def test_an_empty_run_folder_is_refused_not_read_as_the_launch_directory(tmp_path, args):
-    # an unset shell variable (hydra.run.dir=$RUN): the run's files were written among the launcher's own
-    result = run_train(*args, cwd=tmp_path)
+def test_an_empty_run_folder_is_refused_not_read_as_the_launch_directory(tmp_path):
+    # hydra.run.dir=$RUN, unset; quoted here (the bare ones: test_launch.py's REFUSED)
+    result = run_train("hydra.run.dir=''", cwd=tmp_path)
     assert result.returncode == 2 and "is empty (an unset shell variable?)" in result.stdout + result.stderr
     assert not any(tmp_path.iterdir())
 

@@ -91,33 +91,22 @@ def test_replicas_hold_identical_weights_after_one_step(tmp_path):
     assert result["same"] and result["changed"]
 
 
-@pytest.fixture(scope="module")
-def ddp_run(tmp_path_factory) -> Path:
-    cwd = tmp_path_factory.mktemp("ddp")
-    ddp_job("trainer.max_steps=4", cwd=cwd)
-    return cwd
-
-
 @pytest.mark.slow  # torchrun
-def test_ddp_job_writes_one_run_dir_and_one_checkpoint(ddp_run):
-    checkpoints = list(ddp_run.glob("**/last.pt"))
-    assert len(checkpoints) == 1
-    run_dirs = [p.parent for p in ddp_run.glob("outputs/*/*/.hydra")]
-    assert run_dirs == [checkpoints[0].parent.parent]
-    assert not (ddp_run / ".hydra").exists()  # rank 1 ran Hydra in '.' without writing its files
-    state = load_checkpoint(checkpoints[0])
-    assert state["step"] == 4
-    assert not any(key.startswith("module.") for key in state["G"])  # unwrapped state dicts
-
-
-@pytest.mark.slow  # torchrun
-def test_ddp_checkpoint_resumes_in_a_single_process_and_under_ddp(ddp_run, tmp_path):
-    [run_dir] = [p.parent.parent for p in ddp_run.glob("outputs/*/*/checkpoints/last.pt")]
-    single = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=6", cwd=ddp_run)
+def test_a_ddp_run_writes_one_run_dir_and_resumes_alone_and_back_under_ddp_keeping_the_ranks_apart(tmp_path):
+    ddp_job("trainer.max_steps=4", cwd=tmp_path)
+    [run_dir] = [p.parent.parent for p in tmp_path.glob("**/last.pt")]
+    assert [p.parent for p in tmp_path.glob("outputs/*/*/.hydra")] == [run_dir]
+    assert not (tmp_path / ".hydra").exists()  # rank 1 ran Hydra in '.' without writing its files
+    state = load_checkpoint(run_dir)
+    assert state["step"] == 4 and not any(key.startswith("module.") for key in state["G"])  # unwrapped state dicts
+    single = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=6", cwd=tmp_path)
     assert single.returncode == 0, single.stderr[-3000:]
-    assert load_checkpoint(run_dir)["step"] == 6
-    ddp_job(f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=ddp_run)
-    assert load_checkpoint(run_dir)["step"] == 8
+    assert load_checkpoint(run_dir)["step"] == 6 and load_checkpoint(run_dir)["rng_ranks"] == []
+    # without one generator state per rank, rank 0 takes the saved one, the others keep their seeds: no two draw alike
+    ddp_job(f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
+    state = load_checkpoint(run_dir)
+    ranks = state["rng_ranks"]
+    assert state["step"] == 8 and len(ranks) == 2 and not torch.equal(ranks[0]["torch"], ranks[1]["torch"])
 
 
 @pytest.mark.slow
@@ -136,18 +125,6 @@ def test_a_ddp_run_resumes_exactly_with_each_ranks_own_generators(tmp_path):
     assert not torch.equal(halfway["rng_ranks"][0]["torch"], halfway["rng_ranks"][1]["torch"])
     job("trainer.max_steps=6", f"trainer.resume={split}")
     assert_same_state(load_checkpoint(straight), load_checkpoint(split))
-
-
-@pytest.mark.slow  # torchrun
-def test_a_single_process_checkpoint_resumed_under_ddp_keeps_the_ranks_apart(tmp_path):
-    """Without one generator state per rank, rank 0 takes the saved one, the others keep their seeds."""
-    run_dir = tmp_path / "single"
-    result = run_train("trainer.max_steps=2", f"hydra.run.dir={run_dir}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert load_checkpoint(run_dir)["rng_ranks"] == []
-    ddp_job(f"trainer.resume={run_dir}", "trainer.max_steps=4", cwd=tmp_path)
-    ranks = load_checkpoint(run_dir)["rng_ranks"]
-    assert len(ranks) == 2 and not torch.equal(ranks[0]["torch"], ranks[1]["torch"])
 
 
 def test_torchrun_with_a_sweep_is_refused(tmp_path, monkeypatch):
