@@ -49,9 +49,9 @@ def require_training_state(state: Mapping[str, Any], source: str | Path) -> None
         what = "the batch stream's position, {'epoch': E, 'batch': B} with whole numbers of 0 or more"
         raise _damaged(file, "data", f"it holds {_shown(data)}, where this project writes {what}", RESUME)
     if data["epoch"] + data["batch"] > state["step"]:  # each step takes one batch; the epoch's size: training.state
-        where = f"epoch {data['epoch']}, batch {data['batch']}, where {state['step']} steps (its entry 'step')"
-        where += " cannot reach: each step takes one batch"
-        raise _damaged(file, "data", f"it places the batch stream at {where}", RESUME)
+        at = f"epoch {data['epoch']}, batch {data['batch']}"
+        why = f"{state['step']} steps (its entry 'step') cannot reach: each step takes one batch"
+        raise _damaged(file, "data", f"it places the batch stream at {at}, where {why}", RESUME)
     if not isinstance(state["fixed_z"], Tensor) or not state["fixed_z"].is_floating_point():
         what = "not the run's latents for its sample grids (a floating-point tensor)"
         raise _damaged(file, "fixed_z", f"it holds {_shown(state['fixed_z'])}, {what}", RESUME)

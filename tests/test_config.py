@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import time
@@ -229,10 +230,7 @@ def float_keys(config: Any, prefix: str = "") -> Iterator[str]:
 
 def with_value(config: Any, key: str, value: float) -> Any:
     *path, name = key.split(".")
-    node = config
-    for part in path:
-        node = getattr(node, part)
-    setattr(node, name, value)
+    setattr(functools.reduce(getattr, path, config), name, value)
     return config
 
 
