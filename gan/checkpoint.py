@@ -24,6 +24,7 @@ Name = TypeVar("Name", bound=Hashable)  # a tensor's name: a string, or a (part,
 REQUIRED_KEYS = ("G", "step", "config", "num_classes")  # held by last.pt and best.pt alike
 BEST = "best"  # the `kind` of checkpoints/best.pt
 FORMAT = 2  # the layout's version, written by save_checkpoint; any other is refused. 2: trainer.on_d_won, d_won_window
+RESUME = "resume from"
 
 
 def require_training_state(state: Mapping[str, Any], source: str | Path) -> None:
@@ -31,32 +32,36 @@ def require_training_state(state: Mapping[str, Any], source: str | Path) -> None
     file = checkpoint_path(source)
     if state.get("kind") == BEST:
         raise CheckpointError(
-            f"{source} is a best.pt: the generator with the best in-training FID, kept for evaluate.py and "
-            "export, without D or the optimizers' state, so training cannot continue from it. Resume from the "
-            "run's last.pt (trainer.resume=RUN_DIR), or evaluate this one: python evaluate.py checkpoint=" + str(source)
+            f"{source} is a best.pt: the generator with the best in-training FID, kept for evaluate.py and export, "
+            "without D or the optimizers' state, so training cannot continue from it. Resume from the run's last.pt "
+            f"(trainer.resume=RUN_DIR), or evaluate this one: python evaluate.py checkpoint={source}"
         )
-    for entry in ("D", "opt_g", "opt_d", "data", "fixed_z"):
-        if entry not in state:
-            raise _damaged(file, entry, "is missing", "resume from")
-    _check_state_dict(state, "D", file, "resume from")
+    missing = [entry for entry in ("D", "opt_g", "opt_d", "data", "fixed_z") if entry not in state]
+    if missing:
+        raise CheckpointError(
+            f"Cannot resume from {file}: its entry {missing[0]!r} is missing. {another_checkpoint(file, RESUME)}"
+        )
+    _check_state_dict(state, "D", file, RESUME)
     for entry in ("opt_g", "opt_d"):
-        _check_optimizer(state, entry, file)
-    _check_data_position(state, file)
+        _check_optimizer(state[entry], entry, file)
+    data = state["data"]
+    if not isinstance(data, Mapping) or not all(_whole(data.get(key)) for key in ("epoch", "batch")):
+        what = "the batch stream's position, {'epoch': E, 'batch': B} with whole numbers of 0 or more"
+        raise _damaged(file, "data", f"it holds {_shown(data)}, where this project writes {what}", RESUME)
+    if data["epoch"] + data["batch"] > state["step"]:  # each step takes one batch; the epoch's size: training.state
+        at = f"epoch {data['epoch']}, batch {data['batch']}"
+        why = f"{state['step']} steps (its entry 'step') cannot reach: each step takes one batch"
+        raise _damaged(file, "data", f"it places the batch stream at {at}, where {why}", RESUME)
     if not isinstance(state["fixed_z"], Tensor) or not state["fixed_z"].is_floating_point():
-        raise _damaged(
-            file,
-            "fixed_z",
-            f"is damaged: it holds {_shown(state['fixed_z'])}, not the run's latents "
-            "for its sample grids (a floating-point tensor)",
-            "resume from",
-        )
+        what = "not the run's latents for its sample grids (a floating-point tensor)"
+        raise _damaged(file, "fixed_z", f"it holds {_shown(state['fixed_z'])}, {what}", RESUME)
     bad, total = nonfinite(training_tensors(state))
     if bad:
         shown = ", ".join(bad[:4]) + (", ..." if len(bad) > 4 else "")
         raise CheckpointError(
             f"Cannot resume from {file}: it holds NaN or inf in {len(bad)} of its {total} floating-point tensors "
             f"({shown}). The checkpoint is damaged and training cannot continue from it: every step would start "
-            f"from these values. {another_checkpoint(file, 'resume from')}"
+            f"from these values. {another_checkpoint(file, RESUME)}"
         )
 
 
@@ -139,37 +144,36 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
             f"checkpoints/last.pt.{kept_instead(file)}"
         )
     try:
-        size = file.stat().st_size
-    except OSError as err:
+        with open(file, "rb") as f:
+            head = f.read(4)
+    except OSError as err:  # permissions, an I/O error
         raise CheckpointError(f"Cannot read {file}: {_describe(err)}.") from err
-    if size == 0:
+    if not head:
         raise CheckpointError(
-            f"Cannot read {file}: it is an empty file (0 bytes), not a checkpoint. This project writes "
-            f"checkpoints whole or not at all, so it was emptied or cut short elsewhere (a copy that failed?). "
-            f"{_ELSEWHERE}"
+            f"Cannot read {file}: it is an empty file (0 bytes), not a checkpoint. This project writes checkpoints "
+            f"whole or not at all, so it was emptied or cut short elsewhere (a copy that failed?). {_ELSEWHERE}"
         )
     try:
         with warnings.catch_warnings():  # a foreign pickle's protocol warning would print over the one paragraph
             warnings.simplefilter("ignore")
             state = torch.load(file, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as err:
-        forbidden = _forbidden_global(err)
-        if not forbidden:  # the safe unpickler met bytes it cannot parse, not a forbidden object
-            raise _corrupt(file, err) from err
-        raise CheckpointError(
-            f"Refused to load {file}: it names {forbidden}, a Python object other than tensors and plain "
-            "containers, and unpickling it could run arbitrary code. Checkpoints written by this project "
-            "never do; do not trust this file."
-        ) from err
-    except Exception as err:  # the unpickler fails in many ways on a damaged file (EOFError, OSError, ...)
-        if isinstance(err, OSError) and not readable(file):  # permissions, an I/O error
-            raise CheckpointError(f"Cannot read {file}: {_describe(err)}.") from err
-        raise _corrupt(file, err) from err
+    except Exception as err:  # the unpickler fails in many ways on a damaged file (UnpicklingError, EOFError, ...)
+        forbidden = re.search(r"GLOBAL ([\w.]+)", str(err)) if isinstance(err, pickle.UnpicklingError) else None
+        if forbidden:  # torch's refusal names the object; damaged bytes name none
+            raise CheckpointError(
+                f"Refused to load {file}: it names {forbidden.group(1)}, a Python object other than tensors and "
+                "plain containers, and unpickling it could run arbitrary code. Checkpoints written by this project "
+                "never do; do not trust this file."
+            ) from err
+        truncated = head == b"PK\x03\x04" and not zipfile.is_zipfile(file)  # a zip's end record comes last
+        what = f"torch.save's zip archive cut short at {file.stat().st_size} bytes, its end missing"
+        what = f"it is truncated: {what}" if truncated else f"it is corrupt or not a PyTorch file ({_describe(err)})"
+        raise CheckpointError(f"Cannot read {file}: {what}. {_ELSEWHERE}") from err
     if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
         found = sorted(state) if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(
-            f"{file} is not a checkpoint of this project: expected a dict with "
-            f"keys {list(REQUIRED_KEYS)}, found {found}."
+            f"{file} is not a checkpoint of this project: expected a dict with keys {list(REQUIRED_KEYS)}, "
+            f"found {found}."
         )
     if state.get("format") != FORMAT:
         found = _shown(state["format"]) if "format" in state else "none (written before checkpoints were numbered)"
@@ -177,20 +181,15 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
             f"{file} has checkpoint format {found}; this version reads format {FORMAT} only, so it was written by "
             "another version of this project. Use that version to resume or evaluate it, or start a new run."
         )
-    check_common_entries(state, file)
-    return state
-
-
-def check_common_entries(state: Mapping[str, Any], file: Path) -> None:
-    """Check the entries every reader uses, once, so none meets a wrong type later (int(1.5) is a step)."""
-    for entry, (fits, what) in ENTRIES.items():
+    for entry, (fits, what) in ENTRIES.items():  # once here, so no reader meets a wrong type (int(1.5) is a step)
         value = state.get(entry)
         if (value is not None or entry in REQUIRED_KEYS) and not fits(value):
-            raise _damaged(file, entry, f"is damaged: it holds {_shown(value)}, where this project writes {what}")
+            raise _damaged(file, entry, f"it holds {_shown(value)}, where this project writes {what}")
     _check_state_dict(state, "G", file)
     if state.get("G_ema") is not None:
         _check_state_dict(state, "G_ema", file)
     check_config_groups(state["config"], file)
+    return state
 
 
 def check_config_groups(config: object, source: str | Path, required: Sequence[str] = ()) -> None:
@@ -223,15 +222,15 @@ def stored_config_error(err: Exception, source: str | Path, group: str = "") -> 
     key = f"{group}.{key}" if group and key else (key or group)
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     where = f"{key}: " if key else ""
-    if isinstance(err, ConfigKeyError) or text.startswith("Invalid value"):
-        what = "is not a setting" if isinstance(err, ConfigKeyError) else "holds a choice that is not an option"
-        file = checkpoint_path(source)
-        return CheckpointError(
-            f"The config stored in {file} does not fit this version's settings ({where}{text}): {key or 'it'} {what} "
-            "of this version. Either the checkpoint was written by another version of this project (use that "
-            f"version), or its config was edited after it was written. {another_checkpoint(file)}"
-        )
-    return _config_damaged(source, f"{where}{text}")
+    if not (isinstance(err, ConfigKeyError) or text.startswith("Invalid value")):
+        return _config_damaged(source, f"{where}{text}")
+    what = "is not a setting" if isinstance(err, ConfigKeyError) else "holds a choice that is not an option"
+    file = checkpoint_path(source)
+    return CheckpointError(
+        f"The config stored in {file} does not fit this version's settings ({where}{text}): {key or 'it'} {what} "
+        "of this version. Either the checkpoint was written by another version of this project (use that "
+        f"version), or its config was edited after it was written. {another_checkpoint(file)}"
+    )
 
 
 def another_checkpoint(file: Path, use: str = "resume or evaluate") -> str:
@@ -246,7 +245,7 @@ def another_checkpoint(file: Path, use: str = "resume or evaluate") -> str:
     except OSError:  # an unlistable folder, a vanished file
         copies = []
     if not copies:
-        kinds = "numbered copy (step_NNNNNN.pt) or best.pt" if use == "evaluate" else "numbered copy (step_NNNNNN.pt)"
+        kinds = "numbered copy (step_NNNNNN.pt)" + (" or best.pt" if use == "evaluate" else "")
         return (
             f"No {kinds} is kept beside it (trainer.keep_checkpoints=N keeps numbered copies), so {use} a copy "
             "of the file made before it was damaged, or start a new run."
@@ -266,12 +265,13 @@ def _config_damaged(source: str | Path, problem: str) -> CheckpointError:
 
 
 def _damaged(file: Path, entry: str, problem: str, use: str = "resume or evaluate") -> CheckpointError:
-    opening = "Cannot resume from" if use == "resume from" else "Cannot use"
-    return CheckpointError(f"{opening} {file}: its entry {entry!r} {problem}. {another_checkpoint(file, use)}")
+    opening = "Cannot resume from" if use == RESUME else "Cannot use"
+    return CheckpointError(
+        f"{opening} {file}: its entry {entry!r} is damaged: {problem}. {another_checkpoint(file, use)}"
+    )
 
 
-def _whole(value: object) -> bool:
-    """An int of 0 or more; not a bool (True is an int to Python), not a float, not a string."""
+def _whole(value: object) -> bool:  # an int of 0 or more; not a bool (True is an int to Python)
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
@@ -314,62 +314,36 @@ def _shown(value: object) -> str:
 def _check_state_dict(state: Mapping[str, Any], entry: str, file: Path, use: str = "resume or evaluate") -> None:
     value = state[entry]
     if not isinstance(value, Mapping):
-        problem = f"is damaged: it holds {_shown(value)}, not a network's state dict (its tensors by name)"
-        raise _damaged(file, entry, problem, use)
-    wrong = [key for key, t in value.items() if not isinstance(key, str) or not isinstance(t, Tensor)]
-    if wrong:
-        problem = f"is damaged: {wrong[0]!r} holds {_shown(value[wrong[0]])}, where a state dict holds tensors"
-        raise _damaged(file, entry, problem, use)
-    retyped = [key for key, t in value.items() if not (t.is_floating_point() or key.endswith(COUNTERS))]
-    if retyped:  # booleans would be cast to 0.0 and 1.0 without a word, and measured
-        problem = f"is damaged: {retyped[0]!r} holds {value[retyped[0]].dtype}, where a network's weights are floats"
-        raise _damaged(file, entry, problem, use)
+        raise _damaged(file, entry, f"it holds {_shown(value)}, not a network's state dict (its tensors by name)", use)
+    for key, t in value.items():
+        if not isinstance(key, str) or not isinstance(t, Tensor):
+            raise _damaged(file, entry, f"{key!r} holds {_shown(t)}, where a state dict holds tensors", use)
+    for key, t in value.items():  # booleans would be cast to 0.0 and 1.0 without a word, and measured
+        if not (t.is_floating_point() or key.endswith(COUNTERS)):
+            raise _damaged(file, entry, f"{key!r} holds {t.dtype}, where a network's weights are floats", use)
 
 
-def _check_optimizer(state: Mapping[str, Any], entry: str, file: Path) -> None:
+def _check_optimizer(value: Any, entry: str, file: Path) -> None:
     """An optimizer's state dict as torch writes it: {'state': {index: {slot: tensor}}, 'param_groups': [dict]}."""
-    value = state[entry]
     if not isinstance(value, Mapping) or not isinstance(value.get("state"), Mapping):
-        problem = f"{_shown(value)}" if not isinstance(value, Mapping) else f"'state' {_shown(value.get('state'))}"
-        raise _damaged(file, entry, f"is damaged: it holds {problem}, not an optimizer's state dict", "resume from")
+        held = _shown(value) if not isinstance(value, Mapping) else f"'state' {_shown(value.get('state'))}"
+        raise _damaged(file, entry, f"it holds {held}, not an optimizer's state dict", RESUME)
     groups = value.get("param_groups")
     if not isinstance(groups, list) or not all(isinstance(g, Mapping) for g in groups):
-        problem = f"is damaged: its 'param_groups' is {_shown(groups)}, where torch writes a list of parameter groups"
-        raise _damaged(file, entry, problem, "resume from")
+        what = f"its 'param_groups' is {_shown(groups)}, where torch writes a list of parameter groups"
+        raise _damaged(file, entry, what, RESUME)
     for index, group in enumerate(groups):
         for key, (fits, what) in ADAM_SETTINGS.items():
             if not fits(group.get(key)):
-                problem = f"is damaged: its param_groups[{index}].{key} holds {_shown(group.get(key))}"
-                raise _damaged(file, entry, f"{problem}, where Adam takes {what}", "resume from")
+                held = f"its param_groups[{index}].{key} holds {_shown(group.get(key))}"
+                raise _damaged(file, entry, f"{held}, where Adam takes {what}", RESUME)
     if not all(isinstance(slots, Mapping) for slots in value["state"].values()):
-        problem = "is damaged: its 'state' holds something other than each parameter's moments"
-        raise _damaged(file, entry, problem, "resume from")
+        raise _damaged(file, entry, "its 'state' holds something other than each parameter's moments", RESUME)
     for index, slots in value["state"].items():  # torch would cast them to each parameter's type without a word
         for slot, moment in slots.items():
             if isinstance(moment, Tensor) and not moment.is_floating_point():
-                problem = f"is damaged: its state[{index}].{slot} holds {moment.dtype}, where Adam keeps floats"
-                raise _damaged(file, entry, problem, "resume from")
-
-
-def _check_data_position(state: Mapping[str, Any], file: Path) -> None:
-    """epoch + batch <= step, as each step takes one batch; the epoch's size is checked in gan.training.state."""
-    data = state["data"]
-    if not isinstance(data, Mapping) or not all(_whole(data.get(key)) for key in ("epoch", "batch")):
-        raise _damaged(
-            file,
-            "data",
-            f"is damaged: it holds {_shown(data)}, where this project writes the batch "
-            "stream's position, {'epoch': E, 'batch': B} with whole numbers of 0 or more",
-            "resume from",
-        )
-    if data["epoch"] + data["batch"] > state["step"]:
-        raise _damaged(
-            file,
-            "data",
-            f"is damaged: it places the batch stream at epoch {data['epoch']}, batch {data['batch']}, where "
-            f"{state['step']} steps (its entry 'step') cannot reach: each step takes one batch",
-            "resume from",
-        )
+                held = f"its state[{index}].{slot} holds {moment.dtype}"
+                raise _damaged(file, entry, f"{held}, where Adam keeps floats", RESUME)
 
 
 _ELSEWHERE = (
@@ -378,45 +352,18 @@ _ELSEWHERE = (
 )
 
 
-def _corrupt(file: Path, err: Exception) -> CheckpointError:
-    with open(file, "rb") as f:
-        zipped = f.read(4) == b"PK\x03\x04"  # torch.save writes a zip archive; its end record comes last
-    if zipped and not zipfile.is_zipfile(file):
-        what = f"it is truncated: torch.save's zip archive cut short at {file.stat().st_size} bytes, its end missing"
-    else:
-        what = f"it is corrupt or not a PyTorch file ({_describe(err)})"
-    return CheckpointError(f"Cannot read {file}: {what}. {_ELSEWHERE}")
-
-
-def readable(file: Path) -> bool:
-    try:
-        with open(file, "rb") as f:
-            f.read(1)
-        return True
-    except OSError:
-        return False
-
-
 def kept_instead(missing: Path) -> str:
     """The other checkpoints in the folder where `missing` was looked for, and what each is good for."""
-    folder = missing.parent
-    numbered = sorted(folder.glob("step_*.pt"), reverse=True)
-    best = folder / f"{BEST}.pt"
-    found = ""
+    folder, found = missing.parent, ""
+    numbered, best = sorted(folder.glob("step_*.pt"), reverse=True), folder / f"{BEST}.pt"
     if numbered:
         found += f" {folder} holds {numbered[0].name}, a numbered copy: resume or evaluate it by its path."
     if best.is_file():
         found += (
-            f" {folder} holds {best.name}, the generator with the best in-training FID: evaluate it with "
-            f"python evaluate.py checkpoint={best}; training cannot resume from it (it holds no D or optimizers)."
+            f" {folder} holds {best.name}, the generator with the best in-training FID: evaluate it with python "
+            f"evaluate.py checkpoint={best}; training cannot resume from it (it holds no D or optimizers)."
         )
     return found
-
-
-def _forbidden_global(err: Exception) -> str:
-    """The 'GLOBAL posix.system' that torch's refusal names, or '' when it names none (damaged bytes)."""
-    match = re.search(r"GLOBAL ([\w.]+)", str(err))
-    return match.group(1) if match else ""
 
 
 def _describe(err: BaseException) -> str:
@@ -427,9 +374,7 @@ def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {lines[0].strip()[:200]}" if lines else type(err).__name__
 
 
-def load_module_state(
-    module: nn.Module, state: Mapping[str, torch.Tensor], name: str, advice: Optional[str] = None
-) -> None:
+def load_module_state(module: nn.Module, state: Mapping[str, Tensor], name: str, advice: Optional[str] = None) -> None:
     """load_state_dict with a readable error listing every mismatch; `advice` replaces the default hint."""
     own = module.state_dict()
     problems = [
@@ -444,17 +389,17 @@ def load_module_state(
         for key, value in state.items()
         if key in own and own[key].dtype != value.dtype
     ]
-    if retyped and not problems:  # load_state_dict would cast them without a word
-        raise CheckpointError(
-            f"The checkpoint's {name} holds tensors of another type than the {name} built from the config: "
-            f"{'; '.join(retyped[:6])}{f'; and {len(retyped) - 6} more' if len(retyped) > 6 else ''}. This project "
-            "writes each tensor in its network's own type, so the checkpoint was altered after it was written: "
-            "resume or evaluate another one."
-        )
+    listed = problems or retyped
+    shown = "; ".join(listed[:6]) + (f"; and {len(listed) - 6} more" if len(listed) > 6 else "")
     if problems:
-        shown = "; ".join(problems[:6]) + (f"; and {len(problems) - 6} more" if len(problems) > 6 else "")
         raise CheckpointError(
             f"The checkpoint's {name} does not match the {name} built from the config: {shown}. "
             + (advice or "Use the same model.* and data.image_size/data.channels as the run that wrote it.")
+        )
+    if retyped:  # load_state_dict would cast them without a word
+        raise CheckpointError(
+            f"The checkpoint's {name} holds tensors of another type than the {name} built from the config: {shown}. "
+            "This project writes each tensor in its network's own type, so the checkpoint was altered after it was "
+            "written: resume or evaluate another one."
         )
     module.load_state_dict(state)

@@ -64,6 +64,10 @@ class _Group:
     def _check(self, ok: bool, name: str, why: str) -> None:
         _require(ok, self.KEY + name, getattr(self, name), why)
 
+    def _at_least(self, low: int, *names: str, why: str = "") -> None:
+        for name in names:
+            self._check(getattr(self, name) >= low, name, why or (f"must be at least {low}" if low else "must be >= 0"))
+
 
 @dataclass
 class DataConfig(_Group):
@@ -87,19 +91,17 @@ class DataConfig(_Group):
         why = "must be a power of two from 16 to 256: the generator starts at 4x4 and doubles the side in each block"
         self._check(self.image_size in (16, 32, 64, 128, 256), "image_size", why)
         self._check(self.channels in (1, 3), "channels", "must be 1 or 3")
-        self._check(self.batch_size >= 1, "batch_size", "must be at least 1")
+        self._at_least(1, "batch_size")
         self._check(self.num_workers is None or self.num_workers >= 0, "num_workers", "must be >= 0, or null for auto")
         if self.num_workers:  # a process each: thousands would exhaust the machine's memory
             check_threads(self.num_workers, "data.num_workers", "0 to load in the main process, or null for auto")
         self._check(bool(str(self.root).strip()), "root", "is empty, which reads the launch directory: name a folder")
         # Hydra refuses other names at the command line; these two catch a DataConfig built in code.
-        names = [member.value for member in DatasetName]
-        self._check(self.name in names, "name", f"must be one of {', '.join(names)}")
-        sources = ", ".join(self.SOURCES)
-        self._check(self.source in self.SOURCES, "source", f"must be one of {sources}: a 10-class grayscale dataset")
+        self._check(self.name in list(DatasetName), "name", f"must be one of {', '.join(DatasetName)}")
+        why = f"must be one of {', '.join(self.SOURCES)}: a 10-class grayscale dataset"
+        self._check(self.source in self.SOURCES, "source", why)
         stacked = self.name == "stacked"
-        why = "must be 3 for data=stacked: its three channels are three different images"
-        self._check(not stacked or self.channels == 3, "channels", why)
+        self._check(not stacked or self.channels == 3, "channels", "must be 3 for data=stacked: three images as RGB")
         built_in = self.name in ("digits", "folder", "packed") or (stacked and self.source == "digits")
         why = f"has nothing to fetch for data={self.name}" + (f" with data.source={self.source}" if stacked else "")
         self._check(not (self.download and built_in), "download", why)
@@ -131,13 +133,10 @@ class ModelConfig(_Group):
     ada_kimg: float = 100.0  # thousands of images for p to move from 0 to 1 (ADA's speed)
 
     def check(self) -> None:
-        for key in ("z_dim", "g_width", "d_width", "pack"):
-            self._check(getattr(self, key) >= 1, key, "must be at least 1")
-        self._check(self.minibatch_std >= 0, "minibatch_std", "must be >= 0 (a group size; 0 = off)")
+        self._at_least(1, "z_dim", "g_width", "d_width", "pack")
+        self._at_least(1, "ema_every", why="must be >= 1 (1 = every step)")
+        self._at_least(0, "minibatch_std", "ema_kimg", "ema_rampup")
         self._check(0 <= self.ema_decay < 1, "ema_decay", "must be in [0, 1) (0 = no EMA)")
-        self._check(self.ema_kimg >= 0, "ema_kimg", "must be >= 0 (0 = use model.ema_decay)")
-        self._check(self.ema_rampup >= 0, "ema_rampup", "must be >= 0 (0 = no ramp-up)")
-        self._check(self.ema_every >= 1, "ema_every", "must be >= 1 (1 = every step)")
         self._check(0 <= self.ada_target < 1, "ada_target", "must be in [0, 1) (0 = off)")
         self._check(self.ada_kimg > 0, "ada_kimg", "must be > 0")
         why = "must be 1 with model.conditional=true: a pack of several images has no single class to project on"
@@ -155,8 +154,7 @@ class LossConfig(_Group):
     real_label: float = 1.0  # bce only: D's target for real images; 0.9 = one-sided label smoothing
 
     def check(self) -> None:
-        for key in ("feature_matching", "gradient_penalty", "r1"):
-            self._check(getattr(self, key) >= 0, key, "must be >= 0 (it weights a squared term)")
+        self._at_least(0, "feature_matching", "gradient_penalty", "r1", why="must be >= 0 (it weights a squared term)")
         self._check(0.5 < self.real_label <= 1, "real_label", "must be in (0.5, 1]")
 
 
@@ -207,22 +205,14 @@ class TrainerConfig(_Group):
     eval_samples: int = 2000  # samples per in-training measurement; compare FID curves of equal N only
 
     def check(self) -> None:
-        self._check(self.max_steps >= 1, "max_steps", "must be at least 1")
+        self._at_least(1, "max_steps", "log_every", "sample_every", "checkpoint_every", "num_fixed_samples")
+        self._at_least(0, "threads", "keep_checkpoints", "overfit_every", "final_eval_samples", "eval_every")
         why = "is empty (an unset shell variable?): name a checkpoint or run folder, or auto; omit it for a new run"
         self._check(self.resume is None or bool(self.resume.strip()), "resume", why)
-        self._check(self.threads >= 0, "threads", "must be >= 0 (0 = torch's default)")
         check_threads(self.threads, "trainer.threads", "0 for torch's default")
         why = "adapts the count, which trainer.threads fixes: set one of them, or neither for a fixed default"
         self._check(not (self.adapt_threads and self.threads), "adapt_threads", why)
-        self._check(self.keep_checkpoints >= 0, "keep_checkpoints", "must be >= 0")
-        self._check(self.overfit_every >= 0, "overfit_every", "must be >= 0 (0 = off)")
-        why = "must be >= 0 (0 = no evaluation after training)"
-        self._check(self.final_eval_samples >= 0, "final_eval_samples", why)
-        self._check(self.eval_every >= 0, "eval_every", "must be >= 0 (0 = off)")
-        why = "must be at least 10 (FID needs a covariance, precision/recall k + 1 neighbours)"
-        self._check(self.eval_samples >= 10, "eval_samples", why)
-        for key in ("log_every", "sample_every", "checkpoint_every", "num_fixed_samples"):
-            self._check(getattr(self, key) >= 1, key, "must be at least 1")
+        self._at_least(10, "eval_samples", why="must be at least 10 (FID needs a covariance, k + 1 neighbours)")
         why = f"must be at least trainer.log_every ({self.log_every}): the alarm reads D's outputs at the log points"
         ok = self.d_won_window >= self.log_every or self.on_d_won == OnDWon.off  # off: no window is read
         self._check(ok, "d_won_window", why + " of the window (or trainer.on_d_won=off)")
@@ -239,18 +229,16 @@ class TrainConfig:
 
     def check(self) -> None:
         require_finite(self)  # first: a nan passes no range check's wording honestly ('must be > 0')
-        for group in (self.data, self.model, self.loss, self.optim, self.trainer):
-            group.check()
+        for group in fields(self):
+            getattr(self, group.name).check()
         model, batch_size = self.model, self.data.batch_size
         why = f"must divide data.batch_size ({batch_size}): D sees the batch in packs"
         model._check(batch_size % model.pack == 0, "pack", why)
         check_minibatch_std(model.minibatch_std, batch_size, model.pack)
         per_sample = self.loss.gradient_penalty > 0 or self.loss.r1 > 0
-        why = (
-            "must be false with loss.gradient_penalty or loss.r1: those penalties are per sample, and BatchNorm makes "
-            "each sample's output depend on the whole batch. Add model.d_batchnorm=false, or for WGAN-GP use "
-            "experiment=wgan_gp, the ready pairing (loss=wgan_gp, no BatchNorm in D, Adam betas (0.0, 0.9))"
-        )
+        why = "must be false with loss.gradient_penalty or loss.r1: those penalties are per sample, and BatchNorm "
+        why += "makes each sample's output depend on the batch. Add model.d_batchnorm=false, or for WGAN-GP use "
+        why += "experiment=wgan_gp, the ready pairing (loss=wgan_gp, no BatchNorm in D, Adam betas (0.0, 0.9))"
         model._check(not (per_sample and model.d_batchnorm), "d_batchnorm", why)
 
 
@@ -270,17 +258,13 @@ def check_minibatch_std(group: int, batch_size: int, pack: int) -> None:
     shrunk = math.gcd(per_pack, group)
     effect = "groups of 1 sample, a constant channel that tells D nothing" if shrunk == 1 else f"groups of {shrunk}"
     divisor = max(d for d in range(1, min(group, per_pack) + 1) if per_pack % d == 0)
-    why = (
-        f"must divide the {per_pack} samples D judges at once ({seen}): D's minibatch-stddev channel is computed over "
-        f"groups of model.minibatch_std samples, and {group} would shrink to {effect}. Use a divisor of {per_pack} "
-        f"such as {divisor}, or 0 to turn the channel off"
-    )
-    _require(False, "model.minibatch_std", group, why)
+    why = f"must divide the {per_pack} samples D judges at once ({seen}): D's minibatch-stddev channel is computed "
+    why += f"over groups of model.minibatch_std samples, and {group} would shrink to {effect}. Use a divisor of "
+    _require(False, "model.minibatch_std", group, why + f"{per_pack} such as {divisor}, or 0 to turn the channel off")
 
 
 def require_finite(config: Any, prefix: str = "") -> None:
-    """Hydra reads `nan`, `inf` and `1e400` as floats, and a range check such as `lr_d > 0` lets inf through; it
-    reads any number of digits as an int, where torch (seeds, counts) takes 64 bits and raises a traceback."""
+    """Hydra reads nan, inf and 1e400 as floats (`lr_d > 0` lets inf through) and ints of any size (torch: 64 bits)."""
     for spec in fields(config):
         value, key = getattr(config, spec.name), f"{prefix}{spec.name}"
         if is_dataclass(value):
@@ -318,13 +302,8 @@ def _require(ok: bool, key: str, value: Any, why: str) -> None:
         raise ConfigError(f"{key}={shown!r} {why}.")
 
 
-def validate(cfg: DictConfig) -> TrainConfig:
-    """The typed config, its types checked by OmegaConf; its ranges are TrainConfig.check's, which
-    gan.training.train runs: the one function every way of training goes through."""
-    return _typed(cfg, TrainConfig)
-
-
-def _typed(cfg: DictConfig, schema: type) -> Any:
+def validate(cfg: DictConfig, schema: type = TrainConfig) -> Any:
+    """The typed config; TrainConfig's ranges are checked by gan.training.train, the one way every run trains."""
     require_known(cfg, schema)
     typed = OmegaConf.to_object(cfg)
     assert isinstance(typed, schema), type(typed)
@@ -362,9 +341,6 @@ def run_suffix(overrides: Sequence[str], exclude: Sequence[str] = (), limit: int
     return f"_{name}" if name else ""
 
 
-# evaluate.py: its `data` is the checkpoint's, with command-line `data.*` laid over it
-
-
 class FeatureSpace(str, Enum):
     classifier = "classifier"  # penultimate layer of a small CNN trained on the dataset's labels; offline
     inception = "inception"  # Inception-v3 pool3 (2048-d), the published FID (docs/evaluation.md)
@@ -396,8 +372,7 @@ class ClassifierConfig(_Group):
     min_accuracy: float = 0.97  # refuse to measure with a classifier below this test accuracy (not in the cache key)
 
     def check(self) -> None:
-        for key in ("width", "feature_dim", "epochs", "batch_size"):
-            self._check(getattr(self, key) >= 1, key, "must be at least 1")
+        self._at_least(1, "width", "feature_dim", "epochs", "batch_size")
         self._check(self.lr > 0, "lr", "must be > 0")
         self._check(self.train_images >= 0, "train_images", "must be >= 0 (0 = the whole training split)")
         self._check(0 <= self.min_accuracy <= 1, "min_accuracy", "must be in [0, 1]")
@@ -417,8 +392,7 @@ class MetricsConfig(_Group):
     classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
 
     def check(self) -> None:
-        for key in ("kid_subsets", "kid_subset_size", "pr_k", "dc_k"):
-            self._check(getattr(self, key) >= 1, key, "must be at least 1")
+        self._at_least(1, "kid_subsets", "kid_subset_size", "pr_k", "dc_k")
         self._check(0 < self.class_threshold < 1, "class_threshold", "must be in (0, 1)")
         inception = self.features == FeatureSpace.inception
         for key in ("inception_weights", "feature_network"):
@@ -454,17 +428,15 @@ class EvaluateConfig(_Group):
     def check(self) -> None:
         require_finite(self)
         self._check(self.class_id is None or self.class_id >= 0, "class_id", "must be >= 0 (a class number)")
-        self._check(self.num_samples >= 2, "num_samples", "must be at least 2 (FID needs a covariance)")
+        self._at_least(2, "num_samples", why="must be at least 2 (FID needs a covariance)")
         k = max(self.metrics.pr_k, self.metrics.dc_k)
         which = "metrics.pr_k" if self.metrics.pr_k >= self.metrics.dc_k else "metrics.dc_k"
         why = f"must exceed {which} ({k}): each sample needs k neighbours among the others, or lower {which}"
         self._check(self.num_samples > k, "num_samples", why)
-        for key in ("batch_size", "grid_samples", "interpolation_rows", "neighbour_queries", "neighbours"):
-            self._check(getattr(self, key) >= 1, key, "must be at least 1")
-        self._check(self.interpolation_steps >= 2, "interpolation_steps", "must be at least 2 (both ends)")
-        self._check(self.threads >= 0, "threads", "must be >= 0 (0 = torch's default)")
+        self._at_least(1, "batch_size", "grid_samples", "interpolation_rows", "neighbour_queries", "neighbours")
+        self._at_least(2, "interpolation_steps", why="must be at least 2 (both ends)")
+        self._at_least(0, "threads", "bn_batches")
         check_threads(self.threads, "threads", "0 for torch's default")
-        self._check(self.bn_batches >= 0, "bn_batches", "must be >= 0 (0 = keep the checkpoint's)")
         check_device_name(self.device, "device")
         self.metrics.check()
 
@@ -482,8 +454,7 @@ class GenerateConfig(_Group):
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps, as trainer.device
 
     def check(self) -> None:
-        self._check(self.num >= 1, "num", "must be at least 1")
-        self._check(self.batch_size >= 1, "batch_size", "must be at least 1")
+        self._at_least(1, "num", "batch_size")
         self._check(self.class_id is None or self.class_id >= 0, "class_id", "must be >= 0 (a class number)")
         check_device_name(self.device, "device")
 
@@ -495,12 +466,11 @@ def validate_evaluate(cfg: DictConfig, schema: type = EvaluateConfig) -> Any:
             "checkpoint=PATH is required: a checkpoint file (checkpoints/last.pt) or the "
             "directory of the training run that wrote it."
         )
-    typed = _typed(cfg, schema)
+    typed = validate(cfg, schema)
     typed.check()
     return typed
 
 
 def register_evaluate_configs() -> None:
-    """evaluate.py's schema and generate.py's."""
     ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
     ConfigStore.instance().store(name="generate_schema", node=GenerateConfig)

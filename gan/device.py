@@ -20,22 +20,19 @@ def setup_torch(device: str, threads: int, seed: int, key: str) -> torch.device:
     """threads=0 keeps torch's default; `key` names the setting in errors."""
     if threads:
         torch.set_num_threads(threads)
-    seed_everything(seed)
+    random.seed(seed)  # not numpy's: this project draws nothing from it
+    torch.manual_seed(seed)  # also seeds every CUDA device
     return resolve_device(device, key)
 
 
 def available_cpus() -> int:
-    """Its affinity mask where the OS has one, else every CPU."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
+    """Its affinity mask where the OS has one (not macOS, Windows), else every CPU."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @functools.lru_cache(maxsize=None)
 def environment(device: torch.device) -> dict[str, Any]:
-    """What a result depends on besides its config: the versions, the device (the GPU's or CPU's model), and
-    the code's commit when it runs from a clone. Checkpoints, the Text tab and metrics.json record it."""
+    """What a result depends on besides its config; checkpoints, the Text tab and metrics.json record it."""
     cuda = device.type == "cuda"
     return {
         "package": gan.__version__,  # dcgan-reference's own: a wheel records no commit
@@ -80,22 +77,13 @@ def environment_changes(recorded: Optional[Mapping[str, Any]], current: Mapping[
     return [f"{key}: {recorded[key]} -> {current.get(key)}" for key in recorded if recorded[key] != current.get(key)]
 
 
-def seed_everything(seed: int) -> None:
-    """Not numpy's: this project draws nothing from it."""
-    random.seed(seed)
-    torch.manual_seed(seed)  # also seeds every CUDA device
-
-
 def resolve_device(name: str, key: str = "trainer.device") -> torch.device:
     if name == "auto":  # the first available; the checks below then pass
         name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     device = torch.device(name)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError(
-                f"{key}={name!r} but this machine has no usable CUDA device "
-                f"(torch.cuda.is_available() is False); use {key}=cpu or auto."
-            )
+            raise ConfigError(f"{key}={name!r} but this machine has no usable CUDA device; use {key}=cpu or auto.")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ConfigError(f"{key}={name!r} but only {torch.cuda.device_count()} CUDA device(s) are visible.")
     if device.type == "mps" and not torch.backends.mps.is_available():

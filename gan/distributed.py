@@ -21,8 +21,7 @@ class World:
         return self.size > 1
 
     @property
-    def is_main(self) -> bool:
-        """Rank 0 alone writes TensorBoard, samples and checkpoints."""
+    def is_main(self) -> bool:  # rank 0 alone writes TensorBoard, samples and checkpoints
         return self.rank == 0
 
 
@@ -40,12 +39,11 @@ def world_from_env() -> World:
 
 
 def init_process_group(world: World, device_name: str) -> None:
-    if not world.distributed or dist.is_initialized():
-        return
-    on_gpu = device_name != "cpu" and torch.cuda.is_available()
-    if on_gpu:
-        torch.cuda.set_device(world.local_rank)
-    dist.init_process_group(backend="nccl" if on_gpu else "gloo")
+    if world.distributed and not dist.is_initialized():
+        on_gpu = device_name != "cpu" and torch.cuda.is_available()
+        if on_gpu:
+            torch.cuda.set_device(world.local_rank)
+        dist.init_process_group(backend="nccl" if on_gpu else "gloo")
 
 
 def rank_device(world: World, device: torch.device) -> torch.device:

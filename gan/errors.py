@@ -29,8 +29,7 @@ class MetricsError(UserError):
 
 
 def environment_error(err: OSError, then: str = "run the same command again.") -> UserError:
-    """An OSError (disk full, no permission, a file where a folder belongs) as a UserError naming the file and
-    what to do for its cause, `then` what to run (train.py says whether a checkpoint exists to resume from)."""
+    """An OSError as a UserError naming the file and what to do for its cause, `then` what to run after."""
     where = os.fsdecode(err.filename) if err.filename else "a file"  # tensorboard's gfile names files in bytes
     reason = err.strerror or str(err) or type(err).__name__
     fix = _FIXES.get(err.errno, "Fix what the operating system reports")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import time
@@ -28,10 +29,6 @@ from gan.config import (
 from gan.data.sources import _OPENERS
 from gan.device import available_cpus, resolve_device
 
-# Options that are refused alone, with what they need (none since the default D lost its BatchNorm;
-# test_wgan_gp_with_batchnorm_names_its_recipe).
-PAIRED: dict[str, list[str]] = {}
-
 
 def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
@@ -41,8 +38,7 @@ def options(group: str) -> list[str]:
 def test_every_option_of_every_group_composes(group):
     assert options(group), f"configs/{group}/ is empty"
     for option in options(group):
-        override = f"{group}={option}"
-        assert isinstance(compose_config(override, *PAIRED.get(override, [])), TrainConfig)
+        assert isinstance(compose_config(f"{group}={option}"), TrainConfig)
 
 
 def test_each_dataset_has_one_name_one_yaml_and_one_opener():
@@ -64,18 +60,19 @@ def test_group_files_state_only_what_differs_from_the_schema():
             assert not repeated, f"configs/{group}/{option}.yaml repeats the schema's default of {repeated}"
 
 
-def test_defaults_are_the_documented_contract():
+def test_defaults_are_the_documented_contract_and_overrides_reach_the_typed_config():
     cfg = compose_config()
     assert cfg.data.name == "digits" and cfg.loss.name == LossName.bce
     assert cfg.loss.backward_mode == BackwardMode.summed
     assert cfg.trainer.device == "cpu"  # set by debug=tiny; the shipped default is auto:
     assert compose_config("trainer.device=auto").trainer.device == "auto"
+    cfg = compose_config("loss=hinge", "optim.lr=1e-4", "trainer.seed=3")
+    assert cfg.loss.name == LossName.hinge and cfg.optim.lr == 1e-4 and cfg.trainer.seed == 3
 
 
 @pytest.mark.parametrize("recipe", ["fashion_mnist", "mnist", "stacked", "cifar10", "celeba"])
 def test_dataset_recipes_keep_the_paper_settings_they_were_measured_with(recipe):
-    """The defaults are tuned for time to quality on a CPU (widths 32, batch 64, Adam 1e-3); every
-    dataset recipe includes experiment=paper (widths 64, batch 128, Adam 2e-4) and keeps its length."""
+    """Every dataset recipe includes experiment=paper (widths 64, batch 128, Adam 2e-4), not the CPU defaults."""
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         paper = compose(config_name="train", overrides=["experiment=paper"])
@@ -88,20 +85,13 @@ def test_dataset_recipes_keep_the_paper_settings_they_were_measured_with(recipe)
     assert cfg.trainer.max_steps == own != paper.trainer.max_steps
 
 
-def test_overrides_reach_the_typed_config():
-    cfg = compose_config("loss=hinge", "optim.lr=1e-4", "trainer.seed=3")
-    assert cfg.loss.name == LossName.hinge and cfg.optim.lr == 1e-4 and cfg.trainer.seed == 3
-
-
 @pytest.mark.parametrize(
     "override, key",
     [
-        ("trainer.max_steps=-1", "trainer.max_steps"),
         ("data.batch_size=0", "data.batch_size"),
         ("data.image_size=48", "data.image_size"),
         ("data.image_size=512", "data.image_size"),
         ("optim.lr=0", "optim.lr"),
-        ("optim.beta1=1.5", "optim.beta1"),
         ("trainer.device=gpu", "trainer.device"),
         ("loss.feature_matching=-1", "loss.feature_matching"),
         ("data.limit=-1", "data.limit"),
@@ -122,25 +112,21 @@ def test_out_of_range_values_are_refused_naming_the_key(override, key):
 @pytest.mark.parametrize(
     "override, expected",
     [
-        ("optim.lr=abc", "optim.lr"),  # wrong type
         ("optim.lr=[1,2]", "optim.lr"),  # a list for a number
         ("optim.lr={a:1}", "optim.lr"),  # a dict for a number
         ("trainer.max_steps=", "trainer.max_steps"),  # empty
-        ("optim.lrr=1", "Did you mean optim.lr?"),  # unknown key, near a real one
         ("data=nosuch", "Choose one of celeba, cifar10, digits"),  # unknown option of a group
         ("experiment=nosuch", "experiment/nosuch"),
         ("data.name=nosuch", "nosuch"),  # unknown dataset: DatasetName refuses it
         ("loss.name=foo", "foo"),  # unknown choice of an enum
         ("max_steps", "'max_steps'"),  # no '=': Hydra's grammar
         ("model.z_dim=\u00fc", "model.z_dim"),  # a character the grammar has no token for
-        ("data.root=${nosuch}", "data.root: Interpolation key 'nosuch' not found"),
         ("+trainer.foo=1", "trainer.foo is not a setting"),  # kept by Hydra, then read by nothing
         ("trainer.seed=99999999999999999999", "trainer.seed"),  # beyond torch's 64 bits (was a traceback)
         ("trainer.resume=", "checkpoint path is empty (an unset shell variable?)"),  # would start a new run
         ("data.root=", "data.root='' is empty"),  # would read the launch directory as the dataset
         ("data.num_workers=100000", "data.num_workers"),  # a process each
-        ("trainer.max_steps=-1", "trainer.max_steps"),  # out of range, refused before training
-        ("data.image_size=24", "data.image_size"),  # a size the model cannot build
+        ("data.image_size=24", "data.image_size"),  # out of range, refused before training
     ],
 )
 def test_bad_command_line_fails_cleanly(tmp_path, override, expected):
@@ -159,12 +145,9 @@ def test_a_sweep_with_one_value_hydra_refuses_is_refused_before_any_job_runs(tmp
     assert not (tmp_path / "sweep").exists()
 
 
-@pytest.mark.parametrize(
-    "args", [["hydra.run.dir="], ["hydra.run.dir=''"], ["-m", "hydra.sweep.dir=", "loss=bce,hinge"]], ids=str
-)
-def test_an_empty_run_folder_is_refused_not_read_as_the_launch_directory(tmp_path, args):
-    # an unset shell variable (hydra.run.dir=$RUN): the run's files were written among the launcher's own
-    result = run_train(*args, cwd=tmp_path)
+def test_an_empty_run_folder_is_refused_not_read_as_the_launch_directory(tmp_path):
+    # hydra.run.dir=$RUN, unset; quoted here (the bare ones: test_launch.py's REFUSED)
+    result = run_train("hydra.run.dir=''", cwd=tmp_path)
     assert result.returncode == 2 and "is empty (an unset shell variable?)" in result.stdout + result.stderr
     assert not any(tmp_path.iterdir())
 
@@ -236,25 +219,6 @@ def test_the_thread_limit_is_this_machines_cpu_count():
         EvaluateConfig(checkpoint="x", threads=cpus + 1).check()
 
 
-@pytest.mark.parametrize(
-    "override",
-    [
-        "optim.lr_d=inf",  # passed `lr_d > 0` and reached training
-        "optim.lr=nan",
-        "loss.feature_matching=inf",  # passed `>= 0`
-        "loss.r1=1e400",  # Hydra reads it as inf
-        "model.ema_decay=nan",
-        "model.ada_kimg=inf",
-        "model.ema_kimg=-inf",
-    ],
-)
-def test_a_non_finite_float_is_refused_naming_its_key(override):
-    key, value = override.split("=")
-    shown = repr(float(value))  # 1e400 is read as inf, and named so
-    with pytest.raises(ConfigError, match="^" + re.escape(f"{key}={shown} must be a finite number")):
-        compose_config(override)
-
-
 def float_keys(config: Any, prefix: str = "") -> Iterator[str]:
     for spec in dataclasses.fields(config):
         value = getattr(config, spec.name)
@@ -266,10 +230,7 @@ def float_keys(config: Any, prefix: str = "") -> Iterator[str]:
 
 def with_value(config: Any, key: str, value: float) -> Any:
     *path, name = key.split(".")
-    node = config
-    for part in path:
-        node = getattr(node, part)
-    setattr(node, name, value)
+    setattr(functools.reduce(getattr, path, config), name, value)
     return config
 
 
@@ -281,6 +242,8 @@ def with_value(config: Any, key: str, value: float) -> Any:
 def test_every_float_field_of_every_schema_is_checked_for_nan_and_inf(schema, nested):
     keys = list(float_keys(schema()))
     assert nested in keys  # the walk reached the nested groups
+    with pytest.raises(ConfigError, match=r"^loss\.r1=inf must be a finite number"):
+        compose_config("loss.r1=1e400")  # Hydra reads 1e400 as a float: inf
     for key in keys:
         for bad in (math.nan, math.inf, -math.inf):
             with pytest.raises(ConfigError, match="^" + re.escape(f"{key}={bad!r} must be a finite number")):

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import ROOT, TINY, compose_config, run_train
-from test_checkpoints import assert_same_state
+from test_checkpoints import assert_same_state, run_until
 
 import gan.torchrun
 from gan.checkpoint import load_checkpoint
@@ -40,8 +40,7 @@ def finish(process: subprocess.Popen, before: tuple[str, ...] = (), timeout: flo
     return process.returncode, "".join(before) + (output or "")
 
 
-def ddp_job(*overrides: str, cwd: Path) -> None:
-    """A 2-process torchrun job of train.py that must succeed."""
+def ddp_job(*overrides: str, cwd: Path) -> None:  # a 2-process torchrun job of train.py that must succeed
     code, output = finish(torchrun(*overrides, cwd=cwd))
     assert code == 0, output[-3000:]
 
@@ -64,13 +63,8 @@ def one_step_worker(rank: int, port: int, result_file: str) -> None:
     gathered = [torch.empty_like(weights) for _ in range(2)]
     dist.all_gather(gathered, weights)
     if rank == 0:
-        torch.save(
-            {
-                "same": torch.equal(gathered[0], gathered[1]),
-                "changed": not torch.equal(weights, torch.zeros_like(weights)),
-            },
-            result_file,
-        )
+        changed = not torch.equal(weights, torch.zeros_like(weights))
+        torch.save({"same": torch.equal(gathered[0], gathered[1]), "changed": changed}, result_file)
     dist.destroy_process_group()
 
 
@@ -97,41 +91,28 @@ def test_replicas_hold_identical_weights_after_one_step(tmp_path):
     assert result["same"] and result["changed"]
 
 
-@pytest.fixture(scope="module")
-def ddp_run(tmp_path_factory) -> Path:
-    cwd = tmp_path_factory.mktemp("ddp")
-    ddp_job("trainer.max_steps=4", cwd=cwd)
-    return cwd
-
-
 @pytest.mark.slow  # torchrun
-def test_ddp_job_writes_one_run_dir_and_one_checkpoint(ddp_run):
-    checkpoints = list(ddp_run.glob("**/last.pt"))
-    assert len(checkpoints) == 1
-    run_dirs = [p.parent for p in ddp_run.glob("outputs/*/*/.hydra")]
-    assert run_dirs == [checkpoints[0].parent.parent]
-    assert not (ddp_run / ".hydra").exists()  # rank 1 ran Hydra in '.' without writing its files
-    state = load_checkpoint(checkpoints[0])
-    assert state["step"] == 4
-    assert not any(key.startswith("module.") for key in state["G"])  # unwrapped state dicts
-
-
-@pytest.mark.slow  # torchrun
-def test_ddp_checkpoint_resumes_in_a_single_process_and_under_ddp(ddp_run, tmp_path):
-    [run_dir] = [p.parent.parent for p in ddp_run.glob("outputs/*/*/checkpoints/last.pt")]
-    single = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=6", cwd=ddp_run)
+def test_a_ddp_run_writes_one_run_dir_and_resumes_alone_and_back_under_ddp_keeping_the_ranks_apart(tmp_path):
+    ddp_job("trainer.max_steps=4", cwd=tmp_path)
+    [run_dir] = [p.parent.parent for p in tmp_path.glob("**/last.pt")]
+    assert [p.parent for p in tmp_path.glob("outputs/*/*/.hydra")] == [run_dir]
+    assert not (tmp_path / ".hydra").exists()  # rank 1 ran Hydra in '.' without writing its files
+    state = load_checkpoint(run_dir)
+    assert state["step"] == 4 and not any(key.startswith("module.") for key in state["G"])  # unwrapped state dicts
+    single = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=6", cwd=tmp_path)
     assert single.returncode == 0, single.stderr[-3000:]
-    assert load_checkpoint(run_dir)["step"] == 6
-    ddp_job(f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=ddp_run)
-    assert load_checkpoint(run_dir)["step"] == 8
+    assert load_checkpoint(run_dir)["step"] == 6 and load_checkpoint(run_dir)["rng_ranks"] == []
+    # without one generator state per rank, rank 0 takes the saved one, the others keep their seeds: no two draw alike
+    ddp_job(f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
+    state = load_checkpoint(run_dir)
+    ranks = state["rng_ranks"]
+    assert state["step"] == 8 and len(ranks) == 2 and not torch.equal(ranks[0]["torch"], ranks[1]["torch"])
 
 
 @pytest.mark.slow
 def test_a_ddp_run_resumes_exactly_with_each_ranks_own_generators(tmp_path):
-    """Each rank draws its own latents (seed + rank). The checkpoint holds every rank's random
-    generators (gathered by rank 0), so 3 steps + a resume to 6 under DDP give the bits of 6
-    straight steps; with rank 0's generators on every rank, as before, both ranks would draw the
-    same latents after a resume and the weights would differ."""
+    """Each rank draws its own latents (seed + rank) and the checkpoint holds every rank's generators, so
+    3 steps + a resume to 6 under DDP give the bits of 6 straight steps."""
 
     def job(*overrides: str) -> None:
         ddp_job("trainer.checkpoint_every=100", *overrides, cwd=tmp_path)
@@ -146,19 +127,6 @@ def test_a_ddp_run_resumes_exactly_with_each_ranks_own_generators(tmp_path):
     assert_same_state(load_checkpoint(straight), load_checkpoint(split))
 
 
-@pytest.mark.slow  # torchrun
-def test_a_single_process_checkpoint_resumed_under_ddp_keeps_the_ranks_apart(tmp_path):
-    """A checkpoint without one generator state per rank (a single-process run's, say): rank 0
-    takes the saved generators, the other ranks keep their own seeds, so no two draw the same z."""
-    run_dir = tmp_path / "single"
-    result = run_train("trainer.max_steps=2", f"hydra.run.dir={run_dir}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert load_checkpoint(run_dir)["rng_ranks"] == []
-    ddp_job(f"trainer.resume={run_dir}", "trainer.max_steps=4", cwd=tmp_path)
-    ranks = load_checkpoint(run_dir)["rng_ranks"]
-    assert len(ranks) == 2 and not torch.equal(ranks[0]["torch"], ranks[1]["torch"])
-
-
 def test_torchrun_with_a_sweep_is_refused(tmp_path, monkeypatch):
     # what torchrun tells each of its processes; the refusal comes before any process group is joined
     for name, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}.items():
@@ -169,31 +137,21 @@ def test_torchrun_with_a_sweep_is_refused(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher, code", [("gan.torchrun", 2), ("torch.distributed.run", 1)])
-def test_a_refusal_under_torchrun_is_said_once_without_a_traceback_from_this_project(tmp_path, launcher, code):
-    # gan.torchrun exits 2 as a single process does; torchrun itself exits 1 after its ChildFailedError summary
-    returncode, output = finish(torchrun("trainer.max_steps=0", cwd=tmp_path, launcher=launcher))
-    assert returncode == code, output[-3000:]
-    assert output.count("trainer.max_steps=0 must be at least 1") == 1
+@pytest.mark.parametrize(
+    "launcher, override, code, said",
+    [  # gan.torchrun exits 2 as a single process does; torchrun itself exits 1 after its ChildFailedError summary
+        ("gan.torchrun", "trainer.max_steps=0", 2, "trainer.max_steps=0 must be at least 1"),
+        ("torch.distributed.run", "trainer.max_steps=0", 1, "trainer.max_steps=0 must be at least 1"),
+        ("gan.torchrun", "trainer.nosuch=1", 2, "Could not override 'trainer.nosuch'"),  # Hydra's refusal
+    ],
+)
+def test_a_refusal_under_torchrun_is_said_once_without_a_traceback_from_this_project(
+    tmp_path, launcher, override, code, said
+):
+    returncode, output = finish(torchrun(override, cwd=tmp_path, launcher=launcher))
+    assert returncode == code and output.count(said) == 1, output[-3000:]
     assert "/gan/" not in output and 'train.py", line' not in output  # no frame of this project
     assert ("Traceback" in output) == (launcher != "gan.torchrun") and not (tmp_path / "outputs").exists()
-
-
-@pytest.mark.slow
-def test_hydras_refusal_of_an_override_under_torchrun_is_said_once(tmp_path):
-    code, output = finish(torchrun("trainer.nosuch=1", cwd=tmp_path, launcher="gan.torchrun"))
-    assert code == 2, output[-3000:]  # bad input, as for a single process
-    assert output.count("Could not override 'trainer.nosuch'") == 1 and "Traceback" not in output
-
-
-def run_until(process: subprocess.Popen, text: str) -> tuple[str, ...]:
-    """The job's lines up to the first holding `text`."""
-    lines = []
-    for line in process.stdout:
-        lines.append(line)
-        if text in line:
-            return tuple(lines)
-    raise AssertionError("".join(lines)[-3000:])
 
 
 def long_job(tmp_path: Path, launcher: str, checkpoint_every: int, until: str) -> tuple[subprocess.Popen, tuple]:
