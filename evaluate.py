@@ -29,7 +29,6 @@ IN_USE = "it is training or evaluating there). Nothing was written. Wait for it 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """`python evaluate.py ARGV`, in this process: the exit code."""
     register_evaluate_configs()
     try:
         return launch.run_hydra(job, "evaluate", list(sys.argv[1:] if argv is None else argv))
@@ -80,11 +79,10 @@ def keep_record(run: Run, cfg: DictConfig, run_log: Any) -> None:
     """The record and log beside an evaluation's outputs, once there are any (a full disk: the error said so)."""
     if run.outputs():
         with contextlib.suppress(OSError):
-            run.keep_record(cfg, run_log, HydraConfig.instance().cfg, "evaluate")
+            run.keep_record(cfg, run_log)
 
 
 def cli(program: str = "python evaluate.py") -> NoReturn:
-    """The program: `python evaluate.py`, or the command pip installs (`dcgan-evaluate`, gan/cli.py)."""
     # Ctrl-C interrupts even when this process was started with SIGINT ignored (`cmd &` in a shell)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     launch.start("evaluate", main, program)

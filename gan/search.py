@@ -1,8 +1,7 @@
 """Optuna searches (hparams_search=optuna): what Hydra's Optuna sweeper does not check, as a Hydra callback.
 
-The sweeper opens the study, asks it for trials, then composes each trial's config: a searched value that
-does not compose leaves its trial RUNNING in the study for ever, and a setting at its edge (n_jobs=0, a
-damaged storage file) ends in a traceback. `SearchChecks` reads the settings and the storage and composes
+A searched value that does not compose leaves its trial RUNNING in the study for ever, and a setting at its edge
+(n_jobs=0, a damaged storage file) ends in a traceback: `SearchChecks` reads the settings and the storage and composes
 every searched value once before the study opens; a refusal is one paragraph and exit code 2."""
 
 from __future__ import annotations
@@ -20,6 +19,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
+from gan.launch import hydra_refusal, refuse
+
 log = logging.getLogger(__name__)
 SQLITE = "sqlite:///"
 
@@ -28,13 +29,8 @@ class SearchChecks(Callback):
     """configs/hparams_search/optuna.yaml's callback: refuses a search that cannot run as asked, says where a
     study outside its sweep folder is kept."""
 
-    sweep_dir: Optional[Path] = None  # this launch's, for `no_score`
-
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from gan.launch import refuse  # launch.py imports this module's `no_score`
-
         sweeper, sweep = config.hydra.sweeper, Path(config.hydra.sweep.dir).expanduser()
-        SearchChecks.sweep_dir = sweep
         for problem in (settings_problem(sweeper), storage_problem(sweeper.storage, sweep), values_problem(config)):
             if problem:
                 refuse(f"{problem}. Nothing was written.")
@@ -42,9 +38,8 @@ class SearchChecks(Callback):
 
 def settings_problem(sweeper: DictConfig) -> str:
     """What is wrong with the sweeper's numbers and direction, or ''."""
-    for key in ("n_trials", "n_jobs"):
+    for key, what in (("n_trials", "trials to run"), ("n_jobs", "trials asked for at once")):
         if not sweeper[key] or sweeper[key] < 1:
-            what = "trials to run" if key == "n_trials" else "trials asked for at once"
             return f"hydra.sweeper.{key}={sweeper[key]}: the number of {what} must be 1 or more"
     if not 0 <= sweeper.max_failure_rate <= 1:
         return (
@@ -98,18 +93,14 @@ def storage_problem(storage: Optional[str], sweep: Path) -> str:
 
 def values_problem(config: DictConfig) -> str:
     """The first searched value whose trial config Hydra cannot compose, said as Hydra says it, or ''."""
-    from gan.launch import hydra_refusal
-
-    parser = OverridesParser.create()
     searched = {f"{k}={v}" for k, v in (config.hydra.sweeper.params or {}).items()}
-    parsed = parser.parse_overrides([*searched, *config.hydra.overrides.task])
+    parsed = OverridesParser.create().parse_overrides([*searched, *config.hydra.overrides.task])
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
     swept = {o.get_key_element(): candidates(o) for o in parsed if o.is_sweep_override()}
-    loader = GlobalHydra.instance().config_loader()
     for i in range(max(map(len, swept.values()), default=0)):  # each value of each key at least once
         trial = [f"{key}={values[i % len(values)]}" for key, values in swept.items()]
         try:
-            loader.load_sweep_config(config, [*fixed, *trial])
+            GlobalHydra.instance().config_loader().load_sweep_config(config, [*fixed, *trial])
         except (HydraException, OmegaConfBaseException) as err:
             said = hydra_refusal(err, "train").split(" Nothing was written.")[0]
             return f"The search cannot compose a trial of {' '.join(trial)}: {said} Change hydra.sweeper.params"
@@ -121,14 +112,3 @@ def candidates(override: Any) -> list[str]:
     if override.is_interval_sweep():
         return [str(override.value().start), str(override.value().end)]
     return list(override.sweep_string_iterator())
-
-
-def no_score(sweep: Optional[Path]) -> str:
-    """optuna's 'Record does not exist' at a search's end, said: no trial returned a score."""
-    where = f" in {sweep}" if sweep else ""
-    return (
-        f"No trial of the search returned a score, so it has no best trial: each run ended without a final FID "
-        f"(trainer.final_eval_samples=0, stopped by the D-won alarm, refused or diverged; each run's log{where} says "
-        "which), and the study records each as failed. Set trainer.final_eval_samples above 0 (and see why the "
-        "runs stopped), then run the search again."
-    )
