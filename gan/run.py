@@ -125,7 +125,8 @@ class Run:
             yield
         finally:
             lock.release()
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # Windows: another process opened it meanwhile
+                path.unlink()
 
     @contextlib.contextmanager
     def owned_for_training(self, resuming: Optional[Path]) -> Iterator[None]:
