@@ -12,7 +12,6 @@ import logging
 import os
 import re
 import shlex
-import shutil
 import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, NoReturn, Optional, Sequence
@@ -64,6 +63,12 @@ PATH_KEYS = ("trainer.resume", "hydra.run.dir", "hydra.sweep.dir", "data.root", 
 RERUN = "--experimental-rerun"  # Hydra's flag that unpickles a config.pickle
 PROGRAMS = {"train": "python train.py", "evaluate": "python evaluate.py", "generate": "python generate.py"}
 OUTPUT_KEYS = {"generate": "out"}  # the setting that names a program's folder, where it is not hydra.run.dir
+NO_SCORE = (  # optuna's 'Record does not exist' at a search's end, said
+    "No trial of the search returned a score, so it has no best trial: each run ended without a final FID "
+    "(trainer.final_eval_samples=0, stopped by the D-won alarm, refused or diverged; each run's log in hydra.sweep.dir "
+    "says which), and the study records each as failed. Set trainer.final_eval_samples above 0 (and see why the runs "
+    "stopped), then run the search again."
+)
 
 
 class SweepJobFailed(CompactHydraException):
@@ -95,12 +100,9 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
     sys.argv = [f"{config_name}.py" if PROGRAMS[config_name].startswith("python ") else PROGRAMS[config_name], *argv]
     os.environ["HYDRA_FULL_ERROR"] = "1"
     GlobalHydra.instance().clear()
-    LaunchChecks.new_sweep = None
     try:
         task()
     except SystemExit as stop:  # Hydra's own (--help, -sc), or a callback's refusal
-        if stop.code == EXIT_BAD_INPUT:
-            LaunchChecks.undo()
         return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else EXIT_HYDRA)
     except SweepJobFailed as err:  # the jobs ran; Hydra said which one failed
         log.error("%s", err)
@@ -108,7 +110,7 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
     except (HydraException, OmegaConfBaseException, UserError, OSError, ValueError) as err:
         no_best = re.search("Record does not exist|No trials are completed", str(err))  # optuna: none scored
         if not own_traceback and raised_by(err, "optuna.") and no_best:
-            log.error("%s", no_score(Path(HydraConfig.get().sweep.dir)))  # the last trial's HydraConfig
+            log.error("%s", NO_SCORE)
             return EXIT_HYDRA
         if own_traceback or (type(err) is ValueError and not raised_by(err, "hydra.")):  # a ValueError of ours: a bug
             raise
@@ -119,7 +121,6 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
             err = UserError(unwritable(key, Path(os.fsdecode(err.filename or ".")), err))
         if world_from_env().is_main:  # under torchrun, rank 0 says it for every rank
             log.error("%s", err if isinstance(err, UserError) else hydra_refusal(err, config_name))
-        LaunchChecks.undo()
         return EXIT_BAD_INPUT
     finally:
         sys.argv = saved_argv
@@ -185,16 +186,6 @@ def hydra_refusal(err: Exception, config_name: str) -> str:
     )
 
 
-def no_score(sweep: Path) -> str:
-    """optuna's 'Record does not exist' at a search's end, said: no trial returned a score."""
-    return (
-        f"No trial of the search returned a score, so it has no best trial: each run ended without a final FID "
-        f"(trainer.final_eval_samples=0, stopped by the D-won alarm, refused or diverged; each run's log in {sweep} "
-        "says which), and the study records each as failed. Set trainer.final_eval_samples above 0 (and see why the "
-        "runs stopped), then run the search again."
-    )
-
-
 def compared() -> list[str]:
     """A sweep job's overrides that name its folder (not override_dirname's exclude_keys): HParams compares them."""
     excluded = set(HydraConfig.get().job.config.override_dirname.exclude_keys)
@@ -220,10 +211,9 @@ def override_key(override: str) -> str:
 
 class LaunchChecks(Callback):
     """What only the launch can check, before Hydra makes a folder: an empty output path, a sweep into a folder that
-    holds one, a sweep under torchrun. Hydra turns a callback's exception into a warning, so a refusal is a paragraph
-    and SystemExit(2), as argparse's. Makes hydra.sweep.dir first, for an Optuna study's file."""
-
-    new_sweep: Optional[Path] = None  # the sweep folder this launch made: removed when Hydra then refuses a job
+    holds one, a sweep under torchrun, a swept value that does not compose (Hydra checks those after it wrote the
+    sweep's multirun.yaml). Hydra turns a callback's exception into a warning, so a refusal is a paragraph and
+    SystemExit(2), as argparse's."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if (folder := OmegaConf.select(config, "hydra.run.dir", throw_on_resolution_failure=False)) is not None:
@@ -244,20 +234,33 @@ class LaunchChecks(Callback):
                 f"its jobs' folders hold its results. Nothing was written. {again} another hydra.sweep.dir for a new "
                 "sweep."
             )
-        try:
-            new = not folder.exists()
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            refuse(unwritable("hydra.sweep.dir", folder, err))
-        LaunchChecks.new_sweep = folder if new else None
+        if problem := values_problem(config):
+            refuse(f"{problem}. Nothing was written.")
 
-    @classmethod
-    def undo(cls) -> None:
-        """What a refused sweep wrote before Hydra checked its jobs: the folder, multirun.yaml, an empty study."""
-        made, cls.new_sweep = cls.new_sweep, None
-        if made is not None and made.is_dir() and {p.name for p in made.iterdir()} <= {"multirun.yaml", "optuna.db"}:
-            shutil.rmtree(made)
-            Run(made.parent).remove_if_empty()
+
+def values_problem(config: DictConfig) -> str:
+    """The first swept value whose job's config Hydra cannot compose, said as Hydra says it, or ''."""
+    searched = [f"{k}={v}" for k, v in (OmegaConf.select(config, "hydra.sweeper.params") or {}).items()]
+    loader = GlobalHydra.instance().config_loader()
+    parsed = OverridesParser.create(config_loader=loader).parse_overrides([*searched, *config.hydra.overrides.task])
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+    swept = {o.get_key_element(): candidates(o) for o in parsed if o.is_sweep_override()}
+    for i in range(max(map(len, swept.values()), default=0)):  # each value of each key at least once
+        job = [f"{key}={values[i % len(values)]}" for key, values in swept.items()]
+        try:
+            loader.load_sweep_config(config, [*fixed, *job])
+        except (HydraException, OmegaConfBaseException) as err:
+            said = hydra_refusal(err, config.hydra.job.config_name).split(" Nothing was written.")[0]
+            where = "hydra.sweeper.params" if searched else "the swept values"
+            return f"The sweep cannot compose a job of {' '.join(job)}: {said} Change {where}"
+    return ""
+
+
+def candidates(override: Any) -> list[str]:
+    """A sweep override's values as override text: every choice, or an interval's two ends."""
+    if override.is_interval_sweep():
+        return [str(override.value().start), str(override.value().end)]
+    return list(override.sweep_string_iterator())
 
 
 def unwritable(key: str, folder: Path, err: OSError) -> str:

@@ -1,8 +1,8 @@
 """Optuna searches (hparams_search=optuna): what Hydra's Optuna sweeper does not check, as a Hydra callback.
 
-A searched value that does not compose leaves its trial RUNNING in the study for ever, and a setting at its edge
-(n_jobs=0, a damaged storage file) ends in a traceback: `SearchChecks` reads the settings and the storage and composes
-every searched value once before the study opens; a refusal is one paragraph and exit code 2."""
+A setting at its edge (n_jobs=0, a damaged storage file) ends in a traceback: `SearchChecks` reads the settings and
+the storage before the study opens (a searched value that does not compose, which would leave its trial RUNNING for
+ever, is LaunchChecks' refusal); a refusal is one paragraph and exit code 2."""
 
 from __future__ import annotations
 
@@ -12,14 +12,10 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Optional
 
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
-from omegaconf.errors import OmegaConfBaseException
 
-from gan.launch import hydra_refusal, refuse
+from gan.launch import refuse, unwritable
 
 log = logging.getLogger(__name__)
 SQLITE = "sqlite:///"
@@ -31,9 +27,13 @@ class SearchChecks(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         sweeper, sweep = config.hydra.sweeper, Path(config.hydra.sweep.dir).expanduser()
-        for problem in (settings_problem(sweeper), storage_problem(sweeper.storage, sweep), values_problem(config)):
+        for problem in (settings_problem(sweeper), storage_problem(sweeper.storage, sweep)):
             if problem:
                 refuse(f"{problem}. Nothing was written.")
+        try:  # the study's file is kept there
+            sweep.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            refuse(unwritable("hydra.sweep.dir", sweep, err))
 
 
 def settings_problem(sweeper: DictConfig) -> str:
@@ -89,26 +89,3 @@ def storage_problem(storage: Optional[str], sweep: Path) -> str:
                 "can continue. Move it away to start a new study there, or choose another hydra.sweep.dir"
             )
     return ""
-
-
-def values_problem(config: DictConfig) -> str:
-    """The first searched value whose trial config Hydra cannot compose, said as Hydra says it, or ''."""
-    searched = {f"{k}={v}" for k, v in (config.hydra.sweeper.params or {}).items()}
-    parsed = OverridesParser.create().parse_overrides([*searched, *config.hydra.overrides.task])
-    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-    swept = {o.get_key_element(): candidates(o) for o in parsed if o.is_sweep_override()}
-    for i in range(max(map(len, swept.values()), default=0)):  # each value of each key at least once
-        trial = [f"{key}={values[i % len(values)]}" for key, values in swept.items()]
-        try:
-            GlobalHydra.instance().config_loader().load_sweep_config(config, [*fixed, *trial])
-        except (HydraException, OmegaConfBaseException) as err:
-            said = hydra_refusal(err, "train").split(" Nothing was written.")[0]
-            return f"The search cannot compose a trial of {' '.join(trial)}: {said} Change hydra.sweeper.params"
-    return ""
-
-
-def candidates(override: Any) -> list[str]:
-    """A sweep override's values as override text: every choice, or an interval's two ends."""
-    if override.is_interval_sweep():
-        return [str(override.value().start), str(override.value().end)]
-    return list(override.sweep_string_iterator())
