@@ -422,14 +422,7 @@ def hydra_quote(path: Path | str) -> str:
     text = str(path)
     if not any(c in text for c in " =,[]{}()'\"\\:$"):
         return text
-    out, run = [], 0
-    for char in text:
-        if char == "\\":
-            run += 1
-            continue
-        out.append("\\" * (2 * run if char == "'" else run) + ("\\'" if char == "'" else char))
-        run = 0
-    return "'" + "".join(out) + "\\" * (2 * run) + "'"
+    return "'" + re.sub(r"(\\*)('|\Z)", lambda m: m[1] * 2 + ("\\'" if m[2] else ""), text) + "'"
 
 
 def shell_quote(text: str) -> str:
