@@ -31,7 +31,7 @@ IN_USE = (
 
 
 class Run:
-    """A run folder: checkpoints/{last,best,step_N}.pt, tb/, samples/, eval/, the .hydra/ record, NAME.log, .lock."""
+    """A run folder: checkpoints/{last,best,step_N}.pt, tb/, samples/, eval/, metrics.json, .hydra/, NAME.log, .lock."""
 
     RECORD = ".hydra"  # Hydra's name for a job's record, so every tool that reads Hydra's runs finds it
     LOCK = ".lock"
@@ -53,6 +53,7 @@ class Run:
         self.checkpoints, self.last = self.dir / "checkpoints", self.dir / self.LAST
         self.best = self.checkpoints / "best.pt"
         self.tb, self.samples, self.eval = self.dir / "tb", self.dir / "samples", self.dir / "eval"
+        self.metrics = self.dir / "metrics.json"  # evaluate.py's numbers
         self.record = self.dir / self.RECORD
 
     def __repr__(self) -> str:

@@ -33,8 +33,8 @@ def unused_pid() -> int:
 def test_the_layout_is_spelled_once():
     run = Run("r")
     assert (run.last, run.best) == (Path("r/checkpoints/last.pt"), Path("r/checkpoints/best.pt"))
-    assert (run.tb, run.samples, run.eval, run.record) == tuple(
-        Path("r") / n for n in ("tb", "samples", "eval", ".hydra")
+    assert (run.tb, run.samples, run.eval, run.metrics, run.record) == tuple(
+        Path("r") / n for n in ("tb", "samples", "eval", "metrics.json", ".hydra")
     )
     assert Run.of_checkpoint(run.last).dir == Path("r") and Run.of_checkpoint(Path("loose.pt")) is None
 
