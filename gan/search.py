@@ -68,15 +68,15 @@ def storage_problem(storage: Optional[str], sweep: Path) -> str:
         log.warning("The study is stored at %s, outside the sweep folder %s.", storage, sweep)
         return ""
     file = Path(str(storage)[len(SQLITE) :]).expanduser()
-    if file.resolve().parent != sweep.resolve():
+    if not (inside := file.resolve().parent == sweep.resolve()):
         log.warning(
             "The study is stored in %s, outside the sweep folder %s: continue it with this storage.", file, sweep
         )
     said = f"hydra.sweeper.storage={storage}"
     if file.is_dir():
         return f"{said} names a folder, where the study is kept in a file: name a file, or leave the setting out"
-    if not file.parent.is_dir():
-        return f"{said}: the folder {file.parent} does not exist: make it, or leave the setting out"
+    if not file.parent.is_dir():  # the sweep folder is made next, with the sweep's own checks
+        return "" if inside else f"{said}: the folder {file.parent} does not exist: make it, or leave the setting out"
     if not os.access(file if file.exists() else file.parent, os.W_OK):
         return f"{said}: this user cannot write {file if file.exists() else file.parent}: give write permission there"
     if file.exists():
