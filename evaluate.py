@@ -29,7 +29,6 @@ IN_USE = "it is training or evaluating there). Nothing was written. Wait for it 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """`python evaluate.py ARGV`, in this process: the exit code."""
     register_evaluate_configs()
     try:
         return launch.run_hydra(job, "evaluate", list(sys.argv[1:] if argv is None else argv))
@@ -46,7 +45,7 @@ def job(cfg: DictConfig) -> tuple[int, float]:
         try:
             held.enter_context(run.owned(IN_USE))  # one evaluation per folder, as one run per run folder
             run.check_writable()  # a full disk or a read-only folder: said before minutes of measuring
-            if (run.dir / "metrics.json").is_file():
+            if run.metrics.is_file():
                 raise RunDirError(
                     f"{run.dir} already holds an evaluation (metrics.json): a second one there would replace its "
                     "numbers and mix its pictures and TensorBoard events with the first's. Nothing was written. "
@@ -61,9 +60,9 @@ def job(cfg: DictConfig) -> tuple[int, float]:
             return EXIT_INTERRUPTED, math.nan
         except (UserError, OSError) as err:
             if isinstance(err, OSError):  # disk full, permissions: the environment, not a bug
-                written = run.dir / "metrics.json"  # written before the events: a folder holding it is refused
-                again = f"evaluate again into another folder ({written} holds this one's numbers)."
-                err = environment_error(err, then=again if written.is_file() else "run the same command again.")
+                # metrics.json is written before the events: a folder holding it is refused
+                again = f"evaluate again into another folder ({run.metrics} holds this one's numbers)."
+                err = environment_error(err, then=again if run.metrics.is_file() else "run the same command again.")
             if hydra.mode == RunMode.MULTIRUN:  # Hydra records the failed job, and the sweep goes on
                 raise launch.SweepJobFailed(str(err)) from err
             log.error("%s", err)
@@ -80,11 +79,10 @@ def keep_record(run: Run, cfg: DictConfig, run_log: Any) -> None:
     """The record and log beside an evaluation's outputs, once there are any (a full disk: the error said so)."""
     if run.outputs():
         with contextlib.suppress(OSError):
-            run.keep_record(cfg, run_log, HydraConfig.instance().cfg, "evaluate")
+            run.keep_record(cfg, run_log)
 
 
 def cli(program: str = "python evaluate.py") -> NoReturn:
-    """The program: `python evaluate.py`, or the command pip installs (`dcgan-evaluate`, gan/cli.py)."""
     # Ctrl-C interrupts even when this process was started with SIGINT ignored (`cmd &` in a shell)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     launch.start("evaluate", main, program)

@@ -25,7 +25,6 @@ EXIT_BAD_INPUT = 2
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """`python generate.py ARGV`, in this process: the exit code."""
     register_evaluate_configs()
     return launch.run_hydra(job, "generate", list(sys.argv[1:] if argv is None else argv))
 
@@ -57,7 +56,6 @@ def job(cfg: DictConfig) -> tuple[int, None]:
 
 
 def cli(program: str = "python generate.py") -> NoReturn:
-    """The program: `python generate.py`, or the command pip installs (`dcgan-generate`, gan/cli.py)."""
     launch.start("generate", main, program)
 
 

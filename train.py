@@ -29,14 +29,12 @@ SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143, "SIGUSR1": 138, "SIGUSR2": 140}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """`python train.py ARGV`, in this process: the exit code."""
     register_configs()
     return launch.run_hydra(job, "train", list(sys.argv[1:] if argv is None else argv))
 
 
 def job(cfg: DictConfig) -> tuple[int, Optional[float]]:
-    """One training job: (exit code, the final FID a sweeper minimises, or None: a sweeper records a job without
-    a score as a failed trial, where a NaN would crash Optuna's)."""
+    """(exit code, the final FID a sweeper minimises, or None: a failed trial, where a NaN would crash Optuna's)."""
     world, hydra = world_from_env(), HydraConfig.get()
     sweep, hydra_dir = hydra.mode == RunMode.MULTIRUN, Run(hydra.runtime.output_dir)
     init_process_group(world, cfg.trainer.device)
@@ -49,8 +47,7 @@ def job(cfg: DictConfig) -> tuple[int, Optional[float]]:
                 cfg, folder = launch.resume_plan(cfg, hydra_dir.dir)
                 run = Run(broadcast_object(str(folder), world))  # one run folder per job: rank 0's
                 typed = validate(cfg)
-                record = HydraConfig.instance().cfg
-                ready = (lambda: run.keep_record(cfg, run_log, record, "train")) if world.is_main else None
+                ready = (lambda: run.keep_record(cfg, run_log)) if world.is_main else None
                 hparams, command = hparams_of(typed, launch.compared() if sweep else ()), launch.command("train")
                 result = train(typed, run.dir, world=world, on_ready=ready, command=command, hparams=hparams)
                 measure = world.is_main and not result.stopped_by and typed.trainer.final_eval_samples
@@ -96,7 +93,6 @@ def finish(result: TrainResult, fid: Optional[float], run: Run, sweep: bool) -> 
 
 
 def cli(program: str = "python train.py") -> NoReturn:
-    """The program: `python train.py`, or the command pip installs (`dcgan-train`, gan/cli.py)."""
     launch.start("train", main, program)
 
 

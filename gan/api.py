@@ -1,16 +1,16 @@
-"""Train, load, sample and measure in a notebook, with the command line's configs and checks:
+"""Train, load, sample and measure in a notebook, with the command line's configs and checks (a refusal is a
+gan.errors.ConfigError with train.py's message):
 
     import gan
     result = gan.train("outputs/notebook", "debug=tiny", "loss=hinge")  # train.py's overrides
     G = gan.load_generator(result.checkpoint)                           # or the run folder
     images = gan.sample(G, 64)                                          # (64, C, H, W) in [-1, 1]
-    numbers = gan.evaluate(result.checkpoint, "num_samples=2000")       # evaluate.py's metrics.json
+    numbers = gan.evaluate(result.checkpoint, "num_samples=2000")       # evaluate.py's metrics.json"""
 
-A bad override or value is refused with the message train.py prints (gan.errors.ConfigError)."""
-
+import contextlib
 import tempfile
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 from hydra import compose, initialize_config_dir
@@ -49,8 +49,7 @@ def compose_config(*overrides: str) -> TrainConfig:
 
 
 def _composed(overrides: tuple[str, ...], program: str = "train") -> tuple[Any, Any]:
-    """The program's config from its overrides, and typed: train's before its range checks (gan.training.train
-    runs them), evaluate's checked."""
+    """The program's config from its overrides, and typed (train's range checks are gan.training.train's)."""
     _require(all(isinstance(o, str) for o in overrides), "overrides", overrides, "must be strings, one per setting")
     register_configs()
     register_evaluate_configs()
@@ -63,9 +62,8 @@ def _composed(overrides: tuple[str, ...], program: str = "train") -> tuple[Any, 
         raise ConfigError(hydra_refusal(err, program)) from err
 
 
-def train(run_dir: Union[str, Path], *overrides: str, config: Optional[TrainConfig] = None) -> TrainResult:
-    """A run in run_dir from train.py's overrides, or from a TrainConfig built in code, checked as the
-    command line's are: its types by OmegaConf, its ranges by gan/config.py (in gan.training.train)."""
+def train(run_dir: str | Path, *overrides: str, config: TrainConfig | None = None) -> TrainResult:
+    """A run in run_dir from train.py's overrides, or from a TrainConfig built in code, checked as train.py's."""
     _require(isinstance(run_dir, (str, Path)), "run_dir", run_dir, "must be a folder's path (str or Path)")
     _require(not Path(run_dir).expanduser().is_file(), "run_dir", str(run_dir), "is a file: name a folder for the run")
     why = "must be a TrainConfig (gan.compose_config gives one), or None with train.py's overrides"
@@ -85,9 +83,8 @@ def train(run_dir: Union[str, Path], *overrides: str, config: Optional[TrainConf
         raise environment_error(err, then="call gan.train again.") from err
 
 
-def load_generator(path: Union[str, Path], ema: bool = True, device: str = "cpu") -> Generator:
-    """The generator of a checkpoint file or run folder, checked as evaluate.py checks it, in eval mode;
-    an EMA generator's BatchNorm statistics are re-estimated as evaluate.py does (bn_batches)."""
+def load_generator(path: str | Path, ema: bool = True, device: str = "cpu") -> Generator:
+    """A checkpoint's generator in eval mode, checked and its BatchNorm statistics re-estimated as evaluate.py does."""
     _require(isinstance(path, (str, Path)), "path", path, "must be a checkpoint file or run folder (str or Path)")
     _require(isinstance(ema, bool), "ema", ema, "must be True or False")
     check_device_name(device, "device")
@@ -97,9 +94,8 @@ def load_generator(path: Union[str, Path], ema: bool = True, device: str = "cpu"
     return G
 
 
-def sample(G: Generator, n: int, seed: int = 0, classes: Optional[Tensor] = None) -> Tensor:
-    """n images in [-1, 1] from latents drawn with `seed`; a conditional G draws `classes` (default:
-    0, 1, 2, ... in turn)."""
+def sample(G: Generator, n: int, seed: int = 0, classes: Tensor | None = None) -> Tensor:
+    """n images in [-1, 1] from latents drawn with `seed`; a conditional G draws `classes` (default 0, 1, 2, ...)."""
     _require(isinstance(G, Generator), "type(G)", type(G).__name__, "is not Generator: gan.load_generator gives one")
     _require(isinstance(n, int) and not isinstance(n, bool) and n >= 1, "n", n, "must be a whole number >= 1")
     _require(isinstance(seed, int) and -(2**63) <= seed < 2**63, "seed", seed, "must be an int of 64 bits")
@@ -115,18 +111,11 @@ def sample(G: Generator, n: int, seed: int = 0, classes: Optional[Tensor] = None
     return sample_from(G, z, None if classes is None else classes.to(device))
 
 
-def evaluate(
-    checkpoint: Union[str, Path], *overrides: str, run_dir: Optional[Union[str, Path]] = None
-) -> dict[str, Any]:
-    """evaluate.py's numbers (metrics.json's content) for a checkpoint file or run folder, from its overrides
-    ("num_samples=2000", "metrics.features=inception"); its pictures and TensorBoard events go into run_dir, by
-    default a temporary folder removed afterwards."""
+def evaluate(checkpoint: str | Path, *overrides: str, run_dir: str | Path | None = None) -> dict[str, Any]:
+    """evaluate.py's metrics.json for a checkpoint, from its overrides; its other outputs go into run_dir (or none)."""
     _require(isinstance(checkpoint, (str, Path)), "checkpoint", checkpoint, "must be a checkpoint file or run folder")
     _require(run_dir is None or isinstance(run_dir, (str, Path)), "run_dir", run_dir, "must be a folder's path")
     given = (f"checkpoint={hydra_quote(checkpoint)}", *overrides)
     cfg, settings = _composed(given, "evaluate")
-    data = data_overrides(cfg, given)
-    if run_dir is not None:
-        return measure(settings, Path(run_dir), data)
-    with tempfile.TemporaryDirectory() as folder:
-        return measure(settings, Path(folder), data)
+    with tempfile.TemporaryDirectory() if run_dir is None else contextlib.nullcontext(run_dir) as folder:
+        return measure(settings, Path(folder), data_overrides(cfg, given))

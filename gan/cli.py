@@ -1,32 +1,23 @@
-"""The console commands pip installs: `dcgan-train` runs train.py, `dcgan-evaluate` evaluate.py and
-`dcgan-generate` generate.py, as `python train.py` etc. would (same arguments, exit codes and output folders).
-
-The programs live at the top of a clone; a wheel carries them in gan/commands and configs/ in
-gan/configs (pyproject.toml's package-dir), so one copy of each is kept. An editable install runs
-the clone's own files."""
+"""The console commands pip installs: `dcgan-train` runs train.py as `python train.py` would, and so on. A wheel
+carries the programs in gan/commands (pyproject.toml's package-dir); a clone, or an editable install, its own files."""
 
 import importlib.util
 from pathlib import Path
-from types import ModuleType
+from typing import Callable
 
 
-def program(name: str) -> ModuleType:
-    """train.py, evaluate.py or generate.py, loaded from the wheel's gan/commands or else from the clone."""
-    here = Path(__file__).parent
-    path = next(path for path in (here / "commands" / f"{name}.py", here.parent / f"{name}.py") if path.is_file())
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def command(name: str) -> Callable[[], None]:
+    """`dcgan-NAME`: NAME.py's cli, loaded from the wheel's gan/commands or else from the clone."""
+
+    def run() -> None:
+        here = Path(__file__).parent
+        path = next(path for path in (here / "commands" / f"{name}.py", here.parent / f"{name}.py") if path.is_file())
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.cli(f"dcgan-{name}")
+
+    return run
 
 
-def train() -> None:
-    program("train").cli("dcgan-train")
-
-
-def evaluate() -> None:
-    program("evaluate").cli("dcgan-evaluate")
-
-
-def generate() -> None:
-    program("generate").cli("dcgan-generate")
+train, evaluate, generate = command("train"), command("evaluate"), command("generate")

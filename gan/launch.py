@@ -1,13 +1,9 @@
 """The programs as Hydra apps, and the resume.
 
-`run_hydra` runs a task function under @hydra.main in this process, so every flag of a Hydra app works as
-Hydra documents it (--help, --hydra-help, --cfg/-c, --package/-p, --resolve, --info, -sc, -cd, -cn, -m).
-Hydra composes each job's config once. Its refusals of a command line come back as its own exceptions
-(HYDRA_FULL_ERROR=1, Hydra's switch for raising instead of printing) and are said in one paragraph with
-exit code 2; what only the launch can check is a Hydra callback (`LaunchChecks`).
-
-A resume continues the config stored in its checkpoint: the command's settings are laid over it, and
-train() refuses those a resume may not change (`RESUMABLE`), where the checkpoint is read."""
+`run_hydra` runs a task function under @hydra.main in this process, so every flag works as Hydra documents it; Hydra
+composes each job's config once. Its refusals come back as its own exceptions (HYDRA_FULL_ERROR=1) and are said in one
+paragraph with exit code 2; what only the launch can check is a Hydra callback (`LaunchChecks`). A resume continues
+the config stored in its checkpoint, with the command's settings laid over it (`resume_plan`, `check_resume`)."""
 
 from __future__ import annotations
 
@@ -16,14 +12,12 @@ import logging
 import os
 import re
 import shlex
-import shutil
 import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, NoReturn, Optional, Sequence
 
 import hydra
 import yaml
-from hydra import compose
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -38,7 +32,6 @@ from gan.config import EvaluateConfig, GenerateConfig, TrainConfig
 from gan.distributed import world_from_env
 from gan.errors import ConfigError, UserError
 from gan.run import Run
-from gan.search import SearchChecks, no_score
 
 log = logging.getLogger(__name__)
 # configs/ of a clone, or gan/configs/ where pip installed the package (pyproject.toml maps one to the other)
@@ -62,18 +55,20 @@ TUNABLE_ON_RESUME: dict[str, tuple[str, ...]] = {
     "optim": ("lr", "lr_d", "lr_decay"),
     "trainer": ("precision", "compile", "channels_last", "on_nan", "deterministic"),
 }
-RESUMABLE = {
-    group: (*RUNTIME_KEYS.get(group, ()), *TUNABLE_ON_RESUME.get(group, ())) for group in ("data", "optim", "trainer")
-}
-# Renamed settings, refused by their old name with the new one. The alarm detects D winning outright,
-# which is not mode collapse: mode collapse has no loss signature.
+RESUMABLE = {g: (*RUNTIME_KEYS.get(g, ()), *TUNABLE_ON_RESUME.get(g, ())) for g in ("data", "optim", "trainer")}
+# Refused by their old name with the new one: the alarm detects D winning outright, which is not mode collapse
 RENAMED = {"trainer.on_collapse": "trainer.on_d_won", "trainer.collapse_window": "trainer.d_won_window"}
 # Settings that name a file or folder: a path may hold what Hydra's grammar reserves ('=', ' ', ',')
 PATH_KEYS = ("trainer.resume", "hydra.run.dir", "hydra.sweep.dir", "data.root", "checkpoint", "out")
 RERUN = "--experimental-rerun"  # Hydra's flag that unpickles a config.pickle
-# as --help and the resume hint name them
 PROGRAMS = {"train": "python train.py", "evaluate": "python evaluate.py", "generate": "python generate.py"}
 OUTPUT_KEYS = {"generate": "out"}  # the setting that names a program's folder, where it is not hydra.run.dir
+NO_SCORE = (  # optuna's 'Record does not exist' at a search's end, said
+    "No trial of the search returned a score, so it has no best trial: each run ended without a final FID "
+    "(trainer.final_eval_samples=0, stopped by the D-won alarm, refused or diverged; each run's log in hydra.sweep.dir "
+    "says which), and the study records each as failed. Set trainer.final_eval_samples above 0 (and see why the runs "
+    "stopped), then run the search again."
+)
 
 
 class SweepJobFailed(CompactHydraException):
@@ -81,9 +76,8 @@ class SweepJobFailed(CompactHydraException):
 
 
 def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_name: str, argv: Sequence[str]) -> int:
-    """`job` under @hydra.main with `argv` as the command line, in this process: the exit code, the job's
-    (it returns (code, value a sweeper minimises)), Hydra's own (0 after --help, 1 for a failed sweep job)
-    or 2 for a command Hydra refuses. Nothing calls sys.exit, so tests drive the real command line."""
+    """`job` (returning its exit code and the value a sweeper minimises) under @hydra.main with `argv`, in this
+    process: the job's exit code, Hydra's own (0 after --help, 1 for a failed sweep job) or 2 for a refusal."""
     if any(len(flag := arg.split("=")[0]) > 2 and RERUN.startswith(flag) for arg in argv):  # argparse takes --exp
         log.error(
             "%s unpickles a job's config.pickle, and unpickling runs whatever code the file names; this project "
@@ -103,16 +97,12 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
     saved_argv, saved_env = sys.argv, os.environ.get("HYDRA_FULL_ERROR")
     own_traceback = saved_env == "1"  # the user asked for Hydra's traceback: let it be
     # sys.argv[0] is how Hydra's shell completion names the program: `python` for a .py file, else the command
-    program = PROGRAMS[config_name]
-    sys.argv = [f"{config_name}.py" if program.startswith("python ") else program, *argv]
+    sys.argv = [f"{config_name}.py" if PROGRAMS[config_name].startswith("python ") else PROGRAMS[config_name], *argv]
     os.environ["HYDRA_FULL_ERROR"] = "1"
     GlobalHydra.instance().clear()
-    LaunchChecks.new_sweep = None
     try:
         task()
     except SystemExit as stop:  # Hydra's own (--help, -sc), or a callback's refusal
-        if stop.code == EXIT_BAD_INPUT:
-            LaunchChecks.undo()
         return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else EXIT_HYDRA)
     except SweepJobFailed as err:  # the jobs ran; Hydra said which one failed
         log.error("%s", err)
@@ -120,17 +110,17 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
     except (HydraException, OmegaConfBaseException, UserError, OSError, ValueError) as err:
         no_best = re.search("Record does not exist|No trials are completed", str(err))  # optuna: none scored
         if not own_traceback and raised_by(err, "optuna.") and no_best:
-            log.error("%s", no_score(SearchChecks.sweep_dir))
+            log.error("%s", NO_SCORE)
             return EXIT_HYDRA
         if own_traceback or (type(err) is ValueError and not raised_by(err, "hydra.")):  # a ValueError of ours: a bug
             raise
         if isinstance(err, OSError) and not isinstance(err, HydraException):  # Hydra could not make the folder
-            single = OUTPUT_KEYS.get(config_name, "hydra.run.dir")
-            key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(argv) else single
+            key = (
+                "hydra.sweep.dir" if {"-m", "--multirun"} & set(argv) else OUTPUT_KEYS.get(config_name, "hydra.run.dir")
+            )
             err = UserError(unwritable(key, Path(os.fsdecode(err.filename or ".")), err))
         if world_from_env().is_main:  # under torchrun, rank 0 says it for every rank
-            log.error("%s", err if isinstance(err, UserError) else hydra_refusal(err, config_name))  # one paragraph
-        LaunchChecks.undo()
+            log.error("%s", err if isinstance(err, UserError) else hydra_refusal(err, config_name))
         return EXIT_BAD_INPUT
     finally:
         sys.argv = saved_argv
@@ -140,8 +130,7 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
 
 
 def start(name: str, main: Callable[[], int], program: str) -> NoReturn:
-    """A program run from the shell: `program` names it as it was invoked (--help, the resume hint); the log
-    prints from the start (Hydra's configuration replaces it); its exit code is main()'s."""
+    """A program run from the shell, named as invoked (`program`); it logs from the start; exits with main()'s code."""
     PROGRAMS[name] = program
     logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")
     sys.exit(main())
@@ -198,23 +187,20 @@ def hydra_refusal(err: Exception, config_name: str) -> str:
 
 
 def compared() -> list[str]:
-    """This job's overrides that its folder is named by (hydra.job.config.override_dirname.exclude_keys left out;
-    in a sweep also the keys given one value, `SweepNames`): a sweep job's swept keys, which HParams compares."""
+    """A sweep job's overrides that name its folder (not override_dirname's exclude_keys): HParams compares them."""
     excluded = set(HydraConfig.get().job.config.override_dirname.exclude_keys)
     return [o for o in HydraConfig.get().overrides.task if override_key(o) not in excluded]
 
 
 def command(program: str) -> str:
-    """This job's command line (a sweep job's own values), quoted for the shell: the Text tab shows it."""
+    """This job's command line, quoted for the shell: the Text tab shows it."""
     return " ".join([PROGRAMS[program], *map(shell_quote, HydraConfig.get().overrides.task)])
 
 
 def data_overrides(cfg: DictConfig, overrides: Sequence[str]) -> dict[str, Any]:
-    """evaluate.py: the data.* keys among its overrides, with the values Hydra typed (they replace the
-    checkpoint's own)."""
+    """evaluate.py: the data.* keys among its overrides, as Hydra typed them (they replace the checkpoint's)."""
     typed = OmegaConf.to_container(cfg.data, resolve=True)
-    given = map(override_key, overrides)
-    names = [key.split(".", 1)[1] for key in given if key.startswith("data.")]
+    names = [key.split(".", 1)[1] for key in map(override_key, overrides) if key.startswith("data.")]
     return {name: typed[name] for name in names}
 
 
@@ -224,10 +210,10 @@ def override_key(override: str) -> str:
 
 
 class LaunchChecks(Callback):
-    """What only the launch can check, before Hydra makes a folder: an empty output path, a sweep into a
-    folder that holds one, a sweep under torchrun. Hydra turns a callback's exception into a warning, so a
-    refusal ends the launch as argparse's does: its paragraph, then SystemExit(2). Makes hydra.sweep.dir
-    first, for an Optuna study's file."""
+    """What only the launch can check, before Hydra makes a folder: an empty output path, a sweep into a folder that
+    holds one, a sweep under torchrun, a swept value that does not compose (Hydra checks those after it wrote the
+    sweep's multirun.yaml). Hydra turns a callback's exception into a warning, so a refusal is a paragraph and
+    SystemExit(2), as argparse's."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if (folder := OmegaConf.select(config, "hydra.run.dir", throw_on_resolution_failure=False)) is not None:
@@ -248,23 +234,33 @@ class LaunchChecks(Callback):
                 f"its jobs' folders hold its results. Nothing was written. {again} another hydra.sweep.dir for a new "
                 "sweep."
             )
+        if problem := values_problem(config):
+            refuse(f"{problem}. Nothing was written.")
+
+
+def values_problem(config: DictConfig) -> str:
+    """The first swept value whose job's config Hydra cannot compose, said as Hydra says it, or ''."""
+    searched = [f"{k}={v}" for k, v in (OmegaConf.select(config, "hydra.sweeper.params") or {}).items()]
+    loader = GlobalHydra.instance().config_loader()
+    parsed = OverridesParser.create(config_loader=loader).parse_overrides([*searched, *config.hydra.overrides.task])
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+    swept = {o.get_key_element(): candidates(o) for o in parsed if o.is_sweep_override()}
+    for i in range(max(map(len, swept.values()), default=0)):  # each value of each key at least once
+        job = [f"{key}={values[i % len(values)]}" for key, values in swept.items()]
         try:
-            new = not folder.exists()
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            refuse(unwritable("hydra.sweep.dir", folder, err))
-        LaunchChecks.new_sweep = folder if new else None
+            loader.load_sweep_config(config, [*fixed, *job])
+        except (HydraException, OmegaConfBaseException) as err:
+            said = hydra_refusal(err, config.hydra.job.config_name).split(" Nothing was written.")[0]
+            where = "hydra.sweeper.params" if searched else "the swept values"
+            return f"The sweep cannot compose a job of {' '.join(job)}: {said} Change {where}"
+    return ""
 
-    new_sweep: Optional[Path] = None  # the sweep folder this launch made: removed when Hydra then refuses a job
 
-    @classmethod
-    def undo(cls) -> None:
-        """What a refused sweep wrote before Hydra checked its jobs: the folder, multirun.yaml, an empty study."""
-        made = cls.new_sweep
-        if made is not None and made.is_dir() and {p.name for p in made.iterdir()} <= {"multirun.yaml", "optuna.db"}:
-            shutil.rmtree(made)
-            Run(made.parent).remove_if_empty()
-        cls.new_sweep = None
+def candidates(override: Any) -> list[str]:
+    """A sweep override's values as override text: every choice, or an interval's two ends."""
+    if override.is_interval_sweep():
+        return [str(override.value().start), str(override.value().end)]
+    return list(override.sweep_string_iterator())
 
 
 def unwritable(key: str, folder: Path, err: OSError) -> str:
@@ -294,9 +290,8 @@ def refuse(message: str) -> NoReturn:
 
 
 class SweepNames(Callback):
-    """Names each sweep job by the overrides that vary (`0_optim.lr=0.0001`, not
-    `0_optim.lr=0.0001,trainer.threads=1`, which TensorBoard's run list cuts): as the sweep starts, the
-    keys given one value join override_dirname's exclude_keys. An exclude_keys given by hand wins."""
+    """Names each sweep job by the overrides that vary (`0_optim.lr=0.0001`, which TensorBoard's run list does not
+    cut): the keys given one value join override_dirname's exclude_keys. An exclude_keys given by hand wins."""
 
     EXCLUDE_KEYS = "hydra.job.config.override_dirname.exclude_keys"
 
@@ -305,8 +300,7 @@ class SweepNames(Callback):
         if any(override_key(o) == self.EXCLUDE_KEYS for o in hydra_overrides):
             return
         parsed = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
-        constant = [o.key_or_group for o in parsed if not o.is_sweep_override()]
-        if constant:
+        if constant := [o.key_or_group for o in parsed if not o.is_sweep_override()]:
             keys = list(dict.fromkeys([*config.hydra.job.config.override_dirname.exclude_keys, *constant]))
             with read_write(hydra_overrides):
                 hydra_overrides.append(f"{self.EXCLUDE_KEYS}=[{','.join(repr(key) for key in keys)}]")
@@ -316,10 +310,9 @@ class SweepNames(Callback):
 
 
 def resume_plan(cfg: DictConfig, output_dir: Path) -> tuple[DictConfig, Path]:
-    """This job's config and run folder: the command's, in Hydra's folder; for a resume, the config
-    stored in the checkpoint with this command's settings laid over it, in the checkpoint's run folder
-    unless the command names one (hydra.run.dir, a sweep's job folder). `auto` continues this job's
-    own run, else the newest under outputs/ with these settings (RUNTIME_KEYS aside), else starts."""
+    """This job's config and run folder. A resume runs the checkpoint's config with the settings this command gives
+    laid over it, in the checkpoint's run folder unless the command places it (hydra.run.dir, a sweep). `auto`
+    continues this job's own run, else the newest under outputs/ with these settings (RUNTIME_KEYS aside)."""
     resume = cfg.trainer.resume
     if resume is None:
         return cfg, output_dir
@@ -336,27 +329,15 @@ def resume_plan(cfg: DictConfig, output_dir: Path) -> tuple[DictConfig, Path]:
     checkpoint, file = load_checkpoint(resume), checkpoint_path(resume)  # refuses an empty path, a damaged file
     if (own := Run.of_checkpoint(file)) is not None and not placed:
         output_dir = own.dir  # train() takes its lock: a second resume of a run in use is refused
-    stored = stored_config(checkpoint["config"], file)
-    wanted = to_dict(cfg)
-    for group, key in given_settings(wanted):
-        stored[group][key] = wanted[group][key]
+    stored, given = stored_config(checkpoint["config"], file), to_dict(cfg)
+    defaults = to_dict(OmegaConf.structured(TrainConfig))  # the schema holds every default (configs/train.yaml)
+    named = {override_key(o) for o in HydraConfig.get().overrides.task}
+    for group, values in given.items():  # the settings the command names, or sets through a group (loss=hinge)
+        for key, value in values.items() if isinstance(values, dict) else ():
+            if f"{group}.{key}" in named or defaults.get(group, {}).get(key) != value:
+                stored[group][key] = value
     stored["trainer"]["resume"] = resume
     return OmegaConf.merge(OmegaConf.structured(TrainConfig), stored), output_dir
-
-
-def given_settings(wanted: dict) -> list[tuple[str, str]]:
-    """The settings this command names (even at their default) or sets through a group (`loss=hinge`): its
-    config against the defaults', composed once more for a resume alone."""
-    named = {override_key(o) for o in HydraConfig.get().overrides.task}
-    defaults = to_dict(compose(config_name=HydraConfig.get().job.config_name))
-    return [
-        (group, key)
-        for group, values in wanted.items()
-        if isinstance(values, dict)
-        for key, value in values.items()
-        if f"{group}.{key}" != "trainer.resume"
-        and (f"{group}.{key}" in named or defaults.get(group, {}).get(key) != value)
-    ]
 
 
 def resume_auto(config: dict, output_dir: Path, outputs: Path = Path("outputs")) -> Optional[Path]:
@@ -364,25 +345,20 @@ def resume_auto(config: dict, output_dir: Path, outputs: Path = Path("outputs"))
     if (own := Run(output_dir)).last.is_file():
         return own.last
     wanted = run_identity(config, RUNTIME_KEYS)
-    for last in sorted(outputs.glob("**/checkpoints/last.pt"), key=os.path.getmtime, reverse=True):
+    for last in sorted(outputs.glob(f"**/{Run.LAST}"), key=os.path.getmtime, reverse=True):
         record = Run.of_checkpoint(last).record / "config.yaml"
         try:
             recorded = to_dict(OmegaConf.load(record))
-            scalars = [group for group, values in recorded.items() if not isinstance(values, dict)]
-            if scalars:  # run_identity would leave such a group out, and match on the others alone
-                raise ValueError(f"its group {scalars[0]!r} is {recorded[scalars[0]]!r}, not a mapping of settings")
+            scalars = [(group, values) for group, values in recorded.items() if not isinstance(values, dict)]
         except FileNotFoundError:  # a run that wrote no record is no one's to continue by its settings
             continue
-        except (
-            OSError,
-            ValueError,
-            yaml.YAMLError,
-            OmegaConfBaseException,
-            AttributeError,
-        ) as err:  # non-UTF-8: ValueError
-            log.warning("trainer.resume=auto: %s cannot be read (%s), so that run is not continued.", record, err)
-            continue
-        if run_identity(recorded, RUNTIME_KEYS) == wanted:
+        except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException, AttributeError) as err:  # not UTF-8
+            scalars = [("", err)]
+        if scalars:  # run_identity would leave a scalar group out, and match on the others alone
+            group, value = scalars[0]
+            why = f"its group {group!r} is {value!r}, not a mapping of settings" if group else value
+            log.warning("trainer.resume=auto: %s cannot be read (%s), so that run is not continued.", record, why)
+        elif run_identity(recorded, RUNTIME_KEYS) == wanted:
             return last
     return None
 
@@ -446,15 +422,7 @@ def hydra_quote(path: Path | str) -> str:
     text = str(path)
     if not any(c in text for c in " =,[]{}()'\"\\:$"):
         return text
-    out, run = [], 0
-    for char in text:
-        if char == "\\":
-            run += 1
-            continue
-        out.append("\\" * (2 * run if char == "'" else run) + ("\\'" if char == "'" else char))
-        run = 0
-    out.append("\\" * (2 * run))
-    return "'" + "".join(out) + "'"
+    return "'" + re.sub(r"(\\*)('|\Z)", lambda m: m[1] * 2 + ("\\'" if m[2] else ""), text) + "'"
 
 
 def shell_quote(text: str) -> str:

@@ -1,9 +1,7 @@
 """A run folder: the one place that knows its layout, who holds it, and what it must not be written over.
 
-StyleGAN2-ADA's training loop and minGPT keep a run's bookkeeping in one place; this is that place for both
-entry points. train.py and evaluate.py open a `Run` on Hydra's output folder and hand it on; nothing else
-spells a path inside a run folder.
-"""
+StyleGAN2-ADA's training loop and minGPT keep a run's bookkeeping in one place; this is that place for both entry
+points. train.py and evaluate.py open a `Run` on Hydra's output folder and hand it on."""
 
 from __future__ import annotations
 
@@ -15,9 +13,10 @@ import socket
 import sys
 from logging.handlers import MemoryHandler
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, NoReturn, Optional
 
 from filelock import FileLock, Timeout
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from gan.errors import RunDirError
@@ -32,25 +31,29 @@ IN_USE = (
 
 
 class Run:
-    """A run folder: checkpoints/{last,best,step_N}.pt, tb/, samples/, eval/, the .hydra/ record, NAME.log, .lock."""
+    """A run folder: checkpoints/{last,best,step_N}.pt, tb/, samples/, eval/, metrics.json, .hydra/, NAME.log, .lock."""
 
     RECORD = ".hydra"  # Hydra's name for a job's record, so every tool that reads Hydra's runs finds it
     LOCK = ".lock"
+    LAST = "checkpoints/last.pt"
     # each folder the run writes into, and what it holds (for the refusals)
     FOLDERS = {
+        "": "its files",
         RECORD: "its record",
         "checkpoints": "its checkpoints",
         "samples": "its sample grids",
         "tb": "its TensorBoard events",
         "eval": "its final evaluation",
+        "tb/final_eval": "its final evaluation's TensorBoard events",
+        "eval/tb": "its final evaluation's TensorBoard events",
     }
 
     def __init__(self, folder: Path | str) -> None:
         self.dir = Path(folder)
-        self.checkpoints = self.dir / "checkpoints"
-        self.last = self.checkpoints / "last.pt"
+        self.checkpoints, self.last = self.dir / "checkpoints", self.dir / self.LAST
         self.best = self.checkpoints / "best.pt"
         self.tb, self.samples, self.eval = self.dir / "tb", self.dir / "samples", self.dir / "eval"
+        self.metrics = self.dir / "metrics.json"  # evaluate.py's numbers
         self.record = self.dir / self.RECORD
 
     def __repr__(self) -> str:
@@ -63,8 +66,6 @@ class Run:
 
     def holds_run(self) -> bool:
         return self.last.is_file() or (self.record / "overrides.yaml").is_file()
-
-    # --- no new run over an old one ----------------------------------------------------------------------
 
     def existing_run(self) -> Optional[str]:
         """The refusal if this folder holds a run (a checkpoint, or a record) or lies inside one, else None."""
@@ -92,15 +93,16 @@ class Run:
     def foreign_run(self, checkpoint: Path) -> Optional[str]:
         """The refusal of a resume of `checkpoint` into this folder while it holds another run."""
         own = Run.of_checkpoint(checkpoint)
-        if (own is not None and same_folder(own.dir, self.dir)) or self.existing_run() is None:
+        with contextlib.suppress(OSError):
+            if own is not None and own.dir.exists() and self.dir.exists() and os.path.samefile(own.dir, self.dir):
+                return None
+        if self.existing_run() is None:
             return None
         return (
             f"trainer.resume={checkpoint} would continue its run in {self.dir}, which holds another run: its "
             "checkpoint and .hydra/ record would be replaced. Nothing was written. Drop hydra.run.dir to continue "
             "the run in its own folder, or name a new folder for the continuation."
         )
-
-    # --- one owner at a time --------------------------------------------------------------------------------
 
     @contextlib.contextmanager
     def owned(self, in_use: str = IN_USE) -> Iterator[None]:
@@ -112,16 +114,19 @@ class Run:
         try:
             lock.acquire()
         except IsADirectoryError:
-            why = "it is a folder, where the run keeps its lock file"
-            raise RunDirError(_cannot(path, why, "Move it away")) from None
+            _cannot(path, "it is a folder, where the run keeps its lock file", "Move it away")
         except Timeout:
-            holder = _read_holder(path)
+            try:
+                fields = path.read_text(errors="replace").split()
+            except OSError:  # Windows: the holder's lock covers the file
+                fields = []
+            holder = f"process {' on host '.join(fields[:2])}" if fields else "another process"
             raise RunDirError(f"The run directory {self.dir} is in use: {holder} holds {path} ({in_use}") from None
         try:
             yield
         finally:
             lock.release()
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError):  # Windows: another process opened it meanwhile
                 path.unlink()
 
     @contextlib.contextmanager
@@ -129,37 +134,45 @@ class Run:
         """Held for one training run: no new run over a run, no resume into another run's folder, and the
         temporary files of a killed run's checkpoint writes removed."""
         with self.owned():
-            problem = self.existing_run() if resuming is None else self.foreign_run(resuming)
-            if problem:
+            if problem := self.existing_run() if resuming is None else self.foreign_run(resuming):
                 raise RunDirError(problem)
             self.remove_stale_temp_files()
             yield
 
     def check_outputs(self) -> None:
         """Before the run writes anything: RunDirError naming the first place it writes that cannot take it (a
-        file where it keeps a folder, a folder where it writes a file, a folder that refuses a new file). Tried,
-        not guessed from permission bits, which are wrong for root on a read-only mount or a spent quota."""
-        folders = {**self.FOLDERS, "tb/final_eval": "its final evaluation's TensorBoard events"}
-        folders["eval/tb"] = folders["tb/final_eval"]
-        for folder, holds in [(self.dir, "its files"), *((self.dir / name, holds) for name, holds in folders.items())]:
-            if folder.exists() and not folder.is_dir():
-                why = f"it is a file, where the run keeps a folder of {holds}"
-                raise RunDirError(_cannot(folder, why, "Move it away"))
+        file where it keeps a folder, a folder where it writes a file, a folder that refuses a new file)."""
+        for name, holds in self.FOLDERS.items():
+            if (folder := self.dir / name).exists() and not folder.is_dir():
+                _cannot(folder, f"it is a file, where the run keeps a folder of {holds}", "Move it away")
             if folder.is_dir():
                 self.check_writable(folder, holds)
         files = ("*.log", f"{self.RECORD}/*.yaml", "checkpoints/*.pt", "samples/*.png", "samples/*.gif", "eval/*")
         for pattern in files:
             for path in sorted(self.dir.glob(pattern)):
                 if path.is_dir() and not (path.parent.name == "eval" and path.name in ("tb", "export")):
-                    raise RunDirError(_cannot(path, "it is a folder, where the run writes a file", "Move it away"))
+                    _cannot(path, "it is a folder, where the run writes a file", "Move it away")
 
     def check_writable(self, folder: Optional[Path] = None, holds: str = "its files") -> None:
-        """RunDirError if `folder` (the run's own by default) refuses a new file of one block of data."""
-        if err := write_probe(folder or self.dir):
+        """RunDirError if `folder` (the run's own by default) refuses a new file of one block of data: tried, not
+        guessed from permission bits, which are wrong for root on a read-only mount or a spent quota (a full disk
+        refuses the blocks, not the name). Unbuffered, and removed in every case."""
+        folder = folder or self.dir
+        path, fd = folder / f".write-test-{os.getpid()}", None
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            block = memoryview(bytes(4096))
+            while block:  # a short write, then the error: a file-size limit or a disk that filled meanwhile
+                block = block[os.write(fd, block) :]
+            os.fsync(fd)
+        except OSError as err:
             full = err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
             fix = "Free disk space (or raise the file-size limit)" if full else "Make it writable"
-            why = f"this folder of {holds} refuses a new file ({err.strerror})"
-            raise RunDirError(_cannot(folder or self.dir, why, fix))
+            _cannot(folder, f"this folder of {holds} refuses a new file ({err.strerror})", fix)
+        finally:
+            if fd is not None:
+                os.close(fd)
+                path.unlink(missing_ok=True)
 
     def remove_stale_temp_files(self) -> None:
         """The `.NAME.PID.tmp` files that checkpoint writers killed mid-write left, unless their process runs."""
@@ -172,13 +185,12 @@ class Run:
                     log.warning("Removed %s (%.1f MB), left by process %s that died writing a checkpoint.",
                                 tmp, size / 1e6, pid)  # fmt: skip
 
-    # --- the record and log, written once every check has passed ----------------------------------------
     # Hydra would write .hydra/ and open its log file as the job starts, so a refused command would change
     # the run it named; configs/*.yaml switch both off and the entry points call keep_record instead.
-
-    def keep_record(self, cfg: DictConfig, held: MemoryHandler, hydra_cfg: DictConfig, job_name: str) -> None:
+    def keep_record(self, cfg: DictConfig, held: MemoryHandler) -> None:
         """.hydra/{config,hydra,overrides}.yaml as Hydra writes them (all three replaced together, renames
         only), then the job's log file, with the lines held so far."""
+        hydra_cfg = HydraConfig.instance().cfg
         self.record.mkdir(parents=True, exist_ok=True)
         nodes = {"config.yaml": cfg, "hydra.yaml": hydra_cfg, "overrides.yaml": hydra_cfg.hydra.overrides.task}
         partial = {name: self.record / f".{name}.{os.getpid()}.tmp" for name in nodes}
@@ -193,7 +205,7 @@ class Run:
         finally:
             for path in partial.values():
                 path.unlink(missing_ok=True)
-        handler = logging.FileHandler(self.dir / f"{job_name}.log", encoding="utf-8")
+        handler = logging.FileHandler(self.dir / f"{hydra_cfg.hydra.job.name}.log", encoding="utf-8")
         handler.setFormatter(logging.Formatter(LOG_FORMAT))
         held.setTarget(handler)
         held.flushLevel = logging.NOTSET  # from now on every line is written at once
@@ -217,12 +229,11 @@ class Run:
 def held_log() -> Iterator[MemoryHandler]:
     """The job's log lines, held until Run.keep_record opens the run's log file; dropped if the job is refused."""
     held = MemoryHandler(capacity=sys.maxsize, flushLevel=logging.CRITICAL + 1)  # holds until a target is set
-    root = logging.getLogger()
-    root.addHandler(held)
+    logging.getLogger().addHandler(held)
     try:
         yield held
     finally:
-        root.removeHandler(held)
+        logging.getLogger().removeHandler(held)
         file = held.target
         held.close()  # writes what is still held to the file, if there is one
         if file is not None:
@@ -240,41 +251,11 @@ def _write_holder(fd: int) -> None:
     os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
 
 
-def _read_holder(path: Path) -> str:
-    """'process 1234 on host node7' from the lock file's 'PID HOST'."""
-    try:
-        fields = path.read_text(errors="replace").split()
-    except OSError:  # Windows: the holder's lock covers the file
-        fields = []
-    if not fields:
-        return "another process"
-    return f"process {fields[0]}" + (f" on host {fields[1]}" if len(fields) > 1 else "")
-
-
-def _cannot(path: Path, problem: str, fix: str) -> str:
-    return (
+def _cannot(path: Path, problem: str, fix: str) -> NoReturn:
+    raise RunDirError(
         f"Cannot write {path}: {problem}. Nothing was written: the run's record, log, TensorBoard events and "
         f"checkpoints are as they were. {fix}, then run the same command again."
-    )
-
-
-def write_probe(folder: Path) -> Optional[OSError]:
-    """Why `folder` refuses a new file holding one block of data (a full disk refuses the blocks, not the
-    name), or None. Unbuffered, and removed in every case: a failed flush would keep a buffered file."""
-    path, fd = folder / f".write-test-{os.getpid()}", None
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        block = memoryview(bytes(4096))
-        while block:  # a short write, then the error: a file-size limit or a disk that filled meanwhile
-            block = block[os.write(fd, block) :]
-        os.fsync(fd)
-    except OSError as err:
-        return err
-    finally:
-        if fd is not None:
-            os.close(fd)
-            path.unlink(missing_ok=True)
-    return None
+    ) from None
 
 
 def alive(pid: int) -> bool:
@@ -285,10 +266,3 @@ def alive(pid: int) -> bool:
     except OSError:  # PermissionError: it exists, and belongs to another user (Windows: no signal 0)
         return True
     return True
-
-
-def same_folder(a: Path, b: Path) -> bool:
-    try:
-        return a.exists() and b.exists() and os.path.samefile(a, b)
-    except OSError:
-        return False

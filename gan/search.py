@@ -1,9 +1,8 @@
 """Optuna searches (hparams_search=optuna): what Hydra's Optuna sweeper does not check, as a Hydra callback.
 
-The sweeper opens the study, asks it for trials, then composes each trial's config: a searched value that
-does not compose leaves its trial RUNNING in the study for ever, and a setting at its edge (n_jobs=0, a
-damaged storage file) ends in a traceback. `SearchChecks` reads the settings and the storage and composes
-every searched value once before the study opens; a refusal is one paragraph and exit code 2."""
+A setting at its edge (n_jobs=0, a damaged storage file) ends in a traceback: `SearchChecks` reads the settings and
+the storage before the study opens (a searched value that does not compose, which would leave its trial RUNNING for
+ever, is LaunchChecks' refusal); a refusal is one paragraph and exit code 2."""
 
 from __future__ import annotations
 
@@ -13,12 +12,10 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Optional
 
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
-from omegaconf.errors import OmegaConfBaseException
+
+from gan.launch import refuse, unwritable
 
 log = logging.getLogger(__name__)
 SQLITE = "sqlite:///"
@@ -28,23 +25,21 @@ class SearchChecks(Callback):
     """configs/hparams_search/optuna.yaml's callback: refuses a search that cannot run as asked, says where a
     study outside its sweep folder is kept."""
 
-    sweep_dir: Optional[Path] = None  # this launch's, for `no_score`
-
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from gan.launch import refuse  # launch.py imports this module's `no_score`
-
         sweeper, sweep = config.hydra.sweeper, Path(config.hydra.sweep.dir).expanduser()
-        SearchChecks.sweep_dir = sweep
-        for problem in (settings_problem(sweeper), storage_problem(sweeper.storage, sweep), values_problem(config)):
+        for problem in (settings_problem(sweeper), storage_problem(sweeper.storage, sweep)):
             if problem:
                 refuse(f"{problem}. Nothing was written.")
+        try:  # the study's file is kept there
+            sweep.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            refuse(unwritable("hydra.sweep.dir", sweep, err))
 
 
 def settings_problem(sweeper: DictConfig) -> str:
     """What is wrong with the sweeper's numbers and direction, or ''."""
-    for key in ("n_trials", "n_jobs"):
+    for key, what in (("n_trials", "trials to run"), ("n_jobs", "trials asked for at once")):
         if not sweeper[key] or sweeper[key] < 1:
-            what = "trials to run" if key == "n_trials" else "trials asked for at once"
             return f"hydra.sweeper.{key}={sweeper[key]}: the number of {what} must be 1 or more"
     if not 0 <= sweeper.max_failure_rate <= 1:
         return (
@@ -73,15 +68,15 @@ def storage_problem(storage: Optional[str], sweep: Path) -> str:
         log.warning("The study is stored at %s, outside the sweep folder %s.", storage, sweep)
         return ""
     file = Path(str(storage)[len(SQLITE) :]).expanduser()
-    if file.resolve().parent != sweep.resolve():
+    if not (inside := file.resolve().parent == sweep.resolve()):
         log.warning(
             "The study is stored in %s, outside the sweep folder %s: continue it with this storage.", file, sweep
         )
     said = f"hydra.sweeper.storage={storage}"
     if file.is_dir():
         return f"{said} names a folder, where the study is kept in a file: name a file, or leave the setting out"
-    if not file.parent.is_dir():
-        return f"{said}: the folder {file.parent} does not exist: make it, or leave the setting out"
+    if not file.parent.is_dir():  # the sweep folder is made next, with the sweep's own checks
+        return "" if inside else f"{said}: the folder {file.parent} does not exist: make it, or leave the setting out"
     if not os.access(file if file.exists() else file.parent, os.W_OK):
         return f"{said}: this user cannot write {file if file.exists() else file.parent}: give write permission there"
     if file.exists():
@@ -94,41 +89,3 @@ def storage_problem(storage: Optional[str], sweep: Path) -> str:
                 "can continue. Move it away to start a new study there, or choose another hydra.sweep.dir"
             )
     return ""
-
-
-def values_problem(config: DictConfig) -> str:
-    """The first searched value whose trial config Hydra cannot compose, said as Hydra says it, or ''."""
-    from gan.launch import hydra_refusal
-
-    parser = OverridesParser.create()
-    searched = {f"{k}={v}" for k, v in (config.hydra.sweeper.params or {}).items()}
-    parsed = parser.parse_overrides([*searched, *config.hydra.overrides.task])
-    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-    swept = {o.get_key_element(): candidates(o) for o in parsed if o.is_sweep_override()}
-    loader = GlobalHydra.instance().config_loader()
-    for i in range(max(map(len, swept.values()), default=0)):  # each value of each key at least once
-        trial = [f"{key}={values[i % len(values)]}" for key, values in swept.items()]
-        try:
-            loader.load_sweep_config(config, [*fixed, *trial])
-        except (HydraException, OmegaConfBaseException) as err:
-            said = hydra_refusal(err, "train").split(" Nothing was written.")[0]
-            return f"The search cannot compose a trial of {' '.join(trial)}: {said} Change hydra.sweeper.params"
-    return ""
-
-
-def candidates(override: Any) -> list[str]:
-    """A sweep override's values as override text: every choice, or an interval's two ends."""
-    if override.is_interval_sweep():
-        return [str(override.value().start), str(override.value().end)]
-    return list(override.sweep_string_iterator())
-
-
-def no_score(sweep: Optional[Path]) -> str:
-    """optuna's 'Record does not exist' at a search's end, said: no trial returned a score."""
-    where = f" in {sweep}" if sweep else ""
-    return (
-        f"No trial of the search returned a score, so it has no best trial: each run ended without a final FID "
-        f"(trainer.final_eval_samples=0, stopped by the D-won alarm, refused or diverged; each run's log{where} says "
-        "which), and the study records each as failed. Set trainer.final_eval_samples above 0 (and see why the "
-        "runs stopped), then run the search again."
-    )

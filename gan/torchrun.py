@@ -1,9 +1,6 @@
-"""torchrun with a single process's exit status: `python -m gan.torchrun [torchrun's options] train.py [overrides]`.
-
-torchrun exits 1 whenever a process of the job fails, after a traceback of its own (ChildFailedError) that
-repeats what the processes said: a refused override, a signal and a bug all read alike. This runs torchrun's own
-launcher (torch.distributed.run) and exits as the job's first failed process did: 2 for a refusal, 143 when
-SIGTERM stopped the job after its checkpoint, 128 + N for a process killed by signal N."""
+"""`python -m gan.torchrun [torchrun's options] train.py [overrides]`: torchrun, exiting as the job's first failed
+process did (2 for a refusal, 143 after SIGTERM's checkpoint, 128 + N for signal N), where torchrun exits 1 after a
+traceback (ChildFailedError) in which a refusal, a signal and a bug read alike."""
 
 import sys
 from typing import Optional, Sequence

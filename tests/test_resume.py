@@ -12,17 +12,8 @@ import yaml
 from conftest import compose_config, output_of, run_train, snapshot
 
 from gan.checkpoint import load_checkpoint
-from gan.launch import unquote
 from gan.training import train
 from gan.training.state import lr_scale
-
-
-def copy_run(run_dir: Path, to: Path) -> Path:
-    for path in run_dir.rglob("*"):
-        if path.is_file():
-            (to / path.relative_to(run_dir)).parent.mkdir(parents=True, exist_ok=True)
-            (to / path.relative_to(run_dir)).write_bytes(path.read_bytes())
-    return to
 
 
 @pytest.fixture(scope="module")
@@ -33,39 +24,26 @@ def finished_run(tmp_path_factory) -> Path:
     return run_dir
 
 
-@pytest.mark.parametrize(
-    "change, named",
-    [
-        ("loss=hinge", "loss.name: 'bce' -> 'hinge'"),
-        ("data.image_size=32", "data.image_size: 16 -> 32"),
-        ("optim.beta1=0.9", "optim.beta1: 0.0 -> 0.9"),
-        ("trainer.seed=1", "trainer.seed: 0 -> 1"),
-    ],
-)
-def test_a_resume_that_changes_the_run_is_refused_before_anything_is_written(finished_run, change, named):
-    before = snapshot(finished_run)
-    result = run_train(f"trainer.resume={finished_run}", "trainer.max_steps=6", change)
-    output = result.stdout + result.stderr
-    assert result.returncode == 2 and "Traceback" not in output
-    assert named in output and "Nothing was written" in output
-    assert snapshot(finished_run) == before  # .hydra/overrides.yaml and config.yaml included
+REFUSED = {  # a change the contract refuses, or a bad value -> what the paragraph names
+    "loss=hinge": "loss.name: 'bce' -> 'hinge'",
+    "data.image_size=32": "data.image_size: 16 -> 32",
+    "optim.beta1=0.9": "optim.beta1: 0.0 -> 0.9",
+    "trainer.seed=1": "trainer.seed: 0 -> 1",
+    "optim.lr=-1": "optim.lr",
+    "trainer.threads=-1": "trainer.threads",
+    "trainer.device=cuda:7": "trainer.device",
+    "trainer.max_steps=2": "trainer.max_steps=2 is below the step of the checkpoint being resumed (6)",
+}
 
 
-@pytest.mark.parametrize(
-    "bad, key",
-    [
-        ("optim.lr=-1", "optim.lr"),
-        ("trainer.threads=-1", "trainer.threads"),
-        ("trainer.device=cuda:7", "trainer.device"),
-        ("data.image_size=32", "data.image_size"),  # a change the contract refuses
-    ],
-)
-def test_a_refused_resume_leaves_the_run_as_it_was_and_its_plain_resume_works(tiny_run, tmp_path, bad, key):
+@pytest.mark.parametrize(("bad", "said"), REFUSED.items(), ids=REFUSED)
+def test_a_refused_resume_leaves_the_run_as_it_was_and_its_plain_resume_works(tiny_run, tmp_path, bad, said):
     run_dir = shutil.copytree(tiny_run, tmp_path / "run")
     before = snapshot(run_dir)
-    refused = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", bad, cwd=tmp_path)
+    given = dict(arg.split("=", 1) for arg in ("trainer.max_steps=8", bad))
+    refused = run_train(f"trainer.resume={run_dir}", *(f"{k}={v}" for k, v in given.items()), cwd=tmp_path)
     assert refused.returncode == 2, output_of(refused)[-3000:]
-    assert key in output_of(refused) and "Traceback" not in output_of(refused)
+    assert said in output_of(refused) and "Traceback" not in output_of(refused)
     assert snapshot(run_dir) == before  # the bad value reached no file: .hydra/overrides.yaml included
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # and no folder of its own is left either
     plain = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
@@ -74,7 +52,7 @@ def test_a_refused_resume_leaves_the_run_as_it_was_and_its_plain_resume_works(ti
 
 
 def test_a_new_learning_rate_takes_effect_and_is_recorded(finished_run, tmp_path):
-    run_dir = copy_run(finished_run, tmp_path / "run")  # at step 4
+    run_dir = shutil.copytree(finished_run, tmp_path / "run")  # at step 4
     result = run_train(
         f"trainer.resume={run_dir}", "trainer.max_steps=6", "optim.lr=1e-5", "optim.lr_d=3e-5", "optim.lr_decay=0.5"
     )
@@ -91,15 +69,6 @@ def test_a_new_learning_rate_takes_effect_and_is_recorded(finished_run, tmp_path
     recorded = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
     assert recorded["optim"]["lr"] == 1e-5 and recorded["model"]["g_width"] == 8
     assert "optim.lr=1e-5" in yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
-
-
-def test_max_steps_below_the_checkpoint_is_refused(finished_run):
-    before = snapshot(finished_run)
-    result = run_train(f"trainer.resume={finished_run}", "trainer.max_steps=2")
-    output = result.stdout + result.stderr
-    assert result.returncode == 2 and "Traceback" not in output
-    assert "trainer.max_steps=2 is below the step of the checkpoint being resumed (4)" in output
-    assert snapshot(finished_run) == before
 
 
 NAMED = {  # where the run lies under the launch folder, and how trainer.resume names it there
@@ -120,11 +89,6 @@ def test_a_resume_continues_its_run_in_place_however_the_run_is_named(tiny_run, 
     # no folder of its own: the run went on in place
     assert sorted(p.name for p in tmp_path.iterdir()) == [where.split("/")[0]]
     assert all(run_dir in p.parents for p in tmp_path.rglob("*") if p.is_file())
-
-
-def test_unquote_reads_hydras_quoted_strings():
-    assert unquote("'a b'") == "a b" and unquote('"a b"') == "a b" and unquote("plain") == "plain"
-    assert unquote("'it\\'s'") == "it's"
 
 
 def test_a_resume_reads_its_settings_from_the_checkpoint_never_from_an_edited_record(finished_run, tmp_path):
@@ -197,7 +161,7 @@ def test_the_record_of_a_resume_that_named_only_its_own_settings_agrees_with_its
 
 
 def test_a_resume_already_at_max_steps_trains_nothing_and_is_no_error(tiny_run, tmp_path):
-    run_dir = copy_run(tiny_run, tmp_path / "run")
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
     before = load_checkpoint(run_dir)
     result = train(compose_config(f"trainer.resume={run_dir}", "trainer.max_steps=6"), run_dir)
     after = load_checkpoint(run_dir)
