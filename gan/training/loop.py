@@ -1,8 +1,5 @@
-"""The training loop: fetch, (1) D step, (2) G step, EMA (all from gan.core), then `periodic_extras`.
-
-Read it beside pytorch/examples' dcgan/main.py: the same sections in the same order, with main.py's
-`if i % 100 == 0` blocks (print, save images, checkpoint) gathered into `extras.after_step(...)`.
-"""
+"""The training loop: fetch, (1) D step, (2) G step, EMA (all from gan.core), then `periodic_extras`: read it
+beside pytorch/examples' dcgan/main.py, whose `if i % 100 == 0` blocks are gathered into `extras.after_step`."""
 
 from __future__ import annotations
 
@@ -118,7 +115,7 @@ def train(
     run = Run(run_dir)
     with run.owned_for_training(resuming) if world.is_main else contextlib.nullcontext():  # rank 0's alone
         device, ctx, state, training = set_up(cfg, world, dataset)  # may refuse: nothing is written yet
-        probes = build_probes(cfg, training, device, world, own_data=dataset is None)
+        probes = build_probes(cfg, training, device, world, own_data=dataset is None)  # each may refuse
         if world.is_main:
             run.check_outputs()  # every place the run writes takes a file: nothing fails half-way for that
         G, D = wrap_for_ddp(state.G, state.D, world, device)  # DDP wrappers: the same modules under DDP
@@ -170,14 +167,23 @@ def periodic_extras(
     run_dir: Path,
     monitor: Monitor,
     stop: StopFlag,
-    probes: Probes,
+    probes: tuple[Optional[OverfitProbe], Optional[QualityProbe]],
 ) -> Extras:
     """What the loop does after each iteration besides the EMA, in this order, each at its cadence."""
-    trainer, overfit, quality = cfg.trainer, probes.overfit, probes.quality
+    trainer, (overfit, quality) = cfg.trainer, probes
     run = Run(run_dir)
     watch = NonFiniteWatch(device, run.last, cfg)  # NaN losses, read at log/checkpoint only
     governor = thread_governor(trainer.adapt_threads, device)  # the free cores (trainer.adapt_threads); else None
-    alarm = d_won_watch(cfg, lambda step, message: raise_alarm(step, message, cfg, monitor, stop))
+
+    def raise_alarm(step: int, message: str) -> None:  # D has won (gan/training/d_won.py): warn, and stop if asked
+        stopping = cfg.trainer.on_d_won == OnDWon.stop
+        message += " Stopping here (trainer.on_d_won=stop)." if stopping else " trainer.on_d_won=stop ends it here."
+        log.warning("%s", message)
+        monitor.text(D_WON_TEXT_TAG, message, step)
+        if stopping:
+            stop.request("d_won")
+
+    alarm = d_won_watch(cfg, raise_alarm)
 
     def log_scalars(tick: Tick) -> None:  # scalars leave the device here (float() waits for it)
         watch.check(ctx.skip_nonfinite)
@@ -229,16 +235,6 @@ def periodic_extras(
             Every("learning rate", 1, lambda tick: set_learning_rates(state, cfg)),  # the next step's
         ]
     )
-
-
-def raise_alarm(step: int, message: str, cfg: TrainConfig, monitor: Monitor, stop: StopFlag) -> None:
-    """D has won (gan/training/d_won.py): one warning, a text summary, and the stop if asked."""
-    stopping = cfg.trainer.on_d_won == OnDWon.stop
-    message += " Stopping here (trainer.on_d_won=stop)." if stopping else " trainer.on_d_won=stop ends it here."
-    log.warning("%s", message)
-    monitor.text(D_WON_TEXT_TAG, message, step)
-    if stopping:
-        stop.request("d_won")
 
 
 def best_generator(state: TrainingState, cfg: TrainConfig, metrics: dict[str, float]) -> dict:
@@ -379,23 +375,17 @@ def open_monitor(
     return monitor
 
 
-@dataclasses.dataclass
-class Probes:
-    """The measurements some extras make, built before anything is written (each may refuse)."""
-
-    overfit: Optional[OverfitProbe]  # D's scores on training and held-out reals (trainer.overfit_every)
-    quality: Optional[QualityProbe]  # FID & co. every trainer.eval_every steps, and best.pt
-
-
-def build_probes(cfg: TrainConfig, training: ImageSet, device: torch.device, world: World, own_data: bool) -> Probes:
-    """`own_data`: the training set is cfg.data's, so its held-out split exists; rank 0 measures quality."""
+def build_probes(
+    cfg: TrainConfig, training: ImageSet, device: torch.device, world: World, own_data: bool
+) -> tuple[Optional[OverfitProbe], Optional[QualityProbe]]:
+    """D's overfitting probe and rank 0's quality probe (FID, best.pt); `own_data`: cfg.data's held-out split exists."""
     overfit = build_probe(cfg, training, device) if own_data else None
     if cfg.trainer.final_eval_samples and world.is_main:
         check_final_evaluation(cfg, training, device)
     quality = None
     if cfg.trainer.eval_every and world.is_main:
         quality = QualityProbe(cfg.data, training, cfg.trainer.eval_samples, cfg.trainer.seed, device)
-    return Probes(overfit, quality)
+    return overfit, quality
 
 
 def write_samples(state: TrainingState, run_dir: Path, monitor: Monitor) -> None:

@@ -54,9 +54,8 @@ GIF_FRAMES = 50  # at most this many grids in samples/progress.gif, spread evenl
 
 
 def _quiet_event_writer_thread(args: threading.ExceptHookArgs, default=threading.excepthook) -> None:
-    """TensorBoard writes events in a thread, which keeps a failed write (a full disk) and raises it again in
-    the thread that writes next, where the run reports it in one paragraph; Python would also print the
-    writer thread's own traceback."""
+    """TensorBoard's writer thread raises a failed write (a full disk) again in the next writer, which reports it in
+    one paragraph: its own traceback is left unprinted."""
     if type(args.thread).__name__ == "_AsyncWriterThread" and issubclass(args.exc_type, OSError):
         return
     default(args)
@@ -75,7 +74,7 @@ def shown_name(key: str) -> str:
     return f"train/{group}_{name}" if group in ("grad_norm", "d") else key
 
 
-class Monitor:
+class Monitor(contextlib.AbstractContextManager):
     def __init__(
         self,
         run_dir: Path,
@@ -103,9 +102,6 @@ class Monitor:
         self.first_step_done: Optional[float] = None
         self.optimizers: dict[str, Optimizer] = {}
         self.session_open = False
-
-    def __enter__(self) -> Monitor:
-        return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()

@@ -1,5 +1,5 @@
-"""Everything train() does besides its two steps and the EMA, behind one call, so the loop reads as the lesson.
-loop.py:periodic_extras is the one list of what runs when, as StyleGAN2-ADA hangs snapshots off a tick."""
+"""What train() does besides its steps and the EMA, behind one call (loop.py:periodic_extras lists it all), as
+StyleGAN2-ADA hangs snapshots off a tick."""
 
 import dataclasses
 from typing import Callable, Iterable, Mapping
@@ -24,9 +24,6 @@ class Every:
     run: Callable[[Tick], None]
     at_end: bool = False
 
-    def due(self, tick: Tick) -> bool:
-        return self.steps > 0 and (tick.step % self.steps == 0 or (self.at_end and tick.done))
-
 
 class Extras:
     def __init__(self, tasks: Iterable[Every]):
@@ -37,5 +34,5 @@ class Extras:
 
     def after_step(self, tick: Tick) -> None:
         for task in self.tasks:
-            if task.due(tick):
+            if tick.step % task.steps == 0 or (task.at_end and tick.done):
                 task.run(tick)

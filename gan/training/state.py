@@ -15,7 +15,7 @@ from gan.checkpoint import load_module_state
 from gan.config import OnNonFinite, Precision, TrainConfig, to_plain
 from gan.core.augment import AdaptiveAugment, diff_augment, no_augment
 from gan.core.ema import build_ema
-from gan.core.losses import LOSSES, AdversarialLoss, d_loss_bce
+from gan.core.losses import LOSSES, d_loss_bce
 from gan.core.models import Discriminator, Generator
 from gan.core.sampling import class_rows
 from gan.core.steps import Penalties, StepContext
@@ -55,8 +55,7 @@ class TrainingState:
         return self.G_ema.module if self.G_ema is not None else self.G
 
     @property
-    def grid_columns(self) -> Optional[int]:
-        """Images per sample-grid row: one class's latents when conditional, else None (the default)."""
+    def grid_columns(self) -> Optional[int]:  # a grid row per class when conditional, else torchvision's default
         return None if self.fixed_y is None else int((self.fixed_y == self.fixed_y[0]).sum())
 
     def state_dict(self, cfg: TrainConfig, rank_rngs: Optional[list[dict[str, Any]]] = None) -> dict[str, Any]:
@@ -83,8 +82,8 @@ class TrainingState:
         }
 
     def load_state_dict(self, state: dict[str, Any], world: World = SINGLE) -> None:
-        """Load a checkpoint into these fresh objects; per-rank generators only if saved for a job this size."""
-        # The resume contract (gan/launch.py) keeps model.* as stored: a misfit is the checkpoint's own fault
+        """Load a checkpoint into these fresh objects; per-rank generators only if saved for a job this size. The
+        resume contract (gan/launch.py) keeps model.* as stored: a misfit is the checkpoint's own fault."""
         advice = MISMATCH + (MISMATCH_CLASSES if self.G.num_classes else "")
         if state.get("pack") != self.pack:  # data.root may change on a resume; the images may not
             raise DataError(
@@ -190,7 +189,7 @@ def rng_state(device: torch.device, augment: Optional[AdaptiveAugment] = None) -
     }
 
 
-def set_rng_state(rng: dict[str, Any], device: torch.device, augment: Optional[AdaptiveAugment] = None) -> None:
+def set_rng_state(rng: dict[str, Any], device: torch.device, augment: Optional[AdaptiveAugment]) -> None:
     random.setstate(rng["python"])
     torch.set_rng_state(rng["torch"].cpu())
     if rng["cuda"] and device.type == "cuda":
@@ -213,25 +212,21 @@ def build_state(
     dataset: Optional[ImageSet] = None,
 ) -> TrainingState:
     """A fresh training state on `device`; `dataset` replaces the one cfg.data names."""
-    dataset = dataset or load_dataset(cfg.data)
-    num_classes = check_classes(cfg, dataset) if cfg.model.conditional else 0
+    dataset, data, model = dataset or load_dataset(cfg.data), cfg.data, cfg.model
+    num_classes = check_classes(cfg, dataset) if model.conditional else 0
     labels = dataset.labels if num_classes else None  # the classes travel with the batch
-    data = cfg.data
     batches = BatchStream(
         dataset.images, data.batch_size, cfg.trainer.seed, device, data.num_workers, world.rank, world.size, labels
     )
     G, D = build_models(cfg, device, num_classes)
-    model = cfg.model  # G_ema: a deep copy of G made before compiling, so it stays eager
-    images_per_step = cfg.data.batch_size * world.size
+    images_per_step = data.batch_size * world.size  # G_ema: a deep copy of G made before compiling: it stays eager
     G_ema = build_ema(G, model.ema_decay, model.ema_kimg, model.ema_rampup, images_per_step, model.ema_every)
     if cfg.trainer.compile:
         compile_models(G, D)
     opt_g, opt_d = build_optimizer(G, cfg, device), build_optimizer(D, cfg, device, lr=cfg.optim.lr_d)
     seeded = torch.Generator(device).manual_seed(cfg.trainer.seed)  # z made on the device, not moved there
     fixed_z = torch.randn(cfg.trainer.num_fixed_samples, cfg.model.z_dim, device=device, generator=seeded)
-    fixed_y = None
-    if num_classes:  # one grid row per class, the same latents in each row
-        fixed_z, fixed_y = class_rows(fixed_z, num_classes)
+    fixed_z, fixed_y = class_rows(fixed_z, num_classes) if num_classes else (fixed_z, None)  # a row per class
     return TrainingState(G, D, G_ema, opt_g, opt_d, scaler, batches, fixed_z, fixed_y=fixed_y, pack=dataset.pack)
 
 
@@ -283,19 +278,14 @@ def set_learning_rates(state: TrainingState, cfg: TrainConfig) -> None:
             group["lr"] = base * scale
 
 
-def build_loss(cfg: TrainConfig) -> AdversarialLoss:
-    """The configured adversarial loss, with bce's real label (one-sided smoothing) bound in."""
-    loss = LOSSES[cfg.loss.name.value]
-    if cfg.loss.name.value == "bce" and cfg.loss.real_label != 1.0:
-        return loss._replace(d=functools.partial(d_loss_bce, real_label=cfg.loss.real_label))
-    return loss
-
-
 def build_step_context(cfg: TrainConfig, device: torch.device = CPU, rank: int = 0) -> tuple[StepContext, Precision]:
     precision = resolve_precision(cfg.trainer.precision, device)
     ctx = step_context(precision, device, skip_nonfinite=cfg.trainer.on_nan == OnNonFinite.skip)
     loss, penalties = cfg.loss, Penalties(cfg.loss.gradient_penalty, cfg.loss.r1)
-    objective = dict(loss=build_loss(cfg), penalties=penalties, feature_matching=loss.feature_matching)
+    adversarial = LOSSES[loss.name.value]
+    if loss.name.value == "bce" and loss.real_label != 1.0:  # one-sided label smoothing
+        adversarial = adversarial._replace(d=functools.partial(d_loss_bce, real_label=loss.real_label))
+    objective = dict(loss=adversarial, penalties=penalties, feature_matching=loss.feature_matching)
     augment = build_augment(cfg, device, rank)
     return dataclasses.replace(ctx, **objective, backward_mode=loss.backward_mode, augment=augment), precision
 
