@@ -1,5 +1,5 @@
-"""gan/training/ (hardware.py, state.py, overfit.py): precision modes, compile, retained host memory, the
-optimizers and their schedule, each tool training; and scripts/bench.py's measurements of the fast path."""
+"""gan/training/: precision modes, compile, retained host memory, the optimizers and their schedule, each tool
+training, the held-out split at train time; and the benchmark scripts' measurements and refusals."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose_config, output_of, run_script, run_train
+from conftest import ROOT, compose_config, output_of, run_script, run_train
 from test_datasets import HELD_OUT_DAMAGE, damaged_mnist, write_image
 
 import gan.training.hardware
@@ -171,13 +171,8 @@ print(json.dumps({"retained": retained, "faults": min(counts)}))
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc (mallopt)")
 def test_retained_host_memory_stops_page_faults_on_reallocated_activations():
     def run(mode: str) -> dict:
-        out = subprocess.run(
-            [sys.executable, "-c", _PAGE_FAULTS, mode],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).resolve().parents[1],
-        ).stdout
+        command = [sys.executable, "-c", _PAGE_FAULTS, mode]
+        out = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT).stdout
         return json.loads(out.strip().splitlines()[-1])
 
     default, retained = run("default"), run("retain")
@@ -213,8 +208,7 @@ def test_bench_measures_each_row_in_a_fresh_process():
 
 
 def test_bench_counts_each_loops_own_flops_the_frozen_d_saves_its_weight_gradients():
-    """bench.py's GFLOP/step: the project's step does the canonical step's work less the weight gradients
-    of D in the G step, which the canonical step computes (D not frozen) and zero_grad() throws away."""
+    """bench.py's GFLOP/step: the canonical step's work less D's weight gradients in the G step (D frozen)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from scripts.bench import flops_per_step
@@ -258,7 +252,7 @@ def test_training_warns_about_damaged_test_labels_naming_the_file(tmp_path, dama
     labels = damaged_mnist(tmp_path / "data", damage)
     run_dir = tmp_path / "run"
     result = run_train("data=mnist", f"data.root={tmp_path / 'data'}", f"hydra.run.dir={run_dir}")
-    output = result.stdout + result.stderr
+    output = output_of(result)
     assert result.returncode == 0, output[-3000:]  # the held-out split is a diagnostic here
     warnings = [line for line in output.splitlines() if "[WARNING]" in line and "held-out split" in line]
     assert len(warnings) == 1, output[-3000:]
@@ -280,7 +274,7 @@ def test_a_run_that_measures_on_the_held_out_split_stops_on_damaged_test_labels(
     labels = damaged_mnist(tmp_path / "data", damage)
     run_dir = tmp_path / "run"
     result = run_train("data=mnist", f"data.root={tmp_path / 'data'}", *measuring, f"hydra.run.dir={run_dir}")
-    output = result.stdout + result.stderr
+    output = output_of(result)
     assert result.returncode == 2 and "Traceback" not in output, output[-3000:]
     assert all(text.format(labels=labels) in output for text in expected), output[-3000:]
     assert not (run_dir / "checkpoints").exists()
@@ -306,7 +300,7 @@ def test_a_data_position_beyond_an_epoch_is_refused_when_the_stream_is_rebuilt(t
     torch.save({**state, "data": {"epoch": 0, "batch": 20}}, tmp_path / "far.pt")
     run_dir = tmp_path / "out"
     result = run_train(f"trainer.resume={tmp_path / 'far.pt'}", "trainer.max_steps=42", f"hydra.run.dir={run_dir}")
-    output = result.stdout + result.stderr
+    output = output_of(result)
     assert result.returncode == 2, output[-3000:]
     assert "the checkpoint's entry 'data' places the batch stream at batch 20 of epoch 0" in output
     assert "256 images make 8 batches of data.batch_size=32" in output and "Traceback" not in output

@@ -10,9 +10,10 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 import torch
+from torch import Tensor
 from torchvision.utils import save_image
 
 from gan.checkpoint import (
@@ -61,7 +62,6 @@ from gan.training.monitor import (
     write_progress_gif,
 )
 from gan.training.overfit import OverfitProbe, build_probe
-from gan.training.periodic import Every, Extras, Tick
 from gan.training.quality import BEST_FID_TAG, FID_TAG, FINAL_FID_TAG, QualityProbe
 from gan.training.state import (
     TrainingState,
@@ -156,6 +156,39 @@ def train(
                 monitor.numbers(state.step, {BEST_FID_TAG: state.best["fid"]})
             monitor.end_session(state.step, finished=state.step == trainer.max_steps)
         return TrainResult(state.step, monitor.last, run.last, stop.reason, monitor.seconds, state.best)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tick:
+    """An iteration, as the periodic extras see it: StyleGAN2-ADA hangs its snapshots off a tick too."""
+
+    step: int  # generator updates done, this iteration's included
+    stats: Mapping[str, Tensor]  # both steps' diagnostics, 0-dim tensors still on the device
+    images: int  # real images the iteration consumed, all ranks together
+    done: bool  # the run ends with this iteration
+
+
+@dataclasses.dataclass(frozen=True)
+class Every:
+    """`run(tick)` after every `steps`-th iteration (0: never), and after the last when `at_end`."""
+
+    name: str
+    steps: int
+    run: Callable[[Tick], None]
+    at_end: bool = False
+
+
+class Extras:
+    def __init__(self, tasks: Iterable[Every]):
+        self.tasks = [task for task in tasks if task.steps > 0]
+        names = [task.name for task in self.tasks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two periodic extras share a name: {names}")
+
+    def after_step(self, tick: Tick) -> None:
+        for task in self.tasks:
+            if tick.step % task.steps == 0 or (task.at_end and tick.done):
+                task.run(tick)
 
 
 def periodic_extras(
