@@ -21,10 +21,20 @@ from gan.errors import CheckpointError, ConfigError
 from gan.evaluation import metrics as M
 from gan.evaluation.pipeline import prepare_generator, reference_subset
 from gan.training import train
-from gan.training.d_won import ALARM_TAG, FAKE_BELOW, RT_ABOVE, RT_TAG, WON_TAG, DWonWatch
-from gan.training.d_won import TEXT_TAG as D_WON_TEXT_TAG
-from gan.training.loop import Every, Extras, Tick
-from gan.training.quality import BEST_FID_TAG, FID_TAG
+from gan.training.loop import (
+    ALARM_TAG,
+    BEST_FID_TAG,
+    D_WON_TEXT_TAG,
+    FAKE_BELOW,
+    FID_TAG,
+    RT_ABOVE,
+    RT_TAG,
+    WON_TAG,
+    DWonWatch,
+    Every,
+    Extras,
+    Tick,
+)
 
 # the periodic extras --------------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from gan.errors import MetricsError
 from gan.evaluation import metrics as M
 from gan.training import train
 from gan.training.hardware import resolve_precision
-from gan.training.overfit import build_probe
+from gan.training.loop import build_overfit_probe
 from gan.training.state import build_models, build_optimizer, lr_scale
 from scripts.bench import Row, probe, project_config
 
@@ -244,7 +244,7 @@ def test_a_final_evaluation_that_cannot_pass_is_refused_before_training(tmp_path
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-# damaged held-out (test) files at train time: gan/training/overfit.py opens the split first ------------
+# damaged held-out (test) files at train time: build_overfit_probe opens the split first ------------
 
 
 @pytest.mark.parametrize("damage", list(HELD_OUT_DAMAGE))
@@ -289,8 +289,8 @@ def test_a_folder_too_small_for_a_held_out_split_is_only_noted(tmp_path, caplog)
     cfg = compose_config("data=folder", f"data.root={folder}", "data.channels=3")
     with pytest.raises(EmptySplitError):
         load_dataset(cfg.data, train=False)
-    with caplog.at_level(logging.INFO, logger="gan.training.overfit"):
-        assert build_probe(cfg, load_dataset(cfg.data), CPU) is None
+    with caplog.at_level(logging.INFO, logger="gan.training.loop"):
+        assert build_overfit_probe(cfg, load_dataset(cfg.data), CPU) is None
     assert [r.levelname for r in caplog.records if "held-out" in r.getMessage()] == ["INFO"]
 
 

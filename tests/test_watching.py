@@ -29,10 +29,8 @@ from gan.config import run_suffix
 from gan.evaluation.pipeline import IMAGES_GROUP, METRICS_TEXT_TAG
 from gan.launch import SweepNames
 from gan.training import train
-from gan.training.d_won import ALARM_TAG
-from gan.training.loop import COMPARED, hparams_of
+from gan.training.loop import ALARM_TAG, BEST_FID_TAG, COMPARED, FID_TAG, FINAL_FID_TAG, hparams_of
 from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, REAL_TAG, write_progress_gif
-from gan.training.quality import BEST_FID_TAG, FID_TAG, FINAL_FID_TAG
 
 # TensorBoard --------------------------------------------------------------------------------------
 
