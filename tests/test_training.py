@@ -17,7 +17,7 @@ import torch
 from conftest import ROOT, compose_config, output_of, run_script, run_train
 from test_datasets import HELD_OUT_DAMAGE, damaged_mnist, write_image
 
-import gan.training.hardware
+import gan.training.state
 from gan.checkpoint import load_checkpoint
 from gan.config import ConfigError, ModelConfig, Precision
 from gan.core.models import Discriminator, Generator
@@ -25,9 +25,8 @@ from gan.data import EmptySplitError, is_held_out, load_dataset
 from gan.errors import MetricsError
 from gan.evaluation import metrics as M
 from gan.training import train
-from gan.training.hardware import resolve_precision
 from gan.training.loop import build_overfit_probe
-from gan.training.state import build_models, build_optimizer, lr_scale
+from gan.training.state import build_models, build_optimizer, lr_scale, resolve_precision
 from scripts.bench import Row, probe, project_config
 
 CPU = torch.device("cpu")
@@ -94,9 +93,9 @@ def test_a_tool_setting_out_of_range_is_refused_naming_it(override, message):
 
 
 def test_auto_precision_follows_the_hardware(monkeypatch):
-    monkeypatch.setattr(gan.training.hardware, "cpu_has_fast_bf16", lambda: True)
+    monkeypatch.setattr(gan.training.state, "cpu_has_fast_bf16", lambda: True)
     assert resolve_precision(Precision.auto, CPU) == Precision.bf16
-    monkeypatch.setattr(gan.training.hardware, "cpu_has_fast_bf16", lambda: False)
+    monkeypatch.setattr(gan.training.state, "cpu_has_fast_bf16", lambda: False)
     assert resolve_precision(Precision.auto, CPU) == Precision.fp32
     assert resolve_precision(Precision.fp16, CPU) == Precision.fp16
 
@@ -136,7 +135,7 @@ def test_compiled_networks_match_eager(device, tolerance, grad_tolerance):
     torch.manual_seed(0)
     G, D = Generator(16, 8, 1, 16).to(device), Discriminator(8, 1, 16).to(device)
     eager_G, eager_D = copy.deepcopy(G), copy.deepcopy(D)
-    gan.training.hardware.compile_models(G, D)
+    gan.training.state.compile_models(G, D)
     z = torch.randn(8, 16, device=device)
     images, eager_images = G(z), eager_G(z)
     (logits, features), eager = D(images, with_features=True), eager_D(eager_images, with_features=True)
@@ -186,7 +185,7 @@ def test_retained_host_memory_stops_page_faults_on_reallocated_activations():
 
 def test_trainer_retains_host_memory_only_when_configured(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(gan.training.hardware, "retain_freed_memory", lambda: calls.append(True) or True)
+    monkeypatch.setattr(gan.training.state, "retain_freed_memory", lambda: calls.append(True) or True)
     train(compose_config("trainer.max_steps=1", "trainer.retain_host_memory=false"), tmp_path / "off")
     assert calls == []
     train(compose_config("trainer.max_steps=1"), tmp_path / "on")

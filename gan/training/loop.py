@@ -46,7 +46,6 @@ from gan.training.faults import (
     explain_allocation_failure,
     stop_on_signals,
 )
-from gan.training.hardware import prepare_process
 from gan.training.monitor import (
     FAKE_TAG,
     RAW_FAKE_TAG,
@@ -66,6 +65,7 @@ from gan.training.state import (
     TrainingState,
     build_state,
     build_step_context,
+    prepare_process,
     rng_state,
     set_learning_rates,
     wrap_for_ddp,

@@ -1,8 +1,11 @@
-"""The training state: every object that changes while training, saved and restored together."""
+"""The training state: every object that changes while training, saved and restored together; and the process
+it lives in (device, threads, allocator, determinism, precision, compile), which the step sees as a StepContext."""
 
+import contextlib
 import dataclasses
 import functools
 import logging
+import os
 import random
 from typing import Any, Callable, Optional
 
@@ -20,10 +23,9 @@ from gan.core.models import Discriminator, Generator
 from gan.core.sampling import class_rows
 from gan.core.steps import Penalties, StepContext
 from gan.data import BatchStream, ImageSet, load_dataset
-from gan.device import environment
-from gan.distributed import SINGLE, World
+from gan.device import environment, retain_freed_memory, setup_torch
+from gan.distributed import SINGLE, World, rank_device
 from gan.errors import CheckpointError, ConfigError, DataError
-from gan.training.hardware import compile_models, resolve_precision, step_context
 
 log = logging.getLogger(__name__)
 
@@ -312,3 +314,53 @@ def wrap_for_ddp(G: nn.Module, D: nn.Module, world: World, device: torch.device)
         return G, D
     device_ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(G, device_ids=device_ids), DistributedDataParallel(D, device_ids=device_ids)
+
+
+def prepare_process(cfg: TrainConfig, world: World = SINGLE) -> torch.device:
+    trainer = cfg.trainer
+    # each rank draws its own latents; initial weights may differ too, as DDP copies rank 0's
+    device = setup_torch(trainer.device, trainer.threads, trainer.seed + world.rank, "trainer.device")
+    device = rank_device(world, device)
+    if device.type == "cpu" and trainer.retain_host_memory and retain_freed_memory():
+        log.debug("glibc malloc: freed blocks are kept for reuse (trainer.retain_host_memory=true)")
+    if trainer.deterministic:
+        # cuBLAS needs a fixed workspace; on the CPU every kernel used here is deterministic already
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = device.type == "cuda" and not trainer.deterministic
+    return device
+
+
+def resolve_precision(precision: Precision, device: torch.device) -> Precision:
+    if precision != Precision.auto:
+        return precision
+    if device.type == "cuda":
+        fast = torch.cuda.get_device_capability(device)[0] >= 8  # Ampere and later: bf16 tensor cores
+    else:
+        fast = device.type == "cpu" and cpu_has_fast_bf16()
+    return Precision.bf16 if fast else Precision.fp32
+
+
+def cpu_has_fast_bf16() -> bool:
+    """AMX or AVX512-bf16 instructions, which oneDNN uses for bf16 convolutions."""
+    try:
+        return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
+    except AttributeError:  # private helpers: absent in other torch versions
+        return False
+
+
+def step_context(precision: Precision, device: torch.device, skip_nonfinite: bool) -> StepContext:
+    """A GradScaler enabled only for fp16; the training state adds the objective with dataclasses.replace."""
+    dtype = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}.get(precision)
+    autocast = (
+        functools.partial(torch.autocast, device_type=device.type, dtype=dtype) if dtype else contextlib.nullcontext
+    )
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == Precision.fp16)
+    return StepContext(autocast=autocast, scaler=scaler, skip_nonfinite=skip_nonfinite)
+
+
+def compile_models(G: nn.Module, D: Discriminator) -> None:
+    """Apart, not the whole step (it would split after G's forward); D's parts, so both its calls run compiled."""
+    G.compile()
+    D.features.compile()
+    D.head.compile()
