@@ -44,6 +44,8 @@ CUDA = "trainer.device=cuda"
         ["loss.r1=1.0", "model.d_batchnorm=false"],
         ["model.ema_decay=0"],
         ["model.ema_kimg=1"],
+        ["loss=hinge", "optim.lr=1e-4"],
+        ["trainer.channels_last=false", "trainer.precision=bf16"],
         *(pytest.param([CUDA, f"trainer.precision={p}"], marks=pytest.mark.cuda) for p in ("fp16", "bf16")),
         pytest.param([CUDA, "trainer.compile=true", "trainer.precision=bf16"], marks=pytest.mark.cuda),
     ],
@@ -67,7 +69,10 @@ def test_each_precision_and_tool_trains(tmp_path, overrides):
 KEYS_LOGGED = [
     (["loss=wgan_gp"], {"train/loss_d_gp"}),
     (["loss.r1=1.0"], {"train/loss_d_r1"}),
-    (["loss.feature_matching=1.0", "loss.backward_mode=separate"], {"train/grad_norm_g_adv", "train/grad_norm_g_fm"}),
+    (
+        ["loss.feature_matching=1.0", "loss.backward_mode=separate"],
+        {"train/grad_norm_g_adv", "train/grad_norm_g_fm", "train/loss_g_adv", "train/loss_g_fm"},
+    ),
 ]
 
 

@@ -25,6 +25,7 @@ from tensorboard.backend.event_processing import data_provider, plugin_event_mul
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from werkzeug.test import Client
 
+from gan.checkpoint import load_checkpoint
 from gan.config import run_suffix
 from gan.evaluation.pipeline import IMAGES_GROUP, METRICS_TEXT_TAG
 from gan.launch import SweepNames
@@ -230,7 +231,8 @@ def test_a_single_run_is_named_by_its_time_and_the_overrides_that_set_what_it_co
     # the time, then the overrides; how it ran (threads), was shown and saved (log_every, sample_every,
     # checkpoint_every) and where its data lives (a path) left out
     assert re.fullmatch(r"\d\d-\d\d-\d\d_debug-tiny\+loss-hinge", run_dir.name), run_dir.name
-    assert (run_dir / "tb").is_dir()
+    assert (run_dir / "tb").is_dir() and (run_dir / "checkpoints" / "last.pt").is_file()
+    assert not (ROOT / "runs").exists()  # SummaryWriter got an explicit log_dir
 
 
 def test_run_suffix_keeps_folders_flat_and_names_short():
@@ -269,6 +271,8 @@ def test_sweep_jobs_are_named_by_what_varies_only(watched_sweep):
     jobs = sorted(p.name for p in watched_sweep.iterdir() if p.is_dir())
     assert jobs == SWEEP_JOBS
     assert TensorBoardClient(watched_sweep).get("/data/runs") == [f"{name}/tb" for name in SWEEP_JOBS]
+    lrs = [load_checkpoint(watched_sweep / job)["config"]["optim"]["lr"] for job in SWEEP_JOBS]
+    assert lrs == [1e-4, 1e-4, 4e-4, 4e-4]  # each job its own run, with its own settings
 
 
 def test_sweep_hparams_show_the_swept_keys_and_the_results_first(watched_sweep):
