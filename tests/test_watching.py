@@ -40,18 +40,8 @@ LOSS_CHARTS = ["loss/D(G(z))", "loss/D(x)", "loss/d", "loss/g"]  # TensorBoard's
 
 def natural_key(tag: str) -> list:
     """TensorBoard 2.21's tag order: runs of digits as numbers, '/' and digits first, the rest by code."""
-    key, i = [], 0
-    while i < len(tag):
-        if tag[i].isdigit():
-            j = i
-            while j < len(tag) and tag[j].isdigit():
-                j += 1
-            key.append((0, int(tag[i:j]), ""))
-            i = j
-        else:
-            key.append((0, -1, "") if tag[i] == "/" else (1, 0, tag[i]))
-            i += 1
-    return key
+    parts = re.findall(r"\d+|.", tag, flags=re.DOTALL)
+    return [(0, int(p), "") if p.isdigit() else (0, -1, "") if p == "/" else (1, 0, p) for p in parts]
 
 
 def tb_group_order(tags: list[str]) -> list[str]:
