@@ -357,17 +357,6 @@ def measure_later(run_dir: Path) -> str:
     )
 
 
-def check_final_evaluation(cfg: TrainConfig, training: ImageSet, device: torch.device) -> None:
-    """The metrics classifier final_evaluation measures with, trained (and cached) before the run trains: one
-    that cannot pass evaluate.py's checks (too inaccurate, or data without classes) refuses the run now."""
-    settings = EvaluateConfig().metrics.classifier  # final_evaluation's
-    try:
-        M.load_or_train_classifier(classifier_data(cfg.data, M.is_stacked(training)), settings, device)
-    except MetricsError as err:
-        final = f"trainer.final_eval_samples={cfg.trainer.final_eval_samples}"
-        raise MetricsError(f"{final}: {err} Nothing was trained; or set trainer.final_eval_samples=0.") from err
-
-
 def set_up(
     cfg: TrainConfig, world: World, dataset: Optional[ImageSet]
 ) -> tuple[torch.device, StepContext, TrainingState, ImageSet]:
@@ -458,7 +447,14 @@ def build_probes(
     """D's overfitting probe and rank 0's quality probe (FID, best.pt); `own_data`: cfg.data's held-out split exists."""
     overfit = build_overfit_probe(cfg, training, device) if own_data else None
     if cfg.trainer.final_eval_samples and world.is_main:
-        check_final_evaluation(cfg, training, device)
+        # the metrics classifier final_evaluation measures with, trained (and cached) now: one that cannot pass
+        # evaluate.py's checks (too inaccurate, or data without classes) refuses the run before it trains
+        try:
+            classifier_settings = EvaluateConfig().metrics.classifier
+            M.load_or_train_classifier(classifier_data(cfg.data, M.is_stacked(training)), classifier_settings, device)
+        except MetricsError as err:
+            final = f"trainer.final_eval_samples={cfg.trainer.final_eval_samples}"
+            raise MetricsError(f"{final}: {err} Nothing was trained; or set trainer.final_eval_samples=0.") from err
     quality = None
     if cfg.trainer.eval_every and world.is_main:
         quality = QualityProbe(cfg.data, training, cfg.trainer.eval_samples, cfg.trainer.seed, device)
