@@ -47,11 +47,6 @@ def good_run(tmp_path_factory) -> Path:
     return run_dir
 
 
-def copy_of(run_dir: Path, where: Path) -> Path:
-    shutil.copytree(run_dir, where)
-    return where
-
-
 def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -147,7 +142,7 @@ def test_an_infinite_learning_rate_stops_before_any_checkpoint(tmp_path):
 
 
 def test_non_finite_weights_keep_the_last_good_checkpoint_even_with_on_nan_skip(tmp_path, good_run):
-    run_dir = copy_of(good_run, tmp_path / "run")
+    run_dir = shutil.copytree(good_run, tmp_path / "run")
     before = digest(run_dir / "checkpoints" / "last.pt")
     diverge = ["optim.lr=1e39", "optim.lr_d=2e-4", "trainer.checkpoint_every=1", "trainer.on_nan=skip"]
     result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=4", *diverge, cwd=tmp_path)
@@ -220,7 +215,7 @@ def test_build_generator_checks_the_generator_it_uses(good_run):
 
 
 def test_resume_auto_onto_an_empty_checkpoint(tmp_path, good_run):
-    run_dir = copy_of(good_run, tmp_path / "outputs" / "2020-01-01" / "00-00-00")
+    run_dir = shutil.copytree(good_run, tmp_path / "outputs" / "2020-01-01" / "00-00-00")
     (run_dir / "checkpoints" / "last.pt").write_bytes(b"")
     result = run_train("trainer.resume=auto", "trainer.max_steps=4", cwd=tmp_path)
     output = output_of(result)
@@ -232,7 +227,7 @@ def test_resume_auto_onto_an_empty_checkpoint(tmp_path, good_run):
 
 
 def test_a_resume_removes_the_temp_file_a_killed_run_left(tmp_path, good_run):
-    run_dir = copy_of(good_run, tmp_path / "run")
+    run_dir = shutil.copytree(good_run, tmp_path / "run")
     folder = run_dir / "checkpoints"
     dead, live = folder / f".last.pt.{unused_pid()}.tmp", folder / f".last.pt.{os.getppid()}.tmp"  # a live process
     dead.write_bytes(b"\0" * 1000)
@@ -245,7 +240,7 @@ def test_a_resume_removes_the_temp_file_a_killed_run_left(tmp_path, good_run):
 
 @pytest.mark.parametrize("program", ["train.py", "evaluate.py"])
 def test_hydra_does_not_overwrite_the_record_of_an_existing_run(tmp_path, good_run, program):
-    run_dir = copy_of(good_run, tmp_path / "run")
+    run_dir = shutil.copytree(good_run, tmp_path / "run")
     record = {p: digest(p) for p in (run_dir / ".hydra").iterdir()}
     if program == "train.py":
         result = run_train(f"hydra.run.dir={run_dir}", "loss=hinge", cwd=tmp_path)
@@ -260,7 +255,7 @@ def test_hydra_does_not_overwrite_the_record_of_an_existing_run(tmp_path, good_r
 
 @pytest.mark.slow  # a process with a file-size limit: the disk it sees fills up
 def test_a_full_disk_at_checkpoint_time_keeps_the_last_checkpoint(tmp_path, good_run):
-    run_dir = copy_of(good_run, tmp_path / "run")
+    run_dir = shutil.copytree(good_run, tmp_path / "run")
     before = digest(run_dir / "checkpoints" / "last.pt")
 
     def small_files_only():  # the tiny checkpoint is ~160 kB; logs, samples and events stay below
