@@ -29,7 +29,6 @@ from gan.errors import CheckpointError, ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
-CPU = torch.device("cpu")
 ANOTHER = (  # what a damaged checkpoint leaves to do
     "Resume from another checkpoint of the run if trainer.keep_checkpoints kept any (checkpoints/step_NNNNNN.pt), "
     "or start a new run."
@@ -280,7 +279,7 @@ def set_learning_rates(state: TrainingState, cfg: TrainConfig) -> None:
             group["lr"] = base * scale
 
 
-def build_step_context(cfg: TrainConfig, device: torch.device = CPU, rank: int = 0) -> tuple[StepContext, Precision]:
+def build_step_context(cfg: TrainConfig, device: torch.device, rank: int = 0) -> tuple[StepContext, Precision]:
     precision = resolve_precision(cfg.trainer.precision, device)
     ctx = step_context(precision, device, skip_nonfinite=cfg.trainer.on_nan == OnNonFinite.skip)
     loss, penalties = cfg.loss, Penalties(cfg.loss.gradient_penalty, cfg.loss.r1)
@@ -292,7 +291,7 @@ def build_step_context(cfg: TrainConfig, device: torch.device = CPU, rank: int =
     return dataclasses.replace(ctx, **objective, backward_mode=loss.backward_mode, augment=augment), precision
 
 
-def build_augment(cfg: TrainConfig, device: torch.device = CPU, rank: int = 0) -> Callable[[Tensor], Tensor]:
+def build_augment(cfg: TrainConfig, device: torch.device, rank: int) -> Callable[[Tensor], Tensor]:
     """DiffAugment (adaptive with model.ada_target) or the identity; its draws use checkpointed generators.
     ADA's generator is seeded apart from torch's global one (trainer.seed + rank), so its numbers are not
     the latents' again; each rank draws its own, as each draws its own latents."""
