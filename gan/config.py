@@ -195,13 +195,13 @@ class TrainerConfig(_Group):
     keep_checkpoints: int = 0  # also keep the last K numbered checkpoints (step_000500.pt, ...); 0 = none
     on_nan: OnNonFinite = OnNonFinite.stop  # what a NaN/inf loss does: stop | skip
     on_d_won: OnDWon = OnDWon.warn  # when D has won over d_won_window steps: off | warn | stop
-    d_won_window: int = 1000  # steps the D-won alarm reads (gan/training/d_won.py)
+    d_won_window: int = 1000  # steps the D-won alarm reads (gan/training/loop.py)
     deterministic: bool = False  # bit-reproducible kernels on GPU (slower); CPU runs are already exact
     num_fixed_samples: int = 64  # images in the fixed-noise grid (an 8 x 8 grid; conditional: 8 per class row)
-    overfit_every: int = 500  # steps between D's scores on train and held-out reals (gan/training/overfit.py); 0 = off
+    overfit_every: int = 500  # steps between D's scores on train and held-out reals (gan/training/loop.py); 0 = off
     progress: bool = True  # show a tqdm progress bar on the terminal
     final_eval_samples: int = 0  # after training, evaluate.py on this many samples; train.py returns the FID; 0 = skip
-    eval_every: int = 0  # steps between FID measurements of the EMA generator (gan/training/quality.py); 0 = off
+    eval_every: int = 0  # steps between FID measurements of the EMA generator (gan/training/loop.py); 0 = off
     eval_samples: int = 2000  # samples per in-training measurement; compare FID curves of equal N only
 
     def check(self) -> None:

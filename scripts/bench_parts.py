@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 from gan.config import DataConfig, ModelConfig, Precision, TrainConfig, TrainerConfig  # noqa: E402
 from gan.core.models import Discriminator, Generator  # noqa: E402
 from gan.device import retain_freed_memory  # noqa: E402
-from gan.training import periodic, train  # noqa: E402
+from gan.training import loop, train  # noqa: E402
 from scripts.bench import SigmoidD, canonical_step, project_step, refuse_bad_numbers  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -118,11 +118,11 @@ def extras_costs(
 ) -> dict[str, float]:
     """Mean seconds per call of each periodic extra of a real train() run, every cadence set to `every`."""
     calls: dict[str, list[float]] = {}
-    original = periodic.Extras.__init__
+    original = loop.Extras.__init__
 
-    def timed_init(self: periodic.Extras, tasks) -> None:
-        def timed(task: periodic.Every) -> periodic.Every:
-            def run(tick: periodic.Tick) -> None:
+    def timed_init(self: loop.Extras, tasks) -> None:
+        def timed(task: loop.Every) -> loop.Every:
+            def run(tick: loop.Tick) -> None:
                 start = time.process_time()
                 task.run(tick)
                 calls.setdefault(task.name, []).append(time.process_time() - start)
@@ -133,12 +133,12 @@ def extras_costs(
 
     cadences = {key: every for key in ("log_every", "sample_every", "checkpoint_every", "overfit_every")}
     cfg = config(size, precision, None, {"max_steps": steps, "d_won_window": every, **cadences}, batch, width)
-    periodic.Extras.__init__ = timed_init
+    loop.Extras.__init__ = timed_init
     try:
         with tempfile.TemporaryDirectory() as run_dir:
             train(cfg, Path(run_dir))
     finally:
-        periodic.Extras.__init__ = original
+        loop.Extras.__init__ = original
     return {name: statistics.mean(values[1:] or values) for name, values in calls.items()}  # the first: warm-up
 
 

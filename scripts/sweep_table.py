@@ -25,7 +25,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams import metadata
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # gan/, when run from anywhere
-from gan.training.quality import BEST_FID_TAG, FID_TAG, FINAL_FID_TAG  # noqa: E402
+from gan.training.loop import BEST_FID_TAG, FID_TAG, FINAL_FID_TAG  # noqa: E402
 
 RECALL_TAG = "quality/recall"
 

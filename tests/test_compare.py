@@ -1,5 +1,5 @@
-"""scripts/compare.py and scripts/canonical_dcgan.py: the canonical DCGAN is main.py's, the race's
-clock and summary say what they claim, and both scripts run end to end (scripts/one_minute.py too)."""
+"""scripts/compare.py, canonical_dcgan.py, one_minute.py and longer.py: the canonical DCGAN is main.py's, the race's
+clock and summary say what they claim, and the scripts run end to end."""
 
 from __future__ import annotations
 
@@ -23,9 +23,7 @@ from scripts import compare
 
 
 def test_canonical_networks_at_64_px_are_main_py_s():
-    """main.py prints its networks: G 3,576,704 and D 2,765,568 parameters for RGB at 64 px (the
-    sums of its layer list: 100*512*16 + 512*256*16 + 256*128*16 + 128*64*16 + 64*3*16 weights
-    and 2 x (512 + 256 + 128 + 64) BatchNorm parameters in G; D mirrors it)."""
+    """main.py prints its networks: G 3,576,704 and D 2,765,568 parameters for RGB at 64 px."""
     G = canonical.Generator(canonical.NZ, canonical.NGF, 3, 64)
     D = canonical.Discriminator(canonical.NDF, 3, 64)
     assert sum(p.numel() for p in G.parameters()) == 3_576_704
@@ -191,25 +189,16 @@ def test_compare_runs_end_to_end(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     last = done.stdout.strip().splitlines()[-1]
     number = r"[0-9.e+-]+|inf|nan"
-    keys = (
-        "time_to_quality",
-        "fid_at_budget_ratio",
-        "fid_project",
-        "fid_canonical",
-        "recall_project",
-        "recall_canonical",
-    )
+    keys = "time_to_quality fid_at_budget_ratio fid_project fid_canonical recall_project recall_canonical".split()
     assert re.fullmatch(" ".join(f"{key}=(?:{number})" for key in keys), last), last
     result = json.loads((tmp_path / "race" / "compare.json").read_text())
-    for side in ("canonical", "project"):
-        mine = [row for row in result["rows"] if row["side"] == side]
+    sides = {side: [row for row in result["rows"] if row["side"] == side] for side in ("canonical", "project")}
+    for side, mine in sides.items():
         assert len(mine) == len(compare.snapshot_times(3.0))
         assert [row["seconds"] for row in mine] == sorted(row["seconds"] for row in mine)
         assert mine[-1]["seconds"] >= 3.0 and all(row["fid"] > 0 for row in mine)
         assert result["runs"][side]["iterations"] >= mine[-1]["step"]
-    assert result["summary"] == compare.summarise(
-        [r for r in result["rows"] if r["side"] == "canonical"], [r for r in result["rows"] if r["side"] == "project"]
-    )
+    assert result["summary"] == compare.summarise(sides["canonical"], sides["project"])
     assert (tmp_path / "race" / "fid_vs_time.png").stat().st_size > 10_000
     assert list((tmp_path / "race" / "canonical" / "run").glob("fake_samples_epoch_000.png"))  # main.py's own files
     again = script("compare.py", *overrides, "--budget-s", "3", "--out", "race", cwd=tmp_path)
@@ -244,10 +233,8 @@ def test_one_minute_sends_a_real_ctrl_c_and_measures_what_it_left(tmp_path):
 def test_longer_compares_each_snapshot_with_the_best_before_it():
     from scripts import longer
 
-    rows = [
-        {"step": s, "fid": f, "recall": r}
-        for s, f, r in [(5, 10.0, 0.5), (10, 8.0, 0.8), (20, 8.5, 0.75), (40, 9.0, 0.7)]
-    ]
+    points = [(5, 10.0, 0.5), (10, 8.0, 0.8), (20, 8.5, 0.75), (40, 9.0, 0.7)]
+    rows = [{"step": s, "fid": f, "recall": r} for s, f, r in points]
     rows, summary = longer.against_best(rows, base=10)
     assert [row["times"] for row in rows] == [0.5, 1.0, 2.0, 4.0]
     assert rows[2]["fid_vs_best"] == pytest.approx(8.5 / 8.0) and rows[3]["recall_vs_best"] == pytest.approx(0.7 / 0.8)

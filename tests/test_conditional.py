@@ -27,8 +27,8 @@ from gan.evaluation import conditional as C
 from gan.evaluation import pipeline as P
 from gan.evaluation.pipeline import evaluate
 from gan.training import train
+from gan.training.loop import OverfitProbe
 from gan.training.monitor import FAKE_TAG, REAL_TAG, class_images, labelled_rows
-from gan.training.overfit import OverfitProbe
 
 CPU = torch.device("cpu")
 BCE = LOSSES["bce"]

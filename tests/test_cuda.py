@@ -27,7 +27,7 @@ from gan.core.models import Discriminator, Generator
 from gan.core.steps import d_step
 from gan.data.stream import BatchStream
 from gan.training import train
-from gan.training.hardware import prepare_process, step_context
+from gan.training.state import prepare_process, step_context
 
 pytestmark = pytest.mark.cuda
 

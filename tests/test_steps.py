@@ -27,8 +27,7 @@ from gan.core.steps import Penalties, StepContext, backward_terms, d_step, froze
 from gan.device import resolve_device
 from gan.evaluation.pipeline import build_generator, prepare_generator
 from gan.training import train
-from gan.training.hardware import step_context
-from gan.training.state import build_models, build_optimizer
+from gan.training.state import build_models, build_optimizer, step_context
 from scripts.bench import SigmoidD, canonical_step
 
 BCE = LOSSES["bce"]

@@ -1,7 +1,5 @@
-"""trainer.adapt_threads=true on the CPU: the governor gives torch the cores other processes leave free
-(gan/training/threads.py; by default the count is fixed, test_checkpoints.py). Driven here by a fake clock
-and fake CPU counters (psutil's readings as Linux, macOS and Windows name them); the real counters are
-read once to show they exist and move."""
+"""trainer.adapt_threads=true: torch gets the cores others leave free (gan/training/threads.py; the fixed count is
+test_checkpoints.py's), driven by a fake clock and psutil's readings as each system names them, and read for real."""
 
 from __future__ import annotations
 

@@ -10,11 +10,10 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, compose_config, in_process, output_of, run_train
+from conftest import compose_config, in_process, output_of, run_train
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -43,24 +42,18 @@ EXPECTED_SCALARS = {
 }
 
 
-@pytest.fixture(scope="module")
-def finished_run(tiny_run) -> Path:
-    """The session's real `python train.py` run of 6 steps, read by these tests."""
-    return tiny_run
-
-
-def test_run_dir_layout(finished_run):
-    assert (finished_run / ".hydra" / "config.yaml").is_file()
-    assert list((finished_run / "tb").glob("events.out.tfevents.*"))
-    samples = sorted(p.name for p in (finished_run / "samples").glob("*.png"))
+def test_run_dir_layout(tiny_run):
+    assert (tiny_run / ".hydra" / "config.yaml").is_file()
+    assert list((tiny_run / "tb").glob("events.out.tfevents.*"))
+    samples = sorted(p.name for p in (tiny_run / "samples").glob("*.png"))
     assert samples == ["step_000003.png", "step_000006.png"]
-    assert (finished_run / "samples" / "progress.gif").is_file()
-    with Image.open(finished_run / "samples" / samples[-1]) as grid:
+    assert (tiny_run / "samples" / "progress.gif").is_file()
+    with Image.open(tiny_run / "samples" / samples[-1]) as grid:
         assert grid.size == (4 * 18 + 2, 4 * 18 + 2)  # 16 fixed samples, 16 px, 2 px padding
 
 
-def test_checkpoint_is_a_plain_dict_loadable_weights_only(finished_run):
-    state = torch.load(finished_run / "checkpoints" / "last.pt", weights_only=True)
+def test_checkpoint_is_a_plain_dict_loadable_weights_only(tiny_run):
+    state = torch.load(tiny_run / "checkpoints" / "last.pt", weights_only=True)
     assert {"G", "D", "opt_g", "opt_d", "step", "config", "fixed_z", "rng", "data"} <= set(state)
     assert state["step"] == 6
     assert state["config"]["loss"]["name"] == "bce"  # plain containers, enums as strings
@@ -68,23 +61,11 @@ def test_checkpoint_is_a_plain_dict_loadable_weights_only(finished_run):
     assert state["fixed_z"].shape == (16, 16)
 
 
-def test_tensorboard_events_hold_the_tags_and_the_sample_grid(finished_run):
-    events = EventAccumulator(str(finished_run / "tb"), size_guidance={"images": 0, "scalars": 0})
-    events.Reload()
-    tags = events.Tags()
-    assert EXPECTED_SCALARS <= set(tags["scalars"])
-    assert [e.step for e in events.Scalars("loss/d")] == [2, 4, 6]
-    images = events.Images(FAKE_TAG)
-    assert [i.step for i in images] == [3, 6]
-    assert images[-1].width == 4 * 18 + 2
-
-
-def test_hparams_are_one_session_without_final_duplicates(finished_run):
-    events = EventAccumulator(str(finished_run / "tb"), size_guidance={"scalars": 0})
-    events.Reload()
-    assert not [tag for tag in events.Tags()["scalars"] if tag.startswith("final/")]
-    # the HPARAMS tab's entry for this run: a session start and end, no experiment summary (which
-    # would be read as every run's experiment; tests/test_watching.py reads it as TensorBoard does)
+def test_tensorboard_events_hold_the_tags_the_sample_grid_and_one_hparams_session(tiny_run):
+    events = EventAccumulator(str(tiny_run / "tb"), size_guidance={"images": 0, "scalars": 0}).Reload()
+    assert EXPECTED_SCALARS <= set(events.Tags()["scalars"])
+    assert [(i.step, i.width) for i in events.Images(FAKE_TAG)] == [(3, 4 * 18 + 2), (6, 4 * 18 + 2)]
+    # a session start and end, no experiment summary (it would be read as every run's experiment)
     assert set(events.PluginTagToContent("hparams")) == {"_hparams_/session_start_info", "_hparams_/session_end_info"}
 
 
@@ -95,24 +76,12 @@ def free_port() -> int:
 
 
 @pytest.mark.slow
-def test_tensorboard_server_serves_the_run_scalars(finished_run):
+def test_tensorboard_server_serves_the_run_scalars(tiny_run):
     """The real `tensorboard` on a loopback port, read through its HTTP API as a browser would."""
     port = free_port()
+    args = ["--logdir", str(tiny_run), "--host", "127.0.0.1", "--port", str(port), "--load_fast=false"]
     server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tensorboard.main",
-            "--logdir",
-            str(finished_run),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--load_fast=false",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        [sys.executable, "-m", "tensorboard.main", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -139,22 +108,6 @@ def test_in_process_training_returns_the_logged_metrics(tmp_path):
     assert 0 <= result.metrics["loss/D(x)"] <= 1
 
 
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        ["loss=hinge", "optim.lr=1e-4"],
-        ["loss.feature_matching=1.0", "loss.backward_mode=separate"],
-        ["trainer.channels_last=false", "trainer.precision=bf16"],
-    ],
-)
-def test_option_combinations_train(tmp_path, overrides):
-    result = train(compose_config("trainer.max_steps=3", *overrides), tmp_path)
-    assert result.step == 3
-    assert all(torch.isfinite(torch.tensor(v)) for v in result.metrics.values())
-    if "loss.feature_matching=1.0" in overrides:
-        assert {"train/loss_g_adv", "train/loss_g_fm", "train/grad_norm_g_fm"} <= set(result.metrics)
-
-
 def test_resume_continues_in_the_same_run_dir(tmp_path):
     run_dir = tmp_path / "run"
     first = run_train("loss=hinge", "trainer.max_steps=3", f"hydra.run.dir={run_dir}")
@@ -165,43 +118,17 @@ def test_resume_continues_in_the_same_run_dir(tmp_path):
     state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert state["step"] == 6 and state["config"]["loss"]["name"] == "hinge"
     assert not (tmp_path / "outputs").exists()  # no new timestamped run dir
-    events = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
-    events.Reload()
+    events = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0}).Reload()
     assert [e.step for e in events.Scalars("loss/d")] == [2, 3, 4, 6]
-
-
-def test_multirun_sweep_gives_each_job_its_own_dir(tmp_path):
-    sweep_dir = tmp_path / "sweep"
-    result = run_train("-m", "optim.lr=1e-4,2e-4", "trainer.max_steps=2", f"hydra.sweep.dir={sweep_dir}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    jobs = sorted(p for p in sweep_dir.iterdir() if p.is_dir() and (p / "checkpoints" / "last.pt").exists())
-    # subdir = job number + the overrides that vary, so TensorBoard's run names say what differs
-    assert [p.name for p in jobs] == ["0_optim.lr=0.0001", "1_optim.lr=0.0002"]
-    lrs = [torch.load(p / "checkpoints" / "last.pt", weights_only=True)["config"]["optim"]["lr"] for p in jobs]
-    assert lrs == [1e-4, 2e-4]
-    assert all(list((p / "tb").glob("events.*")) for p in jobs)
-
-
-def test_default_outputs_go_under_outputs_in_the_launch_dir(tmp_path):
-    result = run_train("trainer.max_steps=1", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    checkpoints = list((tmp_path / "outputs").glob("*/*/checkpoints/last.pt"))
-    assert len(checkpoints) == 1
-    assert not (ROOT / "runs").exists()  # SummaryWriter got an explicit log_dir
 
 
 @pytest.mark.slow
 def test_final_eval_measures_the_run_for_sweepers(tmp_path):
     """trainer.final_eval_samples runs evaluate.py's metrics after training, into RUN_DIR/eval."""
     run_dir = tmp_path / "run"
-    result = run_train(
-        "data.num_samples=20000",
-        "trainer.max_steps=10",
-        "trainer.final_eval_samples=300",
-        f"hydra.run.dir={run_dir}",
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    measured = ("data.num_samples=20000", "trainer.max_steps=10", "trainer.final_eval_samples=300")
+    result = run_train(*measured, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert result.returncode == 0, output_of(result)[-3000:]
     metrics = json.loads((run_dir / "eval" / "metrics.json").read_text())
     assert metrics["num_samples"] == 300 and metrics["fid"] > 0
     assert (tmp_path / "data" / "classifiers").is_dir()  # trained once, cached under data.root
@@ -212,10 +139,10 @@ def test_final_eval_measures_the_run_for_sweepers(tmp_path):
 FINAL_EVAL_STOPS = {  # what the final evaluation raises -> exit code, what train.py says
     "Ctrl-C": (KeyboardInterrupt(), 130, "Interrupted (SIGINT) during the final evaluation. The run trained"),
     "classifier refused": (
-        MetricsError("The metrics classifier reaches only 50% (metrics.classifier.min_accuracy=0.97)."),
+        MetricsError("50%"),
         2,
         "or set trainer.final_eval_samples=0 to train without the final evaluation",
-    ),
+    ),  # fmt: skip
 }
 
 
@@ -227,7 +154,7 @@ def test_a_final_evaluation_stopped_says_how_to_measure_the_saved_run(tmp_path, 
     monkeypatch.setattr("gan.training.loop.evaluate", evaluate)  # what final_evaluation measures with
     argv = ["debug=tiny", "trainer.final_eval_samples=100", f"hydra.run.dir={tmp_path / 'run'}"]
     result = in_process(train_py.main, argv, tmp_path)
-    output = result.stdout + result.stderr
+    output = output_of(result)
     assert result.returncode == code and says in output and "Traceback" not in output, output[-2000:]
     assert f"python evaluate.py checkpoint={tmp_path / 'run'}" in output
     assert (tmp_path / "run" / "checkpoints" / "last.pt").is_file()

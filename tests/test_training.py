@@ -1,5 +1,5 @@
-"""gan/training/ (hardware.py, state.py, overfit.py): precision modes, compile, retained host memory, the
-optimizers and their schedule, each tool training; and scripts/bench.py's measurements of the fast path."""
+"""gan/training/: precision modes, compile, retained host memory, the optimizers and their schedule, each tool
+training, the held-out split at train time; and the benchmark scripts' measurements and refusals."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose_config, output_of, run_script, run_train
+from conftest import ROOT, compose_config, output_of, run_script, run_train
 from test_datasets import HELD_OUT_DAMAGE, damaged_mnist, write_image
 
-import gan.training.hardware
+import gan.training.state
 from gan.checkpoint import load_checkpoint
 from gan.config import ConfigError, ModelConfig, Precision
 from gan.core.models import Discriminator, Generator
@@ -25,9 +25,8 @@ from gan.data import EmptySplitError, is_held_out, load_dataset
 from gan.errors import MetricsError
 from gan.evaluation import metrics as M
 from gan.training import train
-from gan.training.hardware import resolve_precision
-from gan.training.overfit import build_probe
-from gan.training.state import build_models, build_optimizer, lr_scale
+from gan.training.loop import build_overfit_probe
+from gan.training.state import lr_scale, resolve_precision
 from scripts.bench import Row, probe, project_config
 
 CPU = torch.device("cpu")
@@ -45,6 +44,8 @@ CUDA = "trainer.device=cuda"
         ["loss.r1=1.0", "model.d_batchnorm=false"],
         ["model.ema_decay=0"],
         ["model.ema_kimg=1"],
+        ["loss=hinge", "optim.lr=1e-4"],
+        ["trainer.channels_last=false", "trainer.precision=bf16"],
         *(pytest.param([CUDA, f"trainer.precision={p}"], marks=pytest.mark.cuda) for p in ("fp16", "bf16")),
         pytest.param([CUDA, "trainer.compile=true", "trainer.precision=bf16"], marks=pytest.mark.cuda),
     ],
@@ -68,7 +69,10 @@ def test_each_precision_and_tool_trains(tmp_path, overrides):
 KEYS_LOGGED = [
     (["loss=wgan_gp"], {"train/loss_d_gp"}),
     (["loss.r1=1.0"], {"train/loss_d_r1"}),
-    (["loss.feature_matching=1.0", "loss.backward_mode=separate"], {"train/grad_norm_g_adv", "train/grad_norm_g_fm"}),
+    (
+        ["loss.feature_matching=1.0", "loss.backward_mode=separate"],
+        {"train/grad_norm_g_adv", "train/grad_norm_g_fm", "train/loss_g_adv", "train/loss_g_fm"},
+    ),
 ]
 
 
@@ -94,18 +98,11 @@ def test_a_tool_setting_out_of_range_is_refused_naming_it(override, message):
 
 
 def test_auto_precision_follows_the_hardware(monkeypatch):
-    monkeypatch.setattr(gan.training.hardware, "cpu_has_fast_bf16", lambda: True)
+    monkeypatch.setattr(gan.training.state, "cpu_has_fast_bf16", lambda: True)
     assert resolve_precision(Precision.auto, CPU) == Precision.bf16
-    monkeypatch.setattr(gan.training.hardware, "cpu_has_fast_bf16", lambda: False)
+    monkeypatch.setattr(gan.training.state, "cpu_has_fast_bf16", lambda: False)
     assert resolve_precision(Precision.auto, CPU) == Precision.fp32
     assert resolve_precision(Precision.fp16, CPU) == Precision.fp16
-
-
-def test_ttur_gives_d_its_own_learning_rate():
-    cfg = compose_config("optim.lr=1e-4", "optim.lr_d=4e-4")
-    G, D = build_models(cfg, CPU)
-    assert build_optimizer(D, cfg, CPU, lr=cfg.optim.lr_d).param_groups[0]["lr"] == 4e-4
-    assert build_optimizer(G, cfg, CPU).param_groups[0]["lr"] == 1e-4
 
 
 def test_learning_rates_are_constant_then_fall_linearly_to_near_zero():
@@ -115,7 +112,7 @@ def test_learning_rates_are_constant_then_fall_linearly_to_near_zero():
     assert lr_scale(0, 4, 1.0) == 1 and lr_scale(3, 4, 1.0) == pytest.approx(0.25)  # the whole run
 
 
-def test_both_optimizers_follow_the_schedule_in_training(tmp_path):
+def test_both_optimizers_follow_the_schedule_in_training_d_at_its_own_rate(tmp_path):
     cfg = compose_config("trainer.max_steps=4", "optim.lr=1e-3", "optim.lr_d=4e-3", "optim.lr_decay=0.5")
     seen = []
     train(cfg, tmp_path / "run", after_step=lambda s: seen.append((s.opt_g.param_groups[0]["lr"],
@@ -136,7 +133,7 @@ def test_compiled_networks_match_eager(device, tolerance, grad_tolerance):
     torch.manual_seed(0)
     G, D = Generator(16, 8, 1, 16).to(device), Discriminator(8, 1, 16).to(device)
     eager_G, eager_D = copy.deepcopy(G), copy.deepcopy(D)
-    gan.training.hardware.compile_models(G, D)
+    gan.training.state.compile_models(G, D)
     z = torch.randn(8, 16, device=device)
     images, eager_images = G(z), eager_G(z)
     (logits, features), eager = D(images, with_features=True), eager_D(eager_images, with_features=True)
@@ -171,13 +168,8 @@ print(json.dumps({"retained": retained, "faults": min(counts)}))
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc (mallopt)")
 def test_retained_host_memory_stops_page_faults_on_reallocated_activations():
     def run(mode: str) -> dict:
-        out = subprocess.run(
-            [sys.executable, "-c", _PAGE_FAULTS, mode],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).resolve().parents[1],
-        ).stdout
+        command = [sys.executable, "-c", _PAGE_FAULTS, mode]
+        out = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT).stdout
         return json.loads(out.strip().splitlines()[-1])
 
     default, retained = run("default"), run("retain")
@@ -191,7 +183,7 @@ def test_retained_host_memory_stops_page_faults_on_reallocated_activations():
 
 def test_trainer_retains_host_memory_only_when_configured(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(gan.training.hardware, "retain_freed_memory", lambda: calls.append(True) or True)
+    monkeypatch.setattr(gan.training.state, "retain_freed_memory", lambda: calls.append(True) or True)
     train(compose_config("trainer.max_steps=1", "trainer.retain_host_memory=false"), tmp_path / "off")
     assert calls == []
     train(compose_config("trainer.max_steps=1"), tmp_path / "on")
@@ -213,8 +205,7 @@ def test_bench_measures_each_row_in_a_fresh_process():
 
 
 def test_bench_counts_each_loops_own_flops_the_frozen_d_saves_its_weight_gradients():
-    """bench.py's GFLOP/step: the project's step does the canonical step's work less the weight gradients
-    of D in the G step, which the canonical step computes (D not frozen) and zero_grad() throws away."""
+    """bench.py's GFLOP/step: the canonical step's work less D's weight gradients in the G step (D frozen)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from scripts.bench import flops_per_step
@@ -250,7 +241,7 @@ def test_a_final_evaluation_that_cannot_pass_is_refused_before_training(tmp_path
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-# damaged held-out (test) files at train time: gan/training/overfit.py opens the split first ------------
+# damaged held-out (test) files at train time: build_overfit_probe opens the split first ------------
 
 
 @pytest.mark.parametrize("damage", list(HELD_OUT_DAMAGE))
@@ -258,7 +249,7 @@ def test_training_warns_about_damaged_test_labels_naming_the_file(tmp_path, dama
     labels = damaged_mnist(tmp_path / "data", damage)
     run_dir = tmp_path / "run"
     result = run_train("data=mnist", f"data.root={tmp_path / 'data'}", f"hydra.run.dir={run_dir}")
-    output = result.stdout + result.stderr
+    output = output_of(result)
     assert result.returncode == 0, output[-3000:]  # the held-out split is a diagnostic here
     warnings = [line for line in output.splitlines() if "[WARNING]" in line and "held-out split" in line]
     assert len(warnings) == 1, output[-3000:]
@@ -280,7 +271,7 @@ def test_a_run_that_measures_on_the_held_out_split_stops_on_damaged_test_labels(
     labels = damaged_mnist(tmp_path / "data", damage)
     run_dir = tmp_path / "run"
     result = run_train("data=mnist", f"data.root={tmp_path / 'data'}", *measuring, f"hydra.run.dir={run_dir}")
-    output = result.stdout + result.stderr
+    output = output_of(result)
     assert result.returncode == 2 and "Traceback" not in output, output[-3000:]
     assert all(text.format(labels=labels) in output for text in expected), output[-3000:]
     assert not (run_dir / "checkpoints").exists()
@@ -295,8 +286,8 @@ def test_a_folder_too_small_for_a_held_out_split_is_only_noted(tmp_path, caplog)
     cfg = compose_config("data=folder", f"data.root={folder}", "data.channels=3")
     with pytest.raises(EmptySplitError):
         load_dataset(cfg.data, train=False)
-    with caplog.at_level(logging.INFO, logger="gan.training.overfit"):
-        assert build_probe(cfg, load_dataset(cfg.data), CPU) is None
+    with caplog.at_level(logging.INFO, logger="gan.training.loop"):
+        assert build_overfit_probe(cfg, load_dataset(cfg.data), CPU) is None
     assert [r.levelname for r in caplog.records if "held-out" in r.getMessage()] == ["INFO"]
 
 
@@ -306,7 +297,7 @@ def test_a_data_position_beyond_an_epoch_is_refused_when_the_stream_is_rebuilt(t
     torch.save({**state, "data": {"epoch": 0, "batch": 20}}, tmp_path / "far.pt")
     run_dir = tmp_path / "out"
     result = run_train(f"trainer.resume={tmp_path / 'far.pt'}", "trainer.max_steps=42", f"hydra.run.dir={run_dir}")
-    output = result.stdout + result.stderr
+    output = output_of(result)
     assert result.returncode == 2, output[-3000:]
     assert "the checkpoint's entry 'data' places the batch stream at batch 20 of epoch 0" in output
     assert "256 images make 8 batches of data.batch_size=32" in output and "Traceback" not in output

@@ -1,12 +1,6 @@
-"""Watching a run: what TensorBoard shows of a run and of a sweep, read with TensorBoard's own code
-(its event reader, its data provider and its hparams plugin, answering the requests its web page
-sends), and the samples' animation.
-
-What a person sees on each page follows from what these return: the Time Series and Scalars pages
-open the first two tag groups in TensorBoard's sort order (`tb_group_order` copies it), the HParams
-page lists the hyperparameters with `differs` first and shows the first five metrics.
-docs/watching.md has the screenshots.
-"""
+"""What TensorBoard shows of a run and of a sweep, read with TensorBoard's own code (its event reader, data provider
+and hparams plugin, asked as its web page asks), and the samples' animation. The Time Series and Scalars pages open
+the first two tag groups (`tb_group_order`); HParams lists `differs` first and shows five metrics."""
 
 from __future__ import annotations
 
@@ -21,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
-from conftest import compose_config, run_script, run_train
+from conftest import ROOT, compose_config, output_of, run_script, run_train
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 from PIL import Image
@@ -31,14 +25,13 @@ from tensorboard.backend.event_processing import data_provider, plugin_event_mul
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from werkzeug.test import Client
 
+from gan.checkpoint import load_checkpoint
 from gan.config import run_suffix
 from gan.evaluation.pipeline import IMAGES_GROUP, METRICS_TEXT_TAG
 from gan.launch import SweepNames
 from gan.training import train
-from gan.training.d_won import ALARM_TAG
-from gan.training.loop import COMPARED, hparams_of
+from gan.training.loop import ALARM_TAG, BEST_FID_TAG, COMPARED, FID_TAG, FINAL_FID_TAG, hparams_of
 from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, REAL_TAG, write_progress_gif
-from gan.training.quality import BEST_FID_TAG, FID_TAG, FINAL_FID_TAG
 
 # TensorBoard --------------------------------------------------------------------------------------
 
@@ -46,25 +39,13 @@ LOSS_CHARTS = ["loss/D(G(z))", "loss/D(x)", "loss/d", "loss/g"]  # TensorBoard's
 
 
 def natural_key(tag: str) -> list:
-    """TensorBoard 2.21's tag order, as its web app sorts cards into groups: runs
-    of digits compare as numbers, '/' and digits before any other character, the rest by code."""
-    key, i = [], 0
-    while i < len(tag):
-        if tag[i].isdigit():
-            j = i
-            while j < len(tag) and tag[j].isdigit():
-                j += 1
-            key.append((0, int(tag[i:j]), ""))
-            i = j
-        else:
-            key.append((0, -1, "") if tag[i] == "/" else (1, 0, tag[i]))
-            i += 1
-    return key
+    """TensorBoard 2.21's tag order: runs of digits as numbers, '/' and digits first, the rest by code."""
+    parts = re.findall(r"\d+|.", tag, flags=re.DOTALL)
+    return [(0, int(p), "") if p.isdigit() else (0, -1, "") if p == "/" else (1, 0, p) for p in parts]
 
 
 def tb_group_order(tags: list[str]) -> list[str]:
-    """The tag groups in the order TensorBoard's Time Series and Scalars pages list them; they open
-    the first two."""
+    """The tag groups in the order TensorBoard's Time Series and Scalars pages list them."""
     groups: list[str] = []
     for tag in sorted(tags, key=natural_key):
         if tag.split("/", 1)[0] not in groups:
@@ -79,8 +60,7 @@ def events_of(run_tb: Path) -> EventAccumulator:
 
 
 class TensorBoardClient:
-    """TensorBoard's WSGI app over `logdir` (every default plugin, the Python event loader), asked
-    over HTTP the way its web page asks."""
+    """TensorBoard's WSGI app over `logdir` (every default plugin), asked as its web page asks."""
 
     def __init__(self, logdir: Path):
         multiplexer = plugin_event_multiplexer.EventMultiplexer()
@@ -112,14 +92,9 @@ class TensorBoardClient:
 # one run ------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def watched_run(tiny_run) -> Path:
-    """The session's real `python train.py` tiny run: 6 steps, scalars at 2, 4, 6, grids at 3 and 6."""
-    return tiny_run
-
-
-def test_the_first_screen_opens_on_the_losses_and_the_sample_grids(watched_run):
-    events = events_of(watched_run / "tb")
+def test_the_first_screen_opens_on_the_losses_and_the_sample_grids_and_no_chart_is_one_point(tiny_run):
+    """The session's `python train.py debug=tiny`: 6 steps, scalars at 2, 4, 6, grids at 3 and 6."""
+    events = events_of(tiny_run / "tb")
     tags = events.Tags()
     # Time Series shows scalars and images together; Scalars shows scalars only
     assert tb_group_order(tags["scalars"] + tags["images"])[:2] == ["loss", "samples"]
@@ -130,20 +105,13 @@ def test_the_first_screen_opens_on_the_losses_and_the_sample_grids(watched_run):
     assert set(tags["images"]) == {REAL_TAG, FAKE_TAG}
     # a healthy run writes no alarm: the group that would open first is not there
     assert ALARM_TAG not in tags["scalars"] and not [tag for tag in tags["scalars"] if tag.startswith("FID/")]
-
-
-def test_no_chart_is_a_single_point_and_nothing_is_duplicated_as_final(watched_run):
-    events = events_of(watched_run / "tb")
-    scalars = events.Tags()["scalars"]
-    assert not [tag for tag in scalars if tag.startswith("final/")]
-    points = {tag: [e.step for e in events.Scalars(tag)] for tag in scalars}
+    # no chart is a single point, nothing duplicated as final/
+    assert not [tag for tag in tags["scalars"] if tag.startswith("final/")]
+    points = {tag: [e.step for e in events.Scalars(tag)] for tag in tags["scalars"]}
     assert all(len(steps) >= 2 for steps in points.values()), points
     assert points["loss/d"] == [2, 4, 6]
     assert points["time/phase_sample_s"] == [3, 6] and points["time/phase_checkpoint_s"] == [3, 6]
-
-
-def test_real_images_once_and_the_ema_grid_at_every_sample_step(watched_run):
-    events = events_of(watched_run / "tb")
+    # the real images once, the EMA grid at every sample step
     real, fake = events.Images(REAL_TAG), events.Images(FAKE_TAG)
     assert [i.step for i in real] == [0] and [i.step for i in fake] == [3, 6]
     assert (real[0].width, real[0].height) == (fake[0].width, fake[0].height)  # the same 4 x 4 layout
@@ -154,10 +122,9 @@ def test_a_run_without_ema_names_its_grid_for_g_itself(tmp_path):
     assert set(events_of(tmp_path / "tb").Tags()["images"]) == {REAL_TAG, RAW_FAKE_TAG}
 
 
-def test_the_run_is_one_hparams_session_of_the_four_compared_settings(watched_run):
-    """`python train.py debug=tiny`: the four settings every run reports, with its own values, defaults
-    too; not its overrides (its folder's name and the Text tab have them), nor the whole config."""
-    tb = TensorBoardClient(watched_run)
+def test_the_run_is_one_hparams_session_of_the_four_compared_settings(tiny_run):
+    """The four settings every run reports, with its own values, defaults too; not its overrides, nor the config."""
+    tb = TensorBoardClient(tiny_run)
     infos = {info["name"]: info for info in tb.experiment()["hparamInfos"]}
     assert list(COMPARED) == ["data", "loss", "optim.lr", "trainer.max_steps"] and set(infos) == set(COMPARED)
     assert infos["data"]["domainDiscrete"] == ["digits"] and infos["loss"]["domainDiscrete"] == ["bce"]
@@ -170,8 +137,7 @@ def test_the_run_is_one_hparams_session_of_the_four_compared_settings(watched_ru
 
 
 def test_every_run_reports_the_four_settings_and_a_sweep_adds_its_keys_outside_them():
-    """A conditional model says so in `data`; a sweep job's swept key outside the four gets its own column
-    (blank in runs outside that sweep); keys the four show are not repeated."""
+    """A conditional model says so in `data`; a sweep job's swept key outside the four gets its own column."""
     conditional = compose_config("model.conditional=true", "loss=hinge", "model.g_width=12")
     swept = ["model.g_width=12", "loss=hinge", "model.conditional=true", "experiment=wgan_gp", "~model.pack"]
     four = {"data": "digits, conditional", "loss": "hinge", "optim.lr": 0.001, "trainer.max_steps": "6"}
@@ -179,8 +145,8 @@ def test_every_run_reports_the_four_settings_and_a_sweep_adds_its_keys_outside_t
     assert hparams_of(conditional, swept) == {**four, "model.g_width": "12", "experiment": "wgan_gp"}
 
 
-def test_the_text_tab_holds_the_resolved_config_the_command_line_and_the_environment(watched_run):
-    tb = TensorBoardClient(watched_run)
+def test_the_text_tab_holds_the_resolved_config_the_command_line_and_the_environment(tiny_run):
+    tb = TensorBoardClient(tiny_run)
     tags = tb.get("/data/plugin/text/tags")["tb"]
     assert set(tags) == {"run/config", "run/command", "run/environment"}
     environment = tb.get("/data/plugin/text/text?run=tb&tag=run/environment")[0]["text"]
@@ -209,9 +175,9 @@ def test_a_resumed_run_adds_its_own_command_at_the_step_it_resumed_from(tmp_path
     assert "trainer.max_steps=8" in entries[1]["text"] and "trainer.max_steps=8" not in entries[0]["text"]
 
 
-def test_progress_gif_has_one_frame_per_sample_step(watched_run):
-    grids = sorted((watched_run / "samples").glob("step_*.png"))
-    with Image.open(watched_run / "samples" / "progress.gif") as gif, Image.open(grids[-1]) as last:
+def test_progress_gif_has_one_frame_per_sample_step(tiny_run):
+    grids = sorted((tiny_run / "samples").glob("step_*.png"))
+    with Image.open(tiny_run / "samples" / "progress.gif") as gif, Image.open(grids[-1]) as last:
         assert gif.n_frames == len(grids) == 2
         assert gif.size == last.size
 
@@ -232,10 +198,8 @@ LOSS_MIXES = [["loss=bce"], ["loss=hinge"], ["experiment=wgan_gp"], ["loss.r1=1"
 
 @pytest.mark.parametrize("overrides", LOSS_MIXES)
 def test_the_loss_group_is_the_same_four_charts_whatever_the_loss(tmp_path, overrides):
-    """D(x) and D(G(z)) keep their names and their meaning under every loss, D's probability that an
-    image is real (a hinge D's or a critic's scores through a sigmoid), so runs of a sweep over losses
-    share their charts on one [0, 1] axis and their HParams metrics; raw scores, a loss's terms (a
-    penalty, feature matching) and D(G(z)) after D's update live under train/."""
+    """D(x) and D(G(z)) are D's probability under every loss (a hinge D's scores through a sigmoid), so runs of a
+    sweep over losses share charts on one [0, 1] axis; raw scores, a loss's terms and D_G_z2 live under train/."""
     result = train(compose_config(*overrides, "trainer.max_steps=2"), tmp_path)
     assert sorted(key for key in result.metrics if key.startswith("loss/")) == sorted(LOSS_CHARTS)
     assert all(0 <= result.metrics[tag] <= 1 for tag in ("loss/D(x)", "loss/D(G(z))"))
@@ -257,7 +221,8 @@ def test_a_single_run_is_named_by_its_time_and_the_overrides_that_set_what_it_co
     # the time, then the overrides; how it ran (threads), was shown and saved (log_every, sample_every,
     # checkpoint_every) and where its data lives (a path) left out
     assert re.fullmatch(r"\d\d-\d\d-\d\d_debug-tiny\+loss-hinge", run_dir.name), run_dir.name
-    assert (run_dir / "tb").is_dir()
+    assert (run_dir / "tb").is_dir() and (run_dir / "checkpoints" / "last.pt").is_file()
+    assert not (ROOT / "runs").exists()  # SummaryWriter got an explicit log_dir
 
 
 def test_run_suffix_keeps_folders_flat_and_names_short():
@@ -279,8 +244,7 @@ def test_run_suffix_keeps_folders_flat_and_names_short():
 
 @pytest.fixture(scope="module")
 def watched_sweep(tmp_path_factory) -> Path:
-    """`-m optim.lr=1e-4,4e-4 loss=bce,hinge` with the FID measured and constant overrides beside it, as a
-    person would sweep."""
+    """`-m optim.lr=1e-4,4e-4 loss=bce,hinge` with the FID measured and constant overrides beside it."""
     sweep_dir = tmp_path_factory.mktemp("watch") / "sweep"
     overrides = ["optim.lr=1e-4,4e-4", "loss=bce,hinge", "trainer.log_every=2",
                  "trainer.eval_every=3", "trainer.eval_samples=64", f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
@@ -297,12 +261,13 @@ def test_sweep_jobs_are_named_by_what_varies_only(watched_sweep):
     jobs = sorted(p.name for p in watched_sweep.iterdir() if p.is_dir())
     assert jobs == SWEEP_JOBS
     assert TensorBoardClient(watched_sweep).get("/data/runs") == [f"{name}/tb" for name in SWEEP_JOBS]
+    lrs = [load_checkpoint(watched_sweep / job)["config"]["optim"]["lr"] for job in SWEEP_JOBS]
+    assert lrs == [1e-4, 1e-4, 4e-4, 4e-4]  # each job its own run, with its own settings
 
 
 def test_sweep_hparams_show_the_swept_keys_and_the_results_first(watched_sweep):
-    """The page shows the first five settings (those that differ first, then by name), then the first
-    five metrics (in tag order): the swept keys, the other compared settings with their values, then
-    the runs' result, FID/best (FID/final, with trainer.final_eval_samples, after it), before the losses."""
+    """The page shows five settings (those that differ first, then by name) and five metrics (in tag order):
+    the swept keys, the other compared settings, then FID/best before the losses."""
     tb = TensorBoardClient(watched_sweep)
     experiment = tb.experiment()
     infos = experiment["hparamInfos"]
@@ -318,26 +283,21 @@ def test_sweep_hparams_show_the_swept_keys_and_the_results_first(watched_sweep):
     groups = tb.session_groups()
     # trial ids: the sweep's folder and the job number, short enough for the 10em trial column
     assert sorted(group["name"] for group in groups) == [f"sweep #{i}" for i in range(4)]
-    # every run has the five metrics the page shows, whatever its loss: the parallel-coordinates and
-    # scatter views, which leave out a run that lacks one of the metrics they show, show all four (a
-    # hinge run's raw scores, train/D(x)_score, are metrics a bce run lacks: tick them, and bce runs go)
+    # every run has the five metrics shown, whatever its loss (the parallel-coordinates and scatter views leave
+    # out a run that lacks one); its result, FID/best, is the lowest point of its FID curve
     for group in groups:
-        assert set(metrics[:5]) <= {value["name"]["tag"] for value in group["metricValues"]}
-    for group in groups:  # each run's result: the lowest point of its FID curve, and where it was
-        (session,) = group["sessions"]
-        events = events_of(watched_sweep / session["name"])
-        curve = events.Scalars(FID_TAG)
-        best = min(curve, key=lambda event: event.value)
         values = {v["name"]["tag"]: v["value"] for v in group["metricValues"]}
+        assert set(metrics[:5]) <= set(values)
+        (session,) = group["sessions"]
+        best = min(events_of(watched_sweep / session["name"]).Scalars(FID_TAG), key=lambda event: event.value)
         assert values[BEST_FID_TAG] == pytest.approx(best.value)
 
 
-def test_every_run_under_outputs_fills_the_same_four_columns(watched_run, watched_sweep, tmp_path):
-    """`tensorboard --logdir outputs` over a single run, a sweep and a conditional run: four settings, so the
-    page shows four and FID/best is the first metric; every run has a value in each (no blank stands for a
-    default); the conditional run is told apart by `data`."""
+def test_every_run_under_outputs_fills_the_same_four_columns(tiny_run, watched_sweep, tmp_path):
+    """`tensorboard --logdir outputs` over a single run, a sweep and a conditional run: four settings, each with a
+    value in every run, FID/best the first metric; the conditional run told apart by `data`."""
     outputs = tmp_path / "outputs"
-    shutil.copytree(watched_run / "tb", outputs / "run" / "tb")
+    shutil.copytree(tiny_run / "tb", outputs / "run" / "tb")
     for job in SWEEP_JOBS:
         shutil.copytree(watched_sweep / job / "tb", outputs / "multirun" / "sweep" / job / "tb")
     train(compose_config("model.conditional=true"), outputs / "conditional")
@@ -353,13 +313,11 @@ def test_every_run_under_outputs_fills_the_same_four_columns(watched_run, watche
 
 
 def test_the_results_are_one_point_per_run_in_the_group_that_opens_first(watched_sweep):
-    """FID/best is written once, at the run's end: one dot per run in its own colour, which TensorBoard's
-    smoothing leaves as it is (a one-point average is the point); its step is the curve's lowest point's."""
+    """FID/best is written once, at the run's end: one dot per run, which smoothing leaves as it is."""
     for job in SWEEP_JOBS:
         events = events_of(watched_sweep / job / "tb")
-        assert [e.step for e in events.Scalars(BEST_FID_TAG)] == [6] and not [
-            t for t in events.Tags()["scalars"] if "step_of" in t
-        ]
+        assert [e.step for e in events.Scalars(BEST_FID_TAG)] == [6]
+        assert not [t for t in events.Tags()["scalars"] if "step_of" in t]
         assert len(events.Scalars(FID_TAG)) == 2  # the curve, at 3 and 6
         assert tb_group_order(events.Tags()["scalars"] + events.Tags()["images"])[:2] == ["FID", "loss"]
 
@@ -391,16 +349,15 @@ def test_sweep_table_prints_a_row_per_run_best_first(watched_sweep, tmp_path):
 
 def documented_tags() -> set[str]:
     """The tags docs/watching.md's table names: every `...` of its first column."""
-    page = (Path(__file__).resolve().parents[1] / "docs" / "watching.md").read_text(encoding="utf-8")
+    page = (ROOT / "docs" / "watching.md").read_text(encoding="utf-8")
     rows = [line.split(" | ")[0] for line in page.splitlines() if line.startswith("| `") or line.startswith("| Text")]
     return {tag for row in rows for tag in re.findall(r"`([^`]+)`", row)}
 
 
-def test_every_tag_a_run_writes_is_named_in_the_docs(watched_run, watched_sweep):
-    """A single run and a sweep over losses with the FID measured: each scalar, image and text tag
-    they write has its row in docs/watching.md's table."""
+def test_every_tag_a_run_writes_is_named_in_the_docs(tiny_run, watched_sweep):
+    """Each scalar, image and text tag a run and a sweep over losses write has its row in docs/watching.md."""
     written = set()
-    for tb in [watched_run / "tb", *(watched_sweep / job / "tb" for job in SWEEP_JOBS)]:
+    for tb in [tiny_run / "tb", *(watched_sweep / job / "tb" for job in SWEEP_JOBS)]:
         tags = events_of(tb).Tags()
         written |= {tag for kind in ("scalars", "images", "tensors") for tag in tags[kind]}
     written = {tag for tag in written if not tag.startswith("_hparams_")}  # the HParams plugin's own records
@@ -439,15 +396,14 @@ def test_a_sweep_excludes_from_its_job_names_the_overrides_that_do_not_vary():
 
 @pytest.mark.slow
 def test_eval_every_puts_the_fid_curve_beside_the_losses_and_the_final_fid_among_the_metrics(tmp_path):
-    """trainer.eval_every: quality/* curves in the run; trainer.final_eval_samples: evaluate.py's
-    FID as FID/final, its pictures and table, all in the run's own events: one TensorBoard run."""
+    """quality/* curves, and evaluate.py's FID/final, pictures and table, all in the run's own events."""
     run_dir = tmp_path / "run"
     digits = "data.num_samples=20000"  # enough digits for the metrics classifier to pass its 97% bar
     measured = ("trainer.eval_every=3", "trainer.eval_samples=200", "trainer.final_eval_samples=300")
     result = run_train(digits, *measured, f"hydra.run.dir={run_dir}", cwd=tmp_path)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert result.returncode == 0, output_of(result)[-3000:]
     # two points: the log says TensorBoard's default smoothing will bend the curve, and what to do
-    assert "trainer.eval_every=3 draws 2 point(s) of quality/FID" in result.stdout + result.stderr
+    assert "trainer.eval_every=3 draws 2 point(s) of quality/FID" in output_of(result)
     tb = TensorBoardClient(run_dir)
     assert tb.get("/data/runs") == ["tb"]  # not a run of its own for the final evaluation
     events = events_of(run_dir / "tb")
@@ -469,22 +425,20 @@ def test_eval_every_puts_the_fid_curve_beside_the_losses_and_the_final_fid_among
     # measuring leaves training alone: the same run without it logs the same losses
     plain_dir = tmp_path / "plain"
     plain = run_train(digits, f"hydra.run.dir={plain_dir}", cwd=tmp_path)
-    assert plain.returncode == 0, (plain.stdout + plain.stderr)[-3000:]
+    assert plain.returncode == 0, output_of(plain)[-3000:]
     for tag in ("loss/d", "loss/g", "loss/D(x)"):
         assert [e.value for e in events_of(plain_dir / "tb").Scalars(tag)] == [e.value for e in events.Scalars(tag)]
 
 
 # the screenshots ------------------------------------------------------------------------------------
 
-SHOT_TAGS = Path(__file__).resolve().parents[1] / "docs" / "images" / "tensorboard_tags.json"
+SHOT_TAGS = ROOT / "docs" / "images" / "tensorboard_tags.json"
 SHRUNK = {"trainer.max_steps": 6, "trainer.eval_every": 3, "trainer.eval_samples": 64, "trainer.log_every": 2,
           "trainer.sample_every": 3}  # fmt: skip
 
 
 def screenshot_script():
-    spec = importlib.util.spec_from_file_location(
-        "shots", SHOT_TAGS.parents[2] / "scripts" / "tensorboard_screenshots.py"
-    )
+    spec = importlib.util.spec_from_file_location("shots", ROOT / "scripts" / "tensorboard_screenshots.py")
     module = sys.modules.setdefault(spec.name, importlib.util.module_from_spec(spec))  # its dataclass needs it
     spec.loader.exec_module(module)
     return module
@@ -492,9 +446,8 @@ def screenshot_script():
 
 @pytest.mark.parametrize("case", ["run", "conditional", "d_won"])
 def test_the_screenshots_show_the_tags_and_text_items_the_code_writes(case, tmp_path):
-    """docs/images/tensorboard_tags.json holds the tags of the runs in docs/images (written by
-    `tensorboard_screenshots.py shoot`); each case's command at debug=tiny's size writes the same tags
-    and Text items now (a D-won run as it is: D must win). When it fails, shoot the pictures again."""
+    """Each case of docs/images/tensorboard_tags.json (`tensorboard_screenshots.py shoot`), at debug=tiny's size
+    (a D-won run as it is: D must win), writes the same tags and Text items. When it fails, shoot them again."""
     shown, script = json.loads(SHOT_TAGS.read_text()), screenshot_script()
     overrides = shown["runs"][case]
     if case != "d_won":
@@ -505,8 +458,7 @@ def test_the_screenshots_show_the_tags_and_text_items_the_code_writes(case, tmp_
 
 
 def test_the_screenshots_of_the_sweep_show_the_tags_and_text_items_the_code_writes(watched_sweep):
-    """The sweep of the pictures had a final evaluation, which a fast sweep cannot (its classifier must pass
-    evaluate.py's bar): all but the final evaluation's tags are compared."""
+    """All but the final evaluation's tags: a fast sweep's classifier cannot pass evaluate.py's bar."""
     shown = json.loads(SHOT_TAGS.read_text())["tags"]["sweep"]
     final = {"scalars": {FINAL_FID_TAG}, "text": {METRICS_TEXT_TAG}, "images": set()}
     final["images"] = {tag for tag in shown["images"] if tag.startswith(f"{IMAGES_GROUP}/")}
@@ -518,8 +470,7 @@ def test_the_screenshots_of_the_sweep_show_the_tags_and_text_items_the_code_writ
 
 
 def test_a_final_evaluation_leaves_the_training_first_in_every_tab():
-    """The documented sweep: its Images tab opens on the fixed-noise grids, the evaluation's after them; its
-    Text tab on the command and config; its first metrics (the HParams columns) are the results."""
+    """The documented sweep's Images tab opens on the grids, its Text tab on the command, its metrics on results."""
     shown = json.loads(SHOT_TAGS.read_text())["tags"]["sweep"]
     assert tb_group_order(shown["images"]) == ["samples", IMAGES_GROUP]
     assert sorted(shown["images"])[:2] == [FAKE_TAG, REAL_TAG]

@@ -31,14 +31,14 @@ class NonFiniteLossError(RuntimeError):
 
 
 class NonFiniteWeightsError(NonFiniteLossError):
-    """A NonFiniteLossError, for the same exit code."""
+    """Non-finite weights or Adam moments: a NonFiniteLossError, for the same exit code."""
 
 
 class NonFiniteWatch:
     """The first step whose loss was NaN or inf, kept on the device: update() never syncs, check() syncs once
     at log and checkpoint time, so no checkpoint is written from weights a NaN has reached."""
 
-    def __init__(self, device: torch.device, checkpoint: Optional[Path] = None, cfg: Optional[TrainConfig] = None):
+    def __init__(self, device: torch.device, checkpoint: Path, cfg: TrainConfig):
         self.first_step = torch.full((), -1, dtype=torch.long, device=device)
         self.losses = torch.zeros(2, device=device)
         self.checkpoint, self.cfg = checkpoint, cfg
@@ -50,28 +50,19 @@ class NonFiniteWatch:
         self.losses = torch.where(first, losses, self.losses)
 
     def check(self, skipping: bool = False) -> None:
-        if not skipping and (step := int(self.first_step)) >= 0:
-            loss_d, loss_g = self.losses.tolist()
-            raise NonFiniteLossError(non_finite_loss_message(step, loss_d, loss_g, self.checkpoint, self.cfg))
-
-
-def non_finite_loss_message(
-    step: int, loss_d: float, loss_g: float, checkpoint: Optional[Path], cfg: Optional[TrainConfig]
-) -> str:
-    kept = "any checkpoint written before that step is left as it was." if checkpoint is None else _kept(checkpoint)
-    if cfg is None:
-        rates = "Lower the learning rate (optim.lr, and optim.lr_d where it is set)"
-    elif cfg.optim.lr_d is None:
-        rates = f"Lower optim.lr (set to {cfg.optim.lr:g}: the step size of G and D)"
-    else:
-        rates = (
-            f"Lower optim.lr (set to {cfg.optim.lr:g}: G's step size) or optim.lr_d (set to {cfg.optim.lr_d:g}: D's)"
+        if skipping or (step := int(self.first_step)) < 0:
+            return
+        loss_d, loss_g = self.losses.tolist()
+        optim = self.cfg.optim
+        rates = f"Lower optim.lr (set to {optim.lr:g}: the step size of G and D)"
+        if optim.lr_d is not None:
+            rates = f"Lower optim.lr (set to {optim.lr:g}: G's step size) or optim.lr_d (set to {optim.lr_d:g}: D's)"
+        hinge = "" if self.cfg.loss.name == "hinge" else ", try loss=hinge"
+        raise NonFiniteLossError(
+            f"Non-finite loss at step {step}: loss/d={loss_d}, loss/g={loss_g}. Training stopped without writing a "
+            f"checkpoint from these weights; {_kept(self.checkpoint)} {rates}{hinge}, or set trainer.on_nan=skip to "
+            "drop such steps."
         )
-    hinge = "" if cfg is not None and cfg.loss.name == "hinge" else ", try loss=hinge"
-    return (
-        f"Non-finite loss at step {step}: loss/d={loss_d}, loss/g={loss_g}. Training stopped without writing a "
-        f"checkpoint from these weights; {kept} {rates}{hinge}, or set trainer.on_nan=skip to drop such steps."
-    )
 
 
 _PARTS = {

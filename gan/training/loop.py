@@ -1,21 +1,21 @@
-"""The training loop: fetch, (1) D step, (2) G step, EMA (all from gan.core), then `periodic_extras`.
-
-Read it beside pytorch/examples' dcgan/main.py: the same sections in the same order, with main.py's
-`if i % 100 == 0` blocks (print, save images, checkpoint) gathered into `extras.after_step(...)`.
-"""
+"""The training loop: fetch, (1) D step, (2) G step, EMA (all from gan.core), then `periodic_extras`: read it
+beside pytorch/examples' dcgan/main.py, whose `if i % 100 == 0` blocks are gathered into `extras.after_step`."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import logging
 import math
 import os
 import re
+import time
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 import torch
+from torch import Tensor, nn
 from torchvision.utils import save_image
 
 from gan.checkpoint import (
@@ -26,20 +26,19 @@ from gan.checkpoint import (
     require_training_state,
     save_checkpoint,
 )
-from gan.config import EvaluateConfig, OnDWon, Precision, TrainConfig, to_plain
+from gan.config import DataConfig, EvaluateConfig, LossName, OnDWon, Precision, TrainConfig, to_plain
 from gan.core.augment import AdaptiveAugment
 from gan.core.sampling import image_grid, sample
 from gan.core.steps import StepContext, d_step, g_step
-from gan.data import ImageSet, load_dataset, to_unit_range
+from gan.data import EmptySplitError, ImageSet, load_dataset, open_source, take, to_unit_range
 from gan.device import environment, environment_changes
 from gan.distributed import SINGLE, World, any_rank, gather_to_main, mean_over_ranks
-from gan.errors import MetricsError, UserError, naming
+from gan.errors import ConfigError, DataError, MetricsError, UserError, naming
 from gan.evaluation import metrics as M
-from gan.evaluation.pipeline import classifier_data, evaluate
+from gan.evaluation.conditional import sample_classes
+from gan.evaluation.pipeline import Reals, class_metrics, classifier_data, evaluate, generate, reference_subset
 from gan.launch import check_resume, measure_command, override_key, resume_command
 from gan.run import Run
-from gan.training.d_won import TEXT_TAG as D_WON_TEXT_TAG
-from gan.training.d_won import d_won_watch
 from gan.training.faults import (
     NonFiniteWatch,
     StopFlag,
@@ -47,7 +46,6 @@ from gan.training.faults import (
     explain_allocation_failure,
     stop_on_signals,
 )
-from gan.training.hardware import prepare_process
 from gan.training.monitor import (
     FAKE_TAG,
     RAW_FAKE_TAG,
@@ -63,13 +61,11 @@ from gan.training.monitor import (
     write_final_numbers,
     write_progress_gif,
 )
-from gan.training.overfit import OverfitProbe, build_probe
-from gan.training.periodic import Every, Extras, Tick
-from gan.training.quality import BEST_FID_TAG, FID_TAG, FINAL_FID_TAG, QualityProbe
 from gan.training.state import (
     TrainingState,
     build_state,
     build_step_context,
+    prepare_process,
     rng_state,
     set_learning_rates,
     wrap_for_ddp,
@@ -118,7 +114,7 @@ def train(
     run = Run(run_dir)
     with run.owned_for_training(resuming) if world.is_main else contextlib.nullcontext():  # rank 0's alone
         device, ctx, state, training = set_up(cfg, world, dataset)  # may refuse: nothing is written yet
-        probes = build_probes(cfg, training, device, world, own_data=dataset is None)
+        probes = build_probes(cfg, training, device, world, own_data=dataset is None)  # each may refuse
         if world.is_main:
             run.check_outputs()  # every place the run writes takes a file: nothing fails half-way for that
         G, D = wrap_for_ddp(state.G, state.D, world, device)  # DDP wrappers: the same modules under DDP
@@ -161,6 +157,39 @@ def train(
         return TrainResult(state.step, monitor.last, run.last, stop.reason, monitor.seconds, state.best)
 
 
+@dataclasses.dataclass(frozen=True)
+class Tick:
+    """An iteration, as the periodic extras see it: StyleGAN2-ADA hangs its snapshots off a tick too."""
+
+    step: int  # generator updates done, this iteration's included
+    stats: Mapping[str, Tensor]  # both steps' diagnostics, 0-dim tensors still on the device
+    images: int  # real images the iteration consumed, all ranks together
+    done: bool  # the run ends with this iteration
+
+
+@dataclasses.dataclass(frozen=True)
+class Every:
+    """`run(tick)` after every `steps`-th iteration (0: never), and after the last when `at_end`."""
+
+    name: str
+    steps: int
+    run: Callable[[Tick], None]
+    at_end: bool = False
+
+
+class Extras:
+    def __init__(self, tasks: Iterable[Every]):
+        self.tasks = [task for task in tasks if task.steps > 0]
+        names = [task.name for task in self.tasks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two periodic extras share a name: {names}")
+
+    def after_step(self, tick: Tick) -> None:
+        for task in self.tasks:
+            if tick.step % task.steps == 0 or (task.at_end and tick.done):
+                task.run(tick)
+
+
 def periodic_extras(
     cfg: TrainConfig,
     state: TrainingState,
@@ -170,14 +199,25 @@ def periodic_extras(
     run_dir: Path,
     monitor: Monitor,
     stop: StopFlag,
-    probes: Probes,
+    probes: tuple[Optional[OverfitProbe], Optional[QualityProbe]],
 ) -> Extras:
     """What the loop does after each iteration besides the EMA, in this order, each at its cadence."""
-    trainer, overfit, quality = cfg.trainer, probes.overfit, probes.quality
+    trainer, (overfit, quality) = cfg.trainer, probes
     run = Run(run_dir)
     watch = NonFiniteWatch(device, run.last, cfg)  # NaN losses, read at log/checkpoint only
     governor = thread_governor(trainer.adapt_threads, device)  # the free cores (trainer.adapt_threads); else None
-    alarm = d_won_watch(cfg, lambda step, message: raise_alarm(step, message, cfg, monitor, stop))
+
+    def raise_alarm(step: int, message: str) -> None:  # D has won (DWonWatch): warn, and stop if asked
+        stopping = cfg.trainer.on_d_won == OnDWon.stop
+        message += " Stopping here (trainer.on_d_won=stop)." if stopping else " trainer.on_d_won=stop ends it here."
+        log.warning("%s", message)
+        monitor.text(D_WON_TEXT_TAG, message, step)
+        if stopping:
+            stop.request("d_won")
+
+    alarm = None  # a critic's (wgan_gp) scores are no probability to read
+    if trainer.on_d_won != OnDWon.off and cfg.loss.name != LossName.wgan_gp:
+        alarm = DWonWatch(trainer.d_won_window, trainer.log_every, raise_alarm)
 
     def log_scalars(tick: Tick) -> None:  # scalars leave the device here (float() waits for it)
         watch.check(ctx.skip_nonfinite)
@@ -188,7 +228,7 @@ def periodic_extras(
         if alarm is not None:  # has D won over the last trainer.d_won_window steps?
             monitor.numbers(tick.step, alarm.observe(tick.step, values), log_line=False)
 
-    def measure_overfit(tick: Tick) -> None:  # D's train/held-out scores (gan/training/overfit.py)
+    def measure_overfit(tick: Tick) -> None:  # D's train/held-out scores (OverfitProbe)
         values = overfit.measure(state.D, ctx)
         monitor.numbers(tick.step, {shown_name(tag): value for tag, value in values.items()})
 
@@ -231,14 +271,47 @@ def periodic_extras(
     )
 
 
-def raise_alarm(step: int, message: str, cfg: TrainConfig, monitor: Monitor, stop: StopFlag) -> None:
-    """D has won (gan/training/d_won.py): one warning, a text summary, and the stop if asked."""
-    stopping = cfg.trainer.on_d_won == OnDWon.stop
-    message += " Stopping here (trainer.on_d_won=stop)." if stopping else " trainer.on_d_won=stop ends it here."
-    log.warning("%s", message)
-    monitor.text(D_WON_TEXT_TAG, message, step)
-    if stopping:
-        stop.request("d_won")
+FAKE_BELOW = 0.05  # D's mean probability on fakes below which it is winning: sigmoid(-2.9)
+RT_ABOVE = 0.9  # ...while it also calls nearly every real image real (r_t = 1: every real logit positive)
+D_OF_FAKE_TAG = "loss/D(G(z))"  # D's mean probability that a fake is real, whatever the loss (losses.mean_scores)
+RT_TAG = "train/d_overfit_rt"
+WON_TAG = "train/d_won"  # the watch's reading at every log point, 0 until its window is full: 0 or 1
+ALARM_TAG = "alarm/D_won"  # 1 at each step the alarm fires, so its card reads that step; sorts before `loss`: it opens
+D_WON_TEXT_TAG = "run/d_won"  # the warning: the Text tab sorts it after the run's command and config
+
+
+class DWonWatch:
+    """Has D won? A D that wins gives D(G(z)) near 0 and r_t near 1, G learns through the flat tail of its sigmoid,
+    and the samples decay. One log point like that is noise; a window of trainer.d_won_window steps is not.
+    `observe` at each log point returns the scalars to log (train/d_won, and alarm/D_won at the step the alarm
+    fires: a healthy run never writes it); `on_alarm` is called once per episode."""
+
+    def __init__(self, window_steps: int, log_every: int, on_alarm: Callable[[int, str], None]):
+        self.points = max(1, window_steps // log_every)  # log points in a window
+        self.window_steps, self.on_alarm = window_steps, on_alarm
+        self.recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=self.points)
+        self.won = False
+
+    def observe(self, step: int, values: Mapping[str, float]) -> dict[str, float]:
+        fake, rt = values.get(D_OF_FAKE_TAG), values.get(RT_TAG)
+        if fake is None or rt is None or not (math.isfinite(fake) and math.isfinite(rt)):
+            return {}
+        self.recent.append((fake, rt))
+        mean_fake, mean_rt = (sum(column) / len(self.recent) for column in zip(*self.recent))
+        won = len(self.recent) == self.points and mean_fake < FAKE_BELOW and mean_rt > RT_ABOVE  # a whole window
+        fired, self.won = won and not self.won, won
+        if fired:
+            self.on_alarm(step, self.message(step, mean_fake, mean_rt))
+        return {WON_TAG: float(won), **({ALARM_TAG: 1.0} if fired else {})}
+
+    def message(self, step: int, mean_fake: float, mean_rt: float) -> str:
+        return (
+            f"D has won at step {step}: over the last {self.window_steps} steps its mean probability that "
+            f"a fake is real was {mean_fake:.3f} (< {FAKE_BELOW}) and r_t = E[sign(D(x))] {mean_rt:.2f} "
+            f"(> {RT_ABOVE}). G learns little from a D this sure, and its samples may decay from here. "
+            "The best generator so far is kept in checkpoints/best.pt when trainer.eval_every "
+            "is on; docs/results.md, 'Training longer', measures recipes trained past their length."
+        )
 
 
 def best_generator(state: TrainingState, cfg: TrainConfig, metrics: dict[str, float]) -> dict:
@@ -282,17 +355,6 @@ def measure_later(run_dir: Path) -> str:
         "(which takes the metrics.* settings), or set trainer.final_eval_samples=0 to train without the final "
         "evaluation."
     )
-
-
-def check_final_evaluation(cfg: TrainConfig, training: ImageSet, device: torch.device) -> None:
-    """The metrics classifier final_evaluation measures with, trained (and cached) before the run trains: one
-    that cannot pass evaluate.py's checks (too inaccurate, or data without classes) refuses the run now."""
-    settings = EvaluateConfig().metrics.classifier  # final_evaluation's
-    try:
-        M.load_or_train_classifier(classifier_data(cfg.data, M.is_stacked(training)), settings, device)
-    except MetricsError as err:
-        final = f"trainer.final_eval_samples={cfg.trainer.final_eval_samples}"
-        raise MetricsError(f"{final}: {err} Nothing was trained; or set trainer.final_eval_samples=0.") from err
 
 
 def set_up(
@@ -379,23 +441,155 @@ def open_monitor(
     return monitor
 
 
-@dataclasses.dataclass
-class Probes:
-    """The measurements some extras make, built before anything is written (each may refuse)."""
-
-    overfit: Optional[OverfitProbe]  # D's scores on training and held-out reals (trainer.overfit_every)
-    quality: Optional[QualityProbe]  # FID & co. every trainer.eval_every steps, and best.pt
-
-
-def build_probes(cfg: TrainConfig, training: ImageSet, device: torch.device, world: World, own_data: bool) -> Probes:
-    """`own_data`: the training set is cfg.data's, so its held-out split exists; rank 0 measures quality."""
-    overfit = build_probe(cfg, training, device) if own_data else None
+def build_probes(
+    cfg: TrainConfig, training: ImageSet, device: torch.device, world: World, own_data: bool
+) -> tuple[Optional[OverfitProbe], Optional[QualityProbe]]:
+    """D's overfitting probe and rank 0's quality probe (FID, best.pt); `own_data`: cfg.data's held-out split exists."""
+    overfit = build_overfit_probe(cfg, training, device) if own_data else None
     if cfg.trainer.final_eval_samples and world.is_main:
-        check_final_evaluation(cfg, training, device)
+        # the metrics classifier final_evaluation measures with, trained (and cached) now: one that cannot pass
+        # evaluate.py's checks (too inaccurate, or data without classes) refuses the run before it trains
+        try:
+            classifier_settings = EvaluateConfig().metrics.classifier
+            M.load_or_train_classifier(classifier_data(cfg.data, M.is_stacked(training)), classifier_settings, device)
+        except MetricsError as err:
+            final = f"trainer.final_eval_samples={cfg.trainer.final_eval_samples}"
+            raise MetricsError(f"{final}: {err} Nothing was trained; or set trainer.final_eval_samples=0.") from err
     quality = None
     if cfg.trainer.eval_every and world.is_main:
         quality = QualityProbe(cfg.data, training, cfg.trainer.eval_samples, cfg.trainer.seed, device)
-    return Probes(overfit, quality)
+    return overfit, quality
+
+
+# enough for a mean score to move by less than the gap it shows
+PROBE_IMAGES = 512
+_SUBSET_SEED = 20_200_611  # a generator of its own: the run's random streams are not touched
+ImagesAndLabels = tuple[Tensor, Optional[Tensor]]  # images, and their labels in a conditional run
+
+
+class OverfitProbe:
+    """Is D memorising? Its scores on training reals against held-out reals drift apart well before FID turns worse
+    (Karras et al. 2020, fig. 1). Training is untouched: D's buffers are put back and no random number is drawn."""
+
+    def __init__(self, train: ImagesAndLabels, held_out: ImagesAndLabels, batch_size: int):
+        self.train, self.held_out, self.batch_size = train, held_out, batch_size
+
+    @torch.no_grad()
+    def measure(self, D: nn.Module, ctx: StepContext) -> dict[str, float]:
+        saved = [buffer.clone() for buffer in D.buffers()]
+        try:
+            train = self._mean_score(D, ctx, *self.train)
+            held_out = self._mean_score(D, ctx, *self.held_out)
+        finally:
+            for buffer, value in zip(D.buffers(), saved):
+                buffer.copy_(value)
+        return {"d/score_train": train, "d/score_heldout": held_out, "d/heldout_gap": train - held_out}
+
+    def _mean_score(self, D: nn.Module, ctx: StepContext, images: Tensor, labels: Optional[Tensor]) -> float:
+        scores = []
+        for start in range(0, images.size(0), self.batch_size):
+            batch = to_unit_range(images[start : start + self.batch_size])
+            y = labels[start : start + self.batch_size] if labels is not None else None
+            with ctx.autocast():
+                scores.append(D(batch, y).float())
+        return float(torch.cat(scores).mean())
+
+
+def build_overfit_probe(cfg: TrainConfig, train: ImageSet, device: torch.device) -> Optional[OverfitProbe]:
+    """A run first opens the held-out split here, so one that needs it stops before it trains."""
+    final_eval = cfg.trainer.final_eval_samples
+    if not cfg.trainer.overfit_every and not final_eval:
+        return None
+    try:
+        held_out = open_source(cfg.data, train=False)
+    except DataError as err:
+        if final_eval:
+            raise DataError(
+                f"{err} trainer.final_eval_samples={final_eval} measures the trained generator against this "
+                "held-out split after training; fix the split, or set trainer.final_eval_samples=0."
+            ) from err
+        if isinstance(err, EmptySplitError):  # a small folder: nothing is wrong with the data
+            log.info("No held-out images to compare D's scores with (%s): d/heldout_gap is not logged.", err)
+        else:  # damaged or missing files: the run goes on, but the user must hear it before evaluate.py fails
+            log.warning(
+                f"The held-out split cannot be read: {err} Training goes on without D's held-out scores "
+                "(d/heldout_gap, trainer.overfit_every); evaluate.py measures against this split and will refuse it "
+                "until it is fixed."
+            )
+        return None
+    if not cfg.trainer.overfit_every:
+        return None
+    count = min(PROBE_IMAGES, len(train.images), len(held_out))
+    count -= count % cfg.model.pack  # D judges packs of model.pack images
+    if count < cfg.model.pack:
+        return None
+    pick = torch.Generator().manual_seed(_SUBSET_SEED)
+    subsets = []
+    for images, labels in ((train.images, train.labels), (held_out, held_out.labels)):
+        index = torch.randperm(len(images), generator=pick)[:count]
+        subsets.append((take(images, index).to(device), labels[index].to(device) if cfg.model.conditional else None))
+    return OverfitProbe(subsets[0], subsets[1], min(cfg.data.batch_size, count))
+
+
+_NAMES = ("precision", "recall", "density", "coverage", "classes_covered", "class_kl", "modes_covered", "mode_kl")
+QUALITY_TAGS = {"fid": "quality/FID", **{name: f"quality/{name}" for name in _NAMES}}  # FID first: capitals sort first
+FID_TAG = QUALITY_TAGS["fid"]
+# A run's result, written at its end, one point each: the group sorts before `loss`, so it is the first group that
+# TensorBoard opens and the first metrics (the first columns) of its HParams page (docs/watching.md)
+BEST_FID_TAG = "FID/best"  # the lowest quality/FID: the generator in checkpoints/best.pt (its step: the curve's lowest)
+FINAL_FID_TAG = "FID/final"  # trainer.final_eval_samples: evaluate.py's FID of the last checkpoint
+
+
+class QualityProbe:
+    """Sample quality of the EMA generator every `trainer.eval_every` steps; the best is kept (checkpoints/best.pt).
+    The reference is the training split, never the held-out one: best.pt is picked by these numbers, and a pick
+    on the test split would flatter it. A cheap cut of evaluate.py's measurement, so a little above its numbers.
+    The same seeded latents every time, so the curve moves with G alone."""
+
+    def __init__(self, data: DataConfig, training: ImageSet, samples: int, seed: int, device: torch.device):
+        started = time.perf_counter()
+        if training.num_classes < 2:
+            raise ConfigError(
+                f"trainer.eval_every needs labelled data: data={data.name} has {training.num_classes} class, "
+                "and the in-training FID is measured in the features of a classifier of the data's classes. "
+                "Set trainer.eval_every=0 and measure with evaluate.py metrics.features=inception."
+            )
+        # fork_rng keeps the training's random stream as it would be without the probe
+        with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+            images, labels = reference_subset(training, samples, seed, "training split", "trainer.eval_samples")
+            images, labels = images.cpu(), labels.cpu()  # the split may live on the training device
+            self.reals = Reals(images, labels, stacked=M.is_stacked(training))
+            self.config = EvaluateConfig(checkpoint="(training)", num_samples=samples, seed=seed, batch_size=500)
+            bar = self.config.metrics.classifier.min_accuracy
+            accept_any = dataclasses.replace(self.config.metrics.classifier, min_accuracy=0.0)
+            labelled = classifier_data(data, self.reals.stacked)
+            classifier, accuracy, path = M.load_or_train_classifier(labelled, accept_any, device)
+        if accuracy < bar:
+            log.warning(
+                f"The metrics classifier of data={data.name} reaches {100 * accuracy:.2f}% test accuracy, below "
+                f"evaluate.py's bar of {100 * bar:.0f}%: the in-training FID and the pick of best.pt use its features "
+                "all the same (they need a consistent feature space); evaluate.py refuses it unless given "
+                "metrics.classifier.min_accuracy."
+            )
+        self.classifier: M.Classifier = classifier
+        self.features = M.ClassifierFeatures(classifier, self.reals.stacked, images.size(1)).to(device)
+        self.device = device
+        self.real_features = M.batched(self.features, images, self.config.batch_size, device)
+        log.info(
+            f"In-training quality: {samples} samples against {images.size(0)} validation images from the training "
+            f"split, features of {path.name} ({100 * accuracy:.2f}% accuracy); set up in "
+            f"{time.perf_counter() - started:.1f} s"
+        )
+
+    def measure(self, G: nn.Module) -> dict[str, float]:
+        cfg = self.config
+        labels = sample_classes(self.reals.labels, cfg.num_samples, None, cfg.seed) if G.num_classes else None
+        fake: Tensor = generate(G, cfg.num_samples, cfg.batch_size, cfg.seed, self.device, labels)
+        real, fake_features = self.real_features, M.batched(self.features, fake, cfg.batch_size, self.device)
+        results = {"fid": M.fid(real, fake_features)}
+        results.update(M.precision_recall_density_coverage(real, fake_features, cfg.metrics.pr_k, cfg.metrics.dc_k))
+        results.update(class_metrics(self.classifier, self.reals, fake, cfg, self.device))
+        return {QUALITY_TAGS[key]: float(value) for key, value in results.items() if key in QUALITY_TAGS}
 
 
 def write_samples(state: TrainingState, run_dir: Path, monitor: Monitor) -> None:

@@ -54,9 +54,8 @@ GIF_FRAMES = 50  # at most this many grids in samples/progress.gif, spread evenl
 
 
 def _quiet_event_writer_thread(args: threading.ExceptHookArgs, default=threading.excepthook) -> None:
-    """TensorBoard writes events in a thread, which keeps a failed write (a full disk) and raises it again in
-    the thread that writes next, where the run reports it in one paragraph; Python would also print the
-    writer thread's own traceback."""
+    """TensorBoard's writer thread raises a failed write (a full disk) again in the next writer, which reports it in
+    one paragraph: its own traceback is left unprinted."""
     if type(args.thread).__name__ == "_AsyncWriterThread" and issubclass(args.exc_type, OSError):
         return
     default(args)
@@ -75,7 +74,7 @@ def shown_name(key: str) -> str:
     return f"train/{group}_{name}" if group in ("grad_norm", "d") else key
 
 
-class Monitor:
+class Monitor(contextlib.AbstractContextManager):
     def __init__(
         self,
         run_dir: Path,
@@ -102,10 +101,6 @@ class Monitor:
         self.images_since, self.time_since = 0, time.perf_counter()
         self.first_step_done: Optional[float] = None
         self.optimizers: dict[str, Optimizer] = {}
-        self.session_open = False
-
-    def __enter__(self) -> Monitor:
-        return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
@@ -137,7 +132,6 @@ class Monitor:
     ) -> None:
         """Open the HParams session and show the real images (a fresh run only)."""
         self.optimizers = dict(optimizers)
-        self.session_open = self.enabled
         if not self.enabled or step:
             return
         # the plugin types each column from the values; None as "null", as on the command line
@@ -220,10 +214,12 @@ class Monitor:
                 pass
 
     def text(self, tag: str, text: str, step: int) -> None:
-        """Under `tag` itself: torch's add_text would name it `tag/text_summary`."""
+        self.summary(text_pb(tag, text), step)  # under `tag` itself: torch's add_text would name it `tag/text_summary`
+
+    def summary(self, summary: summary_pb2.Summary, step: int) -> None:
         if self.enabled:
             with self.writing() as writer:
-                writer.file_writer.add_summary(text_pb(tag, text), step)
+                writer.file_writer.add_summary(summary, step)
 
     def image(self, tag: str, grid: Tensor, step: int) -> None:
         if self.enabled:  # a diverged G's NaN pixels drawn black: numpy's uint8 cast of NaN warns, and is arbitrary
@@ -232,15 +228,13 @@ class Monitor:
 
     def end_session(self, step: int, finished: bool) -> None:
         """Only success is written: TensorBoard keeps the first status, and a stopped run may yet resume."""
-        if not (self.enabled and self.session_open and finished):
+        if not finished:
             return
-        self.session_open = False
         info = plugin_data_pb2.SessionEndInfo(status=api_pb2.STATUS_SUCCESS, end_time_secs=time.time())
         end = metadata.create_summary_metadata(plugin_data_pb2.HParamsPluginData(session_end_info=info))
         summary = summary_pb2.Summary()
         summary.value.add(tag=metadata.SESSION_END_INFO_TAG, metadata=end, tensor=metadata.NULL_TENSOR)
-        with self.writing() as writer:
-            writer.file_writer.add_summary(summary, step)
+        self.summary(summary, step)
 
     def close(self) -> None:
         self.bar.close()

@@ -1,8 +1,11 @@
-"""The training state: every object that changes while training, saved and restored together."""
+"""The training state: every object that changes while training, saved and restored together; and the process
+it lives in (device, threads, allocator, determinism, precision, compile), which the step sees as a StepContext."""
 
+import contextlib
 import dataclasses
 import functools
 import logging
+import os
 import random
 from typing import Any, Callable, Optional
 
@@ -15,19 +18,17 @@ from gan.checkpoint import load_module_state
 from gan.config import OnNonFinite, Precision, TrainConfig, to_plain
 from gan.core.augment import AdaptiveAugment, diff_augment, no_augment
 from gan.core.ema import build_ema
-from gan.core.losses import LOSSES, AdversarialLoss, d_loss_bce
+from gan.core.losses import LOSSES, d_loss_bce
 from gan.core.models import Discriminator, Generator
 from gan.core.sampling import class_rows
 from gan.core.steps import Penalties, StepContext
 from gan.data import BatchStream, ImageSet, load_dataset
-from gan.device import environment
-from gan.distributed import SINGLE, World
+from gan.device import environment, retain_freed_memory, setup_torch
+from gan.distributed import SINGLE, World, rank_device
 from gan.errors import CheckpointError, ConfigError, DataError
-from gan.training.hardware import compile_models, resolve_precision, step_context
 
 log = logging.getLogger(__name__)
 
-CPU = torch.device("cpu")
 ANOTHER = (  # what a damaged checkpoint leaves to do
     "Resume from another checkpoint of the run if trainer.keep_checkpoints kept any (checkpoints/step_NNNNNN.pt), "
     "or start a new run."
@@ -55,8 +56,7 @@ class TrainingState:
         return self.G_ema.module if self.G_ema is not None else self.G
 
     @property
-    def grid_columns(self) -> Optional[int]:
-        """Images per sample-grid row: one class's latents when conditional, else None (the default)."""
+    def grid_columns(self) -> Optional[int]:  # a grid row per class when conditional, else torchvision's default
         return None if self.fixed_y is None else int((self.fixed_y == self.fixed_y[0]).sum())
 
     def state_dict(self, cfg: TrainConfig, rank_rngs: Optional[list[dict[str, Any]]] = None) -> dict[str, Any]:
@@ -83,8 +83,8 @@ class TrainingState:
         }
 
     def load_state_dict(self, state: dict[str, Any], world: World = SINGLE) -> None:
-        """Load a checkpoint into these fresh objects; per-rank generators only if saved for a job this size."""
-        # The resume contract (gan/launch.py) keeps model.* as stored: a misfit is the checkpoint's own fault
+        """Load a checkpoint into these fresh objects; per-rank generators only if saved for a job this size. The
+        resume contract (gan/launch.py) keeps model.* as stored: a misfit is the checkpoint's own fault."""
         advice = MISMATCH + (MISMATCH_CLASSES if self.G.num_classes else "")
         if state.get("pack") != self.pack:  # data.root may change on a resume; the images may not
             raise DataError(
@@ -190,7 +190,7 @@ def rng_state(device: torch.device, augment: Optional[AdaptiveAugment] = None) -
     }
 
 
-def set_rng_state(rng: dict[str, Any], device: torch.device, augment: Optional[AdaptiveAugment] = None) -> None:
+def set_rng_state(rng: dict[str, Any], device: torch.device, augment: Optional[AdaptiveAugment]) -> None:
     random.setstate(rng["python"])
     torch.set_rng_state(rng["torch"].cpu())
     if rng["cuda"] and device.type == "cuda":
@@ -213,25 +213,21 @@ def build_state(
     dataset: Optional[ImageSet] = None,
 ) -> TrainingState:
     """A fresh training state on `device`; `dataset` replaces the one cfg.data names."""
-    dataset = dataset or load_dataset(cfg.data)
-    num_classes = check_classes(cfg, dataset) if cfg.model.conditional else 0
+    dataset, data, model = dataset or load_dataset(cfg.data), cfg.data, cfg.model
+    num_classes = check_classes(cfg, dataset) if model.conditional else 0
     labels = dataset.labels if num_classes else None  # the classes travel with the batch
-    data = cfg.data
     batches = BatchStream(
         dataset.images, data.batch_size, cfg.trainer.seed, device, data.num_workers, world.rank, world.size, labels
     )
     G, D = build_models(cfg, device, num_classes)
-    model = cfg.model  # G_ema: a deep copy of G made before compiling, so it stays eager
-    images_per_step = cfg.data.batch_size * world.size
+    images_per_step = data.batch_size * world.size  # G_ema: a deep copy of G made before compiling: it stays eager
     G_ema = build_ema(G, model.ema_decay, model.ema_kimg, model.ema_rampup, images_per_step, model.ema_every)
     if cfg.trainer.compile:
         compile_models(G, D)
     opt_g, opt_d = build_optimizer(G, cfg, device), build_optimizer(D, cfg, device, lr=cfg.optim.lr_d)
     seeded = torch.Generator(device).manual_seed(cfg.trainer.seed)  # z made on the device, not moved there
     fixed_z = torch.randn(cfg.trainer.num_fixed_samples, cfg.model.z_dim, device=device, generator=seeded)
-    fixed_y = None
-    if num_classes:  # one grid row per class, the same latents in each row
-        fixed_z, fixed_y = class_rows(fixed_z, num_classes)
+    fixed_z, fixed_y = class_rows(fixed_z, num_classes) if num_classes else (fixed_z, None)  # a row per class
     return TrainingState(G, D, G_ema, opt_g, opt_d, scaler, batches, fixed_z, fixed_y=fixed_y, pack=dataset.pack)
 
 
@@ -283,24 +279,19 @@ def set_learning_rates(state: TrainingState, cfg: TrainConfig) -> None:
             group["lr"] = base * scale
 
 
-def build_loss(cfg: TrainConfig) -> AdversarialLoss:
-    """The configured adversarial loss, with bce's real label (one-sided smoothing) bound in."""
-    loss = LOSSES[cfg.loss.name.value]
-    if cfg.loss.name.value == "bce" and cfg.loss.real_label != 1.0:
-        return loss._replace(d=functools.partial(d_loss_bce, real_label=cfg.loss.real_label))
-    return loss
-
-
-def build_step_context(cfg: TrainConfig, device: torch.device = CPU, rank: int = 0) -> tuple[StepContext, Precision]:
+def build_step_context(cfg: TrainConfig, device: torch.device, rank: int = 0) -> tuple[StepContext, Precision]:
     precision = resolve_precision(cfg.trainer.precision, device)
     ctx = step_context(precision, device, skip_nonfinite=cfg.trainer.on_nan == OnNonFinite.skip)
     loss, penalties = cfg.loss, Penalties(cfg.loss.gradient_penalty, cfg.loss.r1)
-    objective = dict(loss=build_loss(cfg), penalties=penalties, feature_matching=loss.feature_matching)
+    adversarial = LOSSES[loss.name.value]
+    if loss.name.value == "bce" and loss.real_label != 1.0:  # one-sided label smoothing
+        adversarial = adversarial._replace(d=functools.partial(d_loss_bce, real_label=loss.real_label))
+    objective = dict(loss=adversarial, penalties=penalties, feature_matching=loss.feature_matching)
     augment = build_augment(cfg, device, rank)
     return dataclasses.replace(ctx, **objective, backward_mode=loss.backward_mode, augment=augment), precision
 
 
-def build_augment(cfg: TrainConfig, device: torch.device = CPU, rank: int = 0) -> Callable[[Tensor], Tensor]:
+def build_augment(cfg: TrainConfig, device: torch.device, rank: int) -> Callable[[Tensor], Tensor]:
     """DiffAugment (adaptive with model.ada_target) or the identity; its draws use checkpointed generators.
     ADA's generator is seeded apart from torch's global one (trainer.seed + rank), so its numbers are not
     the latents' again; each rank draws its own, as each draws its own latents."""
@@ -322,3 +313,53 @@ def wrap_for_ddp(G: nn.Module, D: nn.Module, world: World, device: torch.device)
         return G, D
     device_ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(G, device_ids=device_ids), DistributedDataParallel(D, device_ids=device_ids)
+
+
+def prepare_process(cfg: TrainConfig, world: World = SINGLE) -> torch.device:
+    trainer = cfg.trainer
+    # each rank draws its own latents; initial weights may differ too, as DDP copies rank 0's
+    device = setup_torch(trainer.device, trainer.threads, trainer.seed + world.rank, "trainer.device")
+    device = rank_device(world, device)
+    if device.type == "cpu" and trainer.retain_host_memory and retain_freed_memory():
+        log.debug("glibc malloc: freed blocks are kept for reuse (trainer.retain_host_memory=true)")
+    if trainer.deterministic:
+        # cuBLAS needs a fixed workspace; on the CPU every kernel used here is deterministic already
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = device.type == "cuda" and not trainer.deterministic
+    return device
+
+
+def resolve_precision(precision: Precision, device: torch.device) -> Precision:
+    if precision != Precision.auto:
+        return precision
+    if device.type == "cuda":
+        fast = torch.cuda.get_device_capability(device)[0] >= 8  # Ampere and later: bf16 tensor cores
+    else:
+        fast = device.type == "cpu" and cpu_has_fast_bf16()
+    return Precision.bf16 if fast else Precision.fp32
+
+
+def cpu_has_fast_bf16() -> bool:
+    """AMX or AVX512-bf16 instructions, which oneDNN uses for bf16 convolutions."""
+    try:
+        return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
+    except AttributeError:  # private helpers: absent in other torch versions
+        return False
+
+
+def step_context(precision: Precision, device: torch.device, skip_nonfinite: bool) -> StepContext:
+    """A GradScaler enabled only for fp16; the training state adds the objective with dataclasses.replace."""
+    dtype = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}.get(precision)
+    autocast = (
+        functools.partial(torch.autocast, device_type=device.type, dtype=dtype) if dtype else contextlib.nullcontext
+    )
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == Precision.fp16)
+    return StepContext(autocast=autocast, scaler=scaler, skip_nonfinite=skip_nonfinite)
+
+
+def compile_models(G: nn.Module, D: Discriminator) -> None:
+    """Apart, not the whole step (it would split after G's forward); D's parts, so both its calls run compiled."""
+    G.compile()
+    D.features.compile()
+    D.head.compile()

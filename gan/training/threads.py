@@ -1,10 +1,9 @@
-"""A run's torch thread count on the CPU. oneDNN splits its reductions by thread count, so the count is part
-of what a run computes: by default it is fixed for the run's life, written into each checkpoint and taken
-back on resume (`keep_thread_count`), whatever the load or the machine's default is by then.
-`trainer.adapt_threads=true` trades that for speed beside busy processes: the count follows the cores
-others leave free, since beside a busy process one time-sliced chunk stalls every OpenMP region
+"""A run's torch thread count on the CPU. oneDNN splits its sums by thread count, so by default the count is fixed
+for the run's life, checkpointed and kept on resume (`keep_thread_count`). trainer.adapt_threads=true follows the
+cores others leave free instead: beside a busy process one time-sliced chunk stalls every OpenMP region
 (docs/speed.md#sharing-the-machine)."""
 
+import contextlib
 import logging
 import math
 import time
@@ -23,8 +22,8 @@ BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")
 
 
 def machine_busy_seconds(cpus: Optional[set[int]] = None) -> Optional[float]:
-    """All processes' busy CPU seconds since boot on this process's CPUs (every CPU where the system sets no
-    affinity, as on macOS), read through psutil on Linux, macOS and Windows; None where it cannot read them."""
+    """All processes' busy CPU seconds since boot on this process's CPUs (all where there is no affinity, as on
+    macOS); None where psutil cannot read them."""
     if cpus is None and hasattr(psutil.Process, "cpu_affinity"):
         cpus = set(psutil.Process().cpu_affinity())
     try:
@@ -37,14 +36,11 @@ def machine_busy_seconds(cpus: Optional[set[int]] = None) -> Optional[float]:
 
 def own_busy_seconds() -> float:
     """CPU seconds of this process and of its live children (DataLoader workers)."""
-    me = psutil.Process()
-    total = 0.0
+    me, total = psutil.Process(), 0.0
     for process in [me, *me.children(recursive=True)]:
-        try:
+        with contextlib.suppress(psutil.Error):  # a child that just ended
             times = process.cpu_times()
-        except psutil.Error:  # a child that just ended
-            continue
-        total += times.user + times.system
+            total += times.user + times.system
     return total
 
 
@@ -111,12 +107,10 @@ def thread_governor(adapt: bool, device: torch.device) -> Optional[ThreadGoverno
 
 
 def keep_thread_count(recorded: Optional[int], threads: int, adapt: bool) -> None:
-    """On resume: the count the checkpoint's run computed with (`recorded`, typed where the checkpoint is read:
-    checkpoint.ENTRIES), unless the command fixes another (trainer.threads=N) or adapts. Where this process may
-    use fewer CPUs than that, it takes what it has: a count above the CPUs can only be slower, and at 100s
-    crashes torch's pool."""
+    """On resume: the count the checkpoint's run computed with, unless trainer.threads=N or adapt_threads; at most
+    this process's CPUs (more can only be slower, and at 100s crashes torch's pool)."""
     if recorded is None or adapt or recorded == torch.get_num_threads():
-        return  # a checkpoint that records no count, or an adapting run: nothing to keep
+        return
     usable = min(recorded, available_cpus())
     if not threads:
         torch.set_num_threads(usable)
