@@ -97,9 +97,13 @@ def test_spectral_norm_bounds_the_reshaped_matrix_not_the_convolution_on_images(
         assert max(gains) <= 1.0 + 1e-3
 
 
-def test_pack_judges_groups_of_samples():
+def test_pack_and_minibatch_std_in_discriminator():
     D = Discriminator(width=8, image_size=16, pack=2)
     assert D(torch.randn(8, 1, 16, 16)).shape == (4,)
+    D = Discriminator(width=8, image_size=16, minibatch_std=4)
+    assert D.head.in_channels == 8 * 2 + 1 and D(torch.randn(8, 1, 16, 16)).shape == (8,)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.isfinite(D(torch.randn(8, 1, 16, 16)).float()).all()
 
 
 def test_minibatch_std_known_values():
@@ -125,10 +129,3 @@ def test_minibatch_std_lets_d_see_a_collapsed_batch():
     touched = x.grad.flatten(1).abs().sum(1) > 0
     assert touched.tolist() == [True, False, True, False, True, False, True, False]
     assert MinibatchStd(group_size=4)(torch.randn(6, 2, 4, 4)).shape == (6, 3, 4, 4)  # gcd(6, 4) = 2
-
-
-def test_minibatch_std_in_discriminator():
-    D = Discriminator(width=8, image_size=16, minibatch_std=4)
-    assert D.head.in_channels == 8 * 2 + 1 and D(torch.randn(8, 1, 16, 16)).shape == (8,)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert torch.isfinite(D(torch.randn(8, 1, 16, 16)).float()).all()
