@@ -1,10 +1,5 @@
-"""The statements of docs/walkthrough.md and docs/more.md that tests/test_steps.py and
-tests/test_claims.py do not already prove, on the real G and D wherever the statement is about them.
-
-Sections follow the walkthrough: batch in, D step, G step, where this loop clears gradients, the
-gradient penalty (loss=wgan_gp), log, sample; then what docs/more.md took over from it: the
-checkpoint's state_dict, export.
-"""
+"""The statements of docs/walkthrough.md and docs/more.md that test_steps.py and test_claims.py do not
+already prove, on the real G and D wherever the statement is about them, in the walkthrough's order."""
 
 from __future__ import annotations
 
