@@ -139,7 +139,7 @@ def test_two_backward_calls_before_the_step_are_accumulation(tiny_gan):
 # contiguous() and channels_last ---------------------------------------------------------------
 
 
-def test_view_refuses_a_channels_last_tensor_that_flatten_and_reshape_copy():
+def test_channels_last_features_of_the_real_D_need_flatten_not_view(tiny_gan):
     x = torch.randn(4, 3, 8, 8).contiguous(memory_format=torch.channels_last)
     assert x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
     with pytest.raises(RuntimeError, match="view size is not compatible"):
@@ -147,9 +147,6 @@ def test_view_refuses_a_channels_last_tensor_that_flatten_and_reshape_copy():
     for flat in (x.flatten(1), x.reshape(4, -1), x.contiguous().view(4, -1)):
         assert flat.data_ptr() != x.data_ptr()  # a copy in NCHW order
         torch.testing.assert_close(flat, x.detach().clone(memory_format=torch.contiguous_format).view(4, -1))
-
-
-def test_channels_last_features_of_the_real_D_need_flatten_not_view(tiny_gan):
     _, D = tiny_gan
     D = D.to(memory_format=torch.channels_last)  # as gan/training/state.py:build_models does by default
     x = digits(4).contiguous(memory_format=torch.channels_last)

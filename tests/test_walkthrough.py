@@ -125,14 +125,6 @@ def test_frozen_spectrally_normalised_discriminator_still_advances_its_power_ite
     assert u and all(not torch.equal(before[name], dict(D.named_buffers())[name]) for name in u)
 
 
-def test_eval_mode_discriminator_still_passes_gradients_to_both_networks(tiny_gan):
-    G, D = tiny_gan
-    D.eval()
-    BCE.g(D(G(torch.randn(4, 16)))).backward()
-    assert all(p.grad is not None for p in G.parameters())
-    assert all(p.grad is not None for p in D.parameters())  # eval() froze nothing
-
-
 # where this loop clears gradients: after each update, not before each backward --------------------
 # Each test runs this loop's real d_step and g_step (or, for the counterfactual, d_step's own lines
 # with one change) from the same G, D and batch, and reads the gradient each optimizer is about to
