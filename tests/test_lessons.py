@@ -40,9 +40,7 @@ def test_real_and_fake_go_through_D_as_separate_batches_because_batchnorm_mixes_
     D.eval()  # running statistics: each sample on its own, whatever its batch-mates
     with torch.no_grad():
         torch.testing.assert_close(D(torch.cat([real, fake]))[:16], D(real))
-
-
-def test_without_batchnorm_a_mixed_batch_gives_D_the_same_logits():
+    # without BatchNorm a mixed batch gives D the same logits
     torch.manual_seed(0)
     D = Discriminator(width=8, channels=1, image_size=16, batchnorm=False)
     real, fake = digits(16), torch.rand(16, 1, 16, 16) * 2 - 1

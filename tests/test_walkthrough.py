@@ -44,16 +44,13 @@ def test_a_model_moved_to_a_device_takes_latents_made_there(tiny_gan):
         G(torch.randn(2, 16))  # a CPU tensor into a module on another device
 
 
-def test_float_returns_the_same_tensor_when_it_is_float_already():
+def test_float_returns_the_same_tensor_when_it_is_float_already_and_indices_must_be_integers():
     images = torch.zeros(2, dtype=torch.uint8)
     assert images.float() is not images  # uint8 -> a new tensor: div_ on it is safe
     floats = torch.zeros(2)
     assert floats.float() is floats  # already float32: the very same tensor
     floats.float().div_(2.0).add_(1.0)
     assert floats.tolist() == [1.0, 1.0]  # an in-place op after .float() wrote into the original
-
-
-def test_indices_must_be_integers_which_torch_tensor_infers_and_torch_Tensor_does_not():
     images = torch.arange(12, dtype=torch.uint8).view(3, 4)
     index = [2, 0]  # what BatchStream's sampler yields
     assert images[torch.tensor(index)].tolist() == [[8, 9, 10, 11], [0, 1, 2, 3]]  # int64 inferred
@@ -392,7 +389,7 @@ def test_state_dict_shares_storage_with_the_parameters_until_saved(tiny_gan):
 # export -----------------------------------------------------------------------------------------
 
 
-def test_trace_records_the_mode_it_saw(tiny_gan):
+def test_trace_script_and_export_of_G_and_the_mode_each_keeps(tiny_gan):
     G, _ = tiny_gan
     z = torch.randn(4, 16)
     traced_in_train = quietly(lambda: torch.jit.trace(G, z, check_trace=False))
@@ -407,23 +404,14 @@ def test_trace_records_the_mode_it_saw(tiny_gan):
         stats = bn.running_mean.clone()
         assert not torch.allclose(traced_in_train(z), expected)  # batch statistics, baked in
         assert not torch.equal(stats, bn.running_mean)  # and it still moves G's running statistics
-
-
-def test_script_keeps_the_mode_switch(tiny_gan):
-    G, _ = tiny_gan
+    G.train()  # script keeps the mode switch
     with pytest.warns(FutureWarning, match="deprecated"):
         scripted = torch.jit.script(G)
-    z = torch.randn(4, 16)
     with torch.no_grad():
         assert torch.allclose(scripted(z), G(z))
         G.eval()
         scripted.eval()
         assert torch.allclose(scripted(z), G(z))
-
-
-def test_export_takes_a_dynamic_batch_and_refuses_data_dependent_branches(tiny_gan):
-    G, _ = tiny_gan
-    G.eval()
     program = export(G, (torch.randn(4, 16),), dynamic_shapes=({0: Dim("batch", min=2)},))
     z = torch.randn(5, 16)
     with torch.no_grad():
