@@ -408,16 +408,12 @@ def test_note002_without_detach_a_gan_step_raises_and_retain_graph_only_hides_it
     assert not all(torch.allclose(a, b) for a, b in zip(polluted, clean))
 
 
-def test_note002_requires_grad_false_freezes_part_of_a_model(tiny_gan):
+def test_note002_requires_grad_false_freezes_part_of_a_model_and_true_on_an_input_trains_it(tiny_gan):
     G, D = tiny_gan
     with frozen(D):
         BCE.g(D(G(torch.randn(4, 16)))).backward()
     assert all(p.grad is None for p in D.parameters())
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in G.parameters())
-
-
-def test_note002_gradient_reaches_an_input_that_requires_grad(tiny_gan):
-    _, D = tiny_gan
     D.eval()  # per-sample logits, so the step below moves each image's own score
     x = torch.randn(4, 1, 16, 16, requires_grad=True)
     with frozen(D):
