@@ -46,27 +46,29 @@ def test_note000_no_grad_is_not_a_freeze(tiny_gan):
     assert all(p.grad is not None for p in G.parameters())
 
 
-def test_note000_device_string_works_like_torch_device():
+def test_note000_devices_norms_and_float32():
     device = "cuda" if torch.cuda.is_available() else "cpu"
     assert torch.zeros(1, device=device).device == torch.device(device)
     assert torch.zeros(1).to("meta").device == torch.device("meta")
-
-
-def test_note000_norm_dim_and_keepdim():
+    x = torch.randn(3, requires_grad=True)
+    assert x.cpu() is x
+    assert x.to("cpu") is x
+    x = torch.randn(3, requires_grad=True)
+    assert x.cpu().grad_fn is None  # same object, a leaf: no edge on the CPU
+    assert x.cpu().detach().data_ptr() == x.detach().cpu().data_ptr() == x.data_ptr()
+    assert type(x.to("meta").grad_fn).__name__ == "ToCopyBackward0"  # a real copy records an edge
+    assert x.detach().to("meta").grad_fn is None  # detach first: nothing recorded
     m = torch.tensor([[3.0, 4.0, 0.0], [0.0, 0.0, 2.0], [1.0, 0.0, 0.0]])
     assert torch.equal(m.norm(dim=-1), torch.tensor([5.0, 2.0, 1.0]))
     assert m.norm(dim=-1, keepdim=True).shape == (3, 1)
     assert m.norm(dim=-1, keepdim=False).shape == (3,)
     assert m.norm().shape == () and m.norm().item() == pytest.approx(30**0.5)
+    assert torch.tensor(16777217, dtype=torch.float32).item() == 16777216.0
+    assert torch.tensor(16777217, dtype=torch.float64).item() == 16777217.0
+    assert torch.finfo(torch.float32).eps == 2.0**-23  # 23 stored bits + the implicit one
 
 
-def test_note000_cpu_on_a_cpu_tensor_returns_the_same_object():
-    x = torch.randn(3, requires_grad=True)
-    assert x.cpu() is x
-    assert x.to("cpu") is x
-
-
-def test_note000_detach_shares_storage_and_can_require_grad_again():
+def test_note000_detach_and_numpy_share_memory():
     x = torch.randn(3, requires_grad=True)
     y = x.exp()  # exp saves its output for backward
     d = y.detach()
@@ -77,18 +79,12 @@ def test_note000_detach_shares_storage_and_can_require_grad_again():
         y.sum().backward()
     again = x.detach().requires_grad_()
     assert again.requires_grad and again.is_leaf
-
-
-def test_note000_numpy_shares_memory_both_ways():
     t = torch.zeros(3)
     a = t.numpy()
     t[0] = 1.0
     a[1] = 2.0
     assert a.tolist() == [1.0, 2.0, 0.0]
     assert t.tolist() == [1.0, 2.0, 0.0]
-
-
-def test_note000_numpy_needs_a_cpu_tensor_without_grad():
     with pytest.raises(TypeError, match="can't convert meta device type tensor to numpy"):
         torch.zeros(2, device="meta").numpy()
     x = torch.ones(2, requires_grad=True)
@@ -97,9 +93,6 @@ def test_note000_numpy_needs_a_cpu_tensor_without_grad():
     forced = x.numpy(force=True)
     forced[0] = 5.0
     assert x.tolist() == [5.0, 1.0]  # written through, behind autograd's back
-
-
-def test_note000_astype_float32_copies():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = torch.nn.Linear(2, 2)(torch.zeros(1, 2))
     assert out.dtype == torch.bfloat16
@@ -114,41 +107,43 @@ def test_note000_astype_float32_copies():
     assert torch.zeros(2, dtype=torch.float64).numpy().astype("float32").dtype == np.float32
 
 
-def test_note000_float32_has_a_24_bit_significand():
-    assert torch.tensor(16777217, dtype=torch.float32).item() == 16777216.0
-    assert torch.tensor(16777217, dtype=torch.float64).item() == 16777217.0
-    assert torch.finfo(torch.float32).eps == 2.0**-23  # 23 stored bits + the implicit one
-
-
-def test_note000_cpu_then_detach_makes_an_edge_only_when_it_copies():
-    x = torch.randn(3, requires_grad=True)
-    assert x.cpu().grad_fn is None  # same object, a leaf: no edge on the CPU
-    assert x.cpu().detach().data_ptr() == x.detach().cpu().data_ptr() == x.data_ptr()
-    assert type(x.to("meta").grad_fn).__name__ == "ToCopyBackward0"  # a real copy records an edge
-    assert x.detach().to("meta").grad_fn is None  # detach first: nothing recorded
-
-
 # note 001 ---------------------------------------------------------------------------------------
 
 
-def test_note001_mixing_devices_raises_except_a_zero_dim_cpu_tensor():
+def test_note001_devices_and_leaves():
     on_device = torch.ones(2, device="meta")
     with pytest.raises(RuntimeError, match="Tensor on device cpu is not on the expected device meta"):
         on_device + torch.ones(2)
     with pytest.raises(RuntimeError, match="device"):
         on_device + torch.ones(1)  # one element but 1-dim: not the exception
     assert (on_device + torch.tensor(1.0)).device.type == "meta"  # 0-dim CPU: allowed
-
-
-def test_note001_tensor_to_returns_a_new_tensor_and_leaves_the_original():
     b = torch.ones(2)
     b.to("meta")
     assert b.device.type == "cpu"
     module = nn.Linear(2, 2)
     assert module.to("meta") is module and module.weight.device.type == "meta"
+    direct = torch.tensor([1.0, 2.0], requires_grad=True, device="meta")
+    assert direct.is_leaf and direct.grad_fn is None
+    assert "requires_grad=True" in repr(direct) and "grad_fn" not in repr(direct)
+    cpu = torch.tensor([1.0, 2.0], requires_grad=True)
+    moved = cpu.to("meta")
+    assert not moved.is_leaf and type(moved.grad_fn).__name__ == "ToCopyBackward0"
+    cpu = torch.tensor([1.0, 2.0], requires_grad=True)
+    moved = cpu.to(torch.float64)  # the same ToCopy node; backward runs on the CPU
+    moved.sum().backward()
+    assert cpu.grad is not None
+    grad, messages = records_warnings(lambda: moved.grad)
+    assert grad is None and any("not a leaf" in m for m in messages)
+    x, y = torch.randn(3), torch.randn(3)
+    assert (x * y).grad_fn is None  # plain data: no graph even with grad mode on
+    layer = nn.Linear(3, 1)
+    out = layer(x)
+    assert out.grad_fn is not None and layer.weight.grad is None  # a graph, but no stored gradient
+    with torch.no_grad():
+        assert layer(x).grad_fn is None
 
 
-def test_note001_numpy_works_on_requires_grad_tensor_inside_no_grad():
+def test_note001_numpy_and_requires_grad():
     w = torch.ones(2, requires_grad=True)
     with pytest.raises(RuntimeError, match="requires grad"):
         w.numpy()
@@ -162,41 +157,10 @@ def test_note001_numpy_works_on_requires_grad_tensor_inside_no_grad():
     assert plain.numpy().shape == (3, 4)  # the note's x_t converts without no_grad
     with torch.no_grad(), pytest.raises(TypeError):
         np.ones(2) + torch.ones(2)  # not interchangeable in an expression, no_grad or not
-
-
-def test_note001_tensor_created_on_a_device_is_a_leaf():
-    direct = torch.tensor([1.0, 2.0], requires_grad=True, device="meta")
-    assert direct.is_leaf and direct.grad_fn is None
-    assert "requires_grad=True" in repr(direct) and "grad_fn" not in repr(direct)
-    cpu = torch.tensor([1.0, 2.0], requires_grad=True)
-    moved = cpu.to("meta")
-    assert not moved.is_leaf and type(moved.grad_fn).__name__ == "ToCopyBackward0"
-    cpu = torch.tensor([1.0, 2.0], requires_grad=True)
-    moved = cpu.to(torch.float64)  # the same ToCopy node; backward runs on the CPU
-    moved.sum().backward()
-    assert cpu.grad is not None
-    grad, messages = records_warnings(lambda: moved.grad)
-    assert grad is None and any("not a leaf" in m for m in messages)
-
-
-def test_note001_numpy_refuses_a_tensor_that_requires_grad():
     t = torch.tensor([1.0, 2.0], requires_grad=True)
     with pytest.raises(RuntimeError, match=r"Use tensor.detach\(\).numpy\(\) instead"):
         t.numpy()
     assert t.detach().numpy().tolist() == [1.0, 2.0]
-
-
-def test_note001_graph_is_recorded_only_for_inputs_that_require_grad():
-    x, y = torch.randn(3), torch.randn(3)
-    assert (x * y).grad_fn is None  # plain data: no graph even with grad mode on
-    layer = nn.Linear(3, 1)
-    out = layer(x)
-    assert out.grad_fn is not None and layer.weight.grad is None  # a graph, but no stored gradient
-    with torch.no_grad():
-        assert layer(x).grad_fn is None
-
-
-def test_note001_mixing_tensors_and_ndarrays_is_not_free():
     array = np.ones(2)  # float64
     result, _ = records_warnings(lambda: torch.ones(2) + array)  # NumPy 2 warns about __array_wrap__
     assert isinstance(result, torch.Tensor) and result.dtype == torch.float64
@@ -211,7 +175,7 @@ def test_note001_mixing_tensors_and_ndarrays_is_not_free():
 # note 002 ---------------------------------------------------------------------------------------
 
 
-def test_note002_backward_implicit_gradient_only_for_scalars():
+def test_note002_backward_and_grad():
     x = torch.randn(3, requires_grad=True)
     with pytest.raises(RuntimeError, match="grad can be implicitly created only for scalar outputs"):
         (x * 2).backward()
@@ -219,6 +183,48 @@ def test_note002_backward_implicit_gradient_only_for_scalars():
     assert torch.equal(x.grad, torch.full((3,), 2.0))
     (x * 2).sum().reshape(1, 1).backward()  # a 1x1 output also gets the implicit 1
     assert torch.equal(x.grad, torch.full((3,), 4.0))
+    w = torch.tensor([1.0, 2.0], requires_grad=True)
+    assert w.grad is None
+    (w * 3).sum().backward()
+    assert w.grad.tolist() == [3.0, 3.0]
+    (w * w).sum().backward()  # a second graph: its gradient is added, not assigned
+    assert w.grad.tolist() == [5.0, 7.0]
+    x = torch.randn(3, requires_grad=True)
+    kept, dropped = x * 2, x * 3
+    kept.retain_grad()
+    (kept.sum() + dropped.sum()).backward()
+    assert kept.grad.tolist() == [1.0, 1.0, 1.0]
+    grad, messages = records_warnings(lambda: dropped.grad)
+    assert grad is None and any("retain_grad" in m for m in messages)
+    with pytest.raises(RuntimeError, match="can't retain_grad on Tensor that has requires_grad=False"):
+        torch.ones(2).retain_grad()
+    x = torch.randn(3, requires_grad=True)
+    y = (x + 1).sum()
+    y.backward()
+    y.backward()  # nothing was saved, nothing was freed
+    assert x.grad.tolist() == [2.0, 2.0, 2.0]
+    y = (x * x).sum()
+    y.backward()
+    with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
+        y.backward()
+    y = (x * x).sum()
+    y.backward(retain_graph=True)
+    y.backward()  # kept: works
+    x = torch.tensor(1.0, requires_grad=True)
+    (x**3).backward(torch.tensor(3.0))
+    assert x.grad.item() == 9.0
+    x = torch.tensor(2.0, requires_grad=True)
+    (x**3).backward(torch.tensor(3.0))
+    assert x.grad.item() == 3.0 * 3 * 2.0**2  # 36: the upstream 3 times z'(2) = 12
+    W_h, W_x = torch.randn(20, 20, requires_grad=True), torch.randn(20, 10, requires_grad=True)
+    x, prev_h = torch.randn(1, 10), torch.randn(1, 20)
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        torch.mm(W_h, prev_h)
+    next_h = (torch.mm(W_h, prev_h.t()) + torch.mm(W_x, x.t())).tanh()
+    assert next_h.shape == (20, 1)
+    next_h.sum().backward()
+    assert W_h.grad.shape == (20, 20) and W_x.grad.shape == (20, 10)
+    assert x.grad is None and prev_h.grad is None
 
 
 def test_note002_no_grad_saves_no_tensors_and_cannot_backprop():
@@ -284,69 +290,48 @@ def test_note002_detach_makes_a_leaf_and_stops_at_it(tiny_gan):
     assert all(p.grad is None for p in G.parameters())
 
 
-def test_note002_grad_starts_none_and_accumulates():
-    w = torch.tensor([1.0, 2.0], requires_grad=True)
-    assert w.grad is None
-    (w * 3).sum().backward()
-    assert w.grad.tolist() == [3.0, 3.0]
-    (w * w).sum().backward()  # a second graph: its gradient is added, not assigned
-    assert w.grad.tolist() == [5.0, 7.0]
-
-
-def test_note002_tensors_not_requiring_grad_are_leaves():
+def test_note002_leaves_and_requires_grad():
     a, b = torch.randn(2), torch.randn(2)
     assert a.is_leaf and (a * b + 1).is_leaf
     w = torch.randn(2, requires_grad=True)
     with torch.no_grad():
         assert (w * 2).is_leaf
     assert w.detach().is_leaf
-
-
-def test_note002_a_leaf_is_a_tensor_without_grad_fn_not_a_user_created_one():
     assert nn.Linear(2, 2).weight.is_leaf
     revived = (torch.randn(2, requires_grad=True) * 2).detach().requires_grad_()
     assert revived.is_leaf and revived.requires_grad and revived.grad_fn is None
     user_made = torch.randn(2, requires_grad=True).double()
     assert not user_made.is_leaf and user_made.grad_fn is not None
+    assert not torch.randn(2).requires_grad and not torch.tensor([1.0]).requires_grad
+    assert nn.Parameter(torch.randn(2)).requires_grad
+    assert all(p.requires_grad for p in nn.Conv2d(1, 1, 3).parameters())
+    assert (torch.randn(2) * nn.Parameter(torch.randn(2))).requires_grad
+    a = torch.tensor(2.0, requires_grad=True)
+    b = torch.tensor(3.0)
+    c = a * b
+    assert (a.grad, a.grad_fn, a.is_leaf, a.requires_grad) == (None, None, True, True)
+    assert (b.grad_fn, b.is_leaf, b.requires_grad) == (None, True, False)
+    assert c.item() == 6.0 and type(c.grad_fn).__name__ == "MulBackward0"
+    assert not c.is_leaf and c.requires_grad
+    x = torch.tensor(1.0, requires_grad=True)
+    assert (x * 2).requires_grad
+    with torch.no_grad():
+        y = x * 2
+    assert not y.requires_grad and y.grad_fn is None and x.requires_grad
+    x = torch.tensor(1.0, requires_grad=True)
+    y = x.detach()
+    assert not y.requires_grad and bool(x.eq(y).all())
+    assert (y * 2).grad_fn is None  # nothing after detach is tracked
+    assert y.data_ptr() == x.data_ptr()
 
 
-def test_note002_only_leaves_get_grad_unless_retain_grad():
-    x = torch.randn(3, requires_grad=True)
-    kept, dropped = x * 2, x * 3
-    kept.retain_grad()
-    (kept.sum() + dropped.sum()).backward()
-    assert kept.grad.tolist() == [1.0, 1.0, 1.0]
-    grad, messages = records_warnings(lambda: dropped.grad)
-    assert grad is None and any("retain_grad" in m for m in messages)
-    with pytest.raises(RuntimeError, match="can't retain_grad on Tensor that has requires_grad=False"):
-        torch.ones(2).retain_grad()
-
-
-def test_note002_backward_frees_saved_tensors_not_the_graph():
-    x = torch.randn(3, requires_grad=True)
-    y = (x + 1).sum()
-    y.backward()
-    y.backward()  # nothing was saved, nothing was freed
-    assert x.grad.tolist() == [2.0, 2.0, 2.0]
-    y = (x * x).sum()
-    y.backward()
-    with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
-        y.backward()
-    y = (x * x).sum()
-    y.backward(retain_graph=True)
-    y.backward()  # kept: works
-
-
-def test_note002_minibatch_accumulation_needs_no_retain_graph():
+def test_note002_several_backwards():
     w = torch.randn(4, requires_grad=True)
     data = torch.randn(6, 4)
     for chunk in data.split(2):  # three mini-batches, three graphs, no retain_graph
         (chunk @ w).pow(2).sum().backward()
     full = torch.autograd.grad((data @ w).pow(2).sum(), w)[0]
     torch.testing.assert_close(w.grad, full)
-
-
-def test_note002_two_losses_retain_graph_or_sum_give_the_same_gradients():
     grads = {}
     for mode in BackwardMode:
         torch.manual_seed(3)
@@ -356,6 +341,33 @@ def test_note002_two_losses_retain_graph_or_sum_give_the_same_gradients():
         backward_terms(terms, [w], mode)
         grads[mode] = w.grad.clone()
     torch.testing.assert_close(grads[BackwardMode.summed], grads[BackwardMode.separate])
+
+    def build() -> tuple[nn.Module, nn.Module, nn.Module, torch.Tensor]:
+        torch.manual_seed(0)
+        trunk = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
+        return trunk, nn.Linear(4, 1), nn.Linear(4, 1), torch.randn(8, 4)
+
+    def losses(trunk, head_a, head_b, x) -> tuple[torch.Tensor, torch.Tensor]:
+        shared = trunk(x)
+        return head_a(shared).pow(2).mean(), head_b(shared).sin().mean()
+
+    summed = build()
+    loss_a, loss_b = losses(*summed)
+    (loss_a + 0.5 * loss_b).backward()
+    separate = build()
+    loss_a, loss_b = losses(*separate)
+    loss_a.backward(retain_graph=True)
+    (0.5 * loss_b).backward()
+    for one, other in zip(summed[:3], separate[:3]):  # trunk (shared) and both heads: the same .grad
+        for p, q in zip(one.parameters(), other.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+
+    trunk, head_a, head_b, x = build()
+    loss_a, loss_b = losses(trunk, head_a, head_b, x)
+    loss_a.backward(retain_graph=True)
+    torch.optim.SGD(trunk.parameters(), lr=0.1).step()  # a step for loss_a alone, before loss_b's backward
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss_b.backward()
 
 
 def test_note002_without_detach_a_gan_step_raises_and_retain_graph_only_hides_it(tiny_gan):
@@ -396,52 +408,12 @@ def test_note002_without_detach_a_gan_step_raises_and_retain_graph_only_hides_it
     assert not all(torch.allclose(a, b) for a, b in zip(polluted, clean))
 
 
-def test_note002_separate_backwards_do_not_give_each_loss_its_own_optimizer_or_step_size():
-    def build() -> tuple[nn.Module, nn.Module, nn.Module, torch.Tensor]:
-        torch.manual_seed(0)
-        trunk = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
-        return trunk, nn.Linear(4, 1), nn.Linear(4, 1), torch.randn(8, 4)
-
-    def losses(trunk, head_a, head_b, x) -> tuple[torch.Tensor, torch.Tensor]:
-        shared = trunk(x)
-        return head_a(shared).pow(2).mean(), head_b(shared).sin().mean()
-
-    summed = build()
-    loss_a, loss_b = losses(*summed)
-    (loss_a + 0.5 * loss_b).backward()
-    separate = build()
-    loss_a, loss_b = losses(*separate)
-    loss_a.backward(retain_graph=True)
-    (0.5 * loss_b).backward()
-    for one, other in zip(summed[:3], separate[:3]):  # trunk (shared) and both heads: the same .grad
-        for p, q in zip(one.parameters(), other.parameters()):
-            torch.testing.assert_close(p.grad, q.grad)
-
-    trunk, head_a, head_b, x = build()
-    loss_a, loss_b = losses(trunk, head_a, head_b, x)
-    loss_a.backward(retain_graph=True)
-    torch.optim.SGD(trunk.parameters(), lr=0.1).step()  # a step for loss_a alone, before loss_b's backward
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        loss_b.backward()
-
-
-def test_note002_requires_grad_default_depends_on_what_made_the_tensor():
-    assert not torch.randn(2).requires_grad and not torch.tensor([1.0]).requires_grad
-    assert nn.Parameter(torch.randn(2)).requires_grad
-    assert all(p.requires_grad for p in nn.Conv2d(1, 1, 3).parameters())
-    assert (torch.randn(2) * nn.Parameter(torch.randn(2))).requires_grad
-
-
-def test_note002_requires_grad_false_freezes_part_of_a_model(tiny_gan):
+def test_note002_requires_grad_false_freezes_part_of_a_model_and_true_on_an_input_trains_it(tiny_gan):
     G, D = tiny_gan
     with frozen(D):
         BCE.g(D(G(torch.randn(4, 16)))).backward()
     assert all(p.grad is None for p in D.parameters())
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in G.parameters())
-
-
-def test_note002_gradient_reaches_an_input_that_requires_grad(tiny_gan):
-    _, D = tiny_gan
     D.eval()  # per-sample logits, so the step below moves each image's own score
     x = torch.randn(4, 1, 16, 16, requires_grad=True)
     with frozen(D):
@@ -452,70 +424,17 @@ def test_note002_gradient_reaches_an_input_that_requires_grad(tiny_gan):
     assert x.grad is not None
 
 
-def test_note002_forward_example_attributes():
-    a = torch.tensor(2.0, requires_grad=True)
-    b = torch.tensor(3.0)
-    c = a * b
-    assert (a.grad, a.grad_fn, a.is_leaf, a.requires_grad) == (None, None, True, True)
-    assert (b.grad_fn, b.is_leaf, b.requires_grad) == (None, True, False)
-    assert c.item() == 6.0 and type(c.grad_fn).__name__ == "MulBackward0"
-    assert not c.is_leaf and c.requires_grad
-
-
-def test_note002_dynamic_graph_mm_example():
-    W_h, W_x = torch.randn(20, 20, requires_grad=True), torch.randn(20, 10, requires_grad=True)
-    x, prev_h = torch.randn(1, 10), torch.randn(1, 20)
-    with pytest.raises(RuntimeError, match="cannot be multiplied"):
-        torch.mm(W_h, prev_h)
-    next_h = (torch.mm(W_h, prev_h.t()) + torch.mm(W_x, x.t())).tanh()
-    assert next_h.shape == (20, 1)
-    next_h.sum().backward()
-    assert W_h.grad.shape == (20, 20) and W_x.grad.shape == (20, 10)
-    assert x.grad is None and prev_h.grad is None
-
-
-def test_note002_backward_gradient_argument_scales_not_evaluates():
-    x = torch.tensor(1.0, requires_grad=True)
-    (x**3).backward(torch.tensor(3.0))
-    assert x.grad.item() == 9.0
-    x = torch.tensor(2.0, requires_grad=True)
-    (x**3).backward(torch.tensor(3.0))
-    assert x.grad.item() == 3.0 * 3 * 2.0**2  # 36: the upstream 3 times z'(2) = 12
-
-
-def test_note002_no_grad_example_result_does_not_require_grad():
-    x = torch.tensor(1.0, requires_grad=True)
-    assert (x * 2).requires_grad
-    with torch.no_grad():
-        y = x * 2
-    assert not y.requires_grad and y.grad_fn is None and x.requires_grad
-
-
-def test_note002_detach_example():
-    x = torch.tensor(1.0, requires_grad=True)
-    y = x.detach()
-    assert not y.requires_grad and bool(x.eq(y).all())
-    assert (y * 2).grad_fn is None  # nothing after detach is tracked
-    assert y.data_ptr() == x.data_ptr()
-
-
 # note 003 ---------------------------------------------------------------------------------------
 
 
-def test_note003_Tensor_is_a_class_and_Tensor_call_is_empty():
+def test_note003_Tensor_and_tensor():
     assert isinstance(torch.Tensor, type) and not isinstance(torch.tensor, type)
     empty = torch.Tensor()
     assert empty.shape == (0,) and empty.dtype == torch.float32
-
-
-def test_note003_Tensor_converts_python_ints_to_float_but_keeps_a_tensors_dtype():
     assert torch.Tensor([1, 2]).dtype == torch.float32
     assert torch.Tensor(torch.arange(3)).dtype == torch.int64
     assert torch.Tensor(3).shape == (3,)
     assert torch.tensor(3).shape == () and torch.tensor(3).item() == 3
-
-
-def test_note003_Tensor_shares_memory_with_tensors_and_float32_arrays():
     t = torch.zeros(3)
     alias = torch.Tensor(t)
     t[0] = 1.0
@@ -532,20 +451,11 @@ def test_note003_Tensor_shares_memory_with_tensors_and_float32_arrays():
     from_list = torch.Tensor(values)
     values[0] = 7.0
     assert from_list[0].item() == 0.0
-
-
-def test_note003_tensor_without_data_is_an_error():
     with pytest.raises(TypeError, match='missing 1 required positional arguments: "data"'):
         torch.tensor()
-
-
-def test_note003_tensor_keeps_integers_integers():
     assert torch.tensor([1, 2]).dtype == torch.int64
     assert torch.tensor([1.0]).dtype == torch.float32
     assert torch.tensor(np.zeros(1)).dtype == torch.float64
-
-
-def test_note003_tensor_always_copies():
     t = torch.zeros(2)
     copy, messages = records_warnings(lambda: torch.tensor(t))
     t[0] = 1.0
@@ -556,43 +466,31 @@ def test_note003_tensor_always_copies():
     assert copied[0].item() == 0.0 and shared[0].item() == 1.0
 
 
-def test_note003_nn_loss_module_equals_the_functional_form():
+def test_note003_nn_F_and_products():
     logits, targets = torch.randn(8), torch.rand(8)
     module = nn.BCEWithLogitsLoss()
     assert isinstance(module, nn.Module) and not isinstance(F.binary_cross_entropy_with_logits, nn.Module)
     assert torch.equal(module(logits, targets), F.binary_cross_entropy_with_logits(logits, targets))
-
-
-def test_note003_cross_entropy_module_stores_weight_as_a_buffer():
     weight = torch.tensor([1.0, 2.0, 3.0])
     logits, target = torch.randn(5, 3), torch.tensor([0, 1, 2, 2, 1])
     module = nn.CrossEntropyLoss(weight=weight)
     assert torch.equal(module(logits, target), F.cross_entropy(logits, target, weight=weight))
     assert "weight" in module.state_dict()
     assert module.to(torch.float64).weight.dtype == torch.float64
-
-
-def test_note003_dot_takes_vectors_only():
     assert torch.dot(torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])).item() == 11.0
     with pytest.raises(RuntimeError, match="1D tensors expected"):
         torch.dot(torch.ones(2, 2), torch.ones(2, 2))
-
-
-def test_note003_mm_does_not_broadcast():
     with pytest.raises(RuntimeError, match="self must be a matrix"):
         torch.mm(torch.ones(2, 3, 4), torch.ones(4, 5))
     with pytest.raises(RuntimeError, match="mat2 must be a matrix"):
         torch.mm(torch.ones(3, 4), torch.ones(4))
     assert torch.bmm(torch.ones(2, 3, 4), torch.ones(2, 4, 5)).shape == (2, 3, 5)
-
-
-def test_note003_matmul_broadcasts():
     assert torch.matmul(torch.ones(3, 4), torch.ones(4)).shape == (3,)
     assert torch.matmul(torch.ones(2, 3, 4), torch.ones(4, 5)).shape == (2, 3, 5)
     assert torch.matmul(torch.ones(2, 1, 3, 4), torch.ones(5, 4, 6)).shape == (2, 5, 3, 6)
 
 
-def test_note003_permute_is_a_view_that_view_follows_only_where_strides_allow():
+def test_note003_views():
     a = torch.arange(6.0).view(2, 3)
     p = a.permute(1, 0)
     assert p.data_ptr() == a.data_ptr() and not p.is_contiguous()
@@ -607,16 +505,10 @@ def test_note003_permute_is_a_view_that_view_follows_only_where_strides_allow():
     assert b.view(4, 6).data_ptr() == b.data_ptr()  # dims 1, 2 kept their order (12 = 4 x 3): merge works
     with pytest.raises(RuntimeError, match="view size is not compatible"):
         b.view(8, 3)  # dims 0, 1 were swapped (1 != 12 x 2): merge fails
-
-
-def test_note003_view_shares_memory():
     a = torch.zeros((3, 2))
     b = a.view(2, 3)
     a.fill_(1)
     assert torch.equal(b, torch.ones(2, 3))
-
-
-def test_note003_reshape_returns_a_view_when_it_can():
     a = torch.zeros((3, 2))
     b = a.reshape(2, 3)
     a.fill_(1)
@@ -655,7 +547,7 @@ class Branchy(nn.Module):
         return x - 1
 
 
-def test_note003_trace_records_one_path():
+def test_note003_trace_and_script():
     traced, messages = records_warnings(lambda: torch.jit.trace(Branchy(), torch.ones(2)))
     assert any("Python boolean" in m for m in messages)
     assert any("deprecated" in m for m in messages)
@@ -663,8 +555,6 @@ def test_note003_trace_records_one_path():
     assert torch.equal(Branchy()(negative), torch.full((2,), -4.0))
     assert torch.equal(traced(negative), torch.full((2,), -6.0))  # the positive branch, baked in
 
-
-def test_note003_script_compiles_control_flow_but_not_all_python():
     class TakesKwargs(nn.Module):
         def forward(self, x, **options):
             return x
@@ -692,34 +582,25 @@ def test_note003_grad_none_is_what_zero_grad_does_now():
 # note 004 ---------------------------------------------------------------------------------------
 
 
-def test_note004_repr_shows_a_non_cpu_device():
+def test_note004_devices():
     assert "device" not in repr(torch.ones(2)) and torch.ones(2).device == torch.device("cpu")
     assert "device='meta'" in repr(torch.ones(2, device="meta"))
-
-
-def test_note004_to_moves_by_returning_a_new_tensor():
     a = torch.tensor([1, 2, 3, 4])
     moved = a.to("meta")
     assert moved.device.type == "meta" and a.device.type == "cpu"
     assert a.to("cpu") is a
-
-
-def test_note004_torch_device_objects():
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     assert torch.tensor([1, 2, 3, 4]).to(device).device.type == device.type
     assert torch.device("cuda").index is None
     assert torch.device("cuda") != torch.device("cuda:0")
     assert torch.device("cuda").type == torch.device("cuda:0").type
-
-
-def test_note004_requires_grad_needs_a_floating_dtype():
     with pytest.raises(RuntimeError, match="Only Tensors of floating point and complex dtype"):
         torch.tensor([1, 2], requires_grad=True)
     assert torch.tensor([1.0, 2.0], requires_grad=True).requires_grad
     assert torch.tensor([1j], requires_grad=True).requires_grad
 
 
-def test_note004_retain_grad_example_values():
+def test_note004_retain_grad_and_no_grad_examples():
     w = torch.tensor([[1.0, 2.0], [3.0, 2.0]], requires_grad=True)
     x = w**3
     y = x + 3
@@ -730,9 +611,6 @@ def test_note004_retain_grad_example_values():
     z.backward()
     assert torch.equal(y.grad, torch.full((2, 2), 0.25)) and torch.equal(x.grad, torch.full((2, 2), 0.25))
     assert w.grad.tolist() == [[0.75, 3.0], [6.75, 3.0]]
-
-
-def test_note004_grad_of_a_non_leaf_is_none_with_a_warning_not_an_error():
     w = torch.tensor([[1.0, 2.0], [3.0, 2.0]], requires_grad=True)
     x = w**3
     z = (x + 3).mean()
@@ -742,9 +620,6 @@ def test_note004_grad_of_a_non_leaf_is_none_with_a_warning_not_an_error():
     assert any("not a leaf Tensor is being accessed" in m for m in messages)
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):
         z.backward()  # pow saved w: the second backward finds it freed
-
-
-def test_note004_no_grad_example_backward_error():
     with torch.no_grad():
         w = torch.tensor([[1.0, 2.0], [3.0, 2.0]], requires_grad=True)
         z = ((w**3) + 3).mean()

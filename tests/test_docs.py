@@ -372,46 +372,39 @@ def test_every_citation_link_and_excerpt_of_a_page_holds(doc, check):
 PAGE = ROOT / "docs" / "page.md"
 
 
-@pytest.mark.parametrize(
-    "text",
-    [
-        "`gan/steps.py:d_step`",  # the file moved
-        "`gan/core/steps.py:d_stepp`",  # no such function
-        "`gan/core/models.py:Discriminator.forward_with_features`",  # no such method
-        "`training.py:train`",  # a bare name that no file has any more (gan/training.py moved)
-        "`gan.steps.frozen`",  # no such module
-        "`gan.core.steps.thawed`",  # no such name
-        "`tests/test_steps.py::test_nothing_like_this`",
-        "| `test_steps.py::test_d_step_leaves_generator_gradients_none`, `::test_nothing_like_this` |",
-        "| `::test_d_step_leaves_generator_gradients_none` |",  # no file before it in its cell
-        "`steps::test_d_step_leaves_generator_gradients_none`",  # no prefix table on this page
-        "| `walk::` | `tests/test_walkthrough.py` |\n\nSee `walk::test_d_step_leaves_generator_gradients_none`.",
-        "`test_nothing_like_this`",
-        "```\ngan/training.py   the loop\n```",  # a layout diagram names files too
-        "```\ngan/lesson/        the lesson\n```",  # and folders
-        "Under `tests/unit/`.",
-    ],
-)
-def test_a_wrong_citation_is_caught(text):
-    assert citation_problems(text, PAGE) != []
+WRONG_CITATIONS = [
+    "`gan/steps.py:d_step`",  # the file moved
+    "`gan/core/steps.py:d_stepp`",  # no such function
+    "`gan/core/models.py:Discriminator.forward_with_features`",  # no such method
+    "`training.py:train`",  # a bare name that no file has any more (gan/training.py moved)
+    "`gan.steps.frozen`",  # no such module
+    "`gan.core.steps.thawed`",  # no such name
+    "`tests/test_steps.py::test_nothing_like_this`",
+    "| `test_steps.py::test_d_step_leaves_generator_gradients_none`, `::test_nothing_like_this` |",
+    "| `::test_d_step_leaves_generator_gradients_none` |",  # no file before it in its cell
+    "`steps::test_d_step_leaves_generator_gradients_none`",  # no prefix table on this page
+    "| `walk::` | `tests/test_walkthrough.py` |\n\nSee `walk::test_d_step_leaves_generator_gradients_none`.",
+    "`test_nothing_like_this`",
+    "```\ngan/training.py   the loop\n```",  # a layout diagram names files too
+    "```\ngan/lesson/        the lesson\n```",  # and folders
+    "Under `tests/unit/`.",
+]
+RIGHT_CITATIONS = [
+    "`gan/core/steps.py:d_step`, `gan/core/models.py:Discriminator.forward`, `models.py:Generator`",
+    "`gan/core/steps.py:FP32`, `gan.core.steps.frozen`, `gan.training.train`, `dcgan/main.py`",
+    "| `test_steps.py::test_d_step_leaves_generator_gradients_none`, "
+    "`::test_adam_skips_parameters_whose_grad_is_none` |",
+    "| `walk::` | `tests/test_walkthrough.py` |\n\nSee `walk::test_gradients_accumulate_until_released[True]`.",
+    "`python scripts/bench.py --rounds 3`",
+]
 
 
-@pytest.mark.parametrize(
-    "text",
-    [
-        "`gan/core/steps.py:d_step`, `gan/core/models.py:Discriminator.forward`, `models.py:Generator`",
-        "`gan/core/steps.py:FP32`, `gan.core.steps.frozen`, `gan.training.train`, `dcgan/main.py`",
-        "| `test_steps.py::test_d_step_leaves_generator_gradients_none`, "
-        "`::test_adam_skips_parameters_whose_grad_is_none` |",
-        "| `walk::` | `tests/test_walkthrough.py` |\n\nSee `walk::test_gradients_accumulate_until_released[True]`.",
-        "`python scripts/bench.py --rounds 3`",
-    ],
-)
-def test_a_right_citation_passes(text):
-    assert citation_problems(text, PAGE) == []
+@pytest.mark.parametrize("text, wrong", [(t, True) for t in WRONG_CITATIONS] + [(t, False) for t in RIGHT_CITATIONS])
+def test_a_wrong_citation_is_caught_and_a_right_one_passes(text, wrong):
+    assert (citation_problems(text, PAGE) != []) == wrong
 
 
-def test_an_excerpt_that_is_not_in_the_code_is_caught():
+def test_a_wrong_excerpt_link_or_anchor_is_caught():
     good = "```python\n# gan/core/steps.py:release_grads\nfor p in module.parameters():\n    p.grad = None\n```"
     assert excerpt_problems(good, PAGE) == []
     swapped = "```python\n# gan/core/steps.py:release_grads\np.grad = None\nfor p in module.parameters():\n```"
@@ -420,17 +413,11 @@ def test_an_excerpt_that_is_not_in_the_code_is_caught():
     assert excerpt_problems(edited, PAGE) != []
     abridged = "```python\n# gan/core/steps.py:d_step\npenalties = ctx.penalties\n...\nrelease_grads(D)\n```"
     assert excerpt_problems(abridged, PAGE) == []
-
-
-def test_a_broken_link_is_caught():
     assert link_problems("[x](../tests/test_claims.py)", PAGE) == []
     assert link_problems("[x](../tests/test_nothing.py)", PAGE) != []
     assert link_problems("[x](../../shared/notes.md)", PAGE) == ["link (../../shared/notes.md) leaves the repository"]
     assert link_problems("[x](walkthrough.md#more-lessons)", PAGE) == []
     assert link_problems("[x](walkthrough.md#no-such-section)", PAGE) != []
-
-
-def test_heading_anchors_follow_githubs_rule():
     text = "# A title\n## 3. (1) D step: `detach()`, `grad = None`\n## Notes\n## Notes\n"
     assert heading_anchors(text) == {"a-title", "3-1-d-step-detach-grad--none", "notes", "notes-1"}
 
@@ -530,14 +517,12 @@ def as_prose(cell: str) -> str:
     return normalise(re.sub(r"<br\s*/?>", " ", cell).replace("**", "").replace("\\|", "|"))
 
 
-@pytest.mark.parametrize("key", KEY_STATEMENTS)
-def test_each_key_statement_stands_in_the_walkthrough_word_for_word(key):
-    walkthrough = normalise((ROOT / "docs" / "walkthrough.md").read_text(encoding="utf-8"))
-    assert normalise(KEY_STATEMENTS[key]) in walkthrough
-
-
-@pytest.mark.parametrize("page, key", [(page, key) for page, keys in REPEATED_IN.items() for key in keys])
-def test_pages_that_repeat_a_key_statement_repeat_it_word_for_word(page, key):
+@pytest.mark.parametrize(
+    "page, key",
+    [(ROOT / "docs" / "walkthrough.md", key) for key in KEY_STATEMENTS]
+    + [(page, key) for page, keys in REPEATED_IN.items() for key in keys],
+)
+def test_each_key_statement_stands_word_for_word_in_the_walkthrough_and_each_page_that_repeats_it(page, key):
     assert normalise(KEY_STATEMENTS[key]) in normalise(page.read_text(encoding="utf-8")), page.name
 
 
@@ -558,9 +543,7 @@ def test_the_readme_technique_table_states_retain_graph_as_the_walkthrough_does(
     assert any(wanted in as_prose(" ".join(row)) for row in rows), (
         "no row of the README's technique table about retain_graph states:\n" + KEY_STATEMENTS["retain_graph"]
     )
-
-
-def test_the_key_statement_checks_read_across_line_breaks_and_table_cells():
+    # the checks read across line breaks and table cells
     wrapped = KEY_STATEMENTS["grad_none"].replace(" the ", "\nthe ")
     assert normalise(KEY_STATEMENTS["grad_none"]) in normalise(wrapped)
     cell = "| `retain_graph` | " + KEY_STATEMENTS["retain_graph"].replace(". ", ".<br>**") + " | x |"
@@ -607,15 +590,12 @@ def proof_citation_problems(readme: str) -> list[str]:
     return problems
 
 
-def test_the_proofs_page_is_what_the_mutation_list_generates():
+def test_the_proofs_page_is_generated_and_the_readme_cites_each_proof_and_no_pytorch_fact():
     from test_mutations import PROOFS_PAGE, proofs_page
 
     assert PROOFS_PAGE.read_text(encoding="utf-8") == proofs_page(), (
         "docs/proofs.md differs from MUTATIONS: run `.venv/bin/python tests/test_mutations.py --write`"
     )
-
-
-def test_the_readme_cites_the_mutation_checked_proofs_and_no_pytorch_fact():
     problems = proof_citation_problems((ROOT / "README.md").read_text(encoding="utf-8"))
     assert not problems, "\n".join(problems)
 
@@ -667,10 +647,7 @@ def test_readme_states_each_measurement_as_its_file_holds_it():
     ]
     assert not missing, "README.md does not state, as docs/results/measured.json holds them:\n" + "\n".join(missing)
     assert measured.table(entries) in text
-
-
-def test_the_readme_is_a_front_door():
-    assert len(README.read_text(encoding="utf-8").splitlines()) <= 150
+    assert len(text.splitlines()) <= 150  # the README is a front door
 
 
 def test_measured_reads_a_run_and_a_test_log(tmp_path):

@@ -36,10 +36,7 @@ def after_a_jump(ema: Any, updates: int) -> float:
 def test_ema_decay_warms_up():
     # the update n = 1 keeps a decay of (1 + 1) / (10 + 1) = 2/11 of the average, not 0.999
     assert after_a_jump(build_ema(nn.Linear(1, 1, bias=False), decay=0.999), 1) == pytest.approx(1 - 2 / 11)
-
-
-def test_ema_half_life_in_images():
-    # 100 images per step, a half-life of 1,000 images: after the ramp-up each step keeps
+    # a half-life in images: 100 images per step, a half-life of 1,000 images: after the ramp-up each step keeps
     # 0.5 ** (100 / 1000) of the average, so 10 steps of a new value close half the gap
     G = nn.Linear(1, 1, bias=False)
     ema = build_ema(G, decay=0.0, kimg=1.0, rampup=0.0, images_per_step=100)

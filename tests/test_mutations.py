@@ -1,23 +1,18 @@
 """Mutation checks: the tests cited as the proof of a technique fail when that technique is removed.
 
-A test that demonstrates a PyTorch fact on its own toy code passes whatever this project's code does,
-so it cannot prove that the code applies the technique. For each technique in MUTATIONS this copies
-the project into a temporary folder, removes the technique there by an exact text patch (its anchor
-occurs exactly once in the file, inside the function the entry names), and runs the cited tests on
-the copy in a process whose `import gan` is the copy's (a plugin records where every gan module came
-from). Every cited test must fail there, as a test failure, not a collection error; and all of them
-must pass on an unchanged copy. TECHNIQUES states what each technique is for, which its proofs check,
-so that VARIANTS, which remove the techniques other ways (most keeping the line a check of presence
-would look for), fail them too; `--variants` runs those. KINDS names what a mutant breaks besides
-the technique itself. MUTATIONS and TECHNIQUES are the one source of docs/proofs.md's tables and of
-README.md's technique table (tests/test_docs.py checks both).
+A test of a PyTorch fact on toy code passes whatever this project's code does, so it proves nothing
+about gan/. For each entry of MUTATIONS this copies the project into a temporary folder, removes the
+technique by an exact text patch (its anchor occurs once in the file, inside the function named), and
+runs the cited tests there in a process whose `import gan` is the copy's (a plugin records where each
+gan module came from): every cited test must fail, as a failure, not a collection error, and all must
+pass on an unchanged copy. TECHNIQUES states what each technique is for, so that VARIANTS (other ways
+to remove it) fail its proofs too; KINDS names what a mutant breaks besides the technique. MUTATIONS
+and TECHNIQUES generate docs/proofs.md's tables and README.md's technique table (tests/test_docs.py).
 
-    .venv/bin/python -m pytest -q tests/test_mutations.py   # the suite's checks
-    .venv/bin/python tests/test_mutations.py --write        # regenerate docs/proofs.md
-    .venv/bin/python tests/test_mutations.py --variants     # MUTATIONS and VARIANTS, printed
-    .venv/bin/python tests/test_mutations.py --variants ID  # only the mutations named
+    .venv/bin/python tests/test_mutations.py --write          # regenerate docs/proofs.md
+    .venv/bin/python tests/test_mutations.py --variants [ID]  # MUTATIONS and VARIANTS (or those named)
 
-Nothing here imports torch (the runs do, in their own processes): tests/test_docs.py imports it.
+Nothing here imports torch (the runs do, in their own processes).
 """
 
 from __future__ import annotations
@@ -294,110 +289,79 @@ class Technique:
     proofs: tuple[str, ...]
 
 
+# fmt: off
 TECHNIQUES: list[Technique] = [
-    Technique(
-        "D step on `fake.detach()`",
-        "D learns from the real and the fake images: the gradient its update sees is the whole D loss's, "
-        "with a nonzero part through each; G gets no gradient from D's loss, with every loss and penalty",
-        "`gan/core/steps.py:d_step`",
-        (D_STEP, EACH_UPDATE),
-    ),
-    Technique(
-        "D frozen with `requires_grad_(False)` for the G step, restored after",
-        "G's update sees exactly the G loss's gradient through D, and autograd computes no gradient for any "
-        "of D's weights (none to clear, none left for D's next update); each flag restored, even on error",
-        "`gan/core/steps.py:g_step`, `gan/core/steps.py:frozen`",
-        (G_STEP, EACH_UPDATE, FROZEN_FLAGS, S + "test_frozen_discriminator_still_passes_gradient_to_its_input"),
-    ),
-    Technique(
-        "`param.grad = None` after each update, in both steps",
-        "each update sees the gradients of its own step only: this loop clears after each update, not "
-        "before each backward; `None`, not zero: no memory held and no zeros written between the steps, and a "
-        "parameter its step gave no gradient shows `None`, not a zero that looks computed",
-        "`gan/core/steps.py:release_grads`, in `d_step` and `g_step`",
-        (D_STEP, EACH_UPDATE, G_STEP, NONE_NOT_ZERO),
-    ),
-    Technique(
-        "multi-loss G objective; `retain_graph=True` only where one graph is backpropagated more than once",
-        "one summed `backward()` and one per term give the same gradients; G's graph (every tensor saved "
-        "for backward) is freed when the G step returns, though the caller still holds `fake`, and nothing "
-        "the step returns or keeps refers to it; each term's logged gradient norm is its own; "
-        "`loss.backward_mode` reaches the G step",
-        "`gan/core/steps.py:backward_terms`, `gan/core/steps.py:g_step`",
-        (SAME_GRADIENTS, EACH_TERM, GRAPH_FREED, LOSS_KEYS),
-    ),
-    Technique(
-        "`retain_grad()` on the fake images",
-        "the gradient at the fake images is kept, and is exactly d loss_G / d fake; `grad_norm/images` logs "
-        "its mean norm per image",
-        "`gan/core/steps.py:g_step`",
-        (GRAD_AT_IMAGES,),
-    ),
-    Technique(
-        "`create_graph=True` in the gradient penalty",
-        "the penalty's own gradient reaches D's weights (a second-order backward); `loss.gradient_penalty` "
-        "and `loss.r1` reach the D step",
-        "`gan/core/losses.py:gradient_penalty`",
-        (SECOND_ORDER, LOSS_KEYS),
-    ),
-    Technique(
-        "sampling under `eval()` + `no_grad()`, previous mode restored",
-        "drawing images disturbs nothing: no tensor saved for a backward, no graph on the images, G's "
-        "weights, BatchNorm statistics and mode (train or eval) as they were; each image depends on its own "
-        "latent alone",
-        "`gan/core/sampling.py:sample`, `gan/core/sampling.py:eval_mode`",
-        (SAMPLE, EVAL_MODE),
-    ),
-    Technique(
-        "EMA of G's weights and BatchNorm statistics; every sample drawn from the EMA generator",
-        "in a training run each EMA update moves every weight and statistic part of the way toward G's, by "
-        "one fraction 1 - decay strictly between 0 and 1; the decay follows its schedule; `model.ema_every` "
-        "sets the loop's cadence and decay; the sample grids are the EMA's, not G's",
-        "`gan/core/ema.py:build_ema`, `gan/training/loop.py:train`, `gan/training/state.py:TrainingState.sampler`",
-        (EMA_MOVES, EMA_WARMS_UP, EMA_AVERAGES, EMA_EVERY, EMA_GRIDS),
-    ),
-    Technique(
-        "latents made on the device",
-        "no host-to-device copy per step: `torch.randn` is given the training device and the latent it "
-        "makes is never moved or copied",
-        "`gan/training/loop.py:train`",
-        (LATENTS,),
-    ),
-    Technique(
-        "a checkpoint's tensors loaded where they are wanted (`map_location`); an unavailable "
-        "`trainer.device=cuda` refused",
-        "a checkpoint's tensors land on the device asked for, whatever device saved them; asking for a GPU "
-        "that is not there is refused naming the key",
-        "`gan/checkpoint.py:load_checkpoint`, `gan/device.py:resolve_device`",
-        (MAP_LOCATION, S + "test_unavailable_cuda_is_refused_naming_the_key"),
-    ),
-    Technique(
-        "D returns logits; with-logits losses; N(0, 0.02) init",
-        "the losses take logits, so they equal sigmoid + BCELoss where that is finite and stay exact where "
-        "sigmoid saturates; G's convolutions start from DCGAN's N(0, 0.02), its BatchNorm weights near 1 "
-        "and biases 0",
-        "`gan/core/models.py:Discriminator`, `gan/core/losses.py`, `gan/core/models.py:dcgan_init_`",
-        (
-            "tests/test_models.py::test_discriminator_returns_logits_not_probabilities",
-            "tests/test_models.py::test_dcgan_init",
-            "tests/test_losses.py::test_bce_matches_sigmoid_plus_bceloss",
-            "tests/test_losses.py::test_with_logits_form_is_exact_where_sigmoid_saturates",
-        ),
-    ),
-    Technique(
-        "BatchNorm statistics recomputed for the generator `evaluate.py` measures",
-        "the measured generator normalises with statistics of its own weights, not the EMA's averages of "
-        "past statistics",
-        "`gan/evaluation/pipeline.py:prepare_generator`, `gan/evaluation/pipeline.py:recompute_batchnorm_stats`",
-        (BN_STATS,),
-    ),
-    Technique(
-        "the finiteness check before each checkpoint",
-        "no checkpoint holds a NaN: a run whose weights became infinite stops before writing one",
-        "`gan/training/faults.py:check_finite_state`, in `gan/training/loop.py:periodic_extras`",
-        (NO_NAN_CHECKPOINT,),
-    ),
+    Technique("D step on `fake.detach()`",
+              "D learns from the real and the fake images: the gradient its update sees is the whole D loss's, with a "
+              "nonzero part through each; G gets no gradient from D's loss, with every loss and penalty",
+              "`gan/core/steps.py:d_step`", (D_STEP, EACH_UPDATE)),
+    Technique("D frozen with `requires_grad_(False)` for the G step, restored after",
+              "G's update sees exactly the G loss's gradient through D, and autograd computes no gradient for any of "
+              "D's weights (none to clear, none left for D's next update); each flag restored, even on error",
+              "`gan/core/steps.py:g_step`, `gan/core/steps.py:frozen`",
+              (G_STEP, EACH_UPDATE, FROZEN_FLAGS, S + "test_frozen_discriminator_still_passes_gradient_to_its_input")),
+    Technique("`param.grad = None` after each update, in both steps",
+              "each update sees the gradients of its own step only: this loop clears after each update, not before "
+              "each backward; `None`, not zero: no memory held and no zeros written between the steps, and a "
+              "parameter its step gave no gradient shows `None`, not a zero that looks computed",
+              "`gan/core/steps.py:release_grads`, in `d_step` and `g_step`",
+              (D_STEP, EACH_UPDATE, G_STEP, NONE_NOT_ZERO)),
+    Technique("multi-loss G objective; `retain_graph=True` only where one graph is backpropagated more than once",
+              "one summed `backward()` and one per term give the same gradients; G's graph (every tensor saved for "
+              "backward) is freed when the G step returns, though the caller still holds `fake`, and nothing the step "
+              "returns or keeps refers to it; each term's logged gradient norm is its own; `loss.backward_mode` "
+              "reaches the G step",
+              "`gan/core/steps.py:backward_terms`, `gan/core/steps.py:g_step`",
+              (SAME_GRADIENTS, EACH_TERM, GRAPH_FREED, LOSS_KEYS)),
+    Technique("`retain_grad()` on the fake images",
+              "the gradient at the fake images is kept, and is exactly d loss_G / d fake; `grad_norm/images` logs its "
+              "mean norm per image",
+              "`gan/core/steps.py:g_step`", (GRAD_AT_IMAGES,)),
+    Technique("`create_graph=True` in the gradient penalty",
+              "the penalty's own gradient reaches D's weights (a second-order backward); `loss.gradient_penalty` and "
+              "`loss.r1` reach the D step",
+              "`gan/core/losses.py:gradient_penalty`", (SECOND_ORDER, LOSS_KEYS)),
+    Technique("sampling under `eval()` + `no_grad()`, previous mode restored",
+              "drawing images disturbs nothing: no tensor saved for a backward, no graph on the images, G's weights, "
+              "BatchNorm statistics and mode (train or eval) as they were; each image depends on its own latent alone",
+              "`gan/core/sampling.py:sample`, `gan/core/sampling.py:eval_mode`", (SAMPLE, EVAL_MODE)),
+    Technique("EMA of G's weights and BatchNorm statistics; every sample drawn from the EMA generator",
+              "in a training run each EMA update moves every weight and statistic part of the way toward G's, by one "
+              "fraction 1 - decay strictly between 0 and 1; the decay follows its schedule; `model.ema_every` sets "
+              "the loop's cadence and decay; the sample grids are the EMA's, not G's",
+              "`gan/core/ema.py:build_ema`, `gan/training/loop.py:train`, "
+              "`gan/training/state.py:TrainingState.sampler`",
+              (EMA_MOVES, EMA_WARMS_UP, EMA_AVERAGES, EMA_EVERY, EMA_GRIDS)),
+    Technique("latents made on the device",
+              "no host-to-device copy per step: `torch.randn` is given the training device and the latent it makes is "
+              "never moved or copied",
+              "`gan/training/loop.py:train`", (LATENTS,)),
+    Technique("a checkpoint's tensors loaded where they are wanted (`map_location`); an unavailable "
+              "`trainer.device=cuda` refused",
+              "a checkpoint's tensors land on the device asked for, whatever device saved them; asking for a GPU that "
+              "is not there is refused naming the key",
+              "`gan/checkpoint.py:load_checkpoint`, `gan/device.py:resolve_device`",
+              (MAP_LOCATION, S + "test_unavailable_cuda_is_refused_naming_the_key")),
+    Technique("D returns logits; with-logits losses; N(0, 0.02) init",
+              "the losses take logits, so they equal sigmoid + BCELoss where that is finite and stay exact where "
+              "sigmoid saturates; G's convolutions start from DCGAN's N(0, 0.02), its BatchNorm weights near 1 and "
+              "biases 0",
+              "`gan/core/models.py:Discriminator`, `gan/core/losses.py`, `gan/core/models.py:dcgan_init_`",
+              ("tests/test_models.py::test_discriminator_returns_logits_not_probabilities",
+               "tests/test_models.py::test_dcgan_init",
+               "tests/test_losses.py::test_bce_matches_sigmoid_plus_bceloss",
+               "tests/test_losses.py::test_with_logits_form_is_exact_where_sigmoid_saturates")),
+    Technique("BatchNorm statistics recomputed for the generator `evaluate.py` measures",
+              "the measured generator normalises with statistics of its own weights, not the EMA's averages of past "
+              "statistics",
+              "`gan/evaluation/pipeline.py:prepare_generator`, `gan/evaluation/pipeline.py:recompute_batchnorm_stats`",
+              (BN_STATS,)),
+    Technique("the finiteness check before each checkpoint",
+              "no checkpoint holds a NaN: a run whose weights became infinite stops before writing one",
+              "`gan/training/faults.py:check_finite_state`, in `gan/training/loop.py:periodic_extras`",
+              (NO_NAN_CHECKPOINT,)),
 ]
+# fmt: on
 
 
 # applying a mutation --------------------------------------------------------------------------------

@@ -20,11 +20,26 @@ ROOT = Path(__file__).resolve().parents[1]
 TOUR = ROOT / "docs" / "tour.ipynb"
 
 
-def test_tour_is_stored_without_outputs_and_small():
+def test_tour_is_stored_small_and_its_links_and_next_cells_hold():
     nb = nbformat.read(TOUR, as_version=4)
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
     assert code and all(not cell.outputs and cell.execution_count is None for cell in code)
     assert TOUR.stat().st_size < 100_000
+    nb = nbformat.read(TOUR, as_version=4)
+    problems = []
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            assert "issue notes" not in cell.source.lower()
+            problems += link_problems(cell.source, TOUR)
+            # every relative path the text names, link or not, is a file of this repository
+            for path in re.findall(r"(?:\.\./)+[\w./-]*\w", cell.source):
+                named = (TOUR.parent / path).resolve()
+                if ROOT not in named.parents or not named.exists():
+                    problems.append(f"{path} is no file of this repository")
+    assert not problems
+    cells = nbformat.read(TOUR, as_version=4).cells
+    wrong = [i for i, cell in enumerate(cells[:-1]) if "next cell" in cell.source and cells[i + 1].cell_type != "code"]
+    assert not wrong, f"cells {wrong} say 'the next cell' above a cell that is not code"
 
 
 def test_tour_shows_the_source_of_each_function_before_a_cell_calls_it():
@@ -66,21 +81,6 @@ def test_tour_shows_the_source_of_each_function_before_a_cell_calls_it():
     assert step_uses and step_uses <= set(shown_at), f"the first step uses, never shown: {step_uses - set(shown_at)}"
 
 
-def test_tour_links_point_at_files_and_headings_of_this_repository():
-    nb = nbformat.read(TOUR, as_version=4)
-    problems = []
-    for cell in nb.cells:
-        if cell.cell_type == "markdown":
-            assert "issue notes" not in cell.source.lower()
-            problems += link_problems(cell.source, TOUR)
-            # every relative path the text names, link or not, is a file of this repository
-            for path in re.findall(r"(?:\.\./)+[\w./-]*\w", cell.source):
-                named = (TOUR.parent / path).resolve()
-                if ROOT not in named.parents or not named.exists():
-                    problems.append(f"{path} is no file of this repository")
-    assert not problems
-
-
 def kernel_manager(tmp_path: Path) -> KernelManager:
     """A python3 kernel on sys.executable, with the repository importable even if not installed."""
     kernels = tmp_path / "kernels"
@@ -113,7 +113,7 @@ def number_after(label: str, text: str) -> float:
 
 
 @pytest.mark.slow
-def test_tour_runs_top_to_bottom(executed):
+def test_tour_runs_top_to_bottom_and_prints_what_its_text_claims(executed):
     text, outputs = executed
     assert not [output for output in outputs if output.output_type == "error"]
     images = [output for output in outputs if "image/png" in output.get("data", {})]
@@ -122,11 +122,6 @@ def test_tour_runs_top_to_bottom(executed):
     assert any("<script" in page for page in html)  # the animation (the source listings have no script)
     listings = [output["data"]["text/plain"] for output in outputs if output.get("data", {}).get("text/html")]
     assert any(listing.startswith("# gan/core/steps.py:d_step\ndef d_step(") for listing in listings)
-
-
-@pytest.mark.slow
-def test_tour_prints_each_counterfactual(executed):
-    text, _ = executed
     # section 1: Sigmoid + BCELoss saturates at 100 with a zero gradient (pytorch/examples#822)
     assert "Sigmoid + BCELoss:  loss_G = 100.0" in text
     # section 4: inside each step, the other network has no gradient
@@ -152,11 +147,6 @@ def test_tour_prints_each_counterfactual(executed):
     assert "polluted == clean + G's leftover: True" in text
     assert number_after("cosine(G's leftover, D's own gradient) =", text) < 0
     assert "with D.zero_grad() before the D step: equal to D's own gradient: True" in text
-
-
-@pytest.mark.slow
-def test_tour_measures_what_its_text_claims(executed):
-    text, _ = executed
     # section 6: the D-wins run ends with D(x) near 1 and D(G(z)) near 0
     last = re.findall(r"151-200\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)", text)
     assert last, "the D-wins summary has no row for steps 151-200"
@@ -343,9 +333,3 @@ def test_every_tour_section_a_page_names_holds_what_the_page_says():
     wrong = [(page, n, marker) for (page, n), markers in TOUR_REFERENCES.items() for marker in markers
              if marker not in sections[n]]  # fmt: skip
     assert not wrong, wrong
-
-
-def test_a_cell_that_says_the_next_cell_is_followed_by_a_code_cell():
-    cells = nbformat.read(TOUR, as_version=4).cells
-    wrong = [i for i, cell in enumerate(cells[:-1]) if "next cell" in cell.source and cells[i + 1].cell_type != "code"]
-    assert not wrong, f"cells {wrong} say 'the next cell' above a cell that is not code"

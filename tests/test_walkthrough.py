@@ -1,10 +1,5 @@
-"""The statements of docs/walkthrough.md and docs/more.md that tests/test_steps.py and
-tests/test_claims.py do not already prove, on the real G and D wherever the statement is about them.
-
-Sections follow the walkthrough: batch in, D step, G step, where this loop clears gradients, the
-gradient penalty (loss=wgan_gp), log, sample; then what docs/more.md took over from it: the
-checkpoint's state_dict, export.
-"""
+"""The statements of docs/walkthrough.md and docs/more.md that test_steps.py and test_claims.py do not
+already prove, on the real G and D wherever the statement is about them, in the walkthrough's order."""
 
 from __future__ import annotations
 
@@ -25,7 +20,7 @@ from torch.optim.swa_utils import update_bn
 
 from gan.core import steps
 from gan.core.ema import build_ema
-from gan.core.models import Discriminator, Generator
+from gan.core.models import Discriminator
 from gan.core.sampling import eval_mode, image_grid, sample
 from gan.core.steps import FP32, d_step, frozen, g_step, release_grads
 
@@ -49,16 +44,13 @@ def test_a_model_moved_to_a_device_takes_latents_made_there(tiny_gan):
         G(torch.randn(2, 16))  # a CPU tensor into a module on another device
 
 
-def test_float_returns_the_same_tensor_when_it_is_float_already():
+def test_float_returns_the_same_tensor_when_it_is_float_already_and_indices_must_be_integers():
     images = torch.zeros(2, dtype=torch.uint8)
     assert images.float() is not images  # uint8 -> a new tensor: div_ on it is safe
     floats = torch.zeros(2)
     assert floats.float() is floats  # already float32: the very same tensor
     floats.float().div_(2.0).add_(1.0)
     assert floats.tolist() == [1.0, 1.0]  # an in-place op after .float() wrote into the original
-
-
-def test_indices_must_be_integers_which_torch_tensor_infers_and_torch_Tensor_does_not():
     images = torch.arange(12, dtype=torch.uint8).view(3, 4)
     index = [2, 0]  # what BatchStream's sampler yields
     assert images[torch.tensor(index)].tolist() == [[8, 9, 10, 11], [0, 1, 2, 3]]  # int64 inferred
@@ -117,15 +109,6 @@ def test_g_step_keeps_the_gradient_that_reaches_the_fake_images(tiny_gan):
     assert stats["grad_norm/images"].item() == pytest.approx(expected.flatten(1).norm(dim=1).mean().item(), rel=1e-5)
 
 
-def test_frozen_discriminator_still_updates_its_batchnorm_statistics(tiny_gan):
-    G, D = tiny_gan
-    bn = next(m for m in D.modules() if isinstance(m, nn.BatchNorm2d))
-    before = bn.running_mean.clone()
-    with frozen(D):  # requires_grad_(False) is about gradients, not about BatchNorm's buffers
-        D(G(torch.randn(8, 16)))
-    assert not torch.equal(before, bn.running_mean)
-
-
 def test_frozen_spectrally_normalised_discriminator_still_advances_its_power_iteration():
     """The default D has no BatchNorm; what its forward updates under `frozen` is spectral norm's u."""
     D = Discriminator(width=8, channels=1, image_size=16, batchnorm=False, spectral_norm=True)
@@ -137,24 +120,6 @@ def test_frozen_spectrally_normalised_discriminator_still_advances_its_power_ite
     with frozen(D):
         D(torch.randn(8, 1, 16, 16))
     assert u and all(not torch.equal(before[name], dict(D.named_buffers())[name]) for name in u)
-
-
-def test_batchnorm_in_train_mode_mixes_the_samples_of_a_batch(tiny_gan):
-    _, D = tiny_gan
-    x = torch.randn(4, 1, 16, 16, requires_grad=True)
-    (grad,) = torch.autograd.grad(D(x)[0], x)
-    assert grad[1:].abs().sum() > 0  # sample 0's logit depends on the other samples
-    D.eval()
-    (grad,) = torch.autograd.grad(D(x)[0], x)
-    assert grad[1:].abs().sum() == 0  # running statistics: each sample on its own
-
-
-def test_eval_mode_discriminator_still_passes_gradients_to_both_networks(tiny_gan):
-    G, D = tiny_gan
-    D.eval()
-    BCE.g(D(G(torch.randn(4, 16)))).backward()
-    assert all(p.grad is not None for p in G.parameters())
-    assert all(p.grad is not None for p in D.parameters())  # eval() froze nothing
 
 
 # where this loop clears gradients: after each update, not before each backward --------------------
@@ -424,7 +389,7 @@ def test_state_dict_shares_storage_with_the_parameters_until_saved(tiny_gan):
 # export -----------------------------------------------------------------------------------------
 
 
-def test_trace_records_the_mode_it_saw(tiny_gan):
+def test_trace_script_and_export_of_G_and_the_mode_each_keeps(tiny_gan):
     G, _ = tiny_gan
     z = torch.randn(4, 16)
     traced_in_train = quietly(lambda: torch.jit.trace(G, z, check_trace=False))
@@ -439,23 +404,14 @@ def test_trace_records_the_mode_it_saw(tiny_gan):
         stats = bn.running_mean.clone()
         assert not torch.allclose(traced_in_train(z), expected)  # batch statistics, baked in
         assert not torch.equal(stats, bn.running_mean)  # and it still moves G's running statistics
-
-
-def test_script_keeps_the_mode_switch(tiny_gan):
-    G, _ = tiny_gan
+    G.train()  # script keeps the mode switch
     with pytest.warns(FutureWarning, match="deprecated"):
         scripted = torch.jit.script(G)
-    z = torch.randn(4, 16)
     with torch.no_grad():
         assert torch.allclose(scripted(z), G(z))
         G.eval()
         scripted.eval()
         assert torch.allclose(scripted(z), G(z))
-
-
-def test_export_takes_a_dynamic_batch_and_refuses_data_dependent_branches(tiny_gan):
-    G, _ = tiny_gan
-    G.eval()
     program = export(G, (torch.randn(4, 16),), dynamic_shapes=({0: Dim("batch", min=2)},))
     z = torch.randn(5, 16)
     with torch.no_grad():
@@ -467,19 +423,6 @@ def test_export_takes_a_dynamic_batch_and_refuses_data_dependent_branches(tiny_g
 
     with pytest.raises(GuardOnDataDependentSymNode):
         export(Branchy(), (torch.ones(2),))
-
-
-def test_a_bf16_tensor_has_no_numpy_form_until_float():
-    """Section 6: under bf16 autocast G's output is bfloat16, NumPy has no such dtype, and
-    .detach().cpu().numpy() raises; .detach().float().cpu().numpy() is the conversion that works."""
-    G = Generator(16, 8, 1, 16)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        fake = G(torch.randn(2, 16))
-    assert fake.dtype == torch.bfloat16
-    with pytest.raises(TypeError, match="BFloat16"):
-        fake.detach().cpu().numpy()
-    array = fake.detach().float().cpu().numpy()
-    assert array.dtype.name == "float32" and array.shape == (2, 1, 16, 16)
 
 
 def test_grad_norm_images_scales_as_one_over_the_batch_size(tiny_gan):
