@@ -9,7 +9,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 # Named to sort after the training's own in each tab: `summary` after `samples` (TensorBoard's Images page would
 # put `samples_eval` first), the metrics table after run/command and run/config
 IMAGES_GROUP, METRICS_TEXT_TAG = "summary", "run/eval_metrics"
+SAVED = (("samples.npz", SaveSamples.npz), ("samples", SaveSamples.png))
 
 
 def evaluate(
@@ -85,7 +86,14 @@ def evaluate(
     if cfg.class_id is not None:  # one class asked for: measured against that class's images alone
         reference = only_class(reference, cfg.class_id, cfg.metrics)
     reals = Reals(*reference_subset(reference, cfg.num_samples, cfg.seed), stacked=M.is_stacked(reference))
-    check_real_count(reals.images.size(0), cfg.metrics, data.name)
+    for key, published in (("pr_k", 3), ("dc_k", 5)):  # each real image's ball reaches its k-th real neighbour
+        k, count = getattr(cfg.metrics, key), reals.images.size(0)
+        if k >= count:
+            raise MetricsError(
+                f"metrics.{key}={k} needs more than {k} real images, and the held-out split of data={data.name} "
+                f"measured here holds {count}. Lower metrics.{key} below {count} ({published} is the published "
+                "setting), or measure against a larger held-out split."
+            )
     clock("data")
 
     classifier, accuracy, classifier_file = classifier_for(data, reference, reals.stacked, cfg, device)
@@ -109,8 +117,8 @@ def evaluate(
         save_image(grid, run_dir / f"{name}.png")
     clock("pictures")
 
-    npz, pngs = (cfg.save_samples == how for how in (SaveSamples.npz, SaveSamples.png))
-    write_samples(fake, npz=run_dir / "samples.npz" if npz else None, pngs=run_dir / "samples" if pngs else None)
+    npz, pngs = (run_dir / name if cfg.save_samples == how else None for name, how in SAVED)
+    write_samples(fake, npz=npz, pngs=pngs)
     for path in save_generator(G, cfg.export, run_dir / "export"):
         log.info("Exported the generator: %s", path)
     clock("outputs")
@@ -122,8 +130,7 @@ def evaluate(
     return results
 
 
-@dataclasses.dataclass
-class Reals:
+class Reals(NamedTuple):
     images: Tensor
     labels: Tensor
     stacked: bool
@@ -161,18 +168,6 @@ def measure(
         results.update(conditional_metrics(classifier, fake, requested, real_features, reals.labels, fake_features,
                                            cfg.batch_size, device, **per_class))  # fmt: skip
     return results
-
-
-def check_real_count(count: int, metrics: MetricsConfig, dataset: str) -> None:
-    """Precision/recall and density/coverage draw a ball to each real image's k-th nearest other real image."""
-    for key, published in (("pr_k", 3), ("dc_k", 5)):
-        k = getattr(metrics, key)
-        if k >= count:
-            raise MetricsError(
-                f"metrics.{key}={k} needs more than {k} real images, and the held-out split of data={dataset} "
-                f"measured here holds {count}. Lower metrics.{key} below {count} ({published} is the published "
-                "setting), or measure against a larger held-out split."
-            )
 
 
 def draw_pictures(G: nn.Module, fake: Tensor, data: DataConfig, cfg: EvaluateConfig, device: torch.device) -> dict:
