@@ -22,6 +22,7 @@ from gan.core.models import Discriminator, Generator
 from gan.core.sampling import class_rows
 from gan.core.steps import StepContext, d_step, g_step
 from gan.data import BatchStream, load_dataset
+from gan.errors import MetricsError
 from gan.evaluation import conditional as C
 from gan.evaluation import pipeline as P
 from gan.evaluation.pipeline import evaluate
@@ -366,6 +367,9 @@ def test_evaluate_class_id_draws_and_measures_that_class_alone(tmp_path, monkeyp
     assert drawn and (drawn[0] == 7).all() and drawn[0].numel() == 200
     assert 0 <= results["cond_accuracy"] <= 1 and "intra_fid" not in results  # one class: no spread
     assert not (tmp_path / "eval" / "classes.png").exists()
+    cfg.metrics.dc_k = results["num_real"]  # each image's ball would need more neighbours than the class holds
+    with pytest.raises(MetricsError, match=f"holds {results['num_real']} images of that class, too few"):
+        evaluate(cfg, tmp_path / "again", {"root": str(tmp_path / "data")})
 
 
 @pytest.mark.parametrize("conditional, class_id, message", [(True, 10, "out of range"), (False, 3, "unconditional")])

@@ -176,6 +176,9 @@ def read_image(path: str, channels: int, size: int) -> Tensor:
     return fit_square(pixels, size)
 
 
+_FOLDER_REMEDY = (
+    "Set data.root to a folder of images, flat or a subfolder a class; data=folder has nothing to download."
+)
 _IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 _CIFAR_FILES = (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta")
 # IDX type codes (LeCun's format) -> bytes per value: ubyte, byte, short, int, float, double
@@ -268,11 +271,6 @@ def _torchvision(cfg: DataConfig, make: Callable[[], Dataset], folder: Path) -> 
         else:
             problem = f"was refused: a checksum or format check failed ({detail}). Run again with data.download=true"
         raise DataError(f"{where} {problem}, or copy the official files there.") from err
-
-
-def open_folder(cfg: DataConfig, train: bool) -> ImageFiles:
-    remedy = "Set data.root to a folder of images, flat or a subfolder a class; data=folder has nothing to download."
-    return _image_folder(_root(cfg), cfg, train, remedy)
 
 
 def open_celeba(cfg: DataConfig, train: bool) -> ImageFiles:
@@ -392,7 +390,7 @@ _OPENERS: dict[DatasetName, Callable[[DataConfig, bool], ImageSource]] = {
     DatasetName.mnist: lambda cfg, train: _open_mnist_like(cfg, train, datasets.MNIST, "about 12 MB"),
     DatasetName.fashion_mnist: lambda cfg, train: _open_mnist_like(cfg, train, datasets.FashionMNIST, "about 30 MB"),
     DatasetName.cifar10: open_cifar10,
-    DatasetName.folder: open_folder,
+    DatasetName.folder: lambda cfg, train: _image_folder(_root(cfg), cfg, train, _FOLDER_REMEDY),
     DatasetName.celeba: open_celeba,
     DatasetName.stacked: open_stacked,
     DatasetName.packed: open_packed,

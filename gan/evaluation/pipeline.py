@@ -31,9 +31,9 @@ from gan.checkpoint import (
     nonfinite,
     stored_config_error,
 )
-from gan.config import DataConfig, EvaluateConfig, ExportFormat, FeatureSpace, MetricsConfig, ModelConfig, SaveSamples
+from gan.config import DataConfig, EvaluateConfig, ExportFormat, FeatureSpace, ModelConfig, SaveSamples
 from gan.core.models import Generator
-from gan.core.sampling import eval_mode, image_grid
+from gan.core.sampling import image_grid, sample
 from gan.data import ImageSet, load_dataset, take, to_unit_range
 from gan.device import environment, environment_changes, setup_torch
 from gan.errors import CheckpointError, ConfigError, MetricsError
@@ -84,7 +84,13 @@ def evaluate(
 
     reference = load_dataset(data, train=False, in_memory=True)
     if cfg.class_id is not None:  # one class asked for: measured against that class's images alone
-        reference = only_class(reference, cfg.class_id, cfg.metrics)
+        keep, k = reference.labels == cfg.class_id, max(cfg.metrics.pr_k, cfg.metrics.dc_k)
+        if int(keep.sum()) <= k:
+            raise MetricsError(
+                f"class_id={cfg.class_id}: the held-out split holds {int(keep.sum())} images of that class, too few "
+                f"for metrics.pr_k and metrics.dc_k ({k} neighbours an image). Evaluate without class_id."
+            )
+        reference = ImageSet(reference.images[keep], reference.labels[keep], reference.num_classes)
     reals = Reals(*reference_subset(reference, cfg.num_samples, cfg.seed), stacked=M.is_stacked(reference))
     for key, published in (("pr_k", 3), ("dc_k", 5)):  # each real image's ball reaches its k-th real neighbour
         k, count = getattr(cfg.metrics, key), reals.images.size(0)
@@ -271,17 +277,6 @@ _DISAGREE = (
 )
 
 
-def only_class(dataset: ImageSet, class_id: int, metrics: MetricsConfig) -> ImageSet:
-    keep = dataset.labels == class_id
-    count, k = int(keep.sum()), max(metrics.pr_k, metrics.dc_k)
-    if count <= k:
-        raise MetricsError(
-            f"class_id={class_id}: the held-out split holds {count} images of that class, too few for "
-            f"metrics.pr_k and metrics.dc_k ({k} neighbours an image). Evaluate without class_id."
-        )
-    return ImageSet(dataset.images[keep], dataset.labels[keep], dataset.num_classes)
-
-
 def build_generator(
     state: Mapping[str, Any], use_ema: bool, device: torch.device, source: str = "the checkpoint"
 ) -> tuple[Generator, str]:
@@ -373,11 +368,10 @@ def generate(
     """uint8 on the CPU; eval() so that a sample does not depend on its batch."""
     latents = torch.Generator(device).manual_seed(seed)
     chunks = []
-    with eval_mode(G), torch.inference_mode():
-        for start in range(0, count, batch_size):
-            z = torch.randn(min(batch_size, count - start), G.z_dim, device=device, generator=latents)
-            y = None if labels is None else labels[start : start + z.size(0)].to(device)  # the classes asked for
-            chunks.append(to_uint8(G(z) if y is None else G(z, y)).cpu())
+    for start in range(0, count, batch_size):
+        z = torch.randn(min(batch_size, count - start), G.z_dim, device=device, generator=latents)
+        y = None if labels is None else labels[start : start + z.size(0)].to(device)  # the classes asked for
+        chunks.append(to_uint8(sample(G, z, y)).cpu())
     return torch.cat(chunks)
 
 
