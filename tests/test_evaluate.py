@@ -411,7 +411,7 @@ REFUSED = {  # settings -> what the paragraph says; Inception's files are checke
 
 
 @pytest.mark.parametrize("settings, said", REFUSED.values(), ids=REFUSED)
-def test_a_neighbour_count_beyond_the_real_images_is_refused_in_one_paragraph(tiny_run, tmp_path, settings, said):
+def test_a_neighbour_count_or_inception_file_it_cannot_use_is_one_paragraph(tiny_run, tmp_path, settings, said):
     result = run_evaluate(f"checkpoint={tiny_run}", *settings, "threads=1", f"data.root={tmp_path}", cwd=tmp_path)
     output = output_of(result)
     assert result.returncode == 2 and all(s in output for s in said) and "Traceback" not in output, output[-3000:]
