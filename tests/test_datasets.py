@@ -51,8 +51,6 @@ def _no_internet(monkeypatch):
 
 
 # writers of the real formats ---------------------------------------------------------------------
-
-
 def write_idx(path: Path, array: np.ndarray) -> None:
     """IDX (LeCun's MNIST format): 0, 0, type 0x08 (uint8), ndim; big-endian int32 sizes; the bytes."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -109,13 +107,11 @@ def cfg_for(name: str, root: Path, **overrides) -> DataConfig:
 
 def patch_cifar_checksums(monkeypatch) -> None:
     """torchvision checks each CIFAR-10 file's md5 against the official archive; files a test writes cannot
-    match. Only that comparison is replaced (test_cifar10_with_wrong_checksums_is_refused shows the real one)."""
+    match. Only that comparison is replaced (the real one refuses them: test_cifar10_reads_...)."""
     monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", lambda path, md5=None: Path(path).is_file())
 
 
 # the built-in digits and the pixel rules every dataset shares -----------------------------------------
-
-
 @pytest.mark.parametrize("size", [16, 32, 64])
 def test_digits_are_deterministic_labelled_distinct_and_inked_in_the_middle(size):
     images, labels = render_digits(2000, size, seed=7)
@@ -161,8 +157,6 @@ def test_rgb_to_gray_is_pillows_luma_to_the_byte():
 
 
 # torchvision's datasets ----------------------------------------------------------------------------
-
-
 @pytest.mark.parametrize("name, folder", [("mnist", "MNIST"), ("fashion_mnist", "FashionMNIST")])
 def test_mnist_like_datasets_read_torchvision_layout_resized_and_oriented(tmp_path, name, folder):
     labels = write_mnist(tmp_path, folder)
@@ -179,8 +173,11 @@ def test_mnist_like_datasets_read_torchvision_layout_resized_and_oriented(tmp_pa
     assert rgb.shape == (40, 3, 32, 32) and all(torch.equal(rgb[:, c : c + 1], data.images) for c in range(3))
 
 
-def test_cifar10_reads_the_pickled_batches_as_rgb_planes(tmp_path, monkeypatch):
-    write_cifar(tmp_path)
+def test_cifar10_reads_the_pickled_batches_as_rgb_planes_and_refuses_wrong_checksums(tmp_path, monkeypatch):
+    folder = write_cifar(tmp_path)  # the real layout with the wrong bytes: torchvision's md5 check fails
+    with pytest.raises(DataError, match="checksum") as err:
+        load_dataset(cfg_for("cifar10", tmp_path, channels=3))
+    assert str(folder.resolve()) in str(err.value) and "data.download=true" in str(err.value)
     patch_cifar_checksums(monkeypatch)
     data = load_dataset(cfg_for("cifar10", tmp_path, image_size=32, channels=3))
     assert data.images.shape == (10, 3, 32, 32) and data.num_classes == 10  # 5 batches of 2
@@ -193,13 +190,6 @@ def test_cifar10_reads_the_pickled_batches_as_rgb_planes(tmp_path, monkeypatch):
     gray = load_dataset(cfg_for("cifar10", tmp_path, channels=1)).images  # as Pillow converts RGB
     expected = Image.fromarray(np.array([[[200, 100, 7]]], np.uint8)).convert("L").getpixel((0, 0))
     assert gray.shape == (10, 1, 32, 32) and int(gray[7, 0, 0, 0]) == expected
-
-
-def test_cifar10_with_wrong_checksums_is_refused(tmp_path):
-    folder = write_cifar(tmp_path)  # the real layout with the wrong bytes: torchvision's md5 check fails
-    with pytest.raises(DataError, match="checksum") as err:
-        load_dataset(cfg_for("cifar10", tmp_path, channels=3))
-    assert str(folder.resolve()) in str(err.value) and "data.download=true" in str(err.value)
 
 
 def test_download_is_not_attempted_when_the_files_are_there_and_a_failed_one_is_a_data_error(tmp_path, monkeypatch):
@@ -217,8 +207,6 @@ def test_download_is_not_attempted_when_the_files_are_there_and_a_failed_one_is_
 
 
 # missing and damaged data ----------------------------------------------------------------------------
-
-
 MISSING = [("mnist", "MNIST/raw", "data.download=true"), ("fashion_mnist", "FashionMNIST/raw", "data.download=true"),
            ("cifar10", "cifar-10-batches-py", "data.download=true"), ("celeba", "celeba", "data.download=true"),
            ("folder", "", "nothing to download")]  # fmt: skip
@@ -321,15 +309,6 @@ def test_an_image_pillow_refuses_is_named(tmp_path, monkeypatch, bomb):
         read_image(str(path), 3, 16)
 
 
-@pytest.mark.parametrize("channels", [1, 3])
-def test_a_16_bit_png_is_scaled_to_8_bits_not_clipped_to_white(tmp_path, channels):
-    # Pillow's convert("L") clips a 16-bit value above 255 to 255: a whole folder of them read as white
-    ramp = np.arange(256 * 256, dtype=np.uint16).reshape(256, 256)
-    Image.fromarray(ramp).save(tmp_path / "ramp.png")
-    pixels = read_image(str(tmp_path / "ramp.png"), channels, 256)
-    assert torch.equal(pixels[0].to(torch.int64), torch.from_numpy(ramp.astype(np.int64) >> 8))
-
-
 def test_a_folder_smaller_than_one_batch_stops_training_before_anything_is_written(tmp_path):
     make_folder(tmp_path / "three", count=3)
     with pytest.raises(DataError, match="fewer than data.batch_size=32"):  # debug=tiny's batch
@@ -349,8 +328,6 @@ def test_config_refuses_what_no_loader_can_do(overrides, key):
 
 
 # folders ---------------------------------------------------------------------------------------
-
-
 @pytest.mark.parametrize("size, channels", [(16, 3), (64, 3), (32, 1)])
 def test_folder_images_follow_the_dcgan_tutorial_recipe(tmp_path, size, channels):
     # Resize + CenterCrop as the PyTorch DCGAN tutorial runs them on PIL images; ours on uint8 tensors (antialiased
@@ -378,6 +355,12 @@ def test_jpeg_png_gray_and_rgb_files_mix_in_one_folder(tmp_path):
     assert gray.shape == (3, 16, 16) and torch.equal(gray[0], gray[1]) and torch.equal(gray[1], gray[2])
     assert read_image(str(tmp_path / "b.png"), 1, 16).shape == (1, 16, 16)
     assert all(source[i].shape == (3, 16, 16) for i in range(len(source)))
+    # Pillow's convert("L") clips a 16-bit value above 255 to 255: a whole folder of them would read as white
+    ramp = np.arange(256 * 256, dtype=np.uint16).reshape(256, 256)
+    Image.fromarray(ramp).save(tmp_path / "ramp.png")
+    for channels in (1, 3):
+        pixels = read_image(str(tmp_path / "ramp.png"), channels, 256)
+        assert torch.equal(pixels[0].to(torch.int64), torch.from_numpy(ramp.astype(np.int64) >> 8))
 
 
 def test_class_subfolders_are_labels_at_any_depth_and_the_classifier_cache_is_no_class(tmp_path):
@@ -432,6 +415,11 @@ def test_folder_split_is_about_a_seventh_and_stable_when_images_are_added(tmp_pa
 
 
 def test_celeba_is_read_where_torchvision_puts_it_at_64_px(tmp_path):
+    (tmp_path / "celeba").write_bytes(b"not a folder")
+    with pytest.raises(DataError, match=r"celeba \(absolute path .*\) is a file, not a folder") as caught:
+        load_dataset(cfg_for("celeba", tmp_path, channels=3))
+    assert "does not exist" not in str(caught.value)
+    (tmp_path / "celeba").unlink()
     faces = tmp_path / "celeba" / "img_align_celeba"
     faces.mkdir(parents=True)
     with pytest.raises(DataError, match="holds no image files.*data.download=true"):
@@ -448,16 +436,7 @@ def test_celeba_is_read_where_torchvision_puts_it_at_64_px(tmp_path):
     assert data.images.size(0) + len(open_source(cfg, train=False)) == 14
 
 
-def test_a_celeba_folder_that_is_a_file_is_called_a_file(tmp_path):
-    (tmp_path / "celeba").write_bytes(b"not a folder")
-    with pytest.raises(DataError, match=r"celeba \(absolute path .*\) is a file, not a folder") as caught:
-        load_dataset(cfg_for("celeba", tmp_path, channels=3))
-    assert "does not exist" not in str(caught.value)
-
-
 # stacked ---------------------------------------------------------------------------------------
-
-
 def test_stacked_digits_are_three_independent_images_with_1000_mode_labels():
     cfg = DataConfig(name="stacked", channels=3, num_samples=600, image_size=16)
     data, source = load_dataset(cfg), load_dataset(DataConfig(num_samples=600, image_size=16))
@@ -483,8 +462,6 @@ def test_stacked_mnist_reads_its_source_from_the_mnist_files_and_names_a_missing
 
 
 # in memory or streamed, and the batch stream -------------------------------------------------------
-
-
 @pytest.mark.parametrize("kind", ["mnist", "folder", "stacked"])
 def test_streamed_items_equal_the_in_memory_tensor(tmp_path, kind):
     make_folder(tmp_path) if kind == "folder" else write_mnist(tmp_path)
@@ -513,6 +490,7 @@ def test_a_streamed_folder_gives_the_in_memory_batches_each_image_once_an_epoch_
     stream = BatchStream(streamed, 4, seed=3, device=CPU, num_workers=workers)
     batches = [next(stream) for _ in range(per_epoch + 2)]  # across an epoch boundary
     assert all(torch.equal(batch, next(reference)) and batch.min() >= -1 and batch.max() <= 1 for batch in batches)
+    assert to_unit_range(torch.tensor([0, 255], dtype=torch.uint8)).tolist() == [-1.0, 1.0]  # the range of tanh
     assert torch.cat(batches[:per_epoch]).flatten(1).unique(dim=0).size(0) == 4 * per_epoch  # each image once
     state = stream.state_dict()
     assert state == {"epoch": 1, "batch": 2}
@@ -540,19 +518,7 @@ def test_a_bad_image_read_by_a_worker_gives_the_workers_own_message(tmp_path):
     assert worker_message("plain") == "plain"  # a message raised in the main process is kept
 
 
-def test_pixels_reach_the_loop_scaled_to_the_range_of_tanh(tmp_path):
-    checkers = Image.fromarray(np.array([[0, 255], [255, 0]], np.uint8), "L").resize((20, 20))
-    for name in "abcd":  # 1 in 7 is held out: some of the four are training images
-        checkers.save(tmp_path / f"{name}.png")
-    images = load_dataset(cfg_for("folder", tmp_path, image_size=16, channels=1), in_memory=True).images
-    batch = next(BatchStream(images.repeat(4, 1, 1, 1), 4, seed=0, device=CPU))
-    assert batch.dtype == torch.float32 and batch.min() == -1 and batch.max() == 1
-    assert to_unit_range(torch.tensor([0, 255], dtype=torch.uint8)).tolist() == [-1.0, 1.0]
-
-
 # data.limit --------------------------------------------------------------------------------------
-
-
 @pytest.mark.parametrize("name, channels", [("digits", 1), ("stacked", 3)])
 @pytest.mark.parametrize("in_memory", [True, False])
 def test_limit_keeps_the_first_images_with_their_labels_and_the_whole_held_out_split(name, channels, in_memory):
@@ -585,8 +551,6 @@ def test_a_limit_above_the_training_split_is_refused_naming_its_size(tmp_path):
 
 
 # training ------------------------------------------------------------------------------------------
-
-
 @pytest.mark.parametrize("size", [16, 32, 64, 128])
 def test_a_training_step_at_each_image_size(tmp_path, size):
     write_mnist(tmp_path / "data", train=64)
@@ -633,8 +597,6 @@ def test_data_no_loader_can_serve_is_refused_before_training_in_one_paragraph(tm
 
 
 # a packed dataset: decoded and resized once (gan/data/pack.py), then trained from with no decoding ----------
-
-
 def pack_folder(tmp_path: Path, count: int = 24) -> Path:
     """A pack of `count` gray 16 px images in tmp_path/pack; returns pack.pt."""
     write_pack(cfg_for("folder", make_folder(tmp_path / "images", count), image_size=16), tmp_path / "pack")

@@ -68,8 +68,6 @@ def training_images(digits: dict, keep: torch.Tensor | None = None, count: int =
 
 
 # the instrument ----------------------------------------------------------------------------------
-
-
 def test_classifier_reaches_the_stated_accuracy_and_its_features_are_the_penultimate_layer(digits):
     assert digits["accuracy"] >= STATED_ACCURACY
     images = digits["held_out"].images[:8]
@@ -79,8 +77,6 @@ def test_classifier_reaches_the_stated_accuracy_and_its_features_are_the_penulti
 
 
 # honesty: each test would fail if the metric were blind to what it is meant to see ---------------
-
-
 def test_real_is_near_the_floor_and_fid_and_kid_rise_monotonically_with_noise(digits):
     base = training_images(digits)
     results = [
@@ -151,8 +147,6 @@ def test_kid_gamma_keeps_the_kernel_scale_free():
 
 
 # the arithmetic, against brute force -------------------------------------------------------------
-
-
 def brute_force_prdc(real: torch.Tensor, fake: torch.Tensor, pr_k: int, dc_k: int) -> dict:
     """Kynkaanniemi et al. and Naeem et al. written out on full distance matrices."""
     rr, ff, rf = torch.cdist(real, real), torch.cdist(fake, fake), torch.cdist(real, fake)
@@ -225,8 +219,6 @@ def test_stacked_images_are_classified_channel_by_channel(digits):
 
 
 # the classifier cache and the Inception checks ---------------------------------------------------
-
-
 def test_classifier_is_cached_under_data_root_keyed_by_what_decides_it(tmp_path, monkeypatch, one_thread):
     data = DataConfig(root=str(tmp_path), image_size=16, num_samples=1200, batch_size=32)
     config = ClassifierConfig()

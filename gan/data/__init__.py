@@ -15,18 +15,5 @@ from gan.data.sources import (
 from gan.data.stream import BatchStream, EpochBatchSampler, to_unit_range
 from gan.errors import DataError
 
-__all__ = [
-    "BatchStream",
-    "DataError",
-    "EmptySplitError",
-    "EpochBatchSampler",
-    "ImageSet",
-    "ImageSource",
-    "is_held_out",
-    "load_dataset",
-    "open_source",
-    "read_image",
-    "render_digits",
-    "take",
-    "to_unit_range",
-]
+__all__ = ["BatchStream", "DataError", "EmptySplitError", "EpochBatchSampler", "ImageSet", "ImageSource"]
+__all__ += ["is_held_out", "load_dataset", "open_source", "read_image", "render_digits", "take", "to_unit_range"]

@@ -60,7 +60,12 @@ def load_dataset(cfg: DataConfig, train: bool = True, in_memory: Optional[bool] 
     started = time.perf_counter()
     source, split = open_source(cfg, train), "training" if train else "held-out"
     if train and cfg.limit:  # the first N images, their labels with them; the held-out split stays whole
-        check_limit(cfg, len(source))
+        if cfg.limit > len(source):  # a run recorded as limit=N must have seen N images
+            more = " (or raise data.num_samples)" if cfg.name in (DatasetName.digits, DatasetName.stacked) else ""
+            raise ConfigError(
+                f"data.limit={cfg.limit} is more than the {len(source)} images in the training split of "
+                f"data={cfg.name}. Set data.limit to at most {len(source)}{more}, or to 0 for all."
+            )
         source, split = source.first(cfg.limit), f"training (first {cfg.limit}: data.limit)"
     keep = cfg.in_memory if in_memory is None else in_memory
     nbytes = len(source) * source.channels * source.image_size**2
@@ -72,16 +77,6 @@ def load_dataset(cfg: DataConfig, train: bool = True, in_memory: Optional[bool] 
         f"({time.perf_counter() - started:.1f} s)"
     )
     return ImageSet(source.load_all() if keep else source, source.labels, source.num_classes, source.pack)
-
-
-def check_limit(cfg: DataConfig, size: int) -> None:
-    """A run recorded as limit=N must have seen N images."""
-    if cfg.limit > size:
-        generated = cfg.name in (DatasetName.digits, DatasetName.stacked)
-        raise ConfigError(
-            f"data.limit={cfg.limit} is more than the {size} images in the training split of data={cfg.name}. Set "
-            f"data.limit to at most {size}{' (or raise data.num_samples)' if generated else ''}, or to 0 for all."
-        )
 
 
 def open_source(cfg: DataConfig, train: bool = True) -> ImageSource:
@@ -181,6 +176,9 @@ def read_image(path: str, channels: int, size: int) -> Tensor:
     return fit_square(pixels, size)
 
 
+_FOLDER_REMEDY = (
+    "Set data.root to a folder of images, flat or a subfolder a class; data=folder has nothing to download."
+)
 _IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 _CIFAR_FILES = (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta")
 # IDX type codes (LeCun's format) -> bytes per value: ubyte, byte, short, int, float, double
@@ -253,7 +251,7 @@ def open_cifar10(cfg: DataConfig, train: bool) -> ArrayImages:
 
 def _root(cfg: DataConfig) -> Path:
     root = Path(cfg.root).expanduser()  # as torchvision does with its root
-    if root.exists() and not root.is_dir():  # else each opener would report a folder that "does not exist"
+    if root.is_file():  # else each opener would report a folder that "does not exist"
         raise DataError(
             f"data.root={cfg.root!r} is a file (absolute path {root.resolve()}), not a folder: data={cfg.name} "
             "reads a folder. Set data.root to the folder that holds the dataset."
@@ -273,11 +271,6 @@ def _torchvision(cfg: DataConfig, make: Callable[[], Dataset], folder: Path) -> 
         else:
             problem = f"was refused: a checksum or format check failed ({detail}). Run again with data.download=true"
         raise DataError(f"{where} {problem}, or copy the official files there.") from err
-
-
-def open_folder(cfg: DataConfig, train: bool) -> ImageFiles:
-    remedy = "Set data.root to a folder of images, flat or a subfolder a class; data=folder has nothing to download."
-    return _image_folder(_root(cfg), cfg, train, remedy)
 
 
 def open_celeba(cfg: DataConfig, train: bool) -> ImageFiles:
@@ -397,7 +390,7 @@ _OPENERS: dict[DatasetName, Callable[[DataConfig, bool], ImageSource]] = {
     DatasetName.mnist: lambda cfg, train: _open_mnist_like(cfg, train, datasets.MNIST, "about 12 MB"),
     DatasetName.fashion_mnist: lambda cfg, train: _open_mnist_like(cfg, train, datasets.FashionMNIST, "about 30 MB"),
     DatasetName.cifar10: open_cifar10,
-    DatasetName.folder: open_folder,
+    DatasetName.folder: lambda cfg, train: _image_folder(_root(cfg), cfg, train, _FOLDER_REMEDY),
     DatasetName.celeba: open_celeba,
     DatasetName.stacked: open_stacked,
     DatasetName.packed: open_packed,

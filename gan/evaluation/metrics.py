@@ -123,19 +123,34 @@ def load_or_train_classifier(
     # the whole training split, whatever subset G trained on; of generated digits at least GENERATED_IMAGES
     data = dataclasses.replace(data, limit=0, num_samples=max(data.num_samples, GENERATED_IMAGES))
     path = Path(data.root).expanduser() / CLASSIFIER_CACHE / f"{classifier_key(data, cfg)}.pt"
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        model, accuracy = Classifier(**state["architecture"]), float(state["accuracy"])
-        model.load_state_dict(state["weights"])
-        log.info("Metrics classifier: %s (%.2f%% test accuracy)", path, 100 * accuracy)
-    except Exception as err:  # none yet, or a damaged or foreign file: train a new one over it
-        if path.is_file():
-            log.warning(
-                "Ignoring the cached classifier %s (%s: %s); training a new one.", path, type(err).__name__, err
-            )
-        model = None
+    model = None
+    if path.is_file():
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            model, accuracy = Classifier(**state["architecture"]), float(state["accuracy"])
+            model.load_state_dict(state["weights"])
+            log.info("Metrics classifier: %s (%.2f%% test accuracy)", path, 100 * accuracy)
+        except Exception as err:  # a damaged or foreign file: train a new one over it
+            log.warning("Ignoring the cached classifier %s (%s); training a new one.", path, reason(err))
+            model = None
     if model is None:  # trained outside the except clause: its errors are not "during handling" of this one
-        model, accuracy = train_and_cache_classifier(data, cfg, device, path)
+        started = time.perf_counter()
+        train, test = (load_dataset(data, train=split, in_memory=True) for split in (True, False))
+        if train.num_classes < 2:
+            raise MetricsError(
+                f"data={data.name} has {train.num_classes} class: the classifier feature space needs labelled "
+                "data with at least 2 classes. Use metrics.features=inception instead."
+            )
+        model, accuracy = train_classifier(train, test, cfg, device)
+        log.info(f"Trained the metrics classifier in {time.perf_counter() - started:.1f} s: {100 * accuracy:.2f}% "
+                 f"test accuracy on {test.labels.numel()} held-out images")  # fmt: skip
+        # enums as their values: the file must load with weights_only=True
+        state = {"weights": model.state_dict(), "accuracy": accuracy, "architecture": model.architecture,
+                 "data": plain(data), "classifier": plain(cfg)}  # fmt: skip
+        try:
+            save_checkpoint(state, path)
+        except OSError as err:  # a read-only data folder: measure anyway, train again next time
+            log.warning("Could not cache the classifier in %s (%s); it will be trained again next time.", path, err)
     if accuracy < cfg.min_accuracy:
         raise MetricsError(
             f"The metrics classifier ({path}) reaches {100 * accuracy:.2f}% test accuracy, below "
@@ -143,30 +158,6 @@ def load_or_train_classifier(
             "metrics.classifier.epochs or metrics.classifier.width, or lower metrics.classifier.min_accuracy."
         )
     return model.to(device).eval(), accuracy, path
-
-
-def train_and_cache_classifier(
-    data: DataConfig, cfg: ClassifierConfig, device: torch.device, path: Path
-) -> tuple[Classifier, float]:
-    started = time.perf_counter()
-    train, test = (load_dataset(data, train=split, in_memory=True) for split in (True, False))
-    if train.num_classes < 2:
-        raise MetricsError(
-            f"data={data.name} has {train.num_classes} class: the classifier feature space needs labelled data "
-            "with at least 2 classes. Use metrics.features=inception instead."
-        )
-    model, accuracy = train_classifier(train, test, cfg, device)
-    log.info(f"Trained the metrics classifier in {time.perf_counter() - started:.1f} s: {100 * accuracy:.2f}% "
-             f"test accuracy on {test.labels.numel()} held-out images")  # fmt: skip
-    # enums as their values: the file must load with weights_only=True
-    state = {"weights": model.state_dict(), "accuracy": accuracy, "architecture": model.architecture,
-             "data": plain(data), "classifier": plain(cfg)}  # fmt: skip
-    try:
-        save_checkpoint(state, path)
-        log.info("Cached it as %s", path)
-    except OSError as err:  # a read-only data folder: measure anyway, train again next time
-        log.warning("Could not cache the classifier in %s (%s); it will be trained again next time.", path, err)
-    return model, accuracy
 
 
 class ClassifierFeatures(nn.Module):
@@ -180,7 +171,7 @@ class ClassifierFeatures(nn.Module):
     def forward(self, images: Tensor) -> Tensor:
         if not self.per_channel:
             return self.classifier.features(images)
-        return self.classifier.features(split_channels(images)).view(images.size(0), -1)
+        return self.classifier.features(images.reshape(-1, 1, *images.shape[-2:])).view(images.size(0), -1)
 
 
 class Inception(nn.Module):
@@ -313,11 +304,8 @@ def check_state_dict(file: Path, given: str) -> None:
 
 
 def sha256(file: Path) -> str:
-    digest = hashlib.sha256()
     with file.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def reason(err: BaseException, limit: int = 200) -> str:
@@ -335,10 +323,6 @@ def kid_kernel(cfg: MetricsConfig) -> str:
     return "(x.y / E|f_real|^2 + 1)^3, scale-free: comparable only within this classifier"
 
 
-def split_channels(images: Tensor) -> Tensor:
-    return images.reshape(-1, 1, *images.shape[-2:])
-
-
 @torch.inference_mode()
 def batched(net: nn.Module, images: Tensor, batch_size: int, device: torch.device) -> Tensor:
     return torch.cat([net(chunk.to(device)).float().cpu() for chunk in images.split(batch_size)])
@@ -351,7 +335,7 @@ def predict(
     with eval_mode(classifier):
         if not per_channel:
             return batched(classifier, images, batch_size, device).argmax(dim=1)
-        digits = batched(classifier, split_channels(images), batch_size, device).argmax(dim=1)
+        digits = batched(classifier, images.reshape(-1, 1, *images.shape[-2:]), batch_size, device).argmax(dim=1)
         digits = digits.view(images.size(0), images.size(1))  # (N, C), most significant channel first
         return (digits * 10 ** torch.arange(images.size(1) - 1, -1, -1)).sum(dim=1)
 

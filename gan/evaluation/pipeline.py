@@ -9,7 +9,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -31,9 +31,9 @@ from gan.checkpoint import (
     nonfinite,
     stored_config_error,
 )
-from gan.config import DataConfig, EvaluateConfig, ExportFormat, FeatureSpace, MetricsConfig, ModelConfig, SaveSamples
+from gan.config import DataConfig, EvaluateConfig, ExportFormat, FeatureSpace, ModelConfig, SaveSamples
 from gan.core.models import Generator
-from gan.core.sampling import eval_mode, image_grid
+from gan.core.sampling import image_grid, sample
 from gan.data import ImageSet, load_dataset, take, to_unit_range
 from gan.device import environment, environment_changes, setup_torch
 from gan.errors import CheckpointError, ConfigError, MetricsError
@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 # Named to sort after the training's own in each tab: `summary` after `samples` (TensorBoard's Images page would
 # put `samples_eval` first), the metrics table after run/command and run/config
 IMAGES_GROUP, METRICS_TEXT_TAG = "summary", "run/eval_metrics"
+SAVED = (("samples.npz", SaveSamples.npz), ("samples", SaveSamples.png))
 
 
 def evaluate(
@@ -83,9 +84,22 @@ def evaluate(
 
     reference = load_dataset(data, train=False, in_memory=True)
     if cfg.class_id is not None:  # one class asked for: measured against that class's images alone
-        reference = only_class(reference, cfg.class_id, cfg.metrics)
+        keep, k = reference.labels == cfg.class_id, max(cfg.metrics.pr_k, cfg.metrics.dc_k)
+        if int(keep.sum()) <= k:
+            raise MetricsError(
+                f"class_id={cfg.class_id}: the held-out split holds {int(keep.sum())} images of that class, too few "
+                f"for metrics.pr_k and metrics.dc_k ({k} neighbours an image). Evaluate without class_id."
+            )
+        reference = ImageSet(reference.images[keep], reference.labels[keep], reference.num_classes)
     reals = Reals(*reference_subset(reference, cfg.num_samples, cfg.seed), stacked=M.is_stacked(reference))
-    check_real_count(reals.images.size(0), cfg.metrics, data.name)
+    for key, published in (("pr_k", 3), ("dc_k", 5)):  # each real image's ball reaches its k-th real neighbour
+        k, count = getattr(cfg.metrics, key), reals.images.size(0)
+        if k >= count:
+            raise MetricsError(
+                f"metrics.{key}={k} needs more than {k} real images, and the held-out split of data={data.name} "
+                f"measured here holds {count}. Lower metrics.{key} below {count} ({published} is the published "
+                "setting), or measure against a larger held-out split."
+            )
     clock("data")
 
     classifier, accuracy, classifier_file = classifier_for(data, reference, reals.stacked, cfg, device)
@@ -109,8 +123,8 @@ def evaluate(
         save_image(grid, run_dir / f"{name}.png")
     clock("pictures")
 
-    npz, pngs = (cfg.save_samples == how for how in (SaveSamples.npz, SaveSamples.png))
-    write_samples(fake, npz=run_dir / "samples.npz" if npz else None, pngs=run_dir / "samples" if pngs else None)
+    npz, pngs = (run_dir / name if cfg.save_samples == how else None for name, how in SAVED)
+    write_samples(fake, npz=npz, pngs=pngs)
     for path in save_generator(G, cfg.export, run_dir / "export"):
         log.info("Exported the generator: %s", path)
     clock("outputs")
@@ -122,8 +136,7 @@ def evaluate(
     return results
 
 
-@dataclasses.dataclass
-class Reals:
+class Reals(NamedTuple):
     images: Tensor
     labels: Tensor
     stacked: bool
@@ -161,18 +174,6 @@ def measure(
         results.update(conditional_metrics(classifier, fake, requested, real_features, reals.labels, fake_features,
                                            cfg.batch_size, device, **per_class))  # fmt: skip
     return results
-
-
-def check_real_count(count: int, metrics: MetricsConfig, dataset: str) -> None:
-    """Precision/recall and density/coverage draw a ball to each real image's k-th nearest other real image."""
-    for key, published in (("pr_k", 3), ("dc_k", 5)):
-        k = getattr(metrics, key)
-        if k >= count:
-            raise MetricsError(
-                f"metrics.{key}={k} needs more than {k} real images, and the held-out split of data={dataset} "
-                f"measured here holds {count}. Lower metrics.{key} below {count} ({published} is the published "
-                "setting), or measure against a larger held-out split."
-            )
 
 
 def draw_pictures(G: nn.Module, fake: Tensor, data: DataConfig, cfg: EvaluateConfig, device: torch.device) -> dict:
@@ -276,17 +277,6 @@ _DISAGREE = (
 )
 
 
-def only_class(dataset: ImageSet, class_id: int, metrics: MetricsConfig) -> ImageSet:
-    keep = dataset.labels == class_id
-    count, k = int(keep.sum()), max(metrics.pr_k, metrics.dc_k)
-    if count <= k:
-        raise MetricsError(
-            f"class_id={class_id}: the held-out split holds {count} images of that class, too few for "
-            f"metrics.pr_k and metrics.dc_k ({k} neighbours an image). Evaluate without class_id."
-        )
-    return ImageSet(dataset.images[keep], dataset.labels[keep], dataset.num_classes)
-
-
 def build_generator(
     state: Mapping[str, Any], use_ema: bool, device: torch.device, source: str = "the checkpoint"
 ) -> tuple[Generator, str]:
@@ -378,11 +368,10 @@ def generate(
     """uint8 on the CPU; eval() so that a sample does not depend on its batch."""
     latents = torch.Generator(device).manual_seed(seed)
     chunks = []
-    with eval_mode(G), torch.inference_mode():
-        for start in range(0, count, batch_size):
-            z = torch.randn(min(batch_size, count - start), G.z_dim, device=device, generator=latents)
-            y = None if labels is None else labels[start : start + z.size(0)].to(device)  # the classes asked for
-            chunks.append(to_uint8(G(z) if y is None else G(z, y)).cpu())
+    for start in range(0, count, batch_size):
+        z = torch.randn(min(batch_size, count - start), G.z_dim, device=device, generator=latents)
+        y = None if labels is None else labels[start : start + z.size(0)].to(device)  # the classes asked for
+        chunks.append(to_uint8(sample(G, z, y)).cpu())
     return torch.cat(chunks)
 
 
