@@ -304,8 +304,7 @@ def check_state_dict(file: Path, given: str) -> None:
 
 
 def sha256(file: Path) -> str:
-    with file.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+    return hashlib.sha256(file.read_bytes()).hexdigest()  # (hashlib.file_digest is Python 3.11+)
 
 
 def reason(err: BaseException, limit: int = 200) -> str:
