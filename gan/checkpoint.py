@@ -32,9 +32,9 @@ def require_training_state(state: Mapping[str, Any], source: str | Path) -> None
     file = checkpoint_path(source)
     if state.get("kind") == BEST:
         raise CheckpointError(
-            f"{source} is a best.pt: the generator with the best in-training FID, kept for evaluate.py and export, "
-            "without D or the optimizers' state, so training cannot continue from it. Resume from the run's last.pt "
-            f"(trainer.resume=RUN_DIR), or evaluate this one: python evaluate.py checkpoint={source}"
+            f"{source} is a best.pt: the generator with the best in-training FID, without D or the optimizers, so "
+            "training cannot continue from it. Resume from the run's last.pt (trainer.resume=RUN_DIR), or evaluate "
+            f"this one: python evaluate.py checkpoint={source}"
         )
     missing = [entry for entry in ("D", "opt_g", "opt_d", "data", "fixed_z") if entry not in state]
     if missing:
@@ -347,14 +347,12 @@ def _check_optimizer(value: Any, entry: str, file: Path) -> None:
 
 def kept_instead(missing: Path) -> str:
     """The other checkpoints in the folder where `missing` was looked for, and what each is good for."""
-    folder, found = missing.parent, ""
-    numbered, best = sorted(folder.glob("step_*.pt"), reverse=True), folder / f"{BEST}.pt"
-    if numbered:
-        found += f" {folder} holds {numbered[0].name}, a numbered copy: resume or evaluate it by its path."
+    numbered, best = sorted(missing.parent.glob("step_*.pt")), missing.with_name(f"{BEST}.pt")
+    found = f" {numbered[-1]} is a numbered copy: resume or evaluate it by its path." if numbered else ""
     if best.is_file():
         found += (
-            f" {folder} holds {best.name}, the generator with the best in-training FID: evaluate it with python "
-            f"evaluate.py checkpoint={best}; training cannot resume from it (it holds no D or optimizers)."
+            f" {best} holds the generator with the best in-training FID: evaluate it (python evaluate.py "
+            f"checkpoint={best}); training cannot resume from it (it holds no D or optimizers)."
         )
     return found
 
