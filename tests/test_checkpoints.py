@@ -384,12 +384,6 @@ def state_of(run_dir: Path) -> dict[str, Any]:
     return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
 
 
-def with_config(state: dict[str, Any], group: str, key: str, value: object) -> dict[str, Any]:
-    """A copy of `state` whose stored config holds `value` at group.key (the rest shared)."""
-    config = {**state["config"], group: {**state["config"][group], key: value}}
-    return {**state, "config": config}
-
-
 def stored(group: str, key: str, value: object) -> Callable[[dict], object]:
     return lambda state: state["config"][group].__setitem__(key, value)
 
@@ -512,9 +506,10 @@ def test_a_damaged_stored_config_is_called_damaged_not_another_version(good_run,
 
 
 def test_an_unknown_stored_key_may_be_another_version_or_an_edit(good_run, tmp_path):
-    source = tmp_path / "last.pt"
+    source, state = tmp_path / "last.pt", state_of(good_run)
+    stored("model", "num_classes", "x")(state)
     with pytest.raises(CheckpointError) as caught:
-        stored_config(with_config(state_of(good_run), "model", "num_classes", "x")["config"], source)
+        stored_config(state["config"], source)
     message = str(caught.value)
     assert f"The config stored in {source} does not fit this version's settings" in message
     assert "model.num_classes is not a setting of this version" in message
@@ -524,7 +519,9 @@ def test_an_unknown_stored_key_may_be_another_version_or_an_edit(good_run, tmp_p
 def test_resuming_a_run_whose_stored_config_is_damaged_blames_the_file_not_the_command(good_run, tmp_path):
     copy = Path(shutil.copytree(good_run, tmp_path / "run"))
     last = copy / "checkpoints" / "last.pt"
-    save_checkpoint(with_config(state_of(copy), "model", "g_width", "wide"), last)
+    state = state_of(copy)
+    stored("model", "g_width", "wide")(state)
+    save_checkpoint(state, last)
     result = run_train(f"trainer.resume={copy}", "trainer.max_steps=8")
     output = result.stdout + result.stderr
     assert result.returncode == 2, output[-3000:]
