@@ -32,9 +32,9 @@ def require_training_state(state: Mapping[str, Any], source: str | Path) -> None
     file = checkpoint_path(source)
     if state.get("kind") == BEST:
         raise CheckpointError(
-            f"{source} is a best.pt: the generator with the best in-training FID, kept for evaluate.py and export, "
-            "without D or the optimizers' state, so training cannot continue from it. Resume from the run's last.pt "
-            f"(trainer.resume=RUN_DIR), or evaluate this one: python evaluate.py checkpoint={source}"
+            f"{source} is a best.pt: the generator with the best in-training FID, without D or the optimizers, so "
+            "training cannot continue from it. Resume from the run's last.pt (trainer.resume=RUN_DIR), or evaluate "
+            f"this one: python evaluate.py checkpoint={source}"
         )
     missing = [entry for entry in ("D", "opt_g", "opt_d", "data", "fixed_z") if entry not in state]
     if missing:
@@ -151,7 +151,7 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
     if not head:
         raise CheckpointError(
             f"Cannot read {file}: it is an empty file (0 bytes), not a checkpoint. This project writes checkpoints "
-            f"whole or not at all, so it was emptied or cut short elsewhere (a copy that failed?). {_ELSEWHERE}"
+            f"whole, so it was emptied elsewhere (a copy that failed?). {another_checkpoint(file)}"
         )
     try:
         with warnings.catch_warnings():  # a foreign pickle's protocol warning would print over the one paragraph
@@ -168,7 +168,7 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
         truncated = head == b"PK\x03\x04" and not zipfile.is_zipfile(file)  # a zip's end record comes last
         what = f"torch.save's zip archive cut short at {file.stat().st_size} bytes, its end missing"
         what = f"it is truncated: {what}" if truncated else f"it is corrupt or not a PyTorch file ({_describe(err)})"
-        raise CheckpointError(f"Cannot read {file}: {what}. {_ELSEWHERE}") from err
+        raise CheckpointError(f"Cannot read {file}: {what}. {another_checkpoint(file)}") from err
     if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
         found = sorted(state) if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(
@@ -318,8 +318,7 @@ def _check_state_dict(state: Mapping[str, Any], entry: str, file: Path, use: str
     for key, t in value.items():
         if not isinstance(key, str) or not isinstance(t, Tensor):
             raise _damaged(file, entry, f"{key!r} holds {_shown(t)}, where a state dict holds tensors", use)
-    for key, t in value.items():  # booleans would be cast to 0.0 and 1.0 without a word, and measured
-        if not (t.is_floating_point() or key.endswith(COUNTERS)):
+        if not (t.is_floating_point() or key.endswith(COUNTERS)):  # load_state_dict would cast bools without a word
             raise _damaged(file, entry, f"{key!r} holds {t.dtype}, where a network's weights are floats", use)
 
 
@@ -346,22 +345,14 @@ def _check_optimizer(value: Any, entry: str, file: Path) -> None:
                 raise _damaged(file, entry, f"{held}, where Adam keeps floats", RESUME)
 
 
-_ELSEWHERE = (
-    "Resume or evaluate a numbered copy beside it (checkpoints/step_NNNNNN.pt, kept with "
-    "trainer.keep_checkpoints=N), or start a new run."
-)
-
-
 def kept_instead(missing: Path) -> str:
     """The other checkpoints in the folder where `missing` was looked for, and what each is good for."""
-    folder, found = missing.parent, ""
-    numbered, best = sorted(folder.glob("step_*.pt"), reverse=True), folder / f"{BEST}.pt"
-    if numbered:
-        found += f" {folder} holds {numbered[0].name}, a numbered copy: resume or evaluate it by its path."
+    numbered, best = sorted(missing.parent.glob("step_*.pt")), missing.with_name(f"{BEST}.pt")
+    found = f" {numbered[-1]} is a numbered copy: resume or evaluate it by its path." if numbered else ""
     if best.is_file():
         found += (
-            f" {folder} holds {best.name}, the generator with the best in-training FID: evaluate it with python "
-            f"evaluate.py checkpoint={best}; training cannot resume from it (it holds no D or optimizers)."
+            f" {best} holds the generator with the best in-training FID: evaluate it (python evaluate.py "
+            f"checkpoint={best}); training cannot resume from it (it holds no D or optimizers)."
         )
     return found
 

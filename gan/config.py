@@ -96,8 +96,6 @@ class DataConfig(_Group):
         if self.num_workers:  # a process each: thousands would exhaust the machine's memory
             check_threads(self.num_workers, "data.num_workers", "0 to load in the main process, or null for auto")
         self._check(bool(str(self.root).strip()), "root", "is empty, which reads the launch directory: name a folder")
-        # Hydra refuses other names at the command line; these two catch a DataConfig built in code.
-        self._check(self.name in list(DatasetName), "name", f"must be one of {', '.join(DatasetName)}")
         why = f"must be one of {', '.join(self.SOURCES)}: a 10-class grayscale dataset"
         self._check(self.source in self.SOURCES, "source", why)
         stacked = self.name == "stacked"
@@ -236,9 +234,8 @@ class TrainConfig:
         model._check(batch_size % model.pack == 0, "pack", why)
         check_minibatch_std(model.minibatch_std, batch_size, model.pack)
         per_sample = self.loss.gradient_penalty > 0 or self.loss.r1 > 0
-        why = "must be false with loss.gradient_penalty or loss.r1: those penalties are per sample, and BatchNorm "
-        why += "makes each sample's output depend on the batch. Add model.d_batchnorm=false, or for WGAN-GP use "
-        why += "experiment=wgan_gp, the ready pairing (loss=wgan_gp, no BatchNorm in D, Adam betas (0.0, 0.9))"
+        why = "must be false with loss.gradient_penalty or loss.r1: BatchNorm makes a sample's penalty depend on the "
+        why += "batch. Add model.d_batchnorm=false, or use experiment=wgan_gp (no BatchNorm in D, Adam betas (0, 0.9))"
         model._check(not (per_sample and model.d_batchnorm), "d_batchnorm", why)
 
 
@@ -303,7 +300,7 @@ def _require(ok: bool, key: str, value: Any, why: str) -> None:
 
 
 def validate(cfg: DictConfig, schema: type = TrainConfig) -> Any:
-    """The typed config; TrainConfig's ranges are checked by gan.training.train, the one way every run trains."""
+    """The typed config (TrainConfig's ranges: checked by gan.training.train, the one way every run trains)."""
     require_known(cfg, schema)
     typed = OmegaConf.to_object(cfg)
     assert isinstance(typed, schema), type(typed)

@@ -250,7 +250,7 @@ EXPECTED = {  # what is wrong with the file -> what its one line says
     "missing": "Checkpoint not found",
     "empty": "it is an empty file (0 bytes)",
     "random": "it is corrupt or not a PyTorch file",
-    "truncated": "it is truncated: torch.save's zip archive cut short at",
+    "truncated": "it is truncated: torch.save's zip archive cut short at",  # anywhere: a zip's end record is last
     "text": "it is corrupt or not a PyTorch file",
     "zip": "it is corrupt or not a PyTorch file",
     "not_checkpoint": "is not a checkpoint of this project",
@@ -384,12 +384,6 @@ def state_of(run_dir: Path) -> dict[str, Any]:
     return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
 
 
-def with_config(state: dict[str, Any], group: str, key: str, value: object) -> dict[str, Any]:
-    """A copy of `state` whose stored config holds `value` at group.key (the rest shared)."""
-    config = {**state["config"], group: {**state["config"][group], key: value}}
-    return {**state, "config": config}
-
-
 def stored(group: str, key: str, value: object) -> Callable[[dict], object]:
     return lambda state: state["config"][group].__setitem__(key, value)
 
@@ -399,10 +393,8 @@ DAMAGED_ENTRIES = {  # program, what is done to the checkpoint, what the paragra
     "resume: step 'abc'": ("train.py", updated(step="abc"), "{path}: its entry 'step' is damaged"),
     "resume: opt_g missing": ("train.py", lambda s: s.pop("opt_g"), "its entry 'opt_g' is missing"),
     "resume: opt_d": ("train.py", updated(opt_d={"state": {}, "param_groups": "x"}), "entry 'opt_d' is damaged"),
-    "resume: data": ("train.py", updated(data={"epoch": "x", "batch": 0}), "entry 'data' is damaged"),
     "resume: rng": ("train.py", updated(rng=RNG), "entry 'rng' is missing or damaged"),
     "resume: fixed_z": ("train.py", updated(fixed_z=torch.zeros(5)), "entry 'fixed_z' is missing or damaged"),
-    "evaluate: step 1.5": ("evaluate.py", updated(step=1.5), "its entry 'step' is damaged"),
     "evaluate: G_ema=7": ("evaluate.py", updated(G_ema=7), "its entry 'G_ema' is damaged: it holds 7 (int)"),
     "evaluate: num_classes": ("evaluate.py", updated(num_classes="x"), "'num_classes' is damaged: it holds 'x'"),
     "evaluate: model.z_dim": ("evaluate.py", stored("model", "z_dim", "abc"), "damaged: model.z_dim: Value 'abc'"),
@@ -514,9 +506,10 @@ def test_a_damaged_stored_config_is_called_damaged_not_another_version(good_run,
 
 
 def test_an_unknown_stored_key_may_be_another_version_or_an_edit(good_run, tmp_path):
-    source = tmp_path / "last.pt"
+    source, state = tmp_path / "last.pt", state_of(good_run)
+    stored("model", "num_classes", "x")(state)
     with pytest.raises(CheckpointError) as caught:
-        stored_config(with_config(state_of(good_run), "model", "num_classes", "x")["config"], source)
+        stored_config(state["config"], source)
     message = str(caught.value)
     assert f"The config stored in {source} does not fit this version's settings" in message
     assert "model.num_classes is not a setting of this version" in message
@@ -526,7 +519,9 @@ def test_an_unknown_stored_key_may_be_another_version_or_an_edit(good_run, tmp_p
 def test_resuming_a_run_whose_stored_config_is_damaged_blames_the_file_not_the_command(good_run, tmp_path):
     copy = Path(shutil.copytree(good_run, tmp_path / "run"))
     last = copy / "checkpoints" / "last.pt"
-    save_checkpoint(with_config(state_of(copy), "model", "g_width", "wide"), last)
+    state = state_of(copy)
+    stored("model", "g_width", "wide")(state)
+    save_checkpoint(state, last)
     result = run_train(f"trainer.resume={copy}", "trainer.max_steps=8")
     output = result.stdout + result.stderr
     assert result.returncode == 2, output[-3000:]
@@ -571,15 +566,6 @@ def test_a_pickle_of_another_program_is_refused_in_one_line(tmp_path):
         result = run_evaluate("device=cpu", f"checkpoint={tmp_path / 'model.pt'}", f"hydra.run.dir={tmp_path / 'eval'}")
     assert result.returncode == 2 and "model.pt" in output_of(result)
     assert len(output_of(result).strip().splitlines()) == 1 and not shown, [str(w.message) for w in shown]
-
-
-@pytest.mark.parametrize("kept", [0.1, 0.5, 0.99])
-def test_a_checkpoint_cut_short_anywhere_is_called_truncated(tiny_run, tmp_path, kept):
-    data = (tiny_run / "checkpoints" / "last.pt").read_bytes()
-    cut = tmp_path / "last.pt"
-    cut.write_bytes(data[: int(len(data) * kept)])
-    with pytest.raises(CheckpointError, match=f"{cut}: it is truncated: torch.save's zip archive cut short at"):
-        load_checkpoint(cut)
 
 
 # checkpoint tensors of another type or shape than the model's ------------------------------------------
