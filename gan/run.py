@@ -81,10 +81,9 @@ class Run:
             )
         if self.holds_run():
             return (
-                f"{self.dir} already holds a run that wrote no checkpoint (its .hydra/ record, no "
-                "checkpoints/last.pt: it stopped before its first checkpoint): a new run there would mix its logs "
-                "with that run's. Nothing was written. Choose another hydra.run.dir, or delete that folder if its "
-                "run is of no use."
+                f"{self.dir} already holds a run that wrote no checkpoint (its .hydra/ record): a new run there would "
+                "mix its logs with that run's. Nothing was written. Choose another hydra.run.dir, or delete that "
+                "folder if its run is of no use."
             )
         return None
 
