@@ -54,9 +54,6 @@ class Run:
         self.metrics = self.dir / "metrics.json"  # evaluate.py's numbers
         self.record = self.dir / self.RECORD
 
-    def __repr__(self) -> str:
-        return f"Run({str(self.dir)!r})"
-
     @classmethod
     def of_checkpoint(cls, file: Path) -> Optional[Run]:
         """The run whose checkpoints/ folder holds `file`, or None for a loose checkpoint."""
