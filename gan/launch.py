@@ -9,6 +9,7 @@ import os
 import re
 import shlex
 import sys
+import traceback
 from pathlib import Path
 from typing import Any, Callable, Mapping, NoReturn, Optional, Sequence
 
@@ -129,10 +130,8 @@ def start(name: str, main: Callable[[], int], program: str) -> NoReturn:
 
 def raised_by(err: BaseException, package: str) -> bool:
     """Whether `package` raised `err` (Hydra's ValueErrors about its flags: --resolve without --cfg)."""
-    tb = err.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb is not None and tb.tb_frame.f_globals.get("__name__", "").startswith(package)
+    frames = [frame for frame, _ in traceback.walk_tb(err.__traceback__)]
+    return bool(frames) and frames[-1].f_globals.get("__name__", "").startswith(package)
 
 
 def hydra_refusal(err: Exception, config_name: str) -> str:

@@ -146,9 +146,8 @@ class Run:
                     _cannot(path, "it is a folder, where the run writes a file", "Move it away")
 
     def check_writable(self, folder: Optional[Path] = None, holds: str = "its files") -> None:
-        """RunDirError if `folder` (the run's own by default) refuses a new file of one block of data: tried, not
-        guessed from permission bits, which are wrong for root on a read-only mount or a spent quota (a full disk
-        refuses the blocks, not the name). Unbuffered, and removed in every case."""
+        """RunDirError if `folder` (the run's own by default) refuses a file of one block: tried, as permission bits
+        are wrong for root on a read-only mount or a spent quota (a full disk refuses the blocks, not the name)."""
         folder = folder or self.dir
         path, fd = folder / f".write-test-{os.getpid()}", None
         try:
