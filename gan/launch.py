@@ -1,9 +1,5 @@
-"""The programs as Hydra apps, and the resume.
-
-`run_hydra` runs a task function under @hydra.main in this process, so every flag works as Hydra documents it; Hydra
-composes each job's config once. Its refusals come back as its own exceptions (HYDRA_FULL_ERROR=1) and are said in one
-paragraph with exit code 2; what only the launch can check is a Hydra callback (`LaunchChecks`). A resume continues
-the config stored in its checkpoint, with the command's settings laid over it (`resume_plan`, `check_resume`)."""
+"""The programs as Hydra apps (every flag as Hydra documents it; its refusals said in one paragraph, exit code 2),
+and the resume: the checkpoint's config with the command's settings laid over it."""
 
 from __future__ import annotations
 
@@ -13,6 +9,7 @@ import os
 import re
 import shlex
 import sys
+import traceback
 from pathlib import Path
 from typing import Any, Callable, Mapping, NoReturn, Optional, Sequence
 
@@ -39,8 +36,7 @@ CONFIG_DIR = next(d for d in (Path(__file__).parent / "configs", Path(__file__).
 SCHEMAS = {"train": TrainConfig, "evaluate": EvaluateConfig, "generate": GenerateConfig}
 EXIT_HYDRA, EXIT_BAD_INPUT = 1, 2  # 1: Hydra's own (a sweep with a failed job); 2: bad input
 
-# The resume contract: what a resume may change. Where and how the run executes, and what it
-# measures (trainer.resume=auto ignores these when it looks for the run to continue) ...
+# What a resume may change: where and how the run executes and what it measures (resume=auto ignores these) ...
 RUNTIME_KEYS: dict[str, tuple[str, ...]] = {
     "data": ("root", "download", "in_memory", "num_workers"),
     "trainer": tuple(
@@ -49,8 +45,8 @@ RUNTIME_KEYS: dict[str, tuple[str, ...]] = {
         "d_won_window".split()
     ),
 }
-# ... and the arithmetic an explicit resume may tune (a lower rate, other hardware), which
-# trainer.resume=auto treats as the run's identity: a sweep over rates never continues another point.
+# ... and the arithmetic an explicit resume may tune, which resume=auto treats as the run's identity: a sweep over
+# rates never continues another point.
 TUNABLE_ON_RESUME: dict[str, tuple[str, ...]] = {
     "optim": ("lr", "lr_d", "lr_decay"),
     "trainer": ("precision", "compile", "channels_last", "on_nan", "deterministic"),
@@ -62,12 +58,10 @@ RENAMED = {"trainer.on_collapse": "trainer.on_d_won", "trainer.collapse_window":
 PATH_KEYS = ("trainer.resume", "hydra.run.dir", "hydra.sweep.dir", "data.root", "checkpoint", "out")
 RERUN = "--experimental-rerun"  # Hydra's flag that unpickles a config.pickle
 PROGRAMS = {"train": "python train.py", "evaluate": "python evaluate.py", "generate": "python generate.py"}
-OUTPUT_KEYS = {"generate": "out"}  # the setting that names a program's folder, where it is not hydra.run.dir
 NO_SCORE = (  # optuna's 'Record does not exist' at a search's end, said
-    "No trial of the search returned a score, so it has no best trial: each run ended without a final FID "
-    "(trainer.final_eval_samples=0, stopped by the D-won alarm, refused or diverged; each run's log in hydra.sweep.dir "
-    "says which), and the study records each as failed. Set trainer.final_eval_samples above 0 (and see why the runs "
-    "stopped), then run the search again."
+    "No trial of the search returned a score, so it has no best trial: no run ended with a final FID (each run's log "
+    "in hydra.sweep.dir says why). Set trainer.final_eval_samples above 0 (and see why the runs stopped), then run the "
+    "search again."
 )
 
 
@@ -76,8 +70,7 @@ class SweepJobFailed(CompactHydraException):
 
 
 def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_name: str, argv: Sequence[str]) -> int:
-    """`job` (returning its exit code and the value a sweeper minimises) under @hydra.main with `argv`, in this
-    process: the job's exit code, Hydra's own (0 after --help, 1 for a failed sweep job) or 2 for a refusal."""
+    """`job` (its exit code, the value a sweeper minimises) under @hydra.main in this process; the exit code."""
     if any(len(flag := arg.split("=")[0]) > 2 and RERUN.startswith(flag) for arg in argv):  # argparse takes --exp
         log.error(
             "%s unpickles a job's config.pickle, and unpickling runs whatever code the file names; this project "
@@ -115,9 +108,8 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
         if own_traceback or (type(err) is ValueError and not raised_by(err, "hydra.")):  # a ValueError of ours: a bug
             raise
         if isinstance(err, OSError) and not isinstance(err, HydraException):  # Hydra could not make the folder
-            key = (
-                "hydra.sweep.dir" if {"-m", "--multirun"} & set(argv) else OUTPUT_KEYS.get(config_name, "hydra.run.dir")
-            )
+            key = "hydra.run.dir" if config_name != "generate" else "out"  # generate.py's folder is `out`
+            key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(argv) else key
             err = UserError(unwritable(key, Path(os.fsdecode(err.filename or ".")), err))
         if world_from_env().is_main:  # under torchrun, rank 0 says it for every rank
             log.error("%s", err if isinstance(err, UserError) else hydra_refusal(err, config_name))
@@ -137,11 +129,9 @@ def start(name: str, main: Callable[[], int], program: str) -> NoReturn:
 
 
 def raised_by(err: BaseException, package: str) -> bool:
-    """Whether `package` raised `err` (Hydra's ValueErrors about its own flags, e.g. --resolve without --cfg)."""
-    tb = err.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb is not None and tb.tb_frame.f_globals.get("__name__", "").startswith(package)
+    """Whether `package` raised `err` (Hydra's ValueErrors about its flags: --resolve without --cfg)."""
+    frames = [frame for frame, _ in traceback.walk_tb(err.__traceback__)]
+    return bool(frames) and frames[-1].f_globals.get("__name__", "").startswith(package)
 
 
 def hydra_refusal(err: Exception, config_name: str) -> str:
@@ -158,26 +148,18 @@ def hydra_refusal(err: Exception, config_name: str) -> str:
         detail = said.replace(f"Error parsing override '{err.override}'", "").replace(err.override, "").strip(" :")
         said = f"Hydra's override grammar cannot read {err.override!r} ({detail}): quote a value holding symbols"
         if name.lstrip("+~") in PATH_KEYS:  # a path holding '=', ',' or spaces: Hydra says "mismatched input"
-            said = (
-                f"{err.override}: Hydra cannot read this path as written: it holds characters its override grammar "
-                "reserves ('=', ',', spaces, brackets or quotes)"
-            )
-            quoted = shell_quote(f"{name}={hydra_quote(unquote(value))}")
-            hint = f"Quote it for Hydra inside the shell's quotes: {quoted} "
+            said = f"{err.override}: Hydra's override grammar cannot read this path as written"
+            hint = f"Quote it for Hydra inside the shell's quotes: {shell_quote(f'{name}={hydra_quote(value)}')} "
     elif isinstance(err, MissingConfigException) and err.options:
         group = str(err.missing_cfg_file).rsplit("/", 1)[0]
         said, hint = said.split(" Available options")[0], f"Choose one of {', '.join(err.options)} for {group}=. "
         if group.startswith("hydra/"):  # hparams_search=optuna and hydra/launcher=slurm name a plugin's config
             hint += "The others come with Hydra plugins: pip install -c constraints.txt -e '.[sweeps]' or '.[slurm]'. "
     elif key and str(key) in RENAMED:
-        said = f"{key} was renamed {RENAMED[str(key)]}: the alarm it sets detects D winning outright (train/d_won), "
-        said += "which is not mode collapse"
-        value = re.search(r"use \+\S+?=(\S+)", str(err))  # Hydra's "To append to your config use +KEY=VALUE"
-        hint = f"Use {RENAMED[str(key)]}={value[1] if value else '...'} instead. "
+        hint = f"{key} was renamed {RENAMED[str(key)]}: use that. "
     elif key and isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and config_name in SCHEMAS:
         parent, _, name = str(key).rpartition(".")
-        schema = OmegaConf.structured(SCHEMAS[config_name])
-        node = OmegaConf.select(schema, parent) if parent else schema
+        node = OmegaConf.select(OmegaConf.structured(SCHEMAS[config_name]), parent)
         near = difflib.get_close_matches(name, list(node) if isinstance(node, DictConfig) else [], n=1)
         hint = f"Did you mean {parent + '.' if parent else ''}{near[0]}? " if near else ""
     return (
@@ -210,10 +192,8 @@ def override_key(override: str) -> str:
 
 
 class LaunchChecks(Callback):
-    """What only the launch can check, before Hydra makes a folder: an empty output path, a sweep into a folder that
-    holds one, a sweep under torchrun, a swept value that does not compose (Hydra checks those after it wrote the
-    sweep's multirun.yaml). Hydra turns a callback's exception into a warning, so a refusal is a paragraph and
-    SystemExit(2), as argparse's."""
+    """What only the launch can check, before Hydra makes a folder. Hydra turns a callback's exception into a warning,
+    so a refusal is a paragraph and SystemExit(2), as argparse's."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if (folder := OmegaConf.select(config, "hydra.run.dir", throw_on_resolution_failure=False)) is not None:
@@ -290,8 +270,8 @@ def refuse(message: str) -> NoReturn:
 
 
 class SweepNames(Callback):
-    """Names each sweep job by the overrides that vary (`0_optim.lr=0.0001`, which TensorBoard's run list does not
-    cut): the keys given one value join override_dirname's exclude_keys. An exclude_keys given by hand wins."""
+    """Names each sweep job by the overrides that vary (`0_optim.lr=0.0001`): the keys given one value join
+    override_dirname's exclude_keys, unless given by hand."""
 
     EXCLUDE_KEYS = "hydra.job.config.override_dirname.exclude_keys"
 
@@ -306,13 +286,9 @@ class SweepNames(Callback):
                 hydra_overrides.append(f"{self.EXCLUDE_KEYS}=[{','.join(repr(key) for key in keys)}]")
 
 
-# The resume: the checkpoint's config, and this command's settings over it ------------------------------
-
-
 def resume_plan(cfg: DictConfig, output_dir: Path) -> tuple[DictConfig, Path]:
-    """This job's config and run folder. A resume runs the checkpoint's config with the settings this command gives
-    laid over it, in the checkpoint's run folder unless the command places it (hydra.run.dir, a sweep). `auto`
-    continues this job's own run, else the newest under outputs/ with these settings (RUNTIME_KEYS aside)."""
+    """This job's config and run folder: the checkpoint's config with this command's settings over it, in the
+    checkpoint's run folder unless the command places it (hydra.run.dir, a sweep)."""
     resume = cfg.trainer.resume
     if resume is None:
         return cfg, output_dir
@@ -349,15 +325,18 @@ def resume_auto(config: dict, output_dir: Path, outputs: Path = Path("outputs"))
         record = Run.of_checkpoint(last).record / "config.yaml"
         try:
             recorded = to_dict(OmegaConf.load(record))
-            scalars = [(group, values) for group, values in recorded.items() if not isinstance(values, dict)]
+            # run_identity would leave a scalar group out, and match on the others alone
+            why = [
+                f"its group {g!r} is {v!r}, not a mapping of settings"
+                for g, v in recorded.items()
+                if type(v) is not dict
+            ]
         except FileNotFoundError:  # a run that wrote no record is no one's to continue by its settings
             continue
         except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException, AttributeError) as err:  # not UTF-8
-            scalars = [("", err)]
-        if scalars:  # run_identity would leave a scalar group out, and match on the others alone
-            group, value = scalars[0]
-            why = f"its group {group!r} is {value!r}, not a mapping of settings" if group else value
-            log.warning("trainer.resume=auto: %s cannot be read (%s), so that run is not continued.", record, why)
+            why = [err]
+        if why:
+            log.warning("trainer.resume=auto: %s cannot be read (%s), so that run is not continued.", record, why[0])
         elif run_identity(recorded, RUNTIME_KEYS) == wanted:
             return last
     return None
@@ -367,13 +346,9 @@ def check_resume(cfg: dict, checkpoint: Mapping[str, Any], source: str) -> None:
     """The resume contract: ConfigError naming each change outside RESUMABLE, or a max_steps below the step."""
     before = run_identity(stored_config(checkpoint["config"], source), RESUMABLE)
     after = run_identity(cfg, RESUMABLE)
-    changed = [
-        f"{group}.{key}: {before.get(group, {}).get(key)!r} -> {after.get(group, {}).get(key)!r}"
-        for group in sorted(set(before) | set(after))
-        for key in sorted(set(before.get(group, {})) | set(after.get(group, {})))
-        if before.get(group, {}).get(key) != after.get(group, {}).get(key)
-    ]
-    if changed:
+    if changed := [
+        f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in sorted(before | after) if before.get(k) != after.get(k)
+    ]:
         may = ", ".join(f"{group}.{key}" for group, keys in RESUMABLE.items() for key in keys if key != "resume")
         raise ConfigError(
             f"trainer.resume={source}: this command changes what the run computes ({'; '.join(changed)}). "
@@ -391,30 +366,18 @@ def check_resume(cfg: dict, checkpoint: Mapping[str, Any], source: str) -> None:
 
 
 def run_identity(config: dict, ignored: Mapping[str, Sequence[str]]) -> dict:
-    """What makes two runs the same run: the config without hydra's section and the `ignored` keys."""
+    """What makes two runs the same run: each setting by its dotted name, but hydra's section and the `ignored` keys."""
     return {
-        group: {k: v for k, v in values.items() if k not in ignored.get(group, ())}
+        f"{group}.{key}": value
         for group, values in config.items()
         if group != "hydra" and isinstance(values, dict)
+        for key, value in values.items()
+        if key not in ignored.get(group, ())
     }
 
 
 def to_dict(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-
-
-# Quoting: the printed resume line works when pasted ----------------------------------------------
-
-
-def unquote(value: str) -> str:
-    """A value as Hydra's override grammar reads it: 'a b' or "a b" (with its escapes) -> a b."""
-    if not (len(value) >= 2 and value[0] == value[-1] and value[0] in "'\""):
-        return value
-    try:
-        parsed = OverridesParser.create().parse_override(f"key={value}").value()
-    except HydraException:
-        return value
-    return parsed if isinstance(parsed, str) else value
 
 
 def hydra_quote(path: Path | str) -> str:

@@ -1,7 +1,5 @@
-"""A run folder: the one place that knows its layout, who holds it, and what it must not be written over.
-
-StyleGAN2-ADA's training loop and minGPT keep a run's bookkeeping in one place; this is that place for both entry
-points. train.py and evaluate.py open a `Run` on Hydra's output folder and hand it on."""
+"""A run folder: its layout, who holds it, and what it must not be written over (a run's bookkeeping in one place,
+as in StyleGAN2-ADA's training loop and minGPT); the entry points open a `Run` on Hydra's output folder."""
 
 from __future__ import annotations
 
@@ -56,9 +54,6 @@ class Run:
         self.metrics = self.dir / "metrics.json"  # evaluate.py's numbers
         self.record = self.dir / self.RECORD
 
-    def __repr__(self) -> str:
-        return f"Run({str(self.dir)!r})"
-
     @classmethod
     def of_checkpoint(cls, file: Path) -> Optional[Run]:
         """The run whose checkpoints/ folder holds `file`, or None for a loose checkpoint."""
@@ -83,18 +78,17 @@ class Run:
             )
         if self.holds_run():
             return (
-                f"{self.dir} already holds a run that wrote no checkpoint (its .hydra/ record, no "
-                "checkpoints/last.pt: it stopped before its first checkpoint): a new run there would mix its logs "
-                "with that run's. Nothing was written. Choose another hydra.run.dir, or delete that folder if its "
-                "run is of no use."
+                f"{self.dir} already holds a run that wrote no checkpoint (its .hydra/ record): a new run there would "
+                "mix its logs with that run's. Nothing was written. Choose another hydra.run.dir, or delete that "
+                "folder if its run is of no use."
             )
         return None
 
     def foreign_run(self, checkpoint: Path) -> Optional[str]:
         """The refusal of a resume of `checkpoint` into this folder while it holds another run."""
         own = Run.of_checkpoint(checkpoint)
-        with contextlib.suppress(OSError):
-            if own is not None and own.dir.exists() and self.dir.exists() and os.path.samefile(own.dir, self.dir):
+        with contextlib.suppress(OSError):  # samefile: either folder may not exist yet
+            if own is not None and os.path.samefile(own.dir, self.dir):
                 return None
         if self.existing_run() is None:
             return None
@@ -131,8 +125,7 @@ class Run:
 
     @contextlib.contextmanager
     def owned_for_training(self, resuming: Optional[Path]) -> Iterator[None]:
-        """Held for one training run: no new run over a run, no resume into another run's folder, and the
-        temporary files of a killed run's checkpoint writes removed."""
+        """Held for one training run: no new run over a run, no resume into another run's folder, no stale temp file."""
         with self.owned():
             if problem := self.existing_run() if resuming is None else self.foreign_run(resuming):
                 raise RunDirError(problem)
@@ -140,8 +133,7 @@ class Run:
             yield
 
     def check_outputs(self) -> None:
-        """Before the run writes anything: RunDirError naming the first place it writes that cannot take it (a
-        file where it keeps a folder, a folder where it writes a file, a folder that refuses a new file)."""
+        """Before the run writes anything: RunDirError naming the first place it writes that cannot take it."""
         for name, holds in self.FOLDERS.items():
             if (folder := self.dir / name).exists() and not folder.is_dir():
                 _cannot(folder, f"it is a file, where the run keeps a folder of {holds}", "Move it away")
@@ -154,9 +146,8 @@ class Run:
                     _cannot(path, "it is a folder, where the run writes a file", "Move it away")
 
     def check_writable(self, folder: Optional[Path] = None, holds: str = "its files") -> None:
-        """RunDirError if `folder` (the run's own by default) refuses a new file of one block of data: tried, not
-        guessed from permission bits, which are wrong for root on a read-only mount or a spent quota (a full disk
-        refuses the blocks, not the name). Unbuffered, and removed in every case."""
+        """RunDirError if `folder` (the run's own by default) refuses a file of one block: tried, as permission bits
+        are wrong for root on a read-only mount or a spent quota (a full disk refuses the blocks, not the name)."""
         folder = folder or self.dir
         path, fd = folder / f".write-test-{os.getpid()}", None
         try:
@@ -185,11 +176,9 @@ class Run:
                     log.warning("Removed %s (%.1f MB), left by process %s that died writing a checkpoint.",
                                 tmp, size / 1e6, pid)  # fmt: skip
 
-    # Hydra would write .hydra/ and open its log file as the job starts, so a refused command would change
-    # the run it named; configs/*.yaml switch both off and the entry points call keep_record instead.
     def keep_record(self, cfg: DictConfig, held: MemoryHandler) -> None:
-        """.hydra/{config,hydra,overrides}.yaml as Hydra writes them (all three replaced together, renames
-        only), then the job's log file, with the lines held so far."""
+        """.hydra/*.yaml as Hydra writes them, then the job's log file with the lines held so far: Hydra would write
+        both as the job starts, so a refused command would change the run it named (configs/*.yaml switch it off)."""
         hydra_cfg = HydraConfig.instance().cfg
         self.record.mkdir(parents=True, exist_ok=True)
         nodes = {"config.yaml": cfg, "hydra.yaml": hydra_cfg, "overrides.yaml": hydra_cfg.hydra.overrides.task}

@@ -1,8 +1,5 @@
-"""Optuna searches (hparams_search=optuna): what Hydra's Optuna sweeper does not check, as a Hydra callback.
-
-A setting at its edge (n_jobs=0, a damaged storage file) ends in a traceback: `SearchChecks` reads the settings and
-the storage before the study opens (a searched value that does not compose, which would leave its trial RUNNING for
-ever, is LaunchChecks' refusal); a refusal is one paragraph and exit code 2."""
+"""Optuna searches (hparams_search=optuna): what Hydra's Optuna sweeper does not check (a setting at its edge, a
+damaged storage file, each a traceback there), as a Hydra callback; a refusal is one paragraph and exit code 2."""
 
 from __future__ import annotations
 
@@ -22,8 +19,7 @@ SQLITE = "sqlite:///"
 
 
 class SearchChecks(Callback):
-    """configs/hparams_search/optuna.yaml's callback: refuses a search that cannot run as asked, says where a
-    study outside its sweep folder is kept."""
+    """Refuses a search that cannot run as asked; says where a study outside its sweep folder is kept."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         sweeper, sweep = config.hydra.sweeper, Path(config.hydra.sweep.dir).expanduser()

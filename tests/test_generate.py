@@ -1,29 +1,22 @@
-"""generate.py: images from a checkpoint into a folder of PNGs and samples.npz, with no dataset; bad input is one
-paragraph, exit code 2, and nothing written."""
+"""generate.py: images from a checkpoint into PNGs and samples.npz, with no dataset; bad input refused."""
 
 from __future__ import annotations
-
-import importlib
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import in_process, tiny_checkpoint
+from conftest import tiny_checkpoint
 from PIL import Image
+from test_launch import run
 
 import gan
 from gan.evaluation.pipeline import to_uint8
 
 
-def run_generate(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
-    """`python generate.py ARGV`, in this process."""
-    return in_process(importlib.import_module("generate").main, list(argv), cwd)
-
-
 def test_generate_writes_num_pngs_and_the_npz_metric_tools_read(tiny_run, tmp_path, one_thread):
-    result = run_generate(f"checkpoint={tiny_run}", "num=10", "out=images", "batch_size=4", "device=cpu", cwd=tmp_path)
+    result = run(
+        "generate.py", f"checkpoint={tiny_run}", "num=10", "out=images", "batch_size=4", "device=cpu", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     pngs = sorted((tmp_path / "images").glob("*.png"))
     assert [p.name for p in pngs] == [f"{i:06d}.png" for i in range(10)]
@@ -38,7 +31,7 @@ def test_generate_writes_num_pngs_and_the_npz_metric_tools_read(tiny_run, tmp_pa
 
 def test_a_conditional_generator_draws_the_class_asked_for(tmp_path, one_thread):
     checkpoint = tiny_checkpoint(tmp_path, "model.conditional=true")
-    result = run_generate(f"checkpoint={checkpoint}", "num=6", "class_id=3", "seed=5", "out=threes", cwd=tmp_path)
+    result = run("generate.py", f"checkpoint={checkpoint}", "num=6", "class_id=3", "seed=5", "out=threes", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     with np.load(tmp_path / "threes" / "samples.npz") as saved:
         images = torch.from_numpy(saved["arr_0"]).permute(0, 3, 1, 2)
@@ -66,7 +59,7 @@ def test_bad_input_is_one_paragraph_exit_2_and_nothing_written(tiny_run, argv, s
     before = sorted(tmp_path.rglob("*"))
     given = dict(a.split("=", 1) for a in argv if a != "CONDITIONAL")
     argv = [f"{key}={value}" for key, value in {"checkpoint": checkpoint, "out": "out", **given}.items()]
-    result = run_generate(*argv, cwd=tmp_path)
+    result = run("generate.py", *argv, cwd=tmp_path)
     output = (result.stdout + result.stderr).strip()
     assert result.returncode == 2 and said in output, output[-3000:]
     assert "Traceback" not in output and len(output.splitlines()) == 1

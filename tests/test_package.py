@@ -1,6 +1,5 @@
-"""The tool as others use it: the wheel's commands from a folder of their own (slow: a build and a venv), the quick
-start as docs/package.md types it, the notebook API (gan.train, gan.load_generator, gan.sample, gan.evaluate,
-gan.__version__), and the environment every run records."""
+"""The tool as others use it: the wheel's commands, the quick start as typed, the notebook API (gan.train,
+gan.load_generator, gan.sample, gan.evaluate, gan.__version__), and the environment every run records."""
 
 from __future__ import annotations
 
@@ -12,6 +11,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -150,10 +150,7 @@ def test_gan_evaluate_returns_what_metrics_json_holds(tiny_run, tmp_path, one_th
 
 def test_gan_version_is_the_installed_packages(monkeypatch):
     assert gan.__version__ == importlib.metadata.version("dcgan-reference")
-
-    def not_installed(name: str) -> str:
-        raise importlib.metadata.PackageNotFoundError(name)
-
+    not_installed = mock.Mock(side_effect=importlib.metadata.PackageNotFoundError)
     monkeypatch.setattr(importlib.metadata, "version", not_installed)  # a clone used without pip install
     assert gan.installed_version() == "unknown"
 

@@ -1,6 +1,4 @@
-"""Hyper-parameter search with Optuna (hparams_search=optuna, the sweeps extra): the tiny search as documented; a
-trial that ends without a score is recorded as failed and the study goes on; the study, stored in SQLite in the
-sweep folder, resumes."""
+"""Optuna searches (hparams_search=optuna): a trial without a score fails and the study goes on, and resumes."""
 
 from __future__ import annotations
 
