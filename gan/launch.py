@@ -308,9 +308,9 @@ def resume_plan(cfg: DictConfig, output_dir: Path) -> tuple[DictConfig, Path]:
     stored, given = stored_config(checkpoint["config"], file), to_dict(cfg)
     defaults = to_dict(OmegaConf.structured(TrainConfig))  # the schema holds every default (configs/train.yaml)
     named = {override_key(o) for o in HydraConfig.get().overrides.task}
-    for group, values in given.items():  # the settings the command names, or sets through a group (loss=hinge)
+    for group, values in given.items():  # named (a group: all of it) or off the defaults
         for key, value in values.items() if isinstance(values, dict) else ():
-            if f"{group}.{key}" in named or defaults.get(group, {}).get(key) != value:
+            if {group, f"{group}.{key}"} & named or defaults.get(group, {}).get(key) != value:
                 stored[group][key] = value
     stored["trainer"]["resume"] = resume
     return OmegaConf.merge(OmegaConf.structured(TrainConfig), stored), output_dir

@@ -50,6 +50,13 @@ def test_a_refused_resume_leaves_the_run_as_it_was_and_its_plain_resume_works(ti
     assert load_checkpoint(run_dir)["step"] == 8
 
 
+def test_a_group_named_on_resume_is_held_to_the_checkpoint_even_at_its_default(tmp_path):
+    """`loss=bce` on a hinge run names loss.name at the schema's default: it is refused, not dropped unsaid."""
+    assert run_train("loss=hinge", f"hydra.run.dir={tmp_path / 'run'}").returncode == 0
+    refused = run_train(f"trainer.resume={tmp_path / 'run'}", "loss=bce", "trainer.max_steps=8")
+    assert refused.returncode == 2 and "loss.name: 'hinge' -> 'bce'" in output_of(refused), output_of(refused)[-3000:]
+
+
 def test_a_new_learning_rate_takes_effect_and_is_recorded(finished_run, tmp_path):
     run_dir = shutil.copytree(finished_run, tmp_path / "run")  # at step 4
     result = run_train(
