@@ -1,5 +1,4 @@
-"""Faults the loop must survive without losing work: a non-finite loss or weight, SIGINT, SIGTERM (and
-submitit's time-out signal), and a model too large to allocate."""
+"""Faults the loop survives without losing work: non-finite losses or weights, signals, a model too large."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ class NonFiniteWeightsError(NonFiniteLossError):
 
 
 class NonFiniteWatch:
-    """The first step whose loss was NaN or inf, kept on the device: update() never syncs, check() syncs once
-    at log and checkpoint time, so no checkpoint is written from weights a NaN has reached."""
+    """The first step whose loss was NaN or inf, kept on the device: update() never syncs, check() does."""
 
     def __init__(self, device: torch.device, checkpoint: Path, cfg: TrainConfig):
         self.first_step = torch.full((), -1, dtype=torch.long, device=device)
@@ -75,7 +73,7 @@ _PARTS = {
 
 
 def check_finite_state(state: TrainingState, kept: Path) -> None:
-    """Before a checkpoint: a finite loss can still leave inf in weights or Adam's moments (a huge gradient squared)."""
+    """A finite loss can still leave inf in weights or Adam's moments (a huge gradient squared)."""
     parts = {name: getattr(state, name) for name in _PARTS if getattr(state, name) is not None}
     modules = {name: part for name, part in parts.items() if isinstance(part, nn.Module)}
     names = {id(p): f"{name}.{key}" for name, module in modules.items() for key, p in module.named_parameters()}
@@ -138,7 +136,6 @@ def _kept(path: Path) -> str:
 
 @contextlib.contextmanager
 def explain_allocation_failure(cfg: TrainConfig) -> Iterator[None]:
-    """An allocator's refusal as a ConfigError naming the settings that size the models."""
     try:
         yield
     except RuntimeError as err:  # torch.OutOfMemoryError (CUDA, MPS) is one; the CPU allocator's is not
@@ -159,8 +156,6 @@ def explain_allocation_failure(cfg: TrainConfig) -> Iterator[None]:
 
 
 class StopFlag:
-    """Why the run should stop after this step ("SIGINT", "d_won", ...); None while it should go on."""
-
     reason: Optional[str] = None
 
     def request(self, reason: str) -> None:
@@ -169,7 +164,7 @@ class StopFlag:
 
 
 def submitit_signal() -> Optional[signal.Signals]:
-    """The signal SLURM sends a submitit job before its time limit; None outside such a job."""
+    """The signal SLURM sends a submitit job before its time limit."""
     if "SUBMITIT_EXECUTOR" not in os.environ:
         return None
     sig = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
@@ -180,7 +175,8 @@ def submitit_signal() -> Optional[signal.Signals]:
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[StopFlag]:
     """A flag instead of death, so the loop can checkpoint; a second SIGINT interrupts at once. submitit's
-    handler (requeue and exit) is called after the block, once the checkpoint is written."""
+    handler (requeue and exit) is called once the checkpoint is written."""
+
     flag = StopFlag()
     if threading.current_thread() is not threading.main_thread():
         yield flag

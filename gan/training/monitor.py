@@ -1,6 +1,5 @@
-"""What a person watching the run sees: TensorBoard, a progress bar, log lines, the samples' animation. Diagnostics
-become Python numbers only here, at log time: each `.item()` waits for the device. Tag groups sort in the order a run is
-read (docs/watching.md); no HParams experiment summary, so TensorBoard builds it from all runs under --logdir."""
+"""What a person watching the run sees: TensorBoard, a progress bar, log lines, the samples' animation
+(docs/watching.md). Diagnostics become Python numbers only here, at log time: each `.item()` waits for the device."""
 
 from __future__ import annotations
 
@@ -18,13 +17,13 @@ import torch
 import yaml
 from PIL import Image, ImageDraw, ImageFont
 from tensorboard.compat.proto import summary_pb2
-from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 from tensorboard.plugins.hparams.summary_v2 import hparams_pb
 from tensorboard.plugins.text.summary_v2 import text_pb
 from torch import Tensor
 from torch.optim import Optimizer
 from torch.utils.data import Dataset
 from torch.utils.tensorboard import SummaryWriter
+from torch.utils.tensorboard.summary import hparams as hparams_summaries
 from tqdm import tqdm
 
 from gan.config import TrainConfig, to_plain
@@ -33,8 +32,7 @@ from gan.errors import naming
 
 log = logging.getLogger(__name__)
 
-# D's probabilities under one name whatever the loss (a hinge D's scores through a sigmoid: losses.mean_scores), so
-# runs of different losses share their charts, on one [0, 1] axis, and HParams metrics; raw scores on their own
+# D's probabilities under one name whatever the loss (losses.mean_scores), so runs of different losses share charts
 RENAMED = {
     "d/real": "loss/D(x)",
     "d/fake": "loss/D(G(z))",
@@ -44,18 +42,14 @@ RENAMED = {
     "d/fake_after_d_step": "train/D(G(z))_after_d_step",
     "d/fake_score_after_d_step": "train/D(G(z))_score_after_d_step",
 }
-REAL_TAG = "samples/real"  # training images, once at the start of a run
-FAKE_TAG = "samples/fake (EMA G, fixed z)"  # the same latents through the EMA generator at every grid
-RAW_FAKE_TAG = "samples/fake (G, fixed z)"  # the same through G itself, in a run without an EMA
+REAL_TAG, FAKE_TAG, RAW_FAKE_TAG = "samples/real", "samples/fake (EMA G, fixed z)", "samples/fake (G, fixed z)"
 BAR_TAGS = {"d": "loss/d", "g": "loss/g", "D(x)": "loss/D(x)", "D(G(z))": "loss/D(G(z))"}  # beside the progress bar
-# the Text tab: what the run computes, how it began, and with what versions and hardware
 CONFIG_TEXT_TAG, COMMAND_TEXT_TAG, ENVIRONMENT_TEXT_TAG = "run/config", "run/command", "run/environment"
 GIF_FRAMES = 50  # at most this many grids in samples/progress.gif, spread evenly over the run
 
 
 def _quiet_event_writer_thread(args: threading.ExceptHookArgs, default=threading.excepthook) -> None:
-    """TensorBoard's writer thread raises a failed write (a full disk) again in the next writer, which reports it in
-    one paragraph: its own traceback is left unprinted."""
+    """A failed write of TensorBoard's writer thread (a full disk) is raised again by the next write."""
     if type(args.thread).__name__ == "_AsyncWriterThread" and issubclass(args.exc_type, OSError):
         return
     default(args)
@@ -84,18 +78,17 @@ class Monitor(contextlib.AbstractContextManager):
         enabled: bool = True,
         before_write: Optional[Callable[[], None]] = None,
     ):
-        """enabled=False (DDP ranks > 0): nothing is written, shown or logged. The events file is opened at
-        the first write, after `before_write()` (the run's record): a resume that fails before it writes
-        anything leaves tb/ as it was."""
+        """enabled=False (DDP ranks > 0): nothing is written, shown or logged. The events file is opened at the first
+        write, after `before_write()`: a resume that fails before it writes anything leaves tb/ as it was."""
         self.enabled = enabled
-        self.last: dict[str, float] = {}  # the last scalars() values: TrainResult.metrics
+        self.last: dict[str, float] = {}  # TrainResult.metrics
         self.tb, self.start_step, self.before_write = run_dir / "tb", start_step, before_write
         self.writer: Optional[SummaryWriter] = None
         self.events = self.tb  # the events file once it is open: tensorboard's errors name none (or one in bytes)
         self.pending: list[Callable[[SummaryWriter], None]] = []  # written with the first event
-        shown = progress and enabled
+        show = progress and enabled
         self.bar = tqdm(
-            total=max_steps, initial=start_step, disable=not shown, dynamic_ncols=True, desc="train", unit="step"
+            total=max_steps, initial=start_step, disable=not show, dynamic_ncols=True, desc="train", unit="step"
         )
         # throughput: images since the last log line over the loop's time, less the phases (`timed`)
         self.images_since, self.time_since = 0, time.perf_counter()
@@ -107,7 +100,6 @@ class Monitor(contextlib.AbstractContextManager):
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[SummaryWriter]:
-        """The events writer, opened at the first write, each error naming the events file."""
         if self.writer is None:  # the run's first write
             if self.before_write is not None:
                 self.before_write()
@@ -130,7 +122,6 @@ class Monitor(contextlib.AbstractContextManager):
         real_grid: Optional[Tensor] = None,
         step: int = 0,
     ) -> None:
-        """Open the HParams session and show the real images (a fresh run only)."""
         self.optimizers = dict(optimizers)
         if not self.enabled or step:
             return
@@ -159,7 +150,7 @@ class Monitor(contextlib.AbstractContextManager):
     @contextlib.contextmanager
     def timed(self, phase: str, step: int) -> Iterator[None]:
         """A phase outside the training step, left out of time/img_per_s."""
-        if self.enabled:  # a phase writes into the run: its record first
+        if self.enabled:  # the run's record first
             with self.writing():
                 pass
         started = time.perf_counter()
@@ -197,8 +188,7 @@ class Monitor(contextlib.AbstractContextManager):
             log.info("step %d  %s", step, "  ".join(f"{tag}={value:.4g}" for tag, value in values.items()))
 
     def describe(self, step: int, config: str, command: Optional[str], environment: Mapping[str, object]) -> None:
-        """The config, environment and command in the Text tab, written with the run's first event. The command
-        is inline code, which wraps at the page's edge (a code block scrolls sideways)."""
+        """The Text tab, written with the run's first event. The command as inline code: it wraps."""
         fence = "``" if command and "`" in command else "`"
         texts = {
             CONFIG_TEXT_TAG: f"```yaml\n{config}```",
@@ -228,13 +218,8 @@ class Monitor(contextlib.AbstractContextManager):
 
     def end_session(self, step: int, finished: bool) -> None:
         """Only success is written: TensorBoard keeps the first status, and a stopped run may yet resume."""
-        if not finished:
-            return
-        info = plugin_data_pb2.SessionEndInfo(status=api_pb2.STATUS_SUCCESS, end_time_secs=time.time())
-        end = metadata.create_summary_metadata(plugin_data_pb2.HParamsPluginData(session_end_info=info))
-        summary = summary_pb2.Summary()
-        summary.value.add(tag=metadata.SESSION_END_INFO_TAG, metadata=end, tensor=metadata.NULL_TENSOR)
-        self.summary(summary, step)
+        if finished:
+            self.summary(hparams_summaries({}, {})[2], step)  # torch's session-end summary: STATUS_SUCCESS
 
     def close(self) -> None:
         self.bar.close()
@@ -244,21 +229,19 @@ class Monitor(contextlib.AbstractContextManager):
 
 
 def trial_name(run_dir: Path) -> str:
-    """Short, since the trial column cuts one past 16 characters: `<sweep folder> #<n>`, a single run's start
-    time (Hydra's `HH-MM-SS_<overrides>`), else the run folder's name."""
+    """Short (the trial column cuts at 16 characters): `<sweep folder> #<n>`, a start time, or the folder."""
     job, start = re.match(r"(\d+)_", run_dir.name), re.match(r"\d\d-\d\d-\d\d(?=_|$)", run_dir.name)
     return f"{run_dir.parent.name} #{job.group(1)}" if job else start.group(0) if start else run_dir.name
 
 
 def write_final_numbers(run_dir: Path, step: int, values: Mapping[str, float]) -> None:
-    """Into the run's own events (its colour, its HParams session), after the loop's writer closed."""
+    """Into the run's own events (its colour, its HParams session)."""
     with SummaryWriter(log_dir=str(run_dir / "tb")) as writer:
         for tag, value in values.items():
             writer.add_scalar(tag, value, step)
 
 
-# A curve of fewer points than this is bent out of shape by TensorBoard's default smoothing (docs/watching.md)
-SHORT_CURVE = 10
+SHORT_CURVE = 10  # fewer points are bent out of shape by TensorBoard's default smoothing (docs/watching.md)
 
 
 def note_short_curve(eval_every: int, start: int, max_steps: int) -> None:
@@ -281,7 +264,7 @@ def row_labels(classes: Tensor, columns: int) -> list[str]:
 
 
 def real_images(batches: BatchStream, count: int) -> Tensor:
-    """Read by index: drawing a batch from the stream would change the run."""
+    """By index: drawing a batch from the stream would change the run."""
     source = training_images(batches)
     index = torch.linspace(0, len(source) - 1, min(count, len(source))).long().tolist()
     return torch.stack([image_at(source, i) for i in index])
@@ -325,7 +308,8 @@ def labelled_rows(grid: Tensor, labels: list[str]) -> Tensor:
 
 
 def write_progress_gif(samples_dir: Path, max_frames: int = GIF_FRAMES) -> Path:
-    """As the DCGAN tutorial's animation, at most `max_frames` grids spread evenly."""
+    """The DCGAN tutorial's animation, of at most `max_frames` grids spread evenly."""
+
     frames = sorted(samples_dir.glob("step_*.png"))
     if len(frames) > max_frames:
         frames = [frames[round(i * (len(frames) - 1) / (max_frames - 1))] for i in range(max_frames)]
