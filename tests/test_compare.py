@@ -19,8 +19,6 @@ from gan.training import train
 from scripts import canonical_dcgan as canonical
 from scripts import compare
 
-# the canonical DCGAN -----------------------------------------------------------------------------
-
 
 def test_canonical_networks_at_64_px_are_main_py_s():
     """main.py prints its networks: G 3,576,704 and D 2,765,568 parameters for RGB at 64 px."""
@@ -34,20 +32,18 @@ def test_canonical_networks_at_64_px_are_main_py_s():
     assert kinds == ["Conv2d", "LeakyReLU"] + ["Conv2d", "BatchNorm2d", "LeakyReLU"] * 3 + ["Conv2d", "Sigmoid"]
 
 
-@pytest.mark.parametrize("size", [16, 32, 64])
-def test_canonical_networks_build_every_power_of_two(size):
+@pytest.mark.parametrize("size", [16, 32, 64, 8, 24, 48])
+def test_canonical_networks_build_every_power_of_two_and_refuse_other_sizes(size):
+    if size not in (16, 32, 64):
+        with pytest.raises(ValueError, match="powers of two from 16"):
+            canonical.Generator(8, 4, 1, size)
+        return
     G, D = canonical.Generator(8, 4, 1, size), canonical.Discriminator(4, 1, size)
     images = G(torch.randn(5, 8, 1, 1))
     assert images.shape == (5, 1, size, size) and images.abs().max() <= 1
     scores = D(images)
     assert scores.shape == (5,) and ((scores > 0) & (scores < 1)).all()
     assert sum(isinstance(m, nn.ConvTranspose2d) for m in G.modules()) == size.bit_length() - 2  # log2(size) - 1
-
-
-@pytest.mark.parametrize("size", [8, 24, 48])
-def test_canonical_networks_refuse_other_sizes(size):
-    with pytest.raises(ValueError, match="powers of two from 16"):
-        canonical.Generator(8, 4, 1, size)
 
 
 def test_weights_init_is_the_dcgan_papers():
@@ -61,8 +57,7 @@ def test_weights_init_is_the_dcgan_papers():
 
 
 def test_canonical_g_gradient_is_the_g_loss_alone():
-    """After an iteration, G's .grad is exactly d BCE(D'(G(z)), 1) / dG, with D' the updated D:
-    fake.detach() kept D's loss out of G, and netG.zero_grad() cleared what D's step left."""
+    """G's .grad after an iteration is d BCE(D'(G(z)), 1) / dG alone, D' the updated D (fake.detach(), zero_grad())."""
     torch.manual_seed(0)
     netG, netD = canonical.Generator(8, 4, 1, 16), canonical.Discriminator(4, 1, 16)
     netG.apply(canonical.weights_init)
@@ -95,9 +90,6 @@ def test_sampler_uses_batch_statistics_or_running_ones():
     torch.testing.assert_close(eval_mode, netG(z.view(-1, 8, 1, 1)))
     torch.testing.assert_close(train_mode, halves)  # each batch of 4 normalised by its own statistics
     assert not torch.allclose(train_mode, eval_mode)
-
-
-# the race's clock and summary --------------------------------------------------------------------
 
 
 def test_snapshot_times_are_geometric_and_end_at_the_budget():
@@ -167,8 +159,6 @@ def test_after_step_stops_the_training_loop_with_a_checkpoint(tmp_path):
     assert torch.load(result.checkpoint, weights_only=True)["step"] == 4
 
 
-# end to end --------------------------------------------------------------------------------------
-
 TINY_RACE = ["debug=tiny", "data.num_samples=2000", "trainer.log_every=1000", "metrics.classifier.min_accuracy=0"]
 
 
@@ -225,9 +215,6 @@ def test_one_minute_sends_a_real_ctrl_c_and_measures_what_it_left(tmp_path):
     assert match and float(match[2]) >= 2.0
     metrics = json.loads((tmp_path / "run" / "eval" / "metrics.json").read_text())
     assert metrics["step"] == int(match[1]) and f"{metrics['fid']:.2f}" == match[3]
-
-
-# scripts/longer.py: training longer, measured at each snapshot ---------------------------------------
 
 
 def test_longer_compares_each_snapshot_with_the_best_before_it():

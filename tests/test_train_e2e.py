@@ -22,24 +22,11 @@ from gan.errors import MetricsError
 from gan.training import train
 from gan.training.monitor import FAKE_TAG
 
-# the names the log line, TensorBoard and TrainResult.metrics use (gan/training/monitor.py)
-EXPECTED_SCALARS = {
-    "loss/d",
-    "loss/g",
-    "loss/D(x)",
-    "loss/D(G(z))",
-    "train/D(G(z))_after_d_step",  # pytorch/examples' D_G_z2
-    "train/d_overfit_rt",  # ADA's r_t = E[sign(D(x))]
-    "train/augment_p",  # the default adaptive DiffAugment's p (model.ada_target)
-    "train/d_won",  # the D-won alarm's reading at every log point: 0 until D has won over a window
-    "train/grad_norm_d",
-    "train/grad_norm_g",
-    "train/grad_norm_images",
-    "train/lr_g",
-    "train/lr_d",
-    "time/img_per_s",
-    "time/sec_per_kimg",
-}
+# the names the log line, TensorBoard and TrainResult.metrics use (docs/watching.md says what each is)
+LOSS_TAGS = {"loss/d", "loss/g", "loss/D(x)", "loss/D(G(z))"}
+TRAIN_TAGS = {"train/D(G(z))_after_d_step", "train/d_overfit_rt", "train/augment_p", "train/d_won", "train/lr_g"}
+GRAD_NORMS = {"train/grad_norm_d", "train/grad_norm_g", "train/grad_norm_images"}
+EXPECTED_SCALARS = LOSS_TAGS | TRAIN_TAGS | GRAD_NORMS | {"train/lr_d", "time/img_per_s", "time/sec_per_kimg"}
 
 
 def test_run_dir_layout(tiny_run):
@@ -134,15 +121,9 @@ def test_final_eval_measures_the_run_for_sweepers(tmp_path):
     assert (tmp_path / "data" / "classifiers").is_dir()  # trained once, cached under data.root
 
 
-# the final evaluation stopped: the trained run is saved, and train.py says how to measure it ---------------
-
 FINAL_EVAL_STOPS = {  # what the final evaluation raises -> exit code, what train.py says
     "Ctrl-C": (KeyboardInterrupt(), 130, "Interrupted (SIGINT) during the final evaluation. The run trained"),
-    "classifier refused": (
-        MetricsError("50%"),
-        2,
-        "or set trainer.final_eval_samples=0 to train without the final evaluation",
-    ),  # fmt: skip
+    "classifier refused": (MetricsError("50%"), 2, "or set trainer.final_eval_samples=0 to train without the final"),
 }
 
 

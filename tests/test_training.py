@@ -90,6 +90,8 @@ def test_each_loss_key_reaches_the_steps(tmp_path, one_thread):
         ("optim.lr_decay=1.5", "optim.lr_decay=1.5 must be in [0, 1]"),
         ("model.ema_kimg=-1", "model.ema_kimg=-1.0 must be >= 0"),
         ("model.ema_every=0", "model.ema_every=0 must be >= 1"),
+        ("model.ada_target=1.5", "model.ada_target=1.5 must be in [0, 1)"),
+        ("model.ada_kimg=0", "model.ada_kimg=0.0 must be > 0"),
     ],
 )
 def test_a_tool_setting_out_of_range_is_refused_naming_it(override, message):
@@ -241,9 +243,6 @@ def test_a_final_evaluation_that_cannot_pass_is_refused_before_training(tmp_path
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-# damaged held-out (test) files at train time: build_overfit_probe opens the split first ------------
-
-
 @pytest.mark.parametrize("damage", list(HELD_OUT_DAMAGE))
 def test_training_warns_about_damaged_test_labels_naming_the_file(tmp_path, damage):
     labels = damaged_mnist(tmp_path / "data", damage)
@@ -303,8 +302,6 @@ def test_a_data_position_beyond_an_epoch_is_refused_when_the_stream_is_rebuilt(t
     assert "256 images make 8 batches of data.batch_size=32" in output and "Traceback" not in output
     assert not (run_dir / "checkpoints").exists()
 
-
-# scripts the docs tell users to run, given arguments they cannot use ------------------------------------
 
 BAD_SCRIPT_ARGUMENTS = {  # each was a traceback, after work: a benchmark's subprocess, or an empty median
     "bench --rounds 0": (["bench.py", "--rounds", "0"], "--rounds"),

@@ -33,8 +33,6 @@ from gan.training import train
 from gan.training.loop import ALARM_TAG, BEST_FID_TAG, COMPARED, FID_TAG, FINAL_FID_TAG, hparams_of
 from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, REAL_TAG, write_progress_gif
 
-# TensorBoard --------------------------------------------------------------------------------------
-
 LOSS_CHARTS = ["loss/D(G(z))", "loss/D(x)", "loss/d", "loss/g"]  # TensorBoard's order
 
 
@@ -87,9 +85,6 @@ class TensorBoardClient:
         statuses = ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"]
         body = {"experimentName": "", "allowedStatuses": statuses, "colParams": [], "startIndex": 0, "sliceSize": 100}
         return self.post("/data/plugin/hparams/session_groups", body)["sessionGroups"]
-
-
-# one run ------------------------------------------------------------------------------------------
 
 
 def test_the_first_screen_opens_on_the_losses_and_the_sample_grids_and_no_chart_is_one_point(tiny_run):
@@ -209,9 +204,6 @@ def test_the_loss_group_is_the_same_four_charts_whatever_the_loss(tmp_path, over
     assert not [key for key in result.metrics if key.startswith(("d/", "grad_norm/", "perf/"))]
 
 
-# run names ----------------------------------------------------------------------------------------
-
-
 def test_a_single_run_is_named_by_its_time_and_the_overrides_that_set_what_it_computes(tmp_path):
     """`tensorboard --logdir outputs` names a run by its folder: a single run's says what it is."""
     shown = ("trainer.log_every=2", "trainer.sample_every=3", "trainer.checkpoint_every=3")
@@ -237,9 +229,6 @@ def test_run_suffix_keeps_folders_flat_and_names_short():
     # the folder is what trainer.resume= is given: the path must read unquoted in Hydra's grammar
     parsed = OverridesParser.create().parse_override(f"trainer.resume=outputs/2026-11-24/14-13-01{named}")
     assert parsed.value() == f"outputs/2026-11-24/14-13-01{named}"
-
-
-# a sweep ------------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -391,9 +380,6 @@ def test_a_sweep_excludes_from_its_job_names_the_overrides_that_do_not_vary():
     assert list(sweep_start(["optim.lr=1e-4,4e-4", "debug=tiny"], chosen).hydra.overrides.hydra) == chosen
 
 
-# quality during training ----------------------------------------------------------------------------
-
-
 @pytest.mark.slow
 def test_eval_every_puts_the_fid_curve_beside_the_losses_and_the_final_fid_among_the_metrics(tmp_path):
     """quality/* curves, and evaluate.py's FID/final, pictures and table, all in the run's own events."""
@@ -429,8 +415,6 @@ def test_eval_every_puts_the_fid_curve_beside_the_losses_and_the_final_fid_among
     for tag in ("loss/d", "loss/g", "loss/D(x)"):
         assert [e.value for e in events_of(plain_dir / "tb").Scalars(tag)] == [e.value for e in events.Scalars(tag)]
 
-
-# the screenshots ------------------------------------------------------------------------------------
 
 SHOT_TAGS = ROOT / "docs" / "images" / "tensorboard_tags.json"
 SHRUNK = {"trainer.max_steps": 6, "trainer.eval_every": 3, "trainer.eval_samples": 64, "trainer.log_every": 2,

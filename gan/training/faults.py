@@ -163,15 +163,6 @@ class StopFlag:
             self.reason = reason
 
 
-def submitit_signal() -> Optional[signal.Signals]:
-    """The signal SLURM sends a submitit job before its time limit."""
-    if "SUBMITIT_EXECUTOR" not in os.environ:
-        return None
-    sig = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
-    usable = isinstance(sig, signal.Signals) and sig not in (signal.SIGINT, signal.SIGTERM)
-    return sig if usable and callable(signal.getsignal(sig)) else None
-
-
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[StopFlag]:
     """A flag instead of death, so the loop can checkpoint; a second SIGINT interrupts at once. submitit's
@@ -188,7 +179,11 @@ def stop_on_signals() -> Iterator[StopFlag]:
         flag.reason = signal.Signals(signum).name
         log.warning("%s received: finishing this step, then writing a checkpoint.", flag.reason)
 
-    handed_on = submitit_signal()
+    # the signal SLURM sends a submitit job before its time limit, handed on to submitit's handler
+    handed_on = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
+    usable = isinstance(handed_on, signal.Signals) and handed_on not in (signal.SIGINT, signal.SIGTERM)
+    if "SUBMITIT_EXECUTOR" not in os.environ or not usable or not callable(signal.getsignal(handed_on)):
+        handed_on = None
     signals = (signal.SIGINT, signal.SIGTERM, *([handed_on] if handed_on else []))
     previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:

@@ -50,7 +50,6 @@ from gan.training.monitor import (
     RAW_FAKE_TAG,
     Monitor,
     class_images,
-    config_text,
     labelled_rows,
     note_short_curve,
     real_images,
@@ -211,7 +210,9 @@ def periodic_extras(
 
     def log_scalars(tick: Tick) -> None:  # scalars leave the device here (float() waits for it)
         watch.check(ctx.skip_nonfinite)
-        extra = {"train/augment_p": state.augment.p} if state.augment is not None else {}
+        extra = {"train/lr_g": state.opt_g.param_groups[0]["lr"], "train/lr_d": state.opt_d.param_groups[0]["lr"]}
+        if state.augment is not None:
+            extra["train/augment_p"] = state.augment.p
         if governor is not None:
             extra["time/threads"] = governor.threads
         values = monitor.scalars(tick.step, {**tick.stats, **extra})
@@ -409,9 +410,8 @@ def open_monitor(
             real = labelled_rows(
                 image_grid(to_unit_range(rows), nrow=state.grid_columns), row_labels(state.fixed_y, state.grid_columns)
             )
-    optimizers = {"g": state.opt_g, "d": state.opt_d}
-    monitor.begin(hparams_of(cfg) if hparams is None else hparams, trial_name(run_dir), optimizers, real, state.step)
-    monitor.describe(state.step, config_text(cfg), command, environment(state.fixed_z.device))
+    monitor.begin(hparams_of(cfg) if hparams is None else hparams, trial_name(run_dir), real, state.step)
+    monitor.describe(state.step, cfg, command, environment(state.fixed_z.device))
     if trainer.eval_every and world.is_main:
         note_short_curve(trainer.eval_every, state.step, trainer.max_steps)
     return monitor
@@ -486,9 +486,8 @@ def build_overfit_probe(cfg: TrainConfig, train: ImageSet, device: torch.device)
             log.info("No held-out images to compare D's scores with (%s): d/heldout_gap is not logged.", err)
         else:  # damaged or missing files: the run goes on, but the user must hear it before evaluate.py fails
             log.warning(
-                f"The held-out split cannot be read: {err} Training goes on without D's held-out scores "
-                "(d/heldout_gap, trainer.overfit_every); evaluate.py measures against this split and will refuse it "
-                "until it is fixed."
+                f"The held-out split cannot be read: {err} Training goes on without d/heldout_gap; evaluate.py "
+                "measures against this split and will refuse it until it is fixed."
             )
         return None
     if not cfg.trainer.overfit_every:

@@ -20,7 +20,6 @@ from tensorboard.compat.proto import summary_pb2
 from tensorboard.plugins.hparams.summary_v2 import hparams_pb
 from tensorboard.plugins.text.summary_v2 import text_pb
 from torch import Tensor
-from torch.optim import Optimizer
 from torch.utils.data import Dataset
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summaries
@@ -85,7 +84,7 @@ class Monitor(contextlib.AbstractContextManager):
         self.tb, self.start_step, self.before_write = run_dir / "tb", start_step, before_write
         self.writer: Optional[SummaryWriter] = None
         self.events = self.tb  # the events file once it is open: tensorboard's errors name none (or one in bytes)
-        self.pending: list[Callable[[SummaryWriter], None]] = []  # written with the first event
+        self.pending: list[tuple[summary_pb2.Summary, int]] = []  # written with the first event
         show = progress and enabled
         self.bar = tqdm(
             total=max_steps, initial=start_step, disable=not show, dynamic_ncols=True, desc="train", unit="step"
@@ -93,7 +92,6 @@ class Monitor(contextlib.AbstractContextManager):
         # throughput: images since the last log line over the loop's time, less the phases (`timed`)
         self.images_since, self.time_since = 0, time.perf_counter()
         self.first_step_done: Optional[float] = None
-        self.optimizers: dict[str, Optimizer] = {}
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
@@ -109,8 +107,8 @@ class Monitor(contextlib.AbstractContextManager):
                 self.writer = SummaryWriter(log_dir=str(self.tb), purge_step=purge_step)
             self.events = Path(getattr(self.writer.file_writer.event_writer, "_file_name", self.tb))
         with naming(self.events):
-            for write in self.pending:
-                write(self.writer)
+            for summary, step in self.pending:
+                self.writer.file_writer.add_summary(summary, step)
             self.pending = []
             yield self.writer
 
@@ -118,11 +116,9 @@ class Monitor(contextlib.AbstractContextManager):
         self,
         hparams: Mapping[str, int | float | str | bool | None],
         trial_id: str,
-        optimizers: Mapping[str, Optimizer],
         real_grid: Optional[Tensor] = None,
         step: int = 0,
     ) -> None:
-        self.optimizers = dict(optimizers)
         if not self.enabled or step:
             return
         # the plugin types each column from the values; None as "null", as on the command line
@@ -163,8 +159,6 @@ class Monitor(contextlib.AbstractContextManager):
 
     def scalars(self, step: int, stats: Mapping[str, Tensor | float]) -> dict[str, float]:
         values = {shown_name(tag): float(value) for tag, value in stats.items()}  # float(t) = t.item(): a host sync
-        for name, optimizer in self.optimizers.items():
-            values[f"train/lr_{name}"] = float(optimizer.param_groups[0]["lr"])
         now = time.perf_counter()
         if self.images_since:  # none yet when the first log comes right after the first step
             values["time/img_per_s"] = self.images_since / (now - self.time_since)
@@ -187,18 +181,17 @@ class Monitor(contextlib.AbstractContextManager):
         if log_line:
             log.info("step %d  %s", step, "  ".join(f"{tag}={value:.4g}" for tag, value in values.items()))
 
-    def describe(self, step: int, config: str, command: Optional[str], environment: Mapping[str, object]) -> None:
+    def describe(self, step: int, cfg: TrainConfig, command: Optional[str], environment: Mapping[str, object]) -> None:
         """The Text tab, written with the run's first event. The command as inline code: it wraps."""
         fence = "``" if command and "`" in command else "`"
         texts = {
-            CONFIG_TEXT_TAG: f"```yaml\n{config}```",
+            CONFIG_TEXT_TAG: f"```yaml\n{yaml.safe_dump(to_plain(cfg), sort_keys=False)}```",
             ENVIRONMENT_TEXT_TAG: f"```yaml\n{yaml.safe_dump(dict(environment), sort_keys=False)}```",
             COMMAND_TEXT_TAG: f"{fence}{command}{fence}" if command else None,
         }
         for tag, text in texts.items():
             if text is not None and self.enabled:
-                summary = text_pb(tag, text)
-                self.pending.append(lambda writer, summary=summary: writer.file_writer.add_summary(summary, step))
+                self.pending.append((text_pb(tag, text), step))
         if self.writer is not None:  # a fresh run's HParams session opened it
             with self.writing():
                 pass
@@ -253,10 +246,6 @@ def note_short_curve(eval_every: int, start: int, max_steps: int) -> None:
             f"Smoothing at 0, or measure more often (eval_every <= {max(1, max_steps // SHORT_CURVE)} gives "
             f"{SHORT_CURVE} points)."
         )
-
-
-def config_text(cfg: TrainConfig) -> str:
-    return yaml.safe_dump(to_plain(cfg), sort_keys=False, default_flow_style=False)
 
 
 def row_labels(classes: Tensor, columns: int) -> list[str]:

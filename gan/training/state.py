@@ -6,7 +6,7 @@ import functools
 import logging
 import os
 import random
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
@@ -93,8 +93,8 @@ class TrainingState:
             )
         entry = "?"
         try:
-            for entry in ("G", "D"):
-                load_module_state(getattr(self, entry), state[entry], NETWORK_NAMES[entry], advice)
+            for entry, name in (("G", "generator"), ("D", "discriminator")):
+                load_module_state(getattr(self, entry), state[entry], name, advice)
             entry = "G_ema"
             if self.G_ema is not None and state.get("G_ema") is not None:
                 load_module_state(self.G_ema, state["G_ema"], "EMA generator", advice)
@@ -148,7 +148,6 @@ def check_moments(optimizer: torch.optim.Optimizer, saved: dict[str, Any], entry
                     )
 
 
-NETWORK_NAMES = {"G": "generator", "D": "discriminator"}
 MISMATCH = (
     "The resume contract keeps this run's model.* and data.image_size/data.channels equal to those stored in "
     "the checkpoint, so the checkpoint's weights and its own config disagree: it was damaged or edited after "
@@ -207,7 +206,15 @@ def build_state(
     dataset: Optional[ImageSet] = None,
 ) -> TrainingState:
     dataset, data, model = dataset or load_dataset(cfg.data), cfg.data, cfg.model
-    num_classes = check_classes(cfg, dataset) if model.conditional else 0
+    num_classes = dataset.num_classes if model.conditional else 0
+    if model.conditional and num_classes < 2:
+        where = f" in {cfg.data.root}" if cfg.data.name in ("folder", "celeba") else ""
+        raise ConfigError(
+            f"model.conditional=true needs class labels, and data={cfg.data.name}{where} has none "
+            f"({num_classes} class: a flat folder of images is read as unlabelled). Nothing was trained. "
+            "Put the images in one subfolder per class (data=folder reads each top folder as a class), "
+            "or drop model.conditional=true."
+        )
     labels = dataset.labels if num_classes else None  # the classes travel with the batch
     batches = BatchStream(
         dataset.images, data.batch_size, cfg.trainer.seed, device, data.num_workers, world.rank, world.size, labels
@@ -222,18 +229,6 @@ def build_state(
     fixed_z = torch.randn(cfg.trainer.num_fixed_samples, cfg.model.z_dim, device=device, generator=seeded)
     fixed_z, fixed_y = class_rows(fixed_z, num_classes) if num_classes else (fixed_z, None)  # a row per class
     return TrainingState(G, D, G_ema, opt_g, opt_d, scaler, batches, fixed_z, fixed_y=fixed_y, pack=dataset.pack)
-
-
-def check_classes(cfg: TrainConfig, dataset: ImageSet) -> int:
-    if dataset.num_classes < 2:
-        where = f" in {cfg.data.root}" if cfg.data.name in ("folder", "celeba") else ""
-        raise ConfigError(
-            f"model.conditional=true needs class labels, and data={cfg.data.name}{where} has none "
-            f"({dataset.num_classes} class: a flat folder of images is read as unlabelled). Nothing was trained. "
-            "Put the images in one subfolder per class (data=folder reads each top folder as a class), "
-            "or drop model.conditional=true."
-        )
-    return dataset.num_classes
 
 
 def build_models(cfg: TrainConfig, device: torch.device, num_classes: int = 0) -> tuple[Generator, Discriminator]:
@@ -280,20 +275,14 @@ def build_step_context(cfg: TrainConfig, device: torch.device, rank: int = 0) ->
     if loss.name.value == "bce" and loss.real_label != 1.0:  # one-sided label smoothing
         adversarial = adversarial._replace(d=functools.partial(d_loss_bce, real_label=loss.real_label))
     objective = dict(loss=adversarial, penalties=penalties, feature_matching=loss.feature_matching)
-    augment = build_augment(cfg, device, rank)
+    # DiffAugment, adaptive with model.ada_target: ADA's generator is seeded apart from the global one (trainer.seed
+    # + rank), so its numbers are not the latents' again
+    model, policies = cfg.model, [policy.value for policy in cfg.model.diffaugment]
+    augment = functools.partial(diff_augment, policies=policies) if policies else no_augment
+    if policies and model.ada_target > 0:
+        seed = cfg.trainer.seed + rank + 0xA06_5EED  # any constant
+        augment = AdaptiveAugment(policies, model.ada_target, model.ada_kimg, cfg.data.batch_size, seed=seed).to(device)
     return dataclasses.replace(ctx, **objective, backward_mode=loss.backward_mode, augment=augment), precision
-
-
-def build_augment(cfg: TrainConfig, device: torch.device, rank: int) -> Callable[[Tensor], Tensor]:
-    """DiffAugment (adaptive with model.ada_target) or the identity. ADA's generator is seeded apart from the
-    global one (trainer.seed + rank), so its numbers are not the latents' again."""
-    if not cfg.model.diffaugment:
-        return no_augment
-    policies = [policy.value for policy in cfg.model.diffaugment]
-    if cfg.model.ada_target > 0:
-        model, seed = cfg.model, cfg.trainer.seed + rank + 0xA06_5EED  # any constant
-        return AdaptiveAugment(policies, model.ada_target, model.ada_kimg, cfg.data.batch_size, seed=seed).to(device)
-    return functools.partial(diff_augment, policies=policies)
 
 
 def wrap_for_ddp(G: nn.Module, D: nn.Module, world: World, device: torch.device) -> tuple[nn.Module, nn.Module]:
