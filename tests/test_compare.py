@@ -1,5 +1,4 @@
-"""scripts/compare.py, canonical_dcgan.py, one_minute.py and longer.py: the canonical DCGAN is main.py's, the race's
-clock and summary say what they claim, and the scripts run end to end."""
+"""scripts/compare.py, canonical_dcgan.py, one_minute.py and longer.py, in parts and end to end."""
 
 from __future__ import annotations
 
@@ -173,7 +172,6 @@ def script(name: str, *args: str, cwd: Path, process: bool = False) -> subproces
 @pytest.mark.slow
 def test_compare_runs_end_to_end(tmp_path):
     # trainer.max_steps past the budget: debug=tiny's 6 steps would end the project's run first
-    # (test_a_run_that_ends_before_the_budget_is_snapshotted_at_its_end covers that end)
     overrides = [*TINY_RACE, "trainer.max_steps=1000000"]
     done = script("compare.py", *overrides, "--budget-s", "3", "--samples", "200", "--out", "race", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -193,15 +191,6 @@ def test_compare_runs_end_to_end(tmp_path):
     assert list((tmp_path / "race" / "canonical" / "run").glob("fake_samples_epoch_000.png"))  # main.py's own files
     again = script("compare.py", *overrides, "--budget-s", "3", "--out", "race", cwd=tmp_path)
     assert again.returncode == 2 and "already holds a comparison" in again.stderr
-
-
-def test_compare_refuses_bad_overrides_before_training(tmp_path):
-    cases = [("model.nope=1", "do not make a train.py config"), ("metrics.nope=1", "metrics.* override")]
-    cases.append(("optim.lr=-1", "optim.lr=-1.0 must be > 0"))  # a range gan/config.py checks, before any side trains
-    for bad, says in cases:
-        done = script("compare.py", bad, "--out", "race", cwd=tmp_path)
-        assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr
-        assert not (tmp_path / "race").exists()
 
 
 @pytest.mark.slow
@@ -261,8 +250,7 @@ def test_longer_runs_end_to_end(tmp_path):
 
 
 def test_longer_averages_draws_of_latents_and_measures_only_the_missing_ones(tmp_path):
-    # each snapshot measured --draws times with other latents against the same held-out images; a row
-    # is the mean of its draws; a larger --draws later adds draws and keeps the ones measured
+    # a row is the mean of --draws draws of latents; a larger --draws later adds draws, keeping the measured ones
     from scripts import longer
 
     overrides = [*TINY_RACE, "trainer.max_steps=4"]
@@ -274,8 +262,7 @@ def test_longer_averages_draws_of_latents_and_measures_only_the_missing_ones(tmp
     assert done.stdout.strip().splitlines()[-1].endswith("draws=2")
     rows = json.loads((tmp_path / "run" / "longer.json").read_text())["rows"]
     assert [row["step"] for row in rows] == [2, 4]
-    # the data's own score, measured as a snapshot is: real training images are far closer to the
-    # held-out images than a G trained for 4 steps
+    # the data's own score: real training images are far closer to the held-out ones than a 4-step G
     reals = json.loads((tmp_path / "run" / "longer.json").read_text())["reals"]
     assert len(reals["draws"]) == 2 and 0 <= reals["fid"] < min(row["fid"] for row in rows) / 5
     assert reals["recall"] > max(row["recall"] for row in rows)
@@ -305,8 +292,7 @@ def test_longer_averages_draws_of_latents_and_measures_only_the_missing_ones(tmp
 
 
 def test_longer_run_cut_off_part_way_is_trained_on_with_extend(tmp_path, monkeypatch):
-    # a run killed mid-way (a crash, a job's time limit) has its about.json already: --extend trains it
-    # on from its last checkpoint, and the snapshots of both parts are measured together
+    # a run killed mid-way has its about.json: --extend trains it on, and both parts' snapshots are measured
     from scripts import longer
 
     def cut_at_step_6(cfg, run_dir, after_step):
@@ -332,8 +318,7 @@ def test_longer_run_cut_off_part_way_is_trained_on_with_extend(tmp_path, monkeyp
 
 
 def test_longer_extends_an_earlier_run_to_the_same_generators_as_a_longer_one(tmp_path):
-    # --extend resumes OUT/run from its last checkpoint with the settings stored in it: the snapshots
-    # past the old end are the very tensors a run started with the larger factor holds
+    # --extend resumes OUT/run: the snapshots past the old end are those a run with the larger factor holds
     overrides = [*TINY_RACE, "trainer.max_steps=4"]
     straight = script("longer.py", *overrides, "--factor", "2", "--every", "2", "--samples", "100", "--out", "a",
                       cwd=tmp_path)  # fmt: skip
