@@ -34,9 +34,12 @@ def test_run_dir_layout(tiny_run):
     assert list((tiny_run / "tb").glob("events.out.tfevents.*"))
     samples = sorted(p.name for p in (tiny_run / "samples").glob("*.png"))
     assert samples == ["step_000003.png", "step_000006.png"]
-    assert (tiny_run / "samples" / "progress.gif").is_file()
-    with Image.open(tiny_run / "samples" / samples[-1]) as grid:
-        assert grid.size == (4 * 18 + 2, 4 * 18 + 2)  # 16 fixed samples, 16 px, 2 px padding
+    with (
+        Image.open(tiny_run / "samples" / samples[-1]) as grid,
+        Image.open(tiny_run / "samples" / "progress.gif") as gif,
+    ):
+        assert grid.size == gif.size == (4 * 18 + 2, 4 * 18 + 2)  # 16 fixed samples, 16 px, 2 px padding
+        assert gif.n_frames == 2  # a frame per grid
 
 
 def test_checkpoint_is_a_plain_dict_loadable_weights_only(tiny_run):
