@@ -536,18 +536,15 @@ class QualityProbe:
         if accuracy < bar:
             log.warning(
                 f"The metrics classifier of data={data.name} reaches {100 * accuracy:.2f}% test accuracy, below "
-                f"evaluate.py's bar of {100 * bar:.0f}%: the in-training FID and the pick of best.pt use its features "
-                "all the same (they need a consistent feature space); evaluate.py refuses it unless given "
-                "metrics.classifier.min_accuracy."
+                f"evaluate.py's bar of {100 * bar:.0f}%: the in-training FID and best.pt use its features all the same."
             )
         self.classifier: M.Classifier = classifier
         self.features = M.ClassifierFeatures(classifier, self.reals.stacked, images.size(1)).to(device)
         self.device = device
         self.real_features = M.batched(self.features, images, self.config.batch_size, device)
         log.info(
-            f"In-training quality: {samples} samples against {images.size(0)} validation images from the training "
-            f"split, features of {path.name} ({100 * accuracy:.2f}% accuracy); set up in "
-            f"{time.perf_counter() - started:.1f} s"
+            f"In-training quality: {samples} samples against {images.size(0)} training images, features of {path.name} "
+            f"({100 * accuracy:.2f}% accuracy); set up in {time.perf_counter() - started:.1f} s"
         )
 
     def measure(self, G: nn.Module) -> dict[str, float]:
@@ -586,9 +583,7 @@ def write_checkpoint(
     keep_numbered(path, state.step, cfg.trainer.keep_checkpoints)
 
 
-# Every run reports these to HParams with the value it used, default or not, so no blank stands for a default.
-# Four: the page shows up to five settings, then the metrics, and four leave FID/best on a 1400 px screen
-# (docs/watching.md); `data` says ", conditional" of a conditional model.
+# Every run reports these to HParams, defaults too; four leave FID/best on a 1400 px screen (docs/watching.md)
 COMPARED = ("data", "loss", "optim.lr", "trainer.max_steps")
 
 
