@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import math
 import multiprocessing
 import os
@@ -23,10 +22,10 @@ import torch
 from conftest import ROOT, TINY, compose_config, output_of, run_train
 from PIL import Image
 from tensorboard.compat.tensorflow_stub.io.gfile import LocalFileSystem
+from test_checkpoints import digest, nan_after
+from test_run import unused_pid
 
-import gan.core.losses
 from gan.checkpoint import load_checkpoint
-from gan.core.losses import LOSSES, AdversarialLoss
 from gan.data.stream import BatchStream
 from gan.errors import ConfigError, environment_error
 from gan.training import NonFiniteLossError, train
@@ -45,23 +44,8 @@ def good_run(tmp_path_factory) -> Path:
     return run_dir
 
 
-def digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def run_evaluate(*overrides: str) -> subprocess.CompletedProcess:
     return conftest.run_evaluate("device=cpu", "threads=1", *overrides)
-
-
-def unused_pid() -> int:
-    """999999 unless a process has it: then the PID of a child that has already exited."""
-    try:
-        os.kill(999999, 0)
-    except ProcessLookupError:
-        return 999999
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -266,15 +250,8 @@ def test_weights_blown_up_by_a_huge_learning_rate_are_reported(tiny_gan):
     assert list(found) == ["G"] and found["G"] > 1e6
 
 
-def nan_from_the_start(monkeypatch) -> None:
-    real = LOSSES["bce"]
-    monkeypatch.setitem(
-        gan.core.losses.LOSSES, "bce", AdversarialLoss(real.d, lambda logits: real.g(logits) * math.nan)
-    )
-
-
 def test_a_nan_at_step_one_claims_no_checkpoint_that_does_not_exist(tmp_path, monkeypatch):
-    nan_from_the_start(monkeypatch)
+    nan_after(1, monkeypatch)  # the bce G loss is NaN from its first call
     with pytest.raises(NonFiniteLossError) as caught:
         train(compose_config("trainer.max_steps=4"), tmp_path)
     message, last = str(caught.value), tmp_path / "checkpoints" / "last.pt"
