@@ -108,6 +108,8 @@ def test_the_first_screen_opens_on_the_losses_and_the_sample_grids_and_no_chart_
     real, fake = events.Images(REAL_TAG), events.Images(FAKE_TAG)
     assert [i.step for i in real] == [0] and [i.step for i in fake] == [3, 6]
     assert (real[0].width, real[0].height) == (fake[0].width, fake[0].height)  # the same 4 x 4 layout
+    # a session start and end, no experiment summary (it would be read as every run's experiment)
+    assert set(events.PluginTagToContent("hparams")) == {"_hparams_/session_start_info", "_hparams_/session_end_info"}
 
 
 def test_a_run_without_ema_names_its_grid_for_g_itself(tmp_path):
