@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import re
 import signal
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils import get_total_norm
 from tqdm import tqdm
 
 from gan.checkpoint import load_checkpoint, nonfinite
@@ -103,14 +105,9 @@ def check_finite_state(state: TrainingState, kept: Path) -> None:
 
 
 def diverged(networks: dict[str, nn.Module], limit: float = 1e4) -> dict[str, float]:
-    found = {}
-    for name, module in networks.items():
-        params = [p.detach() for p in module.parameters() if p.is_floating_point() and p.numel()]
-        if params:
-            largest = float(torch.stack([p.abs().max().float() for p in params]).max())
-            if largest > limit:
-                found[name] = largest
-    return found
+    """Each network's largest |weight| (its inf-norm), where above `limit`."""
+    norms = {name: get_total_norm([p.detach() for p in m.parameters()], math.inf) for name, m in networks.items()}
+    return {name: float(norm) for name, norm in norms.items() if norm > limit}
 
 
 def _named_tensors(part: nn.Module | torch.optim.Optimizer, names: dict[int, str]) -> list[tuple[str, Tensor]]:
