@@ -7,9 +7,8 @@ import math
 import pytest
 import torch
 from conftest import compose_config, output_of, run_evaluate, run_train
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_checkpoints import assert_same_state, stop_at
-from test_watching import tb_group_order
+from test_watching import events_of, tb_group_order
 
 from gan.checkpoint import FORMAT, load_checkpoint, stored_config
 from gan.config import EvaluateConfig
@@ -126,7 +125,7 @@ def test_the_final_log_line_names_last_and_best(tmp_path, monkeypatch):
     done = [line for line in output.splitlines() if "Done:" in line][-1]
     assert "last.pt" in done and "best.pt" in done and "in-training FID" in done
     assert "below evaluate.py's bar" in output  # the in-training FID uses it all the same, with a warning
-    events = EventAccumulator(str(tmp_path / "run" / "tb")).Reload()
+    events = events_of(tmp_path / "run" / "tb")
     assert BEST_FID_TAG in events.Tags()["scalars"]
 
 
@@ -200,7 +199,7 @@ def test_a_d_that_wins_sets_off_the_alarm_and_marks_tensorboard(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     warnings = [line for line in output_of(result).splitlines() if "D has won at step" in line]
     assert len(warnings) == 1, result.stderr[-3000:]
-    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0}).Reload()
+    events = events_of(tmp_path / "tb")
     won = [event.value for event in events.Scalars(WON_TAG)]
     assert won[-1] == 1.0 and 0.0 not in won[won.index(1.0) :]
     assert D_WON_TEXT_TAG in events.Tags()["tensors"]

@@ -134,7 +134,7 @@ def test_without_readable_cpu_times_the_count_stays_fixed_and_says_so(monkeypatc
 
 def test_the_thread_count_is_drawn_at_every_log_point_with_its_change(tmp_path, monkeypatch):
     from conftest import compose_config
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from test_watching import events_of
 
     from gan.training import loop, train
 
@@ -152,9 +152,7 @@ def test_the_thread_count_is_drawn_at_every_log_point_with_its_change(tmp_path, 
 
     monkeypatch.setattr(loop, "thread_governor", busy_governor)
     train(compose_config("trainer.max_steps=6", "trainer.threads=0", "trainer.adapt_threads=true"), tmp_path / "run")
-    events = EventAccumulator(str(tmp_path / "run" / "tb"), size_guidance={"scalars": 0})
-    events.Reload()
-    drawn = [(e.step, e.value) for e in events.Scalars("time/threads")]
+    drawn = [(e.step, e.value) for e in events_of(tmp_path / "run" / "tb").Scalars("time/threads")]
     # marks at polls 1, 2; windows at 2, 3 agree: the change comes at step 3; the count is drawn at
     # every log point (trainer.log_every=2), a line rather than one dot per change
     assert calls == [1] and drawn == [(2, 2.0), (4, 1.0), (6, 1.0)]
