@@ -162,8 +162,7 @@ class StopFlag:
 
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[StopFlag]:
-    """A flag instead of death, so the loop can checkpoint; a second SIGINT interrupts at once. submitit's
-    handler (requeue and exit) is called once the checkpoint is written."""
+    """A flag instead of death, so the loop can checkpoint; a second SIGINT interrupts at once."""
 
     flag = StopFlag()
     if threading.current_thread() is not threading.main_thread():

@@ -268,8 +268,7 @@ WON_TAG, ALARM_TAG, D_WON_TEXT_TAG = "train/d_won", "alarm/D_won", "run/d_won"  
 
 
 class DWonWatch:
-    """Has D won over a window of trainer.d_won_window steps (one log point is noise)? `observe` returns the
-    scalars to log (alarm/D_won only at the step it fires); `on_alarm` is called once per episode."""
+    """Has D won over a window of trainer.d_won_window steps? `on_alarm` is called once per episode."""
 
     def __init__(self, window_steps: int, log_every: int, on_alarm: Callable[[int, str], None]):
         self.points = max(1, window_steps // log_every)  # log points in a window
@@ -588,8 +587,7 @@ COMPARED = ("data", "loss", "optim.lr", "trainer.max_steps")
 
 
 def hparams_of(cfg: TrainConfig, swept: Sequence[str] = ()) -> dict[str, float | str | bool | None]:
-    """The HParams columns: COMPARED, then the keys of `swept` (a sweep job's swept overrides: launch.compared) the
-    four do not show, as the command line names them, each with the value the run used."""
+    """The HParams columns: COMPARED, then the keys of a sweep job's `swept` overrides the four do not show."""
     plain = to_plain(cfg)
     data = plain["data"]["name"] + (", conditional" if plain["model"]["conditional"] else "")
     columns = dict(zip(COMPARED, (data, plain["loss"]["name"], plain["optim"]["lr"], plain["trainer"]["max_steps"])))

@@ -275,8 +275,7 @@ def build_step_context(cfg: TrainConfig, device: torch.device, rank: int = 0) ->
     if loss.name.value == "bce" and loss.real_label != 1.0:  # one-sided label smoothing
         adversarial = adversarial._replace(d=functools.partial(d_loss_bce, real_label=loss.real_label))
     objective = dict(loss=adversarial, penalties=penalties, feature_matching=loss.feature_matching)
-    # DiffAugment, adaptive with model.ada_target: ADA's generator is seeded apart from the global one (trainer.seed
-    # + rank), so its numbers are not the latents' again
+    # DiffAugment, adaptive with model.ada_target: ADA's generator seeded apart, so its numbers are not the latents'
     model, policies = cfg.model, [policy.value for policy in cfg.model.diffaugment]
     augment = functools.partial(diff_augment, policies=policies) if policies else no_augment
     if policies and model.ada_target > 0:

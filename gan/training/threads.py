@@ -103,12 +103,11 @@ def thread_governor(adapt: bool, device: torch.device) -> Optional[ThreadGoverno
 
 
 def keep_thread_count(recorded: Optional[int], threads: int, adapt: bool) -> None:
-    """On resume: the run's count, unless trainer.threads=N or adapt_threads; at most this process's CPUs (more can
-    only be slower, and at 100s crashes torch's pool)."""
+    """On resume: the run's count, unless trainer.threads=N or adapt_threads; at most this process's CPUs."""
 
     if recorded is None or adapt or recorded == torch.get_num_threads():
         return
-    usable = min(recorded, available_cpus())
+    usable = min(recorded, available_cpus())  # more can only be slower, and at 100s crashes torch's pool
     if not threads:
         torch.set_num_threads(usable)
     if (threads or usable) != recorded:
