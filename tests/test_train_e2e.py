@@ -103,18 +103,6 @@ def test_resume_continues_in_the_same_run_dir(tmp_path):
     assert [e.step for e in events.Scalars("loss/d")] == [2, 3, 4, 6]
 
 
-@pytest.mark.slow
-def test_final_eval_measures_the_run_for_sweepers(tmp_path):
-    """trainer.final_eval_samples runs evaluate.py's metrics after training, into RUN_DIR/eval."""
-    run_dir = tmp_path / "run"
-    measured = ("data.num_samples=20000", "trainer.max_steps=10", "trainer.final_eval_samples=300")
-    result = run_train(*measured, f"hydra.run.dir={run_dir}", cwd=tmp_path)
-    assert result.returncode == 0, output_of(result)[-3000:]
-    metrics = json.loads((run_dir / "eval" / "metrics.json").read_text())
-    assert metrics["num_samples"] == 300 and metrics["fid"] > 0
-    assert (tmp_path / "data" / "classifiers").is_dir()  # trained once, cached under data.root
-
-
 FINAL_EVAL_STOPS = {  # what the final evaluation raises -> exit code, what train.py says
     "Ctrl-C": (KeyboardInterrupt(), 130, "Interrupted (SIGINT) during the final evaluation. The run trained"),
     "classifier refused": (MetricsError("50%"), 2, "or set trainer.final_eval_samples=0 to train without the final"),

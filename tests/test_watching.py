@@ -381,6 +381,7 @@ def test_eval_every_puts_the_fid_curve_beside_the_losses_and_the_final_fid_among
     assert [e.step for e in events.Scalars(FID_TAG)] == [3, 6]
     assert {"quality/precision", "quality/recall", "quality/classes_covered"} <= set(tags["scalars"])
     final = json.loads((run_dir / "eval" / "metrics.json").read_text())
+    assert final["num_samples"] == 300 and (tmp_path / "data" / "classifiers").is_dir()  # cached under data.root
     assert [(e.step, e.value) for e in events.Scalars(FINAL_FID_TAG)] == [(6, pytest.approx(final["fid"]))]
     assert {"summary/samples", "summary/interpolation"} <= set(tags["images"])
     assert "run/eval_metrics" in tb.get("/data/plugin/text/tags")["tb"]
