@@ -15,6 +15,7 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.utils.tensorboard import SummaryWriter
 from torchvision.utils import save_image
 
 from gan.checkpoint import (
@@ -56,7 +57,6 @@ from gan.training.monitor import (
     row_labels,
     shown_name,
     trial_name,
-    write_final_numbers,
     write_progress_gif,
 )
 from gan.training.state import (
@@ -325,7 +325,8 @@ def final_evaluation(cfg: TrainConfig, result: TrainResult, run_dir: Path) -> fl
         results = evaluate(eval_cfg, run.eval, tb_dir=run.tb)  # one TensorBoard run per job
     except MetricsError as err:  # its advice names evaluate.py's metrics.*, which train.py does not take
         raise MetricsError(f"{err} {measure_later(run_dir)}") from err
-    write_final_numbers(run_dir, result.step, {FINAL_FID_TAG: float(results["fid"])})
+    with SummaryWriter(log_dir=str(run.tb)) as writer:  # the run's own events: its colour, its HParams session
+        writer.add_scalar(FINAL_FID_TAG, float(results["fid"]), result.step)
     return float(results["fid"])
 
 

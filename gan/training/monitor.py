@@ -227,13 +227,6 @@ def trial_name(run_dir: Path) -> str:
     return f"{run_dir.parent.name} #{job.group(1)}" if job else start.group(0) if start else run_dir.name
 
 
-def write_final_numbers(run_dir: Path, step: int, values: Mapping[str, float]) -> None:
-    """Into the run's own events (its colour, its HParams session)."""
-    with SummaryWriter(log_dir=str(run_dir / "tb")) as writer:
-        for tag, value in values.items():
-            writer.add_scalar(tag, value, step)
-
-
 SHORT_CURVE = 10  # fewer points are bent out of shape by TensorBoard's default smoothing (docs/watching.md)
 
 
