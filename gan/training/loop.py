@@ -56,7 +56,6 @@ from gan.training.monitor import (
     real_images,
     row_labels,
     shown_name,
-    trial_name,
     write_progress_gif,
 )
 from gan.training.state import (
@@ -410,7 +409,7 @@ def open_monitor(
             real = labelled_rows(
                 image_grid(to_unit_range(rows), nrow=state.grid_columns), row_labels(state.fixed_y, state.grid_columns)
             )
-    monitor.begin(hparams_of(cfg) if hparams is None else hparams, trial_name(run_dir), real, state.step)
+    monitor.begin(hparams_of(cfg) if hparams is None else hparams, real, state.step)
     monitor.describe(state.step, cfg, command, environment(state.fixed_z.device))
     if trainer.eval_every and world.is_main:
         note_short_curve(trainer.eval_every, state.step, trainer.max_steps)

@@ -112,21 +112,19 @@ class Monitor(contextlib.AbstractContextManager):
             self.pending = []
             yield self.writer
 
-    def begin(
-        self,
-        hparams: Mapping[str, int | float | str | bool | None],
-        trial_id: str,
-        real_grid: Optional[Tensor] = None,
-        step: int = 0,
-    ) -> None:
+    def begin(self, hparams: Mapping[str, float | str | bool | None], real: Optional[Tensor], step: int) -> None:
         if not self.enabled or step:
             return
         # the plugin types each column from the values; None as "null", as on the command line
         typed = {key: "null" if value is None else value for key, value in hparams.items()}
+        # the trial id, short (its column cuts at 16 characters): `<sweep folder> #<n>`, a start time, or the folder
+        run = self.tb.parent
+        job, start = re.match(r"(\d+)_", run.name), re.match(r"\d\d-\d\d-\d\d(?=_|$)", run.name)
+        trial_id = f"{run.parent.name} #{job.group(1)}" if job else start.group(0) if start else run.name
         with self.writing() as writer:
             writer.file_writer.add_summary(hparams_pb(typed, trial_id=trial_id), step)
-            if real_grid is not None:
-                writer.add_image(REAL_TAG, real_grid, step)
+            if real is not None:
+                writer.add_image(REAL_TAG, real, step)
 
     @property
     def seconds(self) -> float:
@@ -219,12 +217,6 @@ class Monitor(contextlib.AbstractContextManager):
         if self.writer is not None:
             with naming(self.events):
                 self.writer.close()  # flushes: events are unreadable before flush()/close()
-
-
-def trial_name(run_dir: Path) -> str:
-    """Short (the trial column cuts at 16 characters): `<sweep folder> #<n>`, a start time, or the folder."""
-    job, start = re.match(r"(\d+)_", run_dir.name), re.match(r"\d\d-\d\d-\d\d(?=_|$)", run_dir.name)
-    return f"{run_dir.parent.name} #{job.group(1)}" if job else start.group(0) if start else run_dir.name
 
 
 SHORT_CURVE = 10  # fewer points are bent out of shape by TensorBoard's default smoothing (docs/watching.md)
