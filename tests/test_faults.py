@@ -1,11 +1,9 @@
-"""Nothing lost, nothing silent: signals, non-finite weights, unreadable checkpoints, killed writers, a full disk,
-sizes too large to allocate. One paragraph and an exit code each (2 bad input, 3 non-finite, 130/143 signals)."""
+"""Nothing lost, nothing silent: one paragraph and an exit code each (2 bad input, 3 non-finite, 130/143 signals)."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import math
 import multiprocessing
 import os
@@ -24,13 +22,12 @@ import torch
 from conftest import ROOT, TINY, compose_config, output_of, run_train
 from PIL import Image
 from tensorboard.compat.tensorflow_stub.io.gfile import LocalFileSystem
+from test_checkpoints import digest, nan_after
+from test_run import unused_pid
 
-import gan.core.losses
 from gan.checkpoint import load_checkpoint
-from gan.core.losses import LOSSES, AdversarialLoss
 from gan.data.stream import BatchStream
-from gan.errors import CheckpointError, ConfigError, environment_error
-from gan.evaluation.pipeline import build_generator
+from gan.errors import ConfigError, environment_error
 from gan.training import NonFiniteLossError, train
 from gan.training.faults import NonFiniteWatch, NonFiniteWeightsError, check_finite_state, diverged
 from gan.training.monitor import Monitor
@@ -40,33 +37,15 @@ ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
 
 @pytest.fixture(scope="module")
 def good_run(tmp_path_factory) -> Path:
-    """A finished 2-step run; tests that write into a run use a copy of it (`copy_of`)."""
+    """A finished 2-step run; tests that write into a run use a copy of it."""
     run_dir = tmp_path_factory.mktemp("good") / "run"
     result = run_train("trainer.max_steps=2", f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
 
 
-def digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def run_evaluate(*overrides: str) -> subprocess.CompletedProcess:
     return conftest.run_evaluate("device=cpu", "threads=1", *overrides)
-
-
-def unused_pid() -> int:
-    """999999 unless a process has it: then the PID of a child that has already exited."""
-    try:
-        os.kill(999999, 0)
-    except ProcessLookupError:
-        return 999999
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
-
-
-# signals to the process group of a streamed run -------------------------------------------------
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -125,13 +104,8 @@ def test_a_signal_to_the_process_group_checkpoints_a_streamed_run(tmp_path, sig,
     assert load_checkpoint(run_dir)["step"] == stopped_at + 2
 
 
-# non-finite weights never reach a checkpoint ----------------------------------------------------
-
-
 def test_an_infinite_learning_rate_stops_before_any_checkpoint(tmp_path):
-    # The losses of step 1 are finite; the update it makes is not. optim.lr=inf is refused by the
-    # config (tests/test_config.py); 1e39 is finite as a setting but above float32's range,
-    # so the weights it updates become inf all the same.
+    # step 1's losses are finite, its update is not: 1e39 is a finite setting, above float32's range
     cfg = compose_config("optim.lr=1e39", "optim.lr_d=2e-4", "trainer.checkpoint_every=1")
     with pytest.raises(NonFiniteWeightsError) as caught:
         train(cfg, tmp_path)
@@ -154,7 +128,7 @@ def test_non_finite_weights_keep_the_last_good_checkpoint_even_with_on_nan_skip(
 
 
 def stepped_state(G: torch.nn.Module, D: torch.nn.Module, step: int = 7) -> SimpleNamespace:
-    """G, D and two Adam optimizers with state, as TrainingState holds them (no EMA)."""
+    """G, D and two Adam optimizers with state, as TrainingState holds them."""
     optimizers = []
     for module in (G, D):
         opt = torch.optim.Adam(module.parameters())
@@ -181,9 +155,6 @@ def test_a_non_finite_optimizer_statistic_is_caught_and_named_and_huge_weights_p
     assert "the generator G" not in message and "the discriminator D" not in message
 
 
-# evaluate.py refuses a generator with non-finite weights ------------------------------------------
-
-
 def poisoned(checkpoint: Path, *networks: str) -> dict:
     state = torch.load(checkpoint, weights_only=True)
     for network in networks:
@@ -203,17 +174,6 @@ def test_evaluate_refuses_a_generator_with_non_finite_weights(tmp_path, good_run
     assert "Traceback" not in output and not (tmp_path / "eval" / "metrics.json").exists()
 
 
-def test_build_generator_checks_the_generator_it_uses(good_run):
-    state = poisoned(good_run / "checkpoints" / "last.pt", "G")  # the EMA copy is still finite
-    cpu = torch.device("cpu")
-    assert build_generator(state, use_ema=True, device=cpu)[1] == "EMA"
-    with pytest.raises(CheckpointError, match=r"The raw generator in the checkpoint holds NaN or inf in \d+ of"):
-        build_generator(state, use_ema=False, device=cpu)
-
-
-# unreadable checkpoints: one paragraph, exit 2, corrupt bytes called corrupt ----------------------
-
-
 def test_resume_auto_onto_an_empty_checkpoint(tmp_path, good_run):
     run_dir = shutil.copytree(good_run, tmp_path / "outputs" / "2020-01-01" / "00-00-00")
     (run_dir / "checkpoints" / "last.pt").write_bytes(b"")
@@ -221,9 +181,6 @@ def test_resume_auto_onto_an_empty_checkpoint(tmp_path, good_run):
     output = output_of(result)
     assert result.returncode == 2, output[-3000:]
     assert "it is an empty file (0 bytes)" in output and "Traceback" not in output
-
-
-# temporary files of writers killed mid-write ------------------------------------------------------
 
 
 def test_a_resume_removes_the_temp_file_a_killed_run_left(tmp_path, good_run):
@@ -248,9 +205,6 @@ def test_hydra_does_not_overwrite_the_record_of_an_existing_run(tmp_path, good_r
         result = run_evaluate(f"checkpoint={run_dir}", f"hydra.run.dir={run_dir}")
     assert result.returncode == 2, output_of(result)[-3000:]
     assert {p: digest(p) for p in record} == record
-
-
-# the environment refuses: a full disk, an allocation too large -----------------------------------
 
 
 @pytest.mark.slow  # a process with a file-size limit: the disk it sees fills up
@@ -296,19 +250,8 @@ def test_weights_blown_up_by_a_huge_learning_rate_are_reported(tiny_gan):
     assert list(found) == ["G"] and found["G"] > 1e6
 
 
-# the stop on a non-finite loss says what exists ------------------------------------------------------
-
-
-def nan_from_the_start(monkeypatch) -> None:
-    """The bce G loss is NaN from its first call: step 1 is the first non-finite one."""
-    real = LOSSES["bce"]
-    monkeypatch.setitem(
-        gan.core.losses.LOSSES, "bce", AdversarialLoss(real.d, lambda logits: real.g(logits) * math.nan)
-    )
-
-
 def test_a_nan_at_step_one_claims_no_checkpoint_that_does_not_exist(tmp_path, monkeypatch):
-    nan_from_the_start(monkeypatch)
+    nan_after(1, monkeypatch)  # the bce G loss is NaN from its first call
     with pytest.raises(NonFiniteLossError) as caught:
         train(compose_config("trainer.max_steps=4"), tmp_path)
     message, last = str(caught.value), tmp_path / "checkpoints" / "last.pt"
@@ -331,9 +274,6 @@ def test_the_non_finite_loss_message_names_the_checkpoint_step_and_both_rates(tm
     assert f"{last} keeps step 2, the last good one." in message
     assert "Lower optim.lr (set to 0.001: G's step size) or optim.lr_d (set to 0.0004: D's)" in message
     assert "loss=hinge" not in message  # this run already uses it
-
-
-# a failed write: which file, why, what to do --------------------------------------------------------------
 
 
 FAILED_WRITES = {  # the OSError, the file the message names, what it says to do

@@ -1,5 +1,5 @@
-"""trainer.adapt_threads=true: torch gets the cores others leave free (gan/training/threads.py; the fixed count is
-test_checkpoints.py's), driven by a fake clock and psutil's readings as each system names them, and read for real."""
+"""trainer.adapt_threads=true: the cores others leave free, on a fake clock and on psutil's readings (the fixed count:
+test_checkpoints.py)."""
 
 from __future__ import annotations
 
@@ -63,22 +63,20 @@ def test_threads_step_down_while_others_are_busy_and_back_when_they_leave(machin
     assert governor.threads == 2 and machine.calls == [1, 2]
 
 
-def test_a_short_burst_and_the_processes_own_children_change_nothing(machine):
-    governor = governor_on(machine)
-    machine.run(governor, 12)
+def test_nothing_is_read_in_the_first_seconds_and_a_short_burst_or_own_children_change_nothing(machine):
+    reads = []
+    governor = ThreadGovernor(
+        2, 2, clock=lambda: machine.t, busy=lambda: reads.append(1) or machine.busy, own=lambda: machine.own
+    )
+    machine.run(governor, 9.9)
+    assert reads == []  # every short run (the whole test suite) trains exactly as with a fixed count
+    machine.run(governor, 2.1)
     machine.others = 1.5
     machine.run(governor, 2.0)  # one window only
     machine.others = 0.0
     machine.ours = 3.0  # this process with its DataLoader workers: not "others"
     machine.run(governor, 20)
-    assert machine.calls == [] and governor.threads == 2
-
-
-def test_nothing_is_read_in_the_first_seconds(machine):
-    reads = []
-    governor = ThreadGovernor(2, 2, clock=lambda: machine.t, busy=lambda: reads.append(1) or 0.0, own=lambda: 0.0)
-    machine.run(governor, 9.9)
-    assert reads == []  # every short run (the whole test suite) trains exactly as with a fixed count
+    assert reads and machine.calls == [] and governor.threads == 2
 
 
 def test_the_governor_is_made_only_when_asked_on_a_cpu_with_cores_to_share():
@@ -136,7 +134,7 @@ def test_without_readable_cpu_times_the_count_stays_fixed_and_says_so(monkeypatc
 
 def test_the_thread_count_is_drawn_at_every_log_point_with_its_change(tmp_path, monkeypatch):
     from conftest import compose_config
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from test_watching import events_of
 
     from gan.training import loop, train
 
@@ -154,9 +152,7 @@ def test_the_thread_count_is_drawn_at_every_log_point_with_its_change(tmp_path, 
 
     monkeypatch.setattr(loop, "thread_governor", busy_governor)
     train(compose_config("trainer.max_steps=6", "trainer.threads=0", "trainer.adapt_threads=true"), tmp_path / "run")
-    events = EventAccumulator(str(tmp_path / "run" / "tb"), size_guidance={"scalars": 0})
-    events.Reload()
-    drawn = [(e.step, e.value) for e in events.Scalars("time/threads")]
+    drawn = [(e.step, e.value) for e in events_of(tmp_path / "run" / "tb").Scalars("time/threads")]
     # marks at polls 1, 2; windows at 2, 3 agree: the change comes at step 3; the count is drawn at
     # every log point (trainer.log_every=2), a line rather than one dot per change
     assert calls == [1] and drawn == [(2, 2.0), (4, 1.0), (6, 1.0)]

@@ -1,5 +1,4 @@
-"""gan/training/: precision modes, compile, retained host memory, the optimizers and their schedule, each tool
-training, the held-out split at train time; and the benchmark scripts' measurements and refusals."""
+"""gan/training/: precision, compile, host memory, the schedule, each tool, the held-out split; the benchmarks."""
 
 from __future__ import annotations
 
@@ -64,8 +63,7 @@ def test_each_precision_and_tool_trains(tmp_path, overrides):
         assert not state["scaler"]  # no scaler outside fp16: bf16 has float32's exponent range
 
 
-# Each loss key, set, shows in what a run logs: the key reached the steps (tests/test_mutations.py
-# drops each on its way from the config to the StepContext).
+# each loss key, set, shows in what a run logs: it reached the steps (test_mutations.py drops each on its way)
 KEYS_LOGGED = [
     (["loss=wgan_gp"], {"train/loss_d_gp"}),
     (["loss.r1=1.0"], {"train/loss_d_r1"}),
@@ -90,6 +88,8 @@ def test_each_loss_key_reaches_the_steps(tmp_path, one_thread):
         ("optim.lr_decay=1.5", "optim.lr_decay=1.5 must be in [0, 1]"),
         ("model.ema_kimg=-1", "model.ema_kimg=-1.0 must be >= 0"),
         ("model.ema_every=0", "model.ema_every=0 must be >= 1"),
+        ("model.ada_target=1.5", "model.ada_target=1.5 must be in [0, 1)"),
+        ("model.ada_kimg=0", "model.ada_kimg=0.0 must be > 0"),
     ],
 )
 def test_a_tool_setting_out_of_range_is_refused_naming_it(override, message):
@@ -175,7 +175,6 @@ def test_retained_host_memory_stops_page_faults_on_reallocated_activations():
     default, retained = run("default"), run("retain")
     assert retained["retained"] and not default["retained"]
     # glibc's default: every allocation is a fresh mmap whose pages fault again on first touch
-    # (122,880 faults with 4 KiB pages; fewer where transparent huge pages back the mapping)
     assert default["faults"] >= 100
     # retained: once the heap has grown, the freed block is reused and its pages stay mapped
     assert retained["faults"] * 10 < default["faults"]
@@ -241,9 +240,6 @@ def test_a_final_evaluation_that_cannot_pass_is_refused_before_training(tmp_path
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-# damaged held-out (test) files at train time: build_overfit_probe opens the split first ------------
-
-
 @pytest.mark.parametrize("damage", list(HELD_OUT_DAMAGE))
 def test_training_warns_about_damaged_test_labels_naming_the_file(tmp_path, damage):
     labels = damaged_mnist(tmp_path / "data", damage)
@@ -256,8 +252,7 @@ def test_training_warns_about_damaged_test_labels_naming_the_file(tmp_path, dama
     assert str(labels) in warnings[0] and HELD_OUT_DAMAGE[damage] in warnings[0] and "evaluate.py" in warnings[0]
 
 
-# trainer.final_eval_samples measures the trained generator on the held-out split; trainer.eval_every
-# trains the metrics classifier, which is tested on it: either stops before training on damaged labels
+# final_eval_samples measures on the held-out split, eval_every's classifier is tested on it: both stop first
 REFUSED_LABELS = [
     ("truncated", ["trainer.final_eval_samples=20"],
      ["{labels} is truncated", "trainer.final_eval_samples=20 measures the trained generator"]),
@@ -304,13 +299,16 @@ def test_a_data_position_beyond_an_epoch_is_refused_when_the_stream_is_rebuilt(t
     assert not (run_dir / "checkpoints").exists()
 
 
-# scripts the docs tell users to run, given arguments they cannot use ------------------------------------
-
-BAD_SCRIPT_ARGUMENTS = {  # each was a traceback, after work: a benchmark's subprocess, or an empty median
+BAD_SCRIPT_ARGUMENTS = {  # each refused before any work (a benchmark's was a traceback, after work)
     "bench --rounds 0": (["bench.py", "--rounds", "0"], "--rounds"),
     "bench --precisions fp64": (["bench.py", "--precisions", "fp64"], "invalid choice: 'fp64'"),
     "bench_parts --sizes 24": (["bench_parts.py", "--sizes", "24"], "--sizes powers of two"),
     "longer --plot without NAME=": (["longer.py", "--plot", "runs", "--out", "x.png"], "each run is NAME=DIR"),
+    "sweep_table of a folder without runs": (["sweep_table.py", "."], "No runs under ."),
+    # compare.py: before either side trains; a range gan/config.py checks too
+    "compare model.nope=1": (["compare.py", "model.nope=1", "--out", "race"], "do not make a train.py config"),
+    "compare metrics.nope=1": (["compare.py", "metrics.nope=1", "--out", "race"], "metrics.* override"),
+    "compare optim.lr=-1": (["compare.py", "optim.lr=-1", "--out", "race"], "optim.lr=-1.0 must be > 0"),
 }
 
 

@@ -1,10 +1,10 @@
-"""Faults the loop must survive without losing work: a non-finite loss or weight, SIGINT, SIGTERM (and
-submitit's time-out signal), and a model too large to allocate."""
+"""Faults the loop survives without losing work: non-finite losses or weights, signals, a model too large."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import re
 import signal
@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils import get_total_norm
 from tqdm import tqdm
 
 from gan.checkpoint import load_checkpoint, nonfinite
@@ -35,8 +36,7 @@ class NonFiniteWeightsError(NonFiniteLossError):
 
 
 class NonFiniteWatch:
-    """The first step whose loss was NaN or inf, kept on the device: update() never syncs, check() syncs once
-    at log and checkpoint time, so no checkpoint is written from weights a NaN has reached."""
+    """The first step whose loss was NaN or inf, kept on the device: update() never syncs, check() does."""
 
     def __init__(self, device: torch.device, checkpoint: Path, cfg: TrainConfig):
         self.first_step = torch.full((), -1, dtype=torch.long, device=device)
@@ -75,7 +75,7 @@ _PARTS = {
 
 
 def check_finite_state(state: TrainingState, kept: Path) -> None:
-    """Before a checkpoint: a finite loss can still leave inf in weights or Adam's moments (a huge gradient squared)."""
+    """A finite loss can still leave inf in weights or Adam's moments (a huge gradient squared)."""
     parts = {name: getattr(state, name) for name in _PARTS if getattr(state, name) is not None}
     modules = {name: part for name, part in parts.items() if isinstance(part, nn.Module)}
     names = {id(p): f"{name}.{key}" for name, module in modules.items() for key, p in module.named_parameters()}
@@ -105,14 +105,9 @@ def check_finite_state(state: TrainingState, kept: Path) -> None:
 
 
 def diverged(networks: dict[str, nn.Module], limit: float = 1e4) -> dict[str, float]:
-    found = {}
-    for name, module in networks.items():
-        params = [p.detach() for p in module.parameters() if p.is_floating_point() and p.numel()]
-        if params:
-            largest = float(torch.stack([p.abs().max().float() for p in params]).max())
-            if largest > limit:
-                found[name] = largest
-    return found
+    """Each network's largest |weight| (its inf-norm), where above `limit`."""
+    norms = {name: get_total_norm([p.detach() for p in m.parameters()], math.inf) for name, m in networks.items()}
+    return {name: float(norm) for name, norm in norms.items() if norm > limit}
 
 
 def _named_tensors(part: nn.Module | torch.optim.Optimizer, names: dict[int, str]) -> list[tuple[str, Tensor]]:
@@ -138,7 +133,6 @@ def _kept(path: Path) -> str:
 
 @contextlib.contextmanager
 def explain_allocation_failure(cfg: TrainConfig) -> Iterator[None]:
-    """An allocator's refusal as a ConfigError naming the settings that size the models."""
     try:
         yield
     except RuntimeError as err:  # torch.OutOfMemoryError (CUDA, MPS) is one; the CPU allocator's is not
@@ -159,8 +153,6 @@ def explain_allocation_failure(cfg: TrainConfig) -> Iterator[None]:
 
 
 class StopFlag:
-    """Why the run should stop after this step ("SIGINT", "d_won", ...); None while it should go on."""
-
     reason: Optional[str] = None
 
     def request(self, reason: str) -> None:
@@ -168,19 +160,10 @@ class StopFlag:
             self.reason = reason
 
 
-def submitit_signal() -> Optional[signal.Signals]:
-    """The signal SLURM sends a submitit job before its time limit; None outside such a job."""
-    if "SUBMITIT_EXECUTOR" not in os.environ:
-        return None
-    sig = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
-    usable = isinstance(sig, signal.Signals) and sig not in (signal.SIGINT, signal.SIGTERM)
-    return sig if usable and callable(signal.getsignal(sig)) else None
-
-
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[StopFlag]:
-    """A flag instead of death, so the loop can checkpoint; a second SIGINT interrupts at once. submitit's
-    handler (requeue and exit) is called after the block, once the checkpoint is written."""
+    """A flag instead of death, so the loop can checkpoint; a second SIGINT interrupts at once."""
+
     flag = StopFlag()
     if threading.current_thread() is not threading.main_thread():
         yield flag
@@ -192,7 +175,11 @@ def stop_on_signals() -> Iterator[StopFlag]:
         flag.reason = signal.Signals(signum).name
         log.warning("%s received: finishing this step, then writing a checkpoint.", flag.reason)
 
-    handed_on = submitit_signal()
+    # the signal SLURM sends a submitit job before its time limit, handed on to submitit's handler
+    handed_on = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
+    usable = isinstance(handed_on, signal.Signals) and handed_on not in (signal.SIGINT, signal.SIGTERM)
+    if "SUBMITIT_EXECUTOR" not in os.environ or not usable or not callable(signal.getsignal(handed_on)):
+        handed_on = None
     signals = (signal.SIGINT, signal.SIGTERM, *([handed_on] if handed_on else []))
     previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:

@@ -1,5 +1,4 @@
-"""The training loop: fetch, (1) D step, (2) G step, EMA (all from gan.core), then `periodic_extras`: read it
-beside pytorch/examples' dcgan/main.py, whose `if i % 100 == 0` blocks are gathered into `extras.after_step`."""
+"""The training loop; read it beside pytorch/examples' dcgan/main.py, whose `if i % 100 == 0` blocks are `extras`."""
 
 from __future__ import annotations
 
@@ -16,6 +15,7 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.utils.tensorboard import SummaryWriter
 from torchvision.utils import save_image
 
 from gan.checkpoint import (
@@ -51,14 +51,11 @@ from gan.training.monitor import (
     RAW_FAKE_TAG,
     Monitor,
     class_images,
-    config_text,
     labelled_rows,
     note_short_curve,
     real_images,
     row_labels,
     shown_name,
-    trial_name,
-    write_final_numbers,
     write_progress_gif,
 )
 from gan.training.state import (
@@ -85,7 +82,6 @@ class TrainResult:
     best: Optional[dict[str, float]] = None  # {"fid", "step"} of checkpoints/best.pt (trainer.eval_every), or None
 
     def outcome(self) -> str:
-        """Where the run's generators are: last.pt, and best.pt with its FID and step when measured."""
         fid = self.metrics.get(FID_TAG)
         last = f"Last: {self.checkpoint} (step {self.step}" + ("" if fid is None else f", in-training FID {fid:.4g}")
         if self.best is None:
@@ -104,11 +100,9 @@ def train(
     command: Optional[str] = None,
     hparams: Optional[Mapping[str, float | str | bool | None]] = None,
 ) -> TrainResult:
-    """Train (or resume) one run into run_dir. `dataset` replaces cfg.data's; `after_step(state)` returning
-    True ends the run as a signal would; `on_ready()` runs once every check passed, just before the first
-    write; `command` is shown in the Text tab, `hparams` are its HParams columns (`hparams_of`;
-    COMPARED alone if None)."""
-    cfg.check()  # the range checks (gan/config.py), here for every caller: train.py, gan.api, a config built in code
+    """Train (or resume) one run into run_dir. `after_step(state)` returning True stops it as a signal would;
+    `on_ready()` runs just before the first write; `hparams`: the HParams columns (hparams_of(cfg) if None)."""
+    cfg.check()  # here for every caller: train.py, gan.api, a config built in code
     trainer, z_dim = cfg.trainer, cfg.model.z_dim
     resuming = checkpoint_path(trainer.resume) if trainer.resume else None
     run = Run(run_dir)
@@ -117,8 +111,7 @@ def train(
         probes = build_probes(cfg, training, device, world, own_data=dataset is None)  # each may refuse
         if world.is_main:
             run.check_outputs()  # every place the run writes takes a file: nothing fails half-way for that
-        G, D = wrap_for_ddp(state.G, state.D, world, device)  # DDP wrappers: the same modules under DDP
-        # on_ready() (the record) runs once, just before the first write: events, grid or checkpoint
+        G, D = wrap_for_ddp(state.G, state.D, world, device)
         monitor = open_monitor(cfg, state, run_dir, world, training, command, hparams, on_ready)
         with monitor, stop_on_signals() as stop:
             extras = periodic_extras(cfg, state, ctx, world, device, run_dir, monitor, stop, probes)
@@ -158,9 +151,7 @@ def train(
 
 
 @dataclasses.dataclass(frozen=True)
-class Tick:
-    """An iteration, as the periodic extras see it: StyleGAN2-ADA hangs its snapshots off a tick too."""
-
+class Tick:  # an iteration, as the periodic extras see it (StyleGAN2-ADA's tick)
     step: int  # generator updates done, this iteration's included
     stats: Mapping[str, Tensor]  # both steps' diagnostics, 0-dim tensors still on the device
     images: int  # real images the iteration consumed, all ranks together
@@ -168,9 +159,7 @@ class Tick:
 
 
 @dataclasses.dataclass(frozen=True)
-class Every:
-    """`run(tick)` after every `steps`-th iteration (0: never), and after the last when `at_end`."""
-
+class Every:  # run(tick) after every `steps`-th iteration (0: never), and after the last when `at_end`
     name: str
     steps: int
     run: Callable[[Tick], None]
@@ -201,11 +190,10 @@ def periodic_extras(
     stop: StopFlag,
     probes: tuple[Optional[OverfitProbe], Optional[QualityProbe]],
 ) -> Extras:
-    """What the loop does after each iteration besides the EMA, in this order, each at its cadence."""
     trainer, (overfit, quality) = cfg.trainer, probes
     run = Run(run_dir)
     watch = NonFiniteWatch(device, run.last, cfg)  # NaN losses, read at log/checkpoint only
-    governor = thread_governor(trainer.adapt_threads, device)  # the free cores (trainer.adapt_threads); else None
+    governor = thread_governor(trainer.adapt_threads, device)
 
     def raise_alarm(step: int, message: str) -> None:  # D has won (DWonWatch): warn, and stop if asked
         stopping = cfg.trainer.on_d_won == OnDWon.stop
@@ -221,18 +209,20 @@ def periodic_extras(
 
     def log_scalars(tick: Tick) -> None:  # scalars leave the device here (float() waits for it)
         watch.check(ctx.skip_nonfinite)
-        extra = {"train/augment_p": state.augment.p} if state.augment is not None else {}
-        if governor is not None:  # the thread count at every log point: a line, not a dot per change
+        extra = {"train/lr_g": state.opt_g.param_groups[0]["lr"], "train/lr_d": state.opt_d.param_groups[0]["lr"]}
+        if state.augment is not None:
+            extra["train/augment_p"] = state.augment.p
+        if governor is not None:
             extra["time/threads"] = governor.threads
         values = monitor.scalars(tick.step, {**tick.stats, **extra})
-        if alarm is not None:  # has D won over the last trainer.d_won_window steps?
+        if alarm is not None:
             monitor.numbers(tick.step, alarm.observe(tick.step, values), log_line=False)
 
-    def measure_overfit(tick: Tick) -> None:  # D's train/held-out scores (OverfitProbe)
+    def measure_overfit(tick: Tick) -> None:
         values = overfit.measure(state.D, ctx)
         monitor.numbers(tick.step, {shown_name(tag): value for tag, value in values.items()})
 
-    def measure_quality(tick: Tick) -> None:  # the EMA generator, the one every grid shows
+    def measure_quality(tick: Tick) -> None:
         with monitor.timed("quality", tick.step):
             values = quality.measure(state.sampler)
         if values[FID_TAG] < (state.best["fid"] if state.best else math.inf):  # NaN never is
@@ -241,7 +231,7 @@ def periodic_extras(
                 save_checkpoint(best_generator(state, cfg, values), run.best)
         monitor.numbers(tick.step, values)
 
-    def steer_augment(tick: Tick) -> None:  # ADA's p toward model.ada_target (gan/core/augment.py)
+    def steer_augment(tick: Tick) -> None:
         state.augment.observe(tick.stats["d/overfit_rt"], lambda rt: mean_over_ranks(rt, world))
 
     def sample(tick: Tick) -> None:
@@ -251,40 +241,33 @@ def periodic_extras(
         rngs = gather_to_main(rng_state(device, state.augment), world)  # every rank's generators, for resume
         if world.is_main:
             watch.check(ctx.skip_nonfinite)
-            check_finite_state(state, run.last)  # weights and Adam moments, too
+            check_finite_state(state, run.last)
             with monitor.timed("checkpoint", tick.step):
                 write_checkpoint(state, cfg, run_dir, rngs)
 
     return Extras(
         [
             Every("NaN watch", 1, lambda tick: watch.update(tick.step, tick.stats["loss/d"], tick.stats["loss/g"])),
-            Every("progress", 1, lambda tick: monitor.advance(tick.step, tick.images)),  # time/img_per_s too
-            Every("threads", 1 if governor else 0, lambda tick: governor.poll()),  # the clock; CPU times every 2 s
+            Every("progress", 1, lambda tick: monitor.advance(tick.step, tick.images)),
+            Every("threads", 1 if governor else 0, lambda tick: governor.poll()),
             Every("overfitting", trainer.overfit_every if overfit else 0, measure_overfit),
             Every("augment p", 1 if state.augment else 0, steer_augment),
-            Every("log", trainer.log_every, log_scalars, at_end=True),  # and the D-won alarm
+            Every("log", trainer.log_every, log_scalars, at_end=True),
             Every("sample", trainer.sample_every if world.is_main else 0, sample, at_end=True),
-            Every("quality", trainer.eval_every if quality else 0, measure_quality, at_end=True),  # and best.pt
+            Every("quality", trainer.eval_every if quality else 0, measure_quality, at_end=True),
             Every("checkpoint", trainer.checkpoint_every, checkpoint, at_end=True),
             Every("learning rate", 1, lambda tick: set_learning_rates(state, cfg)),  # the next step's
         ]
     )
 
 
-FAKE_BELOW = 0.05  # D's mean probability on fakes below which it is winning: sigmoid(-2.9)
-RT_ABOVE = 0.9  # ...while it also calls nearly every real image real (r_t = 1: every real logit positive)
-D_OF_FAKE_TAG = "loss/D(G(z))"  # D's mean probability that a fake is real, whatever the loss (losses.mean_scores)
-RT_TAG = "train/d_overfit_rt"
-WON_TAG = "train/d_won"  # the watch's reading at every log point, 0 until its window is full: 0 or 1
-ALARM_TAG = "alarm/D_won"  # 1 at each step the alarm fires, so its card reads that step; sorts before `loss`: it opens
-D_WON_TEXT_TAG = "run/d_won"  # the warning: the Text tab sorts it after the run's command and config
+FAKE_BELOW, RT_ABOVE = 0.05, 0.9  # D(G(z)) below sigmoid(-2.9) while r_t says nearly every real logit is positive
+D_OF_FAKE_TAG, RT_TAG = "loss/D(G(z))", "train/d_overfit_rt"
+WON_TAG, ALARM_TAG, D_WON_TEXT_TAG = "train/d_won", "alarm/D_won", "run/d_won"  # docs/watching.md
 
 
 class DWonWatch:
-    """Has D won? A D that wins gives D(G(z)) near 0 and r_t near 1, G learns through the flat tail of its sigmoid,
-    and the samples decay. One log point like that is noise; a window of trainer.d_won_window steps is not.
-    `observe` at each log point returns the scalars to log (train/d_won, and alarm/D_won at the step the alarm
-    fires: a healthy run never writes it); `on_alarm` is called once per episode."""
+    """Has D won over a window of trainer.d_won_window steps? `on_alarm` is called once per episode."""
 
     def __init__(self, window_steps: int, log_every: int, on_alarm: Callable[[int, str], None]):
         self.points = max(1, window_steps // log_every)  # log points in a window
@@ -301,21 +284,19 @@ class DWonWatch:
         won = len(self.recent) == self.points and mean_fake < FAKE_BELOW and mean_rt > RT_ABOVE  # a whole window
         fired, self.won = won and not self.won, won
         if fired:
-            self.on_alarm(step, self.message(step, mean_fake, mean_rt))
+            self.on_alarm(
+                step,
+                f"D has won at step {step}: over the last {self.window_steps} steps its mean probability that "
+                f"a fake is real was {mean_fake:.3f} (< {FAKE_BELOW}) and r_t = E[sign(D(x))] {mean_rt:.2f} "
+                f"(> {RT_ABOVE}). G learns little from a D this sure, and its samples may decay from here. "
+                "The best generator so far is kept in checkpoints/best.pt when trainer.eval_every "
+                "is on; docs/results.md, 'Training longer', measures recipes trained past their length.",
+            )
         return {WON_TAG: float(won), **({ALARM_TAG: 1.0} if fired else {})}
-
-    def message(self, step: int, mean_fake: float, mean_rt: float) -> str:
-        return (
-            f"D has won at step {step}: over the last {self.window_steps} steps its mean probability that "
-            f"a fake is real was {mean_fake:.3f} (< {FAKE_BELOW}) and r_t = E[sign(D(x))] {mean_rt:.2f} "
-            f"(> {RT_ABOVE}). G learns little from a D this sure, and its samples may decay from here. "
-            "The best generator so far is kept in checkpoints/best.pt when trainer.eval_every "
-            "is on; docs/results.md, 'Training longer', measures recipes trained past their length."
-        )
 
 
 def best_generator(state: TrainingState, cfg: TrainConfig, metrics: dict[str, float]) -> dict:
-    """best.pt: G and G_ema at the best in-training FID, for evaluate.py; no D or optimizers to resume."""
+    """best.pt: G and G_ema at the best in-training FID, for evaluate.py; nothing to resume."""
     return {
         "kind": BEST,
         "G": state.G.state_dict(),
@@ -329,8 +310,7 @@ def best_generator(state: TrainingState, cfg: TrainConfig, metrics: dict[str, fl
 
 
 def final_evaluation(cfg: TrainConfig, result: TrainResult, run_dir: Path) -> float:
-    """evaluate.py's metrics of the finished run into RUN_DIR/eval, its pictures and table into the run's own
-    TensorBoard events, and its FID as FID/final at the last step; returns the FID."""
+    """evaluate.py's metrics of the finished run into RUN_DIR/eval and its TensorBoard events; returns the FID."""
     trainer = cfg.trainer
     eval_cfg = EvaluateConfig(
         checkpoint=str(result.checkpoint),
@@ -344,12 +324,12 @@ def final_evaluation(cfg: TrainConfig, result: TrainResult, run_dir: Path) -> fl
         results = evaluate(eval_cfg, run.eval, tb_dir=run.tb)  # one TensorBoard run per job
     except MetricsError as err:  # its advice names evaluate.py's metrics.*, which train.py does not take
         raise MetricsError(f"{err} {measure_later(run_dir)}") from err
-    write_final_numbers(run_dir, result.step, {FINAL_FID_TAG: float(results["fid"])})
+    with SummaryWriter(log_dir=str(run.tb)) as writer:  # the run's own events: its colour, its HParams session
+        writer.add_scalar(FINAL_FID_TAG, float(results["fid"]), result.step)
     return float(results["fid"])
 
 
 def measure_later(run_dir: Path) -> str:
-    """What to do with a trained run whose final evaluation did not end."""
     return (
         f"The run trained and its checkpoint is saved in {run_dir}: measure it with {measure_command(run_dir)} "
         "(which takes the metrics.* settings), or set trainer.final_eval_samples=0 to train without the final "
@@ -360,27 +340,25 @@ def measure_later(run_dir: Path) -> str:
 def set_up(
     cfg: TrainConfig, world: World, dataset: Optional[ImageSet]
 ) -> tuple[torch.device, StepContext, TrainingState, ImageSet]:
-    """This process's device, StepContext, training state (resumed if asked) and training set."""
     device = prepare_process(cfg, world)
     # read the checkpoint to resume from before any work, so a bad path fails at once
     resume_from = load_checkpoint(cfg.trainer.resume, map_location=device) if cfg.trainer.resume else None
-    ctx, precision = build_step_context(cfg, device, world.rank)  # the precision, loss and extra terms of both steps
-    with explain_allocation_failure(cfg):  # model.g_width=10000000: one paragraph, not a traceback
+    ctx, precision = build_step_context(cfg, device, world.rank)
+    with explain_allocation_failure(cfg):
         training_set = dataset or load_dataset(cfg.data)
         state = build_state(cfg, device, ctx.scaler, world, training_set)
     state.augment = ctx.augment if isinstance(ctx.augment, AdaptiveAugment) else None
     if resume_from is not None:
         require_training_state(resume_from, cfg.trainer.resume)
-        check_resume(to_plain(cfg), resume_from, cfg.trainer.resume)  # the resume contract: gan/launch.py
+        check_resume(to_plain(cfg), resume_from, cfg.trainer.resume)
         state.load_state_dict(resume_from, world)
         keep_thread_count(resume_from.get("threads"), cfg.trainer.threads, cfg.trainer.adapt_threads)
         log.info("Resumed from %s at step %d", cfg.trainer.resume, state.step)
         changes = environment_changes(resume_from.get("environment"), environment(device))
-        if changes:  # read for this warning alone: a checkpoint that records none resumes without it
+        if changes:
             log.warning(
                 "Resuming under another environment than the checkpoint was written in (%s): the continuation "
-                "may not match an uninterrupted run bit for bit (another torch, CUDA or device computes "
-                "differently).",
+                "may not match an uninterrupted run bit for bit.",
                 "; ".join(changes),
             )
     set_learning_rates(state, cfg)  # the first step's; the periodic extras set each next one
@@ -390,7 +368,7 @@ def set_up(
 
 
 def what_is_kept(run_dir: Path) -> str:
-    """What to run after a failed write, by whether the run has a checkpoint to resume from."""
+    """What to run after a failed write."""
     last = Run(run_dir).last
     try:
         step = load_checkpoint(last)["step"]
@@ -403,8 +381,7 @@ def what_is_kept(run_dir: Path) -> str:
 
 
 def peer_lost(err: RuntimeError) -> Optional[str]:
-    """gloo's or NCCL's report of a process that died mid-collective (DistError in newer torch), as its first
-    sentence without gloo's source line; None for any other error."""
+    """The first sentence of gloo's or NCCL's report of a process that died mid-collective; else None."""
     text = str(err)
     if not (isinstance(err, torch.distributed.DistError) or any(w in text for w in ("gloo", "NCCL", "by peer"))):
         return None
@@ -417,25 +394,23 @@ def open_monitor(
     run_dir: Path,
     world: World,
     training: ImageSet,
-    command: Optional[str] = None,
-    hparams: Optional[Mapping[str, float | str | bool | None]] = None,
-    before_write: Optional[Callable[[], None]] = None,
+    command: Optional[str],
+    hparams: Optional[Mapping[str, float | str | bool | None]],
+    before_write: Optional[Callable[[], None]],
 ) -> Monitor:
-    """The run's Monitor, its HParams session open, the config in the Text tab, a fresh run's real grid."""
     trainer = cfg.trainer
     monitor = Monitor(run_dir, state.step, trainer.max_steps, trainer.progress, world.is_main, before_write)
     real = None
     if world.is_main and state.step == 0:
         if state.fixed_y is None:
             real = image_grid(to_unit_range(real_images(state.batches, trainer.num_fixed_samples)))
-        else:  # conditional: a row per class, as the fake grid's rows, labelled alike
+        else:  # conditional: a row per class, labelled as the fake grid's
             rows = class_images(state.batches, training.labels, state.fixed_y.cpu())
             real = labelled_rows(
                 image_grid(to_unit_range(rows), nrow=state.grid_columns), row_labels(state.fixed_y, state.grid_columns)
             )
-    optimizers = {"g": state.opt_g, "d": state.opt_d}
-    monitor.begin(hparams_of(cfg) if hparams is None else hparams, trial_name(run_dir), optimizers, real, state.step)
-    monitor.describe(state.step, config_text(cfg), command, environment(state.fixed_z.device))
+    monitor.begin(hparams_of(cfg) if hparams is None else hparams, real, state.step)
+    monitor.describe(state.step, cfg, command, environment(state.fixed_z.device))
     if trainer.eval_every and world.is_main:
         note_short_curve(trainer.eval_every, state.step, trainer.max_steps)
     return monitor
@@ -444,11 +419,10 @@ def open_monitor(
 def build_probes(
     cfg: TrainConfig, training: ImageSet, device: torch.device, world: World, own_data: bool
 ) -> tuple[Optional[OverfitProbe], Optional[QualityProbe]]:
-    """D's overfitting probe and rank 0's quality probe (FID, best.pt); `own_data`: cfg.data's held-out split exists."""
+    """D's overfitting probe and rank 0's quality probe; `own_data`: cfg.data's held-out split exists."""
     overfit = build_overfit_probe(cfg, training, device) if own_data else None
     if cfg.trainer.final_eval_samples and world.is_main:
-        # the metrics classifier final_evaluation measures with, trained (and cached) now: one that cannot pass
-        # evaluate.py's checks (too inaccurate, or data without classes) refuses the run before it trains
+        # final_evaluation's classifier, trained (and cached) now: one evaluate.py would refuse stops the run first
         try:
             classifier_settings = EvaluateConfig().metrics.classifier
             M.load_or_train_classifier(classifier_data(cfg.data, M.is_stacked(training)), classifier_settings, device)
@@ -461,10 +435,9 @@ def build_probes(
     return overfit, quality
 
 
-# enough for a mean score to move by less than the gap it shows
-PROBE_IMAGES = 512
+PROBE_IMAGES = 512  # enough for a mean score to move by less than the gap it shows
 _SUBSET_SEED = 20_200_611  # a generator of its own: the run's random streams are not touched
-ImagesAndLabels = tuple[Tensor, Optional[Tensor]]  # images, and their labels in a conditional run
+ImagesAndLabels = tuple[Tensor, Optional[Tensor]]
 
 
 class OverfitProbe:
@@ -496,7 +469,7 @@ class OverfitProbe:
 
 
 def build_overfit_probe(cfg: TrainConfig, train: ImageSet, device: torch.device) -> Optional[OverfitProbe]:
-    """A run first opens the held-out split here, so one that needs it stops before it trains."""
+    """The held-out split is first opened here, so a run that needs it stops before it trains."""
     final_eval = cfg.trainer.final_eval_samples
     if not cfg.trainer.overfit_every and not final_eval:
         return None
@@ -512,9 +485,8 @@ def build_overfit_probe(cfg: TrainConfig, train: ImageSet, device: torch.device)
             log.info("No held-out images to compare D's scores with (%s): d/heldout_gap is not logged.", err)
         else:  # damaged or missing files: the run goes on, but the user must hear it before evaluate.py fails
             log.warning(
-                f"The held-out split cannot be read: {err} Training goes on without D's held-out scores "
-                "(d/heldout_gap, trainer.overfit_every); evaluate.py measures against this split and will refuse it "
-                "until it is fixed."
+                f"The held-out split cannot be read: {err} Training goes on without d/heldout_gap; evaluate.py "
+                "measures against this split and will refuse it until it is fixed."
             )
         return None
     if not cfg.trainer.overfit_every:
@@ -534,17 +506,13 @@ def build_overfit_probe(cfg: TrainConfig, train: ImageSet, device: torch.device)
 _NAMES = ("precision", "recall", "density", "coverage", "classes_covered", "class_kl", "modes_covered", "mode_kl")
 QUALITY_TAGS = {"fid": "quality/FID", **{name: f"quality/{name}" for name in _NAMES}}  # FID first: capitals sort first
 FID_TAG = QUALITY_TAGS["fid"]
-# A run's result, written at its end, one point each: the group sorts before `loss`, so it is the first group that
-# TensorBoard opens and the first metrics (the first columns) of its HParams page (docs/watching.md)
-BEST_FID_TAG = "FID/best"  # the lowest quality/FID: the generator in checkpoints/best.pt (its step: the curve's lowest)
-FINAL_FID_TAG = "FID/final"  # trainer.final_eval_samples: evaluate.py's FID of the last checkpoint
+# one point each at the run's end; `FID` sorts before `loss`, so TensorBoard opens it first (docs/watching.md)
+BEST_FID_TAG, FINAL_FID_TAG = "FID/best", "FID/final"  # best.pt's quality/FID; evaluate.py's of the last checkpoint
 
 
 class QualityProbe:
-    """Sample quality of the EMA generator every `trainer.eval_every` steps; the best is kept (checkpoints/best.pt).
-    The reference is the training split, never the held-out one: best.pt is picked by these numbers, and a pick
-    on the test split would flatter it. A cheap cut of evaluate.py's measurement, so a little above its numbers.
-    The same seeded latents every time, so the curve moves with G alone."""
+    """The EMA generator's quality every trainer.eval_every steps, against the training split (a pick of best.pt
+    on the test split would flatter it), from the same seeded latents each time (docs/watching.md)."""
 
     def __init__(self, data: DataConfig, training: ImageSet, samples: int, seed: int, device: torch.device):
         started = time.perf_counter()
@@ -567,18 +535,15 @@ class QualityProbe:
         if accuracy < bar:
             log.warning(
                 f"The metrics classifier of data={data.name} reaches {100 * accuracy:.2f}% test accuracy, below "
-                f"evaluate.py's bar of {100 * bar:.0f}%: the in-training FID and the pick of best.pt use its features "
-                "all the same (they need a consistent feature space); evaluate.py refuses it unless given "
-                "metrics.classifier.min_accuracy."
+                f"evaluate.py's bar of {100 * bar:.0f}%: the in-training FID and best.pt use its features all the same."
             )
         self.classifier: M.Classifier = classifier
         self.features = M.ClassifierFeatures(classifier, self.reals.stacked, images.size(1)).to(device)
         self.device = device
         self.real_features = M.batched(self.features, images, self.config.batch_size, device)
         log.info(
-            f"In-training quality: {samples} samples against {images.size(0)} validation images from the training "
-            f"split, features of {path.name} ({100 * accuracy:.2f}% accuracy); set up in "
-            f"{time.perf_counter() - started:.1f} s"
+            f"In-training quality: {samples} samples against {images.size(0)} training images, features of {path.name} "
+            f"({100 * accuracy:.2f}% accuracy); set up in {time.perf_counter() - started:.1f} s"
         )
 
     def measure(self, G: nn.Module) -> dict[str, float]:
@@ -617,15 +582,12 @@ def write_checkpoint(
     keep_numbered(path, state.step, cfg.trainer.keep_checkpoints)
 
 
-# Every run reports these to HParams with the value it used, default or not, so no blank stands for a default.
-# Four: the page shows up to five settings, then the metrics, and four leave FID/best on a 1400 px screen
-# (docs/watching.md); `data` says ", conditional" of a conditional model.
+# Every run reports these to HParams, defaults too; four leave FID/best on a 1400 px screen (docs/watching.md)
 COMPARED = ("data", "loss", "optim.lr", "trainer.max_steps")
 
 
 def hparams_of(cfg: TrainConfig, swept: Sequence[str] = ()) -> dict[str, float | str | bool | None]:
-    """The HParams columns: COMPARED, then the keys of `swept` (a sweep job's swept overrides: launch.compared) the
-    four do not show, as the command line names them, each with the value the run used."""
+    """The HParams columns: COMPARED, then the keys of a sweep job's `swept` overrides the four do not show."""
     plain = to_plain(cfg)
     data = plain["data"]["name"] + (", conditional" if plain["model"]["conditional"] else "")
     columns = dict(zip(COMPARED, (data, plain["loss"]["name"], plain["optim"]["lr"], plain["trainer"]["max_steps"])))

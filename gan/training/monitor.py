@@ -1,6 +1,5 @@
-"""What a person watching the run sees: TensorBoard, a progress bar, log lines, the samples' animation. Diagnostics
-become Python numbers only here, at log time: each `.item()` waits for the device. Tag groups sort in the order a run is
-read (docs/watching.md); no HParams experiment summary, so TensorBoard builds it from all runs under --logdir."""
+"""What a person watching the run sees: TensorBoard, a progress bar, log lines, the samples' animation
+(docs/watching.md). Diagnostics become Python numbers only here, at log time: each `.item()` waits for the device."""
 
 from __future__ import annotations
 
@@ -18,13 +17,12 @@ import torch
 import yaml
 from PIL import Image, ImageDraw, ImageFont
 from tensorboard.compat.proto import summary_pb2
-from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 from tensorboard.plugins.hparams.summary_v2 import hparams_pb
 from tensorboard.plugins.text.summary_v2 import text_pb
 from torch import Tensor
-from torch.optim import Optimizer
 from torch.utils.data import Dataset
 from torch.utils.tensorboard import SummaryWriter
+from torch.utils.tensorboard.summary import hparams as hparams_summaries
 from tqdm import tqdm
 
 from gan.config import TrainConfig, to_plain
@@ -33,8 +31,7 @@ from gan.errors import naming
 
 log = logging.getLogger(__name__)
 
-# D's probabilities under one name whatever the loss (a hinge D's scores through a sigmoid: losses.mean_scores), so
-# runs of different losses share their charts, on one [0, 1] axis, and HParams metrics; raw scores on their own
+# D's probabilities under one name whatever the loss (losses.mean_scores), so runs of different losses share charts
 RENAMED = {
     "d/real": "loss/D(x)",
     "d/fake": "loss/D(G(z))",
@@ -44,18 +41,14 @@ RENAMED = {
     "d/fake_after_d_step": "train/D(G(z))_after_d_step",
     "d/fake_score_after_d_step": "train/D(G(z))_score_after_d_step",
 }
-REAL_TAG = "samples/real"  # training images, once at the start of a run
-FAKE_TAG = "samples/fake (EMA G, fixed z)"  # the same latents through the EMA generator at every grid
-RAW_FAKE_TAG = "samples/fake (G, fixed z)"  # the same through G itself, in a run without an EMA
+REAL_TAG, FAKE_TAG, RAW_FAKE_TAG = "samples/real", "samples/fake (EMA G, fixed z)", "samples/fake (G, fixed z)"
 BAR_TAGS = {"d": "loss/d", "g": "loss/g", "D(x)": "loss/D(x)", "D(G(z))": "loss/D(G(z))"}  # beside the progress bar
-# the Text tab: what the run computes, how it began, and with what versions and hardware
 CONFIG_TEXT_TAG, COMMAND_TEXT_TAG, ENVIRONMENT_TEXT_TAG = "run/config", "run/command", "run/environment"
 GIF_FRAMES = 50  # at most this many grids in samples/progress.gif, spread evenly over the run
 
 
 def _quiet_event_writer_thread(args: threading.ExceptHookArgs, default=threading.excepthook) -> None:
-    """TensorBoard's writer thread raises a failed write (a full disk) again in the next writer, which reports it in
-    one paragraph: its own traceback is left unprinted."""
+    """A failed write of TensorBoard's writer thread (a full disk) is raised again by the next write."""
     if type(args.thread).__name__ == "_AsyncWriterThread" and issubclass(args.exc_type, OSError):
         return
     default(args)
@@ -84,30 +77,27 @@ class Monitor(contextlib.AbstractContextManager):
         enabled: bool = True,
         before_write: Optional[Callable[[], None]] = None,
     ):
-        """enabled=False (DDP ranks > 0): nothing is written, shown or logged. The events file is opened at
-        the first write, after `before_write()` (the run's record): a resume that fails before it writes
-        anything leaves tb/ as it was."""
+        """enabled=False (DDP ranks > 0): nothing is written, shown or logged. The events file is opened at the first
+        write, after `before_write()`: a resume that fails before it writes anything leaves tb/ as it was."""
         self.enabled = enabled
-        self.last: dict[str, float] = {}  # the last scalars() values: TrainResult.metrics
+        self.last: dict[str, float] = {}  # TrainResult.metrics
         self.tb, self.start_step, self.before_write = run_dir / "tb", start_step, before_write
         self.writer: Optional[SummaryWriter] = None
         self.events = self.tb  # the events file once it is open: tensorboard's errors name none (or one in bytes)
-        self.pending: list[Callable[[SummaryWriter], None]] = []  # written with the first event
-        shown = progress and enabled
+        self.pending: list[tuple[summary_pb2.Summary, int]] = []  # written with the first event
+        show = progress and enabled
         self.bar = tqdm(
-            total=max_steps, initial=start_step, disable=not shown, dynamic_ncols=True, desc="train", unit="step"
+            total=max_steps, initial=start_step, disable=not show, dynamic_ncols=True, desc="train", unit="step"
         )
         # throughput: images since the last log line over the loop's time, less the phases (`timed`)
         self.images_since, self.time_since = 0, time.perf_counter()
         self.first_step_done: Optional[float] = None
-        self.optimizers: dict[str, Optimizer] = {}
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[SummaryWriter]:
-        """The events writer, opened at the first write, each error naming the events file."""
         if self.writer is None:  # the run's first write
             if self.before_write is not None:
                 self.before_write()
@@ -117,29 +107,24 @@ class Monitor(contextlib.AbstractContextManager):
                 self.writer = SummaryWriter(log_dir=str(self.tb), purge_step=purge_step)
             self.events = Path(getattr(self.writer.file_writer.event_writer, "_file_name", self.tb))
         with naming(self.events):
-            for write in self.pending:
-                write(self.writer)
+            for summary, step in self.pending:
+                self.writer.file_writer.add_summary(summary, step)
             self.pending = []
             yield self.writer
 
-    def begin(
-        self,
-        hparams: Mapping[str, int | float | str | bool | None],
-        trial_id: str,
-        optimizers: Mapping[str, Optimizer],
-        real_grid: Optional[Tensor] = None,
-        step: int = 0,
-    ) -> None:
-        """Open the HParams session and show the real images (a fresh run only)."""
-        self.optimizers = dict(optimizers)
+    def begin(self, hparams: Mapping[str, float | str | bool | None], real: Optional[Tensor], step: int) -> None:
         if not self.enabled or step:
             return
         # the plugin types each column from the values; None as "null", as on the command line
         typed = {key: "null" if value is None else value for key, value in hparams.items()}
+        # the trial id, short (its column cuts at 16 characters): `<sweep folder> #<n>`, a start time, or the folder
+        run = self.tb.parent
+        job, start = re.match(r"(\d+)_", run.name), re.match(r"\d\d-\d\d-\d\d(?=_|$)", run.name)
+        trial_id = f"{run.parent.name} #{job.group(1)}" if job else start.group(0) if start else run.name
         with self.writing() as writer:
             writer.file_writer.add_summary(hparams_pb(typed, trial_id=trial_id), step)
-            if real_grid is not None:
-                writer.add_image(REAL_TAG, real_grid, step)
+            if real is not None:
+                writer.add_image(REAL_TAG, real, step)
 
     @property
     def seconds(self) -> float:
@@ -159,7 +144,7 @@ class Monitor(contextlib.AbstractContextManager):
     @contextlib.contextmanager
     def timed(self, phase: str, step: int) -> Iterator[None]:
         """A phase outside the training step, left out of time/img_per_s."""
-        if self.enabled:  # a phase writes into the run: its record first
+        if self.enabled:  # the run's record first
             with self.writing():
                 pass
         started = time.perf_counter()
@@ -172,8 +157,6 @@ class Monitor(contextlib.AbstractContextManager):
 
     def scalars(self, step: int, stats: Mapping[str, Tensor | float]) -> dict[str, float]:
         values = {shown_name(tag): float(value) for tag, value in stats.items()}  # float(t) = t.item(): a host sync
-        for name, optimizer in self.optimizers.items():
-            values[f"train/lr_{name}"] = float(optimizer.param_groups[0]["lr"])
         now = time.perf_counter()
         if self.images_since:  # none yet when the first log comes right after the first step
             values["time/img_per_s"] = self.images_since / (now - self.time_since)
@@ -196,19 +179,17 @@ class Monitor(contextlib.AbstractContextManager):
         if log_line:
             log.info("step %d  %s", step, "  ".join(f"{tag}={value:.4g}" for tag, value in values.items()))
 
-    def describe(self, step: int, config: str, command: Optional[str], environment: Mapping[str, object]) -> None:
-        """The config, environment and command in the Text tab, written with the run's first event. The command
-        is inline code, which wraps at the page's edge (a code block scrolls sideways)."""
+    def describe(self, step: int, cfg: TrainConfig, command: Optional[str], environment: Mapping[str, object]) -> None:
+        """The Text tab, written with the run's first event. The command as inline code: it wraps."""
         fence = "``" if command and "`" in command else "`"
         texts = {
-            CONFIG_TEXT_TAG: f"```yaml\n{config}```",
+            CONFIG_TEXT_TAG: f"```yaml\n{yaml.safe_dump(to_plain(cfg), sort_keys=False)}```",
             ENVIRONMENT_TEXT_TAG: f"```yaml\n{yaml.safe_dump(dict(environment), sort_keys=False)}```",
             COMMAND_TEXT_TAG: f"{fence}{command}{fence}" if command else None,
         }
         for tag, text in texts.items():
             if text is not None and self.enabled:
-                summary = text_pb(tag, text)
-                self.pending.append(lambda writer, summary=summary: writer.file_writer.add_summary(summary, step))
+                self.pending.append((text_pb(tag, text), step))
         if self.writer is not None:  # a fresh run's HParams session opened it
             with self.writing():
                 pass
@@ -228,13 +209,8 @@ class Monitor(contextlib.AbstractContextManager):
 
     def end_session(self, step: int, finished: bool) -> None:
         """Only success is written: TensorBoard keeps the first status, and a stopped run may yet resume."""
-        if not finished:
-            return
-        info = plugin_data_pb2.SessionEndInfo(status=api_pb2.STATUS_SUCCESS, end_time_secs=time.time())
-        end = metadata.create_summary_metadata(plugin_data_pb2.HParamsPluginData(session_end_info=info))
-        summary = summary_pb2.Summary()
-        summary.value.add(tag=metadata.SESSION_END_INFO_TAG, metadata=end, tensor=metadata.NULL_TENSOR)
-        self.summary(summary, step)
+        if finished:
+            self.summary(hparams_summaries({}, {})[2], step)  # torch's session-end summary: STATUS_SUCCESS
 
     def close(self) -> None:
         self.bar.close()
@@ -243,22 +219,7 @@ class Monitor(contextlib.AbstractContextManager):
                 self.writer.close()  # flushes: events are unreadable before flush()/close()
 
 
-def trial_name(run_dir: Path) -> str:
-    """Short, since the trial column cuts one past 16 characters: `<sweep folder> #<n>`, a single run's start
-    time (Hydra's `HH-MM-SS_<overrides>`), else the run folder's name."""
-    job, start = re.match(r"(\d+)_", run_dir.name), re.match(r"\d\d-\d\d-\d\d(?=_|$)", run_dir.name)
-    return f"{run_dir.parent.name} #{job.group(1)}" if job else start.group(0) if start else run_dir.name
-
-
-def write_final_numbers(run_dir: Path, step: int, values: Mapping[str, float]) -> None:
-    """Into the run's own events (its colour, its HParams session), after the loop's writer closed."""
-    with SummaryWriter(log_dir=str(run_dir / "tb")) as writer:
-        for tag, value in values.items():
-            writer.add_scalar(tag, value, step)
-
-
-# A curve of fewer points than this is bent out of shape by TensorBoard's default smoothing (docs/watching.md)
-SHORT_CURVE = 10
+SHORT_CURVE = 10  # fewer points are bent out of shape by TensorBoard's default smoothing (docs/watching.md)
 
 
 def note_short_curve(eval_every: int, start: int, max_steps: int) -> None:
@@ -272,16 +233,12 @@ def note_short_curve(eval_every: int, start: int, max_steps: int) -> None:
         )
 
 
-def config_text(cfg: TrainConfig) -> str:
-    return yaml.safe_dump(to_plain(cfg), sort_keys=False, default_flow_style=False)
-
-
 def row_labels(classes: Tensor, columns: int) -> list[str]:
     return [str(c) for c in classes.cpu().tolist()[::columns]]
 
 
 def real_images(batches: BatchStream, count: int) -> Tensor:
-    """Read by index: drawing a batch from the stream would change the run."""
+    """By index: drawing a batch from the stream would change the run."""
     source = training_images(batches)
     index = torch.linspace(0, len(source) - 1, min(count, len(source))).long().tolist()
     return torch.stack([image_at(source, i) for i in index])
@@ -325,7 +282,8 @@ def labelled_rows(grid: Tensor, labels: list[str]) -> Tensor:
 
 
 def write_progress_gif(samples_dir: Path, max_frames: int = GIF_FRAMES) -> Path:
-    """As the DCGAN tutorial's animation, at most `max_frames` grids spread evenly."""
+    """The DCGAN tutorial's animation, of at most `max_frames` grids spread evenly."""
+
     frames = sorted(samples_dir.glob("step_*.png"))
     if len(frames) > max_frames:
         frames = [frames[round(i * (len(frames) - 1) / (max_frames - 1))] for i in range(max_frames)]

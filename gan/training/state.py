@@ -1,5 +1,4 @@
-"""The training state: every object that changes while training, saved and restored together; and the process
-it lives in (device, threads, allocator, determinism, precision, compile), which the step sees as a StepContext."""
+"""The training state, saved and restored together; and its process, which the step sees as a StepContext."""
 
 import contextlib
 import dataclasses
@@ -7,7 +6,7 @@ import functools
 import logging
 import os
 import random
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
@@ -29,7 +28,7 @@ from gan.errors import CheckpointError, ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
-ANOTHER = (  # what a damaged checkpoint leaves to do
+ANOTHER = (
     "Resume from another checkpoint of the run if trainer.keep_checkpoints kept any (checkpoints/step_NNNNNN.pt), "
     "or start a new run."
 )
@@ -49,7 +48,7 @@ class TrainingState:
     fixed_y: Optional[Tensor] = None  # conditional: each fixed latent's class; rebuilt, not checkpointed
     best: Optional[dict[str, float]] = None  # best.pt's FID and step: a resume replaces it only with a better one
     augment: Optional[AdaptiveAugment] = None  # the StepContext's ADA, whose p is checkpointed
-    pack: Optional[str] = None  # data=packed: the content hash of the pack trained from; a resume needs the same
+    pack: Optional[str] = None  # data=packed: the content hash of the pack; a resume needs the same
 
     @property
     def sampler(self) -> nn.Module:
@@ -60,7 +59,7 @@ class TrainingState:
         return None if self.fixed_y is None else int((self.fixed_y == self.fixed_y[0]).sum())
 
     def state_dict(self, cfg: TrainConfig, rank_rngs: Optional[list[dict[str, Any]]] = None) -> dict[str, Any]:
-        """The checkpoint's dict. `rank_rngs`: every rank's rng_state() under DDP: each draws its own latents."""
+        """`rank_rngs`: every rank's rng_state() under DDP: each draws its own latents."""
         return {
             "G": self.G.state_dict(),
             "D": self.D.state_dict(),
@@ -83,8 +82,7 @@ class TrainingState:
         }
 
     def load_state_dict(self, state: dict[str, Any], world: World = SINGLE) -> None:
-        """Load a checkpoint into these fresh objects; per-rank generators only if saved for a job this size. The
-        resume contract (gan/launch.py) keeps model.* as stored: a misfit is the checkpoint's own fault."""
+        """Per-rank generators only if saved for a job this size; a misfit of model.* is damage (gan/launch.py)."""
         advice = MISMATCH + (MISMATCH_CLASSES if self.G.num_classes else "")
         if state.get("pack") != self.pack:  # data.root may change on a resume; the images may not
             raise DataError(
@@ -95,15 +93,15 @@ class TrainingState:
             )
         entry = "?"
         try:
-            for entry in ("G", "D"):
-                load_module_state(getattr(self, entry), state[entry], NETWORK_NAMES[entry], advice)
+            for entry, name in (("G", "generator"), ("D", "discriminator")):
+                load_module_state(getattr(self, entry), state[entry], name, advice)
             entry = "G_ema"
             if self.G_ema is not None and state.get("G_ema") is not None:
                 load_module_state(self.G_ema, state["G_ema"], "EMA generator", advice)
             elif self.G_ema is not None:  # a run without EMA continues with one: start it from G
                 self.G_ema.n_averaged.zero_()
                 self.G_ema.update_parameters(self.G)
-            for entry in ("opt_g", "opt_d"):  # their learning rates go unused: set_learning_rates sets both
+            for entry in ("opt_g", "opt_d"):
                 check_moments(getattr(self, entry), state[entry], entry)
                 getattr(self, entry).load_state_dict(state[entry])
             entry = "scaler"
@@ -138,8 +136,7 @@ class TrainingState:
 
 
 def check_moments(optimizer: torch.optim.Optimizer, saved: dict[str, Any], entry: str) -> None:
-    """Each saved moment shaped as its parameter: torch's load_state_dict does not check, and Adam's fused
-    update then writes past the moment's memory."""
+    """torch's load_state_dict does not check moments' shapes, and Adam's fused update then writes past one's memory."""
     for group, saved_group in zip(optimizer.param_groups, saved["param_groups"]):
         for param, index in zip(group["params"], saved_group["params"]):
             for slot, moment in saved["state"].get(index, {}).items():
@@ -151,7 +148,6 @@ def check_moments(optimizer: torch.optim.Optimizer, saved: dict[str, Any], entry
                     )
 
 
-NETWORK_NAMES = {"G": "generator", "D": "discriminator"}
 MISMATCH = (
     "The resume contract keeps this run's model.* and data.image_size/data.channels equal to those stored in "
     "the checkpoint, so the checkpoint's weights and its own config disagree: it was damaged or edited after "
@@ -164,7 +160,6 @@ MISMATCH_CLASSES = (
 
 
 def check_data_position(position: dict[str, int], batches: BatchStream) -> dict[str, int]:
-    """Refuse a position beyond an epoch of this training set; one process's batches bound any job size's."""
     sampler = batches.sampler
     most = sampler.size // sampler.batch_size
     if position["batch"] > most:
@@ -173,15 +168,13 @@ def check_data_position(position: dict[str, int], batches: BatchStream) -> dict[
             f"of epoch {position['epoch']}, beyond the end of an epoch: this training set's {sampler.size} images "
             f"make {most} batches of data.batch_size={sampler.batch_size}. Either the checkpoint was damaged or "
             "edited, or data.root now holds a smaller dataset than the run trained on. Point data.root at the "
-            "run's dataset, or resume from another checkpoint of the run if trainer.keep_checkpoints kept any "
-            "(checkpoints/step_NNNNNN.pt)."
+            "run's dataset. " + ANOTHER
         )
     return position
 
 
 def rng_state(device: torch.device, augment: Optional[AdaptiveAugment] = None) -> dict[str, Any]:
-    """Python's, torch's CPU and the training GPU's generators (get_rng_state_all() would touch every GPU),
-    and the adaptive augmentation's own."""
+    """Python's, torch's, the training GPU's (get_rng_state_all() would touch every GPU) and ADA's generators."""
     return {
         "python": random.getstate(),
         "torch": torch.get_rng_state(),
@@ -212,15 +205,22 @@ def build_state(
     world: World = SINGLE,
     dataset: Optional[ImageSet] = None,
 ) -> TrainingState:
-    """A fresh training state on `device`; `dataset` replaces the one cfg.data names."""
     dataset, data, model = dataset or load_dataset(cfg.data), cfg.data, cfg.model
-    num_classes = check_classes(cfg, dataset) if model.conditional else 0
+    num_classes = dataset.num_classes if model.conditional else 0
+    if model.conditional and num_classes < 2:
+        where = f" in {cfg.data.root}" if cfg.data.name in ("folder", "celeba") else ""
+        raise ConfigError(
+            f"model.conditional=true needs class labels, and data={cfg.data.name}{where} has none "
+            f"({num_classes} class: a flat folder of images is read as unlabelled). Nothing was trained. "
+            "Put the images in one subfolder per class (data=folder reads each top folder as a class), "
+            "or drop model.conditional=true."
+        )
     labels = dataset.labels if num_classes else None  # the classes travel with the batch
     batches = BatchStream(
         dataset.images, data.batch_size, cfg.trainer.seed, device, data.num_workers, world.rank, world.size, labels
     )
     G, D = build_models(cfg, device, num_classes)
-    images_per_step = data.batch_size * world.size  # G_ema: a deep copy of G made before compiling: it stays eager
+    images_per_step = data.batch_size * world.size  # G_ema: copied before compiling: it stays eager
     G_ema = build_ema(G, model.ema_decay, model.ema_kimg, model.ema_rampup, images_per_step, model.ema_every)
     if cfg.trainer.compile:
         compile_models(G, D)
@@ -229,18 +229,6 @@ def build_state(
     fixed_z = torch.randn(cfg.trainer.num_fixed_samples, cfg.model.z_dim, device=device, generator=seeded)
     fixed_z, fixed_y = class_rows(fixed_z, num_classes) if num_classes else (fixed_z, None)  # a row per class
     return TrainingState(G, D, G_ema, opt_g, opt_d, scaler, batches, fixed_z, fixed_y=fixed_y, pack=dataset.pack)
-
-
-def check_classes(cfg: TrainConfig, dataset: ImageSet) -> int:
-    if dataset.num_classes < 2:
-        where = f" in {cfg.data.root}" if cfg.data.name in ("folder", "celeba") else ""
-        raise ConfigError(
-            f"model.conditional=true needs class labels, and data={cfg.data.name}{where} has none "
-            f"({dataset.num_classes} class: a flat folder of images is read as unlabelled). Nothing was trained. "
-            "Put the images in one subfolder per class (data=folder reads each top folder as a class), "
-            "or drop model.conditional=true."
-        )
-    return dataset.num_classes
 
 
 def build_models(cfg: TrainConfig, device: torch.device, num_classes: int = 0) -> tuple[Generator, Discriminator]:
@@ -287,28 +275,17 @@ def build_step_context(cfg: TrainConfig, device: torch.device, rank: int = 0) ->
     if loss.name.value == "bce" and loss.real_label != 1.0:  # one-sided label smoothing
         adversarial = adversarial._replace(d=functools.partial(d_loss_bce, real_label=loss.real_label))
     objective = dict(loss=adversarial, penalties=penalties, feature_matching=loss.feature_matching)
-    augment = build_augment(cfg, device, rank)
+    # DiffAugment, adaptive with model.ada_target: ADA's generator seeded apart, so its numbers are not the latents'
+    model, policies = cfg.model, [policy.value for policy in cfg.model.diffaugment]
+    augment = functools.partial(diff_augment, policies=policies) if policies else no_augment
+    if policies and model.ada_target > 0:
+        seed = cfg.trainer.seed + rank + 0xA06_5EED  # any constant
+        augment = AdaptiveAugment(policies, model.ada_target, model.ada_kimg, cfg.data.batch_size, seed=seed).to(device)
     return dataclasses.replace(ctx, **objective, backward_mode=loss.backward_mode, augment=augment), precision
 
 
-def build_augment(cfg: TrainConfig, device: torch.device, rank: int) -> Callable[[Tensor], Tensor]:
-    """DiffAugment (adaptive with model.ada_target) or the identity; its draws use checkpointed generators.
-    ADA's generator is seeded apart from torch's global one (trainer.seed + rank), so its numbers are not
-    the latents' again; each rank draws its own, as each draws its own latents."""
-    if not cfg.model.diffaugment:
-        return no_augment
-    policies = [policy.value for policy in cfg.model.diffaugment]
-    if cfg.model.ada_target > 0:
-        model, seed = cfg.model, cfg.trainer.seed + rank + AUGMENT_SEED_OFFSET
-        return AdaptiveAugment(policies, model.ada_target, model.ada_kimg, cfg.data.batch_size, seed=seed).to(device)
-    return functools.partial(diff_augment, policies=policies)
-
-
-AUGMENT_SEED_OFFSET = 0xA06_5EED  # any constant: ADA's stream, apart from the global one seeded trainer.seed + rank
-
-
 def wrap_for_ddp(G: nn.Module, D: nn.Module, world: World, device: torch.device) -> tuple[nn.Module, nn.Module]:
-    """DDP wrappers sharing G's and D's parameters; the rest uses the plain modules (unwrapped checkpoints)."""
+    """DDP wrappers sharing G's and D's parameters; checkpoints and sampling use the plain modules."""
     if not world.distributed:
         return G, D
     device_ids = [device.index] if device.type == "cuda" else None
@@ -341,15 +318,15 @@ def resolve_precision(precision: Precision, device: torch.device) -> Precision:
 
 
 def cpu_has_fast_bf16() -> bool:
-    """AMX or AVX512-bf16 instructions, which oneDNN uses for bf16 convolutions."""
-    try:
+    try:  # AMX or AVX512-bf16, which oneDNN uses for bf16 convolutions
         return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
     except AttributeError:  # private helpers: absent in other torch versions
         return False
 
 
 def step_context(precision: Precision, device: torch.device, skip_nonfinite: bool) -> StepContext:
-    """A GradScaler enabled only for fp16; the training state adds the objective with dataclasses.replace."""
+    """A GradScaler enabled only for fp16; build_step_context adds the objective."""
+
     dtype = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}.get(precision)
     autocast = (
         functools.partial(torch.autocast, device_type=device.type, dtype=dtype) if dtype else contextlib.nullcontext

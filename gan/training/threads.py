@@ -1,7 +1,5 @@
-"""A run's torch thread count on the CPU. oneDNN splits its sums by thread count, so by default the count is fixed
-for the run's life, checkpointed and kept on resume (`keep_thread_count`). trainer.adapt_threads=true follows the
-cores others leave free instead: beside a busy process one time-sliced chunk stalls every OpenMP region
-(docs/speed.md#sharing-the-machine)."""
+"""A run's torch thread count on the CPU: fixed for the run's life and kept on resume, as oneDNN splits its sums by
+thread count; or, with trainer.adapt_threads, the cores others leave free (docs/speed.md#sharing-the-machine)."""
 
 import contextlib
 import logging
@@ -16,14 +14,12 @@ from gan.device import available_cpus
 
 log = logging.getLogger(__name__)
 
-# psutil's per-CPU times, in seconds, that count as busy (fields a system lacks count 0): Linux's /proc/stat
-# less idle, iowait and guest (already in user); macOS has user, nice, system; Windows user, system
+# psutil's per-CPU times that count as busy (a field a system lacks: 0); guest is already in user
 BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")
 
 
 def machine_busy_seconds(cpus: Optional[set[int]] = None) -> Optional[float]:
-    """All processes' busy CPU seconds since boot on this process's CPUs (all where there is no affinity, as on
-    macOS); None where psutil cannot read them."""
+    """All processes' busy CPU seconds on this process's CPUs; None where psutil cannot read them."""
     if cpus is None and hasattr(psutil.Process, "cpu_affinity"):
         cpus = set(psutil.Process().cpu_affinity())
     try:
@@ -35,7 +31,7 @@ def machine_busy_seconds(cpus: Optional[set[int]] = None) -> Optional[float]:
 
 
 def own_busy_seconds() -> float:
-    """CPU seconds of this process and of its live children (DataLoader workers)."""
+    """CPU seconds of this process and its live children (DataLoader workers)."""
     me, total = psutil.Process(), 0.0
     for process in [me, *me.children(recursive=True)]:
         with contextlib.suppress(psutil.Error):  # a child that just ended
@@ -50,7 +46,7 @@ def threads_for(limit: int, cpus: int, others: float) -> int:
 
 
 class ThreadGovernor:
-    """Call `poll()` after every step: the CPU times are read once per window, a change needs two windows running."""
+    """`poll()` after every step: CPU times are read once per window, a change needs two windows running."""
 
     def __init__(
         self,
@@ -107,11 +103,11 @@ def thread_governor(adapt: bool, device: torch.device) -> Optional[ThreadGoverno
 
 
 def keep_thread_count(recorded: Optional[int], threads: int, adapt: bool) -> None:
-    """On resume: the count the checkpoint's run computed with, unless trainer.threads=N or adapt_threads; at most
-    this process's CPUs (more can only be slower, and at 100s crashes torch's pool)."""
+    """On resume: the run's count, unless trainer.threads=N or adapt_threads; at most this process's CPUs."""
+
     if recorded is None or adapt or recorded == torch.get_num_threads():
         return
-    usable = min(recorded, available_cpus())
+    usable = min(recorded, available_cpus())  # more can only be slower, and at 100s crashes torch's pool
     if not threads:
         torch.set_num_threads(usable)
     if (threads or usable) != recorded:
