@@ -164,7 +164,10 @@ def test_a_resumed_run_adds_its_own_command_at_the_step_it_resumed_from(tmp_path
     assert run_train(f"hydra.run.dir={run_dir}").returncode == 0
     resumed = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", tiny=False)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # TensorBoard reads event files in name order, events.out.tfevents.<second>.<host>.<pid>.<n>: two writers of
+    # one process in one second differ by n alone, compared as text ('10' < '9'), so the order is the steps'
     entries = TensorBoardClient(run_dir).get("/data/plugin/text/text?run=tb&tag=run/command")
+    entries.sort(key=lambda entry: entry["step"])
     assert [entry["step"] for entry in entries] == [0, 6]
     assert "trainer.max_steps=8" in entries[1]["text"] and "trainer.max_steps=8" not in entries[0]["text"]
 
