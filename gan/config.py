@@ -96,6 +96,8 @@ class DataConfig(_Group):
         if self.num_workers:  # a process each: thousands would exhaust the machine's memory
             check_threads(self.num_workers, "data.num_workers", "0 to load in the main process, or null for auto")
         self._check(bool(str(self.root).strip()), "root", "is empty, which reads the launch directory: name a folder")
+        # Hydra refuses other names at the command line; this catches a DataConfig built in code
+        self._check(self.name in list(DatasetName), "name", f"must be one of {', '.join(DatasetName)}")
         why = f"must be one of {', '.join(self.SOURCES)}: a 10-class grayscale dataset"
         self._check(self.source in self.SOURCES, "source", why)
         stacked = self.name == "stacked"
