@@ -292,8 +292,8 @@ def resume_plan(cfg: DictConfig, output_dir: Path) -> tuple[DictConfig, Path]:
     resume = cfg.trainer.resume
     if resume is None:
         return cfg, output_dir
-    named = {override_key(o) for o in HydraConfig.get().overrides.hydra}
-    placed = HydraConfig.get().mode == RunMode.MULTIRUN or "hydra.run.dir" in named
+    placed_by_hydra = {override_key(o) for o in HydraConfig.get().overrides.hydra}
+    placed = HydraConfig.get().mode == RunMode.MULTIRUN or "hydra.run.dir" in placed_by_hydra
     if resume == "auto":
         found = resume_auto(to_dict(cfg), output_dir)
         log.info("trainer.resume=auto: %s", f"continuing {found}" if found else "no matching run, starting one")
