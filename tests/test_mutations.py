@@ -31,6 +31,7 @@ import sys
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from threading import Lock
 from typing import Iterator, Sequence
 
 import pytest
@@ -381,17 +382,27 @@ def find_function(tree: ast.Module, dotted: str) -> ast.AST | None:
     return node
 
 
+# The mutants are patched in a thread pool, and CPython 3.11's ast.parse keeps one recursion counter for every
+# thread: two parses at once failed here with "AST constructor recursion depth mismatch". One parse at a time.
+PARSING = Lock()
+
+
+def parse(source: str) -> ast.Module:
+    with PARSING:
+        return ast.parse(source)
+
+
 def patch(source: str, mutation: Mutation) -> str:
     """`source` (the text of mutation.file) with the anchor replaced, after checking that it occurs
     exactly once and inside mutation.function; AssertionError otherwise (the code moved on)."""
     count = source.count(mutation.anchor)
     assert count == 1, f"{mutation.id}: the anchor occurs {count} times in {mutation.file}: {mutation.anchor!r}"
-    node = find_function(ast.parse(source), mutation.function)
+    node = find_function(parse(source), mutation.function)
     assert node is not None, f"{mutation.id}: {mutation.file} defines no {mutation.function}"
     line = source[: source.index(mutation.anchor)].count("\n") + 1
     assert node.lineno <= line <= node.end_lineno, f"{mutation.id}: the anchor is outside {mutation.where}"
     mutated = source.replace(mutation.anchor, mutation.replacement)
-    ast.parse(mutated)  # a mutant that does not even parse would prove nothing
+    parse(mutated)  # a mutant that does not even parse would prove nothing
     return mutated
 
 
