@@ -21,7 +21,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-SOURCE_DIRS = ("gan", "scripts", "tests")
 
 FENCE = re.compile(r"^\s*(```|~~~)\s*(\w*)")
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
@@ -53,28 +52,21 @@ def bound_names(body: list[ast.stmt]) -> dict[str, ast.AST]:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names[node.name] = node
         elif isinstance(node, ast.Assign):
-            for target in node.targets:
-                for name in ast.walk(target):
-                    if isinstance(name, ast.Name):
-                        names[name.id] = node
+            names.update((name.id, node) for t in node.targets for name in ast.walk(t) if isinstance(name, ast.Name))
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             names[node.target.id] = node
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                names[(alias.asname or alias.name).split(".")[0]] = node
+            names.update(((alias.asname or alias.name).split(".")[0], node) for alias in node.names)
     return names
 
 
 def find_definition(path: Path, dotted: str) -> ast.AST | None:
     """The node that binds `name` or `Class.method` in the file, or None."""
-    body: list[ast.stmt] = parse(path).body
-    node: ast.AST | None = None
+    node: ast.AST = parse(path)
     for part in dotted.split("."):
-        if node is not None:
-            if not isinstance(node, ast.ClassDef):
-                return None
-            body = node.body
-        node = bound_names(body).get(part)
+        if not isinstance(node, (ast.Module, ast.ClassDef)):
+            return None
+        node = bound_names(node.body).get(part)
         if node is None:
             return None
     return node
@@ -82,14 +74,8 @@ def find_definition(path: Path, dotted: str) -> ast.AST | None:
 
 @functools.cache
 def repository_files() -> tuple[Path, ...]:
-    files = list(ROOT.glob("*.py"))
-    for folder in SOURCE_DIRS:
-        files += (ROOT / folder).rglob("*.py")
-    return tuple(sorted(files))
-
-
-def top_level_entries() -> set[str]:
-    return {p.name for p in ROOT.iterdir() if not p.name.startswith(".")}
+    folders = ("gan", "scripts", "tests")
+    return tuple(sorted([*ROOT.glob("*.py"), *(p for folder in folders for p in (ROOT / folder).rglob("*.py"))]))
 
 
 def resolve_file(path: str, doc: Path) -> tuple[Path | None, str | None]:
@@ -97,7 +83,7 @@ def resolve_file(path: str, doc: Path) -> tuple[Path | None, str | None]:
     if "/" in path:
         if path.startswith("../"):
             target = (doc.parent / path).resolve()
-        elif path.split("/")[0] in top_level_entries():
+        elif (ROOT / path.split("/")[0]).exists() and not path.startswith("."):
             target = ROOT / path
         else:
             return None, None  # another project's file (dcgan/main.py of pytorch/examples)
@@ -224,20 +210,10 @@ def check_path(path: str, name: str | None, doc: Path) -> str | None:
     return None
 
 
-def check_folder(folder: str) -> str | None:
-    return None if (ROOT / folder).is_dir() else f"`{folder}` is not a folder of the repository"
-
-
 def check_test(file: Path, name: str, cited: str) -> str | None:
     if not file.name.startswith("test_"):
         return f"`{cited}`: {file.relative_to(ROOT)} is not a test file"
-    if find_definition(file, name) is None:
-        return f"`{cited}`: no test `{name}` in {file.relative_to(ROOT)}"
-    return None
-
-
-def all_test_files() -> list[Path]:
-    return sorted((ROOT / "tests").glob("test_*.py"))
+    return None if find_definition(file, name) else f"`{cited}`: no test `{name}` in {file.relative_to(ROOT)}"
 
 
 def citation_problems(text: str, doc: Path) -> list[str]:
@@ -269,7 +245,7 @@ def citation_problems(text: str, doc: Path) -> list[str]:
                 name = bare.group("name")
                 if current is not None:
                     problems.append(check_test(current, name, span))
-                elif not any(find_definition(file, name) for file in all_test_files()):
+                elif not any(find_definition(file, name) for file in (ROOT / "tests").glob("test_*.py")):
                     problems.append(f"`{span}`: no test of that name in tests/")
             dotted = DOTTED.match(span)
             if dotted:
@@ -281,11 +257,10 @@ def citation_problems(text: str, doc: Path) -> list[str]:
     fenced = "\n".join(line for _, _, lines in blocks for line in lines)  # commands and layouts name files too
     for match in PATH.finditer(fenced):
         problems.append(check_path(match.group("path"), match.group("name"), doc))
-    for match in FOLDER.finditer(fenced):
-        problems.append(check_folder(match.group("folder")))
-    for span in CODE_SPAN.findall("\n".join(prose)):
-        for match in FOLDER.finditer(span):
-            problems.append(check_folder(match.group("folder")))
+    spans = "\n".join(CODE_SPAN.findall("\n".join(prose)))
+    for match in [*FOLDER.finditer(fenced), *FOLDER.finditer(spans)]:
+        if not (ROOT / match.group("folder")).is_dir():
+            problems.append(f"`{match.group('folder')}` is not a folder of the repository")
     return [problem for problem in problems if problem]
 
 

@@ -1,8 +1,5 @@
-"""gan/core/steps.py and the techniques around it (sampling, device placement, evaluation's BatchNorm
-statistics), on the real G and D, in two sections: proofs of this project's code, each calling its
-functions (tests/test_mutations.py checks that the proofs it cites fail when their technique is
-removed); and PyTorch facts, toy code that passes whatever gan/ does, which a page may cite for the
-failure a technique prevents, never as the proof that this project applies it (tests/test_docs.py)."""
+"""gan/core/steps.py and the techniques around it, on the real G and D: proofs of this project's code (which
+tests/test_mutations.py mutates), then PyTorch facts, which a page may cite for a failure but never as a proof."""
 
 from __future__ import annotations
 
@@ -38,17 +35,10 @@ def adam(module: nn.Module, lr: float = 1e-2) -> torch.optim.Adam:
     return torch.optim.Adam(module.parameters(), lr=lr, betas=(0.5, 0.999))
 
 
-def snapshot(module: nn.Module) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in module.parameters()]
-
-
 def batch(G: nn.Module, n: int = 16) -> tuple[Tensor, Tensor]:
     real = torch.rand(n, 1, 16, 16) * 2 - 1
     fake = G(torch.randn(n, 16))
     return real, fake
-
-
-# What a step did, seen from outside it --------------------------------------------------------------
 
 
 class RecordingSGD(torch.optim.SGD):
@@ -61,8 +51,7 @@ class RecordingSGD(torch.optim.SGD):
 
 @contextlib.contextmanager
 def gradient_arrivals(module: nn.Module) -> Iterator[list[str]]:
-    """Names of `module`'s parameters whose gradient autograd computes inside the block (a tensor hook
-    fires even if the gradient is cleared again before the block ends)."""
+    """Names of the parameters whose gradient autograd computes inside the block (even if cleared before its end)."""
     arrived: list[str] = []
     hooks = [p.register_hook(lambda _, name=name: arrived.append(name)) for name, p in module.named_parameters()]
     try:
@@ -72,37 +61,25 @@ def gradient_arrivals(module: nn.Module) -> Iterator[list[str]]:
             hook.remove()
 
 
-class Holder:
-    """What the pack hook of `saved_tensors` stores in place of a tensor saved for backward."""
-
-    def __init__(self, tensor: Tensor) -> None:
-        self.tensor = tensor
-
-
 @contextlib.contextmanager
 def saved_tensors() -> Iterator[list[weakref.ref]]:
-    """Weak references to a Holder of each tensor autograd saves for backward inside the block: after
-    gc.collect() a reference is dead iff nothing can reach its Holder any more (backward released it)."""
+    """A weak reference to a holder (a closure) of each tensor saved for backward in the block: dead, after
+    gc.collect(), once backward released it."""
     refs: list[weakref.ref] = []
 
-    def pack(tensor: Tensor) -> Holder:
-        holder = Holder(tensor)
-        refs.append(weakref.ref(holder))
+    def pack(tensor: Tensor) -> Callable[[], Tensor]:
+        refs.append(weakref.ref(holder := lambda: tensor))
         return holder
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda holder: holder.tensor):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda holder: holder()):
         yield refs
-
-
-class Token:
-    """An object that only a graph node holds (see Tagged)."""
 
 
 class Tagged(torch.autograd.Function):
     """The identity, whose backward node holds `token`: the token lives as long as the graph on its output."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, token: Token) -> Tensor:
+    def forward(ctx: Any, x: Tensor, token: object) -> Tensor:
         ctx.token = token
         return x.view_as(x)
 
@@ -117,8 +94,7 @@ class Tagged(torch.autograd.Function):
 
 
 def test_d_step_leaves_generator_gradients_none(tiny_gan):
-    """For each loss (and penalty): D's update sees the whole D loss's gradient, nonzero through the real
-    and the fake logits; no gradient is computed for G; no .grad outlives the step."""
+    """For each loss and penalty: D's update sees its loss's gradient (both terms), G gets none, no .grad stays."""
     G, D = tiny_gan
     for name, loss in LOSSES.items():
         real, fake = batch(G)
@@ -140,9 +116,7 @@ def test_d_step_leaves_generator_gradients_none(tiny_gan):
         assert nn.utils.get_total_norm(from_fake) > 0, f"{name}: the D loss does not depend on the fake logits"
         for (key, _), seen, r, f in zip(D.named_parameters(), opt.seen, from_real, from_fake):
             assert seen is not None, f"{name}: D.{key} got no gradient"
-            torch.testing.assert_close(
-                seen, r + f, rtol=1e-4, atol=1e-6, msg=f"{name}: D.{key} was not updated by the real and the fake term"
-            )
+            torch.testing.assert_close(seen, r + f, rtol=1e-4, atol=1e-6, msg=f"{name}: D.{key}: not real + fake term")
     for penalties in (Penalties(gradient_penalty=10.0), Penalties(r1=1.0)):
         for name, loss in LOSSES.items():
             real, fake = batch(G)
@@ -156,14 +130,13 @@ def test_d_step_leaves_generator_gradients_none(tiny_gan):
 
 
 def test_g_step_leaves_discriminator_untouched(tiny_gan):
-    """G's update sees exactly the G loss's gradient through D; no gradient is computed for D (a hook
-    would fire even if it were cleared before the step returned); D's weights and flags as before."""
+    """G's update sees exactly the G loss's gradient through D; D gets no gradient, its weights and flags unchanged."""
     G, D = tiny_gan
     z, real = torch.randn(16, 16), torch.rand(16, 1, 16, 16) * 2 - 1
     G_before = copy.deepcopy(G)
     fake = G(z)
     _, real_features = d_step(D, adam(D), real, fake)
-    D_after, d_weights = copy.deepcopy(D), snapshot(D)
+    D_after, d_weights = copy.deepcopy(D), [p.detach().clone() for p in D.parameters()]
     opt = RecordingSGD(G.parameters(), lr=0.01)
     with gradient_arrivals(D) as into_d:
         g_step(D, G, opt, fake, real_features)
@@ -243,12 +216,11 @@ def test_g_step_logs_each_term_in_separate_mode(tiny_gan):
 
 
 def test_g_step_frees_the_graph_of_g_when_it_returns(tiny_gan):
-    """In both modes every saved tensor is freed on return though the caller holds `fake`; nothing returned
-    or kept refers to the graph."""
+    """In both modes every saved tensor is freed on return though the caller holds `fake`; nothing keeps the graph."""
     G, D = tiny_gan
     for mode in BackwardMode:
         ctx = StepContext(feature_matching=1.0, backward_mode=mode)  # two G terms: separate runs two backwards
-        token = Token()
+        token = lambda: None  # noqa: E731 (an object only Tagged's node holds)
         node_alive = weakref.ref(token)
         with saved_tensors() as saved:
             fake = Tagged.apply(G(torch.randn(16, 16)), token)
@@ -276,9 +248,7 @@ def test_release_grads_sets_none_not_zero(tiny_gan):
     assert all(p.grad is None for p in G.parameters())
 
 
-def iteration(
-    G: nn.Module, D: nn.Module, opt_g: torch.optim.Optimizer, opt_d: torch.optim.Optimizer, z: Tensor, real: Tensor
-) -> None:
+def iteration(G, D, opt_g, opt_d, z: Tensor, real: Tensor) -> None:
     """One iteration of gan/training/loop.py:train's body: the fakes, the D step, the G step."""
     fake = G(z)
     _, real_features = d_step(D, opt_d, real, fake)
@@ -286,8 +256,7 @@ def iteration(
 
 
 def test_each_update_sees_only_its_own_gradients(tiny_gan):
-    """Two iterations of the real steps leave the weights that clearing every .grad by hand between them
-    would: no gradient of the first iteration (unreleased, or the G step's into an unfrozen D) survives."""
+    """Two iterations leave the weights that clearing every .grad by hand between them would."""
     G, D = tiny_gan
     opt_g, opt_d = adam(G), adam(D)
     gen = torch.Generator().manual_seed(1)
@@ -311,20 +280,18 @@ def test_each_update_sees_only_its_own_gradients(tiny_gan):
 
 
 def test_sample_builds_no_graph_and_leaves_generator_untouched(tiny_gan):
-    """From either mode, sample() saves no tensor for backward, returns images with no graph, leaves G's
-    weights, BatchNorm statistics and mode as they were, and draws each image from its own latent alone."""
+    """From either mode: no tensor saved, no graph, G's state and mode unchanged, each image from its own latent."""
     G, _ = tiny_gan
     G(torch.randn(32, 16))  # a train-mode forward, so BatchNorm's running stats are not the defaults
     z = torch.randn(8, 16)
     for training in (True, False):
         G.train(training)
-        params, buffers = snapshot(G), [b.clone() for b in G.buffers()]
+        state = copy.deepcopy(G.state_dict())
         with saved_tensors() as saved:
             images = sample(G, z)
         assert not saved, f"sampling saved {len(saved)} tensors for a backward"
         assert not images.requires_grad and images.grad_fn is None
-        assert all(torch.equal(a, b) for a, b in zip(params, G.parameters()))
-        assert all(torch.equal(a, b) for a, b in zip(buffers, G.buffers()))  # running stats too
+        assert all(torch.equal(v, G.state_dict()[k]) for k, v in state.items())  # weights and running stats
         assert G.training == training
         torch.testing.assert_close(sample(G, z[:3]), images[:3])
 
@@ -356,9 +323,7 @@ class RandnCalls(TorchFunctionMode):
         self.made: list[Tensor] = []
         self.moved: list[str] = []
 
-    def __torch_function__(
-        self, func: Callable[..., Any], types: tuple[type, ...], args: tuple = (), kwargs: dict | None = None
-    ) -> Any:
+    def __torch_function__(self, func: Callable[..., Any], types, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
         if name in self.MOVES and any(arg is made for arg in args for made in self.made):
