@@ -51,19 +51,16 @@ def test_note000_devices_norms_and_float32():
     assert torch.zeros(1, device=device).device == torch.device(device)
     assert torch.zeros(1).to("meta").device == torch.device("meta")
     x = torch.randn(3, requires_grad=True)
-    assert x.cpu() is x
-    assert x.to("cpu") is x
-    x = torch.randn(3, requires_grad=True)
+    assert x.cpu() is x and x.to("cpu") is x
     assert x.cpu().grad_fn is None  # same object, a leaf: no edge on the CPU
     assert x.cpu().detach().data_ptr() == x.detach().cpu().data_ptr() == x.data_ptr()
     assert type(x.to("meta").grad_fn).__name__ == "ToCopyBackward0"  # a real copy records an edge
     assert x.detach().to("meta").grad_fn is None  # detach first: nothing recorded
     m = torch.tensor([[3.0, 4.0, 0.0], [0.0, 0.0, 2.0], [1.0, 0.0, 0.0]])
     assert torch.equal(m.norm(dim=-1), torch.tensor([5.0, 2.0, 1.0]))
-    assert m.norm(dim=-1, keepdim=True).shape == (3, 1)
-    assert m.norm(dim=-1, keepdim=False).shape == (3,)
+    assert m.norm(dim=-1, keepdim=True).shape == (3, 1) and m.norm(dim=-1, keepdim=False).shape == (3,)
     assert m.norm().shape == () and m.norm().item() == pytest.approx(30**0.5)
-    assert torch.tensor(16777217, dtype=torch.float32).item() == 16777216.0
+    assert torch.tensor(16777217, dtype=torch.float32).item() == 16777216.0  # float64 holds 16777217
     assert torch.tensor(16777217, dtype=torch.float64).item() == 16777217.0
     assert torch.finfo(torch.float32).eps == 2.0**-23  # 23 stored bits + the implicit one
 
@@ -81,10 +78,8 @@ def test_note000_detach_and_numpy_share_memory():
     assert again.requires_grad and again.is_leaf
     t = torch.zeros(3)
     a = t.numpy()
-    t[0] = 1.0
-    a[1] = 2.0
-    assert a.tolist() == [1.0, 2.0, 0.0]
-    assert t.tolist() == [1.0, 2.0, 0.0]
+    t[0], a[1] = 1.0, 2.0
+    assert a.tolist() == t.tolist() == [1.0, 2.0, 0.0]
     with pytest.raises(TypeError, match="can't convert meta device type tensor to numpy"):
         torch.zeros(2, device="meta").numpy()
     x = torch.ones(2, requires_grad=True)
@@ -100,8 +95,8 @@ def test_note000_detach_and_numpy_share_memory():
         out.detach().numpy()
     assert out.detach().float().cpu().numpy().dtype == np.float32
     t = torch.zeros(2)
+    copied = t.numpy().astype("float32")  # t.numpy() is float32 already: astype only copies
     assert t.numpy().dtype == np.float32
-    copied = t.numpy().astype("float32")
     t[0] = 5.0
     assert copied[0] == 0.0  # a copy: the tensor's write does not reach it
     assert torch.zeros(2, dtype=torch.float64).numpy().astype("float32").dtype == np.float32
