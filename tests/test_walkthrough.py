@@ -377,7 +377,7 @@ def test_state_dict_shares_storage_with_the_parameters_until_saved(tiny_gan):
 # export -----------------------------------------------------------------------------------------
 
 
-X
+@pytest.mark.filterwarnings("ignore")  # torch.jit's deprecation and tracer notices
 def test_trace_script_and_export_of_G_and_the_mode_each_keeps(tiny_gan):
     G, _ = tiny_gan
     z = torch.randn(4, 16)
