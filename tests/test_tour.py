@@ -4,6 +4,8 @@ in a kernel spec written for the test on this very interpreter (the `docs` extra
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 import os
 import re
 from pathlib import Path
@@ -25,7 +27,6 @@ def test_tour_is_stored_small_and_its_links_and_next_cells_hold():
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
     assert code and all(not cell.outputs and cell.execution_count is None for cell in code)
     assert TOUR.stat().st_size < 100_000
-    nb = nbformat.read(TOUR, as_version=4)
     problems = []
     for cell in nb.cells:
         if cell.cell_type == "markdown":
@@ -37,14 +38,13 @@ def test_tour_is_stored_small_and_its_links_and_next_cells_hold():
                 if ROOT not in named.parents or not named.exists():
                     problems.append(f"{path} is no file of this repository")
     assert not problems
-    cells = nbformat.read(TOUR, as_version=4).cells
+    cells = nb.cells
     wrong = [i for i, cell in enumerate(cells[:-1]) if "next cell" in cell.source and cells[i + 1].cell_type != "code"]
     assert not wrong, f"cells {wrong} say 'the next cell' above a cell that is not code"
 
 
 def test_tour_shows_the_source_of_each_function_before_a_cell_calls_it():
-    """Every name the tour imports from `gan` is shown (show_source) in a code cell before the first that
-    uses it, but in the cell tagged first-step, section 2's whole step, whose names are shown later."""
+    """Each name imported from `gan` is shown (show_source) before a cell uses it; section 2's first-step cell aside."""
     nb = nbformat.read(TOUR, as_version=4)
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
     first_step = [i for i, cell in enumerate(code) if "first-step" in cell.metadata.get("tags", [])]
@@ -94,12 +94,8 @@ def kernel_manager(tmp_path: Path) -> KernelManager:
 def executed(tmp_path_factory) -> tuple[str, list[dict]]:
     """(every stream the notebook printed, every rich output), after running it top to bottom."""
     nb = nbformat.read(TOUR, as_version=4)
-    client = nbclient.NotebookClient(
-        nb,
-        km=kernel_manager(tmp_path_factory.mktemp("tour")),
-        timeout=300,  # per cell; the whole notebook takes a minute or two on 2 shared cores
-        resources={"metadata": {"path": str(ROOT / "docs")}},
-    )
+    km, docs = kernel_manager(tmp_path_factory.mktemp("tour")), {"metadata": {"path": str(ROOT / "docs")}}
+    client = nbclient.NotebookClient(nb, km=km, timeout=300, resources=docs)  # timeout per cell
     client.execute()  # raises CellExecutionError, naming the cell, if any cell fails
     outputs = [output for cell in nb.cells if cell.cell_type == "code" for output in cell.outputs]
     text = "".join(output.get("text", "") for output in outputs if output.output_type == "stream")
@@ -170,12 +166,8 @@ def test_tour_runs_top_to_bottom_and_prints_what_its_text_claims(executed):
             match = re.search(r"(?m)^" + re.escape(f"{network}, {mode}") + r"((?:\s+-?[0-9.]+){7})", text)
             assert match, f"no table row for {network}, {mode}"
             rows.setdefault(network, []).append(dict(zip(columns, map(float, match.group(1).split()))))
-    for column, verdict in [
-        ("precision", "higher"),
-        ("density", "higher"),
-        ("recall", "lower"),
-        ("coverage", "higher"),
-    ]:
+    verdicts = {"precision": "higher", "density": "higher", "recall": "lower", "coverage": "higher"}
+    for column, verdict in verdicts.items():
         assert f"EMA G against G, {column}: {verdict} in every row" in text  # as section 10's prose reads them
         ema, raw = [row[column] for row in rows["EMA G"]], [row[column] for row in rows["G"]]
         assert min(ema) > max(raw) if verdict == "higher" else max(ema) < min(raw)
@@ -194,7 +186,6 @@ def test_tour_runs_top_to_bottom_and_prints_what_its_text_claims(executed):
 
 
 def test_the_command_line_run_of_section_7_trains_what_the_tour_trains():
-    """The command the tour gives for its run composes to the tour's own settings."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -214,10 +205,8 @@ def test_the_command_line_run_of_section_7_trains_what_the_tour_trains():
     for literal in ("lr_g=2e-4, lr_d=2e-4", "betas=(0.5, 0.999)", "ema_decay=0.99", "BatchStream(train_images"):
         assert literal in loop  # the settings compared below are the loop's
     assert "render_digits(8192, IMAGE_SIZE" in step
-    assert (cfg.data.image_size, cfg.model.z_dim, cfg.data.batch_size) == (
-        sizes["IMAGE_SIZE"], sizes["Z_DIM"], sizes["BATCH"],
-    )  # fmt: skip
-    assert cfg.model.g_width == cfg.model.d_width == sizes["WIDTH"] and cfg.data.num_samples == 8192
+    assert (cfg.data.image_size, cfg.model.z_dim, cfg.model.g_width, cfg.data.batch_size) == tuple(sizes.values())
+    assert cfg.model.d_width == sizes["WIDTH"] and cfg.data.num_samples == 8192
     assert cfg.model.d_batchnorm and not cfg.model.spectral_norm and list(cfg.model.diffaugment) == []
     assert cfg.optim.lr == 2e-4 and cfg.optim.lr_d is None and (cfg.optim.beta1, cfg.optim.beta2) == (0.5, 0.999)
     assert cfg.model.ema_decay == 0.99 and cfg.model.ema_kimg == 0 and cfg.trainer.precision.value == "fp32"
@@ -252,11 +241,7 @@ def test_each_term_is_defined_before_its_first_use():
 
 
 def lines_read_until(last) -> int:
-    """README's lines down to its link to the tour, then the tour's cells (and the listings they show)
-    down to the first cell for which `last(cell)` holds: the shortest reading route."""
-    import importlib
-    import inspect
-
+    """README down to its link to the tour, then the tour's cells and listings down to the first where `last` holds."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     lines = next(i for i, line in enumerate(readme) if "(docs/tour.ipynb)" in line) + 1
     nb = nbformat.read(TOUR, as_version=4)
@@ -289,8 +274,7 @@ MERMAID = re.compile(r"```mermaid\n.*?```", re.S)
 
 
 def test_the_step_comes_abridged_within_about_250_lines_and_whole_later():
-    """Section 2 shows the walkthrough's diagram of an iteration and the steps' bodies abridged (each line
-    as in the source, at most 40 lines); section 5 lists them whole."""
+    """Section 2 shows the walkthrough's diagram and the steps abridged (at most 40 lines); section 5 whole."""
     from test_docs import excerpt_problems
 
     assert lines_read_until(lambda cell: ABRIDGED in cell.source) <= 250
