@@ -7,16 +7,7 @@ import torch
 from torch import nn
 
 from gan.config import LossName
-from gan.core.losses import (
-    LOSSES,
-    d_loss_bce,
-    d_loss_hinge,
-    feature_matching,
-    g_loss_bce,
-    g_loss_hinge,
-    gradient_penalty,
-    r1_penalty,
-)
+from gan.core import losses as L
 
 ZERO = torch.zeros(8)  # D(x) = sigmoid(0) = 1/2 everywhere
 SIGMOID_2 = 1 / (1 + math.exp(-2.0))
@@ -26,18 +17,18 @@ F = torch.randn(16, 8, 4, 4)  # features of 16 samples
 @pytest.mark.parametrize(
     "loss, expected",
     [
-        (lambda: d_loss_bce(ZERO, ZERO), 2 * math.log(2)),
-        (lambda: g_loss_bce(ZERO), math.log(2)),
-        (lambda: d_loss_hinge(ZERO, ZERO), 2.0),
-        (lambda: g_loss_hinge(ZERO), 0.0),
-        (lambda: d_loss_hinge(torch.full((4,), 2.0), torch.full((4,), -2.0)), 0.0),  # confident and right: 0
+        (lambda: L.d_loss_bce(ZERO, ZERO), 2 * math.log(2)),
+        (lambda: L.g_loss_bce(ZERO), math.log(2)),
+        (lambda: L.d_loss_hinge(ZERO, ZERO), 2.0),
+        (lambda: L.g_loss_hinge(ZERO), 0.0),
+        (lambda: L.d_loss_hinge(torch.full((4,), 2.0), torch.full((4,), -2.0)), 0.0),  # confident and right: 0
         # one-sided label smoothing: the real target 0.9, the fake one still 0
         (
-            lambda: d_loss_bce(torch.full((4,), 2.0), torch.full((4,), -3.0), real_label=0.9),
+            lambda: L.d_loss_bce(torch.full((4,), 2.0), torch.full((4,), -3.0), real_label=0.9),
             -(0.9 * math.log(SIGMOID_2) + 0.1 * math.log(1 - SIGMOID_2)) - math.log(1 - 1 / (1 + math.exp(3.0))),
         ),
-        (lambda: feature_matching(F, F[torch.randperm(16)]), 0.0),  # the same mean feature
-        (lambda: feature_matching(F, F + 1), 1.0),
+        (lambda: L.feature_matching(F, F[torch.randperm(16)]), 0.0),  # the same mean feature
+        (lambda: L.feature_matching(F, F + 1), 1.0),
     ],
     ids=["bce-d", "bce-g", "hinge-d", "hinge-g", "hinge-confident", "label-smoothing", "fm-same", "fm-shifted"],
 )
@@ -50,19 +41,19 @@ def test_bce_matches_sigmoid_plus_bceloss():
     bce = nn.BCELoss()  # the canonical example's form: Sigmoid in D, then BCELoss
     expected_d = bce(torch.sigmoid(real), torch.ones(64)) + bce(torch.sigmoid(fake), torch.zeros(64))
     expected_g = bce(torch.sigmoid(fake), torch.ones(64))
-    assert torch.allclose(d_loss_bce(real, fake), expected_d, atol=1e-6)
-    assert torch.allclose(g_loss_bce(fake), expected_g, atol=1e-6)
+    assert torch.allclose(L.d_loss_bce(real, fake), expected_d, atol=1e-6)
+    assert torch.allclose(L.g_loss_bce(fake), expected_g, atol=1e-6)
 
 
 def test_with_logits_form_is_exact_where_sigmoid_saturates():
     logits = torch.tensor([-120.0])  # sigmoid underflows to 0 in float32
     # -log(sigmoid(-120)) = 120 exactly; Sigmoid + BCELoss clamps log(0) to -100 and reports 100.
-    assert g_loss_bce(logits).item() == pytest.approx(120.0)
+    assert L.g_loss_bce(logits).item() == pytest.approx(120.0)
     assert nn.BCELoss()(torch.sigmoid(logits), torch.ones(1)).item() == pytest.approx(100.0)
 
 
 def test_every_loss_is_registered_with_the_config_choices():
-    assert set(LOSSES) == {name.value for name in LossName}
+    assert set(L.LOSSES) == {name.value for name in LossName}
 
 
 class LinearCritic(nn.Module):
@@ -79,7 +70,7 @@ class LinearCritic(nn.Module):
 def test_gradient_penalty_closed_form_and_second_order_gradient():
     w = torch.full((1, 4, 4), 0.5)  # ||w|| = 0.5 * 4 = 2
     critic = LinearCritic(w)
-    penalty = gradient_penalty(critic, torch.randn(8, 1, 4, 4), torch.randn(8, 1, 4, 4))
+    penalty = L.gradient_penalty(critic, torch.randn(8, 1, 4, 4), torch.randn(8, 1, 4, 4))
     assert penalty.item() == pytest.approx((2.0 - 1.0) ** 2)
     penalty.backward()  # reaches the weights only because the input gradient kept its graph
     # d/dw (||w|| - 1)^2 = 2 (||w|| - 1) w / ||w||
@@ -89,4 +80,4 @@ def test_gradient_penalty_closed_form_and_second_order_gradient():
 def test_r1_penalty_closed_form():
     critic = LinearCritic(torch.full((1, 4, 4), 0.5))
     real = torch.randn(8, 1, 4, 4, requires_grad=True)
-    assert r1_penalty(critic(real), real).item() == pytest.approx(4.0)  # ||w||^2
+    assert L.r1_penalty(critic(real), real).item() == pytest.approx(4.0)  # ||w||^2

@@ -18,18 +18,16 @@ def test_shapes_and_range(image_size, channels):
     assert images.shape == (3, channels, image_size, image_size)
     assert images.min() >= -1 and images.max() <= 1  # tanh output matches data in [-1, 1]
     logits, features = D(images, with_features=True)
-    assert logits.shape == (3,)
-    assert features.shape[-2:] == (4, 4)
+    assert logits.shape == (3,) and features.shape[-2:] == (4, 4)
+    # one block per doubling from 4 x 4, and one more convolution: G's input projection, D's head
+    convs = [sum(isinstance(x, (nn.Conv2d, nn.ConvTranspose2d)) for x in m.modules()) for m in (G, D)]
+    assert 4 * 2 ** num_blocks(image_size) == image_size and convs == [num_blocks(image_size) + 1] * 2
 
 
-def test_one_block_per_doubling_of_a_power_of_two_image_size():
-    convs = lambda m: sum(isinstance(x, (nn.Conv2d, nn.ConvTranspose2d)) for x in m.modules())  # noqa: E731
-    assert num_blocks(32) == 3 and num_blocks(64) == 4
-    assert convs(Generator(image_size=64)) == convs(Generator(image_size=32)) + 1
-    assert convs(Discriminator(image_size=64)) == convs(Discriminator(image_size=32)) + 1
-    for bad in (0, 24, 28, 100):
-        with pytest.raises(ValueError, match="power of two"):
-            Generator(image_size=bad)
+@pytest.mark.parametrize("bad", [0, 24, 28, 100])
+def test_an_image_size_not_a_power_of_two_is_refused(bad):
+    with pytest.raises(ValueError, match="power of two"):
+        Generator(image_size=bad)
 
 
 def test_discriminator_returns_logits_not_probabilities():
@@ -53,8 +51,7 @@ def test_dcgan_init():
 
 @pytest.mark.parametrize("image_size, channels", [(64, 3), (32, 1)])
 def test_networks_are_pytorch_examples_layer_for_layer_but_for_ds_sigmoid(image_size, channels):
-    """With the variants off, G and D are main.py's netG and netD (scripts/canonical_dcgan.py) layer for
-    layer, but D ends in a logit instead of nn.Sigmoid."""
+    """With the variants off: scripts/canonical_dcgan.py's netG and netD layer for layer, but D's final Sigmoid."""
 
     def layers(module: nn.Module) -> list[str]:
         return [repr(m) for m in module.modules() if not list(m.children()) and not isinstance(m, nn.Identity)]
@@ -70,14 +67,12 @@ def test_spectral_norm_bounds_each_convolution():
     D = Discriminator(width=8, image_size=16, batchnorm=False, spectral_norm=True)
     for _ in range(20):  # one power iteration per training forward
         D(torch.randn(4, 1, 16, 16))
-    for conv in [m for m in D.modules() if isinstance(m, nn.Conv2d)]:
-        sigma = torch.linalg.matrix_norm(conv.weight.flatten(1), ord=2)
-        assert sigma.item() == pytest.approx(1.0, abs=0.05)
+    sigmas = [torch.linalg.matrix_norm(m.weight.flatten(1), ord=2) for m in D.modules() if isinstance(m, nn.Conv2d)]
+    assert sigmas and torch.stack(sigmas).tolist() == pytest.approx([1.0] * len(sigmas), abs=0.05)
 
 
 def test_spectral_norm_bounds_the_reshaped_matrix_not_the_convolution_on_images():
-    """sigma = 1 for the (out, in*4*4) matrix; on an image a 4x4 stride-2 convolution's overlapping patches
-    let its gain approach 2, while a 1x1 convolution stays within the bound."""
+    """sigma = 1 for the (out, in*4*4) matrix; a 4x4 stride-2 conv's overlapping patches let its gain approach 2."""
     torch.manual_seed(0)
     overlapping = nn.utils.parametrizations.spectral_norm(nn.Conv2d(1, 1, 4, stride=2, padding=1, bias=False))
     single = nn.utils.parametrizations.spectral_norm(nn.Conv2d(8, 4, 1, bias=False))
@@ -110,8 +105,7 @@ def test_minibatch_std_known_values():
     assert out.shape == (4, 4, 2, 2)
     torch.testing.assert_close(out[:, :3], x)  # the features pass through
     extra = out[:, 3, 0, 0]
-    assert extra[0].item() == pytest.approx(1.0) and extra[2].item() == pytest.approx(1.0)  # std of 0 and 2
-    assert extra[1].item() == pytest.approx(1e-4) and extra[3].item() == pytest.approx(1e-4)  # sqrt(0 + eps)
+    assert extra.tolist() == pytest.approx([1.0, 1e-4, 1.0, 1e-4])  # the std of 0 and 2; of 5 and 5, sqrt(0 + eps)
     assert (out[:, 3] == extra.view(4, 1, 1)).all()  # one constant channel per sample
 
 
