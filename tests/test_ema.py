@@ -1,5 +1,4 @@
-"""gan/core/ema.py: the EMA of G's weights and BatchNorm statistics, its decay schedules, its updates in
-the loop, and the sample grids drawn from it."""
+"""gan/core/ema.py: the EMA of G's weights and statistics, its decay schedules, its updates, the grids drawn from it."""
 
 from __future__ import annotations
 
@@ -72,8 +71,7 @@ def test_an_ema_updated_every_k_steps_keeps_its_half_life(kind, every):
 
 
 def test_the_loop_updates_the_ema_every_model_ema_every_steps(tmp_path, one_thread):
-    """At model.ema_every=3 a run updates the EMA after steps 3 and 6 only (the first copies G), and the
-    second moves it toward G by 1 - the decay of the 3 steps it stands for."""
+    """Updates after steps 3 and 6 only (the first copies G); the second by 1 - the decay of its 3 steps."""
     seen = []
 
     def record(state: Any) -> None:
@@ -134,8 +132,7 @@ def floats(module: nn.Module) -> Tensor:
 
 
 def test_the_ema_generator_moves_toward_g_at_each_update(tmp_path, one_thread):
-    """In a real run, each change of the EMA after its first (a copy of G) moves every weight and BatchNorm
-    statistic along G - EMA by one fraction strictly between 0 and 1 (steps where it holds still skipped)."""
+    """Each change after the first (a copy) moves every weight and statistic along G - EMA by one fraction in (0, 1)."""
     cfg = compose_config("trainer.max_steps=8", "optim.lr=0.01")  # big steps: rounding stays far below them
     seen: list[tuple[Tensor, Tensor]] = []
 

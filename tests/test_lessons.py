@@ -1,6 +1,5 @@
-"""The lessons a learner looks for after the walkthrough, each shown on the project's real G and D with,
-where there is one, the counterfactual that makes it matter; docs/more.md (and, for retain_graph's
-cost, docs/walkthrough.md) cites them, and docs/tour.ipynb runs them at a larger size."""
+"""The lessons of docs/more.md (and retain_graph's cost), on the real G and D with the counterfactual that makes
+each matter; docs/tour.ipynb runs them at a larger size."""
 
 from __future__ import annotations
 
@@ -25,9 +24,6 @@ def batchnorms(module: nn.Module) -> list[nn.BatchNorm2d]:
     return [m for m in module.modules() if isinstance(m, nn.BatchNorm2d)]
 
 
-# real and fake as separate batches through D -------------------------------------------------
-
-
 def test_real_and_fake_go_through_D_as_separate_batches_because_batchnorm_mixes_a_batch(tiny_gan):
     G, D = tiny_gan
     real, fake = digits(16), G(torch.randn(16, 16)).detach()
@@ -48,9 +44,6 @@ def test_real_and_fake_go_through_D_as_separate_batches_because_batchnorm_mixes_
         torch.testing.assert_close(D(torch.cat([real, fake])), torch.cat([D(real), D(fake)]))
 
 
-# BatchNorm's running statistics per iteration -------------------------------------------------
-
-
 def test_D_running_statistics_update_twice_in_d_step_and_once_in_g_step_and_G_once(tiny_gan):
     G, D = tiny_gan
     assert batchnorms(D) and batchnorms(G)
@@ -65,9 +58,6 @@ def test_D_running_statistics_update_twice_in_d_step_and_once_in_g_step_and_G_on
     g_step(D, G, adam(G), fake, real_features)
     assert counts(D) == {3}  # D(fake) once more; frozen D still updates its statistics
     assert counts(G) == {1}  # neither step runs G forward again
-
-
-# the cost of retain_graph ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("mode", list(BackwardMode))
@@ -92,12 +82,8 @@ def test_retain_graph_keeps_the_saved_tensors_until_the_last_backward(tiny_gan):
         _ = fake.grad_fn._saved_result
 
 
-# gradient accumulation ------------------------------------------------------------------------
-
-
 def d_grads_of(D: nn.Module, real: torch.Tensor, fake: torch.Tensor, micro_batches: int) -> list[torch.Tensor]:
-    """D's gradient of d_loss_bce over the whole batch, accumulated over `micro_batches` backward
-    calls of loss / k each, then released: the accumulation loop, without the optimizer."""
+    """D's gradient of d_loss_bce accumulated over `micro_batches` backward calls of loss / k, then released."""
     for r, f in zip(real.chunk(micro_batches), fake.chunk(micro_batches)):
         (d_loss_bce(D(r), D(f)) / micro_batches).backward()  # adds into .grad; no retain_graph
     grads = [p.grad.clone() for p in D.parameters()]
@@ -132,9 +118,6 @@ def test_two_backward_calls_before_the_step_are_accumulation(tiny_gan):
     nn.functional.binary_cross_entropy_with_logits(D(fake), zeros).backward()  # errD_fake
     for a, p in zip(together, D.parameters()):
         torch.testing.assert_close(p.grad, a)
-
-
-# contiguous() and channels_last ---------------------------------------------------------------
 
 
 def test_channels_last_features_of_the_real_D_need_flatten_not_view(tiny_gan):
