@@ -2,9 +2,8 @@
 torchvision's make_grid, for sample grids) and nothing of the rest of this project. Read them top
 to bottom, in this order:
 
-1. `models.py`   Generator and Discriminator of DCGAN as pytorch/examples builds them, N(0, 0.02) init,
-                 a state-size comment per stage; D returns logits, not probabilities. The variants
-                 (conditional, minibatch std, packing, spectral norm) sit apart, lower in the file.
+1. `models.py`   Generator and Discriminator of DCGAN as pytorch/examples builds them; D returns logits.
+                 The variants (conditional, minibatch std, packing, spectral norm) sit lower in the file.
 2. `losses.py`   the adversarial losses (non-saturating bce, hinge, Wasserstein) and the penalties
                  (gradient penalty, R1, feature matching), as pure functions of D's logits.
 3. `steps.py`    d_step and g_step: where every autograd technique lives —

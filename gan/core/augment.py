@@ -1,14 +1,13 @@
 """DiffAugment (Zhao et al. 2020, "Differentiable Augmentation for Data-Efficient GAN Training").
 
-Why: on a few thousand images D memorises the training set and G's signal goes with it. DiffAugment
-applies the same random transformations to every image D sees, real and fake, in both steps, so the
-augmentation cancels out of the game. The fakes are augmented on their way into D in the G step, so
-the augmentations are differentiable tensor ops: G's gradient flows back through them (an
-augmentation of uint8 pixels, a data loader's, would round that gradient away).
+Why: on a few thousand images D memorises the training set and G's signal goes with it. DiffAugment applies the
+same random transformations to every image D sees, real and fake, in both steps, so the augmentation cancels out of
+the game. The fakes are augmented on their way into D in the G step, so the augmentations are differentiable tensor
+ops: G's gradient flows back through them (an augmentation of uint8 pixels, a data loader's, would round that
+gradient away).
 
-The policies follow the paper's reference code (DiffAugment_pytorch.py), one random draw per image,
-from the generator passed in (torch's global one when None).
-"""
+The policies follow the paper's reference code (DiffAugment_pytorch.py), one random draw per image, from the
+generator passed in (torch's global one when None)."""
 
 from __future__ import annotations
 
@@ -93,14 +92,13 @@ def diff_augment(x: Tensor, policies: Sequence[str], generator: Optional[torch.G
 
 
 class AdaptiveAugment:
-    """DiffAugment whose strength follows D: each policy is applied to each image with probability p,
-    and p is steered to hold ADA's overfitting heuristic r_t = E[sign(D(x))] near a target
-    (StyleGAN2-ADA, Karras et al. 2020, sec. 3: "adaptive discriminator augmentation").
+    """DiffAugment whose strength follows D: each policy is applied to each image with probability p, and p is
+    steered to hold ADA's overfitting heuristic r_t = E[sign(D(x))] near a target (StyleGAN2-ADA, Karras et al. 2020,
+    sec. 3: "adaptive discriminator augmentation").
 
-    Every `interval` steps p moves by sign(mean r_t - target) x (images in those steps) / (speed_kimg
-    x 1000); p starts at 0, a 0-dim tensor on the device (no host sync). Its draws come from a generator
-    of its own, which the checkpoint saves: the run's main stream does not depend on them.
-    """
+    Every `interval` steps p moves by sign(mean r_t - target) x (images in those steps) / (speed_kimg x 1000); p
+    starts at 0, a 0-dim tensor on the device (no host sync). Its draws come from a generator of its own, which the
+    checkpoint saves: the run's main stream does not depend on them."""
 
     def __init__(
         self,

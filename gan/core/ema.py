@@ -2,7 +2,6 @@
 
 Why (Karras et al. 2018; Yazici et al. 2019): G's weights oscillate as G and D chase each other;
 their running average sits near the middle and changes slowly (docs/results.md#training-tools).
-Built on torch's AveragedModel, with its own decay schedule.
 """
 
 from typing import Callable, Optional
@@ -55,9 +54,8 @@ def _ema_update(decay_after: Callable[[Tensor], Tensor], every: int = 1) -> EmaU
     """AveragedModel's multi_avg_fn: averaged = decay * averaged + (1 - decay) * current, the decay a
     function of the steps so far (a tensor on the device: no host sync).
 
-    Updated every `every` steps, one update's decay is the product of the decays of the steps it
-    stands for, so the average keeps its half-life in steps (exact while G holds still; as
-    StyleGAN2-ADA's ema_kimg counts its half-life in images).
+    Updated every `every` steps, one update's decay is the product of the decays of the steps it stands for, so the
+    average keeps its half-life in steps (exact while G holds still; as StyleGAN2-ADA's ema_kimg counts it in images).
     """
 
     @torch.no_grad()

@@ -1,6 +1,5 @@
 """Adversarial losses and regularisers as pure functions of D's logits (D has no Sigmoid), each a
-scalar to minimise. The with-logits forms are exact rewrites of the textbook formulas that never take
-log(0) and stay correct under autocast."""
+scalar to minimise: with-logits rewrites of the textbook formulas, which never take log(0)."""
 
 from typing import Callable, NamedTuple
 

@@ -95,8 +95,11 @@ class Discriminator(nn.Module):
         head_in = ch + 1 if minibatch_std else ch
         self.head = nn.Conv2d(head_in, 1, 4, 1, 0, bias=False)  # a logit; no Sigmoid (see module docstring)
         self.apply(dcgan_init_)
-        # variant: the projection's class embeddings (num_classes x ch*4*4); None when unconditional
-        self.embed = class_embeddings(num_classes, ch * 4 * 4)
+        # variant: the projection discriminator's embed(y), one vector of D's feature size per class (None when
+        # unconditional); N(0, 0.02), the head's init, so the two terms of the logit start equally small
+        self.embed = nn.Embedding(num_classes, ch * 4 * 4) if num_classes else None
+        if self.embed is not None:
+            nn.init.normal_(self.embed.weight, 0.0, 0.02)
         if spectral_norm:
             spectral_norm_([*convs, self.head, *([self.embed] if self.embed is not None else [])])
 
@@ -128,8 +131,7 @@ def dcgan_init_(module: nn.Module) -> None:
 
 
 # Variants -----------------------------------------------------------------------------------------
-# Each is a config option, off by default in these constructors; the config turns two on by default:
-# spectral norm, and D without BatchNorm.
+# Each is a config option; the config turns two on by default: spectral norm, and D without BatchNorm.
 
 
 def append_class_code(z: Tensor, y: Optional[Tensor], num_classes: int) -> Tensor:
@@ -138,16 +140,6 @@ def append_class_code(z: Tensor, y: Optional[Tensor], num_classes: int) -> Tenso
     if y is None:
         raise ValueError("this generator is class-conditional: call it as G(z, y) with the classes y")
     return torch.cat([z, F.one_hot(y, num_classes).to(z.dtype)], dim=1)
-
-
-def class_embeddings(num_classes: int, size: int) -> Optional[nn.Embedding]:
-    """The projection discriminator's embed(y), one vector of D's feature size per class, or None;
-    N(0, 0.02), the head's init, so the two terms of the logit start equally small."""
-    if not num_classes:
-        return None
-    embed = nn.Embedding(num_classes, size)
-    nn.init.normal_(embed.weight, 0.0, 0.02)
-    return embed
 
 
 def projection(embed: nn.Embedding, y: Optional[Tensor], features: Tensor) -> Tensor:
@@ -166,21 +158,19 @@ def pack_samples(x: Tensor, pack: int) -> Tensor:
 
 
 def spectral_norm_(layers: list[nn.Module]) -> None:
-    """Spectral norm (Miyato et al. 2018): each weight, as an (out, in*k*k) matrix, divided by its
-    largest singular value (torch's parametrization, one power iteration per training forward). That
-    bounds each layer's slope: 1 for the matrix, up to 2 for a 4x4 stride-2 convolution, whose patches
-    overlap. Used without BatchNorm, which would undo the bound
-    (docs/results.md#adams-beta1-for-the-spectrally-normalised-d)."""
+    """Spectral norm (Miyato et al. 2018): each weight, as an (out, in*k*k) matrix, divided by its largest singular
+    value (torch's parametrization, one power iteration per training forward). That bounds each layer's slope: 1 for
+    the matrix, up to 2 for a 4x4 stride-2 convolution, whose patches overlap. Used without BatchNorm, which would
+    undo the bound (docs/results.md#adams-beta1-for-the-spectrally-normalised-d)."""
     for layer in layers:
         nn.utils.parametrizations.spectral_norm(layer)
 
 
 class MinibatchStd(nn.Module):
-    """(N, C, H, W) -> (N, C + 1, H, W): the features' standard deviation across a group of g samples,
-    averaged, as one more channel (ProGAN, Karras et al. 2018, sec. 3): a D that judges samples one at
-    a time cannot see that a batch of fakes lacks variety. Groups as StyleGAN2-ADA's (sample n with
-    n + N/g, ...; g shrinks to gcd(N, g)); in float32, as bf16 loses a small variance's digits.
-    """
+    """(N, C, H, W) -> (N, C + 1, H, W): the features' standard deviation across a group of g samples, averaged, as
+    one more channel (ProGAN, Karras et al. 2018, sec. 3): a D that judges samples one at a time cannot see that a
+    batch of fakes lacks variety. Groups as StyleGAN2-ADA's (sample n with n + N/g, ...; g shrinks to gcd(N, g)); in
+    float32, as bf16 loses a small variance's digits."""
 
     def __init__(self, group_size: int = 4):
         super().__init__()

@@ -1,7 +1,6 @@
 """Sampling from G without disturbing training: eval mode, no autograd, previous mode restored.
 
-pytorch/examples samples in train mode, so every snapshot also moves BatchNorm's running
-statistics (examples#804, #807).
+pytorch/examples samples in train mode, so each snapshot also moves BatchNorm's running statistics (examples#804, #807).
 """
 
 import contextlib

@@ -1,10 +1,5 @@
-"""One optimisation step per network: where the autograd techniques of this project live.
-
-  - the D step sees `fake.detach()`, so D's loss never reaches G's parameters;
-  - the G step runs D with `requires_grad_(False)`, so G's loss never fills D's `.grad`;
-  - gradients live only inside the step that makes them: `param.grad = None` right after the update.
-pytorch/examples' dcgan/main.py clears gradients before each backward (`netD.zero_grad()`); this
-module clears them after each update, which is why the G step freezes D (docs/walkthrough.md, section 4).
+"""One optimisation step per network: where the autograd techniques of this project live (gan/core/__init__.py
+lists them; docs/walkthrough.md, sections 3 and 4, explains them).
 
 Each step returns its diagnostics as 0-dim tensors still on the device: `.item()` forces a host
 sync, so the loop does that only at log time.
@@ -17,6 +12,7 @@ from typing import Callable, ContextManager, Iterable, Iterator, Optional
 
 import torch
 from torch import Tensor, nn
+from torch.optim import Optimizer
 
 from gan.core.augment import no_augment
 from gan.core.losses import LOSSES, AdversarialLoss, feature_matching, gradient_penalty, r1_penalty
@@ -57,12 +53,7 @@ FP32 = StepContext()  # bce, no extra terms, fp32: both steps' default, which th
 
 
 def d_step(
-    D: nn.Module,
-    opt_d: torch.optim.Optimizer,
-    real: Tensor,
-    fake: Tensor,
-    ctx: StepContext = FP32,
-    y: Optional[Tensor] = None,
+    D: nn.Module, opt_d: Optimizer, real: Tensor, fake: Tensor, ctx: StepContext = FP32, y: Optional[Tensor] = None
 ) -> tuple[dict[str, Tensor], Tensor]:
     """(1) Update D: minimise loss.d(D(x), D(G(z))); for bce, maximise log D(x) + log(1 - D(G(z))).
     `y`: the batch's classes (conditional runs). Returns the diagnostics and D's features of the reals."""
@@ -78,8 +69,7 @@ def d_step(
         fake_logits = D(ctx.augment(fake.detach()), y)
         terms = {"adv": ctx.loss.d(real_logits, fake_logits)}
         if penalties.gradient_penalty > 0:  # on interpolates of a real and a fake of the same class y
-            # fake.detach() again: the interpolates are built from `fake`, and their penalty is part of D's
-            # loss, so an attached fake would let that penalty's backward run on into G, as above
+            # fake.detach() again: an attached fake would let the penalty's backward run on into G, as above
             gp = gradient_penalty(lambda x: D(ctx.augment(x), y), real, fake.detach())
             terms["gp"] = penalties.gradient_penalty * gp
         if penalties.r1 > 0:
@@ -105,7 +95,7 @@ def d_step(
 def g_step(
     D: nn.Module,
     G: nn.Module,
-    opt_g: torch.optim.Optimizer,
+    opt_g: Optimizer,
     fake: Tensor,
     real_features: Tensor,
     ctx: StepContext = FP32,
@@ -148,11 +138,10 @@ def backward_terms(
 ) -> dict[str, Tensor]:
     """Backpropagate a multi-term loss into .grad; in separate mode, returns each term's gradient norm.
 
-    summed: one backward of the sum, the usual and cheapest form. separate: one backward per term.
-    The terms share one graph (through D and G), and backward() frees its saved tensors as it goes,
-    so every call but the last passes retain_graph=True; without it the next call raises "Trying to
-    backward through the graph a second time". Both modes leave the same .grad; a term's own norm is
-    the growth of .grad during its call.
+    summed: one backward of the sum, the usual and cheapest form. separate: one backward per term. The terms share
+    one graph (through D and G), and backward() frees its saved tensors as it goes, so every call but the last passes
+    retain_graph=True; without it the next call raises "Trying to backward through the graph a second time". Both
+    modes leave the same .grad; a term's own norm is the growth of .grad during its call.
     """
     if mode == BackwardMode.summed or len(terms) == 1:
         ctx.scaler.scale(sum(terms.values())).backward()
@@ -169,7 +158,7 @@ def backward_terms(
     return norms
 
 
-def update(optimizer: torch.optim.Optimizer, loss: Tensor, ctx: StepContext) -> None:
+def update(optimizer: Optimizer, loss: Tensor, ctx: StepContext) -> None:
     """optimizer.step() through the scaler (which skips steps with inf/NaN gradients under fp16),
     and not at all if ctx.skip_nonfinite and the loss is NaN/inf (that check syncs with the device)."""
     if ctx.skip_nonfinite and not torch.isfinite(loss):
@@ -181,12 +170,11 @@ def update(optimizer: torch.optim.Optimizer, loss: Tensor, ctx: StepContext) -> 
 def frozen(module: nn.Module) -> Iterator[nn.Module]:
     """requires_grad_(False) on every parameter inside the block, then each flag as it was.
 
-    A frozen D still passes gradient through to its input (the fake images, hence G) but builds no
-    gradient for its own weights. (no_grad() would cut the path to G too; eval() would only change
-    how BatchNorm normalises.) Its forward still updates its buffers (BatchNorm's statistics).
-    Needed because this loop clears gradients after each update, not before each backward: unfrozen,
-    D's next update would add G's loss gradient to its own. pytorch/examples' dcgan/main.py does not
-    freeze D; its `netD.zero_grad()` wipes that gradient.
+    A frozen D still passes gradient through to its input (the fake images, hence G) but builds no gradient for its
+    own weights. (no_grad() would cut the path to G too; eval() would only change how BatchNorm normalises.) Its
+    forward still updates its buffers (BatchNorm's statistics). Needed because this loop clears gradients after each
+    update, not before each backward: unfrozen, D's next update would add G's loss gradient to its own.
+    pytorch/examples' dcgan/main.py does not freeze D; its `netD.zero_grad()` wipes that gradient.
     """
     flags = [p.requires_grad for p in module.parameters()]
     module.requires_grad_(False)
@@ -200,10 +188,9 @@ def frozen(module: nn.Module) -> Iterator[nn.Module]:
 def release_grads(module: nn.Module) -> None:
     """param.grad = None after the update, as optimizer.zero_grad(set_to_none=True) does.
 
-    `None` rather than zero frees the gradient's memory while the other network trains, and the next
-    `backward()` writes a fresh gradient instead of adding to zeros. An optimizer skips a parameter
-    whose `.grad` is `None`; a zero `.grad` is still stepped, which Adam's momentum (beta1 > 0,
-    `experiment=paper`) turns into a move.
+    `None` rather than zero frees the gradient's memory while the other network trains, and the next `backward()`
+    writes a fresh gradient instead of adding to zeros. An optimizer skips a parameter whose `.grad` is `None`; a
+    zero `.grad` is still stepped, which Adam's momentum (beta1 > 0, `experiment=paper`) turns into a move.
     """
     for p in module.parameters():
         p.grad = None
