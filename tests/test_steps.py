@@ -179,7 +179,6 @@ def two_term_objective(G: nn.Module, D: nn.Module, real: Tensor) -> dict[str, Te
     with frozen(D):
         logits, features = D(fake, with_features=True)
         _, real_features = D(real, with_features=True)
-
     return {"adv": BCE.g(logits), "fm": 10 * feature_matching(real_features.detach(), features)}
 
 
@@ -298,14 +297,11 @@ def test_sample_builds_no_graph_and_leaves_generator_untouched(tiny_gan):
 
 def test_eval_mode_restores_the_previous_mode(tiny_gan):
     G, _ = tiny_gan
-    G.eval()
-    with eval_mode(G):
-        pass
-    assert not G.training
-    G.train()
-    with eval_mode(G):
-        assert not G.training
-    assert G.training
+    for training in (False, True):
+        G.train(training)
+        with eval_mode(G):
+            assert not G.training
+        assert G.training == training
 
 
 # 6. Device placement --------------------------------------------------------------------------
