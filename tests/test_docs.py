@@ -152,8 +152,7 @@ def table_cells(line: str) -> list[str]:
 
 
 def scopes(prose: list[str]) -> list[str]:
-    """Table cells and the sentences of paragraphs and list items: where a short citation
-    (`::test_name`, a bare `test_name`) takes its file from an earlier citation."""
+    """Table cells, headings and sentences: where `::test_name` or a bare `test_name` takes its file from before."""
     out: list[str] = []
     paragraph: list[str] = []
 
@@ -182,10 +181,7 @@ def scopes(prose: list[str]) -> list[str]:
 def prefixes(prose: list[str], doc: Path) -> dict[str, Path]:
     """A page's short test prefixes: table rows | `a::`, `b::` | `tests/test_a.py`, `tests/test_b.py` |."""
     mapping: dict[str, Path] = {}
-    for line in prose:
-        if not line.lstrip().startswith("|"):
-            continue
-        cells = table_cells(line)
+    for cells in (table_cells(line) for line in prose if line.lstrip().startswith("|")):
         if len(cells) < 2:
             continue
         names = [PREFIX.match(span) for span in CODE_SPAN.findall(cells[0])]
@@ -265,8 +261,7 @@ def citation_problems(text: str, doc: Path) -> list[str]:
 
 
 def link_problems(text: str, doc: Path) -> list[str]:
-    """A relative link must point at a file or folder of this repository; its #anchor, if any, at a
-    heading of the Markdown page it names (or of this page, for a bare #anchor)."""
+    """A relative link must point into this repository; its #anchor at a heading of that page (or of this one)."""
     prose, _ = split_fences(text)
     problems = []
     for match in LINK.finditer("\n".join(prose)):
@@ -284,8 +279,7 @@ def link_problems(text: str, doc: Path) -> list[str]:
 
 
 def heading_anchors(text: str) -> set[str]:
-    """The anchors GitHub gives a page's headings: lower case, punctuation other than '-' and '_'
-    dropped, each space a '-'; a repeated heading gets -1, -2, ..."""
+    """GitHub's heading anchors: lower case, punctuation but '-' and '_' dropped, space '-', repeats -1, -2, ..."""
     prose, _ = split_fences(text)
     anchors: set[str] = set()
     for line in prose:
@@ -531,8 +525,7 @@ def test_the_readme_technique_table_states_retain_graph_as_the_walkthrough_does(
 
 
 def cited_tests(cell: str) -> set[str]:
-    """The tests a table cell cites, as `tests/test_x.py::test_name`; `::test_name` is in the file
-    cited before it in the cell."""
+    """The tests a table cell cites, as `tests/test_x.py::test_name` (`::test_name`: in the file cited before)."""
     found, current = set(), None
     for span in CODE_SPAN.findall(cell):
         for match in TEST_ID.finditer(span):
@@ -545,8 +538,7 @@ def cited_tests(cell: str) -> set[str]:
 
 
 def proof_citation_problems(readme: str) -> list[str]:
-    """Each technique of MUTATIONS must have one row of the README's technique table whose 'proven by'
-    cell cites every test MUTATIONS checks for it; and no row may cite a PyTorch fact as a proof."""
+    """One README technique row per MUTATIONS technique, citing each of its tests, and no PyTorch fact as a proof."""
     from test_mutations import MUTATIONS, pytorch_facts
 
     rows = readme_technique_rows(readme)
