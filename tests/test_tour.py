@@ -43,41 +43,41 @@ def test_tour_is_stored_small_and_its_links_and_next_cells_hold():
     assert not wrong, f"cells {wrong} say 'the next cell' above a cell that is not code"
 
 
-def test_tour_shows_the_source_of_each_function_before_a_cell_calls_it():
-    """Each name imported from `gan` is shown (show_source) before a cell uses it; section 2's first-step cell aside."""
-    nb = nbformat.read(TOUR, as_version=4)
-    code = [cell for cell in nb.cells if cell.cell_type == "code"]
-    first_step = [i for i, cell in enumerate(code) if "first-step" in cell.metadata.get("tags", [])]
-    assert len(first_step) == 1, "the tour has no (or more than one) cell tagged first-step"
-    trees = [ast.parse(cell.source) for cell in code]
-    imported = {
-        alias.asname or alias.name
-        for tree in trees
-        for node in ast.walk(tree)
+def gan_imports() -> dict[str, object]:
+    """Each name the tour's code imports from `gan`, as the object it names."""
+    return {
+        alias.asname or alias.name: getattr(importlib.import_module(node.module), alias.name)
+        for cell in nbformat.read(TOUR, as_version=4).cells
+        if cell.cell_type == "code"
+        for node in ast.walk(ast.parse(cell.source))
         if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "gan"
         for alias in node.names
     }
+
+
+def test_tour_shows_the_source_of_each_function_before_a_cell_calls_it():
+    """Each name imported from `gan` is shown (show_source) before a cell uses it; section 2's first-step cell aside."""
+    code = [cell for cell in nbformat.read(TOUR, as_version=4).cells if cell.cell_type == "code"]
+    first_step = [i for i, cell in enumerate(code) if "first-step" in cell.metadata.get("tags", [])]
+    assert len(first_step) == 1, "the tour has no (or more than one) cell tagged first-step"
+    imported = set(gan_imports())
     shown_at: dict[str, int] = {}
     used_at: dict[str, int] = {}
     step_uses: set[str] = set()
-    for index, tree in enumerate(trees):
-        in_show_source = set()
+    for index, tree in enumerate(ast.parse(cell.source) for cell in code):
+        calls = [node for node in ast.walk(tree) if getattr(getattr(node, "func", None), "id", "") == "show_source"]
+        shown = {id(n): n.id for call in calls for arg in call.args for n in ast.walk(arg) if isinstance(n, ast.Name)}
+        for name in shown.values():
+            shown_at.setdefault(name, index)
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "show_source":
-                for name in (n for arg in node.args for n in ast.walk(arg) if isinstance(n, ast.Name)):
-                    shown_at.setdefault(name.id, index)
-                    in_show_source.add(id(name))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Name) and node.id in imported and id(node) not in in_show_source:
+            if isinstance(node, ast.Name) and node.id in imported and id(node) not in shown:
                 if index == first_step[0]:
                     step_uses.add(node.id)
                 else:
                     used_at.setdefault(node.id, index)
     assert used_at, "the tour uses nothing it imports from gan?"
     late = {name: (shown_at.get(name), cell) for name, cell in used_at.items() if shown_at.get(name, cell) >= cell}
-    assert not late, (
-        f"used before (or without) show_source, as name: (shown in code cell, first used in code cell): {late}"
-    )
+    assert not late, f"used before (or without) show_source, as name: (shown in, first used in code cell): {late}"
     assert step_uses and step_uses <= set(shown_at), f"the first step uses, never shown: {step_uses - set(shown_at)}"
 
 
@@ -243,14 +243,8 @@ def lines_read_until(last) -> int:
     """README down to its link to the tour, then the tour's cells and listings down to the first where `last` holds."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     lines = next(i for i, line in enumerate(readme) if "(docs/tour.ipynb)" in line) + 1
-    nb = nbformat.read(TOUR, as_version=4)
-    names = {}
-    for cell in nb.cells:
-        for node in ast.walk(ast.parse(cell.source) if cell.cell_type == "code" else ast.Module([], [])):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gan"):
-                for alias in node.names:
-                    names[alias.asname or alias.name] = getattr(importlib.import_module(node.module), alias.name)
-    for cell in nb.cells:
+    names = gan_imports()
+    for cell in nbformat.read(TOUR, as_version=4).cells:
         lines += len(cell.source.splitlines())
         if last(cell):
             return lines
