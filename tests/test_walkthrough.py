@@ -194,49 +194,37 @@ def test_clearing_G_before_its_backward_as_dcgan_main_does_would_wipe_D_contribu
     torch.testing.assert_close(gradient_of(G), clean)
 
 
-@pytest.mark.parametrize("freeze", [True, False])
-def test_without_freezing_G_loss_reaches_D_next_update_in_this_loop(tiny_gan, monkeypatch, freeze):
+@pytest.mark.parametrize("order", ["frozen", "unfrozen", "dcgan_main"])
+def test_what_reaches_D_next_update_frozen_unfrozen_and_in_dcgan_main_order(tiny_gan, monkeypatch, order):
+    """This loop's steps, with D frozen or not; and pytorch/examples' order: netD.zero_grad() first, D never frozen."""
     G, D = tiny_gan
     real, z = torch.rand(8, 1, 16, 16) * 2 - 1, torch.randn(8, 16)
-    if not freeze:
+    if order == "unfrozen":
         monkeypatch.setattr(steps, "frozen", contextlib.nullcontext)  # g_step's `with frozen(D)`, undone
     opt_g, opt_d = adam(G), adam(D)
     seen = gradients_at_each_update(opt_d)
     own = []
     for _ in range(2):
         fake = G(z)
-        D_copy = copy.deepcopy(D)  # D's own gradient at this update, computed apart on a copy
+        D_copy = copy.deepcopy(D)  # D's own gradient at this update, computed apart on a copy (no .grad copied)
         BCE.d(D_copy(real), D_copy(fake.detach())).backward()
         own.append(gradient_of(D_copy))
-        _, real_features = d_step(D, opt_d, real, fake)
-        g_step(D, G, opt_g, fake, real_features)
-    torch.testing.assert_close(seen[0], own[0])  # the first update: nothing written before it
-    if freeze:
-        torch.testing.assert_close(seen[1], own[1])
-    else:  # the first G step wrote into D's .grad, and nothing cleared it before D's next update
-        assert relative_difference(seen[1], own[1]) > 0.05
-
-
-def test_dcgan_main_trains_correctly_without_freezing_D_because_zero_grad_wipes_it(tiny_gan):
-    """pytorch/examples' order: netD.zero_grad() first in the D step, D never frozen."""
-    G, D = tiny_gan
-    real, z = torch.rand(8, 1, 16, 16) * 2 - 1, torch.randn(8, 16)
-    opt_g, opt_d = adam(G), adam(D)
-    seen = gradients_at_each_update(opt_d)
-    own = []
-    for _ in range(2):
+        if order != "dcgan_main":
+            _, real_features = d_step(D, opt_d, real, fake)
+            g_step(D, G, opt_g, fake, real_features)
+            continue
         D.zero_grad()
-        fake = G(z)
-        D_copy = copy.deepcopy(D)
-        BCE.d(D_copy(real), D_copy(fake.detach())).backward()
-        own.append(gradient_of(D_copy))
         BCE.d(D(real), D(fake.detach())).backward()
         opt_d.step()
         G.zero_grad()
         BCE.g(D(fake)).backward()  # D not frozen: this fills D's .grad too
         assert all(p.grad is not None for p in D.parameters())
         opt_g.step()
-    torch.testing.assert_close(seen[1], own[1])  # ... and the next zero_grad() wiped it
+    torch.testing.assert_close(seen[0], own[0])  # the first update: nothing written before it
+    if order == "unfrozen":  # the first G step wrote into D's .grad, and nothing cleared it before D's next update
+        assert relative_difference(seen[1], own[1]) > 0.05
+    else:  # frozen, nothing was written; in dcgan/main.py's order the next zero_grad() wiped it
+        torch.testing.assert_close(seen[1], own[1])
 
 
 # the gradient penalty (loss=wgan_gp) -------------------------------------------------------------
