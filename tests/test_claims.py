@@ -1,6 +1,4 @@
-"""The study notes' claims, one test each, asserting what PyTorch really does, so each fails if PyTorch
-behaved as a wrong claim says. docs/claims.md names each claim's test and quotes the claim in the note's words (with
-what would read differently on CUDA, for which the `meta` device stands in), its verdict and why."""
+"""The study notes' claims (docs/claims.md), each asserting what PyTorch really does; `meta` stands in for CUDA."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
-"""The docs cite the code: every file, function, test and excerpt they name must exist as written.
+"""The docs cite the code: every file, function, test, link, folder and excerpt they name exists as written.
 
-Checked in README.md and docs/*.md with ast (no torch): a backticked `path.py`, `path.py:name` or
-`path.py:Class.method` of this repository (a bare file name must name one file; `dcgan/main.py`, of
-another project, is not checked), `gan.module.name`, a test as `test_x.py::test_name`, `::test_name`
-(in the test file cited before it in the same table cell or sentence), `prefix::test_name` (a page's
-table row | `steps::` | `tests/test_steps.py` | maps the prefix) or a bare `test_name` (parametrize ids
-are not checked); a relative link and its #anchor; a ```python excerpt headed `# path.py:function`,
-each line of which must be a line of the function, in order (`...` marks an abridgement); a folder.
+Read with ast (no torch): `path.py[:name]`, `gan.module.name`, `test_x.py::test_name`, `::test_name` (the test file
+cited before it in the cell or sentence), `prefix::test_name` (a page's table row | `steps::` | `tests/test_steps.py` |)
+or a bare `test_name` (parametrize ids unchecked); a ```python excerpt headed `# path.py:function` (`...` abridges).
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""gan/core/models.py: shapes, ranges and initialisation of G and D at several image sizes, DCGAN as
-pytorch/examples' dcgan/main.py builds it, and D's variants (spectral norm, packing, minibatch stddev)."""
+"""gan/core/models.py: G and D's shapes, ranges and init, DCGAN as dcgan/main.py builds it, and D's variants."""
 
 import pytest
 import torch

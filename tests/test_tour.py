@@ -1,5 +1,4 @@
-"""docs/tour.ipynb runs top to bottom and prints what its text says it shows; executed with nbclient
-in a kernel spec written for the test on this very interpreter (the `docs` extra, which `test` pulls in)."""
+"""docs/tour.ipynb runs top to bottom (nbclient, a kernel on this interpreter) and prints what its text says."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The statements of docs/walkthrough.md and docs/more.md that test_steps.py and test_claims.py do not
-already prove, on the real G and D wherever the statement is about them, in the walkthrough's order."""
+"""The statements of docs/walkthrough.md and docs/more.md not proven in test_steps.py or test_claims.py, in order."""
 
 from __future__ import annotations
 
