@@ -174,14 +174,6 @@ def test_frozen_discriminator_still_passes_gradient_to_its_input(tiny_gan):
 # 3. Multi-loss G objective and retain_graph ---------------------------------------------------
 
 
-def two_term_objective(G: nn.Module, D: nn.Module, real: Tensor) -> dict[str, Tensor]:
-    fake = G(torch.randn(real.size(0), 16))
-    with frozen(D):
-        logits, features = D(fake, with_features=True)
-        _, real_features = D(real, with_features=True)
-    return {"adv": BCE.g(logits), "fm": 10 * feature_matching(real_features.detach(), features)}
-
-
 def test_summed_and_separate_backward_give_the_same_gradients(tiny_gan):
     G, D = tiny_gan
     real = torch.rand(16, 1, 16, 16) * 2 - 1
@@ -189,7 +181,11 @@ def test_summed_and_separate_backward_give_the_same_gradients(tiny_gan):
     for mode in BackwardMode:
         G_copy = copy.deepcopy(G)
         torch.manual_seed(1)
-        norms = backward_terms(two_term_objective(G_copy, D, real), list(G_copy.parameters()), mode)
+        with frozen(D):
+            logits, features = D(G_copy(torch.randn(16, 16)), with_features=True)
+            _, real_features = D(real, with_features=True)
+        terms = {"adv": BCE.g(logits), "fm": 10 * feature_matching(real_features.detach(), features)}
+        norms = backward_terms(terms, list(G_copy.parameters()), mode)
         grads[mode] = [p.grad.clone() for p in G_copy.parameters()]
         assert set(norms) == (set() if mode == BackwardMode.summed else {"adv", "fm"})
     for a, b in zip(grads[BackwardMode.summed], grads[BackwardMode.separate]):
@@ -314,10 +310,7 @@ class RandnCalls(TorchFunctionMode):
 
     def __init__(self, watched: tuple[int, ...]) -> None:
         super().__init__()
-        self.watched = watched
-        self.calls: list[tuple[tuple[int, ...], object]] = []
-        self.made: list[Tensor] = []
-        self.moved: list[str] = []
+        self.watched, self.calls, self.made, self.moved = watched, [], [], []  # shapes and devices; results; moves
 
     def __torch_function__(self, func: Callable[..., Any], types, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
