@@ -199,12 +199,10 @@ def test_note002_backward_and_grad():
     y = (x * x).sum()
     y.backward(retain_graph=True)
     y.backward()  # kept: works
-    x = torch.tensor(1.0, requires_grad=True)
-    (x**3).backward(torch.tensor(3.0))
-    assert x.grad.item() == 9.0
-    x = torch.tensor(2.0, requires_grad=True)
-    (x**3).backward(torch.tensor(3.0))
-    assert x.grad.item() == 3.0 * 3 * 2.0**2  # 36: the upstream 3 times z'(2) = 12
+    for value, expected in ((1.0, 9.0), (2.0, 36.0)):  # the upstream 3 times z'(x) = 3 x^2
+        x = torch.tensor(value, requires_grad=True)
+        (x**3).backward(torch.tensor(3.0))
+        assert x.grad.item() == expected
     W_h, W_x = torch.randn(20, 20, requires_grad=True), torch.randn(20, 10, requires_grad=True)
     x, prev_h = torch.randn(1, 10), torch.randn(1, 20)
     with pytest.raises(RuntimeError, match="cannot be multiplied"):
@@ -307,7 +305,6 @@ def test_note002_leaves_and_requires_grad():
     with torch.no_grad():
         y = x * 2
     assert not y.requires_grad and y.grad_fn is None and x.requires_grad
-    x = torch.tensor(1.0, requires_grad=True)
     y = x.detach()
     assert not y.requires_grad and bool(x.eq(y).all())
     assert (y * 2).grad_fn is None  # nothing after detach is tracked
@@ -424,22 +421,12 @@ def test_note003_Tensor_and_tensor():
     assert torch.Tensor(torch.arange(3)).dtype == torch.int64
     assert torch.Tensor(3).shape == (3,)
     assert torch.tensor(3).shape == () and torch.tensor(3).item() == 3
-    t = torch.zeros(3)
-    alias = torch.Tensor(t)
-    t[0] = 1.0
-    assert alias is not t and alias[0].item() == 1.0
-    array32 = np.zeros(3, dtype=np.float32)
-    from32 = torch.Tensor(array32)
-    array32[0] = 7.0
-    assert from32[0].item() == 7.0  # shared, not copied
-    array64 = np.zeros(3)
-    from64 = torch.Tensor(array64)
-    array64[0] = 7.0
-    assert from64[0].item() == 0.0 and from64.dtype == torch.float32  # copied
-    values = [0.0, 0.0]
-    from_list = torch.Tensor(values)
-    values[0] = 7.0
-    assert from_list[0].item() == 0.0
+    # torch.Tensor(data) shares a float32 tensor's or array's memory and copies a float64 array or a list
+    sources = [(torch.zeros(3), True), (np.zeros(3, dtype=np.float32), True), (np.zeros(3), False), ([0.0], False)]
+    for data, shared in sources:
+        made = torch.Tensor(data)
+        data[0] = 7.0
+        assert made is not data and made.dtype == torch.float32 and (made[0].item() == 7.0) == shared, type(data)
     with pytest.raises(TypeError, match='missing 1 required positional arguments: "data"'):
         torch.tensor()
     assert torch.tensor([1, 2]).dtype == torch.int64
@@ -494,15 +481,11 @@ def test_note003_views():
     assert b.view(4, 6).data_ptr() == b.data_ptr()  # dims 1, 2 kept their order (12 = 4 x 3): merge works
     with pytest.raises(RuntimeError, match="view size is not compatible"):
         b.view(8, 3)  # dims 0, 1 were swapped (1 != 12 x 2): merge fails
-    a = torch.zeros((3, 2))
-    b = a.view(2, 3)
-    a.fill_(1)
-    assert torch.equal(b, torch.ones(2, 3))
-    a = torch.zeros((3, 2))
-    b = a.reshape(2, 3)
-    a.fill_(1)
-    assert torch.equal(b, torch.ones(2, 3))
-    assert b.data_ptr() == a.data_ptr()
+    for reshaped in (torch.Tensor.view, torch.Tensor.reshape):  # on a contiguous tensor, both a view
+        a = torch.zeros((3, 2))
+        b = reshaped(a, 2, 3)
+        a.fill_(1)
+        assert torch.equal(b, torch.ones(2, 3)) and b.data_ptr() == a.data_ptr()
     t = torch.zeros((3, 2)).t()
     copied = t.reshape(6)
     t.fill_(1)
