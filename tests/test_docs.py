@@ -370,14 +370,13 @@ def test_a_wrong_citation_is_caught_and_a_right_one_passes(text, wrong):
 
 
 def test_a_wrong_excerpt_link_or_anchor_is_caught():
-    good = "```python\n# gan/core/steps.py:release_grads\nfor p in module.parameters():\n    p.grad = None\n```"
-    assert excerpt_problems(good, PAGE) == []
-    swapped = "```python\n# gan/core/steps.py:release_grads\np.grad = None\nfor p in module.parameters():\n```"
-    assert excerpt_problems(swapped, PAGE) != []
-    edited = "```python\n# gan/core/steps.py:release_grads\nfor p in module.parameters():\n    p.grad.zero_()\n```"
-    assert excerpt_problems(edited, PAGE) != []
-    abridged = "```python\n# gan/core/steps.py:d_step\npenalties = ctx.penalties\n...\nrelease_grads(D)\n```"
-    assert excerpt_problems(abridged, PAGE) == []
+    for body, right in [
+        ("release_grads\nfor p in module.parameters():\n    p.grad = None", True),
+        ("release_grads\np.grad = None\nfor p in module.parameters():", False),  # swapped
+        ("release_grads\nfor p in module.parameters():\n    p.grad.zero_()", False),  # edited
+        ("d_step\npenalties = ctx.penalties\n...\nrelease_grads(D)", True),  # abridged
+    ]:
+        assert (excerpt_problems(f"```python\n# gan/core/steps.py:{body}\n```", PAGE) == []) == right, body
     assert link_problems("[x](../tests/test_claims.py)", PAGE) == []
     assert link_problems("[x](../tests/test_nothing.py)", PAGE) != []
     assert link_problems("[x](../../shared/notes.md)", PAGE) == ["link (../../shared/notes.md) leaves the repository"]
