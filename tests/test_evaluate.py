@@ -34,7 +34,6 @@ from gan.config import (
 )
 from gan.errors import CheckpointError, MetricsError
 from gan.evaluation import export as X
-from gan.evaluation.grids import slerp
 from gan.evaluation.pipeline import (
     build_generator,
     data_config_of,
@@ -42,6 +41,7 @@ from gan.evaluation.pipeline import (
     generate,
     interrupted,
     recompute_batchnorm_stats,
+    slerp,
     to_uint8,
 )
 from gan.run import Run
@@ -404,8 +404,8 @@ def test_evaluating_a_run_leaves_every_file_of_it_as_it_was(tiny_run, tmp_path, 
 
 REFUSED = {  # settings -> what the paragraph says; Inception's files are checked before the checkpoint is read
     # num_samples (10,000 by default) is enough: the held-out split of the tiny digits (42 images) is not
-    "pr_k": (["metrics.pr_k=1000"], ["metrics.pr_k=1000 needs more than", "data=digits measured here holds 42"]),
-    "dc_k": (["metrics.dc_k=500"], ["metrics.dc_k=500 needs more than", "data=digits measured here holds 42"]),
+    "pr_k": (["metrics.pr_k=1000"], ["metrics.pr_k=1000 needs more than", "split of data=digits holds 42"]),
+    "dc_k": (["metrics.dc_k=500"], ["metrics.dc_k=500 needs more than", "split of data=digits holds 42"]),
     "inception": (["metrics.features=inception", "metrics.inception_weights=w.pth"], ["w.pth: no such file"]),
 }
 
