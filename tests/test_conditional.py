@@ -332,6 +332,12 @@ def test_the_probe_restores_D_buffers_and_draws_no_random_number(tiny_gan):
 
 
 # evaluate.py ------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def digits_root(tmp_path_factory) -> Path:
+    """One data.root for the module: the 16 px digits' metrics classifier is trained once and cached there."""
+    return tmp_path_factory.mktemp("data")
+
+
 def eval_config(tmp_path: Path, **kwargs) -> EvaluateConfig:
     """An evaluation of an untrained conditional G on 16 px digits (1200 training, 200 held-out images)."""
     checkpoint, metrics = tiny_checkpoint(tmp_path, "model.conditional=true"), MetricsConfig(kid_subsets=10)
@@ -342,8 +348,8 @@ def eval_config(tmp_path: Path, **kwargs) -> EvaluateConfig:
     return cfg
 
 
-def test_evaluate_reports_cond_accuracy_and_draws_one_row_per_class(tmp_path, one_thread):
-    results = evaluate(eval_config(tmp_path), tmp_path / "eval", {"root": str(tmp_path / "data")})
+def test_evaluate_reports_cond_accuracy_and_draws_one_row_per_class(tmp_path, one_thread, digits_root):
+    results = evaluate(eval_config(tmp_path), tmp_path / "eval", {"root": str(digits_root)})
     assert 0 <= results["cond_accuracy"] <= 1 and results["num_classes"] == 10 and results["class_id"] is None
     assert results["intra_fid"] is None  # 20 held-out images a class: too few for a per-class FID
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["cond_accuracy"] == results["cond_accuracy"]
@@ -351,7 +357,7 @@ def test_evaluate_reports_cond_accuracy_and_draws_one_row_per_class(tmp_path, on
         assert grid.size == (8 * 18 + 2, 10 * 18 + 2)
 
 
-def test_evaluate_class_id_draws_and_measures_that_class_alone(tmp_path, monkeypatch, one_thread):
+def test_evaluate_class_id_draws_and_measures_that_class_alone(tmp_path, monkeypatch, one_thread, digits_root):
     drawn, measure = [], P.measure
 
     def recorded(*args, **kwargs):  # the real measurement, with its classifier, samples and their classes noted
@@ -361,7 +367,7 @@ def test_evaluate_class_id_draws_and_measures_that_class_alone(tmp_path, monkeyp
     monkeypatch.setattr(P, "measure", recorded)
     cfg = eval_config(tmp_path, class_id=7)
     cfg.metrics.pr_k = cfg.metrics.dc_k = 3  # about 20 held-out images of class 7
-    results = evaluate(cfg, tmp_path / "eval", {"root": str(tmp_path / "data")})
+    results = evaluate(cfg, tmp_path / "eval", {"root": str(digits_root)})
     held_out = load_dataset(P.data_config_of(load_checkpoint(cfg.checkpoint), {}), train=False)
     assert results["class_id"] == 7 and results["num_real"] == int((held_out.labels == 7).sum())
     (_, classifier, _, fake, _, _, requested) = drawn[0]
@@ -371,7 +377,7 @@ def test_evaluate_class_id_draws_and_measures_that_class_alone(tmp_path, monkeyp
     assert not (tmp_path / "eval" / "classes.png").exists()
     cfg.metrics.dc_k = results["num_real"]  # each image's ball would need more neighbours than the class holds
     with pytest.raises(MetricsError, match=f"class_id=7: .* holds {results['num_real']}"):
-        evaluate(cfg, tmp_path / "again", {"root": str(tmp_path / "data")})
+        evaluate(cfg, tmp_path / "again", {"root": str(digits_root)})
 
 
 @pytest.mark.parametrize("conditional, class_id, message", [(True, 10, "out of range"), (False, 3, "unconditional")])

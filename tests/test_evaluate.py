@@ -54,17 +54,23 @@ TINY_EVAL = ["num_samples=200", "threads=1", "device=cpu", "metrics.kid_subsets=
 
 
 @pytest.fixture(scope="module")
-def evaluated(tiny_run, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+def digits_root(tmp_path_factory) -> Path:
+    """One data.root for the module: the 16 px digits' metrics classifier is trained once and cached there."""
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="module")
+def evaluated(tiny_run, digits_root, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """`evaluate.py checkpoint=<run dir>` on the session's tiny run, with every optional output switched on."""
-    root = tmp_path_factory.mktemp("eval")
-    outputs = ["export=both", "save_samples=npz", f"hydra.run.dir={root / 'eval'}"]
-    result = run_evaluate(f"checkpoint={tiny_run}", f"data.root={root / 'data'}", *TINY_EVAL, *outputs)
+    eval_dir = tmp_path_factory.mktemp("eval") / "eval"
+    outputs = ["export=both", "save_samples=npz", f"hydra.run.dir={eval_dir}"]
+    result = run_evaluate(f"checkpoint={tiny_run}", f"data.root={digits_root}", *TINY_EVAL, *outputs)
     assert result.returncode == 0, result.stderr[-3000:]
-    return root / "eval", result
+    return eval_dir, result
 
 
 # end to end: train.py, then evaluate.py on what it wrote ----------------------------------------
-def test_metrics_json_holds_every_metric(evaluated):
+def test_metrics_json_holds_every_metric(evaluated, digits_root):
     eval_dir, _ = evaluated
     results = json.loads((eval_dir / "metrics.json").read_text())
     assert REQUIRED_KEYS <= set(results)
@@ -90,7 +96,7 @@ def test_metrics_json_holds_every_metric(evaluated):
     assert "Trained in another environment" not in log
     assert "Metrics (classifier features, 200 samples vs 42 held-out images)" in log
     assert "kid_mean" in log and "coverage" in log
-    assert len(list((eval_dir.parent / "data" / "classifiers").glob("digits-16px-1ch-*.pt"))) == 1
+    assert len(list((digits_root / "classifiers").glob("digits-16px-1ch-*.pt"))) == 1
 
 
 def test_pictures_pngs_tensorboard_and_samples_npz_have_the_documented_layout(evaluated):
@@ -248,14 +254,14 @@ def quick_config(checkpoint: Path, metrics: MetricsConfig, **settings) -> Evalua
     return EvaluateConfig(checkpoint=str(checkpoint), metrics=metrics, **{**quick, **settings})
 
 
-def test_evaluate_in_process_on_stacked_data_counts_modes(tmp_path, one_thread):
+def test_evaluate_in_process_on_stacked_data_counts_modes(tmp_path, one_thread, digits_root):
     checkpoint = tiny_checkpoint(tmp_path, "data=stacked", "data.image_size=16", "data.num_samples=1200")
     cfg = quick_config(checkpoint, MetricsConfig(kid_subsets=5), num_samples=100)
-    results = evaluate(cfg, tmp_path / "eval", {"root": str(tmp_path / "data")})
+    results = evaluate(cfg, tmp_path / "eval", {"root": str(digits_root)})
     assert {"modes_covered", "mode_kl"} <= set(results) and 0 <= results["modes_covered"] <= 100
     assert results["classes_covered"] <= 10  # digits of the three channels, pooled
-    # the classifier learnt the grayscale source, not the stacked images
-    assert list((tmp_path / "data" / "classifiers").glob("digits-16px-1ch-*.pt"))
+    # the classifier of the grayscale source, not of the stacked images: the only one there
+    assert [p.name.split("-")[0] for p in (digits_root / "classifiers").iterdir()] == ["digits"]
 
 
 def unlabelled_checkpoint(tmp_path: Path, count: int = 40) -> Path:
@@ -277,16 +283,16 @@ def test_an_unlabelled_dataset_needs_inception_features(tmp_path, one_thread):
 @pytest.mark.parametrize("key", ["inception_weights", "feature_network"])
 def test_evaluate_end_to_end_with_each_inception_file(key, tmp_path, one_thread, inception_weights, nvlabs_inception):
     # The stand-in files of tests/conftest.py: torch-fidelity's state dict with random values, and a
-    # TorchScript module with NVlabs' signature. 8 generated against 8 held-out images: enough for
-    # finite numbers (metrics.fid explains the singular covariances), far too few for real ones.
+    # TorchScript module with NVlabs' signature. 4 generated against 4 held-out images, 2 neighbours: enough
+    # for finite numbers (metrics.fid explains the singular covariances), far too few for real ones.
     path = inception_weights if key == "inception_weights" else nvlabs_inception
-    metrics = MetricsConfig(features=FeatureSpace.inception, kid_subsets=5, **{key: str(path)})
-    cfg = quick_config(unlabelled_checkpoint(tmp_path, count=100), metrics, num_samples=8, batch_size=8, bn_batches=1)
+    metrics = MetricsConfig(features=FeatureSpace.inception, kid_subsets=5, pr_k=2, dc_k=2, **{key: str(path)})
+    cfg = quick_config(unlabelled_checkpoint(tmp_path, count=100), metrics, num_samples=4, batch_size=4, bn_batches=1)
     results = evaluate(cfg, tmp_path / "eval")
     written = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     for name in MEASURES:
         assert np.isfinite(written[name]), name
-    assert written["num_samples"] == written["num_real"] == 8 and written["real_split"] == "held-out"
+    assert written["num_samples"] == written["num_real"] == 4 and written["real_split"] == "held-out"
     assert written["features"] == "inception" and written["classifier"] is None  # no labels, no classifier
     space = written["feature_space"]
     assert space["file"] == str(path) and space["dims"] == 2048 and "published KID" in space["kid_kernel"]
@@ -391,13 +397,13 @@ def test_a_nan_in_a_batchnorm_statistic_alone_is_refused_by_evaluate(tiny_run, u
     assert build_generator(state, use_ema=not use_ema, device=torch.device("cpu"))[1] == ("raw" if use_ema else "EMA")
 
 
-def test_evaluating_a_run_leaves_every_file_of_it_as_it_was(tiny_run, tmp_path, one_thread):
+def test_evaluating_a_run_leaves_every_file_of_it_as_it_was(tiny_run, tmp_path, one_thread, digits_root):
     run_dir = shutil.copytree(tiny_run, tmp_path / "run")
     before = snapshot(run_dir)
     metrics = MetricsConfig(kid_subsets=2, kid_subset_size=32, classifier=ClassifierConfig(min_accuracy=0))
     cfg = quick_config(run_dir, metrics, num_samples=32, bn_batches=2, grid_samples=16, interpolation_rows=2)
     cfg.check()
-    evaluate(cfg, tmp_path / "eval", {"root": str(tmp_path / "data")})  # the classifier is cached there
+    evaluate(cfg, tmp_path / "eval", {"root": str(digits_root)})
     assert (tmp_path / "eval" / "metrics.json").is_file()
     assert snapshot(run_dir) == before
 
