@@ -314,7 +314,7 @@ def test_a_second_evaluation_into_a_finished_ones_folder_is_refused_and_its_metr
 # a checkpoint whose config disagrees with its weights: evaluate.py has no model.* to change -----------------
 AT_ODDS = {  # the checkpoint's model.conditional, then conditional=, num_classes=, what the paragraph says
     "conditional marked unconditional, num_classes kept": (
-        True, False, None, "model.conditional=false, but the checkpoint's entry 'num_classes' says"),
+        True, False, None, "model.conditional=false, but its entry 'num_classes' says"),
     # the first layer of the weights takes z_dim + 10 inputs, the model built from the config z_dim
     "conditional marked unconditional, num_classes 0": (
         True, False, 0, "net.0.weight: (26, 16, 4, 4) in the checkpoint, (16, 16, 4, 4) in the model"),

@@ -276,17 +276,15 @@ def classes_of(state: Mapping[str, Any], source: str = "the checkpoint") -> int:
         return num_classes
     built = f"built for {num_classes} classes" if num_classes else "built without classes (num_classes 0 or absent)"
     raise CheckpointError(
-        f"The config stored in {checkpoint_path(source)} and its weights disagree: the config says "
-        f"model.conditional={str(conditional).lower()}, but the checkpoint's entry 'num_classes' says its generator "
-        f"was {built}{', and a conditional one needs 2 or more' if conditional else ''}. {_DISAGREE} "
-        f"{another_checkpoint(checkpoint_path(source), 'evaluate')}"
+        f"The config stored in {checkpoint_path(source)} and its weights disagree: model.conditional="
+        f"{str(conditional).lower()}, but its entry 'num_classes' says its generator was {built}"
+        f"{', and a conditional one needs 2 or more' if conditional else ''}. {disagree(source)}"
     )
 
 
-_DISAGREE = (
-    "evaluate.py builds the generator from the checkpoint alone (it has no model.* settings), so the "
-    "checkpoint was damaged or edited after it was written."
-)
+def disagree(source: str, damaged: bool = True) -> str:  # evaluate.py has no model.* settings that could change
+    why = "evaluate.py builds the generator from the checkpoint alone: it was damaged or edited after it was written. "
+    return (why if damaged else "") + another_checkpoint(checkpoint_path(source), "evaluate")
 
 
 def build_generator(
@@ -296,9 +294,8 @@ def build_generator(
     model = OmegaConf.to_object(stored_group(state, "model", ModelConfig, source))
     data = OmegaConf.to_object(stored_group(state, "data", DataConfig, source))
     G = Generator(model.z_dim, model.g_width, data.channels, data.image_size, classes_of(state, source))
-    file = checkpoint_path(source)
-    advice = f"The generator is built from the config stored in {file}: its config and weights disagree. {_DISAGREE}"
-    advice += " " + another_checkpoint(file, "evaluate")
+    advice = f"The generator is built from the config stored in {checkpoint_path(source)}: its config and weights "
+    advice += f"disagree. {disagree(source)}"
     ema = state.get("G_ema")  # a state dict or None: load_checkpoint checked it
     if use_ema and ema is not None:
         weights = {k[len("module.") :]: v for k, v in ema.items() if k.startswith("module.")}
@@ -313,9 +310,8 @@ def build_generator(
     if bad:
         shown = ", ".join(bad[:4]) + (", ..." if len(bad) > 4 else "")
         raise CheckpointError(
-            f"The {name} generator in {source} holds NaN or inf in {len(bad)} of its {total} tensors ({shown}): "
-            "the checkpoint is damaged (training diverged before it was written, or the file was altered), and "
-            f"its samples would be noise. {another_checkpoint(file, 'evaluate')}"
+            f"The {name} generator in {source} holds NaN or inf in {len(bad)} of its {total} tensors ({shown}): the "
+            f"checkpoint is damaged (training diverged, or it was altered). {disagree(source, damaged=False)}"
         )
     return G.to(device).eval(), name
 
@@ -358,10 +354,8 @@ def classifier_for(
         digest = hashlib.sha1(path.read_bytes()).hexdigest()[:10] if path.is_file() else "not cached"
         return classifier, accuracy, f"{path.name} (sha1 {digest})"
     if cfg.metrics.features == FeatureSpace.classifier:
-        raise MetricsError(
-            f"data={data.name} has no class labels (1 class): the default classifier features need them. Use "
-            "metrics.features=inception."
-        )
+        raise MetricsError(f"data={data.name} has no class labels (1 class): classifier features need them. "
+                           "Use metrics.features=inception.")  # fmt: skip
     return None, None, None
 
 
