@@ -204,7 +204,7 @@ def test_download_is_not_attempted_when_the_files_are_there_and_a_failed_one_is_
 # missing and damaged data ----------------------------------------------------------------------------
 MISSING = [("mnist", "MNIST/raw", "data.download=true"), ("fashion_mnist", "FashionMNIST/raw", "data.download=true"),
            ("cifar10", "cifar-10-batches-py", "data.download=true"), ("celeba", "celeba", "data.download=true"),
-           ("folder", "", "nothing to download")]  # fmt: skip
+           ("folder", "", "downloads nothing")]  # fmt: skip
 
 
 @pytest.mark.parametrize("name, expected, remedy", MISSING)

@@ -70,12 +70,10 @@ def load_dataset(cfg: DataConfig, train: bool = True, in_memory: Optional[bool] 
     keep = cfg.in_memory if in_memory is None else in_memory
     nbytes = len(source) * source.channels * source.image_size**2
     keep = nbytes <= IN_MEMORY_LIMIT if keep is None else keep
-    size, where = source.image_size, ("in memory" if keep else "streamed by a DataLoader")
-    log.info(
-        f"data={cfg.name}, {split} split: {len(source)} images of {source.channels}x{size}x{size} "
-        f"({nbytes / 1e6:.0f} MB as uint8), {where}, {source.num_classes} classes "
-        f"({time.perf_counter() - started:.1f} s)"
-    )
+    size, where = source.image_size, "in memory" if keep else "streamed by a DataLoader"
+    shape = f"{len(source)} images of {source.channels}x{size}x{size} ({nbytes / 1e6:.0f} MB as uint8)"
+    took = f"{source.num_classes} classes ({time.perf_counter() - started:.1f} s)"
+    log.info(f"data={cfg.name}, {split} split: {shape}, {where}, {took}")
     return ImageSet(source.load_all() if keep else source, source.labels, source.num_classes, source.pack)
 
 
@@ -169,16 +167,12 @@ def read_image(path: str, channels: int, size: int) -> Tensor:
     except OSError as err:  # unreadable or truncated file; PIL.UnidentifiedImageError is an OSError
         raise DataError(f"{path} cannot be read as an image ({err}). Remove it or fix it.") from err
     except Image.DecompressionBombError as err:  # a small file that would decode to gigabytes
-        raise DataError(
-            f"{path} is refused: {err} Pillow stops such files (decompression bombs). Remove it, or raise "
-            "PIL.Image.MAX_IMAGE_PIXELS in your own launcher if the image is genuine."
-        ) from err
+        message = "(a decompression bomb). Remove it, or raise PIL.Image.MAX_IMAGE_PIXELS in your own launcher"
+        raise DataError(f"{path} is refused: {err} {message} if the image is genuine.") from err
     return fit_square(pixels, size)
 
 
-_FOLDER_REMEDY = (
-    "Set data.root to a folder of images, flat or a subfolder a class; data=folder has nothing to download."
-)
+_FOLDER_REMEDY = "Set data.root to a folder of images, flat or a subfolder a class; data=folder downloads nothing."
 _IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 _CIFAR_FILES = (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta")
 # IDX type codes (LeCun's format) -> bytes per value: ubyte, byte, short, int, float, double
@@ -210,15 +204,11 @@ def _open_mnist_like(cfg: DataConfig, train: bool, kind: type[datasets.MNIST], s
     dataset = _torchvision(cfg, lambda: kind(cfg.root, train=train, download=cfg.download), folder)
     images, labels = dataset.data, dataset.targets
     if images.size(0) != labels.numel():  # the two IDX headers count differently: one file is damaged
-        raise DataError(
-            f"data={cfg.name}: {image_file} holds {images.size(0)} images but {label_file} holds {labels.numel()} "
-            "labels: one of them is damaged or from another set. Replace both with the official files."
-        )
+        raise DataError(f"data={cfg.name}: {image_file} holds {images.size(0)} images but {label_file} holds "
+                        f"{labels.numel()} labels: one is damaged. Replace both with the official files.")  # fmt: skip
     if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= 10):
-        raise DataError(
-            f"data={cfg.name}: the labels file {label_file} holds values from {int(labels.min())} to "
-            f"{int(labels.max())}, outside the 10 classes 0-9: it is damaged. Replace it with the official file."
-        )
+        values = f"from {int(labels.min())} to {int(labels.max())}, outside the 10 classes 0-9"
+        raise DataError(f"data={cfg.name}: the labels file {label_file} holds values {values}. Replace it.")
     return ArrayImages(images.unsqueeze(1), labels, 10, cfg.channels, cfg.image_size)
 
 
