@@ -1,6 +1,4 @@
-"""Conditional generation, DiffAugment and the overfitting signals (issue 20): labels travel with the batch to
-both networks, DiffAugment sits between every image and D, and the two steps stay isolated with both; the labels
-of the batch stream, evaluate.py's class_id and cond_accuracy, and the probe that changes nothing of its run."""
+"""Conditional generation, DiffAugment and the overfitting signals (issue 20), in training and in evaluate.py."""
 
 from __future__ import annotations
 

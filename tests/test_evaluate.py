@@ -1,5 +1,4 @@
-"""The real `evaluate.py` on what the real `train.py` wrote, sampling discipline, latent interpolation, and the
-exported generator (TorchScript, torch.export) against the eager one."""
+"""evaluate.py on what train.py wrote, sampling, interpolation, and the exported generators against the eager one."""
 
 from __future__ import annotations
 

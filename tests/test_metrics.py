@@ -1,6 +1,4 @@
-"""Metrics: the k-NN and class arithmetic against brute force, and honesty checks that fail if a metric does
-not measure what it claims (each against a degraded image set), on 16 px digits (2000 training, 1000 held-out)
-with a classifier trained for three epochs, on one CPU thread."""
+"""The metrics' arithmetic against brute force, and honesty checks: each fails if a metric is blind to a degradation."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Datasets: each one an `ImageSource` of uint8 squares with labels, and its two splits; held in memory (one
-tensor, a batch is one indexing op) or streamed by DataLoader workers: the same pixels."""
+"""Datasets as `ImageSource`s of uint8 squares with labels, in two splits; held in memory or streamed: same pixels."""
 
 from __future__ import annotations
 
@@ -85,8 +84,7 @@ def open_source(cfg: DataConfig, train: bool = True) -> ImageSource:
 
 
 class ImageSource(Dataset):
-    """uint8 (C, S, S) images with labels: one by `__getitem__` (workers) or all by `load_all`, the same pixels.
-    `items` holds what each image is made from: raw arrays, file paths or index triples."""
+    """`items` (arrays, paths or index triples) as uint8 (C, S, S): one by `__getitem__` or all by `load_all`."""
 
     pack: Optional[str] = None  # a pack's content hash (open_packed)
 
@@ -213,8 +211,7 @@ def _open_mnist_like(cfg: DataConfig, train: bool, kind: type[datasets.MNIST], s
 
 
 def _check_idx_length(cfg: DataConfig, path: Path) -> None:
-    """Refuse an IDX file whose header is not one of its kind, or not as long as its header says, naming it
-    (torchvision does not: it says "invalid literal for int()" or "x should have 3 dimension instead of 2")."""
+    """A wrong header or length, named (torchvision says "invalid literal for int()" or "x should have 3 dim...")."""
     ndim = int(path.name.split("-idx")[1][0])  # train-images-idx3-ubyte: 3 sizes (count, height, width)
     with path.open("rb") as file:
         header = file.read(4 + 4 * ndim)

@@ -1,5 +1,4 @@
-"""Sample quality of uint8 images (N, C, H, W): FID, KID, precision/recall, density/coverage, class/mode coverage.
-Features: `classifier` (a small CNN on the labels, cached; comparable only with itself), `inception` (published FID)."""
+"""FID, KID, precision/recall, density/coverage, class/mode coverage of uint8 images (classifier or Inception space)."""
 
 import dataclasses
 import hashlib
@@ -170,8 +169,7 @@ class ClassifierFeatures(nn.Module):
 
 
 class Inception(nn.Module):
-    """Inception-v3 pool3: torch-fidelity's, with TF1 resize (the published FID; an antialiased resize moves FID,
-    Parmar 2022), or NVlabs' TorchScript file, called as StyleGAN2-ADA calls it. `feature_space` says which."""
+    """Inception-v3 pool3: torch-fidelity's with TF1 resize (Parmar 2022: another moves FID) or NVlabs' TorchScript."""
 
     num_features = INCEPTION_DIMS
 

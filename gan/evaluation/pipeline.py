@@ -1,5 +1,4 @@
-"""Evaluating a trained generator: sample, measure, draw, export, report. Samples are uint8, as the reals are;
-metrics use the held-out split, the nearest-neighbour check the training split (memorising copies training images)."""
+"""evaluate(): sample uint8 images, measure them against the held-out split, draw, export and report."""
 
 import dataclasses
 import hashlib
@@ -57,8 +56,7 @@ def evaluate(
     data_overrides: Optional[Mapping[str, Any]] = None,
     tb_dir: Optional[Path] = None,
 ) -> dict[str, Any]:
-    """Writes metrics.json, PNGs and TensorBoard events into run_dir (the events into `tb_dir` if given: the
-    training run's own, for train.py's final evaluation); returns metrics.json's content."""
+    """metrics.json, PNGs and TensorBoard events into run_dir (events into `tb_dir`: train.py's final evaluation)."""
     seconds, last = {}, time.perf_counter()
 
     def clock(name: str) -> None:
@@ -403,8 +401,7 @@ def class_metrics(
 
 
 def write_samples(fake: Tensor, npz: Optional[Path] = None, pngs: Optional[Path] = None) -> None:
-    """pngs: a folder, one file per image; npz: uint8 (N, H, W, C) under np.savez's default key `arr_0`, as metric
-    tools read it, written last (generate.py: a folder holding it holds every PNG)."""
+    """npz: uint8 (N, H, W, C) under `arr_0`, as metric tools read it, written last (so all PNGs precede it)."""
     images = fake.permute(0, 2, 3, 1).numpy()
     if pngs is not None:
         pngs.mkdir(exist_ok=True)
@@ -415,8 +412,7 @@ def write_samples(fake: Tensor, npz: Optional[Path] = None, pngs: Optional[Path]
 
 
 def interrupted(run_dir: Path) -> str:
-    """The line an interrupted evaluation ends with, saying what run_dir holds by then. metrics.json is written
-    after every measurement and picture, before TensorBoard's events (`report`)."""
+    """The last line of an interrupted evaluation: metrics.json comes after all else but TensorBoard's events."""
     names = [path.name for path in run_dir.iterdir()] if run_dir.is_dir() else []
     outputs = sorted(name for name in names if not name.startswith(".") and not name.endswith(".log"))
     if "metrics.json" in outputs:
