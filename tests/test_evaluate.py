@@ -49,7 +49,7 @@ MEASURES = ["fid", "kid_mean", "kid_std", "precision", "recall", "density", "cov
 REQUIRED_KEYS = {*MEASURES, "classes_covered", "class_kl", "num_samples", "num_real", "real_split", "feature_space"}
 register_evaluate_configs()
 # 200 samples; the metrics classifier trains in a few seconds on 10,000 digits, whatever the run drew
-TINY_EVAL = ["num_samples=200", "threads=1", "device=cpu", "metrics.kid_subsets=10"]
+TINY_EVAL = ["num_samples=200", "threads=1", "device=cpu", "metrics.kid_subsets=10", "bn_batches=2"]
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_metrics_json_holds_every_metric(evaluated, digits_root):
     assert space["network"].startswith("classifier") and space["file"] == results["classifier"]
     assert space["resizer"].startswith("none") and "scale-free" in space["kid_kernel"]
     assert results["generator"] == "EMA" and results["step"] == 6
-    assert results["batchnorm_stats"] == "recomputed (20 x 500 samples)"  # bn_batches=20 by default
+    assert results["batchnorm_stats"] == "recomputed (2 x 500 samples)"
     for key in ("precision", "recall", "coverage"):
         assert 0 <= results[key] <= 1
     assert results["fid"] > 0 and 0 <= results["classes_covered"] <= 10
@@ -126,7 +126,7 @@ def test_exported_generators_reload_and_match_the_eager_one(evaluated, tiny_run)
     eval_dir, _ = evaluated
     G, _ = build_generator(load_checkpoint(tiny_run), use_ema=True, device=torch.device("cpu"))
     # the exported G is the measured one: BatchNorm statistics recomputed as evaluate.py does (seeded)
-    recompute_batchnorm_stats(G, batches=20, batch_size=500, seed=0, device=torch.device("cpu"))
+    recompute_batchnorm_stats(G, batches=2, batch_size=500, seed=0, device=torch.device("cpu"))
     z = torch.randn(5, G.z_dim)
     with torch.no_grad():
         eager = G.eval()(z)
@@ -149,22 +149,20 @@ def compose_evaluate(*overrides: str) -> EvaluateConfig:
 def test_the_evaluate_config_composes_typed_and_needs_a_checkpoint():
     cfg = compose_evaluate("checkpoint=x.pt", "metrics.features=inception", "export=both")
     assert cfg.metrics.features == FeatureSpace.inception and cfg.export == ExportFormat.both
-    assert cfg.num_samples == 10000 and cfg.metrics.classifier.min_accuracy == 0.97
-    with pytest.raises(ConfigError, match="checkpoint=PATH is required"):
-        compose_evaluate()
-    with pytest.raises(ConfigError, match="num_samples"):
-        compose_evaluate("checkpoint=x.pt", "num_samples=1")
-    with pytest.raises(ConfigError, match="metrics.inception_weights"):
-        compose_evaluate("checkpoint=x.pt", "metrics.inception_weights=w.pth")  # without features=inception
-    with pytest.raises(ConfigError, match="metrics.feature_network='n.pt' is an Inception-v3 file"):
-        compose_evaluate("checkpoint=x.pt", "metrics.feature_network=n.pt")
-    nvlabs = compose_evaluate("checkpoint=x.pt", "metrics.features=inception", "metrics.feature_network=n.pt")
-    assert nvlabs.metrics.feature_network == "n.pt" and nvlabs.metrics.inception_weights is None
-    both = ["metrics.features=inception", "metrics.feature_network=n.pt", "metrics.inception_weights=w"]
-    with pytest.raises(ConfigError, match="give one"):
-        compose_evaluate("checkpoint=x.pt", *both)
-    with pytest.raises(ConfigError, match=r"num_samples=10 must exceed metrics.pr_k \(10\)"):
-        compose_evaluate("checkpoint=x.pt", "num_samples=10", "metrics.pr_k=10")
+    assert cfg.num_samples == 10000 and cfg.metrics.classifier.min_accuracy == 0.97 and cfg.bn_batches == 20
+    nvlabs = ["checkpoint=x.pt", "metrics.features=inception", "metrics.feature_network=n.pt"]
+    metrics = compose_evaluate(*nvlabs).metrics
+    assert metrics.feature_network == "n.pt" and metrics.inception_weights is None
+    for overrides, said in [
+        ([], "checkpoint=PATH is required"),
+        ([*nvlabs, "metrics.inception_weights=w"], "give one"),
+        (["checkpoint=x.pt", "num_samples=1"], "num_samples"),
+        (["checkpoint=x.pt", "metrics.inception_weights=w.pth"], "metrics.inception_weights"),  # features=classifier
+        (["checkpoint=x.pt", nvlabs[2]], "metrics.feature_network='n.pt' is an Inception-v3 file"),
+        (["checkpoint=x.pt", "num_samples=10", "metrics.pr_k=10"], r"num_samples=10 must exceed metrics.pr_k \(10\)"),
+    ]:
+        with pytest.raises(ConfigError, match=said):
+            compose_evaluate(*overrides)
 
 
 # the pieces, in process ----------------------------------------------------------------------------
