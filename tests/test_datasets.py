@@ -22,11 +22,10 @@ from torchvision import transforms
 import gan.checkpoint
 import gan.data.sources
 from gan.config import ClassifierConfig, ConfigError, DataConfig
-from gan.data import BatchStream, DataError, ImageSource, is_held_out, load_dataset, open_source, read_image, take
-from gan.data.digits import render_digits
+from gan.data import BatchStream, DataError, ImageSource, is_held_out, load_dataset, open_source, take
 from gan.data.pack import main as pack_main
 from gan.data.pack import write_pack
-from gan.data.sources import CLASSIFIER_CACHE, convert_channels, fit_square
+from gan.data.sources import CLASSIFIER_CACHE, convert_channels, fit_square, read_image, render_digits
 from gan.data.stream import to_unit_range, worker_message
 from gan.evaluation.metrics import classifier_key
 from gan.training import train

@@ -32,7 +32,7 @@ from gan.config import (
     validate_evaluate,
 )
 from gan.errors import CheckpointError, MetricsError
-from gan.evaluation import export as X
+from gan.evaluation import pipeline as X
 from gan.evaluation.pipeline import (
     build_generator,
     data_config_of,
