@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -271,12 +272,6 @@ def unlabelled_checkpoint(tmp_path: Path, count: int = 40) -> Path:
     return tiny_checkpoint(tmp_path, "data=folder", f"data.root={folder}", *(f"data.{s}" for s in settings))
 
 
-def test_an_unlabelled_dataset_needs_inception_features(tmp_path, one_thread):
-    cfg = EvaluateConfig(checkpoint=str(unlabelled_checkpoint(tmp_path)), num_samples=20, device="cpu")
-    with pytest.raises(MetricsError, match="metrics.features=inception"):
-        evaluate(cfg, tmp_path / "eval")
-
-
 @pytest.mark.parametrize("key", ["inception_weights", "feature_network"])
 def test_evaluate_end_to_end_with_each_inception_file(key, tmp_path, one_thread, inception_weights, nvlabs_inception):
     # The stand-in files of tests/conftest.py: torch-fidelity's state dict with random values, and a
@@ -285,6 +280,8 @@ def test_evaluate_end_to_end_with_each_inception_file(key, tmp_path, one_thread,
     path = inception_weights if key == "inception_weights" else nvlabs_inception
     metrics = MetricsConfig(features=FeatureSpace.inception, kid_subsets=5, pr_k=2, dc_k=2, **{key: str(path)})
     cfg = quick_config(unlabelled_checkpoint(tmp_path, count=100), metrics, num_samples=4, batch_size=4, bn_batches=1)
+    with pytest.raises(MetricsError, match="metrics.features=inception"):  # no labels: no classifier features
+        evaluate(dataclasses.replace(cfg, metrics=MetricsConfig(pr_k=2, dc_k=2)), tmp_path / "refused")
     results = evaluate(cfg, tmp_path / "eval")
     written = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     for name in MEASURES:
