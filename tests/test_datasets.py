@@ -219,6 +219,18 @@ def gzipped(raw: Path) -> None:  # the download leaves FILE.gz and unpacks it; t
     (raw / IMAGES).unlink()
 
 
+def damaged_mnist(root: Path, damage: str) -> Path:
+    """MNIST IDX files (40 training, 8 test images) whose test labels file is damaged; returns it."""
+    write_mnist(root, train=40, test=8)
+    labels = root / "MNIST" / "raw" / T10K
+    if damage == "truncated":  # the header still counts 8 labels; the file holds 6
+        labels.write_bytes(labels.read_bytes()[:-2])
+    else:  # labels 5..12: three of them are no digit
+        write_idx(labels, np.arange(8) + 5)
+    return labels
+
+
+HELD_OUT_DAMAGE = {"truncated": "is truncated", "out of range": "outside the 10 classes 0-9"}
 MNIST_DAMAGE = {
     "a wrong type code": (lambda raw: (raw / IMAGES).write_bytes(b"\0\0\x42\x03" + (raw / IMAGES).read_bytes()[4:]),
                           NOT_IDX),
@@ -235,11 +247,9 @@ MNIST_DAMAGE = {
     "a header announcing more than it holds": (
         lambda raw: [(raw / name).write_bytes(b"\x00\x00\x08\x03" + bytes(range(40))) for name in raw.iterdir()],
         r"{images} is truncated.*data\.download=true"),
-    # the held-out split's labels: the header still counts 8 labels and the file holds 6; labels 5..12
-    "held-out labels cut short": (lambda raw: (raw / T10K).write_bytes((raw / T10K).read_bytes()[:-2]),
-                                  "{raw}/t10k-labels-idx1-ubyte is truncated"),
-    "held-out labels outside 0-9": (lambda raw: write_idx(raw / T10K, np.arange(8) + 5),
-                                    "{raw}/t10k-labels-idx1-ubyte holds values .* outside the 10 classes 0-9"),
+    # the held-out split's labels (damaged_mnist, which test_training shares)
+    **{f"held-out labels {damage}": (lambda raw, damage=damage: damaged_mnist(raw.parent.parent, damage),
+                                     f"{{raw}}/{T10K} .*{says}") for damage, says in HELD_OUT_DAMAGE.items()},
 }  # fmt: skip
 
 
