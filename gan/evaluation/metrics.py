@@ -246,11 +246,11 @@ def nvlabs_inception(path: str) -> Inception:
         with torch.inference_mode():
             out = net(torch.zeros(2, 3, 32, 32, dtype=torch.uint8), return_features=True)
     except Exception as err:  # not TorchScript: torch.jit.load's RuntimeError; else another signature or input
-        problem = (
-            f"loads, but {call} fails" if net else "is not a TorchScript file (a state dict goes in inception_weights)"
-        )
-        raise MetricsError(f"metrics.feature_network={path} {problem} ({reason(err)}). It takes NVlabs' "
-                           f"{NVLABS_INCEPTION_URL}.") from err  # fmt: skip
+        problem = f"loads, but {call} fails" if net is not None else "is not a TorchScript file"
+        raise MetricsError(
+            f"metrics.feature_network={path} {problem} ({reason(err)}). It takes NVlabs' {NVLABS_INCEPTION_URL}; "
+            "a state dict goes in metrics.inception_weights."
+        ) from err
     if not (isinstance(out, Tensor) and out.is_floating_point() and tuple(out.shape) == (2, INCEPTION_DIMS)):
         got = f"a {out.dtype} tensor of shape {tuple(out.shape)}" if isinstance(out, Tensor) else type(out).__name__
         raise MetricsError(
