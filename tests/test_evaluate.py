@@ -274,9 +274,8 @@ def unlabelled_checkpoint(tmp_path: Path, count: int = 40) -> Path:
 
 @pytest.mark.parametrize("key", ["inception_weights", "feature_network"])
 def test_evaluate_end_to_end_with_each_inception_file(key, tmp_path, one_thread, inception_weights, nvlabs_inception):
-    # The stand-in files of tests/conftest.py: torch-fidelity's state dict with random values, and a
-    # TorchScript module with NVlabs' signature. 4 generated against 4 held-out images, 2 neighbours: enough
-    # for finite numbers (metrics.fid explains the singular covariances), far too few for real ones.
+    # conftest.py's stand-ins (random torch-fidelity weights, a TorchScript module of NVlabs' signature); 4 samples
+    # against 4 held-out images: finite numbers (metrics.fid: singular covariances), far too few for real ones
     path = inception_weights if key == "inception_weights" else nvlabs_inception
     metrics = MetricsConfig(features=FeatureSpace.inception, kid_subsets=5, pr_k=2, dc_k=2, **{key: str(path)})
     cfg = quick_config(unlabelled_checkpoint(tmp_path, count=100), metrics, num_samples=4, batch_size=4, bn_batches=1)

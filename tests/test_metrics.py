@@ -95,10 +95,8 @@ def test_real_is_near_the_floor_and_fid_and_kid_rise_monotonically_with_noise(di
 
 
 def test_slight_blur_costs_recall_not_precision(digits):
-    # The calibration behind the results table (scripts/calibrate.py): blurred real images stay
-    # inside the real manifold (precision) but no longer cover it (recall), as smooth samples do.
-    # Measured here: recall 0.91 -> 0.61, precision 0.92 -> 0.86; on Fashion-MNIST 0.88 -> 0.60
-    # and 0.88 -> 0.88 at FID 4.05
+    # scripts/calibrate.py's finding: blurred real images stay inside the real manifold (precision) but no longer
+    # cover it (recall), as smooth samples do. Here recall 0.91 -> 0.61, precision 0.92 -> 0.86
     real = measure(digits, training_images(digits))
     soft = measure(digits, M.with_gaussian_blur(training_images(digits), 0.5))
     assert soft["recall"] < real["recall"] - 0.15
@@ -130,9 +128,8 @@ def test_repeating_100_images_collapses_recall_and_coverage(digits):
 
 
 def test_kid_gamma_keeps_the_kernel_scale_free():
-    # Large ReLU-like features, as our classifier's (|f|^2 in the thousands): with torchmetrics'
-    # default gamma = 1/d the cubic kernel explodes; with gamma = 1/E|f|^2 two samples of one
-    # distribution score about 0, and scaling the features changes nothing.
+    # ReLU-like features with |f|^2 in the thousands, as the classifier's: gamma = 1/d would explode the cubic
+    # kernel; with 1/E|f|^2 two samples of one distribution score about 0, whatever the features' scale
     gen = torch.Generator().manual_seed(0)
     a, b = (torch.randn(600, 64, generator=gen).abs() * 6 for _ in range(2))
     mean, std = M.kid(a, b, subsets=20, subset_size=300)
@@ -268,9 +265,8 @@ def digits_and_noise(count: int = 4) -> tuple[Tensor, Tensor]:
 
 
 def test_torch_fidelity_weights_load_and_give_finite_2048_d_features_and_fid(inception_weights, one_thread, caplog):
-    # The weights file goes through torch-fidelity's own loading (FeatureExtractorInceptionV3's
-    # feature_extractor_weights_path) as the published file would. Random values are not the
-    # published weights: the sha256 check says so, and metrics.json records it.
+    # The file goes through torch-fidelity's own loading (feature_extractor_weights_path) as the published one
+    # would; random values are not the published weights: the sha256 check says so, and metrics.json records it
     with caplog.at_level(logging.WARNING, logger=M.__name__):
         net = inception(inception_weights=str(inception_weights))
     assert isinstance(net, M.Inception) and not net.torchscript and "not comparable with published FIDs" in caplog.text
