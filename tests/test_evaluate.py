@@ -167,22 +167,16 @@ def test_the_evaluate_config_composes_typed_and_needs_a_checkpoint():
 
 
 # the pieces, in process ----------------------------------------------------------------------------
-def test_the_ema_generator_is_used_when_the_checkpoint_has_one(tmp_path):
-    state = load_checkpoint(tiny_checkpoint(tmp_path))
-    cpu = torch.device("cpu")
-    ema, name = build_generator(state, use_ema=True, device=cpu)
-    raw, raw_name = build_generator(state, use_ema=False, device=cpu)
+def test_the_ema_generator_is_used_when_the_checkpoint_has_one_and_data_comes_from_it(tmp_path):
+    state, cpu = load_checkpoint(tiny_checkpoint(tmp_path)), torch.device("cpu")
+    (ema, name), (raw, raw_name) = (build_generator(state, use_ema=use, device=cpu) for use in (True, False))
     assert (name, raw_name) == ("EMA", "raw")
     torch.testing.assert_close(ema.state_dict()["net.0.weight"], 0.5 * raw.state_dict()["net.0.weight"])
     no_ema = load_checkpoint(tiny_checkpoint(tmp_path, ema=False))
     assert build_generator(no_ema, use_ema=True, device=cpu)[1] == "raw"
-
-
-def test_data_comes_from_the_checkpoint_and_only_given_keys_replace_it(tmp_path):
-    state = load_checkpoint(tiny_checkpoint(tmp_path))
-    data = data_config_of(state, {"root": str(tmp_path / "elsewhere")})
-    assert (data.name, data.image_size, data.num_samples) == ("digits", 16, 1200)
-    assert data.root == str(tmp_path / "elsewhere")
+    elsewhere = str(tmp_path / "elsewhere")
+    data = data_config_of(state, {"root": elsewhere})  # only the keys given replace the checkpoint's own
+    assert (data.name, data.image_size, data.num_samples, data.root) == ("digits", 16, 1200, elsewhere)
     with pytest.raises(ConfigError, match="data.image_size"):
         data_config_of(state, {"image_size": 32})
 
