@@ -16,8 +16,7 @@ from gan import launch
 from gan.api import load_generator
 from gan.config import GenerateConfig, register_evaluate_configs, validate_evaluate
 from gan.errors import RunDirError, UserError, environment_error
-from gan.evaluation.conditional import check_class_id
-from gan.evaluation.pipeline import generate, write_samples
+from gan.evaluation.pipeline import check_class_id, generate, write_samples
 from gan.run import Run
 
 log = logging.getLogger("generate")

@@ -1,6 +1,4 @@
-"""Conditional generation, DiffAugment and the overfitting signals (issue 20): labels travel with the batch to
-both networks, DiffAugment sits between every image and D, and the two steps stay isolated with both; the labels
-of the batch stream, evaluate.py's class_id and cond_accuracy, and the probe that changes nothing of its run."""
+"""Conditional generation, DiffAugment and the overfitting signals (issue 20), in training and in evaluate.py."""
 
 from __future__ import annotations
 
@@ -23,7 +21,7 @@ from gan.core.sampling import class_rows
 from gan.core.steps import StepContext, d_step, g_step
 from gan.data import BatchStream, load_dataset
 from gan.errors import MetricsError
-from gan.evaluation import conditional as C
+from gan.evaluation import metrics as M
 from gan.evaluation import pipeline as P
 from gan.evaluation.pipeline import evaluate
 from gan.training import train
@@ -332,6 +330,12 @@ def test_the_probe_restores_D_buffers_and_draws_no_random_number(tiny_gan):
 
 
 # evaluate.py ------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def digits_root(tmp_path_factory) -> Path:
+    """One data.root for the module: the 16 px digits' metrics classifier is trained once and cached there."""
+    return tmp_path_factory.mktemp("data")
+
+
 def eval_config(tmp_path: Path, **kwargs) -> EvaluateConfig:
     """An evaluation of an untrained conditional G on 16 px digits (1200 training, 200 held-out images)."""
     checkpoint, metrics = tiny_checkpoint(tmp_path, "model.conditional=true"), MetricsConfig(kid_subsets=10)
@@ -342,8 +346,8 @@ def eval_config(tmp_path: Path, **kwargs) -> EvaluateConfig:
     return cfg
 
 
-def test_evaluate_reports_cond_accuracy_and_draws_one_row_per_class(tmp_path, one_thread):
-    results = evaluate(eval_config(tmp_path), tmp_path / "eval", {"root": str(tmp_path / "data")})
+def test_evaluate_reports_cond_accuracy_and_draws_one_row_per_class(tmp_path, one_thread, digits_root):
+    results = evaluate(eval_config(tmp_path), tmp_path / "eval", {"root": str(digits_root)})
     assert 0 <= results["cond_accuracy"] <= 1 and results["num_classes"] == 10 and results["class_id"] is None
     assert results["intra_fid"] is None  # 20 held-out images a class: too few for a per-class FID
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["cond_accuracy"] == results["cond_accuracy"]
@@ -351,25 +355,27 @@ def test_evaluate_reports_cond_accuracy_and_draws_one_row_per_class(tmp_path, on
         assert grid.size == (8 * 18 + 2, 10 * 18 + 2)
 
 
-def test_evaluate_class_id_draws_and_measures_that_class_alone(tmp_path, monkeypatch, one_thread):
-    drawn = []
+def test_evaluate_class_id_draws_and_measures_that_class_alone(tmp_path, monkeypatch, one_thread, digits_root):
+    drawn, measure = [], P.measure
 
-    def recorded(*args, **kwargs):  # the real metric, with the classes the samples were drawn for noted
-        drawn.append(args[2])
-        return C.conditional_metrics(*args, **kwargs)
+    def recorded(*args, **kwargs):  # the real measurement, with its classifier, samples and their classes noted
+        drawn.append(args)
+        return measure(*args, **kwargs)
 
-    monkeypatch.setattr(P, "conditional_metrics", recorded)
+    monkeypatch.setattr(P, "measure", recorded)
     cfg = eval_config(tmp_path, class_id=7)
     cfg.metrics.pr_k = cfg.metrics.dc_k = 3  # about 20 held-out images of class 7
-    results = evaluate(cfg, tmp_path / "eval", {"root": str(tmp_path / "data")})
+    results = evaluate(cfg, tmp_path / "eval", {"root": str(digits_root)})
     held_out = load_dataset(P.data_config_of(load_checkpoint(cfg.checkpoint), {}), train=False)
     assert results["class_id"] == 7 and results["num_real"] == int((held_out.labels == 7).sum())
-    assert drawn and (drawn[0] == 7).all() and drawn[0].numel() == 200
-    assert 0 <= results["cond_accuracy"] <= 1 and "intra_fid" not in results  # one class: no spread
+    (_, classifier, _, fake, _, _, requested) = drawn[0]
+    assert (requested == 7).all() and requested.numel() == 200
+    obeyed = float((M.predict(classifier, fake, 64, CPU) == 7).float().mean())  # obedience to y
+    assert results["cond_accuracy"] == obeyed and "intra_fid" not in results  # one class: no spread
     assert not (tmp_path / "eval" / "classes.png").exists()
     cfg.metrics.dc_k = results["num_real"]  # each image's ball would need more neighbours than the class holds
-    with pytest.raises(MetricsError, match=f"holds {results['num_real']} images of that class, too few"):
-        evaluate(cfg, tmp_path / "again", {"root": str(tmp_path / "data")})
+    with pytest.raises(MetricsError, match=f"class_id=7: .* holds {results['num_real']}"):
+        evaluate(cfg, tmp_path / "again", {"root": str(digits_root)})
 
 
 @pytest.mark.parametrize("conditional, class_id, message", [(True, 10, "out of range"), (False, 3, "unconditional")])
@@ -382,25 +388,11 @@ def test_a_class_id_that_cannot_be_drawn_exits_2_naming_class_id(tmp_path, condi
 
 
 def test_intra_class_fid_is_each_class_against_its_own_held_out_images(monkeypatch):
-    monkeypatch.setattr(C, "MIN_PER_CLASS", 10)  # and 4 features: 50 images a class are enough
+    monkeypatch.setattr(P, "MIN_PER_CLASS", 10)  # and 4 features: 50 images a class are enough
     gen = torch.Generator().manual_seed(0)
     real = torch.cat([torch.randn(50, 4, generator=gen) + 3 * c for c in range(2)])
     labels = torch.arange(2).repeat_interleave(50)
-    right = C.conditional_metrics(_Always(labels), torch.zeros(100, 1, 4, 4), labels, real, labels, real, 50, CPU)
-    swapped = C.conditional_metrics(_Always(labels), torch.zeros(100, 1, 4, 4), 1 - labels, real, labels, real, 50, CPU)
-    assert right["cond_accuracy"] == 1.0 and swapped["cond_accuracy"] == 0.0
+    right, swapped = P.intra_fid(real, labels, real, labels), P.intra_fid(real, labels, real, 1 - labels)
     assert right["intra_fid"] < 1e-3 < swapped["intra_fid"]  # same images, wrong classes: far apart
     assert set(right["intra_fid_per_class"]) == {"0", "1"}
-
-
-class _Always(nn.Module):
-    """A stand-in classifier that predicts `labels`, in order, whatever it is shown."""
-
-    def __init__(self, labels: torch.Tensor):
-        super().__init__()
-        self.labels, self.offset = labels, 0
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        out = nn.functional.one_hot(self.labels[self.offset : self.offset + images.size(0)], 2).float()
-        self.offset += images.size(0)
-        return out
+    assert P.intra_fid(real, labels, real[:55], labels[:55])["intra_fid"] is None  # 5 of class 1: too few

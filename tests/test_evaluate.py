@@ -1,9 +1,9 @@
-"""The real `evaluate.py` on what the real `train.py` wrote, sampling discipline, latent interpolation, and the
-exported generator (TorchScript, torch.export) against the eager one."""
+"""evaluate.py on what train.py wrote, sampling, interpolation, and the exported generators against the eager one."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -33,8 +33,7 @@ from gan.config import (
     validate_evaluate,
 )
 from gan.errors import CheckpointError, MetricsError
-from gan.evaluation import export as X
-from gan.evaluation.grids import slerp
+from gan.evaluation import pipeline as X
 from gan.evaluation.pipeline import (
     build_generator,
     data_config_of,
@@ -42,6 +41,7 @@ from gan.evaluation.pipeline import (
     generate,
     interrupted,
     recompute_batchnorm_stats,
+    slerp,
     to_uint8,
 )
 from gan.run import Run
@@ -50,21 +50,27 @@ MEASURES = ["fid", "kid_mean", "kid_std", "precision", "recall", "density", "cov
 REQUIRED_KEYS = {*MEASURES, "classes_covered", "class_kl", "num_samples", "num_real", "real_split", "feature_space"}
 register_evaluate_configs()
 # 200 samples; the metrics classifier trains in a few seconds on 10,000 digits, whatever the run drew
-TINY_EVAL = ["num_samples=200", "threads=1", "device=cpu", "metrics.kid_subsets=10"]
+TINY_EVAL = ["num_samples=200", "threads=1", "device=cpu", "metrics.kid_subsets=10", "bn_batches=2"]
 
 
 @pytest.fixture(scope="module")
-def evaluated(tiny_run, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+def digits_root(tmp_path_factory) -> Path:
+    """One data.root for the module: the 16 px digits' metrics classifier is trained once and cached there."""
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="module")
+def evaluated(tiny_run, digits_root, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """`evaluate.py checkpoint=<run dir>` on the session's tiny run, with every optional output switched on."""
-    root = tmp_path_factory.mktemp("eval")
-    outputs = ["export=both", "save_samples=npz", f"hydra.run.dir={root / 'eval'}"]
-    result = run_evaluate(f"checkpoint={tiny_run}", f"data.root={root / 'data'}", *TINY_EVAL, *outputs)
+    eval_dir = tmp_path_factory.mktemp("eval") / "eval"
+    outputs = ["export=both", "save_samples=npz", f"hydra.run.dir={eval_dir}"]
+    result = run_evaluate(f"checkpoint={tiny_run}", f"data.root={digits_root}", *TINY_EVAL, *outputs)
     assert result.returncode == 0, result.stderr[-3000:]
-    return root / "eval", result
+    return eval_dir, result
 
 
 # end to end: train.py, then evaluate.py on what it wrote ----------------------------------------
-def test_metrics_json_holds_every_metric(evaluated):
+def test_metrics_json_holds_every_metric(evaluated, digits_root):
     eval_dir, _ = evaluated
     results = json.loads((eval_dir / "metrics.json").read_text())
     assert REQUIRED_KEYS <= set(results)
@@ -74,7 +80,7 @@ def test_metrics_json_holds_every_metric(evaluated):
     assert space["network"].startswith("classifier") and space["file"] == results["classifier"]
     assert space["resizer"].startswith("none") and "scale-free" in space["kid_kernel"]
     assert results["generator"] == "EMA" and results["step"] == 6
-    assert results["batchnorm_stats"] == "recomputed (20 x 500 samples)"  # bn_batches=20 by default
+    assert results["batchnorm_stats"] == "recomputed (2 x 500 samples)"
     for key in ("precision", "recall", "coverage"):
         assert 0 <= results[key] <= 1
     assert results["fid"] > 0 and 0 <= results["classes_covered"] <= 10
@@ -90,7 +96,7 @@ def test_metrics_json_holds_every_metric(evaluated):
     assert "Trained in another environment" not in log
     assert "Metrics (classifier features, 200 samples vs 42 held-out images)" in log
     assert "kid_mean" in log and "coverage" in log
-    assert len(list((eval_dir.parent / "data" / "classifiers").glob("digits-16px-1ch-*.pt"))) == 1
+    assert len(list((digits_root / "classifiers").glob("digits-16px-1ch-*.pt"))) == 1
 
 
 def test_pictures_pngs_tensorboard_and_samples_npz_have_the_documented_layout(evaluated):
@@ -121,7 +127,7 @@ def test_exported_generators_reload_and_match_the_eager_one(evaluated, tiny_run)
     eval_dir, _ = evaluated
     G, _ = build_generator(load_checkpoint(tiny_run), use_ema=True, device=torch.device("cpu"))
     # the exported G is the measured one: BatchNorm statistics recomputed as evaluate.py does (seeded)
-    recompute_batchnorm_stats(G, batches=20, batch_size=500, seed=0, device=torch.device("cpu"))
+    recompute_batchnorm_stats(G, batches=2, batch_size=500, seed=0, device=torch.device("cpu"))
     z = torch.randn(5, G.z_dim)
     with torch.no_grad():
         eager = G.eval()(z)
@@ -144,41 +150,33 @@ def compose_evaluate(*overrides: str) -> EvaluateConfig:
 def test_the_evaluate_config_composes_typed_and_needs_a_checkpoint():
     cfg = compose_evaluate("checkpoint=x.pt", "metrics.features=inception", "export=both")
     assert cfg.metrics.features == FeatureSpace.inception and cfg.export == ExportFormat.both
-    assert cfg.num_samples == 10000 and cfg.metrics.classifier.min_accuracy == 0.97
-    with pytest.raises(ConfigError, match="checkpoint=PATH is required"):
-        compose_evaluate()
-    with pytest.raises(ConfigError, match="num_samples"):
-        compose_evaluate("checkpoint=x.pt", "num_samples=1")
-    with pytest.raises(ConfigError, match="metrics.inception_weights"):
-        compose_evaluate("checkpoint=x.pt", "metrics.inception_weights=w.pth")  # without features=inception
-    with pytest.raises(ConfigError, match="metrics.feature_network='n.pt' is an Inception-v3 file"):
-        compose_evaluate("checkpoint=x.pt", "metrics.feature_network=n.pt")
-    nvlabs = compose_evaluate("checkpoint=x.pt", "metrics.features=inception", "metrics.feature_network=n.pt")
-    assert nvlabs.metrics.feature_network == "n.pt" and nvlabs.metrics.inception_weights is None
-    both = ["metrics.features=inception", "metrics.feature_network=n.pt", "metrics.inception_weights=w"]
-    with pytest.raises(ConfigError, match="give one"):
-        compose_evaluate("checkpoint=x.pt", *both)
-    with pytest.raises(ConfigError, match=r"num_samples=10 must exceed metrics.pr_k \(10\)"):
-        compose_evaluate("checkpoint=x.pt", "num_samples=10", "metrics.pr_k=10")
+    assert cfg.num_samples == 10000 and cfg.metrics.classifier.min_accuracy == 0.97 and cfg.bn_batches == 20
+    nvlabs = ["checkpoint=x.pt", "metrics.features=inception", "metrics.feature_network=n.pt"]
+    metrics = compose_evaluate(*nvlabs).metrics
+    assert metrics.feature_network == "n.pt" and metrics.inception_weights is None
+    for overrides, said in [
+        ([], "checkpoint=PATH is required"),
+        ([*nvlabs, "metrics.inception_weights=w"], "give one"),
+        (["checkpoint=x.pt", "num_samples=1"], "num_samples"),
+        (["checkpoint=x.pt", "metrics.inception_weights=w.pth"], "metrics.inception_weights"),  # features=classifier
+        (["checkpoint=x.pt", nvlabs[2]], "metrics.feature_network='n.pt' is an Inception-v3 file"),
+        (["checkpoint=x.pt", "num_samples=10", "metrics.pr_k=10"], r"num_samples=10 must exceed metrics.pr_k \(10\)"),
+    ]:
+        with pytest.raises(ConfigError, match=said):
+            compose_evaluate(*overrides)
 
 
 # the pieces, in process ----------------------------------------------------------------------------
-def test_the_ema_generator_is_used_when_the_checkpoint_has_one(tmp_path):
-    state = load_checkpoint(tiny_checkpoint(tmp_path))
-    cpu = torch.device("cpu")
-    ema, name = build_generator(state, use_ema=True, device=cpu)
-    raw, raw_name = build_generator(state, use_ema=False, device=cpu)
+def test_the_ema_generator_is_used_when_the_checkpoint_has_one_and_data_comes_from_it(tmp_path):
+    state, cpu = load_checkpoint(tiny_checkpoint(tmp_path)), torch.device("cpu")
+    (ema, name), (raw, raw_name) = (build_generator(state, use_ema=use, device=cpu) for use in (True, False))
     assert (name, raw_name) == ("EMA", "raw")
     torch.testing.assert_close(ema.state_dict()["net.0.weight"], 0.5 * raw.state_dict()["net.0.weight"])
     no_ema = load_checkpoint(tiny_checkpoint(tmp_path, ema=False))
     assert build_generator(no_ema, use_ema=True, device=cpu)[1] == "raw"
-
-
-def test_data_comes_from_the_checkpoint_and_only_given_keys_replace_it(tmp_path):
-    state = load_checkpoint(tiny_checkpoint(tmp_path))
-    data = data_config_of(state, {"root": str(tmp_path / "elsewhere")})
-    assert (data.name, data.image_size, data.num_samples) == ("digits", 16, 1200)
-    assert data.root == str(tmp_path / "elsewhere")
+    elsewhere = str(tmp_path / "elsewhere")
+    data = data_config_of(state, {"root": elsewhere})  # only the keys given replace the checkpoint's own
+    assert (data.name, data.image_size, data.num_samples, data.root) == ("digits", 16, 1200, elsewhere)
     with pytest.raises(ConfigError, match="data.image_size"):
         data_config_of(state, {"image_size": 32})
 
@@ -248,14 +246,14 @@ def quick_config(checkpoint: Path, metrics: MetricsConfig, **settings) -> Evalua
     return EvaluateConfig(checkpoint=str(checkpoint), metrics=metrics, **{**quick, **settings})
 
 
-def test_evaluate_in_process_on_stacked_data_counts_modes(tmp_path, one_thread):
+def test_evaluate_in_process_on_stacked_data_counts_modes(tmp_path, one_thread, digits_root):
     checkpoint = tiny_checkpoint(tmp_path, "data=stacked", "data.image_size=16", "data.num_samples=1200")
     cfg = quick_config(checkpoint, MetricsConfig(kid_subsets=5), num_samples=100)
-    results = evaluate(cfg, tmp_path / "eval", {"root": str(tmp_path / "data")})
+    results = evaluate(cfg, tmp_path / "eval", {"root": str(digits_root)})
     assert {"modes_covered", "mode_kl"} <= set(results) and 0 <= results["modes_covered"] <= 100
     assert results["classes_covered"] <= 10  # digits of the three channels, pooled
-    # the classifier learnt the grayscale source, not the stacked images
-    assert list((tmp_path / "data" / "classifiers").glob("digits-16px-1ch-*.pt"))
+    # the classifier of the grayscale source, not of the stacked images: the only one there
+    assert [p.name.split("-")[0] for p in (digits_root / "classifiers").iterdir()] == ["digits"]
 
 
 def unlabelled_checkpoint(tmp_path: Path, count: int = 40) -> Path:
@@ -268,25 +266,20 @@ def unlabelled_checkpoint(tmp_path: Path, count: int = 40) -> Path:
     return tiny_checkpoint(tmp_path, "data=folder", f"data.root={folder}", *(f"data.{s}" for s in settings))
 
 
-def test_an_unlabelled_dataset_needs_inception_features(tmp_path, one_thread):
-    cfg = EvaluateConfig(checkpoint=str(unlabelled_checkpoint(tmp_path)), num_samples=20, device="cpu")
-    with pytest.raises(MetricsError, match="metrics.features=inception"):
-        evaluate(cfg, tmp_path / "eval")
-
-
 @pytest.mark.parametrize("key", ["inception_weights", "feature_network"])
 def test_evaluate_end_to_end_with_each_inception_file(key, tmp_path, one_thread, inception_weights, nvlabs_inception):
-    # The stand-in files of tests/conftest.py: torch-fidelity's state dict with random values, and a
-    # TorchScript module with NVlabs' signature. 8 generated against 8 held-out images: enough for
-    # finite numbers (metrics.fid explains the singular covariances), far too few for real ones.
+    # conftest.py's stand-ins (random torch-fidelity weights, a TorchScript module of NVlabs' signature); 4 samples
+    # against 4 held-out images: finite numbers (metrics.fid: singular covariances), far too few for real ones
     path = inception_weights if key == "inception_weights" else nvlabs_inception
-    metrics = MetricsConfig(features=FeatureSpace.inception, kid_subsets=5, **{key: str(path)})
-    cfg = quick_config(unlabelled_checkpoint(tmp_path, count=100), metrics, num_samples=8, batch_size=8, bn_batches=1)
+    metrics = MetricsConfig(features=FeatureSpace.inception, kid_subsets=5, pr_k=2, dc_k=2, **{key: str(path)})
+    cfg = quick_config(unlabelled_checkpoint(tmp_path, count=100), metrics, num_samples=4, batch_size=4, bn_batches=1)
+    with pytest.raises(MetricsError, match="metrics.features=inception"):  # no labels: no classifier features
+        evaluate(dataclasses.replace(cfg, metrics=MetricsConfig(pr_k=2, dc_k=2)), tmp_path / "refused")
     results = evaluate(cfg, tmp_path / "eval")
     written = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     for name in MEASURES:
         assert np.isfinite(written[name]), name
-    assert written["num_samples"] == written["num_real"] == 8 and written["real_split"] == "held-out"
+    assert written["num_samples"] == written["num_real"] == 4 and written["real_split"] == "held-out"
     assert written["features"] == "inception" and written["classifier"] is None  # no labels, no classifier
     space = written["feature_space"]
     assert space["file"] == str(path) and space["dims"] == 2048 and "published KID" in space["kid_kernel"]
@@ -308,7 +301,7 @@ def test_a_second_evaluation_into_a_finished_ones_folder_is_refused_and_its_metr
 # a checkpoint whose config disagrees with its weights: evaluate.py has no model.* to change -----------------
 AT_ODDS = {  # the checkpoint's model.conditional, then conditional=, num_classes=, what the paragraph says
     "conditional marked unconditional, num_classes kept": (
-        True, False, None, "model.conditional=false, but the checkpoint's entry 'num_classes' says"),
+        True, False, None, "model.conditional=false, but its entry 'num_classes' says"),
     # the first layer of the weights takes z_dim + 10 inputs, the model built from the config z_dim
     "conditional marked unconditional, num_classes 0": (
         True, False, 0, "net.0.weight: (26, 16, 4, 4) in the checkpoint, (16, 16, 4, 4) in the model"),
@@ -391,21 +384,21 @@ def test_a_nan_in_a_batchnorm_statistic_alone_is_refused_by_evaluate(tiny_run, u
     assert build_generator(state, use_ema=not use_ema, device=torch.device("cpu"))[1] == ("raw" if use_ema else "EMA")
 
 
-def test_evaluating_a_run_leaves_every_file_of_it_as_it_was(tiny_run, tmp_path, one_thread):
+def test_evaluating_a_run_leaves_every_file_of_it_as_it_was(tiny_run, tmp_path, one_thread, digits_root):
     run_dir = shutil.copytree(tiny_run, tmp_path / "run")
     before = snapshot(run_dir)
     metrics = MetricsConfig(kid_subsets=2, kid_subset_size=32, classifier=ClassifierConfig(min_accuracy=0))
     cfg = quick_config(run_dir, metrics, num_samples=32, bn_batches=2, grid_samples=16, interpolation_rows=2)
     cfg.check()
-    evaluate(cfg, tmp_path / "eval", {"root": str(tmp_path / "data")})  # the classifier is cached there
+    evaluate(cfg, tmp_path / "eval", {"root": str(digits_root)})
     assert (tmp_path / "eval" / "metrics.json").is_file()
     assert snapshot(run_dir) == before
 
 
 REFUSED = {  # settings -> what the paragraph says; Inception's files are checked before the checkpoint is read
     # num_samples (10,000 by default) is enough: the held-out split of the tiny digits (42 images) is not
-    "pr_k": (["metrics.pr_k=1000"], ["metrics.pr_k=1000 needs more than", "data=digits measured here holds 42"]),
-    "dc_k": (["metrics.dc_k=500"], ["metrics.dc_k=500 needs more than", "data=digits measured here holds 42"]),
+    "pr_k": (["metrics.pr_k=1000"], ["metrics.pr_k=1000 needs more than", "split of data=digits holds 42"]),
+    "dc_k": (["metrics.dc_k=500"], ["metrics.dc_k=500 needs more than", "split of data=digits holds 42"]),
     "inception": (["metrics.features=inception", "metrics.inception_weights=w.pth"], ["w.pth: no such file"]),
 }
 

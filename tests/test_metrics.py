@@ -1,6 +1,4 @@
-"""Metrics: the k-NN and class arithmetic against brute force, and honesty checks that fail if a metric does
-not measure what it claims (each against a degraded image set), on 16 px digits (2000 training, 1000 held-out)
-with a classifier trained for three epochs, on one CPU thread."""
+"""The metrics' arithmetic against brute force, and honesty checks: each fails if a metric is blind to a degradation."""
 
 from __future__ import annotations
 
@@ -97,10 +95,8 @@ def test_real_is_near_the_floor_and_fid_and_kid_rise_monotonically_with_noise(di
 
 
 def test_slight_blur_costs_recall_not_precision(digits):
-    # The calibration behind the results table (scripts/calibrate.py): blurred real images stay
-    # inside the real manifold (precision) but no longer cover it (recall), as smooth samples do.
-    # Measured here: recall 0.91 -> 0.61, precision 0.92 -> 0.86; on Fashion-MNIST 0.88 -> 0.60
-    # and 0.88 -> 0.88 at FID 4.05
+    # scripts/calibrate.py's finding: blurred real images stay inside the real manifold (precision) but no longer
+    # cover it (recall), as smooth samples do. Here recall 0.91 -> 0.61, precision 0.92 -> 0.86
     real = measure(digits, training_images(digits))
     soft = measure(digits, M.with_gaussian_blur(training_images(digits), 0.5))
     assert soft["recall"] < real["recall"] - 0.15
@@ -132,9 +128,8 @@ def test_repeating_100_images_collapses_recall_and_coverage(digits):
 
 
 def test_kid_gamma_keeps_the_kernel_scale_free():
-    # Large ReLU-like features, as our classifier's (|f|^2 in the thousands): with torchmetrics'
-    # default gamma = 1/d the cubic kernel explodes; with gamma = 1/E|f|^2 two samples of one
-    # distribution score about 0, and scaling the features changes nothing.
+    # ReLU-like features with |f|^2 in the thousands, as the classifier's: gamma = 1/d would explode the cubic
+    # kernel; with 1/E|f|^2 two samples of one distribution score about 0, whatever the features' scale
     gen = torch.Generator().manual_seed(0)
     a, b = (torch.randn(600, 64, generator=gen).abs() * 6 for _ in range(2))
     mean, std = M.kid(a, b, subsets=20, subset_size=300)
@@ -263,24 +258,23 @@ def inception(**files: str) -> nn.Module:
     return M.inception_network(MetricsConfig(features=FeatureSpace.inception, **files))
 
 
-def digits_and_noise(count: int = 8) -> tuple[Tensor, Tensor]:
+def digits_and_noise(count: int = 4) -> tuple[Tensor, Tensor]:
     """`count` grayscale 16 px digits, and as many noisy copies of other digits."""
     real = render_digits(count, 16, seed=0)[0]
     return real, M.with_gaussian_noise(render_digits(count, 16, seed=1)[0], 0.2)
 
 
 def test_torch_fidelity_weights_load_and_give_finite_2048_d_features_and_fid(inception_weights, one_thread, caplog):
-    # The weights file goes through torch-fidelity's own loading (FeatureExtractorInceptionV3's
-    # feature_extractor_weights_path) as the published file would. Random values are not the
-    # published weights: the sha256 check says so, and metrics.json records it.
+    # The file goes through torch-fidelity's own loading (feature_extractor_weights_path) as the published one
+    # would; random values are not the published weights: the sha256 check says so, and metrics.json records it
     with caplog.at_level(logging.WARNING, logger=M.__name__):
         net = inception(inception_weights=str(inception_weights))
     assert isinstance(net, M.Inception) and not net.torchscript and "not comparable with published FIDs" in caplog.text
     real, fake = digits_and_noise()
-    real_features, fake_features = M.batched(net, real, 8, CPU), M.batched(net, fake, 8, CPU)
-    assert real_features.shape == (8, 2048) and torch.isfinite(real_features).all()
-    torch.testing.assert_close(net(real[:2]), net(real[:2].repeat(1, 3, 1, 1)))  # grayscale is repeated to RGB
-    # 8 images in 2048 dimensions: singular covariances, and still a finite FID (M.fid says why)
+    real_features, fake_features = M.batched(net, real, 4, CPU), M.batched(net, fake, 4, CPU)
+    assert real_features.shape == (4, 2048) and torch.isfinite(real_features).all()
+    torch.testing.assert_close(M.batched(net, real[:2].repeat(1, 3, 1, 1), 2, CPU), real_features[:2])  # gray: RGB
+    # 4 images in 2048 dimensions: singular covariances, and still a finite FID (M.fid says why)
     with caplog.at_level(logging.WARNING, logger=M.__name__):
         distance = M.fid(real_features, fake_features)
     assert math.isfinite(distance) and distance > 0 and "covariances are singular" in caplog.text
@@ -294,8 +288,8 @@ def test_nvlabs_torchscript_network_gives_finite_2048_d_features_and_fid(nvlabs_
     net = inception(feature_network=str(nvlabs_inception))
     assert isinstance(net, M.Inception) and net.torchscript
     real, fake = digits_and_noise()
-    real_features, fake_features = M.batched(net, real, 8, CPU), M.batched(net, fake, 8, CPU)
-    assert real_features.shape == (8, 2048) and torch.isfinite(real_features).all()
+    real_features, fake_features = M.batched(net, real, 4, CPU), M.batched(net, fake, 4, CPU)
+    assert real_features.shape == (4, 2048) and torch.isfinite(real_features).all()
     assert math.isfinite(M.fid(real_features, fake_features))
     assert net.feature_space["sha256"] == hashlib.sha256(nvlabs_inception.read_bytes()).hexdigest()
     assert "TorchScript file's own resize" in net.feature_space["resizer"]

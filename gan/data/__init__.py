@@ -1,7 +1,5 @@
-"""Datasets and the batch stream: `load_dataset(cfg.data)` -> an ImageSet; `BatchStream` -> batches.
-`digits.py` renders the built-in set, `sources.py` opens every dataset, `stream.py` makes the float batches."""
+"""Datasets (sources.py: `load_dataset(cfg.data)` -> an ImageSet) and the float batches of stream.py's BatchStream."""
 
-from gan.data.digits import render_digits
 from gan.data.sources import (
     EmptySplitError,
     ImageSet,
@@ -10,6 +8,7 @@ from gan.data.sources import (
     load_dataset,
     open_source,
     read_image,
+    render_digits,
     take,
 )
 from gan.data.stream import BatchStream, EpochBatchSampler, to_unit_range

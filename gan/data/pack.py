@@ -1,12 +1,4 @@
-"""A dataset decoded and resized once into one file, as StyleGAN2-ADA's dataset_tool packs one: `data=packed`
-then trains from its uint8 arrays (memory-mapped) with no decoding per epoch.
-
-    python -m gan.data.pack OUT_FOLDER data=folder data.root=IMAGES data.image_size=64 data.channels=3
-    python train.py data=packed data.root=OUT_FOLDER data.image_size=64 data.channels=3
-
-The overrides are train.py's data.* (any dataset); OUT_FOLDER/pack.pt holds both splits, their labels, the
-data settings that made them and the hash of their content, which each checkpoint of a run records (a resume
-refuses another pack). Installed with pip, the command is `dcgan-pack`."""
+"""A dataset decoded and resized once into OUT_FOLDER/pack.pt (as StyleGAN2-ADA's dataset_tool), for data=packed."""
 
 import argparse
 import dataclasses

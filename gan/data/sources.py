@@ -1,5 +1,4 @@
-"""Datasets: each one an `ImageSource` of uint8 squares with labels, and its two splits; held in memory (one
-tensor, a batch is one indexing op) or streamed by DataLoader workers: the same pixels."""
+"""Datasets as `ImageSource`s of uint8 squares with labels, in two splits; held in memory or streamed: same pixels."""
 
 from __future__ import annotations
 
@@ -14,7 +13,8 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import torch
-from PIL import Image
+import torch.nn.functional as F
+from PIL import Image, ImageDraw, ImageFont
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from torchvision import datasets
@@ -23,7 +23,6 @@ from torchvision.transforms.functional import pil_to_tensor
 from torchvision.transforms.v2 import functional as TF
 
 from gan.config import DataConfig, DatasetName
-from gan.data.digits import NUM_DIGIT_CLASSES, render_digits
 from gan.device import available_cpus
 from gan.errors import ConfigError, DataError
 
@@ -70,12 +69,10 @@ def load_dataset(cfg: DataConfig, train: bool = True, in_memory: Optional[bool] 
     keep = cfg.in_memory if in_memory is None else in_memory
     nbytes = len(source) * source.channels * source.image_size**2
     keep = nbytes <= IN_MEMORY_LIMIT if keep is None else keep
-    size, where = source.image_size, ("in memory" if keep else "streamed by a DataLoader")
-    log.info(
-        f"data={cfg.name}, {split} split: {len(source)} images of {source.channels}x{size}x{size} "
-        f"({nbytes / 1e6:.0f} MB as uint8), {where}, {source.num_classes} classes "
-        f"({time.perf_counter() - started:.1f} s)"
-    )
+    size, where = source.image_size, "in memory" if keep else "streamed by a DataLoader"
+    shape = f"{len(source)} images of {source.channels}x{size}x{size} ({nbytes / 1e6:.0f} MB as uint8)"
+    took = f"{source.num_classes} classes ({time.perf_counter() - started:.1f} s)"
+    log.info(f"data={cfg.name}, {split} split: {shape}, {where}, {took}")
     return ImageSet(source.load_all() if keep else source, source.labels, source.num_classes, source.pack)
 
 
@@ -87,8 +84,7 @@ def open_source(cfg: DataConfig, train: bool = True) -> ImageSource:
 
 
 class ImageSource(Dataset):
-    """uint8 (C, S, S) images with labels: one by `__getitem__` (workers) or all by `load_all`, the same pixels.
-    `items` holds what each image is made from: raw arrays, file paths or index triples."""
+    """`items` (arrays, paths or index triples) as uint8 (C, S, S): one by `__getitem__` or all by `load_all`."""
 
     pack: Optional[str] = None  # a pack's content hash (open_packed)
 
@@ -169,16 +165,12 @@ def read_image(path: str, channels: int, size: int) -> Tensor:
     except OSError as err:  # unreadable or truncated file; PIL.UnidentifiedImageError is an OSError
         raise DataError(f"{path} cannot be read as an image ({err}). Remove it or fix it.") from err
     except Image.DecompressionBombError as err:  # a small file that would decode to gigabytes
-        raise DataError(
-            f"{path} is refused: {err} Pillow stops such files (decompression bombs). Remove it, or raise "
-            "PIL.Image.MAX_IMAGE_PIXELS in your own launcher if the image is genuine."
-        ) from err
+        message = "(a decompression bomb). Remove it, or raise PIL.Image.MAX_IMAGE_PIXELS in your own launcher"
+        raise DataError(f"{path} is refused: {err} {message} if the image is genuine.") from err
     return fit_square(pixels, size)
 
 
-_FOLDER_REMEDY = (
-    "Set data.root to a folder of images, flat or a subfolder a class; data=folder has nothing to download."
-)
+_FOLDER_REMEDY = "Set data.root to a folder of images, flat or a subfolder a class; data=folder downloads nothing."
 _IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 _CIFAR_FILES = (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta")
 # IDX type codes (LeCun's format) -> bytes per value: ubyte, byte, short, int, float, double
@@ -210,21 +202,16 @@ def _open_mnist_like(cfg: DataConfig, train: bool, kind: type[datasets.MNIST], s
     dataset = _torchvision(cfg, lambda: kind(cfg.root, train=train, download=cfg.download), folder)
     images, labels = dataset.data, dataset.targets
     if images.size(0) != labels.numel():  # the two IDX headers count differently: one file is damaged
-        raise DataError(
-            f"data={cfg.name}: {image_file} holds {images.size(0)} images but {label_file} holds {labels.numel()} "
-            "labels: one of them is damaged or from another set. Replace both with the official files."
-        )
+        raise DataError(f"data={cfg.name}: {image_file} holds {images.size(0)} images but {label_file} holds "
+                        f"{labels.numel()} labels: one is damaged. Replace both with the official files.")  # fmt: skip
     if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= 10):
-        raise DataError(
-            f"data={cfg.name}: the labels file {label_file} holds values from {int(labels.min())} to "
-            f"{int(labels.max())}, outside the 10 classes 0-9: it is damaged. Replace it with the official file."
-        )
+        values = f"from {int(labels.min())} to {int(labels.max())}, outside the 10 classes 0-9"
+        raise DataError(f"data={cfg.name}: the labels file {label_file} holds values {values}. Replace it.")
     return ArrayImages(images.unsqueeze(1), labels, 10, cfg.channels, cfg.image_size)
 
 
 def _check_idx_length(cfg: DataConfig, path: Path) -> None:
-    """Refuse an IDX file whose header is not one of its kind, or not as long as its header says, naming it
-    (torchvision does not: it says "invalid literal for int()" or "x should have 3 dimension instead of 2")."""
+    """A wrong header or length, named (torchvision says "invalid literal for int()" or "x should have 3 dim...")."""
     ndim = int(path.name.split("-idx")[1][0])  # train-images-idx3-ubyte: 3 sizes (count, height, width)
     with path.open("rb") as file:
         header = file.read(4 + 4 * ndim)
@@ -383,6 +370,72 @@ def open_packed(cfg: DataConfig, train: bool) -> ArrayImages:
     source = ArrayImages(images, labels, int(pack["num_classes"]), cfg.channels, cfg.image_size)
     source.pack = content
     return source
+
+
+# the built-in dataset: digits 0-9 rendered with Pillow's bundled font, then jittered; no download --------------
+NUM_DIGIT_CLASSES = 10
+_STROKES = (1, 2, 3)  # extra stroke width in template pixels: thin, regular, bold
+
+
+def render_digits(num_samples: int, image_size: int, seed: int) -> tuple[Tensor, Tensor]:
+    """A pure function of the seed: each digit drawn once per stroke, then a random affine, blur and noise."""
+    gen = torch.Generator().manual_seed(seed)
+    templates = _digit_templates(max(64, 2 * image_size))  # (10 * strokes, 1, T, T) in [0, 1]
+    labels = torch.randint(0, NUM_DIGIT_CLASSES, (num_samples,), generator=gen)
+    strokes = torch.randint(0, len(_STROKES), (num_samples,), generator=gen)
+    picks = labels * len(_STROKES) + strokes  # each image's template
+    chunks = [_jitter(templates[index], image_size, gen) for index in picks.split(4096)]
+    return torch.cat(chunks), labels
+
+
+def _digit_templates(size: int) -> Tensor:
+    try:
+        font = ImageFont.load_default(size=int(size * 0.8))
+    except ImportError as err:  # Pillow built without FreeType has only a fixed bitmap font
+        raise DataError("data=digits needs Pillow with FreeType support (the PyPI wheels have it).") from err
+    style = {"fill": 255, "font": font, "anchor": "mm", "stroke_fill": 255}
+    glyphs = []
+    for digit in range(NUM_DIGIT_CLASSES):
+        for stroke in _STROKES:
+            canvas = Image.new("L", (size, size), 0)
+            ImageDraw.Draw(canvas).text((size / 2, size / 2), str(digit), stroke_width=stroke * size // 64, **style)
+            glyphs.append(torch.frombuffer(bytearray(canvas.tobytes()), dtype=torch.uint8).view(size, size))
+    return torch.stack(glyphs).unsqueeze(1).float() / 255
+
+
+def _jitter(templates: Tensor, image_size: int, gen: Tensor | torch.Generator) -> Tensor:
+    n = templates.size(0)
+
+    def uniform(low: float, high: float) -> Tensor:
+        return torch.empty(n).uniform_(low, high, generator=gen)
+
+    angle = uniform(-0.25, 0.25)  # radians, about +-15 degrees
+    shear = uniform(-0.25, 0.25)
+    scale_x, scale_y = uniform(0.8, 1.05), uniform(0.72, 0.92)  # <1 zooms in, >1 out
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    row_x = torch.stack([cos * scale_x, (-sin + shear) * scale_y, uniform(-0.12, 0.12)], dim=1)
+    row_y = torch.stack([sin * scale_x, cos * scale_y, uniform(-0.12, 0.12)], dim=1)
+    theta = torch.stack([row_x, row_y], dim=1)  # (N, 2, 3): output coordinates -> template coordinates, for affine_grid
+    # Sample at twice the size and average-pool: a cheap anti-aliasing filter.
+    grid = F.affine_grid(theta, [n, 1, 2 * image_size, 2 * image_size], align_corners=False)
+    x = F.avg_pool2d(F.grid_sample(templates, grid, align_corners=False), 2)
+    x = _gaussian_blur(x, sigma=uniform(0.01, 0.7) * image_size / 32)
+    x = x * uniform(0.75, 1.0).view(n, 1, 1, 1)  # ink intensity
+    x = x + torch.randn(x.shape, generator=gen) * uniform(0.0, 0.06).view(n, 1, 1, 1)
+    return (x.clamp(0, 1) * 255).round().to(torch.uint8)
+
+
+def _gaussian_blur(x: Tensor, sigma: Tensor) -> Tensor:
+    """One sigma per image (grouped conv over the batch)."""
+    n, _, h, w = x.shape
+    radius = max(1, math.ceil(2 * float(sigma.max())))
+    offsets = torch.arange(-radius, radius + 1, dtype=x.dtype)
+    kernel = torch.exp(-0.5 * (offsets.view(1, -1) / sigma.view(-1, 1)) ** 2)
+    kernel = kernel / kernel.sum(dim=1, keepdim=True)  # (N, 2r+1)
+    x = x.view(1, n, h, w)
+    x = F.conv2d(F.pad(x, (radius, radius, 0, 0), mode="replicate"), kernel.view(n, 1, 1, -1), groups=n)
+    x = F.conv2d(F.pad(x, (0, 0, radius, radius), mode="replicate"), kernel.view(n, 1, -1, 1), groups=n)
+    return x.view(n, 1, h, w)
 
 
 _OPENERS: dict[DatasetName, Callable[[DataConfig, bool], ImageSource]] = {

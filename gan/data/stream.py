@@ -21,8 +21,7 @@ def to_unit_range(images: Tensor) -> Tensor:
 
 
 class EpochBatchSampler(Sampler[list[int]]):
-    """Epoch e's order is seeded by (seed, e), so a resumed run sees the uninterrupted run's batches. The last
-    incomplete batch is dropped (BatchNorm dislikes tiny batches); DDP shards as DistributedSampler."""
+    """Epoch e's order seeded by (seed, e), so a resume sees the same batches; no last short batch (BatchNorm)."""
 
     def __init__(self, size: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
         self.size, self.batch_size, self.seed = size, batch_size, seed
@@ -143,8 +142,7 @@ def stop_workers(loader: DataLoader) -> None:
 
 
 def ignore_stop_signals(worker_id: int) -> None:
-    """A terminal or scheduler signals the whole group; a worker that died of it would fail the main process
-    before it could checkpoint (gan.training.faults.stop_on_signals)."""
+    """A signal to the whole group must not kill a worker before the main process checkpoints (faults.py)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 

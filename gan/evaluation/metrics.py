@@ -1,5 +1,4 @@
-"""Sample quality of uint8 images (N, C, H, W): FID, KID, precision/recall, density/coverage, class/mode coverage.
-Features: `classifier` (a small CNN on the labels, cached; comparable only with itself), `inception` (published FID)."""
+"""FID, KID, precision/recall, density/coverage, class/mode coverage of uint8 images (classifier or Inception space)."""
 
 import dataclasses
 import hashlib
@@ -8,7 +7,6 @@ import json
 import logging
 import time
 import warnings
-from enum import Enum
 from pathlib import Path
 from typing import Any, Mapping, Optional
 from urllib.parse import urlparse
@@ -94,10 +92,6 @@ def train_classifier(
     return model, float((predicted == test.labels).float().mean())
 
 
-def plain(config: object) -> dict:
-    return {k: v.value if isinstance(v, Enum) else v for k, v in dataclasses.asdict(config).items()}
-
-
 def classifier_key(data: DataConfig, cfg: ClassifierConfig) -> str:
     """A file name that changes whenever the images or the classifier's training would change."""
     identity = {
@@ -138,24 +132,24 @@ def load_or_train_classifier(
         train, test = (load_dataset(data, train=split, in_memory=True) for split in (True, False))
         if train.num_classes < 2:
             raise MetricsError(
-                f"data={data.name} has {train.num_classes} class: the classifier feature space needs labelled "
-                "data with at least 2 classes. Use metrics.features=inception instead."
+                f"data={data.name} has {train.num_classes} class: classifier features need 2 or more. "
+                "Use metrics.features=inception."
             )
         model, accuracy = train_classifier(train, test, cfg, device)
         log.info(f"Trained the metrics classifier in {time.perf_counter() - started:.1f} s: {100 * accuracy:.2f}% "
                  f"test accuracy on {test.labels.numel()} held-out images")  # fmt: skip
         # enums as their values: the file must load with weights_only=True
-        state = {"weights": model.state_dict(), "accuracy": accuracy, "architecture": model.architecture,
-                 "data": plain(data), "classifier": plain(cfg)}  # fmt: skip
+        plain = [{k: getattr(v, "value", v) for k, v in dataclasses.asdict(c).items()} for c in (data, cfg)]
+        state = dict(weights=model.state_dict(), accuracy=accuracy, architecture=model.architecture,
+                     data=plain[0], classifier=plain[1])  # fmt: skip
         try:
             save_checkpoint(state, path)
         except OSError as err:  # a read-only data folder: measure anyway, train again next time
             log.warning("Could not cache the classifier in %s (%s); it will be trained again next time.", path, err)
     if accuracy < cfg.min_accuracy:
         raise MetricsError(
-            f"The metrics classifier ({path}) reaches {100 * accuracy:.2f}% test accuracy, below "
-            f"metrics.classifier.min_accuracy={cfg.min_accuracy}: its features would be unreliable. Raise "
-            "metrics.classifier.epochs or metrics.classifier.width, or lower metrics.classifier.min_accuracy."
+            f"The metrics classifier ({path}) reaches {100 * accuracy:.2f}% test accuracy, below metrics.classifier."
+            f"min_accuracy={cfg.min_accuracy}. Raise metrics.classifier.epochs or .width, or lower .min_accuracy."
         )
     return model.to(device).eval(), accuracy, path
 
@@ -175,14 +169,24 @@ class ClassifierFeatures(nn.Module):
 
 
 class Inception(nn.Module):
-    """Inception-v3 pool3: torch-fidelity's, with TF1 resize (the published FID; an antialiased resize moves FID,
-    Parmar 2022), or NVlabs' TorchScript file, called as StyleGAN2-ADA calls it. `feature_space` says which."""
+    """Inception-v3 pool3: torch-fidelity's with TF1 resize (Parmar 2022: another moves FID) or NVlabs' TorchScript."""
 
     num_features = INCEPTION_DIMS
 
-    def __init__(self, net: nn.Module, feature_space: dict[str, Any], torchscript: bool = False):
+    def __init__(self, net: nn.Module, file: Path, torchscript: bool = False, **space: Any):
         super().__init__()
-        self.net, self.feature_space, self.torchscript = net, feature_space, torchscript
+        self.net, self.torchscript = net, torchscript
+        network, resizer, why = (
+            ("NVlabs' TorchScript file", "the TorchScript file's own resize", "clean-fid's legacy_tensorflow mode")
+            if torchscript
+            else ("torch-fidelity's FeatureExtractorInceptionV3", "torch-fidelity's interpolate_bilinear_2d_like_"
+                  "tensorflow1x", "TF1 resize_bilinear, as the TTUR FID")
+        )  # fmt: skip
+        self.feature_space = {
+            "network": f"Inception-v3 pool3, {network}", "file": str(file), **space, "dims": INCEPTION_DIMS,
+            "input": "uint8 RGB at data.image_size (grayscale repeated to 3 channels)",
+            "resizer": f"inside the network: {resizer} to 299 x 299 ({why})",
+        }  # fmt: skip
 
     def forward(self, images: Tensor) -> Tensor:
         # grayscale repeated to RGB, as StyleGAN2-ADA and compare_gan feed MNIST to Inception
@@ -190,25 +194,19 @@ class Inception(nn.Module):
         return self.net(rgb, return_features=True) if self.torchscript else self.net(rgb)[0]
 
 
-def inception_space(network: str, file: Path, resizer: str, why: str, **more: Any) -> dict[str, Any]:
-    return {"network": f"Inception-v3 pool3, {network}", "file": str(file), **more, "dims": INCEPTION_DIMS,
-            "input": "uint8 RGB at data.image_size (grayscale repeated to 3 channels)",
-            "resizer": f"inside the network: {resizer} to 299 x 299 ({why})"}  # fmt: skip
-
-
 def inception_network(cfg: MetricsConfig) -> Inception:
+    """Each piece is checked first, so that a missing one fails with what to do; no weights file: downloaded."""
     if cfg.feature_network is not None:
         return nvlabs_inception(cfg.feature_network)
     return inception_features(cfg.inception_weights)
 
 
 def inception_features(weights: Optional[str]) -> Inception:
-    """`weights` None: downloaded. Each piece is checked first so a missing one fails with what to do."""
     file = existing_file(weights, "metrics.inception_weights", INCEPTION_WEIGHTS_URL) if weights else None
     if importlib.util.find_spec("torch_fidelity") is None:
         raise MetricsError(
-            "metrics.features=inception runs torch-fidelity's Inception-v3, which is not installed: `pip install "
-            "torch-fidelity` (the metrics extra), or give NVlabs' TorchScript file as metrics.feature_network=PATH."
+            "metrics.features=inception needs torch-fidelity: `pip install torch-fidelity` (the metrics extra), "
+            "or give NVlabs' TorchScript file as metrics.feature_network=PATH."
         )
     if file is not None:
         check_state_dict(file, weights)
@@ -222,10 +220,10 @@ def inception_features(weights: Optional[str]) -> Inception:
         if file is not None:
             raise MetricsError(
                 f"metrics.inception_weights={weights} is a state dict, but not of torch-fidelity's Inception-v3 "
-                f"({reason(err)}). It takes {INCEPTION_WEIGHTS_URL} (or pytorch-fid's file of the same name)."
+                f"({reason(err)}). It takes {INCEPTION_WEIGHTS_URL}."
             ) from err
         raise MetricsError(
-            f"Could not download torch-fidelity's Inception-v3 weights ({reason(err)}). Without internet, download "
+            f"Could not download torch-fidelity's Inception-v3 weights ({reason(err)}). Offline, download "
             f"{INCEPTION_WEIGHTS_URL} elsewhere and pass metrics.inception_weights=PATH."
         ) from err
     if file is None:  # where torch.hub put the download
@@ -233,47 +231,33 @@ def inception_features(weights: Optional[str]) -> Inception:
     digest = sha256(file) if file.is_file() else None
     published = digest is not None and digest.startswith(INCEPTION_SHA256_PREFIX)
     if digest is not None and not published:
-        log.warning(
-            f"{file}: its sha256 begins {digest[:8]}, not {INCEPTION_SHA256_PREFIX} as the published FID weights' "
-            "does: the metrics are measured, but they are not comparable with published FIDs."
-        )
-    resizer, why = "torch-fidelity's interpolate_bilinear_2d_like_tensorflow1x", "TF1 resize_bilinear, as the TTUR FID"
-    space = inception_space("torch-fidelity's FeatureExtractorInceptionV3", file, resizer, why, sha256=digest,
-                            published_weights=published)  # fmt: skip
-    return Inception(net, space)
+        log.warning(f"{file}: its sha256 begins {digest[:8]}, not {INCEPTION_SHA256_PREFIX} as the published FID "
+                    "weights' does: the metrics are not comparable with published FIDs.")  # fmt: skip
+    return Inception(net, file, sha256=digest, published_weights=published)
 
 
 def nvlabs_inception(path: str) -> Inception:
-    file = existing_file(path, "metrics.feature_network", NVLABS_INCEPTION_URL)
+    file, net = existing_file(path, "metrics.feature_network", NVLABS_INCEPTION_URL), None
     call = "net(uint8 images of shape (2, 3, 32, 32), return_features=True)"
-    not_nvlabs = f"it is not NVlabs' Inception-v3 ({NVLABS_INCEPTION_URL}), which takes uint8 RGB images at any size"
     try:
         with warnings.catch_warnings():  # torch 2.x deprecates TorchScript (FutureWarning); NVlabs' file is one
             warnings.simplefilter("ignore", FutureWarning)
             net = torch.jit.load(str(file), map_location="cpu").eval()
-    except Exception as err:  # a state dict, a pickle, anything else: torch.jit.load's RuntimeError
-        raise MetricsError(
-            f"metrics.feature_network={path} is not a TorchScript file ({reason(err)}). It takes NVlabs' "
-            f"{NVLABS_INCEPTION_URL} (not the .pkl copy); torch-fidelity's state dict goes in "
-            "metrics.inception_weights instead."
-        ) from err
-    try:
         with torch.inference_mode():
             out = net(torch.zeros(2, 3, 32, 32, dtype=torch.uint8), return_features=True)
-    except Exception as err:  # another signature or another input format
-        message = f"metrics.feature_network={path} loads, but {call} fails ({reason(err)}): {not_nvlabs}."
-        raise MetricsError(message) from err
+    except Exception as err:  # not TorchScript: torch.jit.load's RuntimeError; else another signature or input
+        problem = f"loads, but {call} fails" if net is not None else "is not a TorchScript file"
+        raise MetricsError(
+            f"metrics.feature_network={path} {problem} ({reason(err)}). It takes NVlabs' {NVLABS_INCEPTION_URL}; "
+            "a state dict goes in metrics.inception_weights."
+        ) from err
     if not (isinstance(out, Tensor) and out.is_floating_point() and tuple(out.shape) == (2, INCEPTION_DIMS)):
         got = f"a {out.dtype} tensor of shape {tuple(out.shape)}" if isinstance(out, Tensor) else type(out).__name__
         raise MetricsError(
             f"metrics.feature_network={path}: {call} returns {got}, not float features of shape "
-            f"(2, {INCEPTION_DIMS}): {not_nvlabs}."
+            f"(2, {INCEPTION_DIMS}). It takes NVlabs' {NVLABS_INCEPTION_URL}."
         )
-    why = "clean-fid's legacy_tensorflow mode, which matches the TTUR FID"
-    space = inception_space(
-        "NVlabs' TorchScript file", file, "the TorchScript file's own resize", why, sha256=sha256(file)
-    )
-    return Inception(net, space, torchscript=True)
+    return Inception(net, file, torchscript=True, sha256=sha256(file))
 
 
 def existing_file(path: str, key: str, url: str) -> Path:
@@ -293,13 +277,11 @@ def check_state_dict(file: Path, given: str) -> None:
     except Exception as err:  # not a torch file, a pickle with code, a TorchScript archive
         if "torchscript" in str(err).lower():
             hint = "It is a TorchScript file: pass it as metrics.feature_network instead."
-        raise MetricsError(
-            f"metrics.inception_weights={given} cannot be read as a state dict of tensors ({reason(err)}). {hint}"
-        ) from err
+        state = err
     if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
+        got = reason(state) if isinstance(state, Exception) else f"holds a {type(state).__name__}"
         raise MetricsError(
-            f"metrics.inception_weights={given} holds a {type(state).__name__}, not a state dict (parameter name -> "
-            f"tensor). {hint}"
+            f"metrics.inception_weights={given} cannot be read as a state dict of tensors ({got}). {hint}"
         )
 
 
@@ -382,20 +364,16 @@ def kid(
     return float(mean), 0.0 if size == real.size(0) == fake.size(0) else float(std)
 
 
-def knn_radius(features: Tensor, ks: tuple[int, ...], chunk: int = 1024) -> list[Tensor]:
-    kmax = max(ks)
-    nearest = torch.cat(
-        [torch.cdist(rows, features).topk(kmax + 1, dim=1, largest=False).values for rows in features.split(chunk)]
-    )  # column 0 is the point itself
-    return [nearest[:, k] for k in ks]
-
-
 def precision_recall_density_coverage(
     real: Tensor, fake: Tensor, pr_k: int = 3, dc_k: int = 5, chunk: int = 1024
 ) -> dict[str, float]:
     """Kynkaanniemi et al. 2019 and Naeem et al. 2020, strict `<` as clovaai/prdc; row chunks bound memory."""
-    real_pr, real_dc = knn_radius(real, (pr_k, dc_k), chunk)
-    (fake_pr,) = knn_radius(fake, (pr_k,), chunk)
+
+    def radius(x: Tensor, k: int) -> Tensor:  # to the k-th neighbour: column 0 is the point itself
+        return torch.cat([torch.cdist(rows, x).topk(k + 1, dim=1, largest=False).values for rows in x.split(chunk)])
+
+    real_nearest, fake_pr = radius(real, max(pr_k, dc_k)), radius(fake, pr_k)[:, pr_k]
+    real_pr, real_dc = real_nearest[:, pr_k], real_nearest[:, dc_k]
     in_real_manifold = torch.zeros(fake.size(0), dtype=torch.bool)
     balls_per_fake = torch.zeros(fake.size(0))
     in_fake_manifold, covered = [], []
@@ -469,3 +447,13 @@ def with_gaussian_blur(images: Tensor, sigma: float) -> Tensor:
     """A calibration degradation: a 3 x 3 blur of `sigma` pixels."""
     smooth = gaussian_blur(images.float(), kernel_size=[3, 3], sigma=[sigma, sigma])
     return smooth.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def sample_classes(reference_labels: Tensor, count: int, class_id: Optional[int], seed: int) -> Tensor:
+    """`class_id` for all, or the held-out images' own labels, so FID compares the same class mix."""
+    if class_id is not None:
+        return torch.full((count,), class_id, dtype=torch.long)
+    if count <= reference_labels.numel():
+        return reference_labels[:count].clone()
+    index = torch.randint(reference_labels.numel(), (count,), generator=torch.Generator().manual_seed(seed))
+    return reference_labels[index]

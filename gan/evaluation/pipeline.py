@@ -1,6 +1,6 @@
-"""Evaluating a trained generator: sample, measure, draw, export, report. Samples are uint8, as the reals are;
-metrics use the held-out split, the nearest-neighbour check the training split (memorising copies training images)."""
+"""evaluate(): sample uint8 images, measure them against the held-out split, draw, export and report."""
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Optional
 
@@ -18,7 +19,9 @@ from omegaconf.errors import OmegaConfBaseException
 from PIL import Image
 from tensorboard.plugins.text.summary_v2 import text_pb
 from torch import Tensor, nn
+from torch.export import Dim, ExportedProgram
 from torch.optim.swa_utils import update_bn
+from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 from torchvision.utils import save_image
 
@@ -33,14 +36,11 @@ from gan.checkpoint import (
 )
 from gan.config import DataConfig, EvaluateConfig, ExportFormat, FeatureSpace, ModelConfig, SaveSamples
 from gan.core.models import Generator
-from gan.core.sampling import image_grid, sample
+from gan.core.sampling import class_rows, image_grid, sample
 from gan.data import ImageSet, load_dataset, take, to_unit_range
 from gan.device import environment, environment_changes, setup_torch
 from gan.errors import CheckpointError, ConfigError, MetricsError
 from gan.evaluation import metrics as M
-from gan.evaluation.conditional import LabelledLatents, check_class_id, class_grid, conditional_metrics, sample_classes
-from gan.evaluation.export import save_generator
-from gan.evaluation.grids import interpolation_strip, neighbour_grid
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 # put `samples_eval` first), the metrics table after run/command and run/config
 IMAGES_GROUP, METRICS_TEXT_TAG = "summary", "run/eval_metrics"
 SAVED = (("samples.npz", SaveSamples.npz), ("samples", SaveSamples.png))
+# Intra-class FID needs this many images per class, and d + 1 (else the covariance is singular).
+MIN_PER_CLASS = 200
 
 
 def evaluate(
@@ -56,8 +58,7 @@ def evaluate(
     data_overrides: Optional[Mapping[str, Any]] = None,
     tb_dir: Optional[Path] = None,
 ) -> dict[str, Any]:
-    """Writes metrics.json, PNGs and TensorBoard events into run_dir (the events into `tb_dir` if given: the
-    training run's own, for train.py's final evaluation); returns metrics.json's content."""
+    """metrics.json, PNGs and TensorBoard events into run_dir (events into `tb_dir`: train.py's final evaluation)."""
     seconds, last = {}, time.perf_counter()
 
     def clock(name: str) -> None:
@@ -75,30 +76,24 @@ def evaluate(
     check_class_id(cfg.class_id, num_classes, source)
     if num_classes and cfg.export != ExportFormat.none:
         raise ConfigError(
-            f"export={cfg.export.value}: {source} holds a class-conditional generator, G(z, y), and export "
-            "packages G(z) only. Leave export out (the checkpoint itself holds the generator)."
+            f"export={cfg.export.value}: {source} holds a class-conditional G(z, y); export packages G(z) only. "
+            "Leave export out (the checkpoint itself holds the generator)."
         )
     G, about = prepare_generator(state, cfg, device)
     log.info("Evaluating %s: step %d, %s generator, data=%s (%d px, %d channel(s))", cfg.checkpoint,
              about["step"], about["generator"], data.name, data.image_size, data.channels)  # fmt: skip
 
-    reference = load_dataset(data, train=False, in_memory=True)
+    reference, split = load_dataset(data, train=False, in_memory=True), f"the held-out split of data={data.name}"
     if cfg.class_id is not None:  # one class asked for: measured against that class's images alone
-        keep, k = reference.labels == cfg.class_id, max(cfg.metrics.pr_k, cfg.metrics.dc_k)
-        if int(keep.sum()) <= k:
-            raise MetricsError(
-                f"class_id={cfg.class_id}: the held-out split holds {int(keep.sum())} images of that class, too few "
-                f"for metrics.pr_k and metrics.dc_k ({k} neighbours an image). Evaluate without class_id."
-            )
+        keep, split = reference.labels == cfg.class_id, f"class_id={cfg.class_id}: {split} (that class)"
         reference = ImageSet(reference.images[keep], reference.labels[keep], reference.num_classes)
     reals = Reals(*reference_subset(reference, cfg.num_samples, cfg.seed), stacked=M.is_stacked(reference))
     for key, published in (("pr_k", 3), ("dc_k", 5)):  # each real image's ball reaches its k-th real neighbour
         k, count = getattr(cfg.metrics, key), reals.images.size(0)
         if k >= count:
             raise MetricsError(
-                f"metrics.{key}={k} needs more than {k} real images, and the held-out split of data={data.name} "
-                f"measured here holds {count}. Lower metrics.{key} below {count} ({published} is the published "
-                "setting), or measure against a larger held-out split."
+                f"metrics.{key}={k} needs more than {k} real images; {split} holds {count}. Lower metrics.{key} "
+                f"below {count} ({published} is the published setting), or measure against more held-out images."
             )
     clock("data")
 
@@ -108,7 +103,7 @@ def evaluate(
     feature_net = feature_net.to(device)
     clock("classifier")
 
-    requested = sample_classes(reals.labels, cfg.num_samples, cfg.class_id, cfg.seed) if G.num_classes else None
+    requested = M.sample_classes(reals.labels, cfg.num_samples, cfg.class_id, cfg.seed) if G.num_classes else None
     fake = generate(G, cfg.num_samples, cfg.batch_size, cfg.seed, device, requested)
     clock("sampling")
 
@@ -169,11 +164,28 @@ def measure(
     fake_features = M.batched(feature_net, fake, cfg.batch_size, device)
     results: dict[str, Any] = M.distribution_metrics(real_features, fake_features, cfg.metrics, cfg.seed)
     results.update(class_metrics(classifier, reals, fake, cfg, device))
-    if requested is not None:
-        per_class = {"per_channel": reals.stacked, "intra_fid": cfg.class_id is None}
-        results.update(conditional_metrics(classifier, fake, requested, real_features, reals.labels, fake_features,
-                                           cfg.batch_size, device, **per_class))  # fmt: skip
+    if requested is not None:  # cond_accuracy: obedience to y, not quality; Stacked-MNIST read digit by digit
+        predicted = M.predict(classifier, fake, cfg.batch_size, device, per_channel=reals.stacked)
+        results["cond_accuracy"] = float((predicted == requested).float().mean())
+        if cfg.class_id is None:
+            results.update(intra_fid(real_features, reals.labels, fake_features, requested))
     return results
+
+
+def intra_fid(real_features: Tensor, real_labels: Tensor, fake_features: Tensor, requested: Tensor) -> dict:
+    """Each class's samples against its own held-out images (StudioGAN's intra-class FID)."""
+    per_class: dict[int, float] = {}
+    needed = max(MIN_PER_CLASS, real_features.size(1) + 1)
+    for c in requested.unique().tolist():
+        reals, fakes = real_features[real_labels == c], fake_features[requested == c]
+        if min(reals.size(0), fakes.size(0)) < needed:
+            log.info("Intra-class FID left out: class %d has %d real and %d generated images (< %d).",
+                     c, reals.size(0), fakes.size(0), needed)  # fmt: skip
+            return {"intra_fid": None}
+        per_class[c] = M.fid(reals, fakes)
+    values = list(per_class.values())
+    return {"intra_fid": sum(values) / len(values), "intra_fid_min": min(values), "intra_fid_max": max(values),
+            "intra_fid_per_class": {str(c): round(v, 4) for c, v in per_class.items()}}  # fmt: skip
 
 
 def draw_pictures(G: nn.Module, fake: Tensor, data: DataConfig, cfg: EvaluateConfig, device: torch.device) -> dict:
@@ -264,17 +276,15 @@ def classes_of(state: Mapping[str, Any], source: str = "the checkpoint") -> int:
         return num_classes
     built = f"built for {num_classes} classes" if num_classes else "built without classes (num_classes 0 or absent)"
     raise CheckpointError(
-        f"The config stored in {checkpoint_path(source)} and its weights disagree: the config says "
-        f"model.conditional={str(conditional).lower()}, but the checkpoint's entry 'num_classes' says its generator "
-        f"was {built}{', and a conditional one needs 2 or more' if conditional else ''}. {_DISAGREE} "
-        f"{another_checkpoint(checkpoint_path(source), 'evaluate')}"
+        f"The config stored in {checkpoint_path(source)} and its weights disagree: model.conditional="
+        f"{str(conditional).lower()}, but its entry 'num_classes' says its generator was {built}"
+        f"{', and a conditional one needs 2 or more' if conditional else ''}. {disagree(source)}"
     )
 
 
-_DISAGREE = (
-    "evaluate.py builds the generator from the checkpoint alone (it has no model.* settings), so the "
-    "checkpoint was damaged or edited after it was written."
-)
+def disagree(source: str, damaged: bool = True) -> str:  # evaluate.py has no model.* settings that could change
+    why = "evaluate.py builds the generator from the checkpoint alone: it was damaged or edited after it was written. "
+    return (why if damaged else "") + another_checkpoint(checkpoint_path(source), "evaluate")
 
 
 def build_generator(
@@ -284,9 +294,8 @@ def build_generator(
     model = OmegaConf.to_object(stored_group(state, "model", ModelConfig, source))
     data = OmegaConf.to_object(stored_group(state, "data", DataConfig, source))
     G = Generator(model.z_dim, model.g_width, data.channels, data.image_size, classes_of(state, source))
-    file = checkpoint_path(source)
-    advice = f"The generator is built from the config stored in {file}: its config and weights disagree. {_DISAGREE}"
-    advice += " " + another_checkpoint(file, "evaluate")
+    advice = f"The generator is built from the config stored in {checkpoint_path(source)}: its config and weights "
+    advice += f"disagree. {disagree(source)}"
     ema = state.get("G_ema")  # a state dict or None: load_checkpoint checked it
     if use_ema and ema is not None:
         weights = {k[len("module.") :]: v for k, v in ema.items() if k.startswith("module.")}
@@ -301,9 +310,8 @@ def build_generator(
     if bad:
         shown = ", ".join(bad[:4]) + (", ..." if len(bad) > 4 else "")
         raise CheckpointError(
-            f"The {name} generator in {source} holds NaN or inf in {len(bad)} of its {total} tensors ({shown}): "
-            "the checkpoint is damaged (training diverged before it was written, or the file was altered), and "
-            f"its samples would be noise. {another_checkpoint(file, 'evaluate')}"
+            f"The {name} generator in {source} holds NaN or inf in {len(bad)} of its {total} tensors ({shown}): the "
+            f"checkpoint is damaged (training diverged, or it was altered). {disagree(source, damaged=False)}"
         )
     return G.to(device).eval(), name
 
@@ -346,10 +354,8 @@ def classifier_for(
         digest = hashlib.sha1(path.read_bytes()).hexdigest()[:10] if path.is_file() else "not cached"
         return classifier, accuracy, f"{path.name} (sha1 {digest})"
     if cfg.metrics.features == FeatureSpace.classifier:
-        raise MetricsError(
-            f"data={data.name} has no class labels (1 class): the default classifier features need them. Use "
-            "metrics.features=inception."
-        )
+        raise MetricsError(f"data={data.name} has no class labels (1 class): classifier features need them. "
+                           "Use metrics.features=inception.")  # fmt: skip
     return None, None, None
 
 
@@ -397,8 +403,7 @@ def class_metrics(
 
 
 def write_samples(fake: Tensor, npz: Optional[Path] = None, pngs: Optional[Path] = None) -> None:
-    """pngs: a folder, one file per image; npz: uint8 (N, H, W, C) under np.savez's default key `arr_0`, as metric
-    tools read it, written last (generate.py: a folder holding it holds every PNG)."""
+    """npz: uint8 (N, H, W, C) under `arr_0`, as metric tools read it, written last (so all PNGs precede it)."""
     images = fake.permute(0, 2, 3, 1).numpy()
     if pngs is not None:
         pngs.mkdir(exist_ok=True)
@@ -409,8 +414,7 @@ def write_samples(fake: Tensor, npz: Optional[Path] = None, pngs: Optional[Path]
 
 
 def interrupted(run_dir: Path) -> str:
-    """The line an interrupted evaluation ends with, saying what run_dir holds by then. metrics.json is written
-    after every measurement and picture, before TensorBoard's events (`report`)."""
+    """The last line of an interrupted evaluation: metrics.json comes after all else but TensorBoard's events."""
     names = [path.name for path in run_dir.iterdir()] if run_dir.is_dir() else []
     outputs = sorted(name for name in names if not name.startswith(".") and not name.endswith(".log"))
     if "metrics.json" in outputs:
@@ -420,3 +424,132 @@ def interrupted(run_dir: Path) -> str:
         )
     partial = f", only partial outputs ({', '.join(outputs)})" if outputs else ""
     return f"Interrupted (SIGINT); nothing measured was saved: {run_dir} holds no metrics.json{partial}."
+
+
+# pictures and class-conditional generators ------------------------------------------------------------------------
+def check_class_id(class_id: Optional[int], num_classes: int, source: str) -> None:
+    if class_id is None:
+        return
+    if not num_classes:
+        raise ConfigError(
+            f"class_id={class_id} asks for one class, but {source} holds an unconditional generator, which cannot "
+            "be told a class. Leave class_id out, or use a checkpoint of a run with model.conditional=true."
+        )
+    if not 0 <= class_id < num_classes:
+        raise ConfigError(
+            f"class_id={class_id} is out of range: the generator in {source} knows {num_classes} classes, "
+            f"numbered 0 to {num_classes - 1}."
+        )
+
+
+def class_grid(G: nn.Module, columns: int, seed: int, device: torch.device) -> Tensor:
+    """One row per class (at most 16), the same `columns` latents in every row."""
+    latents = torch.randn(columns**2, G.z_dim, generator=torch.Generator().manual_seed(seed + 2))
+    z, y = class_rows(latents, G.num_classes)  # the first ceil(sqrt(N)) = `columns` latents, each row
+    return image_grid(sample(G, z.to(device), y.to(device)), nrow=columns)
+
+
+class LabelledLatents(nn.Module):
+    """G(z, y) with y as z's last column: update_bn passes a model only one input."""
+
+    def __init__(self, G: nn.Module):
+        super().__init__()
+        self.G = G
+        self.train(G.training)  # update_bn puts back this module's mode, which must be G's (eval when measured)
+
+    def forward(self, zy: Tensor) -> Tensor:
+        return self.G(zy[:, :-1], zy[:, -1].long())
+
+
+def slerp(z0: Tensor, z1: Tensor, t: Tensor) -> Tensor:
+    """(R, D), (R, D), (T,) -> (R, T, D) (White 2016): latents lie near a sphere; a line cuts inside, unseen by G."""
+    u0, u1 = z0 / z0.norm(dim=-1, keepdim=True), z1 / z1.norm(dim=-1, keepdim=True)
+    omega = torch.acos((u0 * u1).sum(dim=-1).clamp(-1, 1))[:, None, None]  # (R, 1, 1)
+    t = t[None, :, None]  # (1, T, 1)
+    sin = torch.sin(omega)
+    near = sin.abs() < 1e-6  # (almost) parallel: the arc is a line
+    w0 = torch.where(near, 1 - t, torch.sin((1 - t) * omega) / torch.where(near, 1.0, sin))
+    w1 = torch.where(near, t, torch.sin(t * omega) / torch.where(near, 1.0, sin))
+    return w0 * z0[:, None] + w1 * z1[:, None]
+
+
+def interpolation_strip(
+    G: nn.Module, rows: int, steps: int, seed: int, device: torch.device, classes: Optional[list[int]] = None
+) -> Tensor:
+    """One row per pair of random latents; conditional G: row r drawn as classes[r]."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    z0, z1 = torch.randn(2, rows, G.z_dim, generator=gen)
+    z = slerp(z0, z1, torch.linspace(0, 1, steps)).reshape(rows * steps, G.z_dim)
+    y = None if classes is None else torch.tensor(classes, device=device).repeat_interleave(steps)
+    return image_grid(sample(G, z.to(device), y), nrow=steps)
+
+
+def neighbour_grid(queries: Tensor, data: DataConfig, k: int) -> Tensor:
+    """Each query, then its k nearest training images (pixel L2); chunked, so a streamed dataset need not fit."""
+    training = load_dataset(data, train=True).images
+    flat = queries.float().flatten(1)
+    best_distance = torch.full((queries.size(0), k), float("inf"))
+    best_index = torch.zeros(queries.size(0), k, dtype=torch.long)
+    start = 0
+    chunks = training.split(4096) if isinstance(training, Tensor) else DataLoader(training, batch_size=4096)
+    for chunk in chunks:
+        distance = torch.cdist(flat, chunk.float().flatten(1))
+        indices = torch.cat([best_index, torch.arange(start, start + chunk.size(0)).expand_as(distance)], dim=1)
+        best_distance, order = torch.cat([best_distance, distance], dim=1).topk(k, dim=1, largest=False)
+        best_index = indices.gather(1, order)
+        start += chunk.size(0)
+    neighbours = torch.stack([training[int(i)] for i in best_index.flatten()]).unflatten(0, best_index.shape)
+    rows = torch.cat([queries[:, None], neighbours], dim=1).flatten(0, 1)
+    return image_grid(to_unit_range(rows), nrow=k + 1)
+
+
+# G as a file that runs without this project's code: TorchScript, torch.export (control flow: docs/more.md) ----
+TORCHSCRIPT_FILE = "generator.torchscript.pt"
+EXPORT_FILE = "generator.pt2"
+
+
+class SamplingGenerator(nn.Module):
+    def __init__(self, G: nn.Module):
+        super().__init__()
+        self.G = copy.deepcopy(G).cpu().to(memory_format=torch.contiguous_format).eval()
+        self.z_dim: int = G.z_dim
+
+    def forward(self, z: Tensor) -> Tensor:
+        if z.dim() == 1:  # control flow on the input's rank, which trace does not record
+            return self.G(z.unsqueeze(0)).squeeze(0)
+        return self.G(z)
+
+
+def example_latents(z_dim: int, batch: int = 2) -> Tensor:
+    # A batch of 2: torch.export specialises sizes 0 and 1, so 1 would pin the batch dimension.
+    return torch.randn(batch, z_dim, generator=torch.Generator().manual_seed(0))
+
+
+def trace(G: nn.Module, example: Tensor) -> torch.jit.ScriptModule:
+    with warnings.catch_warnings():  # torch 2.x deprecates TorchScript (FutureWarning); shown for contrast
+        warnings.simplefilter("ignore", FutureWarning)
+        return torch.jit.trace(SamplingGenerator(G), example)
+
+
+def script(G: nn.Module) -> torch.jit.ScriptModule:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return torch.jit.script(SamplingGenerator(G))
+
+
+def export(G: nn.Module, example: Tensor) -> ExportedProgram:
+    """A dynamic batch dimension; the rank-1 branch is guarded out."""
+    return torch.export.export(SamplingGenerator(G), (example,), dynamic_shapes={"z": {0: Dim("batch", min=1)}})
+
+
+def save_generator(G: nn.Module, formats: ExportFormat, out_dir: Path) -> list[Path]:
+    """Reload with `torch.jit.load(path)` or `torch.export.load(path).module()`; both need only torch."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    if formats in (ExportFormat.torchscript, ExportFormat.both):
+        script(G).save(str(out_dir / TORCHSCRIPT_FILE))
+        written.append(out_dir / TORCHSCRIPT_FILE)
+    if formats in (ExportFormat.export, ExportFormat.both):
+        torch.export.save(export(G, example_latents(G.z_dim)), str(out_dir / EXPORT_FILE))
+        written.append(out_dir / EXPORT_FILE)
+    return written

@@ -35,7 +35,6 @@ from gan.device import environment, environment_changes
 from gan.distributed import SINGLE, World, any_rank, gather_to_main, mean_over_ranks
 from gan.errors import ConfigError, DataError, MetricsError, UserError, naming
 from gan.evaluation import metrics as M
-from gan.evaluation.conditional import sample_classes
 from gan.evaluation.pipeline import Reals, class_metrics, classifier_data, evaluate, generate, reference_subset
 from gan.launch import check_resume, measure_command, override_key, resume_command
 from gan.run import Run
@@ -548,7 +547,7 @@ class QualityProbe:
 
     def measure(self, G: nn.Module) -> dict[str, float]:
         cfg = self.config
-        labels = sample_classes(self.reals.labels, cfg.num_samples, None, cfg.seed) if G.num_classes else None
+        labels = M.sample_classes(self.reals.labels, cfg.num_samples, None, cfg.seed) if G.num_classes else None
         fake: Tensor = generate(G, cfg.num_samples, cfg.batch_size, cfg.seed, self.device, labels)
         real, fake_features = self.real_features, M.batched(self.features, fake, cfg.batch_size, self.device)
         results = {"fid": M.fid(real, fake_features)}
