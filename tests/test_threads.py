@@ -45,8 +45,10 @@ def machine(monkeypatch):
     return m
 
 
-def governor_on(machine: Machine) -> ThreadGovernor:
-    return ThreadGovernor(2, 2, clock=lambda: machine.t, busy=lambda: machine.busy, own=lambda: machine.own)
+def governor_on(machine: Machine, busy=None) -> ThreadGovernor:
+    governor = ThreadGovernor(2, 2)
+    governor.clock, governor.busy, governor.own = lambda: machine.t, busy or (lambda: machine.busy), lambda: machine.own
+    return governor
 
 
 def test_threads_step_down_while_others_are_busy_and_back_when_they_leave(machine):
@@ -65,9 +67,7 @@ def test_threads_step_down_while_others_are_busy_and_back_when_they_leave(machin
 
 def test_nothing_is_read_in_the_first_seconds_and_a_short_burst_or_own_children_change_nothing(machine):
     reads = []
-    governor = ThreadGovernor(
-        2, 2, clock=lambda: machine.t, busy=lambda: reads.append(1) or machine.busy, own=lambda: machine.own
-    )
+    governor = governor_on(machine, busy=lambda: reads.append(1) or machine.busy)
     machine.run(governor, 9.9)
     assert reads == []  # every short run (the whole test suite) trains exactly as with a fixed count
     machine.run(governor, 2.1)
@@ -147,8 +147,10 @@ def test_the_thread_count_is_drawn_at_every_log_point_with_its_change(tmp_path, 
         return tick["t"]
 
     def busy_governor(adapt, device):
-        return ThreadGovernor(2, 2, window_s=0.5, warm_up_s=0.0, clock=clock, busy=lambda: tick["busy"],
-                              own=lambda: 0.0)  # fmt: skip
+        governor = ThreadGovernor(2, 2)
+        governor.window_s, governor.warm_up_s, governor.clock = 0.5, 0.0, clock
+        governor.busy, governor.own = lambda: tick["busy"], lambda: 0.0
+        return governor
 
     monkeypatch.setattr(loop, "thread_governor", busy_governor)
     train(compose_config("trainer.max_steps=6", "trainer.threads=0", "trainer.adapt_threads=true"), tmp_path / "run")

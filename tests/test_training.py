@@ -21,10 +21,11 @@ from gan.checkpoint import load_checkpoint
 from gan.config import ConfigError, ModelConfig, Precision
 from gan.core.models import Discriminator, Generator
 from gan.data import EmptySplitError, is_held_out, load_dataset
+from gan.distributed import SINGLE
 from gan.errors import MetricsError
 from gan.evaluation import metrics as M
 from gan.training import train
-from gan.training.loop import build_overfit_probe
+from gan.training.loop import build_probes
 from gan.training.state import lr_scale, resolve_precision
 from scripts.bench import Row, probe, project_config
 
@@ -282,7 +283,7 @@ def test_a_folder_too_small_for_a_held_out_split_is_only_noted(tmp_path, caplog)
     with pytest.raises(EmptySplitError):
         load_dataset(cfg.data, train=False)
     with caplog.at_level(logging.INFO, logger="gan.training.loop"):
-        assert build_overfit_probe(cfg, load_dataset(cfg.data), CPU) is None
+        assert build_probes(cfg, load_dataset(cfg.data), CPU, SINGLE) == (None, None)
     assert [r.levelname for r in caplog.records if "held-out" in r.getMessage()] == ["INFO"]
 
 

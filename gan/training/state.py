@@ -11,6 +11,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim import Adam
 from torch.optim.swa_utils import AveragedModel
 
 from gan.checkpoint import load_module_state
@@ -28,10 +29,7 @@ from gan.errors import CheckpointError, ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
-ANOTHER = (
-    "Resume from another checkpoint of the run if trainer.keep_checkpoints kept any (checkpoints/step_NNNNNN.pt), "
-    "or start a new run."
-)
+ANOTHER = "Resume from another checkpoint (checkpoints/step_NNNNNN.pt, trainer.keep_checkpoints), or start a new run."
 
 
 @dataclasses.dataclass
@@ -59,8 +57,7 @@ class TrainingState:
         return None if self.fixed_y is None else int((self.fixed_y == self.fixed_y[0]).sum())
 
     def state_dict(self, cfg: TrainConfig, rank_rngs: Optional[list[dict[str, Any]]] = None) -> dict[str, Any]:
-        """`rank_rngs`: every rank's rng_state() under DDP: each draws its own latents."""
-        return {
+        return {  # rank_rngs: every rank's rng_state() under DDP: each draws its own latents
             "G": self.G.state_dict(),
             "D": self.D.state_dict(),
             "G_ema": self.G_ema.state_dict() if self.G_ema is not None else None,
@@ -86,19 +83,16 @@ class TrainingState:
         advice = MISMATCH + (MISMATCH_CLASSES if self.G.num_classes else "")
         if state.get("pack") != self.pack:  # data.root may change on a resume; the images may not
             raise DataError(
-                f"trainer.resume: data.root holds another pack than the run trained from (content hash "
-                f"{str(self.pack)[:12]}, where the checkpoint records {str(state.get('pack'))[:12]}): it was packed "
-                "again from other images, or data.root names another pack. Nothing was trained. Set data.root to "
-                "the pack the run trained from, or start a new run from this one (drop trainer.resume)."
+                f"trainer.resume: data.root holds another pack than the run trained from (hash {str(self.pack)[:12]}, "
+                f"the checkpoint's {str(state.get('pack'))[:12]}). Nothing was trained. Set data.root to the run's "
+                "pack, or drop trainer.resume."
             )
         entry = "?"
         try:
-            for entry, name in (("G", "generator"), ("D", "discriminator")):
-                load_module_state(getattr(self, entry), state[entry], name, advice)
-            entry = "G_ema"
-            if self.G_ema is not None and state.get("G_ema") is not None:
-                load_module_state(self.G_ema, state["G_ema"], "EMA generator", advice)
-            elif self.G_ema is not None:  # a run without EMA continues with one: start it from G
+            for entry, name in (("G", "generator"), ("D", "discriminator"), ("G_ema", "EMA generator")):
+                if entry != "G_ema" or (self.G_ema is not None and state.get("G_ema") is not None):
+                    load_module_state(getattr(self, entry), state[entry], name, advice)
+            if self.G_ema is not None and state.get("G_ema") is None:  # a run without EMA continues with one: from G
                 self.G_ema.n_averaged.zero_()
                 self.G_ema.update_parameters(self.G)
             for entry in ("opt_g", "opt_d"):
@@ -128,10 +122,9 @@ class TrainingState:
         except CheckpointError:
             raise
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as err:
+            detail = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else 'no detail'}"
             raise CheckpointError(
-                f"trainer.resume: the checkpoint's entry {entry!r} is missing or damaged ({type(err).__name__}: "
-                f"{str(err).splitlines()[0] if str(err) else 'no detail'}), so the run cannot continue from it. "
-                + ANOTHER
+                f"trainer.resume: the checkpoint's entry {entry!r} is missing or damaged ({detail}). " + ANOTHER
             ) from err
 
 
@@ -143,20 +136,15 @@ def check_moments(optimizer: torch.optim.Optimizer, saved: dict[str, Any], entry
                 if isinstance(moment, Tensor) and moment.dim() and moment.shape != param.shape:
                     raise CheckpointError(
                         f"trainer.resume: the checkpoint's {entry}.state[{index}].{slot} has shape "
-                        f"{tuple(moment.shape)}, where its parameter has {tuple(param.shape)}: the checkpoint was "
-                        "altered after it was written. " + ANOTHER
+                        f"{tuple(moment.shape)}, where its parameter has {tuple(param.shape)}: it was altered. "
+                        + ANOTHER
                     )
 
 
 MISMATCH = (
-    "The resume contract keeps this run's model.* and data.image_size/data.channels equal to those stored in "
-    "the checkpoint, so the checkpoint's weights and its own config disagree: it was damaged or edited after "
-    "it was written. " + ANOTHER
+    "The run's model.* and data.* are the checkpoint's (the resume contract): it was damaged or edited. " + ANOTHER
 )
-MISMATCH_CLASSES = (
-    " (A conditional run's class count comes from the data: if data.root now holds another dataset than the "
-    "run trained on, point it back at the run's.)"
-)
+MISMATCH_CLASSES = " (A conditional run's class count comes from the data: point data.root back at the run's dataset.)"
 
 
 def check_data_position(position: dict[str, int], batches: BatchStream) -> dict[str, int]:
@@ -164,11 +152,9 @@ def check_data_position(position: dict[str, int], batches: BatchStream) -> dict[
     most = sampler.size // sampler.batch_size
     if position["batch"] > most:
         raise CheckpointError(
-            f"trainer.resume: the checkpoint's entry 'data' places the batch stream at batch {position['batch']} "
-            f"of epoch {position['epoch']}, beyond the end of an epoch: this training set's {sampler.size} images "
-            f"make {most} batches of data.batch_size={sampler.batch_size}. Either the checkpoint was damaged or "
-            "edited, or data.root now holds a smaller dataset than the run trained on. Point data.root at the "
-            "run's dataset. " + ANOTHER
+            f"trainer.resume: the checkpoint's entry 'data' places the batch stream at batch {position['batch']} of "
+            f"epoch {position['epoch']}, past an epoch's end: {sampler.size} images make {most} batches of "
+            f"data.batch_size={sampler.batch_size}. Point data.root at the run's dataset. " + ANOTHER
         )
     return position
 
@@ -192,9 +178,8 @@ def set_rng_state(rng: dict[str, Any], device: torch.device, augment: Optional[A
         augment.generator.set_state(rng["augment"].cpu())
     elif augment is not None:  # written before the augmentation had a generator of its own
         log.warning(
-            "trainer.resume: the checkpoint holds no state of the augmentation's generator (it was written by an "
-            "older version, whose augmentation drew from torch's global stream); its draws restart from the seed, "
-            "so this continuation is not bit-identical to an uninterrupted run."
+            "trainer.resume: the checkpoint holds no state of the augmentation's generator (an older "
+            "version's): its draws restart from the seed, not bit-identical to an uninterrupted run."
         )
 
 
@@ -210,10 +195,8 @@ def build_state(
     if model.conditional and num_classes < 2:
         where = f" in {cfg.data.root}" if cfg.data.name in ("folder", "celeba") else ""
         raise ConfigError(
-            f"model.conditional=true needs class labels, and data={cfg.data.name}{where} has none "
-            f"({num_classes} class: a flat folder of images is read as unlabelled). Nothing was trained. "
-            "Put the images in one subfolder per class (data=folder reads each top folder as a class), "
-            "or drop model.conditional=true."
+            f"model.conditional=true needs class labels, and data={cfg.data.name}{where} has none ({num_classes} "
+            "class). Nothing was trained. Put the images in one subfolder per class (data=folder), or drop it."
         )
     labels = dataset.labels if num_classes else None  # the classes travel with the batch
     batches = BatchStream(
@@ -242,14 +225,10 @@ def build_models(cfg: TrainConfig, device: torch.device, num_classes: int = 0) -
     return G.to(device, memory_format=memory_format), D.to(device, memory_format=memory_format)
 
 
-def build_optimizer(
-    module: nn.Module, cfg: TrainConfig, device: torch.device, lr: Optional[float] = None
-) -> torch.optim.Adam:
+def build_optimizer(module: nn.Module, cfg: TrainConfig, device: torch.device, lr: Optional[float] = None) -> Adam:
     fused = device.type in ("cpu", "cuda")  # one kernel for the whole update; elsewhere foreach. Same math
     betas, foreach = (cfg.optim.beta1, cfg.optim.beta2), None if fused else True
-    return torch.optim.Adam(
-        module.parameters(), lr=lr or cfg.optim.lr, betas=betas, fused=fused or None, foreach=foreach
-    )
+    return Adam(module.parameters(), lr=lr or cfg.optim.lr, betas=betas, fused=fused or None, foreach=foreach)
 
 
 def lr_scale(step: int, max_steps: int, decay: float) -> float:
@@ -326,7 +305,6 @@ def cpu_has_fast_bf16() -> bool:
 
 def step_context(precision: Precision, device: torch.device, skip_nonfinite: bool) -> StepContext:
     """A GradScaler enabled only for fp16; build_step_context adds the objective."""
-
     dtype = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}.get(precision)
     autocast = (
         functools.partial(torch.autocast, device_type=device.type, dtype=dtype) if dtype else contextlib.nullcontext

@@ -5,7 +5,7 @@ import contextlib
 import logging
 import math
 import time
-from typing import Callable, Optional
+from typing import Optional
 
 import psutil
 import torch
@@ -48,25 +48,19 @@ def threads_for(limit: int, cpus: int, others: float) -> int:
 class ThreadGovernor:
     """`poll()` after every step: CPU times are read once per window, a change needs two windows running."""
 
-    def __init__(
-        self,
-        limit: int,
-        cpus: int,
-        window_s: float = 2.0,
-        warm_up_s: float = 10.0,
-        clock: Callable[[], float] = time.monotonic,
-        busy: Callable[[], Optional[float]] = machine_busy_seconds,
-        own: Callable[[], float] = own_busy_seconds,
-    ):
-        self.limit, self.cpus, self.window_s = limit, cpus, window_s
-        self.clock, self.busy, self.own = clock, busy, own
-        self.threads = limit
+    window_s, warm_up_s = 2.0, 10.0  # a short run (every test) never adjusts
+    clock, busy, own = staticmethod(time.monotonic), staticmethod(machine_busy_seconds), staticmethod(own_busy_seconds)
+
+    def __init__(self, limit: int, cpus: int):
+        self.limit, self.cpus, self.threads = limit, cpus, limit
         self.pending: Optional[int] = None  # the count the last window asked for, awaiting a second
-        self.next_at = clock() + warm_up_s  # a short run (every test) never adjusts
+        self.next_at: Optional[float] = None  # the warm-up starts at the first poll
         self.mark: Optional[tuple[float, float, float]] = None
 
     def poll(self) -> None:
         now = self.clock()
+        if self.next_at is None:
+            self.next_at = now + self.warm_up_s
         if now < self.next_at:
             return
         self.next_at = now + self.window_s
@@ -104,7 +98,6 @@ def thread_governor(adapt: bool, device: torch.device) -> Optional[ThreadGoverno
 
 def keep_thread_count(recorded: Optional[int], threads: int, adapt: bool) -> None:
     """On resume: the run's count, unless trainer.threads=N or adapt_threads; at most this process's CPUs."""
-
     if recorded is None or adapt or recorded == torch.get_num_threads():
         return
     usable = min(recorded, available_cpus())  # more can only be slower, and at 100s crashes torch's pool
