@@ -385,8 +385,8 @@ class OverfitProbe:
     """Is D memorising? Its scores on training reals against held-out reals drift apart well before FID turns worse
     (Karras et al. 2020, fig. 1). Training is untouched: D's buffers are put back and no random number is drawn."""
 
-    def __init__(self, train: tuple[Tensor, Optional[Tensor]], held_out: tuple[Tensor, Optional[Tensor]], batch: int):
-        self.train, self.held_out, self.batch_size = train, held_out, batch
+    def __init__(self, train: tuple[Tensor, Optional[Tensor]], held_out: tuple[Tensor, Optional[Tensor]], batch_size):
+        self.train, self.held_out, self.batch_size = train, held_out, batch_size
 
     @torch.no_grad()
     def measure(self, D: nn.Module, ctx: StepContext) -> dict[str, float]:
