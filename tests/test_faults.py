@@ -236,7 +236,7 @@ def test_only_an_allocation_failure_becomes_a_config_error_naming_the_size_setti
     def broken(*args, **kwargs):
         raise RuntimeError("a bug, not an allocation")
 
-    monkeypatch.setattr("gan.training.loop.build_state", broken)
+    monkeypatch.setattr("gan.training.state.build_state", broken)
     with pytest.raises(RuntimeError, match="a bug"):  # a bug keeps its traceback
         train(compose_config(), tmp_path / "bug")
 

@@ -18,39 +18,23 @@ from torch import Tensor, nn
 from torch.utils.tensorboard import SummaryWriter
 from torchvision.utils import save_image
 
-from gan.checkpoint import (
-    BEST,
-    checkpoint_path,
-    keep_numbered,
-    load_checkpoint,
-    require_training_state,
-    save_checkpoint,
-)
-from gan.config import EvaluateConfig, LossName, OnDWon, Precision, TrainConfig, to_plain
-from gan.core.augment import AdaptiveAugment
+from gan.checkpoint import BEST, checkpoint_path, keep_numbered, load_checkpoint, save_checkpoint
+from gan.config import EvaluateConfig, LossName, OnDWon, TrainConfig, to_plain
 from gan.core.sampling import sample
 from gan.core.steps import StepContext, d_step, g_step
-from gan.data import EmptySplitError, ImageSet, load_dataset, open_source, take, to_unit_range
-from gan.device import environment, environment_changes
+from gan.data import EmptySplitError, ImageSet, open_source, take, to_unit_range
+from gan.device import environment
 from gan.distributed import SINGLE, World, any_rank, gather_to_main, mean_over_ranks
 from gan.errors import ConfigError, DataError, MetricsError, UserError, naming
 from gan.evaluation import metrics as M
 from gan.evaluation.conditional import sample_classes
 from gan.evaluation.pipeline import Reals, class_metrics, classifier_data, evaluate, generate, reference_subset
-from gan.launch import check_resume, measure_command, override_key, resume_command
+from gan.launch import measure_command, override_key, resume_command
 from gan.run import Run
-from gan.training.faults import NonFiniteWatch, check_finite_state, explain_allocation_failure, stop_on_signals
+from gan.training.faults import NonFiniteWatch, check_finite_state, stop_on_signals
 from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, Monitor, grid_of, real_grid, shown_name, write_progress_gif
-from gan.training.state import (
-    TrainingState,
-    build_state,
-    build_step_context,
-    prepare_process,
-    rng_state,
-    set_learning_rates,
-    wrap_for_ddp,
-)
-from gan.training.threads import keep_thread_count, thread_governor
+from gan.training.state import TrainingState, rng_state, set_learning_rates, set_up, wrap_for_ddp
+from gan.training.threads import thread_governor
 
 log = logging.getLogger(__name__)
 
@@ -226,12 +210,7 @@ def periodic_extras(
             Every("overfitting", trainer.overfit_every if overfit else 0, measure_overfit),
             Every("augment p", 1 if state.augment else 0, steer_augment),
             Every("log", trainer.log_every, log_scalars, at_end=True),
-            Every(
-                "sample",
-                trainer.sample_every if world.is_main else 0,
-                lambda t: write_samples(state, run, monitor),
-                True,
-            ),
+            Every("sample", trainer.sample_every * world.is_main, lambda _: write_samples(state, run, monitor), True),
             Every("quality", trainer.eval_every if quality else 0, measure_quality, at_end=True),
             Every("checkpoint", trainer.checkpoint_every, checkpoint, at_end=True),
             Every("learning rate", 1, lambda tick: set_learning_rates(state, cfg)),  # the next step's
@@ -291,31 +270,6 @@ def measure_later(run_dir: Path) -> str:
     )
 
 
-def set_up(
-    cfg: TrainConfig, world: World, dataset: Optional[ImageSet]
-) -> tuple[torch.device, StepContext, TrainingState, ImageSet]:
-    device = prepare_process(cfg, world)
-    # read the checkpoint to resume from before any work, so a bad path fails at once
-    resume_from = load_checkpoint(cfg.trainer.resume, map_location=device) if cfg.trainer.resume else None
-    ctx, precision = build_step_context(cfg, device, world.rank)
-    with explain_allocation_failure(cfg):
-        training_set = dataset or load_dataset(cfg.data)
-        state = build_state(cfg, device, ctx.scaler, world, training_set)
-    state.augment = ctx.augment if isinstance(ctx.augment, AdaptiveAugment) else None
-    if resume_from is not None:
-        require_training_state(resume_from, cfg.trainer.resume)
-        check_resume(to_plain(cfg), resume_from, cfg.trainer.resume)
-        state.load_state_dict(resume_from, world)
-        keep_thread_count(resume_from.get("threads"), cfg.trainer.threads, cfg.trainer.adapt_threads)
-        log.info("Resumed from %s at step %d", cfg.trainer.resume, state.step)
-        if changes := environment_changes(resume_from.get("environment"), environment(device)):
-            log.warning("Resumed in another environment (%s): not bit-exact to an unbroken run.", "; ".join(changes))
-    set_learning_rates(state, cfg)  # the first step's; the periodic extras set each next one
-    auto = " (trainer.precision=auto)" if cfg.trainer.precision == Precision.auto else ""
-    log.info("Training on %s in %s%s, %d process(es)", device, precision.value, auto, world.size)
-    return device, ctx, state, training_set
-
-
 def what_is_kept(run_dir: Path) -> str:
     """What to run after a failed write."""
     last = Run(run_dir).last
@@ -352,17 +306,11 @@ def build_probes(
             held_out = open_source(cfg.data, train=False)
         except DataError as err:
             if trainer.final_eval_samples:
-                raise DataError(
-                    f"{err} {final} measures the trained generator against this held-out split after "
-                    "training; fix the split, or set trainer.final_eval_samples=0."
-                ) from err
+                raise DataError(f"{err} {final} measures the trained generator on it: fix it, or set it to 0.") from err
             if isinstance(err, EmptySplitError):  # a small folder: nothing is wrong with the data
                 log.info("No held-out images to compare D's scores with (%s): d/heldout_gap is not logged.", err)
             else:  # damaged or missing files: the run goes on, but the user must hear it before evaluate.py fails
-                log.warning(
-                    f"The held-out split cannot be read: {err} Training goes on without d/heldout_gap; "
-                    "evaluate.py measures against this split and will refuse it until it is fixed."
-                )
+                log.warning(f"The held-out split cannot be read: {err} No d/heldout_gap; evaluate.py will refuse it.")
     count = min(PROBE_IMAGES, len(train.images), len(held_out)) if held_out is not None and trainer.overfit_every else 0
     count -= count % model.pack  # D judges packs of model.pack images
     if count >= model.pack:
@@ -441,8 +389,8 @@ class QualityProbe:
                 f"The metrics classifier of data={data.name} reaches {100 * accuracy:.2f}% test accuracy, "
                 f"below evaluate.py's bar of {100 * bar:.0f}%: the in-training FID uses it all the same."
             )
-        self.features = M.ClassifierFeatures(self.classifier, self.reals.stacked, images.size(1)).to(device)
-        self.device = device
+        self.device, self.features = device, M.ClassifierFeatures(self.classifier, self.reals.stacked, images.size(1))
+        self.features.to(device)
         self.real_features = M.batched(self.features, images, self.config.batch_size, device)
         log.info(
             f"In-training quality: {samples} samples against {images.size(0)} training images, features of "
@@ -488,12 +436,11 @@ def hparams_of(cfg: TrainConfig, swept: Sequence[str] = ()) -> dict[str, float |
     plain = to_plain(cfg)
     data = plain["data"]["name"] + (", conditional" if plain["model"]["conditional"] else "")
     columns = dict(zip(COMPARED, (data, plain["loss"]["name"], plain["optim"]["lr"], plain["trainer"]["max_steps"])))
-    for override in swept:
+    for override in swept:  # a deletion (~key) sets nothing to compare; the four show theirs (`data`: conditional too)
         key = override_key(override).removesuffix(".name")  # data.name=x and data=x: the column `data`
         group, _, field = key.partition(".")
-        if override.startswith("~") or key in (*columns, "model.conditional"):
-            continue  # a deletion sets nothing to compare; the four show these (`data` says conditional)
-        # a config group's choice (experiment=wgan_gp), or a key of no group, as the command gave it
-        columns[key] = plain[group][field] if field in plain.get(group, {}) else override.split("=", 1)[1]
+        if not override.startswith("~") and key not in (*columns, "model.conditional"):
+            # a config group's choice (experiment=wgan_gp), or a key of no group, as the command gave it
+            columns[key] = plain[group][field] if field in plain.get(group, {}) else override.split("=", 1)[1]
     # ints (and lists) as text: the page prints every number to five digits, 300 as 300.00
     return {key: v if v is None or isinstance(v, (float, str, bool)) else str(v) for key, v in columns.items()}

@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Adam
 from torch.optim.swa_utils import AveragedModel
 
-from gan.checkpoint import load_module_state
+from gan.checkpoint import load_checkpoint, load_module_state, require_training_state
 from gan.config import OnNonFinite, Precision, TrainConfig, to_plain
 from gan.core.augment import AdaptiveAugment, diff_augment, no_augment
 from gan.core.ema import build_ema
@@ -23,9 +23,12 @@ from gan.core.models import Discriminator, Generator
 from gan.core.sampling import class_rows
 from gan.core.steps import Penalties, StepContext
 from gan.data import BatchStream, ImageSet, load_dataset
-from gan.device import environment, retain_freed_memory, setup_torch
+from gan.device import environment, environment_changes, retain_freed_memory, setup_torch
 from gan.distributed import SINGLE, World, rank_device
 from gan.errors import CheckpointError, ConfigError, DataError
+from gan.launch import check_resume
+from gan.training.faults import explain_allocation_failure
+from gan.training.threads import keep_thread_count
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +104,15 @@ class TrainingState:
             entry = "scaler"
             if self.scaler.is_enabled() and state.get("scaler"):
                 self.scaler.load_state_dict(state["scaler"])
-            entry = "data"
-            self.batches.load_state_dict(check_data_position(state["data"], self.batches))
+            entry, position, sampler = "data", state["data"], self.batches.sampler
+            if position["batch"] > (most := sampler.size // sampler.batch_size):
+                raise CheckpointError(
+                    "trainer.resume: the checkpoint's entry 'data' places the batch stream at batch "
+                    f"{position['batch']} of epoch {position['epoch']}, past an epoch's end: {sampler.size} images "
+                    f"make {most} batches of data.batch_size={sampler.batch_size}. Point data.root at the run's data. "
+                    + ANOTHER
+                )
+            self.batches.load_state_dict(position)
             entry = "fixed_z"
             self.fixed_z = state["fixed_z"].to(self.fixed_z.device).reshape(self.fixed_z.shape)
             entry = "rng"
@@ -145,18 +155,6 @@ MISMATCH = (
     "The run's model.* and data.* are the checkpoint's (the resume contract): it was damaged or edited. " + ANOTHER
 )
 MISMATCH_CLASSES = " (A conditional run's class count comes from the data: point data.root back at the run's dataset.)"
-
-
-def check_data_position(position: dict[str, int], batches: BatchStream) -> dict[str, int]:
-    sampler = batches.sampler
-    most = sampler.size // sampler.batch_size
-    if position["batch"] > most:
-        raise CheckpointError(
-            f"trainer.resume: the checkpoint's entry 'data' places the batch stream at batch {position['batch']} of "
-            f"epoch {position['epoch']}, past an epoch's end: {sampler.size} images make {most} batches of "
-            f"data.batch_size={sampler.batch_size}. Point data.root at the run's dataset. " + ANOTHER
-        )
-    return position
 
 
 def rng_state(device: torch.device, augment: Optional[AdaptiveAugment] = None) -> dict[str, Any]:
@@ -318,3 +316,28 @@ def compile_models(G: nn.Module, D: Discriminator) -> None:
     G.compile()
     D.features.compile()
     D.head.compile()
+
+
+def set_up(
+    cfg: TrainConfig, world: World, dataset: Optional[ImageSet]
+) -> tuple[torch.device, StepContext, TrainingState, ImageSet]:
+    device = prepare_process(cfg, world)
+    # read the checkpoint to resume from before any work, so a bad path fails at once
+    resume_from = load_checkpoint(cfg.trainer.resume, map_location=device) if cfg.trainer.resume else None
+    ctx, precision = build_step_context(cfg, device, world.rank)
+    with explain_allocation_failure(cfg):
+        training_set = dataset or load_dataset(cfg.data)
+        state = build_state(cfg, device, ctx.scaler, world, training_set)
+    state.augment = ctx.augment if isinstance(ctx.augment, AdaptiveAugment) else None
+    if resume_from is not None:
+        require_training_state(resume_from, cfg.trainer.resume)
+        check_resume(to_plain(cfg), resume_from, cfg.trainer.resume)
+        state.load_state_dict(resume_from, world)
+        keep_thread_count(resume_from.get("threads"), cfg.trainer.threads, cfg.trainer.adapt_threads)
+        log.info("Resumed from %s at step %d", cfg.trainer.resume, state.step)
+        if changes := environment_changes(resume_from.get("environment"), environment(device)):
+            log.warning("Resumed in another environment (%s): not bit-exact to an unbroken run.", "; ".join(changes))
+    set_learning_rates(state, cfg)  # the first step's; the periodic extras set each next one
+    auto = " (trainer.precision=auto)" if cfg.trainer.precision == Precision.auto else ""
+    log.info("Training on %s in %s%s, %d process(es)", device, precision.value, auto, world.size)
+    return device, ctx, state, training_set
