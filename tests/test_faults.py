@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from unittest.mock import Mock
 
 import conftest
 import pytest
@@ -41,10 +42,6 @@ def good_run(tmp_path_factory) -> Path:
     result = run_train("trainer.max_steps=2", f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
-
-
-def run_evaluate(*overrides: str) -> subprocess.CompletedProcess:
-    return conftest.run_evaluate("device=cpu", "threads=1", *overrides)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -149,7 +146,9 @@ def test_evaluate_refuses_a_generator_with_non_finite_weights(tmp_path, good_run
         if tensor.is_floating_point():
             tensor.fill_(float("nan"))
     torch.save(state, checkpoint)
-    result = run_evaluate(f"checkpoint={checkpoint}", f"hydra.run.dir={tmp_path / 'eval'}")
+    result = conftest.run_evaluate(
+        "device=cpu", "threads=1", f"checkpoint={checkpoint}", f"hydra.run.dir={tmp_path / 'eval'}"
+    )
     output = output_of(result)
     assert result.returncode == 2, output[-3000:]
     assert f"The EMA generator in {checkpoint} holds NaN or inf" in output and "net.0.weight" in output
@@ -184,7 +183,7 @@ def test_hydra_does_not_overwrite_the_record_of_an_existing_run(tmp_path, good_r
     if program == "train.py":
         result = run_train(f"hydra.run.dir={run_dir}", "loss=hinge", cwd=tmp_path)
     else:
-        result = run_evaluate(f"checkpoint={run_dir}", f"hydra.run.dir={run_dir}")
+        result = conftest.run_evaluate("device=cpu", "threads=1", f"checkpoint={run_dir}", f"hydra.run.dir={run_dir}")
     assert result.returncode == 2, output_of(result)[-3000:]
     assert {p: digest(p) for p in record} == record
 
@@ -214,11 +213,7 @@ def test_only_an_allocation_failure_becomes_a_config_error_naming_the_size_setti
     message = str(caught.value)
     assert "Not enough memory to build the models" in message and "model.g_width=1000000000000" in message
     assert "trainer.num_fixed_samples=" in message and "bytes" in message
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("a bug, not an allocation")
-
-    monkeypatch.setattr("gan.training.state.build_state", broken)
+    monkeypatch.setattr("gan.training.state.build_state", Mock(side_effect=RuntimeError("a bug, not an allocation")))
     with pytest.raises(RuntimeError, match="a bug"):  # a bug keeps its traceback
         train(compose_config(), tmp_path / "bug")
 
@@ -269,11 +264,8 @@ def test_a_full_disk_under_tensorboard_names_the_events_file_without_the_writer_
 ):
     monitor = Monitor(tmp_path, 0, 10, progress=False)
     monitor.numbers(1, {"loss/d": 1.0})  # the events file opens at the first write
-
-    def full(*args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device")  # as gfile reports it: no file named
-
-    monkeypatch.setattr(LocalFileSystem, "append", full)
+    full = OSError(errno.ENOSPC, "No space left on device")  # as gfile reports it: no file named
+    monkeypatch.setattr(LocalFileSystem, "append", Mock(side_effect=full))
     monitor.numbers(2, {"loss/d": 1.0})
     with pytest.raises(OSError) as caught:
         monitor.close()  # the writer thread's failure comes back here

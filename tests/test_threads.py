@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import namedtuple
+from unittest.mock import Mock
 
 import pytest
 import torch
@@ -64,11 +65,7 @@ def test_the_governor_is_made_only_when_asked_on_a_cpu_with_cores_to_share(monke
     assert thread_governor(False, cpu) is None and thread_governor(True, torch.device("meta")) is None
     made = thread_governor(True, cpu)
     assert (made is not None) == (torch.get_num_threads() >= 2 and T.machine_busy_seconds() is not None)
-
-    def unreadable(percpu: bool) -> list:
-        raise NotImplementedError
-
-    monkeypatch.setattr(T.psutil, "cpu_times", unreadable)
+    monkeypatch.setattr(T.psutil, "cpu_times", Mock(side_effect=NotImplementedError))
     monkeypatch.setattr(T.torch, "get_num_threads", lambda: 4)
     with caplog.at_level(logging.INFO, logger=T.__name__):  # without readable CPU times the count stays, and says so
         assert T.machine_busy_seconds() is None and thread_governor(True, cpu) is None
