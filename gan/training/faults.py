@@ -65,13 +65,7 @@ class NonFiniteWatch:
         )
 
 
-_PARTS = {
-    "G": "the generator G",
-    "D": "the discriminator D",
-    "G_ema": "the EMA generator G_ema",
-    "opt_g": "G's optimizer (opt_g)",
-    "opt_d": "D's optimizer (opt_d)",
-}
+_PARTS = ("G", "D", "G_ema", "opt_g", "opt_d")  # the networks, and the optimizers opt_g and opt_d
 
 
 def check_finite_state(state: TrainingState, kept: Path) -> None:
@@ -93,7 +87,7 @@ def check_finite_state(state: TrainingState, kept: Path) -> None:
         if keys := [key for part, key in bad if part == name]:
             total = sum(1 for (part, _), t in named if part == name and isinstance(t, Tensor) and t.is_floating_point())
             shown = ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "")
-            found.append(f"{_PARTS[name]} in {len(keys)} of its {total} tensors ({shown})")
+            found.append(f"{name} in {len(keys)} of its {total} tensors ({shown})")
     if not found:
         for name, largest in diverged(modules).items():
             log.warning(

@@ -330,30 +330,28 @@ def build_probes(
 
 
 class OverfitProbe:
-    """Is D memorising? Its scores on training reals against held-out reals drift apart well before FID turns worse
-    (Karras et al. 2020, fig. 1). Training is untouched: D's buffers are put back and no random number is drawn."""
+    # Is D memorising? Its scores on training and held-out reals drift apart well before FID turns worse (Karras et
+    # al. 2020, fig. 1). Training is untouched: D's buffers are put back and no random number is drawn.
 
     def __init__(self, train: tuple[Tensor, Optional[Tensor]], held_out: tuple[Tensor, Optional[Tensor]], batch_size):
         self.train, self.held_out, self.batch_size = train, held_out, batch_size
 
     @torch.no_grad()
     def measure(self, D: nn.Module, ctx: StepContext) -> dict[str, float]:
-        saved = [buffer.clone() for buffer in D.buffers()]
+        saved, means = [buffer.clone() for buffer in D.buffers()], []
         try:
-            train, held_out = (self._mean_score(D, ctx, *split) for split in (self.train, self.held_out))
+            for images, labels in (self.train, self.held_out):
+                scores = []
+                for start in range(0, images.size(0), self.batch_size):
+                    part = slice(start, start + self.batch_size)
+                    y = labels[part] if labels is not None else None
+                    with ctx.autocast():
+                        scores.append(D(to_unit_range(images[part]), y).float())
+                means.append(float(torch.cat(scores).mean()))
         finally:
             for buffer, value in zip(D.buffers(), saved):
                 buffer.copy_(value)
-        return {"d/score_train": train, "d/score_heldout": held_out, "d/heldout_gap": train - held_out}
-
-    def _mean_score(self, D: nn.Module, ctx: StepContext, images: Tensor, labels: Optional[Tensor]) -> float:
-        scores = []
-        for start in range(0, images.size(0), self.batch_size):
-            batch = to_unit_range(images[start : start + self.batch_size])
-            y = labels[start : start + self.batch_size] if labels is not None else None
-            with ctx.autocast():
-                scores.append(D(batch, y).float())
-        return float(torch.cat(scores).mean())
+        return {"d/score_train": means[0], "d/score_heldout": means[1], "d/heldout_gap": means[0] - means[1]}
 
 
 _NAMES = ("precision", "recall", "density", "coverage", "classes_covered", "class_kl", "modes_covered", "mode_kl")

@@ -1,5 +1,4 @@
-"""What a person watching the run sees: TensorBoard, a progress bar, log lines, the samples' animation
-(docs/watching.md). Diagnostics become Python numbers only here, at log time: each `.item()` waits for the device."""
+"""What a person watching the run sees: TensorBoard, a progress bar, log lines, the animation (docs/watching.md)."""
 
 from __future__ import annotations
 
@@ -146,7 +145,8 @@ class Monitor(contextlib.AbstractContextManager):
                 writer.add_scalar(f"time/phase_{phase}_s", spent, step)
 
     def scalars(self, step: int, stats: Mapping[str, Tensor | float]) -> dict[str, float]:
-        values = {shown_name(tag): float(value) for tag, value in stats.items()}  # float(t) = t.item(): a host sync
+        # diagnostics become Python numbers only here, at log time: float(t) = t.item() waits for the device
+        values = {shown_name(tag): float(value) for tag, value in stats.items()}
         now = time.perf_counter()
         if self.images_since:  # none yet when the first log comes right after the first step
             values["time/img_per_s"] = self.images_since / (now - self.time_since)

@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
+from torch.amp import GradScaler
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Adam
 from torch.optim.swa_utils import AveragedModel
@@ -42,7 +43,7 @@ class TrainingState:
     G_ema: Optional[AveragedModel]  # None when model.ema_decay=0 and model.ema_kimg=0
     opt_g: torch.optim.Optimizer
     opt_d: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler  # enabled for fp16 only; shared with the StepContext
+    scaler: GradScaler  # enabled for fp16 only; shared with the StepContext
     batches: BatchStream
     fixed_z: Tensor  # every sample grid's z, so grids compare across steps and resumes
     step: int = 0  # generator updates done, in this run and the runs it resumed
@@ -83,7 +84,7 @@ class TrainingState:
 
     def load_state_dict(self, state: dict[str, Any], world: World = SINGLE) -> None:
         """Per-rank generators only if saved for a job this size; a misfit of model.* is damage (gan/launch.py)."""
-        advice = MISMATCH + (MISMATCH_CLASSES if self.G.num_classes else "")
+        advice = MISMATCH + ANOTHER + (MISMATCH_CLASSES if self.G.num_classes else "")
         if state.get("pack") != self.pack:  # data.root may change on a resume; the images may not
             raise DataError(
                 f"trainer.resume: data.root holds another pack than the run trained from (hash {str(self.pack)[:12]}, "
@@ -98,9 +99,18 @@ class TrainingState:
             if self.G_ema is not None and state.get("G_ema") is None:  # a run without EMA continues with one: from G
                 self.G_ema.n_averaged.zero_()
                 self.G_ema.update_parameters(self.G)
-            for entry in ("opt_g", "opt_d"):
-                check_moments(getattr(self, entry), state[entry], entry)
-                getattr(self, entry).load_state_dict(state[entry])
+            for entry in ("opt_g", "opt_d"):  # torch's load_state_dict does not check moments' shapes, and Adam's
+                optimizer, saved = getattr(self, entry), state[entry]  # fused update then writes past one's memory
+                for group, saved_group in zip(optimizer.param_groups, saved["param_groups"]):
+                    for param, index in zip(group["params"], saved_group["params"]):
+                        for slot, moment in saved["state"].get(index, {}).items():
+                            if isinstance(moment, Tensor) and moment.dim() and moment.shape != param.shape:
+                                raise CheckpointError(
+                                    f"trainer.resume: the checkpoint's {entry}.state[{index}].{slot} has shape "
+                                    f"{tuple(moment.shape)}, where its parameter has {tuple(param.shape)}: it was "
+                                    "altered. " + ANOTHER
+                                )
+                optimizer.load_state_dict(saved)
             entry = "scaler"
             if self.scaler.is_enabled() and state.get("scaler"):
                 self.scaler.load_state_dict(state["scaler"])
@@ -138,22 +148,7 @@ class TrainingState:
             ) from err
 
 
-def check_moments(optimizer: torch.optim.Optimizer, saved: dict[str, Any], entry: str) -> None:
-    """torch's load_state_dict does not check moments' shapes, and Adam's fused update then writes past one's memory."""
-    for group, saved_group in zip(optimizer.param_groups, saved["param_groups"]):
-        for param, index in zip(group["params"], saved_group["params"]):
-            for slot, moment in saved["state"].get(index, {}).items():
-                if isinstance(moment, Tensor) and moment.dim() and moment.shape != param.shape:
-                    raise CheckpointError(
-                        f"trainer.resume: the checkpoint's {entry}.state[{index}].{slot} has shape "
-                        f"{tuple(moment.shape)}, where its parameter has {tuple(param.shape)}: it was altered. "
-                        + ANOTHER
-                    )
-
-
-MISMATCH = (
-    "The run's model.* and data.* are the checkpoint's (the resume contract): it was damaged or edited. " + ANOTHER
-)
+MISMATCH = "The run's model.* and data.* are the checkpoint's (the resume contract): it was damaged or edited. "
 MISMATCH_CLASSES = " (A conditional run's class count comes from the data: point data.root back at the run's dataset.)"
 
 
@@ -182,11 +177,7 @@ def set_rng_state(rng: dict[str, Any], device: torch.device, augment: Optional[A
 
 
 def build_state(
-    cfg: TrainConfig,
-    device: torch.device,
-    scaler: torch.amp.GradScaler,
-    world: World = SINGLE,
-    dataset: Optional[ImageSet] = None,
+    cfg: TrainConfig, device: torch.device, scaler: GradScaler, world: World = SINGLE, dataset: ImageSet | None = None
 ) -> TrainingState:
     dataset, data, model = dataset or load_dataset(cfg.data), cfg.data, cfg.model
     num_classes = dataset.num_classes if model.conditional else 0
@@ -307,7 +298,7 @@ def step_context(precision: Precision, device: torch.device, skip_nonfinite: boo
     autocast = (
         functools.partial(torch.autocast, device_type=device.type, dtype=dtype) if dtype else contextlib.nullcontext
     )
-    scaler = torch.amp.GradScaler(device.type, enabled=precision == Precision.fp16)
+    scaler = GradScaler(device.type, enabled=precision == Precision.fp16)
     return StepContext(autocast=autocast, scaler=scaler, skip_nonfinite=skip_nonfinite)
 
 

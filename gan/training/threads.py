@@ -1,5 +1,5 @@
-"""A run's torch thread count on the CPU: fixed for the run's life and kept on resume, as oneDNN splits its sums by
-thread count; or, with trainer.adapt_threads, the cores others leave free (docs/speed.md#sharing-the-machine)."""
+"""A run's torch thread count: fixed and kept on resume, or the cores others leave free (trainer.adapt_threads)."""
+# fixed as oneDNN splits its sums by thread count (docs/speed.md#sharing-the-machine)
 
 import contextlib
 import logging
