@@ -62,11 +62,8 @@ class TrainingState:
 
     def state_dict(self, cfg: TrainConfig, rank_rngs: Optional[list[dict[str, Any]]] = None) -> dict[str, Any]:
         return {  # rank_rngs: every rank's rng_state() under DDP: each draws its own latents
-            "G": self.G.state_dict(),
-            "D": self.D.state_dict(),
+            **{key: getattr(self, key).state_dict() for key in ("G", "D", "opt_g", "opt_d")},
             "G_ema": self.G_ema.state_dict() if self.G_ema is not None else None,
-            "opt_g": self.opt_g.state_dict(),
-            "opt_d": self.opt_d.state_dict(),
             "scaler": self.scaler.state_dict(),  # empty unless fp16
             "step": self.step,
             "num_classes": self.G.num_classes,  # 0: unconditional; evaluate.py rebuilds G from it
