@@ -324,7 +324,7 @@ def set_up(
         keep_thread_count(resume_from.get("threads"), cfg.trainer.threads, cfg.trainer.adapt_threads)
         log.info("Resumed from %s at step %d", cfg.trainer.resume, state.step)
         if changes := environment_changes(resume_from.get("environment"), environment(device)):
-            log.warning("Resumed in another environment (%s): not bit-exact to an unbroken run.", "; ".join(changes))
+            log.warning("Resumed in another environment (%s): not bit for bit an unbroken run.", "; ".join(changes))
     set_learning_rates(state, cfg)  # the first step's; the periodic extras set each next one
     auto = " (trainer.precision=auto)" if cfg.trainer.precision == Precision.auto else ""
     log.info("Training on %s in %s%s, %d process(es)", device, precision.value, auto, world.size)
