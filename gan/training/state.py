@@ -220,9 +220,7 @@ def build_optimizer(module: nn.Module, cfg: TrainConfig, device: torch.device, l
 def lr_scale(step: int, max_steps: int, decay: float) -> float:
     """1, then linear to 1 / (decay * max_steps) over the last `decay` of the run; nothing to checkpoint."""
     start = max_steps * (1.0 - decay)
-    if decay <= 0 or step < start:
-        return 1.0
-    return max(max_steps - step, 1) / (max_steps - start)
+    return 1.0 if decay <= 0 or step < start else max(max_steps - step, 1) / (max_steps - start)
 
 
 def set_learning_rates(state: TrainingState, cfg: TrainConfig) -> None:
@@ -258,10 +256,8 @@ def wrap_for_ddp(G: nn.Module, D: nn.Module, world: World, device: torch.device)
 
 
 def prepare_process(cfg: TrainConfig, world: World = SINGLE) -> torch.device:
-    trainer = cfg.trainer
-    # each rank draws its own latents; initial weights may differ too, as DDP copies rank 0's
-    device = setup_torch(trainer.device, trainer.threads, trainer.seed + world.rank, "trainer.device")
-    device = rank_device(world, device)
+    trainer, seed = cfg.trainer, cfg.trainer.seed + world.rank  # each rank draws its own latents (DDP copies weights)
+    device = rank_device(world, setup_torch(trainer.device, trainer.threads, seed, "trainer.device"))
     if device.type == "cpu" and trainer.retain_host_memory and retain_freed_memory():
         log.debug("glibc malloc: freed blocks are kept for reuse (trainer.retain_host_memory=true)")
     if trainer.deterministic:
@@ -275,11 +271,8 @@ def prepare_process(cfg: TrainConfig, world: World = SINGLE) -> torch.device:
 def resolve_precision(precision: Precision, device: torch.device) -> Precision:
     if precision != Precision.auto:
         return precision
-    if device.type == "cuda":
-        fast = torch.cuda.get_device_capability(device)[0] >= 8  # Ampere and later: bf16 tensor cores
-    else:
-        fast = device.type == "cpu" and cpu_has_fast_bf16()
-    return Precision.bf16 if fast else Precision.fp32
+    fast_cuda = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8  # Ampere on: bf16 cores
+    return Precision.bf16 if fast_cuda or (device.type == "cpu" and cpu_has_fast_bf16()) else Precision.fp32
 
 
 def cpu_has_fast_bf16() -> bool:

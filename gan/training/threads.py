@@ -104,10 +104,8 @@ def keep_thread_count(recorded: Optional[int], threads: int, adapt: bool) -> Non
     if not threads:
         torch.set_num_threads(usable)
     if (threads or usable) != recorded:
+        why = f"trainer.threads={threads}" if threads else f"{usable} CPU(s) usable here"
         log.warning(
-            "The run computed with %d torch thread(s) and resumes with %d (%s): the continuation will not "
-            "match an uninterrupted run bit for bit, as oneDNN splits its sums by thread count.",
-            recorded,
-            threads or usable,
-            f"trainer.threads={threads}" if threads else f"{usable} CPU(s) usable here",
+            f"The run computed with {recorded} torch thread(s) and resumes with {threads or usable} ({why}): not bit "
+            "for bit an uninterrupted run, as oneDNN splits its sums by thread count."
         )
