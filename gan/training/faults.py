@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -138,12 +139,9 @@ def explain_allocation_failure(cfg: TrainConfig) -> Iterator[None]:
         ) from err
 
 
+@dataclasses.dataclass
 class StopFlag:
-    reason: Optional[str] = None
-
-    def request(self, reason: str) -> None:
-        if self.reason is None:
-            self.reason = reason
+    reason: Optional[str] = None  # the signal's name, or "d_won"
 
 
 @contextlib.contextmanager

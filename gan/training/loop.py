@@ -159,7 +159,7 @@ def periodic_extras(
         log.warning("%s", message)
         monitor.text(D_WON_TEXT_TAG, message, step)
         if stopping:
-            stop.request("d_won")
+            stop.reason = stop.reason or "d_won"
 
     alarm = None  # a critic's (wgan_gp) scores are no probability to read
     if trainer.on_d_won != OnDWon.off and cfg.loss.name != LossName.wgan_gp:
