@@ -21,8 +21,9 @@ import pytest
 import torch
 from conftest import ROOT, TINY, compose_config, output_of, run_train
 from tensorboard.compat.tensorflow_stub.io.gfile import LocalFileSystem
-from test_checkpoints import digest, nan_after
+from test_checkpoints import digest, nan_after, run_until
 from test_datasets import write_image
+from test_distributed import finish
 from test_run import unused_pid
 
 from gan.checkpoint import load_checkpoint
@@ -74,18 +75,13 @@ def test_a_signal_to_the_process_group_checkpoints_a_streamed_run(tmp_path, sig,
         args, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
     try:
-        output = []
-        for line in process.stdout:  # wait until training is under way
-            output.append(line)
-            if "step 3 " in line:
-                break
+        lines = run_until(process, "step 3 ")  # training is under way
         os.killpg(process.pid, sig)
-        rest, _ = process.communicate(timeout=120)
+        returncode, output = finish(process, lines, timeout=120)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-    output = "".join(output) + rest
-    assert process.returncode == code, output[-3000:]
+    assert returncode == code, output[-3000:]
     assert f"Stopped by {sig.name}" in output and "Traceback" not in output
     stopped_at = load_checkpoint(run_dir)["step"]
     assert 3 <= stopped_at < 100000
