@@ -45,14 +45,17 @@ CUDA = "trainer.device=cuda"
         ["model.ema_decay=0"],
         ["model.ema_kimg=1"],
         ["loss=hinge", "optim.lr=1e-4"],
-        ["trainer.channels_last=false", "trainer.precision=bf16"],
+        ["trainer.channels_last=false", "trainer.precision=bf16", "trainer.retain_host_memory=false"],
         *(pytest.param([CUDA, f"trainer.precision={p}"], marks=pytest.mark.cuda) for p in ("fp16", "bf16")),
         pytest.param([CUDA, "trainer.compile=true", "trainer.precision=bf16"], marks=pytest.mark.cuda),
     ],
     ids=" ".join,
 )
-def test_each_precision_and_tool_trains(tmp_path, overrides):
+def test_each_precision_and_tool_trains(tmp_path, overrides, monkeypatch):
+    calls = []
+    monkeypatch.setattr(gan.training.state, "retain_freed_memory", lambda: calls.append(True) or True)
     result = train(compose_config("trainer.max_steps=3", *overrides), tmp_path)
+    assert calls == ([] if CUDA in overrides or "trainer.retain_host_memory=false" in overrides else [True])
     assert result.step == 3 and all(math.isfinite(v) for v in result.metrics.values())
     state = load_checkpoint(tmp_path)
     weights = [t for net in ("G", "D") for t in state[net].values() if t.is_floating_point()]
@@ -176,15 +179,6 @@ def test_retained_host_memory_stops_page_faults_on_reallocated_activations():
     assert default["faults"] >= 100
     # retained: once the heap has grown, the freed block is reused and its pages stay mapped
     assert retained["faults"] * 10 < default["faults"]
-
-
-def test_trainer_retains_host_memory_only_when_configured(tmp_path, monkeypatch):
-    calls = []
-    monkeypatch.setattr(gan.training.state, "retain_freed_memory", lambda: calls.append(True) or True)
-    train(compose_config("trainer.max_steps=1", "trainer.retain_host_memory=false"), tmp_path / "off")
-    assert calls == []
-    train(compose_config("trainer.max_steps=1"), tmp_path / "on")
-    assert calls == [True]
 
 
 @pytest.mark.slow  # five fresh processes: a fresh process per row is what the benchmark promises
