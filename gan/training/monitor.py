@@ -80,8 +80,8 @@ class Monitor(contextlib.AbstractContextManager):
         self.writer: Optional[SummaryWriter] = None
         self.events = self.tb  # the events file once it is open: tensorboard's errors name none (or one in bytes)
         self.pending: list[tuple[summary_pb2.Summary, int]] = []  # written with the first event
-        show = progress and enabled
-        self.bar = tqdm(total=max_steps, initial=start_step, disable=not show, dynamic_ncols=True, desc="train")
+        off = not (progress and enabled)
+        self.bar = tqdm(total=max_steps, initial=start_step, disable=off, dynamic_ncols=True, desc="train", unit="step")
         # throughput: images since the last log line over the loop's time, less the phases (`timed`)
         self.images_since, self.time_since = 0, time.perf_counter()
         self.first_step_done: Optional[float] = None
