@@ -81,7 +81,10 @@ class TrainingState:
 
     def load_state_dict(self, state: dict[str, Any], world: World = SINGLE) -> None:
         """Per-rank generators only if saved for a job this size; a misfit of model.* is damage (gan/launch.py)."""
-        advice = MISMATCH + ANOTHER + (MISMATCH_CLASSES if self.G.num_classes else "")
+        advice = "The run's model.* and data.* are the checkpoint's (the resume contract): it was damaged or edited. "
+        if self.G.num_classes:  # a conditional run's class count comes from the data
+            advice += "Or data.root holds another dataset than the run trained on: point it back at the run's. "
+        advice += ANOTHER
         if state.get("pack") != self.pack:  # data.root may change on a resume; the images may not
             raise DataError(
                 f"trainer.resume: data.root holds another pack than the run trained from (hash {str(self.pack)[:12]}, "
@@ -143,10 +146,6 @@ class TrainingState:
             raise CheckpointError(
                 f"trainer.resume: the checkpoint's entry {entry!r} is missing or damaged ({detail}). " + ANOTHER
             ) from err
-
-
-MISMATCH = "The run's model.* and data.* are the checkpoint's (the resume contract): it was damaged or edited. "
-MISMATCH_CLASSES = " (A conditional run's class count comes from the data: point data.root back at the run's dataset.)"
 
 
 def rng_state(device: torch.device, augment: Optional[AdaptiveAugment] = None) -> dict[str, Any]:
