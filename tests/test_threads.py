@@ -122,13 +122,10 @@ def test_the_thread_count_is_drawn_at_every_log_point_with_its_change(tmp_path, 
         tick["busy"] += 1.5
         return tick["t"]
 
-    def busy_governor(adapt, device):
-        governor = ThreadGovernor(2, 2)
-        governor.window_s, governor.warm_up_s, governor.clock = 0.5, 0.0, clock
-        governor.busy, governor.own = lambda: tick["busy"], lambda: 0.0
-        return governor
-
-    monkeypatch.setattr(loop, "thread_governor", busy_governor)
+    governor = ThreadGovernor(2, 2)  # made whatever this machine's thread count
+    governor.window_s, governor.warm_up_s, governor.clock = 0.5, 0.0, clock
+    governor.busy, governor.own = lambda: tick["busy"], lambda: 0.0
+    monkeypatch.setattr(loop, "thread_governor", lambda adapt, device: governor)
     train(compose_config("trainer.max_steps=6", "trainer.threads=0", "trainer.adapt_threads=true"), tmp_path / "run")
     drawn = [(e.step, e.value) for e in events_of(tmp_path / "run" / "tb").Scalars("time/threads")]
     # marks at polls 1, 2; windows at 2, 3 agree: the change comes at step 3; the count is drawn at
