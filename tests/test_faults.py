@@ -14,15 +14,16 @@ import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from unittest.mock import Mock
 
 import conftest
-import numpy as np
 import pytest
 import torch
 from conftest import ROOT, TINY, compose_config, output_of, run_train
-from PIL import Image
 from tensorboard.compat.tensorflow_stub.io.gfile import LocalFileSystem
-from test_checkpoints import digest, nan_after
+from test_checkpoints import digest, nan_after, run_until
+from test_datasets import write_image
+from test_distributed import finish
 from test_run import unused_pid
 
 from gan.checkpoint import load_checkpoint
@@ -44,10 +45,6 @@ def good_run(tmp_path_factory) -> Path:
     return run_dir
 
 
-def run_evaluate(*overrides: str) -> subprocess.CompletedProcess:
-    return conftest.run_evaluate("device=cpu", "threads=1", *overrides)
-
-
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_dataloader_workers_outlive_a_stop_signal(sig):
     # Ctrl-C and `kill -- -PGID` reach every process of the group; the main process handles them.
@@ -63,18 +60,12 @@ def test_dataloader_workers_outlive_a_stop_signal(sig):
     assert all(worker.is_alive() for worker in workers)
 
 
-def write_pngs(folder: Path, count: int = 300) -> Path:
-    folder.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    for i in range(count):
-        Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(folder / f"{i:04d}.png")
-    return folder
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_to_the_process_group_checkpoints_a_streamed_run(tmp_path, sig, code):
-    images, run_dir = write_pngs(tmp_path / "images"), tmp_path / "run"
+    images, run_dir = tmp_path / "images", tmp_path / "run"
+    for i in range(300):
+        write_image(images / f"{i:04d}.png", (16, 16), seed=i)
     streamed = ["data=folder", f"data.root={images}", "data.image_size=16", "data.channels=3"]
     streamed += ["data.in_memory=false", "data.num_workers=1"]
     long_run = ["trainer.max_steps=100000", "trainer.checkpoint_every=100000", "trainer.log_every=1"]
@@ -84,18 +75,13 @@ def test_a_signal_to_the_process_group_checkpoints_a_streamed_run(tmp_path, sig,
         args, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
     try:
-        output = []
-        for line in process.stdout:  # wait until training is under way
-            output.append(line)
-            if "step 3 " in line:
-                break
+        lines = run_until(process, "step 3 ")  # training is under way
         os.killpg(process.pid, sig)
-        rest, _ = process.communicate(timeout=120)
+        returncode, output = finish(process, lines, timeout=120)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-    output = "".join(output) + rest
-    assert process.returncode == code, output[-3000:]
+    assert returncode == code, output[-3000:]
     assert f"Stopped by {sig.name}" in output and "Traceback" not in output
     stopped_at = load_checkpoint(run_dir)["step"]
     assert 3 <= stopped_at < 100000
@@ -110,7 +96,7 @@ def test_an_infinite_learning_rate_stops_before_any_checkpoint(tmp_path):
     with pytest.raises(NonFiniteWeightsError) as caught:
         train(cfg, tmp_path)
     message = str(caught.value)
-    assert "Non-finite weights at step 1: the generator G in" in message and "net.0.weight" in message
+    assert "Non-finite weights at step 1: G in" in message and "net.0.weight" in message
     assert "this run had written none yet" in message
     assert not (tmp_path / "checkpoints" / "last.pt").exists()
 
@@ -127,47 +113,38 @@ def test_non_finite_weights_keep_the_last_good_checkpoint_even_with_on_nan_skip(
     assert digest(run_dir / "checkpoints" / "last.pt") == before
 
 
-def stepped_state(G: torch.nn.Module, D: torch.nn.Module, step: int = 7) -> SimpleNamespace:
-    """G, D and two Adam optimizers with state, as TrainingState holds them."""
-    optimizers = []
-    for module in (G, D):
-        opt = torch.optim.Adam(module.parameters())
+def test_a_non_finite_optimizer_statistic_is_caught_and_named_and_huge_weights_pass(tmp_path, tiny_gan, caplog):
+    G, D = tiny_gan
+    assert diverged({"G": G, "D": D}) == {}  # N(0, 0.02) weights and BatchNorm scales near 1
+    opt_g, opt_d = (torch.optim.Adam(module.parameters()) for module in (G, D))  # with state, as a run's
+    for module, opt in ((G, opt_g), (D, opt_d)):
         for p in module.parameters():
             p.grad = torch.full_like(p, 1e-3)
         opt.step()
-        optimizers.append(opt)
-    return SimpleNamespace(G=G, D=D, G_ema=None, opt_g=optimizers[0], opt_d=optimizers[1], step=step)
-
-
-def test_a_non_finite_optimizer_statistic_is_caught_and_named_and_huge_weights_pass(tmp_path, tiny_gan):
-    G, D = tiny_gan
-    state = stepped_state(G, D)
+    state = SimpleNamespace(G=G, D=D, G_ema=None, opt_g=opt_g, opt_d=opt_d, step=7)
     with torch.no_grad():
         for p in G.parameters():
             p.fill_(1e30)  # their 2-norm overflows float32; they are still finite
     check_finite_state(state, tmp_path / "last.pt")
+    assert "G's weights have diverged (largest |weight| 1e+30" in caplog.text  # reported, the checkpoint written
     name, first = next(iter(D.named_parameters()))
     state.opt_d.state[first]["exp_avg_sq"].fill_(float("inf"))  # a huge gradient, squared
     with pytest.raises(NonFiniteWeightsError) as caught:
         check_finite_state(state, tmp_path / "last.pt")
     message = str(caught.value)
-    assert "step 7: D's optimizer (opt_d) in 1 of its" in message and f"exp_avg_sq of D.{name}" in message
-    assert "the generator G" not in message and "the discriminator D" not in message
-
-
-def poisoned(checkpoint: Path, *networks: str) -> dict:
-    state = torch.load(checkpoint, weights_only=True)
-    for network in networks:
-        for tensor in state[network].values():
-            if tensor.is_floating_point():
-                tensor.fill_(float("nan"))
-    return state
+    assert "step 7: opt_d in 1 of its" in message and f"exp_avg_sq of D.{name}" in message
+    assert message.split(". ")[0].count(" in ") == 1  # opt_d alone: G's huge weights are finite
 
 
 def test_evaluate_refuses_a_generator_with_non_finite_weights(tmp_path, good_run):
-    checkpoint = tmp_path / "diverged.pt"
-    torch.save(poisoned(good_run / "checkpoints" / "last.pt", "G", "G_ema"), checkpoint)
-    result = run_evaluate(f"checkpoint={checkpoint}", f"hydra.run.dir={tmp_path / 'eval'}")
+    checkpoint, state = tmp_path / "diverged.pt", torch.load(good_run / "checkpoints" / "last.pt", weights_only=True)
+    for tensor in [*state["G"].values(), *state["G_ema"].values()]:
+        if tensor.is_floating_point():
+            tensor.fill_(float("nan"))
+    torch.save(state, checkpoint)
+    result = conftest.run_evaluate(
+        "device=cpu", "threads=1", f"checkpoint={checkpoint}", f"hydra.run.dir={tmp_path / 'eval'}"
+    )
     output = output_of(result)
     assert result.returncode == 2, output[-3000:]
     assert f"The EMA generator in {checkpoint} holds NaN or inf" in output and "net.0.weight" in output
@@ -202,7 +179,7 @@ def test_hydra_does_not_overwrite_the_record_of_an_existing_run(tmp_path, good_r
     if program == "train.py":
         result = run_train(f"hydra.run.dir={run_dir}", "loss=hinge", cwd=tmp_path)
     else:
-        result = run_evaluate(f"checkpoint={run_dir}", f"hydra.run.dir={run_dir}")
+        result = conftest.run_evaluate("device=cpu", "threads=1", f"checkpoint={run_dir}", f"hydra.run.dir={run_dir}")
     assert result.returncode == 2, output_of(result)[-3000:]
     assert {p: digest(p) for p in record} == record
 
@@ -232,22 +209,9 @@ def test_only_an_allocation_failure_becomes_a_config_error_naming_the_size_setti
     message = str(caught.value)
     assert "Not enough memory to build the models" in message and "model.g_width=1000000000000" in message
     assert "trainer.num_fixed_samples=" in message and "bytes" in message
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("a bug, not an allocation")
-
-    monkeypatch.setattr("gan.training.loop.build_state", broken)
+    monkeypatch.setattr("gan.training.state.build_state", Mock(side_effect=RuntimeError("a bug, not an allocation")))
     with pytest.raises(RuntimeError, match="a bug"):  # a bug keeps its traceback
         train(compose_config(), tmp_path / "bug")
-
-
-def test_weights_blown_up_by_a_huge_learning_rate_are_reported(tiny_gan):
-    G, D = tiny_gan
-    assert diverged({"G": G, "D": D}) == {}  # N(0, 0.02) weights and BatchNorm scales near 1
-    with torch.no_grad():
-        G.net[0].weight.mul_(1e9)
-    found = diverged({"G": G, "D": D})
-    assert list(found) == ["G"] and found["G"] > 1e6
 
 
 def test_a_nan_at_step_one_claims_no_checkpoint_that_does_not_exist(tmp_path, monkeypatch):
@@ -296,11 +260,8 @@ def test_a_full_disk_under_tensorboard_names_the_events_file_without_the_writer_
 ):
     monitor = Monitor(tmp_path, 0, 10, progress=False)
     monitor.numbers(1, {"loss/d": 1.0})  # the events file opens at the first write
-
-    def full(*args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device")  # as gfile reports it: no file named
-
-    monkeypatch.setattr(LocalFileSystem, "append", full)
+    full = OSError(errno.ENOSPC, "No space left on device")  # as gfile reports it: no file named
+    monkeypatch.setattr(LocalFileSystem, "append", Mock(side_effect=full))
     monitor.numbers(2, {"loss/d": 1.0})
     with pytest.raises(OSError) as caught:
         monitor.close()  # the writer thread's failure comes back here

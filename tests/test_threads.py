@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import namedtuple
+from unittest.mock import Mock
 
 import pytest
 import torch
@@ -25,7 +26,7 @@ class Machine:
     """A fake clock and CPU counters: `others` and `ours` are the cores each keeps busy from now on."""
 
     def __init__(self):
-        self.t, self.busy, self.own = 0.0, 0.0, 0.0
+        self.t, self.busy, self.own, self.calls = 0.0, 0.0, 0.0, []
         self.others, self.ours = 0.0, 2.0
 
     def run(self, governor: ThreadGovernor, seconds: float, step: float = 0.1) -> None:
@@ -36,23 +37,19 @@ class Machine:
             governor.poll()
 
 
-@pytest.fixture
-def machine(monkeypatch):
-    calls = []
-    monkeypatch.setattr(T.torch, "set_num_threads", calls.append)  # record, leave this process alone
-    m = Machine()
-    m.calls = calls
-    return m
-
-
-def governor_on(machine: Machine) -> ThreadGovernor:
-    return ThreadGovernor(2, 2, clock=lambda: machine.t, busy=lambda: machine.busy, own=lambda: machine.own)
-
-
-def test_threads_step_down_while_others_are_busy_and_back_when_they_leave(machine):
-    governor = governor_on(machine)
-    machine.run(governor, 20)  # alone: all cores
-    assert governor.threads == 2 and machine.calls == []
+def test_threads_step_down_while_others_are_busy_and_back_when_they_leave(monkeypatch):
+    machine, reads, governor = Machine(), [], ThreadGovernor(2, 2)
+    monkeypatch.setattr(T.torch, "set_num_threads", machine.calls.append)  # record, leave this process alone
+    governor.clock, governor.own = lambda: machine.t, lambda: machine.own
+    governor.busy = lambda: reads.append(1) or machine.busy
+    machine.run(governor, 9.9)
+    assert reads == []  # every short run (the whole test suite) trains exactly as with a fixed count
+    machine.run(governor, 2.1)
+    machine.others = 1.5
+    machine.run(governor, 2.0)  # one window only: a short burst changes nothing
+    machine.others, machine.ours = 0.0, 3.0  # this process with its DataLoader workers: not "others"
+    machine.run(governor, 20)
+    assert reads and governor.threads == 2 and machine.calls == []
     machine.others, machine.ours = 1.0, 1.0  # a neighbour takes a core
     machine.run(governor, 3)  # one window saw it: not yet (a burst must last two)
     assert governor.threads == 2
@@ -63,27 +60,18 @@ def test_threads_step_down_while_others_are_busy_and_back_when_they_leave(machin
     assert governor.threads == 2 and machine.calls == [1, 2]
 
 
-def test_nothing_is_read_in_the_first_seconds_and_a_short_burst_or_own_children_change_nothing(machine):
-    reads = []
-    governor = ThreadGovernor(
-        2, 2, clock=lambda: machine.t, busy=lambda: reads.append(1) or machine.busy, own=lambda: machine.own
-    )
-    machine.run(governor, 9.9)
-    assert reads == []  # every short run (the whole test suite) trains exactly as with a fixed count
-    machine.run(governor, 2.1)
-    machine.others = 1.5
-    machine.run(governor, 2.0)  # one window only
-    machine.others = 0.0
-    machine.ours = 3.0  # this process with its DataLoader workers: not "others"
-    machine.run(governor, 20)
-    assert reads and machine.calls == [] and governor.threads == 2
-
-
-def test_the_governor_is_made_only_when_asked_on_a_cpu_with_cores_to_share():
+def test_the_governor_is_made_only_when_asked_on_a_cpu_with_cores_to_share(monkeypatch, caplog):
     cpu = torch.device("cpu")
     assert thread_governor(False, cpu) is None and thread_governor(True, torch.device("meta")) is None
     made = thread_governor(True, cpu)
     assert (made is not None) == (torch.get_num_threads() >= 2 and T.machine_busy_seconds() is not None)
+    monkeypatch.setattr(T.psutil, "cpu_times", Mock(side_effect=NotImplementedError))
+    monkeypatch.setattr(T.torch, "get_num_threads", lambda: 4)
+    with caplog.at_level(logging.INFO, logger=T.__name__):  # without readable CPU times the count stays, and says so
+        assert T.machine_busy_seconds() is None and thread_governor(True, cpu) is None
+    assert caplog.messages == [
+        "trainer.adapt_threads: this system's CPU times cannot be read; training keeps 4 thread(s)."
+    ]
 
 
 def test_the_real_counters_see_this_process_work():
@@ -120,18 +108,6 @@ def test_busy_seconds_are_read_through_psutil_on_each_system(monkeypatch, readin
     assert T.machine_busy_seconds() == busy
 
 
-def test_without_readable_cpu_times_the_count_stays_fixed_and_says_so(monkeypatch, caplog):
-    def unreadable(percpu: bool) -> list:
-        raise NotImplementedError
-
-    monkeypatch.setattr(T.psutil, "cpu_times", unreadable)
-    monkeypatch.setattr(T.torch, "get_num_threads", lambda: 4)
-    with caplog.at_level(logging.INFO, logger=T.__name__):
-        assert T.machine_busy_seconds() is None and thread_governor(True, torch.device("cpu")) is None
-    said = "trainer.adapt_threads: this system's CPU times cannot be read; training keeps 4 thread(s)."
-    assert caplog.messages == [said]
-
-
 def test_the_thread_count_is_drawn_at_every_log_point_with_its_change(tmp_path, monkeypatch):
     from conftest import compose_config
     from test_watching import events_of
@@ -146,11 +122,10 @@ def test_the_thread_count_is_drawn_at_every_log_point_with_its_change(tmp_path, 
         tick["busy"] += 1.5
         return tick["t"]
 
-    def busy_governor(adapt, device):
-        return ThreadGovernor(2, 2, window_s=0.5, warm_up_s=0.0, clock=clock, busy=lambda: tick["busy"],
-                              own=lambda: 0.0)  # fmt: skip
-
-    monkeypatch.setattr(loop, "thread_governor", busy_governor)
+    governor = ThreadGovernor(2, 2)  # made whatever this machine's thread count
+    governor.window_s, governor.warm_up_s, governor.clock = 0.5, 0.0, clock
+    governor.busy, governor.own = lambda: tick["busy"], lambda: 0.0
+    monkeypatch.setattr(loop, "thread_governor", lambda adapt, device: governor)
     train(compose_config("trainer.max_steps=6", "trainer.threads=0", "trainer.adapt_threads=true"), tmp_path / "run")
     drawn = [(e.step, e.value) for e in events_of(tmp_path / "run" / "tb").Scalars("time/threads")]
     # marks at polls 1, 2; windows at 2, 3 agree: the change comes at step 3; the count is drawn at

@@ -21,10 +21,11 @@ from gan.checkpoint import load_checkpoint
 from gan.config import ConfigError, ModelConfig, Precision
 from gan.core.models import Discriminator, Generator
 from gan.data import EmptySplitError, is_held_out, load_dataset
+from gan.distributed import SINGLE
 from gan.errors import MetricsError
 from gan.evaluation import metrics as M
 from gan.training import train
-from gan.training.loop import build_overfit_probe
+from gan.training.loop import build_probes
 from gan.training.state import lr_scale, resolve_precision
 from scripts.bench import Row, probe, project_config
 
@@ -44,14 +45,17 @@ CUDA = "trainer.device=cuda"
         ["model.ema_decay=0"],
         ["model.ema_kimg=1"],
         ["loss=hinge", "optim.lr=1e-4"],
-        ["trainer.channels_last=false", "trainer.precision=bf16"],
+        ["trainer.channels_last=false", "trainer.precision=bf16", "trainer.retain_host_memory=false"],
         *(pytest.param([CUDA, f"trainer.precision={p}"], marks=pytest.mark.cuda) for p in ("fp16", "bf16")),
         pytest.param([CUDA, "trainer.compile=true", "trainer.precision=bf16"], marks=pytest.mark.cuda),
     ],
     ids=" ".join,
 )
-def test_each_precision_and_tool_trains(tmp_path, overrides):
+def test_each_precision_and_tool_trains(tmp_path, overrides, monkeypatch):
+    calls = []
+    monkeypatch.setattr(gan.training.state, "retain_freed_memory", lambda: calls.append(True) or True)
     result = train(compose_config("trainer.max_steps=3", *overrides), tmp_path)
+    assert calls == ([] if CUDA in overrides or "trainer.retain_host_memory=false" in overrides else [True])
     assert result.step == 3 and all(math.isfinite(v) for v in result.metrics.values())
     state = load_checkpoint(tmp_path)
     weights = [t for net in ("G", "D") for t in state[net].values() if t.is_floating_point()]
@@ -105,14 +109,11 @@ def test_auto_precision_follows_the_hardware(monkeypatch):
     assert resolve_precision(Precision.fp16, CPU) == Precision.fp16
 
 
-def test_learning_rates_are_constant_then_fall_linearly_to_near_zero():
+def test_both_optimizers_follow_the_schedule_in_training_d_at_its_own_rate(tmp_path):
     # 10 steps, the last half decaying: updates 1-6 at full rate (the 6th is 5/5), then 4/5, ..., 1/5
     assert [lr_scale(step, 10, 0.5) for step in range(10)] == pytest.approx([1, 1, 1, 1, 1, 1, 0.8, 0.6, 0.4, 0.2])
     assert [lr_scale(step, 10, 0.0) for step in range(10)] == [1.0] * 10  # 0: constant
     assert lr_scale(0, 4, 1.0) == 1 and lr_scale(3, 4, 1.0) == pytest.approx(0.25)  # the whole run
-
-
-def test_both_optimizers_follow_the_schedule_in_training_d_at_its_own_rate(tmp_path):
     cfg = compose_config("trainer.max_steps=4", "optim.lr=1e-3", "optim.lr_d=4e-3", "optim.lr_decay=0.5")
     seen = []
     train(cfg, tmp_path / "run", after_step=lambda s: seen.append((s.opt_g.param_groups[0]["lr"],
@@ -180,15 +181,6 @@ def test_retained_host_memory_stops_page_faults_on_reallocated_activations():
     assert retained["faults"] * 10 < default["faults"]
 
 
-def test_trainer_retains_host_memory_only_when_configured(tmp_path, monkeypatch):
-    calls = []
-    monkeypatch.setattr(gan.training.state, "retain_freed_memory", lambda: calls.append(True) or True)
-    train(compose_config("trainer.max_steps=1", "trainer.retain_host_memory=false"), tmp_path / "off")
-    assert calls == []
-    train(compose_config("trainer.max_steps=1"), tmp_path / "on")
-    assert calls == [True]
-
-
 @pytest.mark.slow  # five fresh processes: a fresh process per row is what the benchmark promises
 def test_bench_measures_each_row_in_a_fresh_process():
     # the benchmark's rows (python -m scripts.bench), tiny: a rate and a peak memory come back for each kind
@@ -240,36 +232,29 @@ def test_a_final_evaluation_that_cannot_pass_is_refused_before_training(tmp_path
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-@pytest.mark.parametrize("damage", list(HELD_OUT_DAMAGE))
-def test_training_warns_about_damaged_test_labels_naming_the_file(tmp_path, damage):
-    labels = damaged_mnist(tmp_path / "data", damage)
-    run_dir = tmp_path / "run"
-    result = run_train("data=mnist", f"data.root={tmp_path / 'data'}", f"hydra.run.dir={run_dir}")
-    output = output_of(result)
-    assert result.returncode == 0, output[-3000:]  # the held-out split is a diagnostic here
-    warnings = [line for line in output.splitlines() if "[WARNING]" in line and "held-out split" in line]
-    assert len(warnings) == 1, output[-3000:]
-    assert str(labels) in warnings[0] and HELD_OUT_DAMAGE[damage] in warnings[0] and "evaluate.py" in warnings[0]
-
-
-# final_eval_samples measures on the held-out split, eval_every's classifier is tested on it: both stop first
-REFUSED_LABELS = [
-    ("truncated", ["trainer.final_eval_samples=20"],
-     ["{labels} is truncated", "trainer.final_eval_samples=20 measures the trained generator"]),
-    ("out of range", ["trainer.eval_every=2", "trainer.eval_samples=10", "trainer.overfit_every=0"],
-     ["labels file {labels} holds values from 5 to 12"]),
+# a diagnostic only, the split warns once; final_eval_samples measures on it and eval_every's classifier is tested on
+# it: both stop first
+HELD_OUT_RUNS = [
+    *(pytest.param(damage, [], 0, [HELD_OUT_DAMAGE[damage], "evaluate.py"], id=damage) for damage in HELD_OUT_DAMAGE),
+    pytest.param("truncated", ["trainer.final_eval_samples=20"], 2,
+                 ["is truncated", "trainer.final_eval_samples=20 measures the trained generator"], id="final_eval"),
+    pytest.param("out of range", ["trainer.eval_every=2", "trainer.eval_samples=10", "trainer.overfit_every=0"], 2,
+                 ["holds values from 5 to 12"], id="eval_every"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("damage, measuring, expected", REFUSED_LABELS, ids=["final_eval", "eval_every"])
-def test_a_run_that_measures_on_the_held_out_split_stops_on_damaged_test_labels(tmp_path, damage, measuring, expected):
+@pytest.mark.parametrize("damage, measuring, code, expected", HELD_OUT_RUNS)
+def test_a_run_that_measures_on_the_held_out_split_stops_on_damaged_test_labels(
+    tmp_path, damage, measuring, code, expected
+):
     labels = damaged_mnist(tmp_path / "data", damage)
     run_dir = tmp_path / "run"
     result = run_train("data=mnist", f"data.root={tmp_path / 'data'}", *measuring, f"hydra.run.dir={run_dir}")
     output = output_of(result)
-    assert result.returncode == 2 and "Traceback" not in output, output[-3000:]
-    assert all(text.format(labels=labels) in output for text in expected), output[-3000:]
-    assert not (run_dir / "checkpoints").exists()
+    assert result.returncode == code and "Traceback" not in output, output[-3000:]
+    said = [line for line in output.splitlines() if str(labels) in line]  # one paragraph, naming the file
+    assert len(said) == 1 and all(text in said[0] for text in expected), output[-3000:]
+    assert ("[WARNING]" in said[0]) == (code == 0) and (run_dir / "checkpoints").exists() == (code == 0)
 
 
 def test_a_folder_too_small_for_a_held_out_split_is_only_noted(tmp_path, caplog):
@@ -282,7 +267,7 @@ def test_a_folder_too_small_for_a_held_out_split_is_only_noted(tmp_path, caplog)
     with pytest.raises(EmptySplitError):
         load_dataset(cfg.data, train=False)
     with caplog.at_level(logging.INFO, logger="gan.training.loop"):
-        assert build_overfit_probe(cfg, load_dataset(cfg.data), CPU) is None
+        assert build_probes(cfg, load_dataset(cfg.data), CPU, SINGLE) == (None, None)
     assert [r.levelname for r in caplog.records if "held-out" in r.getMessage()] == ["INFO"]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -65,13 +66,7 @@ class NonFiniteWatch:
         )
 
 
-_PARTS = {
-    "G": "the generator G",
-    "D": "the discriminator D",
-    "G_ema": "the EMA generator G_ema",
-    "opt_g": "G's optimizer (opt_g)",
-    "opt_d": "D's optimizer (opt_d)",
-}
+_PARTS = ("G", "D", "G_ema", "opt_g", "opt_d")  # the networks, and the optimizers opt_g and opt_d
 
 
 def check_finite_state(state: TrainingState, kept: Path) -> None:
@@ -79,15 +74,21 @@ def check_finite_state(state: TrainingState, kept: Path) -> None:
     parts = {name: getattr(state, name) for name in _PARTS if getattr(state, name) is not None}
     modules = {name: part for name, part in parts.items() if isinstance(part, nn.Module)}
     names = {id(p): f"{name}.{key}" for name, module in modules.items() for key, p in module.named_parameters()}
-    named = [((name, key), t) for name, part in parts.items() for key, t in _named_tensors(part, names)]
+    named = [((name, key), t) for name, module in modules.items() for key, t in module.state_dict().items()]
+    named += [  # an optimizer's 'exp_avg_sq of D.net.3.weight'
+        ((name, f"{slot} of {names.get(id(p), 'a parameter')}"), value)
+        for name, opt in parts.items()
+        if name not in modules
+        for p, slots in opt.state.items()
+        for slot, value in slots.items()
+    ]
     bad, _ = nonfinite(named)  # one host sync while all is finite
     found = []
     for name in parts:
-        keys = [key for part, key in bad if part == name]
-        if keys:
-            total = sum(1 for (part, _), t in named if part == name and t.is_floating_point())
+        if keys := [key for part, key in bad if part == name]:
+            total = sum(1 for (part, _), t in named if part == name and isinstance(t, Tensor) and t.is_floating_point())
             shown = ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "")
-            found.append(f"{_PARTS[name]} in {len(keys)} of its {total} tensors ({shown})")
+            found.append(f"{name} in {len(keys)} of its {total} tensors ({shown})")
     if not found:
         for name, largest in diverged(modules).items():
             log.warning(
@@ -97,10 +98,9 @@ def check_finite_state(state: TrainingState, kept: Path) -> None:
             )  # fmt: skip
         return
     raise NonFiniteWeightsError(
-        f"Non-finite weights at step {state.step}: {'; '.join(found)}. Training stopped without "
-        f"writing a checkpoint; {_kept(kept)} trainer.on_nan=skip cannot help: it drops the steps whose loss is "
-        "non-finite, and these weights already are. Lower optim.lr or optim.lr_d (a resume may change them), "
-        "or try loss=hinge."
+        f"Non-finite weights at step {state.step}: {'; '.join(found)}. Training stopped without writing a checkpoint; "
+        f"{_kept(kept)} trainer.on_nan=skip cannot help (the weights are non-finite, not only a step's loss). Lower "
+        "optim.lr or optim.lr_d (a resume may change them), or try loss=hinge."
     )
 
 
@@ -108,18 +108,6 @@ def diverged(networks: dict[str, nn.Module], limit: float = 1e4) -> dict[str, fl
     """Each network's largest |weight| (its inf-norm), where above `limit`."""
     norms = {name: get_total_norm([p.detach() for p in m.parameters()], math.inf) for name, m in networks.items()}
     return {name: float(norm) for name, norm in norms.items() if norm > limit}
-
-
-def _named_tensors(part: nn.Module | torch.optim.Optimizer, names: dict[int, str]) -> list[tuple[str, Tensor]]:
-    """'net.0.weight', or an optimizer's 'exp_avg_sq of D.net.3.weight'."""
-    if isinstance(part, nn.Module):
-        return [(key, t.detach()) for key, t in [*part.named_parameters(), *part.named_buffers()]]
-    return [
-        (f"{slot} of {names.get(id(p), 'a parameter')}", value.detach())
-        for p, slots in part.state.items()
-        for slot, value in slots.items()
-        if isinstance(value, Tensor)
-    ]
 
 
 def _kept(path: Path) -> str:
@@ -145,25 +133,20 @@ def explain_allocation_failure(cfg: TrainConfig) -> Iterator[None]:
             amount = f" (it asked for {asked[1]}{size})"
         data, model = cfg.data, cfg.model
         raise ConfigError(
-            f"Not enough memory to build the models and the fixed latents{amount}. Their sizes come from "
-            f"model.g_width={model.g_width}, model.d_width={model.d_width}, data.image_size={data.image_size}, "
-            f"data.batch_size={data.batch_size} and trainer.num_fixed_samples={cfg.trainer.num_fixed_samples}: "
-            "lower the one that is too large."
+            f"Not enough memory to build the models and the fixed latents{amount}: lower model.g_width={model.g_width},"
+            f" model.d_width={model.d_width}, data.image_size={data.image_size}, data.batch_size={data.batch_size} or "
+            f"trainer.num_fixed_samples={cfg.trainer.num_fixed_samples}."
         ) from err
 
 
+@dataclasses.dataclass
 class StopFlag:
-    reason: Optional[str] = None
-
-    def request(self, reason: str) -> None:
-        if self.reason is None:
-            self.reason = reason
+    reason: Optional[str] = None  # the signal's name, or "d_won"
 
 
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[StopFlag]:
     """A flag instead of death, so the loop can checkpoint; a second SIGINT interrupts at once."""
-
     flag = StopFlag()
     if threading.current_thread() is not threading.main_thread():
         yield flag

@@ -11,62 +11,29 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Optional, Sequence
+from typing import Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
 from torch.utils.tensorboard import SummaryWriter
 from torchvision.utils import save_image
 
-from gan.checkpoint import (
-    BEST,
-    checkpoint_path,
-    keep_numbered,
-    load_checkpoint,
-    require_training_state,
-    save_checkpoint,
-)
-from gan.config import DataConfig, EvaluateConfig, LossName, OnDWon, Precision, TrainConfig, to_plain
-from gan.core.augment import AdaptiveAugment
-from gan.core.sampling import image_grid, sample
+from gan.checkpoint import BEST, checkpoint_path, keep_numbered, load_checkpoint, save_checkpoint
+from gan.config import EvaluateConfig, LossName, OnDWon, TrainConfig, to_plain
+from gan.core.sampling import sample
 from gan.core.steps import StepContext, d_step, g_step
-from gan.data import EmptySplitError, ImageSet, load_dataset, open_source, take, to_unit_range
-from gan.device import environment, environment_changes
+from gan.data import EmptySplitError, ImageSet, open_source, take, to_unit_range
+from gan.device import environment
 from gan.distributed import SINGLE, World, any_rank, gather_to_main, mean_over_ranks
 from gan.errors import ConfigError, DataError, MetricsError, UserError, naming
 from gan.evaluation import metrics as M
 from gan.evaluation.pipeline import Reals, class_metrics, classifier_data, evaluate, generate, reference_subset
-from gan.launch import check_resume, measure_command, override_key, resume_command
+from gan.launch import measure_command, override_key, resume_command
 from gan.run import Run
-from gan.training.faults import (
-    NonFiniteWatch,
-    StopFlag,
-    check_finite_state,
-    explain_allocation_failure,
-    stop_on_signals,
-)
-from gan.training.monitor import (
-    FAKE_TAG,
-    RAW_FAKE_TAG,
-    Monitor,
-    class_images,
-    labelled_rows,
-    note_short_curve,
-    real_images,
-    row_labels,
-    shown_name,
-    write_progress_gif,
-)
-from gan.training.state import (
-    TrainingState,
-    build_state,
-    build_step_context,
-    prepare_process,
-    rng_state,
-    set_learning_rates,
-    wrap_for_ddp,
-)
-from gan.training.threads import keep_thread_count, thread_governor
+from gan.training.faults import NonFiniteWatch, check_finite_state, stop_on_signals
+from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, Monitor, grid_of, real_grid, shown_name, write_progress_gif
+from gan.training.state import TrainingState, rng_state, set_learning_rates, set_up, wrap_for_ddp
+from gan.training.threads import thread_governor
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +66,7 @@ def train(
     command: Optional[str] = None,
     hparams: Optional[Mapping[str, float | str | bool | None]] = None,
 ) -> TrainResult:
-    """Train (or resume) one run into run_dir. `after_step(state)` returning True stops it as a signal would;
-    `on_ready()` runs just before the first write; `hparams`: the HParams columns (hparams_of(cfg) if None)."""
+    """Train (or resume) into run_dir; after_step(state) -> True stops as a signal would; on_ready() before writing."""
     cfg.check()  # here for every caller: train.py, gan.api, a config built in code
     trainer, z_dim = cfg.trainer, cfg.model.z_dim
     resuming = checkpoint_path(trainer.resume) if trainer.resume else None
@@ -111,9 +77,12 @@ def train(
         if world.is_main:
             run.check_outputs()  # every place the run writes takes a file: nothing fails half-way for that
         G, D = wrap_for_ddp(state.G, state.D, world, device)
-        monitor = open_monitor(cfg, state, run_dir, world, training, command, hparams, on_ready)
+        monitor = Monitor(run_dir, state.step, trainer.max_steps, trainer.progress, world.is_main, on_ready)
+        if world.is_main and state.step == 0:  # HParams and the real images, once per run
+            monitor.begin(hparams_of(cfg) if hparams is None else hparams, real_grid(state, training.labels))
+        monitor.describe(state.step, cfg, command, environment(device))
         with monitor, stop_on_signals() as stop:
-            extras = periodic_extras(cfg, state, ctx, world, device, run_dir, monitor, stop, probes)
+            extras = periodic_extras(cfg, state, ctx, world, run, monitor, stop, probes)
             while state.step < trainer.max_steps:
                 # fetch: a real batch (with its classes y when model.conditional, else y is None), and
                 # latents created on the device (not on the CPU, then moved); fakes drawn for the same y
@@ -149,8 +118,7 @@ def train(
         return TrainResult(state.step, monitor.last, run.last, stop.reason, monitor.seconds, state.best)
 
 
-@dataclasses.dataclass(frozen=True)
-class Tick:  # an iteration, as the periodic extras see it (StyleGAN2-ADA's tick)
+class Tick(NamedTuple):  # an iteration, as the periodic extras see it (StyleGAN2-ADA's tick)
     step: int  # generator updates done, this iteration's included
     stats: Mapping[str, Tensor]  # both steps' diagnostics, 0-dim tensors still on the device
     images: int  # real images the iteration consumed, all ranks together
@@ -168,9 +136,8 @@ class Every:  # run(tick) after every `steps`-th iteration (0: never), and after
 class Extras:
     def __init__(self, tasks: Iterable[Every]):
         self.tasks = [task for task in tasks if task.steps > 0]
-        names = [task.name for task in self.tasks]
-        if len(set(names)) != len(names):
-            raise ValueError(f"two periodic extras share a name: {names}")
+        if len({task.name for task in self.tasks}) != len(self.tasks):
+            raise ValueError(f"two periodic extras share a name: {[task.name for task in self.tasks]}")
 
     def after_step(self, tick: Tick) -> None:
         for task in self.tasks:
@@ -179,28 +146,19 @@ class Extras:
 
 
 def periodic_extras(
-    cfg: TrainConfig,
-    state: TrainingState,
-    ctx: StepContext,
-    world: World,
-    device: torch.device,
-    run_dir: Path,
-    monitor: Monitor,
-    stop: StopFlag,
-    probes: tuple[Optional[OverfitProbe], Optional[QualityProbe]],
+    cfg: TrainConfig, state: TrainingState, ctx: StepContext, world: World, run: Run, monitor: Monitor, stop, probes
 ) -> Extras:
-    trainer, (overfit, quality) = cfg.trainer, probes
-    run = Run(run_dir)
+    trainer, (overfit, quality), device = cfg.trainer, probes, state.fixed_z.device
     watch = NonFiniteWatch(device, run.last, cfg)  # NaN losses, read at log/checkpoint only
     governor = thread_governor(trainer.adapt_threads, device)
 
     def raise_alarm(step: int, message: str) -> None:  # D has won (DWonWatch): warn, and stop if asked
-        stopping = cfg.trainer.on_d_won == OnDWon.stop
+        stopping = trainer.on_d_won == OnDWon.stop
         message += " Stopping here (trainer.on_d_won=stop)." if stopping else " trainer.on_d_won=stop ends it here."
         log.warning("%s", message)
         monitor.text(D_WON_TEXT_TAG, message, step)
         if stopping:
-            stop.request("d_won")
+            stop.reason = stop.reason or "d_won"
 
     alarm = None  # a critic's (wgan_gp) scores are no probability to read
     if trainer.on_d_won != OnDWon.off and cfg.loss.name != LossName.wgan_gp:
@@ -221,20 +179,19 @@ def periodic_extras(
         values = overfit.measure(state.D, ctx)
         monitor.numbers(tick.step, {shown_name(tag): value for tag, value in values.items()})
 
-    def measure_quality(tick: Tick) -> None:
+    def measure_quality(tick: Tick) -> None:  # best.pt: G and G_ema at the best FID, for evaluate.py; no resume
         with monitor.timed("quality", tick.step):
             values = quality.measure(state.sampler)
         if values[FID_TAG] < (state.best["fid"] if state.best else math.inf):  # NaN never is
             state.best = {"fid": values[FID_TAG], "step": tick.step}
+            full = state.state_dict(cfg)
+            kept = {key: full[key] for key in ("G", "G_ema", "num_classes", "step", "config", "environment")}
             with monitor.timed("checkpoint", tick.step):
-                save_checkpoint(best_generator(state, cfg, values), run.best)
+                save_checkpoint({"kind": BEST, **kept, "metrics": dict(values)}, run.best)
         monitor.numbers(tick.step, values)
 
     def steer_augment(tick: Tick) -> None:
         state.augment.observe(tick.stats["d/overfit_rt"], lambda rt: mean_over_ranks(rt, world))
-
-    def sample(tick: Tick) -> None:
-        write_samples(state, run_dir, monitor)
 
     def checkpoint(tick: Tick) -> None:  # never over the last good one with weights a NaN has reached
         rngs = gather_to_main(rng_state(device, state.augment), world)  # every rank's generators, for resume
@@ -242,7 +199,7 @@ def periodic_extras(
             watch.check(ctx.skip_nonfinite)
             check_finite_state(state, run.last)
             with monitor.timed("checkpoint", tick.step):
-                write_checkpoint(state, cfg, run_dir, rngs)
+                write_checkpoint(state, cfg, run, rngs)
 
     return Extras(
         [
@@ -252,7 +209,7 @@ def periodic_extras(
             Every("overfitting", trainer.overfit_every if overfit else 0, measure_overfit),
             Every("augment p", 1 if state.augment else 0, steer_augment),
             Every("log", trainer.log_every, log_scalars, at_end=True),
-            Every("sample", trainer.sample_every if world.is_main else 0, sample, at_end=True),
+            Every("sample", trainer.sample_every * world.is_main, lambda _: write_samples(state, run, monitor), True),
             Every("quality", trainer.eval_every if quality else 0, measure_quality, at_end=True),
             Every("checkpoint", trainer.checkpoint_every, checkpoint, at_end=True),
             Every("learning rate", 1, lambda tick: set_learning_rates(state, cfg)),  # the next step's
@@ -269,10 +226,8 @@ class DWonWatch:
     """Has D won over a window of trainer.d_won_window steps? `on_alarm` is called once per episode."""
 
     def __init__(self, window_steps: int, log_every: int, on_alarm: Callable[[int, str], None]):
-        self.points = max(1, window_steps // log_every)  # log points in a window
-        self.window_steps, self.on_alarm = window_steps, on_alarm
-        self.recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=self.points)
-        self.won = False
+        self.window_steps, self.on_alarm, self.won = window_steps, on_alarm, False
+        self.recent = collections.deque(maxlen=max(1, window_steps // log_every))  # (D(G(z)), r_t) per log point
 
     def observe(self, step: int, values: Mapping[str, float]) -> dict[str, float]:
         fake, rt = values.get(D_OF_FAKE_TAG), values.get(RT_TAG)
@@ -280,45 +235,24 @@ class DWonWatch:
             return {}
         self.recent.append((fake, rt))
         mean_fake, mean_rt = (sum(column) / len(self.recent) for column in zip(*self.recent))
-        won = len(self.recent) == self.points and mean_fake < FAKE_BELOW and mean_rt > RT_ABOVE  # a whole window
+        won = len(self.recent) == self.recent.maxlen and mean_fake < FAKE_BELOW and mean_rt > RT_ABOVE
         fired, self.won = won and not self.won, won
         if fired:
             self.on_alarm(
                 step,
-                f"D has won at step {step}: over the last {self.window_steps} steps its mean probability that "
-                f"a fake is real was {mean_fake:.3f} (< {FAKE_BELOW}) and r_t = E[sign(D(x))] {mean_rt:.2f} "
-                f"(> {RT_ABOVE}). G learns little from a D this sure, and its samples may decay from here. "
-                "The best generator so far is kept in checkpoints/best.pt when trainer.eval_every "
-                "is on; docs/results.md, 'Training longer', measures recipes trained past their length.",
+                f"D has won at step {step}: over the last {self.window_steps} steps mean D(G(z)) {mean_fake:.3f} "
+                f"(< {FAKE_BELOW}), r_t {mean_rt:.2f} (> {RT_ABOVE}); G's samples may decay from here "
+                "(trainer.eval_every keeps the best in checkpoints/best.pt; docs/results.md, 'Training longer').",
             )
         return {WON_TAG: float(won), **({ALARM_TAG: 1.0} if fired else {})}
 
 
-def best_generator(state: TrainingState, cfg: TrainConfig, metrics: dict[str, float]) -> dict:
-    """best.pt: G and G_ema at the best in-training FID, for evaluate.py; nothing to resume."""
-    return {
-        "kind": BEST,
-        "G": state.G.state_dict(),
-        "G_ema": state.G_ema.state_dict() if state.G_ema is not None else None,
-        "num_classes": state.G.num_classes,
-        "step": state.step,
-        "metrics": dict(metrics),
-        "config": to_plain(cfg),
-        "environment": environment(state.fixed_z.device),
-    }
-
-
 def final_evaluation(cfg: TrainConfig, result: TrainResult, run_dir: Path) -> float:
     """evaluate.py's metrics of the finished run into RUN_DIR/eval and its TensorBoard events; returns the FID."""
-    trainer = cfg.trainer
-    eval_cfg = EvaluateConfig(
-        checkpoint=str(result.checkpoint),
-        num_samples=trainer.final_eval_samples,
-        device=trainer.device,
-        threads=trainer.threads,
-    )
+    trainer, run = cfg.trainer, Run(run_dir)
+    samples, device, threads = trainer.final_eval_samples, trainer.device, trainer.threads
+    eval_cfg = EvaluateConfig(checkpoint=str(result.checkpoint), num_samples=samples, device=device, threads=threads)
     eval_cfg.check()
-    run = Run(run_dir)
     try:
         results = evaluate(eval_cfg, run.eval, tb_dir=run.tb)  # one TensorBoard run per job
     except MetricsError as err:  # its advice names evaluate.py's metrics.*, which train.py does not take
@@ -331,39 +265,8 @@ def final_evaluation(cfg: TrainConfig, result: TrainResult, run_dir: Path) -> fl
 def measure_later(run_dir: Path) -> str:
     return (
         f"The run trained and its checkpoint is saved in {run_dir}: measure it with {measure_command(run_dir)} "
-        "(which takes the metrics.* settings), or set trainer.final_eval_samples=0 to train without the final "
-        "evaluation."
+        "(which takes metrics.*), or set trainer.final_eval_samples=0 to train without the final evaluation."
     )
-
-
-def set_up(
-    cfg: TrainConfig, world: World, dataset: Optional[ImageSet]
-) -> tuple[torch.device, StepContext, TrainingState, ImageSet]:
-    device = prepare_process(cfg, world)
-    # read the checkpoint to resume from before any work, so a bad path fails at once
-    resume_from = load_checkpoint(cfg.trainer.resume, map_location=device) if cfg.trainer.resume else None
-    ctx, precision = build_step_context(cfg, device, world.rank)
-    with explain_allocation_failure(cfg):
-        training_set = dataset or load_dataset(cfg.data)
-        state = build_state(cfg, device, ctx.scaler, world, training_set)
-    state.augment = ctx.augment if isinstance(ctx.augment, AdaptiveAugment) else None
-    if resume_from is not None:
-        require_training_state(resume_from, cfg.trainer.resume)
-        check_resume(to_plain(cfg), resume_from, cfg.trainer.resume)
-        state.load_state_dict(resume_from, world)
-        keep_thread_count(resume_from.get("threads"), cfg.trainer.threads, cfg.trainer.adapt_threads)
-        log.info("Resumed from %s at step %d", cfg.trainer.resume, state.step)
-        changes = environment_changes(resume_from.get("environment"), environment(device))
-        if changes:
-            log.warning(
-                "Resuming under another environment than the checkpoint was written in (%s): the continuation "
-                "may not match an uninterrupted run bit for bit.",
-                "; ".join(changes),
-            )
-    set_learning_rates(state, cfg)  # the first step's; the periodic extras set each next one
-    auto = " (trainer.precision=auto)" if cfg.trainer.precision == Precision.auto else ""
-    log.info("Training on %s in %s%s, %d process(es)", device, precision.value, auto, world.size)
-    return device, ctx, state, training_set
 
 
 def what_is_kept(run_dir: Path) -> str:
@@ -387,119 +290,67 @@ def peer_lost(err: RuntimeError) -> Optional[str]:
     return re.sub(r"^\[[^\]]*\] ", "", text.strip().splitlines()[0]).split(". ")[0]
 
 
-def open_monitor(
-    cfg: TrainConfig,
-    state: TrainingState,
-    run_dir: Path,
-    world: World,
-    training: ImageSet,
-    command: Optional[str],
-    hparams: Optional[Mapping[str, float | str | bool | None]],
-    before_write: Optional[Callable[[], None]],
-) -> Monitor:
-    trainer = cfg.trainer
-    monitor = Monitor(run_dir, state.step, trainer.max_steps, trainer.progress, world.is_main, before_write)
-    real = None
-    if world.is_main and state.step == 0:
-        if state.fixed_y is None:
-            real = image_grid(to_unit_range(real_images(state.batches, trainer.num_fixed_samples)))
-        else:  # conditional: a row per class, labelled as the fake grid's
-            rows = class_images(state.batches, training.labels, state.fixed_y.cpu())
-            real = labelled_rows(
-                image_grid(to_unit_range(rows), nrow=state.grid_columns), row_labels(state.fixed_y, state.grid_columns)
-            )
-    monitor.begin(hparams_of(cfg) if hparams is None else hparams, real, state.step)
-    monitor.describe(state.step, cfg, command, environment(state.fixed_z.device))
-    if trainer.eval_every and world.is_main:
-        note_short_curve(trainer.eval_every, state.step, trainer.max_steps)
-    return monitor
+PROBE_IMAGES = 512  # enough for a mean score to move by less than the gap it shows
+_SUBSET_SEED = 20_200_611  # a generator of its own: the run's random streams are not touched
 
 
 def build_probes(
-    cfg: TrainConfig, training: ImageSet, device: torch.device, world: World, own_data: bool
+    cfg: TrainConfig, train: ImageSet, device: torch.device, world: World, own_data: bool = True
 ) -> tuple[Optional[OverfitProbe], Optional[QualityProbe]]:
-    """D's overfitting probe and rank 0's quality probe; `own_data`: cfg.data's held-out split exists."""
-    overfit = build_overfit_probe(cfg, training, device) if own_data else None
-    if cfg.trainer.final_eval_samples and world.is_main:
+    """D's overfitting probe and rank 0's quality probe, each refused before training; `own_data`: a held-out split."""
+    trainer, model, held_out, overfit = cfg.trainer, cfg.model, None, None
+    final = f"trainer.final_eval_samples={trainer.final_eval_samples}"
+    if own_data and (trainer.overfit_every or trainer.final_eval_samples):  # the held-out split is first opened here
+        try:
+            held_out = open_source(cfg.data, train=False)
+        except DataError as err:
+            if trainer.final_eval_samples:
+                raise DataError(f"{err} {final} measures the trained generator on it: fix it, or set it to 0.") from err
+            if isinstance(err, EmptySplitError):  # a small folder: nothing is wrong with the data
+                log.info("No held-out images to compare D's scores with (%s): d/heldout_gap is not logged.", err)
+            else:  # damaged or missing files: the run goes on, but the user must hear it before evaluate.py fails
+                log.warning(f"The held-out split cannot be read: {err} No d/heldout_gap; evaluate.py will refuse it.")
+    count = min(PROBE_IMAGES, len(train.images), len(held_out)) if held_out is not None and trainer.overfit_every else 0
+    count -= count % model.pack  # D judges packs of model.pack images
+    if count >= model.pack:
+        pick, subsets = torch.Generator().manual_seed(_SUBSET_SEED), []
+        for images, labels in ((train.images, train.labels), (held_out, held_out.labels)):
+            index = torch.randperm(len(images), generator=pick)[:count]
+            subsets.append((take(images, index).to(device), labels[index].to(device) if model.conditional else None))
+        overfit = OverfitProbe(*subsets, min(cfg.data.batch_size, count))
+    if trainer.final_eval_samples and world.is_main:
         # final_evaluation's classifier, trained (and cached) now: one evaluate.py would refuse stops the run first
         try:
-            classifier_settings = EvaluateConfig().metrics.classifier
-            M.load_or_train_classifier(classifier_data(cfg.data, M.is_stacked(training)), classifier_settings, device)
+            labelled = classifier_data(cfg.data, M.is_stacked(train))
+            M.load_or_train_classifier(labelled, EvaluateConfig().metrics.classifier, device)
         except MetricsError as err:
-            final = f"trainer.final_eval_samples={cfg.trainer.final_eval_samples}"
             raise MetricsError(f"{final}: {err} Nothing was trained; or set trainer.final_eval_samples=0.") from err
-    quality = None
-    if cfg.trainer.eval_every and world.is_main:
-        quality = QualityProbe(cfg.data, training, cfg.trainer.eval_samples, cfg.trainer.seed, device)
-    return overfit, quality
-
-
-PROBE_IMAGES = 512  # enough for a mean score to move by less than the gap it shows
-_SUBSET_SEED = 20_200_611  # a generator of its own: the run's random streams are not touched
-ImagesAndLabels = tuple[Tensor, Optional[Tensor]]
+    return overfit, QualityProbe(cfg, train, device) if trainer.eval_every and world.is_main else None
 
 
 class OverfitProbe:
-    """Is D memorising? Its scores on training reals against held-out reals drift apart well before FID turns worse
-    (Karras et al. 2020, fig. 1). Training is untouched: D's buffers are put back and no random number is drawn."""
+    # Is D memorising? Its scores on training and held-out reals drift apart well before FID turns worse (Karras et
+    # al. 2020, fig. 1). Training is untouched: D's buffers are put back and no random number is drawn.
 
-    def __init__(self, train: ImagesAndLabels, held_out: ImagesAndLabels, batch_size: int):
+    def __init__(self, train: tuple[Tensor, Optional[Tensor]], held_out: tuple[Tensor, Optional[Tensor]], batch_size):
         self.train, self.held_out, self.batch_size = train, held_out, batch_size
 
     @torch.no_grad()
     def measure(self, D: nn.Module, ctx: StepContext) -> dict[str, float]:
-        saved = [buffer.clone() for buffer in D.buffers()]
+        saved, means = [buffer.clone() for buffer in D.buffers()], []
         try:
-            train = self._mean_score(D, ctx, *self.train)
-            held_out = self._mean_score(D, ctx, *self.held_out)
+            for images, labels in (self.train, self.held_out):
+                scores = []
+                for start in range(0, images.size(0), self.batch_size):
+                    part = slice(start, start + self.batch_size)
+                    y = labels[part] if labels is not None else None
+                    with ctx.autocast():
+                        scores.append(D(to_unit_range(images[part]), y).float())
+                means.append(float(torch.cat(scores).mean()))
         finally:
             for buffer, value in zip(D.buffers(), saved):
                 buffer.copy_(value)
-        return {"d/score_train": train, "d/score_heldout": held_out, "d/heldout_gap": train - held_out}
-
-    def _mean_score(self, D: nn.Module, ctx: StepContext, images: Tensor, labels: Optional[Tensor]) -> float:
-        scores = []
-        for start in range(0, images.size(0), self.batch_size):
-            batch = to_unit_range(images[start : start + self.batch_size])
-            y = labels[start : start + self.batch_size] if labels is not None else None
-            with ctx.autocast():
-                scores.append(D(batch, y).float())
-        return float(torch.cat(scores).mean())
-
-
-def build_overfit_probe(cfg: TrainConfig, train: ImageSet, device: torch.device) -> Optional[OverfitProbe]:
-    """The held-out split is first opened here, so a run that needs it stops before it trains."""
-    final_eval = cfg.trainer.final_eval_samples
-    if not cfg.trainer.overfit_every and not final_eval:
-        return None
-    try:
-        held_out = open_source(cfg.data, train=False)
-    except DataError as err:
-        if final_eval:
-            raise DataError(
-                f"{err} trainer.final_eval_samples={final_eval} measures the trained generator against this "
-                "held-out split after training; fix the split, or set trainer.final_eval_samples=0."
-            ) from err
-        if isinstance(err, EmptySplitError):  # a small folder: nothing is wrong with the data
-            log.info("No held-out images to compare D's scores with (%s): d/heldout_gap is not logged.", err)
-        else:  # damaged or missing files: the run goes on, but the user must hear it before evaluate.py fails
-            log.warning(
-                f"The held-out split cannot be read: {err} Training goes on without d/heldout_gap; evaluate.py "
-                "measures against this split and will refuse it until it is fixed."
-            )
-        return None
-    if not cfg.trainer.overfit_every:
-        return None
-    count = min(PROBE_IMAGES, len(train.images), len(held_out))
-    count -= count % cfg.model.pack  # D judges packs of model.pack images
-    if count < cfg.model.pack:
-        return None
-    pick = torch.Generator().manual_seed(_SUBSET_SEED)
-    subsets = []
-    for images, labels in ((train.images, train.labels), (held_out, held_out.labels)):
-        index = torch.randperm(len(images), generator=pick)[:count]
-        subsets.append((take(images, index).to(device), labels[index].to(device) if cfg.model.conditional else None))
-    return OverfitProbe(subsets[0], subsets[1], min(cfg.data.batch_size, count))
+        return {"d/score_train": means[0], "d/score_heldout": means[1], "d/heldout_gap": means[0] - means[1]}
 
 
 _NAMES = ("precision", "recall", "density", "coverage", "classes_covered", "class_kl", "modes_covered", "mode_kl")
@@ -510,18 +361,17 @@ BEST_FID_TAG, FINAL_FID_TAG = "FID/best", "FID/final"  # best.pt's quality/FID; 
 
 
 class QualityProbe:
-    """The EMA generator's quality every trainer.eval_every steps, against the training split (a pick of best.pt
-    on the test split would flatter it), from the same seeded latents each time (docs/watching.md)."""
+    """The EMA G's quality every trainer.eval_every steps from the same seeded latents (docs/watching.md)."""
 
-    def __init__(self, data: DataConfig, training: ImageSet, samples: int, seed: int, device: torch.device):
-        started = time.perf_counter()
+    def __init__(self, cfg: TrainConfig, training: ImageSet, device: torch.device):
+        started, data, samples, seed = time.perf_counter(), cfg.data, cfg.trainer.eval_samples, cfg.trainer.seed
         if training.num_classes < 2:
             raise ConfigError(
-                f"trainer.eval_every needs labelled data: data={data.name} has {training.num_classes} class, "
-                "and the in-training FID is measured in the features of a classifier of the data's classes. "
-                "Set trainer.eval_every=0 and measure with evaluate.py metrics.features=inception."
+                f"trainer.eval_every needs labelled data (its FID is in a classifier's features): data={data.name} has "
+                f"{training.num_classes} class. Set trainer.eval_every=0; evaluate.py metrics.features=inception."
             )
-        # fork_rng keeps the training's random stream as it would be without the probe
+        # against the training split: a pick of best.pt on the test split would flatter it. fork_rng keeps the
+        # training's random stream as it would be without the probe
         with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
             images, labels = reference_subset(training, samples, seed, "training split", "trainer.eval_samples")
             images, labels = images.cpu(), labels.cpu()  # the split may live on the training device
@@ -530,19 +380,18 @@ class QualityProbe:
             bar = self.config.metrics.classifier.min_accuracy
             accept_any = dataclasses.replace(self.config.metrics.classifier, min_accuracy=0.0)
             labelled = classifier_data(data, self.reals.stacked)
-            classifier, accuracy, path = M.load_or_train_classifier(labelled, accept_any, device)
+            self.classifier, accuracy, path = M.load_or_train_classifier(labelled, accept_any, device)
         if accuracy < bar:
             log.warning(
-                f"The metrics classifier of data={data.name} reaches {100 * accuracy:.2f}% test accuracy, below "
-                f"evaluate.py's bar of {100 * bar:.0f}%: the in-training FID and best.pt use its features all the same."
+                f"The metrics classifier of data={data.name} reaches {100 * accuracy:.2f}% test accuracy, "
+                f"below evaluate.py's bar of {100 * bar:.0f}%: the in-training FID uses it all the same."
             )
-        self.classifier: M.Classifier = classifier
-        self.features = M.ClassifierFeatures(classifier, self.reals.stacked, images.size(1)).to(device)
-        self.device = device
+        self.device, self.features = device, M.ClassifierFeatures(self.classifier, self.reals.stacked, images.size(1))
+        self.features.to(device)
         self.real_features = M.batched(self.features, images, self.config.batch_size, device)
         log.info(
-            f"In-training quality: {samples} samples against {images.size(0)} training images, features of {path.name} "
-            f"({100 * accuracy:.2f}% accuracy); set up in {time.perf_counter() - started:.1f} s"
+            f"In-training quality: {samples} samples against {images.size(0)} training images, features of "
+            f"{path.name} ({100 * accuracy:.2f}% accuracy); set up in {time.perf_counter() - started:.1f} s"
         )
 
     def measure(self, G: nn.Module) -> dict[str, float]:
@@ -556,29 +405,23 @@ class QualityProbe:
         return {QUALITY_TAGS[key]: float(value) for key, value in results.items() if key in QUALITY_TAGS}
 
 
-def write_samples(state: TrainingState, run_dir: Path, monitor: Monitor) -> None:
+def write_samples(state: TrainingState, run: Run, monitor: Monitor) -> None:
     """This step's fixed-latent grid into samples/step_NNNNNN.png, samples/progress.gif and TensorBoard."""
     with monitor.timed("sample", state.step):
-        grid = image_grid(sample(state.sampler, state.fixed_z, state.fixed_y), nrow=state.grid_columns)
-        samples_dir = Run(run_dir).samples
-        samples_dir.mkdir(parents=True, exist_ok=True)
-        if state.fixed_y is not None:  # conditional: each row's class written at its left
-            grid = labelled_rows(grid, row_labels(state.fixed_y, state.grid_columns))
-        path = samples_dir / f"step_{state.step:06d}.png"
+        grid = grid_of(sample(state.sampler, state.fixed_z, state.fixed_y), state)
+        run.samples.mkdir(parents=True, exist_ok=True)
+        path = run.samples / f"step_{state.step:06d}.png"
         partial = path.with_name(f".{path.name}.tmp")  # replaced whole: an old damaged image is never half-kept
         with naming(path):
             save_image(grid, partial, format="png")
             os.replace(partial, path)
-        write_progress_gif(samples_dir)
+        write_progress_gif(run.samples)
         monitor.image(FAKE_TAG if state.G_ema is not None else RAW_FAKE_TAG, grid, state.step)
 
 
-def write_checkpoint(
-    state: TrainingState, cfg: TrainConfig, run_dir: Path, rank_rngs: Optional[list[dict]] = None
-) -> None:
-    path = Run(run_dir).last
-    save_checkpoint(state.state_dict(cfg, rank_rngs), path)
-    keep_numbered(path, state.step, cfg.trainer.keep_checkpoints)
+def write_checkpoint(state: TrainingState, cfg: TrainConfig, run: Run, rank_rngs: Optional[list[dict]] = None) -> None:
+    save_checkpoint(state.state_dict(cfg, rank_rngs), run.last)
+    keep_numbered(run.last, state.step, cfg.trainer.keep_checkpoints)
 
 
 # Every run reports these to HParams, defaults too; four leave FID/best on a 1400 px screen (docs/watching.md)
@@ -590,12 +433,11 @@ def hparams_of(cfg: TrainConfig, swept: Sequence[str] = ()) -> dict[str, float |
     plain = to_plain(cfg)
     data = plain["data"]["name"] + (", conditional" if plain["model"]["conditional"] else "")
     columns = dict(zip(COMPARED, (data, plain["loss"]["name"], plain["optim"]["lr"], plain["trainer"]["max_steps"])))
-    for override in swept:
+    for override in swept:  # a deletion (~key) sets nothing to compare; the four show theirs (`data`: conditional too)
         key = override_key(override).removesuffix(".name")  # data.name=x and data=x: the column `data`
         group, _, field = key.partition(".")
-        if override.startswith("~") or key in (*columns, "model.conditional"):
-            continue  # a deletion sets nothing to compare; the four show these (`data` says conditional)
-        # a config group's choice (experiment=wgan_gp), or a key of no group, as the command gave it
-        columns[key] = plain[group][field] if field in plain.get(group, {}) else override.split("=", 1)[1]
+        if not override.startswith("~") and key not in (*columns, "model.conditional"):
+            # a config group's choice (experiment=wgan_gp), or a key of no group, as the command gave it
+            columns[key] = plain[group][field] if field in plain.get(group, {}) else override.split("=", 1)[1]
     # ints (and lists) as text: the page prints every number to five digits, 300 as 300.00
     return {key: v if v is None or isinstance(v, (float, str, bool)) else str(v) for key, v in columns.items()}

@@ -1,5 +1,4 @@
-"""What a person watching the run sees: TensorBoard, a progress bar, log lines, the samples' animation
-(docs/watching.md). Diagnostics become Python numbers only here, at log time: each `.item()` waits for the device."""
+"""What a person watching the run sees: TensorBoard, a progress bar, log lines, the animation (docs/watching.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Optional
+from typing import TYPE_CHECKING, Iterator, Mapping, Optional
 
 import numpy
 import torch
@@ -26,8 +25,12 @@ from torch.utils.tensorboard.summary import hparams as hparams_summaries
 from tqdm import tqdm
 
 from gan.config import TrainConfig, to_plain
-from gan.data import BatchStream
+from gan.core.sampling import image_grid
+from gan.data import BatchStream, to_unit_range
 from gan.errors import naming
+
+if TYPE_CHECKING:
+    from gan.training.state import TrainingState
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +51,7 @@ GIF_FRAMES = 50  # at most this many grids in samples/progress.gif, spread evenl
 
 
 def _quiet_event_writer_thread(args: threading.ExceptHookArgs, default=threading.excepthook) -> None:
-    """A failed write of TensorBoard's writer thread (a full disk) is raised again by the next write."""
+    # a failed write of TensorBoard's writer thread (a full disk) is raised again by the next write: no traceback
     if type(args.thread).__name__ == "_AsyncWriterThread" and issubclass(args.exc_type, OSError):
         return
     default(args)
@@ -68,27 +71,17 @@ def shown_name(key: str) -> str:
 
 
 class Monitor(contextlib.AbstractContextManager):
-    def __init__(
-        self,
-        run_dir: Path,
-        start_step: int,
-        max_steps: int,
-        progress: bool = True,
-        enabled: bool = True,
-        before_write: Optional[Callable[[], None]] = None,
-    ):
-        """enabled=False (DDP ranks > 0): nothing is written, shown or logged. The events file is opened at the first
-        write, after `before_write()`: a resume that fails before it writes anything leaves tb/ as it was."""
+    # enabled=False (DDP ranks > 0): nothing is written, shown or logged. The events file is opened at the first
+    # write, after `before_write()`: a resume that fails before it writes anything leaves tb/ as it was.
+    def __init__(self, run_dir: Path, start_step: int, max_steps: int, progress=True, enabled=True, before_write=None):
         self.enabled = enabled
         self.last: dict[str, float] = {}  # TrainResult.metrics
         self.tb, self.start_step, self.before_write = run_dir / "tb", start_step, before_write
         self.writer: Optional[SummaryWriter] = None
         self.events = self.tb  # the events file once it is open: tensorboard's errors name none (or one in bytes)
         self.pending: list[tuple[summary_pb2.Summary, int]] = []  # written with the first event
-        show = progress and enabled
-        self.bar = tqdm(
-            total=max_steps, initial=start_step, disable=not show, dynamic_ncols=True, desc="train", unit="step"
-        )
+        off = not (progress and enabled)
+        self.bar = tqdm(total=max_steps, initial=start_step, disable=off, dynamic_ncols=True, desc="train", unit="step")
         # throughput: images since the last log line over the loop's time, less the phases (`timed`)
         self.images_since, self.time_since = 0, time.perf_counter()
         self.first_step_done: Optional[float] = None
@@ -112,9 +105,7 @@ class Monitor(contextlib.AbstractContextManager):
             self.pending = []
             yield self.writer
 
-    def begin(self, hparams: Mapping[str, float | str | bool | None], real: Optional[Tensor], step: int) -> None:
-        if not self.enabled or step:
-            return
+    def begin(self, hparams: Mapping[str, float | str | bool | None], real: Tensor) -> None:  # a fresh run's, rank 0
         # the plugin types each column from the values; None as "null", as on the command line
         typed = {key: "null" if value is None else value for key, value in hparams.items()}
         # the trial id, short (its column cuts at 16 characters): `<sweep folder> #<n>`, a start time, or the folder
@@ -122,9 +113,8 @@ class Monitor(contextlib.AbstractContextManager):
         job, start = re.match(r"(\d+)_", run.name), re.match(r"\d\d-\d\d-\d\d(?=_|$)", run.name)
         trial_id = f"{run.parent.name} #{job.group(1)}" if job else start.group(0) if start else run.name
         with self.writing() as writer:
-            writer.file_writer.add_summary(hparams_pb(typed, trial_id=trial_id), step)
-            if real is not None:
-                writer.add_image(REAL_TAG, real, step)
+            writer.file_writer.add_summary(hparams_pb(typed, trial_id=trial_id), 0)
+            writer.add_image(REAL_TAG, real, 0)
 
     @property
     def seconds(self) -> float:
@@ -142,8 +132,7 @@ class Monitor(contextlib.AbstractContextManager):
         self.images_since += images
 
     @contextlib.contextmanager
-    def timed(self, phase: str, step: int) -> Iterator[None]:
-        """A phase outside the training step, left out of time/img_per_s."""
+    def timed(self, phase: str, step: int) -> Iterator[None]:  # a phase outside the step, left out of time/img_per_s
         if self.enabled:  # the run's record first
             with self.writing():
                 pass
@@ -156,7 +145,8 @@ class Monitor(contextlib.AbstractContextManager):
                 writer.add_scalar(f"time/phase_{phase}_s", spent, step)
 
     def scalars(self, step: int, stats: Mapping[str, Tensor | float]) -> dict[str, float]:
-        values = {shown_name(tag): float(value) for tag, value in stats.items()}  # float(t) = t.item(): a host sync
+        # diagnostics become Python numbers only here, at log time: float(t) = t.item() waits for the device
+        values = {shown_name(tag): float(value) for tag, value in stats.items()}
         now = time.perf_counter()
         if self.images_since:  # none yet when the first log comes right after the first step
             values["time/img_per_s"] = self.images_since / (now - self.time_since)
@@ -180,7 +170,14 @@ class Monitor(contextlib.AbstractContextManager):
             log.info("step %d  %s", step, "  ".join(f"{tag}={value:.4g}" for tag, value in values.items()))
 
     def describe(self, step: int, cfg: TrainConfig, command: Optional[str], environment: Mapping[str, object]) -> None:
-        """The Text tab, written with the run's first event. The command as inline code: it wraps."""
+        """The Text tab, written with the run's first event (the command as inline code: it wraps)."""
+        eval_every, max_steps = cfg.trainer.eval_every, cfg.trainer.max_steps
+        if eval_every and self.enabled and (points := -(-(max_steps - step) // eval_every)) < SHORT_CURVE:
+            enough = max(1, max_steps // SHORT_CURVE)
+            log.info(
+                f"trainer.eval_every={eval_every} draws {points} point(s) of quality/FID in this run, which "
+                f"TensorBoard's default smoothing (0.6) bends: read it at Smoothing 0, or set eval_every <= {enough}."
+            )
         fence = "``" if command and "`" in command else "`"
         texts = {
             CONFIG_TEXT_TAG: f"```yaml\n{yaml.safe_dump(to_plain(cfg), sort_keys=False)}```",
@@ -194,8 +191,8 @@ class Monitor(contextlib.AbstractContextManager):
             with self.writing():
                 pass
 
-    def text(self, tag: str, text: str, step: int) -> None:
-        self.summary(text_pb(tag, text), step)  # under `tag` itself: torch's add_text would name it `tag/text_summary`
+    def text(self, tag: str, text: str, step: int) -> None:  # under `tag`: torch's add_text adds `/text_summary`
+        self.summary(text_pb(tag, text), step)
 
     def summary(self, summary: summary_pb2.Summary, step: int) -> None:
         if self.enabled:
@@ -222,31 +219,26 @@ class Monitor(contextlib.AbstractContextManager):
 SHORT_CURVE = 10  # fewer points are bent out of shape by TensorBoard's default smoothing (docs/watching.md)
 
 
-def note_short_curve(eval_every: int, start: int, max_steps: int) -> None:
-    points = -(-(max_steps - start) // eval_every)
-    if points < SHORT_CURVE:
-        log.info(
-            f"trainer.eval_every={eval_every} draws {points} point(s) of quality/FID in this run. TensorBoard smooths "
-            "every curve by default (Smoothing 0.6), which bends a curve this short far from its values: read it with "
-            f"Smoothing at 0, or measure more often (eval_every <= {max(1, max_steps // SHORT_CURVE)} gives "
-            f"{SHORT_CURVE} points)."
-        )
+def grid_of(images: Tensor, state: TrainingState) -> Tensor:
+    """Images in [-1, 1] as the sample grid: a row per class, its class written at its left, when conditional."""
+    grid = image_grid(images, nrow=state.grid_columns)
+    if state.fixed_y is None:
+        return grid
+    return labelled_rows(grid, [str(c) for c in state.fixed_y.cpu().tolist()[:: state.grid_columns]])
 
 
-def row_labels(classes: Tensor, columns: int) -> list[str]:
-    return [str(c) for c in classes.cpu().tolist()[::columns]]
-
-
-def real_images(batches: BatchStream, count: int) -> Tensor:
-    """By index: drawing a batch from the stream would change the run."""
-    source = training_images(batches)
-    index = torch.linspace(0, len(source) - 1, min(count, len(source))).long().tolist()
-    return torch.stack([image_at(source, i) for i in index])
+def real_grid(state: TrainingState, labels: Tensor) -> Tensor:
+    """Training images beside the fake grid, by index (drawing a batch would change the run); each fake's class."""
+    source = state.batches.images if state.batches.images is not None else state.batches.loader.dataset
+    if state.fixed_y is None:
+        index = torch.linspace(0, len(source) - 1, min(len(state.fixed_z), len(source))).long().tolist()
+        return grid_of(to_unit_range(torch.stack([image_at(source, i) for i in index])), state)
+    return grid_of(to_unit_range(class_images(state.batches, labels, state.fixed_y.cpu())), state)
 
 
 def class_images(batches: BatchStream, labels: Tensor, classes: Tensor) -> Tensor:
     """The k-th image of class c for the k-th time c appears."""
-    source, labels = training_images(batches), labels.cpu()
+    source, labels = batches.images if batches.images is not None else batches.loader.dataset, labels.cpu()
     members = {c: (labels == c).nonzero().flatten().tolist() for c in set(classes.tolist())}
     seen: dict[int, int] = {}
     chosen = []
@@ -255,10 +247,6 @@ def class_images(batches: BatchStream, labels: Tensor, classes: Tensor) -> Tenso
         chosen.append(image_at(source, members[c][k % len(members[c])]) if members[c] else None)
     blank = torch.zeros_like(next(image for image in chosen if image is not None))
     return torch.stack([image if image is not None else blank for image in chosen])
-
-
-def training_images(batches: BatchStream) -> Tensor | Dataset:
-    return batches.images if batches.images is not None else batches.loader.dataset
 
 
 def image_at(source: Tensor | Dataset, index: int) -> Tensor:
@@ -283,7 +271,6 @@ def labelled_rows(grid: Tensor, labels: list[str]) -> Tensor:
 
 def write_progress_gif(samples_dir: Path, max_frames: int = GIF_FRAMES) -> Path:
     """The DCGAN tutorial's animation, of at most `max_frames` grids spread evenly."""
-
     frames = sorted(samples_dir.glob("step_*.png"))
     if len(frames) > max_frames:
         frames = [frames[round(i * (len(frames) - 1) / (max_frames - 1))] for i in range(max_frames)]

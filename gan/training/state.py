@@ -10,10 +10,12 @@ from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
+from torch.amp import GradScaler
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim import Adam
 from torch.optim.swa_utils import AveragedModel
 
-from gan.checkpoint import load_module_state
+from gan.checkpoint import load_checkpoint, load_module_state, require_training_state
 from gan.config import OnNonFinite, Precision, TrainConfig, to_plain
 from gan.core.augment import AdaptiveAugment, diff_augment, no_augment
 from gan.core.ema import build_ema
@@ -22,16 +24,16 @@ from gan.core.models import Discriminator, Generator
 from gan.core.sampling import class_rows
 from gan.core.steps import Penalties, StepContext
 from gan.data import BatchStream, ImageSet, load_dataset
-from gan.device import environment, retain_freed_memory, setup_torch
+from gan.device import environment, environment_changes, retain_freed_memory, setup_torch
 from gan.distributed import SINGLE, World, rank_device
 from gan.errors import CheckpointError, ConfigError, DataError
+from gan.launch import check_resume
+from gan.training.faults import explain_allocation_failure
+from gan.training.threads import keep_thread_count
 
 log = logging.getLogger(__name__)
 
-ANOTHER = (
-    "Resume from another checkpoint of the run if trainer.keep_checkpoints kept any (checkpoints/step_NNNNNN.pt), "
-    "or start a new run."
-)
+ANOTHER = "Resume from another checkpoint (checkpoints/step_NNNNNN.pt, trainer.keep_checkpoints), or start a new run."
 
 
 @dataclasses.dataclass
@@ -41,7 +43,7 @@ class TrainingState:
     G_ema: Optional[AveragedModel]  # None when model.ema_decay=0 and model.ema_kimg=0
     opt_g: torch.optim.Optimizer
     opt_d: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler  # enabled for fp16 only; shared with the StepContext
+    scaler: GradScaler  # enabled for fp16 only; shared with the StepContext
     batches: BatchStream
     fixed_z: Tensor  # every sample grid's z, so grids compare across steps and resumes
     step: int = 0  # generator updates done, in this run and the runs it resumed
@@ -59,13 +61,9 @@ class TrainingState:
         return None if self.fixed_y is None else int((self.fixed_y == self.fixed_y[0]).sum())
 
     def state_dict(self, cfg: TrainConfig, rank_rngs: Optional[list[dict[str, Any]]] = None) -> dict[str, Any]:
-        """`rank_rngs`: every rank's rng_state() under DDP: each draws its own latents."""
-        return {
-            "G": self.G.state_dict(),
-            "D": self.D.state_dict(),
+        return {  # rank_rngs: every rank's rng_state() under DDP: each draws its own latents
+            **{key: getattr(self, key).state_dict() for key in ("G", "D", "opt_g", "opt_d")},
             "G_ema": self.G_ema.state_dict() if self.G_ema is not None else None,
-            "opt_g": self.opt_g.state_dict(),
-            "opt_d": self.opt_d.state_dict(),
             "scaler": self.scaler.state_dict(),  # empty unless fp16
             "step": self.step,
             "num_classes": self.G.num_classes,  # 0: unconditional; evaluate.py rebuilds G from it
@@ -83,32 +81,48 @@ class TrainingState:
 
     def load_state_dict(self, state: dict[str, Any], world: World = SINGLE) -> None:
         """Per-rank generators only if saved for a job this size; a misfit of model.* is damage (gan/launch.py)."""
-        advice = MISMATCH + (MISMATCH_CLASSES if self.G.num_classes else "")
+        advice = "The run's model.* and data.* are the checkpoint's (the resume contract): it was damaged or edited. "
+        if self.G.num_classes:  # a conditional run's class count comes from the data
+            advice += "Or data.root holds another dataset than the run trained on: point it back at the run's. "
+        advice += ANOTHER
         if state.get("pack") != self.pack:  # data.root may change on a resume; the images may not
             raise DataError(
-                f"trainer.resume: data.root holds another pack than the run trained from (content hash "
-                f"{str(self.pack)[:12]}, where the checkpoint records {str(state.get('pack'))[:12]}): it was packed "
-                "again from other images, or data.root names another pack. Nothing was trained. Set data.root to "
-                "the pack the run trained from, or start a new run from this one (drop trainer.resume)."
+                f"trainer.resume: data.root holds another pack than the run trained from (hash {str(self.pack)[:12]}, "
+                f"the checkpoint's {str(state.get('pack'))[:12]}). Nothing was trained. Set data.root to the run's "
+                "pack, or drop trainer.resume."
             )
         entry = "?"
         try:
-            for entry, name in (("G", "generator"), ("D", "discriminator")):
-                load_module_state(getattr(self, entry), state[entry], name, advice)
-            entry = "G_ema"
-            if self.G_ema is not None and state.get("G_ema") is not None:
-                load_module_state(self.G_ema, state["G_ema"], "EMA generator", advice)
-            elif self.G_ema is not None:  # a run without EMA continues with one: start it from G
+            for entry, name in (("G", "generator"), ("D", "discriminator"), ("G_ema", "EMA generator")):
+                if entry != "G_ema" or (self.G_ema is not None and state.get("G_ema") is not None):
+                    load_module_state(getattr(self, entry), state[entry], name, advice)
+            if self.G_ema is not None and state.get("G_ema") is None:  # a run without EMA continues with one: from G
                 self.G_ema.n_averaged.zero_()
                 self.G_ema.update_parameters(self.G)
-            for entry in ("opt_g", "opt_d"):
-                check_moments(getattr(self, entry), state[entry], entry)
-                getattr(self, entry).load_state_dict(state[entry])
+            for entry in ("opt_g", "opt_d"):  # torch's load_state_dict does not check moments' shapes, and Adam's
+                optimizer, saved = getattr(self, entry), state[entry]  # fused update then writes past one's memory
+                for group, saved_group in zip(optimizer.param_groups, saved["param_groups"]):
+                    for param, index in zip(group["params"], saved_group["params"]):
+                        for slot, moment in saved["state"].get(index, {}).items():
+                            if isinstance(moment, Tensor) and moment.dim() and moment.shape != param.shape:
+                                raise CheckpointError(
+                                    f"trainer.resume: the checkpoint's {entry}.state[{index}].{slot} has shape "
+                                    f"{tuple(moment.shape)}, where its parameter has {tuple(param.shape)}: it was "
+                                    "altered. " + ANOTHER
+                                )
+                optimizer.load_state_dict(saved)
             entry = "scaler"
             if self.scaler.is_enabled() and state.get("scaler"):
                 self.scaler.load_state_dict(state["scaler"])
-            entry = "data"
-            self.batches.load_state_dict(check_data_position(state["data"], self.batches))
+            entry, position, sampler = "data", state["data"], self.batches.sampler
+            if position["batch"] > (most := sampler.size // sampler.batch_size):
+                raise CheckpointError(
+                    "trainer.resume: the checkpoint's entry 'data' places the batch stream at batch "
+                    f"{position['batch']} of epoch {position['epoch']}, past an epoch's end: {sampler.size} images "
+                    f"make {most} batches of data.batch_size={sampler.batch_size}. Point data.root at the run's data. "
+                    + ANOTHER
+                )
+            self.batches.load_state_dict(position)
             entry = "fixed_z"
             self.fixed_z = state["fixed_z"].to(self.fixed_z.device).reshape(self.fixed_z.shape)
             entry = "rng"
@@ -128,49 +142,10 @@ class TrainingState:
         except CheckpointError:
             raise
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as err:
+            detail = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else 'no detail'}"
             raise CheckpointError(
-                f"trainer.resume: the checkpoint's entry {entry!r} is missing or damaged ({type(err).__name__}: "
-                f"{str(err).splitlines()[0] if str(err) else 'no detail'}), so the run cannot continue from it. "
-                + ANOTHER
+                f"trainer.resume: the checkpoint's entry {entry!r} is missing or damaged ({detail}). " + ANOTHER
             ) from err
-
-
-def check_moments(optimizer: torch.optim.Optimizer, saved: dict[str, Any], entry: str) -> None:
-    """torch's load_state_dict does not check moments' shapes, and Adam's fused update then writes past one's memory."""
-    for group, saved_group in zip(optimizer.param_groups, saved["param_groups"]):
-        for param, index in zip(group["params"], saved_group["params"]):
-            for slot, moment in saved["state"].get(index, {}).items():
-                if isinstance(moment, Tensor) and moment.dim() and moment.shape != param.shape:
-                    raise CheckpointError(
-                        f"trainer.resume: the checkpoint's {entry}.state[{index}].{slot} has shape "
-                        f"{tuple(moment.shape)}, where its parameter has {tuple(param.shape)}: the checkpoint was "
-                        "altered after it was written. " + ANOTHER
-                    )
-
-
-MISMATCH = (
-    "The resume contract keeps this run's model.* and data.image_size/data.channels equal to those stored in "
-    "the checkpoint, so the checkpoint's weights and its own config disagree: it was damaged or edited after "
-    "it was written. " + ANOTHER
-)
-MISMATCH_CLASSES = (
-    " (A conditional run's class count comes from the data: if data.root now holds another dataset than the "
-    "run trained on, point it back at the run's.)"
-)
-
-
-def check_data_position(position: dict[str, int], batches: BatchStream) -> dict[str, int]:
-    sampler = batches.sampler
-    most = sampler.size // sampler.batch_size
-    if position["batch"] > most:
-        raise CheckpointError(
-            f"trainer.resume: the checkpoint's entry 'data' places the batch stream at batch {position['batch']} "
-            f"of epoch {position['epoch']}, beyond the end of an epoch: this training set's {sampler.size} images "
-            f"make {most} batches of data.batch_size={sampler.batch_size}. Either the checkpoint was damaged or "
-            "edited, or data.root now holds a smaller dataset than the run trained on. Point data.root at the "
-            "run's dataset. " + ANOTHER
-        )
-    return position
 
 
 def rng_state(device: torch.device, augment: Optional[AdaptiveAugment] = None) -> dict[str, Any]:
@@ -192,28 +167,21 @@ def set_rng_state(rng: dict[str, Any], device: torch.device, augment: Optional[A
         augment.generator.set_state(rng["augment"].cpu())
     elif augment is not None:  # written before the augmentation had a generator of its own
         log.warning(
-            "trainer.resume: the checkpoint holds no state of the augmentation's generator (it was written by an "
-            "older version, whose augmentation drew from torch's global stream); its draws restart from the seed, "
-            "so this continuation is not bit-identical to an uninterrupted run."
+            "trainer.resume: the checkpoint holds no state of the augmentation's generator (an older "
+            "version's): its draws restart from the seed, not bit-identical to an uninterrupted run."
         )
 
 
 def build_state(
-    cfg: TrainConfig,
-    device: torch.device,
-    scaler: torch.amp.GradScaler,
-    world: World = SINGLE,
-    dataset: Optional[ImageSet] = None,
+    cfg: TrainConfig, device: torch.device, scaler: GradScaler, world: World = SINGLE, dataset: ImageSet | None = None
 ) -> TrainingState:
     dataset, data, model = dataset or load_dataset(cfg.data), cfg.data, cfg.model
     num_classes = dataset.num_classes if model.conditional else 0
     if model.conditional and num_classes < 2:
         where = f" in {cfg.data.root}" if cfg.data.name in ("folder", "celeba") else ""
         raise ConfigError(
-            f"model.conditional=true needs class labels, and data={cfg.data.name}{where} has none "
-            f"({num_classes} class: a flat folder of images is read as unlabelled). Nothing was trained. "
-            "Put the images in one subfolder per class (data=folder reads each top folder as a class), "
-            "or drop model.conditional=true."
+            f"model.conditional=true needs class labels, and data={cfg.data.name}{where} has none ({num_classes} "
+            "class). Nothing was trained. Put the images in one subfolder per class (data=folder), or drop it."
         )
     labels = dataset.labels if num_classes else None  # the classes travel with the batch
     batches = BatchStream(
@@ -242,22 +210,16 @@ def build_models(cfg: TrainConfig, device: torch.device, num_classes: int = 0) -
     return G.to(device, memory_format=memory_format), D.to(device, memory_format=memory_format)
 
 
-def build_optimizer(
-    module: nn.Module, cfg: TrainConfig, device: torch.device, lr: Optional[float] = None
-) -> torch.optim.Adam:
+def build_optimizer(module: nn.Module, cfg: TrainConfig, device: torch.device, lr: Optional[float] = None) -> Adam:
     fused = device.type in ("cpu", "cuda")  # one kernel for the whole update; elsewhere foreach. Same math
     betas, foreach = (cfg.optim.beta1, cfg.optim.beta2), None if fused else True
-    return torch.optim.Adam(
-        module.parameters(), lr=lr or cfg.optim.lr, betas=betas, fused=fused or None, foreach=foreach
-    )
+    return Adam(module.parameters(), lr=lr or cfg.optim.lr, betas=betas, fused=fused or None, foreach=foreach)
 
 
 def lr_scale(step: int, max_steps: int, decay: float) -> float:
     """1, then linear to 1 / (decay * max_steps) over the last `decay` of the run; nothing to checkpoint."""
     start = max_steps * (1.0 - decay)
-    if decay <= 0 or step < start:
-        return 1.0
-    return max(max_steps - step, 1) / (max_steps - start)
+    return 1.0 if decay <= 0 or step < start else max(max_steps - step, 1) / (max_steps - start)
 
 
 def set_learning_rates(state: TrainingState, cfg: TrainConfig) -> None:
@@ -293,10 +255,8 @@ def wrap_for_ddp(G: nn.Module, D: nn.Module, world: World, device: torch.device)
 
 
 def prepare_process(cfg: TrainConfig, world: World = SINGLE) -> torch.device:
-    trainer = cfg.trainer
-    # each rank draws its own latents; initial weights may differ too, as DDP copies rank 0's
-    device = setup_torch(trainer.device, trainer.threads, trainer.seed + world.rank, "trainer.device")
-    device = rank_device(world, device)
+    trainer, seed = cfg.trainer, cfg.trainer.seed + world.rank  # each rank draws its own latents (DDP copies weights)
+    device = rank_device(world, setup_torch(trainer.device, trainer.threads, seed, "trainer.device"))
     if device.type == "cpu" and trainer.retain_host_memory and retain_freed_memory():
         log.debug("glibc malloc: freed blocks are kept for reuse (trainer.retain_host_memory=true)")
     if trainer.deterministic:
@@ -310,11 +270,8 @@ def prepare_process(cfg: TrainConfig, world: World = SINGLE) -> torch.device:
 def resolve_precision(precision: Precision, device: torch.device) -> Precision:
     if precision != Precision.auto:
         return precision
-    if device.type == "cuda":
-        fast = torch.cuda.get_device_capability(device)[0] >= 8  # Ampere and later: bf16 tensor cores
-    else:
-        fast = device.type == "cpu" and cpu_has_fast_bf16()
-    return Precision.bf16 if fast else Precision.fp32
+    fast_cuda = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8  # Ampere on: bf16 cores
+    return Precision.bf16 if fast_cuda or (device.type == "cpu" and cpu_has_fast_bf16()) else Precision.fp32
 
 
 def cpu_has_fast_bf16() -> bool:
@@ -326,12 +283,11 @@ def cpu_has_fast_bf16() -> bool:
 
 def step_context(precision: Precision, device: torch.device, skip_nonfinite: bool) -> StepContext:
     """A GradScaler enabled only for fp16; build_step_context adds the objective."""
-
     dtype = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}.get(precision)
     autocast = (
         functools.partial(torch.autocast, device_type=device.type, dtype=dtype) if dtype else contextlib.nullcontext
     )
-    scaler = torch.amp.GradScaler(device.type, enabled=precision == Precision.fp16)
+    scaler = GradScaler(device.type, enabled=precision == Precision.fp16)
     return StepContext(autocast=autocast, scaler=scaler, skip_nonfinite=skip_nonfinite)
 
 
@@ -340,3 +296,28 @@ def compile_models(G: nn.Module, D: Discriminator) -> None:
     G.compile()
     D.features.compile()
     D.head.compile()
+
+
+def set_up(
+    cfg: TrainConfig, world: World, dataset: Optional[ImageSet]
+) -> tuple[torch.device, StepContext, TrainingState, ImageSet]:
+    device = prepare_process(cfg, world)
+    # read the checkpoint to resume from before any work, so a bad path fails at once
+    resume_from = load_checkpoint(cfg.trainer.resume, map_location=device) if cfg.trainer.resume else None
+    ctx, precision = build_step_context(cfg, device, world.rank)
+    with explain_allocation_failure(cfg):
+        training_set = dataset or load_dataset(cfg.data)
+        state = build_state(cfg, device, ctx.scaler, world, training_set)
+    state.augment = ctx.augment if isinstance(ctx.augment, AdaptiveAugment) else None
+    if resume_from is not None:
+        require_training_state(resume_from, cfg.trainer.resume)
+        check_resume(to_plain(cfg), resume_from, cfg.trainer.resume)
+        state.load_state_dict(resume_from, world)
+        keep_thread_count(resume_from.get("threads"), cfg.trainer.threads, cfg.trainer.adapt_threads)
+        log.info("Resumed from %s at step %d", cfg.trainer.resume, state.step)
+        if changes := environment_changes(resume_from.get("environment"), environment(device)):
+            log.warning("Resumed in another environment (%s): not bit for bit an unbroken run.", "; ".join(changes))
+    set_learning_rates(state, cfg)  # the first step's; the periodic extras set each next one
+    auto = " (trainer.precision=auto)" if cfg.trainer.precision == Precision.auto else ""
+    log.info("Training on %s in %s%s, %d process(es)", device, precision.value, auto, world.size)
+    return device, ctx, state, training_set

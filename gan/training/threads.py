@@ -1,11 +1,11 @@
-"""A run's torch thread count on the CPU: fixed for the run's life and kept on resume, as oneDNN splits its sums by
-thread count; or, with trainer.adapt_threads, the cores others leave free (docs/speed.md#sharing-the-machine)."""
+"""A run's torch thread count: fixed and kept on resume, or the cores others leave free (trainer.adapt_threads)."""
+# fixed as oneDNN splits its sums by thread count (docs/speed.md#sharing-the-machine)
 
 import contextlib
 import logging
 import math
 import time
-from typing import Callable, Optional
+from typing import Optional
 
 import psutil
 import torch
@@ -48,25 +48,19 @@ def threads_for(limit: int, cpus: int, others: float) -> int:
 class ThreadGovernor:
     """`poll()` after every step: CPU times are read once per window, a change needs two windows running."""
 
-    def __init__(
-        self,
-        limit: int,
-        cpus: int,
-        window_s: float = 2.0,
-        warm_up_s: float = 10.0,
-        clock: Callable[[], float] = time.monotonic,
-        busy: Callable[[], Optional[float]] = machine_busy_seconds,
-        own: Callable[[], float] = own_busy_seconds,
-    ):
-        self.limit, self.cpus, self.window_s = limit, cpus, window_s
-        self.clock, self.busy, self.own = clock, busy, own
-        self.threads = limit
+    window_s, warm_up_s = 2.0, 10.0  # a short run (every test) never adjusts
+    clock, busy, own = staticmethod(time.monotonic), staticmethod(machine_busy_seconds), staticmethod(own_busy_seconds)
+
+    def __init__(self, limit: int, cpus: int):
+        self.limit, self.cpus, self.threads = limit, cpus, limit
         self.pending: Optional[int] = None  # the count the last window asked for, awaiting a second
-        self.next_at = clock() + warm_up_s  # a short run (every test) never adjusts
+        self.next_at: Optional[float] = None  # the warm-up starts at the first poll
         self.mark: Optional[tuple[float, float, float]] = None
 
     def poll(self) -> None:
         now = self.clock()
+        if self.next_at is None:
+            self.next_at = now + self.warm_up_s
         if now < self.next_at:
             return
         self.next_at = now + self.window_s
@@ -104,17 +98,14 @@ def thread_governor(adapt: bool, device: torch.device) -> Optional[ThreadGoverno
 
 def keep_thread_count(recorded: Optional[int], threads: int, adapt: bool) -> None:
     """On resume: the run's count, unless trainer.threads=N or adapt_threads; at most this process's CPUs."""
-
     if recorded is None or adapt or recorded == torch.get_num_threads():
         return
     usable = min(recorded, available_cpus())  # more can only be slower, and at 100s crashes torch's pool
     if not threads:
         torch.set_num_threads(usable)
     if (threads or usable) != recorded:
+        why = f"trainer.threads={threads}" if threads else f"{usable} CPU(s) usable here"
         log.warning(
-            "The run computed with %d torch thread(s) and resumes with %d (%s): the continuation will not "
-            "match an uninterrupted run bit for bit, as oneDNN splits its sums by thread count.",
-            recorded,
-            threads or usable,
-            f"trainer.threads={threads}" if threads else f"{usable} CPU(s) usable here",
+            f"The run computed with {recorded} torch thread(s) and resumes with {threads or usable} ({why}): not bit "
+            "for bit an uninterrupted run, as oneDNN splits its sums by thread count."
         )
