@@ -303,7 +303,7 @@ def test_shape_mismatch_lists_each_tensor_with_both_shapes(tiny_gan):
     with pytest.raises(CheckpointError) as caught:
         load_module_state(G, wider.state_dict(), "generator")
     message = str(caught.value)
-    assert "does not match the generator built from the config" in message
+    assert "generator does not match the one built from the config" in message
     assert "net.0.weight: (16, 32, 4, 4) in the checkpoint, (16, 16, 4, 4) in the model" in message
 
 
@@ -471,7 +471,7 @@ def test_resuming_a_run_whose_last_checkpoint_holds_inf_names_the_copies_kept_be
     assert f"Cannot resume from {last}: it holds NaN or inf in 1 of its" in output
     assert f"(D.{SN_U})" in output and "Traceback" not in output
     newest = copy / "checkpoints" / "step_000004.pt"
-    assert f"Other checkpoints are kept beside it (step_000004.pt, step_000002.pt): resume from {newest}" in output
+    assert f"Checkpoints are kept beside it (step_000004.pt, step_000002.pt): resume from {newest}" in output
     # not the words of a run that diverged while training: nothing trained, nothing was written
     assert "Lower optim.lr" not in output and "last good one" not in output and "Non-finite loss" not in output
     assert {p.name: digest(p) for p in (copy / "checkpoints").iterdir()} == before
@@ -527,7 +527,7 @@ def test_resuming_a_run_whose_stored_config_is_damaged_blames_the_file_not_the_c
     assert result.returncode == 2, output[-3000:]
     assert f"The config stored in {last} is damaged: model.g_width" in output and "Traceback" not in output
     assert "another version" not in output and "this command changes" not in output
-    assert "Other checkpoints are kept beside it" in output
+    assert "Checkpoints are kept beside it" in output
 
 
 # where a checkpoint is looked for, and what an unreadable one is called ---------------------------------------
