@@ -234,7 +234,16 @@ class TrainConfig:
         model, batch_size = self.model, self.data.batch_size
         why = f"must divide data.batch_size ({batch_size}): D sees the batch in packs"
         model._check(batch_size % model.pack == 0, "pack", why)
-        check_minibatch_std(model.minibatch_std, batch_size, model.pack)
+        group, per_pack = model.minibatch_std, batch_size // model.pack  # MinibatchStd would shrink it to the gcd
+        if group and per_pack % group:
+            seen = f"data.batch_size={batch_size}" + (f" / model.pack={model.pack}" if model.pack > 1 else "")
+            shrunk = math.gcd(per_pack, group)
+            effect = (
+                "groups of 1 sample, a constant channel that tells D nothing" if shrunk == 1 else f"groups of {shrunk}"
+            )
+            divisor = max(d for d in range(1, min(group, per_pack) + 1) if per_pack % d == 0)
+            why = f"must divide the {per_pack} samples D judges at once ({seen}): it would shrink to {effect}. Use a "
+            model._check(False, "minibatch_std", why + f"divisor of {per_pack} such as {divisor}, or 0 to turn it off")
         per_sample = self.loss.gradient_penalty > 0 or self.loss.r1 > 0
         why = "must be false with loss.gradient_penalty or loss.r1: BatchNorm makes a sample's penalty depend on the "
         why += "batch. Add model.d_batchnorm=false, or use experiment=wgan_gp (no BatchNorm in D, Adam betas (0, 0.9))"
@@ -246,20 +255,6 @@ def check_threads(threads: int, key: str, zero_means: str) -> None:
     cpus = available_cpus()
     why = f"is more than the {cpus} CPU(s) this process may use on this machine: set {key} to a number from 1 to "
     _require(threads <= cpus, key, threads, why + f"{cpus}, or {zero_means}")
-
-
-def check_minibatch_std(group: int, batch_size: int, pack: int) -> None:
-    """MinibatchStd silently shrinks a group size that does not divide D's samples to their gcd."""
-    per_pack = batch_size // pack
-    if group == 0 or per_pack % group == 0:
-        return
-    seen = f"data.batch_size={batch_size}" + (f" / model.pack={pack}" if pack > 1 else "")
-    shrunk = math.gcd(per_pack, group)
-    effect = "groups of 1 sample, a constant channel that tells D nothing" if shrunk == 1 else f"groups of {shrunk}"
-    divisor = max(d for d in range(1, min(group, per_pack) + 1) if per_pack % d == 0)
-    why = f"must divide the {per_pack} samples D judges at once ({seen}): D's minibatch-stddev channel is computed "
-    why += f"over groups of model.minibatch_std samples, and {group} would shrink to {effect}. Use a divisor of "
-    _require(False, "model.minibatch_std", group, why + f"{per_pack} such as {divisor}, or 0 to turn the channel off")
 
 
 def require_finite(config: Any, prefix: str = "") -> None:
@@ -275,20 +270,6 @@ def require_finite(config: Any, prefix: str = "") -> None:
             _require(False, key, value, "does not fit in 64 bits, the integers torch takes: choose a smaller number")
 
 
-def require_known(cfg: DictConfig, schema: Any, prefix: str = "") -> None:
-    """A setting added with `+key=value` is kept by Hydra and dropped by OmegaConf.to_object: nothing would read it."""
-    known = {spec.name: spec for spec in fields(schema)}
-    for key in cfg:
-        if key not in known:
-            raise ConfigError(
-                f"{prefix}{key} is not a setting (added with +{prefix}{key}=...?): nothing would read it. Remove it; "
-                "`--cfg job` prints every setting there is."
-            )
-        node = cfg._get_node(key)
-        if isinstance(node, DictConfig) and is_dataclass(known[key].type):
-            require_known(node, known[key].type, f"{prefix}{key}.")
-
-
 def check_device_name(name: str, key: str) -> None:
     """The spelling only: whether this machine has it is gan.device's question."""
     known = name in ("auto", "cpu", "cuda", "mps") or (name.startswith("cuda:") and name[5:].isdigit())
@@ -299,6 +280,17 @@ def _require(ok: bool, key: str, value: Any, why: str) -> None:
     if not ok:
         shown = value.value if isinstance(value, Enum) else value  # 'mnist', not <DatasetName.mnist: 'mnist'>
         raise ConfigError(f"{key}={shown!r} {why}.")
+
+
+def require_known(cfg: DictConfig, schema: Any, prefix: str = "") -> None:
+    """A setting added with `+key=value` is kept by Hydra and dropped by OmegaConf.to_object: nothing would read it."""
+    known = {spec.name: spec.type for spec in fields(schema)}
+    for key in cfg:
+        why = "nothing would read it. Remove it; `--cfg job` prints every setting there is"
+        if key not in known:
+            raise ConfigError(f"{prefix}{key} is not a setting (added with +{prefix}{key}=...?): {why}.")
+        if isinstance(cfg._get_node(key), DictConfig) and is_dataclass(known[key]):
+            require_known(cfg[key], known[key], f"{prefix}{key}.")
 
 
 def validate(cfg: DictConfig, schema: type = TrainConfig) -> Any:
@@ -322,9 +314,7 @@ def register_configs() -> None:
 
 
 def run_suffix(overrides: Sequence[str], exclude: Sequence[str] = (), limit: int = 120) -> str:
-    """A run folder's suffix from its overrides, e.g. `_loss-hinge+optim.lr-2e-4`: only letters, digits and
-    `._+-@%`, so the folder can be passed to `trainer.resume=` unquoted; at most `limit` characters, of whole
-    overrides (the time keeps folders apart; the Text tab has the command)."""
+    """`_loss-hinge+optim.lr-2e-4`: characters `trainer.resume=` takes unquoted, whole overrides up to `limit`."""
     items = []
     for override in sorted(overrides, key=lambda o: o.lstrip("+~")):
         key, equals, value = override.lstrip("+~").partition("=")
@@ -461,10 +451,7 @@ class GenerateConfig(_Group):
 def validate_evaluate(cfg: DictConfig, schema: type = EvaluateConfig) -> Any:
     """evaluate.py's config (`data` aside), or generate.py's (GenerateConfig); raises ConfigError naming the key."""
     if OmegaConf.is_missing(cfg, "checkpoint"):
-        raise ConfigError(
-            "checkpoint=PATH is required: a checkpoint file (checkpoints/last.pt) or the "
-            "directory of the training run that wrote it."
-        )
+        raise ConfigError("checkpoint=PATH is required: a checkpoint file (checkpoints/last.pt) or its run's folder.")
     typed = validate(cfg, schema)
     typed.check()
     return typed
