@@ -238,9 +238,7 @@ class TrainConfig:
         if group and per_pack % group:
             seen = f"data.batch_size={batch_size}" + (f" / model.pack={model.pack}" if model.pack > 1 else "")
             shrunk = math.gcd(per_pack, group)
-            effect = (
-                "groups of 1 sample, a constant channel that tells D nothing" if shrunk == 1 else f"groups of {shrunk}"
-            )
+            effect = "groups of 1 sample, a constant channel (no signal)" if shrunk == 1 else f"groups of {shrunk}"
             divisor = max(d for d in range(1, min(group, per_pack) + 1) if per_pack % d == 0)
             why = f"must divide the {per_pack} samples D judges at once ({seen}): it would shrink to {effect}. Use a "
             model._check(False, "minibatch_std", why + f"divisor of {per_pack} such as {divisor}, or 0 to turn it off")

@@ -51,10 +51,9 @@ def rank_device(world: World, device: torch.device) -> torch.device:
 
 
 def broadcast_object(value: Any, world: World) -> Any:
-    if not world.distributed:
-        return value
     holder = [value]
-    dist.broadcast_object_list(holder, src=0)
+    if world.distributed:
+        dist.broadcast_object_list(holder, src=0)
     return holder[0]
 
 
