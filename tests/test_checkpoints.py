@@ -51,12 +51,10 @@ def test_a_crash_during_a_write_leaves_the_previous_checkpoint(tmp_path, monkeyp
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]  # no temporary file left behind
 
 
-def test_keep_checkpoints_keeps_the_newest_numbered_ones(tmp_path):
-    train(compose_config("trainer.max_steps=6", "trainer.checkpoint_every=2", "trainer.keep_checkpoints=2"), tmp_path)
-    folder = tmp_path / "checkpoints"
+def test_keep_checkpoints_keeps_the_newest_numbered_ones(good_run):
+    folder = good_run / "checkpoints"  # step_000002.pt was kept, then dropped
     assert sorted(p.name for p in folder.iterdir()) == ["last.pt", "step_000004.pt", "step_000006.pt"]
-    assert load_checkpoint(folder / "step_000004.pt")["step"] == 4
-    assert load_checkpoint(folder / "last.pt")["step"] == 6
+    assert load_checkpoint(folder / "step_000004.pt")["step"] == 4 and load_checkpoint(folder / "last.pt")["step"] == 6
 
 
 # exact resume ----------------------------------------------------------------------------------
@@ -188,10 +186,10 @@ def test_nan_steps_are_skipped_with_on_nan_skip(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def good_run(tmp_path_factory) -> Path:
-    """A finished 4-step run that kept numbered copies: checkpoints/step_000002.pt and step_000004.pt."""
+    """A finished 6-step run that kept numbered copies: checkpoints/step_000004.pt and step_000006.pt."""
     run_dir = tmp_path_factory.mktemp("good") / "run"
     result = run_train(
-        "trainer.max_steps=4", "trainer.checkpoint_every=2", "trainer.keep_checkpoints=2", f"hydra.run.dir={run_dir}"
+        "trainer.max_steps=6", "trainer.checkpoint_every=2", "trainer.keep_checkpoints=2", f"hydra.run.dir={run_dir}"
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
@@ -406,15 +404,9 @@ def test_a_damaged_entry_ends_resume_and_evaluate_with_one_paragraph_naming_file
 
 
 def poison(state: dict[str, Any], entry: str, key: str, slot: str = "", value: float = math.nan) -> dict[str, Any]:
-    """A copy of `state` with state[entry][key] (an optimizer's: its parameter `key`'s `slot`) filled with `value`."""
-    copy = {**state}
-    if slot:
-        slots = {index: dict(moments) for index, moments in state[entry]["state"].items()}
-        slots[key][slot] = slots[key][slot].clone().fill_(value)
-        copy[entry] = {**state[entry], "state": slots}
-    else:
-        copy[entry] = {**state[entry], key: state[entry][key].clone().fill_(value)}
-    return copy
+    """`state` with state[entry][key] (an optimizer's: its parameter `key`'s `slot`) filled with `value`."""
+    (state[entry]["state"][key][slot] if slot else state[entry][key]).fill_(value)
+    return state
 
 
 SN_U = "features.2.parametrizations.weight.0._u"
@@ -450,8 +442,8 @@ def test_resuming_a_run_whose_last_checkpoint_holds_inf_names_the_copies_kept_be
     assert result.returncode == 2, output[-3000:]
     assert f"Cannot resume from {last}: it holds NaN or inf in 1 of its" in output
     assert f"(D.{SN_U})" in output and "Traceback" not in output
-    newest = copy / "checkpoints" / "step_000004.pt"
-    assert f"Checkpoints are kept beside it (step_000004.pt, step_000002.pt): resume from {newest}" in output
+    newest = copy / "checkpoints" / "step_000006.pt"
+    assert f"Checkpoints are kept beside it (step_000006.pt, step_000004.pt): resume from {newest}" in output
     # not the words of a run that diverged while training: nothing trained, nothing was written
     assert "Lower optim.lr" not in output and "last good one" not in output and "Non-finite loss" not in output
     assert {p.name: digest(p) for p in (copy / "checkpoints").iterdir()} == before
