@@ -33,8 +33,6 @@ from gan.core.losses import LOSSES, AdversarialLoss
 from gan.evaluation.pipeline import build_generator
 from gan.training import NonFiniteLossError, train
 
-# atomic writes ---------------------------------------------------------------------------------
-
 
 def test_a_crash_during_a_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "last.pt"
@@ -55,9 +53,6 @@ def test_keep_checkpoints_keeps_the_newest_numbered_ones(good_run):
     folder = good_run / "checkpoints"  # step_000002.pt was kept, then dropped
     assert sorted(p.name for p in folder.iterdir()) == ["last.pt", "step_000004.pt", "step_000006.pt"]
     assert load_checkpoint(folder / "step_000004.pt")["step"] == 4 and load_checkpoint(folder / "last.pt")["step"] == 6
-
-
-# exact resume ----------------------------------------------------------------------------------
 
 
 def assert_same_state(a: dict, b: dict) -> None:
@@ -115,9 +110,6 @@ def test_a_resume_keeps_the_runs_thread_count_whatever_the_default_is_by_then(tm
     assert "computed with 2 torch thread(s) and resumes with 1 (trainer.threads=1)" in caplog.text
 
 
-# signals ---------------------------------------------------------------------------------------
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_writes_a_checkpoint_and_the_run_resumes(tmp_path, sig, code):
@@ -148,9 +140,6 @@ def run_until(process: subprocess.Popen, text: str) -> tuple[str, ...]:
     raise AssertionError("".join(lines)[-3000:])
 
 
-# non-finite losses -----------------------------------------------------------------------------
-
-
 def nan_after(calls: int, monkeypatch) -> None:
     """Make the bce G loss NaN from its `calls`-th call on."""
     count = {"n": 0}
@@ -179,9 +168,6 @@ def test_nan_steps_are_skipped_with_on_nan_skip(tmp_path, monkeypatch):
     assert result.step == 4
     state = load_checkpoint(tmp_path)
     assert all(torch.isfinite(t).all() for t in state["G"].values() if t.is_floating_point())
-
-
-# bad input: a clear message, a non-zero exit, nothing overwritten -----------------------------
 
 
 @pytest.fixture(scope="module")
@@ -283,9 +269,6 @@ def test_architecture_change_on_resume_names_the_key(tmp_path, good_run):
     assert not (tmp_path / "new" / "checkpoints").exists()
 
 
-# resume=auto -----------------------------------------------------------------------------------
-
-
 def test_resume_auto_continues_the_matching_run(tmp_path):  # another run's settings: test_resume.py
     first = run_train("trainer.max_steps=2", "trainer.resume=auto", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -295,9 +278,7 @@ def test_resume_auto_continues_the_matching_run(tmp_path):  # another run's sett
     assert load_checkpoint(run_dir)["step"] == 4  # continued in place
 
 
-# every entry typed where a checkpoint is read, for train.py and evaluate.py alike (gan/checkpoint.py) -------
-
-
+# every entry typed where a checkpoint is read, for train.py and evaluate.py alike (gan/checkpoint.py)
 def _retyped(state: dict, entry: str, dtype: torch.dtype) -> None:
     state[entry] = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state[entry].items()}
 
@@ -353,9 +334,7 @@ def test_a_checkpoint_entry_of_the_wrong_type_is_refused_where_it_is_read(tiny_r
     assert "\n" not in str(caught.value) and "No numbered copy (step_NNNNNN.pt) is kept beside it" in str(caught.value)
 
 
-# damaged entries: one paragraph naming the file and the entry, for train.py's resume and evaluate.py alike -----
-
-
+# damaged entries: one paragraph naming the file and the entry, for train.py's resume and evaluate.py alike
 def state_of(run_dir: Path) -> dict[str, Any]:
     return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
 
@@ -398,9 +377,6 @@ def test_a_damaged_entry_ends_resume_and_evaluate_with_one_paragraph_naming_file
     assert program == "train.py" or str(path) in output  # evaluate.py names the file it read
     assert "another version" not in output and "this command changes" not in output  # damage, not a version
     assert not (out / "checkpoints").exists() and not (out / "metrics.json").exists()
-
-
-# NaN or inf in a tensor a resume starts from ---------------------------------------------------------------
 
 
 def poison(state: dict[str, Any], entry: str, key: str, slot: str = "", value: float = math.nan) -> dict[str, Any]:
@@ -449,9 +425,6 @@ def test_resuming_a_run_whose_last_checkpoint_holds_inf_names_the_copies_kept_be
     assert {p.name: digest(p) for p in (copy / "checkpoints").iterdir()} == before
 
 
-# a damaged stored config is the file's fault, an unknown key may be another version's -------------------
-
-
 DAMAGED_CONFIGS: dict[str, tuple[Callable[[dict], object], str]] = {
     "not a mapping": (lambda c: 5, "it is 5 (int), not a mapping of groups"),
     "a list": (lambda c: [c], "not a mapping of groups"),
@@ -480,9 +453,6 @@ def test_a_damaged_stored_config_is_called_damaged_not_another_version(good_run,
     assert ("does not fit this version's settings" in message and "another version" in message) == unknown
 
 
-# where a checkpoint is looked for, and what an unreadable one is called ---------------------------------------
-
-
 @pytest.mark.parametrize("kept", [None, "best.pt", "step_000006.pt"], ids=["nothing", "best.pt", "a numbered copy"])
 def test_a_folder_without_last_pt_names_where_it_looked_and_the_checkpoint_it_holds(tiny_run, tmp_path, kept):
     # trainer.resume=DIR and evaluate.py's checkpoint=DIR both read the checkpoint through this
@@ -507,8 +477,6 @@ def test_an_empty_checkpoint_path_is_refused_not_read_as_the_launch_directory(ti
     with pytest.raises(CheckpointError, match="The checkpoint path is empty"):  # gan.load_generator(""), resume
         load_checkpoint("")
 
-
-# checkpoint tensors of another type or shape than the model's ------------------------------------------
 
 RETYPED = {  # entry, how its first weight (or moment) is changed, what the message says
     # not a float at all: refused as the checkpoint is read (gan/checkpoint.py), and by build_generator alike

@@ -204,9 +204,6 @@ def test_wgan_gp_with_batchnorm_names_its_recipe():
     assert not cfg.model.spectral_norm  # the paper's critic: the penalty alone bounds its gradient
 
 
-# debug group ---------------------------------------------------------------------------------
-
-
 def test_debug_tiny_writes_what_a_real_run_writes(tmp_path):
     result = run_train("debug=tiny", f"hydra.run.dir={tmp_path}", tiny=False)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -218,8 +215,6 @@ def test_debug_overfit_sees_one_batch_over_and_over():
     cfg = compose_config("debug=overfit")  # replaces the tests' debug=tiny
     assert cfg.data.limit == cfg.data.batch_size and cfg.trainer.max_steps >= 300
 
-
-# values Hydra refuses: a wrong type, a choice that is not one -------------------------------------------------
 
 register_evaluate_configs()
 HYDRA_REFUSED = {  # config, override -> the key Hydra's error names, the value it quotes
@@ -243,8 +238,6 @@ def test_hydra_refuses_a_wrong_type_or_choice_naming_the_key_and_the_value(confi
     assert override in str(caught.value) and f"'{value}'" in str(cause)
     assert re.fullmatch(rf"{re.escape(key)}(\[\d+\])?", str(getattr(cause, "full_key", ""))), cause
 
-
-# the edge of a range: refused on the wrong side, accepted just inside ------------------------------------------
 
 EDGES = {  # the refused override(s), an accepted neighbour, the key=value the message opens with
     "max_steps 0": (["trainer.max_steps=0"], ["trainer.max_steps=1"], "trainer.max_steps=0"),

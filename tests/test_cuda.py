@@ -42,9 +42,6 @@ def restore_determinism():
     torch.backends.cudnn.benchmark = False
 
 
-# precision ------------------------------------------------------------------------------------
-
-
 def test_the_grad_scaler_skips_a_step_whose_gradients_overflow_and_backs_off():
     # fp16 ends at 65504: a scale of 2**40 overflows the gradients (not the loss), the step is skipped, the scale halved
     device = torch.device("cuda")
@@ -71,9 +68,6 @@ def test_the_grad_scaler_skips_a_step_whose_gradients_overflow_and_backs_off():
     assert not torch.equal(before["features.0.weight"], D.state_dict()["features.0.weight"])
 
 
-# determinism and exact resume -----------------------------------------------------------------
-
-
 def test_cudnn_autotuner_is_on_unless_deterministic(restore_determinism):
     prepare_process(compose_config(CUDA))
     assert torch.backends.cudnn.benchmark
@@ -93,9 +87,6 @@ def test_deterministic_runs_are_identical_and_resume_bit_exactly(tmp_path):
     assert resumed["rng"]["cuda"], "the CUDA generator's state must be saved"
     assert_same_state(load_checkpoint(tmp_path / "a"), load_checkpoint(tmp_path / "b"))
     assert_same_state(load_checkpoint(tmp_path / "a"), resumed)
-
-
-# moving between machines ----------------------------------------------------------------------
 
 
 def test_a_cuda_checkpoint_loads_on_the_cpu_and_evaluates_there(tmp_path):
@@ -121,9 +112,6 @@ def test_a_run_moves_between_cpu_and_cuda_on_resume(tmp_path, first, then):  # t
     assert all(torch.isfinite(t).all() for t in tensors(state["G"]) if t.is_floating_point())
 
 
-# the fast paths -------------------------------------------------------------------------------
-
-
 def test_pinned_worker_batches_equal_the_device_resident_ones():
     # workers on CUDA: pinned host memory and non_blocking copies, the batches of the uint8 tensor on the GPU
     device = torch.device("cuda")
@@ -142,9 +130,7 @@ def test_a_worker_fed_run_trains_on_cuda(tmp_path):
     assert result.step == 6 and load_checkpoint(tmp_path)["data"] == {"epoch": 0, "batch": 6}
 
 
-# the walkthrough's "On CUDA" statements --------------------------------------------------------
-
-
+# the walkthrough's "On CUDA" statements
 def test_mixing_cuda_and_cpu_tensors_names_both_devices():
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         torch.ones(2, device="cuda") + torch.ones(2)
