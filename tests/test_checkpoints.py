@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import itertools
 import math
 import os
 import pickle
@@ -142,15 +144,9 @@ def run_until(process: subprocess.Popen, text: str) -> tuple[str, ...]:
 
 def nan_after(calls: int, monkeypatch) -> None:
     """Make the bce G loss NaN from its `calls`-th call on."""
-    count = {"n": 0}
-    real = LOSSES["bce"]
-
-    def g_loss(fake_logits):
-        count["n"] += 1
-        value = real.g(fake_logits)
-        return value * float("nan") if count["n"] >= calls else value
-
-    monkeypatch.setitem(gan.core.losses.LOSSES, "bce", AdversarialLoss(real.d, g_loss))
+    real, count = LOSSES["bce"], itertools.count(1)
+    g_loss = AdversarialLoss(real.d, lambda logits: real.g(logits) * (math.nan if next(count) >= calls else 1.0))
+    monkeypatch.setitem(gan.core.losses.LOSSES, "bce", g_loss)
 
 
 def test_nan_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
@@ -158,16 +154,13 @@ def test_nan_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path, 
     with pytest.raises(NonFiniteLossError, match=r"step 5: loss/d=[-0-9.e]+, loss/g=nan"):
         train(compose_config("trainer.max_steps=8", "trainer.checkpoint_every=2", "trainer.log_every=3"), tmp_path)
     state = load_checkpoint(tmp_path)
-    assert state["step"] == 4
-    assert all(torch.isfinite(t).all() for t in state["G"].values() if t.is_floating_point())
+    assert state["step"] == 4 and all(torch.isfinite(t).all() for t in state["G"].values() if t.is_floating_point())
 
 
 def test_nan_steps_are_skipped_with_on_nan_skip(tmp_path, monkeypatch):
     nan_after(3, monkeypatch)
-    result = train(compose_config("trainer.max_steps=4", "trainer.on_nan=skip"), tmp_path)
-    assert result.step == 4
-    state = load_checkpoint(tmp_path)
-    assert all(torch.isfinite(t).all() for t in state["G"].values() if t.is_floating_point())
+    assert train(compose_config("trainer.max_steps=4", "trainer.on_nan=skip"), tmp_path).step == 4
+    assert all(torch.isfinite(t).all() for t in load_checkpoint(tmp_path)["G"].values() if t.is_floating_point())
 
 
 @pytest.fixture(scope="module")
@@ -185,11 +178,9 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-class RunsCode:
-    """Unpickling this runs os.system: a stand-in for a malicious checkpoint."""
-
-    def __init__(self, marker: Path):
-        self.marker = marker
+@dataclasses.dataclass
+class RunsCode:  # unpickling it runs os.system: a stand-in for a malicious checkpoint
+    marker: Path
 
     def __reduce__(self):
         return os.system, (f"touch {self.marker}",)
@@ -209,9 +200,7 @@ def bad_checkpoint(kind: str, folder: Path, good: Path) -> Path:
     elif kind == "zip":
         with zipfile.ZipFile(path, "w") as archive:
             archive.writestr("notes.txt", "a zip file, not a torch one")
-    elif (
-        kind == "pickle"
-    ):  # protocol 4: torch's safe unpickler warns about it, and the warning printed under the refusal
+    elif kind == "pickle":  # protocol 4: torch's safe unpickler warns, and printed it under the refusal
         path.write_bytes(pickle.dumps({"weights": [1.0]}, protocol=4))
     elif kind == "not_checkpoint":
         torch.save({"weights": torch.zeros(2)}, path)

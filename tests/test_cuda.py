@@ -34,14 +34,6 @@ def tensors(state: object) -> list[torch.Tensor]:  # every tensor in a checkpoin
     return [t for t in tree_leaves(state) if isinstance(t, torch.Tensor)]
 
 
-@pytest.fixture
-def restore_determinism():
-    """prepare_process switches deterministic algorithms on for the whole process: switch back."""
-    yield
-    torch.use_deterministic_algorithms(False)
-    torch.backends.cudnn.benchmark = False
-
-
 def test_the_grad_scaler_skips_a_step_whose_gradients_overflow_and_backs_off():
     # fp16 ends at 65504: a scale of 2**40 overflows the gradients (not the loss), the step is skipped, the scale halved
     device = torch.device("cuda")
@@ -68,11 +60,15 @@ def test_the_grad_scaler_skips_a_step_whose_gradients_overflow_and_backs_off():
     assert not torch.equal(before["features.0.weight"], D.state_dict()["features.0.weight"])
 
 
-def test_cudnn_autotuner_is_on_unless_deterministic(restore_determinism):
-    prepare_process(compose_config(CUDA))
-    assert torch.backends.cudnn.benchmark
-    prepare_process(compose_config(CUDA, "trainer.deterministic=true"))
-    assert not torch.backends.cudnn.benchmark and torch.are_deterministic_algorithms_enabled()
+def test_cudnn_autotuner_is_on_unless_deterministic():
+    try:
+        prepare_process(compose_config(CUDA))
+        assert torch.backends.cudnn.benchmark
+        prepare_process(compose_config(CUDA, "trainer.deterministic=true"))
+        assert not torch.backends.cudnn.benchmark and torch.are_deterministic_algorithms_enabled()
+    finally:  # prepare_process switches deterministic algorithms on for the whole process: switch back
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.benchmark = False
 
 
 def test_deterministic_runs_are_identical_and_resume_bit_exactly(tmp_path):
