@@ -458,13 +458,11 @@ def test_a_folder_without_last_pt_names_where_it_looked_and_the_checkpoint_it_ho
 
 
 def test_an_empty_checkpoint_path_is_refused_not_read_as_the_launch_directory(tiny_run, tmp_path):
-    # Path("") is ".": a checkpoints/last.pt where the command runs would be evaluated unasked
+    # Path("") is ".": a checkpoints/last.pt where the command runs would be evaluated unasked (gan.load_generator(""))
     shutil.copytree(tiny_run, tmp_path / "here")
     result = run_evaluate("device=cpu", "checkpoint=", f"hydra.run.dir={tmp_path / 'eval'}", cwd=tmp_path / "here")
     assert result.returncode == 2 and "checkpoint path is empty (an unset shell variable?)" in output_of(result)
     assert not (tmp_path / "eval").exists()
-    with pytest.raises(CheckpointError, match="The checkpoint path is empty"):  # gan.load_generator(""), resume
-        load_checkpoint("")
 
 
 RETYPED = {  # entry, how its first weight (or moment) is changed, what the message says
@@ -474,11 +472,7 @@ RETYPED = {  # entry, how its first weight (or moment) is changed, what the mess
     "an integer EMA weight": ("G_ema", lambda t: t.long(), "torch.int64"),
     "an integer Adam moment": ("opt_d", lambda t: t.long(), "holds torch.int64, where Adam keeps floats"),
     "a moment of another shape": ("opt_g", lambda t: t.flatten()[:3].clone(), "has shape (3,), where its parameter"),
-    "a G weight of another shape": (
-        "G",
-        lambda t: t[:1].clone(),
-        ": (1, 16, 4, 4) in the checkpoint, (16, 16, 4, 4) in",
-    ),
+    "a sliced G weight": ("G", lambda t: t[:1].clone(), ": (1, 16, 4, 4) in the checkpoint, (16, 16, 4, 4) in"),
 }
 
 
