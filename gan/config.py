@@ -88,8 +88,7 @@ class DataConfig(_Group):
     limit: int = 0  # train on the first N images of the training split only (debug=overfit); 0 = all
 
     def check(self) -> None:
-        why = "must be a power of two from 16 to 256: the generator starts at 4x4 and doubles the side in each block"
-        self._check(self.image_size in (16, 32, 64, 128, 256), "image_size", why)
+        self._check(self.image_size in (16, 32, 64, 128, 256), "image_size", "must be a power of two from 16 to 256")
         self._check(self.channels in (1, 3), "channels", "must be 1 or 3")
         self._at_least(1, "batch_size")
         self._check(self.num_workers is None or self.num_workers >= 0, "num_workers", "must be >= 0, or null for auto")
@@ -98,8 +97,7 @@ class DataConfig(_Group):
         self._check(bool(str(self.root).strip()), "root", "is empty, which reads the launch directory: name a folder")
         # Hydra refuses other names at the command line; this catches a DataConfig built in code
         self._check(self.name in list(DatasetName), "name", f"must be one of {', '.join(DatasetName)}")
-        why = f"must be one of {', '.join(self.SOURCES)}: a 10-class grayscale dataset"
-        self._check(self.source in self.SOURCES, "source", why)
+        self._check(self.source in self.SOURCES, "source", f"must be one of {', '.join(self.SOURCES)} (10-class gray)")
         stacked = self.name == "stacked"
         self._check(not stacked or self.channels == 3, "channels", "must be 3 for data=stacked: three images as RGB")
         built_in = self.name in ("digits", "folder", "packed") or (stacked and self.source == "digits")
@@ -139,8 +137,7 @@ class ModelConfig(_Group):
         self._check(0 <= self.ema_decay < 1, "ema_decay", "must be in [0, 1) (0 = no EMA)")
         self._check(0 <= self.ada_target < 1, "ada_target", "must be in [0, 1) (0 = off)")
         self._check(self.ada_kimg > 0, "ada_kimg", "must be > 0")
-        why = "must be 1 with model.conditional=true: a pack of several images has no single class to project on"
-        self._check(not (self.conditional and self.pack > 1), "pack", why)
+        self._check(not (self.conditional and self.pack > 1), "pack", "must be 1 with model.conditional=true")
 
 
 @dataclass
@@ -210,8 +207,7 @@ class TrainerConfig(_Group):
         why = "is empty (an unset shell variable?): name a checkpoint or run folder, or auto; omit it for a new run"
         self._check(self.resume is None or bool(self.resume.strip()), "resume", why)
         check_threads(self.threads, "trainer.threads", "0 for torch's default")
-        why = "adapts the count, which trainer.threads fixes: set one of them, or neither for a fixed default"
-        self._check(not (self.adapt_threads and self.threads), "adapt_threads", why)
+        self._check(not (self.adapt_threads and self.threads), "adapt_threads", "and trainer.threads: set one of them")
         self._at_least(10, "eval_samples", why="must be at least 10 (FID needs a covariance, k + 1 neighbours)")
         why = f"must be at least trainer.log_every ({self.log_every}): the alarm reads D's outputs at the log points"
         ok = self.d_won_window >= self.log_every or self.on_d_won == OnDWon.off  # off: no window is read
@@ -232,8 +228,7 @@ class TrainConfig:
         for group in fields(self):
             getattr(self, group.name).check()
         model, batch_size = self.model, self.data.batch_size
-        why = f"must divide data.batch_size ({batch_size}): D sees the batch in packs"
-        model._check(batch_size % model.pack == 0, "pack", why)
+        model._check(batch_size % model.pack == 0, "pack", f"must divide data.batch_size ({batch_size})")
         group, per_pack = model.minibatch_std, batch_size // model.pack  # MinibatchStd would shrink it to the gcd
         if group and per_pack % group:
             seen = f"data.batch_size={batch_size}" + (f" / model.pack={model.pack}" if model.pack > 1 else "")
@@ -381,12 +376,10 @@ class MetricsConfig(_Group):
     def check(self) -> None:
         self._at_least(1, "kid_subsets", "kid_subset_size", "pr_k", "dc_k")
         self._check(0 < self.class_threshold < 1, "class_threshold", "must be in (0, 1)")
-        inception = self.features == FeatureSpace.inception
         for key in ("inception_weights", "feature_network"):
-            why = "is an Inception-v3 file, used only with metrics.features=inception: add that override"
-            self._check(getattr(self, key) is None or inception, key, why)
-        why = f"and metrics.inception_weights={self.inception_weights!r} are two files of the same network in two "
-        why += "formats (NVlabs' TorchScript, torch-fidelity's state dict): give one"
+            ok = getattr(self, key) is None or self.features == FeatureSpace.inception
+            self._check(ok, key, "is an Inception-v3 file: add metrics.features=inception")
+        why = f"and metrics.inception_weights={self.inception_weights!r} are one network in two formats: give one"
         self._check(self.inception_weights is None or self.feature_network is None, "feature_network", why)
         self.classifier.check()
 
