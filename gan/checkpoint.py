@@ -62,9 +62,8 @@ def _state_dict(value: Any) -> str:
 def _optimizer(value: Any) -> str:
     """torch's layout, {'state': {index: {slot: tensor}}, 'param_groups': [dict]}, with Adam's settings."""
     groups, slots = (value.get("param_groups"), value.get("state")) if isinstance(value, Mapping) else (None, None)
-    if not (isinstance(slots, Mapping) and all(isinstance(s, Mapping) for s in slots.values())) or not (
-        isinstance(groups, list) and all(isinstance(g, Mapping) for g in groups)
-    ):
+    laid_out = isinstance(slots, Mapping) and isinstance(groups, list)
+    if not (laid_out and all(isinstance(part, Mapping) for part in [*slots.values(), *groups])):
         return f"it holds {_shown(value)}, not an optimizer's state dict ({{'state': ..., 'param_groups': [...]}})"
     for index, group in enumerate(groups):
         for key, (fits, what) in ADAM_SETTINGS.items():
