@@ -1,7 +1,6 @@
 """dcgan-reference: a DCGAN trainer that reads as a worked example of PyTorch technique.
 
-Data flows one way: train.py -> gan.config -> gan.data, gan.core.models -> gan.core.steps -> gan.training
-(monitor, checkpoint). gan.core.models and gan.core.losses import nothing else from this package.
+Data flows one way: train.py -> gan.config -> gan.data, gan.core -> gan.training; gan.core imports nothing else here.
 """
 
 from importlib import metadata

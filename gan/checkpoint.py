@@ -25,55 +25,125 @@ REQUIRED_KEYS = ("G", "step", "config", "num_classes")  # held by last.pt and be
 BEST = "best"  # the `kind` of checkpoints/best.pt
 FORMAT = 2  # the layout's version, written by save_checkpoint; any other is refused. 2: trainer.on_d_won, d_won_window
 RESUME = "resume from"
+COUNTERS = ("num_batches_tracked", "n_averaged")  # the int64 buffers of a network's state dict; the rest are floats
+
+
+def _whole(value: object) -> bool:  # an int of 0 or more; not a bool (True is an int to Python)
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    text = repr(value)
+    return f"{text[:60]}{'...' if len(text) > 60 else ''} ({type(value).__name__})"
+
+
+# Each entry's check returns what is wrong with its value, or "" when it is what this project writes
+def _plain(fits: Callable[[Any], bool], what: str) -> Callable[[Any], str]:
+    return lambda value: "" if fits(value) else f"it holds {_shown(value)}, where this project writes {what}"
+
+
+def _state_dict(value: Any) -> str:
+    if not isinstance(value, Mapping):
+        return f"it holds {_shown(value)}, not a network's state dict (its tensors by name)"
+    for key, t in value.items():
+        if not isinstance(key, str) or not isinstance(t, Tensor):
+            return f"{key!r} holds {_shown(t)}, where a state dict holds tensors"
+        if not (t.is_floating_point() or key.endswith(COUNTERS)):  # load_state_dict would cast bools without a word
+            return f"{key!r} holds {t.dtype}, where a network's weights are floats"
+    return ""
+
+
+def _optimizer(value: Any) -> str:
+    """torch's layout, {'state': {index: {slot: tensor}}, 'param_groups': [dict]}, with Adam's settings."""
+    groups, slots = (value.get("param_groups"), value.get("state")) if isinstance(value, Mapping) else (None, None)
+    laid_out = isinstance(slots, Mapping) and isinstance(groups, list)
+    if not (laid_out and all(isinstance(part, Mapping) for part in [*slots.values(), *groups])):
+        return f"it holds {_shown(value)}, not an optimizer's state dict ({{'state': ..., 'param_groups': [...]}})"
+    for index, group in enumerate(groups):
+        for key, (fits, what) in ADAM_SETTINGS.items():
+            if not fits(group.get(key)):
+                return f"its param_groups[{index}].{key} holds {_shown(group.get(key))}, where Adam takes {what}"
+    for index, moments in slots.items():  # torch would cast them to each parameter's type without a word
+        for slot, moment in moments.items():
+            if isinstance(moment, Tensor) and not moment.is_floating_point():
+                return f"its state[{index}].{slot} holds {moment.dtype}, where Adam keeps floats"
+    return ""
+
+
+# What train.py and evaluate.py read of every checkpoint (None: absent, where not required)
+ENTRIES: dict[str, Callable[[Any], str]] = {
+    "step": _plain(_whole, "the number of generator updates done, a whole number of 0 or more"),
+    "num_classes": _plain(_whole, "the number of classes G was built for (0: unconditional)"),
+    "kind": _plain(lambda v: isinstance(v, str), "a name such as 'best'"),
+    "threads": _plain(lambda v: _whole(v) and v >= 1, "the torch thread count the run computed with, 1 or more"),
+    "pack": _plain(lambda v: isinstance(v, str), "the content hash of the pack the run trained from (data=packed)"),
+    "best": _plain(
+        lambda v: isinstance(v, Mapping) and _real(v.get("fid")) and _whole(v.get("step")),
+        "the best in-training FID and its step, {'fid': F, 'step': S}",
+    ),
+    "environment": _plain(lambda v: isinstance(v, Mapping), "the versions and device it was written with, a mapping"),
+    "G": _state_dict,
+    "G_ema": _state_dict,
+}
+# What a resume reads besides
+RESUME_ENTRIES: dict[str, Callable[[Any], str]] = {
+    "D": _state_dict,
+    "opt_g": _optimizer,
+    "opt_d": _optimizer,
+    "data": _plain(
+        lambda v: isinstance(v, Mapping) and all(_whole(v.get(key)) for key in ("epoch", "batch")),
+        "the batch stream's position, {'epoch': E, 'batch': B} with whole numbers of 0 or more",
+    ),
+    "fixed_z": _plain(lambda v: isinstance(v, Tensor) and v.is_floating_point(), "the grids' latents, float tensor"),
+}
+# The settings of each parameter group that Adam's step reads (torch casts nothing: a str crashes its kernel)
+ADAM_SETTINGS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "lr": (_real, "a number"),
+    "betas": (lambda v: isinstance(v, (tuple, list)) and len(v) == 2 and all(map(_real, v)), "two numbers"),
+    "eps": (_real, "a number"),
+    "weight_decay": (_real, "a number"),
+    "amsgrad": (lambda v: isinstance(v, bool), "True or False"),
+    "maximize": (lambda v: isinstance(v, bool), "True or False"),
+}
+
+
+def _damaged(file: Path, entry: str, problem: str, use: str = "resume or evaluate") -> CheckpointError:
+    opening = "Cannot resume from" if use == RESUME else "Cannot use"
+    status = f"damaged: {problem}" if problem else "missing"
+    return CheckpointError(f"{opening} {file}: its entry {entry!r} is {status}. {another_checkpoint(file, use)}")
 
 
 def require_training_state(state: Mapping[str, Any], source: str | Path) -> None:
     """The resume gate: refuse a best.pt, a missing or malformed resume entry, or a NaN/inf tensor."""
     file = checkpoint_path(source)
     if state.get("kind") == BEST:
-        raise CheckpointError(
-            f"{source} is a best.pt: the generator with the best in-training FID, without D or the optimizers, so "
-            "training cannot continue from it. Resume from the run's last.pt (trainer.resume=RUN_DIR), or evaluate "
-            f"this one: python evaluate.py checkpoint={source}"
-        )
-    missing = [entry for entry in ("D", "opt_g", "opt_d", "data", "fixed_z") if entry not in state]
-    if missing:
-        raise CheckpointError(
-            f"Cannot resume from {file}: its entry {missing[0]!r} is missing. {another_checkpoint(file, RESUME)}"
-        )
-    _check_state_dict(state, "D", file, RESUME)
+        why = "G alone, without D or the optimizers, so training cannot continue from it. Resume from the run's last.pt"
+        raise CheckpointError(f"{source} is a best.pt: {why} (trainer.resume=RUN_DIR), or evaluate it with evaluate.py")
+    for entry, problem_of in RESUME_ENTRIES.items():
+        if entry not in state or problem_of(state[entry]):
+            raise _damaged(file, entry, entry in state and problem_of(state[entry]), RESUME)
+    epoch, batch = state["data"]["epoch"], state["data"]["batch"]
+    if epoch + batch > state["step"]:  # each step takes one batch; the epoch's size: training.state
+        why = f"where {state['step']} steps (its entry 'step') cannot reach: each step takes one batch"
+        raise _damaged(file, "data", f"it places the batch stream at epoch {epoch}, batch {batch}, {why}", RESUME)
+    named = [(f"{entry}.{key}", t) for entry in ("G", "D", "G_ema") for key, t in (state.get(entry) or {}).items()]
     for entry in ("opt_g", "opt_d"):
-        _check_optimizer(state[entry], entry, file)
-    data = state["data"]
-    if not isinstance(data, Mapping) or not all(_whole(data.get(key)) for key in ("epoch", "batch")):
-        what = "the batch stream's position, {'epoch': E, 'batch': B} with whole numbers of 0 or more"
-        raise _damaged(file, "data", f"it holds {_shown(data)}, where this project writes {what}", RESUME)
-    if data["epoch"] + data["batch"] > state["step"]:  # each step takes one batch; the epoch's size: training.state
-        at = f"epoch {data['epoch']}, batch {data['batch']}"
-        why = f"{state['step']} steps (its entry 'step') cannot reach: each step takes one batch"
-        raise _damaged(file, "data", f"it places the batch stream at {at}, where {why}", RESUME)
-    if not isinstance(state["fixed_z"], Tensor) or not state["fixed_z"].is_floating_point():
-        what = "not the run's latents for its sample grids (a floating-point tensor)"
-        raise _damaged(file, "fixed_z", f"it holds {_shown(state['fixed_z'])}, {what}", RESUME)
-    bad, total = nonfinite(training_tensors(state))
+        moments = state[entry]["state"].items()
+        named += [(f"{entry}.state[{index}].{slot}", t) for index, slots in moments for slot, t in slots.items()]
+    bad, total = nonfinite([*named, ("fixed_z", state["fixed_z"])])
     if bad:
         shown = ", ".join(bad[:4]) + (", ..." if len(bad) > 4 else "")
+        why = "The checkpoint is damaged and training cannot continue from it: every step would start from these values"
         raise CheckpointError(
             f"Cannot resume from {file}: it holds NaN or inf in {len(bad)} of its {total} floating-point tensors "
-            f"({shown}). The checkpoint is damaged and training cannot continue from it: every step would start "
-            f"from these values. {another_checkpoint(file, RESUME)}"
+            f"({shown}). {why}. {another_checkpoint(file, RESUME)}"
         )
-
-
-def training_tensors(state: Mapping[str, Any]) -> Iterable[tuple[str, Tensor]]:
-    for entry in ("G", "D", "G_ema"):
-        for key, value in (state.get(entry) or {}).items():
-            yield f"{entry}.{key}", value
-    for entry in ("opt_g", "opt_d"):
-        for index, slots in state[entry]["state"].items():
-            for slot, value in slots.items():
-                yield f"{entry}.state[{index}].{slot}", value
-    yield "fixed_z", state["fixed_z"]
 
 
 def nonfinite(named: Iterable[tuple[Name, Any]]) -> tuple[list[Name], int]:
@@ -92,8 +162,7 @@ def save_checkpoint(state: Mapping[str, Any], path: Path) -> None:
 
 
 def save_atomically(obj: Any, path: Path) -> None:
-    """torch.save `obj` whole or not at all (torch.save writes in place, pytorch#2883): temp file, fsync,
-    os.replace; the temp file is removed whatever stops the write (a full disk, Ctrl-C)."""
+    """torch.save writes in place (pytorch#2883): a temp file, fsync, os.replace; the temp file never stays."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -139,20 +208,19 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
     file = checkpoint_path(path)
     if not file.is_file():
         where = f"{path} (looked for {file})" if str(file) != str(path) else str(path)
-        raise CheckpointError(
-            f"Checkpoint not found: {where}. Pass a checkpoint file or a run directory that contains "
-            f"checkpoints/last.pt.{kept_instead(file)}"
-        )
+        numbered, best = sorted(file.parent.glob("step_*.pt")), file.with_name(f"{BEST}.pt")
+        kept = f" {numbered[-1]} is a numbered copy: resume or evaluate it by its path." if numbered else ""
+        if best.is_file():  # the generator alone
+            kept += f" {best} holds G at its best FID: evaluate it (python evaluate.py checkpoint={best}), not resume."
+        raise CheckpointError(f"Checkpoint not found: {where}. Pass a checkpoint file or a run directory.{kept}")
     try:
         with open(file, "rb") as f:
             head = f.read(4)
     except OSError as err:  # permissions, an I/O error
         raise CheckpointError(f"Cannot read {file}: {_describe(err)}.") from err
     if not head:
-        raise CheckpointError(
-            f"Cannot read {file}: it is an empty file (0 bytes), not a checkpoint. This project writes checkpoints "
-            f"whole, so it was emptied elsewhere (a copy that failed?). {another_checkpoint(file)}"
-        )
+        why = "it is an empty file (0 bytes), not a checkpoint: this project writes them whole, so it was emptied later"
+        raise CheckpointError(f"Cannot read {file}: {why}. {another_checkpoint(file)}")
     try:
         with warnings.catch_warnings():  # a foreign pickle's protocol warning would print over the one paragraph
             warnings.simplefilter("ignore")
@@ -160,34 +228,23 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
     except Exception as err:  # the unpickler fails in many ways on a damaged file (UnpicklingError, EOFError, ...)
         forbidden = re.search(r"GLOBAL ([\w.]+)", str(err)) if isinstance(err, pickle.UnpicklingError) else None
         if forbidden:  # torch's refusal names the object; damaged bytes name none
-            raise CheckpointError(
-                f"Refused to load {file}: it names {forbidden.group(1)}, a Python object other than tensors and "
-                "plain containers, and unpickling it could run arbitrary code. Checkpoints written by this project "
-                "never do; do not trust this file."
-            ) from err
+            why = "a Python object other than tensors and plain containers: unpickling it could run arbitrary code"
+            raise CheckpointError(f"Refused to load {file}: it names {forbidden.group(1)}, {why}.") from err
         truncated = head == b"PK\x03\x04" and not zipfile.is_zipfile(file)  # a zip's end record comes last
         what = f"torch.save's zip archive cut short at {file.stat().st_size} bytes, its end missing"
         what = f"it is truncated: {what}" if truncated else f"it is corrupt or not a PyTorch file ({_describe(err)})"
         raise CheckpointError(f"Cannot read {file}: {what}. {another_checkpoint(file)}") from err
     if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
         found = sorted(state) if isinstance(state, dict) else type(state).__name__
-        raise CheckpointError(
-            f"{file} is not a checkpoint of this project: expected a dict with keys {list(REQUIRED_KEYS)}, "
-            f"found {found}."
-        )
+        raise CheckpointError(f"{file} is not a checkpoint of this project: keys {list(REQUIRED_KEYS)}, found {found}.")
     if state.get("format") != FORMAT:
         found = _shown(state["format"]) if "format" in state else "none (written before checkpoints were numbered)"
-        raise CheckpointError(
-            f"{file} has checkpoint format {found}; this version reads format {FORMAT} only, so it was written by "
-            "another version of this project. Use that version to resume or evaluate it, or start a new run."
-        )
-    for entry, (fits, what) in ENTRIES.items():  # once here, so no reader meets a wrong type (int(1.5) is a step)
+        why = f"this version reads format {FORMAT} only: use the version that wrote it, or start a new run"
+        raise CheckpointError(f"{file} has checkpoint format {found}; {why}.")
+    for entry, problem_of in ENTRIES.items():  # once here, so no reader meets a wrong type (int(1.5) is a step)
         value = state.get(entry)
-        if (value is not None or entry in REQUIRED_KEYS) and not fits(value):
-            raise _damaged(file, entry, f"it holds {_shown(value)}, where this project writes {what}")
-    _check_state_dict(state, "G", file)
-    if state.get("G_ema") is not None:
-        _check_state_dict(state, "G_ema", file)
+        if (value is not None or entry in REQUIRED_KEYS) and problem_of(value):
+            raise _damaged(file, entry, problem_of(value))
     check_config_groups(state["config"], file)
     return state
 
@@ -226,135 +283,33 @@ def stored_config_error(err: Exception, source: str | Path, group: str = "") -> 
         return _config_damaged(source, f"{where}{text}")
     what = "is not a setting" if isinstance(err, ConfigKeyError) else "holds a choice that is not an option"
     file = checkpoint_path(source)
+    why = "Either another version of this project wrote it (use that version), or its config was edited since"
     return CheckpointError(
         f"The config stored in {file} does not fit this version's settings ({where}{text}): {key or 'it'} {what} "
-        "of this version. Either the checkpoint was written by another version of this project (use that "
-        f"version), or its config was edited after it was written. {another_checkpoint(file)}"
+        f"of this version. {why}. {another_checkpoint(file)}"
     )
-
-
-def another_checkpoint(file: Path, use: str = "resume or evaluate") -> str:
-    """What to `use` instead of a damaged `file`, naming only the copies that exist beside it."""
-    if not file.is_file():  # a name, not a file: nothing to look beside
-        return f"{use.capitalize()} another checkpoint of the run if trainer.keep_checkpoints kept any."
-    try:
-        copies = sorted(file.parent.glob("step_*.pt"), reverse=True)
-        best = file.with_name(f"{BEST}.pt")
-        copies += [best] if use == "evaluate" and best.is_file() else []
-        copies = [c for c in copies if not os.path.samefile(c, file)]
-    except OSError:  # an unlistable folder, a vanished file
-        copies = []
-    if not copies:
-        kinds = "numbered copy (step_NNNNNN.pt)" + (" or best.pt" if use == "evaluate" else "")
-        return (
-            f"No {kinds} is kept beside it (trainer.keep_checkpoints=N keeps numbered copies), so {use} a copy "
-            "of the file made before it was damaged, or start a new run."
-        )
-    if len(copies) == 1:
-        return f"Another checkpoint is kept beside it: {use} {copies[0]} instead."
-    names = ", ".join(c.name for c in copies[:3]) + (f" and {len(copies) - 3} more" if len(copies) > 3 else "")
-    return f"Other checkpoints are kept beside it ({names}): {use} {copies[0]}, the newest, or another of them."
 
 
 def _config_damaged(source: str | Path, problem: str) -> CheckpointError:
     file = checkpoint_path(source)
-    return CheckpointError(
-        f"The config stored in {file} is damaged: {problem}. This project writes it as a mapping of groups of "
-        f"typed settings, so the file was altered after it was written. {another_checkpoint(file)}"
-    )
+    why = "this project writes it as groups of typed settings, so the file was altered after it was written"
+    return CheckpointError(f"The config stored in {file} is damaged: {problem}; {why}. {another_checkpoint(file)}")
 
 
-def _damaged(file: Path, entry: str, problem: str, use: str = "resume or evaluate") -> CheckpointError:
-    opening = "Cannot resume from" if use == RESUME else "Cannot use"
-    return CheckpointError(
-        f"{opening} {file}: its entry {entry!r} is damaged: {problem}. {another_checkpoint(file, use)}"
-    )
-
-
-def _whole(value: object) -> bool:  # an int of 0 or more; not a bool (True is an int to Python)
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _real(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-# The plain entries train.py and evaluate.py read, and what each holds (None: absent, where not required)
-ENTRIES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "step": (_whole, "the number of generator updates done, a whole number of 0 or more"),
-    "num_classes": (_whole, "the number of classes G was built for (0: unconditional)"),
-    "kind": (lambda v: isinstance(v, str), "a name such as 'best'"),
-    "threads": (lambda v: _whole(v) and v >= 1, "the torch thread count the run computed with, 1 or more"),
-    "pack": (lambda v: isinstance(v, str), "the content hash of the pack the run trained from (data=packed)"),
-    "best": (
-        lambda v: isinstance(v, Mapping) and _real(v.get("fid")) and _whole(v.get("step")),
-        "the best in-training FID and its step, {'fid': F, 'step': S}",
-    ),
-    "environment": (lambda v: isinstance(v, Mapping), "the versions and device it was written with, a mapping"),
-}
-# The settings of each parameter group that Adam's step reads (torch casts nothing: a str crashes its kernel)
-ADAM_SETTINGS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "lr": (_real, "a number"),
-    "betas": (lambda v: isinstance(v, (tuple, list)) and len(v) == 2 and all(map(_real, v)), "two numbers"),
-    "eps": (_real, "a number"),
-    "weight_decay": (_real, "a number"),
-    "amsgrad": (lambda v: isinstance(v, bool), "True or False"),
-    "maximize": (lambda v: isinstance(v, bool), "True or False"),
-}
-COUNTERS = ("num_batches_tracked", "n_averaged")  # the int64 buffers of a network's state dict; the rest are floats
-
-
-def _shown(value: object) -> str:
-    if isinstance(value, Tensor):
-        return f"a tensor of shape {tuple(value.shape)}"
-    text = repr(value)
-    return f"{text[:60]}{'...' if len(text) > 60 else ''} ({type(value).__name__})"
-
-
-def _check_state_dict(state: Mapping[str, Any], entry: str, file: Path, use: str = "resume or evaluate") -> None:
-    value = state[entry]
-    if not isinstance(value, Mapping):
-        raise _damaged(file, entry, f"it holds {_shown(value)}, not a network's state dict (its tensors by name)", use)
-    for key, t in value.items():
-        if not isinstance(key, str) or not isinstance(t, Tensor):
-            raise _damaged(file, entry, f"{key!r} holds {_shown(t)}, where a state dict holds tensors", use)
-        if not (t.is_floating_point() or key.endswith(COUNTERS)):  # load_state_dict would cast bools without a word
-            raise _damaged(file, entry, f"{key!r} holds {t.dtype}, where a network's weights are floats", use)
-
-
-def _check_optimizer(value: Any, entry: str, file: Path) -> None:
-    """An optimizer's state dict as torch writes it: {'state': {index: {slot: tensor}}, 'param_groups': [dict]}."""
-    if not isinstance(value, Mapping) or not isinstance(value.get("state"), Mapping):
-        held = _shown(value) if not isinstance(value, Mapping) else f"'state' {_shown(value.get('state'))}"
-        raise _damaged(file, entry, f"it holds {held}, not an optimizer's state dict", RESUME)
-    groups = value.get("param_groups")
-    if not isinstance(groups, list) or not all(isinstance(g, Mapping) for g in groups):
-        what = f"its 'param_groups' is {_shown(groups)}, where torch writes a list of parameter groups"
-        raise _damaged(file, entry, what, RESUME)
-    for index, group in enumerate(groups):
-        for key, (fits, what) in ADAM_SETTINGS.items():
-            if not fits(group.get(key)):
-                held = f"its param_groups[{index}].{key} holds {_shown(group.get(key))}"
-                raise _damaged(file, entry, f"{held}, where Adam takes {what}", RESUME)
-    if not all(isinstance(slots, Mapping) for slots in value["state"].values()):
-        raise _damaged(file, entry, "its 'state' holds something other than each parameter's moments", RESUME)
-    for index, slots in value["state"].items():  # torch would cast them to each parameter's type without a word
-        for slot, moment in slots.items():
-            if isinstance(moment, Tensor) and not moment.is_floating_point():
-                held = f"its state[{index}].{slot} holds {moment.dtype}"
-                raise _damaged(file, entry, f"{held}, where Adam keeps floats", RESUME)
-
-
-def kept_instead(missing: Path) -> str:
-    """The other checkpoints in the folder where `missing` was looked for, and what each is good for."""
-    numbered, best = sorted(missing.parent.glob("step_*.pt")), missing.with_name(f"{BEST}.pt")
-    found = f" {numbered[-1]} is a numbered copy: resume or evaluate it by its path." if numbered else ""
-    if best.is_file():
-        found += (
-            f" {best} holds the generator with the best in-training FID: evaluate it (python evaluate.py "
-            f"checkpoint={best}); training cannot resume from it (it holds no D or optimizers)."
-        )
-    return found
+def another_checkpoint(file: Path, use: str = "resume or evaluate") -> str:
+    """What to `use` instead of a damaged `file`, naming only the copies that exist beside it."""
+    try:
+        copies = sorted(file.parent.glob("step_*.pt"), reverse=True) + [file.with_name(f"{BEST}.pt")]
+        copies = [c for c in copies if c.is_file() and not (file.is_file() and os.path.samefile(c, file))]
+    except OSError:  # an unlistable folder, a vanished file
+        copies = []
+    copies = [c for c in copies if use == "evaluate" or c.name != f"{BEST}.pt"]  # best.pt: G alone, no resume
+    if not copies:
+        kinds = "numbered copy (step_NNNNNN.pt)" + (" or best.pt" if use == "evaluate" else "")
+        why = f"(trainer.keep_checkpoints=N keeps them): {use} a copy made before it was damaged, or start a new run"
+        return f"No {kinds} is kept beside it {why}."
+    names = ", ".join(c.name for c in copies[:3]) + (f" and {len(copies) - 3} more" if len(copies) > 3 else "")
+    return f"Checkpoints are kept beside it ({names}): {use} {copies[0]}, the newest, or another of them."
 
 
 def _describe(err: BaseException) -> str:
@@ -368,29 +323,20 @@ def _describe(err: BaseException) -> str:
 def load_module_state(module: nn.Module, state: Mapping[str, Tensor], name: str, advice: Optional[str] = None) -> None:
     """load_state_dict with a readable error listing every mismatch; `advice` replaces the default hint."""
     own = module.state_dict()
-    problems = [
-        f"{key}: {tuple(value.shape)} in the checkpoint, {tuple(own[key].shape)} in the model"
-        for key, value in state.items()
-        if key in own and own[key].shape != value.shape
-    ]
+    both = [key for key in state if key in own]
+    problems = [f"{k}: {tuple(state[k].shape)} in the checkpoint, {tuple(own[k].shape)} in the model" for k in both]
+    problems = [p for k, p in zip(both, problems) if own[k].shape != state[k].shape]
     problems += [f"{key}: missing from the checkpoint" for key in own if key not in state]
     problems += [f"{key}: in the checkpoint, not in the model" for key in state if key not in own]
-    retyped = [
-        f"{key}: {value.dtype} in the checkpoint, {own[key].dtype} in the model"
-        for key, value in state.items()
-        if key in own and own[key].dtype != value.dtype
-    ]
-    listed = problems or retyped
-    shown = "; ".join(listed[:6]) + (f"; and {len(listed) - 6} more" if len(listed) > 6 else "")
+    retyped = [f"{k}: {state[k].dtype} in the checkpoint, {own[k].dtype} in the model" for k in both]
+    retyped = [p for k, p in zip(both, retyped) if own[k].dtype != state[k].dtype]  # load_state_dict would cast them
+    shown = "; ".join((problems or retyped)[:6]) + ("; and more" if len(problems or retyped) > 6 else "")
     if problems:
+        advice = advice or "Use the same model.* and data.image_size/data.channels as the run that wrote it."
         raise CheckpointError(
-            f"The checkpoint's {name} does not match the {name} built from the config: {shown}. "
-            + (advice or "Use the same model.* and data.image_size/data.channels as the run that wrote it.")
+            f"The checkpoint's {name} does not match the one built from the config: {shown}. {advice}"
         )
-    if retyped:  # load_state_dict would cast them without a word
-        raise CheckpointError(
-            f"The checkpoint's {name} holds tensors of another type than the {name} built from the config: {shown}. "
-            "This project writes each tensor in its network's own type, so the checkpoint was altered after it was "
-            "written: resume or evaluate another one."
-        )
+    if retyped:
+        why = "this project writes each in its network's own type, so the file was altered: use another one."
+        raise CheckpointError(f"The checkpoint's {name} holds tensors of another type than its model's: {shown}; {why}")
     module.load_state_dict(state)

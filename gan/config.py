@@ -88,8 +88,7 @@ class DataConfig(_Group):
     limit: int = 0  # train on the first N images of the training split only (debug=overfit); 0 = all
 
     def check(self) -> None:
-        why = "must be a power of two from 16 to 256: the generator starts at 4x4 and doubles the side in each block"
-        self._check(self.image_size in (16, 32, 64, 128, 256), "image_size", why)
+        self._check(self.image_size in (16, 32, 64, 128, 256), "image_size", "must be a power of two from 16 to 256")
         self._check(self.channels in (1, 3), "channels", "must be 1 or 3")
         self._at_least(1, "batch_size")
         self._check(self.num_workers is None or self.num_workers >= 0, "num_workers", "must be >= 0, or null for auto")
@@ -98,8 +97,7 @@ class DataConfig(_Group):
         self._check(bool(str(self.root).strip()), "root", "is empty, which reads the launch directory: name a folder")
         # Hydra refuses other names at the command line; this catches a DataConfig built in code
         self._check(self.name in list(DatasetName), "name", f"must be one of {', '.join(DatasetName)}")
-        why = f"must be one of {', '.join(self.SOURCES)}: a 10-class grayscale dataset"
-        self._check(self.source in self.SOURCES, "source", why)
+        self._check(self.source in self.SOURCES, "source", f"must be one of {', '.join(self.SOURCES)} (10-class gray)")
         stacked = self.name == "stacked"
         self._check(not stacked or self.channels == 3, "channels", "must be 3 for data=stacked: three images as RGB")
         built_in = self.name in ("digits", "folder", "packed") or (stacked and self.source == "digits")
@@ -139,8 +137,7 @@ class ModelConfig(_Group):
         self._check(0 <= self.ema_decay < 1, "ema_decay", "must be in [0, 1) (0 = no EMA)")
         self._check(0 <= self.ada_target < 1, "ada_target", "must be in [0, 1) (0 = off)")
         self._check(self.ada_kimg > 0, "ada_kimg", "must be > 0")
-        why = "must be 1 with model.conditional=true: a pack of several images has no single class to project on"
-        self._check(not (self.conditional and self.pack > 1), "pack", why)
+        self._check(not (self.conditional and self.pack > 1), "pack", "must be 1 with model.conditional=true")
 
 
 @dataclass
@@ -210,8 +207,7 @@ class TrainerConfig(_Group):
         why = "is empty (an unset shell variable?): name a checkpoint or run folder, or auto; omit it for a new run"
         self._check(self.resume is None or bool(self.resume.strip()), "resume", why)
         check_threads(self.threads, "trainer.threads", "0 for torch's default")
-        why = "adapts the count, which trainer.threads fixes: set one of them, or neither for a fixed default"
-        self._check(not (self.adapt_threads and self.threads), "adapt_threads", why)
+        self._check(not (self.adapt_threads and self.threads), "adapt_threads", "and trainer.threads: set one of them")
         self._at_least(10, "eval_samples", why="must be at least 10 (FID needs a covariance, k + 1 neighbours)")
         why = f"must be at least trainer.log_every ({self.log_every}): the alarm reads D's outputs at the log points"
         ok = self.d_won_window >= self.log_every or self.on_d_won == OnDWon.off  # off: no window is read
@@ -232,9 +228,15 @@ class TrainConfig:
         for group in fields(self):
             getattr(self, group.name).check()
         model, batch_size = self.model, self.data.batch_size
-        why = f"must divide data.batch_size ({batch_size}): D sees the batch in packs"
-        model._check(batch_size % model.pack == 0, "pack", why)
-        check_minibatch_std(model.minibatch_std, batch_size, model.pack)
+        model._check(batch_size % model.pack == 0, "pack", f"must divide data.batch_size ({batch_size})")
+        group, per_pack = model.minibatch_std, batch_size // model.pack  # MinibatchStd would shrink it to the gcd
+        if group and per_pack % group:
+            seen = f"data.batch_size={batch_size}" + (f" / model.pack={model.pack}" if model.pack > 1 else "")
+            shrunk = math.gcd(per_pack, group)
+            effect = "groups of 1 sample, a constant channel (no signal)" if shrunk == 1 else f"groups of {shrunk}"
+            divisor = max(d for d in range(1, min(group, per_pack) + 1) if per_pack % d == 0)
+            why = f"must divide the {per_pack} samples D judges at once ({seen}): it would shrink to {effect}. Use a "
+            model._check(False, "minibatch_std", why + f"divisor of {per_pack} such as {divisor}, or 0 to turn it off")
         per_sample = self.loss.gradient_penalty > 0 or self.loss.r1 > 0
         why = "must be false with loss.gradient_penalty or loss.r1: BatchNorm makes a sample's penalty depend on the "
         why += "batch. Add model.d_batchnorm=false, or use experiment=wgan_gp (no BatchNorm in D, Adam betas (0, 0.9))"
@@ -246,20 +248,6 @@ def check_threads(threads: int, key: str, zero_means: str) -> None:
     cpus = available_cpus()
     why = f"is more than the {cpus} CPU(s) this process may use on this machine: set {key} to a number from 1 to "
     _require(threads <= cpus, key, threads, why + f"{cpus}, or {zero_means}")
-
-
-def check_minibatch_std(group: int, batch_size: int, pack: int) -> None:
-    """MinibatchStd silently shrinks a group size that does not divide D's samples to their gcd."""
-    per_pack = batch_size // pack
-    if group == 0 or per_pack % group == 0:
-        return
-    seen = f"data.batch_size={batch_size}" + (f" / model.pack={pack}" if pack > 1 else "")
-    shrunk = math.gcd(per_pack, group)
-    effect = "groups of 1 sample, a constant channel that tells D nothing" if shrunk == 1 else f"groups of {shrunk}"
-    divisor = max(d for d in range(1, min(group, per_pack) + 1) if per_pack % d == 0)
-    why = f"must divide the {per_pack} samples D judges at once ({seen}): D's minibatch-stddev channel is computed "
-    why += f"over groups of model.minibatch_std samples, and {group} would shrink to {effect}. Use a divisor of "
-    _require(False, "model.minibatch_std", group, why + f"{per_pack} such as {divisor}, or 0 to turn the channel off")
 
 
 def require_finite(config: Any, prefix: str = "") -> None:
@@ -275,20 +263,6 @@ def require_finite(config: Any, prefix: str = "") -> None:
             _require(False, key, value, "does not fit in 64 bits, the integers torch takes: choose a smaller number")
 
 
-def require_known(cfg: DictConfig, schema: Any, prefix: str = "") -> None:
-    """A setting added with `+key=value` is kept by Hydra and dropped by OmegaConf.to_object: nothing would read it."""
-    known = {spec.name: spec for spec in fields(schema)}
-    for key in cfg:
-        if key not in known:
-            raise ConfigError(
-                f"{prefix}{key} is not a setting (added with +{prefix}{key}=...?): nothing would read it. Remove it; "
-                "`--cfg job` prints every setting there is."
-            )
-        node = cfg._get_node(key)
-        if isinstance(node, DictConfig) and is_dataclass(known[key].type):
-            require_known(node, known[key].type, f"{prefix}{key}.")
-
-
 def check_device_name(name: str, key: str) -> None:
     """The spelling only: whether this machine has it is gan.device's question."""
     known = name in ("auto", "cpu", "cuda", "mps") or (name.startswith("cuda:") and name[5:].isdigit())
@@ -299,6 +273,17 @@ def _require(ok: bool, key: str, value: Any, why: str) -> None:
     if not ok:
         shown = value.value if isinstance(value, Enum) else value  # 'mnist', not <DatasetName.mnist: 'mnist'>
         raise ConfigError(f"{key}={shown!r} {why}.")
+
+
+def require_known(cfg: DictConfig, schema: Any, prefix: str = "") -> None:
+    """A setting added with `+key=value` is kept by Hydra and dropped by OmegaConf.to_object: nothing would read it."""
+    known = {spec.name: spec.type for spec in fields(schema)}
+    for key in cfg:
+        why = "nothing would read it. Remove it; `--cfg job` prints every setting there is"
+        if key not in known:
+            raise ConfigError(f"{prefix}{key} is not a setting (added with +{prefix}{key}=...?): {why}.")
+        if isinstance(cfg._get_node(key), DictConfig) and is_dataclass(known[key]):
+            require_known(cfg[key], known[key], f"{prefix}{key}.")
 
 
 def validate(cfg: DictConfig, schema: type = TrainConfig) -> Any:
@@ -322,9 +307,7 @@ def register_configs() -> None:
 
 
 def run_suffix(overrides: Sequence[str], exclude: Sequence[str] = (), limit: int = 120) -> str:
-    """A run folder's suffix from its overrides, e.g. `_loss-hinge+optim.lr-2e-4`: only letters, digits and
-    `._+-@%`, so the folder can be passed to `trainer.resume=` unquoted; at most `limit` characters, of whole
-    overrides (the time keeps folders apart; the Text tab has the command)."""
+    """`_loss-hinge+optim.lr-2e-4`: characters `trainer.resume=` takes unquoted, whole overrides up to `limit`."""
     items = []
     for override in sorted(overrides, key=lambda o: o.lstrip("+~")):
         key, equals, value = override.lstrip("+~").partition("=")
@@ -393,12 +376,10 @@ class MetricsConfig(_Group):
     def check(self) -> None:
         self._at_least(1, "kid_subsets", "kid_subset_size", "pr_k", "dc_k")
         self._check(0 < self.class_threshold < 1, "class_threshold", "must be in (0, 1)")
-        inception = self.features == FeatureSpace.inception
         for key in ("inception_weights", "feature_network"):
-            why = "is an Inception-v3 file, used only with metrics.features=inception: add that override"
-            self._check(getattr(self, key) is None or inception, key, why)
-        why = f"and metrics.inception_weights={self.inception_weights!r} are two files of the same network in two "
-        why += "formats (NVlabs' TorchScript, torch-fidelity's state dict): give one"
+            ok = getattr(self, key) is None or self.features == FeatureSpace.inception
+            self._check(ok, key, "is an Inception-v3 file: add metrics.features=inception")
+        why = f"and metrics.inception_weights={self.inception_weights!r} are one network in two formats: give one"
         self._check(self.inception_weights is None or self.feature_network is None, "feature_network", why)
         self.classifier.check()
 
@@ -461,10 +442,7 @@ class GenerateConfig(_Group):
 def validate_evaluate(cfg: DictConfig, schema: type = EvaluateConfig) -> Any:
     """evaluate.py's config (`data` aside), or generate.py's (GenerateConfig); raises ConfigError naming the key."""
     if OmegaConf.is_missing(cfg, "checkpoint"):
-        raise ConfigError(
-            "checkpoint=PATH is required: a checkpoint file (checkpoints/last.pt) or the "
-            "directory of the training run that wrote it."
-        )
+        raise ConfigError("checkpoint=PATH is required: a checkpoint file (checkpoints/last.pt) or its run's folder.")
     typed = validate(cfg, schema)
     typed.check()
     return typed

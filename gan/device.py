@@ -16,17 +16,15 @@ import gan
 from gan.errors import ConfigError
 
 
-def setup_torch(device: str, threads: int, seed: int, key: str) -> torch.device:
-    """threads=0 keeps torch's default; `key` names the setting in errors."""
-    if threads:
+def setup_torch(device: str, threads: int, seed: int, key: str) -> torch.device:  # `key` names device in errors
+    if threads:  # 0: torch's default
         torch.set_num_threads(threads)
     random.seed(seed)  # not numpy's: this project draws nothing from it
     torch.manual_seed(seed)  # also seeds every CUDA device
     return resolve_device(device, key)
 
 
-def available_cpus() -> int:
-    """Its affinity mask where the OS has one (not macOS, Windows), else every CPU."""
+def available_cpus() -> int:  # the affinity mask where the OS has one (not macOS, Windows)
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
@@ -50,10 +48,9 @@ def environment(device: torch.device) -> dict[str, Any]:
 
 def cpu_model() -> str:
     """Linux's /proc/cpuinfo names the model (platform.processor() says x86_64 there); elsewhere platform's."""
-    try:
-        names = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")]
-    except OSError:  # not Linux
-        names = []
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []  # not Linux
+    names = [line for line in lines if line.startswith("model name")]
     return names[0].split(":", 1)[1].strip() if names else platform.processor() or platform.machine()
 
 
@@ -72,8 +69,7 @@ def git_commit(root: Path) -> dict[str, Any]:
 
 def environment_changes(recorded: Optional[Mapping[str, Any]], current: Mapping[str, Any]) -> list[str]:
     """'torch: 2.5.1 -> 2.6.0' for each recorded entry that differs now (none recorded: nothing to say)."""
-    if not isinstance(recorded, Mapping):
-        return []
+    recorded = recorded if isinstance(recorded, Mapping) else {}
     return [f"{key}: {recorded[key]} -> {current.get(key)}" for key in recorded if recorded[key] != current.get(key)]
 
 
@@ -81,11 +77,10 @@ def resolve_device(name: str, key: str = "trainer.device") -> torch.device:
     if name == "auto":  # the first available; the checks below then pass
         name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     device = torch.device(name)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"{key}={name!r} but this machine has no usable CUDA device; use {key}=cpu or auto.")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(f"{key}={name!r} but only {torch.cuda.device_count()} CUDA device(s) are visible.")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{key}={name!r} but this machine has no usable CUDA device; use {key}=cpu or auto.")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ConfigError(f"{key}={name!r} but only {torch.cuda.device_count()} CUDA device(s) are visible.")
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"{key}={name!r} but MPS is not available here; use {key}=cpu or auto.")
     return device
@@ -97,10 +92,9 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameter numbers from 
 def retain_freed_memory(limit_bytes: int = 1 << 30) -> bool:
     """glibc keeps freed blocks for reuse instead of unmapping them, so large activations stop page-faulting
     every step (as a jemalloc preload would; docs/speed.md). Returns whether it took effect (glibc only)."""
-    try:
+    try:  # only glibc has gnu_get_libc_version; other C libraries' mallopt differs or is absent
         libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-        _ = libc.gnu_get_libc_version  # only glibc has it; other C libraries' mallopt differs or is absent
+        mallopt, _ = libc.mallopt, libc.gnu_get_libc_version
     except (AttributeError, OSError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int

@@ -1,17 +1,15 @@
 """torch.distributed for torchrun: everything rank-aware that is not the training math.
 A plain `python train.py` is a world of one, and none of this does anything."""
 
-import dataclasses
 import os
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 
-@dataclasses.dataclass(frozen=True)
-class World:
+class World(NamedTuple):
     rank: int = 0  # this process among all of them
     size: int = 1  # number of processes
     local_rank: int = 0  # this process among those on its machine: its GPU index
@@ -51,10 +49,9 @@ def rank_device(world: World, device: torch.device) -> torch.device:
 
 
 def broadcast_object(value: Any, world: World) -> Any:
-    if not world.distributed:
-        return value
     holder = [value]
-    dist.broadcast_object_list(holder, src=0)
+    if world.distributed:
+        dist.broadcast_object_list(holder, src=0)
     return holder[0]
 
 

@@ -6,7 +6,6 @@ import dataclasses
 import functools
 import math
 import re
-import time
 from typing import Any, Iterator, Optional
 
 import pytest
@@ -24,7 +23,6 @@ from gan.config import (
     EvaluateConfig,
     LossName,
     TrainConfig,
-    register_evaluate_configs,
 )
 from gan.data.sources import _OPENERS
 from gan.device import available_cpus, resolve_device
@@ -115,13 +113,14 @@ REFUSED = [  # program, its overrides (split at spaces) -> what the paragraph sa
     ("train", "trainer.threads=1000000", "trainer.threads=1000000 is more than the {cpus} CPU(s) this process may"),
     ("train", "trainer.threads=1099511627776", "trainer.threads=1099511627776 is more than the {cpus} CPU(s)"),
     ("evaluate", "checkpoint=nowhere.pt threads=1000000", "threads=1000000 is more than the {cpus} CPU(s)"),
+    ("evaluate", "checkpoint=x threads=1 num_samples=abc", "num_samples=abc|'abc'|Nothing was written"),  # Hydra's
     ("train", "optim.lr_d=inf", "optim.lr_d=inf must be a finite number"),  # was blamed on optim.lr after a step
     ("evaluate", "checkpoint=x threads=1 metrics.classifier.lr=nan", "metrics.classifier.lr=nan must be a finite"),
     ("evaluate", "checkpoint=x threads=1 metrics.class_threshold=inf", "metrics.class_threshold=inf must be a"),
     (
         "train",
-        "model.minibatch_std=5 data.batch_size=16",  # a minibatch-stddev group that does not divide the batch
-        "model.minibatch_std=5 must divide the 16 samples D judges at once (data.batch_size=16)|"
+        "model.minibatch_std=5 model.pack=2 data.batch_size=32",  # a minibatch-stddev group that does not divide a pack
+        "model.minibatch_std=5 must divide the 16 samples D judges at once (data.batch_size=32 / model.pack=2)|"
         "groups of 1 sample, a constant channel|such as 4",
     ),
 ]
@@ -193,13 +192,6 @@ def test_every_float_field_of_every_schema_is_checked_for_nan_and_inf(schema, ne
                 with_value(schema(), key, bad).check()
 
 
-def test_the_minibatch_std_group_is_checked_against_each_pack():
-    with pytest.raises(ConfigError, match=r"the 8 samples D judges at once \(data\.batch_size=16 / model\.pack=2\)"):
-        compose_config("model.minibatch_std=6", "model.pack=2", "data.batch_size=16")
-    assert compose_config("model.minibatch_std=4", "data.batch_size=16").model.minibatch_std == 4
-    assert compose_config("model.minibatch_std=8", "model.pack=2", "data.batch_size=16").model.pack == 2
-
-
 def test_wgan_gp_with_batchnorm_names_its_recipe():
     with pytest.raises(ConfigError, match=r"model\.d_batchnorm=True .*experiment=wgan_gp"):
         compose_config("loss=wgan_gp", "model.d_batchnorm=true")
@@ -212,18 +204,11 @@ def test_wgan_gp_with_batchnorm_names_its_recipe():
     assert not cfg.model.spectral_norm  # the paper's critic: the penalty alone bounds its gradient
 
 
-# debug group ---------------------------------------------------------------------------------
-
-
-def test_debug_tiny_runs_in_seconds_and_writes_what_a_real_run_writes(tmp_path):
-    run_dir = tmp_path / "run"
-    started = time.perf_counter()
-    result = run_train("debug=tiny", f"hydra.run.dir={run_dir}", tiny=False)
+def test_debug_tiny_writes_what_a_real_run_writes(tmp_path):
+    result = run_train("debug=tiny", f"hydra.run.dir={tmp_path}", tiny=False)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert time.perf_counter() - started < 120  # seconds on an idle 2-core CPU; generous for a busy one
-    assert (run_dir / "checkpoints" / "last.pt").is_file()
-    assert list((run_dir / "tb").glob("events.out.tfevents.*"))
-    assert list((run_dir / "samples").glob("*.png"))
+    assert (tmp_path / "checkpoints" / "last.pt").is_file() and list((tmp_path / "samples").glob("*.png"))
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
 
 
 def test_debug_overfit_sees_one_batch_over_and_over():
@@ -231,32 +216,21 @@ def test_debug_overfit_sees_one_batch_over_and_over():
     assert cfg.data.limit == cfg.data.batch_size and cfg.trainer.max_steps >= 300
 
 
-# values Hydra refuses: a wrong type, a choice that is not one -------------------------------------------------
-
-register_evaluate_configs()
-HYDRA_REFUSED = {  # config, override -> the key Hydra's error names, the value it quotes
-    "max_steps float": ("train", "trainer.max_steps=1.5", "trainer.max_steps", "1.5"),
-    "precision typo": ("train", "trainer.precision=fp64", "trainer.precision", "fp64"),
-    "diffaugment policy": ("train", "model.diffaugment=[rotate]", "model.diffaugment", "rotate"),
-    "evaluate's num_samples": ("evaluate", "num_samples=abc", "num_samples", "abc"),
+HYDRA_REFUSED = {  # override -> the key Hydra's error names, the value it quotes (evaluate.py's: REFUSED)
+    "max_steps float": ("trainer.max_steps=1.5", "trainer.max_steps", "1.5"),
+    "precision typo": ("trainer.precision=fp64", "trainer.precision", "fp64"),
+    "diffaugment policy": ("model.diffaugment=[rotate]", "model.diffaugment", "rotate"),
 }
 
 
-@pytest.mark.parametrize(("config", "override", "key", "value"), HYDRA_REFUSED.values(), ids=HYDRA_REFUSED)
-def test_hydra_refuses_a_wrong_type_or_choice_naming_the_key_and_the_value(config, override, key, value):
+@pytest.mark.parametrize(("override", "key", "value"), HYDRA_REFUSED.values(), ids=HYDRA_REFUSED)
+def test_hydra_refuses_a_wrong_type_or_choice_naming_the_key_and_the_value(override, key, value):
     with pytest.raises(ConfigCompositionException) as caught:
-        if config == "train":
-            compose_config(override)
-        else:
-            GlobalHydra.instance().clear()
-            with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-                compose(config_name="evaluate", overrides=["checkpoint=x.pt", override])
+        compose_config(override)
     cause = caught.value.__cause__  # OmegaConf's error, which Hydra prints under its own line
     assert override in str(caught.value) and f"'{value}'" in str(cause)
     assert re.fullmatch(rf"{re.escape(key)}(\[\d+\])?", str(getattr(cause, "full_key", ""))), cause
 
-
-# the edge of a range: refused on the wrong side, accepted just inside ------------------------------------------
 
 EDGES = {  # the refused override(s), an accepted neighbour, the key=value the message opens with
     "max_steps 0": (["trainer.max_steps=0"], ["trainer.max_steps=1"], "trainer.max_steps=0"),
@@ -264,6 +238,11 @@ EDGES = {  # the refused override(s), an accepted neighbour, the key=value the m
     "ema_decay 1.0": (["model.ema_decay=1.0"], ["model.ema_decay=0.9999"], "model.ema_decay=1.0"),
     "real_label 0.3": (["loss.real_label=0.3"], ["loss.real_label=0.9"], "loss.real_label=0.3"),
     "real_label 0.5": (["loss.real_label=0.5"], ["loss.real_label=0.51"], "loss.real_label=0.5"),
+    "minibatch_std 6 of a pack of 8": (
+        ["model.pack=2", "data.batch_size=16", "model.minibatch_std=6"],
+        ["model.pack=2", "data.batch_size=16", "model.minibatch_std=8"],
+        "model.minibatch_std=6",
+    ),
     "eval_samples 5": (
         ["trainer.eval_every=3", "trainer.eval_samples=5"],
         ["trainer.eval_every=3", "trainer.eval_samples=10"],

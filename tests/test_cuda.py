@@ -1,12 +1,7 @@
-"""The CUDA-only paths: fp16 with its GradScaler, bf16, deterministic kernels, resume on a GPU, CUDA
-checkpoints on a CPU-only machine and back, compile, pinned-memory loading. Every test here needs a
-CUDA device and is skipped without one (the `cuda` marker, tests/conftest.py); the rest of the
-suite runs the same code on the CPU. The precision and compile runs on CUDA are rows of the tables of
-tests/test_training.py (test_each_precision_and_tool_trains, test_compiled_networks_match_eager), marked
-`cuda` there.
+"""The CUDA-only paths, skipped without a GPU (the `cuda` marker); precision and compile: test_training.py's tables.
 
-    pytest -m cuda                                  # these alone, on a machine with a GPU
-    GAN_TEST_DEVICE=cuda pytest                     # the whole suite's training runs on the GPU
+pytest -m cuda                                  # these alone, on a machine with a GPU
+GAN_TEST_DEVICE=cuda pytest                     # the whole suite's training runs on the GPU
 """
 
 from __future__ import annotations
@@ -19,6 +14,7 @@ import torch
 from conftest import compose_config, run_train
 from test_checkpoints import assert_same_state
 from test_evaluate import TINY_EVAL, run_evaluate
+from torch.utils._pytree import tree_leaves
 
 from gan.checkpoint import load_checkpoint
 from gan.config import Precision
@@ -34,32 +30,12 @@ pytestmark = pytest.mark.cuda
 CUDA = "trainer.device=cuda"
 
 
-def tensors(state: object) -> list[torch.Tensor]:
-    """Every tensor inside a checkpoint's nested dicts and lists."""
-    if isinstance(state, torch.Tensor):
-        return [state]
-    if isinstance(state, dict):
-        return [t for value in state.values() for t in tensors(value)]
-    if isinstance(state, (list, tuple)):
-        return [t for value in state for t in tensors(value)]
-    return []
-
-
-@pytest.fixture
-def restore_determinism():
-    """prepare_process switches deterministic algorithms on for the whole process: switch back."""
-    yield
-    torch.use_deterministic_algorithms(False)
-    torch.backends.cudnn.benchmark = False
-
-
-# precision ------------------------------------------------------------------------------------
+def tensors(state: object) -> list[torch.Tensor]:  # every tensor in a checkpoint's nested dicts and lists
+    return [t for t in tree_leaves(state) if isinstance(t, torch.Tensor)]
 
 
 def test_the_grad_scaler_skips_a_step_whose_gradients_overflow_and_backs_off():
-    """fp16's largest number is 65504. A scale of 2**40 overflows the scaled gradients (the loss
-    itself stays finite): GradScaler.step must skip opt.step() (D unchanged), update() must halve
-    the scale, and the next step, at a scale that fits, must train."""
+    # fp16 ends at 65504: a scale of 2**40 overflows the gradients (not the loss), the step is skipped, the scale halved
     device = torch.device("cuda")
     torch.manual_seed(0)
     G, D = Generator(16, 8, 1, 16).to(device), Discriminator(8, 1, 16).to(device)
@@ -84,41 +60,29 @@ def test_the_grad_scaler_skips_a_step_whose_gradients_overflow_and_backs_off():
     assert not torch.equal(before["features.0.weight"], D.state_dict()["features.0.weight"])
 
 
-# determinism and exact resume -----------------------------------------------------------------
+def test_cudnn_autotuner_is_on_unless_deterministic():
+    try:
+        prepare_process(compose_config(CUDA))
+        assert torch.backends.cudnn.benchmark
+        prepare_process(compose_config(CUDA, "trainer.deterministic=true"))
+        assert not torch.backends.cudnn.benchmark and torch.are_deterministic_algorithms_enabled()
+    finally:  # prepare_process switches deterministic algorithms on for the whole process: switch back
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.benchmark = False
 
 
-def test_cudnn_autotuner_is_on_unless_deterministic(restore_determinism):
-    prepare_process(compose_config(CUDA))
-    assert torch.backends.cudnn.benchmark
-    prepare_process(compose_config(CUDA, "trainer.deterministic=true"))
-    assert not torch.backends.cudnn.benchmark and torch.are_deterministic_algorithms_enabled()
-
-
-def test_deterministic_runs_give_identical_weights(tmp_path):
-    """Two processes (deterministic mode is process-wide, and cuBLAS reads its workspace setting
-    once): the same seed and trainer.deterministic=true must give the same bits."""
-    for name in ("a", "b"):
-        run_dir = f"hydra.run.dir={tmp_path / name}"
-        result = run_train(CUDA, "trainer.deterministic=true", "trainer.max_steps=8", run_dir)
-        assert result.returncode == 0, result.stderr[-3000:]
-    assert_same_state(load_checkpoint(tmp_path / "a"), load_checkpoint(tmp_path / "b"))
-
-
-def test_a_cuda_run_resumes_bit_exactly(tmp_path):
-    """12 steps straight against 5 + a resume to 12, in deterministic mode, on the GPU: weights,
-    EMA, Adam moments and the data position identical. The CUDA generator's state is in the
-    checkpoint, so the latents after the resume are the ones the straight run drew."""
+def test_deterministic_runs_are_identical_and_resume_bit_exactly(tmp_path):
+    """Deterministic mode on the GPU: two straight runs of 12 steps give the same bits, and so does 5 + a resume to
+    12 (the CUDA generator's state is in the checkpoint): weights, EMA, Adam moments and the data position."""
     common = (CUDA, "trainer.deterministic=true", "trainer.checkpoint_every=100")
-    straight, split = tmp_path / "straight", tmp_path / "split"
-    for run_dir, steps, extra in ((straight, 12, ()), (split, 5, ()), (split, 12, (f"trainer.resume={split}",))):
+    runs = [(tmp_path / "a", 12, ()), (tmp_path / "b", 12, ()), (tmp_path / "split", 5, ())]
+    for run_dir, steps, extra in [*runs, (tmp_path / "split", 12, (f"trainer.resume={tmp_path / 'split'}",))]:
         result = run_train(*common, f"trainer.max_steps={steps}", *extra, f"hydra.run.dir={run_dir}")
         assert result.returncode == 0, result.stderr[-3000:]
-    resumed = load_checkpoint(split)
+    resumed = load_checkpoint(tmp_path / "split")
     assert resumed["rng"]["cuda"], "the CUDA generator's state must be saved"
-    assert_same_state(load_checkpoint(straight), resumed)
-
-
-# moving between machines ----------------------------------------------------------------------
+    assert_same_state(load_checkpoint(tmp_path / "a"), load_checkpoint(tmp_path / "b"))
+    assert_same_state(load_checkpoint(tmp_path / "a"), resumed)
 
 
 def test_a_cuda_checkpoint_loads_on_the_cpu_and_evaluates_there(tmp_path):
@@ -126,8 +90,7 @@ def test_a_cuda_checkpoint_loads_on_the_cpu_and_evaluates_there(tmp_path):
     result = run_train(CUDA, "data.num_samples=1200", f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, result.stderr[-3000:]
     state = load_checkpoint(run_dir)  # map_location="cpu" by default
-    assert {t.device.type for t in tensors(state)} == {"cpu"}
-    assert state["fixed_z"].device.type == "cpu"
+    assert {t.device.type for t in tensors(state)} == {"cpu"}  # fixed_z among them
     evaluated = run_evaluate(
         f"checkpoint={run_dir}", f"data.root={tmp_path / 'data'}", *TINY_EVAL, f"hydra.run.dir={tmp_path / 'eval'}"
     )
@@ -136,8 +99,7 @@ def test_a_cuda_checkpoint_loads_on_the_cpu_and_evaluates_there(tmp_path):
 
 
 @pytest.mark.parametrize("first, then", [("cpu", "cuda"), ("cuda", "cpu")])
-def test_a_run_moves_between_cpu_and_cuda_on_resume(tmp_path, first, then):
-    """trainer.device is a runtime key: a run started on one device continues on the other."""
+def test_a_run_moves_between_cpu_and_cuda_on_resume(tmp_path, first, then):  # trainer.device is a runtime key
     train(compose_config(f"trainer.device={first}", "trainer.max_steps=3"), tmp_path)
     resumed = compose_config(f"trainer.device={then}", "trainer.max_steps=6", f"trainer.resume={tmp_path}")
     result = train(resumed, tmp_path)
@@ -146,12 +108,8 @@ def test_a_run_moves_between_cpu_and_cuda_on_resume(tmp_path, first, then):
     assert all(torch.isfinite(t).all() for t in tensors(state["G"]) if t.is_floating_point())
 
 
-# the fast paths -------------------------------------------------------------------------------
-
-
 def test_pinned_worker_batches_equal_the_device_resident_ones():
-    """num_workers>0 on CUDA: pinned host memory and non_blocking copies; the batches must be the
-    ones the device-resident path (a uint8 tensor on the GPU, indexed) gives."""
+    # workers on CUDA: pinned host memory and non_blocking copies, the batches of the uint8 tensor on the GPU
     device = torch.device("cuda")
     images = torch.randint(0, 256, (96, 1, 8, 8), dtype=torch.uint8)
     resident = BatchStream(images, 16, seed=0, device=device, num_workers=0)
@@ -159,8 +117,7 @@ def test_pinned_worker_batches_equal_the_device_resident_ones():
     assert resident.images is not None and resident.images.device.type == "cuda"
     for _ in range(8):  # across an epoch boundary (6 batches an epoch)
         a, b = next(resident), next(pinned)
-        assert a.device.type == b.device.type == "cuda"
-        assert torch.equal(a, b)
+        assert a.device.type == b.device.type == "cuda" and torch.equal(a, b)
     pinned.close()
 
 
@@ -169,9 +126,7 @@ def test_a_worker_fed_run_trains_on_cuda(tmp_path):
     assert result.step == 6 and load_checkpoint(tmp_path)["data"] == {"epoch": 0, "batch": 6}
 
 
-# the walkthrough's "On CUDA" statements --------------------------------------------------------
-
-
+# the walkthrough's "On CUDA" statements
 def test_mixing_cuda_and_cpu_tensors_names_both_devices():
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         torch.ones(2, device="cuda") + torch.ones(2)

@@ -25,8 +25,7 @@ from gan.training.state import build_models, build_optimizer, wrap_for_ddp
 
 
 def torchrun(*overrides: str, cwd: Path, launcher: str = "torch.distributed.run") -> subprocess.Popen:
-    """`torchrun --nproc_per_node=2 train.py` (torch.distributed.run is torchrun's module), or gan.torchrun's
-    launcher; its output, stdout and stderr together, is read from .stdout."""
+    """`torchrun --nproc_per_node=2 train.py` (torchrun's module), or gan.torchrun's; stdout holds stderr too."""
     args = [sys.executable, "-m", launcher, "--standalone", "--nproc_per_node=2", str(ROOT / "train.py"), *TINY]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
@@ -34,19 +33,18 @@ def torchrun(*overrides: str, cwd: Path, launcher: str = "torch.distributed.run"
     )
 
 
-def finish(process: subprocess.Popen, before: tuple[str, ...] = (), timeout: float = 240) -> tuple[int, str]:
+def finish(process: subprocess.Popen, before: tuple[str, ...] = ()) -> tuple[int, str]:
     """The job's exit code and its whole output (`before`: the lines already read)."""
-    output, _ = process.communicate(timeout=timeout)
+    output, _ = process.communicate(timeout=240)
     return process.returncode, "".join(before) + (output or "")
 
 
 def ddp_job(*overrides: str, cwd: Path) -> None:  # a 2-process torchrun job of train.py that must succeed
-    code, output = finish(torchrun(*overrides, cwd=cwd))
+    code, output = finish(torchrun("trainer.checkpoint_every=100", *overrides, cwd=cwd))
     assert code == 0, output[-3000:]
 
 
-def one_step_worker(rank: int, port: int, result_file: str) -> None:
-    """One training iteration on each rank, then compare every weight across ranks."""
+def one_step_worker(rank: int, port: int, result_file: str) -> None:  # one step, then every weight across ranks
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     world = World(rank, 2, rank)
@@ -63,8 +61,7 @@ def one_step_worker(rank: int, port: int, result_file: str) -> None:
     gathered = [torch.empty_like(weights) for _ in range(2)]
     dist.all_gather(gathered, weights)
     if rank == 0:
-        changed = not torch.equal(weights, torch.zeros_like(weights))
-        torch.save({"same": torch.equal(gathered[0], gathered[1]), "changed": changed}, result_file)
+        torch.save({"same": torch.equal(*gathered), "changed": bool(weights.any())}, result_file)
     dist.destroy_process_group()
 
 
@@ -72,9 +69,8 @@ def test_ranks_take_disjoint_shares_of_the_same_epoch_order():
     shares = [list(EpochBatchSampler(100, 10, seed=3, rank=r, world_size=2)) for r in range(2)]
     assert [len(share) for share in shares] == [5, 5]
     flat = [sum(share, []) for share in shares]
-    assert not set(flat[0]) & set(flat[1])
     single = sum(list(EpochBatchSampler(100, 10, seed=3)), [])
-    assert sorted(flat[0] + flat[1]) == sorted(single)  # together: the single-process epoch
+    assert not set(flat[0]) & set(flat[1]) and sorted(flat[0] + flat[1]) == sorted(single)  # together: one epoch
 
 
 def free_port() -> int:
@@ -87,8 +83,7 @@ def free_port() -> int:
 def test_replicas_hold_identical_weights_after_one_step(tmp_path):
     result_file = tmp_path / "result.pt"
     mp.spawn(one_step_worker, args=(free_port(), str(result_file)), nprocs=2, join=True)
-    result = torch.load(result_file)
-    assert result["same"] and result["changed"]
+    assert torch.load(result_file) == {"same": True, "changed": True}
 
 
 @pytest.mark.slow  # torchrun
@@ -113,20 +108,16 @@ def test_a_ddp_run_writes_one_run_dir_and_resumes_alone_and_back_under_ddp_keepi
 def test_a_ddp_run_resumes_exactly_with_each_ranks_own_generators(tmp_path):
     """Each rank draws its own latents (seed + rank) and the checkpoint holds every rank's generators, so
     3 steps + a resume to 6 under DDP give the bits of 6 straight steps."""
-
-    def job(*overrides: str) -> None:
-        ddp_job("trainer.checkpoint_every=100", *overrides, cwd=tmp_path)
-
     straight, split = tmp_path / "straight", tmp_path / "split"
-    job("trainer.max_steps=6", f"hydra.run.dir={straight}")
-    job("trainer.max_steps=3", f"hydra.run.dir={split}")
-    job("trainer.max_steps=6", f"trainer.resume={split}")
+    ddp_job("trainer.max_steps=6", f"hydra.run.dir={straight}", cwd=tmp_path)
+    ddp_job("trainer.max_steps=3", f"hydra.run.dir={split}", cwd=tmp_path)
+    ddp_job("trainer.max_steps=6", f"trainer.resume={split}", cwd=tmp_path)
     assert_same_state(load_checkpoint(straight), load_checkpoint(split))
 
 
 def test_torchrun_with_a_sweep_is_refused(tmp_path, monkeypatch):
     # what torchrun tells each of its processes; the refusal comes before any process group is joined
-    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}.items():
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0")):
         monkeypatch.setenv(name, value)
     result = run_train("-m", "optim.lr=1e-4,2e-4", cwd=tmp_path)
     assert result.returncode == 2 and "Hydra sweep (-m)" in result.stdout + result.stderr
@@ -177,8 +168,7 @@ def test_a_rank_killed_by_sigkill_ends_the_job_without_a_traceback_saying_what_i
     ranks = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()
     os.kill(int(max(ranks, key=int)), signal.SIGKILL)  # the younger of the two: rank 1
     code, output = finish(process, lines)
-    assert code == 137, output[-3000:]  # 128 + 9, as a shell reports a process SIGKILL ended
-    assert "Traceback" not in output
+    assert code == 137 and "Traceback" not in output, output[-3000:]  # 128 + 9, as a shell reports SIGKILL
     step = load_checkpoint(run_dir)["step"]  # the checkpoint of step 4 at least (step 6's log line comes first)
     assert step >= 4
     # rank 0 says so when its collective reports the lost peer; one blocked in gloo until torchrun's
