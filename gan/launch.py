@@ -1,5 +1,4 @@
-"""The programs as Hydra apps (every flag as Hydra documents it; its refusals said in one paragraph, exit code 2),
-and the resume: the checkpoint's config with the command's settings laid over it."""
+"""The programs as Hydra apps (Hydra's flags; its refusals as one paragraph, exit 2) and the resume contract."""
 
 from __future__ import annotations
 
@@ -35,23 +34,18 @@ log = logging.getLogger(__name__)
 CONFIG_DIR = next(d for d in (Path(__file__).parent / "configs", Path(__file__).parents[1] / "configs") if d.is_dir())
 SCHEMAS = {"train": TrainConfig, "evaluate": EvaluateConfig, "generate": GenerateConfig}
 EXIT_HYDRA, EXIT_BAD_INPUT = 1, 2  # 1: Hydra's own (a sweep with a failed job); 2: bad input
-
-# What a resume may change: where and how the run executes and what it measures (resume=auto ignores these) ...
-RUNTIME_KEYS: dict[str, tuple[str, ...]] = {
-    "data": ("root", "download", "in_memory", "num_workers"),
-    "trainer": tuple(
-        "max_steps resume device progress threads adapt_threads retain_host_memory log_every sample_every "
-        "checkpoint_every keep_checkpoints final_eval_samples eval_every eval_samples overfit_every on_d_won "
-        "d_won_window".split()
-    ),
+# What a resume may change: where and how the run executes and what it measures (resume=auto ignores these); after
+# '|', the arithmetic an explicit resume may tune, which resume=auto treats as the run's identity (a sweep over rates
+# never continues another point)
+RESUMABLE = {
+    "data": "root download in_memory num_workers |",
+    "optim": "| lr lr_d lr_decay",
+    "trainer": "max_steps resume device progress threads adapt_threads retain_host_memory log_every sample_every "
+    "checkpoint_every keep_checkpoints final_eval_samples eval_every eval_samples overfit_every on_d_won d_won_window "
+    "| precision compile channels_last on_nan deterministic",
 }
-# ... and the arithmetic an explicit resume may tune, which resume=auto treats as the run's identity: a sweep over
-# rates never continues another point.
-TUNABLE_ON_RESUME: dict[str, tuple[str, ...]] = {
-    "optim": ("lr", "lr_d", "lr_decay"),
-    "trainer": ("precision", "compile", "channels_last", "on_nan", "deterministic"),
-}
-RESUMABLE = {g: (*RUNTIME_KEYS.get(g, ()), *TUNABLE_ON_RESUME.get(g, ())) for g in ("data", "optim", "trainer")}
+RUNTIME_KEYS = {group: keys.split("|")[0].split() for group, keys in RESUMABLE.items()}
+RESUMABLE = {group: keys.replace("|", "").split() for group, keys in RESUMABLE.items()}
 # Refused by their old name with the new one: the alarm detects D winning outright, which is not mode collapse
 RENAMED = {"trainer.on_collapse": "trainer.on_d_won", "trainer.collapse_window": "trainer.d_won_window"}
 # Settings that name a file or folder: a path may hold what Hydra's grammar reserves ('=', ' ', ',')
@@ -59,9 +53,8 @@ PATH_KEYS = ("trainer.resume", "hydra.run.dir", "hydra.sweep.dir", "data.root", 
 RERUN = "--experimental-rerun"  # Hydra's flag that unpickles a config.pickle
 PROGRAMS = {"train": "python train.py", "evaluate": "python evaluate.py", "generate": "python generate.py"}
 NO_SCORE = (  # optuna's 'Record does not exist' at a search's end, said
-    "No trial of the search returned a score, so it has no best trial: no run ended with a final FID (each run's log "
-    "in hydra.sweep.dir says why). Set trainer.final_eval_samples above 0 (and see why the runs stopped), then run the "
-    "search again."
+    "No trial of the search returned a score (each run's log in hydra.sweep.dir says why), so it has no best trial. "
+    "Set trainer.final_eval_samples above 0, then search again."
 )
 
 
@@ -72,12 +65,7 @@ class SweepJobFailed(CompactHydraException):
 def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_name: str, argv: Sequence[str]) -> int:
     """`job` (its exit code, the value a sweeper minimises) under @hydra.main in this process; the exit code."""
     if any(len(flag := arg.split("=")[0]) > 2 and RERUN.startswith(flag) for arg in argv):  # argparse takes --exp
-        log.error(
-            "%s unpickles a job's config.pickle, and unpickling runs whatever code the file names; this project "
-            "never writes one (the job's record is .hydra/config.yaml, and a run resumes with trainer.resume=RUN_DIR). "
-            "Nothing was read or written. Drop the flag.",
-            RERUN,
-        )
+        log.error("%s unpickles a file: it runs any code it names. Nothing was read or written. Drop the flag.", RERUN)
         return EXIT_BAD_INPUT
     codes: list[int] = []
 
@@ -108,9 +96,9 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
         if own_traceback or (type(err) is ValueError and not raised_by(err, "hydra.")):  # a ValueError of ours: a bug
             raise
         if isinstance(err, OSError) and not isinstance(err, HydraException):  # Hydra could not make the folder
-            key = "hydra.run.dir" if config_name != "generate" else "out"  # generate.py's folder is `out`
-            key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(argv) else key
-            err = UserError(unwritable(key, Path(os.fsdecode(err.filename or ".")), err))
+            key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(argv) else "hydra.run.dir"
+            folder = Path(os.fsdecode(err.filename or "."))
+            err = UserError(unwritable("out" if config_name == "generate" else key, folder, err))
         if world_from_env().is_main:  # under torchrun, rank 0 says it for every rank
             log.error("%s", err if isinstance(err, UserError) else hydra_refusal(err, config_name))
         return EXIT_BAD_INPUT
@@ -129,7 +117,6 @@ def start(name: str, main: Callable[[], int], program: str) -> NoReturn:
 
 
 def raised_by(err: BaseException, package: str) -> bool:
-    """Whether `package` raised `err` (Hydra's ValueErrors about its flags: --resolve without --cfg)."""
     frames = [frame for frame, _ in traceback.walk_tb(err.__traceback__)]
     return bool(frames) and frames[-1].f_globals.get("__name__", "").startswith(package)
 
@@ -149,7 +136,7 @@ def hydra_refusal(err: Exception, config_name: str) -> str:
         said = f"Hydra's override grammar cannot read {err.override!r} ({detail}): quote a value holding symbols"
         if name.lstrip("+~") in PATH_KEYS:  # a path holding '=', ',' or spaces: Hydra says "mismatched input"
             said = f"{err.override}: Hydra's override grammar cannot read this path as written"
-            hint = f"Quote it for Hydra inside the shell's quotes: {shell_quote(f'{name}={hydra_quote(value)}')} "
+            hint = f"Quote it for Hydra inside the shell's quotes: {path_override(name, value)} "
     elif isinstance(err, MissingConfigException) and err.options:
         group = str(err.missing_cfg_file).rsplit("/", 1)[0]
         said, hint = said.split(" Available options")[0], f"Choose one of {', '.join(err.options)} for {group}=. "
@@ -162,14 +149,11 @@ def hydra_refusal(err: Exception, config_name: str) -> str:
         node = OmegaConf.select(OmegaConf.structured(SCHEMAS[config_name]), parent)
         near = difflib.get_close_matches(name, list(node) if isinstance(node, DictConfig) else [], n=1)
         hint = f"Did you mean {parent + '.' if parent else ''}{near[0]}? " if near else ""
-    return (
-        f"{said.rstrip('.')}. Nothing was written. {hint}The command with --cfg job prints every setting and its "
-        "value, with --help the groups and their options; an override reads key=value."
-    )
+    return f"{said.rstrip('.')}. Nothing was written. {hint}--cfg job prints every setting, --help the groups."
 
 
 def compared() -> list[str]:
-    """A sweep job's overrides that name its folder (not override_dirname's exclude_keys): HParams compares them."""
+    """A sweep job's overrides that name its folder (not exclude_keys'): HParams compares them."""
     excluded = set(HydraConfig.get().job.config.override_dirname.exclude_keys)
     return [o for o in HydraConfig.get().overrides.task if override_key(o) not in excluded]
 
@@ -182,8 +166,7 @@ def command(program: str) -> str:
 def data_overrides(cfg: DictConfig, overrides: Sequence[str]) -> dict[str, Any]:
     """evaluate.py: the data.* keys among its overrides, as Hydra typed them (they replace the checkpoint's)."""
     typed = OmegaConf.to_container(cfg.data, resolve=True)
-    names = [key.split(".", 1)[1] for key in map(override_key, overrides) if key.startswith("data.")]
-    return {name: typed[name] for name in names}
+    return {key[5:]: typed[key[5:]] for key in map(override_key, overrides) if key.startswith("data.")}
 
 
 def override_key(override: str) -> str:
@@ -192,8 +175,7 @@ def override_key(override: str) -> str:
 
 
 class LaunchChecks(Callback):
-    """What only the launch can check, before Hydra makes a folder. Hydra turns a callback's exception into a warning,
-    so a refusal is a paragraph and SystemExit(2), as argparse's."""
+    """What only the launch can check, before Hydra makes a folder (Hydra would warn of a callback's exception)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if (folder := OmegaConf.select(config, "hydra.run.dir", throw_on_resolution_failure=False)) is not None:
@@ -202,17 +184,11 @@ class LaunchChecks(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         folder = empty_path("hydra.sweep.dir", config.hydra.sweep.dir)
         if world_from_env().distributed:
-            refuse(
-                "torchrun launches one training job over several processes; a Hydra sweep (-m) launches several "
-                "jobs. Run the sweep without torchrun, or one torchrun per setting."
-            )
+            refuse("A Hydra sweep (-m) launches several jobs, torchrun one: run the sweep without torchrun.")
         if (folder / "multirun.yaml").is_file() and OmegaConf.select(config, "trainer.resume") != "auto":
-            resumable = "trainer" in config  # train.py's sweeps, not evaluate.py's
-            again = "Add trainer.resume=auto to continue each job's run there, or choose" if resumable else "Choose"
+            again = "Add trainer.resume=auto to continue it, or choose" if "trainer" in config else "Choose"
             refuse(
-                f"hydra.sweep.dir={folder} already holds a sweep (multirun.yaml): Hydra would replace its record, and "
-                f"its jobs' folders hold its results. Nothing was written. {again} another hydra.sweep.dir for a new "
-                "sweep."
+                f"hydra.sweep.dir={folder} already holds a sweep (multirun.yaml). Nothing was written. {again} another."
             )
         if problem := values_problem(config):
             refuse(f"{problem}. Nothing was written.")
@@ -224,7 +200,7 @@ def values_problem(config: DictConfig) -> str:
     loader = GlobalHydra.instance().config_loader()
     parsed = OverridesParser.create(config_loader=loader).parse_overrides([*searched, *config.hydra.overrides.task])
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-    swept = {o.get_key_element(): candidates(o) for o in parsed if o.is_sweep_override()}
+    swept = {o.get_key_element(): sweep_values(o) for o in parsed if o.is_sweep_override()}
     for i in range(max(map(len, swept.values()), default=0)):  # each value of each key at least once
         job = [f"{key}={values[i % len(values)]}" for key, values in swept.items()]
         try:
@@ -236,7 +212,7 @@ def values_problem(config: DictConfig) -> str:
     return ""
 
 
-def candidates(override: Any) -> list[str]:
+def sweep_values(override: Any) -> list[str]:
     """A sweep override's values as override text: every choice, or an interval's two ends."""
     if override.is_interval_sweep():
         return [str(override.value().start), str(override.value().end)]
@@ -244,22 +220,14 @@ def candidates(override: Any) -> list[str]:
 
 
 def unwritable(key: str, folder: Path, err: OSError) -> str:
-    existing = folder
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    why = f"{existing} is not a directory" if existing.exists() and not existing.is_dir() else err.strerror or err
-    return (
-        f"Cannot write the run directory {folder}: {why}. Nothing was written. Choose a writable folder with "
-        f"{key}=PATH (or launch from a writable directory)."
-    )
+    blocker = next((p for p in (folder, *folder.parents) if p.exists()), folder)
+    why = f"{blocker} is not a directory" if blocker.exists() and not blocker.is_dir() else err.strerror or err
+    return f"Cannot write the run directory {folder}: {why}. Nothing was written. Choose a writable {key}=PATH."
 
 
 def empty_path(key: str, value: str) -> Path:
     if not str(value).strip():  # an unset shell variable: Path("") is the launch directory
-        refuse(
-            f"{key}={value} is empty (an unset shell variable?), which names the launch directory. Nothing was "
-            f"written. Give {key} a path, or leave it out."
-        )
+        refuse(f"{key}={value} is empty (an unset shell variable?). Nothing was written. Give {key} a path.")
     return Path(value).expanduser()
 
 
@@ -270,8 +238,7 @@ def refuse(message: str) -> NoReturn:
 
 
 class SweepNames(Callback):
-    """Names each sweep job by the overrides that vary (`0_optim.lr=0.0001`): the keys given one value join
-    override_dirname's exclude_keys, unless given by hand."""
+    """Names a sweep's jobs by the overrides that vary (`0_optim.lr=0.0001`), unless exclude_keys are given by hand."""
 
     EXCLUDE_KEYS = "hydra.job.config.override_dirname.exclude_keys"
 
@@ -289,26 +256,21 @@ class SweepNames(Callback):
 def resume_plan(cfg: DictConfig, output_dir: Path) -> tuple[DictConfig, Path]:
     """This job's config and run folder: the checkpoint's config with this command's settings over it, in the
     checkpoint's run folder unless the command places it (hydra.run.dir, a sweep)."""
-    resume = cfg.trainer.resume
-    if resume is None:
-        return cfg, output_dir
-    placed_by_hydra = {override_key(o) for o in HydraConfig.get().overrides.hydra}
-    placed = HydraConfig.get().mode == RunMode.MULTIRUN or "hydra.run.dir" in placed_by_hydra
+    resume, hydra_cfg = cfg.trainer.resume, HydraConfig.get()
     if resume == "auto":
         found = resume_auto(to_dict(cfg), output_dir)
         log.info("trainer.resume=auto: %s", f"continuing {found}" if found else "no matching run, starting one")
-        if found is None:
-            with read_write(cfg):
-                cfg.trainer.resume = None
-            return cfg, output_dir
-        resume = str(found)
+        with read_write(cfg):
+            cfg.trainer.resume = resume = found and str(found)
+    if resume is None:
+        return cfg, output_dir
     checkpoint, file = load_checkpoint(resume), checkpoint_path(resume)  # refuses an empty path, a damaged file
+    placed = hydra_cfg.mode == RunMode.MULTIRUN or "hydra.run.dir" in map(override_key, hydra_cfg.overrides.hydra)
     if (own := Run.of_checkpoint(file)) is not None and not placed:
         output_dir = own.dir  # train() takes its lock: a second resume of a run in use is refused
-    stored, given = stored_config(checkpoint["config"], file), to_dict(cfg)
-    defaults = to_dict(OmegaConf.structured(TrainConfig))  # the schema holds every default (configs/train.yaml)
-    named = {override_key(o) for o in HydraConfig.get().overrides.task}
-    for group, values in given.items():  # named (a group: all of it) or off the defaults
+    stored, defaults = stored_config(checkpoint["config"], file), to_dict(OmegaConf.structured(TrainConfig))
+    named = {override_key(o) for o in hydra_cfg.overrides.task}
+    for group, values in to_dict(cfg).items():  # named (a group: all of it) or off the defaults (configs/train.yaml)
         for key, value in values.items() if isinstance(values, dict) else ():
             if {group, f"{group}.{key}"} & named or defaults.get(group, {}).get(key) != value:
                 stored[group][key] = value
@@ -320,24 +282,19 @@ def resume_auto(config: dict, output_dir: Path, outputs: Path = Path("outputs"))
     """This job's own checkpoint, else the newest under `outputs` whose run recorded these settings."""
     if (own := Run(output_dir)).last.is_file():
         return own.last
-    wanted = run_identity(config, RUNTIME_KEYS)
     for last in sorted(outputs.glob(f"**/{Run.LAST}"), key=os.path.getmtime, reverse=True):
         record = Run.of_checkpoint(last).record / "config.yaml"
         try:
             recorded = to_dict(OmegaConf.load(record))
             # run_identity would leave a scalar group out, and match on the others alone
-            why = [
-                f"its group {g!r} is {v!r}, not a mapping of settings"
-                for g, v in recorded.items()
-                if type(v) is not dict
-            ]
+            why = next((f"its group {g!r} is {v!r}" for g, v in recorded.items() if type(v) is not dict), None)
         except FileNotFoundError:  # a run that wrote no record is no one's to continue by its settings
             continue
         except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException, AttributeError) as err:  # not UTF-8
-            why = [err]
+            why = err
         if why:
-            log.warning("trainer.resume=auto: %s cannot be read (%s), so that run is not continued.", record, why[0])
-        elif run_identity(recorded, RUNTIME_KEYS) == wanted:
+            log.warning("trainer.resume=auto: %s cannot be read (%s), so that run is not continued.", record, why)
+        elif run_identity(recorded, RUNTIME_KEYS) == run_identity(config, RUNTIME_KEYS):
             return last
     return None
 
@@ -346,20 +303,18 @@ def check_resume(cfg: dict, checkpoint: Mapping[str, Any], source: str) -> None:
     """The resume contract: ConfigError naming each change outside RESUMABLE, or a max_steps below the step."""
     before = run_identity(stored_config(checkpoint["config"], source), RESUMABLE)
     after = run_identity(cfg, RESUMABLE)
-    if changed := [
-        f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in sorted(before | after) if before.get(k) != after.get(k)
-    ]:
+    if changed := sorted(k for k in before | after if before.get(k) != after.get(k)):
+        said = "; ".join(f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in changed)
         may = ", ".join(f"{group}.{key}" for group, keys in RESUMABLE.items() for key in keys if key != "resume")
         raise ConfigError(
-            f"trainer.resume={source}: this command changes what the run computes ({'; '.join(changed)}). "
-            f"A resume may change only {may}. Nothing was written. Drop those overrides to continue the run, "
-            "or drop trainer.resume to start a new run with them."
+            f"trainer.resume={source} changes what the run computes ({said}). Nothing was written. A resume may "
+            f"change only {may}: drop the others, or drop trainer.resume to start a new run."
         )
     step, max_steps = int(checkpoint["step"]), cfg["trainer"]["max_steps"]
     if max_steps < step:
         raise ConfigError(
-            f"trainer.max_steps={max_steps} is below the step of the checkpoint being resumed ({step}): "
-            f"nothing would be trained. Nothing was written. Pass trainer.max_steps above {step} to train further."
+            f"trainer.max_steps={max_steps} is below the step of the checkpoint being resumed ({step}). Nothing "
+            f"was written. Pass trainer.max_steps above {step} to train further."
         )
     if max_steps == step:
         log.info("The checkpoint is at step %d = trainer.max_steps: nothing left to train.", step)
@@ -367,13 +322,8 @@ def check_resume(cfg: dict, checkpoint: Mapping[str, Any], source: str) -> None:
 
 def run_identity(config: dict, ignored: Mapping[str, Sequence[str]]) -> dict:
     """What makes two runs the same run: each setting by its dotted name, but hydra's section and the `ignored` keys."""
-    return {
-        f"{group}.{key}": value
-        for group, values in config.items()
-        if group != "hydra" and isinstance(values, dict)
-        for key, value in values.items()
-        if key not in ignored.get(group, ())
-    }
+    groups = {g: values for g, values in config.items() if g != "hydra" and isinstance(values, dict)}
+    return {f"{g}.{k}": v for g, values in groups.items() for k, v in values.items() if k not in ignored.get(g, ())}
 
 
 def to_dict(cfg: DictConfig) -> dict:
@@ -390,22 +340,20 @@ def hydra_quote(path: Path | str) -> str:
 
 def shell_quote(text: str) -> str:
     """`text` as one word of a POSIX shell, in double quotes where nothing in it is special there."""
-    if text == shlex.quote(text) or any(c in text for c in '"$`\\!'):
-        return shlex.quote(text)
-    return f'"{text}"'
+    return shlex.quote(text) if text == shlex.quote(text) or any(c in text for c in '"$`\\!') else f'"{text}"'
 
 
-def resume_override(run_dir: Path) -> str:
-    """`trainer.resume=RUN_DIR`, quoted for Hydra's grammar and then for the shell."""
-    return shell_quote(f"trainer.resume={hydra_quote(run_dir)}")
+def path_override(key: str, path: Path | str) -> str:
+    """`key=PATH` quoted for Hydra's grammar, then for the shell: a printed command works when pasted."""
+    return shell_quote(f"{key}={hydra_quote(path)}")
 
 
 def resume_command(run_dir: Path) -> str:
-    return f"{PROGRAMS['train']} {resume_override(run_dir)}"
+    return f"{PROGRAMS['train']} {path_override('trainer.resume', run_dir)}"
 
 
 def measure_command(run_dir: Path) -> str:
-    return f"{PROGRAMS['evaluate']} {shell_quote(f'checkpoint={hydra_quote(run_dir)}')}"
+    return f"{PROGRAMS['evaluate']} {path_override('checkpoint', run_dir)}"
 
 
 if not OmegaConf.has_resolver("program"):  # configs/*.yaml: --help names the program as it was invoked
