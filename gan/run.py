@@ -28,6 +28,7 @@ class Run:
 
     RECORD, LOCK, LAST = ".hydra", ".lock", "checkpoints/last.pt"  # .hydra: where Hydra's tools look for a record
     FOLDERS = ("", RECORD, "checkpoints", "samples", "tb", "eval", "tb/final_eval", "eval/tb")  # each one it writes in
+    FILES = ("*.log", f"{RECORD}/*.yaml", "checkpoints/*.pt", "samples/*.png", "samples/*.gif", "eval/*")  # and files
 
     def __init__(self, folder: Path | str) -> None:
         self.dir = Path(folder)
@@ -102,14 +103,7 @@ class Run:
                 _cannot(folder, "it is a file, where the run keeps a folder")
             if folder.is_dir():
                 self.check_writable(folder)
-        for pattern in (
-            "*.log",
-            f"{self.RECORD}/*.yaml",
-            "checkpoints/*.pt",
-            "samples/*.png",
-            "samples/*.gif",
-            "eval/*",
-        ):
+        for pattern in self.FILES:
             for path in sorted(self.dir.glob(pattern)):
                 if path.is_dir() and not (path.parent.name == "eval" and path.name in ("tb", "export")):
                     _cannot(path, "it is a folder, where the run writes a file")
@@ -119,9 +113,8 @@ class Run:
         are wrong for root on a read-only mount or a spent quota (a full disk refuses the blocks, not the name)."""
         folder, path = folder or self.dir, (folder or self.dir) / f".write-test-{os.getpid()}"
         try:
-            with open(
-                path, "xb"
-            ) as file:  # buffered: a short write is retried, then raises (a size limit, a full disk)
+            # buffered: a short write is retried, then raises (a file-size limit, a disk that filled meanwhile)
+            with open(path, "xb") as file:
                 file.write(bytes(4096))
                 file.flush()
                 os.fsync(file.fileno())
@@ -194,19 +187,15 @@ def held_log() -> Iterator[MemoryHandler]:
 def _write_holder(fd: int) -> None:
     """filelock's on_acquired: this process's 'PID HOST' into the lock file, and a word about a holder that died."""
     os.lseek(fd, 0, os.SEEK_SET)
-    if previous := os.read(fd, 200).decode(errors="replace").split():
-        log.warning(
-            "Took over the lock of process %s, which ended without releasing it.", " on host ".join(previous[:2])
-        )
+    if previous := os.read(fd, 200).decode(errors="replace").split()[:2]:
+        log.warning("Took over the lock of process %s, which ended without releasing it.", " on host ".join(previous))
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)
     os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
 
 
 def _cannot(path: Path, problem: str, fix: str = "Move it away") -> NoReturn:
-    raise RunDirError(
-        f"Cannot write {path}: {problem}. Nothing was written. {fix}, then run the command again."
-    ) from None
+    raise RunDirError(f"Cannot write {path}: {problem}. Nothing was written. {fix}, then run it again.") from None
 
 
 def alive(pid: int) -> bool:

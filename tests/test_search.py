@@ -44,7 +44,7 @@ def test_a_search_fails_a_trial_without_a_score_goes_on_and_resumes_from_its_sto
     assert len(runs) == 4  # every trial trained, each in a folder of its own (job numbers restart at 0)
 
 
-# a search that cannot run as asked: one paragraph, exit 2, before the study opens (gan/search.py) ----------
+# a search that cannot run as asked: one paragraph, exit 2, before the study opens (gan/launch.py) ----------
 
 QUICK = ("-m", "hparams_search=optuna", "debug=tiny", "hydra.sweeper.n_trials=1", "hydra.sweeper.n_jobs=1")
 REFUSED = {  # overrides (STORE: the sweep folder's optuna.db) -> what the paragraph says
