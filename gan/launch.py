@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import logging
 import os
 import re
@@ -111,7 +112,7 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
 
 
 def start(name: str, main: Callable[[], int], program: str) -> NoReturn:
-    """A program run from the shell, named as invoked (`program`); it logs from the start; exits with main()'s code."""
+    """A program run from the shell, named as invoked (`program`)."""
     PROGRAMS[name] = program
     logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")
     sys.exit(main())
@@ -137,7 +138,7 @@ def hydra_refusal(err: Exception, config_name: str) -> str:
         said = f"Hydra's override grammar cannot read {err.override!r} ({detail}): quote a value holding symbols"
         if name.lstrip("+~") in PATH_KEYS:  # a path holding '=', ',' or spaces: Hydra says "mismatched input"
             said = f"{err.override}: Hydra's override grammar cannot read this path as written"
-            hint = f"Quote it for Hydra inside the shell's quotes: {path_override(name, value)} "
+            hint = f"Quote it for Hydra inside the shell's quotes: {shell_quote(f'{name}={hydra_quote(value)}')} "
     elif isinstance(err, MissingConfigException) and err.options:
         group = str(err.missing_cfg_file).rsplit("/", 1)[0]
         said, hint = said.split(" Available options")[0], f"Choose one of {', '.join(err.options)} for {group}=. "
@@ -191,8 +192,14 @@ class LaunchChecks(Callback):
             refuse(
                 f"hydra.sweep.dir={folder} already holds a sweep (multirun.yaml). Nothing was written. {again} another."
             )
-        if problem := values_problem(config):
+        sweeper = config.hydra.sweeper  # hparams_search=optuna's has n_trials: what Optuna's sweeper does not check
+        if problem := values_problem(config) or "n_trials" in sweeper and search_problem(sweeper, folder):
             refuse(f"{problem}. Nothing was written.")
+        try:  # the study's file is kept there
+            if "n_trials" in sweeper:
+                folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            refuse(unwritable("hydra.sweep.dir", folder, err))
 
 
 def values_problem(config: DictConfig) -> str:
@@ -215,21 +222,8 @@ def values_problem(config: DictConfig) -> str:
     return ""
 
 
-class SearchChecks(Callback):
-    """Refuses a search that cannot run as asked; says where a study outside its sweep folder is kept."""
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        sweeper, sweep = config.hydra.sweeper, Path(config.hydra.sweep.dir).expanduser()
-        if problem := settings_problem(sweeper) or storage_problem(sweeper.storage, sweep):
-            refuse(f"{problem}. Nothing was written.")
-        try:  # the study's file is kept there
-            sweep.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            refuse(unwritable("hydra.sweep.dir", sweep, err))
-
-
-def settings_problem(sweeper: DictConfig) -> str:
-    """What is wrong with the sweeper's numbers and direction, or ''."""
+def search_problem(sweeper: DictConfig, sweep: Path) -> str:
+    """What is wrong with an Optuna search's numbers, direction or storage, or ''."""
     for key, what in (("n_trials", "trials to run"), ("n_jobs", "trials asked for at once")):
         if not sweeper[key] or sweeper[key] < 1:
             return f"hydra.sweeper.{key}={sweeper[key]}: the number of {what} must be 1 or more"
@@ -241,14 +235,9 @@ def settings_problem(sweeper: DictConfig) -> str:
         return f"hydra.sweeper.study_name={sweeper.study_name}: a stored study needs a name to be continued: give one"
     if sweeper.direction != "minimize":
         return f"hydra.sweeper.direction={sweeper.direction}: a trial returns its FID (lower is better): leave it out"
-    return ""
-
-
-def storage_problem(storage: Optional[str], sweep: Path) -> str:
-    """What makes the study's SQLite file unusable, or ''; logs where a study outside `sweep` is kept."""
-    if storage is None or not str(storage).startswith("sqlite:///"):
+    if (storage := sweeper.storage) is None or not str(storage).startswith("sqlite:///"):
         log.warning(
-            "The study is kept %s, outside the sweep folder %s.", f"at {storage}" if storage else "in memory", sweep
+            "The study is kept %s, not in the sweep folder %s.", f"at {storage}" if storage else "in memory", sweep
         )
         return ""
     file, said = Path(str(storage)[len("sqlite:///") :]).expanduser(), f"hydra.sweeper.storage={storage}"
@@ -395,17 +384,12 @@ def shell_quote(text: str) -> str:
     return shlex.quote(text) if text == shlex.quote(text) or any(c in text for c in '"$`\\!') else f'"{text}"'
 
 
-def path_override(key: str, path: Path | str) -> str:
-    """`key=PATH` quoted for Hydra's grammar, then for the shell: a printed command works when pasted."""
-    return shell_quote(f"{key}={hydra_quote(path)}")
+def resume_command(run_dir: Path, program: str = "train", key: str = "trainer.resume") -> str:
+    """The command that resumes a run (or measures it), its path quoted for Hydra's grammar, then for the shell."""
+    return f"{PROGRAMS[program]} {shell_quote(f'{key}={hydra_quote(run_dir)}')}"
 
 
-def resume_command(run_dir: Path) -> str:
-    return f"{PROGRAMS['train']} {path_override('trainer.resume', run_dir)}"
-
-
-def measure_command(run_dir: Path) -> str:
-    return f"{PROGRAMS['evaluate']} {path_override('checkpoint', run_dir)}"
+measure_command = functools.partial(resume_command, program="evaluate", key="checkpoint")
 
 
 if not OmegaConf.has_resolver("program"):  # configs/*.yaml: --help names the program as it was invoked

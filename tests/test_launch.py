@@ -307,7 +307,7 @@ def test_the_resume_line_a_stopped_run_prints_works_when_pasted(tmp_path, name):
 def test_paths_are_quoted_for_hydra_and_the_shell(path):
     assert OverridesParser.create().parse_override(f"trainer.resume={launch.hydra_quote(path)}").value() == path
     echoed = subprocess.run(
-        ["bash", "-c", f"printf %s {launch.path_override('trainer.resume', path)}"], capture_output=True
+        ["bash", "-c", f"printf %s {launch.resume_command(path).removeprefix('python train.py ')}"], capture_output=True
     )
     assert OverridesParser.create().parse_override(echoed.stdout.decode()).value() == path
 
