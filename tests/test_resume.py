@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,15 +12,6 @@ from conftest import compose_config, output_of, run_train, snapshot
 from gan.checkpoint import load_checkpoint
 from gan.training import train
 from gan.training.state import lr_scale
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("resume") / "run"
-    result = run_train("trainer.max_steps=4", "model.g_width=8", f"hydra.run.dir={run_dir}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir
-
 
 REFUSED = {  # a change the contract refuses, or a bad value -> what the paragraph names
     "loss=hinge": "loss.name: 'bce' -> 'hinge'",
@@ -55,14 +45,14 @@ def test_a_group_named_on_resume_is_held_to_the_checkpoint_even_at_its_default(t
     assert refused.returncode == 2 and "loss.name: 'hinge' -> 'bce'" in output_of(refused), output_of(refused)[-3000:]
 
 
-def test_a_new_learning_rate_takes_effect_and_is_recorded(finished_run, tmp_path):
-    run_dir = shutil.copytree(finished_run, tmp_path / "run")  # at step 4
+def test_a_new_learning_rate_takes_effect_and_is_recorded(tiny_run, tmp_path):
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")  # at step 6
     result = run_train(
-        f"trainer.resume={run_dir}", "trainer.max_steps=6", "optim.lr=1e-5", "optim.lr_d=3e-5", "optim.lr_decay=0.5"
+        f"trainer.resume={run_dir}", "trainer.max_steps=8", "optim.lr=1e-5", "optim.lr_d=3e-5", "optim.lr_decay=0.5"
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    state, scale = load_checkpoint(run_dir), lr_scale(5, 6, 0.5)  # the last update's: the new decay's at step 5 of 6
-    assert state["step"] == 6 and scale == pytest.approx(1 / 3)
+    state, scale = load_checkpoint(run_dir), lr_scale(7, 8, 0.5)  # the last update's: the new decay's at step 7 of 8
+    assert state["step"] == 8 and scale == pytest.approx(1 / 4)
     assert (state["config"]["optim"]["lr"], state["config"]["optim"]["lr_decay"]) == (1e-5, 0.5)
     assert [g["lr"] for g in state["opt_g"]["param_groups"]] == [pytest.approx(1e-5 * scale)]
     assert [g["lr"] for g in state["opt_d"]["param_groups"]] == [pytest.approx(3e-5 * scale)]
@@ -92,15 +82,15 @@ def test_a_resume_continues_its_run_in_place_however_the_run_is_named(tiny_run, 
     assert all(run_dir in p.parents for p in tmp_path.rglob("*") if p.is_file())
 
 
-def test_a_resume_reads_its_settings_from_the_checkpoint_never_from_an_edited_record(finished_run, tmp_path):
+def test_a_resume_reads_its_settings_from_the_checkpoint_never_from_an_edited_record(tiny_run, tmp_path):
     # an edited or damaged record is neither read nor obeyed: the resume runs the checkpoint's settings, writes it anew
-    copy = shutil.copytree(finished_run, tmp_path / "run")
+    copy = shutil.copytree(tiny_run, tmp_path / "run")
     (copy / ".hydra" / "overrides.yaml").write_text("- a: [unclosed\n")
     (copy / ".hydra" / "config.yaml").write_text("model: {g_width: 999}\n")
-    result = run_train(f"trainer.resume={copy}", "trainer.max_steps=6", tiny=False)
+    result = run_train(f"trainer.resume={copy}", "trainer.max_steps=8", tiny=False)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     state = load_checkpoint(copy)
-    assert state["step"] == 6 and state["config"]["model"]["g_width"] == 8
+    assert state["step"] == 8 and state["config"]["model"]["g_width"] == 8
     assert yaml.safe_load((copy / ".hydra" / "config.yaml").read_text())["model"]["g_width"] == 8
 
 
