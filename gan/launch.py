@@ -228,23 +228,17 @@ def search_problem(sweeper: DictConfig, sweep: Path) -> str:
         if not sweeper[key] or sweeper[key] < 1:
             return f"hydra.sweeper.{key}={sweeper[key]}: the number of {what} must be 1 or more"
     if not 0 <= sweeper.max_failure_rate <= 1:
-        return (
-            f"hydra.sweeper.max_failure_rate={sweeper.max_failure_rate} must be from 0 to 1 (the share that may fail)"
-        )
+        return f"hydra.sweeper.max_failure_rate={sweeper.max_failure_rate} must be from 0 to 1 (a share of trials)"
     if not sweeper.study_name and sweeper.storage:
         return f"hydra.sweeper.study_name={sweeper.study_name}: a stored study needs a name to be continued: give one"
     if sweeper.direction != "minimize":
         return f"hydra.sweeper.direction={sweeper.direction}: a trial returns its FID (lower is better): leave it out"
     if (storage := sweeper.storage) is None or not str(storage).startswith("sqlite:///"):
-        log.warning(
-            "The study is kept %s, not in the sweep folder %s.", f"at {storage}" if storage else "in memory", sweep
-        )
+        log.warning("The study is kept %s, not in the sweep folder %s.", storage or "in memory", sweep)
         return ""
     file, said = Path(str(storage)[len("sqlite:///") :]).expanduser(), f"hydra.sweeper.storage={storage}"
     if not (inside := file.resolve().parent == sweep.resolve()):
-        log.warning(
-            "The study is stored in %s, outside the sweep folder %s: continue it with this storage.", file, sweep
-        )
+        log.warning("The study is stored in %s, outside the sweep folder %s.", file, sweep)
     if file.is_dir():
         return f"{said} names a folder, where the study is kept in a file: name a file"
     if not file.parent.is_dir():  # the sweep folder is made next, with the sweep's own checks

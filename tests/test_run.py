@@ -34,8 +34,7 @@ def test_the_lock_excludes_a_second_holder_naming_the_first(tmp_path):
     run = Run(tmp_path)
     with run.owned():
         with pytest.raises(RunDirError, match=f"is in use: process {os.getpid()} on host "):
-            with run.owned():
-                pass
+            run.owned().__enter__()
     assert not (tmp_path / Run.LOCK).exists()  # released and removed
     with run.owned():  # free again
         pass
@@ -90,10 +89,8 @@ def test_a_run_dir_in_use_is_refused_by_the_command_naming_the_holder(tiny_run, 
     before = snapshot(run_dir)
     with Run(run_dir).owned():
         result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
-    assert result.returncode == 2 and f"The run directory {run_dir} is in use: process {os.getpid()}" in output_of(
-        result
-    )
-    assert snapshot(run_dir) == before
+    assert f"The run directory {run_dir} is in use: process {os.getpid()}" in output_of(result)
+    assert result.returncode == 2 and snapshot(run_dir) == before
 
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
