@@ -54,10 +54,6 @@ RENAMED = {"trainer.on_collapse": "trainer.on_d_won", "trainer.collapse_window":
 PATH_KEYS = ("trainer.resume", "hydra.run.dir", "hydra.sweep.dir", "data.root", "checkpoint", "out")
 RERUN = "--experimental-rerun"  # Hydra's flag that unpickles a config.pickle
 PROGRAMS = {"train": "python train.py", "evaluate": "python evaluate.py", "generate": "python generate.py"}
-NO_SCORE = (  # optuna's 'Record does not exist' at a search's end, said
-    "No trial of the search returned a score (each run's log in hydra.sweep.dir says why), so it has no best trial. "
-    "Set trainer.final_eval_samples above 0, then search again."
-)
 
 
 class SweepJobFailed(CompactHydraException):
@@ -93,7 +89,10 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
     except (HydraException, OmegaConfBaseException, UserError, OSError, ValueError) as err:
         no_best = re.search("Record does not exist|No trials are completed", str(err))  # optuna: none scored
         if not own_traceback and raised_by(err, "optuna.") and no_best:
-            log.error("%s", NO_SCORE)
+            log.error(  # optuna's 'Record does not exist' at a search's end, said
+                "No trial of the search returned a score (each run's log in hydra.sweep.dir says why), so it has no "
+                "best trial. Set trainer.final_eval_samples above 0, then search again."
+            )
             return EXIT_HYDRA
         if own_traceback or (type(err) is ValueError and not raised_by(err, "hydra.")):  # a ValueError of ours: a bug
             raise
@@ -189,9 +188,7 @@ class LaunchChecks(Callback):
             refuse("A Hydra sweep (-m) launches several jobs, torchrun one: run the sweep without torchrun.")
         if (folder / "multirun.yaml").is_file() and OmegaConf.select(config, "trainer.resume") != "auto":
             again = "Add trainer.resume=auto to continue it, or choose" if "trainer" in config else "Choose"
-            refuse(
-                f"hydra.sweep.dir={folder} already holds a sweep (multirun.yaml). Nothing was written. {again} another."
-            )
+            refuse(f"hydra.sweep.dir={folder} holds a sweep (multirun.yaml). Nothing was written. {again} another.")
         sweeper = config.hydra.sweeper  # hparams_search=optuna's has n_trials: what Optuna's sweeper does not check
         if problem := values_problem(config) or "n_trials" in sweeper and search_problem(sweeper, folder):
             refuse(f"{problem}. Nothing was written.")

@@ -12,6 +12,7 @@ from logging.handlers import MemoryHandler
 from pathlib import Path
 from typing import Iterator, NoReturn, Optional
 
+import psutil
 from filelock import FileLock, Timeout
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
@@ -129,7 +130,7 @@ class Run:
         """The `.NAME.PID.tmp` files that checkpoint writers killed mid-write left, unless their process runs."""
         for tmp in sorted(self.checkpoints.glob(".*.tmp")):
             pid = tmp.name.rsplit(".", 2)[-2]
-            if pid.isdigit() and not alive(int(pid)):
+            if pid.isdigit() and not psutil.pid_exists(int(pid)):
                 with contextlib.suppress(FileNotFoundError):
                     tmp.unlink()
                     log.warning("Removed %s, left by process %s that died writing a checkpoint.", tmp, pid)
@@ -196,13 +197,3 @@ def _write_holder(fd: int) -> None:
 
 def _cannot(path: Path, problem: str, fix: str = "Move it away") -> NoReturn:
     raise RunDirError(f"Cannot write {path}: {problem}. Nothing was written. {fix}, then run it again.") from None
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except ProcessLookupError:
-        return False
-    except OSError:  # PermissionError: it exists, and belongs to another user (Windows: no signal 0)
-        pass
-    return True

@@ -148,7 +148,7 @@ def test_a_sweep_with_resume_auto_continues_each_jobs_own_run(tmp_path):
     assert "Traceback" not in output_of(first)
     jobs, before = sorted(p.parent.parent for p in sweep.rglob("last.pt")), snapshot(sweep)
     again = output_of(run_train(*common, "trainer.max_steps=2", cwd=tmp_path))  # the same sweep, the same folder
-    assert f"hydra.sweep.dir={sweep} already holds a sweep" in again and "Add trainer.resume=auto" in again
+    assert f"hydra.sweep.dir={sweep} holds a sweep (multirun.yaml)" in again and "Add trainer.resume=auto" in again
     assert snapshot(sweep) == before
     resumed = run_train(*common, "trainer.max_steps=4", "trainer.resume=auto", cwd=tmp_path)
     assert resumed.returncode == 1 and "Traceback" not in output_of(resumed), output_of(resumed)[-3000:]
