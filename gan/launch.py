@@ -97,9 +97,9 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
         if own_traceback or (type(err) is ValueError and not raised_by(err, "hydra.")):  # a ValueError of ours: a bug
             raise
         if isinstance(err, OSError) and not isinstance(err, HydraException):  # Hydra could not make the folder
-            key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(argv) else "hydra.run.dir"
-            folder = Path(os.fsdecode(err.filename or "."))
-            err = UserError(unwritable("out" if config_name == "generate" else key, folder, err))
+            key = "out" if config_name == "generate" else "hydra.run.dir"  # generate.py's folder is `out`
+            key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(argv) else key
+            err = UserError(unwritable(key, Path(os.fsdecode(err.filename or ".")), err))
         if world_from_env().is_main:  # under torchrun, rank 0 says it for every rank
             log.error("%s", err if isinstance(err, UserError) else hydra_refusal(err, config_name))
         return EXIT_BAD_INPUT

@@ -124,7 +124,8 @@ class Run:
             fix = "Free disk space (or raise the file-size limit)" if full else "Make it writable"
             _cannot(folder, f"this folder refuses a new file ({err.strerror})", fix)
         finally:
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # (none was made)
+                path.unlink()
 
     def remove_stale_temp_files(self) -> None:
         """The `.NAME.PID.tmp` files that checkpoint writers killed mid-write left, unless their process runs."""
@@ -180,9 +181,10 @@ def held_log() -> Iterator[MemoryHandler]:
         yield held
     finally:
         logging.getLogger().removeHandler(held)
-        held.close()  # writes what is still held to the file, if there is one
-        if held.target is not None:
-            held.target.close()
+        file = held.target
+        held.close()  # writes what is still held to the file, if there is one (and forgets the file)
+        if file is not None:
+            file.close()
 
 
 def _write_holder(fd: int) -> None:
