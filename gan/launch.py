@@ -286,8 +286,7 @@ class SweepNames(Callback):
 
 
 def resume_plan(cfg: DictConfig, output_dir: Path) -> tuple[DictConfig, Path]:
-    """This job's config and run folder: the checkpoint's config with this command's settings over it, in the
-    checkpoint's run folder unless the command places it (hydra.run.dir, a sweep)."""
+    """The checkpoint's config with this command's settings over it, in its run's folder unless the command says."""
     resume, hydra_cfg = cfg.trainer.resume, HydraConfig.get()
     if resume == "auto":
         found = resume_auto(to_dict(cfg), output_dir)

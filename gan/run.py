@@ -58,8 +58,7 @@ class Run:
 
     @contextlib.contextmanager
     def owned(self, in_use: str = IN_USE) -> Iterator[None]:
-        """The folder's lock for the block: filelock's FileLock (flock on POSIX, msvcrt on Windows); the OS drops
-        it when its holder dies, even by kill -9, so no lock is ever stale. The file names its holder."""
+        """The folder's lock: filelock's (flock, msvcrt), which the OS drops when its holder dies, even by kill -9."""
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / self.LOCK
         lock = FileLock(path, timeout=0, on_acquired=_write_holder)
@@ -110,8 +109,7 @@ class Run:
                     _cannot(path, "it is a folder, where the run writes a file")
 
     def check_writable(self, folder: Optional[Path] = None) -> None:
-        """RunDirError if `folder` (the run's own by default) refuses a file of one block: tried, as permission bits
-        are wrong for root on a read-only mount or a spent quota (a full disk refuses the blocks, not the name)."""
+        """RunDirError if `folder` refuses a file of one block: tried, as permission bits lie to root and on quotas."""
         folder, path = folder or self.dir, (folder or self.dir) / f".write-test-{os.getpid()}"
         try:
             # buffered: a short write is retried, then raises (a file-size limit, a disk that filled meanwhile)
@@ -137,8 +135,7 @@ class Run:
                     log.warning("Removed %s, left by process %s that died writing a checkpoint.", tmp, pid)
 
     def keep_record(self, cfg: DictConfig, held: MemoryHandler) -> None:
-        """.hydra/*.yaml as Hydra writes them, then the job's log file with the lines held so far: Hydra would write
-        both as the job starts, so a refused command would change the run it named (configs/*.yaml switch it off)."""
+        """.hydra/*.yaml and the log with its held lines, once the checks passed (Hydra's, at the job's start: off)."""
         hydra_cfg = HydraConfig.instance().cfg
         self.record.mkdir(parents=True, exist_ok=True)
         nodes = {"config.yaml": cfg, "hydra.yaml": hydra_cfg, "overrides.yaml": hydra_cfg.hydra.overrides.task}
