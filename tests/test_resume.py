@@ -38,13 +38,6 @@ def test_a_refused_resume_leaves_the_run_as_it_was_and_its_plain_resume_works(ti
     assert load_checkpoint(run_dir)["step"] == 8
 
 
-def test_a_group_named_on_resume_is_held_to_the_checkpoint_even_at_its_default(tmp_path):
-    # `loss=bce` on a hinge run names loss.name at the schema's default: it is refused, not dropped unsaid
-    assert run_train("loss=hinge", f"hydra.run.dir={tmp_path / 'run'}").returncode == 0
-    refused = run_train(f"trainer.resume={tmp_path / 'run'}", "loss=bce", "trainer.max_steps=8")
-    assert refused.returncode == 2 and "loss.name: 'hinge' -> 'bce'" in output_of(refused), output_of(refused)[-3000:]
-
-
 def test_a_new_learning_rate_takes_effect_and_is_recorded(tiny_run, tmp_path):
     run_dir = shutil.copytree(tiny_run, tmp_path / "run")  # at step 6
     result = run_train(
@@ -118,7 +111,7 @@ def test_a_run_whose_record_is_missing_resumes_with_the_settings_in_its_checkpoi
     assert [load_checkpoint(p)["step"] for p in (tmp_path / "outputs").rglob("last.pt")] == [9]
 
 
-def test_the_record_of_a_resume_that_named_only_its_own_settings_agrees_with_its_checkpoint(tmp_path):
+def test_a_resume_of_a_hinge_run_keeps_its_settings_and_holds_a_named_group_to_them_even_at_its_default(tmp_path):
     # a resume's overrides.yaml holds its command (debug=tiny, trainer.resume, max_steps), not loss=hinge: the
     # next resume compares only what those overrides set, so the run's hinge loss is no disagreement; the settings
     # the command does not name are the checkpoint's (a group's choice, a plain key), not the defaults
@@ -130,11 +123,11 @@ def test_the_record_of_a_resume_that_named_only_its_own_settings_agrees_with_its
         assert resumed.returncode == 0, output_of(resumed)[-3000:]
     assert "loss=hinge" not in (run_dir / ".hydra" / "overrides.yaml").read_text()
     state = load_checkpoint(run_dir)
-    assert (state["step"], state["config"]["loss"]["name"], state["config"]["model"]["ema_decay"]) == (
-        10,
-        "hinge",
-        0.99,
-    )
+    cfg = state["config"]
+    assert (state["step"], cfg["loss"]["name"], cfg["model"]["ema_decay"]) == (10, "hinge", 0.99)
+    # `loss=bce` names loss.name at the schema's default: it is refused, not dropped unsaid
+    refused = run_train(f"trainer.resume={run_dir}", "loss=bce", "trainer.max_steps=12", cwd=tmp_path)
+    assert refused.returncode == 2 and "loss.name: 'hinge' -> 'bce'" in output_of(refused), output_of(refused)[-3000:]
 
 
 def test_a_resume_already_at_max_steps_trains_nothing_and_is_no_error(tiny_run, tmp_path):
