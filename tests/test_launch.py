@@ -140,10 +140,11 @@ def test_hydra_full_error_keeps_hydras_own_traceback(tmp_path, monkeypatch):
 
 
 def test_a_sweep_with_resume_auto_continues_each_jobs_own_run(tmp_path):
-    # a bad job among them (optim.lr=-1) is said without a traceback, and the others run: Hydra's exit 1
+    # with no run to continue, each job starts one; a bad job (optim.lr=-1) is said without a traceback, and the
+    # others run: Hydra's exit 1
     sweep = tmp_path / "sweep"
     common = ("-m", "optim.lr=1e-3,-1,2e-3", f"hydra.sweep.dir={sweep}")
-    first = run_train(*common, "trainer.max_steps=2", cwd=tmp_path)
+    first = run_train(*common, "trainer.max_steps=2", "trainer.resume=auto", cwd=tmp_path)
     assert first.returncode == 1 and "optim.lr=-1.0 must be > 0." in output_of(first), output_of(first)[-3000:]
     assert "Traceback" not in output_of(first)
     jobs, before = sorted(p.parent.parent for p in sweep.rglob("last.pt")), snapshot(sweep)
@@ -315,4 +316,5 @@ def test_resume_auto_finds_the_matching_run_wherever_it_lies_under_outputs(tiny_
     outputs, fresh = tmp_path / "outputs", tmp_path / "new"
     wanted = to_plain(compose_config("trainer.threads=2", "trainer.max_steps=9"))  # runtime keys differ
     assert launch.resume_auto(wanted, fresh, outputs) == run_dir / "checkpoints" / "last.pt"
-    assert launch.resume_auto(to_plain(compose_config("loss=hinge")), fresh, outputs) is None  # another run's settings
+    for other in ("loss=hinge", "optim.lr=3e-4"):  # another run's settings: a rate too (a sweep's points are runs)
+        assert launch.resume_auto(to_plain(compose_config(other)), fresh, outputs) is None

@@ -87,15 +87,6 @@ def test_a_resume_reads_its_settings_from_the_checkpoint_never_from_an_edited_re
     assert yaml.safe_load((copy / ".hydra" / "config.yaml").read_text())["model"]["g_width"] == 8
 
 
-def test_resume_auto_never_continues_another_learning_rate(tmp_path):
-    first = run_train("trainer.max_steps=2", "trainer.resume=auto", "optim.lr=1e-4", cwd=tmp_path)
-    assert first.returncode == 0, first.stderr[-3000:]
-    other = run_train("trainer.max_steps=2", "trainer.resume=auto", "optim.lr=3e-4", cwd=tmp_path)
-    assert other.returncode == 0, other.stderr[-3000:]
-    runs = tmp_path.glob("outputs/**/checkpoints/last.pt")  # a run of its own, not the 1e-4 run continued
-    assert sorted(load_checkpoint(p)["config"]["optim"]["lr"] for p in runs) == [1e-4, 3e-4]
-
-
 def test_a_run_whose_record_is_missing_resumes_with_the_settings_in_its_checkpoint(tiny_run, tmp_path):
     run_a = shutil.copytree(tiny_run, tmp_path / "A")
     shutil.rmtree(run_a / ".hydra")
