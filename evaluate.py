@@ -21,7 +21,7 @@ from gan import launch
 from gan.config import register_evaluate_configs, validate_evaluate
 from gan.errors import RunDirError, UserError, environment_error
 from gan.evaluation.pipeline import evaluate, interrupted
-from gan.run import Run, held_log
+from gan.run import ELSEWHERE, Run, held_log
 
 log = logging.getLogger("evaluate")
 EXIT_BAD_INPUT, EXIT_INTERRUPTED = 2, 130
@@ -47,9 +47,7 @@ def job(cfg: DictConfig) -> tuple[int, float]:
             run.check_writable()  # a full disk or a read-only folder: said before minutes of measuring
             if run.metrics.is_file():
                 raise RunDirError(
-                    f"{run.dir} already holds an evaluation (metrics.json): a second one there would replace its "
-                    "numbers and mix its pictures and TensorBoard events with the first's. Nothing was written. "
-                    "Choose another hydra.run.dir, or move that folder away."
+                    f"{run.dir} already holds an evaluation (metrics.json). Nothing was written. {ELSEWHERE}"
                 )
             if named and (problem := run.existing_run()):
                 raise RunDirError(problem)

@@ -1,13 +1,14 @@
-"""The programs as Hydra apps (every flag as Hydra documents it; its refusals said in one paragraph, exit code 2),
-and the resume: the checkpoint's config with the command's settings laid over it."""
+"""The programs as Hydra apps (Hydra's flags; a refusal is one paragraph, exit 2), their checks, the resume contract."""
 
 from __future__ import annotations
 
 import difflib
+import functools
 import logging
 import os
 import re
 import shlex
+import sqlite3
 import sys
 import traceback
 from pathlib import Path
@@ -35,34 +36,24 @@ log = logging.getLogger(__name__)
 CONFIG_DIR = next(d for d in (Path(__file__).parent / "configs", Path(__file__).parents[1] / "configs") if d.is_dir())
 SCHEMAS = {"train": TrainConfig, "evaluate": EvaluateConfig, "generate": GenerateConfig}
 EXIT_HYDRA, EXIT_BAD_INPUT = 1, 2  # 1: Hydra's own (a sweep with a failed job); 2: bad input
-
-# What a resume may change: where and how the run executes and what it measures (resume=auto ignores these) ...
-RUNTIME_KEYS: dict[str, tuple[str, ...]] = {
-    "data": ("root", "download", "in_memory", "num_workers"),
-    "trainer": tuple(
-        "max_steps resume device progress threads adapt_threads retain_host_memory log_every sample_every "
-        "checkpoint_every keep_checkpoints final_eval_samples eval_every eval_samples overfit_every on_d_won "
-        "d_won_window".split()
-    ),
+# What a resume may change: where and how the run executes and what it measures (resume=auto ignores these); after
+# '|', the arithmetic an explicit resume may tune, which resume=auto treats as the run's identity (a sweep over rates
+# never continues another point)
+RESUMABLE = {
+    "data": "root download in_memory num_workers |",
+    "optim": "| lr lr_d lr_decay",
+    "trainer": "max_steps resume device progress threads adapt_threads retain_host_memory log_every sample_every "
+    "checkpoint_every keep_checkpoints final_eval_samples eval_every eval_samples overfit_every on_d_won d_won_window "
+    "| precision compile channels_last on_nan deterministic",
 }
-# ... and the arithmetic an explicit resume may tune, which resume=auto treats as the run's identity: a sweep over
-# rates never continues another point.
-TUNABLE_ON_RESUME: dict[str, tuple[str, ...]] = {
-    "optim": ("lr", "lr_d", "lr_decay"),
-    "trainer": ("precision", "compile", "channels_last", "on_nan", "deterministic"),
-}
-RESUMABLE = {g: (*RUNTIME_KEYS.get(g, ()), *TUNABLE_ON_RESUME.get(g, ())) for g in ("data", "optim", "trainer")}
+RUNTIME_KEYS = {group: keys.split("|")[0].split() for group, keys in RESUMABLE.items()}
+RESUMABLE = {group: keys.replace("|", "").split() for group, keys in RESUMABLE.items()}
 # Refused by their old name with the new one: the alarm detects D winning outright, which is not mode collapse
 RENAMED = {"trainer.on_collapse": "trainer.on_d_won", "trainer.collapse_window": "trainer.d_won_window"}
 # Settings that name a file or folder: a path may hold what Hydra's grammar reserves ('=', ' ', ',')
 PATH_KEYS = ("trainer.resume", "hydra.run.dir", "hydra.sweep.dir", "data.root", "checkpoint", "out")
 RERUN = "--experimental-rerun"  # Hydra's flag that unpickles a config.pickle
 PROGRAMS = {"train": "python train.py", "evaluate": "python evaluate.py", "generate": "python generate.py"}
-NO_SCORE = (  # optuna's 'Record does not exist' at a search's end, said
-    "No trial of the search returned a score, so it has no best trial: no run ended with a final FID (each run's log "
-    "in hydra.sweep.dir says why). Set trainer.final_eval_samples above 0 (and see why the runs stopped), then run the "
-    "search again."
-)
 
 
 class SweepJobFailed(CompactHydraException):
@@ -72,12 +63,7 @@ class SweepJobFailed(CompactHydraException):
 def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_name: str, argv: Sequence[str]) -> int:
     """`job` (its exit code, the value a sweeper minimises) under @hydra.main in this process; the exit code."""
     if any(len(flag := arg.split("=")[0]) > 2 and RERUN.startswith(flag) for arg in argv):  # argparse takes --exp
-        log.error(
-            "%s unpickles a job's config.pickle, and unpickling runs whatever code the file names; this project "
-            "never writes one (the job's record is .hydra/config.yaml, and a run resumes with trainer.resume=RUN_DIR). "
-            "Nothing was read or written. Drop the flag.",
-            RERUN,
-        )
+        log.error("%s unpickles a file: it runs any code it names. Nothing was read or written. Drop the flag.", RERUN)
         return EXIT_BAD_INPUT
     codes: list[int] = []
 
@@ -103,12 +89,15 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
     except (HydraException, OmegaConfBaseException, UserError, OSError, ValueError) as err:
         no_best = re.search("Record does not exist|No trials are completed", str(err))  # optuna: none scored
         if not own_traceback and raised_by(err, "optuna.") and no_best:
-            log.error("%s", NO_SCORE)
+            log.error(  # optuna's 'Record does not exist' at a search's end, said
+                "No trial of the search returned a score (each run's log in hydra.sweep.dir says why), so it has no "
+                "best trial. Set trainer.final_eval_samples above 0, then search again."
+            )
             return EXIT_HYDRA
         if own_traceback or (type(err) is ValueError and not raised_by(err, "hydra.")):  # a ValueError of ours: a bug
             raise
         if isinstance(err, OSError) and not isinstance(err, HydraException):  # Hydra could not make the folder
-            key = "hydra.run.dir" if config_name != "generate" else "out"  # generate.py's folder is `out`
+            key = "out" if config_name == "generate" else "hydra.run.dir"  # generate.py's folder is `out`
             key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(argv) else key
             err = UserError(unwritable(key, Path(os.fsdecode(err.filename or ".")), err))
         if world_from_env().is_main:  # under torchrun, rank 0 says it for every rank
@@ -122,14 +111,13 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
 
 
 def start(name: str, main: Callable[[], int], program: str) -> NoReturn:
-    """A program run from the shell, named as invoked (`program`); it logs from the start; exits with main()'s code."""
+    """A program run from the shell, named as invoked (`program`)."""
     PROGRAMS[name] = program
     logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")
     sys.exit(main())
 
 
 def raised_by(err: BaseException, package: str) -> bool:
-    """Whether `package` raised `err` (Hydra's ValueErrors about its flags: --resolve without --cfg)."""
     frames = [frame for frame, _ in traceback.walk_tb(err.__traceback__)]
     return bool(frames) and frames[-1].f_globals.get("__name__", "").startswith(package)
 
@@ -162,14 +150,11 @@ def hydra_refusal(err: Exception, config_name: str) -> str:
         node = OmegaConf.select(OmegaConf.structured(SCHEMAS[config_name]), parent)
         near = difflib.get_close_matches(name, list(node) if isinstance(node, DictConfig) else [], n=1)
         hint = f"Did you mean {parent + '.' if parent else ''}{near[0]}? " if near else ""
-    return (
-        f"{said.rstrip('.')}. Nothing was written. {hint}The command with --cfg job prints every setting and its "
-        "value, with --help the groups and their options; an override reads key=value."
-    )
+    return f"{said.rstrip('.')}. Nothing was written. {hint}--cfg job prints every setting, --help the groups."
 
 
 def compared() -> list[str]:
-    """A sweep job's overrides that name its folder (not override_dirname's exclude_keys): HParams compares them."""
+    """A sweep job's overrides that name its folder (not exclude_keys'): HParams compares them."""
     excluded = set(HydraConfig.get().job.config.override_dirname.exclude_keys)
     return [o for o in HydraConfig.get().overrides.task if override_key(o) not in excluded]
 
@@ -182,8 +167,7 @@ def command(program: str) -> str:
 def data_overrides(cfg: DictConfig, overrides: Sequence[str]) -> dict[str, Any]:
     """evaluate.py: the data.* keys among its overrides, as Hydra typed them (they replace the checkpoint's)."""
     typed = OmegaConf.to_container(cfg.data, resolve=True)
-    names = [key.split(".", 1)[1] for key in map(override_key, overrides) if key.startswith("data.")]
-    return {name: typed[name] for name in names}
+    return {key[5:]: typed[key[5:]] for key in map(override_key, overrides) if key.startswith("data.")}
 
 
 def override_key(override: str) -> str:
@@ -192,8 +176,7 @@ def override_key(override: str) -> str:
 
 
 class LaunchChecks(Callback):
-    """What only the launch can check, before Hydra makes a folder. Hydra turns a callback's exception into a warning,
-    so a refusal is a paragraph and SystemExit(2), as argparse's."""
+    """What only the launch can check, before Hydra makes a folder (Hydra would warn of a callback's exception)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if (folder := OmegaConf.select(config, "hydra.run.dir", throw_on_resolution_failure=False)) is not None:
@@ -202,20 +185,18 @@ class LaunchChecks(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         folder = empty_path("hydra.sweep.dir", config.hydra.sweep.dir)
         if world_from_env().distributed:
-            refuse(
-                "torchrun launches one training job over several processes; a Hydra sweep (-m) launches several "
-                "jobs. Run the sweep without torchrun, or one torchrun per setting."
-            )
+            refuse("A Hydra sweep (-m) launches several jobs, torchrun one: run the sweep without torchrun.")
         if (folder / "multirun.yaml").is_file() and OmegaConf.select(config, "trainer.resume") != "auto":
-            resumable = "trainer" in config  # train.py's sweeps, not evaluate.py's
-            again = "Add trainer.resume=auto to continue each job's run there, or choose" if resumable else "Choose"
-            refuse(
-                f"hydra.sweep.dir={folder} already holds a sweep (multirun.yaml): Hydra would replace its record, and "
-                f"its jobs' folders hold its results. Nothing was written. {again} another hydra.sweep.dir for a new "
-                "sweep."
-            )
-        if problem := values_problem(config):
+            again = "Add trainer.resume=auto to continue it, or choose" if "trainer" in config else "Choose"
+            refuse(f"hydra.sweep.dir={folder} holds a sweep (multirun.yaml). Nothing was written. {again} another.")
+        sweeper = config.hydra.sweeper  # hparams_search=optuna's has n_trials: what Optuna's sweeper does not check
+        if problem := values_problem(config) or "n_trials" in sweeper and search_problem(sweeper, folder):
             refuse(f"{problem}. Nothing was written.")
+        try:  # the study's file is kept there
+            if "n_trials" in sweeper:
+                folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            refuse(unwritable("hydra.sweep.dir", folder, err))
 
 
 def values_problem(config: DictConfig) -> str:
@@ -223,8 +204,10 @@ def values_problem(config: DictConfig) -> str:
     searched = [f"{k}={v}" for k, v in (OmegaConf.select(config, "hydra.sweeper.params") or {}).items()]
     loader = GlobalHydra.instance().config_loader()
     parsed = OverridesParser.create(config_loader=loader).parse_overrides([*searched, *config.hydra.overrides.task])
+    sweeps = [o for o in parsed if o.is_sweep_override()]  # each choice, or an interval's two ends
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-    swept = {o.get_key_element(): candidates(o) for o in parsed if o.is_sweep_override()}
+    swept = {o.get_key_element(): list(o.sweep_string_iterator()) for o in sweeps if not o.is_interval_sweep()}
+    swept |= {o.get_key_element(): [str(o.value().start), str(o.value().end)] for o in sweeps if o.is_interval_sweep()}
     for i in range(max(map(len, swept.values()), default=0)):  # each value of each key at least once
         job = [f"{key}={values[i % len(values)]}" for key, values in swept.items()]
         try:
@@ -236,30 +219,47 @@ def values_problem(config: DictConfig) -> str:
     return ""
 
 
-def candidates(override: Any) -> list[str]:
-    """A sweep override's values as override text: every choice, or an interval's two ends."""
-    if override.is_interval_sweep():
-        return [str(override.value().start), str(override.value().end)]
-    return list(override.sweep_string_iterator())
+def search_problem(sweeper: DictConfig, sweep: Path) -> str:
+    """What is wrong with an Optuna search's numbers, direction or storage, or ''."""
+    for key, what in (("n_trials", "trials to run"), ("n_jobs", "trials asked for at once")):
+        if not sweeper[key] or sweeper[key] < 1:
+            return f"hydra.sweeper.{key}={sweeper[key]}: the number of {what} must be 1 or more"
+    if not 0 <= sweeper.max_failure_rate <= 1:
+        return f"hydra.sweeper.max_failure_rate={sweeper.max_failure_rate} must be from 0 to 1 (a share of trials)"
+    if not sweeper.study_name and sweeper.storage:
+        return f"hydra.sweeper.study_name={sweeper.study_name}: a stored study needs a name to be continued: give one"
+    if sweeper.direction != "minimize":
+        return f"hydra.sweeper.direction={sweeper.direction}: a trial returns its FID (lower is better): leave it out"
+    if (storage := sweeper.storage) is None or not str(storage).startswith("sqlite:///"):
+        log.warning("The study is kept %s, not in the sweep folder %s.", storage or "in memory", sweep)
+        return ""
+    file, said = Path(str(storage)[len("sqlite:///") :]).expanduser(), f"hydra.sweeper.storage={storage}"
+    if not (inside := file.resolve().parent == sweep.resolve()):
+        log.warning("The study is stored in %s, outside the sweep folder %s.", file, sweep)
+    if file.is_dir():
+        return f"{said} names a folder, where the study is kept in a file: name a file"
+    if not file.parent.is_dir():  # the sweep folder is made next, with the sweep's own checks
+        return "" if inside else f"{said}: the folder {file.parent} does not exist: make it"
+    if not os.access(file if file.exists() else file.parent, os.W_OK):
+        return f"{said}: this user cannot write {file if file.exists() else file.parent}: give write permission there"
+    try:
+        if file.exists():
+            with sqlite3.connect(f"file:{file}?mode=ro", uri=True) as db:
+                db.execute("PRAGMA quick_check").fetchall()
+    except sqlite3.Error as err:
+        return f"{said}: {file} cannot be read as an SQLite database ({err}): move it away, or choose another"
+    return ""
 
 
 def unwritable(key: str, folder: Path, err: OSError) -> str:
-    existing = folder
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    why = f"{existing} is not a directory" if existing.exists() and not existing.is_dir() else err.strerror or err
-    return (
-        f"Cannot write the run directory {folder}: {why}. Nothing was written. Choose a writable folder with "
-        f"{key}=PATH (or launch from a writable directory)."
-    )
+    blocker = next((p for p in (folder, *folder.parents) if p.exists()), folder)
+    why = f"{blocker} is not a directory" if blocker.exists() and not blocker.is_dir() else err.strerror or err
+    return f"Cannot write the run directory {folder}: {why}. Nothing was written. Choose a writable {key}=PATH."
 
 
 def empty_path(key: str, value: str) -> Path:
     if not str(value).strip():  # an unset shell variable: Path("") is the launch directory
-        refuse(
-            f"{key}={value} is empty (an unset shell variable?), which names the launch directory. Nothing was "
-            f"written. Give {key} a path, or leave it out."
-        )
+        refuse(f"{key}={value} is empty (an unset shell variable?). Nothing was written. Give {key} a path.")
     return Path(value).expanduser()
 
 
@@ -270,8 +270,7 @@ def refuse(message: str) -> NoReturn:
 
 
 class SweepNames(Callback):
-    """Names each sweep job by the overrides that vary (`0_optim.lr=0.0001`): the keys given one value join
-    override_dirname's exclude_keys, unless given by hand."""
+    """Names a sweep's jobs by the overrides that vary (`0_optim.lr=0.0001`), unless exclude_keys are given by hand."""
 
     EXCLUDE_KEYS = "hydra.job.config.override_dirname.exclude_keys"
 
@@ -287,28 +286,22 @@ class SweepNames(Callback):
 
 
 def resume_plan(cfg: DictConfig, output_dir: Path) -> tuple[DictConfig, Path]:
-    """This job's config and run folder: the checkpoint's config with this command's settings over it, in the
-    checkpoint's run folder unless the command places it (hydra.run.dir, a sweep)."""
-    resume = cfg.trainer.resume
-    if resume is None:
-        return cfg, output_dir
-    placed_by_hydra = {override_key(o) for o in HydraConfig.get().overrides.hydra}
-    placed = HydraConfig.get().mode == RunMode.MULTIRUN or "hydra.run.dir" in placed_by_hydra
+    """The checkpoint's config with this command's settings over it, in its run's folder unless the command says."""
+    resume, hydra_cfg = cfg.trainer.resume, HydraConfig.get()
     if resume == "auto":
         found = resume_auto(to_dict(cfg), output_dir)
         log.info("trainer.resume=auto: %s", f"continuing {found}" if found else "no matching run, starting one")
-        if found is None:
-            with read_write(cfg):
-                cfg.trainer.resume = None
-            return cfg, output_dir
-        resume = str(found)
+        with read_write(cfg):
+            cfg.trainer.resume = resume = found and str(found)
+    if resume is None:
+        return cfg, output_dir
     checkpoint, file = load_checkpoint(resume), checkpoint_path(resume)  # refuses an empty path, a damaged file
+    placed = hydra_cfg.mode == RunMode.MULTIRUN or "hydra.run.dir" in map(override_key, hydra_cfg.overrides.hydra)
     if (own := Run.of_checkpoint(file)) is not None and not placed:
         output_dir = own.dir  # train() takes its lock: a second resume of a run in use is refused
-    stored, given = stored_config(checkpoint["config"], file), to_dict(cfg)
-    defaults = to_dict(OmegaConf.structured(TrainConfig))  # the schema holds every default (configs/train.yaml)
-    named = {override_key(o) for o in HydraConfig.get().overrides.task}
-    for group, values in given.items():  # named (a group: all of it) or off the defaults
+    stored, defaults = stored_config(checkpoint["config"], file), to_dict(OmegaConf.structured(TrainConfig))
+    named = {override_key(o) for o in hydra_cfg.overrides.task}
+    for group, values in to_dict(cfg).items():  # named (a group: all of it) or off the defaults (configs/train.yaml)
         for key, value in values.items() if isinstance(values, dict) else ():
             if {group, f"{group}.{key}"} & named or defaults.get(group, {}).get(key) != value:
                 stored[group][key] = value
@@ -320,24 +313,19 @@ def resume_auto(config: dict, output_dir: Path, outputs: Path = Path("outputs"))
     """This job's own checkpoint, else the newest under `outputs` whose run recorded these settings."""
     if (own := Run(output_dir)).last.is_file():
         return own.last
-    wanted = run_identity(config, RUNTIME_KEYS)
     for last in sorted(outputs.glob(f"**/{Run.LAST}"), key=os.path.getmtime, reverse=True):
         record = Run.of_checkpoint(last).record / "config.yaml"
         try:
             recorded = to_dict(OmegaConf.load(record))
             # run_identity would leave a scalar group out, and match on the others alone
-            why = [
-                f"its group {g!r} is {v!r}, not a mapping of settings"
-                for g, v in recorded.items()
-                if type(v) is not dict
-            ]
+            why = next((f"its group {g!r} is {v!r}" for g, v in recorded.items() if type(v) is not dict), None)
         except FileNotFoundError:  # a run that wrote no record is no one's to continue by its settings
             continue
         except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException, AttributeError) as err:  # not UTF-8
-            why = [err]
+            why = err
         if why:
-            log.warning("trainer.resume=auto: %s cannot be read (%s), so that run is not continued.", record, why[0])
-        elif run_identity(recorded, RUNTIME_KEYS) == wanted:
+            log.warning("trainer.resume=auto: %s cannot be read (%s), so that run is not continued.", record, why)
+        elif run_identity(recorded, RUNTIME_KEYS) == run_identity(config, RUNTIME_KEYS):
             return last
     return None
 
@@ -346,20 +334,18 @@ def check_resume(cfg: dict, checkpoint: Mapping[str, Any], source: str) -> None:
     """The resume contract: ConfigError naming each change outside RESUMABLE, or a max_steps below the step."""
     before = run_identity(stored_config(checkpoint["config"], source), RESUMABLE)
     after = run_identity(cfg, RESUMABLE)
-    if changed := [
-        f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in sorted(before | after) if before.get(k) != after.get(k)
-    ]:
+    if changed := sorted(k for k in before | after if before.get(k) != after.get(k)):
+        said = "; ".join(f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in changed)
         may = ", ".join(f"{group}.{key}" for group, keys in RESUMABLE.items() for key in keys if key != "resume")
         raise ConfigError(
-            f"trainer.resume={source}: this command changes what the run computes ({'; '.join(changed)}). "
-            f"A resume may change only {may}. Nothing was written. Drop those overrides to continue the run, "
-            "or drop trainer.resume to start a new run with them."
+            f"trainer.resume={source} changes what the run computes ({said}). Nothing was written. A resume may "
+            f"change only {may}: drop the others, or drop trainer.resume to start a new run."
         )
     step, max_steps = int(checkpoint["step"]), cfg["trainer"]["max_steps"]
     if max_steps < step:
         raise ConfigError(
-            f"trainer.max_steps={max_steps} is below the step of the checkpoint being resumed ({step}): "
-            f"nothing would be trained. Nothing was written. Pass trainer.max_steps above {step} to train further."
+            f"trainer.max_steps={max_steps} is below the step of the checkpoint being resumed ({step}). Nothing "
+            f"was written. Pass trainer.max_steps above {step} to train further."
         )
     if max_steps == step:
         log.info("The checkpoint is at step %d = trainer.max_steps: nothing left to train.", step)
@@ -367,13 +353,8 @@ def check_resume(cfg: dict, checkpoint: Mapping[str, Any], source: str) -> None:
 
 def run_identity(config: dict, ignored: Mapping[str, Sequence[str]]) -> dict:
     """What makes two runs the same run: each setting by its dotted name, but hydra's section and the `ignored` keys."""
-    return {
-        f"{group}.{key}": value
-        for group, values in config.items()
-        if group != "hydra" and isinstance(values, dict)
-        for key, value in values.items()
-        if key not in ignored.get(group, ())
-    }
+    groups = {g: values for g, values in config.items() if g != "hydra" and isinstance(values, dict)}
+    return {f"{g}.{k}": v for g, values in groups.items() for k, v in values.items() if k not in ignored.get(g, ())}
 
 
 def to_dict(cfg: DictConfig) -> dict:
@@ -390,22 +371,15 @@ def hydra_quote(path: Path | str) -> str:
 
 def shell_quote(text: str) -> str:
     """`text` as one word of a POSIX shell, in double quotes where nothing in it is special there."""
-    if text == shlex.quote(text) or any(c in text for c in '"$`\\!'):
-        return shlex.quote(text)
-    return f'"{text}"'
+    return shlex.quote(text) if text == shlex.quote(text) or any(c in text for c in '"$`\\!') else f'"{text}"'
 
 
-def resume_override(run_dir: Path) -> str:
-    """`trainer.resume=RUN_DIR`, quoted for Hydra's grammar and then for the shell."""
-    return shell_quote(f"trainer.resume={hydra_quote(run_dir)}")
+def resume_command(run_dir: Path, program: str = "train", key: str = "trainer.resume") -> str:
+    """The command that resumes a run (or measures it), its path quoted for Hydra's grammar, then for the shell."""
+    return f"{PROGRAMS[program]} {shell_quote(f'{key}={hydra_quote(run_dir)}')}"
 
 
-def resume_command(run_dir: Path) -> str:
-    return f"{PROGRAMS['train']} {resume_override(run_dir)}"
-
-
-def measure_command(run_dir: Path) -> str:
-    return f"{PROGRAMS['evaluate']} {shell_quote(f'checkpoint={hydra_quote(run_dir)}')}"
+measure_command = functools.partial(resume_command, program="evaluate", key="checkpoint")
 
 
 if not OmegaConf.has_resolver("program"):  # configs/*.yaml: --help names the program as it was invoked

@@ -1,5 +1,4 @@
-"""A run folder: its layout, who holds it, and what it must not be written over (a run's bookkeeping in one place,
-as in StyleGAN2-ADA's training loop and minGPT); the entry points open a `Run` on Hydra's output folder."""
+"""A run folder: its layout, its one owner at a time, and what it must not be written over (as StyleGAN2-ADA's)."""
 
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ from logging.handlers import MemoryHandler
 from pathlib import Path
 from typing import Iterator, NoReturn, Optional
 
+import psutil
 from filelock import FileLock, Timeout
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
@@ -20,39 +20,23 @@ from omegaconf import DictConfig, OmegaConf
 from gan.errors import RunDirError
 
 log = logging.getLogger(__name__)
-
-LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # Hydra's job_logging format
-IN_USE = (
-    "it is training or resuming this run). Nothing was written. Wait for it to finish, or stop it (kill -TERM writes "
-    "a checkpoint first), then resume with trainer.resume=RUN_DIR; or choose another hydra.run.dir."
-)
+ELSEWHERE = "Choose another hydra.run.dir."
+IN_USE = "it trains or resumes this run). Nothing was written. Wait for it, or stop it (kill -TERM checkpoints first)."
 
 
 class Run:
     """A run folder: checkpoints/{last,best,step_N}.pt, tb/, samples/, eval/, metrics.json, .hydra/, NAME.log, .lock."""
 
-    RECORD = ".hydra"  # Hydra's name for a job's record, so every tool that reads Hydra's runs finds it
-    LOCK = ".lock"
-    LAST = "checkpoints/last.pt"
-    # each folder the run writes into, and what it holds (for the refusals)
-    FOLDERS = {
-        "": "its files",
-        RECORD: "its record",
-        "checkpoints": "its checkpoints",
-        "samples": "its sample grids",
-        "tb": "its TensorBoard events",
-        "eval": "its final evaluation",
-        "tb/final_eval": "its final evaluation's TensorBoard events",
-        "eval/tb": "its final evaluation's TensorBoard events",
-    }
+    RECORD, LOCK, LAST = ".hydra", ".lock", "checkpoints/last.pt"  # .hydra: where Hydra's tools look for a record
+    FOLDERS = ("", RECORD, "checkpoints", "samples", "tb", "eval", "tb/final_eval", "eval/tb")  # each one it writes in
+    FILES = ("*.log", f"{RECORD}/*.yaml", "checkpoints/*.pt", "samples/*.png", "samples/*.gif", "eval/*")  # and files
 
     def __init__(self, folder: Path | str) -> None:
         self.dir = Path(folder)
         self.checkpoints, self.last = self.dir / "checkpoints", self.dir / self.LAST
         self.best = self.checkpoints / "best.pt"
         self.tb, self.samples, self.eval = self.dir / "tb", self.dir / "samples", self.dir / "eval"
-        self.metrics = self.dir / "metrics.json"  # evaluate.py's numbers
-        self.record = self.dir / self.RECORD
+        self.metrics, self.record = self.dir / "metrics.json", self.dir / self.RECORD  # metrics: evaluate.py's
 
     @classmethod
     def of_checkpoint(cls, file: Path) -> Optional[Run]:
@@ -64,57 +48,29 @@ class Run:
 
     def existing_run(self) -> Optional[str]:
         """The refusal if this folder holds a run (a checkpoint, or a record) or lies inside one, else None."""
-        for folder in Path(os.path.abspath(self.dir)).parents:
-            if Run(folder).holds_run():
-                return (
-                    f"{self.dir} lies inside the folder of another run, {folder}: a run there would write among "
-                    "that run's files. Nothing was written. Choose a hydra.run.dir outside it."
-                )
+        if outer := next((f for f in Path(os.path.abspath(self.dir)).parents if Run(f).holds_run()), None):
+            return f"{self.dir} lies inside the folder of another run, {outer}. Nothing was written. {ELSEWHERE}"
         if self.last.is_file():
-            return (
-                f"{self.dir} already holds a run (checkpoints/last.pt): a new run there would overwrite its .hydra/ "
-                f"record and replace its checkpoint. Nothing was written. Use trainer.resume={self.dir} to continue "
-                "it, or another hydra.run.dir for a new run."
-            )
+            return f"{self.dir} already holds a run. Nothing was written. Use trainer.resume={self.dir} to continue it."
         if self.holds_run():
-            return (
-                f"{self.dir} already holds a run that wrote no checkpoint (its .hydra/ record): a new run there would "
-                "mix its logs with that run's. Nothing was written. Choose another hydra.run.dir, or delete that "
-                "folder if its run is of no use."
-            )
+            return f"{self.dir} already holds a run's .hydra/ record. Nothing was written. {ELSEWHERE}"
         return None
-
-    def foreign_run(self, checkpoint: Path) -> Optional[str]:
-        """The refusal of a resume of `checkpoint` into this folder while it holds another run."""
-        own = Run.of_checkpoint(checkpoint)
-        with contextlib.suppress(OSError):  # samefile: either folder may not exist yet
-            if own is not None and os.path.samefile(own.dir, self.dir):
-                return None
-        if self.existing_run() is None:
-            return None
-        return (
-            f"trainer.resume={checkpoint} would continue its run in {self.dir}, which holds another run: its "
-            "checkpoint and .hydra/ record would be replaced. Nothing was written. Drop hydra.run.dir to continue "
-            "the run in its own folder, or name a new folder for the continuation."
-        )
 
     @contextlib.contextmanager
     def owned(self, in_use: str = IN_USE) -> Iterator[None]:
-        """The folder's lock for the block: filelock's FileLock (flock on POSIX, msvcrt on Windows); the OS drops
-        it when its holder dies, even by kill -9, so no lock is ever stale. The file names its holder."""
+        """The folder's lock: filelock's (flock, msvcrt), which the OS drops when its holder dies, even by kill -9."""
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / self.LOCK
         lock = FileLock(path, timeout=0, on_acquired=_write_holder)
         try:
             lock.acquire()
         except IsADirectoryError:
-            _cannot(path, "it is a folder, where the run keeps its lock file", "Move it away")
+            _cannot(path, "it is a folder, where the run keeps its lock file")
         except Timeout:
-            try:
-                fields = path.read_text(errors="replace").split()
-            except OSError:  # Windows: the holder's lock covers the file
-                fields = []
-            holder = f"process {' on host '.join(fields[:2])}" if fields else "another process"
+            fields: list[str] = []
+            with contextlib.suppress(OSError):  # Windows: the holder's lock covers the file
+                fields = path.read_text(errors="replace").split()[:2]
+            holder = f"process {' on host '.join(fields)}" if fields else "another process"
             raise RunDirError(f"The run directory {self.dir} is in use: {holder} holds {path} ({in_use}") from None
         try:
             yield
@@ -127,58 +83,59 @@ class Run:
     def owned_for_training(self, resuming: Optional[Path]) -> Iterator[None]:
         """Held for one training run: no new run over a run, no resume into another run's folder, no stale temp file."""
         with self.owned():
-            if problem := self.existing_run() if resuming is None else self.foreign_run(resuming):
+            own, mine = Run.of_checkpoint(resuming) if resuming else None, False
+            with contextlib.suppress(OSError):  # samefile: the checkpoint's folder may be gone
+                mine = own is not None and os.path.samefile(own.dir, self.dir)
+            if not mine and (problem := self.existing_run()):
+                if resuming:
+                    problem = (
+                        f"trainer.resume={resuming} would continue its run in {self.dir}, which holds another "
+                        "run. Nothing was written. Drop hydra.run.dir, or name a new folder."
+                    )
                 raise RunDirError(problem)
             self.remove_stale_temp_files()
             yield
 
     def check_outputs(self) -> None:
         """Before the run writes anything: RunDirError naming the first place it writes that cannot take it."""
-        for name, holds in self.FOLDERS.items():
-            if (folder := self.dir / name).exists() and not folder.is_dir():
-                _cannot(folder, f"it is a file, where the run keeps a folder of {holds}", "Move it away")
+        for folder in (self.dir / name for name in self.FOLDERS):
+            if folder.exists() and not folder.is_dir():
+                _cannot(folder, "it is a file, where the run keeps a folder")
             if folder.is_dir():
-                self.check_writable(folder, holds)
-        files = ("*.log", f"{self.RECORD}/*.yaml", "checkpoints/*.pt", "samples/*.png", "samples/*.gif", "eval/*")
-        for pattern in files:
+                self.check_writable(folder)
+        for pattern in self.FILES:
             for path in sorted(self.dir.glob(pattern)):
                 if path.is_dir() and not (path.parent.name == "eval" and path.name in ("tb", "export")):
-                    _cannot(path, "it is a folder, where the run writes a file", "Move it away")
+                    _cannot(path, "it is a folder, where the run writes a file")
 
-    def check_writable(self, folder: Optional[Path] = None, holds: str = "its files") -> None:
-        """RunDirError if `folder` (the run's own by default) refuses a file of one block: tried, as permission bits
-        are wrong for root on a read-only mount or a spent quota (a full disk refuses the blocks, not the name)."""
-        folder = folder or self.dir
-        path, fd = folder / f".write-test-{os.getpid()}", None
+    def check_writable(self, folder: Optional[Path] = None) -> None:
+        """RunDirError if `folder` refuses a file of one block: tried, as permission bits lie to root and on quotas."""
+        folder, path = folder or self.dir, (folder or self.dir) / f".write-test-{os.getpid()}"
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            block = memoryview(bytes(4096))
-            while block:  # a short write, then the error: a file-size limit or a disk that filled meanwhile
-                block = block[os.write(fd, block) :]
-            os.fsync(fd)
+            # buffered: a short write is retried, then raises (a file-size limit, a disk that filled meanwhile)
+            with open(path, "xb") as file:
+                file.write(bytes(4096))
+                file.flush()
+                os.fsync(file.fileno())
         except OSError as err:
             full = err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
             fix = "Free disk space (or raise the file-size limit)" if full else "Make it writable"
-            _cannot(folder, f"this folder of {holds} refuses a new file ({err.strerror})", fix)
+            _cannot(folder, f"this folder refuses a new file ({err.strerror})", fix)
         finally:
-            if fd is not None:
-                os.close(fd)
-                path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # (none was made)
+                path.unlink()
 
     def remove_stale_temp_files(self) -> None:
         """The `.NAME.PID.tmp` files that checkpoint writers killed mid-write left, unless their process runs."""
         for tmp in sorted(self.checkpoints.glob(".*.tmp")):
             pid = tmp.name.rsplit(".", 2)[-2]
-            if pid.isdigit() and not alive(int(pid)):
+            if pid.isdigit() and not psutil.pid_exists(int(pid)):
                 with contextlib.suppress(FileNotFoundError):
-                    size = tmp.stat().st_size
                     tmp.unlink()
-                    log.warning("Removed %s (%.1f MB), left by process %s that died writing a checkpoint.",
-                                tmp, size / 1e6, pid)  # fmt: skip
+                    log.warning("Removed %s, left by process %s that died writing a checkpoint.", tmp, pid)
 
     def keep_record(self, cfg: DictConfig, held: MemoryHandler) -> None:
-        """.hydra/*.yaml as Hydra writes them, then the job's log file with the lines held so far: Hydra would write
-        both as the job starts, so a refused command would change the run it named (configs/*.yaml switch it off)."""
+        """.hydra/*.yaml and the log with its held lines, once the checks passed (Hydra's, at the job's start: off)."""
         hydra_cfg = HydraConfig.instance().cfg
         self.record.mkdir(parents=True, exist_ok=True)
         nodes = {"config.yaml": cfg, "hydra.yaml": hydra_cfg, "overrides.yaml": hydra_cfg.hydra.overrides.task}
@@ -195,7 +152,7 @@ class Run:
             for path in partial.values():
                 path.unlink(missing_ok=True)
         handler = logging.FileHandler(self.dir / f"{hydra_cfg.hydra.job.name}.log", encoding="utf-8")
-        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))  # Hydra's
         held.setTarget(handler)
         held.flushLevel = logging.NOTSET  # from now on every line is written at once
         held.flush()
@@ -206,12 +163,10 @@ class Run:
     def remove_if_empty(self) -> None:
         """The folder Hydra made for a job that wrote nothing there, and the empty folders above it."""
         folder, stop = self.dir.absolute(), Path.cwd().absolute()
-        while folder != stop and folder != folder.parent:
-            try:
-                folder.rmdir()  # only an empty folder
-            except OSError:
-                return
-            folder = folder.parent
+        with contextlib.suppress(OSError):  # rmdir: only an empty folder
+            while folder != stop and folder != folder.parent:
+                folder.rmdir()
+                folder = folder.parent
 
 
 @contextlib.contextmanager
@@ -224,7 +179,7 @@ def held_log() -> Iterator[MemoryHandler]:
     finally:
         logging.getLogger().removeHandler(held)
         file = held.target
-        held.close()  # writes what is still held to the file, if there is one
+        held.close()  # writes what is still held to the file, if there is one (and forgets the file)
         if file is not None:
             file.close()
 
@@ -232,26 +187,12 @@ def held_log() -> Iterator[MemoryHandler]:
 def _write_holder(fd: int) -> None:
     """filelock's on_acquired: this process's 'PID HOST' into the lock file, and a word about a holder that died."""
     os.lseek(fd, 0, os.SEEK_SET)
-    if previous := os.read(fd, 200).decode(errors="replace").split():
-        log.warning("Took over the run directory's lock from process %s, which ended without releasing it (killed?).",
-                    " on host ".join(previous[:2]))  # fmt: skip
+    if previous := os.read(fd, 200).decode(errors="replace").split()[:2]:
+        log.warning("Took over the lock of process %s, which ended without releasing it.", " on host ".join(previous))
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)
     os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
 
 
-def _cannot(path: Path, problem: str, fix: str) -> NoReturn:
-    raise RunDirError(
-        f"Cannot write {path}: {problem}. Nothing was written: the run's record, log, TensorBoard events and "
-        f"checkpoints are as they were. {fix}, then run the same command again."
-    ) from None
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except ProcessLookupError:
-        return False
-    except OSError:  # PermissionError: it exists, and belongs to another user (Windows: no signal 0)
-        return True
-    return True
+def _cannot(path: Path, problem: str, fix: str = "Move it away") -> NoReturn:
+    raise RunDirError(f"Cannot write {path}: {problem}. Nothing was written. {fix}, then run it again.") from None

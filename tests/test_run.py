@@ -30,21 +30,11 @@ def unused_pid() -> int:
     return pid
 
 
-def test_the_layout_is_spelled_once():
-    run = Run("r")
-    assert (run.last, run.best) == (Path("r/checkpoints/last.pt"), Path("r/checkpoints/best.pt"))
-    assert (run.tb, run.samples, run.eval, run.metrics, run.record) == tuple(
-        Path("r") / n for n in ("tb", "samples", "eval", "metrics.json", ".hydra")
-    )
-    assert Run.of_checkpoint(run.last).dir == Path("r") and Run.of_checkpoint(Path("loose.pt")) is None
-
-
 def test_the_lock_excludes_a_second_holder_naming_the_first(tmp_path):
     run = Run(tmp_path)
     with run.owned():
         with pytest.raises(RunDirError, match=f"is in use: process {os.getpid()} on host "):
-            with run.owned():
-                pass
+            run.owned().__enter__()
     assert not (tmp_path / Run.LOCK).exists()  # released and removed
     with run.owned():  # free again
         pass
@@ -52,9 +42,8 @@ def test_the_lock_excludes_a_second_holder_naming_the_first(tmp_path):
 
 def test_a_lock_that_is_a_folder_is_named_not_raised(tmp_path):
     (tmp_path / Run.LOCK).mkdir()
-    with pytest.raises(RunDirError, match="it is a folder, where the run keeps its lock file. Nothing was written"):
-        with Run(tmp_path).owned():
-            pass
+    with pytest.raises(RunDirError, match=f"{tmp_path / Run.LOCK}: it is a folder.*Nothing was written. Move it away"):
+        Run(tmp_path).owned().__enter__()
 
 
 def test_a_lock_left_by_a_dead_process_is_taken_over_with_a_word(tmp_path, caplog):
@@ -95,32 +84,14 @@ def test_stale_temp_files_go_and_live_ones_stay(tmp_path):
     assert sorted(p.name for p in run.checkpoints.iterdir()) == sorted([live.name, "last.pt"])
 
 
-@pytest.mark.parametrize(
-    ("made", "said"),
-    [
-        ("checkpoints/last.pt", "already holds a run (checkpoints/last.pt)"),
-        (".hydra/overrides.yaml", "already holds a run that wrote no checkpoint"),
-    ],
-)
-def test_a_new_run_is_refused_where_a_run_is_or_inside_one(tmp_path, made, said):
-    (tmp_path / made).parent.mkdir(parents=True)
-    (tmp_path / made).write_text("x")
-    assert said in Run(tmp_path).existing_run()
-    assert "lies inside the folder of another run" in Run(tmp_path / "deeper" / "run").existing_run()
-    assert Run(tmp_path.parent / f"{tmp_path.name}-elsewhere").existing_run() is None
-
-
 def test_a_run_dir_in_use_is_refused_by_the_command_naming_the_holder(tiny_run, tmp_path):
     run_dir = Path(shutil.copytree(tiny_run, tmp_path / "run"))
-    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    before = snapshot(run_dir)
     with Run(run_dir).owned():
         result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
-    output = result.stdout + result.stderr
-    assert result.returncode == 2 and f"The run directory {run_dir} is in use: process {os.getpid()}" in output
-    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+    assert f"The run directory {run_dir} is in use: process {os.getpid()}" in output_of(result)
+    assert result.returncode == 2 and snapshot(run_dir) == before
 
-
-# the command line: a refused command changes no file of any run ------------------------------------------
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
 
@@ -129,9 +100,8 @@ def test_a_resume_into_another_runs_folder_is_refused_by_the_command(tiny_run, t
     run_a, run_b = (shutil.copytree(tiny_run, tmp_path / name) for name in "AB")
     before = snapshot(run_a, run_b)
     result = run_train(f"trainer.resume={run_a}", f"hydra.run.dir={run_b}", "trainer.max_steps=8", cwd=tmp_path)
-    assert result.returncode == 2, output_of(result)[-3000:]
-    assert str(run_b) in output_of(result) and "holds another run" in output_of(result)
-    assert snapshot(run_a, run_b) == before
+    assert result.returncode == 2 and f"in {run_b}, which holds another run" in output_of(result), output_of(result)
+    assert "Drop hydra.run.dir" in output_of(result) and snapshot(run_a, run_b) == before
     # into a new folder it is a continuation of A there; A itself stays as it was
     fresh = tmp_path / "continued"
     result = run_train(f"trainer.resume={run_a}", f"hydra.run.dir={fresh}", "trainer.max_steps=8", cwd=tmp_path)
@@ -167,16 +137,13 @@ def test_a_new_run_over_a_run_in_progress_changes_nothing_and_its_resume_still_w
     assert load_checkpoint(run_dir)["step"] == step + 2
 
 
-def test_a_run_writes_its_record_and_a_complete_log_once_its_checks_passed(tmp_path):
-    run_dir = tmp_path / "run"
-    result = run_train("trainer.max_steps=2", f"hydra.run.dir={run_dir}", cwd=tmp_path)
-    assert result.returncode == 0, output_of(result)[-3000:]
-    overrides = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
-    assert "trainer.max_steps=2" in overrides and (run_dir / ".hydra" / "config.yaml").is_file()
-    assert yaml.safe_load((run_dir / ".hydra" / "hydra.yaml").read_text())["hydra"]["run"]["dir"] == str(run_dir)
-    log = (run_dir / "train.log").read_text()
+def test_a_run_writes_its_record_and_a_complete_log_once_its_checks_passed(tiny_run):
+    overrides = yaml.safe_load((tiny_run / ".hydra" / "overrides.yaml").read_text())
+    assert "debug=tiny" in overrides and (tiny_run / ".hydra" / "config.yaml").is_file()
+    assert yaml.safe_load((tiny_run / ".hydra" / "hydra.yaml").read_text())["hydra"]["run"]["dir"] == str(tiny_run)
+    log = (tiny_run / "train.log").read_text()
     # lines logged before the record was written (the data is read during the checks) are in the file
-    assert "training split" in log and "Done: 2 steps" in log
+    assert "training split" in log and "Done: 6 steps" in log
 
 
 def test_a_refused_new_run_leaves_no_folder(tmp_path):
@@ -206,6 +173,7 @@ def test_a_disk_that_refuses_every_write_is_reported_before_anything_is_written(
 BY_COMMAND = {  # where the run lies, hydra.run.dir= and more of the command ({run}, {tmp}), what is said
     "inside its checkpoints/": ("A", ["hydra.run.dir={run}/checkpoints"], "inside the folder of another run, {run}"),
     "deeper inside": ("A", ["hydra.run.dir={run}/more/deeply"], "inside the folder of another run, {run}"),
+    "a run with no checkpoint": ("R", ["hydra.run.dir={run}"], "{run} already holds a run's .hydra/ record"),
     "named through an interpolation": (
         "runs/interp_7",
         ["trainer.seed=7", "hydra.run.dir={tmp}/runs/interp_${{trainer.seed}}"],
@@ -227,38 +195,40 @@ def test_a_new_run_into_or_inside_a_run_is_refused_by_the_command_however_it_is_
     tiny_run, tmp_path, where, argv, said
 ):
     run_dir = shutil.copytree(tiny_run, tmp_path / where)
+    if where == "R":  # its record only: the run wrote no checkpoint
+        shutil.rmtree(run_dir / "checkpoints")
     (tmp_path / "link").symlink_to(run_dir, target_is_directory=True)
     before = snapshot(run_dir)
     result = run_train(*(arg.format(run=run_dir, tmp=tmp_path) for arg in argv), cwd=tmp_path)
     output = output_of(result)
     assert result.returncode == 2, output[-3000:]
-    assert said.format(run=run_dir, tmp=tmp_path) in output and "Traceback" not in output
+    assert said.format(run=run_dir, tmp=tmp_path) in output and "Nothing was written" in output
     assert snapshot(run_dir) == before  # its lock came and went; nothing else
 
 
-# a resume whose outputs cannot take a write: refused before it writes, naming the path -------------------
+# a folder of the run's (ending in /) made a file, or a file it writes (a grid to come, among them) made a folder
+DAMAGED = [
+    "samples/",
+    "tb/",
+    "eval/",
+    "samples/step_000008.png",
+    "checkpoints/best.pt",
+    ".hydra/config.yaml",
+    "train.log",
+]
 
 
-DAMAGED_OUTPUTS = {  # what is done to the run's folder -> (the path named, what the message says of it)
-    "samples/ is a file": ("samples", "file", "it is a file, where the run keeps a folder of its sample grids"),
-    "tb/ is a file": ("tb", "file", "it is a file, where the run keeps a folder of its TensorBoard events"),
-    "eval/ is a file": ("eval", "file", "it is a file, where the run keeps a folder of its final evaluation"),
-    "a grid to come is a folder": ("samples/step_000008.png", "folder", "it is a folder, where the run writes a file"),
-    "best.pt is a folder": ("checkpoints/best.pt", "folder", "it is a folder, where the run writes a file"),
-    "config.yaml is a folder": (".hydra/config.yaml", "folder", "it is a folder, where the run writes a file"),
-    "the log is a folder": ("train.log", "folder", "it is a folder, where the run writes a file"),
-}
-
-
-@pytest.mark.parametrize("case", DAMAGED_OUTPUTS)
+@pytest.mark.parametrize("where", DAMAGED)
 def test_a_resume_whose_outputs_cannot_take_a_write_is_refused_naming_the_path_and_changes_nothing(
-    tiny_run, tmp_path, case
+    tiny_run, tmp_path, where
 ):
-    where, becomes, said = DAMAGED_OUTPUTS[case]
     run_dir = shutil.copytree(tiny_run, tmp_path / "run")
     path = run_dir / where
     shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-    path.write_text("not a folder\n") if becomes == "file" else path.mkdir()
+    path.write_text("not a folder\n") if where.endswith("/") else path.mkdir()
+    said = (
+        "it is a file, where the run keeps a folder" if where.endswith("/") else "it is a folder, where the run writes"
+    )
     before = snapshot(run_dir)
     result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
     output = output_of(result)
@@ -283,7 +253,7 @@ def test_a_resume_that_dies_before_its_first_write_leaves_record_log_and_events_
 
 FULL_DISKS = {  # where the disk is full when the resume writes -> what the paragraph says
     "the record": (".hydra/.config.yaml.", "No space left on device (errno 28). Free disk space, then resume: "),
-    "the grids' folder": ("samples/.write-test-", "samples: this folder of its sample grids refuses a new file"),
+    "the grids' folder": ("samples/.write-test-", "samples: this folder refuses a new file (No space left on device)"),
 }
 
 
