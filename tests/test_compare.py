@@ -153,6 +153,12 @@ def test_summary_numbers():
 TINY_RACE = ["debug=tiny", "data.num_samples=2000", "trainer.log_every=1000", "metrics.classifier.min_accuracy=0"]
 
 
+@pytest.fixture(scope="module")
+def race(tmp_path_factory) -> list[str]:
+    """TINY_RACE with one data.root for the module: the metrics classifier is trained once, not once per test."""
+    return [*TINY_RACE, f"data.root={tmp_path_factory.mktemp('data')}"]
+
+
 def script(name: str, *args: str, cwd: Path, process: bool = False) -> subprocess.CompletedProcess:
     """scripts/NAME with ARGS, in this process unless `process` (a signal to itself must not reach pytest)."""
     if not process:
@@ -224,10 +230,10 @@ def test_longer_compares_each_snapshot_with_the_best_before_it():
     assert summary["holds"] == 1.0
 
 
-def test_longer_runs_end_to_end(tmp_path):
-    overrides = [*TINY_RACE, "trainer.max_steps=4"]
-    done = script("longer.py", *overrides, "--factor", "2", "--every", "4", "--samples", "100", "--out", "run",
-                  cwd=tmp_path)  # fmt: skip
+def test_longer_runs_end_to_end(tmp_path, race):
+    overrides = [*race, "trainer.max_steps=4"]
+    done = script("longer.py", *overrides, "--factor", "2", "--every", "4", "--samples", "100", "--draws", "1",
+                  "--out", "run", cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "run" / "longer.json").read_text())
     assert [row["step"] for row in result["rows"]] == [4, 8] and result["base_steps"] == 4
@@ -241,11 +247,11 @@ def test_longer_runs_end_to_end(tmp_path):
     assert again.returncode == 2 and "already holds a run" in again.stderr
 
 
-def test_longer_averages_draws_of_latents_and_measures_only_the_missing_ones(tmp_path):
+def test_longer_averages_draws_of_latents_and_measures_only_the_missing_ones(tmp_path, race):
     # a row is the mean of --draws draws of latents; a larger --draws later adds draws, keeping the measured ones
     from scripts import longer
 
-    overrides = [*TINY_RACE, "trainer.max_steps=4"]
+    overrides = [*race, "trainer.max_steps=4"]
     done = script("longer.py", *overrides, "--factor", "1", "--every", "2", "--samples", "100", "--draws", "2",
                   "--out", "run", cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -283,7 +289,7 @@ def test_longer_averages_draws_of_latents_and_measures_only_the_missing_ones(tmp
     assert bad.returncode == 2 and "--draws" in bad.stderr
 
 
-def test_longer_run_cut_off_part_way_is_trained_on_with_extend(tmp_path, monkeypatch):
+def test_longer_run_cut_off_part_way_is_trained_on_with_extend(tmp_path, monkeypatch, race):
     # a run killed mid-way has its about.json: --extend trains it on, and both parts' snapshots are measured
     from scripts import longer
 
@@ -297,29 +303,29 @@ def test_longer_run_cut_off_part_way_is_trained_on_with_extend(tmp_path, monkeyp
         return train(cfg, run_dir, after_step=step_then_fail)
 
     monkeypatch.setattr(longer, "train", cut_at_step_6)
-    overrides = [*TINY_RACE, "trainer.max_steps=4", "trainer.checkpoint_every=2"]
+    overrides = [*race, "trainer.max_steps=4", "trainer.checkpoint_every=2"]
     with pytest.raises(RuntimeError, match="went away"):
         longer.main(longer.parse([*overrides, "--factor", "2", "--every", "2", "--out", str(tmp_path / "cut")]))
     assert json.loads((tmp_path / "cut" / "about.json").read_text())["base_steps"] == 4
     assert not (tmp_path / "cut" / "longer.json").exists()
     on = script("longer.py", "--out", "cut", "--extend", "--factor", "2", "--every", "2", "--samples", "100",
-                cwd=tmp_path)  # fmt: skip
+                "--draws", "1", cwd=tmp_path)  # fmt: skip
     assert on.returncode == 0, on.stderr[-3000:]
     result = json.loads((tmp_path / "cut" / "longer.json").read_text())
     assert [row["step"] for row in result["rows"]] == [2, 4, 6, 8]
 
 
-def test_longer_extends_an_earlier_run_to_the_same_generators_as_a_longer_one(tmp_path):
+def test_longer_extends_an_earlier_run_to_the_same_generators_as_a_longer_one(tmp_path, race):
     # --extend resumes OUT/run: the snapshots past the old end are those a run with the larger factor holds
-    overrides = [*TINY_RACE, "trainer.max_steps=4"]
-    straight = script("longer.py", *overrides, "--factor", "2", "--every", "2", "--samples", "100", "--out", "a",
-                      cwd=tmp_path)  # fmt: skip
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    short = script("longer.py", *overrides, "--factor", "1", "--every", "2", "--samples", "100", "--out", "b",
-                   cwd=tmp_path)  # fmt: skip
+    from scripts import longer
+
+    overrides = [*race, "trainer.max_steps=4"]
+    longer.train_longer(compare.train_config(overrides), 2, 2, tmp_path / "a", 0)  # what longer.py trains, unmeasured
+    short = script("longer.py", *overrides, "--factor", "1", "--every", "2", "--samples", "100", "--draws", "1",
+                   "--out", "b", cwd=tmp_path)  # fmt: skip
     assert short.returncode == 0, short.stderr[-3000:]
     extended = script("longer.py", "--out", "b", "--extend", "--factor", "2", "--every", "2", "--samples", "100",
-                      cwd=tmp_path)  # fmt: skip
+                      "--draws", "1", cwd=tmp_path)  # fmt: skip
     assert extended.returncode == 0, extended.stderr[-3000:]
     result = json.loads((tmp_path / "b" / "longer.json").read_text())
     assert [row["step"] for row in result["rows"]] == [2, 4, 6, 8] and result["factor"] == 2

@@ -461,6 +461,7 @@ def pytest_in_copy(copy: str, args: list[str], log: str) -> None:
     own = {ROOT.resolve(), (ROOT / "tests").resolve()}
     sys.path[:] = [copy, *(p for p in sys.path if p not in ("", ".") and Path(p).resolve() not in own)]
     os.environ.update(PYTHONPATH=copy, PYTHONDONTWRITEBYTECODE="1", MUTATION_ORIGIN=f"{copy}/_mutation_origin.json")
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # half a run's start-up: xdist's and hydra's plugins unused
     sys.dont_write_bytecode = True
     out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(out, 1)
