@@ -405,6 +405,8 @@ def test_eval_every_puts_the_fid_curve_beside_the_losses_and_the_final_fid_among
 SHOT_TAGS = ROOT / "docs" / "images" / "tensorboard_tags.json"
 SHRUNK = {"trainer.max_steps": 6, "trainer.eval_every": 3, "trainer.eval_samples": 64, "trainer.log_every": 2,
           "trainer.sample_every": 3}  # fmt: skip
+# d_won's alarm within 50 steps (at 32): a 10-step window and a faster D, as test_longer's FORCED
+D_WON = {**SHRUNK, "trainer.max_steps": 50, "trainer.sample_every": 25, "trainer.d_won_window": 10, "optim.lr_d": 1e-2}
 
 
 def screenshot_script():
@@ -418,9 +420,8 @@ def screenshot_script():
 def test_the_screenshots_show_the_tags_and_text_items_the_code_writes(case, tmp_path):
     """Each case of docs/images/tensorboard_tags.json writes its tags; when it fails, shoot the screenshots again."""
     shown, script = json.loads(SHOT_TAGS.read_text()), screenshot_script()
-    overrides = shown["runs"][case]
-    if case != "d_won":
-        overrides = [f"{key}={SHRUNK[key]}" if (key := o.split("=")[0]) in SHRUNK else o for o in overrides]
+    shrunk = D_WON if case == "d_won" else SHRUNK
+    overrides = [f"{key}={shrunk[key]}" if (key := o.split("=")[0]) in shrunk else o for o in shown["runs"][case]]
     result = run_train(*overrides, f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert script.tags_of(tmp_path) == shown["tags"][case]
