@@ -159,9 +159,8 @@ def test_the_text_tab_holds_the_resolved_config_the_command_line_and_the_environ
     assert "<pre>" not in command[0]["text"]
 
 
-def test_a_resumed_run_adds_its_own_command_at_the_step_it_resumed_from(tmp_path):
-    run_dir = tmp_path / "run"
-    assert run_train(f"hydra.run.dir={run_dir}").returncode == 0
+def test_a_resumed_run_adds_its_own_command_at_the_step_it_resumed_from(tiny_run, tmp_path):
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
     resumed = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", tiny=False)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     # TensorBoard reads event files in name order, events.out.tfevents.<second>.<host>.<pid>.<n>: two writers of
