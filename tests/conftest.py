@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import importlib
 import io
@@ -206,6 +207,20 @@ def tiny_run(tmp_path_factory) -> Path:
     result = run_train(f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     return run_dir
+
+
+@pytest.fixture(scope="session")
+def classifier_cache(tmp_path_factory) -> Path:
+    """classifiers/ holding the metrics classifier of the tiny runs' digits, trained once: a test copies it into
+    the data.root it evaluates with, instead of training the same classifier again."""
+    from gan.config import ClassifierConfig
+    from gan.evaluation.metrics import load_or_train_classifier
+
+    root = tmp_path_factory.mktemp("data")
+    load_or_train_classifier(
+        dataclasses.replace(compose_config().data, root=str(root)), ClassifierConfig(), torch.device("cpu")
+    )
+    return root / "classifiers"
 
 
 @pytest.fixture(autouse=True)

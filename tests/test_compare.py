@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -154,9 +155,11 @@ TINY_RACE = ["debug=tiny", "data.num_samples=2000", "trainer.log_every=1000", "m
 
 
 @pytest.fixture(scope="module")
-def race(tmp_path_factory) -> list[str]:
-    """TINY_RACE with one data.root for the module: the metrics classifier is trained once, not once per test."""
-    return [*TINY_RACE, f"data.root={tmp_path_factory.mktemp('data')}"]
+def race(tmp_path_factory, classifier_cache) -> list[str]:
+    """TINY_RACE with a data.root that holds the session's metrics classifier: none trained again."""
+    root = tmp_path_factory.mktemp("data")
+    shutil.copytree(classifier_cache, root / "classifiers")
+    return [*TINY_RACE, f"data.root={root}"]
 
 
 def script(name: str, *args: str, cwd: Path, process: bool = False) -> subprocess.CompletedProcess:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -126,22 +127,25 @@ def test_the_notebook_api_trains_loads_and_samples_in_a_few_lines(tmp_path, one_
     assert load_checkpoint(result.checkpoint)["config"]["loss"]["name"] == "hinge"
 
 
-def test_the_quick_start_trains_then_evaluates_as_typed(tmp_path, one_thread):
+def test_the_quick_start_trains_then_evaluates_as_typed(tmp_path, one_thread, classifier_cache):
+    shutil.copytree(classifier_cache, tmp_path / "data" / "classifiers")  # the session's: not trained again
     trained = run_train("debug=tiny", tiny=False, cwd=tmp_path)  # docs/package.md, as typed
     assert trained.returncode == 0, trained.stderr[-3000:]
     (run_dir,) = (tmp_path / "outputs").glob("*/*_debug-tiny")
-    # the metrics classifier trains on 10,000 digits, not the 256 the run drew, and passes its 97% bar
+    # the metrics classifier of 10,000 digits (its cache key), not the 256 the run drew, passes its 97% bar
     evaluated = run_evaluate(f"checkpoint={run_dir.relative_to(tmp_path)}", cwd=tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     (metrics,) = (tmp_path / "outputs" / "eval").glob("*/*/metrics.json")
     assert json.loads(metrics.read_text())["classifier_accuracy"] >= 0.97
 
 
-def test_gan_evaluate_returns_what_metrics_json_holds(tiny_run, tmp_path, one_thread):
+def test_gan_evaluate_returns_what_metrics_json_holds(tiny_run, tmp_path, one_thread, classifier_cache, caplog):
+    cached = shutil.copytree(classifier_cache, tmp_path / "data" / "classifiers")
     overrides = ("num_samples=200", "device=cpu", "metrics.kid_subsets=10", f"data.root={tmp_path / 'data'}")
-    results = gan.evaluate(tiny_run, *overrides, run_dir=tmp_path / "eval")
+    with caplog.at_level(logging.INFO):
+        results = gan.evaluate(tiny_run, *overrides, run_dir=tmp_path / "eval")
     assert results == json.loads((tmp_path / "eval" / "metrics.json").read_text())
-    assert results["num_samples"] == 200 and list((tmp_path / "data" / "classifiers").glob("*.pt"))  # data.root
+    assert results["num_samples"] == 200 and f"Metrics classifier: {cached}" in caplog.text  # read from data.root
     again = gan.evaluate(tiny_run, *overrides)  # into a temporary folder, removed afterwards
     assert again["fid"] == results["fid"] > 0
     with pytest.raises(ConfigError, match="num_samplez"):
