@@ -178,9 +178,7 @@ def test_the_api_refuses_what_the_command_line_refuses(tmp_path):
 # overflow from deep inside, or (classes for an unconditional G, ema="no") quietly ignore or misread it
 BAD_CALLS = {
     "n=0": (lambda G: gan.sample(G, 0), "n=0"),
-    "n=-1": (lambda G: gan.sample(G, -1), "n=-1"),
     "n=2.5": (lambda G: gan.sample(G, 2.5), "n=2.5"),
-    "n='4'": (lambda G: gan.sample(G, "4"), "n='4'"),
     "seed=2**70": (lambda G: gan.sample(G, 2, seed=2**70), "seed="),
     "classes, unconditional G": (lambda G: gan.sample(G, 2, classes=torch.tensor([0, 1])), "classes="),
     "G=a path": (lambda G: gan.sample("outputs/run", 2), "type(G)='str'"),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import train as train_py
 from gan.errors import MetricsError
 from gan.training import train
+from scripts.tensorboard_screenshots import free_port
 
 # the names the log line, TensorBoard and TrainResult.metrics use (docs/watching.md says what each is)
 LOSS_TAGS = {"loss/d", "loss/g", "loss/D(x)", "loss/D(G(z))"}
@@ -48,12 +48,6 @@ def test_checkpoint_is_a_plain_dict_loadable_weights_only(tiny_run):
     assert state["config"]["loss"]["name"] == "bce"  # plain containers, enums as strings
     assert state["config"]["data"]["image_size"] == 16
     assert state["fixed_z"].shape == (16, 16)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import platform
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +28,7 @@ from gan.launch import SweepNames
 from gan.training import train
 from gan.training.loop import ALARM_TAG, BEST_FID_TAG, COMPARED, FID_TAG, FINAL_FID_TAG, hparams_of
 from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, REAL_TAG, write_progress_gif
+from scripts import tensorboard_screenshots as shots
 
 LOSS_CHARTS = ["loss/D(G(z))", "loss/D(x)", "loss/d", "loss/g"]  # TensorBoard's order
 
@@ -238,12 +237,18 @@ SWEEP_JOBS = ["0_loss=bce,optim.lr=0.0001", "1_loss=hinge,optim.lr=0.0001", "2_l
               "3_loss=hinge,optim.lr=0.0004"]  # fmt: skip
 
 
-def test_sweep_jobs_are_named_by_what_varies_only(watched_sweep):
-    jobs = sorted(p.name for p in watched_sweep.iterdir() if p.is_dir())
-    assert jobs == SWEEP_JOBS
+def test_sweep_jobs_are_named_by_what_varies_only_and_their_results_open_the_page(watched_sweep):
+    """FID/best is written once, at the run's end: one dot per run, which smoothing leaves as it is."""
+    assert sorted(p.name for p in watched_sweep.iterdir() if p.is_dir()) == SWEEP_JOBS
     assert TensorBoardClient(watched_sweep).get("/data/runs") == [f"{name}/tb" for name in SWEEP_JOBS]
     lrs = [load_checkpoint(watched_sweep / job)["config"]["optim"]["lr"] for job in SWEEP_JOBS]
     assert lrs == [1e-4, 1e-4, 4e-4, 4e-4]  # each job its own run, with its own settings
+    for job in SWEEP_JOBS:
+        events = events_of(watched_sweep / job / "tb")
+        assert [e.step for e in events.Scalars(BEST_FID_TAG)] == [6]
+        assert not [t for t in events.Tags()["scalars"] if "step_of" in t]
+        assert len(events.Scalars(FID_TAG)) == 2  # the curve, at 3 and 6
+        assert tb_group_order(events.Tags()["scalars"] + events.Tags()["images"])[:2] == ["FID", "loss"]
 
 
 def test_sweep_hparams_show_the_swept_keys_and_the_results_first(watched_sweep):
@@ -290,16 +295,6 @@ def test_every_run_under_outputs_fills_the_same_four_columns(tiny_run, watched_s
     assert sorted(group["hparams"]["data"] for group in groups) == ["digits"] * 5 + ["digits, conditional"]
 
 
-def test_the_results_are_one_point_per_run_in_the_group_that_opens_first(watched_sweep):
-    """FID/best is written once, at the run's end: one dot per run, which smoothing leaves as it is."""
-    for job in SWEEP_JOBS:
-        events = events_of(watched_sweep / job / "tb")
-        assert [e.step for e in events.Scalars(BEST_FID_TAG)] == [6]
-        assert not [t for t in events.Tags()["scalars"] if "step_of" in t]
-        assert len(events.Scalars(FID_TAG)) == 2  # the curve, at 3 and 6
-        assert tb_group_order(events.Tags()["scalars"] + events.Tags()["images"])[:2] == ["FID", "loss"]
-
-
 def test_sweep_table_prints_a_row_per_run_best_first(watched_sweep, tmp_path):
     plot = tmp_path / "sweep.png"
     result = run_script("sweep_table.py", str(watched_sweep), "--plot", str(plot))
@@ -325,13 +320,6 @@ def test_sweep_table_prints_a_row_per_run_best_first(watched_sweep, tmp_path):
     assert lines[5] == f"wrote {plot}" and Image.open(plot).size[0] > 0
 
 
-def documented_tags() -> set[str]:
-    """The tags docs/watching.md's table names: every `...` of its first column."""
-    page = (ROOT / "docs" / "watching.md").read_text(encoding="utf-8")
-    rows = [line.split(" | ")[0] for line in page.splitlines() if line.startswith("| `") or line.startswith("| Text")]
-    return {tag for row in rows for tag in re.findall(r"`([^`]+)`", row)}
-
-
 def test_every_tag_a_run_writes_is_named_in_the_docs(tiny_run, watched_sweep):
     """Each scalar, image and text tag a run and a sweep over losses write has its row in docs/watching.md."""
     written = set()
@@ -340,7 +328,9 @@ def test_every_tag_a_run_writes_is_named_in_the_docs(tiny_run, watched_sweep):
         written |= {tag for kind in ("scalars", "images", "tensors") for tag in tags[kind]}
     written = {tag for tag in written if not tag.startswith("_hparams_")}  # the HParams plugin's own records
     assert {"FID/best", "train/D(x)_score", "quality/FID", "run/command"} <= written
-    assert written - documented_tags() == set()
+    page = (ROOT / "docs" / "watching.md").read_text(encoding="utf-8")  # the first column of its table of tags
+    rows = [line.split(" | ")[0] for line in page.splitlines() if line.startswith("| `") or line.startswith("| Text")]
+    assert written - {tag for row in rows for tag in re.findall(r"`([^`]+)`", row)} == set()
 
 
 def sweep_start(task: list[str], hydra: list[str] = ()) -> DictConfig:
@@ -408,39 +398,30 @@ SHRUNK = {"trainer.max_steps": 6, "trainer.eval_every": 3, "trainer.eval_samples
 D_WON = {**SHRUNK, "trainer.max_steps": 50, "trainer.sample_every": 25, "trainer.d_won_window": 10, "optim.lr_d": 1e-2}
 
 
-def screenshot_script():
-    spec = importlib.util.spec_from_file_location("shots", ROOT / "scripts" / "tensorboard_screenshots.py")
-    module = sys.modules.setdefault(spec.name, importlib.util.module_from_spec(spec))  # its dataclass needs it
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("case", ["run", "conditional", "d_won"])
 def test_the_screenshots_show_the_tags_and_text_items_the_code_writes(case, tmp_path):
     """Each case of docs/images/tensorboard_tags.json writes its tags; when it fails, shoot the screenshots again."""
-    shown, script = json.loads(SHOT_TAGS.read_text()), screenshot_script()
+    shown = json.loads(SHOT_TAGS.read_text())
     shrunk = D_WON if case == "d_won" else SHRUNK
     overrides = [f"{key}={shrunk[key]}" if (key := o.split("=")[0]) in shrunk else o for o in shown["runs"][case]]
     result = run_train(*overrides, f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert script.tags_of(tmp_path) == shown["tags"][case]
+    assert shots.tags_of(tmp_path) == shown["tags"][case]
 
 
-def test_the_screenshots_of_the_sweep_show_the_tags_and_text_items_the_code_writes(watched_sweep):
-    """All but the final evaluation's tags: a fast sweep's classifier cannot pass evaluate.py's bar."""
+def test_the_screenshots_of_the_sweep_show_the_tags_the_code_writes_with_the_training_first_in_every_tab(
+    watched_sweep,
+):
+    """All but the final evaluation's tags (a fast sweep's classifier cannot pass evaluate.py's bar); the documented
+    sweep's Images tab opens on the grids, its Text tab on the command, its metrics on results."""
     shown = json.loads(SHOT_TAGS.read_text())["tags"]["sweep"]
     final = {"scalars": {FINAL_FID_TAG}, "text": {METRICS_TEXT_TAG}, "images": set()}
     final["images"] = {tag for tag in shown["images"] if tag.startswith(f"{IMAGES_GROUP}/")}
     assert final["images"] and set(shown["text"]) >= final["text"]  # the pictures do show one
-    written = screenshot_script().tags_of(watched_sweep)
+    written = shots.tags_of(watched_sweep)
     assert {kind: set(tags) for kind, tags in written.items()} == {
         kind: set(shown[kind]) - final[kind] for kind in shown
     }
-
-
-def test_a_final_evaluation_leaves_the_training_first_in_every_tab():
-    """The documented sweep's Images tab opens on the grids, its Text tab on the command, its metrics on results."""
-    shown = json.loads(SHOT_TAGS.read_text())["tags"]["sweep"]
     assert tb_group_order(shown["images"]) == ["samples", IMAGES_GROUP]
     assert sorted(shown["images"])[:2] == [FAKE_TAG, REAL_TAG]
     assert sorted(shown["text"]) == ["run/command", "run/config", "run/environment", METRICS_TEXT_TAG]
