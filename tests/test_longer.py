@@ -38,13 +38,9 @@ from gan.training.loop import (
 
 def test_extras_run_in_order_at_their_cadence_and_at_the_end():
     ran: list[tuple[str, int]] = []
-    extras = Extras(
-        [
-            Every("every 2", 2, lambda tick: ran.append(("every 2", tick.step))),
-            Every("every 3, at end", 3, lambda tick: ran.append(("every 3, at end", tick.step)), at_end=True),
-            Every("off", 0, lambda tick: ran.append(("off", tick.step)), at_end=True),
-        ]
-    )
+    note = lambda name: lambda tick: ran.append((name, tick.step))  # noqa: E731
+    tasks = [Every("every 2", 2, note("every 2")), Every("every 3, at end", 3, note("every 3, at end"), at_end=True)]
+    extras = Extras([*tasks, Every("off", 0, note("off"), at_end=True)])
     for step in range(1, 6):
         extras.after_step(Tick(step, {}, 1, done=step == 5))
     assert ran == [("every 2", 2), ("every 3, at end", 3), ("every 2", 4), ("every 3, at end", 5)]
@@ -53,20 +49,17 @@ def test_extras_run_in_order_at_their_cadence_and_at_the_end():
         Extras([Every("log", 1, print), Every("log", 2, print)])
 
 
-class ScriptedProbe:  # a QualityProbe whose FIDs are given in advance
-    fids: list[float] = []
-
-    def __init__(self, *args, **kwargs):
-        self.calls = 0
-
-    def measure(self, G: torch.nn.Module) -> dict[str, float]:
-        fid = type(self).fids[min(self.calls, len(type(self).fids) - 1)]
-        self.calls += 1
-        return {FID_TAG: fid, "quality/recall": 0.5}
-
-
 def scripted(monkeypatch, fids: list[float]) -> None:
-    monkeypatch.setattr(ScriptedProbe, "fids", fids)
+    """QualityProbe replaced by one whose FIDs are given in advance (the last one repeated)."""
+
+    class ScriptedProbe:
+        def __init__(self, *args, **kwargs):
+            self.calls = 0
+
+        def measure(self, G: torch.nn.Module) -> dict[str, float]:
+            self.calls += 1
+            return {FID_TAG: fids[min(self.calls, len(fids)) - 1], "quality/recall": 0.5}
+
     monkeypatch.setattr("gan.training.loop.QualityProbe", ScriptedProbe)
 
 
