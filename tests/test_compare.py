@@ -101,7 +101,16 @@ def test_snapshot_times_are_geometric_and_end_at_the_budget():
     assert len(compare.snapshot_times(2.0)) >= 3 and compare.snapshot_times(2.0)[-1] == pytest.approx(2.0)
 
 
-def test_budget_clock_starts_after_the_first_step_and_pauses_for_snapshots(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "times, seconds, last, saved, stops",
+    [  # 0.5, 1.2, 2.3, 3.1 s in all; then a run that ends at 2.5 s, between 2 and 4: snapshotted at its end
+        ([1.0, 2.0, 3.0], [0.0, 0.5, 0.7, 1.1, 0.8], 0, [(3, 1.2), (4, 2.3), (5, 3.1)], [False] * 4 + [True]),
+        ([1.0, 2.0, 4.0, 8.0], [0.0, 1.5, 1.0], 3, [(2, 1.5), (3, 2.5)], [False, False, True]),
+    ],
+)
+def test_budget_clock_starts_after_the_first_step_pauses_for_snapshots_and_snapshots_an_early_end(
+    tmp_path, monkeypatch, times, seconds, last, saved, stops
+):
     now = {"t": 100.0}
     monkeypatch.setattr(compare.time, "perf_counter", lambda: now["t"])
 
@@ -109,28 +118,12 @@ def test_budget_clock_starts_after_the_first_step_and_pauses_for_snapshots(tmp_p
         now["t"] += 50.0  # a slow snapshot: the clock must not count it
         return {"weights": torch.zeros(1)}
 
-    budget = compare.Budget([1.0, 2.0, 3.0], tmp_path)
-    stops = []
-    for step, training_seconds in enumerate([0.0, 0.5, 0.7, 1.1, 0.8], start=1):  # 0.5, 1.2, 2.3, 3.1 s in all
+    budget, ticked = compare.Budget(times, tmp_path), []
+    for step, training_seconds in enumerate(seconds, start=1):
         now["t"] += training_seconds
-        stops.append(budget.tick(step, snapshot))
-    saved = [torch.load(p, weights_only=True) for p in sorted(tmp_path.glob("*.pt"))]
-    assert [s["step"] for s in saved] == [3, 4, 5]
-    assert [round(s["seconds"], 2) for s in saved] == [1.2, 2.3, 3.1]
-    assert stops == [False, False, False, False, True]
-
-
-def test_a_run_that_ends_before_the_budget_is_snapshotted_at_its_end(tmp_path, monkeypatch):
-    now = {"t": 0.0}
-    monkeypatch.setattr(compare.time, "perf_counter", lambda: now["t"])
-    budget = compare.Budget([1.0, 2.0, 4.0, 8.0], tmp_path)
-    stops = []
-    for step, seconds in enumerate([0.0, 1.5, 1.0], start=1):  # ends at 2.5 s, between 2 and 4
-        now["t"] += seconds
-        stops.append(budget.tick(step, lambda: {"weights": torch.zeros(1)}, last=step == 3))
-    saved = [torch.load(p, weights_only=True) for p in sorted(tmp_path.glob("*.pt"))]
-    assert [(s["step"], s["seconds"]) for s in saved] == [(2, 1.5), (3, 2.5)]  # 4 s and 8 s never come
-    assert stops == [False, False, True]
+        ticked.append(budget.tick(step, snapshot, last=step == last))
+    found = [torch.load(p, weights_only=True) for p in sorted(tmp_path.glob("*.pt"))]
+    assert [(s["step"], round(s["seconds"], 2)) for s in found] == saved and ticked == stops
 
 
 def rows(side, points):
