@@ -175,10 +175,7 @@ def test_hinge_scores_are_read_through_a_sigmoid():
     scores = LOSSES["hinge"].scores(real, fake)
     assert float(scores["d/fake"]) == pytest.approx(float(torch.sigmoid(torch.tensor(-4.0))))  # 0.018
     assert float(scores["d/fake_score"]) == -4.0 and float(scores["d/real_score"]) == 4.0
-    alarm, alarms = watch()
-    for step in range(10, 110, 10):
-        alarm.observe(step, {"loss/D(G(z))": float(scores["d/fake"]), RT_TAG: 1.0})
-    assert alarms == [100]
+    assert float(scores["d/fake"]) < FAKE_BELOW  # a window of such D(G(z)) sets the alarm off (the table above)
 
 
 # G all but frozen, D fast: the tiny run's D wins at step 32 and keeps winning (past step 100)
