@@ -116,7 +116,9 @@ def test_a_run_without_ema_names_its_grid_for_g_itself(tmp_path):
     assert set(events_of(tmp_path / "tb").Tags()["images"]) == {REAL_TAG, RAW_FAKE_TAG}
 
 
-def test_the_run_is_one_hparams_session_of_the_four_compared_settings(tiny_run):
+def test_the_run_is_one_hparams_session_of_the_four_settings_and_its_text_tab_holds_config_command_environment(
+    tiny_run,
+):
     """The four settings every run reports, with its own values, defaults too; not its overrides, nor the config."""
     tb = TensorBoardClient(tiny_run)
     infos = {info["name"]: info for info in tb.experiment()["hparamInfos"]}
@@ -128,21 +130,7 @@ def test_the_run_is_one_hparams_session_of_the_four_compared_settings(tiny_run):
     (session,) = group["sessions"]
     assert session["name"] == "tb" and session["status"] == "STATUS_SUCCESS"
     assert group["name"] == "run"  # the trial id: the run folder's name
-
-
-def test_every_run_reports_the_four_settings_and_a_sweep_adds_its_keys_outside_them():
-    """A conditional model says so in `data`; a sweep job's swept key outside the four gets its own column."""
-    conditional = compose_config("model.conditional=true", "loss=hinge", "model.g_width=12")
-    swept = ["model.g_width=12", "loss=hinge", "model.conditional=true", "experiment=wgan_gp", "~model.pack"]
-    four = {"data": "digits, conditional", "loss": "hinge", "optim.lr": 0.001, "trainer.max_steps": "6"}
-    assert hparams_of(conditional) == four
-    assert hparams_of(conditional, swept) == {**four, "model.g_width": "12", "experiment": "wgan_gp"}
-
-
-def test_the_text_tab_holds_the_resolved_config_the_command_line_and_the_environment(tiny_run):
-    tb = TensorBoardClient(tiny_run)
-    tags = tb.get("/data/plugin/text/tags")["tb"]
-    assert set(tags) == {"run/config", "run/command", "run/environment"}
+    assert set(tb.get("/data/plugin/text/tags")["tb"]) == {"run/config", "run/command", "run/environment"}
     environment = tb.get("/data/plugin/text/text?run=tb&tag=run/environment")[0]["text"]
     for line in (f"torch: {torch.__version__}", f"torchvision: {torchvision.__version__}", "device: cpu ("):
         assert line in environment, environment
@@ -154,16 +142,23 @@ def test_the_text_tab_holds_the_resolved_config_the_command_line_and_the_environ
     # every key, defaults included; the command with its overrides, not Hydra's own (hydra.run.dir)
     assert "lr: 0.001" in config[0]["text"] and "max_steps: 6" in config[0]["text"]
     # inline code, which wraps at the page's edge: a code block (<pre>) would scroll sideways
-    assert "<code>python train.py debug=tiny</code>" in command[0]["text"]
-    assert "<pre>" not in command[0]["text"]
+    assert "<code>python train.py debug=tiny</code>" in command[0]["text"] and "<pre>" not in command[0]["text"]
+
+
+def test_every_run_reports_the_four_settings_and_a_sweep_adds_its_keys_outside_them():
+    """A conditional model says so in `data`; a sweep job's swept key outside the four gets its own column."""
+    conditional = compose_config("model.conditional=true", "loss=hinge", "model.g_width=12")
+    swept = ["model.g_width=12", "loss=hinge", "model.conditional=true", "experiment=wgan_gp", "~model.pack"]
+    four = {"data": "digits, conditional", "loss": "hinge", "optim.lr": 0.001, "trainer.max_steps": "6"}
+    assert hparams_of(conditional) == four
+    assert hparams_of(conditional, swept) == {**four, "model.g_width": "12", "experiment": "wgan_gp"}
 
 
 def test_a_resumed_run_adds_its_own_command_at_the_step_it_resumed_from(tiny_run, tmp_path):
     run_dir = shutil.copytree(tiny_run, tmp_path / "run")
     resumed = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", tiny=False)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    # TensorBoard reads event files in name order, events.out.tfevents.<second>.<host>.<pid>.<n>: two writers of
-    # one process in one second differ by n alone, compared as text ('10' < '9'), so the order is the steps'
+    # TensorBoard reads event files in name order, which within one second compares their counters as text
     entries = TensorBoardClient(run_dir).get("/data/plugin/text/text?run=tb&tag=run/command")
     entries.sort(key=lambda entry: entry["step"])
     assert [entry["step"] for entry in entries] == [0, 6]
