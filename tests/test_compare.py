@@ -222,7 +222,7 @@ def test_longer_compares_each_snapshot_with_the_best_before_it():
 def test_longer_runs_end_to_end(tmp_path, race):
     overrides = [*race, "trainer.max_steps=4"]
     done = run_script("longer.py", *overrides, "--factor", "2", "--every", "4", "--samples", "100", "--draws", "1",
-                  "--out", "run", cwd=tmp_path)  # fmt: skip
+                      "--out", "run", cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "run" / "longer.json").read_text())
     assert [row["step"] for row in result["rows"]] == [4, 8] and result["base_steps"] == 4
@@ -242,7 +242,7 @@ def test_longer_averages_draws_of_latents_and_measures_only_the_missing_ones(tmp
 
     overrides = [*race, "trainer.max_steps=4"]
     done = run_script("longer.py", *overrides, "--factor", "1", "--every", "2", "--samples", "100", "--draws", "2",
-                  "--out", "run", cwd=tmp_path)  # fmt: skip
+                      "--out", "run", cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     # trained to 1x only: no snapshot from 2x on, so no verdict either way
     assert done.stdout.strip().splitlines()[-1].startswith("holds=n/a worst_fid_ratio=nan")
@@ -298,7 +298,7 @@ def test_longer_run_cut_off_part_way_is_trained_on_with_extend(tmp_path, monkeyp
     assert json.loads((tmp_path / "cut" / "about.json").read_text())["base_steps"] == 4
     assert not (tmp_path / "cut" / "longer.json").exists()
     on = run_script("longer.py", "--out", "cut", "--extend", "--factor", "2", "--every", "2", "--samples", "100",
-                "--draws", "1", cwd=tmp_path)  # fmt: skip
+                    "--draws", "1", cwd=tmp_path)  # fmt: skip
     assert on.returncode == 0, on.stderr[-3000:]
     result = json.loads((tmp_path / "cut" / "longer.json").read_text())
     assert [row["step"] for row in result["rows"]] == [2, 4, 6, 8]
@@ -311,10 +311,10 @@ def test_longer_extends_an_earlier_run_to_the_same_generators_as_a_longer_one(tm
     overrides = [*race, "trainer.max_steps=4"]
     longer.train_longer(compare.train_config(overrides), 2, 2, tmp_path / "a", 0)  # what longer.py trains, unmeasured
     short = run_script("longer.py", *overrides, "--factor", "1", "--every", "2", "--samples", "100", "--draws", "1",
-                   "--out", "b", cwd=tmp_path)  # fmt: skip
+                       "--out", "b", cwd=tmp_path)  # fmt: skip
     assert short.returncode == 0, short.stderr[-3000:]
     extended = run_script("longer.py", "--out", "b", "--extend", "--factor", "2", "--every", "2", "--samples", "100",
-                      "--draws", "1", cwd=tmp_path)  # fmt: skip
+                          "--draws", "1", cwd=tmp_path)  # fmt: skip
     assert extended.returncode == 0, extended.stderr[-3000:]
     result = json.loads((tmp_path / "b" / "longer.json").read_text())
     assert [row["step"] for row in result["rows"]] == [2, 4, 6, 8] and result["factor"] == 2
