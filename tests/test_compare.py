@@ -247,10 +247,10 @@ def test_longer_averages_draws_of_latents_and_measures_only_the_missing_ones(tmp
     # trained to 1x only: no snapshot from 2x on, so no verdict either way
     assert done.stdout.strip().splitlines()[-1].startswith("holds=n/a worst_fid_ratio=nan")
     assert done.stdout.strip().splitlines()[-1].endswith("draws=2")
-    rows = json.loads((tmp_path / "run" / "longer.json").read_text())["rows"]
+    result = json.loads((tmp_path / "run" / "longer.json").read_text())
+    rows, reals = result["rows"], result["reals"]
     assert [row["step"] for row in rows] == [2, 4]
     # the data's own score: real training images are far closer to the held-out ones than a 4-step G
-    reals = json.loads((tmp_path / "run" / "longer.json").read_text())["reals"]
     assert len(reals["draws"]) == 2 and 0 <= reals["fid"] < min(row["fid"] for row in rows) / 5
     assert reals["recall"] > max(row["recall"] for row in rows)
     assert f"real training images against the same held-out images: FID {reals['fid']:.2f}" in done.stdout
