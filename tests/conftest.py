@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import importlib
 import io
@@ -31,16 +32,13 @@ from gan.core.models import Discriminator, Generator
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "configs"
 
-# Every test starts from configs/debug/tiny.yaml: a few seconds per run on 2 cores, big enough to
-# exercise every block type. A caller's own debug=... comes later and replaces it (Hydra applies
-# overrides in order). tiny trains on the CPU on every machine; GAN_TEST_DEVICE=cuda moves every
-# training run of the suite to the GPU (tests that call for a device of their own still get it).
+# Every test starts from configs/debug/tiny.yaml; a caller's own debug=... comes later and replaces it. tiny trains
+# on the CPU; GAN_TEST_DEVICE=cuda moves every training run of the suite to the GPU.
 DEVICE = os.environ.get("GAN_TEST_DEVICE")
 TINY = ["debug=tiny", *([f"trainer.device={DEVICE}"] if DEVICE else [])]
 
 
-# Every process the tests start, counted (the fast tier should start few: each Python process pays
-# seconds of imports); the count is printed at the end of the run.
+# Every process the tests start, counted and printed at the end (each Python process pays seconds of imports).
 STARTED: list[str] = []
 _popen_init = subprocess.Popen.__init__
 
@@ -100,9 +98,7 @@ def compose_config(*overrides: str) -> TrainConfig:
 def run_train(
     *overrides: str, cwd: Path | None = None, tiny: bool = True, timeout: float | None = None
 ) -> subprocess.CompletedProcess:
-    """The real command line `python train.py [TINY] OVERRIDES`, run in this process by train.main:
-    its exit code and what it printed (stdout, stderr), as a CompletedProcess. `timeout` is accepted
-    for callers written for a subprocess and ignored: pytest-timeout bounds every test."""
+    """`python train.py [TINY] OVERRIDES` run in this process by train.main; `timeout` is ignored (pytest-timeout's)."""
     flags = [o for o in overrides if o.startswith("-")]  # -m before the overrides, as on a command line
     rest = [o for o in overrides if not o.startswith("-")]
     return in_process(importlib.import_module("train").main, [*flags, *(TINY if tiny else []), *rest], cwd)
@@ -130,9 +126,8 @@ def run_script(name: str, *args: str, cwd: Path | None = None) -> subprocess.Com
 
 
 def in_process(main: Callable[[list[str]], int], argv: list[str], cwd: Path | None) -> subprocess.CompletedProcess:
-    """main(argv) with its output captured, in `cwd` (the repository by default), and with what a
-    run changes process-wide (working directory, logging, torch's threads and determinism, signal
-    handlers, environment) put back afterwards, as a process of its own would leave it."""
+    """main(argv)'s exit code and output, run in `cwd` (the repository's by default); what a run changes process-wide
+    (working directory, logging, torch's threads and determinism, signal handlers, environment) is put back."""
     out, err = io.StringIO(), io.StringIO()
     root = logging.getLogger()
     saved = (root.handlers[:], root.level, os.getcwd(), dict(os.environ), torch.get_num_threads())
@@ -183,29 +178,32 @@ def tiny_checkpoint(tmp_path: Path, *overrides: str, ema: bool = True) -> Path:
         with torch.no_grad():
             for p in averaged.module.parameters():
                 p.mul_(0.5)  # so the EMA generator differs from G
-    path = tmp_path / "ckpt.pt"
-    save_checkpoint(
-        {
-            "G": G.state_dict(),
-            "D": {},
-            "G_ema": averaged.state_dict() if averaged else None,
-            "step": 3,
-            "num_classes": num_classes,
-            "config": to_plain(cfg),
-        },
-        path,
-    )
-    return path
+    state = {"G": G.state_dict(), "D": {}, "G_ema": averaged.state_dict() if averaged else None, "step": 3}
+    save_checkpoint({**state, "num_classes": num_classes, "config": to_plain(cfg)}, tmp_path / "ckpt.pt")
+    return tmp_path / "ckpt.pt"
 
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory) -> Path:
-    """The session's one finished `python train.py debug=tiny` run (6 steps), shared
-    by every module that only reads a run; a test that writes into a run copies it first."""
+    """The session's one `python train.py debug=tiny` run (6 steps); a test that writes into it copies it first."""
     run_dir = tmp_path_factory.mktemp("tiny") / "run"
     result = run_train(f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     return run_dir
+
+
+@pytest.fixture(scope="session")
+def classifier_cache(tmp_path_factory) -> Path:
+    """classifiers/ holding the metrics classifier of the tiny runs' digits, trained once: a test copies it into
+    the data.root it evaluates with, instead of training the same classifier again."""
+    from gan.config import ClassifierConfig
+    from gan.evaluation.metrics import load_or_train_classifier
+
+    root = tmp_path_factory.mktemp("data")
+    load_or_train_classifier(
+        dataclasses.replace(compose_config().data, root=str(root)), ClassifierConfig(), torch.device("cpu")
+    )
+    return root / "classifiers"
 
 
 @pytest.fixture(autouse=True)
@@ -236,10 +234,8 @@ def tiny_gan() -> tuple[Generator, Discriminator]:
 
 
 def write_inception_state_dict(path: Path, seed: int = 0) -> Path:
-    """A weights file in torch-fidelity's format, filled with random values: the keys and shapes of
-    torchvision's Inception3 with 1008 classes and no auxiliary head, which are torch-fidelity's
-    FeatureExtractorInceptionV3's (and pytorch-fid's file's) key for key. He-scaled weights and
-    BatchNorm statistics near the identity keep the activations finite through its 94 convolutions."""
+    """Random weights in torch-fidelity's format: torchvision's Inception3 (1008 classes, no auxiliary head) is its
+    FeatureExtractorInceptionV3 key for key; He-scaled weights and BatchNorm near the identity keep it finite."""
     template = torchvision.models.inception_v3(weights=None, aux_logits=False, num_classes=1008, init_weights=False)
     gen = torch.Generator().manual_seed(seed)
     state = {}
@@ -257,9 +253,8 @@ def write_inception_state_dict(path: Path, seed: int = 0) -> Path:
 
 
 class TinyNVlabsInception(nn.Module):
-    """NVlabs' TorchScript Inception-v3 (inception-2015-12-05.pt) in miniature, with its calling
-    convention as StyleGAN2-ADA's metrics use it: uint8 RGB (N, 3, H, W) at any size, resized to
-    299 x 299 inside; net(images, return_features=True) -> (N, dims) features, logits without it."""
+    """NVlabs' TorchScript Inception-v3 in miniature, called as StyleGAN2-ADA's metrics call it: uint8 RGB (N, 3, H,
+    W) resized to 299 x 299 inside; net(images, return_features=True) -> (N, dims) features, logits without it."""
 
     def __init__(self, dims: int = 2048):
         super().__init__()

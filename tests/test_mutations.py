@@ -1,13 +1,11 @@
 """Mutation checks: the tests cited as the proof of a technique fail when that technique is removed.
 
-A test of a PyTorch fact on toy code passes whatever this project's code does, so it proves nothing
-about gan/. For each entry of MUTATIONS this copies the project into a temporary folder, removes the
-technique by an exact text patch (its anchor occurs once in the file, inside the function named), and
-runs the cited tests there in a process whose `import gan` is the copy's (a plugin records where each
-gan module came from): every cited test must fail, as a failure, not a collection error, and all must
-pass on an unchanged copy. TECHNIQUES states what each technique is for, so that VARIANTS (other ways
-to remove it) fail its proofs too; KINDS names what a mutant breaks besides the technique. MUTATIONS
-and TECHNIQUES generate docs/proofs.md's tables and README.md's technique table (tests/test_docs.py).
+A test of a PyTorch fact on toy code passes whatever gan/ does, so it proves nothing. For each entry of
+MUTATIONS the project is copied, the technique removed by an exact text patch (its anchor occurs once, inside
+the function named), and the cited tests run where `import gan` is the copy's (a plugin records each gan
+module's file): each must fail, as a failure, not a collection error, and all pass on an unchanged copy.
+TECHNIQUES says what each technique is for, so that VARIANTS (other ways to remove it) fail its proofs too;
+KINDS names what a mutant breaks besides the technique. They generate docs/proofs.md's tables.
 
     .venv/bin/python tests/test_mutations.py --write          # regenerate docs/proofs.md
     .venv/bin/python tests/test_mutations.py --variants [ID]  # MUTATIONS and VARIANTS (or those named)
@@ -64,12 +62,8 @@ def pytest_sessionfinish(session, exitstatus):
 
 @dataclasses.dataclass(frozen=True)
 class Mutation:
-    """One technique removed by one exact text patch, and the tests that must fail without it.
-
-    where: `path.py:function` (or `:Class.method`) whose body holds the anchor, which occurs once in
-    the file; replacement "" deletes it. cited: node ids. readme: the first cell of README.md's
-    technique-table row ("" for a variant). kind: a key of KINDS.
-    """
+    """One technique removed by one text patch (where: `path.py:function` or `:Class.method` holding the anchor;
+    replacement "" deletes it), the node ids that must fail, README's technique-table row ("" for a variant)."""
 
     id: str
     technique: str
@@ -372,10 +366,7 @@ def find_function(tree: ast.Module, dotted: str) -> ast.AST | None:
     """The def (or class) `name` or `Class.method` at the top of a module, or None."""
     body, node = tree.body, None
     for part in dotted.split("."):
-        node = next(
-            (n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part),
-            None,
-        )
+        node = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part), None)
         if node is None:
             return None
         body = node.body
@@ -393,8 +384,7 @@ def parse(source: str) -> ast.Module:
 
 
 def patch(source: str, mutation: Mutation) -> str:
-    """`source` (the text of mutation.file) with the anchor replaced, after checking that it occurs
-    exactly once and inside mutation.function; AssertionError otherwise (the code moved on)."""
+    """`source` with the anchor replaced; AssertionError unless it occurs once, inside mutation.function."""
     count = source.count(mutation.anchor)
     assert count == 1, f"{mutation.id}: the anchor occurs {count} times in {mutation.file}: {mutation.anchor!r}"
     node = find_function(parse(source), mutation.function)
@@ -407,27 +397,23 @@ def patch(source: str, mutation: Mutation) -> str:
 
 
 def copy_project(into: Path) -> Path:
-    """The files the cited tests need, copied from this checkout into `into`; returns `into`."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     into.mkdir(parents=True, exist_ok=True)
     for name in COPIED:
-        source = ROOT / name
-        if source.is_dir():
-            shutil.copytree(source, into / name, ignore=ignore)
-        else:
-            shutil.copy2(source, into / name)
+        copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy2
+        copy(ROOT / name, into / name, **({"ignore": ignore} if (ROOT / name).is_dir() else {}))
     (into / "_mutation_origin.py").write_text(ORIGIN_PLUGIN, encoding="utf-8")
     return into
 
 
 @dataclasses.dataclass
 class Run:
-    """The outcome of the cited tests on one copy."""
+    """The outcome of the cited tests on one copy; origins: module -> file of every gan module imported."""
 
     copy: Path
     returncode: int
     output: str
-    origins: dict[str, str | None]  # module -> file, of every gan module the run imported
+    origins: dict[str, str | None]
 
     def outcomes(self) -> dict[str, str]:
         """node id -> PASSED / FAILED / ERROR, from pytest's -rA summary."""
@@ -453,14 +439,14 @@ def fork_server() -> multiprocessing.context.BaseContext:
 
 
 def pytest_in_copy(copy: str, args: list[str], log: str) -> None:
-    """In a forked process: pytest on the copy as `python -m pytest ARGS` run in its root would be,
-    with PYTHONPATH=copy; stdout and stderr into `log`."""
+    """In a forked process: `python -m pytest ARGS` in the copy with PYTHONPATH=copy, output into `log`."""
     gc.freeze()  # what the server preloaded is never garbage: pytest's gc.collect() calls skip it
     os.chdir(copy)
     # this checkout off the path and the copy first: `import gan` must find the copy's package
     own = {ROOT.resolve(), (ROOT / "tests").resolve()}
     sys.path[:] = [copy, *(p for p in sys.path if p not in ("", ".") and Path(p).resolve() not in own)]
     os.environ.update(PYTHONPATH=copy, PYTHONDONTWRITEBYTECODE="1", MUTATION_ORIGIN=f"{copy}/_mutation_origin.json")
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # a quicker start: xdist's and hydra's plugins unused here
     sys.dont_write_bytecode = True
     out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(out, 1)
@@ -469,8 +455,7 @@ def pytest_in_copy(copy: str, args: list[str], log: str) -> None:
 
 
 def run_tests(copy: Path, node_ids: Sequence[str], timeout: float = 300) -> Run:
-    """pytest on `node_ids` in a process of its own whose `import gan` is the copy's."""
-    log = copy / "_mutation_log.txt"
+    log, origin = copy / "_mutation_log.txt", copy / "_mutation_origin.json"
     # -rA: one summary line per test with its outcome; -p _mutation_origin: the plugin above
     args = ["-q", "-rA", "-p", "no:cacheprovider", "-p", "_mutation_origin", *node_ids]
     process = fork_server().Process(target=pytest_in_copy, args=(str(copy), args, str(log)))
@@ -479,26 +464,22 @@ def run_tests(copy: Path, node_ids: Sequence[str], timeout: float = 300) -> Run:
     if process.is_alive():
         process.kill()
         process.join()
-    origin = copy / "_mutation_origin.json"
     origins = json.loads(origin.read_text(encoding="utf-8")) if origin.exists() else {}
-    output = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
-    return Run(copy, process.exitcode, output, origins)
+    return Run(
+        copy, process.exitcode, log.read_text(encoding="utf-8", errors="replace") if log.exists() else "", origins
+    )
 
 
 def run_mutant(mutation: Mutation, where: Path) -> Run:
-    copy = copy_project(where)
-    target = copy / mutation.file
+    target = copy_project(where) / mutation.file
     target.write_text(patch(target.read_text(encoding="utf-8"), mutation), encoding="utf-8")
-    return run_tests(copy, mutation.cited)
+    return run_tests(where, mutation.cited)
 
 
-def module_of(file: str) -> str:
-    return file.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
-
-
-def origin_problems(run: Run, module: str | None = None) -> list[str]:
-    """What says the run did not test the copy: a gan module imported from elsewhere, or `module`
-    (the mutated one) never imported at all."""
+def run_problems(run: Run, cited: Sequence[str], outcome: str, module: str | None = None) -> list[str]:
+    """Why the run does not show every cited test with `outcome` ([] when it does): FAILED on a mutant (pytest
+    exits 1; 2 is a collection error or an interruption), PASSED on the unchanged copy (pytest exits 0); a gan
+    module imported from outside the copy, or `module` (the mutated one) never imported, means it tested no copy."""
     problems = [
         f"{name} was imported from {file}, not from the copy"
         for name, file in run.origins.items()
@@ -508,16 +489,7 @@ def origin_problems(run: Run, module: str | None = None) -> list[str]:
         problems.append("the run recorded no gan module at all")
     elif module is not None and module not in run.origins:
         problems.append(f"{module} was never imported")
-    return problems
-
-
-def run_problems(run: Run, cited: Sequence[str], outcome: str, module: str | None = None) -> list[str]:
-    """Why the run does not show every cited test with `outcome`, FAILED on a mutant (pytest exits 1:
-    tests failed; 2 is a collection error or an interruption, 3 and 4 internal or usage errors) or
-    PASSED on the unchanged copy (pytest exits 0); [] when it does."""
-    problems = origin_problems(run, module)
-    code = 1 if outcome == "FAILED" else 0
-    if run.returncode != code:
+    if run.returncode != (code := 1 if outcome == "FAILED" else 0):
         problems.append(f"pytest exited {run.returncode}, not {code}")
     outcomes = run.outcomes()
     return problems + [
@@ -526,8 +498,8 @@ def run_problems(run: Run, cited: Sequence[str], outcome: str, module: str | Non
 
 
 def mutant_problems(mutation: Mutation, run: Run) -> list[str]:
-    """Why the mutant run does not show the mutation caught; [] when every cited test failed."""
-    return run_problems(run, mutation.cited, "FAILED", module_of(mutation.file))
+    module = mutation.file.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+    return run_problems(run, mutation.cited, "FAILED", module)
 
 
 def all_cited(mutations: Sequence[Mutation]) -> list[str]:
@@ -538,10 +510,9 @@ def pytorch_facts() -> set[str]:
     """Node ids of test_steps.py's PyTorch facts: the tests defined below FACTS_HEADER."""
     source = TECHNIQUES_FILE.read_text(encoding="utf-8")
     header = next(i for i, line in enumerate(source.splitlines(), 1) if line.startswith(FACTS_HEADER))
-    tree = ast.parse(source)
     return {
         f"tests/{TECHNIQUES_FILE.name}::{node.name}"
-        for node in tree.body
+        for node in ast.parse(source).body
         if isinstance(node, ast.FunctionDef) and node.name.startswith("test_") and node.lineno > header
     }
 
@@ -555,35 +526,31 @@ def shown(code: str) -> str:
     return f"`{code}`" if code else "(deleted)"
 
 
-def purpose_table() -> list[str]:
-    rows = ["| technique | what it is for, which its proofs check | where | proven by |", "|---|---|---|---|"]
-    for t in TECHNIQUES:
-        proofs = ", ".join(f"`{node}`" for node in t.proofs)
-        rows.append(f"| {t.technique} | {t.purpose} | {t.where} | {proofs} |")
-    return rows
+def cells(*items: str) -> str:
+    return "| " + " | ".join(items) + " |"
 
 
 def table(mutations: Sequence[Mutation], caught: str) -> list[str]:
-    rows = [
-        "| technique | what breaks | mutation (file: what is removed) | cited tests (each must fail) | caught |",
-        "|---|---|---|---|---|",
-    ]
+    rows = [cells("technique", "what breaks", "mutation (file: what is removed)", "cited tests (each must fail)",
+                  "caught"), "|---|---|---|---|---|"]  # fmt: skip
     for m in mutations:
         cited, change = ", ".join(f"`{node}`" for node in m.cited), f"{shown(m.anchor)} → {shown(m.replacement)}"
-        rows.append(f"| {m.technique} | {KINDS[m.kind]} | `{m.where}`: {change} | {cited} | {caught} |")
+        rows.append(cells(m.technique, KINDS[m.kind], f"`{m.where}`: {change}", cited, caught))
     return rows
 
 
 TABLES = {
-    "purpose": purpose_table,
+    "purpose": lambda: (
+        [cells("technique", "what it is for, which its proofs check", "where", "proven by"), "|---|---|---|---|"]
+        + [cells(t.technique, t.purpose, t.where, ", ".join(f"`{n}`" for n in t.proofs)) for t in TECHNIQUES]
+    ),
     "checked": lambda: table(MUTATIONS, "yes"),
     "variants": lambda: table(VARIANTS, "by hand (`--variants`)"),
 }
 
 
 def proofs_page(page: str | None = None) -> str:
-    """docs/proofs.md (or `page`) with each table, between `<!-- table:NAME -->` and `<!-- end -->`,
-    generated anew from TECHNIQUES, MUTATIONS and VARIANTS; the prose around them is the page's own."""
+    """docs/proofs.md (or `page`) with each table between `<!-- table:NAME -->` and `<!-- end -->` generated anew."""
     page = PROOFS_PAGE.read_text(encoding="utf-8") if page is None else page
     fill = lambda found: f"{found[1]}\n" + "\n".join(TABLES[found[2]]()) + "\n<!-- end -->"  # noqa: E731
     return re.sub(r"(<!-- table:(\w+) -->)\n.*?<!-- end -->", fill, page, flags=re.DOTALL)
@@ -602,11 +569,8 @@ def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         if item.module is request.module and hasattr(item, "callspec") and "mutation" in item.callspec.params
     ]
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        futures = {
-            "original": pool.submit(
-                lambda: run_tests(copy_project(tmp_path_factory.mktemp("original")), all_cited(MUTATIONS))
-            )
-        }
+        original = tmp_path_factory.mktemp("original")
+        futures = {"original": pool.submit(lambda: run_tests(copy_project(original), all_cited(MUTATIONS)))}
         for mutation in selected:
             futures[mutation.id] = pool.submit(run_mutant, mutation, tmp_path_factory.mktemp(mutation.id))
         yield futures
@@ -622,17 +586,15 @@ def test_the_cited_tests_pass_on_an_unchanged_copy(runs):
 def test_removing_the_technique_fails_its_cited_tests(mutation, runs):
     run = runs[mutation.id].result()
     problems = mutant_problems(mutation, run)
-    assert not problems, (
-        f"{mutation.where}: {mutation.anchor!r} -> {mutation.replacement!r}\n"
-        + "\n".join(problems)
-        + "\n"
-        + run.output[-3000:]
+    assert not problems, f"{mutation.where}: {mutation.anchor!r} -> {mutation.replacement!r}\n" + "\n".join(
+        [*problems, run.output[-3000:]]
     )
 
 
-def test_every_anchor_is_found_once_inside_its_function():
-    # checked without running anything, so a moved line is named at once; VARIANTS included
-    for mutation in [*MUTATIONS, *VARIANTS]:
+def test_every_anchor_is_found_once_inside_its_function_and_each_id_is_its_own():
+    ids = [m.id for m in [*MUTATIONS, *VARIANTS]]  # test ids, and the keys of the runs
+    assert len(set(ids)) == len(ids), sorted(i for i in ids if ids.count(i) > 1)
+    for mutation in [*MUTATIONS, *VARIANTS]:  # checked without running anything, so a moved line is named at once
         patch((ROOT / mutation.file).read_text(encoding="utf-8"), mutation)
 
 
@@ -647,19 +609,12 @@ def test_every_cited_test_is_a_proof_of_the_purpose_table_exists_and_is_no_pytor
         assert any(isinstance(n, ast.FunctionDef) and n.name == name for n in tree.body), f"{node} is not defined"
 
 
-def test_each_mutation_has_an_id_of_its_own():
-    ids = [m.id for m in [*MUTATIONS, *VARIANTS]]  # test ids, and the keys of the runs
-    assert len(set(ids)) == len(ids), sorted(i for i in ids if ids.count(i) > 1)
-
-
 def test_a_patch_that_misses_is_refused():
     source = "def f(x):\n    return x.detach()\n\n\ndef g(x):\n    return x.detach()\n"
-    twice = Mutation("m", "t", "a.py:f", "x.detach()", "x", ())
     with pytest.raises(AssertionError, match="occurs 2 times"):
-        patch(source, twice)
-    outside = Mutation("m", "t", "a.py:g", "def f(x):", "def f(y):", ())
+        patch(source, Mutation("m", "t", "a.py:f", "x.detach()", "x", ()))
     with pytest.raises(AssertionError, match="outside"):
-        patch(source, outside)
+        patch(source, Mutation("m", "t", "a.py:g", "def f(x):", "def f(y):", ()))
     once = Mutation("m", "t", "a.py:f", "    return x.detach()\n\n\ndef g", "    return x\n\n\ndef g", ())
     assert patch(source, once).startswith("def f(x):\n    return x\n")
 
@@ -672,25 +627,25 @@ def main(argv: Sequence[str]) -> int:
         PROOFS_PAGE.write_text(proofs_page(), encoding="utf-8")
         print(f"wrote {PROOFS_PAGE.relative_to(ROOT)}")
         return 0
-    if "--variants" in argv:
-        chosen = set(argv[argv.index("--variants") + 1 :])  # ids, or none for all
-        mutations = [m for m in [*MUTATIONS, *VARIANTS] if not chosen or m.id in chosen]
-        where = Path(tempfile.mkdtemp())
-        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-            original = pool.submit(lambda: run_tests(copy_project(where / "original"), all_cited(mutations)))
-            runs = {m.id: pool.submit(run_mutant, m, where / m.id) for m in mutations}
-            problems = {"original": run_problems(original.result(), all_cited(mutations), "PASSED")}
-            print(f"{'original':24} {'; '.join(problems['original']) or 'every cited test passed'}")
-            for m in mutations:
-                run = runs[m.id].result()
-                problems[m.id] = mutant_problems(m, run)
-                print(f"{m.id:24} {'NOT CAUGHT: ' + '; '.join(problems[m.id]) if problems[m.id] else 'caught'}")
-                for line in re.findall(r"^FAILED .*$", run.output, flags=re.MULTILINE):
-                    print(f"    {line[:160]}")
-        shutil.rmtree(where)
-        return 1 if any(problems.values()) else 0
-    print(__doc__)
-    return 2
+    if "--variants" not in argv:
+        print(__doc__)
+        return 2
+    chosen = set(argv[argv.index("--variants") + 1 :])  # ids, or none for all
+    mutations = [m for m in [*MUTATIONS, *VARIANTS] if not chosen or m.id in chosen]
+    where = Path(tempfile.mkdtemp())
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        original = pool.submit(lambda: run_tests(copy_project(where / "original"), all_cited(mutations)))
+        runs = {m.id: pool.submit(run_mutant, m, where / m.id) for m in mutations}
+        problems = {"original": run_problems(original.result(), all_cited(mutations), "PASSED")}
+        print(f"{'original':24} {'; '.join(problems['original']) or 'every cited test passed'}")
+        for m in mutations:
+            run = runs[m.id].result()
+            problems[m.id] = mutant_problems(m, run)
+            print(f"{m.id:24} {'NOT CAUGHT: ' + '; '.join(problems[m.id]) if problems[m.id] else 'caught'}")
+            for line in re.findall(r"^FAILED .*$", run.output, flags=re.MULTILINE):
+                print(f"    {line[:160]}")
+    shutil.rmtree(where)
+    return 1 if any(problems.values()) else 0
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import train as train_py
 from gan.errors import MetricsError
 from gan.training import train
+from scripts.tensorboard_screenshots import free_port
 
 # the names the log line, TensorBoard and TrainResult.metrics use (docs/watching.md says what each is)
 LOSS_TAGS = {"loss/d", "loss/g", "loss/D(x)", "loss/D(G(z))"}
@@ -28,7 +28,14 @@ GRAD_NORMS = {"train/grad_norm_d", "train/grad_norm_g", "train/grad_norm_images"
 EXPECTED_SCALARS = LOSS_TAGS | TRAIN_TAGS | GRAD_NORMS | {"train/lr_d", "time/img_per_s", "time/sec_per_kimg"}
 
 
-def test_run_dir_layout(tiny_run):
+def test_checkpoint_is_a_plain_dict_loadable_weights_only(tiny_run):
+    state = torch.load(tiny_run / "checkpoints" / "last.pt", weights_only=True)
+    assert {"G", "D", "opt_g", "opt_d", "step", "config", "fixed_z", "rng", "data"} <= set(state)
+    assert state["step"] == 6
+    assert state["config"]["loss"]["name"] == "bce"  # plain containers, enums as strings
+    assert state["config"]["data"]["image_size"] == 16
+    assert state["fixed_z"].shape == (16, 16)
+    # and the rest of the run's folder: its record, events, sample grids and their animation
     assert (tiny_run / ".hydra" / "config.yaml").is_file()
     assert list((tiny_run / "tb").glob("events.out.tfevents.*"))
     samples = sorted(p.name for p in (tiny_run / "samples").glob("*.png"))
@@ -39,21 +46,6 @@ def test_run_dir_layout(tiny_run):
     ):
         assert grid.size == gif.size == (4 * 18 + 2, 4 * 18 + 2)  # 16 fixed samples, 16 px, 2 px padding
         assert gif.n_frames == 2  # a frame per grid
-
-
-def test_checkpoint_is_a_plain_dict_loadable_weights_only(tiny_run):
-    state = torch.load(tiny_run / "checkpoints" / "last.pt", weights_only=True)
-    assert {"G", "D", "opt_g", "opt_d", "step", "config", "fixed_z", "rng", "data"} <= set(state)
-    assert state["step"] == 6
-    assert state["config"]["loss"]["name"] == "bce"  # plain containers, enums as strings
-    assert state["config"]["data"]["image_size"] == 16
-    assert state["fixed_z"].shape == (16, 16)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import platform
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +28,7 @@ from gan.launch import SweepNames
 from gan.training import train
 from gan.training.loop import ALARM_TAG, BEST_FID_TAG, COMPARED, FID_TAG, FINAL_FID_TAG, hparams_of
 from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, REAL_TAG, write_progress_gif
+from scripts import tensorboard_screenshots as shots
 
 LOSS_CHARTS = ["loss/D(G(z))", "loss/D(x)", "loss/d", "loss/g"]  # TensorBoard's order
 
@@ -117,7 +116,9 @@ def test_a_run_without_ema_names_its_grid_for_g_itself(tmp_path):
     assert set(events_of(tmp_path / "tb").Tags()["images"]) == {REAL_TAG, RAW_FAKE_TAG}
 
 
-def test_the_run_is_one_hparams_session_of_the_four_compared_settings(tiny_run):
+def test_the_run_is_one_hparams_session_of_the_four_settings_and_its_text_tab_holds_config_command_environment(
+    tiny_run,
+):
     """The four settings every run reports, with its own values, defaults too; not its overrides, nor the config."""
     tb = TensorBoardClient(tiny_run)
     infos = {info["name"]: info for info in tb.experiment()["hparamInfos"]}
@@ -129,21 +130,7 @@ def test_the_run_is_one_hparams_session_of_the_four_compared_settings(tiny_run):
     (session,) = group["sessions"]
     assert session["name"] == "tb" and session["status"] == "STATUS_SUCCESS"
     assert group["name"] == "run"  # the trial id: the run folder's name
-
-
-def test_every_run_reports_the_four_settings_and_a_sweep_adds_its_keys_outside_them():
-    """A conditional model says so in `data`; a sweep job's swept key outside the four gets its own column."""
-    conditional = compose_config("model.conditional=true", "loss=hinge", "model.g_width=12")
-    swept = ["model.g_width=12", "loss=hinge", "model.conditional=true", "experiment=wgan_gp", "~model.pack"]
-    four = {"data": "digits, conditional", "loss": "hinge", "optim.lr": 0.001, "trainer.max_steps": "6"}
-    assert hparams_of(conditional) == four
-    assert hparams_of(conditional, swept) == {**four, "model.g_width": "12", "experiment": "wgan_gp"}
-
-
-def test_the_text_tab_holds_the_resolved_config_the_command_line_and_the_environment(tiny_run):
-    tb = TensorBoardClient(tiny_run)
-    tags = tb.get("/data/plugin/text/tags")["tb"]
-    assert set(tags) == {"run/config", "run/command", "run/environment"}
+    assert set(tb.get("/data/plugin/text/tags")["tb"]) == {"run/config", "run/command", "run/environment"}
     environment = tb.get("/data/plugin/text/text?run=tb&tag=run/environment")[0]["text"]
     for line in (f"torch: {torch.__version__}", f"torchvision: {torchvision.__version__}", "device: cpu ("):
         assert line in environment, environment
@@ -155,17 +142,23 @@ def test_the_text_tab_holds_the_resolved_config_the_command_line_and_the_environ
     # every key, defaults included; the command with its overrides, not Hydra's own (hydra.run.dir)
     assert "lr: 0.001" in config[0]["text"] and "max_steps: 6" in config[0]["text"]
     # inline code, which wraps at the page's edge: a code block (<pre>) would scroll sideways
-    assert "<code>python train.py debug=tiny</code>" in command[0]["text"]
-    assert "<pre>" not in command[0]["text"]
+    assert "<code>python train.py debug=tiny</code>" in command[0]["text"] and "<pre>" not in command[0]["text"]
 
 
-def test_a_resumed_run_adds_its_own_command_at_the_step_it_resumed_from(tmp_path):
-    run_dir = tmp_path / "run"
-    assert run_train(f"hydra.run.dir={run_dir}").returncode == 0
+def test_every_run_reports_the_four_settings_and_a_sweep_adds_its_keys_outside_them():
+    """A conditional model says so in `data`; a sweep job's swept key outside the four gets its own column."""
+    conditional = compose_config("model.conditional=true", "loss=hinge", "model.g_width=12")
+    swept = ["model.g_width=12", "loss=hinge", "model.conditional=true", "experiment=wgan_gp", "~model.pack"]
+    four = {"data": "digits, conditional", "loss": "hinge", "optim.lr": 0.001, "trainer.max_steps": "6"}
+    assert hparams_of(conditional) == four
+    assert hparams_of(conditional, swept) == {**four, "model.g_width": "12", "experiment": "wgan_gp"}
+
+
+def test_a_resumed_run_adds_its_own_command_at_the_step_it_resumed_from(tiny_run, tmp_path):
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
     resumed = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", tiny=False)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    # TensorBoard reads event files in name order, events.out.tfevents.<second>.<host>.<pid>.<n>: two writers of
-    # one process in one second differ by n alone, compared as text ('10' < '9'), so the order is the steps'
+    # TensorBoard reads event files in name order, which within one second compares their counters as text
     entries = TensorBoardClient(run_dir).get("/data/plugin/text/text?run=tb&tag=run/command")
     entries.sort(key=lambda entry: entry["step"])
     assert [entry["step"] for entry in entries] == [0, 6]
@@ -239,12 +232,18 @@ SWEEP_JOBS = ["0_loss=bce,optim.lr=0.0001", "1_loss=hinge,optim.lr=0.0001", "2_l
               "3_loss=hinge,optim.lr=0.0004"]  # fmt: skip
 
 
-def test_sweep_jobs_are_named_by_what_varies_only(watched_sweep):
-    jobs = sorted(p.name for p in watched_sweep.iterdir() if p.is_dir())
-    assert jobs == SWEEP_JOBS
+def test_sweep_jobs_are_named_by_what_varies_only_and_their_results_open_the_page(watched_sweep):
+    """FID/best is written once, at the run's end: one dot per run, which smoothing leaves as it is."""
+    assert sorted(p.name for p in watched_sweep.iterdir() if p.is_dir()) == SWEEP_JOBS
     assert TensorBoardClient(watched_sweep).get("/data/runs") == [f"{name}/tb" for name in SWEEP_JOBS]
     lrs = [load_checkpoint(watched_sweep / job)["config"]["optim"]["lr"] for job in SWEEP_JOBS]
     assert lrs == [1e-4, 1e-4, 4e-4, 4e-4]  # each job its own run, with its own settings
+    for job in SWEEP_JOBS:
+        events = events_of(watched_sweep / job / "tb")
+        assert [e.step for e in events.Scalars(BEST_FID_TAG)] == [6]
+        assert not [t for t in events.Tags()["scalars"] if "step_of" in t]
+        assert len(events.Scalars(FID_TAG)) == 2  # the curve, at 3 and 6
+        assert tb_group_order(events.Tags()["scalars"] + events.Tags()["images"])[:2] == ["FID", "loss"]
 
 
 def test_sweep_hparams_show_the_swept_keys_and_the_results_first(watched_sweep):
@@ -291,16 +290,6 @@ def test_every_run_under_outputs_fills_the_same_four_columns(tiny_run, watched_s
     assert sorted(group["hparams"]["data"] for group in groups) == ["digits"] * 5 + ["digits, conditional"]
 
 
-def test_the_results_are_one_point_per_run_in_the_group_that_opens_first(watched_sweep):
-    """FID/best is written once, at the run's end: one dot per run, which smoothing leaves as it is."""
-    for job in SWEEP_JOBS:
-        events = events_of(watched_sweep / job / "tb")
-        assert [e.step for e in events.Scalars(BEST_FID_TAG)] == [6]
-        assert not [t for t in events.Tags()["scalars"] if "step_of" in t]
-        assert len(events.Scalars(FID_TAG)) == 2  # the curve, at 3 and 6
-        assert tb_group_order(events.Tags()["scalars"] + events.Tags()["images"])[:2] == ["FID", "loss"]
-
-
 def test_sweep_table_prints_a_row_per_run_best_first(watched_sweep, tmp_path):
     plot = tmp_path / "sweep.png"
     result = run_script("sweep_table.py", str(watched_sweep), "--plot", str(plot))
@@ -326,13 +315,6 @@ def test_sweep_table_prints_a_row_per_run_best_first(watched_sweep, tmp_path):
     assert lines[5] == f"wrote {plot}" and Image.open(plot).size[0] > 0
 
 
-def documented_tags() -> set[str]:
-    """The tags docs/watching.md's table names: every `...` of its first column."""
-    page = (ROOT / "docs" / "watching.md").read_text(encoding="utf-8")
-    rows = [line.split(" | ")[0] for line in page.splitlines() if line.startswith("| `") or line.startswith("| Text")]
-    return {tag for row in rows for tag in re.findall(r"`([^`]+)`", row)}
-
-
 def test_every_tag_a_run_writes_is_named_in_the_docs(tiny_run, watched_sweep):
     """Each scalar, image and text tag a run and a sweep over losses write has its row in docs/watching.md."""
     written = set()
@@ -341,7 +323,9 @@ def test_every_tag_a_run_writes_is_named_in_the_docs(tiny_run, watched_sweep):
         written |= {tag for kind in ("scalars", "images", "tensors") for tag in tags[kind]}
     written = {tag for tag in written if not tag.startswith("_hparams_")}  # the HParams plugin's own records
     assert {"FID/best", "train/D(x)_score", "quality/FID", "run/command"} <= written
-    assert written - documented_tags() == set()
+    page = (ROOT / "docs" / "watching.md").read_text(encoding="utf-8")  # the first column of its table of tags
+    rows = [line.split(" | ")[0] for line in page.splitlines() if line.startswith("| `") or line.startswith("| Text")]
+    assert written - {tag for row in rows for tag in re.findall(r"`([^`]+)`", row)} == set()
 
 
 def sweep_start(task: list[str], hydra: list[str] = ()) -> DictConfig:
@@ -405,42 +389,34 @@ def test_eval_every_puts_the_fid_curve_beside_the_losses_and_the_final_fid_among
 SHOT_TAGS = ROOT / "docs" / "images" / "tensorboard_tags.json"
 SHRUNK = {"trainer.max_steps": 6, "trainer.eval_every": 3, "trainer.eval_samples": 64, "trainer.log_every": 2,
           "trainer.sample_every": 3}  # fmt: skip
-
-
-def screenshot_script():
-    spec = importlib.util.spec_from_file_location("shots", ROOT / "scripts" / "tensorboard_screenshots.py")
-    module = sys.modules.setdefault(spec.name, importlib.util.module_from_spec(spec))  # its dataclass needs it
-    spec.loader.exec_module(module)
-    return module
+# d_won's alarm within 50 steps (at 32): a 10-step window and a faster D, as test_longer's FORCED
+D_WON = {**SHRUNK, "trainer.max_steps": 50, "trainer.sample_every": 25, "trainer.d_won_window": 10, "optim.lr_d": 1e-2}
 
 
 @pytest.mark.parametrize("case", ["run", "conditional", "d_won"])
 def test_the_screenshots_show_the_tags_and_text_items_the_code_writes(case, tmp_path):
     """Each case of docs/images/tensorboard_tags.json writes its tags; when it fails, shoot the screenshots again."""
-    shown, script = json.loads(SHOT_TAGS.read_text()), screenshot_script()
-    overrides = shown["runs"][case]
-    if case != "d_won":
-        overrides = [f"{key}={SHRUNK[key]}" if (key := o.split("=")[0]) in SHRUNK else o for o in overrides]
+    shown = json.loads(SHOT_TAGS.read_text())
+    shrunk = D_WON if case == "d_won" else SHRUNK
+    overrides = [f"{key}={shrunk[key]}" if (key := o.split("=")[0]) in shrunk else o for o in shown["runs"][case]]
     result = run_train(*overrides, f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert script.tags_of(tmp_path) == shown["tags"][case]
+    assert shots.tags_of(tmp_path) == shown["tags"][case]
 
 
-def test_the_screenshots_of_the_sweep_show_the_tags_and_text_items_the_code_writes(watched_sweep):
-    """All but the final evaluation's tags: a fast sweep's classifier cannot pass evaluate.py's bar."""
+def test_the_screenshots_of_the_sweep_show_the_tags_the_code_writes_with_the_training_first_in_every_tab(
+    watched_sweep,
+):
+    """All but the final evaluation's tags (a fast sweep's classifier cannot pass evaluate.py's bar); the documented
+    sweep's Images tab opens on the grids, its Text tab on the command, its metrics on results."""
     shown = json.loads(SHOT_TAGS.read_text())["tags"]["sweep"]
     final = {"scalars": {FINAL_FID_TAG}, "text": {METRICS_TEXT_TAG}, "images": set()}
     final["images"] = {tag for tag in shown["images"] if tag.startswith(f"{IMAGES_GROUP}/")}
     assert final["images"] and set(shown["text"]) >= final["text"]  # the pictures do show one
-    written = screenshot_script().tags_of(watched_sweep)
+    written = shots.tags_of(watched_sweep)
     assert {kind: set(tags) for kind, tags in written.items()} == {
         kind: set(shown[kind]) - final[kind] for kind in shown
     }
-
-
-def test_a_final_evaluation_leaves_the_training_first_in_every_tab():
-    """The documented sweep's Images tab opens on the grids, its Text tab on the command, its metrics on results."""
-    shown = json.loads(SHOT_TAGS.read_text())["tags"]["sweep"]
     assert tb_group_order(shown["images"]) == ["samples", IMAGES_GROUP]
     assert sorted(shown["images"])[:2] == [FAKE_TAG, REAL_TAG]
     assert sorted(shown["text"]) == ["run/command", "run/config", "run/environment", METRICS_TEXT_TAG]
