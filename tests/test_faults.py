@@ -77,7 +77,7 @@ def test_a_signal_to_the_process_group_checkpoints_a_streamed_run(tmp_path, sig,
     try:
         lines = run_until(process, "step 3 ")  # training is under way
         os.killpg(process.pid, sig)
-        returncode, output = finish(process, lines, timeout=120)
+        returncode, output = finish(process, lines)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
