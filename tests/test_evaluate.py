@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import signal
@@ -267,18 +268,23 @@ def unlabelled_checkpoint(tmp_path: Path, count: int = 40) -> Path:
 
 
 @pytest.mark.parametrize("key", ["inception_weights", "feature_network"])
-def test_evaluate_end_to_end_with_each_inception_file(key, tmp_path, one_thread, inception_weights, nvlabs_inception):
+def test_evaluate_end_to_end_with_each_inception_file(
+    key, tmp_path, one_thread, inception_weights, nvlabs_inception, caplog
+):
     # conftest.py's stand-ins (random torch-fidelity weights, a TorchScript module of NVlabs' signature); 4 samples
-    # against 4 held-out images: finite numbers (metrics.fid: singular covariances), far too few for real ones
+    # against 4 held-out images: finite numbers from singular covariances (metrics.fid warns), too few for real ones
     path = inception_weights if key == "inception_weights" else nvlabs_inception
     metrics = MetricsConfig(features=FeatureSpace.inception, kid_subsets=5, pr_k=2, dc_k=2, **{key: str(path)})
     cfg = quick_config(unlabelled_checkpoint(tmp_path, count=100), metrics, num_samples=4, batch_size=4, bn_batches=1)
     with pytest.raises(MetricsError, match="metrics.features=inception"):  # no labels: no classifier features
         evaluate(dataclasses.replace(cfg, metrics=MetricsConfig(pr_k=2, dc_k=2)), tmp_path / "refused")
-    results = evaluate(cfg, tmp_path / "eval")
+    with caplog.at_level(logging.WARNING):
+        results = evaluate(cfg, tmp_path / "eval")
+    assert "FID from 4 images of 2048 features: the covariances are singular" in caplog.text
     written = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     for name in MEASURES:
         assert np.isfinite(written[name]), name
+    assert written["fid"] > 0
     assert written["num_samples"] == written["num_real"] == 4 and written["real_split"] == "held-out"
     assert written["features"] == "inception" and written["classifier"] is None  # no labels, no classifier
     space = written["feature_space"]
