@@ -126,8 +126,9 @@ def require_training_state(state: Mapping[str, Any], source: str | Path) -> None
         why = "G alone, without D or the optimizers, so training cannot continue from it. Resume from the run's last.pt"
         raise CheckpointError(f"{source} is a best.pt: {why} (trainer.resume=RUN_DIR), or evaluate it with evaluate.py")
     for entry, problem_of in RESUME_ENTRIES.items():
-        if entry not in state or problem_of(state[entry]):
-            raise _damaged(file, entry, entry in state and problem_of(state[entry]), RESUME)
+        problem = problem_of(state[entry]) if entry in state else ""  # "": missing
+        if entry not in state or problem:
+            raise _damaged(file, entry, problem, RESUME)
     epoch, batch = state["data"]["epoch"], state["data"]["batch"]
     if epoch + batch > state["step"]:  # each step takes one batch; the epoch's size: training.state
         why = f"where {state['step']} steps (its entry 'step') cannot reach: each step takes one batch"
@@ -243,8 +244,8 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
         raise CheckpointError(f"{file} has checkpoint format {found}; {why}.")
     for entry, problem_of in ENTRIES.items():  # once here, so no reader meets a wrong type (int(1.5) is a step)
         value = state.get(entry)
-        if (value is not None or entry in REQUIRED_KEYS) and problem_of(value):
-            raise _damaged(file, entry, problem_of(value))
+        if (value is not None or entry in REQUIRED_KEYS) and (problem := problem_of(value)):
+            raise _damaged(file, entry, problem)
     check_config_groups(state["config"], file)
     return state
 

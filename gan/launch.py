@@ -36,18 +36,20 @@ log = logging.getLogger(__name__)
 CONFIG_DIR = next(d for d in (Path(__file__).parent / "configs", Path(__file__).parents[1] / "configs") if d.is_dir())
 SCHEMAS = {"train": TrainConfig, "evaluate": EvaluateConfig, "generate": GenerateConfig}
 EXIT_HYDRA, EXIT_BAD_INPUT = 1, 2  # 1: Hydra's own (a sweep with a failed job); 2: bad input
-# What a resume may change: where and how the run executes and what it measures (resume=auto ignores these); after
-# '|', the arithmetic an explicit resume may tune, which resume=auto treats as the run's identity (a sweep over rates
-# never continues another point)
-RESUMABLE = {
-    "data": "root download in_memory num_workers |",
-    "optim": "| lr lr_d lr_decay",
+# What a resume may change: where and how the run executes and what it measures (resume=auto ignores these) ...
+RUNTIME_KEYS = {
+    "data": "root download in_memory num_workers".split(),
     "trainer": "max_steps resume device progress threads adapt_threads retain_host_memory log_every sample_every "
-    "checkpoint_every keep_checkpoints final_eval_samples eval_every eval_samples overfit_every on_d_won d_won_window "
-    "| precision compile channels_last on_nan deterministic",
+    "checkpoint_every keep_checkpoints final_eval_samples eval_every eval_samples overfit_every on_d_won "
+    "d_won_window".split(),
 }
-RUNTIME_KEYS = {group: keys.split("|")[0].split() for group, keys in RESUMABLE.items()}
-RESUMABLE = {group: keys.replace("|", "").split() for group, keys in RESUMABLE.items()}
+# ... and the arithmetic an explicit resume may tune, which resume=auto treats as the run's identity (a sweep over
+# rates never continues another point)
+TUNABLE_ON_RESUME = {
+    "optim": ["lr", "lr_d", "lr_decay"],
+    "trainer": "precision compile channels_last on_nan deterministic".split(),
+}
+RESUMABLE = {g: [*RUNTIME_KEYS.get(g, []), *TUNABLE_ON_RESUME.get(g, [])] for g in ("data", "optim", "trainer")}
 # Refused by their old name with the new one: the alarm detects D winning outright, which is not mode collapse
 RENAMED = {"trainer.on_collapse": "trainer.on_d_won", "trainer.collapse_window": "trainer.d_won_window"}
 # Settings that name a file or folder: a path may hold what Hydra's grammar reserves ('=', ' ', ',')
@@ -167,7 +169,8 @@ def command(program: str) -> str:
 def data_overrides(cfg: DictConfig, overrides: Sequence[str]) -> dict[str, Any]:
     """evaluate.py: the data.* keys among its overrides, as Hydra typed them (they replace the checkpoint's)."""
     typed = OmegaConf.to_container(cfg.data, resolve=True)
-    return {key[5:]: typed[key[5:]] for key in map(override_key, overrides) if key.startswith("data.")}
+    names = [key.removeprefix("data.") for key in map(override_key, overrides) if key.startswith("data.")]
+    return {name: typed[name] for name in names}
 
 
 def override_key(override: str) -> str:
@@ -189,14 +192,15 @@ class LaunchChecks(Callback):
         if (folder / "multirun.yaml").is_file() and OmegaConf.select(config, "trainer.resume") != "auto":
             again = "Add trainer.resume=auto to continue it, or choose" if "trainer" in config else "Choose"
             refuse(f"hydra.sweep.dir={folder} holds a sweep (multirun.yaml). Nothing was written. {again} another.")
-        sweeper = config.hydra.sweeper  # hparams_search=optuna's has n_trials: what Optuna's sweeper does not check
-        if problem := values_problem(config) or "n_trials" in sweeper and search_problem(sweeper, folder):
+        if problem := values_problem(config):
             refuse(f"{problem}. Nothing was written.")
-        try:  # the study's file is kept there
-            if "n_trials" in sweeper:
+        if "n_trials" in (sweeper := config.hydra.sweeper):  # hparams_search=optuna: what its sweeper does not check
+            if problem := search_problem(sweeper, folder):
+                refuse(f"{problem}. Nothing was written.")
+            try:  # the study's file is kept there
                 folder.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            refuse(unwritable("hydra.sweep.dir", folder, err))
+            except OSError as err:
+                refuse(unwritable("hydra.sweep.dir", folder, err))
 
 
 def values_problem(config: DictConfig) -> str:
@@ -291,8 +295,9 @@ def resume_plan(cfg: DictConfig, output_dir: Path) -> tuple[DictConfig, Path]:
     if resume == "auto":
         found = resume_auto(to_dict(cfg), output_dir)
         log.info("trainer.resume=auto: %s", f"continuing {found}" if found else "no matching run, starting one")
+        resume = str(found) if found else None
         with read_write(cfg):
-            cfg.trainer.resume = resume = found and str(found)
+            cfg.trainer.resume = resume
     if resume is None:
         return cfg, output_dir
     checkpoint, file = load_checkpoint(resume), checkpoint_path(resume)  # refuses an empty path, a damaged file

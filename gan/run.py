@@ -110,7 +110,8 @@ class Run:
 
     def check_writable(self, folder: Optional[Path] = None) -> None:
         """RunDirError if `folder` refuses a file of one block: tried, as permission bits lie to root and on quotas."""
-        folder, path = folder or self.dir, (folder or self.dir) / f".write-test-{os.getpid()}"
+        folder = folder or self.dir
+        path = folder / f".write-test-{os.getpid()}"
         try:
             # buffered: a short write is retried, then raises (a file-size limit, a disk that filled meanwhile)
             with open(path, "xb") as file:

@@ -269,6 +269,7 @@ def existing_file(path: str, key: str, url: str) -> Path:
 
 def check_state_dict(file: Path, given: str) -> None:
     """Refuse a non-state-dict before torch-fidelity loads it with weights_only=False (runs pickled code)."""
+    unreadable = f"metrics.inception_weights={given} cannot be read as a state dict of tensors"
     hint = f"It takes torch-fidelity's {INCEPTION_WEIGHTS_URL}."
     try:
         with warnings.catch_warnings():  # torch.load warns of a TorchScript archive before refusing it; we say so
@@ -277,12 +278,9 @@ def check_state_dict(file: Path, given: str) -> None:
     except Exception as err:  # not a torch file, a pickle with code, a TorchScript archive
         if "torchscript" in str(err).lower():
             hint = "It is a TorchScript file: pass it as metrics.feature_network instead."
-        state = err
+        raise MetricsError(f"{unreadable} ({reason(err)}). {hint}") from err
     if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
-        got = reason(state) if isinstance(state, Exception) else f"holds a {type(state).__name__}"
-        raise MetricsError(
-            f"metrics.inception_weights={given} cannot be read as a state dict of tensors ({got}). {hint}"
-        )
+        raise MetricsError(f"{unreadable} (holds a {type(state).__name__}). {hint}")
 
 
 def sha256(file: Path) -> str:

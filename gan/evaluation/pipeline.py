@@ -282,9 +282,9 @@ def classes_of(state: Mapping[str, Any], source: str = "the checkpoint") -> int:
     )
 
 
-def disagree(source: str, damaged: bool = True) -> str:  # evaluate.py has no model.* settings that could change
+def disagree(source: str) -> str:  # evaluate.py has no model.* settings that could change
     why = "evaluate.py builds the generator from the checkpoint alone: it was damaged or edited after it was written. "
-    return (why if damaged else "") + another_checkpoint(checkpoint_path(source), "evaluate")
+    return why + another_checkpoint(checkpoint_path(source), "evaluate")
 
 
 def build_generator(
@@ -309,9 +309,10 @@ def build_generator(
     bad, total = nonfinite(G.state_dict().items())  # the check a resume makes too (require_training_state)
     if bad:
         shown = ", ".join(bad[:4]) + (", ..." if len(bad) > 4 else "")
+        instead = another_checkpoint(checkpoint_path(source), "evaluate")
         raise CheckpointError(
             f"The {name} generator in {source} holds NaN or inf in {len(bad)} of its {total} tensors ({shown}): the "
-            f"checkpoint is damaged (training diverged, or it was altered). {disagree(source, damaged=False)}"
+            f"checkpoint is damaged (training diverged, or it was altered). {instead}"
         )
     return G.to(device).eval(), name
 

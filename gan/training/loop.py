@@ -30,8 +30,17 @@ from gan.evaluation import metrics as M
 from gan.evaluation.pipeline import Reals, class_metrics, classifier_data, evaluate, generate, reference_subset
 from gan.launch import measure_command, override_key, resume_command
 from gan.run import Run
-from gan.training.faults import NonFiniteWatch, check_finite_state, stop_on_signals
-from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, Monitor, grid_of, real_grid, shown_name, write_progress_gif
+from gan.training.faults import NonFiniteWatch, StopFlag, check_finite_state, stop_on_signals
+from gan.training.monitor import (
+    FAKE_TAG,
+    RAW_FAKE_TAG,
+    Monitor,
+    grid_of,
+    note_short_curve,
+    real_grid,
+    shown_name,
+    write_progress_gif,
+)
 from gan.training.state import TrainingState, rng_state, set_learning_rates, set_up, wrap_for_ddp
 from gan.training.threads import thread_governor
 
@@ -81,6 +90,8 @@ def train(
         if world.is_main and state.step == 0:  # HParams and the real images, once per run
             monitor.begin(hparams_of(cfg) if hparams is None else hparams, real_grid(state, training.labels))
         monitor.describe(state.step, cfg, command, environment(device))
+        if world.is_main:
+            note_short_curve(trainer.eval_every, state.step, trainer.max_steps)
         with monitor, stop_on_signals() as stop:
             extras = periodic_extras(cfg, state, ctx, world, run, monitor, stop, probes)
             while state.step < trainer.max_steps:
@@ -146,7 +157,14 @@ class Extras:
 
 
 def periodic_extras(
-    cfg: TrainConfig, state: TrainingState, ctx: StepContext, world: World, run: Run, monitor: Monitor, stop, probes
+    cfg: TrainConfig,
+    state: TrainingState,
+    ctx: StepContext,
+    world: World,
+    run: Run,
+    monitor: Monitor,
+    stop: StopFlag,
+    probes: tuple[Optional[OverfitProbe], Optional[QualityProbe]],
 ) -> Extras:
     trainer, (overfit, quality), device = cfg.trainer, probes, state.fixed_z.device
     watch = NonFiniteWatch(device, run.last, cfg)  # NaN losses, read at log/checkpoint only
@@ -209,7 +227,12 @@ def periodic_extras(
             Every("overfitting", trainer.overfit_every if overfit else 0, measure_overfit),
             Every("augment p", 1 if state.augment else 0, steer_augment),
             Every("log", trainer.log_every, log_scalars, at_end=True),
-            Every("sample", trainer.sample_every * world.is_main, lambda _: write_samples(state, run, monitor), True),
+            Every(
+                "sample",
+                trainer.sample_every if world.is_main else 0,
+                lambda _: write_samples(state, run, monitor),
+                True,
+            ),
             Every("quality", trainer.eval_every if quality else 0, measure_quality, at_end=True),
             Every("checkpoint", trainer.checkpoint_every, checkpoint, at_end=True),
             Every("learning rate", 1, lambda tick: set_learning_rates(state, cfg)),  # the next step's

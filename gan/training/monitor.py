@@ -9,7 +9,7 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Optional
 
 import numpy
 import torch
@@ -73,7 +73,15 @@ def shown_name(key: str) -> str:
 class Monitor(contextlib.AbstractContextManager):
     # enabled=False (DDP ranks > 0): nothing is written, shown or logged. The events file is opened at the first
     # write, after `before_write()`: a resume that fails before it writes anything leaves tb/ as it was.
-    def __init__(self, run_dir: Path, start_step: int, max_steps: int, progress=True, enabled=True, before_write=None):
+    def __init__(
+        self,
+        run_dir: Path,
+        start_step: int,
+        max_steps: int,
+        progress: bool = True,
+        enabled: bool = True,
+        before_write: Optional[Callable[[], None]] = None,
+    ):
         self.enabled = enabled
         self.last: dict[str, float] = {}  # TrainResult.metrics
         self.tb, self.start_step, self.before_write = run_dir / "tb", start_step, before_write
@@ -171,13 +179,6 @@ class Monitor(contextlib.AbstractContextManager):
 
     def describe(self, step: int, cfg: TrainConfig, command: Optional[str], environment: Mapping[str, object]) -> None:
         """The Text tab, written with the run's first event (the command as inline code: it wraps)."""
-        eval_every, max_steps = cfg.trainer.eval_every, cfg.trainer.max_steps
-        if eval_every and self.enabled and (points := -(-(max_steps - step) // eval_every)) < SHORT_CURVE:
-            enough = max(1, max_steps // SHORT_CURVE)
-            log.info(
-                f"trainer.eval_every={eval_every} draws {points} point(s) of quality/FID in this run, which "
-                f"TensorBoard's default smoothing (0.6) bends: read it at Smoothing 0, or set eval_every <= {enough}."
-            )
         fence = "``" if command and "`" in command else "`"
         texts = {
             CONFIG_TEXT_TAG: f"```yaml\n{yaml.safe_dump(to_plain(cfg), sort_keys=False)}```",
@@ -217,6 +218,15 @@ class Monitor(contextlib.AbstractContextManager):
 
 
 SHORT_CURVE = 10  # fewer points are bent out of shape by TensorBoard's default smoothing (docs/watching.md)
+
+
+def note_short_curve(eval_every: int, step: int, max_steps: int) -> None:
+    if eval_every and (points := -(-(max_steps - step) // eval_every)) < SHORT_CURVE:
+        log.info(
+            f"trainer.eval_every={eval_every} draws {points} point(s) of quality/FID in this run, which "
+            f"TensorBoard's default smoothing (0.6) bends: read it at Smoothing 0, or set eval_every <= "
+            f"{max(1, max_steps // SHORT_CURVE)}."
+        )
 
 
 def grid_of(images: Tensor, state: TrainingState) -> Tensor:
