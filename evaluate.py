@@ -18,9 +18,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from gan import launch
-from gan.config import register_evaluate_configs, validate_evaluate
+from gan.config import validate_evaluate
 from gan.errors import RunDirError, UserError, environment_error
-from gan.evaluation.pipeline import evaluate, interrupted
 from gan.run import ELSEWHERE, Run, held_log
 
 log = logging.getLogger("evaluate")
@@ -29,7 +28,6 @@ IN_USE = "it is training or evaluating there). Nothing was written. Wait for it 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    register_evaluate_configs()
     try:
         return launch.run_hydra(job, "evaluate", list(sys.argv[1:] if argv is None else argv))
     except KeyboardInterrupt:  # while Hydra starts or winds down: nothing of the job's
@@ -38,6 +36,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def job(cfg: DictConfig) -> tuple[int, float]:
+    from gan.evaluation.pipeline import evaluate, interrupted  # torch: the job's import, not --help's or a TAB's
+
     hydra, results = HydraConfig.get(), None
     run = Run(hydra.runtime.output_dir)
     named = "hydra.run.dir" in {launch.override_key(o) for o in hydra.overrides.hydra}

@@ -8,15 +8,12 @@ import logging
 import sys
 from typing import NoReturn, Optional, Sequence
 
-import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from gan import launch
-from gan.api import load_generator
-from gan.config import GenerateConfig, register_evaluate_configs, validate_evaluate
+from gan.config import GenerateConfig, validate_evaluate
 from gan.errors import RunDirError, UserError, environment_error
-from gan.evaluation.pipeline import check_class_id, generate, write_samples
 from gan.run import Run
 
 log = logging.getLogger("generate")
@@ -24,11 +21,15 @@ EXIT_BAD_INPUT = 2
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    register_evaluate_configs()
     return launch.run_hydra(job, "generate", list(sys.argv[1:] if argv is None else argv))
 
 
 def job(cfg: DictConfig) -> tuple[int, None]:
+    import torch  # the job's imports, not --help's or a TAB's of shell completion
+
+    from gan.api import load_generator
+    from gan.evaluation.pipeline import check_class_id, generate, write_samples
+
     out = Run(HydraConfig.get().runtime.output_dir)
     try:
         settings: GenerateConfig = validate_evaluate(cfg, GenerateConfig)

@@ -2,13 +2,12 @@
 Exit codes: 0 done; 1 Hydra's own (a sweep with a failed job); 2 bad input (an override, the config, a checkpoint,
 the data, the output folder); 3 the loss became NaN/inf; 4 the D-won alarm stopped the run (trainer.on_d_won=stop;
 in a sweep the job returns no score and the sweep goes on); 128 + the signal's number when SIGINT, SIGTERM or
-SLURM's USR1/USR2 stopped the run after it wrote its checkpoint; 5 under torchrun: another process of the job died.
-"""
+SLURM's USR1/USR2 stopped the run after it wrote its checkpoint; 5 under torchrun: another process of the job died."""
 
 import logging
 import math
 import sys
-from typing import NoReturn, Optional, Sequence
+from typing import TYPE_CHECKING, NoReturn, Optional, Sequence
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -16,28 +15,29 @@ from omegaconf import DictConfig
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from gan import launch
-from gan.config import register_configs, validate
-from gan.distributed import broadcast_object, close, init_process_group, world_from_env
+from gan.config import validate
 from gan.errors import UserError, environment_error
 from gan.run import Run, held_log
-from gan.training import NonFiniteLossError, TrainResult, train
-from gan.training.loop import final_evaluation, hparams_of, measure_later, peer_lost, what_is_kept
 
+if TYPE_CHECKING:  # job() imports torch and the trainer: --help and each TAB of shell completion need neither
+    from gan.training import TrainResult
 log = logging.getLogger("train")
 EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_D_WON, EXIT_PEER_LOST = 2, 3, 4, 5
 SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143, "SIGUSR1": 138, "SIGUSR2": 140}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    register_configs()
     return launch.run_hydra(job, "train", list(sys.argv[1:] if argv is None else argv))
 
 
 def job(cfg: DictConfig) -> tuple[int, Optional[float]]:
     """(exit code, the final FID a sweeper minimises, or None: a failed trial, where a NaN would crash Optuna's)."""
-    world, hydra = world_from_env(), HydraConfig.get()
+    from gan import distributed
+    from gan.training import NonFiniteLossError, loop
+
+    world, hydra = distributed.world_from_env(), HydraConfig.get()
     sweep, hydra_dir = hydra.mode == RunMode.MULTIRUN, Run(hydra.runtime.output_dir)
-    init_process_group(world, cfg.trainer.device)
+    distributed.init_process_group(world, cfg.trainer.device)
     if not world.is_main:  # rank 0 speaks for the job: every rank meets the same refusal, said once
         logging.getLogger().setLevel(logging.CRITICAL)
     run = hydra_dir
@@ -45,39 +45,39 @@ def job(cfg: DictConfig) -> tuple[int, Optional[float]]:
         try:
             with logging_redirect_tqdm():  # log lines print above the progress bar, not through it
                 cfg, folder = launch.resume_plan(cfg, hydra_dir.dir)
-                run = Run(broadcast_object(str(folder), world))  # one run folder per job: rank 0's
+                run = Run(distributed.broadcast_object(str(folder), world))  # one run folder per job: rank 0's
                 typed = validate(cfg)
                 ready = (lambda: run.keep_record(cfg, run_log)) if world.is_main else None
-                hparams, command = hparams_of(typed, launch.compared() if sweep else ()), launch.command("train")
-                result = train(typed, run.dir, world=world, on_ready=ready, command=command, hparams=hparams)
+                hparams, command = loop.hparams_of(typed, launch.compared() if sweep else ()), launch.command("train")
+                result = loop.train(typed, run.dir, world=world, on_ready=ready, command=command, hparams=hparams)
                 measure = world.is_main and not result.stopped_by and typed.trainer.final_eval_samples
                 try:
-                    fid = final_evaluation(typed, result, run.dir) if measure else None
+                    fid = loop.final_evaluation(typed, result, run.dir) if measure else None
                 except KeyboardInterrupt:  # Ctrl-C while measuring: the trained run is saved
-                    log.warning("Interrupted (SIGINT) during the final evaluation. %s", measure_later(run.dir))
+                    log.warning("Interrupted (SIGINT) during the final evaluation. %s", loop.measure_later(run.dir))
                     if sweep:
                         raise SystemExit(SIGNAL_EXIT["SIGINT"]) from None
                     return SIGNAL_EXIT["SIGINT"], None
         except (UserError, NonFiniteLossError, OSError) as err:
             if isinstance(err, OSError):  # disk full, permissions: the environment, not a bug
-                err = environment_error(err, then=what_is_kept(run.dir))
+                err = environment_error(err, then=loop.what_is_kept(run.dir))
             if sweep:  # Hydra records the failed job, and the sweep goes on
                 raise launch.SweepJobFailed(str(err)) from err
             log.error("%s", err)
             return (EXIT_NON_FINITE if isinstance(err, NonFiniteLossError) else EXIT_BAD_INPUT), None
         except RuntimeError as err:  # a collective whose peer died (kill -9, out of memory): not this rank's bug
-            if not (world.distributed and (reason := peer_lost(err))):
+            if not (world.distributed and (reason := loop.peer_lost(err))):
                 raise
-            kept = what_is_kept(run.dir).replace("run the command", "run the job", 1)
+            kept = loop.what_is_kept(run.dir).replace("run the command", "run the job", 1)
             log.error("Another process of this torchrun job ended, so this one stops too (%s); %s", reason, kept)
             return EXIT_PEER_LOST, None
         finally:
-            close(world)
+            distributed.close(world)
             hydra_dir.remove_if_empty()  # Hydra's folder, when the job was refused or resumed a run elsewhere
         return finish(result, fid, run, sweep)
 
 
-def finish(result: TrainResult, fid: Optional[float], run: Run, sweep: bool) -> tuple[int, Optional[float]]:
+def finish(result: "TrainResult", fid: Optional[float], run: Run, sweep: bool) -> tuple[int, Optional[float]]:
     """The run's last words (into its log) and exit code: stopped by the D-won alarm or a signal, or done."""
     if result.stopped_by == "d_won":
         log.warning("Stopped at step %d: D had won (trainer.on_d_won=stop). %s", result.step, result.outcome())

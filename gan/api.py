@@ -25,8 +25,6 @@ from gan.config import (
     TrainConfig,
     _require,
     check_device_name,
-    register_configs,
-    register_evaluate_configs,
     validate,
     validate_evaluate,
 )
@@ -51,8 +49,6 @@ def compose_config(*overrides: str) -> TrainConfig:
 def _composed(overrides: tuple[str, ...], program: str = "train") -> tuple[Any, Any]:
     """The program's config from its overrides, and typed (train's range checks are gan.training.train's)."""
     _require(all(isinstance(o, str) for o in overrides), "overrides", overrides, "must be strings, one per setting")
-    register_configs()
-    register_evaluate_configs()
     typed = validate if program == "train" else validate_evaluate
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):

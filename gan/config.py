@@ -9,8 +9,7 @@ from typing import Any, List, Optional, Sequence
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from gan.core.steps import BackwardMode
-from gan.device import available_cpus
+from gan.core import BackwardMode
 from gan.errors import ConfigError
 
 
@@ -245,6 +244,8 @@ class TrainConfig:
 
 def check_threads(threads: int, key: str, zero_means: str) -> None:
     """torch.set_num_threads takes any int, and a count far above the CPUs crashes its thread pool."""
+    from gan.device import available_cpus  # here: importing torch would slow --help and each TAB of completion
+
     cpus = available_cpus()
     why = f"is more than the {cpus} CPU(s) this process may use on this machine: set {key} to a number from 1 to "
     _require(threads <= cpus, key, threads, why + f"{cpus}, or {zero_means}")
@@ -298,12 +299,6 @@ def to_plain(cfg: TrainConfig | DictConfig) -> dict:
     """What a checkpoint and TensorBoard hold."""
     node = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
     return OmegaConf.to_container(node, resolve=True, enum_to_str=True)
-
-
-def register_configs() -> None:
-    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
-    if not OmegaConf.has_resolver("run_suffix"):
-        OmegaConf.register_new_resolver("run_suffix", run_suffix)
 
 
 def run_suffix(overrides: Sequence[str], exclude: Sequence[str] = (), limit: int = 120) -> str:
@@ -448,6 +443,9 @@ def validate_evaluate(cfg: DictConfig, schema: type = EvaluateConfig) -> Any:
     return typed
 
 
-def register_evaluate_configs() -> None:
-    ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
-    ConfigStore.instance().store(name="generate_schema", node=GenerateConfig)
+# Filled on import, as in Hydra's structured-config tutorial: configs/NAME.yaml's defaults name NAME_schema
+ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
+ConfigStore.instance().store(name="generate_schema", node=GenerateConfig)
+if not OmegaConf.has_resolver("run_suffix"):  # configs/train.yaml: the run folder's name
+    OmegaConf.register_new_resolver("run_suffix", run_suffix)

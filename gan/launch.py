@@ -1,4 +1,5 @@
-"""The programs as Hydra apps (Hydra's flags; a refusal is one paragraph, exit 2), their checks, the resume contract."""
+"""The programs as Hydra apps (Hydra's flags; a refusal is one paragraph, exit 2), their checks, the resume contract.
+No torch at import: --help, --cfg and each TAB of shell completion load Hydra and this alone (torch takes seconds)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sqlite3
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Mapping, NoReturn, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NoReturn, Optional, Sequence
 
 import hydra
 import yaml
@@ -25,11 +26,12 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, read_write
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from gan.checkpoint import checkpoint_path, load_checkpoint, stored_config
 from gan.config import EvaluateConfig, GenerateConfig, TrainConfig
-from gan.distributed import world_from_env
 from gan.errors import ConfigError, UserError
 from gan.run import Run
+
+if TYPE_CHECKING:
+    from gan.distributed import World
 
 log = logging.getLogger(__name__)
 # configs/ of a clone, or gan/configs/ where pip installed the package (pyproject.toml maps one to the other)
@@ -102,7 +104,7 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
             key = "out" if config_name == "generate" else "hydra.run.dir"  # generate.py's folder is `out`
             key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(argv) else key
             err = UserError(unwritable(key, Path(os.fsdecode(err.filename or ".")), err))
-        if world_from_env().is_main:  # under torchrun, rank 0 says it for every rank
+        if world().is_main:  # under torchrun, rank 0 says it for every rank
             log.error("%s", err if isinstance(err, UserError) else hydra_refusal(err, config_name))
         return EXIT_BAD_INPUT
     finally:
@@ -187,7 +189,7 @@ class LaunchChecks(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         folder = empty_path("hydra.sweep.dir", config.hydra.sweep.dir)
-        if world_from_env().distributed:
+        if world().distributed:
             refuse("A Hydra sweep (-m) launches several jobs, torchrun one: run the sweep without torchrun.")
         if (folder / "multirun.yaml").is_file() and OmegaConf.select(config, "trainer.resume") != "auto":
             again = "Add trainer.resume=auto to continue it, or choose" if "trainer" in config else "Choose"
@@ -267,8 +269,14 @@ def empty_path(key: str, value: str) -> Path:
     return Path(value).expanduser()
 
 
+def world() -> World:
+    from gan.distributed import world_from_env  # torch: a job's and a refusal's import, not a TAB's
+
+    return world_from_env()
+
+
 def refuse(message: str) -> NoReturn:
-    if world_from_env().is_main:  # under torchrun, rank 0 says it for every rank
+    if world().is_main:  # under torchrun, rank 0 says it for every rank
         log.error("%s", message)
     raise SystemExit(EXIT_BAD_INPUT)
 
@@ -291,6 +299,8 @@ class SweepNames(Callback):
 
 def resume_plan(cfg: DictConfig, output_dir: Path) -> tuple[DictConfig, Path]:
     """The checkpoint's config with this command's settings over it, in its run's folder unless the command says."""
+    from gan.checkpoint import checkpoint_path, load_checkpoint, stored_config  # torch: a job's import
+
     resume, hydra_cfg = cfg.trainer.resume, HydraConfig.get()
     if resume == "auto":
         found = resume_auto(to_dict(cfg), output_dir)
@@ -337,6 +347,8 @@ def resume_auto(config: dict, output_dir: Path, outputs: Path = Path("outputs"))
 
 def check_resume(cfg: dict, checkpoint: Mapping[str, Any], source: str) -> None:
     """The resume contract: ConfigError naming each change outside RESUMABLE, or a max_steps below the step."""
+    from gan.checkpoint import stored_config
+
     before = run_identity(stored_config(checkpoint["config"], source), RESUMABLE)
     after = run_identity(cfg, RESUMABLE)
     if changed := sorted(k for k in before | after if before.get(k) != after.get(k)):

@@ -26,7 +26,7 @@ from hydra.core.global_hydra import GlobalHydra
 from torch import Tensor, nn
 
 from gan.checkpoint import save_checkpoint
-from gan.config import TrainConfig, register_configs, to_plain, validate
+from gan.config import TrainConfig, to_plain, validate
 from gan.core.models import Discriminator, Generator
 from gan.device import available_cpus
 
@@ -84,9 +84,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
-
-
-register_configs()
 
 
 def compose_config(*overrides: str) -> TrainConfig:

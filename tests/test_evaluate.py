@@ -30,7 +30,6 @@ from gan.config import (
     ExportFormat,
     FeatureSpace,
     MetricsConfig,
-    register_evaluate_configs,
     validate_evaluate,
 )
 from gan.errors import CheckpointError, MetricsError
@@ -49,7 +48,6 @@ from gan.run import Run
 
 MEASURES = ["fid", "kid_mean", "kid_std", "precision", "recall", "density", "coverage"]
 REQUIRED_KEYS = {*MEASURES, "classes_covered", "class_kl", "num_samples", "num_real", "real_split", "feature_space"}
-register_evaluate_configs()
 # 200 samples; the metrics classifier trains in a few seconds on 10,000 digits, whatever the run drew
 TINY_EVAL = ["num_samples=200", "threads=1", "device=cpu", "metrics.kid_subsets=10", "bn_batches=2"]
 

@@ -21,3 +21,13 @@ D(x, y)): the classes travel with the batch, and nothing else in the steps chang
 The training loop that calls them, `gan/training/loop.py`, reads like pytorch/examples'
 dcgan/main.py: fetch, (1) D step, (2) G step, EMA, log, sample, checkpoint.
 """
+
+from enum import Enum
+
+
+class BackwardMode(str, Enum):
+    """How the G step backpropagates a loss of several terms (steps.backward_terms). It lives here, not in
+    steps.py, so that gan/config.py names it without importing torch (shell completion, --help: no wait)."""
+
+    summed = "summed"  # one backward() of the summed G objective
+    separate = "separate"  # one backward() per term, retain_graph=True on all but the last

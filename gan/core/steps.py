@@ -7,22 +7,15 @@ sync, so the loop does that only at log time.
 
 import contextlib
 import dataclasses
-from enum import Enum
 from typing import Callable, ContextManager, Iterable, Iterator, Optional
 
 import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from gan.core import BackwardMode
 from gan.core.augment import no_augment
 from gan.core.losses import LOSSES, AdversarialLoss, feature_matching, gradient_penalty, r1_penalty
-
-
-class BackwardMode(str, Enum):
-    """How the G step backpropagates a loss of several terms (see backward_terms)."""
-
-    summed = "summed"  # one backward() of the summed G objective
-    separate = "separate"  # one backward() per term, retain_graph=True on all but the last
 
 
 @dataclasses.dataclass(frozen=True)
