@@ -359,7 +359,7 @@ RIGHT_CITATIONS = [
     "`gan/core/steps.py:FP32`, `gan.core.steps.frozen`, `gan.training.train`, `dcgan/main.py`",
     "| `test_steps.py::test_d_step_leaves_generator_gradients_none`, "
     "`::test_adam_skips_parameters_whose_grad_is_none` |",
-    "| `walk::` | `tests/test_walkthrough.py` |\n\nSee `walk::test_gradients_accumulate_until_released[True]`.",
+    "| `l::` | `tests/test_lessons.py` |\n\nSee `l::test_separate_mode_runs_G_backward_once_per_term[summed]`.",
     "`python scripts/bench.py --rounds 3`",
 ]
 

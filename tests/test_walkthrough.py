@@ -6,7 +6,6 @@ import contextlib
 import copy
 import io
 import warnings
-import weakref
 
 import pytest
 import torch
@@ -62,20 +61,6 @@ def test_generator_view_accepts_a_transposed_latent(tiny_gan):
 
 
 # D step -----------------------------------------------------------------------------------------
-
-
-def test_gradients_accumulate_until_released(tiny_gan):
-    G, D = tiny_gan
-    D.eval()  # fixed statistics, so both passes compute the same gradient
-    real, fake = torch.rand(8, 1, 16, 16), G(torch.randn(8, 16)).detach()
-    BCE.d(D(real), D(fake)).backward()
-    first = [p.grad.clone() for p in D.parameters()]
-    BCE.d(D(real), D(fake)).backward()  # a second backward without releasing: added
-    for before, p in zip(first, D.parameters()):
-        torch.testing.assert_close(p.grad, 2 * before)
-    released = [weakref.ref(p.grad) for p in D.parameters()]
-    release_grads(D)
-    assert all(ref() is None for ref in released)  # the gradient memory is freed, not zeroed
 
 
 def test_binary_cross_entropy_runs_under_cpu_autocast():
@@ -161,36 +146,26 @@ def clean_then_fresh(G, D):
     return real, z, clean[0], G, D, opt_g, gradients_at_each_update(opt_g)
 
 
-def test_without_detach_the_g_step_raises_backward_through_the_graph_a_second_time(tiny_gan):
-    G, D = tiny_gan
-    fake = G(torch.randn(8, 16))
-    real_features = d_step_without_detach(D, adam(D), torch.rand(8, 1, 16, 16), fake)
-    assert all(p.grad is not None for p in G.parameters())  # D's backward ran on through G
-    with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
-        g_step(D, G, adam(G), fake, real_features)  # the error comes at the G step: nothing silent
-
-
-@pytest.mark.parametrize("patch", ["retain_graph", "second_G_forward"])
-def test_a_patched_missing_detach_lets_D_loss_reach_G_next_update(tiny_gan, patch):
-    """retain_graph=True silences the error; a second G(z) raises none (the G step backpropagates its own graph)."""
+@pytest.mark.parametrize("patch", ["none", "retain_graph", "second_G_forward", "dcgan_main"])
+def test_a_missing_detach_raises_at_the_g_step_and_what_each_patch_lets_reach_G(tiny_gan, patch):
+    """none raises; retain_graph=True or a second G(z) lets D's loss reach G's update; dcgan/main.py's order: not."""
     real, z, clean, G, D, opt_g, seen = clean_then_fresh(*tiny_gan)
     fake = G(z)
-    real_features = d_step_without_detach(D, adam(D), real, fake, retain_graph=patch == "retain_graph")
+    real_features = d_step_without_detach(D, adam(D), real, fake, retain_graph=patch in ("retain_graph", "dcgan_main"))
+    assert all(p.grad is not None for p in G.parameters())  # D's backward ran on through G
     from_d = gradient_of(G)  # D's loss, written into G's .grad
-    g_step(D, G, opt_g, fake if patch == "retain_graph" else G(z), real_features)  # G(z): the same images
-    torch.testing.assert_close(seen[0], clean + from_d)  # G's update follows G's objective plus D's
-    assert relative_difference(seen[0], clean) > 0.1
-
-
-def test_clearing_G_before_its_backward_as_dcgan_main_does_would_wipe_D_contribution(tiny_gan):
-    """dcgan/main.py's order, netG.zero_grad() just before the G step's backward, on the same patch."""
-    real, z, clean, G, D, _, _ = clean_then_fresh(*tiny_gan)
-    fake = G(z)
-    d_step_without_detach(D, adam(D), real, fake, retain_graph=True)
-    G.zero_grad(set_to_none=True)
-    with frozen(D):
-        BCE.g(D(fake)).backward()
-    torch.testing.assert_close(gradient_of(G), clean)
+    if patch == "none":
+        with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
+            g_step(D, G, opt_g, fake, real_features)  # the error comes at the G step: nothing silent
+    elif patch == "dcgan_main":  # netG.zero_grad() just before the G step's backward
+        G.zero_grad(set_to_none=True)
+        with frozen(D):
+            BCE.g(D(fake)).backward()
+        torch.testing.assert_close(gradient_of(G), clean)
+    else:  # the second G(z) makes the same images; the G step backpropagates its own graph, so nothing raises
+        g_step(D, G, opt_g, fake if patch == "retain_graph" else G(z), real_features)
+        torch.testing.assert_close(seen[0], clean + from_d)  # G's update follows G's objective plus D's
+        assert relative_difference(seen[0], clean) > 0.1
 
 
 @pytest.mark.parametrize("order", ["frozen", "unfrozen", "dcgan_main"])
@@ -282,17 +257,6 @@ def test_step_diagnostics_are_detached_so_logging_them_warns_nothing(tiny_gan):
     assert array.dtype == "float32" and array.shape == (8, 1, 16, 16)
 
 
-def test_numpy_view_of_a_parameter_follows_optimizer_steps_on_cpu(tiny_gan):
-    G, _ = tiny_gan
-    weight = G.net[0].weight
-    shared = weight.detach().cpu().numpy()  # on the CPU: no copy anywhere in this chain
-    snapshot = shared.copy()
-    G(torch.randn(4, 16)).sum().backward()
-    adam(G).step()
-    assert (shared == weight.detach().numpy()).all()  # it moved with the weights
-    assert not (snapshot == shared).all()  # only the explicit copy kept the old values
-
-
 # sample -----------------------------------------------------------------------------------------
 
 
@@ -338,19 +302,19 @@ def test_the_ema_generators_averaged_statistics_do_not_match_its_averaged_weight
 # checkpoint -------------------------------------------------------------------------------------
 
 
-def test_state_dict_shares_storage_with_the_parameters_until_saved(tiny_gan):
+def test_a_numpy_view_and_a_state_dict_of_a_parameter_follow_its_updates_until_saved(tiny_gan):
     G, _ = tiny_gan
-    state = G.state_dict()
-    weight = state["net.0.weight"]
-    assert not weight.requires_grad and weight.data_ptr() == G.net[0].weight.data_ptr()
-    buffer = io.BytesIO()
+    weight, state = G.net[0].weight, G.state_dict()
+    assert not state["net.0.weight"].requires_grad and state["net.0.weight"].data_ptr() == weight.data_ptr()
+    shared = weight.detach().cpu().numpy()  # on the CPU: no copy anywhere in this chain
+    snapshot, buffer = shared.copy(), io.BytesIO()
     torch.save(state, buffer)  # serialised now: the bytes are a copy
     G(torch.randn(4, 16)).sum().backward()
     adam(G).step()
-    assert torch.equal(state["net.0.weight"], G.net[0].weight)  # the dict followed the update
+    assert (shared == weight.detach().numpy()).all() and torch.equal(state["net.0.weight"], weight)  # both moved
+    assert not (snapshot == shared).all()  # only the explicit copy kept the old values
     buffer.seek(0)
-    saved = torch.load(buffer, weights_only=True)
-    assert not torch.equal(saved["net.0.weight"], G.net[0].weight)  # the file did not
+    assert not torch.equal(torch.load(buffer, weights_only=True)["net.0.weight"], weight)  # and the file
 
 
 # export -----------------------------------------------------------------------------------------
