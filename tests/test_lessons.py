@@ -125,21 +125,16 @@ def test_backward_adds_into_grad_until_released_and_two_calls_before_the_step_ar
 
 
 def test_channels_last_features_of_the_real_D_need_flatten_not_view(tiny_gan):
-    x = torch.randn(4, 3, 8, 8).contiguous(memory_format=torch.channels_last)
-    assert x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-    with pytest.raises(RuntimeError, match="view size is not compatible"):
-        x.view(4, -1)
-    for flat in (x.flatten(1), x.reshape(4, -1), x.contiguous().view(4, -1)):
-        assert flat.data_ptr() != x.data_ptr()  # a copy in NCHW order
-        torch.testing.assert_close(flat, x.detach().clone(memory_format=torch.contiguous_format).view(4, -1))
     _, D = tiny_gan
     D = D.to(memory_format=torch.channels_last)  # as gan/training/state.py:build_models does by default
-    x = digits(4).contiguous(memory_format=torch.channels_last)
-    _, features = D(x, with_features=True)
+    _, features = D(digits(4).contiguous(memory_format=torch.channels_last), with_features=True)
     assert features.is_contiguous(memory_format=torch.channels_last) and not features.is_contiguous()
     with pytest.raises(RuntimeError, match="view size is not compatible"):
         features.view(4, -1)
-    assert features.flatten(1).shape == (4, features[0].numel())  # what gradient_penalty and r1 use
+    nchw = features.detach().clone(memory_format=torch.contiguous_format).view(4, -1)
+    for flat in (features.flatten(1), features.reshape(4, -1), features.contiguous().view(4, -1)):
+        assert flat.data_ptr() != features.data_ptr()  # a copy in NCHW order: what gradient_penalty and r1 use
+        torch.testing.assert_close(flat, nchw)
 
 
 # reading the curves: the failure of pytorch/examples#822 --------------------------------------

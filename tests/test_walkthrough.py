@@ -26,15 +26,6 @@ from gan.core.steps import FP32, d_step, frozen, g_step, release_grads
 # batch in ---------------------------------------------------------------------------------------
 
 
-def test_a_model_moved_to_a_device_takes_latents_made_there(tiny_gan):
-    G, _ = tiny_gan
-    assert G.to("meta") is G  # Module.to moves the parameters in place
-    z = torch.randn(2, 16, device="meta")  # created on the device, as gan/training/loop.py makes z
-    assert G(z).shape == (2, 1, 16, 16) and G(z).device.type == "meta"
-    with pytest.raises(RuntimeError, match="meta|device"):
-        G(torch.randn(2, 16))  # a CPU tensor into a module on another device
-
-
 def test_float_returns_the_same_tensor_when_it_is_float_already_and_indices_must_be_integers():
     images = torch.zeros(2, dtype=torch.uint8)
     assert images.float() is not images  # uint8 -> a new tensor: div_ on it is safe
@@ -49,7 +40,7 @@ def test_float_returns_the_same_tensor_when_it_is_float_already_and_indices_must
         images[torch.Tensor(index)]  # float32: not an index
 
 
-def test_generator_view_accepts_a_transposed_latent(tiny_gan):
+def test_G_takes_a_transposed_latent_batch_and_latents_made_on_its_device(tiny_gan):
     G, _ = tiny_gan
     G.eval()
     z = torch.randn(16, 4).t()  # (4, 16), not contiguous
@@ -58,6 +49,11 @@ def test_generator_view_accepts_a_transposed_latent(tiny_gan):
     with pytest.raises(RuntimeError, match="view size is not compatible"):
         z.view(64)  # merging dims across strides: not a view
     assert torch.equal(G(z), G(z.contiguous()))
+    assert G.to("meta") is G  # Module.to moves the parameters in place
+    z = torch.randn(2, 16, device="meta")  # created on the device, as gan/training/loop.py makes z
+    assert G(z).shape == (2, 1, 16, 16) and G(z).device.type == "meta"
+    with pytest.raises(RuntimeError, match="meta|device"):
+        G(torch.randn(2, 16))  # a CPU tensor into a module on another device
 
 
 # D step -----------------------------------------------------------------------------------------
@@ -84,6 +80,13 @@ def test_g_step_keeps_the_gradient_that_reaches_the_fake_images(tiny_gan):
     torch.testing.assert_close(fake.grad, expected)
     # and the number logged for it is what its name says: the mean over the images of each one's gradient norm
     assert stats["grad_norm/images"].item() == pytest.approx(expected.flatten(1).norm(dim=1).mean().item(), rel=1e-5)
+    # loss_G is a batch mean: the same images twice over (the same BatchNorm statistics) give half the norm
+    z, norms = torch.randn(8, 16), []
+    for copies in (1, 2):
+        opt_g = torch.optim.SGD(G.parameters(), lr=0.0)  # lr 0: measure without changing G
+        stats = g_step(D, G, opt_g, G(z.repeat(copies, 1)), torch.zeros(8 * copies, 1), FP32)
+        norms.append(stats["grad_norm/images"])
+    torch.testing.assert_close(norms[1], norms[0] / 2, rtol=1e-4, atol=0)
 
 
 def test_frozen_spectrally_normalised_discriminator_still_advances_its_power_iteration():
@@ -243,9 +246,8 @@ def test_step_diagnostics_are_detached_so_logging_them_warns_nothing(tiny_gan):
     d_stats, real_features = d_step(D, adam(D), real, fake)
     g_stats = g_step(D, G, adam(G), fake, real_features)
     stats = {**d_stats, **g_stats}
-    assert not any(value.requires_grad for value in stats.values())
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.simplefilter("error")  # a value that required grad would warn
         [float(value) for value in stats.values()]  # what Monitor.scalars does
     with pytest.warns(UserWarning, match="Converting a tensor with requires_grad=True to a scalar"):
         float(BCE.g(D(fake)))  # an undetached loss would warn on every log
@@ -350,16 +352,3 @@ def test_trace_script_and_export_of_G_and_the_mode_each_keeps(tiny_gan):
         torch.testing.assert_close(program.module()(z), G(z))
     with pytest.raises(GuardOnDataDependentSymNode):
         export(Branchy(), (torch.ones(2),))
-
-
-def test_grad_norm_images_scales_as_one_over_the_batch_size(tiny_gan):
-    """loss_G is a batch mean: the same 8 images twice over (the same BatchNorm statistics) give half the norm."""
-    G, D = tiny_gan
-    z = torch.randn(8, 16)
-    norms = {}
-    for copies in (1, 2):
-        fake = G(z.repeat(copies, 1))
-        opt_g = torch.optim.SGD(G.parameters(), lr=0.0)  # lr 0: measure without changing G
-        stats = g_step(D, G, opt_g, fake, torch.zeros(8 * copies, 1), FP32)
-        norms[copies] = stats["grad_norm/images"]
-    torch.testing.assert_close(norms[2], norms[1] / 2, rtol=1e-4, atol=0)
