@@ -135,24 +135,17 @@ def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def clean_then_fresh(G, D):
-    """A batch, latents, G's gradient at its first update by the real steps, then fresh G, D, opt_g and its updates."""
-    real, z = torch.rand(8, 1, 16, 16) * 2 - 1, torch.randn(8, 16)
-    G_clean, D_clean = copy.deepcopy(G), copy.deepcopy(D)
-    opt_g = adam(G_clean)
-    clean = gradients_at_each_update(opt_g)
-    fake = G_clean(z)
-    _, real_features = d_step(D_clean, adam(D_clean), real, fake)
-    g_step(D_clean, G_clean, opt_g, fake, real_features)
-    G, D = copy.deepcopy(G), copy.deepcopy(D)
-    opt_g = adam(G)
-    return real, z, clean[0], G, D, opt_g, gradients_at_each_update(opt_g)
-
-
 @pytest.mark.parametrize("patch", ["none", "retain_graph", "second_G_forward", "dcgan_main"])
 def test_a_missing_detach_raises_at_the_g_step_and_what_each_patch_lets_reach_G(tiny_gan, patch):
     """none raises; retain_graph=True or a second G(z) lets D's loss reach G's update; dcgan/main.py's order: not."""
-    real, z, clean, G, D, opt_g, seen = clean_then_fresh(*tiny_gan)
+    G, D = tiny_gan
+    real, z = torch.rand(8, 1, 16, 16) * 2 - 1, torch.randn(8, 16)
+    G_clean, D_clean = copy.deepcopy(G), copy.deepcopy(D)  # G's gradient at its first update by the real steps
+    opt_clean, opt_g = adam(G_clean), adam(G)
+    clean, seen = gradients_at_each_update(opt_clean), gradients_at_each_update(opt_g)
+    fake = G_clean(z)
+    _, real_features = d_step(D_clean, adam(D_clean), real, fake)
+    g_step(D_clean, G_clean, opt_clean, fake, real_features)
     fake = G(z)
     real_features = d_step_without_detach(D, adam(D), real, fake, retain_graph=patch in ("retain_graph", "dcgan_main"))
     assert all(p.grad is not None for p in G.parameters())  # D's backward ran on through G
@@ -164,11 +157,11 @@ def test_a_missing_detach_raises_at_the_g_step_and_what_each_patch_lets_reach_G(
         G.zero_grad(set_to_none=True)
         with frozen(D):
             BCE.g(D(fake)).backward()
-        torch.testing.assert_close(gradient_of(G), clean)
+        torch.testing.assert_close(gradient_of(G), clean[0])
     else:  # the second G(z) makes the same images; the G step backpropagates its own graph, so nothing raises
         g_step(D, G, opt_g, fake if patch == "retain_graph" else G(z), real_features)
-        torch.testing.assert_close(seen[0], clean + from_d)  # G's update follows G's objective plus D's
-        assert relative_difference(seen[0], clean) > 0.1
+        torch.testing.assert_close(seen[0], clean[0] + from_d)  # G's update follows G's objective plus D's
+        assert relative_difference(seen[0], clean[0]) > 0.1
 
 
 @pytest.mark.parametrize("order", ["frozen", "unfrozen", "dcgan_main"])
