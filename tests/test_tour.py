@@ -100,20 +100,15 @@ def test_tour_shows_the_source_of_each_function_before_a_cell_calls_it():
     assert step_uses and step_uses <= set(shown_at), f"the first step uses, never shown: {step_uses - set(shown_at)}"
 
 
-def kernel_manager(tmp_path: Path) -> KernelManager:
-    """A python3 kernel on sys.executable, with the repository importable even if not installed."""
-    kernels = tmp_path / "kernels"
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    kernelspec.write_kernel_spec(kernels / "python3", overrides={"env": {"PYTHONPATH": path}})
-    specs = KernelSpecManager(kernel_dirs=[str(kernels)], ensure_native_kernel=False)
-    return KernelManager(kernel_name="python3", kernel_spec_manager=specs)
-
-
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory) -> tuple[str, list[dict]]:
     """(every stream the notebook printed, every rich output), after running it top to bottom."""
-    nb = nbformat.read(TOUR, as_version=4)
-    km, docs = kernel_manager(tmp_path_factory.mktemp("tour")), {"metadata": {"path": str(ROOT / "docs")}}
+    kernels = tmp_path_factory.mktemp("tour") / "kernels"  # a python3 kernel on sys.executable, gan importable
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    kernelspec.write_kernel_spec(kernels / "python3", overrides={"env": {"PYTHONPATH": path}})
+    specs = KernelSpecManager(kernel_dirs=[str(kernels)], ensure_native_kernel=False)
+    km, nb = KernelManager(kernel_name="python3", kernel_spec_manager=specs), nbformat.read(TOUR, as_version=4)
+    docs = {"metadata": {"path": str(ROOT / "docs")}}
     client = nbclient.NotebookClient(nb, km=km, timeout=300, resources=docs)  # timeout per cell
     client.execute()  # raises CellExecutionError, naming the cell, if any cell fails
     outputs = [output for cell in nb.cells if cell.cell_type == "code" for output in cell.outputs]
