@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+README = ROOT / "README.md"
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 FENCE = re.compile(r"^\s*(```|~~~)\s*(\w*)")
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
@@ -359,7 +360,7 @@ RIGHT_CITATIONS = [
     "`gan/core/steps.py:FP32`, `gan.core.steps.frozen`, `gan.training.train`, `dcgan/main.py`",
     "| `test_steps.py::test_d_step_leaves_generator_gradients_none`, "
     "`::test_adam_skips_parameters_whose_grad_is_none` |",
-    "| `walk::` | `tests/test_walkthrough.py` |\n\nSee `walk::test_gradients_accumulate_until_released[True]`.",
+    "| `l::` | `tests/test_lessons.py` |\n\nSee `l::test_separate_mode_runs_G_backward_once_per_term[summed]`.",
     "`python scripts/bench.py --rounds 3`",
 ]
 
@@ -501,7 +502,7 @@ def test_no_page_keeps_a_phrasing_the_key_statements_replaced():
 
 
 def test_the_readme_technique_table_states_retain_graph_as_the_walkthrough_does():
-    rows = readme_technique_rows((ROOT / "README.md").read_text(encoding="utf-8"))
+    rows = readme_technique_rows(README.read_text(encoding="utf-8"))
     rows = [row for row in rows if "retain_graph" in row[0]]
     wanted = normalise(KEY_STATEMENTS["retain_graph"]).rstrip(".")
     assert any(wanted in as_prose(" ".join(row)) for row in rows), (
@@ -552,20 +553,15 @@ def proof_citation_problems(readme: str) -> list[str]:
     return problems
 
 
-def test_the_proofs_page_is_generated_and_the_readme_cites_each_proof_and_no_pytorch_fact():
-    from test_mutations import PROOFS_PAGE, proofs_page
+def test_the_proofs_page_is_generated_and_the_readme_cites_each_proof_and_states_what_make_test_runs():
+    from test_mutations import MUTATIONS, PROOFS_PAGE, VARIANTS, proofs_page
 
     assert PROOFS_PAGE.read_text(encoding="utf-8") == proofs_page(), (
         "docs/proofs.md differs from MUTATIONS: run `.venv/bin/python tests/test_mutations.py --write`"
     )
-    problems = proof_citation_problems((ROOT / "README.md").read_text(encoding="utf-8"))
+    problems = proof_citation_problems(README.read_text(encoding="utf-8"))
     assert not problems, "\n".join(problems)
-
-
-def test_the_readme_states_what_make_test_runs_of_the_mutations():
-    from test_mutations import MUTATIONS, VARIANTS
-
-    readme, kinds = normalise((ROOT / "README.md").read_text(encoding="utf-8")), sum(1 for m in MUTATIONS if m.kind)
+    readme, kinds = normalise(README.read_text(encoding="utf-8")), sum(1 for m in MUTATIONS if m.kind)
     assert (
         f"`make test` runs the {len(MUTATIONS)} mutants of `tests/test_mutations.py`, each on a copy of the code: "
         f"{len(MUTATIONS) - kinds} remove a technique one way, and {kinds} break what surrounds one" in readme
@@ -577,7 +573,7 @@ def test_the_readme_states_what_make_test_runs_of_the_mutations():
 
 
 def test_a_readme_citing_a_fact_or_missing_a_proof_is_caught():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = README.read_text(encoding="utf-8")
     proof, fact = "::test_d_step_leaves_generator_gradients_none", "::test_without_detach_d_loss_reaches_generator"
     assert proof in readme
     assert any("test_d_step_leaves" in p for p in proof_citation_problems(readme.replace(proof, fact)))
@@ -590,8 +586,6 @@ def test_a_readme_citing_a_fact_or_missing_a_proof_is_caught():
 
 
 # README's numbers: each is recorded from the file that holds it (scripts/measured.py) ----------------
-
-README = ROOT / "README.md"
 
 
 def test_readme_states_each_measurement_as_its_file_holds_it():

@@ -3,6 +3,8 @@ each matter; docs/tour.ipynb runs them at a larger size."""
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 from test_steps import BCE, adam
@@ -102,14 +104,19 @@ def test_accumulated_micro_batches_equal_the_big_batch_only_when_D_has_no_batchn
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
-def test_two_backward_calls_before_the_step_are_accumulation(tiny_gan):
-    """The canonical loop's errD_real.backward(); errD_fake.backward(); optimizer.step()."""
+def test_backward_adds_into_grad_until_released_and_two_calls_before_the_step_are_accumulation(tiny_gan):
+    """Then the canonical loop's errD_real.backward(); errD_fake.backward(); optimizer.step()."""
     G, D = tiny_gan
-    D.eval()  # the same statistics in both passes, so only the order of additions differs
+    D.eval()  # the same statistics in every pass, so only the order of additions differs
     real, fake = digits(16), G(torch.randn(16, 16)).detach()
     d_loss_bce(D(real), D(fake)).backward()
     together = [p.grad.clone() for p in D.parameters()]
+    d_loss_bce(D(real), D(fake)).backward()  # a second backward without releasing: added
+    for a, p in zip(together, D.parameters()):
+        torch.testing.assert_close(p.grad, 2 * a)
+    released = [weakref.ref(p.grad) for p in D.parameters()]
     release_grads(D)
+    assert all(ref() is None for ref in released)  # the gradient memory is freed, not zeroed
     ones, zeros = torch.ones(16), torch.zeros(16)
     nn.functional.binary_cross_entropy_with_logits(D(real), ones).backward()  # errD_real
     nn.functional.binary_cross_entropy_with_logits(D(fake), zeros).backward()  # errD_fake
@@ -118,21 +125,16 @@ def test_two_backward_calls_before_the_step_are_accumulation(tiny_gan):
 
 
 def test_channels_last_features_of_the_real_D_need_flatten_not_view(tiny_gan):
-    x = torch.randn(4, 3, 8, 8).contiguous(memory_format=torch.channels_last)
-    assert x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-    with pytest.raises(RuntimeError, match="view size is not compatible"):
-        x.view(4, -1)
-    for flat in (x.flatten(1), x.reshape(4, -1), x.contiguous().view(4, -1)):
-        assert flat.data_ptr() != x.data_ptr()  # a copy in NCHW order
-        torch.testing.assert_close(flat, x.detach().clone(memory_format=torch.contiguous_format).view(4, -1))
     _, D = tiny_gan
     D = D.to(memory_format=torch.channels_last)  # as gan/training/state.py:build_models does by default
-    x = digits(4).contiguous(memory_format=torch.channels_last)
-    _, features = D(x, with_features=True)
+    _, features = D(digits(4).contiguous(memory_format=torch.channels_last), with_features=True)
     assert features.is_contiguous(memory_format=torch.channels_last) and not features.is_contiguous()
     with pytest.raises(RuntimeError, match="view size is not compatible"):
         features.view(4, -1)
-    assert features.flatten(1).shape == (4, features[0].numel())  # what gradient_penalty and r1 use
+    nchw = features.detach().clone(memory_format=torch.contiguous_format).view(4, -1)
+    for flat in (features.flatten(1), features.reshape(4, -1), features.contiguous().view(4, -1)):
+        assert flat.data_ptr() != features.data_ptr()  # a copy in NCHW order: what gradient_penalty and r1 use
+        torch.testing.assert_close(flat, nchw)
 
 
 # reading the curves: the failure of pytorch/examples#822 --------------------------------------

@@ -1,16 +1,14 @@
 """Mutation checks: the tests cited as the proof of a technique fail when that technique is removed.
 
-A test of a PyTorch fact on toy code passes whatever gan/ does, so it proves nothing. For each entry of
-MUTATIONS the project is copied, the technique removed by an exact text patch (its anchor occurs once, inside
-the function named), and the cited tests run where `import gan` is the copy's (a plugin records each gan
-module's file): each must fail, as a failure, not a collection error, and all pass on an unchanged copy.
-TECHNIQUES says what each technique is for, so that VARIANTS (other ways to remove it) fail its proofs too;
-KINDS names what a mutant breaks besides the technique. They generate docs/proofs.md's tables.
+A test of a PyTorch fact on toy code passes whatever gan/ does, so it proves nothing. For each entry of MUTATIONS the
+project is copied, the technique removed by an exact text patch (its anchor occurs once, inside the function named),
+and the cited tests run where `import gan` is the copy's (a plugin records each gan module's file): each must fail, as
+a failure, not a collection error, and all pass on an unchanged copy. TECHNIQUES says what each technique is for, so
+that VARIANTS (other ways to remove it) fail its proofs too; KINDS names what a mutant breaks besides the technique.
+They generate docs/proofs.md's tables. Nothing here imports torch (the runs do, in their own processes).
 
     .venv/bin/python tests/test_mutations.py --write          # regenerate docs/proofs.md
     .venv/bin/python tests/test_mutations.py --variants [ID]  # MUTATIONS and VARIANTS (or those named)
-
-Nothing here imports torch (the runs do, in their own processes).
 """
 
 from __future__ import annotations
@@ -465,9 +463,8 @@ def run_tests(copy: Path, node_ids: Sequence[str], timeout: float = 300) -> Run:
         process.kill()
         process.join()
     origins = json.loads(origin.read_text(encoding="utf-8")) if origin.exists() else {}
-    return Run(
-        copy, process.exitcode, log.read_text(encoding="utf-8", errors="replace") if log.exists() else "", origins
-    )
+    output = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
+    return Run(copy, process.exitcode, output, origins)
 
 
 def run_mutant(mutation: Mutation, where: Path) -> Run:
@@ -559,21 +556,23 @@ def proofs_page(page: str | None = None) -> str:
 # the checks ---------------------------------------------------------------------------------------
 
 
+def start_runs(pool: ThreadPoolExecutor, mutations: Sequence[Mutation], cited: list[str], folder) -> dict[str, Future]:
+    """On `pool`: an unchanged copy running `cited` ("original") and each mutant, each in its own `folder(id)`."""
+    original = folder("original")
+    runs = {"original": pool.submit(lambda: run_tests(copy_project(original), cited))}
+    return runs | {m.id: pool.submit(run_mutant, m, folder(m.id)) for m in mutations}
+
+
 @pytest.fixture(scope="module")
 def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future]]:
-    """The runs this session's tests of this module ask for, started together (WORKERS at a time):
-    each selected mutant, and one unchanged copy with every cited test."""
+    """The runs this session's tests of this module ask for: each selected mutant, and every cited test unchanged."""
     selected = [
         item.callspec.params["mutation"]
         for item in request.session.items
         if item.module is request.module and hasattr(item, "callspec") and "mutation" in item.callspec.params
     ]
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        original = tmp_path_factory.mktemp("original")
-        futures = {"original": pool.submit(lambda: run_tests(copy_project(original), all_cited(MUTATIONS)))}
-        for mutation in selected:
-            futures[mutation.id] = pool.submit(run_mutant, mutation, tmp_path_factory.mktemp(mutation.id))
-        yield futures
+        yield start_runs(pool, selected, all_cited(MUTATIONS), tmp_path_factory.mktemp)
 
 
 def test_the_cited_tests_pass_on_an_unchanged_copy(runs):
@@ -634,9 +633,8 @@ def main(argv: Sequence[str]) -> int:
     mutations = [m for m in [*MUTATIONS, *VARIANTS] if not chosen or m.id in chosen]
     where = Path(tempfile.mkdtemp())
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        original = pool.submit(lambda: run_tests(copy_project(where / "original"), all_cited(mutations)))
-        runs = {m.id: pool.submit(run_mutant, m, where / m.id) for m in mutations}
-        problems = {"original": run_problems(original.result(), all_cited(mutations), "PASSED")}
+        runs = start_runs(pool, mutations, all_cited(mutations), where.joinpath)
+        problems = {"original": run_problems(runs["original"].result(), all_cited(mutations), "PASSED")}
         print(f"{'original':24} {'; '.join(problems['original']) or 'every cited test passed'}")
         for m in mutations:
             run = runs[m.id].result()

@@ -21,7 +21,22 @@ ROOT = Path(__file__).resolve().parents[1]
 TOUR = ROOT / "docs" / "tour.ipynb"
 
 
-def test_tour_is_stored_small_and_its_links_and_next_cells_hold():
+# Each term, by the text that defines it: no cell before the defining one may use the term.
+TERMS = {
+    r"\blogits?\b": r"returns a \*\*logit\*\*",
+    r"\bEMA\b": r"exponential moving average",
+    r"spectral norm": r"largest singular value",
+    r"\br_t\b|\$r_t\$": r"E\[sign\(D\(x\)\)\]",
+    r"\bADA\b": r"ADA \(Karras et al\. 2020\)",
+    r"\bFID\b": r"Fréchet distance",
+    r"\brecall\b": r"recall \(the share of real images some sample\s+comes near\)",
+    r"\bTTUR\b": r"two time-scale update rule",
+    r"channels_last": r"NHWC",
+    r"\bPacGAN\b|\bkimg\b": r"(?!)",  # not used by the tour at all
+}
+
+
+def test_tour_is_stored_small_and_its_links_next_cells_and_terms_hold():
     nb = nbformat.read(TOUR, as_version=4)
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
     assert code and all(not cell.outputs and cell.execution_count is None for cell in code)
@@ -36,10 +51,15 @@ def test_tour_is_stored_small_and_its_links_and_next_cells_hold():
                 named = (TOUR.parent / path).resolve()
                 if ROOT not in named.parents or not named.exists():
                     problems.append(f"{path} is no file of this repository")
-    assert not problems
     cells = nb.cells
     wrong = [i for i, cell in enumerate(cells[:-1]) if "next cell" in cell.source and cells[i + 1].cell_type != "code"]
     assert not wrong, f"cells {wrong} say 'the next cell' above a cell that is not code"
+    for term, definition in TERMS.items():  # no cell before the defining one may use the term
+        uses = [i for i, cell in enumerate(cells) if re.search(term, cell.source)]
+        defined = [i for i, cell in enumerate(cells) if re.search(definition, cell.source)]
+        if uses and (not defined or uses[0] < defined[0]):
+            problems.append(f"{term}: first used in cell {uses[0]}, defined in cell {defined[:1] or 'none'}")
+    assert not problems
 
 
 def gan_imports() -> dict[str, object]:
@@ -80,20 +100,15 @@ def test_tour_shows_the_source_of_each_function_before_a_cell_calls_it():
     assert step_uses and step_uses <= set(shown_at), f"the first step uses, never shown: {step_uses - set(shown_at)}"
 
 
-def kernel_manager(tmp_path: Path) -> KernelManager:
-    """A python3 kernel on sys.executable, with the repository importable even if not installed."""
-    kernels = tmp_path / "kernels"
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    kernelspec.write_kernel_spec(kernels / "python3", overrides={"env": {"PYTHONPATH": path}})
-    specs = KernelSpecManager(kernel_dirs=[str(kernels)], ensure_native_kernel=False)
-    return KernelManager(kernel_name="python3", kernel_spec_manager=specs)
-
-
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory) -> tuple[str, list[dict]]:
     """(every stream the notebook printed, every rich output), after running it top to bottom."""
-    nb = nbformat.read(TOUR, as_version=4)
-    km, docs = kernel_manager(tmp_path_factory.mktemp("tour")), {"metadata": {"path": str(ROOT / "docs")}}
+    kernels = tmp_path_factory.mktemp("tour") / "kernels"  # a python3 kernel on sys.executable, gan importable
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    kernelspec.write_kernel_spec(kernels / "python3", overrides={"env": {"PYTHONPATH": path}})
+    specs = KernelSpecManager(kernel_dirs=[str(kernels)], ensure_native_kernel=False)
+    km, nb = KernelManager(kernel_name="python3", kernel_spec_manager=specs), nbformat.read(TOUR, as_version=4)
+    docs = {"metadata": {"path": str(ROOT / "docs")}}
     client = nbclient.NotebookClient(nb, km=km, timeout=300, resources=docs)  # timeout per cell
     client.execute()  # raises CellExecutionError, naming the cell, if any cell fails
     outputs = [output for cell in nb.cells if cell.cell_type == "code" for output in cell.outputs]
@@ -211,33 +226,6 @@ def test_the_command_line_run_of_section_7_trains_what_the_tour_trains():
     assert cfg.loss.name.value == "bce" and cfg.loss.feature_matching == 0 and cfg.trainer.max_steps == 600
 
 
-# Each term, by the text that defines it: no cell before the defining one may use the term.
-TERMS = {
-    r"\blogits?\b": r"returns a \*\*logit\*\*",
-    r"\bEMA\b": r"exponential moving average",
-    r"spectral norm": r"largest singular value",
-    r"\br_t\b|\$r_t\$": r"E\[sign\(D\(x\)\)\]",
-    r"\bADA\b": r"ADA \(Karras et al\. 2020\)",
-    r"\bFID\b": r"Fréchet distance",
-    r"\brecall\b": r"recall \(the share of real images some sample\s+comes near\)",
-    r"\bTTUR\b": r"two time-scale update rule",
-    r"channels_last": r"NHWC",
-    r"\bPacGAN\b|\bkimg\b": r"(?!)",  # not used by the tour at all
-}
-
-
-def test_each_term_is_defined_before_its_first_use():
-    nb = nbformat.read(TOUR, as_version=4)
-    cells = [cell.source for cell in nb.cells]
-    problems = []
-    for term, definition in TERMS.items():
-        uses = [i for i, text in enumerate(cells) if re.search(term, text)]
-        defined = [i for i, text in enumerate(cells) if re.search(definition, text)]
-        if uses and (not defined or uses[0] < defined[0]):
-            problems.append(f"{term}: first used in cell {uses[0]}, defined in cell {defined[:1] or 'none'}")
-    assert not problems
-
-
 def lines_read_until(last) -> int:
     """README down to its link to the tour, then the tour's cells and listings down to the first where `last` holds."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
@@ -256,19 +244,16 @@ def lines_read_until(last) -> int:
     raise AssertionError("no cell ends the route")
 
 
-def test_a_learner_meets_a_full_step_within_about_150_lines():
-    lines = lines_read_until(lambda cell: "first-step" in cell.metadata.get("tags", []))
-    assert 100 < lines <= 150, lines  # more than 100: the count is real, README's top and the tour's first sections
-
-
 ABRIDGED = "# gan/core/steps.py:d_step (abridged)"
 MERMAID = re.compile(r"```mermaid\n.*?```", re.S)
 
 
-def test_the_step_comes_abridged_within_about_250_lines_and_whole_later():
+def test_a_learner_meets_a_full_step_within_about_150_lines_abridged_within_250_and_whole_later():
     """Section 2 shows the walkthrough's diagram and the steps abridged (at most 40 lines); section 5 whole."""
     from test_docs import excerpt_problems
 
+    lines = lines_read_until(lambda cell: "first-step" in cell.metadata.get("tags", []))
+    assert 100 < lines <= 150, lines  # more than 100: the count is real, README's top and the tour's first sections
     assert lines_read_until(lambda cell: ABRIDGED in cell.source) <= 250
     nb = nbformat.read(TOUR, as_version=4)
     index = next(i for i, cell in enumerate(nb.cells) if ABRIDGED in cell.source)

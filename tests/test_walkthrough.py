@@ -6,7 +6,6 @@ import contextlib
 import copy
 import io
 import warnings
-import weakref
 
 import pytest
 import torch
@@ -27,15 +26,6 @@ from gan.core.steps import FP32, d_step, frozen, g_step, release_grads
 # batch in ---------------------------------------------------------------------------------------
 
 
-def test_a_model_moved_to_a_device_takes_latents_made_there(tiny_gan):
-    G, _ = tiny_gan
-    assert G.to("meta") is G  # Module.to moves the parameters in place
-    z = torch.randn(2, 16, device="meta")  # created on the device, as gan/training/loop.py makes z
-    assert G(z).shape == (2, 1, 16, 16) and G(z).device.type == "meta"
-    with pytest.raises(RuntimeError, match="meta|device"):
-        G(torch.randn(2, 16))  # a CPU tensor into a module on another device
-
-
 def test_float_returns_the_same_tensor_when_it_is_float_already_and_indices_must_be_integers():
     images = torch.zeros(2, dtype=torch.uint8)
     assert images.float() is not images  # uint8 -> a new tensor: div_ on it is safe
@@ -50,7 +40,7 @@ def test_float_returns_the_same_tensor_when_it_is_float_already_and_indices_must
         images[torch.Tensor(index)]  # float32: not an index
 
 
-def test_generator_view_accepts_a_transposed_latent(tiny_gan):
+def test_G_takes_a_transposed_latent_batch_and_latents_made_on_its_device(tiny_gan):
     G, _ = tiny_gan
     G.eval()
     z = torch.randn(16, 4).t()  # (4, 16), not contiguous
@@ -59,23 +49,14 @@ def test_generator_view_accepts_a_transposed_latent(tiny_gan):
     with pytest.raises(RuntimeError, match="view size is not compatible"):
         z.view(64)  # merging dims across strides: not a view
     assert torch.equal(G(z), G(z.contiguous()))
+    assert G.to("meta") is G  # Module.to moves the parameters in place
+    z = torch.randn(2, 16, device="meta")  # created on the device, as gan/training/loop.py makes z
+    assert G(z).shape == (2, 1, 16, 16) and G(z).device.type == "meta"
+    with pytest.raises(RuntimeError, match="meta|device"):
+        G(torch.randn(2, 16))  # a CPU tensor into a module on another device
 
 
 # D step -----------------------------------------------------------------------------------------
-
-
-def test_gradients_accumulate_until_released(tiny_gan):
-    G, D = tiny_gan
-    D.eval()  # fixed statistics, so both passes compute the same gradient
-    real, fake = torch.rand(8, 1, 16, 16), G(torch.randn(8, 16)).detach()
-    BCE.d(D(real), D(fake)).backward()
-    first = [p.grad.clone() for p in D.parameters()]
-    BCE.d(D(real), D(fake)).backward()  # a second backward without releasing: added
-    for before, p in zip(first, D.parameters()):
-        torch.testing.assert_close(p.grad, 2 * before)
-    released = [weakref.ref(p.grad) for p in D.parameters()]
-    release_grads(D)
-    assert all(ref() is None for ref in released)  # the gradient memory is freed, not zeroed
 
 
 def test_binary_cross_entropy_runs_under_cpu_autocast():
@@ -99,6 +80,13 @@ def test_g_step_keeps_the_gradient_that_reaches_the_fake_images(tiny_gan):
     torch.testing.assert_close(fake.grad, expected)
     # and the number logged for it is what its name says: the mean over the images of each one's gradient norm
     assert stats["grad_norm/images"].item() == pytest.approx(expected.flatten(1).norm(dim=1).mean().item(), rel=1e-5)
+    # loss_G is a batch mean: the same images twice over (the same BatchNorm statistics) give half the norm
+    z, norms = torch.randn(8, 16), []
+    for copies in (1, 2):
+        opt_g = torch.optim.SGD(G.parameters(), lr=0.0)  # lr 0: measure without changing G
+        stats = g_step(D, G, opt_g, G(z.repeat(copies, 1)), torch.zeros(8 * copies, 1), FP32)
+        norms.append(stats["grad_norm/images"])
+    torch.testing.assert_close(norms[1], norms[0] / 2, rtol=1e-4, atol=0)
 
 
 def test_frozen_spectrally_normalised_discriminator_still_advances_its_power_iteration():
@@ -147,50 +135,33 @@ def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def clean_then_fresh(G, D):
-    """A batch, latents, G's gradient at its first update by the real steps, then fresh G, D, opt_g and its updates."""
+@pytest.mark.parametrize("patch", ["none", "retain_graph", "second_G_forward", "dcgan_main"])
+def test_a_missing_detach_raises_at_the_g_step_and_what_each_patch_lets_reach_G(tiny_gan, patch):
+    """none raises; retain_graph=True or a second G(z) lets D's loss reach G's update; dcgan/main.py's order: not."""
+    G, D = tiny_gan
     real, z = torch.rand(8, 1, 16, 16) * 2 - 1, torch.randn(8, 16)
-    G_clean, D_clean = copy.deepcopy(G), copy.deepcopy(D)
-    opt_g = adam(G_clean)
-    clean = gradients_at_each_update(opt_g)
+    G_clean, D_clean = copy.deepcopy(G), copy.deepcopy(D)  # G's gradient at its first update by the real steps
+    opt_clean, opt_g = adam(G_clean), adam(G)
+    clean, seen = gradients_at_each_update(opt_clean), gradients_at_each_update(opt_g)
     fake = G_clean(z)
     _, real_features = d_step(D_clean, adam(D_clean), real, fake)
-    g_step(D_clean, G_clean, opt_g, fake, real_features)
-    G, D = copy.deepcopy(G), copy.deepcopy(D)
-    opt_g = adam(G)
-    return real, z, clean[0], G, D, opt_g, gradients_at_each_update(opt_g)
-
-
-def test_without_detach_the_g_step_raises_backward_through_the_graph_a_second_time(tiny_gan):
-    G, D = tiny_gan
-    fake = G(torch.randn(8, 16))
-    real_features = d_step_without_detach(D, adam(D), torch.rand(8, 1, 16, 16), fake)
+    g_step(D_clean, G_clean, opt_clean, fake, real_features)
+    fake = G(z)
+    real_features = d_step_without_detach(D, adam(D), real, fake, retain_graph=patch in ("retain_graph", "dcgan_main"))
     assert all(p.grad is not None for p in G.parameters())  # D's backward ran on through G
-    with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
-        g_step(D, G, adam(G), fake, real_features)  # the error comes at the G step: nothing silent
-
-
-@pytest.mark.parametrize("patch", ["retain_graph", "second_G_forward"])
-def test_a_patched_missing_detach_lets_D_loss_reach_G_next_update(tiny_gan, patch):
-    """retain_graph=True silences the error; a second G(z) raises none (the G step backpropagates its own graph)."""
-    real, z, clean, G, D, opt_g, seen = clean_then_fresh(*tiny_gan)
-    fake = G(z)
-    real_features = d_step_without_detach(D, adam(D), real, fake, retain_graph=patch == "retain_graph")
     from_d = gradient_of(G)  # D's loss, written into G's .grad
-    g_step(D, G, opt_g, fake if patch == "retain_graph" else G(z), real_features)  # G(z): the same images
-    torch.testing.assert_close(seen[0], clean + from_d)  # G's update follows G's objective plus D's
-    assert relative_difference(seen[0], clean) > 0.1
-
-
-def test_clearing_G_before_its_backward_as_dcgan_main_does_would_wipe_D_contribution(tiny_gan):
-    """dcgan/main.py's order, netG.zero_grad() just before the G step's backward, on the same patch."""
-    real, z, clean, G, D, _, _ = clean_then_fresh(*tiny_gan)
-    fake = G(z)
-    d_step_without_detach(D, adam(D), real, fake, retain_graph=True)
-    G.zero_grad(set_to_none=True)
-    with frozen(D):
-        BCE.g(D(fake)).backward()
-    torch.testing.assert_close(gradient_of(G), clean)
+    if patch == "none":
+        with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
+            g_step(D, G, opt_g, fake, real_features)  # the error comes at the G step: nothing silent
+    elif patch == "dcgan_main":  # netG.zero_grad() just before the G step's backward
+        G.zero_grad(set_to_none=True)
+        with frozen(D):
+            BCE.g(D(fake)).backward()
+        torch.testing.assert_close(gradient_of(G), clean[0])
+    else:  # the second G(z) makes the same images; the G step backpropagates its own graph, so nothing raises
+        g_step(D, G, opt_g, fake if patch == "retain_graph" else G(z), real_features)
+        torch.testing.assert_close(seen[0], clean[0] + from_d)  # G's update follows G's objective plus D's
+        assert relative_difference(seen[0], clean[0]) > 0.1
 
 
 @pytest.mark.parametrize("order", ["frozen", "unfrozen", "dcgan_main"])
@@ -268,9 +239,8 @@ def test_step_diagnostics_are_detached_so_logging_them_warns_nothing(tiny_gan):
     d_stats, real_features = d_step(D, adam(D), real, fake)
     g_stats = g_step(D, G, adam(G), fake, real_features)
     stats = {**d_stats, **g_stats}
-    assert not any(value.requires_grad for value in stats.values())
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.simplefilter("error")  # a value that required grad would warn
         [float(value) for value in stats.values()]  # what Monitor.scalars does
     with pytest.warns(UserWarning, match="Converting a tensor with requires_grad=True to a scalar"):
         float(BCE.g(D(fake)))  # an undetached loss would warn on every log
@@ -280,17 +250,6 @@ def test_step_diagnostics_are_detached_so_logging_them_warns_nothing(tiny_gan):
         fake.numpy()  # a tensor in a graph cannot become numpy
     array = fake.detach().cpu().numpy()
     assert array.dtype == "float32" and array.shape == (8, 1, 16, 16)
-
-
-def test_numpy_view_of_a_parameter_follows_optimizer_steps_on_cpu(tiny_gan):
-    G, _ = tiny_gan
-    weight = G.net[0].weight
-    shared = weight.detach().cpu().numpy()  # on the CPU: no copy anywhere in this chain
-    snapshot = shared.copy()
-    G(torch.randn(4, 16)).sum().backward()
-    adam(G).step()
-    assert (shared == weight.detach().numpy()).all()  # it moved with the weights
-    assert not (snapshot == shared).all()  # only the explicit copy kept the old values
 
 
 # sample -----------------------------------------------------------------------------------------
@@ -338,19 +297,19 @@ def test_the_ema_generators_averaged_statistics_do_not_match_its_averaged_weight
 # checkpoint -------------------------------------------------------------------------------------
 
 
-def test_state_dict_shares_storage_with_the_parameters_until_saved(tiny_gan):
+def test_a_numpy_view_and_a_state_dict_of_a_parameter_follow_its_updates_until_saved(tiny_gan):
     G, _ = tiny_gan
-    state = G.state_dict()
-    weight = state["net.0.weight"]
-    assert not weight.requires_grad and weight.data_ptr() == G.net[0].weight.data_ptr()
-    buffer = io.BytesIO()
+    weight, state = G.net[0].weight, G.state_dict()
+    assert not state["net.0.weight"].requires_grad and state["net.0.weight"].data_ptr() == weight.data_ptr()
+    shared = weight.detach().cpu().numpy()  # on the CPU: no copy anywhere in this chain
+    snapshot, buffer = shared.copy(), io.BytesIO()
     torch.save(state, buffer)  # serialised now: the bytes are a copy
     G(torch.randn(4, 16)).sum().backward()
     adam(G).step()
-    assert torch.equal(state["net.0.weight"], G.net[0].weight)  # the dict followed the update
+    assert (shared == weight.detach().numpy()).all() and torch.equal(state["net.0.weight"], weight)  # both moved
+    assert not (snapshot == shared).all()  # only the explicit copy kept the old values
     buffer.seek(0)
-    saved = torch.load(buffer, weights_only=True)
-    assert not torch.equal(saved["net.0.weight"], G.net[0].weight)  # the file did not
+    assert not torch.equal(torch.load(buffer, weights_only=True)["net.0.weight"], weight)  # and the file
 
 
 # export -----------------------------------------------------------------------------------------
@@ -386,16 +345,3 @@ def test_trace_script_and_export_of_G_and_the_mode_each_keeps(tiny_gan):
         torch.testing.assert_close(program.module()(z), G(z))
     with pytest.raises(GuardOnDataDependentSymNode):
         export(Branchy(), (torch.ones(2),))
-
-
-def test_grad_norm_images_scales_as_one_over_the_batch_size(tiny_gan):
-    """loss_G is a batch mean: the same 8 images twice over (the same BatchNorm statistics) give half the norm."""
-    G, D = tiny_gan
-    z = torch.randn(8, 16)
-    norms = {}
-    for copies in (1, 2):
-        fake = G(z.repeat(copies, 1))
-        opt_g = torch.optim.SGD(G.parameters(), lr=0.0)  # lr 0: measure without changing G
-        stats = g_step(D, G, opt_g, fake, torch.zeros(8 * copies, 1), FP32)
-        norms[copies] = stats["grad_norm/images"]
-    torch.testing.assert_close(norms[2], norms[1] / 2, rtol=1e-4, atol=0)
