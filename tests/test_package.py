@@ -118,13 +118,18 @@ def test_the_wheel_installs_commands_that_train_and_evaluate_from_any_folder(tmp
 
 
 def test_the_notebook_api_trains_loads_and_samples_in_a_few_lines(tmp_path, one_thread):
-    result = gan.train(tmp_path / "run", *TINY, "loss=hinge")  # one_thread: torch's count put back after
+    result = gan.train(tmp_path / "run", *TINY, "loss=hinge", "model.conditional=true")  # one_thread: count put back
     G = gan.load_generator(result.checkpoint)
+    assert not any(module.training for module in G.modules())  # eval mode: BatchNorm's running statistics
     images = gan.sample(G, 10, seed=1)
     assert result.step == 6 and images.shape == (10, 1, 16, 16)
     assert images.abs().max() <= 1 and torch.equal(images, gan.sample(gan.load_generator(tmp_path / "run"), 10, seed=1))
     assert not torch.equal(images, gan.sample(G, 10, seed=2))
     assert load_checkpoint(result.checkpoint)["config"]["loss"]["name"] == "hinge"
+    for classes in (torch.tensor([10, 1]), torch.tensor([-1, 1]), torch.tensor([1]), [1, 2], torch.tensor([1.0, 2.0])):
+        with pytest.raises(ConfigError, match=r"must be a tensor of 2 class numbers from 0 to 9"):
+            gan.sample(G, 2, classes=classes)
+    assert gan.sample(G, 2, classes=torch.tensor([9, 0])).shape == (2, 1, 16, 16)
 
 
 def test_the_quick_start_trains_then_evaluates_as_typed(tmp_path, one_thread, classifier_cache):
@@ -206,15 +211,6 @@ def test_the_api_refuses_a_bad_argument_naming_it(tiny_run, case):
     with pytest.raises(ConfigError) as caught:
         call(gan.load_generator(tiny_run))
     assert str(caught.value).startswith(named) and "\n" not in str(caught.value)
-
-
-def test_a_conditional_generator_loads_in_eval_mode_and_takes_n_class_numbers(tmp_path, one_thread):
-    G = gan.load_generator(gan.train(tmp_path / "run", *TINY, "model.conditional=true").checkpoint)
-    assert not any(module.training for module in G.modules())  # eval mode: BatchNorm's running statistics
-    for classes in (torch.tensor([10, 1]), torch.tensor([-1, 1]), torch.tensor([1]), [1, 2], torch.tensor([1.0, 2.0])):
-        with pytest.raises(ConfigError, match=r"must be a tensor of 2 class numbers from 0 to 9"):
-            gan.sample(G, 2, classes=classes)
-    assert gan.sample(G, 2, classes=torch.tensor([9, 0])).shape == (2, 1, 16, 16)
 
 
 # the environment ------------------------------------------------------------------------------------
