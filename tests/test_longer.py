@@ -19,40 +19,26 @@ from gan.data import load_dataset
 from gan.errors import CheckpointError, ConfigError
 from gan.evaluation import metrics as M
 from gan.evaluation.pipeline import prepare_generator, reference_subset
-from gan.training import train
-from gan.training.loop import (
-    ALARM_TAG,
-    BEST_FID_TAG,
-    D_WON_TEXT_TAG,
-    FAKE_BELOW,
-    FID_TAG,
-    RT_ABOVE,
-    RT_TAG,
-    WON_TAG,
-    DWonWatch,
-    Every,
-    Extras,
-    Tick,
-)
+from gan.training import loop, train
 
 
 def test_extras_run_in_order_at_their_cadence_and_at_the_end():
     ran: list[tuple[str, int]] = []
     note = lambda name: lambda tick: ran.append((name, tick.step))  # noqa: E731
-    tasks = [Every("every 2", 2, note("every 2")), Every("every 3, at end", 3, note("every 3, at end"), at_end=True)]
-    extras = Extras([*tasks, Every("off", 0, note("off"), at_end=True)])
+    tasks = [loop.Every("2", 2, note("2")), loop.Every("3, at end", 3, note("3, at end"), at_end=True)]
+    extras = loop.Extras([*tasks, loop.Every("off", 0, note("off"), at_end=True)])
     for step in range(1, 6):
-        extras.after_step(Tick(step, {}, 1, done=step == 5))
-    assert ran == [("every 2", 2), ("every 3, at end", 3), ("every 2", 4), ("every 3, at end", 5)]
-    assert [task.name for task in extras.tasks] == ["every 2", "every 3, at end"]  # 0 = never: dropped
+        extras.after_step(loop.Tick(step, {}, 1, done=step == 5))
+    assert ran == [("2", 2), ("3, at end", 3), ("2", 4), ("3, at end", 5)]
+    assert [task.name for task in extras.tasks] == ["2", "3, at end"]  # 0 = never: dropped
     with pytest.raises(ValueError, match="share a name"):
-        Extras([Every("log", 1, print), Every("log", 2, print)])
+        loop.Extras([loop.Every("log", 1, print), loop.Every("log", 2, print)])
 
 
 def scripted(monkeypatch, fids: list[float]) -> None:
     """QualityProbe replaced by one whose FIDs are given in advance."""
     left = iter(fids)
-    probe = SimpleNamespace(measure=lambda G: {FID_TAG: next(left), "quality/recall": 0.5})
+    probe = SimpleNamespace(measure=lambda G: {loop.FID_TAG: next(left), "quality/recall": 0.5})
     monkeypatch.setattr("gan.training.loop.QualityProbe", lambda *args, **kwargs: probe)
 
 
@@ -62,7 +48,7 @@ def test_best_pt_holds_the_generator_of_the_lowest_fid_and_is_what_evaluate_read
     result = train(compose_config(*common), tmp_path)
     best = load_checkpoint(tmp_path / "checkpoints" / "best.pt")
     assert best["kind"] == "best" and best["step"] == 4
-    assert best["metrics"][FID_TAG] == 4.0
+    assert best["metrics"][loop.FID_TAG] == 4.0
     assert result.best == {"fid": 4.0, "step": 4}
     # the weights are the step-4 ones: those of the numbered checkpoint written at step 4
     at_4 = load_checkpoint(tmp_path / "checkpoints" / "step_000004.pt")
@@ -98,9 +84,9 @@ def test_the_final_log_line_names_last_and_best(tmp_path, monkeypatch):
     done = [line for line in output.splitlines() if "Done:" in line][-1]
     assert "last.pt" in done and "best.pt" in done and "in-training FID" in done
     assert "below evaluate.py's bar" in output  # the in-training FID uses it all the same, with a warning
-    assert BEST_FID_TAG in events_of(tmp_path / "run" / "tb").Tags()["scalars"]
+    assert loop.BEST_FID_TAG in events_of(tmp_path / "run" / "tb").Tags()["scalars"]
     best = load_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt")  # a conditional run's quality, its best
-    assert best["num_classes"] == 10 and FID_TAG in best["metrics"]
+    assert best["num_classes"] == 10 and loop.FID_TAG in best["metrics"]
 
 
 def test_the_validation_images_come_from_the_training_split():
@@ -115,23 +101,23 @@ def test_the_validation_images_come_from_the_training_split():
     assert torch.equal(images, again)  # the same images at every measurement of a run
 
 
-def watch(window: int = 100, log_every: int = 10) -> tuple[DWonWatch, list[int]]:
+def watch(window: int = 100, log_every: int = 10) -> tuple[loop.DWonWatch, list[int]]:
     alarms: list[int] = []
-    return DWonWatch(window, log_every, lambda step, _: alarms.append(step)), alarms
+    return loop.DWonWatch(window, log_every, lambda step, _: alarms.append(step)), alarms
 
 
 def test_the_alarm_needs_a_whole_window_of_dominance_and_warns_once_per_episode():
     alarm, alarms = watch()
-    fake, rt = "loss/D(G(z))", RT_TAG
+    fake, rt = "loss/D(G(z))", loop.RT_TAG
     for step in range(10, 100, 10):  # nine points: the window (ten) is not yet full, train/d_won is 0
-        assert alarm.observe(step, {fake: 0.001, rt: 1.0}) == {WON_TAG: 0.0}
+        assert alarm.observe(step, {fake: 0.001, rt: 1.0}) == {loop.WON_TAG: 0.0}
     # the alarm's own tag at the step it fires, so its card reads that step (a healthy run never writes it)
-    assert alarm.observe(100, {fake: 0.001, rt: 1.0}) == {WON_TAG: 1.0, ALARM_TAG: 1.0}
-    assert alarm.observe(110, {fake: 0.001, rt: 1.0}) == {WON_TAG: 1.0}
+    assert alarm.observe(100, {fake: 0.001, rt: 1.0}) == {loop.WON_TAG: 1.0, loop.ALARM_TAG: 1.0}
+    assert alarm.observe(110, {fake: 0.001, rt: 1.0}) == {loop.WON_TAG: 1.0}
     assert alarms == [100]  # one warning, not one per log point
     for step in range(120, 220, 10):  # D loses its grip: the alarm re-arms
         alarm.observe(step, {fake: 0.3, rt: 0.6})
-    assert alarm.observe(220, {fake: 0.3, rt: 0.6}) == {WON_TAG: 0.0}
+    assert alarm.observe(220, {fake: 0.3, rt: 0.6}) == {loop.WON_TAG: 0.0}
     for step in range(230, 340, 10):
         alarm.observe(step, {fake: 0.001, rt: 1.0})
     assert alarms == [100, 310]  # nine of ten points at 0.001: the window's mean is 0.031
@@ -140,9 +126,9 @@ def test_the_alarm_needs_a_whole_window_of_dominance_and_warns_once_per_episode(
 @pytest.mark.parametrize(
     "fakes, rt, won",
     [
-        ([FAKE_BELOW * 0.9] * 10, RT_ABOVE + 0.05, True),
-        ([FAKE_BELOW * 1.1] * 10, 1.0, False),  # D still gives the fakes a chance
-        ([0.001] * 10, RT_ABOVE - 0.05, False),  # D unsure of the reals
+        ([loop.FAKE_BELOW * 0.9] * 10, loop.RT_ABOVE + 0.05, True),
+        ([loop.FAKE_BELOW * 1.1] * 10, 1.0, False),  # D still gives the fakes a chance
+        ([0.001] * 10, loop.RT_ABOVE - 0.05, False),  # D unsure of the reals
         ([0.001] * 9 + [0.3], 1.0, True),  # one healthy batch does not hide a won D (the mean: 0.031)
         ([0.2] * 9 + [0.0001], 1.0, False),  # nor does one bad batch make one
     ],
@@ -150,8 +136,9 @@ def test_the_alarm_needs_a_whole_window_of_dominance_and_warns_once_per_episode(
 def test_the_alarm_needs_both_signs_of_dominance_over_the_window(fakes, rt, won):
     alarm, alarms = watch()
     for i, fake in enumerate(fakes):
-        result = alarm.observe(10 * (i + 1), {"loss/D(G(z))": fake, RT_TAG: rt})
-    assert result == {WON_TAG: float(won), **({ALARM_TAG: 1.0} if won else {})} and alarms == ([100] if won else [])
+        result = alarm.observe(10 * (i + 1), {"loss/D(G(z))": fake, loop.RT_TAG: rt})
+    assert result == {loop.WON_TAG: float(won), **({loop.ALARM_TAG: 1.0} if won else {})}
+    assert alarms == ([100] if won else [])
 
 
 def test_hinge_scores_are_read_through_a_sigmoid():
@@ -159,7 +146,7 @@ def test_hinge_scores_are_read_through_a_sigmoid():
     scores = LOSSES["hinge"].scores(real, fake)
     assert float(scores["d/fake"]) == pytest.approx(float(torch.sigmoid(torch.tensor(-4.0))))  # 0.018
     assert float(scores["d/fake_score"]) == -4.0 and float(scores["d/real_score"]) == 4.0
-    assert float(scores["d/fake"]) < FAKE_BELOW  # a window of such D(G(z)) sets the alarm off (the table above)
+    assert float(scores["d/fake"]) < loop.FAKE_BELOW  # a window of such D(G(z)) sets the alarm off (the table above)
 
 
 # G all but frozen, D fast: the tiny run's D wins at step 32 and keeps winning (past step 100)
@@ -171,12 +158,12 @@ def test_a_d_that_wins_sets_off_the_alarm_and_marks_tensorboard(tmp_path, caplog
     warnings = [record for record in caplog.records if "D has won at step" in record.getMessage()]
     assert [record.levelname for record in warnings] == ["WARNING"], caplog.text[-3000:]
     events = events_of(tmp_path / "tb")
-    won = [event.value for event in events.Scalars(WON_TAG)]
+    won = [event.value for event in events.Scalars(loop.WON_TAG)]
     assert won[-1] == 1.0 and 0.0 not in won[won.index(1.0) :]
-    assert D_WON_TEXT_TAG in events.Tags()["tensors"]
+    assert loop.D_WON_TEXT_TAG in events.Tags()["tensors"]
     # the alarm's card, one point at the step it fired: its group (alarm) sorts before loss, so it opens
-    fired = [event.step for event in events.Scalars(WON_TAG) if event.value == 1.0][0]
-    assert [(event.step, event.value) for event in events.Scalars(ALARM_TAG)] == [(fired, 1.0)]
+    fired = [event.step for event in events.Scalars(loop.WON_TAG) if event.value == 1.0][0]
+    assert [(event.step, event.value) for event in events.Scalars(loop.ALARM_TAG)] == [(fired, 1.0)]
     assert tb_group_order(events.Tags()["scalars"])[:2] == ["alarm", "loss"]
 
 
