@@ -132,8 +132,10 @@ def test_the_notebook_api_trains_loads_and_samples_in_a_few_lines(tmp_path, one_
     assert gan.sample(G, 2, classes=torch.tensor([9, 0])).shape == (2, 1, 16, 16)
 
 
-def test_the_quick_start_trains_then_evaluates_as_typed(tmp_path, one_thread, classifier_cache):
-    shutil.copytree(classifier_cache, tmp_path / "data" / "classifiers")  # the session's: not trained again
+def test_the_quick_start_trains_then_evaluates_as_typed_and_gan_evaluate_returns_what_metrics_json_holds(
+    tmp_path, one_thread, classifier_cache, caplog
+):
+    cached = shutil.copytree(classifier_cache, tmp_path / "data" / "classifiers")  # the session's: not trained again
     trained = run_train("debug=tiny", tiny=False, cwd=tmp_path)  # docs/package.md, as typed
     assert trained.returncode == 0, trained.stderr[-3000:]
     (run_dir,) = (tmp_path / "outputs").glob("*/*_debug-tiny")
@@ -142,19 +144,15 @@ def test_the_quick_start_trains_then_evaluates_as_typed(tmp_path, one_thread, cl
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     (metrics,) = (tmp_path / "outputs" / "eval").glob("*/*/metrics.json")
     assert json.loads(metrics.read_text())["classifier_accuracy"] >= 0.97
-
-
-def test_gan_evaluate_returns_what_metrics_json_holds(tiny_run, tmp_path, one_thread, classifier_cache, caplog):
-    cached = shutil.copytree(classifier_cache, tmp_path / "data" / "classifiers")
     overrides = ("num_samples=200", "device=cpu", "metrics.kid_subsets=10", f"data.root={tmp_path / 'data'}")
     with caplog.at_level(logging.INFO):
-        results = gan.evaluate(tiny_run, *overrides, run_dir=tmp_path / "eval")
+        results = gan.evaluate(run_dir, *overrides, run_dir=tmp_path / "eval")
     assert results == json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert results["num_samples"] == 200 and f"Metrics classifier: {cached}" in caplog.text  # read from data.root
-    again = gan.evaluate(tiny_run, *overrides)  # into a temporary folder, removed afterwards
+    again = gan.evaluate(run_dir, *overrides)  # into a temporary folder, removed afterwards
     assert again["fid"] == results["fid"] > 0
     with pytest.raises(ConfigError, match="num_samplez"):
-        gan.evaluate(tiny_run, "num_samplez=3")
+        gan.evaluate(run_dir, "num_samplez=3")
 
 
 def test_gan_version_is_the_installed_packages(monkeypatch):
