@@ -16,7 +16,7 @@ from torch import nn
 
 from gan.training import train
 from scripts import canonical_dcgan as canonical
-from scripts import compare
+from scripts import compare, longer
 
 
 def test_canonical_networks_at_64_px_are_main_py_s():
@@ -194,8 +194,6 @@ def test_one_minute_sends_a_real_ctrl_c_and_measures_what_it_left(tmp_path):
 
 
 def test_longer_compares_each_snapshot_with_the_best_before_it():
-    from scripts import longer
-
     points = [(5, 10.0, 0.5), (10, 8.0, 0.8), (20, 8.5, 0.75), (40, 9.0, 0.7)]
     rows = [{"step": s, "fid": f, "recall": r} for s, f, r in points]
     rows, summary = longer.against_best(rows, base=10)
@@ -223,8 +221,6 @@ def test_longer_compares_each_snapshot_with_the_best_before_it():
 
 def test_longer_runs_end_to_end_averaging_draws_of_latents_and_measures_only_the_missing_ones(tmp_path, race):
     # a row is the mean of --draws draws of latents; a larger --draws later adds draws, keeping the measured ones
-    from scripts import longer
-
     overrides = [*race, "trainer.max_steps=4"]
     done = run_script("longer.py", *overrides, "--factor", "2", "--every", "4", "--samples", "100", "--draws", "2",
                       "--out", "run", cwd=tmp_path)  # fmt: skip
@@ -272,8 +268,6 @@ def test_longer_runs_end_to_end_averaging_draws_of_latents_and_measures_only_the
 def test_longer_extends_an_earlier_run_to_the_same_generators_as_a_longer_one(tmp_path, monkeypatch, race):
     # --extend resumes OUT/run, also a run cut off part-way (about.json comes first): the snapshots past its
     # checkpoint are those a run with the larger factor holds
-    from scripts import longer
-
     def cut_at_step_3(cfg, run_dir, after_step):
         def step_then_fail(state):
             after_step(state)

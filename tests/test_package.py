@@ -25,6 +25,7 @@ import gan
 from gan.checkpoint import load_checkpoint, save_checkpoint
 from gan.device import cpu_model, environment
 from gan.errors import ConfigError
+from gan.training import train
 
 # the files a wheel is built from: the package's code, its two programs and the configs it ships
 SOURCES = ("pyproject.toml", "README.md", "train.py", "evaluate.py", "generate.py", "gan", "configs")
@@ -175,10 +176,8 @@ def test_the_api_refuses_what_the_command_line_refuses(tmp_path):
     with pytest.raises(ConfigError, match="many"):
         gan.train(tmp_path / "d", config=cfg)
     assert not any(tmp_path.iterdir())  # nothing written by a refused run
-    from gan.training import train  # the loop itself checks a config built in code
-
     cfg.data.batch_size, cfg.optim.lr = 32, float("nan")
-    with pytest.raises(ConfigError, match="optim.lr"):
+    with pytest.raises(ConfigError, match="optim.lr"):  # the loop itself checks a config built in code
         train(cfg, tmp_path / "e")
 
 
