@@ -53,9 +53,8 @@ subprocess.Popen.__init__ = _counted_popen_init  # type: ignore[method-assign]
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist (`make test` runs one worker per core) each worker, and each process it starts, gets its
-    share of the cores for OpenMP, set before the workers start: set later, in a worker, it missed the pools of the
-    libraries already loaded, and the fast tier took 97 s where it takes 92 s (2 cores, side by side)."""
+    """Under pytest-xdist each worker (and each process it starts) gets its share of the cores for OpenMP."""
+    # set here, before the workers start: set in a worker it missed the pools already loaded (97 s, not 92 s)
     workers = getattr(config.option, "numprocesses", None)  # the controller's, an int once xdist resolved `auto`
     if isinstance(workers, int) and workers > 1 and "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = str(max(1, available_cpus() // workers))
@@ -127,8 +126,7 @@ def run_script(name: str, *args: str, cwd: Path | None = None) -> subprocess.Com
 
 
 def in_process(main: Callable[[list[str]], int], argv: list[str], cwd: Path | None) -> subprocess.CompletedProcess:
-    """main(argv)'s exit code and output, run in `cwd` (the repository's by default); what a run changes process-wide
-    (working directory, logging, torch's threads and determinism, signal handlers, environment) is put back."""
+    """main(argv)'s exit code and output, run in `cwd` (the repository's by default); process-wide state is put back."""
     out, err = io.StringIO(), io.StringIO()
     root = logging.getLogger()
     saved = (root.handlers[:], root.level, os.getcwd(), dict(os.environ), torch.get_num_threads())
@@ -195,8 +193,7 @@ def tiny_run(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def classifier_cache(tmp_path_factory) -> Path:
-    """classifiers/ holding the metrics classifier of the tiny runs' digits, trained once: a test copies it into
-    the data.root it evaluates with, instead of training the same classifier again."""
+    """classifiers/ with the tiny runs' metrics classifier, trained once: a test copies it into its data.root."""
     from gan.config import ClassifierConfig
     from gan.evaluation.metrics import load_or_train_classifier
 
@@ -235,8 +232,8 @@ def tiny_gan() -> tuple[Generator, Discriminator]:
 
 
 def write_inception_state_dict(path: Path, seed: int = 0) -> Path:
-    """Random weights in torch-fidelity's format: torchvision's Inception3 (1008 classes, no auxiliary head) is its
-    FeatureExtractorInceptionV3 key for key; He-scaled weights and BatchNorm near the identity keep it finite."""
+    """Random weights in torch-fidelity's format: torchvision's Inception3 (1008 classes, no aux head), key for key."""
+    # He-scaled weights and BatchNorm near the identity keep its features finite
     template = torchvision.models.inception_v3(weights=None, aux_logits=False, num_classes=1008, init_weights=False)
     gen = torch.Generator().manual_seed(seed)
     state = {}
@@ -254,8 +251,7 @@ def write_inception_state_dict(path: Path, seed: int = 0) -> Path:
 
 
 class TinyNVlabsInception(nn.Module):
-    """NVlabs' TorchScript Inception-v3 in miniature, called as StyleGAN2-ADA's metrics call it: uint8 RGB (N, 3, H,
-    W) resized to 299 x 299 inside; net(images, return_features=True) -> (N, dims) features, logits without it."""
+    """NVlabs' TorchScript Inception-v3 in miniature: uint8 RGB resized to 299 px inside, features or logits."""
 
     def __init__(self, dims: int = 2048):
         super().__init__()

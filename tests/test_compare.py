@@ -16,7 +16,7 @@ from torch import nn
 
 from gan.training import train
 from scripts import canonical_dcgan as canonical
-from scripts import compare
+from scripts import compare, longer
 
 
 def test_canonical_networks_at_64_px_are_main_py_s():
@@ -194,8 +194,6 @@ def test_one_minute_sends_a_real_ctrl_c_and_measures_what_it_left(tmp_path):
 
 
 def test_longer_compares_each_snapshot_with_the_best_before_it():
-    from scripts import longer
-
     points = [(5, 10.0, 0.5), (10, 8.0, 0.8), (20, 8.5, 0.75), (40, 9.0, 0.7)]
     rows = [{"step": s, "fid": f, "recall": r} for s, f, r in points]
     rows, summary = longer.against_best(rows, base=10)
@@ -217,40 +215,23 @@ def test_longer_compares_each_snapshot_with_the_best_before_it():
     better = [dict(r, fid=8.0 - r["step"] / 100, recall=0.5 + r["step"] / 100) for r in rows]
     _, summary = longer.against_best(better, base=10)
     assert summary["holds"] == 1.0
+    _, early = longer.against_best(rows[:2], base=10)  # no snapshot from 2x on: no verdict either way
+    assert longer.summary_line(early).startswith("holds=n/a worst_fid_ratio=nan")
 
 
-def test_longer_runs_end_to_end(tmp_path, race):
-    overrides = [*race, "trainer.max_steps=4"]
-    done = run_script("longer.py", *overrides, "--factor", "2", "--every", "4", "--samples", "100", "--draws", "1",
-                      "--out", "run", cwd=tmp_path)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads((tmp_path / "run" / "longer.json").read_text())
-    assert [row["step"] for row in result["rows"]] == [4, 8] and result["base_steps"] == 4
-    assert done.stdout.strip().splitlines()[-1].startswith("holds=")
-    assert (tmp_path / "run" / "fid_vs_steps.png").stat().st_size > 0
-    both = run_script("longer.py", "--plot", "a=run", "b=run", "--out", "both.png", cwd=tmp_path)
-    assert both.returncode == 0 and (tmp_path / "both.png").stat().st_size > 0, both.stderr[-2000:]
-    missing = run_script("longer.py", "--plot", "a=nowhere", "--out", "x.png", cwd=tmp_path)
-    assert missing.returncode == 2 and "longer.json" in missing.stderr
-    again = run_script("longer.py", *overrides, "--out", "run", cwd=tmp_path)  # a second run over the first: refused
-    assert again.returncode == 2 and "already holds a run" in again.stderr
-
-
-def test_longer_averages_draws_of_latents_and_measures_only_the_missing_ones(tmp_path, race):
+def test_longer_runs_end_to_end_averaging_draws_of_latents_and_measures_only_the_missing_ones(tmp_path, race):
     # a row is the mean of --draws draws of latents; a larger --draws later adds draws, keeping the measured ones
-    from scripts import longer
-
     overrides = [*race, "trainer.max_steps=4"]
-    done = run_script("longer.py", *overrides, "--factor", "1", "--every", "2", "--samples", "100", "--draws", "2",
+    done = run_script("longer.py", *overrides, "--factor", "2", "--every", "4", "--samples", "100", "--draws", "2",
                       "--out", "run", cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    # trained to 1x only: no snapshot from 2x on, so no verdict either way
-    assert done.stdout.strip().splitlines()[-1].startswith("holds=n/a worst_fid_ratio=nan")
-    assert done.stdout.strip().splitlines()[-1].endswith("draws=2")
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith("holds=") and " draws=2 at_2x=" in last
+    assert (tmp_path / "run" / "fid_vs_steps.png").stat().st_size > 0
     result = json.loads((tmp_path / "run" / "longer.json").read_text())
     rows, reals = result["rows"], result["reals"]
-    assert [row["step"] for row in rows] == [2, 4]
-    # the data's own score: real training images are far closer to the held-out ones than a 4-step G
+    assert [row["step"] for row in rows] == [4, 8] and result["base_steps"] == 4
+    # the data's own score: real training images are far closer to the held-out ones than an 8-step G
     assert len(reals["draws"]) == 2 and 0 <= reals["fid"] < min(row["fid"] for row in rows) / 5
     assert reals["recall"] > max(row["recall"] for row in rows)
     assert f"real training images against the same held-out images: FID {reals['fid']:.2f}" in done.stdout
@@ -276,54 +257,44 @@ def test_longer_averages_draws_of_latents_and_measures_only_the_missing_ones(tmp
     assert [len(row["draws"]) for row in longer.measure_all(tmp_path / "run", measurer, draws=1)] == [1, 1]
     bad = run_script("longer.py", "--out", "run", "--measure-only", "--draws", "0", cwd=tmp_path)
     assert bad.returncode == 2 and "--draws" in bad.stderr
+    both = run_script("longer.py", "--plot", "a=run", "b=run", "--out", "both.png", cwd=tmp_path)
+    assert both.returncode == 0 and (tmp_path / "both.png").stat().st_size > 0, both.stderr[-2000:]
+    missing = run_script("longer.py", "--plot", "a=nowhere", "--out", "x.png", cwd=tmp_path)
+    assert missing.returncode == 2 and "longer.json" in missing.stderr
+    again = run_script("longer.py", *overrides, "--out", "run", cwd=tmp_path)  # a second run over the first: refused
+    assert again.returncode == 2 and "already holds a run" in again.stderr
 
 
-def test_longer_run_cut_off_part_way_is_trained_on_with_extend(tmp_path, monkeypatch, race):
-    # a run killed mid-way has its about.json: --extend trains it on, and both parts' snapshots are measured
-    from scripts import longer
-
-    def cut_at_step_6(cfg, run_dir, after_step):
+def test_longer_extends_an_earlier_run_to_the_same_generators_as_a_longer_one(tmp_path, monkeypatch, race):
+    # --extend resumes OUT/run, also a run cut off part-way (about.json comes first): the snapshots past its
+    # checkpoint are those a run with the larger factor holds
+    def cut_at_step_3(cfg, run_dir, after_step):
         def step_then_fail(state):
             after_step(state)
-            if state.step == 6:
+            if state.step == 3:
                 raise RuntimeError("the machine went away")
             return False
 
         return train(cfg, run_dir, after_step=step_then_fail)
 
-    monkeypatch.setattr(longer, "train", cut_at_step_6)
     overrides = [*race, "trainer.max_steps=4", "trainer.checkpoint_every=2"]
-    with pytest.raises(RuntimeError, match="went away"):
-        longer.main(longer.parse([*overrides, "--factor", "2", "--every", "2", "--out", str(tmp_path / "cut")]))
-    assert json.loads((tmp_path / "cut" / "about.json").read_text())["base_steps"] == 4
-    assert not (tmp_path / "cut" / "longer.json").exists()
-    on = run_script("longer.py", "--out", "cut", "--extend", "--factor", "2", "--every", "2", "--samples", "100",
-                    "--draws", "1", cwd=tmp_path)  # fmt: skip
-    assert on.returncode == 0, on.stderr[-3000:]
-    result = json.loads((tmp_path / "cut" / "longer.json").read_text())
-    assert [row["step"] for row in result["rows"]] == [2, 4, 6, 8]
-
-
-def test_longer_extends_an_earlier_run_to_the_same_generators_as_a_longer_one(tmp_path, race):
-    # --extend resumes OUT/run: the snapshots past the old end are those a run with the larger factor holds
-    from scripts import longer
-
-    overrides = [*race, "trainer.max_steps=4"]
     longer.train_longer(compare.train_config(overrides), 2, 2, tmp_path / "a", 0)  # what longer.py trains, unmeasured
-    short = run_script("longer.py", *overrides, "--factor", "1", "--every", "2", "--samples", "100", "--draws", "1",
-                       "--out", "b", cwd=tmp_path)  # fmt: skip
-    assert short.returncode == 0, short.stderr[-3000:]
+    with monkeypatch.context() as patched:
+        patched.setattr(longer, "train", cut_at_step_3)
+        with pytest.raises(RuntimeError, match="went away"):
+            longer.main(longer.parse([*overrides, "--factor", "1", "--every", "2", "--out", str(tmp_path / "b")]))
+    assert json.loads((tmp_path / "b" / "about.json").read_text())["base_steps"] == 4
+    assert not (tmp_path / "b" / "longer.json").exists()
     extended = run_script("longer.py", "--out", "b", "--extend", "--factor", "2", "--every", "2", "--samples", "100",
                           "--draws", "1", cwd=tmp_path)  # fmt: skip
     assert extended.returncode == 0, extended.stderr[-3000:]
     result = json.loads((tmp_path / "b" / "longer.json").read_text())
     assert [row["step"] for row in result["rows"]] == [2, 4, 6, 8] and result["factor"] == 2
-    for step in (6, 8):
+    for step in (4, 6, 8):
         a, b = (torch.load(tmp_path / run / "snapshots" / f"step_{step:07d}.pt", weights_only=True) for run in "ab")
         assert a["step"] == b["step"] == step
         for name in ("G", "G_ema"):
-            assert a[name].keys() == b[name].keys()
-            assert all(torch.equal(a[name][k], b[name][k]) for k in a[name]), (step, name)
+            torch.testing.assert_close(a[name], b[name], rtol=0, atol=0)  # the same keys, bit for bit
     # at or below the run's step there is nothing to train; overrides would change the run: both refused
     again = run_script("longer.py", "--out", "b", "--extend", "--factor", "2", cwd=tmp_path)
     assert again.returncode == 2 and "not beyond" in again.stderr, again.stderr[-2000:]

@@ -115,15 +115,6 @@ def test_a_ddp_run_resumes_exactly_with_each_ranks_own_generators(tmp_path):
     assert_same_state(load_checkpoint(straight), load_checkpoint(split))
 
 
-def test_torchrun_with_a_sweep_is_refused(tmp_path, monkeypatch):
-    # what torchrun tells each of its processes; the refusal comes before any process group is joined
-    for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0")):
-        monkeypatch.setenv(name, value)
-    result = run_train("-m", "optim.lr=1e-4,2e-4", cwd=tmp_path)
-    assert result.returncode == 2 and "Hydra sweep (-m)" in result.stdout + result.stderr
-    assert not (tmp_path / "outputs").exists()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "launcher, override, code, said",

@@ -25,6 +25,7 @@ import gan
 from gan.checkpoint import load_checkpoint, save_checkpoint
 from gan.device import cpu_model, environment
 from gan.errors import ConfigError
+from gan.training import train
 
 # the files a wheel is built from: the package's code, its two programs and the configs it ships
 SOURCES = ("pyproject.toml", "README.md", "train.py", "evaluate.py", "generate.py", "gan", "configs")
@@ -118,17 +119,24 @@ def test_the_wheel_installs_commands_that_train_and_evaluate_from_any_folder(tmp
 
 
 def test_the_notebook_api_trains_loads_and_samples_in_a_few_lines(tmp_path, one_thread):
-    result = gan.train(tmp_path / "run", *TINY, "loss=hinge")  # one_thread: torch's count put back after
+    result = gan.train(tmp_path / "run", *TINY, "loss=hinge", "model.conditional=true")  # one_thread: count put back
     G = gan.load_generator(result.checkpoint)
+    assert not any(module.training for module in G.modules())  # eval mode: BatchNorm's running statistics
     images = gan.sample(G, 10, seed=1)
     assert result.step == 6 and images.shape == (10, 1, 16, 16)
     assert images.abs().max() <= 1 and torch.equal(images, gan.sample(gan.load_generator(tmp_path / "run"), 10, seed=1))
     assert not torch.equal(images, gan.sample(G, 10, seed=2))
     assert load_checkpoint(result.checkpoint)["config"]["loss"]["name"] == "hinge"
+    for classes in (torch.tensor([10, 1]), torch.tensor([-1, 1]), torch.tensor([1]), [1, 2], torch.tensor([1.0, 2.0])):
+        with pytest.raises(ConfigError, match=r"must be a tensor of 2 class numbers from 0 to 9"):
+            gan.sample(G, 2, classes=classes)
+    assert gan.sample(G, 2, classes=torch.tensor([9, 0])).shape == (2, 1, 16, 16)
 
 
-def test_the_quick_start_trains_then_evaluates_as_typed(tmp_path, one_thread, classifier_cache):
-    shutil.copytree(classifier_cache, tmp_path / "data" / "classifiers")  # the session's: not trained again
+def test_the_quick_start_trains_then_evaluates_as_typed_and_gan_evaluate_returns_what_metrics_json_holds(
+    tmp_path, one_thread, classifier_cache, caplog
+):
+    cached = shutil.copytree(classifier_cache, tmp_path / "data" / "classifiers")  # the session's: not trained again
     trained = run_train("debug=tiny", tiny=False, cwd=tmp_path)  # docs/package.md, as typed
     assert trained.returncode == 0, trained.stderr[-3000:]
     (run_dir,) = (tmp_path / "outputs").glob("*/*_debug-tiny")
@@ -137,19 +145,15 @@ def test_the_quick_start_trains_then_evaluates_as_typed(tmp_path, one_thread, cl
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     (metrics,) = (tmp_path / "outputs" / "eval").glob("*/*/metrics.json")
     assert json.loads(metrics.read_text())["classifier_accuracy"] >= 0.97
-
-
-def test_gan_evaluate_returns_what_metrics_json_holds(tiny_run, tmp_path, one_thread, classifier_cache, caplog):
-    cached = shutil.copytree(classifier_cache, tmp_path / "data" / "classifiers")
     overrides = ("num_samples=200", "device=cpu", "metrics.kid_subsets=10", f"data.root={tmp_path / 'data'}")
     with caplog.at_level(logging.INFO):
-        results = gan.evaluate(tiny_run, *overrides, run_dir=tmp_path / "eval")
+        results = gan.evaluate(run_dir, *overrides, run_dir=tmp_path / "eval")
     assert results == json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert results["num_samples"] == 200 and f"Metrics classifier: {cached}" in caplog.text  # read from data.root
-    again = gan.evaluate(tiny_run, *overrides)  # into a temporary folder, removed afterwards
+    again = gan.evaluate(run_dir, *overrides)  # into a temporary folder, removed afterwards
     assert again["fid"] == results["fid"] > 0
     with pytest.raises(ConfigError, match="num_samplez"):
-        gan.evaluate(tiny_run, "num_samplez=3")
+        gan.evaluate(run_dir, "num_samplez=3")
 
 
 def test_gan_version_is_the_installed_packages(monkeypatch):
@@ -172,10 +176,8 @@ def test_the_api_refuses_what_the_command_line_refuses(tmp_path):
     with pytest.raises(ConfigError, match="many"):
         gan.train(tmp_path / "d", config=cfg)
     assert not any(tmp_path.iterdir())  # nothing written by a refused run
-    from gan.training import train  # the loop itself checks a config built in code
-
     cfg.data.batch_size, cfg.optim.lr = 32, float("nan")
-    with pytest.raises(ConfigError, match="optim.lr"):
+    with pytest.raises(ConfigError, match="optim.lr"):  # the loop itself checks a config built in code
         train(cfg, tmp_path / "e")
 
 
@@ -206,15 +208,6 @@ def test_the_api_refuses_a_bad_argument_naming_it(tiny_run, case):
     with pytest.raises(ConfigError) as caught:
         call(gan.load_generator(tiny_run))
     assert str(caught.value).startswith(named) and "\n" not in str(caught.value)
-
-
-def test_a_conditional_generator_loads_in_eval_mode_and_takes_n_class_numbers(tmp_path, one_thread):
-    G = gan.load_generator(gan.train(tmp_path / "run", *TINY, "model.conditional=true").checkpoint)
-    assert not any(module.training for module in G.modules())  # eval mode: BatchNorm's running statistics
-    for classes in (torch.tensor([10, 1]), torch.tensor([-1, 1]), torch.tensor([1]), [1, 2], torch.tensor([1.0, 2.0])):
-        with pytest.raises(ConfigError, match=r"must be a tensor of 2 class numbers from 0 to 9"):
-            gan.sample(G, 2, classes=classes)
-    assert gan.sample(G, 2, classes=torch.tensor([9, 0])).shape == (2, 1, 16, 16)
 
 
 # the environment ------------------------------------------------------------------------------------
