@@ -164,41 +164,35 @@ def test_the_same_generator_state_draws_the_same_augmentation():
     assert A.diff_augment(x, ()) is x and A.no_augment(x) is x
 
 
-def test_g_step_sends_G_gradient_through_the_augmentation(tiny_gan):
+def d_then_g(tiny_gan: tuple[Generator, Discriminator], ctx: StepContext) -> tuple[torch.Tensor, dict]:
+    """A d_step then a g_step of the tiny pair on a random batch, both through `ctx`: the fake batch, G's stats."""
     G, D = tiny_gan
     real, fake = unlabelled_batch(G)
-    ctx = augmenting(*ALL)
     _, features = d_step(D, adam(D), real, fake, ctx)
+    return fake, g_step(D, G, adam(G), fake, features, ctx)
+
+
+def test_g_step_sends_G_gradient_through_the_augmentation(tiny_gan):
     seen = []
-    hooks = [p.register_hook(lambda grad: seen.append(grad.norm())) for p in G.parameters()]
-    stats = g_step(D, G, adam(G), fake, features, ctx)
-    for hook in hooks:
-        hook.remove()
-    assert len(seen) == len(list(G.parameters())) and all(norm > 0 for norm in seen)
+    for p in tiny_gan[0].parameters():  # d_step detaches the fakes: only g_step reaches G
+        p.register_hook(lambda grad: seen.append(grad.norm()))
+    fake, stats = d_then_g(tiny_gan, augmenting(*ALL))
+    assert len(seen) == len(list(tiny_gan[0].parameters())) and all(norm > 0 for norm in seen)
     assert stats["grad_norm/g"] > 0 and fake.grad.abs().sum() > 0
 
 
 def test_with_cutout_alone_the_pixels_D_never_saw_get_no_gradient(tiny_gan):
-    G, D = tiny_gan
-    real, fake = unlabelled_batch(G)
-    ctx = augmenting("cutout")
-    _, features = d_step(D, adam(D), real, fake, ctx)
-    g_step(D, G, adam(G), fake, features, ctx)
+    fake, _ = d_then_g(tiny_gan, augmenting("cutout"))
     cut = (fake.grad == 0).flatten(1).float().mean(dim=1)  # the gradient is the cutout mask's shadow
     assert (cut > 0).all() and (cut <= 0.25).all()
 
 
 def test_an_augmentation_of_pixels_rounded_to_uint8_would_give_G_no_gradient(tiny_gan):
-    G, D = tiny_gan
-    real, fake = unlabelled_batch(G)
-
     def as_a_data_loader_would(x: torch.Tensor) -> torch.Tensor:  # augment uint8 pixels: round() has gradient 0
         pixels = x.add(1).mul(127.5).round()
         return A.translation(pixels.div(127.5).sub(1))
 
-    ctx = StepContext(augment=as_a_data_loader_would)
-    _, features = d_step(D, adam(D), real, fake, ctx)
-    stats = g_step(D, G, adam(G), fake, features, ctx)
+    fake, stats = d_then_g(tiny_gan, StepContext(augment=as_a_data_loader_would))
     assert stats["grad_norm/g"] == 0 and fake.grad.abs().sum() == 0
 
 
