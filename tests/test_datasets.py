@@ -469,8 +469,7 @@ def test_a_bad_image_read_by_a_worker_gives_the_workers_own_message(tmp_path):
     stream.close()  # what collection or the interpreter's exit does: workers ignore SIGTERM, so are stopped
     assert not any(worker.is_alive() for worker in workers)
     message = str(caught.value)
-    assert "10.png cannot be read as an image" in message
-    assert "Traceback" not in message and "worker process" not in message
+    assert "10.png cannot be read as an image" in message and "Traceback" not in message and "worker" not in message
     assert worker_message("plain") == "plain"  # a message raised in the main process is kept
 
 
@@ -496,14 +495,12 @@ def test_streamed_items_equal_the_in_memory_tensor_and_limit_keeps_the_first_wit
 
 def test_a_limit_above_the_training_split_is_refused_naming_its_size(tmp_path):
     write_mnist(tmp_path, train=40)
-    with pytest.raises(
-        ConfigError, match=r"data\.limit=41 is more than the 40 images in the training split of data=mnist"
-    ):
+    over = r"data\.limit=41 is more than the 40 images in the training split of data=mnist"
+    with pytest.raises(ConfigError, match=over):
         load_dataset(cfg_for("mnist", tmp_path, limit=41, batch_size=32))
     assert len(load_dataset(cfg_for("mnist", tmp_path, limit=40, batch_size=32)).labels) == 40
-    with pytest.raises(
-        ConfigError, match=r"data=digits\. Set data\.limit to at most \d+ \(or raise data\.num_samples\)"
-    ):
+    generated = r"data=digits\. Set data\.limit to at most \d+ \(or raise data\.num_samples\)"  # what decides its size
+    with pytest.raises(ConfigError, match=generated):
         load_dataset(DataConfig(num_samples=64, limit=100))
 
 

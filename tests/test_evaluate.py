@@ -61,8 +61,7 @@ def digits_root(classifier_cache) -> Path:
 
 @pytest.fixture(scope="module")
 def evaluated(tiny_run, digits_root, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """`evaluate.py checkpoint=<run dir>` on the session's tiny run, with every optional output switched on; it
-    leaves every file of the run as it was."""
+    """`evaluate.py checkpoint=<run dir>` on the session's tiny run, every optional output on; the run untouched."""
     eval_dir, before = tmp_path_factory.mktemp("eval") / "eval", snapshot(tiny_run)
     outputs = ["export=both", "save_samples=npz", f"hydra.run.dir={eval_dir}"]
     result = run_evaluate(f"checkpoint={tiny_run}", f"data.root={digits_root}", *TINY_EVAL, *outputs)
@@ -130,8 +129,8 @@ def test_exported_generators_reload_and_match_the_eager_one(evaluated, tiny_run)
         eager = G.eval()(z)
         scripted = torch.jit.load(str(eval_dir / "export" / X.TORCHSCRIPT_FILE))
         program = torch.export.load(str(eval_dir / "export" / X.EXPORT_FILE)).module()
-        torch.testing.assert_close(scripted(z), eager)
-        torch.testing.assert_close(program(z), eager)
+        for module in (scripted, program):
+            torch.testing.assert_close(module(z), eager)
         torch.testing.assert_close(program(z[:1]), eager[:1])  # the batch dimension is dynamic
         torch.testing.assert_close(scripted(z[0]), eager[0])  # script kept the one-latent branch
 
@@ -183,9 +182,8 @@ def test_sampling_is_in_eval_mode_without_autograd_and_leaves_g_as_it_was(tiny_g
     G.train()
     before = {k: v.clone() for k, v in G.state_dict().items()}
     samples = generate(G, 10, 4, seed=3, device=torch.device("cpu"))
-    assert G.training  # mode restored
-    for key, value in G.state_dict().items():
-        assert torch.equal(value, before[key]), key  # BatchNorm's running statistics untouched
+    assert G.training  # mode restored, and BatchNorm's running statistics untouched:
+    assert all(torch.equal(value, before[key]) for key, value in G.state_dict().items())
     z = torch.cat([torch.randn(n, G.z_dim, generator=g) for g in [torch.Generator().manual_seed(3)] for n in (4, 4, 2)])
     with torch.no_grad():
         expected = to_uint8(G.eval()(z))
@@ -221,15 +219,11 @@ def test_slerp_runs_along_the_sphere_and_hits_both_ends():
 def test_trace_drops_control_flow_that_script_keeps_and_export_guards(tiny_gan, tmp_path):
     G, _ = tiny_gan
     assert X.save_generator(G, ExportFormat.none, tmp_path / "export") == []  # export=none writes nothing
-    G.eval()
     batch = X.example_latents(G.z_dim)
     one = batch[0]
-    traced, scripted, exported = X.trace(G, batch), X.script(G), X.export(G, batch).module()
-    with torch.no_grad():
-        eager_batch, eager_one = X.SamplingGenerator(G)(batch), X.SamplingGenerator(G)(one)
-        for module in (traced, scripted, exported):
-            torch.testing.assert_close(module(batch), eager_batch)
-        torch.testing.assert_close(scripted(one), eager_one)  # script compiled both branches
+    traced, scripted, exported = X.trace(G.eval(), batch), X.script(G), X.export(G, batch).module()
+    with torch.no_grad():  # script and export against eager, saved and loaded: test_exported_generators_...
+        torch.testing.assert_close(traced(batch), X.SamplingGenerator(G)(batch))
         assert "dim" in scripted.code and "dim" not in traced.code  # the trace recorded no `if`
         with pytest.raises(RuntimeError):
             traced(one)  # the batch path, run on one latent: fails inside G's view
