@@ -204,27 +204,6 @@ def test_r_t_is_the_mean_sign_of_D_on_the_real_batch(tiny_gan):
     torch.testing.assert_close(stats["d/overfit_rt"], expected)
 
 
-# labels through the batch stream ----------------------------------------------------------------
-@pytest.mark.parametrize("workers", [0, 1])
-def test_each_batch_carries_the_labels_of_its_own_images_and_resumes_exactly(workers):
-    count = 40
-    images = torch.arange(count, dtype=torch.uint8).view(count, 1, 1, 1).expand(count, 1, 4, 4).contiguous()
-    labels = torch.arange(count) * 7  # label = 7 x the image's value: any mismatch shows
-    stream = BatchStream(images, 6, seed=0, device=CPU, num_workers=workers, labels=labels)
-    batches = [stream.next_with_labels() for _ in range(9)]  # 6 batches an epoch: crosses into epoch 1
-    for x, y in batches:
-        value = ((x[:, 0, 0, 0] + 1) * 127.5).round().long()
-        assert torch.equal(y, value * 7)
-    resumed = BatchStream(images, 6, seed=0, device=CPU, num_workers=workers, labels=labels)
-    resumed.load_state_dict({"epoch": 0, "batch": 4})  # what a checkpoint after 4 batches holds
-    for x, y in batches[4:]:
-        rx, ry = resumed.next_with_labels()
-        assert torch.equal(rx, x) and torch.equal(ry, y)
-    plain = BatchStream(images, 6, seed=0, device=CPU, num_workers=workers)  # no labels: the same images
-    x, y = plain.next_with_labels()
-    assert y is None and torch.equal(x, batches[0][0])
-
-
 # config, refusals ----------------------------------------------------------------------------------
 def test_the_new_keys_reach_the_typed_config():  # an unknown policy: test_config's Hydra refusals
     cfg = compose_config()

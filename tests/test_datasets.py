@@ -441,20 +441,24 @@ def test_auto_holds_small_sets_in_memory_and_streams_large_ones(tmp_path, monkey
 def test_a_streamed_folder_gives_the_in_memory_batches_each_image_once_an_epoch_and_resumes_exactly(tmp_path, workers):
     cfg = cfg_for("folder", make_folder(tmp_path), image_size=16)
     streamed, in_memory = (load_dataset(cfg, in_memory=keep).images for keep in (False, True))
-    per_epoch = len(in_memory) // 4  # the last incomplete batch is dropped
-    reference = BatchStream(in_memory, 4, seed=3, device=CPU, num_workers=workers)
-    stream = BatchStream(streamed, 4, seed=3, device=CPU, num_workers=workers)
-    batches = [next(stream) for _ in range(per_epoch + 2)]  # across an epoch boundary
-    assert all(torch.equal(batch, next(reference)) and batch.min() >= -1 and batch.max() <= 1 for batch in batches)
+    per_epoch, labels = len(in_memory) // 4, torch.arange(len(in_memory))  # the last incomplete batch is dropped
+    reference = BatchStream(in_memory, 4, seed=3, device=CPU, num_workers=workers)  # no labels: the same images
+    stream = BatchStream(streamed, 4, seed=3, device=CPU, num_workers=workers, labels=labels)
+    batches = [stream.next_with_labels() for _ in range(per_epoch + 2)]  # across an epoch boundary
+    for x, y in batches:  # each batch with the labels of its own images (here their indices)
+        assert torch.equal(x, next(reference)) and torch.equal(x, to_unit_range(in_memory[y]))
+    assert reference.next_with_labels()[1] is None
     assert to_unit_range(torch.tensor([0, 255], dtype=torch.uint8)).tolist() == [-1.0, 1.0]  # the range of tanh
-    assert torch.cat(batches[:per_epoch]).flatten(1).unique(dim=0).size(0) == 4 * per_epoch  # each image once
+    assert torch.cat([y for _, y in batches[:per_epoch]]).unique().numel() == 4 * per_epoch  # each image once
     state = stream.state_dict()
     assert state == {"epoch": 1, "batch": 2}
-    following = [next(stream) for _ in range(per_epoch)]
+    following = [stream.next_with_labels() for _ in range(per_epoch)]
     assert stream.epoch == 2
-    resumed = BatchStream(streamed, 4, seed=3, device=CPU, num_workers=workers)
+    resumed = BatchStream(streamed, 4, seed=3, device=CPU, num_workers=workers, labels=labels)
     resumed.load_state_dict(state)
-    assert all(torch.equal(a, next(resumed)) for a in following)
+    for x, y in following:
+        rx, ry = resumed.next_with_labels()
+        assert torch.equal(rx, x) and torch.equal(ry, y)
 
 
 def test_a_bad_image_read_by_a_worker_gives_the_workers_own_message(tmp_path):
