@@ -227,25 +227,6 @@ def test_conditional_on_a_flat_folder_is_refused_naming_model_conditional(tmp_pa
 
 
 # training, checkpoints, resume ------------------------------------------------------------------------
-def test_a_conditional_diffaugment_run_trains_records_its_classes_and_logs_the_signals(tmp_path):
-    cfg = compose_config("model.conditional=true", "model.diffaugment=[color,translation,cutout]",
-                         "trainer.overfit_every=3")  # fmt: skip
-    result = train(cfg, tmp_path)
-    assert result.step == 6 and -1 <= result.metrics["train/d_overfit_rt"] <= 1
-    state = load_checkpoint(tmp_path)
-    assert state["num_classes"] == 10 and state["G"]["net.0.weight"].shape[0] == cfg.model.z_dim + 10
-    assert state["config"]["model"]["diffaugment"] == list(ALL)
-    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0, "images": 0})
-    events.Reload()
-    tags = set(events.Tags()["scalars"])
-    assert {"train/d_overfit_rt", "train/d_score_train", "train/d_score_heldout", "train/d_heldout_gap"} <= tags
-    assert [e.step for e in events.Scalars("train/d_heldout_gap")] == [3, 6]
-    grid, real = events.Images(FAKE_TAG)[-1], events.Images(REAL_TAG)[0]
-    # 16 fixed latents: 4 per class row, 10 rows, and a margin at the left for the class labels
-    assert grid.width > 4 * 18 + 2 and grid.height == 10 * 18 + 2
-    assert (real.width, real.height) == (grid.width, grid.height)  # the real grid in the same layout
-
-
 def test_the_real_grid_of_a_conditional_run_has_a_row_per_class_of_that_class_s_images():
     """Each row of the real grid holds images of the class the fake grid's row shows, different ones."""
     labels = torch.tensor([2, 0, 1, 0, 2, 1, 0, 2])
@@ -276,11 +257,26 @@ def assert_same_weights(run: Path, other: Path, entries: tuple[str, ...]) -> Non
 
 
 def test_a_conditional_augmented_run_resumes_bit_identically(tmp_path):
-    common = ("model.conditional=true", "model.diffaugment=[color,translation,cutout]", "trainer.checkpoint_every=100")
-    train(compose_config("trainer.max_steps=10", *common), tmp_path / "straight")
+    """Bit for bit with the overfitting probe on; the straight run records its classes and logs the signals."""
+    common = ("model.conditional=true", "model.diffaugment=[color,translation,cutout]", "trainer.overfit_every=3")
+    straight = compose_config("trainer.max_steps=10", "trainer.checkpoint_every=100", *common)
+    result = train(straight, tmp_path / "straight")
     train(compose_config("trainer.max_steps=5", *common), tmp_path / "split")
     train(compose_config("trainer.max_steps=10", f"trainer.resume={tmp_path / 'split'}", *common), tmp_path / "split")
     assert_same_weights(tmp_path / "straight", tmp_path / "split", ("G", "D", "G_ema"))
+    assert result.step == 10 and -1 <= result.metrics["train/d_overfit_rt"] <= 1
+    state = load_checkpoint(tmp_path / "straight")
+    assert state["num_classes"] == 10 and state["G"]["net.0.weight"].shape[0] == straight.model.z_dim + 10
+    assert state["config"]["model"]["diffaugment"] == list(ALL)
+    events = EventAccumulator(str(tmp_path / "straight" / "tb"), size_guidance={"scalars": 0, "images": 0})
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/d_overfit_rt", "train/d_score_train", "train/d_score_heldout", "train/d_heldout_gap"} <= tags
+    assert [e.step for e in events.Scalars("train/d_heldout_gap")] == [3, 6, 9]
+    grid, real = events.Images(FAKE_TAG)[-1], events.Images(REAL_TAG)[0]
+    # 16 fixed latents: 4 per class row, 10 rows, and a margin at the left for the class labels
+    assert grid.width > 4 * 18 + 2 and grid.height == 10 * 18 + 2
+    assert (real.width, real.height) == (grid.width, grid.height)  # the real grid in the same layout
 
 
 def test_the_overfitting_probe_changes_nothing_of_the_run(tmp_path):
