@@ -115,15 +115,6 @@ def test_digits_are_deterministic_labelled_distinct_and_inked_in_the_middle(size
     assert distances[~torch.eye(10, dtype=torch.bool)].min() > 50  # ten distinct average shapes
 
 
-def test_the_generated_held_out_split_is_other_images_and_an_unknown_dataset_is_refused():
-    cfg = DataConfig(num_samples=600)
-    train, held_out = load_dataset(cfg), load_dataset(cfg, train=False)
-    assert held_out.images.size(0) == 100
-    assert not any(torch.equal(held_out.images[0], image) for image in train.images)
-    with pytest.raises(DataError, match="not a known dataset"):
-        load_dataset(DataConfig(name="nosuch"))  # check() would refuse it first; the loader does too
-
-
 @pytest.mark.parametrize("height, width", [(28, 28), (218, 178), (12, 40)])
 def test_fit_square_resizes_the_shorter_side_then_crops_the_centre(height, width):
     images = torch.zeros(2, 1, height, width, dtype=torch.uint8)
@@ -297,6 +288,9 @@ NO_LOADER = [(dict(name="nosuch"), "data.name"), (dict(name="stacked", source="c
 def test_config_refuses_what_no_loader_can_do(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         DataConfig(**overrides).check()
+    if overrides == dict(name="nosuch"):  # unchecked, the loader refuses it too
+        with pytest.raises(DataError, match="not a known dataset"):
+            load_dataset(DataConfig(**overrides))
 
 
 # folders ---------------------------------------------------------------------------------------
@@ -404,7 +398,8 @@ def test_celeba_is_read_where_torchvision_puts_it_at_64_px(tmp_path):
 # stacked ---------------------------------------------------------------------------------------
 def test_stacked_digits_are_three_independent_images_with_1000_mode_labels():
     cfg = DataConfig(name="stacked", channels=3, num_samples=600, image_size=16)
-    data, source = load_dataset(cfg), load_dataset(DataConfig(num_samples=600, image_size=16))
+    source_cfg = DataConfig(num_samples=600, image_size=16)
+    data, source = load_dataset(cfg), load_dataset(source_cfg)
     assert data.images.shape == (600, 3, 16, 16) and data.num_classes == 1000
     triples = gan.data.sources.open_stacked(cfg, True).items
     assert all(torch.equal(data.images[i, c], source.images[triples[i, c], 0]) for i in range(5) for c in range(3))
@@ -412,8 +407,10 @@ def test_stacked_digits_are_three_independent_images_with_1000_mode_labels():
     assert torch.equal(data.labels, digits[:, 0] * 100 + digits[:, 1] * 10 + digits[:, 2])
     assert data.labels.unique().numel() > 400  # 600 draws from 1000 equally likely modes: ~450
     assert torch.equal(load_dataset(cfg).images, data.images)  # a pure function of data.seed
-    held_out = load_dataset(cfg, train=False)
+    held_out, other_digits = load_dataset(cfg, train=False), load_dataset(source_cfg, train=False).images
     assert held_out.images.size(0) == 100 and not torch.equal(held_out.images[:5], data.images[:5])
+    # the generated digits' own held-out split: 100 images, others than the training split's
+    assert other_digits.size(0) == 100 and not any(torch.equal(other_digits[0], image) for image in source.images)
 
 
 def test_stacked_mnist_reads_its_source_from_the_mnist_files_and_names_a_missing_one(tmp_path):
