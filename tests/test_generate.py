@@ -40,8 +40,7 @@ def test_a_conditional_generator_draws_the_class_asked_for(tmp_path, one_thread)
     assert not torch.equal(images, to_uint8(gan.sample(G, 6, seed=5, classes=torch.full((6,), 4))))
 
 
-REFUSALS = {
-    "no checkpoint": (["checkpoint=missing"], "Checkpoint not found"),
+REFUSALS = {  # a missing checkpoint: test_checkpoints (load_checkpoint refuses it, for every program)
     "num=0": (["num=0"], "num=0 must be at least 1"),
     "class_id unconditional": (["class_id=1"], "holds an unconditional generator"),
     "class_id out of range": (["class_id=10", "CONDITIONAL"], "class_id=10 is out of range"),

@@ -264,32 +264,26 @@ def digits_and_noise(count: int = 4) -> tuple[Tensor, Tensor]:
     return real, M.with_gaussian_noise(render_digits(count, 16, seed=1)[0], 0.2)
 
 
-def test_torch_fidelity_weights_load_and_give_finite_2048_d_features(inception_weights, one_thread, caplog):
-    # The file goes through torch-fidelity's own loading (feature_extractor_weights_path) as the published one
+@pytest.mark.parametrize("key", ["inception_weights", "feature_network"])
+def test_each_inception_file_loads_and_gives_finite_2048_d_features(
+    key, inception_weights, nvlabs_inception, one_thread, caplog
+):
+    # torch-fidelity's state dict goes through its own loading (feature_extractor_weights_path) as the published one
     # would; random values are not the published weights: the sha256 check says so, and metrics.json records it
+    path = inception_weights if key == "inception_weights" else nvlabs_inception
     with caplog.at_level(logging.WARNING, logger=M.__name__):
-        net = inception(inception_weights=str(inception_weights))
-    assert isinstance(net, M.Inception) and not net.torchscript and "not comparable with published FIDs" in caplog.text
+        net = inception(**{key: str(path)})
+    assert isinstance(net, M.Inception) and net.torchscript == (key == "feature_network")
+    assert ("not comparable with published FIDs" in caplog.text) == (key == "inception_weights")
     real, fake = digits_and_noise()
     real_features, fake_features = M.batched(net, real, 4, CPU), M.batched(net, fake, 4, CPU)
     assert real_features.shape == (4, 2048) and torch.isfinite(real_features).all()
     torch.testing.assert_close(M.batched(net, real[:2].repeat(1, 3, 1, 1), 2, CPU), real_features[:2])  # gray: RGB
     assert not torch.equal(real_features, fake_features)  # FIDs in 2048 dimensions: test_evaluate's end to end
     space = net.feature_space
-    assert space["sha256"] == hashlib.sha256(inception_weights.read_bytes()).hexdigest()
-    assert space["published_weights"] is False and space["dims"] == 2048
-    assert "interpolate_bilinear_2d_like_tensorflow1x" in space["resizer"]
-
-
-def test_nvlabs_torchscript_network_gives_finite_2048_d_features(nvlabs_inception, one_thread):
-    net = inception(feature_network=str(nvlabs_inception))
-    assert isinstance(net, M.Inception) and net.torchscript
-    real, fake = digits_and_noise()
-    real_features, fake_features = M.batched(net, real, 4, CPU), M.batched(net, fake, 4, CPU)
-    assert real_features.shape == (4, 2048) and torch.isfinite(real_features).all()
-    assert not torch.equal(real_features, fake_features)
-    assert net.feature_space["sha256"] == hashlib.sha256(nvlabs_inception.read_bytes()).hexdigest()
-    assert "TorchScript file's own resize" in net.feature_space["resizer"]
+    assert space["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    resizer = "interpolate_bilinear_2d_like_tensorflow1x" if key == "inception_weights" else "TorchScript file's own"
+    assert resizer in space["resizer"] and space.get("published_weights", False) is False and space["dims"] == 2048
 
 
 class WithoutReturnFeatures(nn.Module):
