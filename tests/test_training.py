@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import ROOT, compose_config, output_of, run_script, run_train
 from test_datasets import HELD_OUT_DAMAGE, damaged_mnist, write_image
+from test_watching import LOSS_CHARTS, events_of
 
 import gan.training.state
 from gan.checkpoint import load_checkpoint
@@ -26,6 +27,7 @@ from gan.errors import CheckpointError, MetricsError
 from gan.evaluation import metrics as M
 from gan.training import train
 from gan.training.loop import build_probes
+from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, REAL_TAG
 from gan.training.state import lr_scale, resolve_precision
 from scripts.bench import Row, probe, project_config
 
@@ -43,7 +45,7 @@ CUDA = "trainer.device=cuda"
         ["model.minibatch_std=4", "model.pack=2"],
         ["loss.r1=1.0", "model.d_batchnorm=false"],
         ["model.ema_decay=0"],
-        ["model.ema_kimg=1"],
+        ["model.ema_kimg=1", "loss.feature_matching=1"],
         ["loss=hinge", "optim.lr=1e-4"],
         ["trainer.channels_last=false", "trainer.precision=bf16", "trainer.retain_host_memory=false"],
         *(pytest.param([CUDA, f"trainer.precision={p}"], marks=pytest.mark.cuda) for p in ("fp16", "bf16")),
@@ -52,11 +54,22 @@ CUDA = "trainer.device=cuda"
     ids=" ".join,
 )
 def test_each_precision_and_tool_trains(tmp_path, overrides, monkeypatch):
+    """Finite float32 weights whatever the precision; the loss group the same four charts whatever the loss."""
     calls = []
     monkeypatch.setattr(gan.training.state, "retain_freed_memory", lambda: calls.append(True) or True)
-    result = train(compose_config("trainer.max_steps=3", *overrides), tmp_path)
+    cfg = compose_config("trainer.max_steps=3", *overrides)
+    result = train(cfg, tmp_path)
+    metrics = result.metrics
     assert calls == ([] if CUDA in overrides or "trainer.retain_host_memory=false" in overrides else [True])
-    assert result.step == 3 and all(math.isfinite(v) for v in result.metrics.values())
+    assert result.step == 3 and all(math.isfinite(v) for v in metrics.values())
+    # D's probabilities under every loss on one [0, 1] axis; raw scores, a loss's terms and D_G_z2 under train/
+    assert sorted(key for key in metrics if key.startswith("loss/")) == sorted(LOSS_CHARTS)
+    assert all(0 <= metrics[tag] <= 1 for tag in ("loss/D(x)", "loss/D(G(z))"))
+    assert ("train/D(x)_score" in metrics) == (cfg.loss.name != "bce") == ("train/D(G(z))_score" in metrics)
+    assert "train/D(G(z))_after_d_step" in metrics
+    assert not [key for key in metrics if key.startswith(("d/", "grad_norm/", "perf/"))]
+    grid = RAW_FAKE_TAG if "model.ema_decay=0" in overrides else FAKE_TAG  # without an EMA: G's own grid
+    assert set(events_of(tmp_path / "tb").Tags()["images"]) == {REAL_TAG, grid}
     state = load_checkpoint(tmp_path)
     weights = [t for net in ("G", "D") for t in state[net].values() if t.is_floating_point()]
     # autocast runs the convolutions in 16 bits; the weights (and Adam's moments) stay float32, and finite
