@@ -10,7 +10,10 @@ from unittest.mock import Mock
 
 import pytest
 import torch
+from conftest import compose_config
+from test_watching import events_of
 
+from gan.training import loop, train
 from gan.training import threads as T
 from gan.training.threads import ThreadGovernor, thread_governor, threads_for
 
@@ -105,11 +108,6 @@ def test_busy_seconds_are_read_through_psutil_on_each_system(monkeypatch, readin
 
 
 def test_the_thread_count_is_drawn_at_every_log_point_with_its_change(tmp_path, monkeypatch):
-    from conftest import compose_config
-    from test_watching import events_of
-
-    from gan.training import loop, train
-
     calls, tick = [], {"t": 0.0, "busy": 0.0}
     monkeypatch.setattr(T.torch, "set_num_threads", calls.append)
 

@@ -16,6 +16,7 @@ import torch
 from conftest import ROOT, compose_config, output_of, run_script, run_train
 from test_datasets import HELD_OUT_DAMAGE, damaged_mnist, write_image
 from test_watching import LOSS_CHARTS, events_of
+from torch.utils.flop_counter import FlopCounterMode
 
 import gan.training.state
 from gan.checkpoint import load_checkpoint
@@ -29,7 +30,8 @@ from gan.training import train
 from gan.training.loop import build_probes
 from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, REAL_TAG
 from gan.training.state import lr_scale, resolve_precision
-from scripts.bench import Row, probe, project_config
+from scripts.bench import Row, flops_per_step, probe, project_config
+from scripts.bench_parts import conv_share
 
 CPU = torch.device("cpu")
 CUDA = "trainer.device=cuda"
@@ -210,10 +212,6 @@ def test_bench_measures_each_row_in_a_fresh_process():
 
 def test_bench_counts_each_loops_own_flops_the_frozen_d_saves_its_weight_gradients():
     """bench.py's GFLOP/step: the canonical step's work less D's weight gradients in the G step (D frozen)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from scripts.bench import flops_per_step
-
     size, channels, batch, z_dim, width = 32, 1, 4, 8, 8
     cfg = project_config(size, channels, batch, z_dim, width, 1, Precision.fp32)  # DCGAN's D, as canonical's
     canonical = flops_per_step(size, channels, batch, z_dim, width)
@@ -229,8 +227,6 @@ def test_bench_counts_each_loops_own_flops_the_frozen_d_saves_its_weight_gradien
 
 
 def test_bench_parts_conv_share_counts_convolutions_alone():
-    from scripts.bench_parts import conv_share
-
     images, kernel = torch.randn(8, 3, 32, 32), torch.randn(16, 3, 3, 3)
     assert conv_share(lambda: torch.nn.functional.conv2d(images, kernel), 3) > 0.5
     assert conv_share(lambda: (images * 2).sum(), 3) == 0
