@@ -284,8 +284,8 @@ def test_a_data_position_beyond_an_epoch_is_refused_when_the_stream_is_rebuilt(t
     # 256 images / 32 a batch = 8 batches an epoch; step 40 could reach batch 20, no epoch has one
     state = {**torch.load(tiny_run / "checkpoints" / "last.pt", weights_only=True), "step": 40}
     torch.save({**state, "data": {"epoch": 0, "batch": 20}}, tmp_path / "far.pt")
-    said = "entry 'data' places the batch stream at batch 20 of epoch 0, past an epoch's end: 256 images make 8 batches"
-    with pytest.raises(CheckpointError, match=re.escape(said)):
+    said = "entry 'data' places the batch stream at batch 20 of epoch 0, past an epoch's end: 256 images make 8 "
+    with pytest.raises(CheckpointError, match=re.escape(said + "batches of data.batch_size=32")):
         train(compose_config(f"trainer.resume={tmp_path / 'far.pt'}", "trainer.max_steps=42"), tmp_path / "out")
     assert not (tmp_path / "out" / "checkpoints").exists()
 
