@@ -102,11 +102,6 @@ def test_ema_averages_weights_and_batchnorm_statistics():
         torch.testing.assert_close(a, 0.5 * b + 0.5 * c)
 
 
-def png_pixels(grid: Tensor) -> Tensor:
-    """A float (3, H, W) grid in [0, 1] as torchvision's save_image writes it: uint8 (H, W, 3), here int16."""
-    return grid.mul(255).add_(0.5).clamp_(0, 255).permute(1, 2, 0).to(torch.uint8).to(torch.int16)
-
-
 # A half-life of 10,000 images and no ramp-up keep the EMA near G's weights of step 1, while a large
 # learning rate moves G far from them in two more steps: the two generators draw visibly different grids.
 EMA_APART = ("model.ema_kimg=10", "model.ema_rampup=0", "optim.lr=0.05")
@@ -120,7 +115,8 @@ def test_sample_grids_are_drawn_from_the_ema_generator(tmp_path, one_thread):
     drawn = {}
     for use_ema in (True, False):
         G, name = build_generator(state, use_ema, torch.device("cpu"))
-        drawn[name] = png_pixels(image_grid(sample(G, state["fixed_z"])))
+        grid = image_grid(sample(G, state["fixed_z"]))  # as torchvision's save_image writes it: uint8 (H, W, 3)
+        drawn[name] = grid.mul(255).add_(0.5).clamp_(0, 255).permute(1, 2, 0).to(torch.uint8).to(torch.int16)
     # the EMA's grid, up to a rounding of one level where thread counts order a sum differently
     assert (written.to(torch.int16) - drawn["EMA"]).abs().max() <= 1
     assert (written.to(torch.int16) - drawn["raw"]).abs().max() > 1  # and not G's own

@@ -38,7 +38,7 @@ ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
 
 @pytest.fixture(scope="module")
 def good_run(tmp_path_factory) -> Path:
-    """A finished 2-step run; tests that write into a run use a copy of it."""
+    """A finished 2-step run (the slow full-disk test resumes it at step 2); the others use conftest's tiny_run."""
     run_dir = tmp_path_factory.mktemp("good") / "run"
     result = run_train("trainer.max_steps=2", f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -101,15 +101,15 @@ def test_an_infinite_learning_rate_stops_before_any_checkpoint(tmp_path):
     assert not (tmp_path / "checkpoints" / "last.pt").exists()
 
 
-def test_non_finite_weights_keep_the_last_good_checkpoint_even_with_on_nan_skip(tmp_path, good_run):
-    run_dir = shutil.copytree(good_run, tmp_path / "run")
+def test_non_finite_weights_keep_the_last_good_checkpoint_even_with_on_nan_skip(tmp_path, tiny_run):
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
     before = digest(run_dir / "checkpoints" / "last.pt")
     diverge = ["optim.lr=1e39", "optim.lr_d=2e-4", "trainer.checkpoint_every=1", "trainer.on_nan=skip"]
-    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=4", *diverge, cwd=tmp_path)
+    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", *diverge, cwd=tmp_path)
     output = output_of(result)
     assert result.returncode == 3, output[-3000:]
-    assert "Traceback" not in output and "Non-finite weights at step 3" in output
-    assert "keeps step 2, the last good one" in output and "trainer.on_nan=skip cannot help" in output
+    assert "Traceback" not in output and "Non-finite weights at step 7" in output
+    assert "keeps step 6, the last good one" in output and "trainer.on_nan=skip cannot help" in output
     assert digest(run_dir / "checkpoints" / "last.pt") == before
 
 
@@ -136,8 +136,8 @@ def test_a_non_finite_optimizer_statistic_is_caught_and_named_and_huge_weights_p
     assert message.split(". ")[0].count(" in ") == 1  # opt_d alone: G's huge weights are finite
 
 
-def test_evaluate_refuses_a_generator_with_non_finite_weights(tmp_path, good_run):
-    checkpoint, state = tmp_path / "diverged.pt", torch.load(good_run / "checkpoints" / "last.pt", weights_only=True)
+def test_evaluate_refuses_a_generator_with_non_finite_weights(tmp_path, tiny_run):
+    checkpoint, state = tmp_path / "diverged.pt", torch.load(tiny_run / "checkpoints" / "last.pt", weights_only=True)
     for tensor in [*state["G"].values(), *state["G_ema"].values()]:
         if tensor.is_floating_point():
             tensor.fill_(float("nan"))
@@ -151,30 +151,21 @@ def test_evaluate_refuses_a_generator_with_non_finite_weights(tmp_path, good_run
     assert "Traceback" not in output and not (tmp_path / "eval" / "metrics.json").exists()
 
 
-def test_resume_auto_onto_an_empty_checkpoint(tmp_path, good_run):
-    run_dir = shutil.copytree(good_run, tmp_path / "outputs" / "2020-01-01" / "00-00-00")
-    (run_dir / "checkpoints" / "last.pt").write_bytes(b"")
-    result = run_train("trainer.resume=auto", "trainer.max_steps=4", cwd=tmp_path)
-    output = output_of(result)
-    assert result.returncode == 2, output[-3000:]
-    assert "it is an empty file (0 bytes)" in output and "Traceback" not in output
-
-
-def test_a_resume_removes_the_temp_file_a_killed_run_left(tmp_path, good_run):
-    run_dir = shutil.copytree(good_run, tmp_path / "run")
+def test_a_resume_removes_the_temp_file_a_killed_run_left(tmp_path, tiny_run):
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
     folder = run_dir / "checkpoints"
     dead, live = folder / f".last.pt.{unused_pid()}.tmp", folder / f".last.pt.{os.getppid()}.tmp"  # a live process
     dead.write_bytes(b"\0" * 1000)
     live.write_bytes(b"\0" * 1000)
-    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=3", cwd=tmp_path)
+    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=7", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert not dead.exists() and live.exists()
     assert f"Removed {dead}" in output_of(result)
 
 
 @pytest.mark.parametrize("program", ["train.py", "evaluate.py"])
-def test_hydra_does_not_overwrite_the_record_of_an_existing_run(tmp_path, good_run, program):
-    run_dir = shutil.copytree(good_run, tmp_path / "run")
+def test_hydra_does_not_overwrite_the_record_of_an_existing_run(tmp_path, tiny_run, program):
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
     record = {p: digest(p) for p in (run_dir / ".hydra").iterdir()}
     if program == "train.py":
         result = run_train(f"hydra.run.dir={run_dir}", "loss=hinge", cwd=tmp_path)

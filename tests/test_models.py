@@ -62,17 +62,13 @@ def test_networks_are_pytorch_examples_layer_for_layer_but_for_ds_sigmoid(image_
     assert layers(Discriminator(64, channels, image_size)) == theirs[:-1]
 
 
-def test_spectral_norm_bounds_each_convolution():
+def test_spectral_norm_bounds_each_convolution_as_a_reshaped_matrix_not_on_images():
+    """sigma = 1 for each (out, in*4*4) matrix; a 4x4 stride-2 conv's overlapping patches let its gain approach 2."""
     D = Discriminator(width=8, image_size=16, batchnorm=False, spectral_norm=True)
     for _ in range(20):  # one power iteration per training forward
         D(torch.randn(4, 1, 16, 16))
     sigmas = [torch.linalg.matrix_norm(m.weight.flatten(1), ord=2) for m in D.modules() if isinstance(m, nn.Conv2d)]
     assert sigmas and torch.stack(sigmas).tolist() == pytest.approx([1.0] * len(sigmas), abs=0.05)
-
-
-def test_spectral_norm_bounds_the_reshaped_matrix_not_the_convolution_on_images():
-    """sigma = 1 for the (out, in*4*4) matrix; a 4x4 stride-2 conv's overlapping patches let its gain approach 2."""
-    torch.manual_seed(0)
     overlapping = nn.utils.parametrizations.spectral_norm(nn.Conv2d(1, 1, 4, stride=2, padding=1, bias=False))
     single = nn.utils.parametrizations.spectral_norm(nn.Conv2d(8, 4, 1, bias=False))
     with torch.no_grad():
@@ -97,7 +93,7 @@ def test_pack_and_minibatch_std_in_discriminator():
         assert torch.isfinite(D(torch.randn(8, 1, 16, 16)).float()).all()
 
 
-def test_minibatch_std_known_values():
+def test_minibatch_std_known_values_and_a_collapsed_batch():
     # 4 samples, groups of 2 in StyleGAN2-ADA's layout: {0, 2} and {1, 3}
     x = torch.stack([torch.full((3, 2, 2), v) for v in (0.0, 5.0, 2.0, 5.0)])
     out = MinibatchStd(group_size=2)(x)
@@ -106,9 +102,6 @@ def test_minibatch_std_known_values():
     extra = out[:, 3, 0, 0]
     assert extra.tolist() == pytest.approx([1.0, 1e-4, 1.0, 1e-4])  # the std of 0 and 2; of 5 and 5, sqrt(0 + eps)
     assert (out[:, 3] == extra.view(4, 1, 1)).all()  # one constant channel per sample
-
-
-def test_minibatch_std_lets_d_see_a_collapsed_batch():
     layer = MinibatchStd(group_size=4)
     varied, collapsed = torch.randn(8, 16, 4, 4), torch.randn(1, 16, 4, 4).expand(8, 16, 4, 4)
     assert layer(varied)[:, -1].min() > 0.5 and layer(collapsed)[:, -1].max() < 1e-3
@@ -118,4 +111,4 @@ def test_minibatch_std_lets_d_see_a_collapsed_batch():
     layer(x)[0, -1].sum().backward()
     touched = x.grad.flatten(1).abs().sum(1) > 0
     assert touched.tolist() == [True, False, True, False, True, False, True, False]
-    assert MinibatchStd(group_size=4)(torch.randn(6, 2, 4, 4)).shape == (6, 3, 4, 4)  # gcd(6, 4) = 2
+    assert layer(torch.randn(6, 2, 4, 4)).shape == (6, 3, 4, 4)  # gcd(6, 4) = 2

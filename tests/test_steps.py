@@ -90,8 +90,6 @@ class Tagged(torch.autograd.Function):
 
 # Proofs of this project's code ============================================================
 
-# 1. D step on fake.detach() ------------------------------------------------------------------
-
 
 def test_d_step_leaves_generator_gradients_none(tiny_gan):
     """For each loss and penalty: D's update sees its loss's gradient (both terms), G gets none, no .grad stays."""
@@ -124,9 +122,6 @@ def test_d_step_leaves_generator_gradients_none(tiny_gan):
                 stats, _ = d_step(D, adam(D), real, fake, StepContext(loss=loss, penalties=penalties))
             assert {"loss/d_gp", "loss/d_r1"} & set(stats), "the penalty was not on"
             assert not into_g, f"{name}, {penalties}: the D step computed a gradient for G's {into_g}"
-
-
-# 2. D frozen with requires_grad_(False) during the G step ------------------------------------
 
 
 def test_g_step_leaves_discriminator_untouched(tiny_gan):
@@ -169,9 +164,6 @@ def test_frozen_discriminator_still_passes_gradient_to_its_input(tiny_gan):
     with frozen(D):
         D(x).sum().backward()
     assert x.grad is not None and x.grad.abs().sum() > 0
-
-
-# 3. Multi-loss G objective and retain_graph ---------------------------------------------------
 
 
 def test_summed_and_separate_backward_give_the_same_gradients(tiny_gan):
@@ -233,9 +225,6 @@ def test_g_step_frees_the_graph_of_g_when_it_returns(tiny_gan):
         assert node_alive() is None, f"{mode.value}: something the G step left behind holds G's graph"
 
 
-# 4. Zeroing by param.grad = None ------------------------------------------------------------
-
-
 def test_release_grads_sets_none_not_zero(tiny_gan):
     G, _ = tiny_gan
     G(torch.randn(2, 16)).sum().backward()
@@ -271,9 +260,6 @@ def test_each_update_sees_only_its_own_gradients(tiny_gan):
             assert p.grad is None  # and every gradient is released after its update
 
 
-# 5. Sampling under eval() + no_grad() (from the EMA generator: test_ema.py) ----------------------
-
-
 def test_sample_builds_no_graph_and_leaves_generator_untouched(tiny_gan):
     """From either mode: no tensor saved, no graph, G's state and mode unchanged, each image from its own latent."""
     G, _ = tiny_gan
@@ -298,9 +284,6 @@ def test_eval_mode_restores_the_previous_mode(tiny_gan):
         with eval_mode(G):
             assert not G.training
         assert G.training == training
-
-
-# 6. Device placement --------------------------------------------------------------------------
 
 
 class RandnCalls(TorchFunctionMode):
@@ -362,9 +345,6 @@ def test_checkpoint_tensors_follow_map_location(tmp_path, tiny_gan, monkeypatch)
         assert all(t.device.type == device for t in loaded["G"].values()), (file, device)
 
 
-# 7. Evaluation: BatchNorm statistics recomputed for the measured generator --------------------
-
-
 def test_evaluation_recomputes_the_batchnorm_statistics_of_the_generator_it_measures(one_thread):
     cfg, cpu = compose_config(), torch.device("cpu")
     G, _ = build_models(cfg, cpu)
@@ -386,9 +366,6 @@ def test_evaluation_recomputes_the_batchnorm_statistics_of_the_generator_it_meas
     assert not measured.training and about["batchnorm_stats"].startswith("recomputed")
 
 
-# 8. Logging D(G(z)) before and after D's update ------------------------------------------------
-
-
 @pytest.mark.parametrize("loss, before", [("bce", "d/fake"), ("hinge", "d/fake_score")])
 def test_g_step_logs_d_of_g_after_the_d_update(tiny_gan, loss, before):
     """pytorch/examples' D_G_z1 / D_G_z2: d/fake, and d/fake_after_d_step on the same fakes after D's update."""
@@ -402,9 +379,6 @@ def test_g_step_logs_d_of_g_after_the_d_update(tiny_gan, loss, before):
     g_stats = g_step(D, G, opt_g, fake, features, ctx)
     torch.testing.assert_close(g_stats[after], expected)
     assert not torch.equal(g_stats[after], d_stats[before])  # D's update moved it
-
-
-# 9. The fast path (fused Adam, with-logits losses, channels_last, autocast): the canonical step's math
 
 
 DCGAN_D = ["model.d_batchnorm=true", "model.spectral_norm=false", "optim.beta1=0.5"]

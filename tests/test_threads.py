@@ -10,7 +10,10 @@ from unittest.mock import Mock
 
 import pytest
 import torch
+from conftest import compose_config
+from test_watching import events_of
 
+from gan.training import loop, train
 from gan.training import threads as T
 from gan.training.threads import ThreadGovernor, thread_governor, threads_for
 
@@ -61,6 +64,12 @@ def test_threads_step_down_while_others_are_busy_and_back_when_they_leave(monkey
 
 
 def test_the_governor_is_made_only_when_asked_on_a_cpu_with_cores_to_share(monkeypatch, caplog):
+    busy, own = T.machine_busy_seconds(), T.own_busy_seconds()  # the real counters see this process work
+    end = time.process_time() + 0.3
+    while time.process_time() < end:  # 0.3 s of CPU in this process
+        pass
+    assert T.own_busy_seconds() - own >= 0.2 and T.machine_busy_seconds() - busy >= 0.2
+    assert T.machine_busy_seconds(cpus=set()) == 0.0  # no CPUs of ours: nothing to count
     cpu = torch.device("cpu")
     assert thread_governor(False, cpu) is None and thread_governor(True, torch.device("meta")) is None
     made = thread_governor(True, cpu)
@@ -72,16 +81,6 @@ def test_the_governor_is_made_only_when_asked_on_a_cpu_with_cores_to_share(monke
     assert caplog.messages == [
         "trainer.adapt_threads: this system's CPU times cannot be read; training keeps 4 thread(s)."
     ]
-
-
-def test_the_real_counters_see_this_process_work():
-    busy, own = T.machine_busy_seconds(), T.own_busy_seconds()
-    end = time.process_time() + 0.3
-    while time.process_time() < end:  # 0.3 s of CPU in this process
-        pass
-    assert T.own_busy_seconds() - own >= 0.2
-    assert T.machine_busy_seconds() - busy >= 0.2
-    assert T.machine_busy_seconds(cpus=set()) == 0.0  # no CPUs of ours: nothing to count
 
 
 # psutil's per-CPU readings as each system names its fields
@@ -109,11 +108,6 @@ def test_busy_seconds_are_read_through_psutil_on_each_system(monkeypatch, readin
 
 
 def test_the_thread_count_is_drawn_at_every_log_point_with_its_change(tmp_path, monkeypatch):
-    from conftest import compose_config
-    from test_watching import events_of
-
-    from gan.training import loop, train
-
     calls, tick = [], {"t": 0.0, "busy": 0.0}
     monkeypatch.setattr(T.torch, "set_num_threads", calls.append)
 

@@ -15,6 +15,8 @@ import pytest
 import torch
 from conftest import ROOT, compose_config, output_of, run_script, run_train
 from test_datasets import HELD_OUT_DAMAGE, damaged_mnist, write_image
+from test_watching import LOSS_CHARTS, events_of
+from torch.utils.flop_counter import FlopCounterMode
 
 import gan.training.state
 from gan.checkpoint import load_checkpoint
@@ -22,12 +24,14 @@ from gan.config import ConfigError, ModelConfig, Precision
 from gan.core.models import Discriminator, Generator
 from gan.data import EmptySplitError, is_held_out, load_dataset
 from gan.distributed import SINGLE
-from gan.errors import MetricsError
+from gan.errors import CheckpointError, MetricsError
 from gan.evaluation import metrics as M
 from gan.training import train
 from gan.training.loop import build_probes
+from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, REAL_TAG
 from gan.training.state import lr_scale, resolve_precision
-from scripts.bench import Row, probe, project_config
+from scripts.bench import Row, flops_per_step, probe, project_config
+from scripts.bench_parts import conv_share
 
 CPU = torch.device("cpu")
 CUDA = "trainer.device=cuda"
@@ -43,7 +47,7 @@ CUDA = "trainer.device=cuda"
         ["model.minibatch_std=4", "model.pack=2"],
         ["loss.r1=1.0", "model.d_batchnorm=false"],
         ["model.ema_decay=0"],
-        ["model.ema_kimg=1"],
+        ["model.ema_kimg=1", "loss.feature_matching=1"],
         ["loss=hinge", "optim.lr=1e-4"],
         ["trainer.channels_last=false", "trainer.precision=bf16", "trainer.retain_host_memory=false"],
         *(pytest.param([CUDA, f"trainer.precision={p}"], marks=pytest.mark.cuda) for p in ("fp16", "bf16")),
@@ -52,11 +56,22 @@ CUDA = "trainer.device=cuda"
     ids=" ".join,
 )
 def test_each_precision_and_tool_trains(tmp_path, overrides, monkeypatch):
+    """Finite float32 weights whatever the precision; the loss group the same four charts whatever the loss."""
     calls = []
     monkeypatch.setattr(gan.training.state, "retain_freed_memory", lambda: calls.append(True) or True)
-    result = train(compose_config("trainer.max_steps=3", *overrides), tmp_path)
+    cfg = compose_config("trainer.max_steps=3", *overrides)
+    result = train(cfg, tmp_path)
+    metrics = result.metrics
     assert calls == ([] if CUDA in overrides or "trainer.retain_host_memory=false" in overrides else [True])
-    assert result.step == 3 and all(math.isfinite(v) for v in result.metrics.values())
+    assert result.step == 3 and all(math.isfinite(v) for v in metrics.values())
+    # D's probabilities under every loss on one [0, 1] axis; raw scores, a loss's terms and D_G_z2 under train/
+    assert sorted(key for key in metrics if key.startswith("loss/")) == sorted(LOSS_CHARTS)
+    assert all(0 <= metrics[tag] <= 1 for tag in ("loss/D(x)", "loss/D(G(z))"))
+    assert ("train/D(x)_score" in metrics) == (cfg.loss.name != "bce") == ("train/D(G(z))_score" in metrics)
+    assert "train/D(G(z))_after_d_step" in metrics
+    assert not [key for key in metrics if key.startswith(("d/", "grad_norm/", "perf/"))]
+    grid = RAW_FAKE_TAG if "model.ema_decay=0" in overrides else FAKE_TAG  # without an EMA: G's own grid
+    assert set(events_of(tmp_path / "tb").Tags()["images"]) == {REAL_TAG, grid}
     state = load_checkpoint(tmp_path)
     weights = [t for net in ("G", "D") for t in state[net].values() if t.is_floating_point()]
     # autocast runs the convolutions in 16 bits; the weights (and Adam's moments) stay float32, and finite
@@ -197,10 +212,6 @@ def test_bench_measures_each_row_in_a_fresh_process():
 
 def test_bench_counts_each_loops_own_flops_the_frozen_d_saves_its_weight_gradients():
     """bench.py's GFLOP/step: the canonical step's work less D's weight gradients in the G step (D frozen)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from scripts.bench import flops_per_step
-
     size, channels, batch, z_dim, width = 32, 1, 4, 8, 8
     cfg = project_config(size, channels, batch, z_dim, width, 1, Precision.fp32)  # DCGAN's D, as canonical's
     canonical = flops_per_step(size, channels, batch, z_dim, width)
@@ -216,8 +227,6 @@ def test_bench_counts_each_loops_own_flops_the_frozen_d_saves_its_weight_gradien
 
 
 def test_bench_parts_conv_share_counts_convolutions_alone():
-    from scripts.bench_parts import conv_share
-
     images, kernel = torch.randn(8, 3, 32, 32), torch.randn(16, 3, 3, 3)
     assert conv_share(lambda: torch.nn.functional.conv2d(images, kernel), 3) > 0.5
     assert conv_share(lambda: (images * 2).sum(), 3) == 0
@@ -275,13 +284,10 @@ def test_a_data_position_beyond_an_epoch_is_refused_when_the_stream_is_rebuilt(t
     # 256 images / 32 a batch = 8 batches an epoch; step 40 could reach batch 20, no epoch has one
     state = {**torch.load(tiny_run / "checkpoints" / "last.pt", weights_only=True), "step": 40}
     torch.save({**state, "data": {"epoch": 0, "batch": 20}}, tmp_path / "far.pt")
-    run_dir = tmp_path / "out"
-    result = run_train(f"trainer.resume={tmp_path / 'far.pt'}", "trainer.max_steps=42", f"hydra.run.dir={run_dir}")
-    output = output_of(result)
-    assert result.returncode == 2, output[-3000:]
-    assert "the checkpoint's entry 'data' places the batch stream at batch 20 of epoch 0" in output
-    assert "256 images make 8 batches of data.batch_size=32" in output and "Traceback" not in output
-    assert not (run_dir / "checkpoints").exists()
+    said = "entry 'data' places the batch stream at batch 20 of epoch 0, past an epoch's end: 256 images make 8 "
+    with pytest.raises(CheckpointError, match=re.escape(said + "batches of data.batch_size=32")):
+        train(compose_config(f"trainer.resume={tmp_path / 'far.pt'}", "trainer.max_steps=42"), tmp_path / "out")
+    assert not (tmp_path / "out" / "checkpoints").exists()
 
 
 BAD_SCRIPT_ARGUMENTS = {  # each refused before any work (a benchmark's was a traceback, after work)

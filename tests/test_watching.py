@@ -27,7 +27,7 @@ from gan.evaluation.pipeline import IMAGES_GROUP, METRICS_TEXT_TAG
 from gan.launch import SweepNames
 from gan.training import train
 from gan.training.loop import ALARM_TAG, BEST_FID_TAG, COMPARED, FID_TAG, FINAL_FID_TAG, hparams_of
-from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, REAL_TAG, write_progress_gif
+from gan.training.monitor import FAKE_TAG, REAL_TAG, write_progress_gif
 from scripts import tensorboard_screenshots as shots
 
 LOSS_CHARTS = ["loss/D(G(z))", "loss/D(x)", "loss/d", "loss/g"]  # TensorBoard's order
@@ -84,8 +84,8 @@ class TensorBoardClient:
         return self.post("/data/plugin/hparams/session_groups", body)["sessionGroups"]
 
 
-def test_the_first_screen_opens_on_the_losses_and_the_sample_grids_and_no_chart_is_one_point(tiny_run):
-    """The session's `python train.py debug=tiny`: 6 steps, scalars at 2, 4, 6, grids at 3 and 6."""
+def test_the_first_screen_opens_on_the_losses_and_the_grids_and_the_run_is_one_hparams_session(tiny_run):
+    """The tiny run (scalars at 2, 4, 6, grids at 3, 6): its first screen, its HParams session, its Text tab."""
     events = events_of(tiny_run / "tb")
     tags = events.Tags()
     # Time Series shows scalars and images together; Scalars shows scalars only
@@ -109,17 +109,6 @@ def test_the_first_screen_opens_on_the_losses_and_the_sample_grids_and_no_chart_
     assert (real[0].width, real[0].height) == (fake[0].width, fake[0].height)  # the same 4 x 4 layout
     # a session start and end, no experiment summary (it would be read as every run's experiment)
     assert set(events.PluginTagToContent("hparams")) == {"_hparams_/session_start_info", "_hparams_/session_end_info"}
-
-
-def test_a_run_without_ema_names_its_grid_for_g_itself(tmp_path):
-    train(compose_config("model.ema_decay=0", "trainer.max_steps=3"), tmp_path)
-    assert set(events_of(tmp_path / "tb").Tags()["images"]) == {REAL_TAG, RAW_FAKE_TAG}
-
-
-def test_the_run_is_one_hparams_session_of_the_four_settings_and_its_text_tab_holds_config_command_environment(
-    tiny_run,
-):
-    """The four settings every run reports, with its own values, defaults too; not its overrides, nor the config."""
     tb = TensorBoardClient(tiny_run)
     infos = {info["name"]: info for info in tb.experiment()["hparamInfos"]}
     assert list(COMPARED) == ["data", "loss", "optim.lr", "trainer.max_steps"] and set(infos) == set(COMPARED)
@@ -175,22 +164,6 @@ def test_progress_gif_keeps_at_most_50_frames_first_and_last_included(tmp_path):
         assert (first, gif.convert("L").getpixel((0, 0))) == (0, 2 * 119)
 
 
-LOSS_MIXES = [["loss=bce"], ["loss=hinge"], ["experiment=wgan_gp"], ["loss.r1=1", "model.d_batchnorm=false"],
-              ["loss.feature_matching=1"]]  # fmt: skip
-
-
-@pytest.mark.parametrize("overrides", LOSS_MIXES)
-def test_the_loss_group_is_the_same_four_charts_whatever_the_loss(tmp_path, overrides):
-    """D's probabilities under every loss on one [0, 1] axis; raw scores, a loss's terms and D_G_z2 under train/."""
-    result = train(compose_config(*overrides, "trainer.max_steps=2"), tmp_path)
-    assert sorted(key for key in result.metrics if key.startswith("loss/")) == sorted(LOSS_CHARTS)
-    assert all(0 <= result.metrics[tag] <= 1 for tag in ("loss/D(x)", "loss/D(G(z))"))
-    assert "train/D(G(z))_after_d_step" in result.metrics
-    scored = compose_config(*overrides).loss.name != "bce"
-    assert ("train/D(x)_score" in result.metrics) == scored == ("train/D(G(z))_score" in result.metrics)
-    assert not [key for key in result.metrics if key.startswith(("d/", "grad_norm/", "perf/"))]
-
-
 def test_a_single_run_is_named_by_its_time_and_the_overrides_that_set_what_it_computes(tmp_path):
     """`tensorboard --logdir outputs` names a run by its folder: a single run's says what it is."""
     shown = ("trainer.log_every=2", "trainer.sample_every=3", "trainer.checkpoint_every=3")
@@ -233,9 +206,10 @@ SWEEP_JOBS = ["0_loss=bce,optim.lr=0.0001", "1_loss=hinge,optim.lr=0.0001", "2_l
 
 
 def test_sweep_jobs_are_named_by_what_varies_only_and_their_results_open_the_page(watched_sweep):
-    """FID/best is written once, at the run's end: one dot per run, which smoothing leaves as it is."""
+    """FID/best once, at each run's end (one dot); HParams: settings that differ first, then FID/best and the losses."""
     assert sorted(p.name for p in watched_sweep.iterdir() if p.is_dir()) == SWEEP_JOBS
-    assert TensorBoardClient(watched_sweep).get("/data/runs") == [f"{name}/tb" for name in SWEEP_JOBS]
+    tb = TensorBoardClient(watched_sweep)
+    assert tb.get("/data/runs") == [f"{name}/tb" for name in SWEEP_JOBS]
     lrs = [load_checkpoint(watched_sweep / job)["config"]["optim"]["lr"] for job in SWEEP_JOBS]
     assert lrs == [1e-4, 1e-4, 4e-4, 4e-4]  # each job its own run, with its own settings
     for job in SWEEP_JOBS:
@@ -244,11 +218,6 @@ def test_sweep_jobs_are_named_by_what_varies_only_and_their_results_open_the_pag
         assert not [t for t in events.Tags()["scalars"] if "step_of" in t]
         assert len(events.Scalars(FID_TAG)) == 2  # the curve, at 3 and 6
         assert tb_group_order(events.Tags()["scalars"] + events.Tags()["images"])[:2] == ["FID", "loss"]
-
-
-def test_sweep_hparams_show_the_swept_keys_and_the_results_first(watched_sweep):
-    """Five settings (those that differ first) and five metrics (tag order): FID/best before the losses."""
-    tb = TensorBoardClient(watched_sweep)
     experiment = tb.experiment()
     infos = experiment["hparamInfos"]
     shown = sorted(infos, key=lambda info: (not info["differs"], info["name"]))[:5]  # the page's (up to five)
@@ -300,7 +269,6 @@ def test_sweep_table_prints_a_row_per_run_best_first(watched_sweep, tmp_path):
     assert re.sub(" +", " ", lines[0]) == header.replace("  ", " ")  # a sweep job's settings: its swept keys
     rows = [line.split() for line in lines[1:5]]
     assert sorted(row[0] for row in rows) == SWEEP_JOBS
-    bests = []
     for row in rows:
         events = events_of(watched_sweep / row[0] / "tb")
         best = min(events.Scalars(FID_TAG), key=lambda event: event.value)
@@ -310,22 +278,8 @@ def test_sweep_table_prints_a_row_per_run_best_first(watched_sweep, tmp_path):
         assert row[5] == "-"  # no trainer.final_eval_samples
         assert float(row[6]) == pytest.approx(events.Scalars("quality/recall")[-1].value, abs=1e-3)
         assert row[7] == "6"
-        bests.append(float(row[3]))
-    assert bests == sorted(bests)
+    assert [float(row[3]) for row in rows] == sorted(float(row[3]) for row in rows)
     assert lines[5] == f"wrote {plot}" and Image.open(plot).size[0] > 0
-
-
-def test_every_tag_a_run_writes_is_named_in_the_docs(tiny_run, watched_sweep):
-    """Each scalar, image and text tag a run and a sweep over losses write has its row in docs/watching.md."""
-    written = set()
-    for tb in [tiny_run / "tb", *(watched_sweep / job / "tb" for job in SWEEP_JOBS)]:
-        tags = events_of(tb).Tags()
-        written |= {tag for kind in ("scalars", "images", "tensors") for tag in tags[kind]}
-    written = {tag for tag in written if not tag.startswith("_hparams_")}  # the HParams plugin's own records
-    assert {"FID/best", "train/D(x)_score", "quality/FID", "run/command"} <= written
-    page = (ROOT / "docs" / "watching.md").read_text(encoding="utf-8")  # the first column of its table of tags
-    rows = [line.split(" | ")[0] for line in page.splitlines() if line.startswith("| `") or line.startswith("| Text")]
-    assert written - {tag for row in rows for tag in re.findall(r"`([^`]+)`", row)} == set()
 
 
 def sweep_start(task: list[str], hydra: list[str] = ()) -> DictConfig:
@@ -404,11 +358,20 @@ def test_the_screenshots_show_the_tags_and_text_items_the_code_writes(case, tmp_
     assert shots.tags_of(tmp_path) == shown["tags"][case]
 
 
-def test_the_screenshots_of_the_sweep_show_the_tags_the_code_writes_with_the_training_first_in_every_tab(
-    watched_sweep,
+def test_every_tag_a_run_and_a_sweep_write_is_named_in_the_docs_and_shown_on_the_sweep_screenshots(
+    tiny_run, watched_sweep
 ):
-    """All but the final evaluation's tags (a fast sweep's classifier cannot pass evaluate.py's bar); the documented
-    sweep's Images tab opens on the grids, its Text tab on the command, its metrics on results."""
+    """Each tag has its row in docs/watching.md; the sweep's screenshots show all but the final evaluation's."""
+    written = set()
+    for tb in [tiny_run / "tb", *(watched_sweep / job / "tb" for job in SWEEP_JOBS)]:
+        tags = events_of(tb).Tags()
+        written |= {tag for kind in ("scalars", "images", "tensors") for tag in tags[kind]}
+    written = {tag for tag in written if not tag.startswith("_hparams_")}  # the HParams plugin's own records
+    assert {"FID/best", "train/D(x)_score", "quality/FID", "run/command"} <= written
+    page = (ROOT / "docs" / "watching.md").read_text(encoding="utf-8")  # the first column of its table of tags
+    rows = [line.split(" | ")[0] for line in page.splitlines() if line.startswith("| `") or line.startswith("| Text")]
+    assert written - {tag for row in rows for tag in re.findall(r"`([^`]+)`", row)} == set()
+    # a fast sweep's classifier cannot pass evaluate.py's bar: the final evaluation's tags are the pictures' alone
     shown = json.loads(SHOT_TAGS.read_text())["tags"]["sweep"]
     final = {"scalars": {FINAL_FID_TAG}, "text": {METRICS_TEXT_TAG}, "images": set()}
     final["images"] = {tag for tag in shown["images"] if tag.startswith(f"{IMAGES_GROUP}/")}
@@ -417,6 +380,7 @@ def test_the_screenshots_of_the_sweep_show_the_tags_the_code_writes_with_the_tra
     assert {kind: set(tags) for kind, tags in written.items()} == {
         kind: set(shown[kind]) - final[kind] for kind in shown
     }
+    # the documented sweep's Images tab opens on the grids, its Text tab on the command, its metrics on results
     assert tb_group_order(shown["images"]) == ["samples", IMAGES_GROUP]
     assert sorted(shown["images"])[:2] == [FAKE_TAG, REAL_TAG]
     assert sorted(shown["text"]) == ["run/command", "run/config", "run/environment", METRICS_TEXT_TAG]
