@@ -20,6 +20,7 @@ import train as train_py
 from gan.checkpoint import load_checkpoint
 from gan.errors import MetricsError
 from gan.training import train
+from gan.training.loop import what_is_kept
 from scripts.tensorboard_screenshots import free_port
 
 # the names the log line, TensorBoard and TrainResult.metrics use (docs/watching.md says what each is)
@@ -123,5 +124,5 @@ def test_after_a_failed_write_train_py_says_whether_a_checkpoint_exists(tiny_run
     run_dir = shutil.copytree(tiny_run, tmp_path / "run")
     if not written:
         (run_dir / "checkpoints" / "last.pt").unlink()
-    said = train_py.what_is_kept(run_dir)
+    said = what_is_kept(run_dir)
     assert ("holds step 6" in said) == written and ("No checkpoint of this run was written" in said) != written
