@@ -149,12 +149,6 @@ def test_a_run_writes_its_record_and_a_complete_log_once_its_checks_passed(tiny_
     assert list((tiny_run / "tb").glob("events.out.tfevents.*"))
 
 
-def test_a_refused_new_run_leaves_no_folder(tmp_path):
-    result = run_train("optim.lr_d=-1", cwd=tmp_path)
-    assert result.returncode == 2 and "optim.lr_d" in output_of(result)
-    assert [p for p in (tmp_path / "outputs").rglob("*")] == []
-
-
 @pytest.mark.slow  # a process whose file-size limit is 1,000 bytes: the disk it sees is full
 @pytest.mark.parametrize("program", ["train.py", "evaluate.py"])
 def test_a_disk_that_refuses_every_write_is_reported_before_anything_is_written(tmp_path, program, tiny_run):
