@@ -68,11 +68,6 @@ def assert_same_state(a: dict, b: dict) -> None:
     assert a["step"] == b["step"] and a["data"] == b["data"]
 
 
-def stop_at(step: int):
-    """An after_step that ends the run at `step`, as a signal would: the interrupted run of a test."""
-    return lambda state: state.step >= step
-
-
 @pytest.mark.parametrize("workers, extended", [(0, False), (2, False), (0, True)], ids=["0", "2 workers", "extended"])
 def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(tmp_path, workers, extended):
     # 8 batches an epoch (256 images / 32): the resumed half, steps 6-12, crosses an epoch and holds the decay.
@@ -81,7 +76,7 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(tmp_path, workers,
     common = ("trainer.checkpoint_every=100", f"data.num_workers={workers}", f"optim.lr_decay={0 if extended else 0.5}")
     train(compose_config(*common, "trainer.max_steps=12"), tmp_path / "straight")
     first = compose_config(*common, f"trainer.max_steps={5 if extended else 12}")
-    train(first, tmp_path / "split", after_step=None if extended else stop_at(5))
+    train(first, tmp_path / "split", after_step=None if extended else lambda state: state.step >= 5)
     assert load_checkpoint(tmp_path / "split")["step"] == 5
     train(compose_config(*common, "trainer.max_steps=12", f"trainer.resume={tmp_path / 'split'}"), tmp_path / "split")
     resumed = load_checkpoint(tmp_path / "split")
@@ -96,7 +91,7 @@ def test_a_resume_keeps_the_runs_thread_count_whatever_the_default_is_by_then(tm
     common = ("trainer.max_steps=4", "trainer.checkpoint_every=100", "trainer.threads=0")
     torch.set_num_threads(2)
     train(compose_config(*common), tmp_path / "straight")
-    train(compose_config(*common), tmp_path / "split", after_step=stop_at(2))
+    train(compose_config(*common), tmp_path / "split", after_step=lambda state: state.step >= 2)  # as a signal would
     shutil.copytree(tmp_path / "split", tmp_path / "forced")
     torch.set_num_threads(1)
     train(compose_config(*common, f"trainer.resume={tmp_path / 'split'}"), tmp_path / "split")
@@ -280,10 +275,7 @@ TYPED = {  # an edit of a trained checkpoint -> what the refusal says (the share
     "best as text": (updated(best="7.5"), "entry 'best' is damaged: it holds '7.5' (str)"),
     "environment a list": (updated(environment=[1]), "entry 'environment' is damaged: it holds [1]"),
     "kind a number": (updated(kind=3), "entry 'kind' is damaged: it holds 3 (int)"),
-    **{
-        f"step {step!r}": (updated(step=step), f"entry 'step' is damaged: it holds {step!r}")
-        for step in ("abc", 1.5, -3, True)
-    },
+    **{f"step {v!r}": (updated(step=v), f"'step' is damaged: it holds {v!r}") for v in ("abc", 1.5, -3, True)},
     **{f"data: {case}": (updated(data=data), "its entry 'data' is damaged") for case, data in POSITIONS.items()},
     "opt_g missing": (lambda s: s.pop("opt_g"), "its entry 'opt_g' is missing"),
     "opt_d groups as text": (updated(opt_d={"state": {}, "param_groups": "x"}), "its entry 'opt_d' is damaged"),
@@ -416,10 +408,8 @@ def test_a_folder_without_last_pt_names_where_it_looked_and_the_checkpoint_it_ho
 
 
 RETYPED = {  # entry, how its first weight (or moment) is changed, what the message says
-    # not a float at all: refused as the checkpoint is read (gan/checkpoint.py), and by build_generator alike
-    "an integer G weight": ("G", lambda t: t.to(torch.int32), "torch.int32"),
-    "a float64 D weight": ("D", lambda t: t.double(), "torch.float64 in the checkpoint, torch.float32"),
-    "an integer EMA weight": ("G_ema", lambda t: t.long(), "torch.int64"),
+    # a weight not a float at all: TYPED, as the checkpoint is read; build_generator reads the generator alike
+    "a float64 EMA weight": ("G_ema", lambda t: t.double(), "torch.float64 in the checkpoint, torch.float32"),
     "an integer Adam moment": ("opt_d", lambda t: t.long(), "holds torch.int64, where Adam keeps floats"),
     "a moment of another shape": ("opt_g", lambda t: t.flatten()[:3].clone(), "has shape (3,), where its parameter"),
     "a sliced G weight": ("G", lambda t: t[:1].clone(), ": (1, 16, 4, 4) in the checkpoint, (16, 16, 4, 4) in"),

@@ -106,6 +106,9 @@ def test_config_dir_and_config_name_compose_a_users_own_primary_config_with_the_
 # process may use, read from the machine.
 REFUSED = {
     "a wrong type": (["optim.lr=abc"], "Value 'abc' of type 'str' could not be converted to Float"),
+    "a float for a whole number": (["trainer.max_steps=1.5"], "trainer.max_steps|'1.5'"),
+    "a typo of an option": (["trainer.precision=fp64"], "trainer.precision|'fp64'"),
+    "an unknown option in a list": (["model.diffaugment=[rotate]"], "model.diffaugment|'rotate'"),
     "a list for a number": (["optim.lr=[1,2]"], "optim.lr"),
     "a dict for a number": (["optim.lr={a:1}"], "optim.lr"),
     "an empty number": (["trainer.max_steps="], "trainer.max_steps"),
@@ -119,10 +122,7 @@ REFUSED = {
     "an unreadable value": (["data.batch_size=[1,"], "Hydra's override grammar cannot read"),
     "a key kept by Hydra, then read by nothing": (["+trainer.foo=1"], "trainer.foo is not a setting"),
     "a path holding '='": (["data.root=a=b"], "Quote it for Hydra inside the shell's quotes: \"data.root='a=b'\""),
-    "a sweep job's run": (
-        ["trainer.resume=/r/0_optim.lr=0.002"],
-        "shell's quotes: \"trainer.resume='/r/0_optim.lr=0.002'\"",
-    ),
+    "a sweep job's run": (["trainer.resume=/r/0_optim.lr=0.002"], "quotes: \"trainer.resume='/r/0_optim.lr=0.002'\""),
     "a renamed setting": (["trainer.on_collapse=warn"], "was renamed trainer.on_d_won"),
     "an interpolation of nothing": (["trainer.max_steps=${nosuch}"], "nosuch"),
     "an empty run folder": (["hydra.run.dir="], "hydra.run.dir= is empty (an unset shell variable?)"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import multiprocessing
 import os
@@ -84,15 +85,6 @@ def test_stale_temp_files_go_and_live_ones_stay(tmp_path):
     assert sorted(p.name for p in run.checkpoints.iterdir()) == sorted([live.name, "last.pt"])
 
 
-def test_a_run_dir_in_use_is_refused_by_the_command_naming_the_holder(tiny_run, tmp_path):
-    run_dir = Path(shutil.copytree(tiny_run, tmp_path / "run"))
-    before = snapshot(run_dir)
-    with Run(run_dir).owned():
-        result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
-    assert f"The run directory {run_dir} is in use: process {os.getpid()}" in output_of(result)
-    assert result.returncode == 2 and snapshot(run_dir) == before
-
-
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
 
 
@@ -167,7 +159,12 @@ def test_a_disk_that_refuses_every_write_is_reported_before_anything_is_written(
     assert "Traceback" not in output and not (tmp_path / "outputs").exists()
 
 
-BY_COMMAND = {  # where the run lies, hydra.run.dir= and more of the command ({run}, {tmp}), what is said
+BY_COMMAND = {  # where the run lies ("busy": held by this process), the command ({run}, {tmp}), what is said
+    "in use": (
+        "busy",
+        ["trainer.resume={run}", "trainer.max_steps=8"],
+        "The run directory {run} is in use: process {pid}",
+    ),
     "inside its checkpoints/": ("A", ["hydra.run.dir={run}/checkpoints"], "inside the folder of another run, {run}"),
     "deeper inside": ("A", ["hydra.run.dir={run}/more/deeply"], "inside the folder of another run, {run}"),
     "a run with no checkpoint": ("R", ["hydra.run.dir={run}"], "{run} already holds a run's .hydra/ record"),
@@ -188,7 +185,7 @@ BY_COMMAND = {  # where the run lies, hydra.run.dir= and more of the command ({r
 
 
 @pytest.mark.parametrize(("where", "argv", "said"), BY_COMMAND.values(), ids=BY_COMMAND)
-def test_a_new_run_into_or_inside_a_run_is_refused_by_the_command_however_it_is_named(
+def test_a_command_into_or_inside_a_run_or_into_one_in_use_is_refused_however_it_is_named(
     tiny_run, tmp_path, where, argv, said
 ):
     run_dir = shutil.copytree(tiny_run, tmp_path / where)
@@ -196,10 +193,11 @@ def test_a_new_run_into_or_inside_a_run_is_refused_by_the_command_however_it_is_
         shutil.rmtree(run_dir / "checkpoints")
     (tmp_path / "link").symlink_to(run_dir, target_is_directory=True)
     before = snapshot(run_dir)
-    result = run_train(*(arg.format(run=run_dir, tmp=tmp_path) for arg in argv), cwd=tmp_path)
+    with Run(run_dir).owned() if where == "busy" else contextlib.nullcontext():
+        result = run_train(*(arg.format(run=run_dir, tmp=tmp_path) for arg in argv), cwd=tmp_path)
     output = output_of(result)
     assert result.returncode == 2, output[-3000:]
-    assert said.format(run=run_dir, tmp=tmp_path) in output and "Nothing was written" in output
+    assert said.format(run=run_dir, tmp=tmp_path, pid=os.getpid()) in output and "Nothing was written" in output
     assert snapshot(run_dir) == before  # its lock came and went; nothing else
 
 
