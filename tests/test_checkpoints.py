@@ -23,13 +23,7 @@ import torch
 from conftest import ROOT, TINY, compose_config, output_of, run_evaluate, run_train, snapshot
 
 import gan.core.losses
-from gan.checkpoint import (
-    CheckpointError,
-    load_checkpoint,
-    require_training_state,
-    save_checkpoint,
-    stored_config,
-)
+from gan.checkpoint import CheckpointError, load_checkpoint, require_training_state, save_checkpoint, stored_config
 from gan.core.losses import LOSSES, AdversarialLoss
 from gan.evaluation.pipeline import build_generator
 from gan.training import NonFiniteLossError, train

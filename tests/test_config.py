@@ -15,14 +15,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from gan.config import (
-    BackwardMode,
-    ConfigError,
-    DatasetName,
-    EvaluateConfig,
-    LossName,
-    TrainConfig,
-)
+from gan.config import BackwardMode, ConfigError, DatasetName, EvaluateConfig, LossName, TrainConfig
 from gan.data.sources import _OPENERS
 from gan.device import available_cpus, resolve_device
 
