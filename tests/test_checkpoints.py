@@ -218,15 +218,6 @@ def test_bad_checkpoint_is_refused(tmp_path, good_run, kind):
     assert not (tmp_path / "pwned").exists()  # the crafted pickle's code never ran
 
 
-def test_resume_auto_continues_the_matching_run(tmp_path):  # another run's settings: test_resume.py
-    first = run_train("trainer.max_steps=2", "trainer.resume=auto", cwd=tmp_path)
-    assert first.returncode == 0, first.stderr[-3000:]
-    [run_dir] = [p.parent.parent for p in (tmp_path / "outputs").glob("*/*/checkpoints/last.pt")]
-    again = run_train("trainer.max_steps=4", "trainer.resume=auto", cwd=tmp_path)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert load_checkpoint(run_dir)["step"] == 4  # continued in place
-
-
 # every entry typed where a checkpoint is read, for train.py and evaluate.py alike (gan/checkpoint.py)
 def _retyped(state: dict, entry: str, dtype: torch.dtype) -> None:
     state[entry] = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state[entry].items()}
