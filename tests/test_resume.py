@@ -38,7 +38,7 @@ def test_a_refused_resume_leaves_the_run_as_it_was_and_its_plain_resume_works(ti
     assert load_checkpoint(run_dir)["step"] == 8
 
 
-def test_a_new_learning_rate_takes_effect_and_is_recorded(tiny_run, tmp_path):
+def test_a_new_learning_rate_takes_effect_is_recorded_and_a_resume_at_max_steps_trains_nothing(tiny_run, tmp_path):
     run_dir = shutil.copytree(tiny_run, tmp_path / "run")  # at step 6
     result = run_train(
         f"trainer.resume={run_dir}", "trainer.max_steps=8", "optim.lr=1e-5", "optim.lr_d=3e-5", "optim.lr_decay=0.5"
@@ -53,6 +53,10 @@ def test_a_new_learning_rate_takes_effect_and_is_recorded(tiny_run, tmp_path):
     recorded = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
     assert recorded["optim"]["lr"] == 1e-5 and recorded["model"]["g_width"] == 8
     assert "optim.lr=1e-5" in yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
+    # a resume already at max_steps trains nothing and is no error
+    assert train(compose_config(f"trainer.resume={run_dir}", "trainer.max_steps=8"), run_dir).step == 8
+    after = load_checkpoint(run_dir)
+    assert after["step"] == 8 and all(torch.equal(state["G"][key], after["G"][key]) for key in state["G"])
 
 
 NAMED = {  # where the run lies under the launch folder, and how trainer.resume names it there
@@ -119,12 +123,3 @@ def test_a_resume_of_a_hinge_run_keeps_its_settings_and_holds_a_named_group_to_t
     # `loss=bce` names loss.name at the schema's default: it is refused, not dropped unsaid
     refused = run_train(f"trainer.resume={run_dir}", "loss=bce", "trainer.max_steps=12", cwd=tmp_path)
     assert refused.returncode == 2 and "loss.name: 'hinge' -> 'bce'" in output_of(refused), output_of(refused)[-3000:]
-
-
-def test_a_resume_already_at_max_steps_trains_nothing_and_is_no_error(tiny_run, tmp_path):
-    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
-    before = load_checkpoint(run_dir)
-    result = train(compose_config(f"trainer.resume={run_dir}", "trainer.max_steps=6"), run_dir)
-    after = load_checkpoint(run_dir)
-    assert result.step == after["step"] == 6
-    assert all(torch.equal(before["G"][key], after["G"][key]) for key in before["G"])
