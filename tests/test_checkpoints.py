@@ -198,24 +198,9 @@ BAD = {  # what is wrong with the file -> how it is written (from last.pt's byte
     "not_checkpoint": (lambda path, data: torch.save({"w": torch.zeros(2)}, path), "is not a checkpoint of this"),
     "code": (
         lambda path, data: torch.save({"G": RunsCode(path.parent / "pwned"), "D": {}, "step": 0, "config": {}}, path),
-        "it names posix.system",
+        "Refused to load |it names posix.system",
     ),
 }
-
-
-@pytest.mark.parametrize("kind", BAD)
-def test_bad_checkpoint_is_refused(tmp_path, good_run, kind):
-    """In one line, with no warning printed and no code run (the command line: DAMAGED_ENTRIES)."""
-    write, said = BAD[kind]
-    write(path := tmp_path / f"{kind}.pt", (good_run / "checkpoints" / "last.pt").read_bytes())
-    with pytest.raises(CheckpointError) as caught, warnings.catch_warnings(record=True) as shown:
-        warnings.simplefilter("always")  # as a shell would print them, not pytest's summary
-        load_checkpoint(path)
-    message = str(caught.value)
-    assert said in message and str(path) in message and "\n" not in message and not shown, [str(w) for w in shown]
-    assert ("arbitrary code" in message) == (kind == "code")  # only a forbidden object is a threat
-    assert kind != "code" or "Refused to load" in message
-    assert not (tmp_path / "pwned").exists()  # the crafted pickle's code never ran
 
 
 # every entry typed where a checkpoint is read, for train.py and evaluate.py alike (gan/checkpoint.py)
@@ -276,7 +261,7 @@ TYPED = {  # an edit of a trained checkpoint -> what the refusal says (the share
     "opt_d groups as text": (updated(opt_d={"state": {}, "param_groups": "x"}), "its entry 'opt_d' is damaged"),
     "G_ema=7": (updated(G_ema=7), "its entry 'G_ema' is damaged: it holds 7 (int)"),
     "num_classes as text": (updated(num_classes="x"), "its entry 'num_classes' is damaged: it holds 'x'"),
-    **{  # `|`: the parts the message holds, in order
+    **{
         f"{where} {value}": (
             lambda s, at=at, value=value: poison(s, *at, value=value),
             f"it holds NaN or inf in 1 of its |({name}). The checkpoint is damaged and training cannot",
@@ -287,17 +272,26 @@ TYPED = {  # an edit of a trained checkpoint -> what the refusal says (the share
 }
 
 
-@pytest.mark.parametrize("edit, says", TYPED.values(), ids=TYPED.keys())
-def test_a_checkpoint_entry_of_the_wrong_type_is_refused_where_it_is_read(tiny_run, tmp_path, edit, says):
-    state = torch.load(tiny_run / "checkpoints" / "last.pt", weights_only=True)
-    edit(state)
-    torch.save(state, tmp_path / "last.pt")
-    with pytest.raises(CheckpointError) as caught:
-        require_training_state(load_checkpoint(tmp_path / "last.pt"), tmp_path / "last.pt")
-    message = str(caught.value)
-    assert re.search(".*".join(map(re.escape, [str(tmp_path / "last.pt"), *says.split("|")])), message), message
-    # one line; alone in its folder, the message says there is no other checkpoint, and does not invent one
-    assert "\n" not in message and "No numbered copy (step_NNNNNN.pt) is kept beside it" in message
+@pytest.mark.parametrize("kind", [*BAD, *TYPED])
+def test_bad_checkpoint_is_refused(tiny_run, tmp_path, kind):
+    """Where it is read, in one line naming the file, with no warning printed and no code run."""
+    path, last = tmp_path / "last.pt", tiny_run / "checkpoints" / "last.pt"
+    if kind in BAD:
+        write, says = BAD[kind]
+        write(path, last.read_bytes())
+    else:
+        (edit, says), state = TYPED[kind], torch.load(last, weights_only=True)
+        edit(state)
+        torch.save(state, path)
+    with pytest.raises(CheckpointError) as caught, warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")  # as a shell would print them, not pytest's summary
+        require_training_state(load_checkpoint(path), path)
+    message = str(caught.value)  # `|`: the parts it holds, in order
+    assert str(path) in message and re.search(".*".join(map(re.escape, says.split("|"))), message), message
+    assert "\n" not in message and not shown, [str(w.message) for w in shown]
+    assert ("arbitrary code" in message) == (kind == "code") and not (tmp_path / "pwned").exists()  # never ran
+    # alone in its folder, the message says there is no other checkpoint, and does not invent one
+    assert kind in ("missing", "not_checkpoint", "code") or "No numbered copy (step_NNNNNN.pt) is kept" in message
 
 
 # damaged files and entries: one paragraph naming the file, for train.py's resume and evaluate.py alike
