@@ -304,7 +304,8 @@ def stored(group: str, key: str, value: object) -> Callable[[dict], object]:
 
 
 RNG = {"python": (3, (1, 2), None), "torch": torch.zeros(3, dtype=torch.uint8), "cuda": []}
-DAMAGED_ENTRIES = {  # program, what is done to the checkpoint (or a BAD file: one line in all), what is said
+NEWEST = "Checkpoints are kept beside it (step_000006.pt, step_000004.pt): resume from {run}/checkpoints/step_000006.pt"
+DAMAGED_ENTRIES = {  # program, what is done to last.pt (or a BAD file: one line in all), what is said (|: each part)
     "resume: truncated": ("train.py", "truncated", "Cannot read {path}: it is truncated: torch.save's zip archive"),
     "evaluate: code": ("evaluate.py", "code", "Refused to load {path}: it names posix.system"),
     "resume: rng": ("train.py", updated(rng=RNG), "entry 'rng' is missing or damaged"),
@@ -312,6 +313,11 @@ DAMAGED_ENTRIES = {  # program, what is done to the checkpoint (or a BAD file: o
     "evaluate: data.image_size": ("evaluate.py", stored("data", "image_size", [16]), "is damaged: data.image_size"),
     # the file's fault, not this command's: its copies are named (not a config diff against the command line)
     "resume: model.g_width": ("train.py", stored("model", "g_width", "wide"), "{path} is damaged: model.g_width"),
+    "resume: inf in D": (  # refused as damage, not as a learning-rate problem
+        "train.py",
+        lambda state: poison(state, "D", SN_U, value=math.inf),
+        f"Cannot resume from {{path}}: it holds NaN or inf in 1 of its|(D.{SN_U})|{NEWEST}",
+    ),
 }
 
 
@@ -319,39 +325,28 @@ DAMAGED_ENTRIES = {  # program, what is done to the checkpoint (or a BAD file: o
 def test_a_damaged_entry_ends_resume_and_evaluate_with_one_paragraph_naming_file_and_entry(
     good_run, tmp_path, program, damage, said
 ):
-    path, out, state = tmp_path / "damaged.pt", tmp_path / "out", state_of(good_run)
+    run_dir = shutil.copytree(good_run, tmp_path / "run")  # plain copies: last.pt and its numbered twin apart
+    path, out, state = run_dir / "checkpoints" / "last.pt", tmp_path / "out", state_of(run_dir)
     if isinstance(damage, str):
-        BAD[damage][0](path, (good_run / "checkpoints" / "last.pt").read_bytes())
+        BAD[damage][0](path, path.read_bytes())
     else:
         damage(state)
         torch.save(state, path)  # not save_checkpoint: a damaged file as another program would leave it
+    before = {p.name: digest(p) for p in (run_dir / "checkpoints").iterdir()}
     if program == "train.py":
         result = run_train(f"trainer.resume={path}", "trainer.max_steps=8", f"hydra.run.dir={out}")
     else:
         result = run_evaluate("device=cpu", "threads=1", f"checkpoint={path}", f"hydra.run.dir={out}")
     output = output_of(result)
     assert result.returncode == 2 and (len(output.strip().splitlines()) == 1 or callable(damage)), output[-3000:]
-    assert said.format(path=path) in output and "Traceback" not in output, output[-3000:]
-    assert program == "train.py" or str(path) in output  # evaluate.py names the file it read
+    assert all(part.format(path=path, run=run_dir) in output for part in said.split("|")), output[-3000:]
+    assert "Traceback" not in output and (program == "train.py" or str(path) in output)  # evaluate.py names it
     assert "another version" not in output and "this command changes" not in output  # damage, not a version
-    assert not (out / "checkpoints").exists() and not (out / "metrics.json").exists()
-    assert not (tmp_path / "pwned").exists()  # the crafted pickle's code never ran
-
-
-def test_resuming_a_run_whose_last_checkpoint_holds_inf_names_the_copies_kept_beside_it(good_run, tmp_path):
-    copy = Path(shutil.copytree(good_run, tmp_path / "run"))  # plain copies: last.pt and its numbered twin apart
-    last = copy / "checkpoints" / "last.pt"
-    save_checkpoint(poison(state_of(copy), "D", SN_U, value=math.inf), last)
-    before = {p.name: digest(p) for p in (copy / "checkpoints").iterdir()}
-    result = run_train(f"trainer.resume={copy}", "trainer.max_steps=8")
-    output = result.stdout + result.stderr
-    assert result.returncode == 2 and f"Cannot resume from {last}: it holds NaN or inf in 1 of its" in output, output
-    assert f"(D.{SN_U})" in output and "Traceback" not in output
-    newest = copy / "checkpoints" / "step_000006.pt"
-    assert f"Checkpoints are kept beside it (step_000006.pt, step_000004.pt): resume from {newest}" in output
     # not the words of a run that diverged while training: nothing trained, nothing was written
     assert "Lower optim.lr" not in output and "last good one" not in output and "Non-finite loss" not in output
-    assert {p.name: digest(p) for p in (copy / "checkpoints").iterdir()} == before
+    assert not (out / "checkpoints").exists() and not (out / "metrics.json").exists()
+    assert {p.name: digest(p) for p in (run_dir / "checkpoints").iterdir()} == before
+    assert not (run_dir / "checkpoints" / "pwned").exists()  # the crafted pickle's code never ran
 
 
 DAMAGED_CONFIGS: dict[str, tuple[Callable[[dict], object], str]] = {
