@@ -52,6 +52,8 @@ def test_defaults_are_the_documented_contract_and_overrides_reach_the_typed_conf
     assert compose_config("trainer.device=auto").trainer.device == "auto"
     cfg = compose_config("loss=hinge", "optim.lr=1e-4", "trainer.seed=3")
     assert cfg.loss.name == LossName.hinge and cfg.optim.lr == 1e-4 and cfg.trainer.seed == 3
+    cfg = compose_config("debug=overfit")  # replaces the tests' debug=tiny: one batch, over and over
+    assert cfg.data.limit == cfg.data.batch_size and cfg.trainer.max_steps >= 300
 
 
 @pytest.mark.parametrize("recipe", ["fashion_mnist", "mnist", "stacked", "cifar10", "celeba"])
@@ -119,11 +121,6 @@ def test_wgan_gp_with_batchnorm_names_its_recipe():
     assert cfg.loss.name == LossName.wgan_gp and cfg.loss.gradient_penalty == 10.0
     assert not cfg.model.d_batchnorm and (cfg.optim.beta1, cfg.optim.beta2) == (0.0, 0.9)
     assert not cfg.model.spectral_norm  # the paper's critic: the penalty alone bounds its gradient
-
-
-def test_debug_overfit_sees_one_batch_over_and_over():
-    cfg = compose_config("debug=overfit")  # replaces the tests' debug=tiny
-    assert cfg.data.limit == cfg.data.batch_size and cfg.trainer.max_steps >= 300
 
 
 EDGES = {  # the settings alongside, the refused value (the message opens with it), an accepted neighbour

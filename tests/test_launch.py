@@ -105,14 +105,12 @@ def test_config_dir_and_config_name_compose_a_users_own_primary_config_with_the_
 REFUSED = {
     "a wrong type": (["optim.lr=abc"], "Value 'abc' of type 'str' could not be converted to Float"),
     "a float for a whole number": (["trainer.max_steps=1.5"], "trainer.max_steps|'1.5'"),
-    "a typo of an option": (["trainer.precision=fp64"], "trainer.precision|'fp64'"),
+    "a typo of an option": (["trainer.precision=fp64"], "trainer.precision|'fp64'"),  # an enum: data.name, loss.name
     "an unknown option in a list": (["model.diffaugment=[rotate]"], "model.diffaugment|'rotate'"),
     "a list for a number": (["optim.lr=[1,2]"], "optim.lr"),
     "a dict for a number": (["optim.lr={a:1}"], "optim.lr"),
     "an empty number": (["trainer.max_steps="], "trainer.max_steps"),
     "an unknown key, with the nearest": (["optim.lrr=1"], "Did you mean optim.lr?"),
-    "an unknown dataset": (["data.name=nosuch"], "nosuch"),
-    "an unknown choice of an enum": (["loss.name=foo"], "foo"),
     "an unknown group option, with the list": (["loss=nosuch"], "Choose one of bce, hinge, wgan_gp for loss="),
     "a plugin's option, with its extra": (["hydra/launcher=nosuch"], "come with Hydra plugins"),
     "no '='": (["max_steps"], "'max_steps'"),

@@ -18,7 +18,6 @@ REFUSED = {  # a change the contract refuses, or a bad value -> what the paragra
     "data.image_size=32": "data.image_size: 16 -> 32",
     "optim.beta1=0.9": "optim.beta1: 0.0 -> 0.9",
     "trainer.seed=1": "trainer.seed: 0 -> 1",
-    "optim.lr=-1": "optim.lr",
     "trainer.threads=-1": "trainer.threads",
     "trainer.device=cuda:7": "trainer.device",
     "trainer.max_steps=2": "trainer.max_steps=2 is below the step of the checkpoint being resumed (6)",
