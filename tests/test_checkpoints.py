@@ -351,7 +351,6 @@ def test_a_damaged_entry_ends_resume_and_evaluate_with_one_paragraph_naming_file
 
 DAMAGED_CONFIGS: dict[str, tuple[Callable[[dict], object], str]] = {
     "not a mapping": (lambda c: 5, "it is 5 (int), not a mapping of groups"),
-    "a list": (lambda c: [c], "not a mapping of groups"),
     "a group replaced by a number": (lambda c: {**c, "model": 5}, "its group 'model' is 5 (int)"),
     "a group missing": (lambda c: {k: v for k, v in c.items() if k != "optim"}, "it has no 'optim' group"),
     "a wrongly typed value": (lambda c: {**c, "model": {**c["model"], "z_dim": "abc"}}, "model.z_dim: Value 'abc'"),
