@@ -322,9 +322,7 @@ DAMAGED_ENTRIES = {  # program, what is done to last.pt (or a BAD file: one line
 
 
 @pytest.mark.parametrize(("program", "damage", "said"), DAMAGED_ENTRIES.values(), ids=DAMAGED_ENTRIES)
-def test_a_damaged_entry_ends_resume_and_evaluate_with_one_paragraph_naming_file_and_entry(
-    good_run, tmp_path, program, damage, said
-):
+def test_a_damaged_checkpoint_ends_resume_and_evaluate_in_one_paragraph(good_run, tmp_path, program, damage, said):
     run_dir = shutil.copytree(good_run, tmp_path / "run")  # plain copies: last.pt and its numbered twin apart
     path, out, state = run_dir / "checkpoints" / "last.pt", tmp_path / "out", state_of(run_dir)
     if isinstance(damage, str):

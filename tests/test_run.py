@@ -185,9 +185,7 @@ BY_COMMAND = {  # where the run lies ("busy": held by this process), the command
 
 
 @pytest.mark.parametrize(("where", "argv", "said"), BY_COMMAND.values(), ids=BY_COMMAND)
-def test_a_command_into_or_inside_a_run_or_into_one_in_use_is_refused_however_it_is_named(
-    tiny_run, tmp_path, where, argv, said
-):
+def test_a_command_into_a_run_inside_one_or_in_use_is_refused_however_named(tiny_run, tmp_path, where, argv, said):
     run_dir = shutil.copytree(tiny_run, tmp_path / where)
     if where == "R":  # its record only: the run wrote no checkpoint
         shutil.rmtree(run_dir / "checkpoints")
@@ -216,9 +214,7 @@ CANNOT_WRITE = {  # where -> the exit code, what is said ({path}: the run's path
 
 
 @pytest.mark.parametrize(("where", "code", "said"), [(k, *v) for k, v in CANNOT_WRITE.items()], ids=CANNOT_WRITE)
-def test_a_resume_that_cannot_write_or_dies_before_its_first_write_leaves_the_run_as_it_was(
-    tiny_run, tmp_path, monkeypatch, where, code, said
-):
+def test_a_failed_resume_leaves_its_run_as_it_was(tiny_run, tmp_path, monkeypatch, where, code, said):
     # the record, log, events, grids and checkpoint as they were, no temporary file, no folder of its own
     run_dir = shutil.copytree(tiny_run, tmp_path / "run")
     path, fsync, full = run_dir / where, os.fsync, where.removeprefix("full ")
