@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 from gan import launch
 from gan.checkpoint import load_checkpoint
 from gan.config import to_plain
+from gan.device import available_cpus
 
 PROGRAMS = ("train.py", "evaluate.py", "generate.py")
 PACKAGE = {"train.py": "trainer", "evaluate.py": "metrics"}  # a group of each config, for --package (generate: none)
@@ -96,42 +97,78 @@ def test_config_dir_and_config_name_compose_a_users_own_primary_config_with_the_
         assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
         printed = yaml.safe_load(result.stdout)
         assert (printed["trainer"]["max_steps"], printed["loss"]["name"], printed["optim"]["lr"]) == (3, "hinge", 1e-4)
-    missing = run("train.py", "-cd", str(tmp_path / "nowhere"), "--cfg", "job", cwd=tmp_path)
-    assert missing.returncode == 2 and "nowhere" in missing.stderr and "Traceback" not in missing.stderr
 
 
-REFUSED = {  # argv -> what the paragraph says (one paragraph, exit 2, nothing written)
+# A command refused, by Hydra or by the config's checks: one paragraph naming the setting (each |-separated part),
+# exit 2, no traceback, nothing written; Hydra alone would print several paragraphs and exit 1. {cpus}: the CPUs this
+# process may use, read from the machine.
+REFUSED = {
     "a wrong type": (["optim.lr=abc"], "Value 'abc' of type 'str' could not be converted to Float"),
+    "a float for a whole number": (["trainer.max_steps=1.5"], "trainer.max_steps|'1.5'"),
+    "a typo of an option": (["trainer.precision=fp64"], "trainer.precision|'fp64'"),  # an enum: data.name, loss.name
+    "an unknown option in a list": (["model.diffaugment=[rotate]"], "model.diffaugment|'rotate'"),
+    "a list for a number": (["optim.lr=[1,2]"], "optim.lr"),
+    "a dict for a number": (["optim.lr={a:1}"], "optim.lr"),
+    "an empty number": (["trainer.max_steps="], "trainer.max_steps"),
     "an unknown key, with the nearest": (["optim.lrr=1"], "Did you mean optim.lr?"),
     "an unknown group option, with the list": (["loss=nosuch"], "Choose one of bce, hinge, wgan_gp for loss="),
     "a plugin's option, with its extra": (["hydra/launcher=nosuch"], "come with Hydra plugins"),
+    "no '='": (["max_steps"], "'max_steps'"),
+    "a character the grammar has no token for": (["model.z_dim=\u00fc"], "model.z_dim"),
     "an unreadable value": (["data.batch_size=[1,"], "Hydra's override grammar cannot read"),
+    "a key kept by Hydra, then read by nothing": (["+trainer.foo=1"], "trainer.foo is not a setting"),
     "a path holding '='": (["data.root=a=b"], "Quote it for Hydra inside the shell's quotes: \"data.root='a=b'\""),
-    "a sweep job's run": (
-        ["trainer.resume=/r/0_optim.lr=0.002"],
-        "shell's quotes: \"trainer.resume='/r/0_optim.lr=0.002'\"",
-    ),
+    "a sweep job's run": (["trainer.resume=/r/0_optim.lr=0.002"], "quotes: \"trainer.resume='/r/0_optim.lr=0.002'\""),
     "a renamed setting": (["trainer.on_collapse=warn"], "was renamed trainer.on_d_won"),
     "an interpolation of nothing": (["trainer.max_steps=${nosuch}"], "nosuch"),
     "an empty run folder": (["hydra.run.dir="], "hydra.run.dir= is empty (an unset shell variable?)"),
+    "an empty run folder, quoted": (["hydra.run.dir=''"], "hydra.run.dir= is empty (an unset shell variable?)"),
+    # would start a new run; would read the launch directory as the dataset, or its checkpoints/last.pt
+    "an empty resume": (["trainer.resume="], "checkpoint path is empty (an unset shell variable?)"),
+    "an empty data.root": (["data.root="], "data.root='' is empty"),
+    "an empty checkpoint": (["evaluate.py", "checkpoint="], "checkpoint path is empty (an unset shell variable?)"),
+    "a seed beyond torch's 64 bits": (["trainer.seed=99999999999999999999"], "trainer.seed"),
+    "a process per worker": (["data.num_workers=100000"], "data.num_workers"),
+    "an image too small": (["data.image_size=24"], "data.image_size"),
+    "an image too large": (["data.image_size=512"], "data.image_size"),
+    "no batch": (["data.batch_size=0"], "data.batch_size"),
+    "no rate": (["optim.lr=0"], "optim.lr"),
+    "an unknown device": (["trainer.device=gpu"], "trainer.device"),
+    "a negative weight": (["loss.feature_matching=-1"], "loss.feature_matching"),
+    "a negative limit": (["data.limit=-1"], "data.limit"),
+    "a limit below debug=tiny's batch of 32": (["data.limit=16"], "data.limit"),
+    "a minibatch-stddev group larger than the batch": (["model.minibatch_std=64"], "model.minibatch_std=64"),
+    "a conditional pack": (["model.conditional=true", "model.pack=2"], "model.pack"),
+    "a negative overfit_every": (["trainer.overfit_every=-1"], "trainer.overfit_every"),
+    "threads that segfaulted": (["trainer.threads=1000000"], "trainer.threads=1000000 is more than the {cpus} CPU(s)"),
+    "threads that overflowed": (["trainer.threads=1099511627776"], "trainer.threads=1099511627776 is more than the"),
+    "a rate once blamed on optim.lr after a step": (["optim.lr_d=inf"], "optim.lr_d=inf must be a finite number"),
+    "a group that does not divide a pack": (
+        ["model.minibatch_std=5", "model.pack=2", "data.batch_size=32"],
+        "model.minibatch_std=5 must divide the 16 samples D judges at once (data.batch_size=32 / model.pack=2)|"
+        "groups of 1 sample, a constant channel|such as 4",
+    ),
     "--resolve alone": (["--resolve"], "--resolve flag can only be used in conjunction with --cfg or --help"),
-    "a bad value in a sweep": (["-m", "optim.lr=1e-4,abc"], "could not be converted to Float"),
+    "a bad value in a sweep": (["-m", "optim.lr=1e-4,abc"], "optim.lr=abc|could not be converted|Nothing was written"),
     "a sweep under torchrun": (["-m", "optim.lr=1e-4,2e-4", "TORCHRUN"], "A Hydra sweep (-m) launches several jobs"),
     "an empty sweep folder": (["-m", "hydra.sweep.dir="], "hydra.sweep.dir= is empty"),
+    "a config folder that does not exist": (["train.py", "-cd", "nowhere", "--cfg", "job"], "nowhere"),
     "evaluate.py's unknown key": (["evaluate.py", "checkpoint=x", "num_samplez=3"], "Did you mean num_samples?"),
+    "evaluate.py's wrong type": (["evaluate.py", "checkpoint=x", "num_samples=abc"], "num_samples=abc|'abc'|Nothing"),
 }
 
 
 @pytest.mark.parametrize(("argv", "said"), REFUSED.values(), ids=REFUSED.keys())
-def test_a_command_hydra_refuses_gets_one_paragraph_and_exit_2(argv, said, tmp_path, monkeypatch):
+def test_a_refused_command_is_one_paragraph_exit_2_and_writes_nothing(argv, said, tmp_path, monkeypatch):
     if "TORCHRUN" in argv:
         for name, value in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}.items():
             monkeypatch.setenv(name, value)
         argv = argv[:-1]
     result = run(*argv, cwd=tmp_path) if argv[0].endswith(".py") else run_train(*argv, cwd=tmp_path)
-    output = result.stdout + result.stderr
-    assert result.returncode == 2, output[-3000:]
-    assert said in output and "Traceback" not in output and nothing_written(tmp_path)
+    output = output_of(result)
+    assert result.returncode == 2 and "Traceback" not in output and "Non-finite loss" not in output, output[-3000:]
+    parts = said.replace("{cpus}", str(available_cpus())).split("|")
+    assert all(part in output for part in parts) and nothing_written(tmp_path), output[-3000:]
     assert len([line for line in output.splitlines() if line.strip()]) == 1, output  # one paragraph, one line
 
 
@@ -241,22 +278,6 @@ def sweep_jobs(argv: list[str]) -> list[list[str]]:
     return [list(job) for job in itertools.product(*choices)]
 
 
-RECORDS = {  # a record trainer.resume=auto cannot read -> what its warning says (said, not skipped)
-    "not UTF-8": (b"model: {g_width: 8}\n\xff\xfe\n", "'utf-8' codec can't decode byte 0xff"),
-    "a group replaced by a number": (b"loss: 5\n", "its group 'loss' is 5"),
-}
-
-
-@pytest.mark.parametrize("record, says", RECORDS.values(), ids=RECORDS.keys())
-def test_resume_auto_says_which_record_it_cannot_read(tmp_path, caplog, record, says):
-    run_dir = tmp_path / "outputs" / "run"
-    for path, content in ((run_dir / "checkpoints" / "last.pt", b""), (run_dir / ".hydra" / "config.yaml", record)):
-        path.parent.mkdir(parents=True)
-        path.write_bytes(content)
-    assert launch.resume_auto({"loss": {"name": "bce"}}, tmp_path / "new", tmp_path / "outputs") is None
-    assert f"{run_dir / '.hydra' / 'config.yaml'} cannot be read" in caplog.text and says in caplog.text
-
-
 @pytest.mark.parametrize("flag", ["--experimental-rerun", "--experimental-rerun=x", "--exp"])
 @pytest.mark.parametrize("program", PROGRAMS)
 def test_hydras_rerun_which_unpickles_a_file_is_refused(program, flag, tmp_path):
@@ -309,14 +330,26 @@ def test_paths_are_quoted_for_hydra_and_the_shell(path):
     assert OverridesParser.create().parse_override(echoed.stdout.decode()).value() == path
 
 
+RECORDS = {  # a record trainer.resume=auto cannot read -> what its warning says (said, not skipped)
+    "not UTF-8": (b"model: {g_width: 8}\n\xff\xfe\n", "'utf-8' codec can't decode byte 0xff"),
+    "a group replaced by a number": (b"loss: 5\n", "its group 'loss' is 5"),
+}
+
+
 @pytest.mark.parametrize("where", ["sweep/0_optim.lr=0.002", "runs/a"])  # a sweep's job; a run without overrides.yaml
-def test_resume_auto_finds_the_matching_run_wherever_it_lies_under_outputs(tiny_run, tmp_path, where):
+def test_resume_auto_finds_the_matching_run_wherever_it_lies_under_outputs(tiny_run, tmp_path, caplog, where):
     run_dir = shutil.copytree(tiny_run, tmp_path / "outputs" / where)
     (run_dir / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(to_plain(compose_config())))
     if where == "runs/a":
         (run_dir / ".hydra" / "overrides.yaml").unlink()
+    for name, (record, _) in RECORDS.items():  # newer runs whose record it cannot read: said, and not continued
+        for path, content in ((Path("checkpoints/last.pt"), b""), (Path(".hydra/config.yaml"), record)):
+            (tmp_path / "outputs" / name / path).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / "outputs" / name / path).write_bytes(content)
     outputs, fresh = tmp_path / "outputs", tmp_path / "new"
     wanted = to_plain(compose_config("trainer.threads=2", "trainer.max_steps=9"))  # runtime keys differ
     assert launch.resume_auto(wanted, fresh, outputs) == run_dir / "checkpoints" / "last.pt"
+    for name, (_, says) in RECORDS.items():
+        assert f"{outputs / name / '.hydra' / 'config.yaml'} cannot be read ({says}" in caplog.text
     for other in ("loss=hinge", "optim.lr=3e-4"):  # another run's settings: a rate too (a sweep's points are runs)
         assert launch.resume_auto(to_plain(compose_config(other)), fresh, outputs) is None

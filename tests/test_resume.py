@@ -18,7 +18,6 @@ REFUSED = {  # a change the contract refuses, or a bad value -> what the paragra
     "data.image_size=32": "data.image_size: 16 -> 32",
     "optim.beta1=0.9": "optim.beta1: 0.0 -> 0.9",
     "trainer.seed=1": "trainer.seed: 0 -> 1",
-    "optim.lr=-1": "optim.lr",
     "trainer.threads=-1": "trainer.threads",
     "trainer.device=cuda:7": "trainer.device",
     "trainer.max_steps=2": "trainer.max_steps=2 is below the step of the checkpoint being resumed (6)",
@@ -38,7 +37,7 @@ def test_a_refused_resume_leaves_the_run_as_it_was_and_its_plain_resume_works(ti
     assert load_checkpoint(run_dir)["step"] == 8
 
 
-def test_a_new_learning_rate_takes_effect_and_is_recorded(tiny_run, tmp_path):
+def test_a_new_learning_rate_takes_effect_is_recorded_and_a_resume_at_max_steps_trains_nothing(tiny_run, tmp_path):
     run_dir = shutil.copytree(tiny_run, tmp_path / "run")  # at step 6
     result = run_train(
         f"trainer.resume={run_dir}", "trainer.max_steps=8", "optim.lr=1e-5", "optim.lr_d=3e-5", "optim.lr_decay=0.5"
@@ -53,6 +52,10 @@ def test_a_new_learning_rate_takes_effect_and_is_recorded(tiny_run, tmp_path):
     recorded = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
     assert recorded["optim"]["lr"] == 1e-5 and recorded["model"]["g_width"] == 8
     assert "optim.lr=1e-5" in yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
+    # a resume already at max_steps trains nothing and is no error
+    assert train(compose_config(f"trainer.resume={run_dir}", "trainer.max_steps=8"), run_dir).step == 8
+    after = load_checkpoint(run_dir)
+    assert after["step"] == 8 and all(torch.equal(state["G"][key], after["G"][key]) for key in state["G"])
 
 
 NAMED = {  # where the run lies under the launch folder, and how trainer.resume names it there
@@ -75,28 +78,28 @@ def test_a_resume_continues_its_run_in_place_however_the_run_is_named(tiny_run, 
     assert all(run_dir in p.parents for p in tmp_path.rglob("*") if p.is_file())
 
 
-def test_a_resume_reads_its_settings_from_the_checkpoint_never_from_an_edited_record(tiny_run, tmp_path):
-    # an edited or damaged record is neither read nor obeyed: the resume runs the checkpoint's settings, writes it anew
-    copy = shutil.copytree(tiny_run, tmp_path / "run")
-    (copy / ".hydra" / "overrides.yaml").write_text("- a: [unclosed\n")
-    (copy / ".hydra" / "config.yaml").write_text("model: {g_width: 999}\n")
-    result = run_train(f"trainer.resume={copy}", "trainer.max_steps=8", tiny=False)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    state = load_checkpoint(copy)
-    assert state["step"] == 8 and state["config"]["model"]["g_width"] == 8
-    assert yaml.safe_load((copy / ".hydra" / "config.yaml").read_text())["model"]["g_width"] == 8
-
-
-def test_a_run_whose_record_is_missing_resumes_with_the_settings_in_its_checkpoint(tiny_run, tmp_path):
+@pytest.mark.parametrize("record", ["edited", "missing"])
+def test_a_resume_reads_its_settings_from_the_checkpoint_never_from_its_record(tiny_run, tmp_path, record):
+    # an edited, damaged or deleted record is neither read nor obeyed: the resume runs the checkpoint's settings
+    # (debug=tiny's, not the defaults: the command names none) and writes the record anew
     run_a = shutil.copytree(tiny_run, tmp_path / "A")
-    shutil.rmtree(run_a / ".hydra")
+    if record == "edited":
+        (run_a / ".hydra" / "overrides.yaml").write_text("- a: [unclosed\n")
+        (run_a / ".hydra" / "config.yaml").write_text("model: {g_width: 999}\n")
+    else:
+        shutil.rmtree(run_a / ".hydra")
     result = run_train(f"trainer.resume={run_a}", "trainer.max_steps=8", "trainer.threads=1", cwd=tmp_path, tiny=False)
     assert result.returncode == 0, output_of(result)[-3000:]
     state = load_checkpoint(run_a)
-    assert state["step"] == 8 and state["config"]["model"]["g_width"] == 8  # debug=tiny's, not the default
-    # a checkpoint outside any run directory, with no settings on the command line: the same
-    loose = tmp_path / "loose.pt"
-    shutil.copy(run_a / "checkpoints" / "last.pt", loose)
+    assert state["step"] == 8 and state["config"]["model"]["g_width"] == 8
+    assert yaml.safe_load((run_a / ".hydra" / "config.yaml").read_text())["model"]["g_width"] == 8
+
+
+def test_a_loose_checkpoint_resumes_with_its_own_settings_and_refuses_another_model(tiny_run, tmp_path):
+    loose = shutil.copy(tiny_run / "checkpoints" / "last.pt", tmp_path / "loose.pt")  # outside any run directory
+    refused = run_train(f"trainer.resume={loose}", "model.g_width=16", f"hydra.run.dir={tmp_path / 'new'}")
+    assert refused.returncode == 2 and "model.g_width: 8 -> 16" in output_of(refused), output_of(refused)[-3000:]
+    assert "Traceback" not in output_of(refused) and not (tmp_path / "new").exists()
     result = run_train(f"trainer.resume={loose}", "trainer.max_steps=9", cwd=tmp_path, tiny=False)
     assert result.returncode == 0, output_of(result)[-3000:]
     assert [load_checkpoint(p)["step"] for p in (tmp_path / "outputs").rglob("last.pt")] == [9]
@@ -119,12 +122,3 @@ def test_a_resume_of_a_hinge_run_keeps_its_settings_and_holds_a_named_group_to_t
     # `loss=bce` names loss.name at the schema's default: it is refused, not dropped unsaid
     refused = run_train(f"trainer.resume={run_dir}", "loss=bce", "trainer.max_steps=12", cwd=tmp_path)
     assert refused.returncode == 2 and "loss.name: 'hinge' -> 'bce'" in output_of(refused), output_of(refused)[-3000:]
-
-
-def test_a_resume_already_at_max_steps_trains_nothing_and_is_no_error(tiny_run, tmp_path):
-    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
-    before = load_checkpoint(run_dir)
-    result = train(compose_config(f"trainer.resume={run_dir}", "trainer.max_steps=6"), run_dir)
-    after = load_checkpoint(run_dir)
-    assert result.step == after["step"] == 6
-    assert all(torch.equal(before["G"][key], after["G"][key]) for key in before["G"])

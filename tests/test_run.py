@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import multiprocessing
 import os
@@ -84,15 +85,6 @@ def test_stale_temp_files_go_and_live_ones_stay(tmp_path):
     assert sorted(p.name for p in run.checkpoints.iterdir()) == sorted([live.name, "last.pt"])
 
 
-def test_a_run_dir_in_use_is_refused_by_the_command_naming_the_holder(tiny_run, tmp_path):
-    run_dir = Path(shutil.copytree(tiny_run, tmp_path / "run"))
-    before = snapshot(run_dir)
-    with Run(run_dir).owned():
-        result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
-    assert f"The run directory {run_dir} is in use: process {os.getpid()}" in output_of(result)
-    assert result.returncode == 2 and snapshot(run_dir) == before
-
-
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
 
 
@@ -144,12 +136,9 @@ def test_a_run_writes_its_record_and_a_complete_log_once_its_checks_passed(tiny_
     log = (tiny_run / "train.log").read_text()
     # lines logged before the record was written (the data is read during the checks) are in the file
     assert "training split" in log and "Done: 6 steps" in log
-
-
-def test_a_refused_new_run_leaves_no_folder(tmp_path):
-    result = run_train("optim.lr_d=-1", cwd=tmp_path)
-    assert result.returncode == 2 and "optim.lr_d" in output_of(result)
-    assert [p for p in (tmp_path / "outputs").rglob("*")] == []
+    # and what a real run writes (config.yaml's debug=tiny is the tests' own)
+    assert (tiny_run / "checkpoints" / "last.pt").is_file() and list((tiny_run / "samples").glob("*.png"))
+    assert list((tiny_run / "tb").glob("events.out.tfevents.*"))
 
 
 @pytest.mark.slow  # a process whose file-size limit is 1,000 bytes: the disk it sees is full
@@ -170,7 +159,12 @@ def test_a_disk_that_refuses_every_write_is_reported_before_anything_is_written(
     assert "Traceback" not in output and not (tmp_path / "outputs").exists()
 
 
-BY_COMMAND = {  # where the run lies, hydra.run.dir= and more of the command ({run}, {tmp}), what is said
+BY_COMMAND = {  # where the run lies ("busy": held by this process), the command ({run}, {tmp}), what is said
+    "in use": (
+        "busy",
+        ["trainer.resume={run}", "trainer.max_steps=8"],
+        "The run directory {run} is in use: process {pid}",
+    ),
     "inside its checkpoints/": ("A", ["hydra.run.dir={run}/checkpoints"], "inside the folder of another run, {run}"),
     "deeper inside": ("A", ["hydra.run.dir={run}/more/deeply"], "inside the folder of another run, {run}"),
     "a run with no checkpoint": ("R", ["hydra.run.dir={run}"], "{run} already holds a run's .hydra/ record"),
@@ -191,90 +185,56 @@ BY_COMMAND = {  # where the run lies, hydra.run.dir= and more of the command ({r
 
 
 @pytest.mark.parametrize(("where", "argv", "said"), BY_COMMAND.values(), ids=BY_COMMAND)
-def test_a_new_run_into_or_inside_a_run_is_refused_by_the_command_however_it_is_named(
-    tiny_run, tmp_path, where, argv, said
-):
+def test_a_command_into_a_run_inside_one_or_in_use_is_refused_however_named(tiny_run, tmp_path, where, argv, said):
     run_dir = shutil.copytree(tiny_run, tmp_path / where)
     if where == "R":  # its record only: the run wrote no checkpoint
         shutil.rmtree(run_dir / "checkpoints")
     (tmp_path / "link").symlink_to(run_dir, target_is_directory=True)
     before = snapshot(run_dir)
-    result = run_train(*(arg.format(run=run_dir, tmp=tmp_path) for arg in argv), cwd=tmp_path)
+    with Run(run_dir).owned() if where == "busy" else contextlib.nullcontext():
+        result = run_train(*(arg.format(run=run_dir, tmp=tmp_path) for arg in argv), cwd=tmp_path)
     output = output_of(result)
     assert result.returncode == 2, output[-3000:]
-    assert said.format(run=run_dir, tmp=tmp_path) in output and "Nothing was written" in output
+    assert said.format(run=run_dir, tmp=tmp_path, pid=os.getpid()) in output and "Nothing was written" in output
     assert snapshot(run_dir) == before  # its lock came and went; nothing else
 
 
-# a folder of the run's (ending in /) made a file, or a file it writes (a grid to come, among them) made a folder
-DAMAGED = [
-    "samples/",
-    "tb/",
-    "eval/",
-    "samples/step_000008.png",
-    "checkpoints/best.pt",
-    ".hydra/config.yaml",
-    "train.log",
-]
-
-
-@pytest.mark.parametrize("where", DAMAGED)
-def test_a_resume_whose_outputs_cannot_take_a_write_is_refused_naming_the_path_and_changes_nothing(
-    tiny_run, tmp_path, where
-):
-    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
-    path = run_dir / where
-    shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-    path.write_text("not a folder\n") if where.endswith("/") else path.mkdir()
-    said = (
-        "it is a file, where the run keeps a folder" if where.endswith("/") else "it is a folder, where the run writes"
-    )
-    before = snapshot(run_dir)
-    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
-    output = output_of(result)
-    assert result.returncode == 2, output[-3000:]
-    assert f"Cannot write {path}: {said}" in output and "Nothing was written" in output
-    assert "Traceback" not in output and "Free disk space" not in output
-    assert snapshot(run_dir) == before  # record, log, events, grids and checkpoint as they were
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no folder of its own either
-
-
-def test_a_resume_that_dies_before_its_first_write_leaves_record_log_and_events_as_they_were(tiny_run, tmp_path):
-    # the first step's update is not finite (optim.lr=1e39, tunable on resume): caught at the first log, before
-    # any event, grid or checkpoint, so the record (which would hold the new rate and max_steps) is not written
-    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
-    before = snapshot(run_dir)
-    result = run_train(
-        f"trainer.resume={run_dir}", "trainer.max_steps=9", "optim.lr=1e39", "optim.lr_d=1e39", cwd=tmp_path
-    )
-    assert result.returncode == 3, output_of(result)[-3000:]
-    assert snapshot(run_dir) == before
-
-
-FULL_DISKS = {  # where the disk is full when the resume writes -> what the paragraph says
-    "the record": (".hydra/.config.yaml.", "No space left on device (errno 28). Free disk space, then resume: "),
-    "the grids' folder": ("samples/.write-test-", "samples: this folder refuses a new file (No space left on device)"),
+# a folder of the run's (ending in /) made a file, or a file it writes (a grid to come, among them) made a folder;
+# "full PREFIX": the disk is full for the files written there; "": the first update is not finite (optim.lr=1e39,
+# tunable on resume), caught at the first log, before any event, grid or checkpoint, and before the record
+FOLDER, FILE = "it is a file, where the run keeps a folder", "it is a folder, where the run writes"
+CANNOT_WRITE = {  # where -> the exit code, what is said ({path}: the run's path `where`, {run}: the run)
+    **{where: (2, f"Cannot write {{path}}: {FOLDER}") for where in ("samples/", "tb/", "eval/")},
+    **{where: (2, f"Cannot write {{path}}: {FILE}") for where in ("samples/step_000008.png", "checkpoints/best.pt")},
+    **{where: (2, f"Cannot write {{path}}: {FILE}") for where in (".hydra/config.yaml", "train.log")},
+    "full .hydra/.config.yaml.": (2, "No space left on device (errno 28). Free disk space, then resume: "),
+    "full samples/.write-test-": (2, "samples: this folder refuses a new file (No space left on device)"),
+    "": (3, "Non-finite"),
 }
 
 
-@pytest.mark.parametrize("where", FULL_DISKS)
-def test_a_disk_that_fills_as_a_resume_writes_leaves_the_run_as_it_was_and_no_temporary_file(
-    tiny_run, tmp_path, monkeypatch, where
-):
+@pytest.mark.parametrize(("where", "code", "said"), [(k, *v) for k, v in CANNOT_WRITE.items()], ids=CANNOT_WRITE)
+def test_a_failed_resume_leaves_its_run_as_it_was(tiny_run, tmp_path, monkeypatch, where, code, said):
+    # the record, log, events, grids and checkpoint as they were, no temporary file, no folder of its own
     run_dir = shutil.copytree(tiny_run, tmp_path / "run")
-    before = snapshot(run_dir)
-    fsync, full, said = os.fsync, *FULL_DISKS[where]
+    path, fsync, full = run_dir / where, os.fsync, where.removeprefix("full ")
 
     def no_room_there(fd: int) -> None:  # the blocks of a file written there find no room
         if f"/{full}" in os.readlink(f"/proc/self/fd/{fd}"):
             raise OSError(errno.ENOSPC, "No space left on device")
         fsync(fd)
 
-    monkeypatch.setattr(os, "fsync", no_room_there)
-    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
-    output = output_of(result)
-    assert result.returncode == 2, output[-3000:]
-    assert said in output and "Traceback" not in output
-    if where == "the record":
+    if where.startswith("full "):
+        monkeypatch.setattr(os, "fsync", no_room_there)
+    elif where:
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        path.write_text("not a folder\n") if where.endswith("/") else path.mkdir()
+    before = snapshot(run_dir)
+    rates = [] if where else ["optim.lr=1e39", "optim.lr_d=1e39"]
+    output = output_of(result := run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", *rates, cwd=tmp_path))
+    assert result.returncode == code and said.format(path=path) in output and "Traceback" not in output, output
+    assert code == 3 or "Nothing was written" in output or where.startswith("full ")
+    assert ("Free disk space" in output) == where.startswith("full ")
+    if where == "full .hydra/.config.yaml.":
         assert f"{run_dir / 'checkpoints' / 'last.pt'} holds step 6" in output
-    assert snapshot(run_dir) == before  # no temporary file in .hydra/, no log, no events
+    assert snapshot(run_dir) == before and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
