@@ -353,3 +353,23 @@ def test_resume_auto_finds_the_matching_run_wherever_it_lies_under_outputs(tiny_
         assert f"{outputs / name / '.hydra' / 'config.yaml'} cannot be read ({says}" in caplog.text
     for other in ("loss=hinge", "optim.lr=3e-4"):  # another run's settings: a rate too (a sweep's points are runs)
         assert launch.resume_auto(to_plain(compose_config(other)), fresh, outputs) is None
+
+
+@pytest.mark.slow  # a fresh interpreter is the point: what the flags import, not what this process holds
+def test_hydras_flags_and_each_tab_of_completion_import_no_torch():
+    # each TAB runs the program with -sc query=bash: torch's import (seconds) would be felt at every key press
+    code = """if True:
+        import runpy, sys
+        for program in sys.argv[1:]:
+            for flags in (["-sc", "query=bash"], ["--help"], ["--cfg", "job"]):
+                sys.argv = [program, *flags]
+                try:
+                    runpy.run_path(program, run_name="__main__")
+                except SystemExit as stop:
+                    assert not stop.code, (program, flags, stop.code)
+        print(sorted({name.split(".")[0] for name in sys.modules} & {"torch", "torchvision", "torchmetrics"}))
+    """
+    env = {**os.environ, "COMP_LINE": "python train.py lo"}
+    result = subprocess.run([sys.executable, "-c", code, *PROGRAMS], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines()[-1] == "[]", result.stdout[-300:]
