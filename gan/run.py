@@ -37,6 +37,7 @@ class Run:
         self.best = self.checkpoints / "best.pt"
         self.tb, self.samples, self.eval = self.dir / "tb", self.dir / "samples", self.dir / "eval"
         self.metrics, self.record = self.dir / "metrics.json", self.dir / self.RECORD  # metrics: evaluate.py's
+        self.export = self.dir / "export"  # evaluate.py's export=: the generator as files that need only torch
 
     @classmethod
     def of_checkpoint(cls, file: Path) -> Optional[Run]:

@@ -41,6 +41,7 @@ from gan.data import ImageSet, load_dataset, take, to_unit_range
 from gan.device import environment, environment_changes, setup_torch
 from gan.errors import CheckpointError, ConfigError, MetricsError
 from gan.evaluation import metrics as M
+from gan.run import Run
 
 log = logging.getLogger(__name__)
 
@@ -120,14 +121,14 @@ def evaluate(
 
     npz, pngs = (run_dir / name if cfg.save_samples == how else None for name, how in SAVED)
     write_samples(fake, npz=npz, pngs=pngs)
-    for path in save_generator(G, cfg.export, run_dir / "export"):
+    for path in save_generator(G, cfg.export, Run(run_dir).export):
         log.info("Exported the generator: %s", path)
     clock("outputs")
 
     results["seconds"] = {**seconds, "total": sum(seconds.values())}
     results["environment"] = environment(device)
     results["training_environment"] = state.get("environment")  # as the checkpoint recorded it, if it did
-    report(results, pictures, run_dir, tb_dir or run_dir / "tb")
+    report(results, pictures, run_dir, tb_dir or Run(run_dir).tb)
     return results
 
 
@@ -215,9 +216,10 @@ def feature_space(feature_net: nn.Module, classifier_file: Optional[str], cfg: E
 
 
 def report(results: dict[str, Any], pictures: Mapping[str, Tensor], run_dir: Path, tb_dir: Path) -> None:
-    partial = run_dir / ".metrics.json.tmp"  # replaced whole: a killed write never leaves half a file
+    metrics = Run(run_dir).metrics
+    partial = metrics.with_name(f".{metrics.name}.tmp")  # replaced whole: a killed write never leaves half a file
     partial.write_text(json.dumps(results, indent=2) + "\n")
-    os.replace(partial, run_dir / "metrics.json")
+    os.replace(partial, metrics)
     rows = [(key, value) for key, value in results.items() if not isinstance(value, Mapping)]
     rows.append(("seconds", f"{results['seconds']['total']:.1f}"))
     width = max(len(key) for key, _ in rows)
@@ -416,13 +418,11 @@ def write_samples(fake: Tensor, npz: Optional[Path] = None, pngs: Optional[Path]
 
 def interrupted(run_dir: Path) -> str:
     """The last line of an interrupted evaluation: metrics.json comes after all else but TensorBoard's events."""
+    run = Run(run_dir)
+    if run.metrics.is_file():
+        return f"Interrupted (SIGINT) after the metrics were saved to {run.metrics}; the events in {run.tb} may be cut."
     names = [path.name for path in run_dir.iterdir()] if run_dir.is_dir() else []
     outputs = sorted(name for name in names if not name.startswith(".") and not name.endswith(".log"))
-    if "metrics.json" in outputs:
-        return (
-            f"Interrupted (SIGINT) after the metrics were saved to {run_dir / 'metrics.json'}; "
-            f"the TensorBoard events in {run_dir / 'tb'} may be incomplete."
-        )
     partial = f", only partial outputs ({', '.join(outputs)})" if outputs else ""
     return f"Interrupted (SIGINT); nothing measured was saved: {run_dir} holds no metrics.json{partial}."
 

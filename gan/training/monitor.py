@@ -28,6 +28,7 @@ from gan.config import TrainConfig, to_plain
 from gan.core.sampling import image_grid
 from gan.data import BatchStream, to_unit_range
 from gan.errors import naming
+from gan.run import Run
 
 if TYPE_CHECKING:
     from gan.training.state import TrainingState
@@ -84,7 +85,7 @@ class Monitor(contextlib.AbstractContextManager):
     ):
         self.enabled = enabled
         self.last: dict[str, float] = {}  # TrainResult.metrics
-        self.tb, self.start_step, self.before_write = run_dir / "tb", start_step, before_write
+        self.tb, self.start_step, self.before_write = Run(run_dir).tb, start_step, before_write
         self.writer: Optional[SummaryWriter] = None
         self.events = self.tb  # the events file once it is open: tensorboard's errors name none (or one in bytes)
         self.pending: list[tuple[summary_pb2.Summary, int]] = []  # written with the first event
