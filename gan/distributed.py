@@ -1,39 +1,16 @@
 """torch.distributed for torchrun: everything rank-aware that is not the training math.
 A plain `python train.py` is a world of one, and none of this does anything."""
 
-import os
-from typing import Any, NamedTuple, Optional
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-
-class World(NamedTuple):
-    rank: int = 0  # this process among all of them
-    size: int = 1  # number of processes
-    local_rank: int = 0  # this process among those on its machine: its GPU index
-
-    @property
-    def distributed(self) -> bool:
-        return self.size > 1
-
-    @property
-    def is_main(self) -> bool:  # rank 0 alone writes TensorBoard, samples and checkpoints
-        return self.rank == 0
-
-
-SINGLE = World()
-
-
-def world_from_env() -> World:
-    """torchrun's RANK / WORLD_SIZE / LOCAL_RANK; submitit's SLURM tasks get them from its own helper."""
-    env = os.environ  # export() below writes into it
-    if "RANK" not in env and "SUBMITIT_EXECUTOR" in env and int(env.get("SLURM_NTASKS", 1)) > 1:
-        from submitit.helpers import TorchDistributedEnvironment  # installed with the slurm extra
-
-        TorchDistributedEnvironment().export()
-    return World(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)))
+# a world's identity is torch-free (gan/world.py: launch.py's refusals read it before torch loads); here beside the rest
+from gan.world import SINGLE as SINGLE
+from gan.world import World as World
+from gan.world import world_from_env as world_from_env
 
 
 def init_process_group(world: World, device_name: str) -> None:

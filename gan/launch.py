@@ -13,7 +13,7 @@ import sqlite3
 import sys
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NoReturn, Optional, Sequence
+from typing import Any, Callable, Mapping, NoReturn, Optional, Sequence
 
 import hydra
 import yaml
@@ -29,9 +29,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from gan.config import EvaluateConfig, GenerateConfig, TrainConfig
 from gan.errors import ConfigError, UserError
 from gan.run import Run
-
-if TYPE_CHECKING:
-    from gan.distributed import World
+from gan.world import world_from_env
 
 log = logging.getLogger(__name__)
 # configs/ of a clone, or gan/configs/ where pip installed the package (pyproject.toml maps one to the other)
@@ -104,7 +102,7 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
             key = "out" if config_name == "generate" else "hydra.run.dir"  # generate.py's folder is `out`
             key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(argv) else key
             err = UserError(unwritable(key, Path(os.fsdecode(err.filename or ".")), err))
-        if world().is_main:  # under torchrun, rank 0 says it for every rank
+        if world_from_env().is_main:  # under torchrun, rank 0 says it for every rank
             log.error("%s", err if isinstance(err, UserError) else hydra_refusal(err, config_name))
         return EXIT_BAD_INPUT
     finally:
@@ -189,7 +187,7 @@ class LaunchChecks(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         folder = empty_path("hydra.sweep.dir", config.hydra.sweep.dir)
-        if world().distributed:
+        if world_from_env().distributed:
             refuse("A Hydra sweep (-m) launches several jobs, torchrun one: run the sweep without torchrun.")
         if (folder / "multirun.yaml").is_file() and OmegaConf.select(config, "trainer.resume") != "auto":
             again = "Add trainer.resume=auto to continue it, or choose" if "trainer" in config else "Choose"
@@ -269,14 +267,8 @@ def empty_path(key: str, value: str) -> Path:
     return Path(value).expanduser()
 
 
-def world() -> World:
-    from gan.distributed import world_from_env  # torch: a job's and a refusal's import, not a TAB's
-
-    return world_from_env()
-
-
 def refuse(message: str) -> NoReturn:
-    if world().is_main:  # under torchrun, rank 0 says it for every rank
+    if world_from_env().is_main:  # under torchrun, rank 0 says it for every rank
         log.error("%s", message)
     raise SystemExit(EXIT_BAD_INPUT)
 

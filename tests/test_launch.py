@@ -356,17 +356,18 @@ def test_resume_auto_finds_the_matching_run_wherever_it_lies_under_outputs(tiny_
 
 
 @pytest.mark.slow  # a fresh interpreter is the point: what the flags import, not what this process holds
-def test_hydras_flags_and_each_tab_of_completion_import_no_torch():
-    # each TAB runs the program with -sc query=bash: torch's import (seconds) would be felt at every key press
+def test_hydras_flags_each_tab_of_completion_and_a_refused_override_import_no_torch():
+    # each TAB runs the program with -sc query=bash: torch's import (seconds) would be felt at every key press;
+    # an override Hydra's grammar refuses (no '=') is said before any job, so before torch too
     code = """if True:
         import runpy, sys
         for program in sys.argv[1:]:
-            for flags in (["-sc", "query=bash"], ["--help"], ["--cfg", "job"]):
+            for flags, code in (["-sc", "query=bash"], 0), (["--help"], 0), (["--cfg", "job"], 0), (["nosuch"], 2):
                 sys.argv = [program, *flags]
                 try:
                     runpy.run_path(program, run_name="__main__")
                 except SystemExit as stop:
-                    assert not stop.code, (program, flags, stop.code)
+                    assert (stop.code or 0) == code, (program, flags, stop.code)
         print(sorted({name.split(".")[0] for name in sys.modules} & {"torch", "torchvision", "torchmetrics"}))
     """
     env = {**os.environ, "COMP_LINE": "python train.py lo"}
