@@ -32,14 +32,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     rounds = parser.parse_args().rounds
-    cases = {"import torch": [sys.executable, "-c", "import torch"]}
-    for program in PROGRAMS:
-        cases[f"{program} TAB"] = [sys.executable, program, "-sc", "query=bash"]
-        cases[f"{program} --help"] = [sys.executable, program, "--help"]
+    cases = {"import torch": ([sys.executable, "-c", "import torch"], dict(os.environ))}
+    for program in PROGRAMS:  # bash sets COMP_LINE to the line typed so far: here `python PROGRAM lo<TAB>`
+        typed = {**os.environ, "COMP_LINE": f"python {program} lo"}
+        cases[f"{program} TAB"] = ([sys.executable, program, "-sc", "query=bash"], typed)
+        cases[f"{program} --help"] = ([sys.executable, program, "--help"], dict(os.environ))
     times: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(rounds):
-        for name, argv in cases.items():
-            env = {**os.environ, "COMP_LINE": f"python {argv[1]} lo"}
+        for name, (argv, env) in cases.items():
             times[name].append(seconds(argv, env))
     print(f"| command | median s ({rounds} rounds) |\n|---|--:|")
     for name, values in times.items():

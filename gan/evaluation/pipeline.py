@@ -66,6 +66,7 @@ def evaluate(
         nonlocal last
         seconds[name], last = round(time.perf_counter() - last, 3), time.perf_counter()
 
+    run = Run(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     device = setup_torch(cfg.device, cfg.threads, cfg.seed, "device")
     # Inception first: a missing file or package fails before any other work
@@ -121,14 +122,14 @@ def evaluate(
 
     npz, pngs = (run_dir / name if cfg.save_samples == how else None for name, how in SAVED)
     write_samples(fake, npz=npz, pngs=pngs)
-    for path in save_generator(G, cfg.export, Run(run_dir).export):
+    for path in save_generator(G, cfg.export, run.export):
         log.info("Exported the generator: %s", path)
     clock("outputs")
 
     results["seconds"] = {**seconds, "total": sum(seconds.values())}
     results["environment"] = environment(device)
     results["training_environment"] = state.get("environment")  # as the checkpoint recorded it, if it did
-    report(results, pictures, run_dir, tb_dir or Run(run_dir).tb)
+    report(results, pictures, run.metrics, tb_dir or run.tb)
     return results
 
 
@@ -215,8 +216,7 @@ def feature_space(feature_net: nn.Module, classifier_file: Optional[str], cfg: E
     return {**own, "kid_kernel": M.kid_kernel(cfg.metrics), "measures": list(M.FEATURE_METRICS)}
 
 
-def report(results: dict[str, Any], pictures: Mapping[str, Tensor], run_dir: Path, tb_dir: Path) -> None:
-    metrics = Run(run_dir).metrics
+def report(results: dict[str, Any], pictures: Mapping[str, Tensor], metrics: Path, tb_dir: Path) -> None:
     partial = metrics.with_name(f".{metrics.name}.tmp")  # replaced whole: a killed write never leaves half a file
     partial.write_text(json.dumps(results, indent=2) + "\n")
     os.replace(partial, metrics)
