@@ -33,6 +33,7 @@ import argparse
 import functools
 import json
 import logging
+import math
 import os
 import statistics
 import subprocess
@@ -292,10 +293,13 @@ def probe_result(
             "device": device,
         }
     )
-    out = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--probe", spec], capture_output=True, text=True, check=True
-    ).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--probe", spec], capture_output=True, text=True
+    )
+    if done.returncode != 0:  # the row reads nan and the table goes on; the error's last lines say why
+        log.error("%s (%s) failed, exit %d:\n%s", row.name, measure, done.returncode, done.stderr[-2500:])
+        return {"value": math.nan}
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def run_probe(spec: dict) -> dict[str, float]:

@@ -1,44 +1,69 @@
 #!/usr/bin/env bash
-# The GPU check, prepared on a CPU machine and run once on a lent GPU machine. It writes everything
-# under $OUT (default /tmp/gpu_check): the device, the CUDA tests, the fast tier on CUDA (stopping at
-# the first failure), the speed table at 32 and 64 px, and one minute of the default run, measured.
+# The GPU check, prepared on a CPU machine and run on a lent GPU machine. It writes under $OUT (default
+# /tmp/gpu_check) at most eight files: the device, the CUDA tests, one minute of the default run and its metrics.json,
+# the speed table at each size, the fast tier with every training run on CUDA, and summary.txt (each step's exit).
 #
-#   bash scripts/gpu_check.sh                 # with the repository's requirements already importable
-#   WHEELS=.whl bash scripts/gpu_check.sh     # first install, offline, the wheels carried in .whl/
+#   bash scripts/gpu_check.sh                          # the repository's requirements already importable
+#   WHEELS=.whl BUDGET=540 bash scripts/gpu_check.sh   # first install the wheels in .whl/; all steps in 540 s
+#   STEPS="cuda_tests fast_tier_on_cuda bench" SIZES=64 ROUNDS=1 bash scripts/gpu_check.sh   # some steps only
+#
+# BUDGET: seconds for every step together; each step gets at most its own limit and what is left, so a slow step
+# leaves the later ones less, never the whole call overrun. A step stopped at its limit gets SIGINT first (pytest
+# then prints its summary). A failed step does not stop the later ones. The bench runs 500 steps a row: on a GPU a
+# step takes milliseconds, and fewer would charge the one checkpoint at the end to too few of them.
 #
 # A machine with no network but its own torch needs only what its image lacks (hydra-core, omegaconf,
-# antlr4-python3-runtime 4.9.3, torch-fidelity): download them for its Python on a machine that has pip,
+# antlr4-python3-runtime 4.9.3, filelock >= 4, torch-fidelity): download them for its Python on a machine with pip,
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#       --platform manylinux_2_28_x86_64 --platform any -d .whl hydra-core omegaconf torch-fidelity
-#   python3 -m pip download --no-deps -d .whl antlr4-python3-runtime==4.9.3   # a source archive only
-# and carry .whl/ with the working tree (`echo /.whl/ >> .git/info/exclude` keeps it out of git). Each step's exit status goes to $OUT/summary.txt; a failed
-# step does not stop the later ones, except that the fast tier stops at its first failure (-x).
+#       --platform manylinux_2_28_x86_64 --platform any -d .whl hydra-core omegaconf filelock torch-fidelity
+#   python3 -m pip wheel --no-deps -w .whl antlr4-python3-runtime==4.9.3   # PyPI has a source archive only
+# and carry .whl/ with the working tree (`echo /.whl/ >> .git/info/exclude` keeps it out of git). They are
+# installed into /tmp/gpu_check_site, not into the image's Python. tests/test_tour.py needs Jupyter's nbclient,
+# which such images lack: it is left out where nbclient is not importable.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
 PY=${PY:-python3}
+DEADLINE=$((SECONDS + ${BUDGET:-100000}))
+STEPS=" ${STEPS:-device cuda_tests one_minute bench fast_tier_on_cuda} "
 mkdir -p "$OUT"
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}  # the repository's gan/ and scripts/, installed or not
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1  # the repository's gan/ and scripts/
 
-step() {  # step NAME COMMAND...: run it, its output in $OUT/NAME.log, its exit status in summary.txt
-  local name=$1
-  shift
-  local start=$SECONDS
-  "$@" >"$OUT/$name.log" 2>&1
+step() {  # step NAME LIMIT COMMAND...: run it with at most LIMIT s (and what BUDGET has left); output in NAME.log
+  local name=$1 limit=$2 start=$SECONDS
+  shift 2
+  [[ $STEPS == *" ${name%%_[0-9]*} "* ]] || return 0  # not asked for (bench_64 is the step bench)
+  local left=$((DEADLINE - SECONDS))
+  ((left < limit)) && limit=$left
+  if ((limit < 10)); then
+    echo "$name: not run, BUDGET spent" | tee -a "$OUT/summary.txt"
+    return 1
+  fi
+  timeout -s INT -k 15 "$limit" "$@" >"$OUT/$name.log" 2>&1
   local status=$?
-  echo "$name: exit $status in $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
+  echo "$name: exit $status in $((SECONDS - start)) s (limit $limit s)" | tee -a "$OUT/summary.txt"
   return $status
 }
 
 if [ -n "${WHEELS:-}" ]; then
-  step install "$PY" -m pip install --no-index --no-deps --no-build-isolation --find-links "$WHEELS" "$WHEELS"/*
+  "$PY" -m pip install -q --upgrade --no-index --no-deps --no-compile --no-cache-dir --target /tmp/gpu_check_site \
+    "$WHEELS"/*.whl >>"$OUT/summary.txt" 2>&1 || echo "install: failed" >>"$OUT/summary.txt"
+  export PYTHONPATH=$PYTHONPATH:/tmp/gpu_check_site
 fi
-step device bash -c "nvidia-smi; $PY -c 'import torch; print(torch.__version__, torch.version.cuda, \
-torch.backends.cudnn.version(), torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))'"
-step cuda_tests "$PY" -m pytest -m cuda -q -p no:cacheprovider -o addopts="-ra"
-GAN_TEST_DEVICE=cuda step fast_tier_on_cuda "$PY" -m pytest -m "not slow" -x -q -p no:cacheprovider
-step bench "$PY" scripts/bench.py --device cuda --sizes 32 64 --rounds 3 --steps 100 --precisions fp32 bf16 \
-  --compile --no-memory
-step one_minute "$PY" scripts/one_minute.py trainer.device=cuda --out "$OUT/one_minute_run"
+skip=()
+"$PY" -c "import nbclient" 2>/dev/null || skip=(--ignore=tests/test_tour.py)
+step device 60 bash -c "nvidia-smi; nproc; $PY -c 'import torch, torchvision, hydra; print(torch.__version__, \
+torch.version.cuda, torch.backends.cudnn.version(), torchvision.__version__, hydra.__version__, \
+torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))'"
+step cuda_tests 150 "$PY" -m pytest -m cuda -q -p no:cacheprovider -o addopts="-ra --strict-markers" "${skip[@]}"
+step one_minute 130 "$PY" scripts/one_minute.py trainer.device=cuda --out /tmp/one_minute_run
+cp /tmp/one_minute_run/eval/metrics.json "$OUT/metrics.json" 2>/dev/null
+bench=("$PY" scripts/bench.py --device cuda --rounds "${ROUNDS:-2}" --steps 500 --precisions fp32 bf16 --compile --nchw
+  --no-memory)
+for size in ${SIZES:-64 32}; do
+  step "bench_$size" 200 "${bench[@]}" --sizes "$size"
+done
+GAN_TEST_DEVICE=cuda step fast_tier_on_cuda 400 "$PY" -m pytest -m "not slow" -n 8 --dist loadfile --maxfail=25 \
+  -q -p no:cacheprovider "${skip[@]}"
 grep -h -E "passed|failed|error" "$OUT"/cuda_tests.log "$OUT"/fast_tier_on_cuda.log | tail -n 4 >>"$OUT/summary.txt"
 cat "$OUT/summary.txt"

@@ -25,9 +25,11 @@ from conftest import ROOT, TINY, compose_config, output_of, run_evaluate, run_tr
 
 import gan.core.losses
 from gan.checkpoint import CheckpointError, load_checkpoint, require_training_state, save_checkpoint, stored_config
+from gan.core.augment import AdaptiveAugment
 from gan.core.losses import LOSSES, AdversarialLoss
 from gan.evaluation.pipeline import build_generator
 from gan.training import NonFiniteLossError, train
+from gan.training.state import rng_state, set_rng_state
 
 
 def test_a_crash_during_a_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -88,7 +90,8 @@ def test_a_resume_keeps_the_runs_thread_count_whatever_the_default_is_by_then(tm
     # trainer.threads=0 computes with torch's count, 2 here; before the resume the default drops to 1 (a busier
     # machine, OMP_NUM_THREADS): the resume still computes with the 2 its checkpoint records.
     monkeypatch.setattr("gan.training.threads.available_cpus", lambda: 2)  # a 1-CPU machine too
-    common = ("trainer.max_steps=4", "trainer.checkpoint_every=100", "trainer.threads=0")
+    # on the CPU, where the count changes the arithmetic (a GPU computes alike with any count)
+    common = ("trainer.device=cpu", "trainer.max_steps=4", "trainer.checkpoint_every=100", "trainer.threads=0")
     torch.set_num_threads(2)
     train(compose_config(*common), tmp_path / "straight")
     train(compose_config(*common), tmp_path / "split", after_step=stop_at(2))
@@ -100,10 +103,22 @@ def test_a_resume_keeps_the_runs_thread_count_whatever_the_default_is_by_then(tm
     assert_same_state(straight, load_checkpoint(tmp_path / "split"))
     # the count is part of the arithmetic: a resume told trainer.threads=1 differs, and says so
     resume = f"trainer.resume={tmp_path / 'forced'}"
-    train(compose_config(*common[:2], "trainer.threads=1", resume), tmp_path / "forced")
+    train(compose_config(*common[:3], "trainer.threads=1", resume), tmp_path / "forced")
     with pytest.raises(AssertionError, match="differs"):
         assert_same_state(straight, load_checkpoint(tmp_path / "forced"))
     assert "computed with 2 torch thread(s) and resumes with 1 (trainer.threads=1)" in caplog.text
+
+
+def test_a_run_moved_to_another_device_resumes_adas_draws_from_their_seed():
+    """ADA's generator lives on the training device; a CPU generator's state is 5056 bytes, a CUDA one's 16, and
+    neither takes the other's (the resume failed so on an H200). On the other device the draws start at the seed."""
+    augment, cpu = AdaptiveAugment(["color"], target=0.6, speed_kimg=100, batch_size=8, seed=3), torch.device("cpu")
+    rng, seeded = rng_state(cpu, augment), augment.generator.get_state()
+    torch.rand(3, generator=augment.generator)
+    set_rng_state({**rng, "augment": torch.zeros(16, dtype=torch.uint8)}, cpu, augment)  # as a GPU's generator saves
+    assert not torch.equal(augment.generator.get_state(), seeded)  # left where it was: this device's stream
+    set_rng_state(rng, cpu, augment)  # this device's own: restored
+    assert torch.equal(augment.generator.get_state(), seeded)
 
 
 @pytest.mark.slow

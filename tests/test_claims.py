@@ -46,7 +46,10 @@ def test_note000_no_grad_is_not_a_freeze(tiny_gan):
 
 def test_note000_devices_norms_and_float32():
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    assert torch.zeros(1, device=device).device == torch.device(device)
+    made = torch.zeros(1, device=device).device  # the string is taken; a GPU's tensor gets the current index
+    index = torch.cuda.current_device() if device == "cuda" else None
+    assert made.type == device and made == torch.device(device, index)
+    assert (made == torch.device(device)) == (device == "cpu")  # on a GPU cuda:0 != cuda: compare .type
     assert torch.zeros(1).to("meta").device == torch.device("meta")
     x = torch.randn(3, requires_grad=True)
     assert x.cpu() is x and x.to("cpu") is x

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import CONFIG_DIR, ROOT, output_of, run_evaluate, snapshot, tiny_checkpoint
+from conftest import CONFIG_DIR, DEVICE, ROOT, output_of, run_evaluate, snapshot, tiny_checkpoint
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from PIL import Image
@@ -31,6 +31,7 @@ from gan.config import (
     MetricsConfig,
     validate_evaluate,
 )
+from gan.device import environment as device_environment
 from gan.errors import CheckpointError, MetricsError
 from gan.evaluation import pipeline as X
 from gan.evaluation.pipeline import (
@@ -85,9 +86,10 @@ def test_metrics_json_holds_every_metric(evaluated, digits_root):
     # the table and the environment printed, the classifier read from (or cached under) data.root
     environment, log = results["environment"], result.stdout + result.stderr
     assert environment["torch"] == str(torch.__version__)
-    assert results["training_environment"] == environment  # trained in this process
+    trained_on = torch.device(DEVICE or "cpu")  # the tiny run's; TINY_EVAL measures on the CPU
+    assert results["training_environment"] == device_environment(trained_on)  # trained in this process
     assert f"Environment: package {environment['package']}, python {environment['python']}, torch " in log
-    assert "Trained in another environment" not in log
+    assert ("Trained in another environment" in log) == (trained_on.type != "cpu")  # only the device differs
     assert "Metrics (classifier features, 200 samples vs 42 held-out images)" in log
     assert "kid_mean" in log and "coverage" in log
     assert (digits_root / "classifiers" / results["classifier"].split()[0]).is_file()

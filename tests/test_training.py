@@ -61,9 +61,13 @@ def test_each_precision_and_tool_trains(tmp_path, overrides, monkeypatch):
     monkeypatch.setattr(gan.training.state, "retain_freed_memory", lambda: calls.append(True) or True)
     cfg = compose_config("trainer.max_steps=3", *overrides)
     result = train(cfg, tmp_path)
-    metrics = result.metrics
-    assert calls == ([] if CUDA in overrides or "trainer.retain_host_memory=false" in overrides else [True])
-    assert result.step == 3 and all(math.isfinite(v) for v in metrics.values())
+    metrics, state = result.metrics, load_checkpoint(tmp_path)
+    assert calls == ([True] if cfg.trainer.device == "cpu" and cfg.trainer.retain_host_memory else [])  # glibc's
+    # fp16: GradScaler's first scale (2**16) can overflow the gradients on a GPU; it skips that step and halves the
+    # scale, and the step's gradient norm reads inf. Any other number that is not finite is a defect.
+    overflowed = state.get("scaler", {}).get("scale", 2.0**16) < 2.0**16
+    finite = [math.isfinite(v) for key, v in metrics.items() if not (overflowed and key.startswith("train/grad_norm"))]
+    assert result.step == 3 and all(finite)
     # D's probabilities under every loss on one [0, 1] axis; raw scores, a loss's terms and D_G_z2 under train/
     assert sorted(key for key in metrics if key.startswith("loss/")) == sorted(LOSS_CHARTS)
     assert all(0 <= metrics[tag] <= 1 for tag in ("loss/D(x)", "loss/D(G(z))"))
@@ -72,7 +76,6 @@ def test_each_precision_and_tool_trains(tmp_path, overrides, monkeypatch):
     assert not [key for key in metrics if key.startswith(("d/", "grad_norm/", "perf/"))]
     grid = RAW_FAKE_TAG if "model.ema_decay=0" in overrides else FAKE_TAG  # without an EMA: G's own grid
     assert set(events_of(tmp_path / "tb").Tags()["images"]) == {REAL_TAG, grid}
-    state = load_checkpoint(tmp_path)
     weights = [t for net in ("G", "D") for t in state[net].values() if t.is_floating_point()]
     # autocast runs the convolutions in 16 bits; the weights (and Adam's moments) stay float32, and finite
     assert {t.dtype for t in weights} == {torch.float32} and all(torch.isfinite(t).all() for t in weights)
@@ -160,6 +163,16 @@ def test_compiled_networks_match_eager(device, tolerance, grad_tolerance):
     eager[0].sum().backward()
     for a, b in zip(G.parameters(), eager_G.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=grad_tolerance[0], atol=grad_tolerance[1])
+
+
+def test_compiled_on_a_gpu_the_models_stay_in_contiguous_memory():
+    # channels_last G compiled on an H200 (torch 2.11) failed its first backward: inductor's stand-in for
+    # convolution_backward predicts strides cuDNN does not return (pytorch/pytorch#171622). The CPU is not affected.
+    layout, cuda, cpu = gan.training.state.memory_format, torch.device("cuda"), torch.device("cpu")
+    compiled = compose_config("trainer.compile=true")
+    assert layout(compose_config(), cuda) == layout(compiled, cpu) == torch.channels_last
+    nchw = compose_config("trainer.channels_last=false")
+    assert layout(compiled, cuda) == layout(nchw, cpu) == torch.contiguous_format
 
 
 # A fresh interpreter per case: the allocator option is process-wide and cannot be undone.

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
-from conftest import ROOT, compose_config, output_of, run_script, run_train
+from conftest import DEVICE, ROOT, compose_config, output_of, run_script, run_train
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 from PIL import Image
@@ -121,7 +121,8 @@ def test_the_first_screen_opens_on_the_losses_and_the_grids_and_the_run_is_one_h
     assert group["name"] == "run"  # the trial id: the run folder's name
     assert set(tb.get("/data/plugin/text/tags")["tb"]) == {"run/config", "run/command", "run/environment"}
     environment = tb.get("/data/plugin/text/text?run=tb&tag=run/environment")[0]["text"]
-    for line in (f"torch: {torch.__version__}", f"torchvision: {torchvision.__version__}", "device: cpu ("):
+    device = "device: cpu (" if DEVICE in (None, "cpu") else f"device: {torch.cuda.get_device_name()}"
+    for line in (f"torch: {torch.__version__}", f"torchvision: {torchvision.__version__}", device):
         assert line in environment, environment
     assert f"python: {platform.python_version()}" in environment
     assert ("git_commit: " in environment) == (shutil.which("git") is not None)  # the tests run from a clone

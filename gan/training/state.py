@@ -163,8 +163,13 @@ def set_rng_state(rng: dict[str, Any], device: torch.device, augment: Optional[A
     torch.set_rng_state(rng["torch"].cpu())
     if rng["cuda"] and device.type == "cuda":
         torch.cuda.set_rng_state(rng["cuda"][0].cpu(), device)
-    if augment is not None and rng.get("augment") is not None:
-        augment.generator.set_state(rng["augment"].cpu())
+    saved = rng.get("augment")
+    if augment is not None and saved is not None:
+        # ADA's generator lives on the training device: a CPU generator's state is 5056 bytes, a CUDA one's 16 (seed
+        # and offset), and neither takes the other's. A run resumed on another device draws from its seed afresh,
+        # as the GPU's own generator does (nothing else of a device move is bit-identical either).
+        if saved.numel() == augment.generator.get_state().numel():
+            augment.generator.set_state(saved.cpu())
     elif augment is not None:  # written before the augmentation had a generator of its own
         log.warning(
             "trainer.resume: the checkpoint holds no state of the augmentation's generator (an older "
@@ -206,8 +211,18 @@ def build_models(cfg: TrainConfig, device: torch.device, num_classes: int = 0) -
     D = Discriminator(model.d_width, *shape, *d_options, num_classes)
     if model.sync_batchnorm:  # one set of batch statistics across all ranks of a DDP job
         G, D = nn.SyncBatchNorm.convert_sync_batchnorm(G), nn.SyncBatchNorm.convert_sync_batchnorm(D)
-    memory_format = torch.channels_last if cfg.trainer.channels_last else torch.contiguous_format
-    return G.to(device, memory_format=memory_format), D.to(device, memory_format=memory_format)
+    layout = memory_format(cfg, device)
+    return G.to(device, memory_format=layout), D.to(device, memory_format=layout)
+
+
+def memory_format(cfg: TrainConfig, device: torch.device) -> torch.memory_format:
+    """channels_last where trainer.channels_last, except compiled on a GPU: there inductor's stand-in for
+    convolution_backward predicts other strides for G's channels_last ConvTranspose2d than cuDNN returns, and the first
+    backward fails an assert_size_stride check (pytorch/pytorch#171622; seen on an H200 with torch 2.11)."""
+    if cfg.trainer.channels_last and cfg.trainer.compile and device.type != "cpu":
+        log.info("trainer.compile on %s: the models stay in contiguous (NCHW) memory, not channels_last", device.type)
+        return torch.contiguous_format
+    return torch.channels_last if cfg.trainer.channels_last else torch.contiguous_format
 
 
 def build_optimizer(module: nn.Module, cfg: TrainConfig, device: torch.device, lr: Optional[float] = None) -> Adam:
