@@ -5,7 +5,7 @@
 #
 #   bash scripts/gpu_check.sh                          # the repository's requirements already importable
 #   WHEELS=.whl BUDGET=540 bash scripts/gpu_check.sh   # first install the wheels in .whl/; all steps in 540 s
-#   STEPS="cuda_tests fast_tier_on_cuda bench" SIZES=64 ROUNDS=1 bash scripts/gpu_check.sh   # some steps only
+#   STEPS="cuda_tests bench" SIZES=64 ROUNDS=1 BENCH_STEPS=300 bash scripts/gpu_check.sh   # some steps, shorter
 #
 # BUDGET: seconds for every step together; each step gets at most its own limit and what is left, so a slow step
 # leaves the later ones less, never the whole call overrun. A step stopped at its limit gets SIGINT first (pytest
@@ -58,7 +58,7 @@ torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))'"
 step cuda_tests 150 "$PY" -m pytest -m cuda -q -p no:cacheprovider -o addopts="-ra --strict-markers" "${skip[@]}"
 step one_minute 130 "$PY" scripts/one_minute.py trainer.device=cuda --out /tmp/one_minute_run
 cp /tmp/one_minute_run/eval/metrics.json "$OUT/metrics.json" 2>/dev/null
-bench=("$PY" scripts/bench.py --device cuda --rounds "${ROUNDS:-2}" --steps 500 --precisions fp32 bf16 --compile --nchw
+bench=("$PY" scripts/bench.py --device cuda --rounds "${ROUNDS:-2}" --steps "${BENCH_STEPS:-500}" --precisions fp32 bf16 --compile --nchw
   --no-memory)
 for size in ${SIZES:-64 32}; do
   step "bench_$size" 200 "${bench[@]}" --sizes "$size"
