@@ -7,7 +7,8 @@
     python scripts/measured.py tests LOG --name fast_tier --command "make test" --quiet
         a test tier: pytest's summary line at the end of LOG ("790 passed, ... in 113.20s (0:01:53)")
     python scripts/measured.py minute LOG --name one_minute --command "python scripts/one_minute.py" --quiet
-        the last line scripts/one_minute.py printed ("one_minute steps=N seconds=S fid=F classes=C recall=R")
+        the last line scripts/one_minute.py printed ("one_minute steps=N seconds=S fid=F classes=C recall=R");
+        with --gpu "NVIDIA H200", a log brought back from a GPU machine (scripts/gpu_check.sh)
     python scripts/measured.py show
         prints each entry as README.md states it, and README's results table
 
@@ -106,6 +107,8 @@ def phrases(entry: dict) -> list[str]:
     kind = f"held to {held}" if held else ("with" if entry["cpu"]["fast_bf16"] else "without") + " fast bf16"
     load = "quiet" if entry["quiet"] else "busy"
     machine = f"on {entry['cores']} {load} cores of an {entry['cpu']['model']} {kind}"
+    if entry.get("gpu"):  # made on a lent GPU machine, recorded here from its log
+        machine = f"on an {entry['gpu']}" + ("" if entry["quiet"] else ", busy")
     if entry["kind"] == "run":
         return [
             f"{entry['steps']:,} steps" + (f" in {duration(entry['seconds'])}" if entry["quiet"] else ""),
@@ -156,6 +159,7 @@ def main() -> None:
         command.add_argument("--prose", action="store_true", help="README states it in a sentence, not only a row")
         command.add_argument("--eval", type=Path, help="a run's evaluation folder (hydra.run.dir of evaluate.py)")
         command.add_argument("--limited-to", default="", help="the instruction set the run was held to, e.g. AVX2")
+        command.add_argument("--gpu", default="", help="the GPU it ran on, where the log came from another machine")
     sub.add_parser("show")
     args = parser.parse_args()
     entries = load()
@@ -163,6 +167,8 @@ def main() -> None:
         read = {"run": lambda: from_run(args.path, args.eval), "tests": lambda: from_tests(args.path)}
         entry = read.get(args.what, lambda: from_minute(args.path))()
         entry.update(command=args.command, quiet=args.quiet, cpu=cpu(args.limited_to), cores=os.cpu_count())
+        if args.gpu:  # the CPU and cores of this machine say nothing of that one's
+            entry.update(gpu=args.gpu, cpu={"model": "", "fast_bf16": False}, cores=0)
         entry["date"], entry["prose"] = datetime.date.today().isoformat(), args.prose
         if args.what == "run":
             entry["title"] = args.title or args.name
