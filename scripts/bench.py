@@ -166,7 +166,7 @@ def project_step(cfg: TrainConfig, p: float | None = None) -> Callable[[], None]
     images = torch.randint(0, 256, (1024, channels, size, size), dtype=torch.uint8)
     state = build_state(cfg, device, ctx.scaler, dataset=ImageSet(images, torch.zeros(1024, dtype=torch.long), 1))
     if p is not None:
-        ctx.augment.p.fill_(p)
+        ctx.augment.set_p(p)
 
     def step() -> None:
         real, y = state.batches.next_with_labels()

@@ -188,7 +188,12 @@ def test_ada_p_rises_while_d_is_sure_of_the_reals_and_falls_when_it_is_not():
     assert float(ada.p) == 1.0  # clamped
     for _ in range(8):
         ada.observe(torch.tensor(0.0))
-    assert math.isclose(float(ada.p), 1.0 - 2 * step)
+    assert math.isclose(float(ada.p), 1.0 - 2 * step) and ada.p_now == float(ada.p)  # read once per move
+    x = torch.randn(4, 1, 8, 8)
+    assert not torch.equal(ada(x), x)
+    for _ in range(8):
+        ada.observe(torch.tensor(0.0))
+    assert float(ada.p) == 0 and ada(x) is x  # back at 0: the images themselves, whatever the device
 
 
 def test_ada_at_p_0_is_the_identity_and_at_p_1_is_diffaugment_drawing_from_its_own_generator():
@@ -197,11 +202,11 @@ def test_ada_at_p_0_is_the_identity_and_at_p_1_is_diffaugment_drawing_from_its_o
     main, own = torch.get_rng_state(), ada.generator.get_state()
     assert ada(x) is x  # p = 0: the images themselves, no copy, no draw
     assert torch.equal(ada.generator.get_state(), own) and torch.equal(torch.get_rng_state(), main)
-    ada.p.fill_(0.5)
+    ada.set_p(0.5)
     assert not torch.equal(ada(x), x)
     assert not torch.equal(ada.generator.get_state(), own)  # its own stream moved ...
     assert torch.equal(torch.get_rng_state(), main)  # ... and torch's global one did not
-    ada.p.fill_(1.0)
+    ada.set_p(1.0)
     # the same draws: diff_augment's, interleaved with ADA's gate draws, which at p = 1 always pass
     ada.generator.manual_seed(5)
     mine = ada(x)
@@ -225,7 +230,7 @@ def test_a_run_with_ada_at_p_0_keeps_the_random_stream_and_weights_of_a_run_with
 
 def test_ada_augments_about_p_of_the_images_and_passes_g_gradient_through_them():
     ada = AdaptiveAugment(["cutout"], target=0.6, speed_kimg=1, batch_size=8)
-    ada.p.fill_(0.25)
+    ada.set_p(0.25)
     fake, weights = torch.randn(4000, 1, 8, 8, requires_grad=True), torch.rand(4000, 1, 8, 8)
     out = ada(fake)
     (out * weights).sum().backward()

@@ -97,8 +97,9 @@ class AdaptiveAugment:
     sec. 3: "adaptive discriminator augmentation").
 
     Every `interval` steps p moves by sign(mean r_t - target) x (images in those steps) / (speed_kimg x 1000); p
-    starts at 0, a 0-dim tensor on the device (no host sync). Its draws come from a generator of its own, which the
-    checkpoint saves: the run's main stream does not depend on them."""
+    starts at 0, a 0-dim tensor on the device. The host reads it once each time it moves (`p_now`), so at p = 0 no
+    image is touched and nothing is drawn, on any device, at one device sync per `interval` steps. Its draws come
+    from a generator of its own, which the checkpoint saves: the run's main stream does not depend on them."""
 
     def __init__(
         self,
@@ -111,7 +112,7 @@ class AdaptiveAugment:
     ):
         self.policies, self.target, self.interval, self.seed = list(policies), target, interval, seed
         self.step_size = interval * batch_size / (speed_kimg * 1000)
-        self.p = torch.zeros(())
+        self.p, self.p_now = torch.zeros(()), 0.0  # p_now: p as the host last read it
         self.rt_sum, self.seen = torch.zeros(()), 0
         self.generator = torch.Generator().manual_seed(seed)  # its state travels in the checkpoint's "rng"
 
@@ -121,9 +122,9 @@ class AdaptiveAugment:
         return self
 
     def __call__(self, x: Tensor) -> Tensor:
-        on_cpu = x.device.type == "cpu"
-        if on_cpu and not self.p > 0:  # reading p is free on the CPU: at p = 0 no work and no draw
+        if self.p_now == 0:  # no work and no draw, on every device (a GPU used to augment every image even at p = 0)
             return x
+        on_cpu = x.device.type == "cpu"
         for name, augment in POLICIES.items():
             if name not in self.policies:
                 continue
@@ -135,8 +136,7 @@ class AdaptiveAugment:
                 if index.numel() > 0:
                     x = x.index_put((index,), augment(x[index], self.generator))
             else:
-                # On an accelerator reading p or the draws would wait for the device: augment all, keep
-                # the drawn ones (work even at p = 0, but no host sync)
+                # On an accelerator reading the draws would wait for the device: augment all, keep the drawn ones
                 x = torch.where(take, augment(x, self.generator), x)
         return x
 
@@ -145,7 +145,7 @@ class AdaptiveAugment:
         return {"p": float(self.p), "rt_sum": float(self.rt_sum), "seen": self.seen}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
-        self.p.fill_(state["p"])
+        self.set_p(state["p"])
         self.rt_sum.fill_(state["rt_sum"])
         self.seen = int(state["seen"])
 
@@ -158,8 +158,14 @@ class AdaptiveAugment:
             return
         mean = reduce(self.rt_sum / self.seen)
         self.p.add_(torch.sign(mean - self.target) * self.step_size).clamp_(0, 1)
+        self.p_now = float(self.p)  # the one host read: under DDP every rank reads the same, reduced p
         self.rt_sum.zero_()
         self.seen = 0
+
+    def set_p(self, p: float) -> None:
+        """p as a resume (or a test holding it fixed) sets it; observe() moves it in training."""
+        self.p.fill_(p)
+        self.p_now = float(self.p)
 
 
 def no_augment(x: Tensor) -> Tensor:
