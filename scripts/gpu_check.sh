@@ -18,10 +18,8 @@
 # step takes milliseconds, and fewer would charge the one checkpoint at the end to too few of them.
 #
 # A machine with no network but its own torch needs only what its image lacks (hydra-core, omegaconf,
-# antlr4-python3-runtime 4.9.3, filelock >= 4, torch-fidelity): download them for its Python on a machine with pip,
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#       --platform manylinux_2_28_x86_64 --platform any -d .whl hydra-core omegaconf filelock torch-fidelity
-#   python3 -m pip wheel --no-deps -w .whl antlr4-python3-runtime==4.9.3   # PyPI has a source archive only
+# antlr4-python3-runtime, filelock >= 4, torch-fidelity, at constraints.txt's versions): on a machine with pip,
+#   bash scripts/gpu_check.sh --wheels      # PY's pip fills .whl/ for CPython 3.12 on x86-64 (WHEELS_PY=3.11, ...)
 # and carry .whl/ with the working tree (`echo /.whl/ >> .git/info/exclude` keeps it out of git). They are
 # installed into /tmp/gpu_check_site, not into the image's Python. tests/test_tour.py needs Jupyter's nbclient,
 # which such images lack: it is left out where nbclient is not importable.
@@ -30,6 +28,13 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
 PY=${PY:-python3}
 DEADLINE=$((SECONDS + ${BUDGET:-100000}))
+if [ "${1:-}" = "--wheels" ]; then  # antlr4-python3-runtime is a source archive on PyPI: built into a wheel here
+  "$PY" -m pip download --no-deps --only-binary=:all: --python-version "${WHEELS_PY:-3.12}" --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform any -c constraints.txt -d .whl \
+    hydra-core omegaconf filelock torch-fidelity &&
+    "$PY" -m pip wheel --no-deps -c constraints.txt -w .whl antlr4-python3-runtime
+  exit
+fi
 STEPS=" ${STEPS:-device cuda_tests fast_tier_on_cuda one_minute bench} "
 mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1  # the repository's gan/ and scripts/
