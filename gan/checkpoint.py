@@ -325,12 +325,18 @@ def load_module_state(module: nn.Module, state: Mapping[str, Tensor], name: str,
     """load_state_dict with a readable error listing every mismatch; `advice` replaces the default hint."""
     own = module.state_dict()
     both = [key for key in state if key in own]
-    problems = [f"{k}: {tuple(state[k].shape)} in the checkpoint, {tuple(own[k].shape)} in the model" for k in both]
-    problems = [p for k, p in zip(both, problems) if own[k].shape != state[k].shape]
+    problems = [
+        f"{k}: {tuple(state[k].shape)} in the checkpoint, {tuple(own[k].shape)} in the model"
+        for k in both
+        if own[k].shape != state[k].shape
+    ]
     problems += [f"{key}: missing from the checkpoint" for key in own if key not in state]
     problems += [f"{key}: in the checkpoint, not in the model" for key in state if key not in own]
-    retyped = [f"{k}: {state[k].dtype} in the checkpoint, {own[k].dtype} in the model" for k in both]
-    retyped = [p for k, p in zip(both, retyped) if own[k].dtype != state[k].dtype]  # load_state_dict would cast them
+    retyped = [  # load_state_dict would cast them
+        f"{k}: {state[k].dtype} in the checkpoint, {own[k].dtype} in the model"
+        for k in both
+        if own[k].dtype != state[k].dtype
+    ]
     shown = "; ".join((problems or retyped)[:6]) + ("; and more" if len(problems or retyped) > 6 else "")
     if problems:
         advice = advice or "Use the same model.* and data.image_size/data.channels as the run that wrote it."

@@ -103,12 +103,7 @@ def duration(seconds: float) -> str:
 
 def phrases(entry: dict) -> list[str]:
     """How README.md states an entry: each string must appear in it word for word."""
-    held = entry["cpu"].get("limited_to")
-    kind = f"held to {held}" if held else ("with" if entry["cpu"]["fast_bf16"] else "without") + " fast bf16"
-    load = "quiet" if entry["quiet"] else "busy"
-    machine = f"on {entry['cores']} {load} cores of an {entry['cpu']['model']} {kind}"
-    if entry.get("gpu"):  # made on a lent GPU machine, recorded here from its log
-        machine = f"on an {entry['gpu']}" + ("" if entry["quiet"] else ", busy")
+    machine = machine_of(entry)
     if entry["kind"] == "run":
         return [
             f"{entry['steps']:,} steps" + (f" in {duration(entry['seconds'])}" if entry["quiet"] else ""),
@@ -121,6 +116,16 @@ def phrases(entry: dict) -> list[str]:
     if entry["kind"] == "minute":
         return [f"{entry['steps']:,} steps in {duration(entry['seconds'])}, FID {entry['fid']:.2f}", machine]
     return [f"{entry['passed']:,} passed in {duration(entry['seconds'])}", machine]
+
+
+def machine_of(entry: dict) -> str:
+    """'on 2 quiet cores of an AMD EPYC with fast bf16', or for a log made on a lent GPU machine 'on an NVIDIA H200'."""
+    if entry.get("gpu"):
+        return f"on an {entry['gpu']}" + ("" if entry["quiet"] else ", busy")
+    held = entry["cpu"].get("limited_to")
+    kind = f"held to {held}" if held else ("with" if entry["cpu"]["fast_bf16"] else "without") + " fast bf16"
+    load = "quiet" if entry["quiet"] else "busy"
+    return f"on {entry['cores']} {load} cores of an {entry['cpu']['model']} {kind}"
 
 
 def table(entries: dict) -> str:
@@ -166,9 +171,11 @@ def main() -> None:
     if args.what != "show":
         read = {"run": lambda: from_run(args.path, args.eval), "tests": lambda: from_tests(args.path)}
         entry = read.get(args.what, lambda: from_minute(args.path))()
-        entry.update(command=args.command, quiet=args.quiet, cpu=cpu(args.limited_to), cores=os.cpu_count())
-        if args.gpu:  # the CPU and cores of this machine say nothing of that one's
-            entry.update(gpu=args.gpu, cpu={"model": "", "fast_bf16": False}, cores=0)
+        entry.update(command=args.command, quiet=args.quiet)
+        if args.gpu:  # this machine's CPU and cores say nothing of that one's
+            entry["gpu"] = args.gpu
+        else:
+            entry.update(cpu=cpu(args.limited_to), cores=os.cpu_count())
         entry["date"], entry["prose"] = datetime.date.today().isoformat(), args.prose
         if args.what == "run":
             entry["title"] = args.title or args.name
