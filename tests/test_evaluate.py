@@ -118,21 +118,28 @@ def test_pictures_pngs_tensorboard_and_samples_npz_have_the_documented_layout(ev
     assert table.step == 6 and b"fid" in table.tensor_proto.string_val[0]
 
 
-@pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:FutureWarning")
-def test_exported_generators_reload_and_match_the_eager_one(evaluated, tiny_run):
+@pytest.mark.filterwarnings("ignore:`torch.jit.:FutureWarning")  # load and trace: deprecated in torch 2.x
+def test_exported_generators_reload_and_match_the_eager_one_and_trace_drops_the_branch(evaluated, tiny_run, tmp_path):
     eval_dir, _ = evaluated
     G, _ = build_generator(load_checkpoint(tiny_run), use_ema=True, device=torch.device("cpu"))
     # the exported G is the measured one: BatchNorm statistics recomputed as evaluate.py does (seeded)
     recompute_batchnorm_stats(G, batches=2, batch_size=500, seed=0, device=torch.device("cpu"))
+    assert X.save_generator(G, ExportFormat.none, tmp_path / "export") == []  # export=none writes nothing
     z = torch.randn(5, G.z_dim)
     with torch.no_grad():
         eager = G.eval()(z)
         scripted = torch.jit.load(str(eval_dir / "export" / X.TORCHSCRIPT_FILE))
         program = torch.export.load(str(eval_dir / "export" / X.EXPORT_FILE)).module()
-        for module in (scripted, program):
+        traced = torch.jit.trace(X.SamplingGenerator(G), z)  # for contrast (docs/more.md): trace records no `if`
+        for module in (scripted, program, traced):
             torch.testing.assert_close(module(z), eager)
         torch.testing.assert_close(program(z[:1]), eager[:1])  # the batch dimension is dynamic
         torch.testing.assert_close(scripted(z[0]), eager[0])  # script kept the one-latent branch
+        assert "dim" in scripted.code and "dim" not in traced.code
+        with pytest.raises(RuntimeError):
+            traced(z[0])  # the batch path, run on one latent: fails inside G's view
+        with pytest.raises((RuntimeError, IndexError)):
+            program(z[0])  # refused: the program's input checks read a batch dimension it lacks
 
 
 # the config ----------------------------------------------------------------------------------------
@@ -214,21 +221,6 @@ def test_slerp_runs_along_the_sphere_and_hits_both_ends():
     assert (midpoint < 0.8).all()  # the straight line cuts inside: about 1/sqrt(2) for random directions
     same = slerp(z0, z0, torch.tensor([0.5]))  # parallel latents: no division by sin(0)
     torch.testing.assert_close(same[:, 0], z0)
-
-
-def test_trace_drops_control_flow_that_script_keeps_and_export_guards(tiny_gan, tmp_path):
-    G, _ = tiny_gan
-    assert X.save_generator(G, ExportFormat.none, tmp_path / "export") == []  # export=none writes nothing
-    batch = X.example_latents(G.z_dim)
-    one = batch[0]
-    traced, scripted, exported = X.trace(G.eval(), batch), X.script(G), X.export(G, batch).module()
-    with torch.no_grad():  # script and export against eager, saved and loaded: test_exported_generators_...
-        torch.testing.assert_close(traced(batch), X.SamplingGenerator(G)(batch))
-        assert "dim" in scripted.code and "dim" not in traced.code  # the trace recorded no `if`
-        with pytest.raises(RuntimeError):
-            traced(one)  # the batch path, run on one latent: fails inside G's view
-        with pytest.raises((RuntimeError, IndexError)):
-            exported(one)  # refused: the program's input checks read a batch dimension it lacks
 
 
 def quick_config(checkpoint: Path, metrics: MetricsConfig, **settings) -> EvaluateConfig:

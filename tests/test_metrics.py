@@ -247,7 +247,7 @@ def test_inception_without_torch_fidelity_says_how_to_get_it(tmp_path, monkeypat
     weights.write_bytes(b"not really weights")
     monkeypatch.setattr(M.importlib.util, "find_spec", lambda name: None)  # as on a machine without it
     with pytest.raises(M.MetricsError, match="pip install torch-fidelity"):
-        M.inception_features(str(weights))
+        inception(inception_weights=str(weights))
 
 
 # the two Inception-v3 files: a random-valued stand-in for each, through the code real files take --
@@ -337,7 +337,7 @@ def test_kid_in_inception_space_uses_the_published_kernel():
     # gamma = 1/d, torchmetrics' default (and torch-fidelity's and clean-fid's): KID compares with theirs
     gen = torch.Generator().manual_seed(0)
     a, b = torch.rand(300, 64, generator=gen), torch.rand(300, 64, generator=gen) + 0.05
-    metric = KernelInceptionDistance(feature=M.Precomputed(64), subsets=10, subset_size=100)
+    metric = KernelInceptionDistance(feature=nn.Identity(), subsets=10, subset_size=100)
     metric.update(a.double(), real=True)
     metric.update(b.double(), real=False)
     torch.manual_seed(3)

@@ -206,7 +206,7 @@ VARIANTS: list[Mutation] = [
              "sample(state.sampler, state.fixed_z, state.fixed_y)", "sample(state.G, state.fixed_z, state.fixed_y)",
              (EMA_GRIDS,)),
     Mutation("update-bn-skipped", "BatchNorm statistics recomputed before evaluation",
-             "gan/evaluation/pipeline.py:recompute_batchnorm_stats", "update_bn(inputs, model, device)", "pass",
+             "gan/evaluation/pipeline.py:recompute_batchnorm_stats", "update_bn(inputs, G, device)", "pass",
              (BN_STATS,)),
     Mutation("finite-check-logs", "the finiteness check before each checkpoint",
              "gan/training/faults.py:check_finite_state", "raise NonFiniteWeightsError(", "log.error(",

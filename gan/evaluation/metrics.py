@@ -9,7 +9,6 @@ import time
 import warnings
 from pathlib import Path
 from typing import Any, Mapping, Optional
-from urllib.parse import urlparse
 
 import torch
 import torch.nn.functional as F
@@ -28,8 +27,7 @@ from gan.errors import MetricsError
 log = logging.getLogger(__name__)
 
 CLASSIFIER_VERSION = 1  # part of the cache key: bump when Classifier or train_classifier changes
-# the classifier's generated digits (data.num_samples), at least: 99.9% held-out accuracy at 16 px in one epoch
-GENERATED_IMAGES = 10_000
+GENERATED_IMAGES = 10_000  # generated digits at least (data.num_samples): 99.9% held-out at 16 px in one epoch
 # DataConfig keys left out of the cache key: how images are read, and data.limit (the classifier learns the whole split)
 _LOADING_KEYS = ("root", "download", "in_memory", "batch_size", "num_workers", "limit")
 INCEPTION_WEIGHTS_URL = (
@@ -38,8 +36,7 @@ INCEPTION_WEIGHTS_URL = (
 NVLABS_INCEPTION_URL = (
     "https://nvlabs-fi-cdn.nvidia.com/stylegan2-ada-pytorch/pretrained/metrics/inception-2015-12-05.pt"
 )
-# torch.hub names a weights file NAME-<the first hex digits of its sha256>.EXT: another prefix is another network.
-INCEPTION_SHA256_PREFIX = "6726825d"
+INCEPTION_SHA256_PREFIX = "6726825d"  # torch.hub names a file NAME-<its sha256's first hex digits>.EXT
 INCEPTION_DIMS = 2048  # pool3, the layer of the published FID (Heusel et al. 2017)
 FEATURE_METRICS = ("fid", "kid_mean", "kid_std", "precision", "recall", "density", "coverage")
 
@@ -69,9 +66,7 @@ def train_classifier(
     train: ImageSet, test: ImageSet, cfg: ClassifierConfig, device: torch.device
 ) -> tuple[Classifier, float]:
     """The model and its accuracy on `test`; a one-cycle schedule (Smith & Topin 2018) converges in one epoch."""
-    images, labels = train.images, train.labels
-    if cfg.train_images:
-        images, labels = images[: cfg.train_images], labels[: cfg.train_images]
+    images, labels = train.images[: cfg.train_images or None], train.labels[: cfg.train_images or None]
     with torch.random.fork_rng(devices=[]):  # a fixed init that leaves the caller's random stream alone
         torch.manual_seed(cfg.seed)
         model = Classifier(images.size(1), train.num_classes, cfg.width, cfg.feature_dim).to(device)
@@ -79,7 +74,6 @@ def train_classifier(
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, cfg.lr, total_steps=cfg.epochs * batches)
     order = torch.Generator().manual_seed(cfg.seed)
-    model.train()
     for _ in range(cfg.epochs):
         for index in torch.randperm(images.size(0), generator=order)[: batches * cfg.batch_size].split(cfg.batch_size):
             loss = F.cross_entropy(model(images[index].to(device)), labels[index].to(device))
@@ -198,18 +192,26 @@ def inception_network(cfg: MetricsConfig) -> Inception:
     """Each piece is checked first, so that a missing one fails with what to do; no weights file: downloaded."""
     if cfg.feature_network is not None:
         return nvlabs_inception(cfg.feature_network)
-    return inception_features(cfg.inception_weights)
-
-
-def inception_features(weights: Optional[str]) -> Inception:
+    weights = cfg.inception_weights
     file = existing_file(weights, "metrics.inception_weights", INCEPTION_WEIGHTS_URL) if weights else None
     if importlib.util.find_spec("torch_fidelity") is None:
         raise MetricsError(
             "metrics.features=inception needs torch-fidelity: `pip install torch-fidelity` (the metrics extra), "
             "or give NVlabs' TorchScript file as metrics.feature_network=PATH."
         )
-    if file is not None:
-        check_state_dict(file, weights)
+    if file is not None:  # refused unless a state dict: torch-fidelity loads it with weights_only=False (runs code)
+        unreadable = f"metrics.inception_weights={weights} cannot be read as a state dict of tensors"
+        hint = f"It takes torch-fidelity's {INCEPTION_WEIGHTS_URL}."
+        try:
+            with warnings.catch_warnings():  # torch.load warns of a TorchScript archive before refusing it; we say so
+                warnings.simplefilter("ignore", UserWarning)
+                state = torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as err:  # not a torch file, a pickle with code, a TorchScript archive
+            if "torchscript" in str(err).lower():
+                hint = "It is a TorchScript file: pass it as metrics.feature_network instead."
+            raise MetricsError(f"{unreadable} ({reason(err)}). {hint}") from err
+        if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
+            raise MetricsError(f"{unreadable} (holds a {type(state).__name__}). {hint}")
     try:
         from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
 
@@ -217,18 +219,14 @@ def inception_features(weights: Optional[str]) -> Inception:
             "inception-v3-compat", [str(INCEPTION_DIMS)], feature_extractor_weights_path=str(file) if file else None
         )
     except Exception as err:  # offline: URLError; a wrong file: load_state_dict's RuntimeError (keys, shapes)
-        if file is not None:
-            raise MetricsError(
-                f"metrics.inception_weights={weights} is a state dict, but not of torch-fidelity's Inception-v3 "
-                f"({reason(err)}). It takes {INCEPTION_WEIGHTS_URL}."
-            ) from err
-        raise MetricsError(
-            f"Could not download torch-fidelity's Inception-v3 weights ({reason(err)}). Offline, download "
-            f"{INCEPTION_WEIGHTS_URL} elsewhere and pass metrics.inception_weights=PATH."
-        ) from err
-    if file is None:  # where torch.hub put the download
-        file = Path(torch.hub.get_dir()) / "checkpoints" / Path(urlparse(INCEPTION_WEIGHTS_URL).path).name
-    digest = sha256(file) if file.is_file() else None
+        said = f"metrics.inception_weights={weights} is a state dict, but not of torch-fidelity's Inception-v3"
+        todo = f"It takes {INCEPTION_WEIGHTS_URL}."
+        if file is None:
+            said = "Could not download torch-fidelity's Inception-v3 weights"
+            todo = f"Offline, download {INCEPTION_WEIGHTS_URL} elsewhere and pass metrics.inception_weights=PATH."
+        raise MetricsError(f"{said} ({reason(err)}). {todo}") from err
+    file = file or Path(torch.hub.get_dir()) / "checkpoints" / INCEPTION_WEIGHTS_URL.rsplit("/", 1)[1]  # downloaded
+    digest = hashlib.sha256(file.read_bytes()).hexdigest() if file.is_file() else None
     published = digest is not None and digest.startswith(INCEPTION_SHA256_PREFIX)
     if digest is not None and not published:
         log.warning(f"{file}: its sha256 begins {digest[:8]}, not {INCEPTION_SHA256_PREFIX} as the published FID "
@@ -239,6 +237,8 @@ def inception_features(weights: Optional[str]) -> Inception:
 def nvlabs_inception(path: str) -> Inception:
     file, net = existing_file(path, "metrics.feature_network", NVLABS_INCEPTION_URL), None
     call = "net(uint8 images of shape (2, 3, 32, 32), return_features=True)"
+    key = f"metrics.feature_network={path}"
+    hint = f"It takes NVlabs' {NVLABS_INCEPTION_URL}; a state dict goes in metrics.inception_weights."
     try:
         with warnings.catch_warnings():  # torch 2.x deprecates TorchScript (FutureWarning); NVlabs' file is one
             warnings.simplefilter("ignore", FutureWarning)
@@ -247,17 +247,11 @@ def nvlabs_inception(path: str) -> Inception:
             out = net(torch.zeros(2, 3, 32, 32, dtype=torch.uint8), return_features=True)
     except Exception as err:  # not TorchScript: torch.jit.load's RuntimeError; else another signature or input
         problem = f"loads, but {call} fails" if net is not None else "is not a TorchScript file"
-        raise MetricsError(
-            f"metrics.feature_network={path} {problem} ({reason(err)}). It takes NVlabs' {NVLABS_INCEPTION_URL}; "
-            "a state dict goes in metrics.inception_weights."
-        ) from err
+        raise MetricsError(f"{key} {problem} ({reason(err)}). {hint}") from err
     if not (isinstance(out, Tensor) and out.is_floating_point() and tuple(out.shape) == (2, INCEPTION_DIMS)):
         got = f"a {out.dtype} tensor of shape {tuple(out.shape)}" if isinstance(out, Tensor) else type(out).__name__
-        raise MetricsError(
-            f"metrics.feature_network={path}: {call} returns {got}, not float features of shape "
-            f"(2, {INCEPTION_DIMS}). It takes NVlabs' {NVLABS_INCEPTION_URL}."
-        )
-    return Inception(net, file, torchscript=True, sha256=sha256(file))
+        raise MetricsError(f"{key}: {call} returns {got}, not float features of shape (2, {INCEPTION_DIMS}). {hint}")
+    return Inception(net, file, torchscript=True, sha256=hashlib.sha256(file.read_bytes()).hexdigest())
 
 
 def existing_file(path: str, key: str, url: str) -> Path:
@@ -265,26 +259,6 @@ def existing_file(path: str, key: str, url: str) -> Path:
     if not file.is_file():
         raise MetricsError(f"{key}={path}: no such file. Download {url} on a machine with internet and pass its path.")
     return file
-
-
-def check_state_dict(file: Path, given: str) -> None:
-    """Refuse a non-state-dict before torch-fidelity loads it with weights_only=False (runs pickled code)."""
-    unreadable = f"metrics.inception_weights={given} cannot be read as a state dict of tensors"
-    hint = f"It takes torch-fidelity's {INCEPTION_WEIGHTS_URL}."
-    try:
-        with warnings.catch_warnings():  # torch.load warns of a TorchScript archive before refusing it; we say so
-            warnings.simplefilter("ignore", UserWarning)
-            state = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as err:  # not a torch file, a pickle with code, a TorchScript archive
-        if "torchscript" in str(err).lower():
-            hint = "It is a TorchScript file: pass it as metrics.feature_network instead."
-        raise MetricsError(f"{unreadable} ({reason(err)}). {hint}") from err
-    if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise MetricsError(f"{unreadable} (holds a {type(state).__name__}). {hint}")
-
-
-def sha256(file: Path) -> str:
-    return hashlib.sha256(file.read_bytes()).hexdigest()  # (hashlib.file_digest is Python 3.11+)
 
 
 def reason(err: BaseException, limit: int = 200) -> str:
@@ -319,14 +293,6 @@ def predict(
         return (digits * 10 ** torch.arange(images.size(1) - 1, -1, -1)).sum(dim=1)
 
 
-class Precomputed(nn.Identity):
-    """The identity as torchmetrics' extractor: features are computed once, shared by all metrics."""
-
-    def __init__(self, num_features: int):
-        super().__init__()
-        self.num_features = num_features
-
-
 def fid(real: Tensor, fake: Tensor) -> float:
     """Heusel et al. 2017. Biased upward at small N (Chong & Forsyth 2020): compare only equal N."""
     smallest, dims = min(real.size(0), fake.size(0)), real.size(1)
@@ -335,7 +301,9 @@ def fid(real: Tensor, fake: Tensor) -> float:
             f"FID from {smallest} images of {dims} features: the covariances are singular (rank < {dims}); the "
             "number is biased upward, comparable only with FIDs from as many images (published ones use 10k or 50k)."
         )
-    metric = FrechetInceptionDistance(feature=Precomputed(real.size(1)))
+    identity = nn.Identity()  # as torchmetrics' extractor: the features are computed once, shared by all metrics
+    identity.num_features = real.size(1)
+    metric = FrechetInceptionDistance(feature=identity)
     metric.update(real, real=True)
     metric.update(fake, real=False)
     return float(metric.compute())
@@ -345,14 +313,11 @@ def kid(
     real: Tensor, fake: Tensor, subsets: int, subset_size: int, seed: int = 0, gamma: Optional[float] = None
 ) -> tuple[float, float]:
     """Binkowski et al. 2018, kernel (gamma x.y + 1)^3; gamma=None: 1 / E|f_real|^2 (1/d explodes on ReLU features)."""
-    if gamma is None:
-        gamma = 1.0 / float(real.double().square().sum(dim=1).mean())
+    gamma = gamma or 1.0 / float(real.double().square().sum(dim=1).mean())
     size = min(subset_size, real.size(0), fake.size(0))
     with warnings.catch_warnings():  # "KID will save all extracted features in buffer": intended here
         warnings.simplefilter("ignore", UserWarning)
-        metric = KernelInceptionDistance(
-            feature=Precomputed(real.size(1)), subsets=subsets, subset_size=size, gamma=gamma
-        )
+        metric = KernelInceptionDistance(feature=nn.Identity(), subsets=subsets, subset_size=size, gamma=gamma)
     metric.update(real.double(), real=True)  # float64: the MMD is a small difference of large sums
     metric.update(fake.double(), real=False)
     with torch.random.fork_rng(devices=[]):  # subsets drawn with torch.randperm: seeded, caller untouched
@@ -401,7 +366,7 @@ def histogram(labels: Tensor, num_classes: int) -> Tensor:
     return torch.bincount(labels, minlength=num_classes).double() / max(labels.numel(), 1)
 
 
-def kl_divergence(q: Tensor, p: Tensor) -> float:
+def kl_divergence(q: Tensor, p: Tensor | float) -> float:
     """KL(q || p) in nats; 0 log 0 = 0."""
     return float(torch.xlogy(q, q / p).sum())
 
@@ -418,12 +383,9 @@ def class_coverage(
 def mode_coverage(fake_modes: Tensor, num_modes: int = 1000) -> dict[str, float]:
     """Modes covered, KL to uniform (Metz et al. 2017); `digit_kl_ch{c}` tells a lopsided channel from a spread KL."""
     q = histogram(fake_modes, num_modes)
-    results = {
-        "modes_covered": int((q > 0).sum()),
-        "mode_kl": kl_divergence(q, torch.tensor(1.0 / num_modes, dtype=torch.float64)),
-    }
+    results = {"modes_covered": int((q > 0).sum()), "mode_kl": kl_divergence(q, 1.0 / num_modes)}
     for channel, digits in enumerate(mode_digits(fake_modes)):
-        results[f"digit_kl_ch{channel}"] = kl_divergence(histogram(digits, 10), torch.tensor(0.1, dtype=torch.float64))
+        results[f"digit_kl_ch{channel}"] = kl_divergence(histogram(digits, 10), 0.1)
     return results
 
 

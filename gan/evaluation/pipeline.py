@@ -19,7 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 from PIL import Image
 from tensorboard.plugins.text.summary_v2 import text_pb
 from torch import Tensor, nn
-from torch.export import Dim, ExportedProgram
+from torch.export import Dim
 from torch.optim.swa_utils import update_bn
 from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
@@ -45,33 +45,25 @@ from gan.run import Run
 
 log = logging.getLogger(__name__)
 
-# Named to sort after the training's own in each tab: `summary` after `samples` (TensorBoard's Images page would
-# put `samples_eval` first), the metrics table after run/command and run/config
+# Sorted after the training's own: `summary` after `samples` (`samples_eval` would come first), the table after run/*
 IMAGES_GROUP, METRICS_TEXT_TAG = "summary", "run/eval_metrics"
 SAVED = (("samples.npz", SaveSamples.npz), ("samples", SaveSamples.png))
 # Intra-class FID needs this many images per class, and d + 1 (else the covariance is singular).
 MIN_PER_CLASS = 200
+# evaluate.py has no model.* settings that could change: a config at odds with its weights is damage
+DAMAGED = "evaluate.py builds the generator from the checkpoint alone: it was damaged or edited after it was written."
 
 
 def evaluate(
-    cfg: EvaluateConfig,
-    run_dir: Path,
-    data_overrides: Optional[Mapping[str, Any]] = None,
-    tb_dir: Optional[Path] = None,
+    cfg: EvaluateConfig, run_dir: Path, data_overrides: Optional[Mapping] = None, tb_dir: Optional[Path] = None
 ) -> dict[str, Any]:
     """metrics.json, PNGs and TensorBoard events into run_dir (events into `tb_dir`: train.py's final evaluation)."""
-    seconds, last = {}, time.perf_counter()
-
-    def clock(name: str) -> None:
-        nonlocal last
-        seconds[name], last = round(time.perf_counter() - last, 3), time.perf_counter()
-
+    done = {"start": time.perf_counter()}  # when each stage ended
     run = Run(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     device = setup_torch(cfg.device, cfg.threads, cfg.seed, "device")
     # Inception first: a missing file or package fails before any other work
     inception = M.inception_network(cfg.metrics) if cfg.metrics.features == FeatureSpace.inception else None
-
     state, source = load_checkpoint(cfg.checkpoint, map_location="cpu"), str(cfg.checkpoint)
     data = data_config_of(state, data_overrides or {}, source)
     num_classes = classes_of(state, source)
@@ -84,7 +76,6 @@ def evaluate(
     G, about = prepare_generator(state, cfg, device)
     log.info("Evaluating %s: step %d, %s generator, data=%s (%d px, %d channel(s))", cfg.checkpoint,
              about["step"], about["generator"], data.name, data.image_size, data.channels)  # fmt: skip
-
     reference, split = load_dataset(data, train=False, in_memory=True), f"the held-out split of data={data.name}"
     if cfg.class_id is not None:  # one class asked for: measured against that class's images alone
         keep, split = reference.labels == cfg.class_id, f"class_id={cfg.class_id}: {split} (that class)"
@@ -97,35 +88,35 @@ def evaluate(
                 f"metrics.{key}={k} needs more than {k} real images; {split} holds {count}. Lower metrics.{key} "
                 f"below {count} ({published} is the published setting), or measure against more held-out images."
             )
-    clock("data")
-
+    done["data"] = time.perf_counter()
     classifier, accuracy, classifier_file = classifier_for(data, reference, reals.stacked, cfg, device)
-    channels = reference.images.size(1)
-    feature_net = inception if inception is not None else M.ClassifierFeatures(classifier, reals.stacked, channels)
-    feature_net = feature_net.to(device)
-    clock("classifier")
-
+    feature_net = (inception or M.ClassifierFeatures(classifier, reals.stacked, reference.images.size(1))).to(device)
+    done["classifier"] = time.perf_counter()
     requested = M.sample_classes(reals.labels, cfg.num_samples, cfg.class_id, cfg.seed) if G.num_classes else None
     fake = generate(G, cfg.num_samples, cfg.batch_size, cfg.seed, device, requested)
-    clock("sampling")
-
+    done["sampling"] = time.perf_counter()
     results = measure(feature_net, classifier, reals, fake, cfg, device, requested)
+    space = getattr(feature_net, "feature_space", None) or {
+        "network": "classifier: penultimate layer of a small CNN trained on the dataset's labels",
+        "file": classifier_file,
+        "dims": feature_net.num_features,
+        "input": "uint8 at data.image_size, scaled to [-1, 1]",
+        "resizer": "none: images at data.image_size",
+    }
+    space = {**space, "kid_kernel": M.kid_kernel(cfg.metrics), "measures": list(M.FEATURE_METRICS)}
     results.update(num_samples=fake.size(0), num_real=reals.images.size(0), real_split="held-out",
-                   features=cfg.metrics.features.value, feature_space=feature_space(feature_net, classifier_file, cfg),
+                   features=cfg.metrics.features.value, feature_space=space,
                    classifier=classifier_file, classifier_accuracy=accuracy, **about)  # fmt: skip
-    clock("metrics")
-
+    done["metrics"] = time.perf_counter()
     pictures = draw_pictures(G, fake, data, cfg, device)
     for name, grid in pictures.items():
         save_image(grid, run_dir / f"{name}.png")
-    clock("pictures")
-
-    npz, pngs = (run_dir / name if cfg.save_samples == how else None for name, how in SAVED)
-    write_samples(fake, npz=npz, pngs=pngs)
+    done["pictures"] = time.perf_counter()
+    write_samples(fake, *(run_dir / name if cfg.save_samples == how else None for name, how in SAVED))
     for path in save_generator(G, cfg.export, run.export):
         log.info("Exported the generator: %s", path)
-    clock("outputs")
-
+    done["outputs"] = time.perf_counter()
+    seconds = {stage: round(done[stage] - start, 3) for start, stage in zip(done.values(), list(done)[1:])}
     results["seconds"] = {**seconds, "total": sum(seconds.values())}
     results["environment"] = environment(device)
     results["training_environment"] = state.get("environment")  # as the checkpoint recorded it, if it did
@@ -145,9 +136,8 @@ def prepare_generator(state: Mapping[str, Any], cfg: EvaluateConfig, device: tor
     recomputed = recompute_batchnorm_stats(G, cfg.bn_batches, cfg.batch_size, cfg.seed, device)
     bn_stats = f"recomputed ({cfg.bn_batches} x {cfg.batch_size} samples)" if recomputed else "checkpoint"
     about: dict[str, Any] = {"generator": generator_name, "batchnorm_stats": bn_stats, "step": int(state["step"])}
-    if G.num_classes:
-        about.update(num_classes=G.num_classes, class_id=cfg.class_id)
-    return G, {**about, "checkpoint": str(cfg.checkpoint)}
+    classes = {"num_classes": G.num_classes, "class_id": cfg.class_id} if G.num_classes else {}
+    return G, {**about, **classes, "checkpoint": str(cfg.checkpoint)}
 
 
 def measure(
@@ -191,47 +181,58 @@ def intra_fid(real_features: Tensor, real_labels: Tensor, fake_features: Tensor,
 
 
 def draw_pictures(G: nn.Module, fake: Tensor, data: DataConfig, cfg: EvaluateConfig, device: torch.device) -> dict:
-    classes = None
-    if G.num_classes:  # interpolation rows: the class asked for, else classes 0, 1, ... in turn
-        classes = [r % G.num_classes if cfg.class_id is None else cfg.class_id for r in range(cfg.interpolation_rows)]
-    strip = interpolation_strip(G, cfg.interpolation_rows, cfg.interpolation_steps, cfg.seed, device, classes)
-    pictures = {
-        "samples": image_grid(to_unit_range(fake[: cfg.grid_samples])),
-        "interpolation": strip,
-        "nearest_neighbours": neighbour_grid(fake[: cfg.neighbour_queries], data, cfg.neighbours),
-    }
-    if G.num_classes and cfg.class_id is None:
-        pictures["classes"] = class_grid(G, math.ceil(math.sqrt(cfg.grid_samples)), cfg.seed, device)
+    """The sample grid, slerp interpolations (White 2016), nearest training images, and a row per class."""
+    rows, steps, k = cfg.interpolation_rows, cfg.interpolation_steps, cfg.neighbours
+    z0, z1 = torch.randn(2, rows, G.z_dim, generator=torch.Generator().manual_seed(cfg.seed + 1))
+    z = slerp(z0, z1, torch.linspace(0, 1, steps)).reshape(rows * steps, G.z_dim)
+    y = None  # conditional G: row r drawn as the class asked for, else as class r (mod the classes)
+    if G.num_classes:
+        classes = [r % G.num_classes if cfg.class_id is None else cfg.class_id for r in range(rows)]
+        y = torch.tensor(classes, device=device).repeat_interleave(steps)
+
+    # each query, then its k nearest training images (pixel L2); the images in chunks: a streamed dataset need not fit
+    training, queries = load_dataset(data, train=True).images, fake[: cfg.neighbour_queries]
+    chunks = training.split(4096) if isinstance(training, Tensor) else DataLoader(training, batch_size=4096)
+    distance = torch.cat([torch.cdist(queries.float().flatten(1), chunk.float().flatten(1)) for chunk in chunks], 1)
+    nearest = distance.topk(k, dim=1, largest=False).indices
+    neighbours = torch.stack([training[int(i)] for i in nearest.flatten()]).unflatten(0, nearest.shape)
+    pictures = {"samples": image_grid(to_unit_range(fake[: cfg.grid_samples]))}
+    pictures["interpolation"] = image_grid(sample(G, z.to(device), y), nrow=steps)
+    grid = torch.cat([queries[:, None], neighbours], dim=1).flatten(0, 1)
+    pictures["nearest_neighbours"] = image_grid(to_unit_range(grid), nrow=k + 1)
+    if G.num_classes and cfg.class_id is None:  # one row per class (at most 16), the same latents in every row
+        columns = math.ceil(math.sqrt(cfg.grid_samples))
+        latents = torch.randn(columns**2, G.z_dim, generator=torch.Generator().manual_seed(cfg.seed + 2))
+        z, y = class_rows(latents, G.num_classes)
+        pictures["classes"] = image_grid(sample(G, z.to(device), y.to(device)), nrow=columns)
     return pictures
 
 
-def feature_space(feature_net: nn.Module, classifier_file: Optional[str], cfg: EvaluateConfig) -> dict[str, Any]:
-    own = getattr(feature_net, "feature_space", None) or {
-        "network": "classifier: penultimate layer of a small CNN trained on the dataset's labels",
-        "file": classifier_file,
-        "dims": feature_net.num_features,
-        "input": "uint8 at data.image_size, scaled to [-1, 1]",
-        "resizer": "none: images at data.image_size",
-    }
-    return {**own, "kid_kernel": M.kid_kernel(cfg.metrics), "measures": list(M.FEATURE_METRICS)}
+def slerp(z0: Tensor, z1: Tensor, t: Tensor) -> Tensor:
+    """(R, D), (R, D), (T,) -> (R, T, D) (White 2016): latents lie near a sphere; a line cuts inside, unseen by G."""
+    u0, u1 = z0 / z0.norm(dim=-1, keepdim=True), z1 / z1.norm(dim=-1, keepdim=True)
+    omega = torch.acos((u0 * u1).sum(dim=-1).clamp(-1, 1))[:, None, None]  # (R, 1, 1)
+    t = t[None, :, None]  # (1, T, 1)
+    sin = torch.sin(omega)
+    near = sin.abs() < 1e-6  # (almost) parallel: the arc is a line
+    w0 = torch.where(near, 1 - t, torch.sin((1 - t) * omega) / torch.where(near, 1.0, sin))
+    w1 = torch.where(near, t, torch.sin(t * omega) / torch.where(near, 1.0, sin))
+    return w0 * z0[:, None] + w1 * z1[:, None]
 
 
 def report(results: dict[str, Any], pictures: Mapping[str, Tensor], metrics: Path, tb_dir: Path) -> None:
     partial = metrics.with_name(f".{metrics.name}.tmp")  # replaced whole: a killed write never leaves half a file
     partial.write_text(json.dumps(results, indent=2) + "\n")
     os.replace(partial, metrics)
-    rows = [(key, value) for key, value in results.items() if not isinstance(value, Mapping)]
-    rows.append(("seconds", f"{results['seconds']['total']:.1f}"))
-    width = max(len(key) for key, _ in rows)
-    shown = [f"{value:.6g}" if isinstance(value, float) else "-" if value is None else str(value) for _, value in rows]
-    table = "\n".join(f"  {key:<{width}}  {text}" for (key, _), text in zip(rows, shown))
+    rows = {key: value for key, value in results.items() if not isinstance(value, Mapping)}
+    rows["seconds"] = f"{results['seconds']['total']:.1f}"
+    shown = {k: f"{v:.6g}" if isinstance(v, float) else "-" if v is None else str(v) for k, v in rows.items()}
+    table = "\n".join(f"  {key:<{max(map(len, shown))}}  {text}" for key, text in shown.items())
     log.info("Metrics (%s features, %d samples vs %d held-out images):\n%s", results["features"],
              results["num_samples"], results["num_real"], table)  # fmt: skip
-    space = results["feature_space"]
-    log.info("Feature space: %s, %s; resizer: %s", space["network"], space["file"], space["resizer"])
+    log.info("Feature space: %(network)s, %(file)s; resizer: %(resizer)s", results["feature_space"])
     log.info("Environment: %s", ", ".join(f"{key} {value}" for key, value in results["environment"].items()))
-    changes = environment_changes(results["training_environment"], results["environment"])
-    if changes:
+    if changes := environment_changes(results["training_environment"], results["environment"]):
         log.info("Trained in another environment: %s", "; ".join(changes))
     with SummaryWriter(log_dir=str(tb_dir)) as writer:  # the numbers as a text table: one number is a one-point chart
         for name, grid in pictures.items():
@@ -245,10 +246,10 @@ def data_config_of(
 ) -> DataConfig:
     recorded = stored_group(state, "data", DataConfig, source)
     for key in ("image_size", "channels"):
-        if key in overrides and key in state["config"]["data"] and overrides[key] != recorded[key]:
+        if key in overrides and key in state["config"]["data"] and overrides[key] != getattr(recorded, key):
             raise ConfigError(
-                f"data.{key}={overrides[key]!r} differs from the checkpoint's {recorded[key]!r}: the generator's "
-                "output shape is fixed by the checkpoint. Leave data.image_size and data.channels out."
+                f"data.{key}={overrides[key]!r} differs from the checkpoint's {getattr(recorded, key)!r}: the "
+                "generator's output shape is fixed by the checkpoint. Leave data.image_size and data.channels out."
             )
     try:  # Hydra has typed the overrides against DataConfig already: a failure here is theirs
         data = OmegaConf.to_object(OmegaConf.merge(recorded, dict(overrides)))
@@ -260,19 +261,17 @@ def data_config_of(
 
 
 def stored_group(state: Mapping[str, Any], group: str, schema: type, source: str) -> Any:
-    """The stored group over `schema`'s defaults, typed; CheckpointError when it is damaged."""
+    """The stored group, typed (an object); CheckpointError when it is damaged."""
     check_config_groups(state["config"], source, required=[group])  # load_checkpoint checked the rest of its form
     try:
-        node = OmegaConf.merge(OmegaConf.structured(schema), state["config"][group])
-        OmegaConf.to_object(node)  # a value that types but does not build (an interpolation) fails here
-    except (OmegaConfBaseException, ValueError) as err:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), state["config"][group]))
+    except (OmegaConfBaseException, ValueError) as err:  # a value that types but does not build (an interpolation)
         raise stored_config_error(err, source, group) from err
-    return node
 
 
 def classes_of(state: Mapping[str, Any], source: str = "the checkpoint") -> int:
     """G's classes (0: unconditional); CheckpointError when model.conditional and num_classes disagree."""
-    conditional = OmegaConf.to_object(stored_group(state, "model", ModelConfig, source)).conditional
+    conditional = stored_group(state, "model", ModelConfig, source).conditional
     num_classes = state["num_classes"]  # a whole number: load_checkpoint checked it
     if (conditional and num_classes >= 2) or (not conditional and num_classes == 0):
         return num_classes
@@ -280,38 +279,29 @@ def classes_of(state: Mapping[str, Any], source: str = "the checkpoint") -> int:
     raise CheckpointError(
         f"The config stored in {checkpoint_path(source)} and its weights disagree: model.conditional="
         f"{str(conditional).lower()}, but its entry 'num_classes' says its generator was {built}"
-        f"{', and a conditional one needs 2 or more' if conditional else ''}. {disagree(source)}"
+        f"{', and a conditional one needs 2 or more' if conditional else ''}. {DAMAGED} "
+        f"{another_checkpoint(checkpoint_path(source), 'evaluate')}"
     )
-
-
-def disagree(source: str) -> str:  # evaluate.py has no model.* settings that could change
-    why = "evaluate.py builds the generator from the checkpoint alone: it was damaged or edited after it was written. "
-    return why + another_checkpoint(checkpoint_path(source), "evaluate")
 
 
 def build_generator(
     state: Mapping[str, Any], use_ema: bool, device: torch.device, source: str = "the checkpoint"
 ) -> tuple[Generator, str]:
     """EMA weights when asked and present. A NaN or inf weight is refused: FID would still be finite."""
-    model = OmegaConf.to_object(stored_group(state, "model", ModelConfig, source))
-    data = OmegaConf.to_object(stored_group(state, "data", DataConfig, source))
+    model, data = stored_group(state, "model", ModelConfig, source), stored_group(state, "data", DataConfig, source)
     G = Generator(model.z_dim, model.g_width, data.channels, data.image_size, classes_of(state, source))
-    advice = f"The generator is built from the config stored in {checkpoint_path(source)}: its config and weights "
-    advice += f"disagree. {disagree(source)}"
-    ema = state.get("G_ema")  # a state dict or None: load_checkpoint checked it
-    if use_ema and ema is not None:
-        weights = {k[len("module.") :]: v for k, v in ema.items() if k.startswith("module.")}
-        load_module_state(G, weights, "EMA generator", advice)
-        name = "EMA"
-    else:
-        if use_ema:
-            log.info("The checkpoint holds no EMA generator; sampling from G itself.")
-        load_module_state(G, state["G"], "generator", advice)
-        name = "raw"
+    instead = another_checkpoint(checkpoint_path(source), "evaluate")
+    name, weights = "raw", state["G"]
+    if use_ema and state.get("G_ema") is None:  # a state dict or None: load_checkpoint checked it
+        log.info("The checkpoint holds no EMA generator; sampling from G itself.")
+    elif use_ema:
+        name, ema = "EMA", state["G_ema"]
+        weights = {k.removeprefix("module."): v for k, v in ema.items() if k.startswith("module.")}
+    why = f"The generator is built from the config stored in {checkpoint_path(source)}: its config and weights"
+    load_module_state(G, weights, f"{name} generator", f"{why} disagree. {DAMAGED} {instead}")
     bad, total = nonfinite(G.state_dict().items())  # the check a resume makes too (require_training_state)
     if bad:
         shown = ", ".join(bad[:4]) + (", ..." if len(bad) > 4 else "")
-        instead = another_checkpoint(checkpoint_path(source), "evaluate")
         raise CheckpointError(
             f"The {name} generator in {source} holds NaN or inf in {len(bad)} of its {total} tensors ({shown}): the "
             f"checkpoint is damaged (training diverged, or it was altered). {instead}"
@@ -325,12 +315,11 @@ def recompute_batchnorm_stats(G: nn.Module, batches: int, batch_size: int, seed:
         return False
     latents = torch.Generator(device).manual_seed(seed + 1)
     inputs = [torch.randn(batch_size, G.z_dim, device=device, generator=latents) for _ in range(batches)]
-    model = G
-    if getattr(G, "num_classes", 0):  # a conditional G: classes drawn uniformly, as a last input column
+    if G.num_classes:  # classes drawn uniformly, as a last column a pre-hook splits off (update_bn passes one input)
         classes = [torch.randint(G.num_classes, (batch_size, 1), device=device, generator=latents) for _ in inputs]
         inputs = [torch.cat([z, y.to(z.dtype)], dim=1) for z, y in zip(inputs, classes)]
-        model = LabelledLatents(G)
-    update_bn(inputs, model, device)  # under no_grad; leaves G in the mode it found it in (eval)
+    with G.register_forward_pre_hook(lambda _, zy: (zy[0][:, :-1], zy[0][:, -1].long()) if G.num_classes else None):
+        update_bn(inputs, G, device)  # under no_grad; leaves G in the mode it found it in (eval)
     return True
 
 
@@ -390,11 +379,12 @@ def class_metrics(
     """Stacked data: over every channel's digits pooled, plus the 1000 digit triples' modes."""
     if classifier is None:
         return {"classes_covered": None, "class_kl": None}
-    batch, threshold = cfg.batch_size, cfg.metrics.class_threshold
-    if not reals.stacked:
-        fake_classes, real_classes = (M.predict(classifier, x, batch, device) for x in (fake, reals.images))
-        return M.class_coverage(fake_classes, real_classes, classifier.head.out_features, threshold)
-    fake_modes, real_modes = (M.predict(classifier, x, batch, device, per_channel=True) for x in (fake, reals.images))
+    batch, threshold, stacked = cfg.batch_size, cfg.metrics.class_threshold, reals.stacked
+    fake_modes, real_modes = (
+        M.predict(classifier, x, batch, device, per_channel=stacked) for x in (fake, reals.images)
+    )
+    if not stacked:
+        return M.class_coverage(fake_modes, real_modes, classifier.head.out_features, threshold)
     decoded = float((real_modes == reals.labels).float().mean())
     log.info(f"Stacked data: the channel classifier reads {100 * decoded:.1f}% of the held-out digit triples right "
              f"({int(real_modes.unique().numel())} of 1000 modes present among them)")  # fmt: skip
@@ -427,81 +417,16 @@ def interrupted(run_dir: Path) -> str:
     return f"Interrupted (SIGINT); nothing measured was saved: {run_dir} holds no metrics.json{partial}."
 
 
-# pictures and class-conditional generators ------------------------------------------------------------------------
 def check_class_id(class_id: Optional[int], num_classes: int, source: str) -> None:
-    if class_id is None:
-        return
-    if not num_classes:
+    if class_id is not None and not num_classes:
         raise ConfigError(
             f"class_id={class_id} asks for one class, but {source} holds an unconditional generator, which cannot "
             "be told a class. Leave class_id out, or use a checkpoint of a run with model.conditional=true."
         )
-    if not 0 <= class_id < num_classes:
+    if class_id is not None and not 0 <= class_id < num_classes:
         raise ConfigError(
-            f"class_id={class_id} is out of range: the generator in {source} knows {num_classes} classes, "
-            f"numbered 0 to {num_classes - 1}."
+            f"class_id={class_id} is out of range: the generator in {source} knows classes 0 to {num_classes - 1}."
         )
-
-
-def class_grid(G: nn.Module, columns: int, seed: int, device: torch.device) -> Tensor:
-    """One row per class (at most 16), the same `columns` latents in every row."""
-    latents = torch.randn(columns**2, G.z_dim, generator=torch.Generator().manual_seed(seed + 2))
-    z, y = class_rows(latents, G.num_classes)  # the first ceil(sqrt(N)) = `columns` latents, each row
-    return image_grid(sample(G, z.to(device), y.to(device)), nrow=columns)
-
-
-class LabelledLatents(nn.Module):
-    """G(z, y) with y as z's last column: update_bn passes a model only one input."""
-
-    def __init__(self, G: nn.Module):
-        super().__init__()
-        self.G = G
-        self.train(G.training)  # update_bn puts back this module's mode, which must be G's (eval when measured)
-
-    def forward(self, zy: Tensor) -> Tensor:
-        return self.G(zy[:, :-1], zy[:, -1].long())
-
-
-def slerp(z0: Tensor, z1: Tensor, t: Tensor) -> Tensor:
-    """(R, D), (R, D), (T,) -> (R, T, D) (White 2016): latents lie near a sphere; a line cuts inside, unseen by G."""
-    u0, u1 = z0 / z0.norm(dim=-1, keepdim=True), z1 / z1.norm(dim=-1, keepdim=True)
-    omega = torch.acos((u0 * u1).sum(dim=-1).clamp(-1, 1))[:, None, None]  # (R, 1, 1)
-    t = t[None, :, None]  # (1, T, 1)
-    sin = torch.sin(omega)
-    near = sin.abs() < 1e-6  # (almost) parallel: the arc is a line
-    w0 = torch.where(near, 1 - t, torch.sin((1 - t) * omega) / torch.where(near, 1.0, sin))
-    w1 = torch.where(near, t, torch.sin(t * omega) / torch.where(near, 1.0, sin))
-    return w0 * z0[:, None] + w1 * z1[:, None]
-
-
-def interpolation_strip(
-    G: nn.Module, rows: int, steps: int, seed: int, device: torch.device, classes: Optional[list[int]] = None
-) -> Tensor:
-    """One row per pair of random latents; conditional G: row r drawn as classes[r]."""
-    gen = torch.Generator().manual_seed(seed + 1)
-    z0, z1 = torch.randn(2, rows, G.z_dim, generator=gen)
-    z = slerp(z0, z1, torch.linspace(0, 1, steps)).reshape(rows * steps, G.z_dim)
-    y = None if classes is None else torch.tensor(classes, device=device).repeat_interleave(steps)
-    return image_grid(sample(G, z.to(device), y), nrow=steps)
-
-
-def neighbour_grid(queries: Tensor, data: DataConfig, k: int) -> Tensor:
-    """Each query, then its k nearest training images (pixel L2); chunked, so a streamed dataset need not fit."""
-    training = load_dataset(data, train=True).images
-    flat = queries.float().flatten(1)
-    best_distance = torch.full((queries.size(0), k), float("inf"))
-    best_index = torch.zeros(queries.size(0), k, dtype=torch.long)
-    start = 0
-    chunks = training.split(4096) if isinstance(training, Tensor) else DataLoader(training, batch_size=4096)
-    for chunk in chunks:
-        distance = torch.cdist(flat, chunk.float().flatten(1))
-        indices = torch.cat([best_index, torch.arange(start, start + chunk.size(0)).expand_as(distance)], dim=1)
-        best_distance, order = torch.cat([best_distance, distance], dim=1).topk(k, dim=1, largest=False)
-        best_index = indices.gather(1, order)
-        start += chunk.size(0)
-    neighbours = torch.stack([training[int(i)] for i in best_index.flatten()]).unflatten(0, best_index.shape)
-    rows = torch.cat([queries[:, None], neighbours], dim=1).flatten(0, 1)
-    return image_grid(to_unit_range(rows), nrow=k + 1)
 
 
 # G as a file that runs without this project's code: TorchScript, torch.export (control flow: docs/more.md) ----
@@ -515,42 +440,24 @@ class SamplingGenerator(nn.Module):
         self.G = copy.deepcopy(G).cpu().to(memory_format=torch.contiguous_format).eval()
         self.z_dim: int = G.z_dim
 
-    def forward(self, z: Tensor) -> Tensor:
-        if z.dim() == 1:  # control flow on the input's rank, which trace does not record
-            return self.G(z.unsqueeze(0)).squeeze(0)
-        return self.G(z)
-
-
-def example_latents(z_dim: int, batch: int = 2) -> Tensor:
-    # A batch of 2: torch.export specialises sizes 0 and 1, so 1 would pin the batch dimension.
-    return torch.randn(batch, z_dim, generator=torch.Generator().manual_seed(0))
-
-
-def trace(G: nn.Module, example: Tensor) -> torch.jit.ScriptModule:
-    with warnings.catch_warnings():  # torch 2.x deprecates TorchScript (FutureWarning); shown for contrast
-        warnings.simplefilter("ignore", FutureWarning)
-        return torch.jit.trace(SamplingGenerator(G), example)
-
-
-def script(G: nn.Module) -> torch.jit.ScriptModule:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        return torch.jit.script(SamplingGenerator(G))
-
-
-def export(G: nn.Module, example: Tensor) -> ExportedProgram:
-    """A dynamic batch dimension; the rank-1 branch is guarded out."""
-    return torch.export.export(SamplingGenerator(G), (example,), dynamic_shapes={"z": {0: Dim("batch", min=1)}})
+    def forward(self, z: Tensor) -> Tensor:  # control flow on the input's rank, which trace does not record
+        return self.G(z.unsqueeze(0)).squeeze(0) if z.dim() == 1 else self.G(z)
 
 
 def save_generator(G: nn.Module, formats: ExportFormat, out_dir: Path) -> list[Path]:
     """Reload with `torch.jit.load(path)` or `torch.export.load(path).module()`; both need only torch."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
+    wrapped, written = SamplingGenerator(G), []
     if formats in (ExportFormat.torchscript, ExportFormat.both):
-        script(G).save(str(out_dir / TORCHSCRIPT_FILE))
+        with warnings.catch_warnings():  # torch 2.x deprecates TorchScript (FutureWarning); shown for contrast
+            warnings.simplefilter("ignore", FutureWarning)
+            torch.jit.script(wrapped).save(str(out_dir / TORCHSCRIPT_FILE))  # script keeps the rank-1 branch
         written.append(out_dir / TORCHSCRIPT_FILE)
     if formats in (ExportFormat.export, ExportFormat.both):
-        torch.export.save(export(G, example_latents(G.z_dim)), str(out_dir / EXPORT_FILE))
+        # A batch of 2 as the example: torch.export specialises sizes 0 and 1, so 1 would pin the batch dimension.
+        z = torch.randn(2, G.z_dim, generator=torch.Generator().manual_seed(0))
+        # a dynamic batch dimension; the rank-1 branch is guarded out
+        program = torch.export.export(wrapped, (z,), dynamic_shapes={"z": {0: Dim("batch", min=1)}})
+        torch.export.save(program, str(out_dir / EXPORT_FILE))
         written.append(out_dir / EXPORT_FILE)
     return written
