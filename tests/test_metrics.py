@@ -346,4 +346,6 @@ def test_kid_in_inception_space_uses_the_published_kernel():
     assert M.kid(a, b, 10, 100, seed=3, gamma=1 / 64) == pytest.approx(expected, rel=1e-9)
     results = M.distribution_metrics(a, b, dataclasses.replace(inception_space, kid_subset_size=100), seed=3)
     assert (results["kid_mean"], results["kid_std"]) == pytest.approx(expected, rel=1e-9)
-    assert "published" in M.kid_kernel(inception_space) and "scale-free" in M.kid_kernel(TINY_METRICS)
+    assert (
+        "published" in M.KID_KERNELS[inception_space.features] and "scale-free" in M.KID_KERNELS[TINY_METRICS.features]
+    )

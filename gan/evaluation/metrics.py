@@ -28,16 +28,18 @@ log = logging.getLogger(__name__)
 
 CLASSIFIER_VERSION = 1  # part of the cache key: bump when Classifier or train_classifier changes
 GENERATED_IMAGES = 10_000  # generated digits at least (data.num_samples): 99.9% held-out at 16 px in one epoch
-# DataConfig keys left out of the cache key: how images are read, and data.limit (the classifier learns the whole split)
-_LOADING_KEYS = ("root", "download", "in_memory", "batch_size", "num_workers", "limit")
-INCEPTION_WEIGHTS_URL = (
-    "https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/weights-inception-2015-12-05-6726825d.pth"
-)
+_LOADING_KEYS = ("root", "download", "in_memory", "batch_size", "num_workers", "limit")  # not in the cache key
+INCEPTION_SHA256_PREFIX = "6726825d"  # torch.hub names a file NAME-<its sha256's first hex digits>.EXT
+INCEPTION_FILE = f"weights-inception-2015-12-05-{INCEPTION_SHA256_PREFIX}.pth"
+INCEPTION_WEIGHTS_URL = f"https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/{INCEPTION_FILE}"
 NVLABS_INCEPTION_URL = (
     "https://nvlabs-fi-cdn.nvidia.com/stylegan2-ada-pytorch/pretrained/metrics/inception-2015-12-05.pt"
 )
-INCEPTION_SHA256_PREFIX = "6726825d"  # torch.hub names a file NAME-<its sha256's first hex digits>.EXT
 INCEPTION_DIMS = 2048  # pool3, the layer of the published FID (Heusel et al. 2017)
+KID_KERNELS = {  # metrics.json's kid_kernel, in each feature space
+    FeatureSpace.inception: "(x.y / d + 1)^3, the published KID's (Binkowski et al. 2018)",
+    FeatureSpace.classifier: "(x.y / E|f_real|^2 + 1)^3, scale-free: comparable only within this classifier",
+}
 FEATURE_METRICS = ("fid", "kid_mean", "kid_std", "precision", "recall", "density", "coverage")
 
 
@@ -46,7 +48,6 @@ class Classifier(nn.Module):
 
     def __init__(self, channels: int, num_classes: int, width: int = 16, feature_dim: int = 128):
         super().__init__()
-        self.feature_dim = feature_dim
         self.architecture = dict(channels=channels, num_classes=num_classes, width=width, feature_dim=feature_dim)
         layers: list[nn.Module] = []
         for cin, cout in [(channels, width), (width, 2 * width), (2 * width, 4 * width)]:
@@ -94,10 +95,9 @@ def classifier_key(data: DataConfig, cfg: ClassifierConfig) -> str:
         "classifier": {k: v for k, v in dataclasses.asdict(cfg).items() if k != "min_accuracy"},
     }
     root = Path(data.root).expanduser()
-    if data.name == DatasetName.folder and root.is_dir():
-        # a folder's images are its files, not its settings: a class or an image added is another classifier
+    if data.name == DatasetName.folder and root.is_dir():  # a folder's images are its files, not its settings
         paths, _, num_classes = list_images(root)
-        identity["folder"] = {"images": len(paths), "classes": num_classes}
+        identity["folder"] = {"images": len(paths), "classes": num_classes}  # one added: another classifier
     if data.name == DatasetName.packed and (root / PACK_FILE).is_file():  # packed again: another classifier
         identity["pack"] = (root / PACK_FILE).stat().st_mtime_ns
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:10]
@@ -154,22 +154,19 @@ class ClassifierFeatures(nn.Module):
     def __init__(self, classifier: Classifier, per_channel: bool = False, channels: int = 1):
         super().__init__()
         self.classifier, self.per_channel = classifier.eval(), per_channel
-        self.num_features = classifier.feature_dim * (channels if per_channel else 1)
+        self.num_features = classifier.head.in_features * (channels if per_channel else 1)
 
     def forward(self, images: Tensor) -> Tensor:
-        if not self.per_channel:
-            return self.classifier.features(images)
-        return self.classifier.features(images.reshape(-1, 1, *images.shape[-2:])).view(images.size(0), -1)
+        flat = images.reshape(-1, 1, *images.shape[-2:]) if self.per_channel else images
+        return self.classifier.features(flat).view(images.size(0), -1)
 
 
 class Inception(nn.Module):
     """Inception-v3 pool3: torch-fidelity's with TF1 resize (Parmar 2022: another moves FID) or NVlabs' TorchScript."""
 
-    num_features = INCEPTION_DIMS
-
     def __init__(self, net: nn.Module, file: Path, torchscript: bool = False, **space: Any):
         super().__init__()
-        self.net, self.torchscript = net, torchscript
+        self.net, self.torchscript, self.num_features = net, torchscript, INCEPTION_DIMS
         network, resizer, why = (
             ("NVlabs' TorchScript file", "the TorchScript file's own resize", "clean-fid's legacy_tensorflow mode")
             if torchscript
@@ -225,7 +222,7 @@ def inception_network(cfg: MetricsConfig) -> Inception:
             said = "Could not download torch-fidelity's Inception-v3 weights"
             todo = f"Offline, download {INCEPTION_WEIGHTS_URL} elsewhere and pass metrics.inception_weights=PATH."
         raise MetricsError(f"{said} ({reason(err)}). {todo}") from err
-    file = file or Path(torch.hub.get_dir()) / "checkpoints" / INCEPTION_WEIGHTS_URL.rsplit("/", 1)[1]  # downloaded
+    file = file or Path(torch.hub.get_dir()) / "checkpoints" / INCEPTION_FILE  # downloaded
     digest = hashlib.sha256(file.read_bytes()).hexdigest() if file.is_file() else None
     published = digest is not None and digest.startswith(INCEPTION_SHA256_PREFIX)
     if digest is not None and not published:
@@ -270,12 +267,6 @@ def reason(err: BaseException, limit: int = 200) -> str:
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
-def kid_kernel(cfg: MetricsConfig) -> str:
-    if cfg.features == FeatureSpace.inception:
-        return "(x.y / d + 1)^3, the published KID's (Binkowski et al. 2018)"
-    return "(x.y / E|f_real|^2 + 1)^3, scale-free: comparable only within this classifier"
-
-
 @torch.inference_mode()
 def batched(net: nn.Module, images: Tensor, batch_size: int, device: torch.device) -> Tensor:
     return torch.cat([net(chunk.to(device)).float().cpu() for chunk in images.split(batch_size)])
@@ -286,11 +277,9 @@ def predict(
 ) -> Tensor:
     """per_channel: one digit per channel, read as 100 a + 10 b + c."""
     with eval_mode(classifier):
-        if not per_channel:
-            return batched(classifier, images, batch_size, device).argmax(dim=1)
-        digits = batched(classifier, images.reshape(-1, 1, *images.shape[-2:]), batch_size, device).argmax(dim=1)
-        digits = digits.view(images.size(0), images.size(1))  # (N, C), most significant channel first
-        return (digits * 10 ** torch.arange(images.size(1) - 1, -1, -1)).sum(dim=1)
+        flat = images.reshape(-1, 1, *images.shape[-2:]) if per_channel else images
+        digits = batched(classifier, flat, batch_size, device).argmax(dim=1).view(images.size(0), -1)
+    return (digits * 10 ** torch.arange(digits.size(1) - 1, -1, -1)).sum(dim=1)  # most significant channel first
 
 
 def fid(real: Tensor, fake: Tensor) -> float:
@@ -337,8 +326,7 @@ def precision_recall_density_coverage(
 
     real_nearest, fake_pr = radius(real, max(pr_k, dc_k)), radius(fake, pr_k)[:, pr_k]
     real_pr, real_dc = real_nearest[:, pr_k], real_nearest[:, dc_k]
-    in_real_manifold = torch.zeros(fake.size(0), dtype=torch.bool)
-    balls_per_fake = torch.zeros(fake.size(0))
+    in_real_manifold, balls_per_fake = torch.zeros(fake.size(0), dtype=torch.bool), torch.zeros(fake.size(0))
     in_fake_manifold, covered = [], []
     for start in range(0, real.size(0), chunk):
         rows = slice(start, start + chunk)
@@ -371,22 +359,18 @@ def kl_divergence(q: Tensor, p: Tensor | float) -> float:
     return float(torch.xlogy(q, q / p).sum())
 
 
-def class_coverage(
-    fake_labels: Tensor, real_labels: Tensor, num_classes: int, threshold: float = 0.01
-) -> dict[str, float]:
+def class_coverage(fake: Tensor, real: Tensor, num_classes: int, threshold: float = 0.01) -> dict[str, float]:
     """Classes with >= threshold of the samples; KL(samples || data), add-one smoothed: a missing class costs log N."""
-    q = histogram(fake_labels, num_classes)
-    p = (torch.bincount(real_labels, minlength=num_classes).double() + 1) / (real_labels.numel() + num_classes)
+    q = histogram(fake, num_classes)
+    p = (torch.bincount(real, minlength=num_classes).double() + 1) / (real.numel() + num_classes)
     return {"classes_covered": int((q >= threshold).sum()), "class_kl": kl_divergence(q, p)}
 
 
 def mode_coverage(fake_modes: Tensor, num_modes: int = 1000) -> dict[str, float]:
     """Modes covered, KL to uniform (Metz et al. 2017); `digit_kl_ch{c}` tells a lopsided channel from a spread KL."""
     q = histogram(fake_modes, num_modes)
-    results = {"modes_covered": int((q > 0).sum()), "mode_kl": kl_divergence(q, 1.0 / num_modes)}
-    for channel, digits in enumerate(mode_digits(fake_modes)):
-        results[f"digit_kl_ch{channel}"] = kl_divergence(histogram(digits, 10), 0.1)
-    return results
+    digits = {f"digit_kl_ch{c}": kl_divergence(histogram(d, 10), 0.1) for c, d in enumerate(mode_digits(fake_modes))}
+    return {"modes_covered": int((q > 0).sum()), "mode_kl": kl_divergence(q, 1.0 / num_modes), **digits}
 
 
 def mode_digits(modes: Tensor) -> list[Tensor]:

@@ -25,15 +25,7 @@ from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 from torchvision.utils import save_image
 
-from gan.checkpoint import (
-    another_checkpoint,
-    check_config_groups,
-    checkpoint_path,
-    load_checkpoint,
-    load_module_state,
-    nonfinite,
-    stored_config_error,
-)
+import gan.checkpoint as ckpt
 from gan.config import DataConfig, EvaluateConfig, ExportFormat, FeatureSpace, ModelConfig, SaveSamples
 from gan.core.models import Generator
 from gan.core.sampling import class_rows, image_grid, sample
@@ -50,6 +42,7 @@ IMAGES_GROUP, METRICS_TEXT_TAG = "summary", "run/eval_metrics"
 SAVED = (("samples.npz", SaveSamples.npz), ("samples", SaveSamples.png))
 # Intra-class FID needs this many images per class, and d + 1 (else the covariance is singular).
 MIN_PER_CLASS = 200
+Reals = NamedTuple("Reals", [("images", Tensor), ("labels", Tensor), ("stacked", bool)])  # the measured-against
 # evaluate.py has no model.* settings that could change: a config at odds with its weights is damage
 DAMAGED = "evaluate.py builds the generator from the checkpoint alone: it was damaged or edited after it was written."
 
@@ -64,7 +57,7 @@ def evaluate(
     device = setup_torch(cfg.device, cfg.threads, cfg.seed, "device")
     # Inception first: a missing file or package fails before any other work
     inception = M.inception_network(cfg.metrics) if cfg.metrics.features == FeatureSpace.inception else None
-    state, source = load_checkpoint(cfg.checkpoint, map_location="cpu"), str(cfg.checkpoint)
+    state, source = ckpt.load_checkpoint(cfg.checkpoint, map_location="cpu"), str(cfg.checkpoint)
     data = data_config_of(state, data_overrides or {}, source)
     num_classes = classes_of(state, source)
     check_class_id(cfg.class_id, num_classes, source)
@@ -103,7 +96,7 @@ def evaluate(
         "input": "uint8 at data.image_size, scaled to [-1, 1]",
         "resizer": "none: images at data.image_size",
     }
-    space = {**space, "kid_kernel": M.kid_kernel(cfg.metrics), "measures": list(M.FEATURE_METRICS)}
+    space = {**space, "kid_kernel": M.KID_KERNELS[cfg.metrics.features], "measures": list(M.FEATURE_METRICS)}
     results.update(num_samples=fake.size(0), num_real=reals.images.size(0), real_split="held-out",
                    features=cfg.metrics.features.value, feature_space=space,
                    classifier=classifier_file, classifier_accuracy=accuracy, **about)  # fmt: skip
@@ -117,21 +110,30 @@ def evaluate(
         log.info("Exported the generator: %s", path)
     done["outputs"] = time.perf_counter()
     seconds = {stage: round(done[stage] - start, 3) for start, stage in zip(done.values(), list(done)[1:])}
-    results["seconds"] = {**seconds, "total": sum(seconds.values())}
-    results["environment"] = environment(device)
+    results.update(seconds={**seconds, "total": sum(seconds.values())}, environment=environment(device))
     results["training_environment"] = state.get("environment")  # as the checkpoint recorded it, if it did
-    report(results, pictures, run.metrics, tb_dir or run.tb)
+    partial = run_dir / f".{run.metrics.name}.tmp"  # replaced whole: a killed write never leaves half a file
+    partial.write_text(json.dumps(results, indent=2) + "\n")
+    os.replace(partial, run.metrics)
+    rows = {key: value for key, value in results.items() if not isinstance(value, Mapping)}
+    rows["seconds"] = f"{results['seconds']['total']:.1f}"
+    shown = {k: f"{v:.6g}" if isinstance(v, float) else "-" if v is None else str(v) for k, v in rows.items()}
+    table = "\n".join(f"  {key:<{max(map(len, shown))}}  {text}" for key, text in shown.items())
+    log.info("Metrics (%s features, %d samples vs %d held-out images):\n%s", results["features"],
+             results["num_samples"], results["num_real"], table)  # fmt: skip
+    log.info("Feature space: %(network)s, %(file)s; resizer: %(resizer)s", results["feature_space"])
+    log.info("Environment: %s", ", ".join(f"{key} {value}" for key, value in results["environment"].items()))
+    if changes := environment_changes(results["training_environment"], results["environment"]):
+        log.info("Trained in another environment: %s", "; ".join(changes))
+    with SummaryWriter(log_dir=str(tb_dir or run.tb)) as writer:
+        for name, grid in pictures.items():
+            writer.add_image(f"{IMAGES_GROUP}/{name}", grid, results["step"])
+        # a text table (one number is a one-point chart), under the tag itself: add_text would add /text_summary
+        writer.file_writer.add_summary(text_pb(METRICS_TEXT_TAG, "```\n" + table + "\n```"), results["step"])
     return results
 
 
-class Reals(NamedTuple):
-    images: Tensor
-    labels: Tensor
-    stacked: bool
-
-
 def prepare_generator(state: Mapping[str, Any], cfg: EvaluateConfig, device: torch.device) -> tuple[nn.Module, dict]:
-    """G in eval mode, BatchNorm statistics recomputed, and what metrics.json says about it."""
     G, generator_name = build_generator(state, cfg.use_ema, device, source=str(cfg.checkpoint))
     recomputed = recompute_batchnorm_stats(G, cfg.bn_batches, cfg.batch_size, cfg.seed, device)
     bn_stats = f"recomputed ({cfg.bn_batches} x {cfg.batch_size} samples)" if recomputed else "checkpoint"
@@ -181,15 +183,12 @@ def intra_fid(real_features: Tensor, real_labels: Tensor, fake_features: Tensor,
 
 
 def draw_pictures(G: nn.Module, fake: Tensor, data: DataConfig, cfg: EvaluateConfig, device: torch.device) -> dict:
-    """The sample grid, slerp interpolations (White 2016), nearest training images, and a row per class."""
     rows, steps, k = cfg.interpolation_rows, cfg.interpolation_steps, cfg.neighbours
     z0, z1 = torch.randn(2, rows, G.z_dim, generator=torch.Generator().manual_seed(cfg.seed + 1))
     z = slerp(z0, z1, torch.linspace(0, 1, steps)).reshape(rows * steps, G.z_dim)
-    y = None  # conditional G: row r drawn as the class asked for, else as class r (mod the classes)
-    if G.num_classes:
-        classes = [r % G.num_classes if cfg.class_id is None else cfg.class_id for r in range(rows)]
-        y = torch.tensor(classes, device=device).repeat_interleave(steps)
-
+    # conditional G: row r drawn as the class asked for, else as class r (mod the classes)
+    y = torch.arange(rows) % max(G.num_classes, 1) if cfg.class_id is None else torch.full((rows,), cfg.class_id)
+    y = y.repeat_interleave(steps).to(device) if G.num_classes else None
     # each query, then its k nearest training images (pixel L2); the images in chunks: a streamed dataset need not fit
     training, queries = load_dataset(data, train=True).images, fake[: cfg.neighbour_queries]
     chunks = training.split(4096) if isinstance(training, Tensor) else DataLoader(training, batch_size=4096)
@@ -220,30 +219,7 @@ def slerp(z0: Tensor, z1: Tensor, t: Tensor) -> Tensor:
     return w0 * z0[:, None] + w1 * z1[:, None]
 
 
-def report(results: dict[str, Any], pictures: Mapping[str, Tensor], metrics: Path, tb_dir: Path) -> None:
-    partial = metrics.with_name(f".{metrics.name}.tmp")  # replaced whole: a killed write never leaves half a file
-    partial.write_text(json.dumps(results, indent=2) + "\n")
-    os.replace(partial, metrics)
-    rows = {key: value for key, value in results.items() if not isinstance(value, Mapping)}
-    rows["seconds"] = f"{results['seconds']['total']:.1f}"
-    shown = {k: f"{v:.6g}" if isinstance(v, float) else "-" if v is None else str(v) for k, v in rows.items()}
-    table = "\n".join(f"  {key:<{max(map(len, shown))}}  {text}" for key, text in shown.items())
-    log.info("Metrics (%s features, %d samples vs %d held-out images):\n%s", results["features"],
-             results["num_samples"], results["num_real"], table)  # fmt: skip
-    log.info("Feature space: %(network)s, %(file)s; resizer: %(resizer)s", results["feature_space"])
-    log.info("Environment: %s", ", ".join(f"{key} {value}" for key, value in results["environment"].items()))
-    if changes := environment_changes(results["training_environment"], results["environment"]):
-        log.info("Trained in another environment: %s", "; ".join(changes))
-    with SummaryWriter(log_dir=str(tb_dir)) as writer:  # the numbers as a text table: one number is a one-point chart
-        for name, grid in pictures.items():
-            writer.add_image(f"{IMAGES_GROUP}/{name}", grid, results["step"])
-        # under the tag itself: torch's add_text would add `/text_summary` to it
-        writer.file_writer.add_summary(text_pb(METRICS_TEXT_TAG, "```\n" + table + "\n```"), results["step"])
-
-
-def data_config_of(
-    state: Mapping[str, Any], overrides: Mapping[str, Any], source: str = "the checkpoint"
-) -> DataConfig:
+def data_config_of(state: Mapping[str, Any], overrides: Mapping, source: str = "the checkpoint") -> DataConfig:
     recorded = stored_group(state, "data", DataConfig, source)
     for key in ("image_size", "channels"):
         if key in overrides and key in state["config"]["data"] and overrides[key] != getattr(recorded, key):
@@ -261,12 +237,12 @@ def data_config_of(
 
 
 def stored_group(state: Mapping[str, Any], group: str, schema: type, source: str) -> Any:
-    """The stored group, typed (an object); CheckpointError when it is damaged."""
-    check_config_groups(state["config"], source, required=[group])  # load_checkpoint checked the rest of its form
+    """The stored group over `schema`'s defaults, typed; CheckpointError when it is damaged."""
+    ckpt.check_config_groups(state["config"], source, required=[group])  # load_checkpoint checked the rest of its form
     try:
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), state["config"][group]))
     except (OmegaConfBaseException, ValueError) as err:  # a value that types but does not build (an interpolation)
-        raise stored_config_error(err, source, group) from err
+        raise ckpt.stored_config_error(err, source, group) from err
 
 
 def classes_of(state: Mapping[str, Any], source: str = "the checkpoint") -> int:
@@ -277,10 +253,10 @@ def classes_of(state: Mapping[str, Any], source: str = "the checkpoint") -> int:
         return num_classes
     built = f"built for {num_classes} classes" if num_classes else "built without classes (num_classes 0 or absent)"
     raise CheckpointError(
-        f"The config stored in {checkpoint_path(source)} and its weights disagree: model.conditional="
+        f"The config stored in {ckpt.checkpoint_path(source)} and its weights disagree: model.conditional="
         f"{str(conditional).lower()}, but its entry 'num_classes' says its generator was {built}"
         f"{', and a conditional one needs 2 or more' if conditional else ''}. {DAMAGED} "
-        f"{another_checkpoint(checkpoint_path(source), 'evaluate')}"
+        f"{ckpt.another_checkpoint(ckpt.checkpoint_path(source), 'evaluate')}"
     )
 
 
@@ -290,16 +266,16 @@ def build_generator(
     """EMA weights when asked and present. A NaN or inf weight is refused: FID would still be finite."""
     model, data = stored_group(state, "model", ModelConfig, source), stored_group(state, "data", DataConfig, source)
     G = Generator(model.z_dim, model.g_width, data.channels, data.image_size, classes_of(state, source))
-    instead = another_checkpoint(checkpoint_path(source), "evaluate")
+    instead = ckpt.another_checkpoint(ckpt.checkpoint_path(source), "evaluate")
     name, weights = "raw", state["G"]
     if use_ema and state.get("G_ema") is None:  # a state dict or None: load_checkpoint checked it
         log.info("The checkpoint holds no EMA generator; sampling from G itself.")
     elif use_ema:
         name, ema = "EMA", state["G_ema"]
         weights = {k.removeprefix("module."): v for k, v in ema.items() if k.startswith("module.")}
-    why = f"The generator is built from the config stored in {checkpoint_path(source)}: its config and weights"
-    load_module_state(G, weights, f"{name} generator", f"{why} disagree. {DAMAGED} {instead}")
-    bad, total = nonfinite(G.state_dict().items())  # the check a resume makes too (require_training_state)
+    why = f"The generator is built from the config stored in {ckpt.checkpoint_path(source)}: its config and weights"
+    ckpt.load_module_state(G, weights, f"{name} generator", f"{why} disagree. {DAMAGED} {instead}")
+    bad, total = ckpt.nonfinite(G.state_dict().items())  # the check a resume makes too (require_training_state)
     if bad:
         shown = ", ".join(bad[:4]) + (", ..." if len(bad) > 4 else "")
         raise CheckpointError(
@@ -330,9 +306,8 @@ def reference_subset(
     if total < count:
         log.warning(f"The {split} has {total} images, fewer than {setting}={count}: the metrics compare {count} "
                     f"samples with {total} real images.")  # fmt: skip
-        index = torch.arange(total)
-    else:
-        index = torch.randperm(total, generator=torch.Generator().manual_seed(seed))[:count]
+    shuffled = torch.randperm(total, generator=torch.Generator().manual_seed(seed))
+    index = torch.arange(total) if total < count else shuffled[:count]
     return take(reference.images, index), reference.labels[index]
 
 
@@ -364,8 +339,7 @@ def generate(
     G: nn.Module, count: int, batch_size: int, seed: int, device: torch.device, labels: Optional[Tensor] = None
 ) -> Tensor:
     """uint8 on the CPU; eval() so that a sample does not depend on its batch."""
-    latents = torch.Generator(device).manual_seed(seed)
-    chunks = []
+    latents, chunks = torch.Generator(device).manual_seed(seed), []
     for start in range(0, count, batch_size):
         z = torch.randn(min(batch_size, count - start), G.z_dim, device=device, generator=latents)
         y = None if labels is None else labels[start : start + z.size(0)].to(device)  # the classes asked for
@@ -454,10 +428,9 @@ def save_generator(G: nn.Module, formats: ExportFormat, out_dir: Path) -> list[P
             torch.jit.script(wrapped).save(str(out_dir / TORCHSCRIPT_FILE))  # script keeps the rank-1 branch
         written.append(out_dir / TORCHSCRIPT_FILE)
     if formats in (ExportFormat.export, ExportFormat.both):
-        # A batch of 2 as the example: torch.export specialises sizes 0 and 1, so 1 would pin the batch dimension.
-        z = torch.randn(2, G.z_dim, generator=torch.Generator().manual_seed(0))
-        # a dynamic batch dimension; the rank-1 branch is guarded out
-        program = torch.export.export(wrapped, (z,), dynamic_shapes={"z": {0: Dim("batch", min=1)}})
+        # a dynamic batch dimension (the rank-1 branch guarded out), from an example batch of 2: torch.export
+        # specialises sizes 0 and 1, so 1 would pin it
+        program = torch.export.export(wrapped, (torch.zeros(2, G.z_dim),), dynamic_shapes=({0: Dim("batch", min=1)},))
         torch.export.save(program, str(out_dir / EXPORT_FILE))
         written.append(out_dir / EXPORT_FILE)
     return written
