@@ -21,29 +21,15 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_checkpoints import run_until
+from test_distributed import finish
 
 from gan.checkpoint import load_checkpoint
-from gan.config import (
-    ConfigError,
-    EvaluateConfig,
-    ExportFormat,
-    FeatureSpace,
-    MetricsConfig,
-    validate_evaluate,
-)
+from gan.config import ConfigError, EvaluateConfig, ExportFormat, FeatureSpace, MetricsConfig, validate_evaluate
 from gan.device import environment as device_environment
 from gan.errors import CheckpointError, MetricsError
 from gan.evaluation import pipeline as X
-from gan.evaluation.pipeline import (
-    build_generator,
-    data_config_of,
-    evaluate,
-    generate,
-    interrupted,
-    recompute_batchnorm_stats,
-    slerp,
-    to_uint8,
-)
+from gan.evaluation.pipeline import build_generator, evaluate, recompute_batchnorm_stats
 from gan.run import Run
 
 MEASURES = ["fid", "kid_mean", "kid_std", "precision", "recall", "density", "coverage"]
@@ -53,24 +39,19 @@ TINY_EVAL = ["num_samples=200", "threads=1", "device=cpu", "metrics.kid_subsets=
 
 
 @pytest.fixture(scope="module")
-def digits_root(classifier_cache) -> Path:
-    """The session's data.root whose classifiers/ holds the 16 px digits' metrics classifier, trained once."""
-    return classifier_cache.parent
-
-
-@pytest.fixture(scope="module")
-def evaluated(tiny_run, digits_root, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+def evaluated(tiny_run, classifier_cache, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """`evaluate.py checkpoint=<run dir>` on the session's tiny run, every optional output on; the run untouched."""
     eval_dir, before = tmp_path_factory.mktemp("eval") / "eval", snapshot(tiny_run)
     outputs = ["export=both", "save_samples=npz", f"hydra.run.dir={eval_dir}"]
-    result = run_evaluate(f"checkpoint={tiny_run}", f"data.root={digits_root}", *TINY_EVAL, *outputs)
+    # data.root: the session's, whose classifiers/ holds the 16 px digits' metrics classifier, trained once
+    result = run_evaluate(f"checkpoint={tiny_run}", f"data.root={classifier_cache.parent}", *TINY_EVAL, *outputs)
     assert result.returncode == 0, result.stderr[-3000:]
     assert snapshot(tiny_run) == before
     return eval_dir, result
 
 
 # end to end: train.py, then evaluate.py on what it wrote ----------------------------------------
-def test_metrics_json_holds_every_metric(evaluated, digits_root):
+def test_metrics_json_pictures_samples_and_events_hold_what_the_docs_say(evaluated, classifier_cache):
     eval_dir, result = evaluated
     results = json.loads((eval_dir / "metrics.json").read_text())
     assert REQUIRED_KEYS <= set(results) and "modes_covered" not in results  # digits are not stacked
@@ -92,12 +73,8 @@ def test_metrics_json_holds_every_metric(evaluated, digits_root):
     assert ("Trained in another environment" in log) == (trained_on.type != "cpu")  # only the device differs
     assert "Metrics (classifier features, 200 samples vs 42 held-out images)" in log
     assert "kid_mean" in log and "coverage" in log
-    assert (digits_root / "classifiers" / results["classifier"].split()[0]).is_file()
-
-
-def test_pictures_pngs_tensorboard_and_samples_npz_have_the_documented_layout(evaluated):
-    eval_dir, _ = evaluated
-    # 16 px images and 2 px padding: 64 samples 8 x 8, 8 rows of 10 steps, 8 rows of a sample and 5 neighbours
+    assert (classifier_cache / results["classifier"].split()[0]).is_file()
+    # the pictures (16 px, 2 px padding): 64 samples 8 x 8, 8 rows of 10 steps, 8 rows of a sample and 5 neighbours
     expected = {"samples": (8, 8), "interpolation": (10, 8), "nearest_neighbours": (6, 8)}
     for name, (columns, rows) in expected.items():
         with Image.open(eval_dir / f"{name}.png") as image:
@@ -105,12 +82,10 @@ def test_pictures_pngs_tensorboard_and_samples_npz_have_the_documented_layout(ev
     with np.load(eval_dir / "samples.npz") as saved:
         images = saved["arr_0"]  # np.savez's default key, as metric tools read it
     assert images.dtype == np.uint8 and images.shape == (200, 16, 16, 1)
-    events = EventAccumulator(str(eval_dir / "tb"), size_guidance={"images": 0, "scalars": 0, "tensors": 0})
-    events.Reload()
+    events = EventAccumulator(str(eval_dir / "tb"), size_guidance={"images": 0, "scalars": 0, "tensors": 0}).Reload()
     tags = events.Tags()
     assert tags["scalars"] == []  # single numbers go in the table: a one-point chart says nothing
-    shown = {"summary/samples", "summary/interpolation", "summary/nearest_neighbours"}
-    assert shown <= set(tags["images"])
+    assert {"summary/samples", "summary/interpolation", "summary/nearest_neighbours"} <= set(tags["images"])
     assert [e.step for e in events.Images("summary/samples")] == [6]
     (text_tag,) = [tag for tag in tags["tensors"] if "metrics" in tag]
     assert text_tag == "run/eval_metrics"  # the tag itself, not torch add_text's run/eval_metrics/text_summary
@@ -178,22 +153,22 @@ def test_the_ema_generator_is_used_when_the_checkpoint_has_one_and_data_comes_fr
     no_ema = load_checkpoint(tiny_checkpoint(tmp_path, ema=False))
     assert build_generator(no_ema, use_ema=True, device=cpu)[1] == "raw"
     elsewhere = str(tmp_path / "elsewhere")
-    data = data_config_of(state, {"root": elsewhere})  # only the keys given replace the checkpoint's own
+    data = X.data_config_of(state, {"root": elsewhere})  # only the keys given replace the checkpoint's own
     assert (data.name, data.image_size, data.num_samples, data.root) == ("digits", 16, 1200, elsewhere)
     with pytest.raises(ConfigError, match="data.image_size"):
-        data_config_of(state, {"image_size": 32})
+        X.data_config_of(state, {"image_size": 32})
 
 
 def test_sampling_is_in_eval_mode_without_autograd_and_leaves_g_as_it_was(tiny_gan):
     G, _ = tiny_gan
     G.train()
     before = {k: v.clone() for k, v in G.state_dict().items()}
-    samples = generate(G, 10, 4, seed=3, device=torch.device("cpu"))
+    samples = X.generate(G, 10, 4, seed=3, device=torch.device("cpu"))
     assert G.training  # mode restored, and BatchNorm's running statistics untouched:
     assert all(torch.equal(value, before[key]) for key, value in G.state_dict().items())
     z = torch.cat([torch.randn(n, G.z_dim, generator=g) for g in [torch.Generator().manual_seed(3)] for n in (4, 4, 2)])
     with torch.no_grad():
-        expected = to_uint8(G.eval()(z))
+        expected = X.to_uint8(G.eval()(z))
     assert samples.dtype == torch.uint8 and torch.equal(samples, expected)
 
 
@@ -212,14 +187,14 @@ def test_slerp_runs_along_the_sphere_and_hits_both_ends():
     gen = torch.Generator().manual_seed(0)
     z0, z1 = torch.randn(2, 3, 100, generator=gen)
     z1 = z1 / z1.norm(dim=-1, keepdim=True) * z0.norm(dim=-1, keepdim=True)  # same radius
-    path = slerp(z0, z1, torch.linspace(0, 1, 7))  # (3, 7, 100)
+    path = X.slerp(z0, z1, torch.linspace(0, 1, 7))  # (3, 7, 100)
     torch.testing.assert_close(path[:, 0], z0)
     torch.testing.assert_close(path[:, -1], z1)
     norms = path.norm(dim=-1) / z0.norm(dim=-1, keepdim=True)
     torch.testing.assert_close(norms, torch.ones_like(norms))  # stays on the sphere
     midpoint = ((z0 + z1) / 2).norm(dim=-1) / z0.norm(dim=-1)
     assert (midpoint < 0.8).all()  # the straight line cuts inside: about 1/sqrt(2) for random directions
-    same = slerp(z0, z0, torch.tensor([0.5]))  # parallel latents: no division by sin(0)
+    same = X.slerp(z0, z0, torch.tensor([0.5]))  # parallel latents: no division by sin(0)
     torch.testing.assert_close(same[:, 0], z0)
 
 
@@ -229,14 +204,14 @@ def quick_config(checkpoint: Path, metrics: MetricsConfig, **settings) -> Evalua
     return EvaluateConfig(checkpoint=str(checkpoint), metrics=metrics, **{**quick, **settings})
 
 
-def test_evaluate_in_process_on_stacked_data_counts_modes(tmp_path, one_thread, digits_root):
+def test_evaluate_in_process_on_stacked_data_counts_modes(tmp_path, one_thread, classifier_cache):
     checkpoint = tiny_checkpoint(tmp_path, "data=stacked", "data.image_size=16", "data.num_samples=1200")
     cfg = quick_config(checkpoint, MetricsConfig(kid_subsets=5), num_samples=100)
-    results = evaluate(cfg, tmp_path / "eval", {"root": str(digits_root)})
+    results = evaluate(cfg, tmp_path / "eval", {"root": str(classifier_cache.parent)})
     assert {"modes_covered", "mode_kl"} <= set(results) and 0 <= results["modes_covered"] <= 100
     assert results["classes_covered"] <= 10  # digits of the three channels, pooled
     # the classifier of the grayscale source, not of the stacked images: the only one there
-    assert [p.name.split("-")[0] for p in (digits_root / "classifiers").iterdir()] == ["digits"]
+    assert [p.name.split("-")[0] for p in classifier_cache.iterdir()] == ["digits"]
 
 
 def unlabelled_checkpoint(tmp_path: Path, count: int = 40) -> Path:
@@ -327,18 +302,13 @@ def test_sigint_during_evaluate_says_what_was_saved_and_exits_130(tiny_run, tmp_
         args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
     try:
-        output = []
-        for line in process.stdout:  # wait until the evaluation is under way
-            output.append(line)
-            if "Evaluating " in line:
-                break
+        lines = run_until(process, "Evaluating ")  # the evaluation is under way
         os.killpg(process.pid, signal.SIGINT)
-        rest, _ = process.communicate(timeout=120)
+        returncode, output = finish(process, lines)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-    output = "".join(output) + rest
-    assert process.returncode == 130, output[-3000:]
+    assert returncode == 130, output[-3000:]
     assert f"Interrupted (SIGINT); nothing measured was saved: {eval_dir} holds no metrics.json" in output
     assert "Traceback" not in output and "KeyboardInterrupt" not in output
     assert not (eval_dir / "metrics.json").exists()
@@ -348,11 +318,11 @@ def test_the_interruption_line_says_only_what_the_run_dir_holds(tmp_path):
     (tmp_path / ".hydra").mkdir()
     (tmp_path / "evaluate.log").write_text("")
     nothing = f"Interrupted (SIGINT); nothing measured was saved: {tmp_path} holds no metrics.json."
-    assert interrupted(tmp_path) == nothing  # Hydra's own .hydra/ and log are no outputs
+    assert X.interrupted(tmp_path) == nothing  # Hydra's own .hydra/ and log are no outputs
     (tmp_path / "samples.png").write_bytes(b"")
-    assert interrupted(tmp_path).endswith("holds no metrics.json, only partial outputs (samples.png).")
+    assert X.interrupted(tmp_path).endswith("holds no metrics.json, only partial outputs (samples.png).")
     (tmp_path / "metrics.json").write_text("{}")
-    assert interrupted(tmp_path).startswith(f"Interrupted (SIGINT) after the metrics were saved to {tmp_path}")
+    assert X.interrupted(tmp_path).startswith(f"Interrupted (SIGINT) after the metrics were saved to {tmp_path}")
 
 
 # what evaluate.py reads and where it writes -------------------------------------------------------------

@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 from conftest import TinyNVlabsInception, write_torchscript
-from torch import Tensor, nn
+from torch import nn
 from torchmetrics.image.kid import KernelInceptionDistance
 
 from gan.config import ClassifierConfig, DataConfig, FeatureSpace, MetricsConfig
@@ -25,21 +25,15 @@ TINY_METRICS = MetricsConfig(kid_subsets=20, kid_subset_size=500)
 
 
 @pytest.fixture(scope="module")
-def one_thread():
+def digits() -> dict:
+    """Training and held-out digits, the classifier, and the held-out features and predictions; one thread."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def digits(one_thread) -> dict:
-    """Training and held-out digits, the classifier, and the held-out features and predictions."""
     train = ImageSet(*render_digits(2000, 16, seed=0), num_classes=10)
     held_out = ImageSet(*render_digits(1000, 16, seed=1_000_003), num_classes=10)
     classifier, accuracy = M.train_classifier(train, held_out, TINY_CLASSIFIER, CPU)
     features = M.ClassifierFeatures(classifier)
-    return dict(
+    yield dict(
         train=train,
         held_out=held_out,
         classifier=classifier,
@@ -48,6 +42,7 @@ def digits(one_thread) -> dict:
         real_features=M.batched(features, held_out.images, 500, CPU),
         real_labels=M.predict(classifier, held_out.images, 500, CPU),
     )
+    torch.set_num_threads(threads)
 
 
 def measure(digits: dict, images: torch.Tensor) -> dict:
@@ -74,33 +69,25 @@ def test_classifier_reaches_the_stated_accuracy_and_its_features_are_the_penulti
     torch.testing.assert_close(digits["classifier"].head(features), digits["classifier"](images))
 
 
-# honesty: each test would fail if the metric were blind to what it is meant to see ---------------
-def test_real_is_near_the_floor_and_fid_and_kid_rise_monotonically_with_noise(digits):
+# honesty: each check would fail if the metric were blind to what it is meant to see ---------------
+def test_noise_blur_dropped_classes_and_repeats_each_move_the_metrics_meant_to_see_them(digits):
     base = training_images(digits)
-    results = [
-        measure(digits, M.with_gaussian_noise(base, sigma) if sigma else base) for sigma in (0.0, 0.1, 0.2, 0.3, 0.5)
-    ]
-    real = results[0]
+    real, *noisy = [measure(digits, M.with_gaussian_noise(base, s) if s else base) for s in (0, 0.1, 0.2, 0.3, 0.5)]
     # At N = 1000 the floor is not 0 (a finite sample's covariance is noisy): measured 1.2-1.4, against 3.3-4.8
     # with the mildest noise.
-    assert real["fid"] < 0.5 * results[1]["fid"]
+    assert real["fid"] < 0.5 * noisy[0]["fid"]
     assert abs(real["kid_mean"]) < 3 * real["kid_std"]  # KID is unbiased: about 0 for equal distributions
     assert min(real["precision"], real["recall"], real["coverage"]) > 0.85
     assert 0.9 < real["density"] < 1.1
     assert real["classes_covered"] == 10 and real["class_kl"] < 0.03
-    fids, kids = [r["fid"] for r in results], [r["kid_mean"] for r in results]
+    fids, kids = [r["fid"] for r in (real, *noisy)], [r["kid_mean"] for r in (real, *noisy)]
     assert fids == sorted(fids) and len(set(fids)) == len(fids), fids
     assert kids == sorted(kids), kids
-    assert results[-1]["precision"] < 0.2 < 0.8 < real["precision"]
-
-
-def test_slight_blur_costs_recall_not_precision(digits):
-    # scripts/calibrate.py's finding: blurred real images stay inside the real manifold (precision) but no longer
-    # cover it (recall), as smooth samples do. Here recall 0.91 -> 0.61, precision 0.92 -> 0.86
-    real = measure(digits, training_images(digits))
-    soft = measure(digits, M.with_gaussian_blur(training_images(digits), 0.5))
-    assert soft["recall"] < real["recall"] - 0.15
-    assert soft["precision"] > real["precision"] - 0.1
+    assert noisy[-1]["precision"] < 0.2 < 0.8 < real["precision"]
+    # slight blur, scripts/calibrate.py's finding: blurred real images stay inside the real manifold (precision) but
+    # no longer cover it (recall), as smooth samples do. Here recall 0.91 -> 0.61, precision 0.92 -> 0.86
+    soft = measure(digits, M.with_gaussian_blur(base, 0.5))
+    assert soft["recall"] < real["recall"] - 0.15 and soft["precision"] > real["precision"] - 0.1
     assert soft["fid"] > real["fid"]
     dot = torch.zeros(1, 1, 5, 5, dtype=torch.uint8)
     dot[0, 0, 2, 2] = 200
@@ -108,21 +95,15 @@ def test_slight_blur_costs_recall_not_precision(digits):
     assert spread.dtype == torch.uint8 and spread.shape == dot.shape
     assert 0 < spread[0, 0, 2, 1] < spread[0, 0, 2, 2] < 200  # the dot spreads to its neighbours
     assert spread[0, 0, 0, 0] == 0 and abs(int(spread.sum()) - 200) <= 8  # 3 x 3 reach; mass kept but rounding
-
-
-def test_dropping_classes_lowers_classes_covered_and_raises_class_kl(digits):
-    all_classes = measure(digits, training_images(digits))
+    # half the classes dropped: classes_covered falls, class_kl rises (about log 2 = 0.69)
     half = measure(digits, training_images(digits, keep=digits["train"].labels >= 5))
-    assert all_classes["classes_covered"] == 10 and half["classes_covered"] == 5
-    assert half["class_kl"] > 0.5 > 0.05 > all_classes["class_kl"]  # about log 2 = 0.69 when half are gone
-    assert half["recall"] < all_classes["recall"] - 0.3  # the missing half of the data is not covered
-
-
-def test_repeating_100_images_collapses_recall_and_coverage(digits):
-    diverse = measure(digits, training_images(digits))
+    assert real["classes_covered"] == 10 and half["classes_covered"] == 5
+    assert half["class_kl"] > 0.5 > 0.05 > real["class_kl"]
+    assert half["recall"] < real["recall"] - 0.3  # the missing half of the data is not covered
+    # 100 images repeated 10 times: recall and coverage collapse
     repeated = measure(digits, training_images(digits, count=100).repeat(10, 1, 1, 1))
-    assert repeated["recall"] < 0.05 < 0.85 < diverse["recall"]  # a repeated image's k-NN ball has radius 0
-    assert repeated["coverage"] < 0.5 < 0.9 < diverse["coverage"]  # 100 distinct images cover about 35%
+    assert repeated["recall"] < 0.05 < 0.85 < real["recall"]  # a repeated image's k-NN ball has radius 0
+    assert repeated["coverage"] < 0.5 < 0.9 < real["coverage"]  # 100 distinct images cover about 35%
     assert repeated["precision"] > 0.8  # each repeated image is a real digit: fidelity is not the problem
     assert repeated["classes_covered"] == 10  # the class histogram is blind to this collapse
 
@@ -144,15 +125,13 @@ def test_kid_gamma_keeps_the_kernel_scale_free():
 # the arithmetic, against brute force -------------------------------------------------------------
 def brute_force_prdc(real: torch.Tensor, fake: torch.Tensor, pr_k: int, dc_k: int) -> dict:
     """Kynkaanniemi et al. and Naeem et al. written out on full distance matrices."""
-    rr, ff, rf = torch.cdist(real, real), torch.cdist(fake, fake), torch.cdist(real, fake)
-    real_pr = rr.sort(dim=1).values[:, pr_k]
-    real_dc = rr.sort(dim=1).values[:, dc_k]
-    fake_pr = ff.sort(dim=1).values[:, pr_k]
+    rf = torch.cdist(real, fake)  # below: each point's distances to its own set, sorted (column 0: itself)
+    real_nn, fake_nn = torch.cdist(real, real).sort(dim=1).values, torch.cdist(fake, fake).sort(dim=1).values
     return {
-        "precision": (rf < real_pr[:, None]).any(0).float().mean().item(),
-        "recall": (rf < fake_pr[None, :]).any(1).float().mean().item(),
-        "density": (rf < real_dc[:, None]).sum().item() / (dc_k * fake.size(0)),
-        "coverage": (rf.min(1).values < real_dc).float().mean().item(),
+        "precision": (rf < real_nn[:, pr_k, None]).any(0).float().mean().item(),
+        "recall": (rf < fake_nn[None, :, pr_k]).any(1).float().mean().item(),
+        "density": (rf < real_nn[:, dc_k, None]).sum().item() / (dc_k * fake.size(0)),
+        "coverage": (rf.min(1).values < real_nn[:, dc_k]).float().mean().item(),
     }
 
 
@@ -173,8 +152,7 @@ def test_fid_of_identical_sets_is_zero_and_of_shifted_sets_is_the_squared_shift(
 def test_class_coverage_and_kl_on_known_histograms():
     real = torch.arange(10).repeat(100)  # uniform over 10 classes
     assert M.class_coverage(real, real, 10) == {"classes_covered": 10, "class_kl": pytest.approx(0, abs=1e-9)}
-    half = torch.arange(5).repeat(200)
-    result = M.class_coverage(half, real, 10)
+    result = M.class_coverage(torch.arange(5).repeat(200), real, 10)
     assert result["classes_covered"] == 5
     assert result["class_kl"] == pytest.approx(torch.log(torch.tensor(2.0)).item(), abs=0.01)
     rare = torch.cat([torch.zeros(995, dtype=torch.long), torch.ones(5, dtype=torch.long)])
@@ -198,9 +176,8 @@ def test_stacked_images_are_classified_channel_by_channel(digits):
     # Stacked-MNIST built by hand: three held-out digits as R, G, B; label 100 r + 10 g + b.
     held_out = digits["held_out"]
     triples = torch.randint(0, 1000, (600, 3), generator=torch.Generator().manual_seed(0))
-    stacked = ImageSet(
-        held_out.images[triples].flatten(1, 2), (held_out.labels[triples] * torch.tensor([100, 10, 1])).sum(1), 1000
-    )
+    labels = (held_out.labels[triples] * torch.tensor([100, 10, 1])).sum(1)
+    stacked = ImageSet(held_out.images[triples].flatten(1, 2), labels, 1000)
     assert M.is_stacked(stacked) and not M.is_stacked(held_out)
     modes = M.predict(digits["classifier"], stacked.images, 500, CPU, per_channel=True)
     assert (modes == stacked.labels).float().mean() > STATED_ACCURACY**3 - 0.03
@@ -221,11 +198,7 @@ def test_classifier_is_cached_under_data_root_keyed_by_what_decides_it(tmp_path,
     assert path.parent == tmp_path / "classifiers" and path.name.startswith("digits-16px-1ch-")
     saved = torch.load(path, weights_only=True)  # a plain dict of tensors and containers
     assert saved["accuracy"] == accuracy >= 0.9
-
-    def no_training(*args, **kwargs):
-        raise AssertionError("a cached classifier was trained again")
-
-    monkeypatch.setattr(M, "train_classifier", no_training)
+    monkeypatch.setattr(M, "train_classifier", lambda *args: pytest.fail("a cached classifier was trained again"))
     again, accuracy_again, path_again = M.load_or_train_classifier(data, config, CPU)
     assert path_again == path and accuracy_again == accuracy
     # a run on fewer generated digits (debug=tiny's 256) is measured with the same classifier
@@ -251,17 +224,9 @@ def test_inception_without_torch_fidelity_says_how_to_get_it(tmp_path, monkeypat
 
 
 # the two Inception-v3 files: a random-valued stand-in for each, through the code real files take --
-
-
 def inception(**files: str) -> nn.Module:
     """The Inception network evaluate.py builds for these metrics.* files."""
     return M.inception_network(MetricsConfig(features=FeatureSpace.inception, **files))
-
-
-def digits_and_noise(count: int = 4) -> tuple[Tensor, Tensor]:
-    """`count` grayscale 16 px digits, and as many noisy copies of other digits."""
-    real = render_digits(count, 16, seed=0)[0]
-    return real, M.with_gaussian_noise(render_digits(count, 16, seed=1)[0], 0.2)
 
 
 @pytest.mark.parametrize("key", ["inception_weights", "feature_network"])
@@ -275,7 +240,7 @@ def test_each_inception_file_loads_and_gives_finite_2048_d_features(
         net = inception(**{key: str(path)})
     assert isinstance(net, M.Inception) and net.torchscript == (key == "feature_network")
     assert ("not comparable with published FIDs" in caplog.text) == (key == "inception_weights")
-    real, fake = digits_and_noise()
+    real, fake = render_digits(4, 16, seed=0)[0], M.with_gaussian_noise(render_digits(4, 16, seed=1)[0], 0.2)
     real_features, fake_features = M.batched(net, real, 4, CPU), M.batched(net, fake, 4, CPU)
     assert real_features.shape == (4, 2048) and torch.isfinite(real_features).all()
     torch.testing.assert_close(M.batched(net, real[:2].repeat(1, 3, 1, 1), 2, CPU), real_features[:2])  # gray: RGB
@@ -284,28 +249,6 @@ def test_each_inception_file_loads_and_gives_finite_2048_d_features(
     assert space["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     resizer = "interpolate_bilinear_2d_like_tensorflow1x" if key == "inception_weights" else "TorchScript file's own"
     assert resizer in space["resizer"] and space.get("published_weights", False) is False and space["dims"] == 2048
-
-
-class WithoutReturnFeatures(nn.Module):
-    def forward(self, img: Tensor) -> Tensor:
-        return img.float().mean(dim=[1, 2, 3])
-
-
-def wrong_files(tmp_path, inception_weights, nvlabs_inception) -> dict:
-    """A file of each kind a user could give to the wrong key, or that is not the network at all."""
-    garbage = tmp_path / "garbage.pth"
-    garbage.write_bytes(b"not really weights")
-    foreign = tmp_path / "foreign.pth"
-    torch.save(nn.Linear(3, 2).state_dict(), foreign)
-    return {
-        "garbage": garbage,
-        "foreign": foreign,
-        "weights": inception_weights,
-        "nvlabs": nvlabs_inception,
-        "no_return_features": write_torchscript(WithoutReturnFeatures(), tmp_path / "no_return_features.pt"),
-        "64_features": write_torchscript(TinyNVlabsInception(dims=64), tmp_path / "64_features.pt"),
-        "missing": tmp_path / "missing.pt",
-    }
 
 
 WRONG_FILES = [  # (key, file, what the message says)
@@ -325,7 +268,12 @@ WRONG_FILES = [  # (key, file, what the message says)
 def test_a_wrong_inception_file_is_one_clear_paragraph(
     key, file, message, tmp_path, inception_weights, nvlabs_inception
 ):
-    path = wrong_files(tmp_path, inception_weights, nvlabs_inception)[file]
+    # a file of each kind a user could give to the wrong key, or that is not the network at all
+    (tmp_path / "garbage.pth").write_bytes(b"not really weights")
+    torch.save(nn.Linear(3, 2).state_dict(), tmp_path / "foreign.pth")
+    write_torchscript(nn.Identity(), tmp_path / "no_return_features.pth")  # forward(input) alone
+    write_torchscript(TinyNVlabsInception(dims=64), tmp_path / "64_features.pth")
+    path = {"weights": inception_weights, "nvlabs": nvlabs_inception}.get(file, tmp_path / f"{file}.pth")
     with pytest.raises(M.MetricsError, match=re.escape(message)) as caught:
         inception(**{key: str(path)})
     text = str(caught.value)
@@ -347,5 +295,5 @@ def test_kid_in_inception_space_uses_the_published_kernel():
     results = M.distribution_metrics(a, b, dataclasses.replace(inception_space, kid_subset_size=100), seed=3)
     assert (results["kid_mean"], results["kid_std"]) == pytest.approx(expected, rel=1e-9)
     assert (
-        "published" in M.KID_KERNELS[inception_space.features] and "scale-free" in M.KID_KERNELS[TINY_METRICS.features]
+        "published" in M.KID_KERNELS[FeatureSpace.inception] and "scale-free" in M.KID_KERNELS[FeatureSpace.classifier]
     )
