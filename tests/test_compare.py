@@ -21,10 +21,8 @@ from scripts import compare, longer
 
 def test_canonical_networks_at_64_px_are_main_py_s():
     """main.py prints its networks: G 3,576,704 and D 2,765,568 parameters for RGB at 64 px."""
-    G = canonical.Generator(canonical.NZ, canonical.NGF, 3, 64)
-    D = canonical.Discriminator(canonical.NDF, 3, 64)
-    assert sum(p.numel() for p in G.parameters()) == 3_576_704
-    assert sum(p.numel() for p in D.parameters()) == 2_765_568
+    G, D = canonical.Generator(canonical.NZ, canonical.NGF, 3, 64), canonical.Discriminator(canonical.NDF, 3, 64)
+    assert [sum(p.numel() for p in net.parameters()) for net in (G, D)] == [3_576_704, 2_765_568]
     kinds = [type(m).__name__ for m in G.main]
     assert kinds == ["ConvTranspose2d", "BatchNorm2d", "ReLU"] * 4 + ["ConvTranspose2d", "Tanh"]
     kinds = [type(m).__name__ for m in D.main]
@@ -46,8 +44,7 @@ def test_canonical_networks_build_every_power_of_two_and_refuse_other_sizes(size
 
 
 def test_weights_init_is_the_dcgan_papers():
-    G = canonical.Generator(100, 64, 1, 32)
-    G.apply(canonical.weights_init)
+    G = canonical.Generator(100, 64, 1, 32).apply(canonical.weights_init)
     conv = torch.cat([m.weight.flatten() for m in G.modules() if isinstance(m, nn.ConvTranspose2d)])
     norm = torch.cat([m.weight.flatten() for m in G.modules() if isinstance(m, nn.BatchNorm2d)])
     assert abs(conv.mean().item()) < 1e-3 and conv.std().item() == pytest.approx(0.02, rel=0.02)
@@ -57,7 +54,6 @@ def test_weights_init_is_the_dcgan_papers():
 
 def test_canonical_g_gradient_is_the_g_loss_alone():
     """G's .grad after an iteration is d BCE(D'(G(z)), 1) / dG alone, D' the updated D (fake.detach(), zero_grad())."""
-    torch.manual_seed(0)
     netG, netD = canonical.Generator(8, 4, 1, 16), canonical.Discriminator(4, 1, 16)
     netG.apply(canonical.weights_init)
     netD.apply(canonical.weights_init)
@@ -74,12 +70,10 @@ def test_canonical_g_gradient_is_the_g_loss_alone():
 def test_images_dataset_applies_main_py_s_transform():
     images = torch.tensor([0, 255, 128], dtype=torch.uint8).view(3, 1, 1, 1)
     data = canonical.Images(images, torch.zeros(3, dtype=torch.long))
-    values = [data[i][0].item() for i in range(3)]
-    assert values == pytest.approx([-1.0, 1.0, 128 / 255 * 2 - 1], abs=1e-6)  # float32 arithmetic
+    assert [data[i][0].item() for i in range(3)] == pytest.approx([-1.0, 1.0, 128 / 255 * 2 - 1], abs=1e-6)  # float32
 
 
-def test_sampler_uses_batch_statistics_or_running_ones():
-    torch.manual_seed(0)
+def test_sampler_uses_batch_statistics_or_running_ones():  # torch seeded by conftest's autouse fixture
     netG = canonical.Generator(8, 4, 1, 16).eval()
     z = torch.randn(8, 8)
     with torch.no_grad():
@@ -136,11 +130,9 @@ def test_summary_numbers():
     summary = compare.summarise(canon, project)
     assert summary["time_to_quality"] == pytest.approx(400 / 50)  # canonical's best (10.0 at 400 s), reached at 50 s
     assert summary["fid_at_budget_ratio"] == pytest.approx(11.0 / 2.0)
-    never = compare.summarise(canon, rows("project", [(10, 40.0), (800, 20.0)]))
-    assert never["time_to_quality"] == 0.0
-    line = compare.summary_line(summary)
+    assert compare.summarise(canon, rows("project", [(10, 40.0), (800, 20.0)]))["time_to_quality"] == 0.0  # never
     assert re.fullmatch(r"time_to_quality=8 fid_at_budget_ratio=5.5 fid_project=2 fid_canonical=11 "
-                        r"recall_project=0.5 recall_canonical=0.5", line)  # fmt: skip
+                        r"recall_project=0.5 recall_canonical=0.5", compare.summary_line(summary))  # fmt: skip
 
 
 TINY_RACE = ["debug=tiny", "data.num_samples=2000", "trainer.log_every=1000", "metrics.classifier.min_accuracy=0"]
@@ -195,8 +187,7 @@ def test_one_minute_sends_a_real_ctrl_c_and_measures_what_it_left(tmp_path):
 
 def test_longer_compares_each_snapshot_with_the_best_before_it():
     points = [(5, 10.0, 0.5), (10, 8.0, 0.8), (20, 8.5, 0.75), (40, 9.0, 0.7)]
-    rows = [{"step": s, "fid": f, "recall": r} for s, f, r in points]
-    rows, summary = longer.against_best(rows, base=10)
+    rows, summary = longer.against_best([{"step": s, "fid": f, "recall": r} for s, f, r in points], base=10)
     assert [row["times"] for row in rows] == [0.5, 1.0, 2.0, 4.0]
     assert rows[2]["fid_vs_best"] == pytest.approx(8.5 / 8.0) and rows[3]["recall_vs_best"] == pytest.approx(0.7 / 0.8)
     # from 2x on: the worst FID ratio is step 40's 9/8 = 1.125 > 1.1, so the recipe does not hold
@@ -206,15 +197,13 @@ def test_longer_compares_each_snapshot_with_the_best_before_it():
     assert summary["fid_ratio_at_2x"] == pytest.approx(8.5 / 8.0) and summary["fid_ratio_at_4x"] == pytest.approx(1.125)
     assert "fid_ratio_at_10x" not in summary and summary["holds_at_multiples"] == 0.0
     assert "at_2x=1.06/0.938 at_4x=1.12/0.875" in longer.summary_line(summary)
-    fids = {5: 10.0, 10: 8.0, 20: 8.0, 30: 9.0, 40: 8.5}
-    wobble = [{"step": step, "fid": fid, "recall": 0.8} for step, fid in fids.items()]
+    wobble = [{"step": s, "fid": f, "recall": 0.8} for s, f in {5: 10.0, 10: 8.0, 20: 8.0, 30: 9.0, 40: 8.5}.items()]
     _, summary = longer.against_best(wobble, base=10)
     # step 30 (3x) is 1.125x the best and fails the every-snapshot bar; the snapshots at 2x and 4x hold
     assert summary["holds"] == 0.0 and summary["worst_fid_ratio"] == pytest.approx(1.125)
     assert summary["fid_ratio_at_4x"] == pytest.approx(8.5 / 8.0) and summary["holds_at_multiples"] == 1.0
     better = [dict(r, fid=8.0 - r["step"] / 100, recall=0.5 + r["step"] / 100) for r in rows]
-    _, summary = longer.against_best(better, base=10)
-    assert summary["holds"] == 1.0
+    assert longer.against_best(better, base=10)[1]["holds"] == 1.0
     _, early = longer.against_best(rows[:2], base=10)  # no snapshot from 2x on: no verdict either way
     assert longer.summary_line(early).startswith("holds=n/a worst_fid_ratio=nan")
 

@@ -18,7 +18,6 @@ import pytest
 import torch
 from conftest import CONFIG_DIR, DEVICE, ROOT, output_of, run_evaluate, snapshot, tiny_checkpoint
 from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_checkpoints import run_until
@@ -43,14 +42,12 @@ def evaluated(tiny_run, classifier_cache, tmp_path_factory) -> tuple[Path, subpr
     """`evaluate.py checkpoint=<run dir>` on the session's tiny run, every optional output on; the run untouched."""
     eval_dir, before = tmp_path_factory.mktemp("eval") / "eval", snapshot(tiny_run)
     outputs = ["export=both", "save_samples=npz", f"hydra.run.dir={eval_dir}"]
-    # data.root: the session's, whose classifiers/ holds the 16 px digits' metrics classifier, trained once
     result = run_evaluate(f"checkpoint={tiny_run}", f"data.root={classifier_cache.parent}", *TINY_EVAL, *outputs)
     assert result.returncode == 0, result.stderr[-3000:]
     assert snapshot(tiny_run) == before
     return eval_dir, result
 
 
-# end to end: train.py, then evaluate.py on what it wrote ----------------------------------------
 def test_metrics_json_pictures_samples_and_events_hold_what_the_docs_say(evaluated, classifier_cache):
     eval_dir, result = evaluated
     results = json.loads((eval_dir / "metrics.json").read_text())
@@ -71,8 +68,7 @@ def test_metrics_json_pictures_samples_and_events_hold_what_the_docs_say(evaluat
     assert results["training_environment"] == device_environment(trained_on)  # trained in this process
     assert f"Environment: package {environment['package']}, python {environment['python']}, torch " in log
     assert ("Trained in another environment" in log) == (trained_on.type != "cpu")  # only the device differs
-    assert "Metrics (classifier features, 200 samples vs 42 held-out images)" in log
-    assert "kid_mean" in log and "coverage" in log
+    assert "Metrics (classifier features, 200 samples vs 42 held-out images)" in log and "kid_mean" in log
     assert (classifier_cache / results["classifier"].split()[0]).is_file()
     # the pictures (16 px, 2 px padding): 64 samples 8 x 8, 8 rows of 10 steps, 8 rows of a sample and 5 neighbours
     expected = {"samples": (8, 8), "interpolation": (10, 8), "nearest_neighbours": (6, 8)}
@@ -87,9 +83,9 @@ def test_metrics_json_pictures_samples_and_events_hold_what_the_docs_say(evaluat
     assert tags["scalars"] == []  # single numbers go in the table: a one-point chart says nothing
     assert {"summary/samples", "summary/interpolation", "summary/nearest_neighbours"} <= set(tags["images"])
     assert [e.step for e in events.Images("summary/samples")] == [6]
-    (text_tag,) = [tag for tag in tags["tensors"] if "metrics" in tag]
-    assert text_tag == "run/eval_metrics"  # the tag itself, not torch add_text's run/eval_metrics/text_summary
-    (table,) = events.Tensors(text_tag)
+    # the table under the tag itself, not torch add_text's run/eval_metrics/text_summary
+    assert [tag for tag in tags["tensors"] if "metrics" in tag] == ["run/eval_metrics"]
+    (table,) = events.Tensors("run/eval_metrics")
     assert table.step == 6 and b"fid" in table.tensor_proto.string_val[0]
 
 
@@ -117,9 +113,7 @@ def test_exported_generators_reload_and_match_the_eager_one_and_trace_drops_the_
             program(z[0])  # refused: the program's input checks read a batch dimension it lacks
 
 
-# the config ----------------------------------------------------------------------------------------
 def compose_evaluate(*overrides: str) -> EvaluateConfig:
-    GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(config_name="evaluate", overrides=list(overrides))
     return validate_evaluate(cfg)
@@ -144,7 +138,6 @@ def test_the_evaluate_config_composes_typed_and_needs_a_checkpoint():
             compose_evaluate(*overrides)
 
 
-# the pieces, in process ----------------------------------------------------------------------------
 def test_the_ema_generator_is_used_when_the_checkpoint_has_one_and_data_comes_from_it(tmp_path):
     state, cpu = load_checkpoint(tiny_checkpoint(tmp_path)), torch.device("cpu")
     (ema, name), (raw, raw_name) = (build_generator(state, use_ema=use, device=cpu) for use in (True, False))
@@ -159,7 +152,7 @@ def test_the_ema_generator_is_used_when_the_checkpoint_has_one_and_data_comes_fr
         X.data_config_of(state, {"image_size": 32})
 
 
-def test_sampling_is_in_eval_mode_without_autograd_and_leaves_g_as_it_was(tiny_gan):
+def test_sampling_and_recomputing_batchnorm_statistics_leave_g_in_its_mode(tiny_gan):
     G, _ = tiny_gan
     G.train()
     before = {k: v.clone() for k, v in G.state_dict().items()}
@@ -170,11 +163,8 @@ def test_sampling_is_in_eval_mode_without_autograd_and_leaves_g_as_it_was(tiny_g
     with torch.no_grad():
         expected = X.to_uint8(G.eval()(z))
     assert samples.dtype == torch.uint8 and torch.equal(samples, expected)
-
-
-def test_recomputing_batchnorm_stats_keeps_eval_mode_and_momentum_and_is_skipped_for_zero_batches(tiny_gan):
-    # that the recomputed statistics are G's own: test_steps.py (the technique's proof, cited in docs/proofs.md)
-    G, cpu = tiny_gan[0].eval(), torch.device("cpu")
+    # recomputed BatchNorm statistics keep eval mode and momentum (that they are G's own: test_steps.py's proof)
+    G, cpu = G.eval(), torch.device("cpu")
     before = [bn.running_var.clone() for bn in G.modules() if isinstance(bn, torch.nn.BatchNorm2d)]
     assert recompute_batchnorm_stats(G, batches=2, batch_size=64, seed=0, device=cpu)
     after = [bn.running_var for bn in G.modules() if isinstance(bn, torch.nn.BatchNorm2d)]
@@ -184,12 +174,10 @@ def test_recomputing_batchnorm_stats_keeps_eval_mode_and_momentum_and_is_skipped
 
 
 def test_slerp_runs_along_the_sphere_and_hits_both_ends():
-    gen = torch.Generator().manual_seed(0)
-    z0, z1 = torch.randn(2, 3, 100, generator=gen)
+    z0, z1 = torch.randn(2, 3, 100, generator=torch.Generator().manual_seed(0))
     z1 = z1 / z1.norm(dim=-1, keepdim=True) * z0.norm(dim=-1, keepdim=True)  # same radius
     path = X.slerp(z0, z1, torch.linspace(0, 1, 7))  # (3, 7, 100)
-    torch.testing.assert_close(path[:, 0], z0)
-    torch.testing.assert_close(path[:, -1], z1)
+    torch.testing.assert_close((path[:, 0], path[:, -1]), (z0, z1))
     norms = path.norm(dim=-1) / z0.norm(dim=-1, keepdim=True)
     torch.testing.assert_close(norms, torch.ones_like(norms))  # stays on the sphere
     midpoint = ((z0 + z1) / 2).norm(dim=-1) / z0.norm(dim=-1)
@@ -199,7 +187,6 @@ def test_slerp_runs_along_the_sphere_and_hits_both_ends():
 
 
 def quick_config(checkpoint: Path, metrics: MetricsConfig, **settings) -> EvaluateConfig:
-    """An evaluation on the CPU with few pictures."""
     quick = dict(device="cpu", threads=1, neighbour_queries=2, grid_samples=4, interpolation_rows=1)
     return EvaluateConfig(checkpoint=str(checkpoint), metrics=metrics, **{**quick, **settings})
 
@@ -214,40 +201,33 @@ def test_evaluate_in_process_on_stacked_data_counts_modes(tmp_path, one_thread, 
     assert [p.name.split("-")[0] for p in classifier_cache.iterdir()] == ["digits"]
 
 
-def unlabelled_checkpoint(tmp_path: Path, count: int = 40) -> Path:
-    """A tiny checkpoint of data=folder: `count` flat grayscale 16 px images of one class."""
-    folder = tmp_path / "images"
-    folder.mkdir()
-    for i in range(count):
-        Image.fromarray(np.full((16, 16), i * 255 // count, dtype=np.uint8)).save(folder / f"{i}.png")
-    settings = ("image_size=16", "channels=1", "batch_size=4", "num_samples=4")
-    return tiny_checkpoint(tmp_path, "data=folder", f"data.root={folder}", *(f"data.{s}" for s in settings))
-
-
 @pytest.mark.parametrize("key", ["inception_weights", "feature_network"])
 def test_evaluate_end_to_end_with_each_inception_file(
     key, tmp_path, one_thread, inception_weights, nvlabs_inception, caplog
 ):
     # conftest.py's stand-ins (random torch-fidelity weights, a TorchScript module of NVlabs' signature); 4 samples
     # against 4 held-out images: finite numbers from singular covariances (metrics.fid warns), too few for real ones
+    folder = tmp_path / "images"  # data=folder: 100 flat grayscale 16 px images of one class
+    folder.mkdir()
+    for i in range(100):
+        Image.fromarray(np.full((16, 16), i * 255 // 100, dtype=np.uint8)).save(folder / f"{i}.png")
+    settings = ("image_size=16", "channels=1", "batch_size=4", "num_samples=4")
+    checkpoint = tiny_checkpoint(tmp_path, "data=folder", f"data.root={folder}", *(f"data.{s}" for s in settings))
     path = inception_weights if key == "inception_weights" else nvlabs_inception
     metrics = MetricsConfig(features=FeatureSpace.inception, kid_subsets=5, pr_k=2, dc_k=2, **{key: str(path)})
-    cfg = quick_config(unlabelled_checkpoint(tmp_path, count=100), metrics, num_samples=4, batch_size=4, bn_batches=1)
+    cfg = quick_config(checkpoint, metrics, num_samples=4, batch_size=4, bn_batches=1)
     with pytest.raises(MetricsError, match="metrics.features=inception"):  # no labels: no classifier features
         evaluate(dataclasses.replace(cfg, metrics=MetricsConfig(pr_k=2, dc_k=2)), tmp_path / "refused")
     with caplog.at_level(logging.WARNING):
         results = evaluate(cfg, tmp_path / "eval")
     assert "FID from 4 images of 2048 features: the covariances are singular" in caplog.text
     written = json.loads((tmp_path / "eval" / "metrics.json").read_text())
-    for name in MEASURES:
-        assert np.isfinite(written[name]), name
-    assert written["fid"] > 0
+    assert all(np.isfinite(written[name]) for name in MEASURES) and written["fid"] > 0, written
     assert written["num_samples"] == written["num_real"] == 4 and written["real_split"] == "held-out"
     assert written["features"] == "inception" and written["classifier"] is None  # no labels, no classifier
     space = written["feature_space"]
     assert space["file"] == str(path) and space["dims"] == 2048 and "published KID" in space["kid_kernel"]
-    assert space["measures"] == MEASURES
-    assert results["feature_space"] == space
+    assert space["measures"] == MEASURES and results["feature_space"] == space
 
 
 def test_a_second_evaluation_into_a_finished_ones_folder_is_refused_and_its_metrics_kept(evaluated, tiny_run):
@@ -263,7 +243,7 @@ def test_a_second_evaluation_into_a_finished_ones_folder_is_refused_and_its_metr
 # a checkpoint whose config disagrees with its weights: evaluate.py has no model.* to change -----------------
 AT_ODDS = {  # the checkpoint's model.conditional, then conditional=, num_classes=, what the paragraph says
     "conditional marked unconditional, num_classes kept": (
-        True, False, None, "model.conditional=false, but its entry 'num_classes' says"),
+        True, False, 10, "model.conditional=false, but its entry 'num_classes' says"),
     # the first layer of the weights takes z_dim + 10 inputs, the model built from the config z_dim
     "conditional marked unconditional, num_classes 0": (
         True, False, 0, "net.0.weight: (26, 16, 4, 4) in the checkpoint, (16, 16, 4, 4) in the model"),
@@ -279,8 +259,7 @@ def test_a_checkpoint_whose_config_and_weights_disagree_is_called_at_odds_with_i
     path = tiny_checkpoint(tmp_path, f"model.conditional={str(trained).lower()}")
     state = load_checkpoint(path)
     state["config"]["model"]["conditional"] = conditional
-    if num_classes is not None:
-        state["num_classes"] = num_classes
+    state["num_classes"] = num_classes
     with pytest.raises(CheckpointError) as caught:
         build_generator(state, use_ema=True, device=torch.device("cpu"), source=str(path))
     message = str(caught.value)
@@ -288,7 +267,6 @@ def test_a_checkpoint_whose_config_and_weights_disagree_is_called_at_odds_with_i
     assert said.format(path=path) in message and "Use the same model.*" not in message
 
 
-# Ctrl-C during evaluate.py ---------------------------------------------------------------------------------
 @pytest.mark.slow  # a real Ctrl-C to a real process
 def test_sigint_during_evaluate_says_what_was_saved_and_exits_130(tiny_run, tmp_path):
     eval_dir = tmp_path / "eval"
@@ -325,7 +303,6 @@ def test_the_interruption_line_says_only_what_the_run_dir_holds(tmp_path):
     assert X.interrupted(tmp_path).startswith(f"Interrupted (SIGINT) after the metrics were saved to {tmp_path}")
 
 
-# what evaluate.py reads and where it writes -------------------------------------------------------------
 @pytest.mark.parametrize("use_ema", [False, True], ids=["G", "G_ema"])
 def test_a_nan_in_a_batchnorm_statistic_alone_is_refused_by_evaluate(tiny_run, use_ema):
     # the statistics are buffers, not weights: evaluate.py with bn_batches=0 would sample with them
@@ -339,12 +316,11 @@ def test_a_nan_in_a_batchnorm_statistic_alone_is_refused_by_evaluate(tiny_run, u
     assert build_generator(state, use_ema=not use_ema, device=torch.device("cpu"))[1] == ("raw" if use_ema else "EMA")
 
 
+TINY_SPLIT = "real images; the held-out split of data=digits holds 42"
 REFUSED = {  # metrics.* -> what the refusal says
     # num_samples (10,000 by default) is enough: the held-out split of the tiny digits (42 images) is not
-    "pr_k": (dict(pr_k=1000), "metrics.pr_k=1000 needs more than 1000 real images; the held-out split of data=digits "
-             "holds 42"),
-    "dc_k": (dict(dc_k=500), "metrics.dc_k=500 needs more than 500 real images; the held-out split of data=digits "
-             "holds 42"),
+    "pr_k": (dict(pr_k=1000), f"metrics.pr_k=1000 needs more than 1000 {TINY_SPLIT}"),
+    "dc_k": (dict(dc_k=500), f"metrics.dc_k=500 needs more than 500 {TINY_SPLIT}"),
     # Inception's files are checked before anything else: here the checkpoint does not exist
     "inception": (dict(features=FeatureSpace.inception, inception_weights="w.pth"), "w.pth: no such file"),
 }  # fmt: skip

@@ -13,10 +13,9 @@ import gan
 from gan.evaluation.pipeline import to_uint8
 
 
-def test_generate_writes_num_pngs_and_the_npz_metric_tools_read(tiny_run, tmp_path, one_thread):
-    result = run(
-        "generate.py", f"checkpoint={tiny_run}", "num=10", "out=images", "batch_size=4", "device=cpu", cwd=tmp_path
-    )
+def test_generate_writes_pngs_and_the_npz_and_draws_the_class_asked_for(tiny_run, tmp_path, one_thread):
+    given = ("num=10", "out=images", "batch_size=4", "device=cpu")
+    result = run("generate.py", f"checkpoint={tiny_run}", *given, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     pngs = sorted((tmp_path / "images").glob("*.png"))
     assert [p.name for p in pngs] == [f"{i:06d}.png" for i in range(10)]
@@ -27,12 +26,9 @@ def test_generate_writes_num_pngs_and_the_npz_metric_tools_read(tiny_run, tmp_pa
     # the images of gan.sample with the same seed: batches of 4 draw the latents of one batch of 10
     expected = to_uint8(gan.sample(gan.load_generator(tiny_run), 10, seed=0)).permute(0, 2, 3, 1)
     np.testing.assert_array_equal(images, expected.numpy())
-
-
-def test_a_conditional_generator_draws_the_class_asked_for(tmp_path, one_thread):
+    # a conditional G; device=cpu, as gan.load_generator's G: on an H200 generate.py's own choice (cuda) rounded
+    # otherwise, by up to 20 levels of 255
     checkpoint = tiny_checkpoint(tmp_path, "model.conditional=true")
-    # device=cpu, as gan.load_generator's G: on an H200 generate.py's own choice (cuda) rounded otherwise, by up to 20
-    # levels of 255
     given = ("num=6", "class_id=3", "seed=5", "out=threes", "device=cpu")
     result = run("generate.py", f"checkpoint={checkpoint}", *given, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

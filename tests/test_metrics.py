@@ -60,7 +60,6 @@ def training_images(digits: dict, keep: torch.Tensor | None = None, count: int =
     return train.images[pool[torch.randperm(pool.numel(), generator=torch.Generator().manual_seed(1))[:count]]]
 
 
-# the instrument ----------------------------------------------------------------------------------
 def test_classifier_reaches_the_stated_accuracy_and_its_features_are_the_penultimate_layer(digits):
     assert digits["accuracy"] >= STATED_ACCURACY
     images = digits["held_out"].images[:8]
@@ -115,36 +114,30 @@ def test_kid_gamma_keeps_the_kernel_scale_free():
     a, b = (torch.randn(600, 64, generator=gen).abs() * 6 for _ in range(2))
     mean, std = M.kid(a, b, subsets=20, subset_size=300)
     assert abs(mean) < 0.01 and std < 0.01
-    scaled = M.kid(100 * a, 100 * b, subsets=20, subset_size=300)
-    assert scaled == pytest.approx((mean, std), rel=1e-6, abs=1e-9)
+    assert M.kid(100 * a, 100 * b, subsets=20, subset_size=300) == pytest.approx((mean, std), rel=1e-6, abs=1e-9)
     # kid_subset_size at or above the sample count: every subset is the same draw, whose spread is rounding
     whole, halves = M.kid(a, b + 1, subsets=5, subset_size=1000), M.kid(a, b + 1, subsets=5, subset_size=100)
     assert whole[1] == 0.0 and whole[0] > 0 and halves[1] > 1e-6
 
 
 # the arithmetic, against brute force -------------------------------------------------------------
-def brute_force_prdc(real: torch.Tensor, fake: torch.Tensor, pr_k: int, dc_k: int) -> dict:
-    """Kynkaanniemi et al. and Naeem et al. written out on full distance matrices."""
-    rf = torch.cdist(real, fake)  # below: each point's distances to its own set, sorted (column 0: itself)
-    real_nn, fake_nn = torch.cdist(real, real).sort(dim=1).values, torch.cdist(fake, fake).sort(dim=1).values
-    return {
-        "precision": (rf < real_nn[:, pr_k, None]).any(0).float().mean().item(),
-        "recall": (rf < fake_nn[None, :, pr_k]).any(1).float().mean().item(),
-        "density": (rf < real_nn[:, dc_k, None]).sum().item() / (dc_k * fake.size(0)),
-        "coverage": (rf.min(1).values < real_nn[:, dc_k]).float().mean().item(),
-    }
-
-
 def test_prdc_in_chunks_equals_brute_force():
+    """Kynkaanniemi et al. and Naeem et al. written out on full distance matrices (k = 3 and 5)."""
     gen = torch.Generator().manual_seed(0)
     real, fake = torch.randn(150, 8, generator=gen), torch.randn(120, 8, generator=gen) * 1.3 + 0.2
-    chunked = M.precision_recall_density_coverage(real, fake, pr_k=3, dc_k=5, chunk=32)
-    assert chunked == pytest.approx(brute_force_prdc(real, fake, 3, 5), abs=1e-6)
+    rf = torch.cdist(real, fake)  # below: each point's distances to its own set, sorted (column 0: itself)
+    real_nn, fake_nn = torch.cdist(real, real).sort(dim=1).values, torch.cdist(fake, fake).sort(dim=1).values
+    brute = {
+        "precision": (rf < real_nn[:, 3, None]).any(0).float().mean().item(),
+        "recall": (rf < fake_nn[None, :, 3]).any(1).float().mean().item(),
+        "density": (rf < real_nn[:, 5, None]).sum().item() / (5 * fake.size(0)),
+        "coverage": (rf.min(1).values < real_nn[:, 5]).float().mean().item(),
+    }
+    assert M.precision_recall_density_coverage(real, fake, pr_k=3, dc_k=5, chunk=32) == pytest.approx(brute, abs=1e-6)
 
 
 def test_fid_of_identical_sets_is_zero_and_of_shifted_sets_is_the_squared_shift():
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(2000, 4, generator=gen)
+    x = torch.randn(2000, 4, generator=torch.Generator().manual_seed(0))
     assert M.fid(x, x) == pytest.approx(0.0, abs=1e-3)
     assert M.fid(x, x + torch.tensor([3.0, 0, 0, 0])) == pytest.approx(9.0, abs=1e-2)  # |mu1 - mu2|^2
 
@@ -153,8 +146,7 @@ def test_class_coverage_and_kl_on_known_histograms():
     real = torch.arange(10).repeat(100)  # uniform over 10 classes
     assert M.class_coverage(real, real, 10) == {"classes_covered": 10, "class_kl": pytest.approx(0, abs=1e-9)}
     result = M.class_coverage(torch.arange(5).repeat(200), real, 10)
-    assert result["classes_covered"] == 5
-    assert result["class_kl"] == pytest.approx(torch.log(torch.tensor(2.0)).item(), abs=0.01)
+    assert result == {"classes_covered": 5, "class_kl": pytest.approx(math.log(2), abs=0.01)}
     rare = torch.cat([torch.zeros(995, dtype=torch.long), torch.ones(5, dtype=torch.long)])
     assert M.class_coverage(rare, real, 10, threshold=0.01)["classes_covered"] == 1  # 0.5% is not covered
 
@@ -190,14 +182,11 @@ def test_stacked_images_are_classified_channel_by_channel(digits):
     assert features(stacked.images[:4]).shape == (4, 3 * TINY_CLASSIFIER.feature_dim) == (4, features.num_features)
 
 
-# the classifier cache and the Inception checks ---------------------------------------------------
 def test_classifier_is_cached_under_data_root_keyed_by_what_decides_it(tmp_path, monkeypatch, one_thread):
-    data = DataConfig(root=str(tmp_path), image_size=16, num_samples=1200, batch_size=32)
-    config = ClassifierConfig()
+    data, config = DataConfig(root=str(tmp_path), image_size=16, num_samples=1200, batch_size=32), ClassifierConfig()
     model, accuracy, path = M.load_or_train_classifier(data, config, CPU)
     assert path.parent == tmp_path / "classifiers" and path.name.startswith("digits-16px-1ch-")
-    saved = torch.load(path, weights_only=True)  # a plain dict of tensors and containers
-    assert saved["accuracy"] == accuracy >= 0.9
+    assert torch.load(path, weights_only=True)["accuracy"] == accuracy >= 0.9  # a plain dict of tensors, containers
     monkeypatch.setattr(M, "train_classifier", lambda *args: pytest.fail("a cached classifier was trained again"))
     again, accuracy_again, path_again = M.load_or_train_classifier(data, config, CPU)
     assert path_again == path and accuracy_again == accuracy
@@ -225,7 +214,6 @@ def test_inception_without_torch_fidelity_says_how_to_get_it(tmp_path, monkeypat
 
 # the two Inception-v3 files: a random-valued stand-in for each, through the code real files take --
 def inception(**files: str) -> nn.Module:
-    """The Inception network evaluate.py builds for these metrics.* files."""
     return M.inception_network(MetricsConfig(features=FeatureSpace.inception, **files))
 
 
