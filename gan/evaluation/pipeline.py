@@ -42,7 +42,7 @@ IMAGES_GROUP, METRICS_TEXT_TAG = "summary", "run/eval_metrics"
 SAVED = (("samples.npz", SaveSamples.npz), ("samples", SaveSamples.png))
 # Intra-class FID needs this many images per class, and d + 1 (else the covariance is singular).
 MIN_PER_CLASS = 200
-Reals = NamedTuple("Reals", [("images", Tensor), ("labels", Tensor), ("stacked", bool)])  # the measured-against
+Reals = NamedTuple("Reals", [("images", Tensor), ("labels", Tensor), ("stacked", bool)])  # held-out, measured against
 # evaluate.py has no model.* settings that could change: a config at odds with its weights is damage
 DAMAGED = "evaluate.py builds the generator from the checkpoint alone: it was damaged or edited after it was written."
 
