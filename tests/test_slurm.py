@@ -63,11 +63,9 @@ def slurm_problem() -> Optional[str]:
     except subprocess.TimeoutExpired:
         return "no SLURM controller answered `scontrol ping` within 20 s"
     if " is UP" not in ping.stdout:
-        answer = (ping.stdout + ping.stderr).strip().splitlines()
-        return (
-            f"no SLURM controller is up (`scontrol ping`: {answer[0] if answer else 'no answer'}): "
-            "`scripts/local_slurm.sh start` starts one, or `make test-slurm` starts it and runs these"
-        )
+        answer = ((ping.stdout + ping.stderr).strip().splitlines() or ["no answer"])[0]
+        start = "`scripts/local_slurm.sh start` starts one, or `make test-slurm` starts it and runs these"
+        return f"no SLURM controller is up (`scontrol ping`: {answer}): {start}"
     if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
         return "hydra-submitit-launcher is not installed: pip install -c constraints.txt -e '.[slurm]'"
     return None
@@ -75,8 +73,7 @@ def slurm_problem() -> Optional[str]:
 
 @pytest.fixture(scope="module")
 def slurm() -> None:
-    problem = slurm_problem()
-    if problem:
+    if problem := slurm_problem():
         pytest.skip(problem)
 
 
@@ -140,19 +137,9 @@ def launch(slurm, tmp_path) -> Iterator[Callable[..., Sweep]]:
 def start_sweep(*overrides: str, cwd: Path, name: str) -> Sweep:
     """`python train.py -m hydra/launcher=slurm_cpu` of tiny runs with trainer.resume=auto, as
     docs/scaling.md launches one, in the background."""
-    folder = cwd / "sweep"
-    output = cwd / "launcher.log"
-    args = [
-        sys.executable,
-        str(ROOT / "train.py"),
-        "-m",
-        "hydra/launcher=slurm_cpu",
-        f"hydra.launcher.name={name}",
-        f"hydra.sweep.dir={folder}",
-        *TINY,
-        "trainer.resume=auto",
-        *overrides,
-    ]
+    folder, output = cwd / "sweep", cwd / "launcher.log"
+    args = [sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=slurm_cpu", f"hydra.launcher.name={name}"]
+    args += [f"hydra.sweep.dir={folder}", *TINY, "trainer.resume=auto", *overrides]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
     started = datetime.now().replace(microsecond=0)
     with open(output, "w") as sink:  # the child holds its own copy of the descriptor
@@ -195,14 +182,10 @@ def sacct(sweep: Sweep, job: str, final: str = "COMPLETED", timeout: float = 30)
     the sweep started: a cluster whose state was wiped numbers its jobs from 1 again, and the database
     may still hold the old ones."""
     deadline = time.monotonic() + timeout
-    since = sweep.started.isoformat()
+    query = ["sacct", "-j", job, "-S", sweep.started.isoformat(), "--duplicates", "-n", "-P"]
+    query += ["-o", ",".join(SACCT_FIELDS)]
     while True:
-        out = subprocess.run(
-            ["sacct", "-j", job, "-S", since, "--duplicates", "-n", "-P", "-o", ",".join(SACCT_FIELDS)],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
+        out = subprocess.run(query, capture_output=True, text=True, check=True).stdout
         rows = [dict(zip(SACCT_FIELDS, line.split("|"))) for line in out.splitlines()]
         runs = [row for row in rows if row["JobID"] == job]  # the allocation, not its .batch and .0 steps
         if (runs and runs[-1]["State"].startswith(final)) or time.monotonic() > deadline:
@@ -212,12 +195,8 @@ def sacct(sweep: Sweep, job: str, final: str = "COMPLETED", timeout: float = 30)
 
 def log_lines(path: Path) -> list[tuple[datetime, str]]:
     """(time, text) of each line the job logged through Hydra's format, in order."""
-    lines = []
-    for line in path.read_text(errors="replace").splitlines():
-        match = LOG_LINE.match(line)
-        if match:
-            lines.append((datetime.strptime(match["time"], "%Y-%m-%d %H:%M:%S,%f"), match["text"]))
-    return lines
+    matches = (LOG_LINE.match(line) for line in path.read_text(errors="replace").splitlines())
+    return [(datetime.strptime(m["time"], "%Y-%m-%d %H:%M:%S,%f"), m["text"]) for m in matches if m]
 
 
 def first(lines: list[tuple[datetime, str]], text: str, after: Optional[datetime] = None) -> tuple[datetime, str]:
@@ -258,8 +237,7 @@ def long_run(slurm, tmp_path_factory) -> LongRun:
     it runs through without a stop. Its length is measured, not fixed: on a faster machine a fixed
     step count could end before SLURM's time-limit signal (which lands 15 to 45 s into a job)."""
     folder = tmp_path_factory.mktemp("long_run")
-    quiet_probe = ("trainer.log_every=100", "trainer.sample_every=1000000", "trainer.checkpoint_every=1000000")
-    probe = run_train("trainer.max_steps=700", *quiet_probe, cwd=folder, timeout=300)
+    probe = run_train("trainer.max_steps=700", *QUIET, "trainer.log_every=100", cwd=folder, timeout=300)
     assert probe.returncode == 0, probe.stderr[-3000:]
     times = {}
     for line in (probe.stdout + probe.stderr).splitlines():
@@ -350,15 +328,10 @@ def test_a_requeued_job_checkpoints_and_resumes_bit_exactly(launch, long_run):
     )
 
 
-def time_limit_overrides() -> tuple[str, ...]:
-    """A 1-minute limit with signal_delay_s=15. slurmctld looks at time limits every 30 s and sends the
-    signal at the first look that finds at most signal_delay_s + 30 s left: 15 to 45 s into each run,
-    after this job's start-up (about 5 s) and long before the limit's own SIGTERM at 60 s."""
-    return (
-        "hydra.launcher.timeout_min=1",
-        "hydra.launcher.signal_delay_s=15",
-        "hydra.launcher.max_num_timeout=10",  # each run trains 10 to 40 s: enough requeues to finish
-    )
+# A 1-minute limit with signal_delay_s=15. slurmctld looks at time limits every 30 s and sends the signal at the first
+# look that finds at most signal_delay_s + 30 s left: 15 to 45 s into each run, after this job's start-up (about 5 s)
+# and long before the limit's own SIGTERM at 60 s. Each run trains 10 to 40 s: 10 requeues are enough to finish.
+TIME_LIMIT = ("hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=15", "hydra.launcher.max_num_timeout=10")
 
 
 @pytest.mark.slurm
@@ -366,7 +339,7 @@ def test_a_job_at_its_time_limit_checkpoints_requeues_and_resumes_bit_exactly(la
     """SLURM sends SIGUSR2 signal_delay_s before the limit (sbatch --signal, set by submitit). The loop
     takes it as a stop: it writes its checkpoint, then hands the signal to submitit's handler, which
     requeues the job (scontrol requeue) and exits; trainer.resume=auto continues the run."""
-    sweep = launch(*time_limit_overrides(), *long_overrides(long_run.steps))
+    sweep = launch(*TIME_LIMIT, *long_overrides(long_run.steps))
     job = wait_for_job(sweep)
     code, output = sweep.wait(timeout=900)
     assert code == 0, output[-3000:]
