@@ -20,14 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 from torch import Tensor
 
 from gan.checkpoint import load_checkpoint
-from gan.config import (
-    EvaluateConfig,
-    TrainConfig,
-    _require,
-    check_device_name,
-    validate,
-    validate_evaluate,
-)
+from gan.config import EvaluateConfig, TrainConfig, _require, check_device_name, validate, validate_evaluate
 from gan.core.models import Generator
 from gan.core.sampling import sample as sample_from
 from gan.device import resolve_device

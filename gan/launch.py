@@ -170,7 +170,6 @@ def data_overrides(cfg: DictConfig, overrides: Sequence[str]) -> dict[str, Any]:
 
 
 def override_key(override: str) -> str:
-    """'+a.b=1' -> 'a.b'; 'loss=hinge' -> 'loss'."""
     return override.split("=", 1)[0].lstrip("+~")
 
 
@@ -219,7 +218,6 @@ def values_problem(config: DictConfig) -> str:
 
 
 def search_problem(sweeper: DictConfig, sweep: Path) -> str:
-    """What is wrong with an Optuna search's numbers, direction or storage, or ''."""
     for key, what in (("n_trials", "trials to run"), ("n_jobs", "trials asked for at once")):
         if not sweeper[key] or sweeper[key] < 1:
             return f"hydra.sweeper.{key}={sweeper[key]}: the number of {what} must be 1 or more"
@@ -360,9 +358,8 @@ def run_identity(config: dict, ignored: Mapping[str, Sequence[str]]) -> dict:
 def hydra_quote(path: Path | str) -> str:
     """A path as one Hydra value: quoted where needed (backslashes doubled only before a quote or the end)."""
     text = str(path)
-    if not any(c in text for c in " =,[]{}()'\"\\:$"):
-        return text
-    return "'" + re.sub(r"(\\*)('|\Z)", lambda m: m[1] * 2 + ("\\'" if m[2] else ""), text) + "'"
+    quoted = "'" + re.sub(r"(\\*)('|\Z)", lambda m: m[1] * 2 + ("\\'" if m[2] else ""), text) + "'"
+    return quoted if any(c in text for c in " =,[]{}()'\"\\:$") else text
 
 
 def shell_quote(text: str) -> str:
