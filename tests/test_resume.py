@@ -39,9 +39,8 @@ def test_a_refused_resume_leaves_the_run_as_it_was_and_its_plain_resume_works(ti
 
 def test_a_new_learning_rate_takes_effect_is_recorded_and_a_resume_at_max_steps_trains_nothing(tiny_run, tmp_path):
     run_dir = shutil.copytree(tiny_run, tmp_path / "run")  # at step 6
-    result = run_train(
-        f"trainer.resume={run_dir}", "trainer.max_steps=8", "optim.lr=1e-5", "optim.lr_d=3e-5", "optim.lr_decay=0.5"
-    )
+    rates = ("optim.lr=1e-5", "optim.lr_d=3e-5", "optim.lr_decay=0.5")
+    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", *rates)
     assert result.returncode == 0, result.stderr[-3000:]
     state, scale = load_checkpoint(run_dir), lr_scale(7, 8, 0.5)  # the last update's: the new decay's at step 7 of 8
     assert state["step"] == 8 and scale == pytest.approx(1 / 4)

@@ -38,20 +38,16 @@ from gan.training.faults import stop_on_signals
 
 log = logging.getLogger(__name__)
 
-# Long enough a run that SLURM's time-limit signal lands while it trains (time_limit_overrides): this
-# many seconds of training at this machine's speed, measured first (long_run)
+# Long enough a run that SLURM's time-limit signal lands while it trains (TIME_LIMIT): this many seconds of
+# training at this machine's speed, measured first (long_run)
 TRAINING_S = 60
-# What every long run writes: a log line each 250 steps (the requeue test waits for step 500), no
-# samples or checkpoints but the one a signal or the end writes (what a resume must recover is then
-# all in that one)
+# What every long run writes: a log line each 250 steps (the requeue test waits for step 500), no samples or checkpoints
+# but the one a signal or the end writes (what a resume must recover is then all in that one)
 QUIET = ("trainer.log_every=250", "trainer.sample_every=1000000", "trainer.checkpoint_every=1000000")
 # a line of Hydra's log format: [2026-11-24 14:18:39,440][gan.training.faults][WARNING] - SIGUSR2 received: ...
 LOG_LINE = re.compile(
     r"^\[(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[(?P<logger>[\w.]+)\]\[\w+\] - (?P<text>.*)$"
 )
-
-
-# is there a SLURM to talk to? --------------------------------------------------------------------
 
 
 def slurm_problem() -> Optional[str]:
@@ -91,8 +87,8 @@ class Sweep:
     started: datetime  # when it was launched: older accounting records are another cluster's life
 
     def wait(self, timeout: float) -> tuple[int, str]:
-        """The launcher's exit code and output; the test fails if it has not ended within `timeout`
-        (the `launch` fixture then kills it and cancels its jobs)."""
+        """The launcher's exit code and output; the test fails if it has not ended within `timeout` (the `launch`
+        fixture then kills it and cancels its jobs)."""
         try:
             code = self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -103,8 +99,8 @@ class Sweep:
         return self.output.read_text(errors="replace")
 
     def job_ids(self) -> list[str]:
-        """The SLURM jobs of the sweep, from submitit's folders (the ones holding a job's pickle): `12` for
-        one job, `13_0` and `13_1` for an array of two (whose folder `13` holds the sbatch script alone)."""
+        """The SLURM jobs of the sweep, from submitit's folders (the ones holding a job's pickle): `12` for one job,
+        `13_0` and `13_1` for an array of two (whose folder `13` holds the sbatch script alone)."""
         return sorted(p.parent.name for p in (self.folder / ".submitit").glob("*/*_submitted.pkl"))
 
     def log(self, job: str, task: int = 0, stream: str = "out") -> Path:
@@ -117,8 +113,8 @@ class Sweep:
 
 @pytest.fixture
 def launch(slurm, tmp_path) -> Iterator[Callable[..., Sweep]]:
-    """launch(*overrides): a sweep of tiny runs in tmp_path, under a job name of this test's own. At the
-    end, a launcher still running (a test that failed) is killed and the test's jobs are cancelled."""
+    """launch(*overrides): a sweep of tiny runs in tmp_path, under a job name of this test's own. At the end, a launcher
+    still running (a test that failed) is killed and the test's jobs are cancelled."""
     name = f"dcgan-test-{uuid.uuid4().hex[:8]}"
     sweeps: list[Sweep] = []
 
@@ -135,8 +131,8 @@ def launch(slurm, tmp_path) -> Iterator[Callable[..., Sweep]]:
 
 
 def start_sweep(*overrides: str, cwd: Path, name: str) -> Sweep:
-    """`python train.py -m hydra/launcher=slurm_cpu` of tiny runs with trainer.resume=auto, as
-    docs/scaling.md launches one, in the background."""
+    """`python train.py -m hydra/launcher=slurm_cpu` of tiny runs with trainer.resume=auto, as docs/scaling.md launches
+    one, in the background."""
     folder, output = cwd / "sweep", cwd / "launcher.log"
     args = [sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=slurm_cpu", f"hydra.launcher.name={name}"]
     args += [f"hydra.sweep.dir={folder}", *TINY, "trainer.resume=auto", *overrides]
@@ -177,10 +173,9 @@ SACCT_FIELDS = ("JobID", "State", "Submit", "Eligible", "Start", "End")
 
 
 def sacct(sweep: Sweep, job: str, final: str = "COMPLETED", timeout: float = 30) -> list[dict[str, str]]:
-    """Every run of the sweep's job, requeued ones included (--duplicates), oldest first, once the last
-    one reads `final`: slurmctld hands the records to slurmdbd a moment after the job ends. Only since
-    the sweep started: a cluster whose state was wiped numbers its jobs from 1 again, and the database
-    may still hold the old ones."""
+    """Every run of the sweep's job, requeued ones included (--duplicates), oldest first, once the last one reads
+    `final`: slurmctld hands the records to slurmdbd a moment after the job ends. Only since the sweep started: a
+    cluster whose state was wiped numbers its jobs from 1 again, and the database may still hold the old ones."""
     deadline = time.monotonic() + timeout
     query = ["sacct", "-j", job, "-S", sweep.started.isoformat(), "--duplicates", "-n", "-P"]
     query += ["-o", ",".join(SACCT_FIELDS)]
@@ -218,24 +213,17 @@ def log_timeline(title: str, events: list[tuple[str, datetime]]) -> None:
     log.info("%s\n%s", title, rows)
 
 
-# the uninterrupted run the interrupted ones must match ------------------------------------------
-
-
 @dataclasses.dataclass(frozen=True)
-class LongRun:
+class LongRun:  # the uninterrupted run the interrupted ones must match
     steps: int
     state: dict  # the checkpoint of the uninterrupted run
 
 
-def long_overrides(steps: int) -> tuple[str, ...]:
-    return (f"trainer.max_steps={steps}", *QUIET)
-
-
 @pytest.fixture(scope="module")
 def long_run(slurm, tmp_path_factory) -> LongRun:
-    """A tiny run of about TRAINING_S seconds of training on this machine, and its checkpoint when
-    it runs through without a stop. Its length is measured, not fixed: on a faster machine a fixed
-    step count could end before SLURM's time-limit signal (which lands 15 to 45 s into a job)."""
+    """A tiny run of about TRAINING_S seconds of training on this machine, and its checkpoint when it runs through
+    without a stop. Its length is measured, not fixed: on a faster machine a fixed step count could end before SLURM's
+    time-limit signal (which lands 15 to 45 s into a job)."""
     folder = tmp_path_factory.mktemp("long_run")
     probe = run_train("trainer.max_steps=700", *QUIET, "trainer.log_every=100", cwd=folder, timeout=300)
     assert probe.returncode == 0, probe.stderr[-3000:]
@@ -248,7 +236,9 @@ def long_run(slurm, tmp_path_factory) -> LongRun:
     rate = 500 / (times[700] - times[200]).total_seconds()
     steps = max(3000, round(rate * TRAINING_S / 250) * 250)
     log.info("%.0f steps/s here: the long run is %d steps", rate, steps)
-    reference = run_train(*long_overrides(steps), f"hydra.run.dir={folder / 'run'}", cwd=folder, timeout=600)
+    reference = run_train(
+        f"trainer.max_steps={steps}", *QUIET, f"hydra.run.dir={folder / 'run'}", cwd=folder, timeout=600
+    )
     assert reference.returncode == 0, reference.stderr[-3000:]
     return LongRun(steps, load_checkpoint(folder / "run"))
 
@@ -291,11 +281,10 @@ def test_a_two_point_sweep_runs_as_two_slurm_jobs(launch):
 
 @pytest.mark.slurm
 def test_a_requeued_job_checkpoints_and_resumes_bit_exactly(launch, long_run):
-    """`scontrol requeue` does what pre-emption with PreemptMode=REQUEUE does: SIGTERM to every task,
-    SIGKILL KillWait seconds later, the job back in the queue. The loop writes its checkpoint on the
-    SIGTERM; the job starts again from the top, and trainer.resume=auto finds that checkpoint in the
-    job's own folder."""
-    sweep = launch(*long_overrides(long_run.steps))
+    """`scontrol requeue` does what pre-emption with PreemptMode=REQUEUE does: SIGTERM to every task, SIGKILL KillWait
+    seconds later, the job back in the queue. The loop writes its checkpoint on the SIGTERM; the job starts again from
+    the top, and trainer.resume=auto finds that checkpoint in the job's own folder."""
+    sweep = launch(f"trainer.max_steps={long_run.steps}", *QUIET)
     job = wait_for_job(sweep)
     wait_for_step(sweep, job, 500)
     requeued_at = datetime.now()
@@ -336,10 +325,10 @@ TIME_LIMIT = ("hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=15"
 
 @pytest.mark.slurm
 def test_a_job_at_its_time_limit_checkpoints_requeues_and_resumes_bit_exactly(launch, long_run):
-    """SLURM sends SIGUSR2 signal_delay_s before the limit (sbatch --signal, set by submitit). The loop
-    takes it as a stop: it writes its checkpoint, then hands the signal to submitit's handler, which
-    requeues the job (scontrol requeue) and exits; trainer.resume=auto continues the run."""
-    sweep = launch(*TIME_LIMIT, *long_overrides(long_run.steps))
+    """SLURM sends SIGUSR2 signal_delay_s before the limit (sbatch --signal, set by submitit). The loop takes it as a
+    stop: it writes its checkpoint, then hands the signal to submitit's handler, which requeues the job (scontrol
+    requeue) and exits; trainer.resume=auto continues the run."""
+    sweep = launch(*TIME_LIMIT, f"trainer.max_steps={long_run.steps}", *QUIET)
     job = wait_for_job(sweep)
     code, output = sweep.wait(timeout=900)
     assert code == 0, output[-3000:]
@@ -351,9 +340,9 @@ def test_a_job_at_its_time_limit_checkpoints_requeues_and_resumes_bit_exactly(la
     requeues = [when for when, text in lines if text.startswith("Requeued job")]
     assert len(handed) == len(requeues) == len(signals)  # each signal: checkpoint first, then requeue
     runs = sacct(sweep, job)
-    # The last run may end just as slurmctld's next look (every 30 s) sends the signal again: the process,
-    # past submitit's "Exiting after successful completion", dies of SIGUSR2 and sacct says FAILED. The
-    # run itself is whole (assert_one_run_resumed), so that state is accepted only after that line.
+    # The last run may end just as slurmctld's next look (every 30 s) sends the signal again: the process, past
+    # submitit's "Exiting after successful completion", dies of SIGUSR2 and sacct says FAILED. The run itself is whole
+    # (assert_one_run_resumed), so that state is accepted only after that line.
     exited = [when for when, text in lines if text == "Exiting after successful completion" and when > signals[-1]]
     last = "FAILED" if exited and runs[-1]["State"] == "FAILED" else "COMPLETED"
     assert [run["State"] for run in runs] == ["REQUEUED"] * len(signals) + [last], runs
@@ -419,9 +408,9 @@ def test_a_submission_slurm_refuses_ends_the_launcher_with_sbatchs_message(launc
 
 @pytest.mark.slurm
 def test_a_cancelled_job_ends_the_launcher_with_its_state_and_leaves_a_checkpoint(launch):
-    """submitit waits for a job's result file, and asks sacct whether the job still runs: a job that
-    ends without one (scancel, a node lost) is reported, not waited for. scancel sends SIGTERM first,
-    so the run writes its checkpoint, and the same sweep with trainer.resume=auto would continue it."""
+    """submitit waits for a job's result file, and asks sacct whether the job still runs: a job that ends without one
+    (scancel, a node lost) is reported, not waited for. scancel sends SIGTERM first, so the run writes its checkpoint,
+    and the same sweep with trainer.resume=auto would continue it."""
     sweep = launch("trainer.max_steps=1000000", *QUIET)
     job = wait_for_job(sweep)
     wait_for_step(sweep, job, 250)
@@ -438,8 +427,8 @@ def test_a_cancelled_job_ends_the_launcher_with_its_state_and_leaves_a_checkpoin
 
 @pytest.fixture
 def submitit_handler(monkeypatch) -> Iterator[list[int]]:
-    """What a submitit job has: SUBMITIT_EXECUTOR set and a Python handler on SIGUSR2 (here one that
-    records its calls)."""
+    """What a submitit job has: SUBMITIT_EXECUTOR set and a Python handler on SIGUSR2 (here one that records its
+    calls)."""
     monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
     monkeypatch.delenv("SUBMITIT_PREEMPT_SIGNAL", raising=False)
     calls: list[int] = []
