@@ -71,9 +71,8 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
 
     @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name=config_name)
     def task(cfg: DictConfig) -> Optional[float]:
-        code, value = job(cfg)
-        codes.append(code)
-        return value
+        codes.append((done := job(cfg))[0])
+        return done[1]
 
     saved_argv, saved_env = sys.argv, os.environ.get("HYDRA_FULL_ERROR")
     own_traceback = saved_env == "1"  # the user asked for Hydra's traceback: let it be
@@ -273,10 +272,9 @@ class SweepNames(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         hydra_overrides = config.hydra.overrides.hydra
-        if any(override_key(o) == self.EXCLUDE_KEYS for o in hydra_overrides):
-            return
         parsed = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
-        if constant := [o.key_or_group for o in parsed if not o.is_sweep_override()]:
+        constant = [o.key_or_group for o in parsed if not o.is_sweep_override()]
+        if constant and not any(override_key(o) == self.EXCLUDE_KEYS for o in hydra_overrides):
             keys = list(dict.fromkeys([*config.hydra.job.config.override_dirname.exclude_keys, *constant]))
             with read_write(hydra_overrides):
                 hydra_overrides.append(f"{self.EXCLUDE_KEYS}=[{','.join(repr(key) for key in keys)}]")
@@ -334,8 +332,7 @@ def check_resume(cfg: dict, checkpoint: Mapping[str, Any], source: str) -> None:
     """The resume contract: ConfigError naming each change outside RESUMABLE, or a max_steps below the step."""
     from gan.checkpoint import stored_config
 
-    before = run_identity(stored_config(checkpoint["config"], source), RESUMABLE)
-    after = run_identity(cfg, RESUMABLE)
+    before, after = run_identity(stored_config(checkpoint["config"], source), RESUMABLE), run_identity(cfg, RESUMABLE)
     if changed := sorted(k for k in before | after if before.get(k) != after.get(k)):
         said = "; ".join(f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in changed)
         may = ", ".join(f"{group}.{key}" for group, keys in RESUMABLE.items() for key in keys if key != "resume")
