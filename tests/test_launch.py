@@ -64,7 +64,7 @@ def test_hydras_flags_work_as_hydra_documents_them_and_write_nothing(program, fl
 
 
 # each program once (Hydra's help lists every group's options: a second each), each way of invoking one at least once
-@pytest.mark.parametrize(("program", "invoked"), zip(PROGRAMS, ["python {file}", "dcgan-{name}", "python {file}"]))
+@pytest.mark.parametrize(("program", "invoked"), [*zip(PROGRAMS, ["python {file}", "dcgan-{name}", "python {file}"])])
 def test_help_names_the_program_as_it_was_invoked(program, invoked, tmp_path, monkeypatch):
     # and so does Hydra's bash completion script: `python` for a .py file, else the command
     name = program.removesuffix(".py")
