@@ -18,6 +18,7 @@ import pytest
 import yaml
 from conftest import ROOT, TINY, output_of, run_train, snapshot
 from filelock import FileLock
+from test_launch import ENV
 
 from gan.checkpoint import load_checkpoint
 from gan.errors import RunDirError
@@ -25,10 +26,7 @@ from gan.run import Run
 
 
 def unused_pid() -> int:
-    pid = 999_999
-    while Path(f"/proc/{pid}").exists():
-        pid -= 1
-    return pid
+    return next(pid for pid in range(999_999, 0, -1) if not Path(f"/proc/{pid}").exists())
 
 
 def test_the_lock_excludes_a_second_holder_naming_the_first(tmp_path):
@@ -83,9 +81,6 @@ def test_stale_temp_files_go_and_live_ones_stay(tmp_path):
         path.write_bytes(b"x" * 100)
     run.remove_stale_temp_files()
     assert sorted(p.name for p in run.checkpoints.iterdir()) == sorted([live.name, "last.pt"])
-
-
-ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
 
 
 def test_a_resume_into_another_runs_folder_is_refused_by_the_command(tiny_run, tmp_path):
