@@ -268,8 +268,7 @@ def test_a_two_point_sweep_runs_as_two_slurm_jobs(launch):
     jobs = sweep.job_ids()
     assert len(jobs) == 2 and jobs[0].endswith("_0") and jobs[1].endswith("_1"), jobs  # one array, two tasks
     runs = sweep.run_dirs()
-    lrs = sorted(OmegaConf.load(run / ".hydra" / "config.yaml").optim.lr for run in runs)
-    assert lrs == [1e-4, 4e-4]
+    assert sorted(OmegaConf.load(run / ".hydra" / "config.yaml").optim.lr for run in runs) == [1e-4, 4e-4]
     for run in runs:
         assert load_checkpoint(run)["step"] == 6
         assert list((run / "tb").glob("events.out.tfevents.*"))
