@@ -60,8 +60,7 @@ class Run:
     def owned(self, in_use: str = IN_USE) -> Iterator[None]:
         """The folder's lock: filelock's (flock, msvcrt), which the OS drops when its holder dies, even by kill -9."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        path = self.dir / self.LOCK
-        lock = FileLock(path, timeout=0, on_acquired=_write_holder)
+        lock = FileLock(path := self.dir / self.LOCK, timeout=0, on_acquired=_write_holder)
         try:
             lock.acquire()
         except IsADirectoryError:
