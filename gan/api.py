@@ -20,14 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 from torch import Tensor
 
 from gan.checkpoint import load_checkpoint
-from gan.config import (
-    EvaluateConfig,
-    TrainConfig,
-    _require,
-    check_device_name,
-    validate,
-    validate_evaluate,
-)
+from gan.config import EvaluateConfig, TrainConfig, _require, check_device_name, validate, validate_evaluate
 from gan.core.models import Generator
 from gan.core.sampling import sample as sample_from
 from gan.device import resolve_device
@@ -41,21 +34,20 @@ from gan.training import train as train_run
 
 def compose_config(*overrides: str) -> TrainConfig:
     """configs/train.yaml with train.py's overrides ("loss=hinge", "optim.lr=1e-4"), typed and checked."""
-    config = _composed(overrides)[1]
-    config.check()
-    return config
+    return _composed(overrides)[1]
 
 
 def _composed(overrides: tuple[str, ...], program: str = "train") -> tuple[Any, Any]:
-    """The program's config from its overrides, and typed (train's range checks are gan.training.train's)."""
+    """The program's config from its overrides, and typed and checked (as gan.training.train checks train's again)."""
     _require(all(isinstance(o, str) for o in overrides), "overrides", overrides, "must be strings, one per setting")
-    typed = validate if program == "train" else validate_evaluate
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             cfg = compose(config_name=program, overrides=list(overrides))
-            return cfg, typed(cfg)
+            typed = validate(cfg) if program == "train" else validate_evaluate(cfg)
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(hydra_refusal(err, program)) from err
+    typed.check()  # (validate_evaluate's checked it already)
+    return cfg, typed
 
 
 def train(run_dir: str | Path, *overrides: str, config: TrainConfig | None = None) -> TrainResult:

@@ -1,23 +1,19 @@
 """The console commands pip installs: `dcgan-train` runs train.py as `python train.py` would, and so on. A wheel
 carries the programs in gan/commands (pyproject.toml's package-dir); a clone, or an editable install, its own files."""
 
+import functools
 import importlib.util
 from pathlib import Path
-from typing import Callable
 
 
-def command(name: str) -> Callable[[], None]:
+def run(name: str) -> None:
     """`dcgan-NAME`: NAME.py's cli, loaded from the wheel's gan/commands or else from the clone."""
-
-    def run() -> None:
-        here = Path(__file__).parent
-        path = next(path for path in (here / "commands" / f"{name}.py", here.parent / f"{name}.py") if path.is_file())
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        module.cli(f"dcgan-{name}")
-
-    return run
+    here = Path(__file__).parent
+    path = next(path for path in (here / "commands" / f"{name}.py", here.parent / f"{name}.py") if path.is_file())
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.cli(f"dcgan-{name}")
 
 
-train, evaluate, generate = command("train"), command("evaluate"), command("generate")
+train, evaluate, generate = (functools.partial(run, name) for name in ("train", "evaluate", "generate"))

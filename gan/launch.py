@@ -26,7 +26,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, read_write
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from gan.config import EvaluateConfig, GenerateConfig, TrainConfig
+from gan.config import EvaluateConfig, GenerateConfig, TrainConfig, to_plain
 from gan.errors import ConfigError, UserError
 from gan.run import Run
 from gan.world import world_from_env
@@ -71,9 +71,8 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
 
     @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name=config_name)
     def task(cfg: DictConfig) -> Optional[float]:
-        code, value = job(cfg)
-        codes.append(code)
-        return value
+        codes.append((done := job(cfg))[0])
+        return done[1]
 
     saved_argv, saved_env = sys.argv, os.environ.get("HYDRA_FULL_ERROR")
     own_traceback = saved_env == "1"  # the user asked for Hydra's traceback: let it be
@@ -89,14 +88,16 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
         log.error("%s", err)
         return EXIT_HYDRA
     except (HydraException, OmegaConfBaseException, UserError, OSError, ValueError) as err:
+        frames = [frame for frame, _ in traceback.walk_tb(err.__traceback__)]
+        raiser = frames[-1].f_globals.get("__name__", "") + "." if frames else ""  # the module that raised it
         no_best = re.search("Record does not exist|No trials are completed", str(err))  # optuna: none scored
-        if not own_traceback and raised_by(err, "optuna.") and no_best:
-            log.error(  # optuna's 'Record does not exist' at a search's end, said
-                "No trial of the search returned a score (each run's log in hydra.sweep.dir says why), so it has no "
-                "best trial. Set trainer.final_eval_samples above 0, then search again."
-            )
+        if not own_traceback and raiser.startswith("optuna.") and no_best:
+            why = "No trial of the search returned a score (each run's log in hydra.sweep.dir says why), so it has no "
+            log.error("%s", why + "best trial. Set trainer.final_eval_samples above 0, then search again.")
             return EXIT_HYDRA
-        if own_traceback or (type(err) is ValueError and not raised_by(err, "hydra.")):  # a ValueError of ours: a bug
+        if own_traceback or (
+            type(err) is ValueError and not raiser.startswith("hydra.")
+        ):  # a ValueError of ours: a bug
             raise
         if isinstance(err, OSError) and not isinstance(err, HydraException):  # Hydra could not make the folder
             key = "out" if config_name == "generate" else "hydra.run.dir"  # generate.py's folder is `out`
@@ -113,15 +114,9 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
 
 
 def start(name: str, main: Callable[[], int], program: str) -> NoReturn:
-    """A program run from the shell, named as invoked (`program`)."""
     PROGRAMS[name] = program
     logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")
     sys.exit(main())
-
-
-def raised_by(err: BaseException, package: str) -> bool:
-    frames = [frame for frame, _ in traceback.walk_tb(err.__traceback__)]
-    return bool(frames) and frames[-1].f_globals.get("__name__", "").startswith(package)
 
 
 def hydra_refusal(err: Exception, config_name: str) -> str:
@@ -174,7 +169,6 @@ def data_overrides(cfg: DictConfig, overrides: Sequence[str]) -> dict[str, Any]:
 
 
 def override_key(override: str) -> str:
-    """'+a.b=1' -> 'a.b'; 'loss=hinge' -> 'loss'."""
     return override.split("=", 1)[0].lstrip("+~")
 
 
@@ -192,15 +186,14 @@ class LaunchChecks(Callback):
         if (folder / "multirun.yaml").is_file() and OmegaConf.select(config, "trainer.resume") != "auto":
             again = "Add trainer.resume=auto to continue it, or choose" if "trainer" in config else "Choose"
             refuse(f"hydra.sweep.dir={folder} holds a sweep (multirun.yaml). Nothing was written. {again} another.")
-        if problem := values_problem(config):
+        sweeper = config.hydra.sweeper  # with n_trials: hparams_search=optuna, what its sweeper does not check
+        if problem := values_problem(config) or ("n_trials" in sweeper and search_problem(sweeper, folder)):
             refuse(f"{problem}. Nothing was written.")
-        if "n_trials" in (sweeper := config.hydra.sweeper):  # hparams_search=optuna: what its sweeper does not check
-            if problem := search_problem(sweeper, folder):
-                refuse(f"{problem}. Nothing was written.")
-            try:  # the study's file is kept there
+        try:  # the study's file is kept there
+            if "n_trials" in sweeper:
                 folder.mkdir(parents=True, exist_ok=True)
-            except OSError as err:
-                refuse(unwritable("hydra.sweep.dir", folder, err))
+        except OSError as err:
+            refuse(unwritable("hydra.sweep.dir", folder, err))
 
 
 def values_problem(config: DictConfig) -> str:
@@ -224,7 +217,6 @@ def values_problem(config: DictConfig) -> str:
 
 
 def search_problem(sweeper: DictConfig, sweep: Path) -> str:
-    """What is wrong with an Optuna search's numbers, direction or storage, or ''."""
     for key, what in (("n_trials", "trials to run"), ("n_jobs", "trials asked for at once")):
         if not sweeper[key] or sweeper[key] < 1:
             return f"hydra.sweeper.{key}={sweeper[key]}: the number of {what} must be 1 or more"
@@ -280,10 +272,9 @@ class SweepNames(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         hydra_overrides = config.hydra.overrides.hydra
-        if any(override_key(o) == self.EXCLUDE_KEYS for o in hydra_overrides):
-            return
         parsed = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
-        if constant := [o.key_or_group for o in parsed if not o.is_sweep_override()]:
+        constant = [o.key_or_group for o in parsed if not o.is_sweep_override()]
+        if constant and not any(override_key(o) == self.EXCLUDE_KEYS for o in hydra_overrides):
             keys = list(dict.fromkeys([*config.hydra.job.config.override_dirname.exclude_keys, *constant]))
             with read_write(hydra_overrides):
                 hydra_overrides.append(f"{self.EXCLUDE_KEYS}=[{','.join(repr(key) for key in keys)}]")
@@ -295,7 +286,7 @@ def resume_plan(cfg: DictConfig, output_dir: Path) -> tuple[DictConfig, Path]:
 
     resume, hydra_cfg = cfg.trainer.resume, HydraConfig.get()
     if resume == "auto":
-        found = resume_auto(to_dict(cfg), output_dir)
+        found = resume_auto(to_plain(cfg), output_dir)
         log.info("trainer.resume=auto: %s", f"continuing {found}" if found else "no matching run, starting one")
         resume = str(found) if found else None
         with read_write(cfg):
@@ -306,9 +297,9 @@ def resume_plan(cfg: DictConfig, output_dir: Path) -> tuple[DictConfig, Path]:
     placed = hydra_cfg.mode == RunMode.MULTIRUN or "hydra.run.dir" in map(override_key, hydra_cfg.overrides.hydra)
     if (own := Run.of_checkpoint(file)) is not None and not placed:
         output_dir = own.dir  # train() takes its lock: a second resume of a run in use is refused
-    stored, defaults = stored_config(checkpoint["config"], file), to_dict(OmegaConf.structured(TrainConfig))
+    stored, defaults = stored_config(checkpoint["config"], file), to_plain(OmegaConf.structured(TrainConfig))
     named = {override_key(o) for o in hydra_cfg.overrides.task}
-    for group, values in to_dict(cfg).items():  # named (a group: all of it) or off the defaults (configs/train.yaml)
+    for group, values in to_plain(cfg).items():  # named (a group: all of it) or off the defaults (configs/train.yaml)
         for key, value in values.items() if isinstance(values, dict) else ():
             if {group, f"{group}.{key}"} & named or defaults.get(group, {}).get(key) != value:
                 stored[group][key] = value
@@ -323,7 +314,7 @@ def resume_auto(config: dict, output_dir: Path, outputs: Path = Path("outputs"))
     for last in sorted(outputs.glob(f"**/{Run.LAST}"), key=os.path.getmtime, reverse=True):
         record = Run.of_checkpoint(last).record / "config.yaml"
         try:
-            recorded = to_dict(OmegaConf.load(record))
+            recorded = to_plain(OmegaConf.load(record))
             # run_identity would leave a scalar group out, and match on the others alone
             why = next((f"its group {g!r} is {v!r}" for g, v in recorded.items() if type(v) is not dict), None)
         except FileNotFoundError:  # a run that wrote no record is no one's to continue by its settings
@@ -341,21 +332,16 @@ def check_resume(cfg: dict, checkpoint: Mapping[str, Any], source: str) -> None:
     """The resume contract: ConfigError naming each change outside RESUMABLE, or a max_steps below the step."""
     from gan.checkpoint import stored_config
 
-    before = run_identity(stored_config(checkpoint["config"], source), RESUMABLE)
-    after = run_identity(cfg, RESUMABLE)
+    before, after = run_identity(stored_config(checkpoint["config"], source), RESUMABLE), run_identity(cfg, RESUMABLE)
     if changed := sorted(k for k in before | after if before.get(k) != after.get(k)):
         said = "; ".join(f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in changed)
         may = ", ".join(f"{group}.{key}" for group, keys in RESUMABLE.items() for key in keys if key != "resume")
-        raise ConfigError(
-            f"trainer.resume={source} changes what the run computes ({said}). Nothing was written. A resume may "
-            f"change only {may}: drop the others, or drop trainer.resume to start a new run."
-        )
+        why = f"changes what the run computes ({said}). Nothing was written. A resume may change only {may}"
+        raise ConfigError(f"trainer.resume={source} {why}: drop the others, or drop trainer.resume to start a new run.")
     step, max_steps = int(checkpoint["step"]), cfg["trainer"]["max_steps"]
     if max_steps < step:
-        raise ConfigError(
-            f"trainer.max_steps={max_steps} is below the step of the checkpoint being resumed ({step}). Nothing "
-            f"was written. Pass trainer.max_steps above {step} to train further."
-        )
+        why = f"is below the step of the checkpoint being resumed ({step}). Nothing was written. Pass trainer.max_steps"
+        raise ConfigError(f"trainer.max_steps={max_steps} {why} above {step} to train further.")
     if max_steps == step:
         log.info("The checkpoint is at step %d = trainer.max_steps: nothing left to train.", step)
 
@@ -366,16 +352,11 @@ def run_identity(config: dict, ignored: Mapping[str, Sequence[str]]) -> dict:
     return {f"{g}.{k}": v for g, values in groups.items() for k, v in values.items() if k not in ignored.get(g, ())}
 
 
-def to_dict(cfg: DictConfig) -> dict:
-    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-
-
 def hydra_quote(path: Path | str) -> str:
     """A path as one Hydra value: quoted where needed (backslashes doubled only before a quote or the end)."""
     text = str(path)
-    if not any(c in text for c in " =,[]{}()'\"\\:$"):
-        return text
-    return "'" + re.sub(r"(\\*)('|\Z)", lambda m: m[1] * 2 + ("\\'" if m[2] else ""), text) + "'"
+    quoted = "'" + re.sub(r"(\\*)('|\Z)", lambda m: m[1] * 2 + ("\\'" if m[2] else ""), text) + "'"
+    return quoted if any(c in text for c in " =,[]{}()'\"\\:$") else text
 
 
 def shell_quote(text: str) -> str:

@@ -41,7 +41,6 @@ class Run:
 
     @classmethod
     def of_checkpoint(cls, file: Path) -> Optional[Run]:
-        """The run whose checkpoints/ folder holds `file`, or None for a loose checkpoint."""
         return cls(file.parent.parent) if file.parent.name == "checkpoints" else None
 
     def holds_run(self) -> bool:
@@ -61,8 +60,7 @@ class Run:
     def owned(self, in_use: str = IN_USE) -> Iterator[None]:
         """The folder's lock: filelock's (flock, msvcrt), which the OS drops when its holder dies, even by kill -9."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        path = self.dir / self.LOCK
-        lock = FileLock(path, timeout=0, on_acquired=_write_holder)
+        lock = FileLock(path := self.dir / self.LOCK, timeout=0, on_acquired=_write_holder)
         try:
             lock.acquire()
         except IsADirectoryError:
@@ -89,10 +87,8 @@ class Run:
                 mine = own is not None and os.path.samefile(own.dir, self.dir)
             if not mine and (problem := self.existing_run()):
                 if resuming:
-                    problem = (
-                        f"trainer.resume={resuming} would continue its run in {self.dir}, which holds another "
-                        "run. Nothing was written. Drop hydra.run.dir, or name a new folder."
-                    )
+                    why = "which holds another run. Nothing was written. Drop hydra.run.dir, or name a new folder"
+                    problem = f"trainer.resume={resuming} would continue its run in {self.dir}, {why}."
                 raise RunDirError(problem)
             self.remove_stale_temp_files()
             yield
@@ -163,12 +159,9 @@ class Run:
         return [p for p in self.dir.iterdir() if p.name != self.LOCK] if self.dir.is_dir() else []
 
     def remove_if_empty(self) -> None:
-        """The folder Hydra made for a job that wrote nothing there, and the empty folders above it."""
-        folder, stop = self.dir.absolute(), Path.cwd().absolute()
-        with contextlib.suppress(OSError):  # rmdir: only an empty folder
-            while folder != stop and folder != folder.parent:
-                folder.rmdir()
-                folder = folder.parent
+        """The folder Hydra made for a job that wrote nothing there, and the empty folders above it, up to the cwd."""
+        with contextlib.suppress(OSError, ValueError):  # rmdir: only an empty folder; ValueError: another drive
+            os.removedirs(os.path.relpath(self.dir))  # climbs the relative path alone: never above the launch folder
 
 
 @contextlib.contextmanager

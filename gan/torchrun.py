@@ -16,11 +16,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     count = str(args.nproc_per_node)
     if not (count in COUNTS or count.isdigit() and int(count) >= 1):  # torch's own refusal is a bare AssertionError
-        print(
-            f"--nproc_per_node={count}: the number of processes per node must be a whole number of 1 or more, or one "
-            f"of {', '.join(COUNTS)}. Nothing was started.",
-            file=sys.stderr,
-        )
+        why = f"the number of processes per node must be a whole number of 1 or more, or one of {', '.join(COUNTS)}"
+        print(f"--nproc_per_node={count}: {why}. Nothing was started.", file=sys.stderr)
         return 2
     try:
         run(args)

@@ -64,9 +64,7 @@ def test_hydras_flags_work_as_hydra_documents_them_and_write_nothing(program, fl
 
 
 # each program once (Hydra's help lists every group's options: a second each), each way of invoking one at least once
-@pytest.mark.parametrize(
-    ("program", "invoked"), list(zip(PROGRAMS, ["python {file}", "dcgan-{name}", "python {file}"]))
-)
+@pytest.mark.parametrize(("program", "invoked"), [*zip(PROGRAMS, ["python {file}", "dcgan-{name}", "python {file}"])])
 def test_help_names_the_program_as_it_was_invoked(program, invoked, tmp_path, monkeypatch):
     # and so does Hydra's bash completion script: `python` for a .py file, else the command
     name = program.removesuffix(".py")
@@ -87,8 +85,7 @@ def test_the_completion_query_offers_the_configs_keys_and_options(typed, offered
 
 
 def test_config_dir_and_config_name_compose_a_users_own_primary_config_with_the_overrides(tmp_path):
-    mine = tmp_path / "mine"
-    mine.mkdir()
+    (mine := tmp_path / "mine").mkdir()
     (mine / "short.yaml").write_text("defaults:\n  - train\n  - _self_\n\ntrainer:\n  max_steps: 3\n")
     for cd, cn in (("-cd", "-cn"), ("--config-dir", "--config-name")):
         result = run(
@@ -297,9 +294,8 @@ def test_the_resume_line_a_stopped_run_prints_works_when_pasted(tmp_path, name):
     run_dir = tmp_path / name / "run"
     args = [sys.executable, str(ROOT / "train.py"), *TINY, f"hydra.run.dir={launch.hydra_quote(run_dir)}"]
     endless = [*args, "trainer.max_steps=100000", "trainer.checkpoint_every=100000"]
-    process = subprocess.Popen(
-        endless, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    pipe = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+    process = subprocess.Popen(endless, cwd=tmp_path, env=ENV, **pipe)
     seen = []
     for line in process.stdout:  # training is under way (its signal handlers set) once a step is logged
         seen.append(line)
@@ -324,9 +320,8 @@ def test_the_resume_line_a_stopped_run_prints_works_when_pasted(tmp_path, name):
 )
 def test_paths_are_quoted_for_hydra_and_the_shell(path):
     assert OverridesParser.create().parse_override(f"trainer.resume={launch.hydra_quote(path)}").value() == path
-    echoed = subprocess.run(
-        ["bash", "-c", f"printf %s {launch.resume_command(path).removeprefix('python train.py ')}"], capture_output=True
-    )
+    printf = f"printf %s {launch.resume_command(path).removeprefix('python train.py ')}"
+    echoed = subprocess.run(["bash", "-c", printf], capture_output=True)
     assert OverridesParser.create().parse_override(echoed.stdout.decode()).value() == path
 
 

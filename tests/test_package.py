@@ -33,16 +33,13 @@ SOURCES = ("pyproject.toml", "README.md", "train.py", "evaluate.py", "generate.p
 
 @pytest.mark.slow
 def test_the_wheel_installs_commands_that_train_and_evaluate_from_any_folder(tmp_path):
-    source = tmp_path / "source"  # a copy: a build in place would leave build/ and *.egg-info in the clone
-    source.mkdir()
+    (source := tmp_path / "source").mkdir()  # a copy: a build in place would leave build/ and *.egg-info in the clone
     for name in SOURCES:
         copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy2
         copy(ROOT / name, source / name, **({"ignore": shutil.ignore_patterns("__pycache__")} if name == "gan" else {}))
-    pip = [sys.executable, "-m", "pip"]
+    pip, out = [sys.executable, "-m", "pip"], {"capture_output": True, "text": True}
     built = subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", tmp_path / "dist", source],
-        capture_output=True,
-        text=True,
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", tmp_path / "dist", source], **out
     )
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     wheel = next((tmp_path / "dist").glob("dcgan_reference-*.whl"))
@@ -57,23 +54,19 @@ def test_the_wheel_installs_commands_that_train_and_evaluate_from_any_folder(tmp
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
     python = venv / "bin" / "python"
-    purelib = subprocess.run(
-        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True
-    ).stdout.strip()
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], **out)
+    purelib = purelib.stdout.strip()
     dependencies = [path for path in sys.path if Path(path).name in ("site-packages", "dist-packages")]
     Path(purelib, "dependencies.pth").write_text("".join(f"{path}\n" for path in dependencies))
-    installed = subprocess.run(
-        [*pip, "--python", python, "install", "--no-deps", "--no-index", wheel], capture_output=True, text=True
-    )
+    installed = subprocess.run([*pip, "--python", python, "install", "--no-deps", "--no-index", wheel], **out)
     assert installed.returncode == 0, installed.stderr[-3000:]
 
-    elsewhere = tmp_path / "elsewhere"  # outside the repository: nothing there but what the commands write
-    elsewhere.mkdir()
+    (elsewhere := tmp_path / "elsewhere").mkdir()  # outside the repository: nothing there but what the commands write
     where = subprocess.run([python, "-c", "import gan; print(gan.__file__)"], cwd=elsewhere, capture_output=True)
     assert where.stdout.decode().startswith(purelib), where  # the wheel's package, not the clone's
 
-    def command(name: str, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([venv / "bin" / name, *args], cwd=elsewhere, capture_output=True, text=True)
+    def command(name: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+        return subprocess.run([venv / "bin" / name, *args], cwd=elsewhere, env={**os.environ, **env}, **out)
 
     trained = command("dcgan-train", *TINY)
     assert trained.returncode == 0, trained.stderr[-3000:]
@@ -106,10 +99,7 @@ def test_the_wheel_installs_commands_that_train_and_evaluate_from_any_folder(tmp
         assert shown.returncode == 0 and yaml.safe_load(shown.stdout), shown.stderr[-3000:]
     completion = command("dcgan-train", "-sc", "install=bash")
     assert completion.returncode == 0 and completion.stdout.rstrip().endswith("-F hydra_bash_completion dcgan-train")
-    queried = subprocess.run(
-        [venv / "bin" / "dcgan-train", "-sc", "query=bash"],
-        cwd=elsewhere, capture_output=True, text=True, env={**os.environ, "COMP_LINE": "dcgan-train optim.l"},
-    )  # fmt: skip
+    queried = command("dcgan-train", "-sc", "query=bash", COMP_LINE="dcgan-train optim.l")
     assert "optim.lr=" in queried.stdout.split(), queried.stderr[-3000:]
 
     packed = command("dcgan-pack", "pack", "data=digits", "data.num_samples=300", "data.image_size=16")
@@ -235,8 +225,7 @@ def test_a_gpu_is_recorded_by_name_with_the_cudnn_in_use():
 
 @pytest.mark.parametrize("recorded", ["other torch", "none recorded"])
 def test_a_resume_warns_when_the_environment_changed(tiny_run, tmp_path, recorded):
-    run_dir = tmp_path / "run"
-    shutil.copytree(tiny_run, run_dir)
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
     state = load_checkpoint(run_dir)
     if recorded == "other torch":
         state["environment"] = {**state["environment"], "torch": "1.0.0"}

@@ -39,9 +39,8 @@ def test_a_refused_resume_leaves_the_run_as_it_was_and_its_plain_resume_works(ti
 
 def test_a_new_learning_rate_takes_effect_is_recorded_and_a_resume_at_max_steps_trains_nothing(tiny_run, tmp_path):
     run_dir = shutil.copytree(tiny_run, tmp_path / "run")  # at step 6
-    result = run_train(
-        f"trainer.resume={run_dir}", "trainer.max_steps=8", "optim.lr=1e-5", "optim.lr_d=3e-5", "optim.lr_decay=0.5"
-    )
+    rates = ("optim.lr=1e-5", "optim.lr_d=3e-5", "optim.lr_decay=0.5")
+    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", *rates)
     assert result.returncode == 0, result.stderr[-3000:]
     state, scale = load_checkpoint(run_dir), lr_scale(7, 8, 0.5)  # the last update's: the new decay's at step 7 of 8
     assert state["step"] == 8 and scale == pytest.approx(1 / 4)
@@ -58,41 +57,36 @@ def test_a_new_learning_rate_takes_effect_is_recorded_and_a_resume_at_max_steps_
     assert after["step"] == 8 and all(torch.equal(state["G"][key], after["G"][key]) for key in state["G"])
 
 
-NAMED = {  # where the run lies under the launch folder, and how trainer.resume names it there
-    "quoted '": ("my run", "'{run}'"),  # a space: the path quoted for Hydra
-    'quoted "': ("my run", '"{run}"'),
-    "bare, with a space": ("my run", "{run}"),
-    "a relative path to its checkpoint file": ("outputs/runs/a", "outputs/runs/a/checkpoints/last.pt"),
+NAMED = {  # where the run lies under the launch folder, how trainer.resume names it there, what became of its record
+    "quoted '": ("my run", "'{run}'", "kept"),  # a space: the path quoted for Hydra
+    'quoted ", its record edited': ("my run", '"{run}"', "edited"),
+    "bare, with a space, its record deleted": ("my run", "{run}", "deleted"),
+    "a relative path to its checkpoint file": ("outputs/runs/a", "outputs/runs/a/checkpoints/last.pt", "kept"),
 }
 
 
-@pytest.mark.parametrize(("where", "named"), NAMED.values(), ids=NAMED)
-def test_a_resume_continues_its_run_in_place_however_the_run_is_named(tiny_run, tmp_path, where, named):
+@pytest.mark.parametrize(("where", "named", "record"), NAMED.values(), ids=NAMED)
+def test_a_resume_reads_its_settings_from_the_checkpoint_never_from_its_record(
+    tiny_run, tmp_path, where, named, record
+):
+    # the run goes on in place however it is named; an edited, damaged or deleted record is neither read nor obeyed:
+    # the resume runs the checkpoint's settings (debug=tiny's, not the defaults: the command names none) and writes
+    # the record anew
     run_dir = shutil.copytree(tiny_run, tmp_path / where)
-    result = run_train(f"trainer.resume={named.format(run=run_dir)}", "trainer.max_steps=8", cwd=tmp_path)
+    if record == "edited":
+        (run_dir / ".hydra" / "overrides.yaml").write_text("- a: [unclosed\n")
+        (run_dir / ".hydra" / "config.yaml").write_text("model: {g_width: 999}\n")
+    elif record == "deleted":
+        shutil.rmtree(run_dir / ".hydra")
+    resume = (f"trainer.resume={named.format(run=run_dir)}", "trainer.max_steps=8", "trainer.threads=1")
+    result = run_train(*resume, cwd=tmp_path, tiny=False)
     assert result.returncode == 0, output_of(result)[-3000:]
     state = load_checkpoint(run_dir)
-    assert state["step"] == 8 and state["config"]["model"]["g_width"] == 8  # replayed, same directory
+    assert state["step"] == 8 and state["config"]["model"]["g_width"] == 8
+    assert yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())["model"]["g_width"] == 8
     # no folder of its own: the run went on in place
     assert sorted(p.name for p in tmp_path.iterdir()) == [where.split("/")[0]]
     assert all(run_dir in p.parents for p in tmp_path.rglob("*") if p.is_file())
-
-
-@pytest.mark.parametrize("record", ["edited", "missing"])
-def test_a_resume_reads_its_settings_from_the_checkpoint_never_from_its_record(tiny_run, tmp_path, record):
-    # an edited, damaged or deleted record is neither read nor obeyed: the resume runs the checkpoint's settings
-    # (debug=tiny's, not the defaults: the command names none) and writes the record anew
-    run_a = shutil.copytree(tiny_run, tmp_path / "A")
-    if record == "edited":
-        (run_a / ".hydra" / "overrides.yaml").write_text("- a: [unclosed\n")
-        (run_a / ".hydra" / "config.yaml").write_text("model: {g_width: 999}\n")
-    else:
-        shutil.rmtree(run_a / ".hydra")
-    result = run_train(f"trainer.resume={run_a}", "trainer.max_steps=8", "trainer.threads=1", cwd=tmp_path, tiny=False)
-    assert result.returncode == 0, output_of(result)[-3000:]
-    state = load_checkpoint(run_a)
-    assert state["step"] == 8 and state["config"]["model"]["g_width"] == 8
-    assert yaml.safe_load((run_a / ".hydra" / "config.yaml").read_text())["model"]["g_width"] == 8
 
 
 def test_a_loose_checkpoint_resumes_with_its_own_settings_and_refuses_another_model(tiny_run, tmp_path):

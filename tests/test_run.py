@@ -18,6 +18,7 @@ import pytest
 import yaml
 from conftest import ROOT, TINY, output_of, run_train, snapshot
 from filelock import FileLock
+from test_launch import ENV
 
 from gan.checkpoint import load_checkpoint
 from gan.errors import RunDirError
@@ -25,10 +26,7 @@ from gan.run import Run
 
 
 def unused_pid() -> int:
-    pid = 999_999
-    while Path(f"/proc/{pid}").exists():
-        pid -= 1
-    return pid
+    return next(pid for pid in range(999_999, 0, -1) if not Path(f"/proc/{pid}").exists())
 
 
 def test_the_lock_excludes_a_second_holder_naming_the_first(tmp_path):
@@ -83,9 +81,6 @@ def test_stale_temp_files_go_and_live_ones_stay(tmp_path):
         path.write_bytes(b"x" * 100)
     run.remove_stale_temp_files()
     assert sorted(p.name for p in run.checkpoints.iterdir()) == sorted([live.name, "last.pt"])
-
-
-ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
 
 
 def test_a_resume_into_another_runs_folder_is_refused_by_the_command(tiny_run, tmp_path):
@@ -149,37 +144,24 @@ def test_a_disk_that_refuses_every_write_is_reported_before_anything_is_written(
         resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))  # Python starts; no block of data
 
     settings = TINY if program == "train.py" else [f"checkpoint={tiny_run}", "threads=1"]
-    command = [sys.executable, str(ROOT / program), *settings]
-    result = subprocess.run(
-        command, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=240, preexec_fn=no_file_may_grow
-    )
+    limited = dict(cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=240, preexec_fn=no_file_may_grow)
+    result = subprocess.run([sys.executable, str(ROOT / program), *settings], **limited)
     assert result.returncode == 2, output_of(result)[-3000:]
     output = output_of(result)
     assert "refuses a new file (File too large)" in output and "Free disk space" in output, output[-3000:]
     assert "Traceback" not in output and not (tmp_path / "outputs").exists()
 
 
+HOLDS = "{run} already holds a run"
 BY_COMMAND = {  # where the run lies ("busy": held by this process), the command ({run}, {tmp}), what is said
-    "in use": (
-        "busy",
-        ["trainer.resume={run}", "trainer.max_steps=8"],
-        "The run directory {run} is in use: process {pid}",
-    ),
+    "in use": ("busy", ["trainer.resume={run}", "trainer.max_steps=8"], "{run} is in use: process {pid}"),
     "inside its checkpoints/": ("A", ["hydra.run.dir={run}/checkpoints"], "inside the folder of another run, {run}"),
     "deeper inside": ("A", ["hydra.run.dir={run}/more/deeply"], "inside the folder of another run, {run}"),
     "a run with no checkpoint": ("R", ["hydra.run.dir={run}"], "{run} already holds a run's .hydra/ record"),
-    "named through an interpolation": (
-        "runs/interp_7",
-        ["trainer.seed=7", "hydra.run.dir={tmp}/runs/interp_${{trainer.seed}}"],
-        "{run} already holds a run",
-    ),
-    "quoted, with a space and '='": (  # a sweep job's name, moved
-        "my runs/0_optim.lr=0.002",
-        ["hydra.run.dir='{run}'"],
-        "{run} already holds a run",
-    ),
-    "dot-dot": ("runs/a", ["hydra.run.dir={run}/../a"], "{run} already holds a run"),  # Hydra's absolute path
-    "relative": ("runs/a", ["hydra.run.dir=runs/a"], "{run} already holds a run"),
+    "through an interpolation": ("runs/i_7", ["trainer.seed=7", "hydra.run.dir={tmp}/runs/i_${{trainer.seed}}"], HOLDS),
+    "quoted: a sweep job's name, moved": ("my runs/0_optim.lr=0.002", ["hydra.run.dir='{run}'"], HOLDS),
+    "dot-dot": ("runs/a", ["hydra.run.dir={run}/../a"], HOLDS),  # Hydra's absolute path
+    "relative": ("runs/a", ["hydra.run.dir=runs/a"], HOLDS),
     "through a symlink": ("runs/a", ["hydra.run.dir={tmp}/link"], "{tmp}/link already holds a run"),
 }
 

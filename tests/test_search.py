@@ -12,13 +12,8 @@ optuna = pytest.importorskip("optuna")
 
 # two trials a launch; a trial with final_eval_samples=0 trains but measures nothing: a run without a score.
 # 20,000 digits train a metrics classifier that passes its accuracy check (once: it is cached under data/).
-SEARCH = (
-    "hparams_search=optuna",
-    "data.num_samples=20000",
-    "hydra.sweeper.params=null",
-    "hydra.sweeper.n_trials=2",
-    "trainer.final_eval_samples=choice(0,100)",
-)
+SEARCH = ("hparams_search=optuna", "data.num_samples=20000", "hydra.sweeper.params=null", "hydra.sweeper.n_trials=2")
+SEARCH += ("trainer.final_eval_samples=choice(0,100)",)
 
 
 @pytest.mark.slow

@@ -38,20 +38,16 @@ from gan.training.faults import stop_on_signals
 
 log = logging.getLogger(__name__)
 
-# Long enough a run that SLURM's time-limit signal lands while it trains (time_limit_overrides): this
-# many seconds of training at this machine's speed, measured first (long_run)
+# Long enough a run that SLURM's time-limit signal lands while it trains (TIME_LIMIT): this many seconds of
+# training at this machine's speed, measured first (long_run)
 TRAINING_S = 60
-# What every long run writes: a log line each 250 steps (the requeue test waits for step 500), no
-# samples or checkpoints but the one a signal or the end writes (what a resume must recover is then
-# all in that one)
+# What every long run writes: a log line each 250 steps (the requeue test waits for step 500), no samples or checkpoints
+# but the one a signal or the end writes (what a resume must recover is then all in that one)
 QUIET = ("trainer.log_every=250", "trainer.sample_every=1000000", "trainer.checkpoint_every=1000000")
 # a line of Hydra's log format: [2026-11-24 14:18:39,440][gan.training.faults][WARNING] - SIGUSR2 received: ...
 LOG_LINE = re.compile(
     r"^\[(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[(?P<logger>[\w.]+)\]\[\w+\] - (?P<text>.*)$"
 )
-
-
-# is there a SLURM to talk to? --------------------------------------------------------------------
 
 
 def slurm_problem() -> Optional[str]:
@@ -63,11 +59,9 @@ def slurm_problem() -> Optional[str]:
     except subprocess.TimeoutExpired:
         return "no SLURM controller answered `scontrol ping` within 20 s"
     if " is UP" not in ping.stdout:
-        answer = (ping.stdout + ping.stderr).strip().splitlines()
-        return (
-            f"no SLURM controller is up (`scontrol ping`: {answer[0] if answer else 'no answer'}): "
-            "`scripts/local_slurm.sh start` starts one, or `make test-slurm` starts it and runs these"
-        )
+        answer = ((ping.stdout + ping.stderr).strip().splitlines() or ["no answer"])[0]
+        start = "`scripts/local_slurm.sh start` starts one, or `make test-slurm` starts it and runs these"
+        return f"no SLURM controller is up (`scontrol ping`: {answer}): {start}"
     if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
         return "hydra-submitit-launcher is not installed: pip install -c constraints.txt -e '.[slurm]'"
     return None
@@ -75,8 +69,7 @@ def slurm_problem() -> Optional[str]:
 
 @pytest.fixture(scope="module")
 def slurm() -> None:
-    problem = slurm_problem()
-    if problem:
+    if problem := slurm_problem():
         pytest.skip(problem)
 
 
@@ -94,8 +87,8 @@ class Sweep:
     started: datetime  # when it was launched: older accounting records are another cluster's life
 
     def wait(self, timeout: float) -> tuple[int, str]:
-        """The launcher's exit code and output; the test fails if it has not ended within `timeout`
-        (the `launch` fixture then kills it and cancels its jobs)."""
+        """The launcher's exit code and output; the test fails if it has not ended within `timeout` (the `launch`
+        fixture then kills it and cancels its jobs)."""
         try:
             code = self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -106,8 +99,8 @@ class Sweep:
         return self.output.read_text(errors="replace")
 
     def job_ids(self) -> list[str]:
-        """The SLURM jobs of the sweep, from submitit's folders (the ones holding a job's pickle): `12` for
-        one job, `13_0` and `13_1` for an array of two (whose folder `13` holds the sbatch script alone)."""
+        """The SLURM jobs of the sweep, from submitit's folders (the ones holding a job's pickle): `12` for one job,
+        `13_0` and `13_1` for an array of two (whose folder `13` holds the sbatch script alone)."""
         return sorted(p.parent.name for p in (self.folder / ".submitit").glob("*/*_submitted.pkl"))
 
     def log(self, job: str, task: int = 0, stream: str = "out") -> Path:
@@ -120,8 +113,8 @@ class Sweep:
 
 @pytest.fixture
 def launch(slurm, tmp_path) -> Iterator[Callable[..., Sweep]]:
-    """launch(*overrides): a sweep of tiny runs in tmp_path, under a job name of this test's own. At the
-    end, a launcher still running (a test that failed) is killed and the test's jobs are cancelled."""
+    """launch(*overrides): a sweep of tiny runs in tmp_path, under a job name of this test's own. At the end, a launcher
+    still running (a test that failed) is killed and the test's jobs are cancelled."""
     name = f"dcgan-test-{uuid.uuid4().hex[:8]}"
     sweeps: list[Sweep] = []
 
@@ -138,21 +131,11 @@ def launch(slurm, tmp_path) -> Iterator[Callable[..., Sweep]]:
 
 
 def start_sweep(*overrides: str, cwd: Path, name: str) -> Sweep:
-    """`python train.py -m hydra/launcher=slurm_cpu` of tiny runs with trainer.resume=auto, as
-    docs/scaling.md launches one, in the background."""
-    folder = cwd / "sweep"
-    output = cwd / "launcher.log"
-    args = [
-        sys.executable,
-        str(ROOT / "train.py"),
-        "-m",
-        "hydra/launcher=slurm_cpu",
-        f"hydra.launcher.name={name}",
-        f"hydra.sweep.dir={folder}",
-        *TINY,
-        "trainer.resume=auto",
-        *overrides,
-    ]
+    """`python train.py -m hydra/launcher=slurm_cpu` of tiny runs with trainer.resume=auto, as docs/scaling.md launches
+    one, in the background."""
+    folder, output = cwd / "sweep", cwd / "launcher.log"
+    args = [sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=slurm_cpu", f"hydra.launcher.name={name}"]
+    args += [f"hydra.sweep.dir={folder}", *TINY, "trainer.resume=auto", *overrides]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
     started = datetime.now().replace(microsecond=0)
     with open(output, "w") as sink:  # the child holds its own copy of the descriptor
@@ -190,19 +173,14 @@ SACCT_FIELDS = ("JobID", "State", "Submit", "Eligible", "Start", "End")
 
 
 def sacct(sweep: Sweep, job: str, final: str = "COMPLETED", timeout: float = 30) -> list[dict[str, str]]:
-    """Every run of the sweep's job, requeued ones included (--duplicates), oldest first, once the last
-    one reads `final`: slurmctld hands the records to slurmdbd a moment after the job ends. Only since
-    the sweep started: a cluster whose state was wiped numbers its jobs from 1 again, and the database
-    may still hold the old ones."""
+    """Every run of the sweep's job, requeued ones included (--duplicates), oldest first, once the last one reads
+    `final`: slurmctld hands the records to slurmdbd a moment after the job ends. Only since the sweep started: a
+    cluster whose state was wiped numbers its jobs from 1 again, and the database may still hold the old ones."""
     deadline = time.monotonic() + timeout
-    since = sweep.started.isoformat()
+    query = ["sacct", "-j", job, "-S", sweep.started.isoformat(), "--duplicates", "-n", "-P"]
+    query += ["-o", ",".join(SACCT_FIELDS)]
     while True:
-        out = subprocess.run(
-            ["sacct", "-j", job, "-S", since, "--duplicates", "-n", "-P", "-o", ",".join(SACCT_FIELDS)],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
+        out = subprocess.run(query, capture_output=True, text=True, check=True).stdout
         rows = [dict(zip(SACCT_FIELDS, line.split("|"))) for line in out.splitlines()]
         runs = [row for row in rows if row["JobID"] == job]  # the allocation, not its .batch and .0 steps
         if (runs and runs[-1]["State"].startswith(final)) or time.monotonic() > deadline:
@@ -212,12 +190,8 @@ def sacct(sweep: Sweep, job: str, final: str = "COMPLETED", timeout: float = 30)
 
 def log_lines(path: Path) -> list[tuple[datetime, str]]:
     """(time, text) of each line the job logged through Hydra's format, in order."""
-    lines = []
-    for line in path.read_text(errors="replace").splitlines():
-        match = LOG_LINE.match(line)
-        if match:
-            lines.append((datetime.strptime(match["time"], "%Y-%m-%d %H:%M:%S,%f"), match["text"]))
-    return lines
+    matches = (LOG_LINE.match(line) for line in path.read_text(errors="replace").splitlines())
+    return [(datetime.strptime(m["time"], "%Y-%m-%d %H:%M:%S,%f"), m["text"]) for m in matches if m]
 
 
 def first(lines: list[tuple[datetime, str]], text: str, after: Optional[datetime] = None) -> tuple[datetime, str]:
@@ -239,27 +213,19 @@ def log_timeline(title: str, events: list[tuple[str, datetime]]) -> None:
     log.info("%s\n%s", title, rows)
 
 
-# the uninterrupted run the interrupted ones must match ------------------------------------------
-
-
 @dataclasses.dataclass(frozen=True)
-class LongRun:
+class LongRun:  # the uninterrupted run the interrupted ones must match
     steps: int
     state: dict  # the checkpoint of the uninterrupted run
 
 
-def long_overrides(steps: int) -> tuple[str, ...]:
-    return (f"trainer.max_steps={steps}", *QUIET)
-
-
 @pytest.fixture(scope="module")
 def long_run(slurm, tmp_path_factory) -> LongRun:
-    """A tiny run of about TRAINING_S seconds of training on this machine, and its checkpoint when
-    it runs through without a stop. Its length is measured, not fixed: on a faster machine a fixed
-    step count could end before SLURM's time-limit signal (which lands 15 to 45 s into a job)."""
+    """A tiny run of about TRAINING_S seconds of training on this machine, and its checkpoint when it runs through
+    without a stop. Its length is measured, not fixed: on a faster machine a fixed step count could end before SLURM's
+    time-limit signal (which lands 15 to 45 s into a job)."""
     folder = tmp_path_factory.mktemp("long_run")
-    quiet_probe = ("trainer.log_every=100", "trainer.sample_every=1000000", "trainer.checkpoint_every=1000000")
-    probe = run_train("trainer.max_steps=700", *quiet_probe, cwd=folder, timeout=300)
+    probe = run_train("trainer.max_steps=700", *QUIET, "trainer.log_every=100", cwd=folder, timeout=300)
     assert probe.returncode == 0, probe.stderr[-3000:]
     times = {}
     for line in (probe.stdout + probe.stderr).splitlines():
@@ -270,7 +236,9 @@ def long_run(slurm, tmp_path_factory) -> LongRun:
     rate = 500 / (times[700] - times[200]).total_seconds()
     steps = max(3000, round(rate * TRAINING_S / 250) * 250)
     log.info("%.0f steps/s here: the long run is %d steps", rate, steps)
-    reference = run_train(*long_overrides(steps), f"hydra.run.dir={folder / 'run'}", cwd=folder, timeout=600)
+    reference = run_train(
+        f"trainer.max_steps={steps}", *QUIET, f"hydra.run.dir={folder / 'run'}", cwd=folder, timeout=600
+    )
     assert reference.returncode == 0, reference.stderr[-3000:]
     return LongRun(steps, load_checkpoint(folder / "run"))
 
@@ -300,8 +268,7 @@ def test_a_two_point_sweep_runs_as_two_slurm_jobs(launch):
     jobs = sweep.job_ids()
     assert len(jobs) == 2 and jobs[0].endswith("_0") and jobs[1].endswith("_1"), jobs  # one array, two tasks
     runs = sweep.run_dirs()
-    lrs = sorted(OmegaConf.load(run / ".hydra" / "config.yaml").optim.lr for run in runs)
-    assert lrs == [1e-4, 4e-4]
+    assert sorted(OmegaConf.load(run / ".hydra" / "config.yaml").optim.lr for run in runs) == [1e-4, 4e-4]
     for run in runs:
         assert load_checkpoint(run)["step"] == 6
         assert list((run / "tb").glob("events.out.tfevents.*"))
@@ -313,11 +280,10 @@ def test_a_two_point_sweep_runs_as_two_slurm_jobs(launch):
 
 @pytest.mark.slurm
 def test_a_requeued_job_checkpoints_and_resumes_bit_exactly(launch, long_run):
-    """`scontrol requeue` does what pre-emption with PreemptMode=REQUEUE does: SIGTERM to every task,
-    SIGKILL KillWait seconds later, the job back in the queue. The loop writes its checkpoint on the
-    SIGTERM; the job starts again from the top, and trainer.resume=auto finds that checkpoint in the
-    job's own folder."""
-    sweep = launch(*long_overrides(long_run.steps))
+    """`scontrol requeue` does what pre-emption with PreemptMode=REQUEUE does: SIGTERM to every task, SIGKILL KillWait
+    seconds later, the job back in the queue. The loop writes its checkpoint on the SIGTERM; the job starts again from
+    the top, and trainer.resume=auto finds that checkpoint in the job's own folder."""
+    sweep = launch(f"trainer.max_steps={long_run.steps}", *QUIET)
     job = wait_for_job(sweep)
     wait_for_step(sweep, job, 500)
     requeued_at = datetime.now()
@@ -350,23 +316,18 @@ def test_a_requeued_job_checkpoints_and_resumes_bit_exactly(launch, long_run):
     )
 
 
-def time_limit_overrides() -> tuple[str, ...]:
-    """A 1-minute limit with signal_delay_s=15. slurmctld looks at time limits every 30 s and sends the
-    signal at the first look that finds at most signal_delay_s + 30 s left: 15 to 45 s into each run,
-    after this job's start-up (about 5 s) and long before the limit's own SIGTERM at 60 s."""
-    return (
-        "hydra.launcher.timeout_min=1",
-        "hydra.launcher.signal_delay_s=15",
-        "hydra.launcher.max_num_timeout=10",  # each run trains 10 to 40 s: enough requeues to finish
-    )
+# A 1-minute limit with signal_delay_s=15. slurmctld looks at time limits every 30 s and sends the signal at the first
+# look that finds at most signal_delay_s + 30 s left: 15 to 45 s into each run, after this job's start-up (about 5 s)
+# and long before the limit's own SIGTERM at 60 s. Each run trains 10 to 40 s: 10 requeues are enough to finish.
+TIME_LIMIT = ("hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=15", "hydra.launcher.max_num_timeout=10")
 
 
 @pytest.mark.slurm
 def test_a_job_at_its_time_limit_checkpoints_requeues_and_resumes_bit_exactly(launch, long_run):
-    """SLURM sends SIGUSR2 signal_delay_s before the limit (sbatch --signal, set by submitit). The loop
-    takes it as a stop: it writes its checkpoint, then hands the signal to submitit's handler, which
-    requeues the job (scontrol requeue) and exits; trainer.resume=auto continues the run."""
-    sweep = launch(*time_limit_overrides(), *long_overrides(long_run.steps))
+    """SLURM sends SIGUSR2 signal_delay_s before the limit (sbatch --signal, set by submitit). The loop takes it as a
+    stop: it writes its checkpoint, then hands the signal to submitit's handler, which requeues the job (scontrol
+    requeue) and exits; trainer.resume=auto continues the run."""
+    sweep = launch(*TIME_LIMIT, f"trainer.max_steps={long_run.steps}", *QUIET)
     job = wait_for_job(sweep)
     code, output = sweep.wait(timeout=900)
     assert code == 0, output[-3000:]
@@ -378,9 +339,9 @@ def test_a_job_at_its_time_limit_checkpoints_requeues_and_resumes_bit_exactly(la
     requeues = [when for when, text in lines if text.startswith("Requeued job")]
     assert len(handed) == len(requeues) == len(signals)  # each signal: checkpoint first, then requeue
     runs = sacct(sweep, job)
-    # The last run may end just as slurmctld's next look (every 30 s) sends the signal again: the process,
-    # past submitit's "Exiting after successful completion", dies of SIGUSR2 and sacct says FAILED. The
-    # run itself is whole (assert_one_run_resumed), so that state is accepted only after that line.
+    # The last run may end just as slurmctld's next look (every 30 s) sends the signal again: the process, past
+    # submitit's "Exiting after successful completion", dies of SIGUSR2 and sacct says FAILED. The run itself is whole
+    # (assert_one_run_resumed), so that state is accepted only after that line.
     exited = [when for when, text in lines if text == "Exiting after successful completion" and when > signals[-1]]
     last = "FAILED" if exited and runs[-1]["State"] == "FAILED" else "COMPLETED"
     assert [run["State"] for run in runs] == ["REQUEUED"] * len(signals) + [last], runs
@@ -446,9 +407,9 @@ def test_a_submission_slurm_refuses_ends_the_launcher_with_sbatchs_message(launc
 
 @pytest.mark.slurm
 def test_a_cancelled_job_ends_the_launcher_with_its_state_and_leaves_a_checkpoint(launch):
-    """submitit waits for a job's result file, and asks sacct whether the job still runs: a job that
-    ends without one (scancel, a node lost) is reported, not waited for. scancel sends SIGTERM first,
-    so the run writes its checkpoint, and the same sweep with trainer.resume=auto would continue it."""
+    """submitit waits for a job's result file, and asks sacct whether the job still runs: a job that ends without one
+    (scancel, a node lost) is reported, not waited for. scancel sends SIGTERM first, so the run writes its checkpoint,
+    and the same sweep with trainer.resume=auto would continue it."""
     sweep = launch("trainer.max_steps=1000000", *QUIET)
     job = wait_for_job(sweep)
     wait_for_step(sweep, job, 250)
@@ -465,8 +426,8 @@ def test_a_cancelled_job_ends_the_launcher_with_its_state_and_leaves_a_checkpoin
 
 @pytest.fixture
 def submitit_handler(monkeypatch) -> Iterator[list[int]]:
-    """What a submitit job has: SUBMITIT_EXECUTOR set and a Python handler on SIGUSR2 (here one that
-    records its calls)."""
+    """What a submitit job has: SUBMITIT_EXECUTOR set and a Python handler on SIGUSR2 (here one that records its
+    calls)."""
     monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
     monkeypatch.delenv("SUBMITIT_PREEMPT_SIGNAL", raising=False)
     calls: list[int] = []
