@@ -120,10 +120,10 @@ def test_a_tool_setting_out_of_range_is_refused_naming_it(override, message):
 
 
 def test_auto_precision_follows_the_hardware(monkeypatch):
-    monkeypatch.setattr(gan.training.state, "cpu_has_fast_bf16", lambda: True)
-    assert resolve_precision(Precision.auto, CPU) == Precision.bf16
-    monkeypatch.setattr(gan.training.state, "cpu_has_fast_bf16", lambda: False)
-    assert resolve_precision(Precision.auto, CPU) == Precision.fp32
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    for fast, expected in ((True, Precision.bf16), (False, Precision.fp32)):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda fast=fast: fast, raising=False)
+        assert resolve_precision(Precision.auto, CPU) == expected
     assert resolve_precision(Precision.fp16, CPU) == Precision.fp16
 
 

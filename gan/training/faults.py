@@ -7,7 +7,6 @@ import dataclasses
 import logging
 import math
 import os
-import re
 import signal
 import threading
 from pathlib import Path
@@ -16,10 +15,9 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 import torch
 from torch import Tensor, nn
 from torch.nn.utils import get_total_norm
-from tqdm import tqdm
 
 from gan.checkpoint import load_checkpoint, nonfinite
-from gan.errors import CheckpointError, ConfigError
+from gan.errors import CheckpointError
 
 if TYPE_CHECKING:
     from gan.config import TrainConfig
@@ -117,26 +115,6 @@ def _kept(path: Path) -> str:
         return f"{path} keeps step {int(load_checkpoint(path)['step'])}, the last good one."
     except CheckpointError:
         return f"{path} is left as it was."
-
-
-@contextlib.contextmanager
-def explain_allocation_failure(cfg: TrainConfig) -> Iterator[None]:
-    try:
-        yield
-    except RuntimeError as err:  # torch.OutOfMemoryError (CUDA, MPS) is one; the CPU allocator's is not
-        text = str(err)
-        if not isinstance(err, torch.OutOfMemoryError) and "can't allocate memory" not in text:
-            raise
-        amount = ""
-        if asked := re.search(r"allocate ((\d+) bytes|[\d.]+ [KMGTPE]?i?B)", text, re.IGNORECASE):
-            size = f" = {tqdm.format_sizeof(int(asked[2]), 'B', 1000)}" if asked[2] else ""  # the CPU's count of bytes
-            amount = f" (it asked for {asked[1]}{size})"
-        data, model = cfg.data, cfg.model
-        raise ConfigError(
-            f"Not enough memory to build the models and the fixed latents{amount}: lower model.g_width={model.g_width},"
-            f" model.d_width={model.d_width}, data.image_size={data.image_size}, data.batch_size={data.batch_size} or "
-            f"trainer.num_fixed_samples={cfg.trainer.num_fixed_samples}."
-        ) from err
 
 
 @dataclasses.dataclass

@@ -31,16 +31,7 @@ from gan.evaluation.pipeline import Reals, class_metrics, classifier_data, evalu
 from gan.launch import measure_command, override_key, resume_command
 from gan.run import Run
 from gan.training.faults import NonFiniteWatch, StopFlag, check_finite_state, stop_on_signals
-from gan.training.monitor import (
-    FAKE_TAG,
-    RAW_FAKE_TAG,
-    Monitor,
-    grid_of,
-    note_short_curve,
-    real_grid,
-    shown_name,
-    write_progress_gif,
-)
+from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, Monitor, grid_of, real_grid, shown_name, write_progress_gif
 from gan.training.state import TrainingState, rng_state, set_learning_rates, set_up, wrap_for_ddp
 from gan.training.threads import thread_governor
 
@@ -90,9 +81,7 @@ def train(
         if world.is_main and state.step == 0:  # HParams and the real images, once per run
             monitor.begin(hparams_of(cfg) if hparams is None else hparams, real_grid(state, training.labels))
         monitor.describe(state.step, cfg, command, environment(device))
-        if world.is_main:
-            note_short_curve(trainer.eval_every, state.step, trainer.max_steps)
-        with monitor, stop_on_signals() as stop:
+        with contextlib.closing(monitor), stop_on_signals() as stop:
             extras = periodic_extras(cfg, state, ctx, world, run, monitor, stop, probes)
             while state.step < trainer.max_steps:
                 # fetch: a real batch (with its classes y when model.conditional, else y is None), and
@@ -217,7 +206,8 @@ def periodic_extras(
             watch.check(ctx.skip_nonfinite)
             check_finite_state(state, run.last)
             with monitor.timed("checkpoint", tick.step):
-                write_checkpoint(state, cfg, run, rngs)
+                save_checkpoint(state.state_dict(cfg, rngs), run.last)
+                keep_numbered(run.last, state.step, trainer.keep_checkpoints)
 
     return Extras(
         [
@@ -292,8 +282,7 @@ def measure_later(run_dir: Path) -> str:
     )
 
 
-def what_is_kept(run_dir: Path) -> str:
-    """What to run after a failed write."""
+def what_is_kept(run_dir: Path) -> str:  # what to run after a failed write
     last = Run(run_dir).last
     try:
         step = load_checkpoint(last)["step"]
@@ -440,11 +429,6 @@ def write_samples(state: TrainingState, run: Run, monitor: Monitor) -> None:
             os.replace(partial, path)
         write_progress_gif(run.samples)
         monitor.image(FAKE_TAG if state.G_ema is not None else RAW_FAKE_TAG, grid, state.step)
-
-
-def write_checkpoint(state: TrainingState, cfg: TrainConfig, run: Run, rank_rngs: Optional[list[dict]] = None) -> None:
-    save_checkpoint(state.state_dict(cfg, rank_rngs), run.last)
-    keep_numbered(run.last, state.step, cfg.trainer.keep_checkpoints)
 
 
 # Every run reports these to HParams, defaults too; four leave FID/best on a 1400 px screen (docs/watching.md)

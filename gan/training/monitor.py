@@ -35,20 +35,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# D's probabilities under one name whatever the loss (losses.mean_scores), so runs of different losses share charts
-RENAMED = {
-    "d/real": "loss/D(x)",
-    "d/fake": "loss/D(G(z))",
-    "d/real_score": "train/D(x)_score",
-    "d/fake_score": "train/D(G(z))_score",
-    # D(G(z)) after D's update: pytorch/examples' D_G_z2, kept out of the `loss` group
-    "d/fake_after_d_step": "train/D(G(z))_after_d_step",
-    "d/fake_score_after_d_step": "train/D(G(z))_score_after_d_step",
-}
 REAL_TAG, FAKE_TAG, RAW_FAKE_TAG = "samples/real", "samples/fake (EMA G, fixed z)", "samples/fake (G, fixed z)"
 BAR_TAGS = {"d": "loss/d", "g": "loss/g", "D(x)": "loss/D(x)", "D(G(z))": "loss/D(G(z))"}  # beside the progress bar
 CONFIG_TEXT_TAG, COMMAND_TEXT_TAG, ENVIRONMENT_TEXT_TAG = "run/config", "run/command", "run/environment"
 GIF_FRAMES = 50  # at most this many grids in samples/progress.gif, spread evenly over the run
+SHORT_CURVE = 10  # quality/FID points under which the Scalars tab's smoothing misleads
 
 
 def _quiet_event_writer_thread(args: threading.ExceptHookArgs, default=threading.excepthook) -> None:
@@ -62,30 +53,25 @@ threading.excepthook = _quiet_event_writer_thread
 
 
 def shown_name(key: str) -> str:
-    """`d/real` -> `loss/D(x)`, `grad_norm/d` -> `train/grad_norm_d`; `loss/d` and `loss/g` keep theirs."""
-    if key in RENAMED:
-        return RENAMED[key]
+    """`d/real` -> `loss/D(x)`, `d/fake_score` -> `train/D(G(z))_score`, `grad_norm/d` -> `train/grad_norm_d`."""
+    # D's probabilities under one name whatever the loss (losses.mean_scores), so runs of different losses share
+    # charts; `d/fake_after_d_step`, pytorch/examples' D_G_z2, kept out of the `loss` group as the other scores
+    if named := re.fullmatch(r"d/(real|fake)(_.+)?", key):
+        judged = "D(x)" if named[1] == "real" else "D(G(z))"
+        return f"train/{judged}{named[2]}" if named[2] else f"loss/{judged}"
     group, _, name = key.partition("/")
     if group == "loss" and name not in ("d", "g"):  # a loss's terms (loss/d_r1, loss/g_fm): train/loss_d_r1
         return f"train/loss_{name}"
     return f"train/{group}_{name}" if group in ("grad_norm", "d") else key
 
 
-class Monitor(contextlib.AbstractContextManager):
+class Monitor:
     # enabled=False (DDP ranks > 0): nothing is written, shown or logged. The events file is opened at the first
     # write, after `before_write()`: a resume that fails before it writes anything leaves tb/ as it was.
-    def __init__(
-        self,
-        run_dir: Path,
-        start_step: int,
-        max_steps: int,
-        progress: bool = True,
-        enabled: bool = True,
-        before_write: Optional[Callable[[], None]] = None,
-    ):
-        self.enabled = enabled
-        self.last: dict[str, float] = {}  # TrainResult.metrics
-        self.tb, self.start_step, self.before_write = Run(run_dir).tb, start_step, before_write
+    def __init__(self, run_dir: Path, start_step: int, max_steps: int, progress=True, enabled=True, before_write=None):
+        self.enabled, self.last = enabled, {}  # last: TrainResult.metrics
+        self.tb, self.start_step = Run(run_dir).tb, start_step
+        self.before_write: Optional[Callable[[], None]] = before_write
         self.writer: Optional[SummaryWriter] = None
         self.events = self.tb  # the events file once it is open: tensorboard's errors name none (or one in bytes)
         self.pending: list[tuple[summary_pb2.Summary, int]] = []  # written with the first event
@@ -94,9 +80,6 @@ class Monitor(contextlib.AbstractContextManager):
         # throughput: images since the last log line over the loop's time, less the phases (`timed`)
         self.images_since, self.time_since = 0, time.perf_counter()
         self.first_step_done: Optional[float] = None
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[SummaryWriter]:
@@ -179,19 +162,22 @@ class Monitor(contextlib.AbstractContextManager):
             log.info("step %d  %s", step, "  ".join(f"{tag}={value:.4g}" for tag, value in values.items()))
 
     def describe(self, step: int, cfg: TrainConfig, command: Optional[str], environment: Mapping[str, object]) -> None:
-        """The Text tab, written with the run's first event (the command as inline code: it wraps)."""
-        fence = "``" if command and "`" in command else "`"
-        texts = {
-            CONFIG_TEXT_TAG: f"```yaml\n{yaml.safe_dump(to_plain(cfg), sort_keys=False)}```",
-            ENVIRONMENT_TEXT_TAG: f"```yaml\n{yaml.safe_dump(dict(environment), sort_keys=False)}```",
-            COMMAND_TEXT_TAG: f"{fence}{command}{fence}" if command else None,
-        }
-        for tag, text in texts.items():
-            if text is not None and self.enabled:
-                self.pending.append((text_pb(tag, text), step))
-        if self.writer is not None:  # a fresh run's HParams session opened it
-            with self.writing():
-                pass
+        """The Text tab, written with the run's next event."""
+        yamls = {CONFIG_TEXT_TAG: to_plain(cfg), ENVIRONMENT_TEXT_TAG: dict(environment)}
+        texts = {tag: f"```yaml\n{yaml.safe_dump(value, sort_keys=False)}```" for tag, value in yamls.items()}
+        if command:  # as inline code: it wraps
+            fence = "``" if "`" in command else "`"
+            texts[COMMAND_TEXT_TAG] = f"{fence}{command}{fence}"
+        if self.enabled:
+            self.pending += [(text_pb(tag, text), step) for tag, text in texts.items()]
+        eval_every, max_steps = cfg.trainer.eval_every, cfg.trainer.max_steps
+        # fewer points than SHORT_CURVE are bent out of shape by TensorBoard's default smoothing (docs/watching.md)
+        if self.enabled and eval_every and (points := -(-(max_steps - step) // eval_every)) < SHORT_CURVE:
+            log.info(
+                f"trainer.eval_every={eval_every} draws {points} point(s) of quality/FID in this run, which "
+                f"TensorBoard's default smoothing (0.6) bends: read it at Smoothing 0, or set eval_every <= "
+                f"{max(1, max_steps // SHORT_CURVE)}."
+            )
 
     def text(self, tag: str, text: str, step: int) -> None:  # under `tag`: torch's add_text adds `/text_summary`
         self.summary(text_pb(tag, text), step)
@@ -216,18 +202,6 @@ class Monitor(contextlib.AbstractContextManager):
         if self.writer is not None:
             with naming(self.events):
                 self.writer.close()  # flushes: events are unreadable before flush()/close()
-
-
-SHORT_CURVE = 10  # fewer points are bent out of shape by TensorBoard's default smoothing (docs/watching.md)
-
-
-def note_short_curve(eval_every: int, step: int, max_steps: int) -> None:
-    if eval_every and (points := -(-(max_steps - step) // eval_every)) < SHORT_CURVE:
-        log.info(
-            f"trainer.eval_every={eval_every} draws {points} point(s) of quality/FID in this run, which "
-            f"TensorBoard's default smoothing (0.6) bends: read it at Smoothing 0, or set eval_every <= "
-            f"{max(1, max_steps // SHORT_CURVE)}."
-        )
 
 
 def grid_of(images: Tensor, state: TrainingState) -> Tensor:

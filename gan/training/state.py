@@ -6,6 +6,7 @@ import functools
 import logging
 import os
 import random
+import re
 from typing import Any, Optional
 
 import torch
@@ -14,6 +15,7 @@ from torch.amp import GradScaler
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Adam
 from torch.optim.swa_utils import AveragedModel
+from tqdm import tqdm
 
 from gan.checkpoint import load_checkpoint, load_module_state, require_training_state
 from gan.config import OnNonFinite, Precision, TrainConfig, to_plain
@@ -28,7 +30,6 @@ from gan.device import environment, environment_changes, retain_freed_memory, se
 from gan.distributed import SINGLE, World, rank_device
 from gan.errors import CheckpointError, ConfigError, DataError
 from gan.launch import check_resume
-from gan.training.faults import explain_allocation_failure
 from gan.training.threads import keep_thread_count
 
 log = logging.getLogger(__name__)
@@ -111,8 +112,7 @@ class TrainingState:
                                     "altered. " + ANOTHER
                                 )
                 optimizer.load_state_dict(saved)
-            entry = "scaler"
-            if self.scaler.is_enabled() and state.get("scaler"):
+            if self.scaler.is_enabled() and state.get(entry := "scaler"):
                 self.scaler.load_state_dict(state["scaler"])
             entry, position, sampler = "data", state["data"], self.batches.sampler
             if position["batch"] > (most := sampler.size // sampler.batch_size):
@@ -123,22 +123,17 @@ class TrainingState:
                     + ANOTHER
                 )
             self.batches.load_state_dict(position)
-            entry = "fixed_z"
-            self.fixed_z = state["fixed_z"].to(self.fixed_z.device).reshape(self.fixed_z.shape)
-            entry = "rng"
-            per_rank = state.get("rng_ranks") or []
+            self.fixed_z = state[entry := "fixed_z"].to(self.fixed_z.device).reshape(self.fixed_z.shape)
+            entry, per_rank = "rng", state.get("rng_ranks") or []
             if len(per_rank) == world.size and world.size > 1:
                 set_rng_state(per_rank[world.rank], self.fixed_z.device, self.augment)
             elif world.rank == 0:
                 set_rng_state(state["rng"], self.fixed_z.device, self.augment)
-            entry = "step"
-            self.step = int(state["step"])
-            entry = "best"
-            best = state["best"]
+            self.step = int(state[entry := "step"])
+            best = state[entry := "best"]
             self.best = {"fid": float(best["fid"]), "step": int(best["step"])} if best else None
-            entry = "augment"  # ADA's p: a run with model.ada_target continues from its own
-            if self.augment is not None:
-                self.augment.load_state_dict(state["augment"])
+            if self.augment is not None:  # ADA's p: a run with model.ada_target continues from its own
+                self.augment.load_state_dict(state[entry := "augment"])
         except CheckpointError:
             raise
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as err:
@@ -216,9 +211,8 @@ def build_models(cfg: TrainConfig, device: torch.device, num_classes: int = 0) -
 
 
 def memory_format(cfg: TrainConfig, device: torch.device) -> torch.memory_format:
-    """channels_last where trainer.channels_last, except compiled on a GPU: there inductor's stand-in for
-    convolution_backward predicts other strides for G's channels_last ConvTranspose2d than cuDNN returns, and the first
-    backward fails an assert_size_stride check (pytorch/pytorch#171622; seen on an H200 with torch 2.11)."""
+    # channels_last, except compiled on a GPU: inductor predicts other strides for G's channels_last ConvTranspose2d's
+    # backward than cuDNN returns, failing an assert_size_stride check (pytorch/pytorch#171622; H200, torch 2.11)
     if cfg.trainer.channels_last and cfg.trainer.compile and device.type != "cpu":
         log.info("trainer.compile on %s: the models stay in contiguous (NCHW) memory, not channels_last", device.type)
         return torch.contiguous_format
@@ -285,23 +279,18 @@ def prepare_process(cfg: TrainConfig, world: World = SINGLE) -> torch.device:
 def resolve_precision(precision: Precision, device: torch.device) -> Precision:
     if precision != Precision.auto:
         return precision
-    fast_cuda = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8  # Ampere on: bf16 cores
-    return Precision.bf16 if fast_cuda or (device.type == "cpu" and cpu_has_fast_bf16()) else Precision.fp32
-
-
-def cpu_has_fast_bf16() -> bool:
-    try:  # AMX or AVX512-bf16, which oneDNN uses for bf16 convolutions
-        return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
-    except AttributeError:  # private helpers: absent in other torch versions
-        return False
+    if device.type == "cuda":  # Ampere on: bf16 cores
+        return Precision.bf16 if torch.cuda.get_device_capability(device)[0] >= 8 else Precision.fp32
+    # AMX or AVX512-bf16, which oneDNN uses for bf16 convolutions (torch's private helpers: absent in some versions)
+    helpers = [getattr(torch.cpu, f"_is_{unit}_supported", None) for unit in ("amx_tile", "avx512_bf16")]
+    fast = device.type == "cpu" and any(helper is not None and helper() for helper in helpers)
+    return Precision.bf16 if fast else Precision.fp32
 
 
 def step_context(precision: Precision, device: torch.device, skip_nonfinite: bool) -> StepContext:
     """A GradScaler enabled only for fp16; build_step_context adds the objective."""
     dtype = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}.get(precision)
-    autocast = (
-        functools.partial(torch.autocast, device_type=device.type, dtype=dtype) if dtype else contextlib.nullcontext
-    )
+    autocast = functools.partial(torch.autocast, device.type, dtype) if dtype else contextlib.nullcontext
     scaler = GradScaler(device.type, enabled=precision == Precision.fp16)
     return StepContext(autocast=autocast, scaler=scaler, skip_nonfinite=skip_nonfinite)
 
@@ -320,9 +309,21 @@ def set_up(
     # read the checkpoint to resume from before any work, so a bad path fails at once
     resume_from = load_checkpoint(cfg.trainer.resume, map_location=device) if cfg.trainer.resume else None
     ctx, precision = build_step_context(cfg, device, world.rank)
-    with explain_allocation_failure(cfg):
+    try:
         training_set = dataset or load_dataset(cfg.data)
         state = build_state(cfg, device, ctx.scaler, world, training_set)
+    except RuntimeError as err:  # torch.OutOfMemoryError (CUDA, MPS) is one; the CPU allocator's is not
+        if not isinstance(err, torch.OutOfMemoryError) and "can't allocate memory" not in str(err):
+            raise
+        amount, data, model = "", cfg.data, cfg.model
+        if asked := re.search(r"allocate ((\d+) bytes|[\d.]+ [KMGTPE]?i?B)", str(err), re.IGNORECASE):
+            size = f" = {tqdm.format_sizeof(int(asked[2]), 'B', 1000)}" if asked[2] else ""  # the CPU's count of bytes
+            amount = f" (it asked for {asked[1]}{size})"
+        raise ConfigError(
+            f"Not enough memory to build the models and the fixed latents{amount}: lower model.g_width={model.g_width},"
+            f" model.d_width={model.d_width}, data.image_size={data.image_size}, data.batch_size={data.batch_size} or "
+            f"trainer.num_fixed_samples={cfg.trainer.num_fixed_samples}."
+        ) from err
     state.augment = ctx.augment if isinstance(ctx.augment, AdaptiveAugment) else None
     if resume_from is not None:
         require_training_state(resume_from, cfg.trainer.resume)

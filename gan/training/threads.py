@@ -35,13 +35,11 @@ def own_busy_seconds() -> float:
     me, total = psutil.Process(), 0.0
     for process in [me, *me.children(recursive=True)]:
         with contextlib.suppress(psutil.Error):  # a child that just ended
-            times = process.cpu_times()
-            total += times.user + times.system
+            total += sum(process.cpu_times()[:2])  # user, system
     return total
 
 
-def threads_for(limit: int, cpus: int, others: float) -> int:
-    """The CPUs others leave (a CPU is taken from half of it up), from 1 to `limit`."""
+def threads_for(limit: int, cpus: int, others: float) -> int:  # the CPUs others leave (taken from half up), 1 to limit
     return max(1, min(limit, cpus - math.floor(others + 0.5)))
 
 
@@ -67,9 +65,8 @@ class ThreadGovernor:
         busy = self.busy()
         if busy is None:  # psutil cannot read the CPUs here: keep the count
             self.next_at = math.inf
-            return
         mark, self.mark = self.mark, (now, busy, self.own())
-        if mark is None:
+        if mark is None or busy is None:
             return
         others = max(0.0, (busy - mark[1]) - (self.mark[2] - mark[2])) / (now - mark[0])  # CPUs others kept busy
         wanted = threads_for(self.limit, self.cpus, others)
