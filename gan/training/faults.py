@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import os
 import signal
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -117,15 +117,10 @@ def _kept(path: Path) -> str:
         return f"{path} is left as it was."
 
 
-@dataclasses.dataclass
-class StopFlag:
-    reason: Optional[str] = None  # the signal's name, or "d_won"
-
-
 @contextlib.contextmanager
-def stop_on_signals() -> Iterator[StopFlag]:
+def stop_on_signals() -> Iterator[SimpleNamespace]:
     """A flag instead of death, so the loop can checkpoint; a second SIGINT interrupts at once."""
-    flag = StopFlag()
+    flag = SimpleNamespace(reason=None)  # the signal's name, or "d_won"
     if threading.current_thread() is not threading.main_thread():
         yield flag
         return

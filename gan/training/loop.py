@@ -11,6 +11,7 @@ import os
 import re
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 import torch
@@ -30,7 +31,7 @@ from gan.evaluation import metrics as M
 from gan.evaluation.pipeline import Reals, class_metrics, classifier_data, evaluate, generate, reference_subset
 from gan.launch import measure_command, override_key, resume_command
 from gan.run import Run
-from gan.training.faults import NonFiniteWatch, StopFlag, check_finite_state, stop_on_signals
+from gan.training.faults import NonFiniteWatch, check_finite_state, stop_on_signals
 from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, Monitor, grid_of, real_grid, shown_name, write_progress_gif
 from gan.training.state import TrainingState, rng_state, set_learning_rates, set_up, wrap_for_ddp
 from gan.training.threads import thread_governor
@@ -114,7 +115,8 @@ def train(
                     break
             if state.best:  # the run's result, one point each, in the group TensorBoard opens first
                 monitor.numbers(state.step, {BEST_FID_TAG: state.best["fid"]})
-            monitor.end_session(state.step, finished=state.step == trainer.max_steps)
+            if state.step == trainer.max_steps:
+                monitor.end_session(state.step)
         return TrainResult(state.step, monitor.last, run.last, stop.reason, monitor.seconds, state.best)
 
 
@@ -152,10 +154,10 @@ def periodic_extras(
     world: World,
     run: Run,
     monitor: Monitor,
-    stop: StopFlag,
+    stop: SimpleNamespace,  # stop_on_signals' flag
     probes: tuple[Optional[OverfitProbe], Optional[QualityProbe]],
 ) -> Extras:
-    trainer, (overfit, quality), device = cfg.trainer, probes, state.fixed_z.device
+    trainer, (overfit, quality), device, main = cfg.trainer, probes, state.fixed_z.device, world.is_main
     watch = NonFiniteWatch(device, run.last, cfg)  # NaN losses, read at log/checkpoint only
     governor = thread_governor(trainer.adapt_threads, device)
 
@@ -167,9 +169,8 @@ def periodic_extras(
         if stopping:
             stop.reason = stop.reason or "d_won"
 
-    alarm = None  # a critic's (wgan_gp) scores are no probability to read
-    if trainer.on_d_won != OnDWon.off and cfg.loss.name != LossName.wgan_gp:
-        alarm = DWonWatch(trainer.d_won_window, trainer.log_every, raise_alarm)
+    watching = trainer.on_d_won != OnDWon.off and cfg.loss.name != LossName.wgan_gp  # a critic's scores: no probability
+    alarm = DWonWatch(trainer.d_won_window, trainer.log_every, raise_alarm) if watching else None
 
     def log_scalars(tick: Tick) -> None:  # scalars leave the device here (float() waits for it)
         watch.check(ctx.skip_nonfinite)
@@ -183,8 +184,7 @@ def periodic_extras(
             monitor.numbers(tick.step, alarm.observe(tick.step, values), log_line=False)
 
     def measure_overfit(tick: Tick) -> None:
-        values = overfit.measure(state.D, ctx)
-        monitor.numbers(tick.step, {shown_name(tag): value for tag, value in values.items()})
+        monitor.numbers(tick.step, {shown_name(tag): value for tag, value in overfit.measure(state.D, ctx).items()})
 
     def measure_quality(tick: Tick) -> None:  # best.pt: G and G_ema at the best FID, for evaluate.py; no resume
         with monitor.timed("quality", tick.step):
@@ -202,7 +202,7 @@ def periodic_extras(
 
     def checkpoint(tick: Tick) -> None:  # never over the last good one with weights a NaN has reached
         rngs = gather_to_main(rng_state(device, state.augment), world)  # every rank's generators, for resume
-        if world.is_main:
+        if main:
             watch.check(ctx.skip_nonfinite)
             check_finite_state(state, run.last)
             with monitor.timed("checkpoint", tick.step):
@@ -217,12 +217,7 @@ def periodic_extras(
             Every("overfitting", trainer.overfit_every if overfit else 0, measure_overfit),
             Every("augment p", 1 if state.augment else 0, steer_augment),
             Every("log", trainer.log_every, log_scalars, at_end=True),
-            Every(
-                "sample",
-                trainer.sample_every if world.is_main else 0,
-                lambda _: write_samples(state, run, monitor),
-                True,
-            ),
+            Every("sample", trainer.sample_every if main else 0, lambda _: write_samples(state, run, monitor), True),
             Every("quality", trainer.eval_every if quality else 0, measure_quality, at_end=True),
             Every("checkpoint", trainer.checkpoint_every, checkpoint, at_end=True),
             Every("learning rate", 1, lambda tick: set_learning_rates(state, cfg)),  # the next step's
@@ -297,9 +292,8 @@ def what_is_kept(run_dir: Path) -> str:  # what to run after a failed write
 def peer_lost(err: RuntimeError) -> Optional[str]:
     """The first sentence of gloo's or NCCL's report of a process that died mid-collective; else None."""
     text = str(err)
-    if not (isinstance(err, torch.distributed.DistError) or any(w in text for w in ("gloo", "NCCL", "by peer"))):
-        return None
-    return re.sub(r"^\[[^\]]*\] ", "", text.strip().splitlines()[0]).split(". ")[0]
+    if isinstance(err, torch.distributed.DistError) or any(word in text for word in ("gloo", "NCCL", "by peer")):
+        return re.sub(r"^\[[^\]]*\] ", "", text.strip().splitlines()[0]).split(". ")[0]
 
 
 PROBE_IMAGES = 512  # enough for a mean score to move by less than the gap it shows
@@ -352,12 +346,9 @@ class OverfitProbe:
         saved, means = [buffer.clone() for buffer in D.buffers()], []
         try:
             for images, labels in (self.train, self.held_out):
-                scores = []
-                for start in range(0, images.size(0), self.batch_size):
-                    part = slice(start, start + self.batch_size)
-                    y = labels[part] if labels is not None else None
-                    with ctx.autocast():
-                        scores.append(D(to_unit_range(images[part]), y).float())
+                ys = [None] * len(images) if labels is None else labels.split(self.batch_size)
+                with ctx.autocast():
+                    scores = [D(to_unit_range(x), y).float() for x, y in zip(images.split(self.batch_size), ys)]
                 means.append(float(torch.cat(scores).mean()))
         finally:
             for buffer, value in zip(D.buffers(), saved):

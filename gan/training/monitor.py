@@ -19,7 +19,6 @@ from tensorboard.compat.proto import summary_pb2
 from tensorboard.plugins.hparams.summary_v2 import hparams_pb
 from tensorboard.plugins.text.summary_v2 import text_pb
 from torch import Tensor
-from torch.utils.data import Dataset
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summaries
 from tqdm import tqdm
@@ -44,9 +43,8 @@ SHORT_CURVE = 10  # quality/FID points under which the Scalars tab's smoothing m
 
 def _quiet_event_writer_thread(args: threading.ExceptHookArgs, default=threading.excepthook) -> None:
     # a failed write of TensorBoard's writer thread (a full disk) is raised again by the next write: no traceback
-    if type(args.thread).__name__ == "_AsyncWriterThread" and issubclass(args.exc_type, OSError):
-        return
-    default(args)
+    if not (type(args.thread).__name__ == "_AsyncWriterThread" and issubclass(args.exc_type, OSError)):
+        default(args)
 
 
 threading.excepthook = _quiet_event_writer_thread
@@ -71,7 +69,7 @@ class Monitor:
     def __init__(self, run_dir: Path, start_step: int, max_steps: int, progress=True, enabled=True, before_write=None):
         self.enabled, self.last = enabled, {}  # last: TrainResult.metrics
         self.tb, self.start_step = Run(run_dir).tb, start_step
-        self.before_write: Optional[Callable[[], None]] = before_write
+        self.before_write: Callable[[], None] = before_write or (lambda: None)
         self.writer: Optional[SummaryWriter] = None
         self.events = self.tb  # the events file once it is open: tensorboard's errors name none (or one in bytes)
         self.pending: list[tuple[summary_pb2.Summary, int]] = []  # written with the first event
@@ -84,8 +82,7 @@ class Monitor:
     @contextlib.contextmanager
     def writing(self) -> Iterator[SummaryWriter]:
         if self.writer is None:  # the run's first write
-            if self.before_write is not None:
-                self.before_write()
+            self.before_write()
             # after a resume, hide the interrupted run's events past the checkpoint: one curve, not a doubled stretch
             purge_step = self.start_step + 1 if self.start_step else None
             with naming(self.tb):
@@ -98,12 +95,11 @@ class Monitor:
             yield self.writer
 
     def begin(self, hparams: Mapping[str, float | str | bool | None], real: Tensor) -> None:  # a fresh run's, rank 0
-        # the plugin types each column from the values; None as "null", as on the command line
-        typed = {key: "null" if value is None else value for key, value in hparams.items()}
         # the trial id, short (its column cuts at 16 characters): `<sweep folder> #<n>`, a start time, or the folder
         run = self.tb.parent
         job, start = re.match(r"(\d+)_", run.name), re.match(r"\d\d-\d\d-\d\d(?=_|$)", run.name)
         trial_id = f"{run.parent.name} #{job.group(1)}" if job else start.group(0) if start else run.name
+        typed = {key: "null" if value is None else value for key, value in hparams.items()}  # as the command line
         with self.writing() as writer:
             writer.file_writer.add_summary(hparams_pb(typed, trial_id=trial_id), 0)
             writer.add_image(REAL_TAG, real, 0)
@@ -114,8 +110,7 @@ class Monitor:
 
     def advance(self, step: int, images: int) -> None:
         self.bar.update(1)
-        if self.first_step_done is None:
-            # the first step may include compiling: logged apart, and left out of the throughput
+        if self.first_step_done is None:  # it may include compiling: logged apart, and left out of the throughput
             self.first_step_done = time.perf_counter()
             if self.enabled:
                 log.info("step %d  time/first_step_s=%.4g", step, self.first_step_done - self.time_since)
@@ -162,13 +157,12 @@ class Monitor:
             log.info("step %d  %s", step, "  ".join(f"{tag}={value:.4g}" for tag, value in values.items()))
 
     def describe(self, step: int, cfg: TrainConfig, command: Optional[str], environment: Mapping[str, object]) -> None:
-        """The Text tab, written with the run's next event."""
         yamls = {CONFIG_TEXT_TAG: to_plain(cfg), ENVIRONMENT_TEXT_TAG: dict(environment)}
         texts = {tag: f"```yaml\n{yaml.safe_dump(value, sort_keys=False)}```" for tag, value in yamls.items()}
         if command:  # as inline code: it wraps
             fence = "``" if "`" in command else "`"
             texts[COMMAND_TEXT_TAG] = f"{fence}{command}{fence}"
-        if self.enabled:
+        if self.enabled:  # the Text tab, written with the run's next event
             self.pending += [(text_pb(tag, text), step) for tag, text in texts.items()]
         eval_every, max_steps = cfg.trainer.eval_every, cfg.trainer.max_steps
         # fewer points than SHORT_CURVE are bent out of shape by TensorBoard's default smoothing (docs/watching.md)
@@ -192,10 +186,8 @@ class Monitor:
             with self.writing() as writer:
                 writer.add_image(tag, grid.nan_to_num(0.0), step)
 
-    def end_session(self, step: int, finished: bool) -> None:
-        """Only success is written: TensorBoard keeps the first status, and a stopped run may yet resume."""
-        if finished:
-            self.summary(hparams_summaries({}, {})[2], step)  # torch's session-end summary: STATUS_SUCCESS
+    def end_session(self, step: int) -> None:  # success only: TensorBoard keeps the first status; a stop may resume
+        self.summary(hparams_summaries({}, {})[2], step)  # torch's session-end summary: STATUS_SUCCESS
 
     def close(self) -> None:
         self.bar.close()
@@ -206,36 +198,33 @@ class Monitor:
 
 def grid_of(images: Tensor, state: TrainingState) -> Tensor:
     """Images in [-1, 1] as the sample grid: a row per class, its class written at its left, when conditional."""
-    grid = image_grid(images, nrow=state.grid_columns)
     if state.fixed_y is None:
-        return grid
-    return labelled_rows(grid, [str(c) for c in state.fixed_y.cpu().tolist()[:: state.grid_columns]])
+        return image_grid(images)
+    columns = int((state.fixed_y == state.fixed_y[0]).sum())  # a row per class
+    return labelled_rows(image_grid(images, nrow=columns), [str(c) for c in state.fixed_y.cpu().tolist()[::columns]])
 
 
 def real_grid(state: TrainingState, labels: Tensor) -> Tensor:
     """Training images beside the fake grid, by index (drawing a batch would change the run); each fake's class."""
-    source = state.batches.images if state.batches.images is not None else state.batches.loader.dataset
-    if state.fixed_y is None:
-        index = torch.linspace(0, len(source) - 1, min(len(state.fixed_z), len(source))).long().tolist()
-        return grid_of(to_unit_range(torch.stack([image_at(source, i) for i in index])), state)
-    return grid_of(to_unit_range(class_images(state.batches, labels, state.fixed_y.cpu())), state)
+    if state.fixed_y is not None:
+        return grid_of(to_unit_range(class_images(state.batches, labels, state.fixed_y.cpu())), state)
+    count = state.batches.sampler.size
+    index = torch.linspace(0, count - 1, min(len(state.fixed_z), count)).long().tolist()
+    return grid_of(to_unit_range(torch.stack([image_at(state.batches, i) for i in index])), state)
 
 
 def class_images(batches: BatchStream, labels: Tensor, classes: Tensor) -> Tensor:
-    """The k-th image of class c for the k-th time c appears."""
-    source, labels = batches.images if batches.images is not None else batches.loader.dataset, labels.cpu()
-    members = {c: (labels == c).nonzero().flatten().tolist() for c in set(classes.tolist())}
-    seen: dict[int, int] = {}
-    chosen = []
-    for c in classes.tolist():
-        k = seen[c] = seen.get(c, -1) + 1
-        chosen.append(image_at(source, members[c][k % len(members[c])]) if members[c] else None)
+    """The k-th image of class c for the k-th time c appears; a blank one for a class without images."""
+    classes, labels = classes.tolist(), labels.cpu()
+    members = {c: (labels == c).nonzero().flatten().tolist() for c in set(classes)}
+    picks = [(c, classes[:i].count(c)) for i, c in enumerate(classes)]  # (c, k)
+    chosen = [image_at(batches, members[c][k % len(members[c])]) if members[c] else None for c, k in picks]
     blank = torch.zeros_like(next(image for image in chosen if image is not None))
     return torch.stack([image if image is not None else blank for image in chosen])
 
 
-def image_at(source: Tensor | Dataset, index: int) -> Tensor:
-    item = source[index]
+def image_at(batches: BatchStream, index: int) -> Tensor:  # from memory, or read through the loader's dataset
+    item = batches.images[index] if batches.images is not None else batches.loader.dataset[index]
     return torch.as_tensor(item[0] if isinstance(item, tuple) else item).cpu()
 
 

@@ -57,10 +57,6 @@ class TrainingState:
     def sampler(self) -> nn.Module:
         return self.G_ema.module if self.G_ema is not None else self.G
 
-    @property
-    def grid_columns(self) -> Optional[int]:  # a grid row per class when conditional, else torchvision's default
-        return None if self.fixed_y is None else int((self.fixed_y == self.fixed_y[0]).sum())
-
     def state_dict(self, cfg: TrainConfig, rank_rngs: Optional[list[dict[str, Any]]] = None) -> dict[str, Any]:
         return {  # rank_rngs: every rank's rng_state() under DDP: each draws its own latents
             **{key: getattr(self, key).state_dict() for key in ("G", "D", "opt_g", "opt_d")},
@@ -88,9 +84,8 @@ class TrainingState:
         advice += ANOTHER
         if state.get("pack") != self.pack:  # data.root may change on a resume; the images may not
             raise DataError(
-                f"trainer.resume: data.root holds another pack than the run trained from (hash {str(self.pack)[:12]}, "
-                f"the checkpoint's {str(state.get('pack'))[:12]}). Nothing was trained. Set data.root to the run's "
-                "pack, or drop trainer.resume."
+                f"trainer.resume: data.root holds another pack (hash {str(self.pack)[:12]}) than the run's (hash "
+                f"{str(state.get('pack'))[:12]}). Nothing was trained. Set data.root to the run's pack, or drop it."
             )
         entry = "?"
         try:
@@ -106,10 +101,11 @@ class TrainingState:
                     for param, index in zip(group["params"], saved_group["params"]):
                         for slot, moment in saved["state"].get(index, {}).items():
                             if isinstance(moment, Tensor) and moment.dim() and moment.shape != param.shape:
+                                shapes = (
+                                    f"has shape {tuple(moment.shape)}, where its parameter has {tuple(param.shape)}"
+                                )
                                 raise CheckpointError(
-                                    f"trainer.resume: the checkpoint's {entry}.state[{index}].{slot} has shape "
-                                    f"{tuple(moment.shape)}, where its parameter has {tuple(param.shape)}: it was "
-                                    "altered. " + ANOTHER
+                                    f"trainer.resume: {entry}.state[{index}].{slot} {shapes}. {ANOTHER}"
                                 )
                 optimizer.load_state_dict(saved)
             if self.scaler.is_enabled() and state.get(entry := "scaler"):
@@ -117,10 +113,9 @@ class TrainingState:
             entry, position, sampler = "data", state["data"], self.batches.sampler
             if position["batch"] > (most := sampler.size // sampler.batch_size):
                 raise CheckpointError(
-                    "trainer.resume: the checkpoint's entry 'data' places the batch stream at batch "
-                    f"{position['batch']} of epoch {position['epoch']}, past an epoch's end: {sampler.size} images "
-                    f"make {most} batches of data.batch_size={sampler.batch_size}. Point data.root at the run's data. "
-                    + ANOTHER
+                    f"trainer.resume: its entry 'data' places the batch stream at batch {position['batch']}"
+                    f" of epoch {position['epoch']}, past an epoch's end: {sampler.size} images make {most} batches "
+                    f"of data.batch_size={sampler.batch_size}. Point data.root at the run's data. {ANOTHER}"
                 )
             self.batches.load_state_dict(position)
             self.fixed_z = state[entry := "fixed_z"].to(self.fixed_z.device).reshape(self.fixed_z.shape)
@@ -160,10 +155,9 @@ def set_rng_state(rng: dict[str, Any], device: torch.device, augment: Optional[A
         torch.cuda.set_rng_state(rng["cuda"][0].cpu(), device)
     saved = rng.get("augment")
     if augment is not None and saved is not None:
-        # ADA's generator lives on the training device: a CPU generator's state is 5056 bytes, a CUDA one's 16 (seed
-        # and offset), and neither takes the other's. A run resumed on another device draws from its seed afresh,
-        # as the GPU's own generator does (nothing else of a device move is bit-identical either).
-        if saved.numel() == augment.generator.get_state().numel():
+        # ADA's generator lives on the training device: a CPU one's state is 5056 bytes, a CUDA one's 16 (seed and
+        # offset), neither takes the other's: resumed on another device, it draws from its seed afresh, as the GPU's
+        if saved.numel() == augment.generator.get_state().numel():  # (nothing of a device move is bit-identical)
             augment.generator.set_state(saved.cpu())
     elif augment is not None:  # written before the augmentation had a generator of its own
         log.warning(
