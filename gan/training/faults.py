@@ -51,25 +51,20 @@ class NonFiniteWatch:
     def check(self, skipping: bool = False) -> None:
         if skipping or (step := int(self.first_step)) < 0:
             return
-        loss_d, loss_g = self.losses.tolist()
-        optim = self.cfg.optim
+        (loss_d, loss_g), optim = self.losses.tolist(), self.cfg.optim
         rates = f"Lower optim.lr (set to {optim.lr:g}: the step size of G and D)"
         if optim.lr_d is not None:
             rates = f"Lower optim.lr (set to {optim.lr:g}: G's step size) or optim.lr_d (set to {optim.lr_d:g}: D's)"
         hinge = "" if self.cfg.loss.name == "hinge" else ", try loss=hinge"
         raise NonFiniteLossError(
-            f"Non-finite loss at step {step}: loss/d={loss_d}, loss/g={loss_g}. Training stopped without writing a "
-            f"checkpoint from these weights; {_kept(self.checkpoint)} {rates}{hinge}, or set trainer.on_nan=skip to "
-            "drop such steps."
+            f"Non-finite loss at step {step}: loss/d={loss_d}, loss/g={loss_g}. No checkpoint was written from these "
+            f"weights; {_kept(self.checkpoint)} {rates}{hinge}, or set trainer.on_nan=skip to drop such steps."
         )
-
-
-_PARTS = ("G", "D", "G_ema", "opt_g", "opt_d")  # the networks, and the optimizers opt_g and opt_d
 
 
 def check_finite_state(state: TrainingState, kept: Path) -> None:
     """A finite loss can still leave inf in weights or Adam's moments (a huge gradient squared)."""
-    parts = {name: getattr(state, name) for name in _PARTS if getattr(state, name) is not None}
+    parts = {name: getattr(state, name) for name in ("G", "D", "G_ema", "opt_g", "opt_d") if getattr(state, name)}
     modules = {name: part for name, part in parts.items() if isinstance(part, nn.Module)}
     names = {id(p): f"{name}.{key}" for name, module in modules.items() for key, p in module.named_parameters()}
     named = [((name, key), t) for name, module in modules.items() for key, t in module.state_dict().items()]
@@ -96,9 +91,9 @@ def check_finite_state(state: TrainingState, kept: Path) -> None:
             )  # fmt: skip
         return
     raise NonFiniteWeightsError(
-        f"Non-finite weights at step {state.step}: {'; '.join(found)}. Training stopped without writing a checkpoint; "
-        f"{_kept(kept)} trainer.on_nan=skip cannot help (the weights are non-finite, not only a step's loss). Lower "
-        "optim.lr or optim.lr_d (a resume may change them), or try loss=hinge."
+        f"Non-finite weights at step {state.step}: {'; '.join(found)}. No checkpoint was written; {_kept(kept)} "
+        "trainer.on_nan=skip cannot help (the weights are non-finite, not only a step's loss). Lower optim.lr or "
+        "optim.lr_d (a resume may change them), or try loss=hinge."
     )
 
 

@@ -373,18 +373,16 @@ class QualityProbe:
                 f"trainer.eval_every needs labelled data (its FID is in a classifier's features): data={data.name} has "
                 f"{training.num_classes} class. Set trainer.eval_every=0; evaluate.py metrics.features=inception."
             )
-        # against the training split: a pick of best.pt on the test split would flatter it. fork_rng keeps the
-        # training's random stream as it would be without the probe
+        # the training split: a pick of best.pt on the test split would flatter it; fork_rng: the run's stream untouched
         with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
             images, labels = reference_subset(training, samples, seed, "training split", "trainer.eval_samples")
             images, labels = images.cpu(), labels.cpu()  # the split may live on the training device
             self.reals = Reals(images, labels, stacked=M.is_stacked(training))
             self.config = EvaluateConfig(checkpoint="(training)", num_samples=samples, seed=seed, batch_size=500)
-            bar = self.config.metrics.classifier.min_accuracy
-            accept_any = dataclasses.replace(self.config.metrics.classifier, min_accuracy=0.0)
+            accept_any = dataclasses.replace(self.config.metrics.classifier, min_accuracy=0.0)  # warned below
             labelled = classifier_data(data, self.reals.stacked)
             self.classifier, accuracy, path = M.load_or_train_classifier(labelled, accept_any, device)
-        if accuracy < bar:
+        if accuracy < (bar := self.config.metrics.classifier.min_accuracy):
             log.warning(
                 f"The metrics classifier of data={data.name} reaches {100 * accuracy:.2f}% test accuracy, "
                 f"below evaluate.py's bar of {100 * bar:.0f}%: the in-training FID uses it all the same."

@@ -282,10 +282,9 @@ def resolve_precision(precision: Precision, device: torch.device) -> Precision:
 
 
 def step_context(precision: Precision, device: torch.device, skip_nonfinite: bool) -> StepContext:
-    """A GradScaler enabled only for fp16; build_step_context adds the objective."""
     dtype = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}.get(precision)
     autocast = functools.partial(torch.autocast, device.type, dtype) if dtype else contextlib.nullcontext
-    scaler = GradScaler(device.type, enabled=precision == Precision.fp16)
+    scaler = GradScaler(device.type, enabled=precision == Precision.fp16)  # the objective: build_step_context's
     return StepContext(autocast=autocast, scaler=scaler, skip_nonfinite=skip_nonfinite)
 
 

@@ -30,8 +30,7 @@ def machine_busy_seconds(cpus: Optional[set[int]] = None) -> Optional[float]:
     return sum(getattr(times, field, 0.0) for times in chosen for field in BUSY_FIELDS)
 
 
-def own_busy_seconds() -> float:
-    """CPU seconds of this process and its live children (DataLoader workers)."""
+def own_busy_seconds() -> float:  # CPU seconds of this process and its live children (DataLoader workers)
     me, total = psutil.Process(), 0.0
     for process in [me, *me.children(recursive=True)]:
         with contextlib.suppress(psutil.Error):  # a child that just ended
