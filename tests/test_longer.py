@@ -47,8 +47,7 @@ def test_best_pt_holds_the_generator_of_the_lowest_fid_and_is_what_evaluate_read
     common = ("trainer.eval_every=2", "trainer.checkpoint_every=2", "trainer.keep_checkpoints=3")
     result = train(compose_config(*common), tmp_path)
     best = load_checkpoint(tmp_path / "checkpoints" / "best.pt")
-    assert best["kind"] == "best" and best["step"] == 4
-    assert best["metrics"][loop.FID_TAG] == 4.0
+    assert best["kind"] == "best" and best["step"] == 4 and best["metrics"][loop.FID_TAG] == 4.0
     assert result.best == {"fid": 4.0, "step": 4}
     # the weights are the step-4 ones: those of the numbered checkpoint written at step 4
     at_4 = load_checkpoint(tmp_path / "checkpoints" / "step_000004.pt")
@@ -101,14 +100,9 @@ def test_the_validation_images_come_from_the_training_split():
     assert torch.equal(images, again)  # the same images at every measurement of a run
 
 
-def watch(window: int = 100, log_every: int = 10) -> tuple[loop.DWonWatch, list[int]]:
-    alarms: list[int] = []
-    return loop.DWonWatch(window, log_every, lambda step, _: alarms.append(step)), alarms
-
-
 def test_the_alarm_needs_a_whole_window_of_dominance_and_warns_once_per_episode():
-    alarm, alarms = watch()
-    fake, rt = "loss/D(G(z))", loop.RT_TAG
+    alarms: list[int] = []
+    alarm, fake, rt = loop.DWonWatch(100, 10, lambda step, _: alarms.append(step)), "loss/D(G(z))", loop.RT_TAG
     for step in range(10, 100, 10):  # nine points: the window (ten) is not yet full, train/d_won is 0
         assert alarm.observe(step, {fake: 0.001, rt: 1.0}) == {loop.WON_TAG: 0.0}
     # the alarm's own tag at the step it fires, so its card reads that step (a healthy run never writes it)
@@ -134,7 +128,8 @@ def test_the_alarm_needs_a_whole_window_of_dominance_and_warns_once_per_episode(
     ],
 )
 def test_the_alarm_needs_both_signs_of_dominance_over_the_window(fakes, rt, won):
-    alarm, alarms = watch()
+    alarms: list[int] = []
+    alarm = loop.DWonWatch(100, 10, lambda step, _: alarms.append(step))
     for i, fake in enumerate(fakes):
         result = alarm.observe(10 * (i + 1), {"loss/D(G(z))": fake, loop.RT_TAG: rt})
     assert result == {loop.WON_TAG: float(won), **({loop.ALARM_TAG: 1.0} if won else {})}
@@ -189,8 +184,7 @@ def test_ada_p_rises_while_d_is_sure_of_the_reals_and_falls_when_it_is_not():
     for _ in range(8):
         ada.observe(torch.tensor(0.0))
     assert math.isclose(float(ada.p), 1.0 - 2 * step) and ada.p_now == float(ada.p)  # read once per move
-    x = torch.randn(4, 1, 8, 8)
-    assert not torch.equal(ada(x), x)
+    assert not torch.equal(ada(x := torch.randn(4, 1, 8, 8)), x)
     for _ in range(8):
         ada.observe(torch.tensor(0.0))
     assert float(ada.p) == 0 and ada(x) is x  # back at 0: the images themselves, whatever the device
@@ -203,8 +197,7 @@ def test_ada_at_p_0_is_the_identity_and_at_p_1_is_diffaugment_drawing_from_its_o
     assert ada(x) is x  # p = 0: the images themselves, no copy, no draw
     assert torch.equal(ada.generator.get_state(), own) and torch.equal(torch.get_rng_state(), main)
     ada.set_p(0.5)
-    assert not torch.equal(ada(x), x)
-    assert not torch.equal(ada.generator.get_state(), own)  # its own stream moved ...
+    assert not torch.equal(ada(x), x) and not torch.equal(ada.generator.get_state(), own)  # its own stream moved ...
     assert torch.equal(torch.get_rng_state(), main)  # ... and torch's global one did not
     ada.set_p(1.0)
     # the same draws: diff_augment's, interleaved with ADA's gate draws, which at p = 1 always pass

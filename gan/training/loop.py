@@ -69,9 +69,8 @@ def train(
 ) -> TrainResult:
     """Train (or resume) into run_dir; after_step(state) -> True stops as a signal would; on_ready() before writing."""
     cfg.check()  # here for every caller: train.py, gan.api, a config built in code
-    trainer, z_dim = cfg.trainer, cfg.model.z_dim
+    trainer, z_dim, run = cfg.trainer, cfg.model.z_dim, Run(run_dir)
     resuming = checkpoint_path(trainer.resume) if trainer.resume else None
-    run = Run(run_dir)
     with run.owned_for_training(resuming) if world.is_main else contextlib.nullcontext():  # rank 0's alone
         device, ctx, state, training = set_up(cfg, world, dataset)  # may refuse: nothing is written yet
         probes = build_probes(cfg, training, device, world, own_data=dataset is None)  # each may refuse
@@ -159,15 +158,14 @@ def periodic_extras(
 ) -> Extras:
     trainer, (overfit, quality), device, main = cfg.trainer, probes, state.fixed_z.device, world.is_main
     watch = NonFiniteWatch(device, run.last, cfg)  # NaN losses, read at log/checkpoint only
-    governor = thread_governor(trainer.adapt_threads, device)
+    governor = thread_governor(trainer.adapt_threads, device)  # None: a fixed count
 
     def raise_alarm(step: int, message: str) -> None:  # D has won (DWonWatch): warn, and stop if asked
         stopping = trainer.on_d_won == OnDWon.stop
         message += " Stopping here (trainer.on_d_won=stop)." if stopping else " trainer.on_d_won=stop ends it here."
         log.warning("%s", message)
         monitor.text(D_WON_TEXT_TAG, message, step)
-        if stopping:
-            stop.reason = stop.reason or "d_won"
+        stop.reason = stop.reason or ("d_won" if stopping else None)  # a signal's name first
 
     watching = trainer.on_d_won != OnDWon.off and cfg.loss.name != LossName.wgan_gp  # a critic's scores: no probability
     alarm = DWonWatch(trainer.d_won_window, trainer.log_every, raise_alarm) if watching else None

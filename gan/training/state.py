@@ -87,8 +87,7 @@ class TrainingState:
                 f"trainer.resume: data.root holds another pack (hash {str(self.pack)[:12]}) than the run's (hash "
                 f"{str(state.get('pack'))[:12]}). Nothing was trained. Set data.root to the run's pack, or drop it."
             )
-        entry = "?"
-        try:
+        try:  # `entry`: the one being read, named when it fails
             for entry, name in (("G", "generator"), ("D", "discriminator"), ("G_ema", "EMA generator")):
                 if entry != "G_ema" or (self.G_ema is not None and state.get("G_ema") is not None):
                     load_module_state(getattr(self, entry), state[entry], name, advice)
@@ -97,16 +96,12 @@ class TrainingState:
                 self.G_ema.update_parameters(self.G)
             for entry in ("opt_g", "opt_d"):  # torch's load_state_dict does not check moments' shapes, and Adam's
                 optimizer, saved = getattr(self, entry), state[entry]  # fused update then writes past one's memory
-                for group, saved_group in zip(optimizer.param_groups, saved["param_groups"]):
-                    for param, index in zip(group["params"], saved_group["params"]):
-                        for slot, moment in saved["state"].get(index, {}).items():
-                            if isinstance(moment, Tensor) and moment.dim() and moment.shape != param.shape:
-                                shapes = (
-                                    f"has shape {tuple(moment.shape)}, where its parameter has {tuple(param.shape)}"
-                                )
-                                raise CheckpointError(
-                                    f"trainer.resume: {entry}.state[{index}].{slot} {shapes}. {ANOTHER}"
-                                )
+                params = [param for group in optimizer.param_groups for param in group["params"]]
+                for param, index in zip(params, [i for group in saved["param_groups"] for i in group["params"]]):
+                    for slot, moment in saved["state"].get(index, {}).items():
+                        if isinstance(moment, Tensor) and moment.dim() and moment.shape != param.shape:
+                            shapes = f"has shape {tuple(moment.shape)}, where its parameter has {tuple(param.shape)}"
+                            raise CheckpointError(f"trainer.resume: {entry}.state[{index}].{slot} {shapes}. {ANOTHER}")
                 optimizer.load_state_dict(saved)
             if self.scaler.is_enabled() and state.get(entry := "scaler"):
                 self.scaler.load_state_dict(state["scaler"])
