@@ -77,12 +77,12 @@ def train(
         if world.is_main:
             run.check_outputs()  # every place the run writes takes a file: nothing fails half-way for that
         G, D = wrap_for_ddp(state.G, state.D, world, device)
-        monitor = Monitor(run_dir, state.step, trainer.max_steps, trainer.progress, world.is_main, on_ready)
+        monitor = Monitor(run_dir, state.step, trainer.max_steps, trainer.progress, world, on_ready)
         if world.is_main and state.step == 0:  # HParams and the real images, once per run
             monitor.begin(hparams_of(cfg) if hparams is None else hparams, real_grid(state, training.labels))
         monitor.describe(state.step, cfg, command, environment(device))
         with contextlib.closing(monitor), stop_on_signals() as stop:
-            extras = periodic_extras(cfg, state, ctx, world, run, monitor, stop, probes)
+            extras = periodic_extras(cfg, state, ctx, monitor, stop, probes)
             while state.step < trainer.max_steps:
                 # fetch: a real batch (with its classes y when model.conditional, else y is None), and
                 # latents created on the device (not on the CPU, then moved); fakes drawn for the same y
@@ -147,16 +147,10 @@ class Extras:
 
 
 def periodic_extras(
-    cfg: TrainConfig,
-    state: TrainingState,
-    ctx: StepContext,
-    world: World,
-    run: Run,
-    monitor: Monitor,
-    stop: SimpleNamespace,  # stop_on_signals' flag
-    probes: tuple[Optional[OverfitProbe], Optional[QualityProbe]],
-) -> Extras:
-    trainer, (overfit, quality), device, main = cfg.trainer, probes, state.fixed_z.device, world.is_main
+    cfg: TrainConfig, state: TrainingState, ctx: StepContext, monitor: Monitor, stop: SimpleNamespace, probes: tuple
+) -> Extras:  # `stop`: stop_on_signals' flag; `probes`: build_probes'
+    trainer, (overfit, quality), device = cfg.trainer, probes, state.fixed_z.device
+    run, world, main = monitor.run, monitor.world, monitor.enabled  # main: rank 0
     watch = NonFiniteWatch(device, run.last, cfg)  # NaN losses, read at log/checkpoint only
     governor = thread_governor(trainer.adapt_threads, device)  # None: a fixed count
 
@@ -215,7 +209,7 @@ def periodic_extras(
             Every("overfitting", trainer.overfit_every if overfit else 0, measure_overfit),
             Every("augment p", 1 if state.augment else 0, steer_augment),
             Every("log", trainer.log_every, log_scalars, at_end=True),
-            Every("sample", trainer.sample_every if main else 0, lambda _: write_samples(state, run, monitor), True),
+            Every("sample", trainer.sample_every if main else 0, lambda _: write_samples(state, monitor), True),
             Every("quality", trainer.eval_every if quality else 0, measure_quality, at_end=True),
             Every("checkpoint", trainer.checkpoint_every, checkpoint, at_end=True),
             Every("learning rate", 1, lambda tick: set_learning_rates(state, cfg)),  # the next step's
@@ -404,8 +398,9 @@ class QualityProbe:
         return {QUALITY_TAGS[key]: float(value) for key, value in results.items() if key in QUALITY_TAGS}
 
 
-def write_samples(state: TrainingState, run: Run, monitor: Monitor) -> None:
+def write_samples(state: TrainingState, monitor: Monitor) -> None:
     """This step's fixed-latent grid into samples/step_NNNNNN.png, samples/progress.gif and TensorBoard."""
+    run = monitor.run
     with monitor.timed("sample", state.step):
         grid = grid_of(sample(state.sampler, state.fixed_z, state.fixed_y), state)
         run.samples.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,7 @@ from gan.core.sampling import image_grid
 from gan.data import BatchStream, to_unit_range
 from gan.errors import naming
 from gan.run import Run
+from gan.world import SINGLE
 
 if TYPE_CHECKING:
     from gan.training.state import TrainingState
@@ -64,16 +65,16 @@ def shown_name(key: str) -> str:
 
 
 class Monitor:
-    # enabled=False (DDP ranks > 0): nothing is written, shown or logged. The events file is opened at the first
+    # Rank 0's alone (DDP ranks > 0: nothing is written, shown or logged). The events file is opened at the first
     # write, after `before_write()`: a resume that fails before it writes anything leaves tb/ as it was.
-    def __init__(self, run_dir: Path, start_step: int, max_steps: int, progress=True, enabled=True, before_write=None):
-        self.enabled, self.last = enabled, {}  # last: TrainResult.metrics
-        self.tb, self.start_step = Run(run_dir).tb, start_step
+    def __init__(self, run_dir: Path, start_step: int, max_steps: int, progress=True, world=SINGLE, before_write=None):
+        self.run, self.world, self.enabled, self.last = Run(run_dir), world, world.is_main, {}  # last: TrainResult's
+        self.tb, self.start_step = self.run.tb, start_step
         self.before_write: Callable[[], None] = before_write or (lambda: None)
         self.writer: Optional[SummaryWriter] = None
         self.events = self.tb  # the events file once it is open: tensorboard's errors name none (or one in bytes)
         self.pending: list[tuple[summary_pb2.Summary, int]] = []  # written with the first event
-        off = not (progress and enabled)
+        off = not (progress and self.enabled)
         self.bar = tqdm(total=max_steps, initial=start_step, disable=off, dynamic_ncols=True, desc="train", unit="step")
         # throughput: images since the last log line over the loop's time, less the phases (`timed`)
         self.images_since, self.time_since = 0, time.perf_counter()
