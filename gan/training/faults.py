@@ -116,9 +116,6 @@ def _kept(path: Path) -> str:
 def stop_on_signals() -> Iterator[SimpleNamespace]:
     """A flag instead of death, so the loop can checkpoint; a second SIGINT interrupts at once."""
     flag = SimpleNamespace(reason=None)  # the signal's name, or "d_won"
-    if threading.current_thread() is not threading.main_thread():
-        yield flag
-        return
 
     def handler(signum: int, frame: Any) -> None:
         if flag.reason in ("SIGINT", "SIGTERM") and signum == signal.SIGINT:  # a second signal
@@ -132,6 +129,8 @@ def stop_on_signals() -> Iterator[SimpleNamespace]:
     if "SUBMITIT_EXECUTOR" not in os.environ or not usable or not callable(signal.getsignal(handed_on)):
         handed_on = None
     signals = (signal.SIGINT, signal.SIGTERM, *([handed_on] if handed_on else []))
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        signals = ()
     previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
         yield flag

@@ -140,9 +140,8 @@ class Monitor:
             values["time/img_per_s"] = self.images_since / (now - self.time_since)
             values["time/sec_per_kimg"] = 1000 / values["time/img_per_s"]
         self.images_since, self.time_since = 0, now
-        if self.enabled:
-            shown = {name: f"{values[tag]:.3f}" for name, tag in BAR_TAGS.items() if tag in values}
-            self.bar.set_postfix(shown, refresh=False)
+        shown = {name: f"{values[tag]:.3f}" for name, tag in BAR_TAGS.items() if tag in values}
+        self.bar.set_postfix(shown, refresh=False)  # a disabled bar (ranks > 0, trainer.progress=false) shows nothing
         self.last = {}
         self.numbers(step, values)
         return values

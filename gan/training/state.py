@@ -81,7 +81,6 @@ class TrainingState:
         advice = "The run's model.* and data.* are the checkpoint's (the resume contract): it was damaged or edited. "
         if self.G.num_classes:  # a conditional run's class count comes from the data
             advice += "Or data.root holds another dataset than the run trained on: point it back at the run's. "
-        advice += ANOTHER
         if state.get("pack") != self.pack:  # data.root may change on a resume; the images may not
             raise DataError(
                 f"trainer.resume: data.root holds another pack (hash {str(self.pack)[:12]}) than the run's (hash "
@@ -90,7 +89,7 @@ class TrainingState:
         try:  # `entry`: the one being read, named when it fails
             for entry, name in (("G", "generator"), ("D", "discriminator"), ("G_ema", "EMA generator")):
                 if entry != "G_ema" or (self.G_ema is not None and state.get("G_ema") is not None):
-                    load_module_state(getattr(self, entry), state[entry], name, advice)
+                    load_module_state(getattr(self, entry), state[entry], name, advice + ANOTHER)
             if self.G_ema is not None and state.get("G_ema") is None:  # a run without EMA continues with one: from G
                 self.G_ema.n_averaged.zero_()
                 self.G_ema.update_parameters(self.G)
@@ -303,10 +302,9 @@ def set_up(
     except RuntimeError as err:  # torch.OutOfMemoryError (CUDA, MPS) is one; the CPU allocator's is not
         if not isinstance(err, torch.OutOfMemoryError) and "can't allocate memory" not in str(err):
             raise
-        amount, data, model = "", cfg.data, cfg.model
-        if asked := re.search(r"allocate ((\d+) bytes|[\d.]+ [KMGTPE]?i?B)", str(err), re.IGNORECASE):
-            size = f" = {tqdm.format_sizeof(int(asked[2]), 'B', 1000)}" if asked[2] else ""  # the CPU's count of bytes
-            amount = f" (it asked for {asked[1]}{size})"
+        asked = re.search(r"allocate ((\d+) bytes|[\d.]+ [KMGTPE]?i?B)", str(err), re.IGNORECASE)
+        size = f" = {tqdm.format_sizeof(int(asked[2]), 'B', 1000)}" if asked and asked[2] else ""  # the CPU's bytes
+        amount, data, model = f" (it asked for {asked[1]}{size})" if asked else "", cfg.data, cfg.model
         raise ConfigError(
             f"Not enough memory to build the models and the fixed latents{amount}: lower model.g_width={model.g_width},"
             f" model.d_width={model.d_width}, data.image_size={data.image_size}, data.batch_size={data.batch_size} or "
