@@ -24,7 +24,6 @@ from tensorboard.compat.tensorflow_stub.io.gfile import LocalFileSystem
 from test_checkpoints import digest, nan_after, run_until
 from test_datasets import write_image
 from test_distributed import finish
-from test_run import unused_pid
 
 from gan.checkpoint import load_checkpoint
 from gan.data.stream import BatchStream
@@ -149,18 +148,6 @@ def test_evaluate_refuses_a_generator_with_non_finite_weights(tmp_path, tiny_run
     assert result.returncode == 2, output[-3000:]
     assert f"The EMA generator in {checkpoint} holds NaN or inf" in output and "net.0.weight" in output
     assert "Traceback" not in output and not (tmp_path / "eval" / "metrics.json").exists()
-
-
-def test_a_resume_removes_the_temp_file_a_killed_run_left(tmp_path, tiny_run):
-    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
-    folder = run_dir / "checkpoints"
-    dead, live = folder / f".last.pt.{unused_pid()}.tmp", folder / f".last.pt.{os.getppid()}.tmp"  # a live process
-    dead.write_bytes(b"\0" * 1000)
-    live.write_bytes(b"\0" * 1000)
-    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=7", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert not dead.exists() and live.exists()
-    assert f"Removed {dead}" in output_of(result)
 
 
 @pytest.mark.parametrize("program", ["train.py", "evaluate.py"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -14,7 +15,8 @@ import pytest
 import torch
 from conftest import compose_config, in_process, output_of, run_train
 from PIL import Image
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_run import unused_pid
+from test_watching import TensorBoardClient, events_of
 
 import train as train_py
 from gan.checkpoint import load_checkpoint
@@ -103,20 +105,30 @@ def test_a_final_evaluation_stopped_says_how_to_measure_the_saved_run(tmp_path, 
     assert (tmp_path / "run" / "checkpoints" / "last.pt").is_file()
 
 
-def test_a_damaged_old_grid_is_left_out_of_the_animation_and_the_resume_goes_on(tiny_run, tmp_path):
+def test_a_resume_removes_dead_temp_files_leaves_a_damaged_grid_out_and_adds_its_command(tiny_run, tmp_path):
     run_dir = shutil.copytree(tiny_run, tmp_path / "run")
-    damaged = run_dir / "samples" / "step_000003.png"
+    damaged, folder = run_dir / "samples" / "step_000003.png", run_dir / "checkpoints"
     damaged.write_bytes(b"not a png any more")
+    dead, live = folder / f".last.pt.{unused_pid()}.tmp", folder / f".last.pt.{os.getppid()}.tmp"  # a live process
+    for temp in (dead, live):  # a killed write leaves nothing behind
+        temp.write_bytes(b"\0" * 1000)
     result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=9", cwd=tmp_path)
     output = output_of(result)
     assert result.returncode == 0, output[-3000:]
+    assert not dead.exists() and live.exists() and f"Removed {dead}" in output
     assert load_checkpoint(run_dir)["step"] == 9 and not (tmp_path / "outputs").exists()  # in place: no new run dir
-    events = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0}).Reload()
+    events = events_of(run_dir / "tb")
     assert [e.step for e in events.Scalars("loss/d")] == [2, 4, 6, 8, 9]  # the same events go on, the last step too
     assert f"Left {damaged} out of progress.gif: it cannot be read as an image" in output
     assert damaged.read_bytes() == b"not a png any more"  # a grid of a step past the checkpoint is never rewritten
     with Image.open(run_dir / "samples" / "progress.gif") as gif:
         assert gif.n_frames == 2  # steps 6 and 9
+    # its own command at the step it resumed from; TensorBoard reads event files in name order, which within one
+    # second compares their counters as text
+    entries = TensorBoardClient(run_dir).get("/data/plugin/text/text?run=tb&tag=run/command")
+    entries.sort(key=lambda entry: entry["step"])
+    assert [entry["step"] for entry in entries] == [0, 6]
+    assert "trainer.max_steps=9" in entries[1]["text"] and "trainer.max_steps=9" not in entries[0]["text"]
 
 
 @pytest.mark.parametrize("written", [False, True])
