@@ -50,8 +50,7 @@ def test_dataloader_workers_outlive_a_stop_signal(sig):
     images = torch.randint(0, 256, (64, 1, 16, 16), dtype=torch.uint8)
     stream = BatchStream(images, batch_size=8, seed=0, device=torch.device("cpu"), num_workers=1)
     next(stream)  # the worker is up and ran its init
-    workers = multiprocessing.active_children()
-    assert workers
+    assert (workers := multiprocessing.active_children())
     for worker in workers:
         os.kill(worker.pid, sig)
     for _ in range(12):  # past prefetched batches and an epoch boundary

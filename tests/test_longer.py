@@ -50,17 +50,13 @@ def test_best_pt_holds_the_generator_of_the_lowest_fid_and_is_what_evaluate_read
     assert best["kind"] == "best" and best["step"] == 4 and best["metrics"][loop.FID_TAG] == 4.0
     assert result.best == {"fid": 4.0, "step": 4}
     # the weights are the step-4 ones: those of the numbered checkpoint written at step 4
-    at_4 = load_checkpoint(tmp_path / "checkpoints" / "step_000004.pt")
-    for key, value in at_4["G_ema"].items():
-        assert torch.equal(best["G_ema"][key], value), key
-    last = load_checkpoint(tmp_path)["G_ema"]
-    assert any(not torch.equal(best["G_ema"][key], value) for key, value in last.items())  # not step 6's
-    # last.pt records it, so a resume knows what to beat
-    assert load_checkpoint(tmp_path)["best"] == {"fid": 4.0, "step": 4}
+    at_4, last = load_checkpoint(tmp_path / "checkpoints" / "step_000004.pt"), load_checkpoint(tmp_path)
+    assert all(torch.equal(best["G_ema"][key], value) for key, value in at_4["G_ema"].items())
+    assert any(not torch.equal(best["G_ema"][key], value) for key, value in last["G_ema"].items())  # not step 6's
+    assert last["best"] == {"fid": 4.0, "step": 4}  # last.pt records it, so a resume knows what to beat
     cfg = EvaluateConfig(checkpoint=str(tmp_path / "checkpoints" / "best.pt"), bn_batches=1, batch_size=8)
     G, about = prepare_generator(best, cfg, torch.device("cpu"))
-    assert about["step"] == 4 and about["generator"].startswith("EMA")
-    assert G(torch.randn(2, G.z_dim)).shape[-1] == 16
+    assert about["step"] == 4 and about["generator"].startswith("EMA") and G(torch.randn(2, G.z_dim)).shape[-1] == 16
     with pytest.raises(CheckpointError, match="is a best.pt: G alone.* Resume from the run's last.pt"):
         require_training_state(best, cfg.checkpoint)  # no D nor optimizers: trainer.resume refuses it
     scripted(monkeypatch, [7.0, 2.0])  # resumed: step 8 is worse (kept out), step 10 better (kept)
@@ -81,7 +77,7 @@ def test_the_final_log_line_names_last_and_best(tmp_path, monkeypatch):
     assert result.returncode == 0, result.stderr[-2000:]
     output = output_of(result)
     done = [line for line in output.splitlines() if "Done:" in line][-1]
-    assert "last.pt" in done and "best.pt" in done and "in-training FID" in done
+    assert all(word in done for word in ("last.pt", "best.pt", "in-training FID"))
     assert "below evaluate.py's bar" in output  # the in-training FID uses it all the same, with a warning
     assert loop.BEST_FID_TAG in events_of(tmp_path / "run" / "tb").Tags()["scalars"]
     best = load_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt")  # a conditional run's quality, its best
@@ -96,8 +92,7 @@ def test_the_validation_images_come_from_the_training_split():
     rows = {bytes(image.numpy()) for image in training.images}
     assert all(bytes(image.numpy()) in rows for image in images)
     assert not any(torch.equal(image, other) for image in images[:10] for other in held_out.images)
-    again, _ = reference_subset(training, 50, seed=0)
-    assert torch.equal(images, again)  # the same images at every measurement of a run
+    assert torch.equal(images, reference_subset(training, 50, seed=0)[0])  # the same at every measurement of a run
 
 
 def test_the_alarm_needs_a_whole_window_of_dominance_and_warns_once_per_episode():
@@ -153,8 +148,7 @@ def test_a_d_that_wins_sets_off_the_alarm_marks_tensorboard_and_on_d_won_stop_en
     result = run_train(f"hydra.run.dir={tmp_path}", "trainer.max_steps=400", "trainer.on_d_won=stop", *FORCED)
     output = output_of(result)
     assert result.returncode == 4, output[-2000:]
-    step = load_checkpoint(tmp_path)["step"]
-    assert step < 400 and f"Stopped at step {step}" in output
+    assert (step := load_checkpoint(tmp_path)["step"]) < 400 and f"Stopped at step {step}" in output
     assert len([line for line in output.splitlines() if "[WARNING] - D has won at step" in line]) == 1
     events = events_of(tmp_path / "tb")
     won = [event.value for event in events.Scalars(loop.WON_TAG)]
