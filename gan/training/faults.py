@@ -68,13 +68,8 @@ def check_finite_state(state: TrainingState, kept: Path) -> None:
     modules = {name: part for name, part in parts.items() if isinstance(part, nn.Module)}
     names = {id(p): f"{name}.{key}" for name, module in modules.items() for key, p in module.named_parameters()}
     named = [((name, key), t) for name, module in modules.items() for key, t in module.state_dict().items()]
-    named += [  # an optimizer's 'exp_avg_sq of D.net.3.weight'
-        ((name, f"{slot} of {names.get(id(p), 'a parameter')}"), value)
-        for name, opt in parts.items()
-        if name not in modules
-        for p, slots in opt.state.items()
-        for slot, value in slots.items()
-    ]
+    moments = [(n, p, k, v) for n in ("opt_g", "opt_d") for p, m in parts[n].state.items() for k, v in m.items()]
+    named += [((n, f"{k} of {names.get(id(p), 'a parameter')}"), v) for n, p, k, v in moments]  # 'exp_avg of D.x'
     bad, _ = nonfinite(named)  # one host sync while all is finite
     found = []
     for name in parts:
