@@ -20,10 +20,6 @@ def init_process_group(world: World, device_name: str) -> None:
         dist.init_process_group(backend="nccl" if on_gpu else "gloo")
 
 
-def rank_device(world: World, device: torch.device) -> torch.device:
-    return torch.device("cuda", world.local_rank) if world.distributed and device.type == "cuda" else device
-
-
 def broadcast_object(value: Any, world: World) -> Any:
     holder = [value]
     if world.distributed:

@@ -32,7 +32,7 @@ from gan.evaluation.pipeline import Reals, class_metrics, classifier_data, evalu
 from gan.launch import measure_command, override_key, resume_command
 from gan.run import Run
 from gan.training.faults import NonFiniteWatch, check_finite_state, stop_on_signals
-from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, Monitor, grid_of, real_grid, shown_name, write_progress_gif
+from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, Monitor, grid_of, shown_name, write_progress_gif
 from gan.training.state import TrainingState, rng_state, set_learning_rates, set_up, wrap_for_ddp
 from gan.training.threads import thread_governor
 
@@ -79,7 +79,7 @@ def train(
         G, D = wrap_for_ddp(state.G, state.D, world, device)
         monitor = Monitor(run_dir, state.step, trainer.max_steps, trainer.progress, world, on_ready)
         if world.is_main and state.step == 0:  # HParams and the real images, once per run
-            monitor.begin(hparams_of(cfg) if hparams is None else hparams, real_grid(state, training.labels))
+            monitor.begin(hparams_of(cfg) if hparams is None else hparams, state, training.labels)
         monitor.describe(state.step, cfg, command, environment(device))
         with contextlib.closing(monitor), stop_on_signals() as stop:
             extras = periodic_extras(cfg, state, ctx, monitor, stop, probes)

@@ -95,7 +95,14 @@ class Monitor:
             self.pending = []
             yield self.writer
 
-    def begin(self, hparams: Mapping[str, float | str | bool | None], real: Tensor) -> None:  # a fresh run's, rank 0
+    def begin(self, hparams: Mapping[str, float | str | bool | None], state: TrainingState, labels: Tensor) -> None:
+        # a fresh run's; the real images by index (drawing a batch would change the run), in each fake's class
+        if state.fixed_y is not None:
+            real = class_images(state.batches, labels, state.fixed_y.cpu())
+        else:
+            count = state.batches.sampler.size
+            index = torch.linspace(0, count - 1, min(len(state.fixed_z), count)).long().tolist()
+            real = torch.stack([image_at(state.batches, i) for i in index])
         # the trial id, short (its column cuts at 16 characters): `<sweep folder> #<n>`, a start time, or the folder
         run = self.tb.parent
         job, start = re.match(r"(\d+)_", run.name), re.match(r"\d\d-\d\d-\d\d(?=_|$)", run.name)
@@ -103,7 +110,7 @@ class Monitor:
         typed = {key: "null" if value is None else value for key, value in hparams.items()}  # as the command line
         with self.writing() as writer:
             writer.file_writer.add_summary(hparams_pb(typed, trial_id=trial_id), 0)
-            writer.add_image(REAL_TAG, real, 0)
+            writer.add_image(REAL_TAG, grid_of(to_unit_range(real), state), 0)
 
     @property
     def seconds(self) -> float:
@@ -202,15 +209,6 @@ def grid_of(images: Tensor, state: TrainingState) -> Tensor:
         return image_grid(images)
     columns = int((state.fixed_y == state.fixed_y[0]).sum())  # a row per class
     return labelled_rows(image_grid(images, nrow=columns), [str(c) for c in state.fixed_y.cpu().tolist()[::columns]])
-
-
-def real_grid(state: TrainingState, labels: Tensor) -> Tensor:
-    """Training images beside the fake grid, by index (drawing a batch would change the run); each fake's class."""
-    if state.fixed_y is not None:
-        return grid_of(to_unit_range(class_images(state.batches, labels, state.fixed_y.cpu())), state)
-    count = state.batches.sampler.size
-    index = torch.linspace(0, count - 1, min(len(state.fixed_z), count)).long().tolist()
-    return grid_of(to_unit_range(torch.stack([image_at(state.batches, i) for i in index])), state)
 
 
 def class_images(batches: BatchStream, labels: Tensor, classes: Tensor) -> Tensor:

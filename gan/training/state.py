@@ -27,7 +27,7 @@ from gan.core.sampling import class_rows
 from gan.core.steps import Penalties, StepContext
 from gan.data import BatchStream, ImageSet, load_dataset
 from gan.device import environment, environment_changes, retain_freed_memory, setup_torch
-from gan.distributed import SINGLE, World, rank_device
+from gan.distributed import SINGLE, World
 from gan.errors import CheckpointError, ConfigError, DataError
 from gan.launch import check_resume
 from gan.training.threads import keep_thread_count
@@ -253,7 +253,8 @@ def wrap_for_ddp(G: nn.Module, D: nn.Module, world: World, device: torch.device)
 
 def prepare_process(cfg: TrainConfig, world: World = SINGLE) -> torch.device:
     trainer, seed = cfg.trainer, cfg.trainer.seed + world.rank  # each rank draws its own latents (DDP copies weights)
-    device = rank_device(world, setup_torch(trainer.device, trainer.threads, seed, "trainer.device"))
+    device = setup_torch(trainer.device, trainer.threads, seed, "trainer.device")
+    device = torch.device("cuda", world.local_rank) if world.distributed and device.type == "cuda" else device
     if device.type == "cpu" and trainer.retain_host_memory and retain_freed_memory():
         log.debug("glibc malloc: freed blocks are kept for reuse (trainer.retain_host_memory=true)")
     if trainer.deterministic:
