@@ -78,8 +78,7 @@ class TensorBoardClient:
 
 def test_the_first_screen_opens_on_the_losses_and_the_grids_and_the_run_is_one_hparams_session(tiny_run):
     """The tiny run (scalars at 2, 4, 6, grids at 3, 6): its first screen, its HParams session, its Text tab."""
-    events = events_of(tiny_run / "tb")
-    tags = events.Tags()
+    tags = (events := events_of(tiny_run / "tb")).Tags()
     # Time Series shows scalars and images together; Scalars shows scalars only
     assert tb_group_order(tags["scalars"] + tags["images"])[:2] == ["loss", "samples"]
     assert tb_group_order(tags["scalars"])[0] == "loss"
@@ -116,8 +115,7 @@ def test_the_first_screen_opens_on_the_losses_and_the_grids_and_the_run_is_one_h
         assert line in environment, environment
     assert f"python: {platform.python_version()}" in environment
     assert ("git_commit: " in environment) == (shutil.which("git") is not None)  # the tests run from a clone
-    config = tb.get("/data/plugin/text/text?run=tb&tag=run/config")
-    command = tb.get("/data/plugin/text/text?run=tb&tag=run/command")
+    config, command = (tb.get(f"/data/plugin/text/text?run=tb&tag=run/{tag}") for tag in ("config", "command"))
     assert [entry["step"] for entry in config] == [0] and [entry["step"] for entry in command] == [0]
     # every key, defaults included; the command with its overrides, not Hydra's own (hydra.run.dir)
     assert "lr: 0.001" in config[0]["text"] and "max_steps: 6" in config[0]["text"]
@@ -138,10 +136,9 @@ def test_progress_gif_keeps_at_most_50_frames_first_and_last_included(tmp_path):
     for step in range(120):
         Image.new("L", (8, 8), color=2 * step).save(tmp_path / f"step_{step:06d}.png")
     with Image.open(write_progress_gif(tmp_path)) as gif:
-        assert gif.n_frames == 50
         first = gif.convert("L").getpixel((0, 0))
         gif.seek(49)
-        assert (first, gif.convert("L").getpixel((0, 0))) == (0, 2 * 119)
+        assert (gif.n_frames, first, gif.convert("L").getpixel((0, 0))) == (50, 0, 2 * 119)
 
 
 def test_a_single_run_is_named_by_its_time_and_the_overrides_that_set_what_it_computes(tmp_path):
@@ -198,8 +195,7 @@ def test_sweep_jobs_are_named_by_what_varies_only_and_their_results_open_the_pag
         assert not [t for t in events.Tags()["scalars"] if "step_of" in t]
         assert len(events.Scalars(FID_TAG)) == 2  # the curve, at 3 and 6
         assert tb_group_order(events.Tags()["scalars"] + events.Tags()["images"])[:2] == ["FID", "loss"]
-    experiment = tb.experiment()
-    infos = experiment["hparamInfos"]
+    infos = (experiment := tb.experiment())["hparamInfos"]
     shown = sorted(infos, key=lambda info: (not info["differs"], info["name"]))[:5]  # the page's (up to five)
     assert [info["name"] for info in shown] == ["loss", "optim.lr", "data", "trainer.max_steps"]
     assert {info["name"] for info in infos if info["differs"]} == {"loss", "optim.lr"}
@@ -228,8 +224,7 @@ def test_every_run_under_outputs_fills_the_same_four_columns(tiny_run, watched_s
     for job in SWEEP_JOBS:
         shutil.copytree(watched_sweep / job / "tb", outputs / "multirun" / "sweep" / job / "tb")
     train(compose_config("model.conditional=true"), outputs / "conditional")
-    tb = TensorBoardClient(outputs)
-    experiment = tb.experiment()
+    experiment = (tb := TensorBoardClient(outputs)).experiment()
     differing = {info["name"] for info in experiment["hparamInfos"] if info["differs"]}
     assert {info["name"] for info in experiment["hparamInfos"]} == set(COMPARED)
     assert differing == {"data", "loss", "optim.lr"}  # all six ran 6 steps
@@ -295,8 +290,7 @@ def test_eval_every_puts_the_fid_curve_beside_the_losses_and_the_final_fid_among
     assert "trainer.eval_every=3 draws 2 point(s) of quality/FID" in output_of(result)
     tb = TensorBoardClient(run_dir)
     assert tb.get("/data/runs") == ["tb"]  # not a run of its own for the final evaluation
-    events = events_of(run_dir / "tb")
-    tags = events.Tags()
+    tags = (events := events_of(run_dir / "tb")).Tags()
     # the result group first, then the losses; the curve's group (quality) is the third
     assert tb_group_order(tags["scalars"] + tags["images"])[:3] == ["FID", "loss", "quality"]
     assert [e.step for e in events.Scalars(FID_TAG)] == [3, 6]
