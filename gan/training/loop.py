@@ -93,8 +93,7 @@ def train(
 
                 # (1) D step, on fake.detach()
                 d_stats, real_features = d_step(D, state.opt_d, real, fake, ctx, y)
-                # (2) G step, with D frozen and unwrapped: DDP's reducer would wait for gradients a frozen D
-                # never makes. G's wrapper still averages G's gradients.
+                # (2) G step, D frozen and unwrapped: DDP's reducer would wait for gradients a frozen D never makes
                 g_stats = g_step(state.D, G, state.opt_g, fake, real_features, ctx, y)
                 ctx.scaler.update()  # once per iteration, after both optimizers stepped (fp16 only)
                 state.step += 1
@@ -103,8 +102,7 @@ def train(
                 if state.G_ema is not None and state.step % cfg.model.ema_every == 0:
                     state.G_ema.update_parameters(state.G)
 
-                # stop: at max_steps, a signal, the D-won alarm or the caller. Under DDP all ranks stop at
-                # the same step: one all-reduce per step (a host sync; the others: logging, on_nan=skip).
+                # stop: at max_steps, a signal, the D-won alarm or the caller; under DDP all ranks at once (a host sync)
                 asked = after_step is not None and after_step(state)
                 done = state.step == trainer.max_steps or any_rank(stop.reason is not None or asked, world, device)
 
@@ -327,8 +325,7 @@ def build_probes(
 
 
 class OverfitProbe:
-    # Is D memorising? Its scores on training and held-out reals drift apart well before FID turns worse (Karras et
-    # al. 2020, fig. 1). Training is untouched: D's buffers are put back and no random number is drawn.
+    # Is D memorising? Its scores on training and held-out reals part before FID worsens (Karras et al. 2020, fig. 1)
 
     def __init__(self, train: tuple[Tensor, Optional[Tensor]], held_out: tuple[Tensor, Optional[Tensor]], batch_size):
         self.train, self.held_out, self.batch_size = train, held_out, batch_size
@@ -342,7 +339,7 @@ class OverfitProbe:
                 with ctx.autocast():
                     scores = [D(to_unit_range(x), y).float() for x, y in zip(images.split(self.batch_size), ys)]
                 means.append(float(torch.cat(scores).mean()))
-        finally:
+        finally:  # training untouched: D's buffers put back, and no random number was drawn
             for buffer, value in zip(D.buffers(), saved):
                 buffer.copy_(value)
         return {"d/score_train": means[0], "d/score_heldout": means[1], "d/heldout_gap": means[0] - means[1]}

@@ -53,8 +53,7 @@ threading.excepthook = _quiet_event_writer_thread
 
 def shown_name(key: str) -> str:
     """`d/real` -> `loss/D(x)`, `d/fake_score` -> `train/D(G(z))_score`, `grad_norm/d` -> `train/grad_norm_d`."""
-    # D's probabilities under one name whatever the loss (losses.mean_scores), so runs of different losses share
-    # charts; `d/fake_after_d_step`, pytorch/examples' D_G_z2, kept out of the `loss` group as the other scores
+    # D's probabilities under one name whatever the loss, so runs share charts; scores, D_G_z2 (after D's step): train/
     if named := re.fullmatch(r"d/(real|fake)(_.+)?", key):
         judged = "D(x)" if named[1] == "real" else "D(G(z))"
         return f"train/{judged}{named[2]}" if named[2] else f"loss/{judged}"
@@ -65,8 +64,7 @@ def shown_name(key: str) -> str:
 
 
 class Monitor:
-    # Rank 0's alone (DDP ranks > 0: nothing is written, shown or logged). The events file is opened at the first
-    # write, after `before_write()`: a resume that fails before it writes anything leaves tb/ as it was.
+    # Rank 0's alone. The events file opens at the first write, after before_write(): a failed resume leaves tb/ as is
     def __init__(self, run_dir: Path, start_step: int, max_steps: int, progress=True, world=SINGLE, before_write=None):
         self.run, self.world, self.enabled, self.last = Run(run_dir), world, world.is_main, {}  # last: TrainResult's
         self.tb, self.start_step = self.run.tb, start_step

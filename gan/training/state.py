@@ -149,9 +149,8 @@ def set_rng_state(rng: dict[str, Any], device: torch.device, augment: Optional[A
         torch.cuda.set_rng_state(rng["cuda"][0].cpu(), device)
     saved = rng.get("augment")
     if augment is not None and saved is not None:
-        # ADA's generator lives on the training device: a CPU one's state is 5056 bytes, a CUDA one's 16 (seed and
-        # offset), neither takes the other's: resumed on another device, it draws from its seed afresh, as the GPU's
-        if saved.numel() == augment.generator.get_state().numel():  # (nothing of a device move is bit-identical)
+        # ADA's generator is the device's: a CPU one's state (5056 bytes) and a CUDA one's (16) do not fit each other
+        if saved.numel() == augment.generator.get_state().numel():  # else from its seed (a device move is not exact)
             augment.generator.set_state(saved.cpu())
     elif augment is not None:  # written before the augmentation had a generator of its own
         log.warning(
@@ -199,8 +198,7 @@ def build_models(cfg: TrainConfig, device: torch.device, num_classes: int = 0) -
 
 
 def memory_format(cfg: TrainConfig, device: torch.device) -> torch.memory_format:
-    # channels_last, except compiled on a GPU: inductor predicts other strides for G's channels_last ConvTranspose2d's
-    # backward than cuDNN returns, failing an assert_size_stride check (pytorch/pytorch#171622; H200, torch 2.11)
+    # not compiled on a GPU: inductor mispredicts channels_last ConvTranspose2d's backward strides (pytorch#171622)
     if cfg.trainer.channels_last and cfg.trainer.compile and device.type != "cpu":
         log.info("trainer.compile on %s: the models stay in contiguous (NCHW) memory, not channels_last", device.type)
         return torch.contiguous_format
