@@ -112,8 +112,7 @@ def test_the_thread_count_is_drawn_at_every_log_point_with_its_change(tmp_path, 
     monkeypatch.setattr(T.torch, "set_num_threads", calls.append)
 
     def clock() -> float:  # every poll is a new window in which others kept 1.5 cores busy
-        tick["t"] += 1.0
-        tick["busy"] += 1.5
+        tick["t"], tick["busy"] = tick["t"] + 1.0, tick["busy"] + 1.5
         return tick["t"]
 
     governor = ThreadGovernor(2, 2)  # made whatever this machine's thread count

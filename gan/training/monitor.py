@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Optional
 
-import numpy
 import torch
 import yaml
 from PIL import Image, ImageDraw, ImageFont
@@ -21,6 +20,7 @@ from tensorboard.plugins.text.summary_v2 import text_pb
 from torch import Tensor
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summaries
+from torchvision.transforms.functional import pil_to_tensor, to_pil_image
 from tqdm import tqdm
 
 from gan.config import TrainConfig, to_plain
@@ -225,18 +225,15 @@ def image_at(batches: BatchStream, index: int) -> Tensor:  # from memory, or rea
 
 
 def labelled_rows(grid: Tensor, labels: list[str]) -> Tensor:
-    row_height = grid.size(1) / len(labels)
-    picture = Image.fromarray(grid.mul(255).round().byte().permute(1, 2, 0).squeeze(-1).numpy())
+    row_height, picture = grid.size(1) / len(labels), to_pil_image(grid.mul(255).round().byte())  # L or RGB
     font = ImageFont.load_default()
     margin = round(max(font.getlength(label) for label in labels)) + 6
     framed = Image.new(picture.mode, (picture.width + margin, picture.height), 0)
     framed.paste(picture, (margin, 0))
     draw = ImageDraw.Draw(framed)
-    white = 255 if picture.mode == "L" else (255, 255, 255)
     for i, label in enumerate(labels):
-        draw.text((3, (i + 0.5) * row_height), label, fill=white, font=font, anchor="lm")  # left, middle
-    array = torch.from_numpy(numpy.asarray(framed).copy()).float().div(255)
-    return array.unsqueeze(0) if array.dim() == 2 else array.permute(2, 0, 1)
+        draw.text((3, (i + 0.5) * row_height), label, fill="white", font=font, anchor="lm")  # left, middle
+    return pil_to_tensor(framed).float().div(255)
 
 
 def write_progress_gif(samples_dir: Path, max_frames: int = GIF_FRAMES) -> Path:
