@@ -220,7 +220,7 @@ def test_bench_measures_each_row_in_a_fresh_process():
     assert (default.d_batchnorm, default.spectral_norm) == (ModelConfig().d_batchnorm, ModelConfig().spectral_norm)
 
 
-def test_bench_counts_each_loops_own_flops_the_frozen_d_saves_its_weight_gradients():
+def test_bench_counts_each_loops_own_flops_and_bench_parts_the_convolutions_alone():
     """bench.py's GFLOP/step: the canonical step's work less D's weight gradients in the G step (D frozen)."""
     size, channels, batch, z_dim, width = 32, 1, 4, 8, 8
     cfg = project_config(size, channels, batch, z_dim, width, 1, Precision.fp32)  # DCGAN's D, as canonical's
@@ -233,12 +233,9 @@ def test_bench_counts_each_loops_own_flops_the_frozen_d_saves_its_weight_gradien
     with FlopCounterMode(display=False) as input_only:
         D.requires_grad_(False)(images).sum().backward()
     assert canonical - project == both.get_total_flops() - input_only.get_total_flops() > 0
-
-
-def test_bench_parts_conv_share_counts_convolutions_alone():
-    images, kernel = torch.randn(8, 3, 32, 32), torch.randn(16, 3, 3, 3)
-    assert conv_share(lambda: torch.nn.functional.conv2d(images, kernel), 3) > 0.5
-    assert conv_share(lambda: (images * 2).sum(), 3) == 0
+    rgb, kernel = torch.randn(8, 3, 32, 32), torch.randn(16, 3, 3, 3)  # bench_parts.py's share of convolutions
+    assert conv_share(lambda: torch.nn.functional.conv2d(rgb, kernel), 3) > 0.5
+    assert conv_share(lambda: (rgb * 2).sum(), 3) == 0
 
 
 def test_a_final_evaluation_that_cannot_pass_is_refused_before_training(tmp_path, monkeypatch):
