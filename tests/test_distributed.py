@@ -90,8 +90,7 @@ def test_a_ddp_run_writes_one_run_dir_and_resumes_alone_and_back_under_ddp_keepi
     assert load_checkpoint(run_dir)["step"] == 6 and load_checkpoint(run_dir)["rng_ranks"] == []
     # without one generator state per rank, rank 0 takes the saved one, the others keep their seeds: no two draw alike
     ddp_job(f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
-    state = load_checkpoint(run_dir)
-    ranks = state["rng_ranks"]
+    ranks = (state := load_checkpoint(run_dir))["rng_ranks"]
     assert state["step"] == 8 and len(ranks) == 2 and not torch.equal(ranks[0]["torch"], ranks[1]["torch"])
 
 

@@ -250,9 +250,8 @@ def test_sweep_table_prints_a_row_per_run_best_first(watched_sweep, tmp_path):
         settings = dict(part.split("=") for part in row[0].split("_", 1)[1].split(","))
         assert row[1:3] == [settings["loss"], str(float(settings["optim.lr"]))]
         assert float(row[3]) == pytest.approx(best.value, rel=1e-3) and int(row[4]) == best.step
-        assert row[5] == "-"  # no trainer.final_eval_samples
+        assert row[5] == "-" and row[7] == "6"  # no trainer.final_eval_samples; the steps
         assert float(row[6]) == pytest.approx(events.Scalars("quality/recall")[-1].value, abs=1e-3)
-        assert row[7] == "6"
     assert [float(row[3]) for row in rows] == sorted(float(row[3]) for row in rows)
     assert lines[5] == f"wrote {plot}" and Image.open(plot).size[0] > 0
 
@@ -350,9 +349,8 @@ def test_every_tag_a_run_and_a_sweep_write_is_named_in_the_docs_and_shown_on_the
     final = {"scalars": {FINAL_FID_TAG}, "text": {METRICS_TEXT_TAG}, "images": set()}
     final["images"] = {tag for tag in shown["images"] if tag.startswith(f"{IMAGES_GROUP}/")}
     assert final["images"] and set(shown["text"]) >= final["text"]  # the pictures do show one
-    written = shots.tags_of(watched_sweep)
-    assert {kind: set(tags) for kind, tags in written.items()} == {
-        kind: set(shown[kind]) - final[kind] for kind in shown
+    assert {k: set(tags) for k, tags in shots.tags_of(watched_sweep).items()} == {
+        k: set(shown[k]) - final[k] for k in shown
     }
     # the documented sweep's Images tab opens on the grids, its Text tab on the command, its metrics on results
     assert tb_group_order(shown["images"]) == ["samples", IMAGES_GROUP]
