@@ -18,13 +18,6 @@ from gan.training import threads as T
 from gan.training.threads import ThreadGovernor, thread_governor, threads_for
 
 
-def test_a_cpu_counts_as_taken_from_half_busy_and_one_thread_is_always_left():
-    assert [threads_for(2, 2, busy) for busy in (0.0, 0.4, 0.6, 1.4, 1.6, 5.0)] == [2, 2, 1, 1, 1, 1]
-    assert [threads_for(8, 8, busy) for busy in (0.0, 2.5, 3.4, 7.9)] == [8, 5, 5, 1]
-    # 2 threads of 4 CPUs (OMP_NUM_THREADS=2, or one of two torchrun ranks): free CPUs to spare
-    assert [threads_for(2, 4, busy) for busy in (0.0, 2.0, 2.6, 3.6)] == [2, 2, 1, 1]
-
-
 class Machine:
     """A fake clock and CPU counters: `others` and `ours` are the cores each keeps busy from now on."""
 
@@ -41,6 +34,11 @@ class Machine:
 
 
 def test_threads_step_down_while_others_are_busy_and_back_when_they_leave(monkeypatch):
+    # a CPU counts as taken from half busy, and one thread is always left
+    assert [threads_for(2, 2, busy) for busy in (0.0, 0.4, 0.6, 1.4, 1.6, 5.0)] == [2, 2, 1, 1, 1, 1]
+    assert [threads_for(8, 8, busy) for busy in (0.0, 2.5, 3.4, 7.9)] == [8, 5, 5, 1]
+    # 2 threads of 4 CPUs (OMP_NUM_THREADS=2, or one of two torchrun ranks): free CPUs to spare
+    assert [threads_for(2, 4, busy) for busy in (0.0, 2.0, 2.6, 3.6)] == [2, 2, 1, 1]
     machine, reads, governor = Machine(), [], ThreadGovernor(2, 2)
     monkeypatch.setattr(T.torch, "set_num_threads", machine.calls.append)  # record, leave this process alone
     governor.clock, governor.own = lambda: machine.t, lambda: machine.own
