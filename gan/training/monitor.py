@@ -110,10 +110,6 @@ class Monitor:
             writer.file_writer.add_summary(hparams_pb(typed, trial_id=trial_id), 0)
             writer.add_image(REAL_TAG, grid_of(to_unit_range(real), state), 0)
 
-    @property
-    def seconds(self) -> float:
-        return time.perf_counter() - self.first_step_done if self.first_step_done else 0.0
-
     def advance(self, step: int, images: int) -> None:
         self.bar.update(1)
         if self.first_step_done is None:  # it may include compiling: logged apart, and left out of the throughput
@@ -194,7 +190,8 @@ class Monitor:
     def end_session(self, step: int) -> None:  # success only: TensorBoard keeps the first status; a stop may resume
         self.summary(hparams_summaries({}, {})[2], step)  # torch's session-end summary: STATUS_SUCCESS
 
-    def close(self) -> None:
+    def close(self) -> None:  # `seconds`: the loop's wall time after its first step (TrainResult's)
+        self.seconds = time.perf_counter() - self.first_step_done if self.first_step_done else 0.0
         self.bar.close()
         if self.writer is not None:
             with naming(self.events):
