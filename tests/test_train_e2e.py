@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -63,10 +64,8 @@ def test_tensorboard_server_serves_the_run_scalars(tiny_run):
     try:
         deadline, runs = time.monotonic() + 90, []
         while time.monotonic() < deadline and "tb" not in runs:
-            try:
+            with contextlib.suppress(OSError):  # not up yet
                 runs = json.load(urllib.request.urlopen(f"{base}/data/runs", timeout=5))
-            except OSError:
-                pass
             time.sleep(0.5)
         assert "tb" in runs, runs
         query = urllib.parse.urlencode({"run": "tb", "tag": "loss/d"})

@@ -123,8 +123,7 @@ def test_the_first_screen_opens_on_the_losses_and_the_grids_and_the_run_is_one_h
     assert "<code>python train.py debug=tiny</code>" in command[0]["text"] and "<pre>" not in command[0]["text"]
 
 
-def test_every_run_reports_the_four_settings_and_a_sweep_adds_its_keys_outside_them():
-    """A conditional model says so in `data`; a sweep job's swept key outside the four gets its own column."""
+def test_every_run_reports_the_four_settings_and_a_sweep_adds_its_keys_outside_them():  # model.conditional in `data`
     conditional = compose_config("model.conditional=true", "loss=hinge", "model.g_width=12")
     swept = ["model.g_width=12", "loss=hinge", "model.conditional=true", "experiment=wgan_gp", "~model.pack"]
     four = {"data": "digits, conditional", "loss": "hinge", "optim.lr": 0.001, "trainer.max_steps": "6"}
