@@ -157,10 +157,14 @@ def test_a_d_that_wins_sets_off_the_alarm_marks_tensorboard_and_on_d_won_stop_en
     assert tb_group_order(events.Tags()["scalars"])[:2] == ["alarm", "loss"]
 
 
-def test_a_healthy_tiny_run_does_not_set_off_the_alarm(tmp_path, caplog):
+def test_a_healthy_tiny_run_does_not_set_off_the_alarm_and_a_window_it_cannot_read_is_refused(tmp_path, caplog):
     windows = ("trainer.log_every=2", "trainer.d_won_window=10", "trainer.sample_every=1000")
     assert train(compose_config("trainer.max_steps=100", *windows), tmp_path).step == 100
     assert "D has won" not in caplog.text
+    # log points sparser than the window leave the alarm nothing to read, unless it is off
+    assert compose_config("trainer.on_d_won=off", "trainer.log_every=50", "trainer.d_won_window=10").trainer
+    with pytest.raises(ConfigError, match=r"of the window \(or trainer.on_d_won=off\)"):
+        compose_config("trainer.log_every=50", "trainer.d_won_window=10")
 
 
 def test_ada_p_rises_while_d_is_sure_of_the_reals_and_falls_when_it_is_not():
@@ -264,10 +268,3 @@ def test_a_stored_config_without_a_setting_is_damaged(tmp_path):
     del config["model"]["spectral_norm"]
     with pytest.raises(CheckpointError, match="is damaged: it has no model.spectral_norm"):
         stored_config(config, tmp_path / "last.pt")
-
-
-def test_a_window_the_alarm_never_reads_is_no_error():
-    # log points sparser than the window leave the alarm nothing to read, unless it is off
-    assert compose_config("trainer.on_d_won=off", "trainer.log_every=50", "trainer.d_won_window=10").trainer
-    with pytest.raises(ConfigError, match=r"of the window \(or trainer.on_d_won=off\)"):
-        compose_config("trainer.log_every=50", "trainer.d_won_window=10")
