@@ -46,8 +46,7 @@ def environment(device: torch.device) -> dict[str, Any]:
     }
 
 
-def cpu_model() -> str:
-    """Linux's /proc/cpuinfo names the model (platform.processor() says x86_64 there); elsewhere platform's."""
+def cpu_model() -> str:  # Linux's /proc/cpuinfo names the model (platform.processor() says x86_64 there)
     cpuinfo = Path("/proc/cpuinfo")
     lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []  # not Linux
     names = [line for line in lines if line.startswith("model name")]
@@ -68,7 +67,7 @@ def git_commit(root: Path) -> dict[str, Any]:
 
 
 def environment_changes(recorded: Optional[Mapping[str, Any]], current: Mapping[str, Any]) -> list[str]:
-    """'torch: 2.5.1 -> 2.6.0' for each recorded entry that differs now (none recorded: nothing to say)."""
+    """'torch: 2.5.1 -> 2.6.0' for each recorded entry that differs now."""
     recorded = recorded if isinstance(recorded, Mapping) else {}
     return [f"{key}: {recorded[key]} -> {current.get(key)}" for key in recorded if recorded[key] != current.get(key)]
 

@@ -15,14 +15,9 @@ from gan.world import world_from_env as world_from_env
 
 def init_process_group(world: World, device_name: str) -> None:
     if world.distributed and not dist.is_initialized():
-        on_gpu = device_name != "cpu" and torch.cuda.is_available()
-        if on_gpu:
+        if on_gpu := device_name != "cpu" and torch.cuda.is_available():
             torch.cuda.set_device(world.local_rank)
         dist.init_process_group(backend="nccl" if on_gpu else "gloo")
-
-
-def rank_device(world: World, device: torch.device) -> torch.device:
-    return torch.device("cuda", world.local_rank) if world.distributed and device.type == "cuda" else device
 
 
 def broadcast_object(value: Any, world: World) -> Any:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,15 +21,14 @@ from gan.core.steps import d_step, g_step
 from gan.data import EpochBatchSampler
 from gan.distributed import World
 from gan.training.state import build_models, build_optimizer, wrap_for_ddp
+from scripts.tensorboard_screenshots import free_port
 
 
 def torchrun(*overrides: str, cwd: Path, launcher: str = "torch.distributed.run") -> subprocess.Popen:
     """`torchrun --nproc_per_node=2 train.py` (torchrun's module), or gan.torchrun's; stdout holds stderr too."""
-    args = [sys.executable, "-m", launcher, "--standalone", "--nproc_per_node=2", str(ROOT / "train.py"), *TINY]
+    args = [sys.executable, "-m", launcher, "--standalone", "--nproc_per_node=2", f"{ROOT}/train.py", *TINY, *overrides]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(
-        [*args, *overrides], cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
+    return subprocess.Popen(args, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 def finish(process: subprocess.Popen, before: tuple[str, ...] = ()) -> tuple[int, str]:
@@ -47,12 +45,11 @@ def ddp_job(*overrides: str, cwd: Path) -> None:  # a 2-process torchrun job of 
 def one_step_worker(rank: int, port: int, result_file: str) -> None:  # one step, then every weight across ranks
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    world = World(rank, 2, rank)
     torch.manual_seed(rank)  # different initial weights and data per rank: DDP must reconcile them
-    cfg = compose_config()
-    G, D = build_models(cfg, torch.device("cpu"))
-    G_train, D_train = wrap_for_ddp(G, D, world, torch.device("cpu"))
-    opt_g, opt_d = build_optimizer(G, cfg, torch.device("cpu")), build_optimizer(D, cfg, torch.device("cpu"))
+    cfg, cpu = compose_config(), torch.device("cpu")
+    G, D = build_models(cfg, cpu)
+    G_train, D_train = wrap_for_ddp(G, D, World(rank, 2, rank), cpu)
+    opt_g, opt_d = build_optimizer(G, cfg, cpu), build_optimizer(D, cfg, cpu)
     real = torch.rand(8, 1, 16, 16) * 2 - 1
     fake = G_train(torch.randn(8, cfg.model.z_dim))
     _, features = d_step(D_train, opt_d, real, fake)
@@ -71,12 +68,6 @@ def test_ranks_take_disjoint_shares_of_the_same_epoch_order():
     flat = [sum(share, []) for share in shares]
     single = sum(list(EpochBatchSampler(100, 10, seed=3)), [])
     assert not set(flat[0]) & set(flat[1]) and sorted(flat[0] + flat[1]) == sorted(single)  # together: one epoch
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow  # two processes, one per rank
@@ -99,8 +90,7 @@ def test_a_ddp_run_writes_one_run_dir_and_resumes_alone_and_back_under_ddp_keepi
     assert load_checkpoint(run_dir)["step"] == 6 and load_checkpoint(run_dir)["rng_ranks"] == []
     # without one generator state per rank, rank 0 takes the saved one, the others keep their seeds: no two draw alike
     ddp_job(f"trainer.resume={run_dir}", "trainer.max_steps=8", cwd=tmp_path)
-    state = load_checkpoint(run_dir)
-    ranks = state["rng_ranks"]
+    ranks = (state := load_checkpoint(run_dir))["rng_ranks"]
     assert state["step"] == 8 and len(ranks) == 2 and not torch.equal(ranks[0]["torch"], ranks[1]["torch"])
 
 

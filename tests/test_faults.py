@@ -24,7 +24,6 @@ from tensorboard.compat.tensorflow_stub.io.gfile import LocalFileSystem
 from test_checkpoints import digest, nan_after, run_until
 from test_datasets import write_image
 from test_distributed import finish
-from test_run import unused_pid
 
 from gan.checkpoint import load_checkpoint
 from gan.data.stream import BatchStream
@@ -51,8 +50,7 @@ def test_dataloader_workers_outlive_a_stop_signal(sig):
     images = torch.randint(0, 256, (64, 1, 16, 16), dtype=torch.uint8)
     stream = BatchStream(images, batch_size=8, seed=0, device=torch.device("cpu"), num_workers=1)
     next(stream)  # the worker is up and ran its init
-    workers = multiprocessing.active_children()
-    assert workers
+    assert (workers := multiprocessing.active_children())
     for worker in workers:
         os.kill(worker.pid, sig)
     for _ in range(12):  # past prefetched batches and an epoch boundary
@@ -95,9 +93,7 @@ def test_an_infinite_learning_rate_stops_before_any_checkpoint(tmp_path):
     cfg = compose_config("optim.lr=1e39", "optim.lr_d=2e-4", "trainer.checkpoint_every=1")
     with pytest.raises(NonFiniteWeightsError) as caught:
         train(cfg, tmp_path)
-    message = str(caught.value)
-    assert "Non-finite weights at step 1: G in" in message and "net.0.weight" in message
-    assert "this run had written none yet" in message
+    assert all(part in str(caught.value) for part in ("at step 1: G in", "net.0.weight", "had written none yet"))
     assert not (tmp_path / "checkpoints" / "last.pt").exists()
 
 
@@ -142,25 +138,11 @@ def test_evaluate_refuses_a_generator_with_non_finite_weights(tmp_path, tiny_run
         if tensor.is_floating_point():
             tensor.fill_(float("nan"))
     torch.save(state, checkpoint)
-    result = conftest.run_evaluate(
-        "device=cpu", "threads=1", f"checkpoint={checkpoint}", f"hydra.run.dir={tmp_path / 'eval'}"
-    )
+    result = conftest.run_evaluate("device=cpu", "threads=1", f"checkpoint={checkpoint}", f"hydra.run.dir={tmp_path}/e")
     output = output_of(result)
     assert result.returncode == 2, output[-3000:]
     assert f"The EMA generator in {checkpoint} holds NaN or inf" in output and "net.0.weight" in output
-    assert "Traceback" not in output and not (tmp_path / "eval" / "metrics.json").exists()
-
-
-def test_a_resume_removes_the_temp_file_a_killed_run_left(tmp_path, tiny_run):
-    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
-    folder = run_dir / "checkpoints"
-    dead, live = folder / f".last.pt.{unused_pid()}.tmp", folder / f".last.pt.{os.getppid()}.tmp"  # a live process
-    dead.write_bytes(b"\0" * 1000)
-    live.write_bytes(b"\0" * 1000)
-    result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=7", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert not dead.exists() and live.exists()
-    assert f"Removed {dead}" in output_of(result)
+    assert "Traceback" not in output and not (tmp_path / "e" / "metrics.json").exists()
 
 
 @pytest.mark.parametrize("program", ["train.py", "evaluate.py"])
@@ -219,8 +201,7 @@ def test_a_nan_at_step_one_claims_no_checkpoint_that_does_not_exist(tmp_path, mo
 def test_the_non_finite_loss_message_names_the_checkpoint_step_and_both_rates(tmp_path):
     cfg = compose_config("trainer.max_steps=2", "optim.lr_d=0.0004", "loss=hinge")
     train(cfg, tmp_path)  # a real run writes checkpoints/last.pt at step 2
-    last = tmp_path / "checkpoints" / "last.pt"
-    watch = NonFiniteWatch(torch.device("cpu"), last, cfg)
+    watch = NonFiniteWatch(torch.device("cpu"), last := tmp_path / "checkpoints" / "last.pt", cfg)
     watch.update(3, torch.tensor(0.7), torch.tensor(math.nan))
     with pytest.raises(NonFiniteLossError) as caught:
         watch.check()

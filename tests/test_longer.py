@@ -47,21 +47,16 @@ def test_best_pt_holds_the_generator_of_the_lowest_fid_and_is_what_evaluate_read
     common = ("trainer.eval_every=2", "trainer.checkpoint_every=2", "trainer.keep_checkpoints=3")
     result = train(compose_config(*common), tmp_path)
     best = load_checkpoint(tmp_path / "checkpoints" / "best.pt")
-    assert best["kind"] == "best" and best["step"] == 4
-    assert best["metrics"][loop.FID_TAG] == 4.0
+    assert best["kind"] == "best" and best["step"] == 4 and best["metrics"][loop.FID_TAG] == 4.0
     assert result.best == {"fid": 4.0, "step": 4}
     # the weights are the step-4 ones: those of the numbered checkpoint written at step 4
-    at_4 = load_checkpoint(tmp_path / "checkpoints" / "step_000004.pt")
-    for key, value in at_4["G_ema"].items():
-        assert torch.equal(best["G_ema"][key], value), key
-    last = load_checkpoint(tmp_path)["G_ema"]
-    assert any(not torch.equal(best["G_ema"][key], value) for key, value in last.items())  # not step 6's
-    # last.pt records it, so a resume knows what to beat
-    assert load_checkpoint(tmp_path)["best"] == {"fid": 4.0, "step": 4}
+    at_4, last = load_checkpoint(tmp_path / "checkpoints" / "step_000004.pt"), load_checkpoint(tmp_path)
+    assert all(torch.equal(best["G_ema"][key], value) for key, value in at_4["G_ema"].items())
+    assert any(not torch.equal(best["G_ema"][key], value) for key, value in last["G_ema"].items())  # not step 6's
+    assert last["best"] == {"fid": 4.0, "step": 4}  # last.pt records it, so a resume knows what to beat
     cfg = EvaluateConfig(checkpoint=str(tmp_path / "checkpoints" / "best.pt"), bn_batches=1, batch_size=8)
     G, about = prepare_generator(best, cfg, torch.device("cpu"))
-    assert about["step"] == 4 and about["generator"].startswith("EMA")
-    assert G(torch.randn(2, G.z_dim)).shape[-1] == 16
+    assert about["step"] == 4 and about["generator"].startswith("EMA") and G(torch.randn(2, G.z_dim)).shape[-1] == 16
     with pytest.raises(CheckpointError, match="is a best.pt: G alone.* Resume from the run's last.pt"):
         require_training_state(best, cfg.checkpoint)  # no D nor optimizers: trainer.resume refuses it
     scripted(monkeypatch, [7.0, 2.0])  # resumed: step 8 is worse (kept out), step 10 better (kept)
@@ -82,7 +77,7 @@ def test_the_final_log_line_names_last_and_best(tmp_path, monkeypatch):
     assert result.returncode == 0, result.stderr[-2000:]
     output = output_of(result)
     done = [line for line in output.splitlines() if "Done:" in line][-1]
-    assert "last.pt" in done and "best.pt" in done and "in-training FID" in done
+    assert all(word in done for word in ("last.pt", "best.pt", "in-training FID"))
     assert "below evaluate.py's bar" in output  # the in-training FID uses it all the same, with a warning
     assert loop.BEST_FID_TAG in events_of(tmp_path / "run" / "tb").Tags()["scalars"]
     best = load_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt")  # a conditional run's quality, its best
@@ -97,18 +92,12 @@ def test_the_validation_images_come_from_the_training_split():
     rows = {bytes(image.numpy()) for image in training.images}
     assert all(bytes(image.numpy()) in rows for image in images)
     assert not any(torch.equal(image, other) for image in images[:10] for other in held_out.images)
-    again, _ = reference_subset(training, 50, seed=0)
-    assert torch.equal(images, again)  # the same images at every measurement of a run
-
-
-def watch(window: int = 100, log_every: int = 10) -> tuple[loop.DWonWatch, list[int]]:
-    alarms: list[int] = []
-    return loop.DWonWatch(window, log_every, lambda step, _: alarms.append(step)), alarms
+    assert torch.equal(images, reference_subset(training, 50, seed=0)[0])  # the same at every measurement of a run
 
 
 def test_the_alarm_needs_a_whole_window_of_dominance_and_warns_once_per_episode():
-    alarm, alarms = watch()
-    fake, rt = "loss/D(G(z))", loop.RT_TAG
+    alarms: list[int] = []
+    alarm, fake, rt = loop.DWonWatch(100, 10, lambda step, _: alarms.append(step)), "loss/D(G(z))", loop.RT_TAG
     for step in range(10, 100, 10):  # nine points: the window (ten) is not yet full, train/d_won is 0
         assert alarm.observe(step, {fake: 0.001, rt: 1.0}) == {loop.WON_TAG: 0.0}
     # the alarm's own tag at the step it fires, so its card reads that step (a healthy run never writes it)
@@ -121,6 +110,11 @@ def test_the_alarm_needs_a_whole_window_of_dominance_and_warns_once_per_episode(
     for step in range(230, 340, 10):
         alarm.observe(step, {fake: 0.001, rt: 1.0})
     assert alarms == [100, 310]  # nine of ten points at 0.001: the window's mean is 0.031
+    # a hinge D's scores are read through a sigmoid: a window of -4 (D(G(z)) 0.018) sets the alarm off too
+    scores = LOSSES["hinge"].scores(torch.tensor([3.0, 5.0]), torch.tensor([-4.0, -4.0]))
+    assert float(scores["d/fake"]) == pytest.approx(float(torch.sigmoid(torch.tensor(-4.0))))
+    assert float(scores["d/fake"]) < loop.FAKE_BELOW
+    assert float(scores["d/fake_score"]) == -4.0 and float(scores["d/real_score"]) == 4.0
 
 
 @pytest.mark.parametrize(
@@ -134,19 +128,12 @@ def test_the_alarm_needs_a_whole_window_of_dominance_and_warns_once_per_episode(
     ],
 )
 def test_the_alarm_needs_both_signs_of_dominance_over_the_window(fakes, rt, won):
-    alarm, alarms = watch()
+    alarms: list[int] = []
+    alarm = loop.DWonWatch(100, 10, lambda step, _: alarms.append(step))
     for i, fake in enumerate(fakes):
         result = alarm.observe(10 * (i + 1), {"loss/D(G(z))": fake, loop.RT_TAG: rt})
     assert result == {loop.WON_TAG: float(won), **({loop.ALARM_TAG: 1.0} if won else {})}
     assert alarms == ([100] if won else [])
-
-
-def test_hinge_scores_are_read_through_a_sigmoid():
-    real, fake = torch.tensor([3.0, 5.0]), torch.tensor([-4.0, -4.0])
-    scores = LOSSES["hinge"].scores(real, fake)
-    assert float(scores["d/fake"]) == pytest.approx(float(torch.sigmoid(torch.tensor(-4.0))))  # 0.018
-    assert float(scores["d/fake_score"]) == -4.0 and float(scores["d/real_score"]) == 4.0
-    assert float(scores["d/fake"]) < loop.FAKE_BELOW  # a window of such D(G(z)) sets the alarm off (the table above)
 
 
 # G all but frozen, D fast: the tiny run's D wins at step 32 and keeps winning (past step 100)
@@ -158,8 +145,7 @@ def test_a_d_that_wins_sets_off_the_alarm_marks_tensorboard_and_on_d_won_stop_en
     result = run_train(f"hydra.run.dir={tmp_path}", "trainer.max_steps=400", "trainer.on_d_won=stop", *FORCED)
     output = output_of(result)
     assert result.returncode == 4, output[-2000:]
-    step = load_checkpoint(tmp_path)["step"]
-    assert step < 400 and f"Stopped at step {step}" in output
+    assert (step := load_checkpoint(tmp_path)["step"]) < 400 and f"Stopped at step {step}" in output
     assert len([line for line in output.splitlines() if "[WARNING] - D has won at step" in line]) == 1
     events = events_of(tmp_path / "tb")
     won = [event.value for event in events.Scalars(loop.WON_TAG)]
@@ -171,10 +157,14 @@ def test_a_d_that_wins_sets_off_the_alarm_marks_tensorboard_and_on_d_won_stop_en
     assert tb_group_order(events.Tags()["scalars"])[:2] == ["alarm", "loss"]
 
 
-def test_a_healthy_tiny_run_does_not_set_off_the_alarm(tmp_path, caplog):
+def test_a_healthy_tiny_run_does_not_set_off_the_alarm_and_a_window_it_cannot_read_is_refused(tmp_path, caplog):
     windows = ("trainer.log_every=2", "trainer.d_won_window=10", "trainer.sample_every=1000")
     assert train(compose_config("trainer.max_steps=100", *windows), tmp_path).step == 100
     assert "D has won" not in caplog.text
+    # log points sparser than the window leave the alarm nothing to read, unless it is off
+    assert compose_config("trainer.on_d_won=off", "trainer.log_every=50", "trainer.d_won_window=10").trainer
+    with pytest.raises(ConfigError, match=r"of the window \(or trainer.on_d_won=off\)"):
+        compose_config("trainer.log_every=50", "trainer.d_won_window=10")
 
 
 def test_ada_p_rises_while_d_is_sure_of_the_reals_and_falls_when_it_is_not():
@@ -189,8 +179,7 @@ def test_ada_p_rises_while_d_is_sure_of_the_reals_and_falls_when_it_is_not():
     for _ in range(8):
         ada.observe(torch.tensor(0.0))
     assert math.isclose(float(ada.p), 1.0 - 2 * step) and ada.p_now == float(ada.p)  # read once per move
-    x = torch.randn(4, 1, 8, 8)
-    assert not torch.equal(ada(x), x)
+    assert not torch.equal(ada(x := torch.randn(4, 1, 8, 8)), x)
     for _ in range(8):
         ada.observe(torch.tensor(0.0))
     assert float(ada.p) == 0 and ada(x) is x  # back at 0: the images themselves, whatever the device
@@ -203,8 +192,7 @@ def test_ada_at_p_0_is_the_identity_and_at_p_1_is_diffaugment_drawing_from_its_o
     assert ada(x) is x  # p = 0: the images themselves, no copy, no draw
     assert torch.equal(ada.generator.get_state(), own) and torch.equal(torch.get_rng_state(), main)
     ada.set_p(0.5)
-    assert not torch.equal(ada(x), x)
-    assert not torch.equal(ada.generator.get_state(), own)  # its own stream moved ...
+    assert not torch.equal(ada(x), x) and not torch.equal(ada.generator.get_state(), own)  # its own stream moved ...
     assert torch.equal(torch.get_rng_state(), main)  # ... and torch's global one did not
     ada.set_p(1.0)
     # the same draws: diff_augment's, interleaved with ADA's gate draws, which at p = 1 always pass
@@ -280,10 +268,3 @@ def test_a_stored_config_without_a_setting_is_damaged(tmp_path):
     del config["model"]["spectral_norm"]
     with pytest.raises(CheckpointError, match="is damaged: it has no model.spectral_norm"):
         stored_config(config, tmp_path / "last.pt")
-
-
-def test_a_window_the_alarm_never_reads_is_no_error():
-    # log points sparser than the window leave the alarm nothing to read, unless it is off
-    assert compose_config("trainer.on_d_won=off", "trainer.log_every=50", "trainer.d_won_window=10").trainer
-    with pytest.raises(ConfigError, match=r"of the window \(or trainer.on_d_won=off\)"):
-        compose_config("trainer.log_every=50", "trainer.d_won_window=10")

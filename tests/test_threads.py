@@ -18,13 +18,6 @@ from gan.training import threads as T
 from gan.training.threads import ThreadGovernor, thread_governor, threads_for
 
 
-def test_a_cpu_counts_as_taken_from_half_busy_and_one_thread_is_always_left():
-    assert [threads_for(2, 2, busy) for busy in (0.0, 0.4, 0.6, 1.4, 1.6, 5.0)] == [2, 2, 1, 1, 1, 1]
-    assert [threads_for(8, 8, busy) for busy in (0.0, 2.5, 3.4, 7.9)] == [8, 5, 5, 1]
-    # 2 threads of 4 CPUs (OMP_NUM_THREADS=2, or one of two torchrun ranks): free CPUs to spare
-    assert [threads_for(2, 4, busy) for busy in (0.0, 2.0, 2.6, 3.6)] == [2, 2, 1, 1]
-
-
 class Machine:
     """A fake clock and CPU counters: `others` and `ours` are the cores each keeps busy from now on."""
 
@@ -41,6 +34,11 @@ class Machine:
 
 
 def test_threads_step_down_while_others_are_busy_and_back_when_they_leave(monkeypatch):
+    # a CPU counts as taken from half busy, and one thread is always left
+    assert [threads_for(2, 2, busy) for busy in (0.0, 0.4, 0.6, 1.4, 1.6, 5.0)] == [2, 2, 1, 1, 1, 1]
+    assert [threads_for(8, 8, busy) for busy in (0.0, 2.5, 3.4, 7.9)] == [8, 5, 5, 1]
+    # 2 threads of 4 CPUs (OMP_NUM_THREADS=2, or one of two torchrun ranks): free CPUs to spare
+    assert [threads_for(2, 4, busy) for busy in (0.0, 2.0, 2.6, 3.6)] == [2, 2, 1, 1]
     machine, reads, governor = Machine(), [], ThreadGovernor(2, 2)
     monkeypatch.setattr(T.torch, "set_num_threads", machine.calls.append)  # record, leave this process alone
     governor.clock, governor.own = lambda: machine.t, lambda: machine.own
@@ -112,8 +110,7 @@ def test_the_thread_count_is_drawn_at_every_log_point_with_its_change(tmp_path, 
     monkeypatch.setattr(T.torch, "set_num_threads", calls.append)
 
     def clock() -> float:  # every poll is a new window in which others kept 1.5 cores busy
-        tick["t"] += 1.0
-        tick["busy"] += 1.5
+        tick["t"], tick["busy"] = tick["t"] + 1.0, tick["busy"] + 1.5
         return tick["t"]
 
     governor = ThreadGovernor(2, 2)  # made whatever this machine's thread count

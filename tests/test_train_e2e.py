@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import subprocess
 import sys
 import time
 import urllib.parse
 import urllib.request
+from unittest.mock import Mock
 
 import pytest
 import torch
 from conftest import compose_config, in_process, output_of, run_train
 from PIL import Image
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_run import unused_pid
+from test_watching import TensorBoardClient, events_of
 
 import train as train_py
 from gan.checkpoint import load_checkpoint
@@ -33,10 +37,8 @@ EXPECTED_SCALARS = LOSS_TAGS | TRAIN_TAGS | GRAD_NORMS | {"train/lr_d", "time/im
 def test_checkpoint_is_a_plain_dict_loadable_weights_only(tiny_run):
     state = torch.load(tiny_run / "checkpoints" / "last.pt", weights_only=True)
     assert {"G", "D", "opt_g", "opt_d", "step", "config", "fixed_z", "rng", "data"} <= set(state)
-    assert state["step"] == 6
+    assert state["step"] == 6 and state["fixed_z"].shape == (16, 16) and state["config"]["data"]["image_size"] == 16
     assert state["config"]["loss"]["name"] == "bce"  # plain containers, enums as strings
-    assert state["config"]["data"]["image_size"] == 16
-    assert state["fixed_z"].shape == (16, 16)
     # and the rest of the run's folder: its record, events, sample grids and their animation
     assert (tiny_run / ".hydra" / "config.yaml").is_file()
     assert list((tiny_run / "tb").glob("events.out.tfevents.*"))
@@ -62,10 +64,8 @@ def test_tensorboard_server_serves_the_run_scalars(tiny_run):
     try:
         deadline, runs = time.monotonic() + 90, []
         while time.monotonic() < deadline and "tb" not in runs:
-            try:
+            with contextlib.suppress(OSError):  # not up yet
                 runs = json.load(urllib.request.urlopen(f"{base}/data/runs", timeout=5))
-            except OSError:
-                pass
             time.sleep(0.5)
         assert "tb" in runs, runs
         query = urllib.parse.urlencode({"run": "tb", "tag": "loss/d"})
@@ -91,10 +91,7 @@ FINAL_EVAL_STOPS = {  # what the final evaluation raises -> exit code, what trai
 
 @pytest.mark.parametrize("stop, code, says", FINAL_EVAL_STOPS.values(), ids=FINAL_EVAL_STOPS.keys())
 def test_a_final_evaluation_stopped_says_how_to_measure_the_saved_run(tmp_path, monkeypatch, stop, code, says):
-    def evaluate(*args: object, **kwargs: object) -> dict:
-        raise stop
-
-    monkeypatch.setattr("gan.training.loop.evaluate", evaluate)  # what final_evaluation measures with
+    monkeypatch.setattr("gan.training.loop.evaluate", Mock(side_effect=stop))  # what final_evaluation measures with
     argv = ["debug=tiny", "trainer.final_eval_samples=100", f"hydra.run.dir={tmp_path / 'run'}"]
     result = in_process(train_py.main, argv, tmp_path)
     output = output_of(result)
@@ -103,20 +100,30 @@ def test_a_final_evaluation_stopped_says_how_to_measure_the_saved_run(tmp_path, 
     assert (tmp_path / "run" / "checkpoints" / "last.pt").is_file()
 
 
-def test_a_damaged_old_grid_is_left_out_of_the_animation_and_the_resume_goes_on(tiny_run, tmp_path):
+def test_a_resume_removes_dead_temp_files_leaves_a_damaged_grid_out_and_adds_its_command(tiny_run, tmp_path):
     run_dir = shutil.copytree(tiny_run, tmp_path / "run")
-    damaged = run_dir / "samples" / "step_000003.png"
+    damaged, folder = run_dir / "samples" / "step_000003.png", run_dir / "checkpoints"
     damaged.write_bytes(b"not a png any more")
+    dead, live = folder / f".last.pt.{unused_pid()}.tmp", folder / f".last.pt.{os.getppid()}.tmp"  # a live process
+    for temp in (dead, live):  # a killed write leaves nothing behind
+        temp.write_bytes(b"\0" * 1000)
     result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=9", cwd=tmp_path)
     output = output_of(result)
     assert result.returncode == 0, output[-3000:]
+    assert not dead.exists() and live.exists() and f"Removed {dead}" in output
     assert load_checkpoint(run_dir)["step"] == 9 and not (tmp_path / "outputs").exists()  # in place: no new run dir
-    events = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0}).Reload()
+    events = events_of(run_dir / "tb")
     assert [e.step for e in events.Scalars("loss/d")] == [2, 4, 6, 8, 9]  # the same events go on, the last step too
     assert f"Left {damaged} out of progress.gif: it cannot be read as an image" in output
     assert damaged.read_bytes() == b"not a png any more"  # a grid of a step past the checkpoint is never rewritten
     with Image.open(run_dir / "samples" / "progress.gif") as gif:
         assert gif.n_frames == 2  # steps 6 and 9
+    # its own command at the step it resumed from; TensorBoard reads event files in name order, which within one
+    # second compares their counters as text
+    entries = TensorBoardClient(run_dir).get("/data/plugin/text/text?run=tb&tag=run/command")
+    entries.sort(key=lambda entry: entry["step"])
+    assert [entry["step"] for entry in entries] == [0, 6]
+    assert "trainer.max_steps=9" in entries[1]["text"] and "trainer.max_steps=9" not in entries[0]["text"]
 
 
 @pytest.mark.parametrize("written", [False, True])

@@ -71,8 +71,8 @@ def test_each_precision_and_tool_trains(tmp_path, overrides, monkeypatch):
     # D's probabilities under every loss on one [0, 1] axis; raw scores, a loss's terms and D_G_z2 under train/
     assert sorted(key for key in metrics if key.startswith("loss/")) == sorted(LOSS_CHARTS)
     assert all(0 <= metrics[tag] <= 1 for tag in ("loss/D(x)", "loss/D(G(z))"))
-    assert ("train/D(x)_score" in metrics) == (cfg.loss.name != "bce") == ("train/D(G(z))_score" in metrics)
     assert "train/D(G(z))_after_d_step" in metrics
+    assert ("train/D(x)_score" in metrics) == (cfg.loss.name != "bce") == ("train/D(G(z))_score" in metrics)
     assert not [key for key in metrics if key.startswith(("d/", "grad_norm/", "perf/"))]
     grid = RAW_FAKE_TAG if "model.ema_decay=0" in overrides else FAKE_TAG  # without an EMA: G's own grid
     assert set(events_of(tmp_path / "tb").Tags()["images"]) == {REAL_TAG, grid}
@@ -120,10 +120,10 @@ def test_a_tool_setting_out_of_range_is_refused_naming_it(override, message):
 
 
 def test_auto_precision_follows_the_hardware(monkeypatch):
-    monkeypatch.setattr(gan.training.state, "cpu_has_fast_bf16", lambda: True)
-    assert resolve_precision(Precision.auto, CPU) == Precision.bf16
-    monkeypatch.setattr(gan.training.state, "cpu_has_fast_bf16", lambda: False)
-    assert resolve_precision(Precision.auto, CPU) == Precision.fp32
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    for fast, expected in ((True, Precision.bf16), (False, Precision.fp32)):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda fast=fast: fast, raising=False)
+        assert resolve_precision(Precision.auto, CPU) == expected
     assert resolve_precision(Precision.fp16, CPU) == Precision.fp16
 
 
@@ -153,14 +153,12 @@ def test_compiled_networks_match_eager(device, tolerance, grad_tolerance):
     G, D = Generator(16, 8, 1, 16).to(device), Discriminator(8, 1, 16).to(device)
     eager_G, eager_D = copy.deepcopy(G), copy.deepcopy(D)
     gan.training.state.compile_models(G, D)
-    z = torch.randn(8, 16, device=device)
-    images, eager_images = G(z), eager_G(z)
+    images, eager_images = G(z := torch.randn(8, 16, device=device)), eager_G(z)
     (logits, features), eager = D(images, with_features=True), eager_D(eager_images, with_features=True)
     for ours, theirs in zip((images, logits, features), (eager_images, *eager)):
         torch.testing.assert_close(ours, theirs, rtol=tolerance[0], atol=tolerance[1])
     assert G.state_dict().keys() == eager_G.state_dict().keys()  # checkpoints stay interchangeable
-    logits.sum().backward()
-    eager[0].sum().backward()
+    (logits.sum() + eager[0].sum()).backward()
     for a, b in zip(G.parameters(), eager_G.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=grad_tolerance[0], atol=grad_tolerance[1])
 
@@ -169,9 +167,8 @@ def test_compiled_on_a_gpu_the_models_stay_in_contiguous_memory():
     # channels_last G compiled on an H200 (torch 2.11) failed its first backward: inductor's stand-in for
     # convolution_backward predicts strides cuDNN does not return (pytorch/pytorch#171622). The CPU is not affected.
     layout, cuda, cpu = gan.training.state.memory_format, torch.device("cuda"), torch.device("cpu")
-    compiled = compose_config("trainer.compile=true")
+    compiled, nchw = compose_config("trainer.compile=true"), compose_config("trainer.channels_last=false")
     assert layout(compose_config(), cuda) == layout(compiled, cpu) == torch.channels_last
-    nchw = compose_config("trainer.channels_last=false")
     assert layout(compiled, cuda) == layout(nchw, cpu) == torch.contiguous_format
 
 
@@ -223,7 +220,7 @@ def test_bench_measures_each_row_in_a_fresh_process():
     assert (default.d_batchnorm, default.spectral_norm) == (ModelConfig().d_batchnorm, ModelConfig().spectral_norm)
 
 
-def test_bench_counts_each_loops_own_flops_the_frozen_d_saves_its_weight_gradients():
+def test_bench_counts_each_loops_own_flops_and_bench_parts_the_convolutions_alone():
     """bench.py's GFLOP/step: the canonical step's work less D's weight gradients in the G step (D frozen)."""
     size, channels, batch, z_dim, width = 32, 1, 4, 8, 8
     cfg = project_config(size, channels, batch, z_dim, width, 1, Precision.fp32)  # DCGAN's D, as canonical's
@@ -234,15 +231,11 @@ def test_bench_counts_each_loops_own_flops_the_frozen_d_saves_its_weight_gradien
     with FlopCounterMode(display=False) as both:
         D(images.requires_grad_()).sum().backward()
     with FlopCounterMode(display=False) as input_only:
-        D.requires_grad_(False)
-        D(images).sum().backward()
+        D.requires_grad_(False)(images).sum().backward()
     assert canonical - project == both.get_total_flops() - input_only.get_total_flops() > 0
-
-
-def test_bench_parts_conv_share_counts_convolutions_alone():
-    images, kernel = torch.randn(8, 3, 32, 32), torch.randn(16, 3, 3, 3)
-    assert conv_share(lambda: torch.nn.functional.conv2d(images, kernel), 3) > 0.5
-    assert conv_share(lambda: (images * 2).sum(), 3) == 0
+    rgb, kernel = torch.randn(8, 3, 32, 32), torch.randn(16, 3, 3, 3)  # bench_parts.py's share of convolutions
+    assert conv_share(lambda: torch.nn.functional.conv2d(rgb, kernel), 3) > 0.5
+    assert conv_share(lambda: (rgb * 2).sum(), 3) == 0
 
 
 def test_a_final_evaluation_that_cannot_pass_is_refused_before_training(tmp_path, monkeypatch):
@@ -269,8 +262,7 @@ HELD_OUT_RUNS = [
 def test_a_run_that_measures_on_the_held_out_split_stops_on_damaged_test_labels(
     tmp_path, damage, measuring, code, expected
 ):
-    labels = damaged_mnist(tmp_path / "data", damage)
-    run_dir = tmp_path / "run"
+    labels, run_dir = damaged_mnist(tmp_path / "data", damage), tmp_path / "run"
     result = run_train("data=mnist", f"data.root={tmp_path / 'data'}", *measuring, f"hydra.run.dir={run_dir}")
     output = output_of(result)
     assert result.returncode == code and "Traceback" not in output, output[-3000:]

@@ -3,23 +3,21 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import os
-import re
 import signal
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from torch import Tensor, nn
 from torch.nn.utils import get_total_norm
-from tqdm import tqdm
 
 from gan.checkpoint import load_checkpoint, nonfinite
-from gan.errors import CheckpointError, ConfigError
+from gan.errors import CheckpointError
 
 if TYPE_CHECKING:
     from gan.config import TrainConfig
@@ -53,35 +51,25 @@ class NonFiniteWatch:
     def check(self, skipping: bool = False) -> None:
         if skipping or (step := int(self.first_step)) < 0:
             return
-        loss_d, loss_g = self.losses.tolist()
-        optim = self.cfg.optim
+        (loss_d, loss_g), optim = self.losses.tolist(), self.cfg.optim
         rates = f"Lower optim.lr (set to {optim.lr:g}: the step size of G and D)"
         if optim.lr_d is not None:
             rates = f"Lower optim.lr (set to {optim.lr:g}: G's step size) or optim.lr_d (set to {optim.lr_d:g}: D's)"
         hinge = "" if self.cfg.loss.name == "hinge" else ", try loss=hinge"
         raise NonFiniteLossError(
-            f"Non-finite loss at step {step}: loss/d={loss_d}, loss/g={loss_g}. Training stopped without writing a "
-            f"checkpoint from these weights; {_kept(self.checkpoint)} {rates}{hinge}, or set trainer.on_nan=skip to "
-            "drop such steps."
+            f"Non-finite loss at step {step}: loss/d={loss_d}, loss/g={loss_g}. No checkpoint was written from these "
+            f"weights; {_kept(self.checkpoint)} {rates}{hinge}, or set trainer.on_nan=skip to drop such steps."
         )
-
-
-_PARTS = ("G", "D", "G_ema", "opt_g", "opt_d")  # the networks, and the optimizers opt_g and opt_d
 
 
 def check_finite_state(state: TrainingState, kept: Path) -> None:
     """A finite loss can still leave inf in weights or Adam's moments (a huge gradient squared)."""
-    parts = {name: getattr(state, name) for name in _PARTS if getattr(state, name) is not None}
+    parts = {name: getattr(state, name) for name in ("G", "D", "G_ema", "opt_g", "opt_d") if getattr(state, name)}
     modules = {name: part for name, part in parts.items() if isinstance(part, nn.Module)}
     names = {id(p): f"{name}.{key}" for name, module in modules.items() for key, p in module.named_parameters()}
     named = [((name, key), t) for name, module in modules.items() for key, t in module.state_dict().items()]
-    named += [  # an optimizer's 'exp_avg_sq of D.net.3.weight'
-        ((name, f"{slot} of {names.get(id(p), 'a parameter')}"), value)
-        for name, opt in parts.items()
-        if name not in modules
-        for p, slots in opt.state.items()
-        for slot, value in slots.items()
-    ]
+    moments = [(n, p, k, v) for n in ("opt_g", "opt_d") for p, m in parts[n].state.items() for k, v in m.items()]
+    named += [((n, f"{k} of {names.get(id(p), 'a parameter')}"), v) for n, p, k, v in moments]  # 'exp_avg of D.x'
     bad, _ = nonfinite(named)  # one host sync while all is finite
     found = []
     for name in parts:
@@ -98,9 +86,9 @@ def check_finite_state(state: TrainingState, kept: Path) -> None:
             )  # fmt: skip
         return
     raise NonFiniteWeightsError(
-        f"Non-finite weights at step {state.step}: {'; '.join(found)}. Training stopped without writing a checkpoint; "
-        f"{_kept(kept)} trainer.on_nan=skip cannot help (the weights are non-finite, not only a step's loss). Lower "
-        "optim.lr or optim.lr_d (a resume may change them), or try loss=hinge."
+        f"Non-finite weights at step {state.step}: {'; '.join(found)}. No checkpoint was written; {_kept(kept)} "
+        "trainer.on_nan=skip cannot help (the weights are non-finite, not only a step's loss). Lower optim.lr or "
+        "optim.lr_d (a resume may change them), or try loss=hinge."
     )
 
 
@@ -120,37 +108,9 @@ def _kept(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def explain_allocation_failure(cfg: TrainConfig) -> Iterator[None]:
-    try:
-        yield
-    except RuntimeError as err:  # torch.OutOfMemoryError (CUDA, MPS) is one; the CPU allocator's is not
-        text = str(err)
-        if not isinstance(err, torch.OutOfMemoryError) and "can't allocate memory" not in text:
-            raise
-        amount = ""
-        if asked := re.search(r"allocate ((\d+) bytes|[\d.]+ [KMGTPE]?i?B)", text, re.IGNORECASE):
-            size = f" = {tqdm.format_sizeof(int(asked[2]), 'B', 1000)}" if asked[2] else ""  # the CPU's count of bytes
-            amount = f" (it asked for {asked[1]}{size})"
-        data, model = cfg.data, cfg.model
-        raise ConfigError(
-            f"Not enough memory to build the models and the fixed latents{amount}: lower model.g_width={model.g_width},"
-            f" model.d_width={model.d_width}, data.image_size={data.image_size}, data.batch_size={data.batch_size} or "
-            f"trainer.num_fixed_samples={cfg.trainer.num_fixed_samples}."
-        ) from err
-
-
-@dataclasses.dataclass
-class StopFlag:
-    reason: Optional[str] = None  # the signal's name, or "d_won"
-
-
-@contextlib.contextmanager
-def stop_on_signals() -> Iterator[StopFlag]:
+def stop_on_signals() -> Iterator[SimpleNamespace]:
     """A flag instead of death, so the loop can checkpoint; a second SIGINT interrupts at once."""
-    flag = StopFlag()
-    if threading.current_thread() is not threading.main_thread():
-        yield flag
-        return
+    flag = SimpleNamespace(reason=None)  # the signal's name, or "d_won"
 
     def handler(signum: int, frame: Any) -> None:
         if flag.reason in ("SIGINT", "SIGTERM") and signum == signal.SIGINT:  # a second signal
@@ -164,6 +124,8 @@ def stop_on_signals() -> Iterator[StopFlag]:
     if "SUBMITIT_EXECUTOR" not in os.environ or not usable or not callable(signal.getsignal(handed_on)):
         handed_on = None
     signals = (signal.SIGINT, signal.SIGTERM, *([handed_on] if handed_on else []))
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        signals = ()
     previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
         yield flag

@@ -11,6 +11,7 @@ import os
 import re
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 import torch
@@ -30,17 +31,8 @@ from gan.evaluation import metrics as M
 from gan.evaluation.pipeline import Reals, class_metrics, classifier_data, evaluate, generate, reference_subset
 from gan.launch import measure_command, override_key, resume_command
 from gan.run import Run
-from gan.training.faults import NonFiniteWatch, StopFlag, check_finite_state, stop_on_signals
-from gan.training.monitor import (
-    FAKE_TAG,
-    RAW_FAKE_TAG,
-    Monitor,
-    grid_of,
-    note_short_curve,
-    real_grid,
-    shown_name,
-    write_progress_gif,
-)
+from gan.training.faults import NonFiniteWatch, check_finite_state, stop_on_signals
+from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, Monitor, grid_of, shown_name, write_progress_gif
 from gan.training.state import TrainingState, rng_state, set_learning_rates, set_up, wrap_for_ddp
 from gan.training.threads import thread_governor
 
@@ -77,23 +69,20 @@ def train(
 ) -> TrainResult:
     """Train (or resume) into run_dir; after_step(state) -> True stops as a signal would; on_ready() before writing."""
     cfg.check()  # here for every caller: train.py, gan.api, a config built in code
-    trainer, z_dim = cfg.trainer, cfg.model.z_dim
+    trainer, z_dim, run = cfg.trainer, cfg.model.z_dim, Run(run_dir)
     resuming = checkpoint_path(trainer.resume) if trainer.resume else None
-    run = Run(run_dir)
     with run.owned_for_training(resuming) if world.is_main else contextlib.nullcontext():  # rank 0's alone
         device, ctx, state, training = set_up(cfg, world, dataset)  # may refuse: nothing is written yet
         probes = build_probes(cfg, training, device, world, own_data=dataset is None)  # each may refuse
         if world.is_main:
             run.check_outputs()  # every place the run writes takes a file: nothing fails half-way for that
         G, D = wrap_for_ddp(state.G, state.D, world, device)
-        monitor = Monitor(run_dir, state.step, trainer.max_steps, trainer.progress, world.is_main, on_ready)
+        monitor = Monitor(run_dir, state.step, trainer.max_steps, trainer.progress, world, on_ready)
         if world.is_main and state.step == 0:  # HParams and the real images, once per run
-            monitor.begin(hparams_of(cfg) if hparams is None else hparams, real_grid(state, training.labels))
+            monitor.begin(hparams_of(cfg) if hparams is None else hparams, state, training.labels)
         monitor.describe(state.step, cfg, command, environment(device))
-        if world.is_main:
-            note_short_curve(trainer.eval_every, state.step, trainer.max_steps)
-        with monitor, stop_on_signals() as stop:
-            extras = periodic_extras(cfg, state, ctx, world, run, monitor, stop, probes)
+        with contextlib.closing(monitor), stop_on_signals() as stop:
+            extras = periodic_extras(cfg, state, ctx, monitor, stop, probes)
             while state.step < trainer.max_steps:
                 # fetch: a real batch (with its classes y when model.conditional, else y is None), and
                 # latents created on the device (not on the CPU, then moved); fakes drawn for the same y
@@ -104,8 +93,7 @@ def train(
 
                 # (1) D step, on fake.detach()
                 d_stats, real_features = d_step(D, state.opt_d, real, fake, ctx, y)
-                # (2) G step, with D frozen and unwrapped: DDP's reducer would wait for gradients a frozen D
-                # never makes. G's wrapper still averages G's gradients.
+                # (2) G step, D frozen and unwrapped: DDP's reducer would wait for gradients a frozen D never makes
                 g_stats = g_step(state.D, G, state.opt_g, fake, real_features, ctx, y)
                 ctx.scaler.update()  # once per iteration, after both optimizers stepped (fp16 only)
                 state.step += 1
@@ -114,8 +102,7 @@ def train(
                 if state.G_ema is not None and state.step % cfg.model.ema_every == 0:
                     state.G_ema.update_parameters(state.G)
 
-                # stop: at max_steps, a signal, the D-won alarm or the caller. Under DDP all ranks stop at
-                # the same step: one all-reduce per step (a host sync; the others: logging, on_nan=skip).
+                # stop: at max_steps, a signal, the D-won alarm or the caller; under DDP all ranks at once (a host sync)
                 asked = after_step is not None and after_step(state)
                 done = state.step == trainer.max_steps or any_rank(stop.reason is not None or asked, world, device)
 
@@ -125,7 +112,8 @@ def train(
                     break
             if state.best:  # the run's result, one point each, in the group TensorBoard opens first
                 monitor.numbers(state.step, {BEST_FID_TAG: state.best["fid"]})
-            monitor.end_session(state.step, finished=state.step == trainer.max_steps)
+            if state.step == trainer.max_steps:
+                monitor.end_session(state.step)
         return TrainResult(state.step, monitor.last, run.last, stop.reason, monitor.seconds, state.best)
 
 
@@ -157,30 +145,22 @@ class Extras:
 
 
 def periodic_extras(
-    cfg: TrainConfig,
-    state: TrainingState,
-    ctx: StepContext,
-    world: World,
-    run: Run,
-    monitor: Monitor,
-    stop: StopFlag,
-    probes: tuple[Optional[OverfitProbe], Optional[QualityProbe]],
-) -> Extras:
+    cfg: TrainConfig, state: TrainingState, ctx: StepContext, monitor: Monitor, stop: SimpleNamespace, probes: tuple
+) -> Extras:  # `stop`: stop_on_signals' flag; `probes`: build_probes'
     trainer, (overfit, quality), device = cfg.trainer, probes, state.fixed_z.device
+    run, world, main = monitor.run, monitor.world, monitor.enabled  # main: rank 0
     watch = NonFiniteWatch(device, run.last, cfg)  # NaN losses, read at log/checkpoint only
-    governor = thread_governor(trainer.adapt_threads, device)
+    governor = thread_governor(trainer.adapt_threads, device)  # None: a fixed count
 
     def raise_alarm(step: int, message: str) -> None:  # D has won (DWonWatch): warn, and stop if asked
         stopping = trainer.on_d_won == OnDWon.stop
         message += " Stopping here (trainer.on_d_won=stop)." if stopping else " trainer.on_d_won=stop ends it here."
         log.warning("%s", message)
         monitor.text(D_WON_TEXT_TAG, message, step)
-        if stopping:
-            stop.reason = stop.reason or "d_won"
+        stop.reason = stop.reason or ("d_won" if stopping else None)  # a signal's name first
 
-    alarm = None  # a critic's (wgan_gp) scores are no probability to read
-    if trainer.on_d_won != OnDWon.off and cfg.loss.name != LossName.wgan_gp:
-        alarm = DWonWatch(trainer.d_won_window, trainer.log_every, raise_alarm)
+    watching = trainer.on_d_won != OnDWon.off and cfg.loss.name != LossName.wgan_gp  # a critic's scores: no probability
+    alarm = DWonWatch(trainer.d_won_window, trainer.log_every, raise_alarm) if watching else None
 
     def log_scalars(tick: Tick) -> None:  # scalars leave the device here (float() waits for it)
         watch.check(ctx.skip_nonfinite)
@@ -194,8 +174,7 @@ def periodic_extras(
             monitor.numbers(tick.step, alarm.observe(tick.step, values), log_line=False)
 
     def measure_overfit(tick: Tick) -> None:
-        values = overfit.measure(state.D, ctx)
-        monitor.numbers(tick.step, {shown_name(tag): value for tag, value in values.items()})
+        monitor.numbers(tick.step, {shown_name(tag): value for tag, value in overfit.measure(state.D, ctx).items()})
 
     def measure_quality(tick: Tick) -> None:  # best.pt: G and G_ema at the best FID, for evaluate.py; no resume
         with monitor.timed("quality", tick.step):
@@ -213,11 +192,12 @@ def periodic_extras(
 
     def checkpoint(tick: Tick) -> None:  # never over the last good one with weights a NaN has reached
         rngs = gather_to_main(rng_state(device, state.augment), world)  # every rank's generators, for resume
-        if world.is_main:
+        if main:
             watch.check(ctx.skip_nonfinite)
             check_finite_state(state, run.last)
             with monitor.timed("checkpoint", tick.step):
-                write_checkpoint(state, cfg, run, rngs)
+                save_checkpoint(state.state_dict(cfg, rngs), run.last)
+                keep_numbered(run.last, state.step, trainer.keep_checkpoints)
 
     return Extras(
         [
@@ -227,12 +207,7 @@ def periodic_extras(
             Every("overfitting", trainer.overfit_every if overfit else 0, measure_overfit),
             Every("augment p", 1 if state.augment else 0, steer_augment),
             Every("log", trainer.log_every, log_scalars, at_end=True),
-            Every(
-                "sample",
-                trainer.sample_every if world.is_main else 0,
-                lambda _: write_samples(state, run, monitor),
-                True,
-            ),
+            Every("sample", trainer.sample_every if main else 0, lambda _: write_samples(state, monitor), True),
             Every("quality", trainer.eval_every if quality else 0, measure_quality, at_end=True),
             Every("checkpoint", trainer.checkpoint_every, checkpoint, at_end=True),
             Every("learning rate", 1, lambda tick: set_learning_rates(state, cfg)),  # the next step's
@@ -292,8 +267,7 @@ def measure_later(run_dir: Path) -> str:
     )
 
 
-def what_is_kept(run_dir: Path) -> str:
-    """What to run after a failed write."""
+def what_is_kept(run_dir: Path) -> str:  # what to run after a failed write
     last = Run(run_dir).last
     try:
         step = load_checkpoint(last)["step"]
@@ -308,9 +282,8 @@ def what_is_kept(run_dir: Path) -> str:
 def peer_lost(err: RuntimeError) -> Optional[str]:
     """The first sentence of gloo's or NCCL's report of a process that died mid-collective; else None."""
     text = str(err)
-    if not (isinstance(err, torch.distributed.DistError) or any(w in text for w in ("gloo", "NCCL", "by peer"))):
-        return None
-    return re.sub(r"^\[[^\]]*\] ", "", text.strip().splitlines()[0]).split(". ")[0]
+    if isinstance(err, torch.distributed.DistError) or any(word in text for word in ("gloo", "NCCL", "by peer")):
+        return re.sub(r"^\[[^\]]*\] ", "", text.strip().splitlines()[0]).split(". ")[0]
 
 
 PROBE_IMAGES = 512  # enough for a mean score to move by less than the gap it shows
@@ -352,8 +325,7 @@ def build_probes(
 
 
 class OverfitProbe:
-    # Is D memorising? Its scores on training and held-out reals drift apart well before FID turns worse (Karras et
-    # al. 2020, fig. 1). Training is untouched: D's buffers are put back and no random number is drawn.
+    # Is D memorising? Its scores on training and held-out reals part before FID worsens (Karras et al. 2020, fig. 1)
 
     def __init__(self, train: tuple[Tensor, Optional[Tensor]], held_out: tuple[Tensor, Optional[Tensor]], batch_size):
         self.train, self.held_out, self.batch_size = train, held_out, batch_size
@@ -363,14 +335,11 @@ class OverfitProbe:
         saved, means = [buffer.clone() for buffer in D.buffers()], []
         try:
             for images, labels in (self.train, self.held_out):
-                scores = []
-                for start in range(0, images.size(0), self.batch_size):
-                    part = slice(start, start + self.batch_size)
-                    y = labels[part] if labels is not None else None
-                    with ctx.autocast():
-                        scores.append(D(to_unit_range(images[part]), y).float())
+                ys = [None] * len(images) if labels is None else labels.split(self.batch_size)
+                with ctx.autocast():
+                    scores = [D(to_unit_range(x), y).float() for x, y in zip(images.split(self.batch_size), ys)]
                 means.append(float(torch.cat(scores).mean()))
-        finally:
+        finally:  # training untouched: D's buffers put back, and no random number was drawn
             for buffer, value in zip(D.buffers(), saved):
                 buffer.copy_(value)
         return {"d/score_train": means[0], "d/score_heldout": means[1], "d/heldout_gap": means[0] - means[1]}
@@ -393,18 +362,16 @@ class QualityProbe:
                 f"trainer.eval_every needs labelled data (its FID is in a classifier's features): data={data.name} has "
                 f"{training.num_classes} class. Set trainer.eval_every=0; evaluate.py metrics.features=inception."
             )
-        # against the training split: a pick of best.pt on the test split would flatter it. fork_rng keeps the
-        # training's random stream as it would be without the probe
+        # the training split: a pick of best.pt on the test split would flatter it; fork_rng: the run's stream untouched
         with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
             images, labels = reference_subset(training, samples, seed, "training split", "trainer.eval_samples")
             images, labels = images.cpu(), labels.cpu()  # the split may live on the training device
             self.reals = Reals(images, labels, stacked=M.is_stacked(training))
             self.config = EvaluateConfig(checkpoint="(training)", num_samples=samples, seed=seed, batch_size=500)
-            bar = self.config.metrics.classifier.min_accuracy
-            accept_any = dataclasses.replace(self.config.metrics.classifier, min_accuracy=0.0)
+            accept_any = dataclasses.replace(self.config.metrics.classifier, min_accuracy=0.0)  # warned below
             labelled = classifier_data(data, self.reals.stacked)
             self.classifier, accuracy, path = M.load_or_train_classifier(labelled, accept_any, device)
-        if accuracy < bar:
+        if accuracy < (bar := self.config.metrics.classifier.min_accuracy):
             log.warning(
                 f"The metrics classifier of data={data.name} reaches {100 * accuracy:.2f}% test accuracy, "
                 f"below evaluate.py's bar of {100 * bar:.0f}%: the in-training FID uses it all the same."
@@ -428,8 +395,9 @@ class QualityProbe:
         return {QUALITY_TAGS[key]: float(value) for key, value in results.items() if key in QUALITY_TAGS}
 
 
-def write_samples(state: TrainingState, run: Run, monitor: Monitor) -> None:
+def write_samples(state: TrainingState, monitor: Monitor) -> None:
     """This step's fixed-latent grid into samples/step_NNNNNN.png, samples/progress.gif and TensorBoard."""
+    run = monitor.run
     with monitor.timed("sample", state.step):
         grid = grid_of(sample(state.sampler, state.fixed_z, state.fixed_y), state)
         run.samples.mkdir(parents=True, exist_ok=True)
@@ -440,11 +408,6 @@ def write_samples(state: TrainingState, run: Run, monitor: Monitor) -> None:
             os.replace(partial, path)
         write_progress_gif(run.samples)
         monitor.image(FAKE_TAG if state.G_ema is not None else RAW_FAKE_TAG, grid, state.step)
-
-
-def write_checkpoint(state: TrainingState, cfg: TrainConfig, run: Run, rank_rngs: Optional[list[dict]] = None) -> None:
-    save_checkpoint(state.state_dict(cfg, rank_rngs), run.last)
-    keep_numbered(run.last, state.step, cfg.trainer.keep_checkpoints)
 
 
 # Every run reports these to HParams, defaults too; four leave FID/best on a 1400 px screen (docs/watching.md)

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Optional
 
-import numpy
 import torch
 import yaml
 from PIL import Image, ImageDraw, ImageFont
@@ -19,9 +18,9 @@ from tensorboard.compat.proto import summary_pb2
 from tensorboard.plugins.hparams.summary_v2 import hparams_pb
 from tensorboard.plugins.text.summary_v2 import text_pb
 from torch import Tensor
-from torch.utils.data import Dataset
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summaries
+from torchvision.transforms.functional import pil_to_tensor, to_pil_image
 from tqdm import tqdm
 
 from gan.config import TrainConfig, to_plain
@@ -29,80 +28,60 @@ from gan.core.sampling import image_grid
 from gan.data import BatchStream, to_unit_range
 from gan.errors import naming
 from gan.run import Run
+from gan.world import SINGLE
 
 if TYPE_CHECKING:
     from gan.training.state import TrainingState
 
 log = logging.getLogger(__name__)
 
-# D's probabilities under one name whatever the loss (losses.mean_scores), so runs of different losses share charts
-RENAMED = {
-    "d/real": "loss/D(x)",
-    "d/fake": "loss/D(G(z))",
-    "d/real_score": "train/D(x)_score",
-    "d/fake_score": "train/D(G(z))_score",
-    # D(G(z)) after D's update: pytorch/examples' D_G_z2, kept out of the `loss` group
-    "d/fake_after_d_step": "train/D(G(z))_after_d_step",
-    "d/fake_score_after_d_step": "train/D(G(z))_score_after_d_step",
-}
 REAL_TAG, FAKE_TAG, RAW_FAKE_TAG = "samples/real", "samples/fake (EMA G, fixed z)", "samples/fake (G, fixed z)"
 BAR_TAGS = {"d": "loss/d", "g": "loss/g", "D(x)": "loss/D(x)", "D(G(z))": "loss/D(G(z))"}  # beside the progress bar
 CONFIG_TEXT_TAG, COMMAND_TEXT_TAG, ENVIRONMENT_TEXT_TAG = "run/config", "run/command", "run/environment"
 GIF_FRAMES = 50  # at most this many grids in samples/progress.gif, spread evenly over the run
+SHORT_CURVE = 10  # quality/FID points under which the Scalars tab's smoothing misleads
 
 
 def _quiet_event_writer_thread(args: threading.ExceptHookArgs, default=threading.excepthook) -> None:
     # a failed write of TensorBoard's writer thread (a full disk) is raised again by the next write: no traceback
-    if type(args.thread).__name__ == "_AsyncWriterThread" and issubclass(args.exc_type, OSError):
-        return
-    default(args)
+    if not (type(args.thread).__name__ == "_AsyncWriterThread" and issubclass(args.exc_type, OSError)):
+        default(args)
 
 
 threading.excepthook = _quiet_event_writer_thread
 
 
 def shown_name(key: str) -> str:
-    """`d/real` -> `loss/D(x)`, `grad_norm/d` -> `train/grad_norm_d`; `loss/d` and `loss/g` keep theirs."""
-    if key in RENAMED:
-        return RENAMED[key]
+    """`d/real` -> `loss/D(x)`, `d/fake_score` -> `train/D(G(z))_score`, `grad_norm/d` -> `train/grad_norm_d`."""
+    # D's probabilities under one name whatever the loss, so runs share charts; scores, D_G_z2 (after D's step): train/
+    if named := re.fullmatch(r"d/(real|fake)(_.+)?", key):
+        judged = "D(x)" if named[1] == "real" else "D(G(z))"
+        return f"train/{judged}{named[2]}" if named[2] else f"loss/{judged}"
     group, _, name = key.partition("/")
     if group == "loss" and name not in ("d", "g"):  # a loss's terms (loss/d_r1, loss/g_fm): train/loss_d_r1
         return f"train/loss_{name}"
     return f"train/{group}_{name}" if group in ("grad_norm", "d") else key
 
 
-class Monitor(contextlib.AbstractContextManager):
-    # enabled=False (DDP ranks > 0): nothing is written, shown or logged. The events file is opened at the first
-    # write, after `before_write()`: a resume that fails before it writes anything leaves tb/ as it was.
-    def __init__(
-        self,
-        run_dir: Path,
-        start_step: int,
-        max_steps: int,
-        progress: bool = True,
-        enabled: bool = True,
-        before_write: Optional[Callable[[], None]] = None,
-    ):
-        self.enabled = enabled
-        self.last: dict[str, float] = {}  # TrainResult.metrics
-        self.tb, self.start_step, self.before_write = Run(run_dir).tb, start_step, before_write
+class Monitor:
+    # Rank 0's alone. The events file opens at the first write, after before_write(): a failed resume leaves tb/ as is
+    def __init__(self, run_dir: Path, start_step: int, max_steps: int, progress=True, world=SINGLE, before_write=None):
+        self.run, self.world, self.enabled, self.last = Run(run_dir), world, world.is_main, {}  # last: TrainResult's
+        self.tb, self.start_step = self.run.tb, start_step
+        self.before_write: Callable[[], None] = before_write or (lambda: None)
         self.writer: Optional[SummaryWriter] = None
         self.events = self.tb  # the events file once it is open: tensorboard's errors name none (or one in bytes)
         self.pending: list[tuple[summary_pb2.Summary, int]] = []  # written with the first event
-        off = not (progress and enabled)
+        off = not (progress and self.enabled)
         self.bar = tqdm(total=max_steps, initial=start_step, disable=off, dynamic_ncols=True, desc="train", unit="step")
         # throughput: images since the last log line over the loop's time, less the phases (`timed`)
         self.images_since, self.time_since = 0, time.perf_counter()
         self.first_step_done: Optional[float] = None
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     @contextlib.contextmanager
     def writing(self) -> Iterator[SummaryWriter]:
         if self.writer is None:  # the run's first write
-            if self.before_write is not None:
-                self.before_write()
+            self.before_write()
             # after a resume, hide the interrupted run's events past the checkpoint: one curve, not a doubled stretch
             purge_step = self.start_step + 1 if self.start_step else None
             with naming(self.tb):
@@ -114,25 +93,26 @@ class Monitor(contextlib.AbstractContextManager):
             self.pending = []
             yield self.writer
 
-    def begin(self, hparams: Mapping[str, float | str | bool | None], real: Tensor) -> None:  # a fresh run's, rank 0
-        # the plugin types each column from the values; None as "null", as on the command line
-        typed = {key: "null" if value is None else value for key, value in hparams.items()}
+    def begin(self, hparams: Mapping[str, float | str | bool | None], state: TrainingState, labels: Tensor) -> None:
+        # a fresh run's; the real images by index (drawing a batch would change the run), in each fake's class
+        if state.fixed_y is not None:
+            real = class_images(state.batches, labels, state.fixed_y.cpu())
+        else:
+            count = state.batches.sampler.size
+            index = torch.linspace(0, count - 1, min(len(state.fixed_z), count)).long().tolist()
+            real = torch.stack([image_at(state.batches, i) for i in index])
         # the trial id, short (its column cuts at 16 characters): `<sweep folder> #<n>`, a start time, or the folder
         run = self.tb.parent
         job, start = re.match(r"(\d+)_", run.name), re.match(r"\d\d-\d\d-\d\d(?=_|$)", run.name)
         trial_id = f"{run.parent.name} #{job.group(1)}" if job else start.group(0) if start else run.name
+        typed = {key: "null" if value is None else value for key, value in hparams.items()}  # as the command line
         with self.writing() as writer:
             writer.file_writer.add_summary(hparams_pb(typed, trial_id=trial_id), 0)
-            writer.add_image(REAL_TAG, real, 0)
-
-    @property
-    def seconds(self) -> float:
-        return time.perf_counter() - self.first_step_done if self.first_step_done else 0.0
+            writer.add_image(REAL_TAG, grid_of(to_unit_range(real), state), 0)
 
     def advance(self, step: int, images: int) -> None:
         self.bar.update(1)
-        if self.first_step_done is None:
-            # the first step may include compiling: logged apart, and left out of the throughput
+        if self.first_step_done is None:  # it may include compiling: logged apart, and left out of the throughput
             self.first_step_done = time.perf_counter()
             if self.enabled:
                 log.info("step %d  time/first_step_s=%.4g", step, self.first_step_done - self.time_since)
@@ -161,9 +141,8 @@ class Monitor(contextlib.AbstractContextManager):
             values["time/img_per_s"] = self.images_since / (now - self.time_since)
             values["time/sec_per_kimg"] = 1000 / values["time/img_per_s"]
         self.images_since, self.time_since = 0, now
-        if self.enabled:
-            shown = {name: f"{values[tag]:.3f}" for name, tag in BAR_TAGS.items() if tag in values}
-            self.bar.set_postfix(shown, refresh=False)
+        shown = {name: f"{values[tag]:.3f}" for name, tag in BAR_TAGS.items() if tag in values}
+        self.bar.set_postfix(shown, refresh=False)  # a disabled bar (ranks > 0, trainer.progress=false) shows nothing
         self.last = {}
         self.numbers(step, values)
         return values
@@ -179,19 +158,21 @@ class Monitor(contextlib.AbstractContextManager):
             log.info("step %d  %s", step, "  ".join(f"{tag}={value:.4g}" for tag, value in values.items()))
 
     def describe(self, step: int, cfg: TrainConfig, command: Optional[str], environment: Mapping[str, object]) -> None:
-        """The Text tab, written with the run's first event (the command as inline code: it wraps)."""
-        fence = "``" if command and "`" in command else "`"
-        texts = {
-            CONFIG_TEXT_TAG: f"```yaml\n{yaml.safe_dump(to_plain(cfg), sort_keys=False)}```",
-            ENVIRONMENT_TEXT_TAG: f"```yaml\n{yaml.safe_dump(dict(environment), sort_keys=False)}```",
-            COMMAND_TEXT_TAG: f"{fence}{command}{fence}" if command else None,
-        }
-        for tag, text in texts.items():
-            if text is not None and self.enabled:
-                self.pending.append((text_pb(tag, text), step))
-        if self.writer is not None:  # a fresh run's HParams session opened it
-            with self.writing():
-                pass
+        yamls = {CONFIG_TEXT_TAG: to_plain(cfg), ENVIRONMENT_TEXT_TAG: dict(environment)}
+        texts = {tag: f"```yaml\n{yaml.safe_dump(value, sort_keys=False)}```" for tag, value in yamls.items()}
+        if command:  # as inline code: it wraps
+            fence = "``" if "`" in command else "`"
+            texts[COMMAND_TEXT_TAG] = f"{fence}{command}{fence}"
+        if self.enabled:  # the Text tab, written with the run's next event
+            self.pending += [(text_pb(tag, text), step) for tag, text in texts.items()]
+        eval_every, max_steps = cfg.trainer.eval_every, cfg.trainer.max_steps
+        # fewer points than SHORT_CURVE are bent out of shape by TensorBoard's default smoothing (docs/watching.md)
+        if self.enabled and eval_every and (points := -(-(max_steps - step) // eval_every)) < SHORT_CURVE:
+            log.info(
+                f"trainer.eval_every={eval_every} draws {points} point(s) of quality/FID in this run, which "
+                f"TensorBoard's default smoothing (0.6) bends: read it at Smoothing 0, or set eval_every <= "
+                f"{max(1, max_steps // SHORT_CURVE)}."
+            )
 
     def text(self, tag: str, text: str, step: int) -> None:  # under `tag`: torch's add_text adds `/text_summary`
         self.summary(text_pb(tag, text), step)
@@ -206,78 +187,50 @@ class Monitor(contextlib.AbstractContextManager):
             with self.writing() as writer:
                 writer.add_image(tag, grid.nan_to_num(0.0), step)
 
-    def end_session(self, step: int, finished: bool) -> None:
-        """Only success is written: TensorBoard keeps the first status, and a stopped run may yet resume."""
-        if finished:
-            self.summary(hparams_summaries({}, {})[2], step)  # torch's session-end summary: STATUS_SUCCESS
+    def end_session(self, step: int) -> None:  # success only: TensorBoard keeps the first status; a stop may resume
+        self.summary(hparams_summaries({}, {})[2], step)  # torch's session-end summary: STATUS_SUCCESS
 
-    def close(self) -> None:
+    def close(self) -> None:  # `seconds`: the loop's wall time after its first step (TrainResult's)
+        self.seconds = time.perf_counter() - self.first_step_done if self.first_step_done else 0.0
         self.bar.close()
         if self.writer is not None:
             with naming(self.events):
                 self.writer.close()  # flushes: events are unreadable before flush()/close()
 
 
-SHORT_CURVE = 10  # fewer points are bent out of shape by TensorBoard's default smoothing (docs/watching.md)
-
-
-def note_short_curve(eval_every: int, step: int, max_steps: int) -> None:
-    if eval_every and (points := -(-(max_steps - step) // eval_every)) < SHORT_CURVE:
-        log.info(
-            f"trainer.eval_every={eval_every} draws {points} point(s) of quality/FID in this run, which "
-            f"TensorBoard's default smoothing (0.6) bends: read it at Smoothing 0, or set eval_every <= "
-            f"{max(1, max_steps // SHORT_CURVE)}."
-        )
-
-
 def grid_of(images: Tensor, state: TrainingState) -> Tensor:
     """Images in [-1, 1] as the sample grid: a row per class, its class written at its left, when conditional."""
-    grid = image_grid(images, nrow=state.grid_columns)
     if state.fixed_y is None:
-        return grid
-    return labelled_rows(grid, [str(c) for c in state.fixed_y.cpu().tolist()[:: state.grid_columns]])
-
-
-def real_grid(state: TrainingState, labels: Tensor) -> Tensor:
-    """Training images beside the fake grid, by index (drawing a batch would change the run); each fake's class."""
-    source = state.batches.images if state.batches.images is not None else state.batches.loader.dataset
-    if state.fixed_y is None:
-        index = torch.linspace(0, len(source) - 1, min(len(state.fixed_z), len(source))).long().tolist()
-        return grid_of(to_unit_range(torch.stack([image_at(source, i) for i in index])), state)
-    return grid_of(to_unit_range(class_images(state.batches, labels, state.fixed_y.cpu())), state)
+        return image_grid(images)
+    columns = int((state.fixed_y == state.fixed_y[0]).sum())  # a row per class
+    return labelled_rows(image_grid(images, nrow=columns), [str(c) for c in state.fixed_y.cpu().tolist()[::columns]])
 
 
 def class_images(batches: BatchStream, labels: Tensor, classes: Tensor) -> Tensor:
-    """The k-th image of class c for the k-th time c appears."""
-    source, labels = batches.images if batches.images is not None else batches.loader.dataset, labels.cpu()
-    members = {c: (labels == c).nonzero().flatten().tolist() for c in set(classes.tolist())}
-    seen: dict[int, int] = {}
-    chosen = []
-    for c in classes.tolist():
-        k = seen[c] = seen.get(c, -1) + 1
-        chosen.append(image_at(source, members[c][k % len(members[c])]) if members[c] else None)
+    """The k-th image of class c for the k-th time c appears; a blank one for a class without images."""
+    classes, labels = classes.tolist(), labels.cpu()
+    members = {c: (labels == c).nonzero().flatten().tolist() for c in set(classes)}
+    picks = [(c, classes[:i].count(c)) for i, c in enumerate(classes)]  # (c, k)
+    chosen = [image_at(batches, members[c][k % len(members[c])]) if members[c] else None for c, k in picks]
     blank = torch.zeros_like(next(image for image in chosen if image is not None))
     return torch.stack([image if image is not None else blank for image in chosen])
 
 
-def image_at(source: Tensor | Dataset, index: int) -> Tensor:
-    item = source[index]
+def image_at(batches: BatchStream, index: int) -> Tensor:  # from memory, or read through the loader's dataset
+    item = batches.images[index] if batches.images is not None else batches.loader.dataset[index]
     return torch.as_tensor(item[0] if isinstance(item, tuple) else item).cpu()
 
 
 def labelled_rows(grid: Tensor, labels: list[str]) -> Tensor:
-    row_height = grid.size(1) / len(labels)
-    picture = Image.fromarray(grid.mul(255).round().byte().permute(1, 2, 0).squeeze(-1).numpy())
+    row_height, picture = grid.size(1) / len(labels), to_pil_image(grid.mul(255).round().byte())  # L or RGB
     font = ImageFont.load_default()
     margin = round(max(font.getlength(label) for label in labels)) + 6
     framed = Image.new(picture.mode, (picture.width + margin, picture.height), 0)
     framed.paste(picture, (margin, 0))
     draw = ImageDraw.Draw(framed)
-    white = 255 if picture.mode == "L" else (255, 255, 255)
     for i, label in enumerate(labels):
-        draw.text((3, (i + 0.5) * row_height), label, fill=white, font=font, anchor="lm")  # left, middle
-    array = torch.from_numpy(numpy.asarray(framed).copy()).float().div(255)
-    return array.unsqueeze(0) if array.dim() == 2 else array.permute(2, 0, 1)
+        draw.text((3, (i + 0.5) * row_height), label, fill="white", font=font, anchor="lm")  # left, middle
+    return pil_to_tensor(framed).float().div(255)
 
 
 def write_progress_gif(samples_dir: Path, max_frames: int = GIF_FRAMES) -> Path:

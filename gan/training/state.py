@@ -6,6 +6,7 @@ import functools
 import logging
 import os
 import random
+import re
 from typing import Any, Optional
 
 import torch
@@ -14,6 +15,7 @@ from torch.amp import GradScaler
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Adam
 from torch.optim.swa_utils import AveragedModel
+from tqdm import tqdm
 
 from gan.checkpoint import load_checkpoint, load_module_state, require_training_state
 from gan.config import OnNonFinite, Precision, TrainConfig, to_plain
@@ -25,10 +27,9 @@ from gan.core.sampling import class_rows
 from gan.core.steps import Penalties, StepContext
 from gan.data import BatchStream, ImageSet, load_dataset
 from gan.device import environment, environment_changes, retain_freed_memory, setup_torch
-from gan.distributed import SINGLE, World, rank_device
+from gan.distributed import SINGLE, World
 from gan.errors import CheckpointError, ConfigError, DataError
 from gan.launch import check_resume
-from gan.training.faults import explain_allocation_failure
 from gan.training.threads import keep_thread_count
 
 log = logging.getLogger(__name__)
@@ -56,10 +57,6 @@ class TrainingState:
     def sampler(self) -> nn.Module:
         return self.G_ema.module if self.G_ema is not None else self.G
 
-    @property
-    def grid_columns(self) -> Optional[int]:  # a grid row per class when conditional, else torchvision's default
-        return None if self.fixed_y is None else int((self.fixed_y == self.fixed_y[0]).sum())
-
     def state_dict(self, cfg: TrainConfig, rank_rngs: Optional[list[dict[str, Any]]] = None) -> dict[str, Any]:
         return {  # rank_rngs: every rank's rng_state() under DDP: each draws its own latents
             **{key: getattr(self, key).state_dict() for key in ("G", "D", "opt_g", "opt_d")},
@@ -84,61 +81,48 @@ class TrainingState:
         advice = "The run's model.* and data.* are the checkpoint's (the resume contract): it was damaged or edited. "
         if self.G.num_classes:  # a conditional run's class count comes from the data
             advice += "Or data.root holds another dataset than the run trained on: point it back at the run's. "
-        advice += ANOTHER
         if state.get("pack") != self.pack:  # data.root may change on a resume; the images may not
             raise DataError(
-                f"trainer.resume: data.root holds another pack than the run trained from (hash {str(self.pack)[:12]}, "
-                f"the checkpoint's {str(state.get('pack'))[:12]}). Nothing was trained. Set data.root to the run's "
-                "pack, or drop trainer.resume."
+                f"trainer.resume: data.root holds another pack (hash {str(self.pack)[:12]}) than the run's (hash "
+                f"{str(state.get('pack'))[:12]}). Nothing was trained. Set data.root to the run's pack, or drop it."
             )
-        entry = "?"
-        try:
+        try:  # `entry`: the one being read, named when it fails
             for entry, name in (("G", "generator"), ("D", "discriminator"), ("G_ema", "EMA generator")):
                 if entry != "G_ema" or (self.G_ema is not None and state.get("G_ema") is not None):
-                    load_module_state(getattr(self, entry), state[entry], name, advice)
+                    load_module_state(getattr(self, entry), state[entry], name, advice + ANOTHER)
             if self.G_ema is not None and state.get("G_ema") is None:  # a run without EMA continues with one: from G
                 self.G_ema.n_averaged.zero_()
                 self.G_ema.update_parameters(self.G)
             for entry in ("opt_g", "opt_d"):  # torch's load_state_dict does not check moments' shapes, and Adam's
                 optimizer, saved = getattr(self, entry), state[entry]  # fused update then writes past one's memory
-                for group, saved_group in zip(optimizer.param_groups, saved["param_groups"]):
-                    for param, index in zip(group["params"], saved_group["params"]):
-                        for slot, moment in saved["state"].get(index, {}).items():
-                            if isinstance(moment, Tensor) and moment.dim() and moment.shape != param.shape:
-                                raise CheckpointError(
-                                    f"trainer.resume: the checkpoint's {entry}.state[{index}].{slot} has shape "
-                                    f"{tuple(moment.shape)}, where its parameter has {tuple(param.shape)}: it was "
-                                    "altered. " + ANOTHER
-                                )
+                params = [param for group in optimizer.param_groups for param in group["params"]]
+                for param, index in zip(params, [i for group in saved["param_groups"] for i in group["params"]]):
+                    for slot, moment in saved["state"].get(index, {}).items():
+                        if isinstance(moment, Tensor) and moment.dim() and moment.shape != param.shape:
+                            shapes = f"has shape {tuple(moment.shape)}, where its parameter has {tuple(param.shape)}"
+                            raise CheckpointError(f"trainer.resume: {entry}.state[{index}].{slot} {shapes}. {ANOTHER}")
                 optimizer.load_state_dict(saved)
-            entry = "scaler"
-            if self.scaler.is_enabled() and state.get("scaler"):
+            if self.scaler.is_enabled() and state.get(entry := "scaler"):
                 self.scaler.load_state_dict(state["scaler"])
             entry, position, sampler = "data", state["data"], self.batches.sampler
             if position["batch"] > (most := sampler.size // sampler.batch_size):
                 raise CheckpointError(
-                    "trainer.resume: the checkpoint's entry 'data' places the batch stream at batch "
-                    f"{position['batch']} of epoch {position['epoch']}, past an epoch's end: {sampler.size} images "
-                    f"make {most} batches of data.batch_size={sampler.batch_size}. Point data.root at the run's data. "
-                    + ANOTHER
+                    f"trainer.resume: its entry 'data' places the batch stream at batch {position['batch']}"
+                    f" of epoch {position['epoch']}, past an epoch's end: {sampler.size} images make {most} batches "
+                    f"of data.batch_size={sampler.batch_size}. Point data.root at the run's data. {ANOTHER}"
                 )
             self.batches.load_state_dict(position)
-            entry = "fixed_z"
-            self.fixed_z = state["fixed_z"].to(self.fixed_z.device).reshape(self.fixed_z.shape)
-            entry = "rng"
-            per_rank = state.get("rng_ranks") or []
+            self.fixed_z = state[entry := "fixed_z"].to(self.fixed_z.device).reshape(self.fixed_z.shape)
+            entry, per_rank = "rng", state.get("rng_ranks") or []
             if len(per_rank) == world.size and world.size > 1:
                 set_rng_state(per_rank[world.rank], self.fixed_z.device, self.augment)
             elif world.rank == 0:
                 set_rng_state(state["rng"], self.fixed_z.device, self.augment)
-            entry = "step"
-            self.step = int(state["step"])
-            entry = "best"
-            best = state["best"]
+            self.step = int(state[entry := "step"])
+            best = state[entry := "best"]
             self.best = {"fid": float(best["fid"]), "step": int(best["step"])} if best else None
-            entry = "augment"  # ADA's p: a run with model.ada_target continues from its own
-            if self.augment is not None:
-                self.augment.load_state_dict(state["augment"])
+            if self.augment is not None:  # ADA's p: a run with model.ada_target continues from its own
+                self.augment.load_state_dict(state[entry := "augment"])
         except CheckpointError:
             raise
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as err:
@@ -165,10 +149,8 @@ def set_rng_state(rng: dict[str, Any], device: torch.device, augment: Optional[A
         torch.cuda.set_rng_state(rng["cuda"][0].cpu(), device)
     saved = rng.get("augment")
     if augment is not None and saved is not None:
-        # ADA's generator lives on the training device: a CPU generator's state is 5056 bytes, a CUDA one's 16 (seed
-        # and offset), and neither takes the other's. A run resumed on another device draws from its seed afresh,
-        # as the GPU's own generator does (nothing else of a device move is bit-identical either).
-        if saved.numel() == augment.generator.get_state().numel():
+        # ADA's generator is the device's: a CPU one's state (5056 bytes) and a CUDA one's (16) do not fit each other
+        if saved.numel() == augment.generator.get_state().numel():  # else from its seed (a device move is not exact)
             augment.generator.set_state(saved.cpu())
     elif augment is not None:  # written before the augmentation had a generator of its own
         log.warning(
@@ -216,9 +198,7 @@ def build_models(cfg: TrainConfig, device: torch.device, num_classes: int = 0) -
 
 
 def memory_format(cfg: TrainConfig, device: torch.device) -> torch.memory_format:
-    """channels_last where trainer.channels_last, except compiled on a GPU: there inductor's stand-in for
-    convolution_backward predicts other strides for G's channels_last ConvTranspose2d than cuDNN returns, and the first
-    backward fails an assert_size_stride check (pytorch/pytorch#171622; seen on an H200 with torch 2.11)."""
+    # not compiled on a GPU: inductor mispredicts channels_last ConvTranspose2d's backward strides (pytorch#171622)
     if cfg.trainer.channels_last and cfg.trainer.compile and device.type != "cpu":
         log.info("trainer.compile on %s: the models stay in contiguous (NCHW) memory, not channels_last", device.type)
         return torch.contiguous_format
@@ -271,7 +251,8 @@ def wrap_for_ddp(G: nn.Module, D: nn.Module, world: World, device: torch.device)
 
 def prepare_process(cfg: TrainConfig, world: World = SINGLE) -> torch.device:
     trainer, seed = cfg.trainer, cfg.trainer.seed + world.rank  # each rank draws its own latents (DDP copies weights)
-    device = rank_device(world, setup_torch(trainer.device, trainer.threads, seed, "trainer.device"))
+    device = setup_torch(trainer.device, trainer.threads, seed, "trainer.device")
+    device = torch.device("cuda", world.local_rank) if world.distributed and device.type == "cuda" else device
     if device.type == "cpu" and trainer.retain_host_memory and retain_freed_memory():
         log.debug("glibc malloc: freed blocks are kept for reuse (trainer.retain_host_memory=true)")
     if trainer.deterministic:
@@ -285,24 +266,18 @@ def prepare_process(cfg: TrainConfig, world: World = SINGLE) -> torch.device:
 def resolve_precision(precision: Precision, device: torch.device) -> Precision:
     if precision != Precision.auto:
         return precision
-    fast_cuda = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8  # Ampere on: bf16 cores
-    return Precision.bf16 if fast_cuda or (device.type == "cpu" and cpu_has_fast_bf16()) else Precision.fp32
-
-
-def cpu_has_fast_bf16() -> bool:
-    try:  # AMX or AVX512-bf16, which oneDNN uses for bf16 convolutions
-        return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
-    except AttributeError:  # private helpers: absent in other torch versions
-        return False
+    if device.type == "cuda":  # Ampere on: bf16 cores
+        return Precision.bf16 if torch.cuda.get_device_capability(device)[0] >= 8 else Precision.fp32
+    # AMX or AVX512-bf16, which oneDNN uses for bf16 convolutions (torch's private helpers: absent in some versions)
+    helpers = [getattr(torch.cpu, f"_is_{unit}_supported", None) for unit in ("amx_tile", "avx512_bf16")]
+    fast = device.type == "cpu" and any(helper is not None and helper() for helper in helpers)
+    return Precision.bf16 if fast else Precision.fp32
 
 
 def step_context(precision: Precision, device: torch.device, skip_nonfinite: bool) -> StepContext:
-    """A GradScaler enabled only for fp16; build_step_context adds the objective."""
     dtype = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}.get(precision)
-    autocast = (
-        functools.partial(torch.autocast, device_type=device.type, dtype=dtype) if dtype else contextlib.nullcontext
-    )
-    scaler = GradScaler(device.type, enabled=precision == Precision.fp16)
+    autocast = functools.partial(torch.autocast, device.type, dtype) if dtype else contextlib.nullcontext
+    scaler = GradScaler(device.type, enabled=precision == Precision.fp16)  # the objective: build_step_context's
     return StepContext(autocast=autocast, scaler=scaler, skip_nonfinite=skip_nonfinite)
 
 
@@ -320,9 +295,20 @@ def set_up(
     # read the checkpoint to resume from before any work, so a bad path fails at once
     resume_from = load_checkpoint(cfg.trainer.resume, map_location=device) if cfg.trainer.resume else None
     ctx, precision = build_step_context(cfg, device, world.rank)
-    with explain_allocation_failure(cfg):
+    try:
         training_set = dataset or load_dataset(cfg.data)
         state = build_state(cfg, device, ctx.scaler, world, training_set)
+    except RuntimeError as err:  # torch.OutOfMemoryError (CUDA, MPS) is one; the CPU allocator's is not
+        if not isinstance(err, torch.OutOfMemoryError) and "can't allocate memory" not in str(err):
+            raise
+        asked = re.search(r"allocate ((\d+) bytes|[\d.]+ [KMGTPE]?i?B)", str(err), re.IGNORECASE)
+        size = f" = {tqdm.format_sizeof(int(asked[2]), 'B', 1000)}" if asked and asked[2] else ""  # the CPU's bytes
+        amount, data, model = f" (it asked for {asked[1]}{size})" if asked else "", cfg.data, cfg.model
+        raise ConfigError(
+            f"Not enough memory to build the models and the fixed latents{amount}: lower model.g_width={model.g_width},"
+            f" model.d_width={model.d_width}, data.image_size={data.image_size}, data.batch_size={data.batch_size} or "
+            f"trainer.num_fixed_samples={cfg.trainer.num_fixed_samples}."
+        ) from err
     state.augment = ctx.augment if isinstance(ctx.augment, AdaptiveAugment) else None
     if resume_from is not None:
         require_training_state(resume_from, cfg.trainer.resume)

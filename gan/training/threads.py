@@ -30,18 +30,15 @@ def machine_busy_seconds(cpus: Optional[set[int]] = None) -> Optional[float]:
     return sum(getattr(times, field, 0.0) for times in chosen for field in BUSY_FIELDS)
 
 
-def own_busy_seconds() -> float:
-    """CPU seconds of this process and its live children (DataLoader workers)."""
+def own_busy_seconds() -> float:  # CPU seconds of this process and its live children (DataLoader workers)
     me, total = psutil.Process(), 0.0
     for process in [me, *me.children(recursive=True)]:
         with contextlib.suppress(psutil.Error):  # a child that just ended
-            times = process.cpu_times()
-            total += times.user + times.system
+            total += sum(process.cpu_times()[:2])  # user, system
     return total
 
 
-def threads_for(limit: int, cpus: int, others: float) -> int:
-    """The CPUs others leave (a CPU is taken from half of it up), from 1 to `limit`."""
+def threads_for(limit: int, cpus: int, others: float) -> int:  # the CPUs others leave (taken from half up), 1 to limit
     return max(1, min(limit, cpus - math.floor(others + 0.5)))
 
 
@@ -59,31 +56,24 @@ class ThreadGovernor:
 
     def poll(self) -> None:
         now = self.clock()
-        if self.next_at is None:
-            self.next_at = now + self.warm_up_s
+        self.next_at = now + self.warm_up_s if self.next_at is None else self.next_at
         if now < self.next_at:
             return
-        self.next_at = now + self.window_s
         busy = self.busy()
-        if busy is None:  # psutil cannot read the CPUs here: keep the count
-            self.next_at = math.inf
-            return
+        self.next_at = now + self.window_s if busy is not None else math.inf  # None: psutil cannot read the CPUs
         mark, self.mark = self.mark, (now, busy, self.own())
-        if mark is None:
+        if mark is None or busy is None:
             return
         others = max(0.0, (busy - mark[1]) - (self.mark[2] - mark[2])) / (now - mark[0])  # CPUs others kept busy
         wanted = threads_for(self.limit, self.cpus, others)
-        if wanted == self.threads:
-            self.pending = None
-        elif wanted == self.pending:  # two windows in a row: change
-            self.threads, self.pending = wanted, None
+        if wanted != self.threads and wanted == self.pending:  # two windows in a row: change
+            self.threads = wanted
             torch.set_num_threads(wanted)
             log.info(
                 f"Other processes keep {others:.1f} of {self.cpus} CPUs busy: training goes on with {wanted} thread(s) "
                 "(trainer.adapt_threads=true; without it the count stays fixed and the run bit-exact)"
             )
-        else:
-            self.pending = wanted
+        self.pending = None if wanted == self.threads else wanted
 
 
 def thread_governor(adapt: bool, device: torch.device) -> Optional[ThreadGovernor]:
