@@ -8,7 +8,7 @@ import shutil
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any, Callable, Hashable, Iterable, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Callable, Hashable, Iterable, Mapping, Optional, Sequence
 
 import torch
 from omegaconf import OmegaConf
@@ -18,8 +18,6 @@ from torch import Tensor, nn
 from gan.config import TrainConfig
 from gan.errors import CheckpointError
 from gan.run import Run
-
-Name = TypeVar("Name", bound=Hashable)  # a tensor's name: a string, or a (part, key) pair
 
 REQUIRED_KEYS = ("G", "step", "config", "num_classes")  # held by last.pt and best.pt alike
 BEST = "best"  # the `kind` of checkpoints/best.pt
@@ -59,8 +57,7 @@ def _state_dict(value: Any) -> str:
     return ""
 
 
-def _optimizer(value: Any) -> str:
-    """torch's layout, {'state': {index: {slot: tensor}}, 'param_groups': [dict]}, with Adam's settings."""
+def _optimizer(value: Any) -> str:  # torch's layout, {'state': {index: {slot: tensor}}, 'param_groups': [dict]}
     groups, slots = (value.get("param_groups"), value.get("state")) if isinstance(value, Mapping) else (None, None)
     laid_out = isinstance(slots, Mapping) and isinstance(groups, list)
     if not (laid_out and all(isinstance(part, Mapping) for part in [*slots.values(), *groups])):
@@ -147,7 +144,7 @@ def require_training_state(state: Mapping[str, Any], source: str | Path) -> None
         )
 
 
-def nonfinite(named: Iterable[tuple[Name, Any]]) -> tuple[list[Name], int]:
+def nonfinite(named: Iterable[tuple[Hashable, Any]]) -> tuple[list, int]:
     """The floating tensors of `named` holding NaN/inf, and their count; one host sync when all are finite."""
     tensors = [(name, t.detach()) for name, t in named if isinstance(t, Tensor) and t.is_floating_point()]
     if not tensors:
@@ -276,10 +273,8 @@ def stored_config(config: object, source: str | Path) -> dict:
 
 def stored_config_error(err: Exception, source: str | Path, group: str = "") -> CheckpointError:
     """A stored config that does not fit the schema; `group`: the group merged alone (the key's prefix)."""
-    key = str(getattr(err, "full_key", "") or "")
-    key = f"{group}.{key}" if group and key else (key or group)
-    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    where = f"{key}: " if key else ""
+    key = ".".join(part for part in (group, str(getattr(err, "full_key", "") or "")) if part)
+    text, where = (str(err).strip() or type(err).__name__).splitlines()[0], f"{key}: " if key else ""
     if not (isinstance(err, ConfigKeyError) or text.startswith("Invalid value")):
         return _config_damaged(source, f"{where}{text}")
     what = "is not a setting" if isinstance(err, ConfigKeyError) else "holds a choice that is not an option"
@@ -299,12 +294,12 @@ def _config_damaged(source: str | Path, problem: str) -> CheckpointError:
 
 def another_checkpoint(file: Path, use: str = "resume or evaluate") -> str:
     """What to `use` instead of a damaged `file`, naming only the copies that exist beside it."""
+    best = [file.with_name(f"{BEST}.pt")] if use == "evaluate" else []  # best.pt holds G alone: no resume
     try:
-        copies = sorted(file.parent.glob("step_*.pt"), reverse=True) + [file.with_name(f"{BEST}.pt")]
-        copies = [c for c in copies if c.is_file() and not (file.is_file() and os.path.samefile(c, file))]
+        copies = [c for c in sorted(file.parent.glob("step_*.pt"), reverse=True) + best if c.is_file()]
+        copies = [c for c in copies if not (file.is_file() and os.path.samefile(c, file))]
     except OSError:  # an unlistable folder, a vanished file
         copies = []
-    copies = [c for c in copies if use == "evaluate" or c.name != f"{BEST}.pt"]  # best.pt: G alone, no resume
     if not copies:
         kinds = "numbered copy (step_NNNNNN.pt)" + (" or best.pt" if use == "evaluate" else "")
         why = f"(trainer.keep_checkpoints=N keeps them): {use} a copy made before it was damaged, or start a new run"
@@ -324,19 +319,12 @@ def _describe(err: BaseException) -> str:
 def load_module_state(module: nn.Module, state: Mapping[str, Tensor], name: str, advice: Optional[str] = None) -> None:
     """load_state_dict with a readable error listing every mismatch; `advice` replaces the default hint."""
     own = module.state_dict()
-    both = [key for key in state if key in own]
-    problems = [
-        f"{k}: {tuple(state[k].shape)} in the checkpoint, {tuple(own[k].shape)} in the model"
-        for k in both
-        if own[k].shape != state[k].shape
-    ]
+    shapes = {k: (tuple(t.shape), tuple(own[k].shape)) for k, t in state.items() if k in own}
+    dtypes = {k: (state[k].dtype, own[k].dtype) for k in shapes}  # load_state_dict would cast them
+    problems = [f"{k}: {a} in the checkpoint, {b} in the model" for k, (a, b) in shapes.items() if a != b]
     problems += [f"{key}: missing from the checkpoint" for key in own if key not in state]
     problems += [f"{key}: in the checkpoint, not in the model" for key in state if key not in own]
-    retyped = [  # load_state_dict would cast them
-        f"{k}: {state[k].dtype} in the checkpoint, {own[k].dtype} in the model"
-        for k in both
-        if own[k].dtype != state[k].dtype
-    ]
+    retyped = [f"{k}: {a} in the checkpoint, {b} in the model" for k, (a, b) in dtypes.items() if a != b]
     shown = "; ".join((problems or retyped)[:6]) + ("; and more" if len(problems or retyped) > 6 else "")
     if problems:
         advice = advice or "Use the same model.* and data.image_size/data.channels as the run that wrote it."

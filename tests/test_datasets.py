@@ -22,10 +22,10 @@ from torchvision import transforms
 import gan.checkpoint
 import gan.data.sources
 from gan.config import ClassifierConfig, ConfigError, DataConfig
-from gan.data import BatchStream, DataError, ImageSource, is_held_out, load_dataset, open_source, take
+from gan.data import BatchStream, DataError, is_held_out, load_dataset, open_source, take
 from gan.data.pack import main as pack_main
 from gan.data.pack import write_pack
-from gan.data.sources import CLASSIFIER_CACHE, convert_channels, fit_square, read_image, render_digits
+from gan.data.sources import CLASSIFIER_CACHE, ImageSource, convert_channels, fit_square, read_image, render_digits
 from gan.data.stream import to_unit_range, worker_message
 from gan.evaluation.metrics import classifier_key
 from gan.training import train
@@ -449,7 +449,7 @@ def test_a_streamed_folder_gives_the_in_memory_batches_each_image_once_an_epoch_
     state = stream.state_dict()
     assert state == {"epoch": 1, "batch": 2}
     following = [stream.next_with_labels() for _ in range(per_epoch)]
-    assert stream.epoch == 2
+    assert stream.state_dict()["epoch"] == 2
     resumed = BatchStream(streamed, 4, seed=3, device=CPU, num_workers=workers, labels=labels)
     resumed.load_state_dict(state)
     for x, y in following:

@@ -30,13 +30,10 @@ def write_pack(data: DataConfig, folder: Path) -> Path:
     for split in splits.values():
         content.update(split.images.contiguous().numpy())
         content.update(split.labels.contiguous().numpy())
-    pack = {
-        "format": PACK_FORMAT,
-        "settings": settings,
-        "content": content.hexdigest(),
-        "num_classes": splits["train"].num_classes,
-        **{name: {"images": split.images, "labels": split.labels} for name, split in splits.items()},
-    }
+    pack = dict(
+        format=PACK_FORMAT, settings=settings, content=content.hexdigest(), num_classes=splits["train"].num_classes
+    )
+    pack.update({name: {"images": split.images, "labels": split.labels} for name, split in splits.items()})
     path = folder / PACK_FILE
     save_atomically(pack, path)
     counts = ", ".join(f"{len(split.labels)} {name}" for name, split in splits.items())
@@ -50,10 +47,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from gan.launch import override_key
 
     logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")  # unless set up
-    installed = Path(sys.argv[0]).name == "dcgan-pack"
-    parser = argparse.ArgumentParser(
-        prog="dcgan-pack" if installed else "python -m gan.data.pack", description=__doc__.split("\n\n")[0]
-    )
+    prog = "dcgan-pack" if Path(sys.argv[0]).name == "dcgan-pack" else "python -m gan.data.pack"  # as installed
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("out_folder", type=Path, help="the folder pack.pt is written to")
     parser.add_argument("overrides", nargs="*", metavar="data.KEY=VALUE", help="train.py's data overrides: data=NAME")
     try:
@@ -65,11 +60,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     others = [o for o in args.overrides if override_key(o).split(".")[0] != "data"]
     try:
         if others:
-            raise ConfigError(
-                f"{' '.join(others)}: a pack holds images, so it takes the data settings only (data=NAME, "
-                "data.KEY=VALUE); the others would be ignored. Nothing was written. Drop them, and give them to "
-                "train.py when it trains from the pack."
-            )
+            why = "a pack holds images, so it takes the data settings only (data=NAME, data.KEY=VALUE)"
+            raise ConfigError(f"{' '.join(others)}: {why}. Nothing was written: give them to train.py with the pack.")
         write_pack(compose_config(*args.overrides).data, args.out_folder)
     except UserError as err:
         log.error("%s", err)

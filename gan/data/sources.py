@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import math
 import struct
@@ -49,13 +50,11 @@ class ImageSet:
 
 
 def take(images: Tensor | Dataset, index: Tensor) -> Tensor:
-    if isinstance(images, Tensor):
-        return images[index]
-    return torch.stack([images[int(i)] for i in index])
+    return images[index] if isinstance(images, Tensor) else torch.stack([images[int(i)] for i in index])
 
 
 def load_dataset(cfg: DataConfig, train: bool = True, in_memory: Optional[bool] = None) -> ImageSet:
-    """`in_memory` overrides `cfg.in_memory` (None: follow it)."""
+    """`in_memory` overrides `cfg.in_memory`; both None: in memory up to IN_MEMORY_LIMIT bytes."""
     started = time.perf_counter()
     source, split = open_source(cfg, train), "training" if train else "held-out"
     if train and cfg.limit:  # the first N images, their labels with them; the held-out split stays whole
@@ -66,13 +65,11 @@ def load_dataset(cfg: DataConfig, train: bool = True, in_memory: Optional[bool] 
                 f"data={cfg.name}. Set data.limit to at most {len(source)}{more}, or to 0 for all."
             )
         source, split = source.first(cfg.limit), f"training (first {cfg.limit}: data.limit)"
-    keep = cfg.in_memory if in_memory is None else in_memory
-    nbytes = len(source) * source.channels * source.image_size**2
-    keep = nbytes <= IN_MEMORY_LIMIT if keep is None else keep
-    size, where = source.image_size, "in memory" if keep else "streamed by a DataLoader"
+    nbytes, size = len(source) * source.channels * source.image_size**2, source.image_size
+    keep = next(k for k in (in_memory, cfg.in_memory, nbytes <= IN_MEMORY_LIMIT) if k is not None)
     shape = f"{len(source)} images of {source.channels}x{size}x{size} ({nbytes / 1e6:.0f} MB as uint8)"
-    took = f"{source.num_classes} classes ({time.perf_counter() - started:.1f} s)"
-    log.info(f"data={cfg.name}, {split} split: {shape}, {where}, {took}")
+    where = f"{'in memory' if keep else 'streamed by a DataLoader'}, {source.num_classes} classes"
+    log.info(f"data={cfg.name}, {split} split: {shape}, {where} ({time.perf_counter() - started:.1f} s)")
     return ImageSet(source.load_all() if keep else source, source.labels, source.num_classes, source.pack)
 
 
@@ -84,7 +81,7 @@ def open_source(cfg: DataConfig, train: bool = True) -> ImageSource:
 
 
 class ImageSource(Dataset):
-    """`items` (arrays, paths or index triples) as uint8 (C, S, S): one by `__getitem__` or all by `load_all`."""
+    """`items` as uint8 (C, S, S), one by `__getitem__` or all by `load_all`; here image files, read when taken."""
 
     pack: Optional[str] = None  # a pack's content hash (open_packed)
 
@@ -100,16 +97,18 @@ class ImageSource(Dataset):
         part.items, part.labels = self.items[:count], self.labels[:count]
         return part
 
+    def __getitem__(self, index: int) -> Tensor:
+        return read_image(self.items[index], self.channels, self.image_size)
+
     def load_all(self) -> Tensor:
         out = torch.empty(len(self), self.channels, self.image_size, self.image_size, dtype=torch.uint8)
-        # Forking workers costs more than it saves on a few hundred small files.
-        workers = min(8, available_cpus()) if len(self) >= 1024 else 0
+        workers = min(8, available_cpus()) if len(self) >= 1024 else 0  # forking costs more than a few hundred files
         for i, batch in enumerate(DataLoader(self, batch_size=256, num_workers=workers)):
             out[i * 256 : (i + 1) * 256] = batch  # the last batch may be shorter, and so is the slice
         return out
 
 
-class ArrayImages(ImageSource):
+class ArrayImages(ImageSource):  # uint8 arrays (N, C, H, W)
     def __getitem__(self, index: int) -> Tensor:
         return fit_square(convert_channels(self.items[index], self.channels), self.image_size)
 
@@ -117,11 +116,6 @@ class ArrayImages(ImageSource):
         # each op works per image: a chunk gives exactly the pixels of single calls
         chunks = [fit_square(convert_channels(part, self.channels), self.image_size) for part in self.items.split(4096)]
         return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
-
-
-class ImageFiles(ImageSource):
-    def __getitem__(self, index: int) -> Tensor:
-        return read_image(self.items[index], self.channels, self.image_size)
 
 
 class StackedImages(ImageSource):
@@ -196,9 +190,21 @@ def _open_mnist_like(cfg: DataConfig, train: bool, kind: type[datasets.MNIST], s
     folder = _root(cfg) / kind.__name__ / "raw"  # torchvision's layout: ROOT/MNIST/raw
     prefix = "train" if train else "t10k"  # torchvision's file names: the held-out split is MNIST's test split
     image_file, label_file = folder / f"{prefix}-images-idx3-ubyte", folder / f"{prefix}-labels-idx1-ubyte"
-    if _require_files(cfg, folder, _IDX_FILES, size):  # files a download would fetch are checked by torchvision
-        _check_idx_length(cfg, image_file)
-        _check_idx_length(cfg, label_file)
+    there = _require_files(cfg, folder, _IDX_FILES, size)  # files a download fetches are checked by torchvision
+    for path, ndim in ((image_file, 3), (label_file, 1)) if there else ():  # a bad header or length, named
+        with path.open("rb") as file:  # (torchvision says "invalid literal for int()" or "x should have 3 dim...")
+            header = file.read(4 + 4 * ndim)  # 0, 0, a type code, ndim, then ndim sizes (count, height, width)
+        shape = struct.unpack(f">{ndim}i", header[4:]) if len(header) == 4 + 4 * ndim else (-1,)
+        remedy = f"Replace it with the official file, or delete {folder} and run again with data.download=true."
+        if header[:2] != b"\0\0" or header[2] not in _IDX_ITEM_BYTES or header[3] != ndim or min(shape) < 0:
+            raise DataError(
+                f"data={cfg.name}: {path} is not an IDX file of {ndim} dimension(s): its {len(header)}-byte header "
+                f"{header.hex(' ')} is not 0, 0, a type code, {ndim}, then {ndim} sizes. {remedy}"
+            )
+        expected, actual = len(header) + math.prod(shape) * _IDX_ITEM_BYTES[header[2]], path.stat().st_size
+        if actual != expected:
+            state = "is truncated" if actual < expected else "is longer than its header says"
+            raise DataError(f"data={cfg.name}: {path} {state}: {actual} bytes, its header says {expected}. {remedy}")
     dataset = _torchvision(cfg, lambda: kind(cfg.root, train=train, download=cfg.download), folder)
     images, labels = dataset.data, dataset.targets
     if images.size(0) != labels.numel():  # the two IDX headers count differently: one file is damaged
@@ -208,24 +214,6 @@ def _open_mnist_like(cfg: DataConfig, train: bool, kind: type[datasets.MNIST], s
         values = f"from {int(labels.min())} to {int(labels.max())}, outside the 10 classes 0-9"
         raise DataError(f"data={cfg.name}: the labels file {label_file} holds values {values}. Replace it.")
     return ArrayImages(images.unsqueeze(1), labels, 10, cfg.channels, cfg.image_size)
-
-
-def _check_idx_length(cfg: DataConfig, path: Path) -> None:
-    """A wrong header or length, named (torchvision says "invalid literal for int()" or "x should have 3 dim...")."""
-    ndim = int(path.name.split("-idx")[1][0])  # train-images-idx3-ubyte: 3 sizes (count, height, width)
-    with path.open("rb") as file:
-        header = file.read(4 + 4 * ndim)
-    shape = struct.unpack(f">{ndim}i", header[4:]) if len(header) == 4 + 4 * ndim else (-1,)
-    remedy = f"Replace it with the official file, or delete {path.parent} and run again with data.download=true."
-    if header[:2] != b"\0\0" or header[2] not in _IDX_ITEM_BYTES or header[3] != ndim or min(shape) < 0:
-        raise DataError(
-            f"data={cfg.name}: {path} is not an IDX file of {ndim} dimension(s): its {len(header)}-byte header "
-            f"{header.hex(' ')} is not 0, 0, a type code, {ndim}, then {ndim} sizes. {remedy}"
-        )
-    expected, actual = len(header) + math.prod(shape) * _IDX_ITEM_BYTES[header[2]], path.stat().st_size
-    if actual != expected:
-        state = "is truncated" if actual < expected else "is longer than its header says"
-        raise DataError(f"data={cfg.name}: {path} {state}: {actual} bytes, its header says {expected}. {remedy}")
 
 
 def open_cifar10(cfg: DataConfig, train: bool) -> ArrayImages:
@@ -239,10 +227,8 @@ def open_cifar10(cfg: DataConfig, train: bool) -> ArrayImages:
 def _root(cfg: DataConfig) -> Path:
     root = Path(cfg.root).expanduser()  # as torchvision does with its root
     if root.is_file():  # else each opener would report a folder that "does not exist"
-        raise DataError(
-            f"data.root={cfg.root!r} is a file (absolute path {root.resolve()}), not a folder: data={cfg.name} "
-            "reads a folder. Set data.root to the folder that holds the dataset."
-        )
+        why = f"not a folder: data={cfg.name} reads a folder. Set data.root to the folder that holds the dataset"
+        raise DataError(f"data.root={cfg.root!r} is a file (absolute path {root.resolve()}), {why}.")
     return root
 
 
@@ -260,7 +246,7 @@ def _torchvision(cfg: DataConfig, make: Callable[[], Dataset], folder: Path) -> 
         raise DataError(f"{where} {problem}, or copy the official files there.") from err
 
 
-def open_celeba(cfg: DataConfig, train: bool) -> ImageFiles:
+def open_celeba(cfg: DataConfig, train: bool) -> ImageSource:
     folder = _root(cfg) / datasets.CelebA.base_folder
     if cfg.download and not (folder / "img_align_celeba").is_dir():
         _torchvision(cfg, lambda: datasets.CelebA(cfg.root, split="all", target_type=[], download=True), folder)
@@ -271,7 +257,7 @@ def open_celeba(cfg: DataConfig, train: bool) -> ImageFiles:
     return _image_folder(folder, cfg, train, remedy)
 
 
-def _image_folder(root: Path, cfg: DataConfig, train: bool, remedy: str) -> ImageFiles:
+def _image_folder(root: Path, cfg: DataConfig, train: bool, remedy: str) -> ImageSource:
     where = f"{root} (absolute path {root.resolve()})"
     if not root.is_dir():
         state = "is a file, not a folder" if root.exists() else "does not exist"
@@ -281,13 +267,10 @@ def _image_folder(root: Path, cfg: DataConfig, train: bool, remedy: str) -> Imag
         raise DataError(f"data={cfg.name}: {where} holds no image files ({' '.join(IMG_EXTENSIONS)}). {remedy}")
     keep = [i for i, path in enumerate(paths) if is_held_out(path.relative_to(root)) != train]
     if not keep:
-        raise EmptySplitError(
-            f"data={cfg.name}: none of the {len(paths)} images in {where} falls in the "
-            f"{'training' if train else 'held-out'} split (1 in {HELD_OUT_EVERY} is held out, by a hash of its "
-            "path). Add images."
-        )
+        split = f"the {'training' if train else 'held-out'} split (1 in {HELD_OUT_EVERY} is held out by a path hash)"
+        raise EmptySplitError(f"data={cfg.name}: none of the {len(paths)} images in {where} is in {split}. Add more.")
     files = [str(paths[i]) for i in keep]  # str: cheaper than Path to hand to forked workers
-    return ImageFiles(files, torch.tensor(labels)[keep], num_classes, cfg.channels, cfg.image_size)
+    return ImageSource(files, torch.tensor(labels)[keep], num_classes, cfg.channels, cfg.image_size)
 
 
 def list_images(root: Path) -> tuple[list[Path], list[int], int]:
@@ -320,8 +303,7 @@ def generated_split(cfg: DataConfig, train: bool) -> tuple[int, int]:
 
 def open_digits(cfg: DataConfig, train: bool) -> ArrayImages:
     count, seed = generated_split(cfg, train)
-    images, labels = render_digits(count, cfg.image_size, seed)
-    return ArrayImages(images, labels, NUM_DIGIT_CLASSES, cfg.channels, cfg.image_size)
+    return ArrayImages(*render_digits(count, cfg.image_size, seed), NUM_DIGIT_CLASSES, cfg.channels, cfg.image_size)
 
 
 def open_stacked(cfg: DataConfig, train: bool) -> StackedImages:
@@ -351,13 +333,12 @@ def open_packed(cfg: DataConfig, train: bool) -> ArrayImages:
         pack = torch.load(file, mmap=True, weights_only=True)
         if not isinstance(pack, dict) or not {"format", "settings", "num_classes", "train", "held_out"} <= set(pack):
             raise ValueError(f"it holds {sorted(pack) if isinstance(pack, dict) else type(pack).__name__}, not a pack")
-        split, content = pack["train" if train else "held_out"], pack.get("content")
-        images, labels = split["images"], split["labels"]
+        images, labels = (pack["train" if train else "held_out"][key] for key in ("images", "labels"))
         if pack["format"] != PACK_FORMAT or images.dtype != torch.uint8 or images.size(0) != labels.numel():
             raise ValueError("its format, dtype or counts are not a pack's")
         settings = pack["settings"] if isinstance(pack["settings"], dict) else {}
         size, channels, name = (settings.get(key) for key in ("image_size", "channels", "name"))
-        if not (type(size) is type(channels) is int and isinstance(name, str) and isinstance(content, str)):
+        if not (type(size) is type(channels) is int and isinstance(name, str) and isinstance(pack.get("content"), str)):
             raise ValueError(f"its settings or content hash are damaged: {str(pack['settings'])[:80]}")
     except Exception as err:  # unreadable, cut short, damaged, or another file named pack.pt
         raise DataError(f"data=packed: {file} cannot be read as a pack ({err}). Write it again.") from err
@@ -368,7 +349,7 @@ def open_packed(cfg: DataConfig, train: bool) -> ArrayImages:
             f"data.image_size={size} data.channels={channels}, or pack again at the size you want."
         )
     source = ArrayImages(images, labels, int(pack["num_classes"]), cfg.channels, cfg.image_size)
-    source.pack = content
+    source.pack = pack["content"]
     return source
 
 
@@ -379,38 +360,31 @@ _STROKES = (1, 2, 3)  # extra stroke width in template pixels: thin, regular, bo
 
 def render_digits(num_samples: int, image_size: int, seed: int) -> tuple[Tensor, Tensor]:
     """A pure function of the seed: each digit drawn once per stroke, then a random affine, blur and noise."""
-    gen = torch.Generator().manual_seed(seed)
-    templates = _digit_templates(max(64, 2 * image_size))  # (10 * strokes, 1, T, T) in [0, 1]
-    labels = torch.randint(0, NUM_DIGIT_CLASSES, (num_samples,), generator=gen)
-    strokes = torch.randint(0, len(_STROKES), (num_samples,), generator=gen)
-    picks = labels * len(_STROKES) + strokes  # each image's template
-    chunks = [_jitter(templates[index], image_size, gen) for index in picks.split(4096)]
-    return torch.cat(chunks), labels
-
-
-def _digit_templates(size: int) -> Tensor:
+    size = max(64, 2 * image_size)  # the templates' side
     try:
         font = ImageFont.load_default(size=int(size * 0.8))
     except ImportError as err:  # Pillow built without FreeType has only a fixed bitmap font
         raise DataError("data=digits needs Pillow with FreeType support (the PyPI wheels have it).") from err
-    style = {"fill": 255, "font": font, "anchor": "mm", "stroke_fill": 255}
     glyphs = []
-    for digit in range(NUM_DIGIT_CLASSES):
-        for stroke in _STROKES:
-            canvas = Image.new("L", (size, size), 0)
-            ImageDraw.Draw(canvas).text((size / 2, size / 2), str(digit), stroke_width=stroke * size // 64, **style)
-            glyphs.append(torch.frombuffer(bytearray(canvas.tobytes()), dtype=torch.uint8).view(size, size))
-    return torch.stack(glyphs).unsqueeze(1).float() / 255
+    for digit, stroke in itertools.product(range(NUM_DIGIT_CLASSES), _STROKES):
+        canvas = Image.new("L", (size, size), 0)
+        style = {"fill": 255, "font": font, "anchor": "mm", "stroke_fill": 255, "stroke_width": stroke * size // 64}
+        ImageDraw.Draw(canvas).text((size / 2, size / 2), str(digit), **style)
+        glyphs.append(torch.frombuffer(bytearray(canvas.tobytes()), dtype=torch.uint8).view(size, size))
+    templates = torch.stack(glyphs).unsqueeze(1).float() / 255  # (10 * strokes, 1, T, T) in [0, 1]
+    gen = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, NUM_DIGIT_CLASSES, (num_samples,), generator=gen)
+    picks = labels * len(_STROKES) + torch.randint(0, len(_STROKES), (num_samples,), generator=gen)  # the templates
+    return torch.cat([_jitter(templates[index], image_size, gen) for index in picks.split(4096)]), labels
 
 
-def _jitter(templates: Tensor, image_size: int, gen: Tensor | torch.Generator) -> Tensor:
+def _jitter(templates: Tensor, image_size: int, gen: torch.Generator) -> Tensor:
     n = templates.size(0)
 
     def uniform(low: float, high: float) -> Tensor:
         return torch.empty(n).uniform_(low, high, generator=gen)
 
-    angle = uniform(-0.25, 0.25)  # radians, about +-15 degrees
-    shear = uniform(-0.25, 0.25)
+    angle, shear = uniform(-0.25, 0.25), uniform(-0.25, 0.25)  # radians, about +-15 degrees; a shear
     scale_x, scale_y = uniform(0.8, 1.05), uniform(0.72, 0.92)  # <1 zooms in, >1 out
     cos, sin = torch.cos(angle), torch.sin(angle)
     row_x = torch.stack([cos * scale_x, (-sin + shear) * scale_y, uniform(-0.12, 0.12)], dim=1)
@@ -418,24 +392,17 @@ def _jitter(templates: Tensor, image_size: int, gen: Tensor | torch.Generator) -
     theta = torch.stack([row_x, row_y], dim=1)  # (N, 2, 3): output coordinates -> template coordinates, for affine_grid
     # Sample at twice the size and average-pool: a cheap anti-aliasing filter.
     grid = F.affine_grid(theta, [n, 1, 2 * image_size, 2 * image_size], align_corners=False)
-    x = F.avg_pool2d(F.grid_sample(templates, grid, align_corners=False), 2)
-    x = _gaussian_blur(x, sigma=uniform(0.01, 0.7) * image_size / 32)
-    x = x * uniform(0.75, 1.0).view(n, 1, 1, 1)  # ink intensity
-    x = x + torch.randn(x.shape, generator=gen) * uniform(0.0, 0.06).view(n, 1, 1, 1)
-    return (x.clamp(0, 1) * 255).round().to(torch.uint8)
-
-
-def _gaussian_blur(x: Tensor, sigma: Tensor) -> Tensor:
-    """One sigma per image (grouped conv over the batch)."""
-    n, _, h, w = x.shape
+    x = F.avg_pool2d(F.grid_sample(templates, grid, align_corners=False), 2).view(1, n, image_size, image_size)
+    # a Gaussian blur of its own sigma per image: a grouped conv over the batch, rows then columns
+    sigma = uniform(0.01, 0.7) * image_size / 32
     radius = max(1, math.ceil(2 * float(sigma.max())))
-    offsets = torch.arange(-radius, radius + 1, dtype=x.dtype)
-    kernel = torch.exp(-0.5 * (offsets.view(1, -1) / sigma.view(-1, 1)) ** 2)
+    kernel = torch.exp(-0.5 * (torch.arange(-radius, radius + 1, dtype=x.dtype).view(1, -1) / sigma.view(-1, 1)) ** 2)
     kernel = kernel / kernel.sum(dim=1, keepdim=True)  # (N, 2r+1)
-    x = x.view(1, n, h, w)
     x = F.conv2d(F.pad(x, (radius, radius, 0, 0), mode="replicate"), kernel.view(n, 1, 1, -1), groups=n)
     x = F.conv2d(F.pad(x, (0, 0, radius, radius), mode="replicate"), kernel.view(n, 1, -1, 1), groups=n)
-    return x.view(n, 1, h, w)
+    x = x.view(n, 1, image_size, image_size) * uniform(0.75, 1.0).view(n, 1, 1, 1)  # ink intensity
+    x = x + torch.randn(x.shape, generator=gen) * uniform(0.0, 0.06).view(n, 1, 1, 1)
+    return (x.clamp(0, 1) * 255).round().to(torch.uint8)
 
 
 _OPENERS: dict[DatasetName, Callable[[DataConfig, bool], ImageSource]] = {

@@ -15,8 +15,7 @@ from gan.device import available_cpus
 from gan.errors import DataError
 
 
-def to_unit_range(images: Tensor) -> Tensor:
-    """uint8 -> float [-1, 1], the range of G's tanh."""
+def to_unit_range(images: Tensor) -> Tensor:  # uint8 -> float [-1, 1], the range of G's tanh
     return images.float().div_(127.5).sub_(1.0)
 
 
@@ -24,8 +23,7 @@ class EpochBatchSampler(Sampler[list[int]]):
     """Epoch e's order seeded by (seed, e), so a resume sees the same batches; no last short batch (BatchNorm)."""
 
     def __init__(self, size: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
-        self.size, self.batch_size, self.seed = size, batch_size, seed
-        self.rank, self.world_size = rank, world_size
+        self.size, self.batch_size, self.seed, self.rank, self.world_size = size, batch_size, seed, rank, world_size
         self.epoch, self.start = 0, 0
 
     @property
@@ -63,10 +61,9 @@ class BatchStream:
             )
         self.device, self.batch = device, 0  # batches taken in the current epoch
         self.sampler = EpochBatchSampler(len(images), batch_size, seed, rank, world_size)
-        in_memory = isinstance(images, Tensor)
+        in_memory, self.images, self.labels, self.loader = isinstance(images, Tensor), None, None, None
         if num_workers is None:
             num_workers = 0 if in_memory else max(1, min(8, available_cpus() // 2))  # the other half trains
-        self.images = self.labels = self.loader = None
         if in_memory and num_workers == 0:
             self.images = images.to(device)  # uint8: a quarter of float32's size
             self.labels = labels.to(device) if labels is not None else None
@@ -84,10 +81,6 @@ class BatchStream:
             self.close = weakref.finalize(self, stop_workers, self.loader)
         self._batches = self._epoch_iterator()
 
-    @property
-    def epoch(self) -> int:
-        return self.sampler.epoch
-
     def _epoch_iterator(self) -> Iterator[Tensor | tuple[Tensor, Tensor]]:
         if self.loader is not None:
             return iter(self.loader)
@@ -102,21 +95,17 @@ class BatchStream:
 
     def next_with_labels(self) -> tuple[Tensor, Optional[Tensor]]:
         try:
-            batch = self._next_batch()
-        except StopIteration:  # end of epoch: the next one starts from its first batch
-            self.load_state_dict({"epoch": self.sampler.epoch + 1, "batch": 0})
-            batch = self._next_batch()
+            batch = next(self._batches, None)
+            if batch is None:  # end of epoch: the next one starts from its first batch
+                self.load_state_dict({"epoch": self.sampler.epoch + 1, "batch": 0})
+                batch = next(self._batches)
+        except DataError as err:  # raised in a worker: its own message, not the pasted traceback
+            raise DataError(worker_message(str(err))) from None
         self.batch += 1
         images, labels = batch if isinstance(batch, (tuple, list)) else (batch, None)
         if labels is not None:
             labels = labels.to(self.device, non_blocking=True)
         return to_unit_range(images.to(self.device, non_blocking=True)), labels
-
-    def _next_batch(self) -> Tensor | tuple[Tensor, Tensor]:
-        try:
-            return next(self._batches)
-        except DataError as err:  # raised in a worker: its own message, not the pasted traceback
-            raise DataError(worker_message(str(err))) from None
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.sampler.epoch, "batch": self.batch}
@@ -135,10 +124,9 @@ def stop_workers(loader: DataLoader) -> None:
     workers = list(getattr(iterator, "_workers", []))
     with contextlib.suppress(Exception):
         iterator._shutdown_workers()
-    for worker in workers:
-        if worker.is_alive():
-            worker.kill()
-            worker.join(timeout=5)
+    for worker in [w for w in workers if w.is_alive()]:
+        worker.kill()
+        worker.join(timeout=5)
 
 
 def ignore_stop_signals(worker_id: int) -> None:
@@ -148,8 +136,6 @@ def ignore_stop_signals(worker_id: int) -> None:
 
 
 def worker_message(text: str) -> str:
-    if "Original Traceback" not in text:
-        return text
-    last = text.strip().splitlines()[-1]
+    last = text.strip().splitlines()[-1] if "Original Traceback" in text else ""
     name, _, message = last.partition(": ")
-    return message if message and "Error" in name else last
+    return (message if message and "Error" in name else last) or text
