@@ -1,6 +1,7 @@
 """Checkpoints: one dict of tensors and plain containers, written atomically, loaded weights_only, checked."""
 
 import errno
+import itertools
 import os
 import pickle
 import re
@@ -62,10 +63,9 @@ def _optimizer(value: Any) -> str:  # torch's layout, {'state': {index: {slot: t
     laid_out = isinstance(slots, Mapping) and isinstance(groups, list)
     if not (laid_out and all(isinstance(part, Mapping) for part in [*slots.values(), *groups])):
         return f"it holds {_shown(value)}, not an optimizer's state dict ({{'state': ..., 'param_groups': [...]}})"
-    for index, group in enumerate(groups):
-        for key, (fits, what) in ADAM_SETTINGS.items():
-            if not fits(group.get(key)):
-                return f"its param_groups[{index}].{key} holds {_shown(group.get(key))}, where Adam takes {what}"
+    for (index, group), (key, (fits, what)) in itertools.product(enumerate(groups), ADAM_SETTINGS.items()):
+        if not fits(group.get(key)):
+            return f"its param_groups[{index}].{key} holds {_shown(group.get(key))}, where Adam takes {what}"
     for index, moments in slots.items():  # torch would cast them to each parameter's type without a word
         for slot, moment in moments.items():
             if isinstance(moment, Tensor) and not moment.is_floating_point():
@@ -101,12 +101,9 @@ RESUME_ENTRIES: dict[str, Callable[[Any], str]] = {
 }
 # The settings of each parameter group that Adam's step reads (torch casts nothing: a str crashes its kernel)
 ADAM_SETTINGS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "lr": (_real, "a number"),
+    **dict.fromkeys(("lr", "eps", "weight_decay"), (_real, "a number")),
     "betas": (lambda v: isinstance(v, (tuple, list)) and len(v) == 2 and all(map(_real, v)), "two numbers"),
-    "eps": (_real, "a number"),
-    "weight_decay": (_real, "a number"),
-    "amsgrad": (lambda v: isinstance(v, bool), "True or False"),
-    "maximize": (lambda v: isinstance(v, bool), "True or False"),
+    **dict.fromkeys(("amsgrad", "maximize"), (lambda v: isinstance(v, bool), "True or False")),
 }
 
 
@@ -200,7 +197,6 @@ def checkpoint_path(path: str | Path) -> Path:
 
 
 def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
-    """Load and sanity-check a checkpoint file or run directory onto `map_location`; CheckpointError."""
     if not str(path).strip():  # Path("") is the launch directory: its checkpoints/last.pt is no one's choice
         raise CheckpointError("The checkpoint path is empty (an unset shell variable?). Name a checkpoint or run.")
     file = checkpoint_path(path)
@@ -310,9 +306,8 @@ def another_checkpoint(file: Path, use: str = "resume or evaluate") -> str:
 
 def _describe(err: BaseException) -> str:
     """'Type: first line' of `err`, or of the reason torch's weights-only refusal gives after its preamble."""
-    text = str(err)
-    reason = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", text)
-    lines = [reason.group(1)] if reason else text.strip().splitlines()
+    reason = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", str(err))
+    lines = [reason.group(1)] if reason else str(err).strip().splitlines()
     return f"{type(err).__name__}: {lines[0].strip()[:200]}" if lines else type(err).__name__
 
 
@@ -328,9 +323,7 @@ def load_module_state(module: nn.Module, state: Mapping[str, Tensor], name: str,
     shown = "; ".join((problems or retyped)[:6]) + ("; and more" if len(problems or retyped) > 6 else "")
     if problems:
         advice = advice or "Use the same model.* and data.image_size/data.channels as the run that wrote it."
-        raise CheckpointError(
-            f"The checkpoint's {name} does not match the one built from the config: {shown}. {advice}"
-        )
+        raise CheckpointError(f"The checkpoint's {name} does not match the one the config builds: {shown}. {advice}")
     if retyped:
         why = "this project writes each in its network's own type, so the file was altered: use another one."
         raise CheckpointError(f"The checkpoint's {name} holds tensors of another type than its model's: {shown}; {why}")

@@ -166,7 +166,6 @@ def read_image(path: str, channels: int, size: int) -> Tensor:
 
 _FOLDER_REMEDY = "Set data.root to a folder of images, flat or a subfolder a class; data=folder downloads nothing."
 _IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
-_CIFAR_FILES = (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta")
 # IDX type codes (LeCun's format) -> bytes per value: ubyte, byte, short, int, float, double
 _IDX_ITEM_BYTES = {0x08: 1, 0x09: 1, 0x0B: 2, 0x0C: 4, 0x0D: 4, 0x0E: 8}
 
@@ -188,8 +187,7 @@ def _require_files(cfg: DataConfig, folder: Path, files: Sequence[str], size: st
 
 def _open_mnist_like(cfg: DataConfig, train: bool, kind: type[datasets.MNIST], size: str) -> ArrayImages:
     folder = _root(cfg) / kind.__name__ / "raw"  # torchvision's layout: ROOT/MNIST/raw
-    prefix = "train" if train else "t10k"  # torchvision's file names: the held-out split is MNIST's test split
-    image_file, label_file = folder / f"{prefix}-images-idx3-ubyte", folder / f"{prefix}-labels-idx1-ubyte"
+    image_file, label_file = (folder / name for name in (_IDX_FILES[:2] if train else _IDX_FILES[2:]))  # t10k: held out
     there = _require_files(cfg, folder, _IDX_FILES, size)  # files a download fetches are checked by torchvision
     for path, ndim in ((image_file, 3), (label_file, 1)) if there else ():  # a bad header or length, named
         with path.open("rb") as file:  # (torchvision says "invalid literal for int()" or "x should have 3 dim...")
@@ -218,7 +216,7 @@ def _open_mnist_like(cfg: DataConfig, train: bool, kind: type[datasets.MNIST], s
 
 def open_cifar10(cfg: DataConfig, train: bool) -> ArrayImages:
     folder = _root(cfg) / datasets.CIFAR10.base_folder
-    _require_files(cfg, folder, _CIFAR_FILES, "163 MB")
+    _require_files(cfg, folder, [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta"], "163 MB")
     dataset = _torchvision(cfg, lambda: datasets.CIFAR10(cfg.root, train=train, download=cfg.download), folder)
     raw = torch.from_numpy(dataset.data).permute(0, 3, 1, 2).contiguous()  # HWC -> CHW
     return ArrayImages(raw, torch.tensor(dataset.targets), 10, cfg.channels, cfg.image_size)
@@ -250,10 +248,8 @@ def open_celeba(cfg: DataConfig, train: bool) -> ImageSource:
     folder = _root(cfg) / datasets.CelebA.base_folder
     if cfg.download and not (folder / "img_align_celeba").is_dir():
         _torchvision(cfg, lambda: datasets.CelebA(cfg.root, split="all", target_type=[], download=True), folder)
-    remedy = (
-        "Expected CelebA's aligned JPEGs in img_align_celeba/ there: add data.download=true to fetch them (1.4 GB "
-        "from Google Drive; needs internet and `pip install gdown`), or unzip img_align_celeba.zip there."
-    )
+    fetch = "add data.download=true to fetch them (1.4 GB from Google Drive; needs internet and `pip install gdown`)"
+    remedy = f"Expected CelebA's aligned JPEGs in img_align_celeba/ there: {fetch}, or unzip img_align_celeba.zip."
     return _image_folder(folder, cfg, train, remedy)
 
 
@@ -276,19 +272,16 @@ def _image_folder(root: Path, cfg: DataConfig, train: bool, remedy: str) -> Imag
 def list_images(root: Path) -> tuple[list[Path], list[int], int]:
     """(paths, labels, classes): folders as classes (ImageFolder) when `root` holds only folders, else one."""
     entries = [p for p in root.iterdir() if not p.name.startswith(".") and p.name != CLASSIFIER_CACHE]
-    if any(p.is_dir() for p in entries) and not any(_is_image(p) for p in entries):
+    is_image = [p.suffix.lower() in IMG_EXTENSIONS and p.is_file() for p in entries]
+    if any(p.is_dir() for p in entries) and not any(is_image):
         # ImageFolder's listing, walked once; a folder without an image is no class
         folders = sorted(p.name for p in entries if p.is_dir())
         samples = make_dataset(str(root), {name: i for i, name in enumerate(folders)}, IMG_EXTENSIONS, allow_empty=True)
         label_of = {folder: label for label, folder in enumerate(sorted({c for _, c in samples}))}
         return [Path(p) for p, _ in samples], [label_of[c] for _, c in samples], len(label_of)
-    images = (p for p in root.rglob("*") if _is_image(p))
+    images = (p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMG_EXTENSIONS)
     paths = sorted(p for p in images if not any(part.startswith(".") for part in p.relative_to(root).parts))
     return paths, [0] * len(paths), 1
-
-
-def _is_image(path: Path) -> bool:
-    return path.suffix.lower() in IMG_EXTENSIONS and path.is_file()
 
 
 def is_held_out(relative: Path) -> bool:
@@ -308,8 +301,7 @@ def open_digits(cfg: DataConfig, train: bool) -> ArrayImages:
 
 def open_stacked(cfg: DataConfig, train: bool) -> StackedImages:
     """Stacked-MNIST (Metz et al. 2017): three uniform draws of `data.source` as R, G, B; 1000 modes."""
-    try:  # the source split in memory, grayscale, at the target size; digits renders num_samples
-        # limit=0: data.limit counts stacked images, not the source images they are drawn from
+    try:  # the source split in memory, grayscale, at the target size (limit=0: data.limit counts stacked images)
         source = load_dataset(replace(cfg, name=cfg.source, channels=1, limit=0), train, in_memory=True)
     except DataError as err:
         raise DataError(f"data=stacked reads its images from data.source={cfg.source}: {err}") from err

@@ -68,14 +68,11 @@ class BatchStream:
             self.images = images.to(device)  # uint8: a quarter of float32's size
             self.labels = labels.to(device) if labels is not None else None
         else:
-            self.loader = DataLoader(  # a tensor serves as a dataset: images[i] is its row i
-                images if labels is None else StackDataset(images, labels),  # item i: (images[i], labels[i])
-                batch_sampler=self.sampler,
-                num_workers=num_workers,
-                pin_memory=device.type == "cuda",
-                persistent_workers=num_workers > 0,
-                worker_init_fn=ignore_stop_signals,
+            dataset = images if labels is None else StackDataset(images, labels)  # item i: (images[i], labels[i])
+            workers = dict(
+                num_workers=num_workers, persistent_workers=num_workers > 0, worker_init_fn=ignore_stop_signals
             )
+            self.loader = DataLoader(dataset, batch_sampler=self.sampler, pin_memory=device.type == "cuda", **workers)
             # Workers ignore SIGTERM, so multiprocessing's exit-time terminate() would wait forever: stop
             # them here, before multiprocessing's own exit handler (registered earlier) runs.
             self.close = weakref.finalize(self, stop_workers, self.loader)
