@@ -63,11 +63,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             why = "a pack holds images, so it takes the data settings only (data=NAME, data.KEY=VALUE)"
             raise ConfigError(f"{' '.join(others)}: {why}. Nothing was written: give them to train.py with the pack.")
         write_pack(compose_config(*args.overrides).data, args.out_folder)
-    except UserError as err:
-        log.error("%s", err)
-        return 2
-    except OSError as err:  # a full disk, a read-only folder: no partial file is left
-        log.error("%s", environment_error(err, then="pack again."))
+    except (UserError, OSError) as err:  # OSError: a full disk, a read-only folder; no partial file is left
+        log.error("%s", environment_error(err, then="pack again.") if isinstance(err, OSError) else err)
         return 2
     except KeyboardInterrupt:
         log.error("Interrupted: no pack was written (a partial file is removed). Pack again to write it.")

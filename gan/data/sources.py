@@ -108,28 +108,17 @@ class ImageSource(Dataset):
         return out
 
 
-class ArrayImages(ImageSource):  # uint8 arrays (N, C, H, W)
-    def __getitem__(self, index: int) -> Tensor:
-        return fit_square(convert_channels(self.items[index], self.channels), self.image_size)
+class ArrayImages(ImageSource):
+    """uint8 arrays (N, C, H, W); with `source` (stacked): (N, 3) indices into its (M, 1, S, S) images, as R, G, B."""
 
-    def load_all(self) -> Tensor:
-        # each op works per image: a chunk gives exactly the pixels of single calls
-        chunks = [fit_square(convert_channels(part, self.channels), self.image_size) for part in self.items.split(4096)]
-        return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
-
-
-class StackedImages(ImageSource):
-    """`items`: (N, 3) indices into `source`, (M, 1, S, S) uint8 grayscale images, one a channel."""
-
-    def __init__(self, source: Tensor, triples: Tensor, labels: Tensor):
-        super().__init__(triples, labels, 1000, 3, source.size(-1))
-        self.source = source
+    source: Optional[Tensor] = None
 
     def __getitem__(self, index: int | Tensor) -> Tensor:
-        return self.source[self.items[index]].flatten(-4, -3)  # (..., 3, 1, S, S) -> (..., 3, S, S)
+        images = self.items[index] if self.source is None else self.source[self.items[index]].flatten(-4, -3)
+        return fit_square(convert_channels(images, self.channels), self.image_size)
 
-    def load_all(self) -> Tensor:
-        return self[slice(None)]  # one gather
+    def load_all(self) -> Tensor:  # by chunks: each op works per image, so the pixels are those of single calls
+        return torch.cat([self[index] for index in torch.arange(len(self)).split(4096)])
 
 
 def fit_square(images: Tensor, size: int) -> Tensor:
@@ -274,8 +263,7 @@ def list_images(root: Path) -> tuple[list[Path], list[int], int]:
     entries = [p for p in root.iterdir() if not p.name.startswith(".") and p.name != CLASSIFIER_CACHE]
     is_image = [p.suffix.lower() in IMG_EXTENSIONS and p.is_file() for p in entries]
     if any(p.is_dir() for p in entries) and not any(is_image):
-        # ImageFolder's listing, walked once; a folder without an image is no class
-        folders = sorted(p.name for p in entries if p.is_dir())
+        folders = sorted(p.name for p in entries if p.is_dir())  # ImageFolder's listing; no image, no class
         samples = make_dataset(str(root), {name: i for i, name in enumerate(folders)}, IMG_EXTENSIONS, allow_empty=True)
         label_of = {folder: label for label, folder in enumerate(sorted({c for _, c in samples}))}
         return [Path(p) for p, _ in samples], [label_of[c] for _, c in samples], len(label_of)
@@ -299,7 +287,7 @@ def open_digits(cfg: DataConfig, train: bool) -> ArrayImages:
     return ArrayImages(*render_digits(count, cfg.image_size, seed), NUM_DIGIT_CLASSES, cfg.channels, cfg.image_size)
 
 
-def open_stacked(cfg: DataConfig, train: bool) -> StackedImages:
+def open_stacked(cfg: DataConfig, train: bool) -> ArrayImages:
     """Stacked-MNIST (Metz et al. 2017): three uniform draws of `data.source` as R, G, B; 1000 modes."""
     try:  # the source split in memory, grayscale, at the target size (limit=0: data.limit counts stacked images)
         source = load_dataset(replace(cfg, name=cfg.source, channels=1, limit=0), train, in_memory=True)
@@ -308,7 +296,9 @@ def open_stacked(cfg: DataConfig, train: bool) -> StackedImages:
     count, seed = generated_split(cfg, train)
     triples = torch.randint(0, source.labels.numel(), (count, 3), generator=torch.Generator().manual_seed(seed))
     digits = source.labels[triples]  # (count, 3): the class of the red, green and blue image
-    return StackedImages(source.images, triples, digits[:, 0] * 100 + digits[:, 1] * 10 + digits[:, 2])
+    stacked = ArrayImages(triples, digits[:, 0] * 100 + digits[:, 1] * 10 + digits[:, 2], 1000, 3, cfg.image_size)
+    stacked.source = source.images
+    return stacked
 
 
 def open_packed(cfg: DataConfig, train: bool) -> ArrayImages:

@@ -24,11 +24,7 @@ class EpochBatchSampler(Sampler[list[int]]):
 
     def __init__(self, size: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
         self.size, self.batch_size, self.seed, self.rank, self.world_size = size, batch_size, seed, rank, world_size
-        self.epoch, self.start = 0, 0
-
-    @property
-    def batches_per_epoch(self) -> int:
-        return self.size // self.world_size // self.batch_size
+        self.epoch, self.start, self.batches_per_epoch = 0, 0, size // world_size // batch_size
 
     def __len__(self) -> int:
         return self.batches_per_epoch - self.start
@@ -73,8 +69,7 @@ class BatchStream:
                 num_workers=num_workers, persistent_workers=num_workers > 0, worker_init_fn=ignore_stop_signals
             )
             self.loader = DataLoader(dataset, batch_sampler=self.sampler, pin_memory=device.type == "cuda", **workers)
-            # Workers ignore SIGTERM, so multiprocessing's exit-time terminate() would wait forever: stop
-            # them here, before multiprocessing's own exit handler (registered earlier) runs.
+            # workers ignore SIGTERM: stopped here, before multiprocessing's exit handler, whose terminate() would hang
             self.close = weakref.finalize(self, stop_workers, self.loader)
         self._batches = self._epoch_iterator()
 
@@ -100,8 +95,7 @@ class BatchStream:
             raise DataError(worker_message(str(err))) from None
         self.batch += 1
         images, labels = batch if isinstance(batch, (tuple, list)) else (batch, None)
-        if labels is not None:
-            labels = labels.to(self.device, non_blocking=True)
+        labels = labels if labels is None else labels.to(self.device, non_blocking=True)
         return to_unit_range(images.to(self.device, non_blocking=True)), labels
 
     def state_dict(self) -> dict[str, int]:
@@ -115,11 +109,9 @@ class BatchStream:
 
 def stop_workers(loader: DataLoader) -> None:
     """The loader's orderly shutdown, then SIGKILL for any worker still alive (they ignore SIGTERM)."""
-    iterator = loader._iterator  # private: where DataLoader keeps the iterator of persistent workers
-    if iterator is None:
-        return
+    iterator = loader._iterator  # private: where DataLoader keeps the iterator of persistent workers (or None)
     workers = list(getattr(iterator, "_workers", []))
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # None has no _shutdown_workers: nothing to stop
         iterator._shutdown_workers()
     for worker in [w for w in workers if w.is_alive()]:
         worker.kill()
