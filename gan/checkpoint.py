@@ -73,8 +73,7 @@ def _optimizer(value: Any) -> str:  # torch's layout, {'state': {index: {slot: t
     return ""
 
 
-# What train.py and evaluate.py read of every checkpoint (None: absent, where not required)
-ENTRIES: dict[str, Callable[[Any], str]] = {
+ENTRIES: dict[str, Callable[[Any], str]] = {  # what train.py and evaluate.py read of every checkpoint (None: absent)
     "step": _plain(_whole, "the number of generator updates done, a whole number of 0 or more"),
     "num_classes": _plain(_whole, "the number of classes G was built for (0: unconditional)"),
     "kind": _plain(lambda v: isinstance(v, str), "a name such as 'best'"),
@@ -88,8 +87,7 @@ ENTRIES: dict[str, Callable[[Any], str]] = {
     "G": _state_dict,
     "G_ema": _state_dict,
 }
-# What a resume reads besides
-RESUME_ENTRIES: dict[str, Callable[[Any], str]] = {
+RESUME_ENTRIES: dict[str, Callable[[Any], str]] = {  # what a resume reads besides
     "D": _state_dict,
     "opt_g": _optimizer,
     "opt_d": _optimizer,

@@ -326,9 +326,9 @@ def open_packed(cfg: DataConfig, train: bool) -> ArrayImages:
         raise DataError(f"data=packed: {file} cannot be read as a pack ({err}). Write it again.") from err
     if (size, channels) != (cfg.image_size, cfg.channels):
         raise ConfigError(
-            f"data.image_size={cfg.image_size} data.channels={cfg.channels}, but {file} holds images packed at "
-            f"{size} px with {channels} channel(s) (from data={name}). Set "
-            f"data.image_size={size} data.channels={channels}, or pack again at the size you want."
+            f"data.image_size={cfg.image_size} data.channels={cfg.channels}, but {file} holds images packed at {size} "
+            f"px with {channels} channel(s) (from data={name}). Set data.image_size={size} data.channels={channels}, "
+            "or pack again at the size you want."
         )
     source = ArrayImages(images, labels, int(pack["num_classes"]), cfg.channels, cfg.image_size)
     source.pack = pack["content"]
