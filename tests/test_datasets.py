@@ -9,6 +9,7 @@ import re
 import socket
 import struct
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -39,8 +40,7 @@ def _no_internet(monkeypatch):
     connect = socket.socket.connect
 
     def guarded(self, address):
-        if self.family in (socket.AF_INET, socket.AF_INET6):
-            raise AssertionError(f"a test tried to connect to {address}")
+        assert self.family not in (socket.AF_INET, socket.AF_INET6), f"a test tried to connect to {address}"
         return connect(self, address)
 
     monkeypatch.setattr(socket.socket, "connect", guarded)
@@ -65,28 +65,23 @@ def write_mnist(root: Path, folder: str = "MNIST", train: int = 40, test: int = 
     return [i % 10 for i in range(train)]
 
 
-def write_cifar(root: Path, per_batch: int = 2) -> Path:
-    """CIFAR-10's pickles of (N, 3072) rows, planes R, G, B: image i's top half is (200, 100, i); its label i % 10."""
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
+def write_cifar(root: Path) -> Path:
+    """CIFAR-10's pickled batches of 2 rows of 3072 (R, G, B): image i's top half is (200, 100, i), label i % 10."""
+    (folder := root / "cifar-10-batches-py").mkdir(parents=True)
     for b, name in enumerate([f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]):
-        offset = b * per_batch
-        images = np.zeros((per_batch, 3, 32, 32), np.uint8)
-        images[:, 0, :16], images[:, 1, :16] = 200, 100
-        images[:, 2, :16] = (offset + np.arange(per_batch))[:, None, None]
-        batch = {"labels": [(offset + i) % 10 for i in range(per_batch)], "data": images.reshape(per_batch, 3072)}
+        images = np.zeros((2, 3, 32, 32), np.uint8)
+        images[:, 0, :16], images[:, 1, :16], images[:, 2, :16] = 200, 100, (2 * b + np.arange(2))[:, None, None]
+        batch = {"labels": [(2 * b + i) % 10 for i in range(2)], "data": images.reshape(2, 3072)}
         (folder / name).write_bytes(pickle.dumps(batch))
     (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": [str(c) for c in range(10)]}))
     return folder
 
 
-def write_image(path: Path, size: tuple[int, int], mode: str = "RGB", seed: int = 0) -> np.ndarray:
+def write_image(path: Path, size: tuple[int, int], mode: str = "RGB", seed: int = 0) -> None:
     """A random image of (width, height) saved by Pillow in the format its suffix names."""
     path.parent.mkdir(parents=True, exist_ok=True)
     shape = (size[1], size[0]) + ((3,) if mode == "RGB" else ())
-    pixels = np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
-    Image.fromarray(pixels, mode).save(path)
-    return pixels
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8), mode).save(path)
 
 
 def make_folder(root: Path, count: int = 24) -> Path:
@@ -105,9 +100,8 @@ def test_digits_are_deterministic_labelled_distinct_and_inked_in_the_middle(size
     images, labels = render_digits(1000, size, seed=7)
     few, few_labels = render_digits(200, size, seed=7)
     assert all(torch.equal(a, b) for a, b in zip(render_digits(200, size, seed=7), (few, few_labels)))
-    assert not torch.equal(render_digits(200, size, seed=8)[0], few)
+    assert not torch.equal(render_digits(200, size, seed=8)[0], few) and set(labels.tolist()) == set(range(10))
     assert images.shape == (1000, 1, size, size) and images.dtype == torch.uint8
-    assert set(labels.tolist()) == set(range(10))
     mean = images.float().mean(0)[0]
     assert mean[size // 4 : -size // 4, size // 4 : -size // 4].mean() > 3 * mean[0].mean()  # the digit, not noise
     means = torch.stack([images[labels == c].float().mean(0) for c in range(10)]).flatten(1)
@@ -116,23 +110,17 @@ def test_digits_are_deterministic_labelled_distinct_and_inked_in_the_middle(size
 
 
 @pytest.mark.parametrize("height, width", [(28, 28), (218, 178), (12, 40)])
-def test_fit_square_resizes_the_shorter_side_then_crops_the_centre(height, width):
+def test_fit_square_resizes_the_shorter_side_then_crops_the_centre_and_gray_is_pillows_luma(height, width):
     images = torch.zeros(2, 1, height, width, dtype=torch.uint8)
     images[..., height // 2 :, :] = 200  # bottom half bright: the crop keeps the middle rows
-    out = fit_square(images, 16)
+    out, same = fit_square(images, 16), torch.randint(0, 256, (3, 3, 16, 16), dtype=torch.uint8)
     assert out.shape == (2, 1, 16, 16) and out.dtype == torch.uint8
     assert out[..., :7, :].max() < 50 and out[..., 9:, :].min() > 150
-    same = torch.randint(0, 256, (3, 3, 16, 16), dtype=torch.uint8)
-    assert fit_square(same, 16) is same  # already that size: untouched, not resampled
-
-
-def test_rgb_to_gray_is_pillows_luma_to_the_byte():
-    pixels = torch.randint(0, 256, (64, 64, 3), dtype=torch.uint8)
+    assert fit_square(same, 16) is same and convert_channels(same, 3) is same  # already so: untouched, not resampled
+    pixels = torch.randint(0, 256, (height, width, 3), dtype=torch.uint8)
     pixels[0, 0] = 255  # white stays 255: the rounding constant must not overflow a byte
-    pillow = torch.tensor(np.asarray(Image.fromarray(pixels.numpy()).convert("L")))
-    rgb = pixels.permute(2, 0, 1)
-    assert torch.equal(convert_channels(rgb, 1)[0], pillow)
-    assert convert_channels(rgb, 3) is rgb  # already RGB: untouched
+    pillow = torch.tensor(np.asarray(Image.fromarray(pixels.numpy()).convert("L")))  # to the byte
+    assert torch.equal(convert_channels(pixels.permute(2, 0, 1), 1)[0], pillow)
 
 
 # torchvision's datasets ----------------------------------------------------------------------------
@@ -140,12 +128,10 @@ def test_rgb_to_gray_is_pillows_luma_to_the_byte():
 def test_mnist_like_datasets_read_torchvision_layout_resized_and_oriented(tmp_path, name, folder):
     labels = write_mnist(tmp_path, folder)
     data = load_dataset(cfg_for(name, tmp_path, image_size=32))
-    assert data.images.shape == (40, 1, 32, 32) and data.images.dtype == torch.uint8
-    assert data.labels.tolist() == labels and data.num_classes == 10
-    top, bottom = data.images[:, 0, :12], data.images[:, 0, -12:]
-    values = [100 + c * 10 + i % 4 for i, c in enumerate(labels)]
-    assert top.flatten(1).float().mean(1).tolist() == values  # in file order, rows as rows
-    assert int(bottom.max()) == 0
+    assert data.images.shape == (40, 1, 32, 32) and data.images.dtype == torch.uint8 and data.num_classes == 10
+    values = [100 + c * 10 + i % 4 for i, c in enumerate(labels)]  # in file order, rows as rows
+    assert data.images[:, 0, :12].flatten(1).float().mean(1).tolist() == values and data.labels.tolist() == labels
+    assert int(data.images[:, 0, -12:].max()) == 0
     held_out = load_dataset(cfg_for(name, tmp_path), train=False)
     assert held_out.images.size(0) == 8 and held_out.labels[0] == 5  # the t10k files
     rgb = load_dataset(cfg_for(name, tmp_path, channels=3)).images  # grayscale repeated into RGB
@@ -160,8 +146,7 @@ def test_cifar10_reads_the_pickled_batches_as_rgb_planes_and_refuses_wrong_check
     # torchvision checks each file's md5 against the official archive's, as it just did: only that is replaced
     monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", lambda path, md5=None: Path(path).is_file())
     data = load_dataset(cfg_for("cifar10", tmp_path, image_size=32, channels=3))
-    assert data.images.shape == (10, 3, 32, 32) and data.num_classes == 10  # 5 batches of 2
-    assert data.labels.tolist() == list(range(10))
+    assert data.images.shape == (10, 3, 32, 32) and data.num_classes == 10 and data.labels.tolist() == list(range(10))
     top = data.images[:, :, :16].flatten(2).float().mean(2)  # (N, 3) mean of each plane's top half
     assert top[:, 0].eq(200).all() and top[:, 1].eq(100).all() and top[:, 2].tolist() == list(range(10))
     assert int(data.images[:, :, 16:].max()) == 0
@@ -174,13 +159,10 @@ def test_cifar10_reads_the_pickled_batches_as_rgb_planes_and_refuses_wrong_check
 
 def test_download_is_not_attempted_when_the_files_are_there_and_a_failed_one_is_a_data_error(tmp_path, monkeypatch):
     write_mnist(tmp_path / "there")
-    mnist = torchvision.datasets.mnist
-    monkeypatch.setattr(mnist, "download_and_extract_archive", lambda *a, **k: pytest.fail("tried to download"))
+    fetch = "download_and_extract_archive"
+    monkeypatch.setattr(torchvision.datasets.mnist, fetch, lambda *a, **k: pytest.fail("tried to download"))
     assert load_dataset(cfg_for("mnist", tmp_path / "there", download=True)).images.size(0) == 40
-
-    def offline(self):
-        raise RuntimeError("Error downloading train-images-idx3-ubyte.gz")
-
+    offline = mock.Mock(side_effect=RuntimeError("Error downloading train-images-idx3-ubyte.gz"))
     monkeypatch.setattr(torchvision.datasets.MNIST, "download", offline)
     with pytest.raises(DataError, match="could not be downloaded.*Error downloading"):
         load_dataset(cfg_for("mnist", tmp_path / "empty", download=True))
@@ -271,14 +253,6 @@ def test_a_folder_without_a_usable_image_is_refused_naming_the_folder(tmp_path, 
     assert "broken.png" in content or "holds no image files" in message
 
 
-def test_a_decompression_bomb_is_refused_naming_the_image(tmp_path, monkeypatch):
-    # an image Pillow cannot read at all: test_a_bad_image_read_by_a_worker_gives_the_workers_own_message
-    write_image(tmp_path / "bad.png", (64, 64))
-    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 64 x 64 = 4096 > 2 x 1000: Pillow refuses it
-    with pytest.raises(DataError, match="bad.png is refused"):
-        read_image(str(tmp_path / "bad.png"), 3, 16)
-
-
 NO_LOADER = [(dict(name="nosuch"), "data.name"), (dict(name="stacked", source="cifar10", channels=3), "data.source"),
              (dict(name="stacked", channels=1), "data.channels"), (dict(name="folder", download=True), "data.download"),
              (dict(name="digits", download=True), "data.download")]  # fmt: skip
@@ -296,8 +270,7 @@ def test_config_refuses_what_no_loader_can_do(overrides, key):
 # folders ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("size, channels", [(16, 3), (64, 3), (32, 1)])
 def test_folder_images_follow_the_dcgan_tutorial_recipe(tmp_path, size, channels):
-    # Resize + CenterCrop as the PyTorch DCGAN tutorial runs them on PIL images; ours on uint8 tensors (antialiased
-    # bilinear): equal up to a rounding step
+    # the PyTorch DCGAN tutorial's Resize + CenterCrop on PIL images; ours, antialiased, on tensors: a rounding apart
     for i, (width, height) in enumerate([(48, 32), (30, 50), (178, 218), (20, 12)]):
         write_image(tmp_path / f"{i}.png", (width, height), seed=i)
     data = load_dataset(cfg_for("folder", tmp_path, image_size=size, channels=channels), train=True)
@@ -312,7 +285,7 @@ def test_folder_images_follow_the_dcgan_tutorial_recipe(tmp_path, size, channels
         assert (image.int() - expected.int()).abs().max() <= 1
 
 
-def test_jpeg_png_gray_and_rgb_files_mix_in_one_folder(tmp_path):
+def test_jpeg_png_gray_and_rgb_files_mix_in_one_folder_and_a_decompression_bomb_is_refused(tmp_path, monkeypatch):
     write_image(tmp_path / "a.jpg", (40, 40), "L")
     write_image(tmp_path / "b.png", (40, 40), "RGB")
     write_image(tmp_path / "c.bmp", (40, 40), "RGB")
@@ -326,6 +299,10 @@ def test_jpeg_png_gray_and_rgb_files_mix_in_one_folder(tmp_path):
     for channels in (1, 3):
         pixels = read_image(str(tmp_path / "ramp.png"), channels, 256)
         assert torch.equal(pixels[0].to(torch.int64), torch.from_numpy(ramp.astype(np.int64) >> 8))
+    # an image Pillow cannot read at all: test_a_folder_trains_through_a_worker_and_a_bad_image_read_there_...
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 256 x 256 > 2 x 1000 pixels: Pillow refuses it
+    with pytest.raises(DataError, match="ramp.png is refused"):
+        read_image(str(tmp_path / "ramp.png"), 3, 16)
 
 
 def test_class_subfolders_are_labels_at_any_depth_and_the_classifier_cache_is_no_class(tmp_path):
@@ -396,7 +373,7 @@ def test_celeba_is_read_where_torchvision_puts_it_at_64_px(tmp_path):
 
 
 # stacked ---------------------------------------------------------------------------------------
-def test_stacked_digits_are_three_independent_images_with_1000_mode_labels():
+def test_stacked_sets_are_three_independent_images_with_1000_mode_labels_from_digits_or_mnist(tmp_path):
     cfg = DataConfig(name="stacked", channels=3, num_samples=600, image_size=16)
     source_cfg = DataConfig(num_samples=600, image_size=16)
     data, source = load_dataset(cfg), load_dataset(source_cfg)
@@ -411,10 +388,7 @@ def test_stacked_digits_are_three_independent_images_with_1000_mode_labels():
     assert held_out.images.size(0) == 100 and not torch.equal(held_out.images[:5], data.images[:5])
     # the generated digits' own held-out split: 100 images, others than the training split's
     assert other_digits.size(0) == 100 and not any(torch.equal(other_digits[0], image) for image in source.images)
-
-
-def test_stacked_mnist_reads_its_source_from_the_mnist_files_and_names_a_missing_one(tmp_path):
-    write_mnist(tmp_path)
+    write_mnist(tmp_path)  # data.source=mnist: read from its files, a missing source named
     data = load_dataset(cfg_for("stacked", tmp_path, source="mnist", channels=3, num_samples=64))
     top = data.images[:, :, :12].flatten(2).float().mean(2)  # (N, 3): 100 + 10 * digit + (i % 4)
     digits = ((top - 100) // 10).long()
@@ -424,15 +398,6 @@ def test_stacked_mnist_reads_its_source_from_the_mnist_files_and_names_a_missing
 
 
 # in memory or streamed, and the batch stream -------------------------------------------------------
-def test_auto_holds_small_sets_in_memory_and_streams_large_ones(tmp_path, monkeypatch):
-    write_mnist(tmp_path)
-    cfg = cfg_for("mnist", tmp_path, image_size=16)  # 40 images x 256 bytes
-    assert isinstance(load_dataset(cfg).images, torch.Tensor)
-    monkeypatch.setattr(gan.data.sources, "IN_MEMORY_LIMIT", 40 * 256 - 1)
-    assert isinstance(load_dataset(cfg).images, ImageSource)
-    assert isinstance(load_dataset(cfg, in_memory=True).images, torch.Tensor)  # the caller decides
-
-
 @pytest.mark.parametrize("workers", [0, 1])
 def test_a_streamed_folder_gives_the_in_memory_batches_each_image_once_an_epoch_and_resumes_exactly(tmp_path, workers):
     cfg = cfg_for("folder", make_folder(tmp_path), image_size=16)
@@ -457,8 +422,10 @@ def test_a_streamed_folder_gives_the_in_memory_batches_each_image_once_an_epoch_
         assert torch.equal(rx, x) and torch.equal(ry, y)
 
 
-def test_a_bad_image_read_by_a_worker_gives_the_workers_own_message(tmp_path):
+def test_a_folder_trains_through_a_worker_and_a_bad_image_read_there_gives_the_workers_own_message(tmp_path):
     folder = make_folder(tmp_path / "images", count=40)
+    stream = ("data.in_memory=false", "data.num_workers=1", "data.batch_size=8", "data.image_size=16")
+    assert train(compose_config("data=folder", f"data.root={folder}", *stream), tmp_path / "run").step == 6
     (folder / "10.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
     dataset = load_dataset(cfg_for("folder", folder, image_size=16, in_memory=False))
     stream = BatchStream(dataset.images, 32, seed=0, device=CPU, num_workers=1)
@@ -475,14 +442,18 @@ def test_a_bad_image_read_by_a_worker_gives_the_workers_own_message(tmp_path):
 
 # data.limit --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["digits", "mnist", "folder", "stacked"])
-def test_streamed_items_equal_the_in_memory_tensor_and_limit_keeps_the_first_with_their_labels(tmp_path, kind):
+def test_streamed_items_equal_the_in_memory_tensor_auto_streams_a_large_set_and_limit_keeps_the_first_ones(
+    tmp_path, monkeypatch, kind
+):
     for i in range(16 if kind == "folder" else 0):  # two classes, so the labels can go wrong
         write_image(tmp_path / f"class_{i % 2}" / f"{i:02d}.png", (20, 20), seed=i)
     write_mnist(tmp_path)  # data=mnist, and data=stacked's source
     cfg = cfg_for(kind, tmp_path, image_size=16, channels=1 if kind == "digits" else 3, source="mnist", num_samples=36)
-    full, limited = load_dataset(cfg, in_memory=True), dataclasses.replace(cfg, limit=10)
-    streamed = load_dataset(cfg, in_memory=False).images
-    assert isinstance(streamed, ImageSource)
+    assert isinstance(load_dataset(cfg).images, torch.Tensor)  # auto: in memory up to IN_MEMORY_LIMIT bytes, ...
+    monkeypatch.setattr(gan.data.sources, "IN_MEMORY_LIMIT", 16 * 16 - 1)  # ... streamed above (here: any set)
+    full, streamed = load_dataset(cfg, in_memory=True), load_dataset(cfg).images  # in_memory=True: the caller's
+    assert isinstance(full.images, torch.Tensor) and isinstance(streamed, ImageSource)
+    limited = dataclasses.replace(cfg, limit=10)
     assert torch.equal(torch.stack([streamed[i] for i in range(len(streamed))]), full.images)
     for in_memory in (True, False):
         part = load_dataset(limited, in_memory=in_memory)
@@ -513,12 +484,6 @@ def test_a_training_step_at_each_image_size(tmp_path, size):
     result = train(cfg, tmp_path / "run")
     assert result.step == 2 and all(np.isfinite(v) for v in result.metrics.values())
     assert (tmp_path / "run" / "samples" / "step_000002.png").is_file()
-
-
-def test_training_streams_a_folder_through_a_worker(tmp_path):
-    root = f"data.root={make_folder(tmp_path / 'images', count=40)}"
-    stream = ("data.in_memory=false", "data.num_workers=1", "data.batch_size=8", "trainer.max_steps=3")
-    assert train(compose_config("data=folder", root, "data.image_size=16", *stream), tmp_path / "run").step == 3
 
 
 # data no loader can serve: one paragraph naming the setting or file, before anything is written (exit 2: test_config)
@@ -562,8 +527,7 @@ def test_a_pack_holds_the_folder_s_pixels_labels_and_splits(tmp_path, channels):
 
 
 def damage_pack(file: Path, **entries) -> None:
-    pack = torch.load(file, weights_only=True)
-    torch.save({**pack, **entries}, file)
+    torch.save({**torch.load(file, weights_only=True), **entries}, file)
 
 
 NO_PACK = {  # what pack.pt is made to hold -> what the refusal says it holds
@@ -606,16 +570,6 @@ def test_the_pack_command_takes_train_py_s_data_overrides_and_prints_its_usage(t
     assert capsys.readouterr().out.startswith("usage: ") and len(list(Path().iterdir())) == 24  # nothing written
 
 
-def interrupted(fault: BaseException):
-    """torch.save that writes a little of its file, then meets `fault` (a full disk, Ctrl-C)."""
-
-    def save(obj: object, f) -> None:
-        f.write(b"PK partial")
-        raise fault
-
-    return save
-
-
 PACK_FAULTS = {  # what stops the pack command -> exit code, what it says
     "not data.*": (None, ["debug=tiny", "trainer.max_steps=3"], 2, "debug=tiny trainer.max_steps=3: a pack holds"),
     "full disk": (OSError(28, "No space left on device"), [], 2, "No space left on device (errno 28). Free disk"),
@@ -628,9 +582,13 @@ PACK_FAULTS = {  # what stops the pack command -> exit code, what it says
 def test_a_refused_or_interrupted_pack_says_why_and_leaves_no_partial_file(
     tmp_path, monkeypatch, caplog, fault, extra, code, says
 ):
+    def save(obj: object, f) -> None:  # torch.save that writes a little of its file, then meets the fault
+        f.write(b"PK partial")
+        raise fault
+
     (tmp_path / "pack").mkdir()
     if fault is not None:
-        monkeypatch.setattr(gan.checkpoint.torch, "save", interrupted(fault))
+        monkeypatch.setattr(gan.checkpoint.torch, "save", save)
     args = ["data=folder", f"data.root={make_folder(tmp_path / 'images', 8)}", "data.image_size=16", *extra]
     assert pack_main([str(tmp_path / "pack"), *args]) == code
     assert says in caplog.text and list((tmp_path / "pack").iterdir()) == []
