@@ -33,8 +33,8 @@ from gan.training.state import rng_state, set_rng_state
 
 
 def test_a_crash_during_a_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
-    path = tmp_path / "last.pt"
-    save_checkpoint({"G": {}, "D": {}, "step": 1, "num_classes": 0, "config": {}}, path)
+    path, state = tmp_path / "last.pt", {"G": {}, "D": {}, "num_classes": 0, "config": {}}
+    save_checkpoint({**state, "step": 1}, path)
 
     def crash_midway(obj, f, *args, **kwargs):
         f.write(b"PK\x03\x04 half a zip file")
@@ -42,9 +42,8 @@ def test_a_crash_during_a_write_leaves_the_previous_checkpoint(tmp_path, monkeyp
 
     monkeypatch.setattr(torch, "save", crash_midway)
     with pytest.raises(OSError, match="disk full"):
-        save_checkpoint({"G": {}, "D": {}, "step": 2, "num_classes": 0, "config": {}}, path)
-    assert load_checkpoint(path)["step"] == 1
-    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]  # no temporary file left behind
+        save_checkpoint({**state, "step": 2}, path)
+    assert load_checkpoint(path)["step"] == 1 and [p.name for p in tmp_path.iterdir()] == ["last.pt"]  # no temp file
 
 
 def test_keep_checkpoints_keeps_the_newest_numbered_ones(good_run):
@@ -160,16 +159,15 @@ def nan_after(calls: int, monkeypatch) -> None:
 
 def test_nan_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     nan_after(5, monkeypatch)
+    stop, skip = tmp_path / "stop", tmp_path / "skip"
     with pytest.raises(NonFiniteLossError, match=r"step 5: loss/d=[-0-9.e]+, loss/g=nan"):
-        train(compose_config("trainer.max_steps=8", "trainer.checkpoint_every=2", "trainer.log_every=3"), tmp_path)
-    state = load_checkpoint(tmp_path)
-    assert state["step"] == 4 and all(torch.isfinite(t).all() for t in state["G"].values() if t.is_floating_point())
-
-
-def test_nan_steps_are_skipped_with_on_nan_skip(tmp_path, monkeypatch):
-    nan_after(3, monkeypatch)
-    assert train(compose_config("trainer.max_steps=4", "trainer.on_nan=skip"), tmp_path).step == 4
-    assert all(torch.isfinite(t).all() for t in load_checkpoint(tmp_path)["G"].values() if t.is_floating_point())
+        train(compose_config("trainer.max_steps=8", "trainer.checkpoint_every=2", "trainer.log_every=3"), stop)
+    assert load_checkpoint(stop)["step"] == 4
+    monkeypatch.undo()
+    nan_after(3, monkeypatch)  # trainer.on_nan=skip: the NaN steps are skipped, the run ends
+    assert train(compose_config("trainer.max_steps=4", "trainer.on_nan=skip"), skip).step == 4
+    for run in (stop, skip):
+        assert all(torch.isfinite(t).all() for t in load_checkpoint(run)["G"].values() if t.is_floating_point())
 
 
 @pytest.fixture(scope="module")
@@ -399,8 +397,7 @@ def test_a_folder_without_last_pt_names_where_it_looked_and_the_checkpoint_it_ho
         load_checkpoint(run_dir)
     message = str(caught.value)
     assert message.startswith(f"Checkpoint not found: {run_dir} (looked for {run_dir / 'checkpoints' / 'last.pt'})")
-    assert kept is None or kept in message
-    assert ("evaluate.py checkpoint=" in message) == (kept == "best.pt")  # best.pt: G alone, no resume
+    assert (kept is None or kept in message) and ("evaluate.py checkpoint=" in message) == (kept == "best.pt")
 
 
 RETYPED = {  # entry, how its first weight (or moment) is changed, what the message says
@@ -417,13 +414,10 @@ def test_a_checkpoint_tensor_of_another_type_or_shape_is_refused_naming_it(tiny_
     entry, change, said = RETYPED[case]
     run_dir = shutil.copytree(tiny_run, tmp_path / "run")
     state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
-    if entry.startswith("opt"):
-        slots = state[entry]["state"][0]
-        slots["exp_avg"] = change(slots["exp_avg"])
-        named = "state[0].exp_avg"
-    else:
-        named = next(key for key in state[entry] if "weight" in key)
-        state[entry][named] = change(state[entry][named])
+    holder = state[entry]["state"][0] if entry.startswith("opt") else state[entry]  # an Adam moment, or a weight
+    key = "exp_avg" if entry.startswith("opt") else next(key for key in holder if "weight" in key)
+    holder[key] = change(holder[key])
+    named = f"state[0].{key}" if entry.startswith("opt") else key
     torch.save(state, run_dir / "checkpoints" / "last.pt")
     with pytest.raises(CheckpointError) as caught:
         train(compose_config(f"trainer.resume={run_dir}", "trainer.max_steps=8"), run_dir)

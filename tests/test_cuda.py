@@ -1,8 +1,6 @@
 """The CUDA-only paths, skipped without a GPU (the `cuda` marker); precision and compile: test_training.py's tables.
 
-pytest -m cuda                                  # these alone, on a machine with a GPU
-GAN_TEST_DEVICE=cuda pytest                     # the whole suite's training runs on the GPU
-"""
+`pytest -m cuda` runs these alone on a machine with a GPU; `GAN_TEST_DEVICE=cuda pytest` runs all training there."""
 
 from __future__ import annotations
 
@@ -28,10 +26,6 @@ from gan.training.state import prepare_process, step_context
 pytestmark = pytest.mark.cuda
 
 CUDA = "trainer.device=cuda"
-
-
-def tensors(state: object) -> list[torch.Tensor]:  # every tensor in a checkpoint's nested dicts and lists
-    return [t for t in tree_leaves(state) if isinstance(t, torch.Tensor)]
 
 
 def test_the_grad_scaler_skips_a_step_whose_gradients_overflow_and_backs_off():
@@ -90,7 +84,7 @@ def test_a_cuda_checkpoint_loads_on_the_cpu_and_evaluates_there(tmp_path):
     result = run_train(CUDA, "data.num_samples=1200", f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, result.stderr[-3000:]
     state = load_checkpoint(run_dir)  # map_location="cpu" by default
-    assert {t.device.type for t in tensors(state)} == {"cpu"}  # fixed_z among them
+    assert {t.device.type for t in tree_leaves(state) if isinstance(t, torch.Tensor)} == {"cpu"}  # fixed_z among them
     evaluated = run_evaluate(
         f"checkpoint={run_dir}", f"data.root={tmp_path / 'data'}", *TINY_EVAL, f"hydra.run.dir={tmp_path / 'eval'}"
     )
@@ -105,10 +99,10 @@ def test_a_run_moves_between_cpu_and_cuda_on_resume(tmp_path, first, then):  # t
     result = train(resumed, tmp_path)
     state = load_checkpoint(tmp_path)
     assert result.step == 6 and state["step"] == 6
-    assert all(torch.isfinite(t).all() for t in tensors(state["G"]) if t.is_floating_point())
+    assert all(torch.isfinite(t).all() for t in state["G"].values() if t.is_floating_point())
 
 
-def test_pinned_worker_batches_equal_the_device_resident_ones():
+def test_pinned_worker_batches_equal_the_device_resident_ones_and_a_worker_fed_run_trains(tmp_path):
     # workers on CUDA: pinned host memory and non_blocking copies, the batches of the uint8 tensor on the GPU
     device = torch.device("cuda")
     images = torch.randint(0, 256, (96, 1, 8, 8), dtype=torch.uint8)
@@ -119,9 +113,6 @@ def test_pinned_worker_batches_equal_the_device_resident_ones():
         a, b = next(resident), next(pinned)
         assert a.device.type == b.device.type == "cuda" and torch.equal(a, b)
     pinned.close()
-
-
-def test_a_worker_fed_run_trains_on_cuda(tmp_path):
     result = train(compose_config(CUDA, "data.num_workers=2"), tmp_path)
     assert result.step == 6 and load_checkpoint(tmp_path)["data"] == {"epoch": 0, "batch": 6}
 
