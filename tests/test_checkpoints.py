@@ -22,6 +22,7 @@ from typing import Any, Callable
 import pytest
 import torch
 from conftest import ROOT, TINY, compose_config, output_of, run_evaluate, run_train
+from torch.utils._pytree import keystr, tree_flatten_with_path
 
 import gan.core.losses
 from gan.checkpoint import CheckpointError, load_checkpoint, require_training_state, save_checkpoint, stored_config
@@ -53,15 +54,12 @@ def test_keep_checkpoints_keeps_the_newest_numbered_ones(good_run):
 
 
 def assert_same_state(a: dict, b: dict) -> None:
-    for key in ("G", "D", "G_ema"):
-        assert a[key].keys() == b[key].keys()
-        for name in a[key]:
-            assert torch.equal(a[key][name], b[key][name]), f"{key}.{name} differs"
-    for key in ("opt_g", "opt_d"):
-        for index, state in a[key]["state"].items():
-            for name, value in state.items():
-                assert torch.equal(value, b[key]["state"][index][name]), f"{key}[{index}].{name} differs"
-    assert a["step"] == b["step"] and a["data"] == b["data"]
+    """Every tensor of G, D, the EMA and both Adam states, key for key, and the step and data position."""
+    trees = [{key: s[key] for key in ("G", "D", "G_ema", "opt_g", "opt_d")} for s in (a, b)]
+    x, y = ({keystr(p): t for p, t in tree_flatten_with_path(tree)[0] if torch.is_tensor(t)} for tree in trees)
+    assert x.keys() == y.keys() and a["step"] == b["step"] and a["data"] == b["data"]
+    for key, t in x.items():
+        assert torch.equal(t, y[key]), f"{key} differs"
 
 
 def stop_at(step: int):
@@ -71,9 +69,8 @@ def stop_at(step: int):
 
 @pytest.mark.parametrize("workers, extended", [(0, False), (2, False), (0, True)], ids=["0", "2 workers", "extended"])
 def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(tmp_path, workers, extended):
-    # 8 batches an epoch (256 images / 32): the resumed half, steps 6-12, crosses an epoch and holds the decay.
-    # extended: a run that finished at step 5 given max_steps=12; a decaying schedule would be re-planned for the new
-    # length, so only constant rates (optim.lr_decay=0) extend exactly
+    # 8 batches an epoch (256 images / 32): the resumed half, steps 6-12, crosses an epoch and holds the decay;
+    # extended: a run finished at step 5 given max_steps=12, so a constant rate (a decay would be re-planned)
     common = ("trainer.checkpoint_every=100", f"data.num_workers={workers}", f"optim.lr_decay={0 if extended else 0.5}")
     train(compose_config(*common, "trainer.max_steps=12"), tmp_path / "straight")
     first = compose_config(*common, f"trainer.max_steps={5 if extended else 12}")
@@ -87,9 +84,9 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(tmp_path, workers,
 
 def test_a_resume_keeps_the_runs_thread_count_whatever_the_default_is_by_then(tmp_path, monkeypatch, caplog):
     # trainer.threads=0 computes with torch's count, 2 here; before the resume the default drops to 1 (a busier
-    # machine, OMP_NUM_THREADS): the resume still computes with the 2 its checkpoint records.
+    # machine, OMP_NUM_THREADS): the resume still computes with the 2 its checkpoint records, on the CPU (a GPU's
+    # arithmetic is alike with any count)
     monkeypatch.setattr("gan.training.threads.available_cpus", lambda: 2)  # a 1-CPU machine too
-    # on the CPU, where the count changes the arithmetic (a GPU computes alike with any count)
     common = ("trainer.device=cpu", "trainer.max_steps=4", "trainer.checkpoint_every=100", "trainer.threads=0")
     torch.set_num_threads(2)
     train(compose_config(*common), tmp_path / "straight")

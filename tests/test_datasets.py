@@ -46,7 +46,6 @@ def _no_internet(monkeypatch):
     monkeypatch.setattr(socket.socket, "connect", guarded)
 
 
-# writers of the real formats ---------------------------------------------------------------------
 def write_idx(path: Path, array: np.ndarray) -> None:
     """IDX (LeCun's MNIST format): 0, 0, type 0x08 (uint8), ndim; big-endian int32 sizes; the bytes."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -94,7 +93,6 @@ def cfg_for(name: str, root: Path, **overrides) -> DataConfig:
     return DataConfig(name=name, root=str(root), **overrides)
 
 
-# the built-in digits and the pixel rules every dataset shares -----------------------------------------
 @pytest.mark.parametrize("size", [16, 32, 64])
 def test_digits_are_deterministic_labelled_distinct_and_inked_in_the_middle(size):
     images, labels = render_digits(1000, size, seed=7)
@@ -123,7 +121,6 @@ def test_fit_square_resizes_the_shorter_side_then_crops_the_centre_and_gray_is_p
     assert torch.equal(convert_channels(pixels.permute(2, 0, 1), 1)[0], pillow)
 
 
-# torchvision's datasets ----------------------------------------------------------------------------
 @pytest.mark.parametrize("name, folder", [("mnist", "MNIST"), ("fashion_mnist", "FashionMNIST")])
 def test_mnist_like_datasets_read_torchvision_layout_resized_and_oriented(tmp_path, name, folder):
     labels = write_mnist(tmp_path, folder)
@@ -168,7 +165,6 @@ def test_download_is_not_attempted_when_the_files_are_there_and_a_failed_one_is_
         load_dataset(cfg_for("mnist", tmp_path / "empty", download=True))
 
 
-# missing and damaged data ----------------------------------------------------------------------------
 MISSING = [("mnist", "MNIST/raw", "data.download=true"), ("fashion_mnist", "FashionMNIST/raw", "data.download=true"),
            ("cifar10", "cifar-10-batches-py", "data.download=true"), ("celeba", "celeba", "data.download=true"),
            ("folder", "", "downloads nothing")]  # fmt: skip
@@ -215,8 +211,7 @@ MNIST_DAMAGE = {
     "labels outside 0-9": (lambda raw: write_idx(raw / LABELS, np.arange(40) % 10 + 3), "outside the 10 classes"),
     "left gzipped": (gzipped, rf"{IMAGES} \(gunzip {IMAGES}.gz there"),
     "a file missing": (lambda raw: (raw / "t10k-labels-idx1-ubyte").unlink(), "missing: t10k-labels-idx1-ubyte"),
-    # a download cut short: each file the IDX magic and a few bytes; the header's sizes multiply to about 6e20
-    # bytes, which must be read as damage, not allocated
+    # a download cut short: the IDX magic and a few bytes; sizes of about 6e20 bytes are damage, not allocated
     "a header announcing more than it holds": (
         lambda raw: [(raw / name).write_bytes(b"\x00\x00\x08\x03" + bytes(range(40))) for name in raw.iterdir()],
         r"{images} is truncated.*data\.download=true"),
@@ -267,7 +262,6 @@ def test_config_refuses_what_no_loader_can_do(overrides, key):
             load_dataset(DataConfig(**overrides))
 
 
-# folders ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("size, channels", [(16, 3), (64, 3), (32, 1)])
 def test_folder_images_follow_the_dcgan_tutorial_recipe(tmp_path, size, channels):
     # the PyTorch DCGAN tutorial's Resize + CenterCrop on PIL images; ours, antialiased, on tensors: a rounding apart
@@ -372,7 +366,6 @@ def test_celeba_is_read_where_torchvision_puts_it_at_64_px(tmp_path):
     assert data.images.size(0) + len(open_source(cfg, train=False)) == 14
 
 
-# stacked ---------------------------------------------------------------------------------------
 def test_stacked_sets_are_three_independent_images_with_1000_mode_labels_from_digits_or_mnist(tmp_path):
     cfg = DataConfig(name="stacked", channels=3, num_samples=600, image_size=16)
     source_cfg = DataConfig(num_samples=600, image_size=16)
@@ -397,7 +390,6 @@ def test_stacked_sets_are_three_independent_images_with_1000_mode_labels_from_di
         load_dataset(cfg_for("stacked", tmp_path, source="fashion_mnist", channels=3))
 
 
-# in memory or streamed, and the batch stream -------------------------------------------------------
 @pytest.mark.parametrize("workers", [0, 1])
 def test_a_streamed_folder_gives_the_in_memory_batches_each_image_once_an_epoch_and_resumes_exactly(tmp_path, workers):
     cfg = cfg_for("folder", make_folder(tmp_path), image_size=16)
@@ -440,7 +432,6 @@ def test_a_folder_trains_through_a_worker_and_a_bad_image_read_there_gives_the_w
     assert worker_message("plain") == "plain"  # a message raised in the main process is kept
 
 
-# data.limit --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["digits", "mnist", "folder", "stacked"])
 def test_streamed_items_equal_the_in_memory_tensor_auto_streams_a_large_set_and_limit_keeps_the_first_ones(
     tmp_path, monkeypatch, kind
@@ -475,7 +466,6 @@ def test_a_limit_above_the_training_split_is_refused_naming_its_size(tmp_path):
         load_dataset(DataConfig(num_samples=64, limit=100))
 
 
-# training ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("size", [16, 32, 64, 128])
 def test_a_training_step_at_each_image_size(tmp_path, size):
     write_mnist(tmp_path / "data", train=64)
@@ -504,7 +494,7 @@ def test_data_no_loader_can_serve_is_refused_before_training_in_one_paragraph(tm
     assert not (tmp_path / "run").exists() or not any(path.is_file() for path in (tmp_path / "run").rglob("*"))
 
 
-# a packed dataset: decoded and resized once (gan/data/pack.py), then trained from with no decoding ----------
+# a packed dataset: decoded and resized once (gan/data/pack.py), then trained from with no decoding
 def pack_folder(tmp_path: Path, count: int = 24) -> Path:
     """A pack of `count` gray 16 px images in tmp_path/pack; returns pack.pt."""
     write_pack(cfg_for("folder", make_folder(tmp_path / "images", count), image_size=16), tmp_path / "pack")
