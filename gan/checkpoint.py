@@ -97,8 +97,7 @@ RESUME_ENTRIES: dict[str, Callable[[Any], str]] = {  # what a resume reads besid
     ),
     "fixed_z": _plain(lambda v: isinstance(v, Tensor) and v.is_floating_point(), "the grids' latents, float tensor"),
 }
-# The settings of each parameter group that Adam's step reads (torch casts nothing: a str crashes its kernel)
-ADAM_SETTINGS: dict[str, tuple[Callable[[Any], bool], str]] = {
+ADAM_SETTINGS: dict[str, tuple[Callable[[Any], bool], str]] = {  # what Adam's step reads: torch casts none of them
     **dict.fromkeys(("lr", "eps", "weight_decay"), (_real, "a number")),
     "betas": (lambda v: isinstance(v, (tuple, list)) and len(v) == 2 and all(map(_real, v)), "two numbers"),
     **dict.fromkeys(("amsgrad", "maximize"), (lambda v: isinstance(v, bool), "True or False")),

@@ -27,9 +27,8 @@ def write_pack(data: DataConfig, folder: Path) -> Path:
     settings = {key: str(value) for key, value in dataclasses.asdict(data).items()}  # enums and paths as text
     settings.update(image_size=data.image_size, channels=data.channels, root=str(Path(data.root).resolve()))
     content = hashlib.sha256()  # of the pixels and labels: what a run trained from, whatever folder holds it
-    for split in splits.values():
-        content.update(split.images.contiguous().numpy())
-        content.update(split.labels.contiguous().numpy())
+    for tensor in [t for split in splits.values() for t in (split.images, split.labels)]:
+        content.update(tensor.contiguous().numpy())
     pack = dict(
         format=PACK_FORMAT, settings=settings, content=content.hexdigest(), num_classes=splits["train"].num_classes
     )

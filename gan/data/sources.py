@@ -64,7 +64,8 @@ def load_dataset(cfg: DataConfig, train: bool = True, in_memory: Optional[bool] 
                 f"data.limit={cfg.limit} is more than the {len(source)} images in the training split of "
                 f"data={cfg.name}. Set data.limit to at most {len(source)}{more}, or to 0 for all."
             )
-        source, split = source.first(cfg.limit), f"training (first {cfg.limit}: data.limit)"
+        source, split = copy.copy(source), f"training (first {cfg.limit}: data.limit)"
+        source.items, source.labels = source.items[: cfg.limit], source.labels[: cfg.limit]
     nbytes, size = len(source) * source.channels * source.image_size**2, source.image_size
     keep = next(k for k in (in_memory, cfg.in_memory, nbytes <= IN_MEMORY_LIMIT) if k is not None)
     shape = f"{len(source)} images of {source.channels}x{size}x{size} ({nbytes / 1e6:.0f} MB as uint8)"
@@ -81,44 +82,33 @@ def open_source(cfg: DataConfig, train: bool = True) -> ImageSource:
 
 
 class ImageSource(Dataset):
-    """`items` as uint8 (C, S, S), one by `__getitem__` or all by `load_all`; here image files, read when taken."""
+    """`items` as uint8 (C, S, S), one by `__getitem__` or all by `load_all`: image files (paths, read when taken),
+    uint8 arrays (N, C, H, W), or with `source` (data=stacked) (N, 3) indices into its (M, 1, S, S) images: R, G, B."""
 
     pack: Optional[str] = None  # a pack's content hash (open_packed)
+    source: Optional[Tensor] = None
 
-    def __init__(self, items: Sequence, labels: Tensor, num_classes: int, channels: int, image_size: int):
+    def __init__(self, items: Sequence | Tensor, labels: Tensor, num_classes: int, channels: int, image_size: int):
         self.items, self.labels, self.num_classes = items, labels.long(), num_classes
         self.channels, self.image_size = channels, image_size
 
     def __len__(self) -> int:
         return self.labels.numel()
 
-    def first(self, count: int) -> ImageSource:
-        part = copy.copy(self)
-        part.items, part.labels = self.items[:count], self.labels[:count]
-        return part
-
-    def __getitem__(self, index: int) -> Tensor:
-        return read_image(self.items[index], self.channels, self.image_size)
+    def __getitem__(self, index: int | Tensor) -> Tensor:
+        if not isinstance(self.items, Tensor):
+            return read_image(self.items[index], self.channels, self.image_size)
+        images = self.items[index] if self.source is None else self.source[self.items[index]].flatten(-4, -3)
+        return fit_square(convert_channels(images, self.channels), self.image_size)
 
     def load_all(self) -> Tensor:
+        if isinstance(self.items, Tensor):  # by chunks: each op works per image, the pixels are single calls'
+            return torch.cat([self[index] for index in torch.arange(len(self)).split(4096)])
         out = torch.empty(len(self), self.channels, self.image_size, self.image_size, dtype=torch.uint8)
         workers = min(8, available_cpus()) if len(self) >= 1024 else 0  # forking costs more than a few hundred files
         for i, batch in enumerate(DataLoader(self, batch_size=256, num_workers=workers)):
             out[i * 256 : (i + 1) * 256] = batch  # the last batch may be shorter, and so is the slice
         return out
-
-
-class ArrayImages(ImageSource):
-    """uint8 arrays (N, C, H, W); with `source` (stacked): (N, 3) indices into its (M, 1, S, S) images, as R, G, B."""
-
-    source: Optional[Tensor] = None
-
-    def __getitem__(self, index: int | Tensor) -> Tensor:
-        images = self.items[index] if self.source is None else self.source[self.items[index]].flatten(-4, -3)
-        return fit_square(convert_channels(images, self.channels), self.image_size)
-
-    def load_all(self) -> Tensor:  # by chunks: each op works per image, so the pixels are those of single calls
-        return torch.cat([self[index] for index in torch.arange(len(self)).split(4096)])
 
 
 def fit_square(images: Tensor, size: int) -> Tensor:
@@ -155,8 +145,6 @@ def read_image(path: str, channels: int, size: int) -> Tensor:
 
 _FOLDER_REMEDY = "Set data.root to a folder of images, flat or a subfolder a class; data=folder downloads nothing."
 _IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
-# IDX type codes (LeCun's format) -> bytes per value: ubyte, byte, short, int, float, double
-_IDX_ITEM_BYTES = {0x08: 1, 0x09: 1, 0x0B: 2, 0x0C: 4, 0x0D: 4, 0x0E: 8}
 
 
 def _require_files(cfg: DataConfig, folder: Path, files: Sequence[str], size: str) -> bool:
@@ -174,21 +162,21 @@ def _require_files(cfg: DataConfig, folder: Path, files: Sequence[str], size: st
     return not missing
 
 
-def _open_mnist_like(cfg: DataConfig, train: bool, kind: type[datasets.MNIST], size: str) -> ArrayImages:
+def _open_mnist_like(cfg: DataConfig, train: bool, kind: type[datasets.MNIST], size: str) -> ImageSource:
     folder = _root(cfg) / kind.__name__ / "raw"  # torchvision's layout: ROOT/MNIST/raw
     image_file, label_file = (folder / name for name in (_IDX_FILES[:2] if train else _IDX_FILES[2:]))  # t10k: held out
     there = _require_files(cfg, folder, _IDX_FILES, size)  # files a download fetches are checked by torchvision
     for path, ndim in ((image_file, 3), (label_file, 1)) if there else ():  # a bad header or length, named
         with path.open("rb") as file:  # (torchvision says "invalid literal for int()" or "x should have 3 dim...")
-            header = file.read(4 + 4 * ndim)  # 0, 0, a type code, ndim, then ndim sizes (count, height, width)
+            header = file.read(4 + 4 * ndim)  # IDX: 0, 0, a type code, ndim, then ndim sizes (count, height, width)
         shape = struct.unpack(f">{ndim}i", header[4:]) if len(header) == 4 + 4 * ndim else (-1,)
         remedy = f"Replace it with the official file, or delete {folder} and run again with data.download=true."
-        if header[:2] != b"\0\0" or header[2] not in _IDX_ITEM_BYTES or header[3] != ndim or min(shape) < 0:
+        if header[:3] != b"\0\0\x08" or header[3] != ndim or min(shape) < 0:  # 8: unsigned bytes, all torchvision reads
             raise DataError(
                 f"data={cfg.name}: {path} is not an IDX file of {ndim} dimension(s): its {len(header)}-byte header "
-                f"{header.hex(' ')} is not 0, 0, a type code, {ndim}, then {ndim} sizes. {remedy}"
+                f"{header.hex(' ')} is not 0, 0, 8 (unsigned bytes), {ndim}, then {ndim} sizes. {remedy}"
             )
-        expected, actual = len(header) + math.prod(shape) * _IDX_ITEM_BYTES[header[2]], path.stat().st_size
+        expected, actual = len(header) + math.prod(shape), path.stat().st_size
         if actual != expected:
             state = "is truncated" if actual < expected else "is longer than its header says"
             raise DataError(f"data={cfg.name}: {path} {state}: {actual} bytes, its header says {expected}. {remedy}")
@@ -200,15 +188,15 @@ def _open_mnist_like(cfg: DataConfig, train: bool, kind: type[datasets.MNIST], s
     if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= 10):
         values = f"from {int(labels.min())} to {int(labels.max())}, outside the 10 classes 0-9"
         raise DataError(f"data={cfg.name}: the labels file {label_file} holds values {values}. Replace it.")
-    return ArrayImages(images.unsqueeze(1), labels, 10, cfg.channels, cfg.image_size)
+    return ImageSource(images.unsqueeze(1), labels, 10, cfg.channels, cfg.image_size)
 
 
-def open_cifar10(cfg: DataConfig, train: bool) -> ArrayImages:
+def open_cifar10(cfg: DataConfig, train: bool) -> ImageSource:
     folder = _root(cfg) / datasets.CIFAR10.base_folder
     _require_files(cfg, folder, [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta"], "163 MB")
     dataset = _torchvision(cfg, lambda: datasets.CIFAR10(cfg.root, train=train, download=cfg.download), folder)
     raw = torch.from_numpy(dataset.data).permute(0, 3, 1, 2).contiguous()  # HWC -> CHW
-    return ArrayImages(raw, torch.tensor(dataset.targets), 10, cfg.channels, cfg.image_size)
+    return ImageSource(raw, torch.tensor(dataset.targets), 10, cfg.channels, cfg.image_size)
 
 
 def _root(cfg: DataConfig) -> Path:
@@ -282,12 +270,12 @@ def generated_split(cfg: DataConfig, train: bool) -> tuple[int, int]:
     return (cfg.num_samples, cfg.seed) if train else (max(cfg.num_samples // 6, 1), cfg.seed + _HELD_OUT_SEED_OFFSET)
 
 
-def open_digits(cfg: DataConfig, train: bool) -> ArrayImages:
+def open_digits(cfg: DataConfig, train: bool) -> ImageSource:
     count, seed = generated_split(cfg, train)
-    return ArrayImages(*render_digits(count, cfg.image_size, seed), NUM_DIGIT_CLASSES, cfg.channels, cfg.image_size)
+    return ImageSource(*render_digits(count, cfg.image_size, seed), NUM_DIGIT_CLASSES, cfg.channels, cfg.image_size)
 
 
-def open_stacked(cfg: DataConfig, train: bool) -> ArrayImages:
+def open_stacked(cfg: DataConfig, train: bool) -> ImageSource:
     """Stacked-MNIST (Metz et al. 2017): three uniform draws of `data.source` as R, G, B; 1000 modes."""
     try:  # the source split in memory, grayscale, at the target size (limit=0: data.limit counts stacked images)
         source = load_dataset(replace(cfg, name=cfg.source, channels=1, limit=0), train, in_memory=True)
@@ -296,12 +284,12 @@ def open_stacked(cfg: DataConfig, train: bool) -> ArrayImages:
     count, seed = generated_split(cfg, train)
     triples = torch.randint(0, source.labels.numel(), (count, 3), generator=torch.Generator().manual_seed(seed))
     digits = source.labels[triples]  # (count, 3): the class of the red, green and blue image
-    stacked = ArrayImages(triples, digits[:, 0] * 100 + digits[:, 1] * 10 + digits[:, 2], 1000, 3, cfg.image_size)
+    stacked = ImageSource(triples, digits[:, 0] * 100 + digits[:, 1] * 10 + digits[:, 2], 1000, 3, cfg.image_size)
     stacked.source = source.images
     return stacked
 
 
-def open_packed(cfg: DataConfig, train: bool) -> ArrayImages:
+def open_packed(cfg: DataConfig, train: bool) -> ImageSource:
     """A pack (gan/data/pack.py): its uint8 images memory-mapped, already at their size: nothing is decoded."""
     file = _root(cfg) / PACK_FILE
     if not file.is_file():
@@ -330,7 +318,7 @@ def open_packed(cfg: DataConfig, train: bool) -> ArrayImages:
             f"px with {channels} channel(s) (from data={name}). Set data.image_size={size} data.channels={channels}, "
             "or pack again at the size you want."
         )
-    source = ArrayImages(images, labels, int(pack["num_classes"]), cfg.channels, cfg.image_size)
+    source = ImageSource(images, labels, int(pack["num_classes"]), cfg.channels, cfg.image_size)
     source.pack = pack["content"]
     return source
 

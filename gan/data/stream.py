@@ -26,9 +26,6 @@ class EpochBatchSampler(Sampler[list[int]]):
         self.size, self.batch_size, self.seed, self.rank, self.world_size = size, batch_size, seed, rank, world_size
         self.epoch, self.start, self.batches_per_epoch = 0, 0, size // world_size // batch_size
 
-    def __len__(self) -> int:
-        return self.batches_per_epoch - self.start
-
     def __iter__(self) -> Iterator[list[int]]:
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         order = torch.randperm(self.size, generator=gen)[self.rank :: self.world_size]
@@ -61,8 +58,7 @@ class BatchStream:
         if num_workers is None:
             num_workers = 0 if in_memory else max(1, min(8, available_cpus() // 2))  # the other half trains
         if in_memory and num_workers == 0:
-            self.images = images.to(device)  # uint8: a quarter of float32's size
-            self.labels = labels.to(device) if labels is not None else None
+            self.images, self.labels = images.to(device), labels if labels is None else labels.to(device)  # uint8: 1/4
         else:
             dataset = images if labels is None else StackDataset(images, labels)  # item i: (images[i], labels[i])
             workers = dict(
