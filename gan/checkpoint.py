@@ -104,8 +104,8 @@ ADAM_SETTINGS: dict[str, tuple[Callable[[Any], bool], str]] = {  # what Adam's s
 }
 
 
-def _damaged(file: Path, entry: str, problem: str, use: str = "resume or evaluate") -> CheckpointError:
-    opening = "Cannot resume from" if use == RESUME else "Cannot use"
+def _damaged(source: str | Path, entry: str, problem: str, use: str = "resume or evaluate") -> CheckpointError:
+    opening, file = "Cannot resume from" if use == RESUME else "Cannot use", checkpoint_path(source)
     status = f"damaged: {problem}" if problem else "missing"
     return CheckpointError(f"{opening} {file}: its entry {entry!r} is {status}. {another_checkpoint(file, use)}")
 
@@ -242,13 +242,13 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
 
 def check_config_groups(config: object, source: str | Path, required: Sequence[str] = ()) -> None:
     if not isinstance(config, Mapping):
-        raise _config_damaged(source, f"it is {_shown(config)}, not a mapping of groups (data, model, ...)")
+        raise _damaged(source, "config", f"it is {_shown(config)}, not a mapping of groups (data, model, ...)")
     for group, values in config.items():
         if not isinstance(values, Mapping):
-            raise _config_damaged(source, f"its group {group!r} is {_shown(values)}, not a mapping of settings")
+            raise _damaged(source, "config", f"its group {group!r} is {_shown(values)}, not a mapping of settings")
     missing = [group for group in required if group not in config]
     if missing:
-        raise _config_damaged(source, f"it has no {', '.join(repr(g) for g in missing)} group")
+        raise _damaged(source, "config", f"it has no {', '.join(repr(g) for g in missing)} group")
 
 
 def stored_config(config: object, source: str | Path) -> dict:
@@ -257,7 +257,7 @@ def stored_config(config: object, source: str | Path) -> dict:
     check_config_groups(config, source, required=list(schema))
     missing = [f"{group}.{key}" for group in schema for key in schema[group] if key not in config[group]]
     if missing:
-        raise _config_damaged(source, f"it has no {', '.join(missing[:4])}")
+        raise _damaged(source, "config", f"it has no {', '.join(missing[:4])}")
     try:
         return OmegaConf.to_container(OmegaConf.merge(schema, config), resolve=True, enum_to_str=True)
     except (OmegaConfBaseException, ValueError) as err:
@@ -269,20 +269,13 @@ def stored_config_error(err: Exception, source: str | Path, group: str = "") -> 
     key = ".".join(part for part in (group, str(getattr(err, "full_key", "") or "")) if part)
     text, where = (str(err).strip() or type(err).__name__).splitlines()[0], f"{key}: " if key else ""
     if not (isinstance(err, ConfigKeyError) or text.startswith("Invalid value")):
-        return _config_damaged(source, f"{where}{text}")
+        return _damaged(source, "config", f"{where}{text}")
     what = "is not a setting" if isinstance(err, ConfigKeyError) else "holds a choice that is not an option"
-    file = checkpoint_path(source)
     why = "Either another version of this project wrote it (use that version), or its config was edited since"
     return CheckpointError(
-        f"The config stored in {file} does not fit this version's settings ({where}{text}): {key or 'it'} {what} "
-        f"of this version. {why}. {another_checkpoint(file)}"
+        f"The config stored in {checkpoint_path(source)} does not fit this version's settings ({where}{text}): "
+        f"{key or 'it'} {what} of this version. {why}. {another_checkpoint(checkpoint_path(source))}"
     )
-
-
-def _config_damaged(source: str | Path, problem: str) -> CheckpointError:
-    file = checkpoint_path(source)
-    why = "this project writes it as groups of typed settings, so the file was altered after it was written"
-    return CheckpointError(f"The config stored in {file} is damaged: {problem}; {why}. {another_checkpoint(file)}")
 
 
 def another_checkpoint(file: Path, use: str = "resume or evaluate") -> str:
@@ -294,9 +287,8 @@ def another_checkpoint(file: Path, use: str = "resume or evaluate") -> str:
     except OSError:  # an unlistable folder, a vanished file
         copies = []
     if not copies:
-        kinds = "numbered copy (step_NNNNNN.pt)" + (" or best.pt" if use == "evaluate" else "")
         why = f"(trainer.keep_checkpoints=N keeps them): {use} a copy made before it was damaged, or start a new run"
-        return f"No {kinds} is kept beside it {why}."
+        return f"No numbered copy (step_NNNNNN.pt){' or best.pt' if best else ''} is kept beside it {why}."
     names = ", ".join(c.name for c in copies[:3]) + (f" and {len(copies) - 3} more" if len(copies) > 3 else "")
     return f"Checkpoints are kept beside it ({names}): {use} {copies[0]}, the newest, or another of them."
 

@@ -322,7 +322,11 @@ DAMAGED_ENTRIES = {  # program, what is done to last.pt (or a BAD file: one line
     "resume: fixed_z": ("train.py", updated(fixed_z=torch.zeros(5)), "entry 'fixed_z' is missing or damaged"),
     "evaluate: data.image_size": ("evaluate.py", stored("data", "image_size", [16]), "is damaged: data.image_size"),
     # the file's fault, not this command's: its copies are named (not a config diff against the command line)
-    "resume: model.g_width": ("train.py", stored("model", "g_width", "wide"), "{path} is damaged: model.g_width"),
+    "resume: model.g_width": (
+        "train.py",
+        stored("model", "g_width", "wide"),
+        "{path}: its entry 'config' is damaged: model.g_width",
+    ),
     "resume: inf in D": (  # refused as damage, not as a learning-rate problem
         "train.py",
         lambda state: poison(state, "D", SN_U, value=math.inf),
@@ -380,7 +384,7 @@ def test_a_damaged_stored_config_is_called_damaged_not_another_version(good_run,
         stored_config(damage(state_of(good_run)["config"]), source)
     message, unknown = str(caught.value), case == "an unknown key"
     assert detail in message and "this command" not in message and "\n" not in message
-    assert (f"The config stored in {source} is damaged: " in message) != unknown
+    assert (f"Cannot use {source}: its entry 'config' is damaged: " in message) != unknown
     assert ("does not fit this version's settings" in message and "another version" in message) == unknown
 
 

@@ -69,8 +69,8 @@ def load_dataset(cfg: DataConfig, train: bool = True, in_memory: Optional[bool] 
     nbytes, size = len(source) * source.channels * source.image_size**2, source.image_size
     keep = next(k for k in (in_memory, cfg.in_memory, nbytes <= IN_MEMORY_LIMIT) if k is not None)
     shape = f"{len(source)} images of {source.channels}x{size}x{size} ({nbytes / 1e6:.0f} MB as uint8)"
-    where = f"{'in memory' if keep else 'streamed by a DataLoader'}, {source.num_classes} classes"
-    log.info(f"data={cfg.name}, {split} split: {shape}, {where} ({time.perf_counter() - started:.1f} s)")
+    took, where = time.perf_counter() - started, "in memory" if keep else "streamed by a DataLoader"
+    log.info(f"data={cfg.name}, {split} split: {shape}, {where}, {source.num_classes} classes ({took:.1f} s)")
     return ImageSet(source.load_all() if keep else source, source.labels, source.num_classes, source.pack)
 
 
