@@ -80,8 +80,7 @@ ENTRIES: dict[str, Callable[[Any], str]] = {  # what train.py and evaluate.py re
     "threads": _plain(lambda v: _whole(v) and v >= 1, "the torch thread count the run computed with, 1 or more"),
     "pack": _plain(lambda v: isinstance(v, str), "the content hash of the pack the run trained from (data=packed)"),
     "best": _plain(
-        lambda v: isinstance(v, Mapping) and _real(v.get("fid")) and _whole(v.get("step")),
-        "the best in-training FID and its step, {'fid': F, 'step': S}",
+        lambda v: isinstance(v, Mapping) and _real(v.get("fid")) and _whole(v.get("step")), "{'fid': F, 'step': S}"
     ),
     "environment": _plain(lambda v: isinstance(v, Mapping), "the versions and device it was written with, a mapping"),
     "G": _state_dict,
@@ -141,12 +140,11 @@ def require_training_state(state: Mapping[str, Any], source: str | Path) -> None
 def nonfinite(named: Iterable[tuple[Hashable, Any]]) -> tuple[list, int]:
     """The floating tensors of `named` holding NaN/inf, and their count; one host sync when all are finite."""
     tensors = [(name, t.detach()) for name, t in named if isinstance(t, Tensor) and t.is_floating_point()]
-    if not tensors:
-        return [], 0
-    norms = torch._foreach_norm([t for _, t in tensors])
-    if torch.stack([n.float() for n in norms]).isfinite().all():  # else recheck: huge finite values overflow a norm
+    if not tensors or torch.stack([n.float() for n in torch._foreach_norm([t for _, t in tensors])]).isfinite().all():
         return [], len(tensors)
-    return [name for name, t in tensors if not torch.isfinite(t).all()], len(tensors)
+    return [name for name, t in tensors if not torch.isfinite(t).all()], len(
+        tensors
+    )  # each: huge finite values overflow a norm
 
 
 def save_checkpoint(state: Mapping[str, Any], path: Path) -> None:

@@ -21,8 +21,7 @@ def write_pack(data: DataConfig, folder: Path) -> Path:
     """folder/pack.pt from `data`'s two splits, decoded into memory once; written whole or not at all."""
     if data.name == "packed":
         raise ConfigError("data=packed is already a pack: name the dataset to pack (data=folder, data=celeba, ...).")
-    started = time.perf_counter()
-    data = dataclasses.replace(data, limit=0, in_memory=True)
+    started, data = time.perf_counter(), dataclasses.replace(data, limit=0, in_memory=True)
     splits = {"train": load_dataset(data, train=True), "held_out": load_dataset(data, train=False)}
     settings = {key: str(value) for key, value in dataclasses.asdict(data).items()}  # enums and paths as text
     settings.update(image_size=data.image_size, channels=data.channels, root=str(Path(data.root).resolve()))

@@ -148,7 +148,6 @@ _IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images
 
 
 def _require_files(cfg: DataConfig, folder: Path, files: Sequence[str], size: str) -> bool:
-    """Whether all `files` are in `folder`; if not, without data.download, a DataError naming the missing ones."""
     missing = [name for name in files if not (folder / name).is_file()]
     if missing and not cfg.download:
         which = "none of them is there" if len(missing) == len(files) else f"missing: {', '.join(missing)}"

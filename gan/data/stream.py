@@ -62,10 +62,8 @@ class BatchStream:
             self.labels = labels if labels is None else labels.to(device)
         else:
             dataset = images if labels is None else StackDataset(images, labels)  # item i: (images[i], labels[i])
-            workers = dict(
-                num_workers=num_workers, persistent_workers=num_workers > 0, worker_init_fn=ignore_stop_signals
-            )
-            self.loader = DataLoader(dataset, batch_sampler=self.sampler, pin_memory=device.type == "cuda", **workers)
+            kwargs = dict(num_workers=num_workers, persistent_workers=num_workers > 0, pin_memory=device.type == "cuda")
+            self.loader = DataLoader(dataset, batch_sampler=self.sampler, worker_init_fn=ignore_stop_signals, **kwargs)
             # workers ignore SIGTERM: stopped here, before multiprocessing's exit handler, whose terminate() would hang
             self.close = weakref.finalize(self, stop_workers, self.loader)
         self._batches = self._epoch_iterator()
@@ -75,9 +73,6 @@ class BatchStream:
             return iter(self.loader)
         indices = (torch.tensor(index, device=self.device) for index in self.sampler)
         return (self.images[i] if self.labels is None else (self.images[i], self.labels[i]) for i in indices)
-
-    def __iter__(self) -> BatchStream:
-        return self
 
     def __next__(self) -> Tensor:
         return self.next_with_labels()[0]
@@ -106,10 +101,9 @@ class BatchStream:
 
 def stop_workers(loader: DataLoader) -> None:
     """The loader's orderly shutdown, then SIGKILL for any worker still alive (they ignore SIGTERM)."""
-    iterator = loader._iterator  # private: where DataLoader keeps the iterator of persistent workers (or None)
-    workers = list(getattr(iterator, "_workers", []))
+    workers = list(getattr(loader._iterator, "_workers", []))  # private: the persistent workers' iterator, or None
     with contextlib.suppress(Exception):  # None has no _shutdown_workers: nothing to stop
-        iterator._shutdown_workers()
+        loader._iterator._shutdown_workers()
     for worker in [w for w in workers if w.is_alive()]:
         worker.kill()
         worker.join(timeout=5)
