@@ -142,9 +142,7 @@ def nonfinite(named: Iterable[tuple[Hashable, Any]]) -> tuple[list, int]:
     tensors = [(name, t.detach()) for name, t in named if isinstance(t, Tensor) and t.is_floating_point()]
     if not tensors or torch.stack([n.float() for n in torch._foreach_norm([t for _, t in tensors])]).isfinite().all():
         return [], len(tensors)
-    return [name for name, t in tensors if not torch.isfinite(t).all()], len(
-        tensors
-    )  # each: huge finite values overflow a norm
+    return [name for name, t in tensors if not torch.isfinite(t).all()], len(tensors)  # huge finite ones overflow
 
 
 def save_checkpoint(state: Mapping[str, Any], path: Path) -> None:
