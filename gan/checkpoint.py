@@ -36,9 +36,7 @@ def _real(value: object) -> bool:
 
 
 def _shown(value: object) -> str:
-    if isinstance(value, Tensor):
-        return f"a tensor of shape {tuple(value.shape)}"
-    text = repr(value)
+    text = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, Tensor) else repr(value)
     return f"{text[:60]}{'...' if len(text) > 60 else ''} ({type(value).__name__})"
 
 
@@ -130,11 +128,9 @@ def require_training_state(state: Mapping[str, Any], source: str | Path) -> None
     bad, total = nonfinite([*named, ("fixed_z", state["fixed_z"])])
     if bad:
         shown = ", ".join(bad[:4]) + (", ..." if len(bad) > 4 else "")
-        why = "The checkpoint is damaged and training cannot continue from it: every step would start from these values"
-        raise CheckpointError(
-            f"Cannot resume from {file}: it holds NaN or inf in {len(bad)} of its {total} floating-point tensors "
-            f"({shown}). {why}. {another_checkpoint(file, RESUME)}"
-        )
+        what = f"NaN or inf in {len(bad)} of its {total} floating-point tensors ({shown}). The checkpoint is damaged"
+        why = f"{what} and training cannot continue from it: every step would start from these values"
+        raise CheckpointError(f"Cannot resume from {file}: it holds {why}. {another_checkpoint(file, RESUME)}")
 
 
 def nonfinite(named: Iterable[tuple[Hashable, Any]]) -> tuple[list, int]:
@@ -242,8 +238,7 @@ def check_config_groups(config: object, source: str | Path, required: Sequence[s
     for group, values in config.items():
         if not isinstance(values, Mapping):
             raise _damaged(source, "config", f"its group {group!r} is {_shown(values)}, not a mapping of settings")
-    missing = [group for group in required if group not in config]
-    if missing:
+    if missing := [group for group in required if group not in config]:
         raise _damaged(source, "config", f"it has no {', '.join(repr(g) for g in missing)} group")
 
 
@@ -251,8 +246,7 @@ def stored_config(config: object, source: str | Path) -> dict:
     """A checkpoint's config typed by this version's schema (TrainConfig), as plain containers."""
     schema = OmegaConf.structured(TrainConfig)
     check_config_groups(config, source, required=list(schema))
-    missing = [f"{group}.{key}" for group in schema for key in schema[group] if key not in config[group]]
-    if missing:
+    if missing := [f"{group}.{key}" for group in schema for key in schema[group] if key not in config[group]]:
         raise _damaged(source, "config", f"it has no {', '.join(missing[:4])}")
     try:
         return OmegaConf.to_container(OmegaConf.merge(schema, config), resolve=True, enum_to_str=True)

@@ -55,9 +55,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             parser.error(f"the first argument is OUT_FOLDER, not an override ({args.out_folder})")
     except SystemExit as stop:  # argparse's own: 0 after --help, 2 for bad arguments (its usage said why)
         return stop.code if isinstance(stop.code, int) else 2
-    others = [o for o in args.overrides if override_key(o).split(".")[0] != "data"]
     try:
-        if others:
+        if others := [o for o in args.overrides if override_key(o).split(".")[0] != "data"]:
             why = "a pack holds images, so it takes the data settings only (data=NAME, data.KEY=VALUE)"
             raise ConfigError(f"{' '.join(others)}: {why}. Nothing was written: give them to train.py with the pack.")
         write_pack(compose_config(*args.overrides).data, args.out_folder)
