@@ -371,7 +371,7 @@ def test_stacked_sets_are_three_independent_images_with_1000_mode_labels_from_di
     source_cfg = DataConfig(num_samples=600, image_size=16)
     data, source = load_dataset(cfg), load_dataset(source_cfg)
     assert data.images.shape == (600, 3, 16, 16) and data.num_classes == 1000
-    triples = gan.data.sources.open_stacked(cfg, True).items
+    triples = gan.data.sources.open_generated(cfg, True).items
     assert all(torch.equal(data.images[i, c], source.images[triples[i, c], 0]) for i in range(5) for c in range(3))
     digits = source.labels[triples]
     assert torch.equal(data.labels, digits[:, 0] * 100 + digits[:, 1] * 10 + digits[:, 2])

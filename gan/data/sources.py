@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 IN_MEMORY_LIMIT = 512 * 2**20
 HELD_OUT_EVERY = 7  # folders: 1 image in 7 is held out, MNIST's 10k / 70k
-_HELD_OUT_SEED_OFFSET = 1_000_003  # generated sets: the held-out split uses seed + this
+_HELD_OUT_SEED = 1_000_003  # generated sets: the held-out split uses data.seed + this
 CLASSIFIER_CACHE = "classifiers"  # under data.root; for data=folder never a class
 PACK_FILE = "pack.pt"  # in data.root, for data=packed: written by gan/data/pack.py
 PACK_FORMAT = 2  # 2: the content hash
@@ -264,23 +264,16 @@ def is_held_out(relative: Path) -> bool:
     return zlib.crc32(relative.as_posix().encode()) % HELD_OUT_EVERY == 0
 
 
-def generated_split(cfg: DataConfig, train: bool) -> tuple[int, int]:
-    """(count, seed): the held-out split, a sixth of the size, uses another seed, so none of it is in training."""
-    return (cfg.num_samples, cfg.seed) if train else (max(cfg.num_samples // 6, 1), cfg.seed + _HELD_OUT_SEED_OFFSET)
-
-
-def open_digits(cfg: DataConfig, train: bool) -> ImageSource:
-    count, seed = generated_split(cfg, train)
-    return ImageSource(*render_digits(count, cfg.image_size, seed), NUM_DIGIT_CLASSES, cfg.channels, cfg.image_size)
-
-
-def open_stacked(cfg: DataConfig, train: bool) -> ImageSource:
-    """Stacked-MNIST (Metz et al. 2017): three uniform draws of `data.source` as R, G, B; 1000 modes."""
+def open_generated(cfg: DataConfig, train: bool) -> ImageSource:
+    """data=digits, rendered, or data=stacked (Stacked-MNIST, Metz et al. 2017): three uniform draws of `data.source`
+    as R, G, B, 1000 modes. The held-out split, a sixth of the size, uses another seed: none of it is in training."""
+    count, seed = (cfg.num_samples, cfg.seed) if train else (max(cfg.num_samples // 6, 1), cfg.seed + _HELD_OUT_SEED)
+    if cfg.name == DatasetName.digits:
+        return ImageSource(*render_digits(count, cfg.image_size, seed), NUM_DIGIT_CLASSES, cfg.channels, cfg.image_size)
     try:  # the source split in memory, grayscale, at the target size (limit=0: data.limit counts stacked images)
         source = load_dataset(replace(cfg, name=cfg.source, channels=1, limit=0), train, in_memory=True)
     except DataError as err:
         raise DataError(f"data=stacked reads its images from data.source={cfg.source}: {err}") from err
-    count, seed = generated_split(cfg, train)
     triples = torch.randint(0, source.labels.numel(), (count, 3), generator=torch.Generator().manual_seed(seed))
     digits = source.labels[triples]  # (count, 3): the class of the red, green and blue image
     stacked = ImageSource(triples, digits[:, 0] * 100 + digits[:, 1] * 10 + digits[:, 2], 1000, 3, cfg.image_size)
@@ -375,12 +368,12 @@ def _jitter(templates: Tensor, image_size: int, gen: torch.Generator) -> Tensor:
 
 
 _OPENERS: dict[DatasetName, Callable[[DataConfig, bool], ImageSource]] = {
-    DatasetName.digits: open_digits,
+    DatasetName.digits: open_generated,
     DatasetName.mnist: lambda cfg, train: _open_mnist_like(cfg, train, datasets.MNIST, "about 12 MB"),
     DatasetName.fashion_mnist: lambda cfg, train: _open_mnist_like(cfg, train, datasets.FashionMNIST, "about 30 MB"),
     DatasetName.cifar10: open_cifar10,
     DatasetName.folder: lambda cfg, train: _image_folder(_root(cfg), cfg, train, _FOLDER_REMEDY),
     DatasetName.celeba: open_celeba,
-    DatasetName.stacked: open_stacked,
+    DatasetName.stacked: open_generated,
     DatasetName.packed: open_packed,
 }
