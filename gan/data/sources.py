@@ -143,7 +143,6 @@ def read_image(path: str, channels: int, size: int) -> Tensor:
     return fit_square(pixels, size)
 
 
-_FOLDER_REMEDY = "Set data.root to a folder of images, flat or a subfolder a class; data=folder downloads nothing."
 _IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
 
@@ -220,16 +219,15 @@ def _torchvision(cfg: DataConfig, make: Callable[[], Dataset], folder: Path) -> 
         raise DataError(f"{where} {problem}, or copy the official files there.") from err
 
 
-def open_celeba(cfg: DataConfig, train: bool) -> ImageSource:
-    folder = _root(cfg) / datasets.CelebA.base_folder
-    if cfg.download and not (folder / "img_align_celeba").is_dir():
-        _torchvision(cfg, lambda: datasets.CelebA(cfg.root, split="all", target_type=[], download=True), folder)
-    fetch = "add data.download=true to fetch them (1.4 GB from Google Drive; needs internet and `pip install gdown`)"
-    remedy = f"Expected CelebA's aligned JPEGs in img_align_celeba/ there: {fetch}, or unzip img_align_celeba.zip."
-    return _image_folder(folder, cfg, train, remedy)
-
-
-def _image_folder(root: Path, cfg: DataConfig, train: bool, remedy: str) -> ImageSource:
+def open_folder(cfg: DataConfig, train: bool) -> ImageSource:
+    """data=folder: the images in data.root; data=celeba: CelebA's aligned JPEGs, in torchvision's folder there."""
+    root, remedy = _root(cfg), "Set data.root to a folder of images, flat or a subfolder a class: it downloads nothing."
+    if cfg.name == DatasetName.celeba:
+        root = root / datasets.CelebA.base_folder
+        if cfg.download and not (root / "img_align_celeba").is_dir():
+            _torchvision(cfg, lambda: datasets.CelebA(cfg.root, split="all", target_type=[], download=True), root)
+        fetch = "data.download=true fetches them (1.4 GB from Google Drive; needs internet and `pip install gdown`)"
+        remedy = f"Expected CelebA's aligned JPEGs in img_align_celeba/ there: {fetch}, or unzip img_align_celeba.zip."
     where = f"{root} (absolute path {root.resolve()})"
     if not root.is_dir():
         state = "is a file, not a folder" if root.exists() else "does not exist"
@@ -372,8 +370,8 @@ _OPENERS: dict[DatasetName, Callable[[DataConfig, bool], ImageSource]] = {
     DatasetName.mnist: lambda cfg, train: _open_mnist_like(cfg, train, datasets.MNIST, "about 12 MB"),
     DatasetName.fashion_mnist: lambda cfg, train: _open_mnist_like(cfg, train, datasets.FashionMNIST, "about 30 MB"),
     DatasetName.cifar10: open_cifar10,
-    DatasetName.folder: lambda cfg, train: _image_folder(_root(cfg), cfg, train, _FOLDER_REMEDY),
-    DatasetName.celeba: open_celeba,
+    DatasetName.folder: open_folder,
+    DatasetName.celeba: open_folder,
     DatasetName.stacked: open_generated,
     DatasetName.packed: open_packed,
 }
