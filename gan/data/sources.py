@@ -55,8 +55,7 @@ def take(images: Tensor | Dataset, index: Tensor) -> Tensor:
 
 def load_dataset(cfg: DataConfig, train: bool = True, in_memory: Optional[bool] = None) -> ImageSet:
     """`in_memory` overrides `cfg.in_memory`; both None: in memory up to IN_MEMORY_LIMIT bytes."""
-    started = time.perf_counter()
-    source, split = open_source(cfg, train), "training" if train else "held-out"
+    started, source, split = time.perf_counter(), open_source(cfg, train), "training" if train else "held-out"
     if train and cfg.limit:  # the first N images, their labels with them; the held-out split stays whole
         if cfg.limit > len(source):  # a run recorded as limit=N must have seen N images
             more = " (or raise data.num_samples)" if cfg.name in (DatasetName.digits, DatasetName.stacked) else ""
@@ -82,8 +81,7 @@ def open_source(cfg: DataConfig, train: bool = True) -> ImageSource:
 
 
 class ImageSource(Dataset):
-    """`items` as uint8 (C, S, S), one by `__getitem__` or all by `load_all`: image files (paths, read when taken),
-    uint8 arrays (N, C, H, W), or with `source` (data=stacked) (N, 3) indices into its (M, 1, S, S) images: R, G, B."""
+    """uint8 (C, S, S) images of `items`: files (read when taken), arrays (N, C, H, W), or indices into `source`."""
 
     pack: Optional[str] = None  # a pack's content hash (open_packed)
     source: Optional[Tensor] = None
@@ -212,9 +210,8 @@ def _torchvision(cfg: DataConfig, make: Callable[[], Dataset], folder: Path) -> 
         # torchvision asserts an IDX file's magic number: a bare AssertionError says nothing
         detail = str(err).strip() or f"{type(err).__name__}: a file's header is not what its format requires"
         where = f"data={cfg.name}: the dataset in {folder} (absolute path {folder.resolve()})"
-        if cfg.download:
-            problem = f"could not be downloaded: {detail} Run again where the machine is online"
-        else:
+        problem = f"could not be downloaded: {detail} Run again where the machine is online"
+        if not cfg.download:
             problem = f"was refused: a checksum or format check failed ({detail}). Run again with data.download=true"
         raise DataError(f"{where} {problem}, or copy the official files there.") from err
 
