@@ -114,17 +114,15 @@ def require_training_state(state: Mapping[str, Any], source: str | Path) -> None
         why = "G alone, without D or the optimizers, so training cannot continue from it. Resume from the run's last.pt"
         raise CheckpointError(f"{source} is a best.pt: {why} (trainer.resume=RUN_DIR), or evaluate it with evaluate.py")
     for entry, problem_of in RESUME_ENTRIES.items():
-        problem = problem_of(state[entry]) if entry in state else ""  # "": missing
-        if entry not in state or problem:
-            raise _damaged(file, entry, problem, RESUME)
+        if entry not in state or (problem := problem_of(state[entry])):
+            raise _damaged(file, entry, problem if entry in state else "", RESUME)  # "": missing
     epoch, batch = state["data"]["epoch"], state["data"]["batch"]
     if epoch + batch > state["step"]:  # each step takes one batch; the epoch's size: training.state
         why = f"where {state['step']} steps (its entry 'step') cannot reach: each step takes one batch"
         raise _damaged(file, "data", f"it places the batch stream at epoch {epoch}, batch {batch}, {why}", RESUME)
     named = [(f"{entry}.{key}", t) for entry in ("G", "D", "G_ema") for key, t in (state.get(entry) or {}).items()]
-    for entry in ("opt_g", "opt_d"):
-        moments = state[entry]["state"].items()
-        named += [(f"{entry}.state[{index}].{slot}", t) for index, slots in moments for slot, t in slots.items()]
+    for entry in ("opt_g", "opt_d"):  # each parameter's Adam moments
+        named += [(f"{entry}.state[{i}].{slot}", t) for i, s in state[entry]["state"].items() for slot, t in s.items()]
     bad, total = nonfinite([*named, ("fixed_z", state["fixed_z"])])
     if bad:
         shown = ", ".join(bad[:4]) + (", ..." if len(bad) > 4 else "")
@@ -225,8 +223,7 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
         why = f"this version reads format {FORMAT} only: use the version that wrote it, or start a new run"
         raise CheckpointError(f"{file} has checkpoint format {found}; {why}.")
     for entry, problem_of in ENTRIES.items():  # once here, so no reader meets a wrong type (int(1.5) is a step)
-        value = state.get(entry)
-        if (value is not None or entry in REQUIRED_KEYS) and (problem := problem_of(value)):
+        if (state.get(entry) is not None or entry in REQUIRED_KEYS) and (problem := problem_of(state.get(entry))):
             raise _damaged(file, entry, problem)
     check_config_groups(state["config"], file)
     return state

@@ -32,8 +32,7 @@ def write_pack(data: DataConfig, folder: Path) -> Path:
         format=PACK_FORMAT, settings=settings, content=content.hexdigest(), num_classes=splits["train"].num_classes
     )
     pack.update({name: {"images": split.images, "labels": split.labels} for name, split in splits.items()})
-    path = folder / PACK_FILE
-    save_atomically(pack, path)
+    save_atomically(pack, path := folder / PACK_FILE)
     counts = ", ".join(f"{len(split.labels)} {name}" for name, split in splits.items())
     log.info("Packed data=%s (%s images) into %s in %.1f s", data.name, counts, path, time.perf_counter() - started)
     return path

@@ -84,7 +84,7 @@ class ImageSource(Dataset):
     """uint8 (C, S, S) images of `items`: files (read when taken), arrays (N, C, H, W), or indices into `source`."""
 
     pack: Optional[str] = None  # a pack's content hash (open_packed)
-    source: Optional[Tensor] = None
+    source: Optional[Tensor] = None  # data=stacked: the gray images `items` index, one a channel
 
     def __init__(self, items: Sequence | Tensor, labels: Tensor, num_classes: int, channels: int, image_size: int):
         self.items, self.labels, self.num_classes = items, labels.long(), num_classes
@@ -254,8 +254,7 @@ def list_images(root: Path) -> tuple[list[Path], list[int], int]:
     return paths, [0] * len(paths), 1
 
 
-def is_held_out(relative: Path) -> bool:
-    """A hash of the path: the same on every machine, and adding images never moves the others."""
+def is_held_out(relative: Path) -> bool:  # by a hash of the path: alike on every machine; new images move no other
     return zlib.crc32(relative.as_posix().encode()) % HELD_OUT_EVERY == 0
 
 
