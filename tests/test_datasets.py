@@ -168,11 +168,21 @@ def test_download_is_not_attempted_when_the_files_are_there_and_a_failed_one_is_
 MISSING = [("mnist", "MNIST/raw", "data.download=true"), ("fashion_mnist", "FashionMNIST/raw", "data.download=true"),
            ("cifar10", "cifar-10-batches-py", "data.download=true"), ("celeba", "celeba", "data.download=true"),
            ("folder", "", "downloads nothing")]  # fmt: skip
+IMAGELESS = [  # a folder without a usable image (broken.png: an image by its name only)
+    ("folder", "", "holds no image files", []),
+    ("folder", "", "holds no image files", ["notes.txt", "sub/readme.md"]),
+    ("folder", "", "is in the training split", ["readme.txt", "broken.png"]),
+]
 
 
-@pytest.mark.parametrize("name, expected, remedy", MISSING)
-def test_a_missing_root_says_where_what_and_how_to_get_it(tmp_path, name, expected, remedy):
+@pytest.mark.parametrize("name, expected, remedy, files", [(*row, None) for row in MISSING] + IMAGELESS)
+def test_a_missing_or_imageless_root_says_where_what_and_how_to_get_it(tmp_path, name, expected, remedy, files):
     root = tmp_path / "nowhere"
+    if files is not None:
+        root.mkdir()
+    for file in files or []:
+        (root / file).parent.mkdir(exist_ok=True)
+        (root / file).write_text("not an image")
     with pytest.raises(DataError) as err:
         load_dataset(cfg_for(name, root, channels=3))
     message = str(err.value)
@@ -230,22 +240,6 @@ def test_a_damaged_or_partial_mnist_is_named_with_what_is_wrong(tmp_path, damage
     with pytest.raises(DataError, match=message.replace("{raw}", re.escape(str(tmp_path / "MNIST" / "raw")))):
         load_dataset(cfg_for("mnist", tmp_path), train=not held_out)
     assert not held_out or len(load_dataset(cfg_for("mnist", tmp_path)).labels) == 40
-
-
-@pytest.mark.parametrize(
-    "content", [[], ["notes.txt", "sub/readme.md"], ["readme.txt", "broken.png"]], ids=["empty", "text", "a fake png"]
-)
-def test_a_folder_without_a_usable_image_is_refused_naming_the_folder(tmp_path, content):
-    folder = tmp_path / "images"
-    folder.mkdir()
-    for name in content:  # broken.png: an image by its name only
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_text("not an image")
-    with pytest.raises(DataError) as caught:
-        load_dataset(cfg_for("folder", folder))
-    message = str(caught.value)
-    assert str(folder) in message and "data=folder" in message
-    assert "broken.png" in content or "holds no image files" in message
 
 
 NO_LOADER = [(dict(name="nosuch"), "data.name"), (dict(name="stacked", source="cifar10", channels=3), "data.source"),
