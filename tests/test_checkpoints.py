@@ -1,7 +1,5 @@
 """Checkpoints that never lose work: atomic writes, exact resume, signals, NaN, bad input."""
 
-from __future__ import annotations
-
 import dataclasses
 import hashlib
 import itertools

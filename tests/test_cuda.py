@@ -2,8 +2,6 @@
 
 `pytest -m cuda` runs these alone on a machine with a GPU; `GAN_TEST_DEVICE=cuda pytest` runs all training there."""
 
-from __future__ import annotations
-
 import copy
 import dataclasses
 

@@ -1,7 +1,5 @@
 """gan.data on small files in each real format (no download: sockets blocked); damaged data is named, one paragraph."""
 
-from __future__ import annotations
-
 import dataclasses
 import gzip
 import pickle

@@ -1,7 +1,5 @@
 """The batch stream that feeds the training loop: endless, shuffled per epoch, resumable, DDP-sharded."""
 
-from __future__ import annotations
-
 import contextlib
 import signal
 import weakref
