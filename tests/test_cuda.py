@@ -32,11 +32,8 @@ def test_the_grad_scaler_skips_a_step_whose_gradients_overflow_and_backs_off():
     torch.manual_seed(0)
     G, D = Generator(16, 8, 1, 16).to(device), Discriminator(8, 1, 16).to(device)
     opt_d = torch.optim.Adam(D.parameters(), lr=2e-4, betas=(0.5, 0.999))
-    ctx = dataclasses.replace(
-        step_context(Precision.fp16, device, skip_nonfinite=False),
-        loss=LOSSES["bce"],
-        scaler=torch.amp.GradScaler("cuda", init_scale=2.0**40),
-    )
+    ctx = step_context(Precision.fp16, device, skip_nonfinite=False)
+    ctx = dataclasses.replace(ctx, loss=LOSSES["bce"], scaler=torch.amp.GradScaler("cuda", init_scale=2.0**40))
     real = torch.rand(32, 1, 16, 16, device=device) * 2 - 1
     with ctx.autocast():
         fake = G(torch.randn(32, 16, device=device))
@@ -83,19 +80,18 @@ def test_a_cuda_checkpoint_loads_on_the_cpu_and_evaluates_there(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     state = load_checkpoint(run_dir)  # map_location="cpu" by default
     assert {t.device.type for t in tree_leaves(state) if isinstance(t, torch.Tensor)} == {"cpu"}  # fixed_z among them
+    out = tmp_path / "eval"
     evaluated = run_evaluate(
-        f"checkpoint={run_dir}", f"data.root={tmp_path / 'data'}", *TINY_EVAL, f"hydra.run.dir={tmp_path / 'eval'}"
+        f"checkpoint={run_dir}", f"data.root={tmp_path / 'data'}", *TINY_EVAL, f"hydra.run.dir={out}"
     )
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    assert (tmp_path / "eval" / "metrics.json").is_file()
+    assert evaluated.returncode == 0 and (out / "metrics.json").is_file(), evaluated.stderr[-3000:]
 
 
 @pytest.mark.parametrize("first, then", [("cpu", "cuda"), ("cuda", "cpu")])
 def test_a_run_moves_between_cpu_and_cuda_on_resume(tmp_path, first, then):  # trainer.device is a runtime key
     train(compose_config(f"trainer.device={first}", "trainer.max_steps=3"), tmp_path)
     resumed = compose_config(f"trainer.device={then}", "trainer.max_steps=6", f"trainer.resume={tmp_path}")
-    result = train(resumed, tmp_path)
-    state = load_checkpoint(tmp_path)
+    result, state = train(resumed, tmp_path), load_checkpoint(tmp_path)
     assert result.step == 6 and state["step"] == 6
     assert all(torch.isfinite(t).all() for t in state["G"].values() if t.is_floating_point())
 
