@@ -233,17 +233,11 @@ NONFINITE = {  # (entry, key, slot) holding NaN or inf, and the name the message
     "opt_g exp_avg": (("opt_g", 0, "exp_avg"), "opt_g.state[0].exp_avg"),
     "opt_d exp_avg_sq": (("opt_d", 3, "exp_avg_sq"), "opt_d.state[3].exp_avg_sq"),
 }
-POSITIONS = {  # data positions no run reaches
-    "negative epoch": {"epoch": -1, "batch": 2},
-    "negative batch": {"epoch": 0, "batch": -3},
-    "a string": {"epoch": 0, "batch": "3"},
-    "a float": {"epoch": 0.0, "batch": 4},
-    "a bool": {"epoch": False, "batch": 4},
-    "a key missing": {"epoch": 0},
-    "not a mapping": [0, 4],
-    "beyond the step": {"epoch": 3, "batch": 4},  # 6 steps take 6 batches
-    "far beyond the step": {"epoch": 0, "batch": 10**9},
-}
+POSITIONS = [{"epoch": -1, "batch": 2}, {"epoch": 0, "batch": -3}, {"epoch": 0, "batch": "3"}]  # no run reaches these
+POSITIONS += [{"epoch": 0.0, "batch": 4}, {"epoch": False, "batch": 4}, {"epoch": 0}, [0, 4]]
+POSITIONS += [{"epoch": 3, "batch": 4}, {"epoch": 0, "batch": 10**9}]  # beyond the step: 6 steps take 6 batches
+PLAIN = [("threads", "2"), ("pack", 5), ("best", "7.5"), ("environment", [1]), ("kind", 3), ("G_ema", 7)]
+PLAIN += [("num_classes", "x"), *(("step", v) for v in ("abc", 1.5, -3, True))]  # entries of the wrong type
 TYPED = {  # an edit of a trained checkpoint -> what the refusal says (the shared load, then the resume gate)
     "G booleans": (lambda s: _retyped(s, "G", torch.bool), "entry 'G' is damaged: 'net.0.weight' holds torch.bool"),
     "G_ema ints": (lambda s: _retyped(s, "G_ema", torch.int32), "entry 'G_ema' is damaged: 'module.net.0.weight' hol"),
@@ -252,17 +246,13 @@ TYPED = {  # an edit of a trained checkpoint -> what the refusal says (the share
     "eps None": (_group("opt_d", eps=None), "param_groups[0].eps holds None (NoneType), where Adam takes a number"),
     "lr as text": (_group("opt_g", lr="0.1"), "param_groups[0].lr holds '0.1' (str), where Adam takes a number"),
     "amsgrad 1": (_group("opt_d", amsgrad=1), "param_groups[0].amsgrad holds 1 (int), where Adam takes True or False"),
-    "threads as text": (updated(threads="2"), "entry 'threads' is damaged: it holds '2' (str)"),
-    "pack a number": (updated(pack=5), "entry 'pack' is damaged: it holds 5 (int)"),
-    "best as text": (updated(best="7.5"), "entry 'best' is damaged: it holds '7.5' (str)"),
-    "environment a list": (updated(environment=[1]), "entry 'environment' is damaged: it holds [1]"),
-    "kind a number": (updated(kind=3), "entry 'kind' is damaged: it holds 3 (int)"),
-    **{f"step {v!r}": (updated(step=v), f"'step' is damaged: it holds {v!r}") for v in ("abc", 1.5, -3, True)},
-    **{f"data: {case}": (updated(data=data), "its entry 'data' is damaged") for case, data in POSITIONS.items()},
+    **{
+        f"{e}={v!r}": (updated(**{e: v}), f"entry '{e}' is damaged: it holds {v!r} ({type(v).__name__})")
+        for e, v in PLAIN
+    },
+    **{f"data={data!r}": (updated(data=data), "its entry 'data' is damaged") for data in POSITIONS},
     "opt_g missing": (lambda s: s.pop("opt_g"), "its entry 'opt_g' is missing"),
     "opt_d groups as text": (updated(opt_d={"state": {}, "param_groups": "x"}), "its entry 'opt_d' is damaged"),
-    "G_ema=7": (updated(G_ema=7), "its entry 'G_ema' is damaged: it holds 7 (int)"),
-    "num_classes as text": (updated(num_classes="x"), "its entry 'num_classes' is damaged: it holds 'x'"),
     **{
         f"{where} {value}": (
             lambda s, at=at, value=value: poison(s, *at, value=value),

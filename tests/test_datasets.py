@@ -315,19 +315,13 @@ def test_class_subfolders_are_labels_at_any_depth_and_the_classifier_cache_is_no
 
 
 def test_folder_split_is_about_a_seventh_and_stable_when_images_are_added(tmp_path):
-    for i in range(140):
-        write_image(tmp_path / f"{i:03d}.png", (8, 8), seed=i)
-
-    def split() -> tuple[set[str], set[str]]:
-        train, held = (open_source(cfg_for("folder", tmp_path, image_size=16), train=t) for t in (True, False))
-        return set(train.items), set(held.items)
-
-    train, held = split()
-    assert not train & held and len(train | held) == 140
-    assert 8 <= len(held) <= 35  # 20 expected
-    for i in range(140, 180):
-        write_image(tmp_path / f"{i:03d}.png", (8, 8), seed=i)
-    train_after, held_after = split()
+    splits, cfg = [], cfg_for("folder", tmp_path, image_size=16)
+    for first, last in ((0, 140), (140, 180)):  # 140 images, then 40 more
+        for i in range(first, last):
+            write_image(tmp_path / f"{i:03d}.png", (8, 8), seed=i)
+        splits.append([set(open_source(cfg, train=t).items) for t in (True, False)])
+    (train, held), (train_after, held_after) = splits
+    assert not train & held and len(train | held) == 140 and 8 <= len(held) <= 35  # 20 expected
     assert train <= train_after and held <= held_after  # nothing moved between the splits
 
 
