@@ -163,9 +163,8 @@ def test_nan_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path, 
 def good_run(tmp_path_factory) -> Path:
     """A finished 6-step run that kept numbered copies: checkpoints/step_000004.pt and step_000006.pt."""
     run_dir = tmp_path_factory.mktemp("good") / "run"
-    result = run_train(
-        "trainer.max_steps=6", "trainer.checkpoint_every=2", "trainer.keep_checkpoints=2", f"hydra.run.dir={run_dir}"
-    )
+    steps = ("trainer.max_steps=6", "trainer.checkpoint_every=2", "trainer.keep_checkpoints=2")
+    result = run_train(*steps, f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
 
@@ -182,11 +181,6 @@ class RunsCode:  # unpickling it runs os.system: a stand-in for a malicious chec
         return os.system, (f"touch {self.marker}",)
 
 
-def _zip(path: Path) -> None:
-    with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr("notes.txt", "a zip file, not a torch one")
-
-
 BAD = {  # what is wrong with the file -> how it is written (from last.pt's bytes), what its one line says
     "missing": (lambda path, data: None, "Checkpoint not found"),
     "empty": (lambda path, data: path.write_bytes(b""), "it is an empty file (0 bytes)"),
@@ -194,7 +188,7 @@ BAD = {  # what is wrong with the file -> how it is written (from last.pt's byte
     # anywhere: a zip's end record is last
     "truncated": (lambda path, data: path.write_bytes(data[: len(data) // 2]), "it is truncated: torch.save's zip"),
     "text": (lambda path, data: path.write_text("not a checkpoint\n"), "it is corrupt or not a PyTorch file"),
-    "zip": (lambda path, data: _zip(path), "it is corrupt or not a PyTorch file"),
+    "zip": (lambda path, data: zipfile.ZipFile(path, "w").close(), "it is corrupt or not a PyTorch file"),  # empty
     # protocol 4: torch's safe unpickler warns, and printed it under the refusal
     "pickle": (lambda path, data: path.write_bytes(pickle.dumps({"w": [1.0]}, protocol=4)), "it is corrupt or not a"),
     "not_checkpoint": (lambda path, data: torch.save({"w": torch.zeros(2)}, path), "is not a checkpoint of this"),
