@@ -120,13 +120,11 @@ def test_signal_writes_a_checkpoint_and_the_run_resumes(tmp_path, sig, code):
     lines = run_until(process, "step 4 ")  # training is under way
     process.send_signal(sig)
     output = "".join(lines) + process.communicate(timeout=120)[0]
-    assert process.returncode == code, output[-3000:]
-    assert f"Stopped by {sig.name}" in output and "trainer.resume=" in output
+    assert process.returncode == code and f"Stopped by {sig.name}" in output and "trainer.resume=" in output, output
     stopped_at = load_checkpoint(run_dir)["step"]
     assert 4 <= stopped_at < 100000
     resumed = run_train(f"trainer.resume={run_dir}", f"trainer.max_steps={stopped_at + 2}", cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert load_checkpoint(run_dir)["step"] == stopped_at + 2
+    assert resumed.returncode == 0 and load_checkpoint(run_dir)["step"] == stopped_at + 2, resumed.stderr[-3000:]
 
 
 def run_until(process: subprocess.Popen, text: str) -> tuple[str, ...]:
@@ -212,10 +210,9 @@ def _group(entry: str, **settings: object):
     return lambda state: state[entry]["param_groups"][0].update(settings)
 
 
-def poison(state: dict[str, Any], entry: str, key: str, slot: str = "", value: float = math.nan) -> dict[str, Any]:
-    """`state` with state[entry][key] (an optimizer's: its parameter `key`'s `slot`) filled with `value`."""
+def poison(state: dict[str, Any], entry: str, key: str, slot: str = "", value: float = math.nan) -> None:
+    """state[entry][key] (an optimizer's: its parameter `key`'s `slot`) filled with `value`."""
     (state[entry]["state"][key][slot] if slot else state[entry][key]).fill_(value)
-    return state
 
 
 SN_U = "features.2.parametrizations.weight.0._u"
