@@ -185,7 +185,6 @@ BAD = {  # what is wrong with the file -> how it is written (from last.pt's byte
     "random": (lambda path, data: path.write_bytes(random.Random(0).randbytes(4096)), "it is corrupt or not a PyTorch"),
     # anywhere: a zip's end record is last
     "truncated": (lambda path, data: path.write_bytes(data[: len(data) // 2]), "it is truncated: torch.save's zip"),
-    "text": (lambda path, data: path.write_text("not a checkpoint\n"), "it is corrupt or not a PyTorch file"),
     "zip": (lambda path, data: zipfile.ZipFile(path, "w").close(), "it is corrupt or not a PyTorch file"),  # empty
     # protocol 4: torch's safe unpickler warns, and printed it under the refusal
     "pickle": (lambda path, data: path.write_bytes(pickle.dumps({"w": [1.0]}, protocol=4)), "it is corrupt or not a"),

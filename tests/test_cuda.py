@@ -80,10 +80,8 @@ def test_a_cuda_checkpoint_loads_on_the_cpu_and_evaluates_there(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     state = load_checkpoint(run_dir)  # map_location="cpu" by default
     assert {t.device.type for t in tree_leaves(state) if isinstance(t, torch.Tensor)} == {"cpu"}  # fixed_z among them
-    out = tmp_path / "eval"
-    evaluated = run_evaluate(
-        f"checkpoint={run_dir}", f"data.root={tmp_path / 'data'}", *TINY_EVAL, f"hydra.run.dir={out}"
-    )
+    out, data = tmp_path / "eval", f"data.root={tmp_path / 'data'}"
+    evaluated = run_evaluate(f"checkpoint={run_dir}", data, *TINY_EVAL, f"hydra.run.dir={out}")
     assert evaluated.returncode == 0 and (out / "metrics.json").is_file(), evaluated.stderr[-3000:]
 
 

@@ -119,9 +119,12 @@ def test_fit_square_resizes_the_shorter_side_then_crops_the_centre_and_gray_is_p
 
 
 @pytest.mark.parametrize("name, folder", [("mnist", "MNIST"), ("fashion_mnist", "FashionMNIST")])
-def test_mnist_like_datasets_read_torchvision_layout_resized_and_oriented(tmp_path, name, folder):
-    labels = write_mnist(tmp_path, folder)
-    data = load_dataset(cfg_for(name, tmp_path, image_size=32))
+def test_mnist_like_datasets_read_torchvision_layout_resized_and_oriented_and_download_only_if_missing(
+    tmp_path, monkeypatch, name, folder
+):
+    labels, fetch = write_mnist(tmp_path, folder), "download_and_extract_archive"  # with the files there: no download
+    monkeypatch.setattr(torchvision.datasets.mnist, fetch, lambda *a, **k: pytest.fail("tried to download"))
+    data = load_dataset(cfg_for(name, tmp_path, image_size=32, download=True))
     assert data.images.shape == (40, 1, 32, 32) and data.images.dtype == torch.uint8 and data.num_classes == 10
     values = [100 + c * 10 + i % 4 for i, c in enumerate(labels)]  # in file order, rows as rows
     assert data.images[:, 0, :12].flatten(1).float().mean(1).tolist() == values and data.labels.tolist() == labels
@@ -129,6 +132,10 @@ def test_mnist_like_datasets_read_torchvision_layout_resized_and_oriented(tmp_pa
     assert load_dataset(cfg_for(name, tmp_path), train=False).labels.tolist() == [5, 6, 7, 8, 9, 0, 1, 2]  # t10k files
     rgb = load_dataset(cfg_for(name, tmp_path, channels=3)).images  # grayscale repeated into RGB
     assert rgb.shape == (40, 3, 32, 32) and all(torch.equal(rgb[:, c : c + 1], data.images) for c in range(3))
+    offline = mock.Mock(side_effect=RuntimeError("Error downloading train-images-idx3-ubyte.gz"))
+    monkeypatch.setattr(torchvision.datasets.MNIST, "download", offline)  # FashionMNIST's too
+    with pytest.raises(DataError, match="could not be downloaded.*Error downloading"):
+        load_dataset(cfg_for(name, tmp_path / "empty", download=True))
 
 
 def test_cifar10_reads_the_pickled_batches_as_rgb_planes_and_refuses_wrong_checksums(tmp_path, monkeypatch):
@@ -147,17 +154,6 @@ def test_cifar10_reads_the_pickled_batches_as_rgb_planes_and_refuses_wrong_check
     gray = load_dataset(cfg_for("cifar10", tmp_path, channels=1)).images  # as Pillow converts RGB
     expected = Image.fromarray(np.array([[[200, 100, 7]]], np.uint8)).convert("L").getpixel((0, 0))
     assert gray.shape == (10, 1, 32, 32) and int(gray[7, 0, 0, 0]) == expected
-
-
-def test_download_is_not_attempted_when_the_files_are_there_and_a_failed_one_is_a_data_error(tmp_path, monkeypatch):
-    write_mnist(tmp_path / "there")
-    fetch = "download_and_extract_archive"
-    monkeypatch.setattr(torchvision.datasets.mnist, fetch, lambda *a, **k: pytest.fail("tried to download"))
-    assert load_dataset(cfg_for("mnist", tmp_path / "there", download=True)).images.size(0) == 40
-    offline = mock.Mock(side_effect=RuntimeError("Error downloading train-images-idx3-ubyte.gz"))
-    monkeypatch.setattr(torchvision.datasets.MNIST, "download", offline)
-    with pytest.raises(DataError, match="could not be downloaded.*Error downloading"):
-        load_dataset(cfg_for("mnist", tmp_path / "empty", download=True))
 
 
 MISSING = [("mnist", "MNIST/raw", "data.download=true"), ("fashion_mnist", "FashionMNIST/raw", "data.download=true"),
@@ -307,7 +303,7 @@ def test_class_subfolders_are_labels_at_any_depth_and_the_classifier_cache_is_no
     assert sum(len(s) for s in both) == 31 and all(s.num_classes == 1 for s in both)
 
 
-def test_folder_split_is_about_a_seventh_and_stable_when_images_are_added(tmp_path):
+def test_a_folder_split_holds_out_about_a_seventh_and_moves_no_image_when_images_are_added(tmp_path):
     splits, cfg = [], cfg_for("folder", tmp_path, image_size=16)
     for first, last in ((0, 140), (140, 180)):  # 140 images, then 40 more
         for i in range(first, last):
