@@ -353,8 +353,7 @@ def test_stacked_sets_are_three_independent_images_with_1000_mode_labels_from_di
     assert other_digits.size(0) == 100 and not any(torch.equal(other_digits[0], image) for image in source.images)
     write_mnist(tmp_path)  # data.source=mnist: read from its files, a missing source named
     data = load_dataset(cfg_for("stacked", tmp_path, source="mnist", channels=3, num_samples=64))
-    top = data.images[:, :, :12].flatten(2).float().mean(2)  # (N, 3): 100 + 10 * digit + (i % 4)
-    digits = ((top - 100) // 10).long()
+    digits = ((data.images[:, :, :12].flatten(2).float().mean(2) - 100) // 10).long()  # 100 + 10 digit + i % 4
     assert torch.equal(data.labels, digits[:, 0] * 100 + digits[:, 1] * 10 + digits[:, 2])
     with pytest.raises(DataError, match="data.source=fashion_mnist.*FashionMNIST/raw"):
         load_dataset(cfg_for("stacked", tmp_path, source="fashion_mnist", channels=3))
