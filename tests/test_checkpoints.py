@@ -213,15 +213,9 @@ def poison(state: dict[str, Any], entry: str, key: str, slot: str = "", value: f
     (state[entry]["state"][key][slot] if slot else state[entry][key]).fill_(value)
 
 
-SN_U = "features.2.parametrizations.weight.0._u"
-NONFINITE = {  # (entry, key, slot) holding NaN or inf, and the name the message gives the tensor
-    "G weight": (("G", "net.0.weight", ""), "G.net.0.weight"),
-    # the default D's spectral norm: a power-iteration vector (a buffer, as BatchNorm's statistics are)
-    "D spectral norm u": (("D", SN_U, ""), f"D.{SN_U}"),
-    "G_ema BatchNorm running_mean": (("G_ema", "module.net.1.running_mean", ""), "G_ema.module.net.1.running_mean"),
-    "opt_g exp_avg": (("opt_g", 0, "exp_avg"), "opt_g.state[0].exp_avg"),
-    "opt_d exp_avg_sq": (("opt_d", 3, "exp_avg_sq"), "opt_d.state[3].exp_avg_sq"),
-}
+SN_U = "features.2.parametrizations.weight.0._u"  # the default D's spectral norm: a power-iteration vector (a buffer)
+NONFINITE = [("G", "net.0.weight", ""), ("D", SN_U, ""), ("G_ema", "module.net.1.running_mean", "")]  # a tensor, or
+NONFINITE += [("opt_g", 0, "exp_avg"), ("opt_d", 3, "exp_avg_sq")]  # an Adam moment (its parameter's index, its slot)
 POSITIONS = [{"epoch": -1, "batch": 2}, {"epoch": 0, "batch": -3}, {"epoch": 0, "batch": "3"}]  # no run reaches these
 POSITIONS += [{"epoch": 0.0, "batch": 4}, {"epoch": False, "batch": 4}, {"epoch": 0}, [0, 4]]
 POSITIONS += [{"epoch": 3, "batch": 4}, {"epoch": 0, "batch": 10**9}]  # beyond the step: 6 steps take 6 batches
@@ -243,11 +237,11 @@ TYPED = {  # an edit of a trained checkpoint -> what the refusal says (the share
     "opt_g missing": (lambda s: s.pop("opt_g"), "its entry 'opt_g' is missing"),
     "opt_d groups as text": (updated(opt_d={"state": {}, "param_groups": "x"}), "its entry 'opt_d' is damaged"),
     **{
-        f"{where} {value}": (
-            lambda s, at=at, value=value: poison(s, *at, value=value),
-            f"it holds NaN or inf in 1 of its |({name}). The checkpoint is damaged and training cannot",
+        f"{entry} {key} {slot} {value}": (
+            lambda s, at=(entry, key, slot), value=value: poison(s, *at, value=value),
+            f"NaN or inf in 1 of its |({entry}.{f'state[{key}].{slot}' if slot else key}). The checkpoint is damaged",
         )
-        for where, (at, name) in NONFINITE.items()
+        for entry, key, slot in NONFINITE
         for value in (math.nan, math.inf)
     },
 }
