@@ -47,7 +47,9 @@ def test_the_grad_scaler_skips_a_step_whose_gradients_overflow_and_backs_off():
     assert not torch.equal(before["features.0.weight"], D.state_dict()["features.0.weight"])
 
 
-def test_cudnn_autotuner_is_on_unless_deterministic():
+def test_deterministic_runs_are_identical_and_resume_bit_exactly_and_the_cudnn_autotuner_is_on_otherwise(tmp_path):
+    """Deterministic mode on the GPU: two straight runs of 12 steps give the same bits, and so does 5 + a resume to
+    12 (the CUDA generator's state is in the checkpoint): weights, EMA, Adam moments and the data position."""
     try:
         prepare_process(compose_config(CUDA))
         assert torch.backends.cudnn.benchmark
@@ -56,11 +58,6 @@ def test_cudnn_autotuner_is_on_unless_deterministic():
     finally:  # prepare_process switches deterministic algorithms on for the whole process: switch back
         torch.use_deterministic_algorithms(False)
         torch.backends.cudnn.benchmark = False
-
-
-def test_deterministic_runs_are_identical_and_resume_bit_exactly(tmp_path):
-    """Deterministic mode on the GPU: two straight runs of 12 steps give the same bits, and so does 5 + a resume to
-    12 (the CUDA generator's state is in the checkpoint): weights, EMA, Adam moments and the data position."""
     common = (CUDA, "trainer.deterministic=true", "trainer.checkpoint_every=100")
     runs = [(tmp_path / "a", 12, ()), (tmp_path / "b", 12, ()), (tmp_path / "split", 5, ())]
     for run_dir, steps, extra in [*runs, (tmp_path / "split", 12, (f"trainer.resume={tmp_path / 'split'}",))]:

@@ -517,7 +517,7 @@ def test_a_pack_file_that_is_no_pack_is_named_with_what_it_holds(tmp_path, damag
 
 def test_the_pack_command_refuses_what_it_cannot_pack_and_prints_its_usage(tmp_path, monkeypatch, capsys):
     make_folder(tmp_path / "images")
-    assert pack_main([str(tmp_path / "again"), "data=packed", f"data.root={tmp_path / 'pack'}"]) == 2
+    assert pack_main([str(tmp_path / "again"), "data=packed", f"data.root={tmp_path / 'pack'}"]) == 2  # a pack
     assert pack_main(["data=folder"]) == 2  # no output folder
     assert pack_main([str(tmp_path / "bad"), "data=folder", "data.image_size=17"]) == 2
     assert not (tmp_path / "again").exists() and not (tmp_path / "bad").exists()
