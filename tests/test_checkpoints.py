@@ -54,8 +54,7 @@ def assert_same_state(a: dict, b: dict) -> None:
         assert torch.equal(t, y[key]), f"{key} differs"
 
 
-def stop_at(step: int):
-    """An after_step that ends the run at `step`, as a signal would: the interrupted run of a test."""
+def stop_at(step: int):  # an after_step that ends the run at `step`, as a signal would: a test's interrupted run
     return lambda state: state.step >= step
 
 
@@ -136,8 +135,7 @@ def run_until(process: subprocess.Popen, text: str) -> tuple[str, ...]:  # its l
     raise AssertionError("".join(lines)[-3000:])
 
 
-def nan_after(calls: int, monkeypatch) -> None:
-    """Make the bce G loss NaN from its `calls`-th call on."""
+def nan_after(calls: int, monkeypatch) -> None:  # the bce G loss NaN from its `calls`-th call on
     real, count = LOSSES["bce"], itertools.count(1)
     g_loss = AdversarialLoss(real.d, lambda logits: real.g(logits) * (math.nan if next(count) >= calls else 1.0))
     monkeypatch.setitem(gan.core.losses.LOSSES, "bce", g_loss)
@@ -375,9 +373,8 @@ RETYPED = {  # entry, how its first weight (or moment) is changed, what the mess
 }
 
 
-@pytest.mark.parametrize("case", RETYPED)
-def test_a_checkpoint_tensor_of_another_type_or_shape_is_refused_naming_it(tiny_run, tmp_path, case):
-    entry, change, said = RETYPED[case]
+@pytest.mark.parametrize("entry, change, said", RETYPED.values(), ids=RETYPED)
+def test_a_checkpoint_tensor_of_another_type_or_shape_is_refused_naming_it(tiny_run, tmp_path, entry, change, said):
     run_dir = shutil.copytree(tiny_run, tmp_path / "run")
     state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     holder = state[entry]["state"][0] if entry.startswith("opt") else state[entry]  # an Adam moment, or a weight
