@@ -241,9 +241,7 @@ def test_config_refuses_what_no_loader_can_do(overrides, key):
 
 
 @pytest.mark.parametrize("size, channels", [(16, 3), (64, 3), (32, 1)])
-def test_folder_images_of_each_format_and_depth_follow_the_dcgan_recipe_and_a_decompression_bomb_is_refused(
-    tmp_path, monkeypatch, size, channels
-):
+def test_image_formats_and_depths_follow_the_dcgan_recipe_and_a_bomb_is_refused(tmp_path, monkeypatch, size, channels):
     # the PyTorch DCGAN tutorial's Resize + CenterCrop on PIL images; ours, antialiased, on tensors: a rounding apart
     for name, shape in {"0.png": (48, 32), "1.jpg": (30, 50), "2.bmp": (178, 218), "3.png": (20, 12)}.items():
         write_image(tmp_path / name, shape, "L" if name.endswith("jpg") else "RGB", seed=int(name[0]))  # a gray JPEG
@@ -394,9 +392,7 @@ def test_a_folder_trains_through_a_worker_and_a_bad_image_read_there_gives_the_w
 
 
 @pytest.mark.parametrize("kind", ["digits", "mnist", "folder", "stacked"])
-def test_streamed_items_equal_the_in_memory_tensor_auto_streams_a_large_set_and_limit_keeps_the_first_ones(
-    tmp_path, monkeypatch, kind
-):
+def test_streamed_items_equal_in_memory_ones_large_sets_stream_and_limit_keeps_the_first(tmp_path, monkeypatch, kind):
     for i in range(16 if kind == "folder" else 0):  # two classes, so the labels can go wrong
         write_image(tmp_path / f"class_{i % 2}" / f"{i:02d}.png", (20, 20), seed=i)
     write_mnist(tmp_path)  # data=mnist, and data=stacked's source
