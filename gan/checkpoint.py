@@ -132,11 +132,12 @@ def require_training_state(state: Mapping[str, Any], source: str | Path) -> None
 
 
 def nonfinite(named: Iterable[tuple[Hashable, Any]]) -> tuple[list, int]:
-    """The floating tensors of `named` holding NaN/inf, and their count; one host sync when all are finite."""
+    """The floating tensors of `named` holding NaN/inf, and their count; one host sync when all are finite (else each
+    is rechecked: huge finite values overflow a norm)."""
     tensors = [(name, t.detach()) for name, t in named if isinstance(t, Tensor) and t.is_floating_point()]
     if not tensors or torch.stack([n.float() for n in torch._foreach_norm([t for _, t in tensors])]).isfinite().all():
         return [], len(tensors)
-    return [name for name, t in tensors if not torch.isfinite(t).all()], len(tensors)  # huge finite ones overflow
+    return [name for name, t in tensors if not torch.isfinite(t).all()], len(tensors)
 
 
 def save_checkpoint(state: Mapping[str, Any], path: Path) -> None:
