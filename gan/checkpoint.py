@@ -1,6 +1,7 @@
 """Checkpoints: one dict of tensors and plain containers, written atomically, loaded weights_only, checked."""
 
 import errno
+import itertools
 import os
 import pickle
 import re
@@ -8,7 +9,7 @@ import shutil
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any, Callable, Hashable, Iterable, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Callable, Hashable, Iterable, Mapping, Optional, Sequence
 
 import torch
 from omegaconf import OmegaConf
@@ -18,8 +19,6 @@ from torch import Tensor, nn
 from gan.config import TrainConfig
 from gan.errors import CheckpointError
 from gan.run import Run
-
-Name = TypeVar("Name", bound=Hashable)  # a tensor's name: a string, or a (part, key) pair
 
 REQUIRED_KEYS = ("G", "step", "config", "num_classes")  # held by last.pt and best.pt alike
 BEST = "best"  # the `kind` of checkpoints/best.pt
@@ -37,9 +36,7 @@ def _real(value: object) -> bool:
 
 
 def _shown(value: object) -> str:
-    if isinstance(value, Tensor):
-        return f"a tensor of shape {tuple(value.shape)}"
-    text = repr(value)
+    text = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, Tensor) else repr(value)
     return f"{text[:60]}{'...' if len(text) > 60 else ''} ({type(value).__name__})"
 
 
@@ -59,16 +56,14 @@ def _state_dict(value: Any) -> str:
     return ""
 
 
-def _optimizer(value: Any) -> str:
-    """torch's layout, {'state': {index: {slot: tensor}}, 'param_groups': [dict]}, with Adam's settings."""
+def _optimizer(value: Any) -> str:  # torch's layout, {'state': {index: {slot: tensor}}, 'param_groups': [dict]}
     groups, slots = (value.get("param_groups"), value.get("state")) if isinstance(value, Mapping) else (None, None)
     laid_out = isinstance(slots, Mapping) and isinstance(groups, list)
     if not (laid_out and all(isinstance(part, Mapping) for part in [*slots.values(), *groups])):
         return f"it holds {_shown(value)}, not an optimizer's state dict ({{'state': ..., 'param_groups': [...]}})"
-    for index, group in enumerate(groups):
-        for key, (fits, what) in ADAM_SETTINGS.items():
-            if not fits(group.get(key)):
-                return f"its param_groups[{index}].{key} holds {_shown(group.get(key))}, where Adam takes {what}"
+    for (index, group), (key, (fits, what)) in itertools.product(enumerate(groups), ADAM_SETTINGS.items()):
+        if not fits(group.get(key)):
+            return f"its param_groups[{index}].{key} holds {_shown(group.get(key))}, where Adam takes {what}"
     for index, moments in slots.items():  # torch would cast them to each parameter's type without a word
         for slot, moment in moments.items():
             if isinstance(moment, Tensor) and not moment.is_floating_point():
@@ -76,23 +71,20 @@ def _optimizer(value: Any) -> str:
     return ""
 
 
-# What train.py and evaluate.py read of every checkpoint (None: absent, where not required)
-ENTRIES: dict[str, Callable[[Any], str]] = {
+ENTRIES: dict[str, Callable[[Any], str]] = {  # what train.py and evaluate.py read of every checkpoint (None: absent)
     "step": _plain(_whole, "the number of generator updates done, a whole number of 0 or more"),
     "num_classes": _plain(_whole, "the number of classes G was built for (0: unconditional)"),
     "kind": _plain(lambda v: isinstance(v, str), "a name such as 'best'"),
     "threads": _plain(lambda v: _whole(v) and v >= 1, "the torch thread count the run computed with, 1 or more"),
     "pack": _plain(lambda v: isinstance(v, str), "the content hash of the pack the run trained from (data=packed)"),
     "best": _plain(
-        lambda v: isinstance(v, Mapping) and _real(v.get("fid")) and _whole(v.get("step")),
-        "the best in-training FID and its step, {'fid': F, 'step': S}",
+        lambda v: isinstance(v, Mapping) and _real(v.get("fid")) and _whole(v.get("step")), "{'fid': F, 'step': S}"
     ),
     "environment": _plain(lambda v: isinstance(v, Mapping), "the versions and device it was written with, a mapping"),
     "G": _state_dict,
     "G_ema": _state_dict,
 }
-# What a resume reads besides
-RESUME_ENTRIES: dict[str, Callable[[Any], str]] = {
+RESUME_ENTRIES: dict[str, Callable[[Any], str]] = {  # what a resume reads besides
     "D": _state_dict,
     "opt_g": _optimizer,
     "opt_d": _optimizer,
@@ -102,19 +94,15 @@ RESUME_ENTRIES: dict[str, Callable[[Any], str]] = {
     ),
     "fixed_z": _plain(lambda v: isinstance(v, Tensor) and v.is_floating_point(), "the grids' latents, float tensor"),
 }
-# The settings of each parameter group that Adam's step reads (torch casts nothing: a str crashes its kernel)
-ADAM_SETTINGS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "lr": (_real, "a number"),
+ADAM_SETTINGS: dict[str, tuple[Callable[[Any], bool], str]] = {  # what Adam's step reads: torch casts none of them
+    **dict.fromkeys(("lr", "eps", "weight_decay"), (_real, "a number")),
     "betas": (lambda v: isinstance(v, (tuple, list)) and len(v) == 2 and all(map(_real, v)), "two numbers"),
-    "eps": (_real, "a number"),
-    "weight_decay": (_real, "a number"),
-    "amsgrad": (lambda v: isinstance(v, bool), "True or False"),
-    "maximize": (lambda v: isinstance(v, bool), "True or False"),
+    **dict.fromkeys(("amsgrad", "maximize"), (lambda v: isinstance(v, bool), "True or False")),
 }
 
 
-def _damaged(file: Path, entry: str, problem: str, use: str = "resume or evaluate") -> CheckpointError:
-    opening = "Cannot resume from" if use == RESUME else "Cannot use"
+def _damaged(source: str | Path, entry: str, problem: str, use: str = "resume or evaluate") -> CheckpointError:
+    opening, file = "Cannot resume from" if use == RESUME else "Cannot use", checkpoint_path(source)
     status = f"damaged: {problem}" if problem else "missing"
     return CheckpointError(f"{opening} {file}: its entry {entry!r} is {status}. {another_checkpoint(file, use)}")
 
@@ -126,34 +114,28 @@ def require_training_state(state: Mapping[str, Any], source: str | Path) -> None
         why = "G alone, without D or the optimizers, so training cannot continue from it. Resume from the run's last.pt"
         raise CheckpointError(f"{source} is a best.pt: {why} (trainer.resume=RUN_DIR), or evaluate it with evaluate.py")
     for entry, problem_of in RESUME_ENTRIES.items():
-        problem = problem_of(state[entry]) if entry in state else ""  # "": missing
-        if entry not in state or problem:
-            raise _damaged(file, entry, problem, RESUME)
+        if entry not in state or (problem := problem_of(state[entry])):
+            raise _damaged(file, entry, problem if entry in state else "", RESUME)  # "": missing
     epoch, batch = state["data"]["epoch"], state["data"]["batch"]
     if epoch + batch > state["step"]:  # each step takes one batch; the epoch's size: training.state
         why = f"where {state['step']} steps (its entry 'step') cannot reach: each step takes one batch"
         raise _damaged(file, "data", f"it places the batch stream at epoch {epoch}, batch {batch}, {why}", RESUME)
     named = [(f"{entry}.{key}", t) for entry in ("G", "D", "G_ema") for key, t in (state.get(entry) or {}).items()]
-    for entry in ("opt_g", "opt_d"):
-        moments = state[entry]["state"].items()
-        named += [(f"{entry}.state[{index}].{slot}", t) for index, slots in moments for slot, t in slots.items()]
+    for entry in ("opt_g", "opt_d"):  # each parameter's Adam moments
+        named += [(f"{entry}.state[{i}].{slot}", t) for i, s in state[entry]["state"].items() for slot, t in s.items()]
     bad, total = nonfinite([*named, ("fixed_z", state["fixed_z"])])
     if bad:
         shown = ", ".join(bad[:4]) + (", ..." if len(bad) > 4 else "")
-        why = "The checkpoint is damaged and training cannot continue from it: every step would start from these values"
-        raise CheckpointError(
-            f"Cannot resume from {file}: it holds NaN or inf in {len(bad)} of its {total} floating-point tensors "
-            f"({shown}). {why}. {another_checkpoint(file, RESUME)}"
-        )
+        what = f"NaN or inf in {len(bad)} of its {total} floating-point tensors ({shown}). The checkpoint is damaged"
+        why = f"{what} and training cannot continue from it: every step would start from these values"
+        raise CheckpointError(f"Cannot resume from {file}: it holds {why}. {another_checkpoint(file, RESUME)}")
 
 
-def nonfinite(named: Iterable[tuple[Name, Any]]) -> tuple[list[Name], int]:
-    """The floating tensors of `named` holding NaN/inf, and their count; one host sync when all are finite."""
+def nonfinite(named: Iterable[tuple[Hashable, Any]]) -> tuple[list, int]:
+    """The floating tensors of `named` holding NaN/inf, and their count; one host sync when all are finite (else each
+    is rechecked: huge finite values overflow a norm)."""
     tensors = [(name, t.detach()) for name, t in named if isinstance(t, Tensor) and t.is_floating_point()]
-    if not tensors:
-        return [], 0
-    norms = torch._foreach_norm([t for _, t in tensors])
-    if torch.stack([n.float() for n in norms]).isfinite().all():  # else recheck: huge finite values overflow a norm
+    if not tensors or torch.stack([n.float() for n in torch._foreach_norm([t for _, t in tensors])]).isfinite().all():
         return [], len(tensors)
     return [name for name, t in tensors if not torch.isfinite(t).all()], len(tensors)
 
@@ -203,7 +185,6 @@ def checkpoint_path(path: str | Path) -> Path:
 
 
 def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
-    """Load and sanity-check a checkpoint file or run directory onto `map_location`; CheckpointError."""
     if not str(path).strip():  # Path("") is the launch directory: its checkpoints/last.pt is no one's choice
         raise CheckpointError("The checkpoint path is empty (an unset shell variable?). Name a checkpoint or run.")
     file = checkpoint_path(path)
@@ -243,8 +224,7 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
         why = f"this version reads format {FORMAT} only: use the version that wrote it, or start a new run"
         raise CheckpointError(f"{file} has checkpoint format {found}; {why}.")
     for entry, problem_of in ENTRIES.items():  # once here, so no reader meets a wrong type (int(1.5) is a step)
-        value = state.get(entry)
-        if (value is not None or entry in REQUIRED_KEYS) and (problem := problem_of(value)):
+        if (state.get(entry) is not None or entry in REQUIRED_KEYS) and (problem := problem_of(state.get(entry))):
             raise _damaged(file, entry, problem)
     check_config_groups(state["config"], file)
     return state
@@ -252,22 +232,20 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
 
 def check_config_groups(config: object, source: str | Path, required: Sequence[str] = ()) -> None:
     if not isinstance(config, Mapping):
-        raise _config_damaged(source, f"it is {_shown(config)}, not a mapping of groups (data, model, ...)")
+        raise _damaged(source, "config", f"it is {_shown(config)}, not a mapping of groups (data, model, ...)")
     for group, values in config.items():
         if not isinstance(values, Mapping):
-            raise _config_damaged(source, f"its group {group!r} is {_shown(values)}, not a mapping of settings")
-    missing = [group for group in required if group not in config]
-    if missing:
-        raise _config_damaged(source, f"it has no {', '.join(repr(g) for g in missing)} group")
+            raise _damaged(source, "config", f"its group {group!r} is {_shown(values)}, not a mapping of settings")
+    if missing := [group for group in required if group not in config]:
+        raise _damaged(source, "config", f"it has no {', '.join(repr(g) for g in missing)} group")
 
 
 def stored_config(config: object, source: str | Path) -> dict:
     """A checkpoint's config typed by this version's schema (TrainConfig), as plain containers."""
     schema = OmegaConf.structured(TrainConfig)
     check_config_groups(config, source, required=list(schema))
-    missing = [f"{group}.{key}" for group in schema for key in schema[group] if key not in config[group]]
-    if missing:
-        raise _config_damaged(source, f"it has no {', '.join(missing[:4])}")
+    if missing := [f"{group}.{key}" for group in schema for key in schema[group] if key not in config[group]]:
+        raise _damaged(source, "config", f"it has no {', '.join(missing[:4])}")
     try:
         return OmegaConf.to_container(OmegaConf.merge(schema, config), resolve=True, enum_to_str=True)
     except (OmegaConfBaseException, ValueError) as err:
@@ -276,73 +254,53 @@ def stored_config(config: object, source: str | Path) -> dict:
 
 def stored_config_error(err: Exception, source: str | Path, group: str = "") -> CheckpointError:
     """A stored config that does not fit the schema; `group`: the group merged alone (the key's prefix)."""
-    key = str(getattr(err, "full_key", "") or "")
-    key = f"{group}.{key}" if group and key else (key or group)
-    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    where = f"{key}: " if key else ""
+    key = ".".join(part for part in (group, str(getattr(err, "full_key", "") or "")) if part)
+    text, where = (str(err).strip() or type(err).__name__).splitlines()[0], f"{key}: " if key else ""
     if not (isinstance(err, ConfigKeyError) or text.startswith("Invalid value")):
-        return _config_damaged(source, f"{where}{text}")
+        return _damaged(source, "config", f"{where}{text}")
     what = "is not a setting" if isinstance(err, ConfigKeyError) else "holds a choice that is not an option"
-    file = checkpoint_path(source)
     why = "Either another version of this project wrote it (use that version), or its config was edited since"
     return CheckpointError(
-        f"The config stored in {file} does not fit this version's settings ({where}{text}): {key or 'it'} {what} "
-        f"of this version. {why}. {another_checkpoint(file)}"
+        f"The config stored in {checkpoint_path(source)} does not fit this version's settings ({where}{text}): "
+        f"{key or 'it'} {what} of this version. {why}. {another_checkpoint(checkpoint_path(source))}"
     )
-
-
-def _config_damaged(source: str | Path, problem: str) -> CheckpointError:
-    file = checkpoint_path(source)
-    why = "this project writes it as groups of typed settings, so the file was altered after it was written"
-    return CheckpointError(f"The config stored in {file} is damaged: {problem}; {why}. {another_checkpoint(file)}")
 
 
 def another_checkpoint(file: Path, use: str = "resume or evaluate") -> str:
     """What to `use` instead of a damaged `file`, naming only the copies that exist beside it."""
+    best = [file.with_name(f"{BEST}.pt")] if use == "evaluate" else []  # best.pt holds G alone: no resume
     try:
-        copies = sorted(file.parent.glob("step_*.pt"), reverse=True) + [file.with_name(f"{BEST}.pt")]
-        copies = [c for c in copies if c.is_file() and not (file.is_file() and os.path.samefile(c, file))]
+        copies = [c for c in sorted(file.parent.glob("step_*.pt"), reverse=True) + best if c.is_file()]
+        copies = [c for c in copies if not (file.is_file() and os.path.samefile(c, file))]
     except OSError:  # an unlistable folder, a vanished file
         copies = []
-    copies = [c for c in copies if use == "evaluate" or c.name != f"{BEST}.pt"]  # best.pt: G alone, no resume
     if not copies:
-        kinds = "numbered copy (step_NNNNNN.pt)" + (" or best.pt" if use == "evaluate" else "")
         why = f"(trainer.keep_checkpoints=N keeps them): {use} a copy made before it was damaged, or start a new run"
-        return f"No {kinds} is kept beside it {why}."
+        return f"No numbered copy (step_NNNNNN.pt){' or best.pt' if best else ''} is kept beside it {why}."
     names = ", ".join(c.name for c in copies[:3]) + (f" and {len(copies) - 3} more" if len(copies) > 3 else "")
     return f"Checkpoints are kept beside it ({names}): {use} {copies[0]}, the newest, or another of them."
 
 
 def _describe(err: BaseException) -> str:
     """'Type: first line' of `err`, or of the reason torch's weights-only refusal gives after its preamble."""
-    text = str(err)
-    reason = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", text)
-    lines = [reason.group(1)] if reason else text.strip().splitlines()
+    reason = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", str(err))
+    lines = [reason.group(1)] if reason else str(err).strip().splitlines()
     return f"{type(err).__name__}: {lines[0].strip()[:200]}" if lines else type(err).__name__
 
 
 def load_module_state(module: nn.Module, state: Mapping[str, Tensor], name: str, advice: Optional[str] = None) -> None:
     """load_state_dict with a readable error listing every mismatch; `advice` replaces the default hint."""
     own = module.state_dict()
-    both = [key for key in state if key in own]
-    problems = [
-        f"{k}: {tuple(state[k].shape)} in the checkpoint, {tuple(own[k].shape)} in the model"
-        for k in both
-        if own[k].shape != state[k].shape
-    ]
+    shapes = {k: (tuple(t.shape), tuple(own[k].shape)) for k, t in state.items() if k in own}
+    dtypes = {k: (state[k].dtype, own[k].dtype) for k in shapes}  # load_state_dict would cast them
+    problems = [f"{k}: {a} in the checkpoint, {b} in the model" for k, (a, b) in shapes.items() if a != b]
     problems += [f"{key}: missing from the checkpoint" for key in own if key not in state]
     problems += [f"{key}: in the checkpoint, not in the model" for key in state if key not in own]
-    retyped = [  # load_state_dict would cast them
-        f"{k}: {state[k].dtype} in the checkpoint, {own[k].dtype} in the model"
-        for k in both
-        if own[k].dtype != state[k].dtype
-    ]
+    retyped = [f"{k}: {a} in the checkpoint, {b} in the model" for k, (a, b) in dtypes.items() if a != b]
     shown = "; ".join((problems or retyped)[:6]) + ("; and more" if len(problems or retyped) > 6 else "")
     if problems:
         advice = advice or "Use the same model.* and data.image_size/data.channels as the run that wrote it."
-        raise CheckpointError(
-            f"The checkpoint's {name} does not match the one built from the config: {shown}. {advice}"
-        )
+        raise CheckpointError(f"The checkpoint's {name} does not match the one the config builds: {shown}. {advice}")
     if retyped:
         why = "this project writes each in its network's own type, so the file was altered: use another one."
         raise CheckpointError(f"The checkpoint's {name} holds tensors of another type than its model's: {shown}; {why}")

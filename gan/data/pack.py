@@ -21,24 +21,18 @@ def write_pack(data: DataConfig, folder: Path) -> Path:
     """folder/pack.pt from `data`'s two splits, decoded into memory once; written whole or not at all."""
     if data.name == "packed":
         raise ConfigError("data=packed is already a pack: name the dataset to pack (data=folder, data=celeba, ...).")
-    started = time.perf_counter()
-    data = dataclasses.replace(data, limit=0, in_memory=True)
+    started, data = time.perf_counter(), dataclasses.replace(data, limit=0, in_memory=True)
     splits = {"train": load_dataset(data, train=True), "held_out": load_dataset(data, train=False)}
     settings = {key: str(value) for key, value in dataclasses.asdict(data).items()}  # enums and paths as text
     settings.update(image_size=data.image_size, channels=data.channels, root=str(Path(data.root).resolve()))
     content = hashlib.sha256()  # of the pixels and labels: what a run trained from, whatever folder holds it
-    for split in splits.values():
-        content.update(split.images.contiguous().numpy())
-        content.update(split.labels.contiguous().numpy())
-    pack = {
-        "format": PACK_FORMAT,
-        "settings": settings,
-        "content": content.hexdigest(),
-        "num_classes": splits["train"].num_classes,
-        **{name: {"images": split.images, "labels": split.labels} for name, split in splits.items()},
-    }
-    path = folder / PACK_FILE
-    save_atomically(pack, path)
+    for tensor in [t for split in splits.values() for t in (split.images, split.labels)]:
+        content.update(tensor.contiguous().numpy())
+    pack = dict(
+        format=PACK_FORMAT, settings=settings, content=content.hexdigest(), num_classes=splits["train"].num_classes
+    )
+    pack.update({name: {"images": split.images, "labels": split.labels} for name, split in splits.items()})
+    save_atomically(pack, path := folder / PACK_FILE)
     counts = ", ".join(f"{len(split.labels)} {name}" for name, split in splits.items())
     log.info("Packed data=%s (%s images) into %s in %.1f s", data.name, counts, path, time.perf_counter() - started)
     return path
@@ -50,10 +44,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from gan.launch import override_key
 
     logging.basicConfig(level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")  # unless set up
-    installed = Path(sys.argv[0]).name == "dcgan-pack"
-    parser = argparse.ArgumentParser(
-        prog="dcgan-pack" if installed else "python -m gan.data.pack", description=__doc__.split("\n\n")[0]
-    )
+    prog = "dcgan-pack" if Path(sys.argv[0]).name == "dcgan-pack" else "python -m gan.data.pack"  # as installed
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("out_folder", type=Path, help="the folder pack.pt is written to")
     parser.add_argument("overrides", nargs="*", metavar="data.KEY=VALUE", help="train.py's data overrides: data=NAME")
     try:
@@ -62,20 +54,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             parser.error(f"the first argument is OUT_FOLDER, not an override ({args.out_folder})")
     except SystemExit as stop:  # argparse's own: 0 after --help, 2 for bad arguments (its usage said why)
         return stop.code if isinstance(stop.code, int) else 2
-    others = [o for o in args.overrides if override_key(o).split(".")[0] != "data"]
     try:
-        if others:
-            raise ConfigError(
-                f"{' '.join(others)}: a pack holds images, so it takes the data settings only (data=NAME, "
-                "data.KEY=VALUE); the others would be ignored. Nothing was written. Drop them, and give them to "
-                "train.py when it trains from the pack."
-            )
+        if others := [o for o in args.overrides if override_key(o).split(".")[0] != "data"]:
+            why = "a pack holds images, so it takes the data settings only (data=NAME, data.KEY=VALUE)"
+            raise ConfigError(f"{' '.join(others)}: {why}. Nothing was written: give them to train.py with the pack.")
         write_pack(compose_config(*args.overrides).data, args.out_folder)
-    except UserError as err:
-        log.error("%s", err)
-        return 2
-    except OSError as err:  # a full disk, a read-only folder: no partial file is left
-        log.error("%s", environment_error(err, then="pack again."))
+    except (UserError, OSError) as err:  # OSError: a full disk, a read-only folder; no partial file is left
+        log.error("%s", environment_error(err, then="pack again.") if isinstance(err, OSError) else err)
         return 2
     except KeyboardInterrupt:
         log.error("Interrupted: no pack was written (a partial file is removed). Pack again to write it.")

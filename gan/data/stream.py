@@ -1,7 +1,5 @@
 """The batch stream that feeds the training loop: endless, shuffled per epoch, resumable, DDP-sharded."""
 
-from __future__ import annotations
-
 import contextlib
 import signal
 import weakref
@@ -15,8 +13,7 @@ from gan.device import available_cpus
 from gan.errors import DataError
 
 
-def to_unit_range(images: Tensor) -> Tensor:
-    """uint8 -> float [-1, 1], the range of G's tanh."""
+def to_unit_range(images: Tensor) -> Tensor:  # uint8 -> float [-1, 1], the range of G's tanh
     return images.float().div_(127.5).sub_(1.0)
 
 
@@ -24,16 +21,8 @@ class EpochBatchSampler(Sampler[list[int]]):
     """Epoch e's order seeded by (seed, e), so a resume sees the same batches; no last short batch (BatchNorm)."""
 
     def __init__(self, size: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
-        self.size, self.batch_size, self.seed = size, batch_size, seed
-        self.rank, self.world_size = rank, world_size
-        self.epoch, self.start = 0, 0
-
-    @property
-    def batches_per_epoch(self) -> int:
-        return self.size // self.world_size // self.batch_size
-
-    def __len__(self) -> int:
-        return self.batches_per_epoch - self.start
+        self.size, self.batch_size, self.seed, self.rank, self.world_size = size, batch_size, seed, rank, world_size
+        self.epoch, self.start, self.batches_per_epoch = 0, 0, size // world_size // batch_size
 
     def __iter__(self) -> Iterator[list[int]]:
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
@@ -63,30 +52,19 @@ class BatchStream:
             )
         self.device, self.batch = device, 0  # batches taken in the current epoch
         self.sampler = EpochBatchSampler(len(images), batch_size, seed, rank, world_size)
-        in_memory = isinstance(images, Tensor)
+        in_memory, self.images, self.labels, self.loader = isinstance(images, Tensor), None, None, None
         if num_workers is None:
             num_workers = 0 if in_memory else max(1, min(8, available_cpus() // 2))  # the other half trains
-        self.images = self.labels = self.loader = None
         if in_memory and num_workers == 0:
             self.images = images.to(device)  # uint8: a quarter of float32's size
-            self.labels = labels.to(device) if labels is not None else None
+            self.labels = labels if labels is None else labels.to(device)
         else:
-            self.loader = DataLoader(  # a tensor serves as a dataset: images[i] is its row i
-                images if labels is None else StackDataset(images, labels),  # item i: (images[i], labels[i])
-                batch_sampler=self.sampler,
-                num_workers=num_workers,
-                pin_memory=device.type == "cuda",
-                persistent_workers=num_workers > 0,
-                worker_init_fn=ignore_stop_signals,
-            )
-            # Workers ignore SIGTERM, so multiprocessing's exit-time terminate() would wait forever: stop
-            # them here, before multiprocessing's own exit handler (registered earlier) runs.
+            dataset = images if labels is None else StackDataset(images, labels)  # item i: (images[i], labels[i])
+            kwargs = dict(num_workers=num_workers, persistent_workers=num_workers > 0, pin_memory=device.type == "cuda")
+            self.loader = DataLoader(dataset, batch_sampler=self.sampler, worker_init_fn=ignore_stop_signals, **kwargs)
+            # workers ignore SIGTERM: stopped here, before multiprocessing's exit handler, whose terminate() would hang
             self.close = weakref.finalize(self, stop_workers, self.loader)
         self._batches = self._epoch_iterator()
-
-    @property
-    def epoch(self) -> int:
-        return self.sampler.epoch
 
     def _epoch_iterator(self) -> Iterator[Tensor | tuple[Tensor, Tensor]]:
         if self.loader is not None:
@@ -94,29 +72,21 @@ class BatchStream:
         indices = (torch.tensor(index, device=self.device) for index in self.sampler)
         return (self.images[i] if self.labels is None else (self.images[i], self.labels[i]) for i in indices)
 
-    def __iter__(self) -> BatchStream:
-        return self
-
     def __next__(self) -> Tensor:
         return self.next_with_labels()[0]
 
     def next_with_labels(self) -> tuple[Tensor, Optional[Tensor]]:
         try:
-            batch = self._next_batch()
-        except StopIteration:  # end of epoch: the next one starts from its first batch
-            self.load_state_dict({"epoch": self.sampler.epoch + 1, "batch": 0})
-            batch = self._next_batch()
-        self.batch += 1
-        images, labels = batch if isinstance(batch, (tuple, list)) else (batch, None)
-        if labels is not None:
-            labels = labels.to(self.device, non_blocking=True)
-        return to_unit_range(images.to(self.device, non_blocking=True)), labels
-
-    def _next_batch(self) -> Tensor | tuple[Tensor, Tensor]:
-        try:
-            return next(self._batches)
+            batch = next(self._batches, None)
+            if batch is None:  # end of epoch: the next one starts from its first batch
+                self.load_state_dict({"epoch": self.sampler.epoch + 1, "batch": 0})
+                batch = next(self._batches)
         except DataError as err:  # raised in a worker: its own message, not the pasted traceback
             raise DataError(worker_message(str(err))) from None
+        self.batch += 1
+        images, labels = batch if isinstance(batch, (tuple, list)) else (batch, None)
+        labels = labels if labels is None else labels.to(self.device, non_blocking=True)
+        return to_unit_range(images.to(self.device, non_blocking=True)), labels
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.sampler.epoch, "batch": self.batch}
@@ -129,16 +99,12 @@ class BatchStream:
 
 def stop_workers(loader: DataLoader) -> None:
     """The loader's orderly shutdown, then SIGKILL for any worker still alive (they ignore SIGTERM)."""
-    iterator = loader._iterator  # private: where DataLoader keeps the iterator of persistent workers
-    if iterator is None:
-        return
-    workers = list(getattr(iterator, "_workers", []))
-    with contextlib.suppress(Exception):
-        iterator._shutdown_workers()
-    for worker in workers:
-        if worker.is_alive():
-            worker.kill()
-            worker.join(timeout=5)
+    workers = list(getattr(loader._iterator, "_workers", []))  # private: the persistent workers' iterator, or None
+    with contextlib.suppress(Exception):  # None has no _shutdown_workers: nothing to stop
+        loader._iterator._shutdown_workers()
+    for worker in [w for w in workers if w.is_alive()]:
+        worker.kill()
+        worker.join(timeout=5)
 
 
 def ignore_stop_signals(worker_id: int) -> None:
@@ -148,8 +114,6 @@ def ignore_stop_signals(worker_id: int) -> None:
 
 
 def worker_message(text: str) -> str:
-    if "Original Traceback" not in text:
-        return text
-    last = text.strip().splitlines()[-1]
+    last = text.strip().splitlines()[-1] if "Original Traceback" in text else ""
     name, _, message = last.partition(": ")
-    return message if message and "Error" in name else last
+    return (message if message and "Error" in name else last) or text
