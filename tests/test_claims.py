@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
 import weakref
 
@@ -9,13 +10,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_steps import BCE, adam
 from torch import nn
 
 from gan.config import BackwardMode
-from gan.core.losses import LOSSES
-from gan.core.steps import backward_terms, frozen
-
-BCE = LOSSES["bce"]
+from gan.core.steps import backward_terms, d_step, frozen, g_step, release_grads
 
 
 def records_warnings(fn):
@@ -24,9 +23,6 @@ def records_warnings(fn):
         warnings.simplefilter("always")
         result = fn()
     return result, [str(w.message) for w in caught]
-
-
-# note 000 ---------------------------------------------------------------------------------------
 
 
 def test_note000_no_grad_is_not_a_freeze(tiny_gan):
@@ -103,9 +99,6 @@ def test_note000_detach_and_numpy_share_memory():
     assert torch.zeros(2, dtype=torch.float64).numpy().astype("float32").dtype == np.float32
 
 
-# note 001 ---------------------------------------------------------------------------------------
-
-
 def test_note001_devices_and_leaves():
     on_device = torch.ones(2, device="meta")
     with pytest.raises(RuntimeError, match="Tensor on device cpu is not on the expected device meta"):
@@ -162,9 +155,6 @@ def test_note001_numpy_and_requires_grad():
         torch.rand(3, 4) @ torch.from_numpy(np.ones((4, 2)))
     ok = torch.rand(3, 4) @ torch.from_numpy(np.ones((4, 2), dtype=np.float32))  # the note's float32 case
     assert ok.shape == (3, 2)
-
-
-# note 002 ---------------------------------------------------------------------------------------
 
 
 def test_note002_backward_and_grad():
@@ -238,7 +228,6 @@ def test_note002_no_grad_saves_no_tensors_and_cannot_backprop():
     assert torch.equal(out.detach(), out_no_grad)  # the same numbers
     with pytest.raises(RuntimeError, match="does not require grad"):
         out_no_grad.sum().backward()
-
     layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True).eval()
     tokens = torch.randn(2, 5, 16)
     with torch.autograd.profiler.profile() as with_grad:
@@ -350,7 +339,6 @@ def test_note002_several_backwards():
     for one, other in zip(summed[:3], separate[:3]):  # trunk (shared) and both heads: the same .grad
         for p, q in zip(one.parameters(), other.parameters()):
             torch.testing.assert_close(p.grad, q.grad)
-
     trunk, head_a, head_b, x = build()
     loss_a, loss_b = losses(trunk, head_a, head_b, x)
     loss_a.backward(retain_graph=True)
@@ -359,42 +347,65 @@ def test_note002_several_backwards():
         loss_b.backward()
 
 
-def test_note002_without_detach_a_gan_step_raises_and_retain_graph_only_hides_it(tiny_gan):
+# The real d_step and g_step (or d_step's lines with one change) from the same G, D and batch; a step pre-hook reads
+# the gradient each optimizer is about to use (the steps release .grad right after). test_walkthrough.py uses them too.
+
+
+def gradients_at_each_update(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Every .grad the optimizer uses, flattened into one vector per update."""
+    seen: list[torch.Tensor] = []
+
+    def keep(opt, args, kwargs):
+        grads = [p.grad.flatten() for group in opt.param_groups for p in group["params"] if p.grad is not None]
+        seen.append(torch.cat(grads).clone())
+
+    optimizer.register_step_pre_hook(keep)
+    return seen
+
+
+def d_step_without_detach(D, opt_d, real, fake, retain_graph=False):
+    """gan/core/steps.py:d_step with D(fake) in place of D(fake.detach()), and nothing else changed."""
+    real_logits, real_features = D(real, with_features=True)
+    BCE.d(real_logits, D(fake)).backward(retain_graph=retain_graph)
+    opt_d.step()
+    release_grads(D)
+    return real_features.detach()
+
+
+def gradient_of(module: nn.Module) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in module.parameters()]).clone()
+
+
+@pytest.mark.parametrize("patch", ["none", "retain_graph", "second_G_forward", "dcgan_main"])
+def test_note002_without_detach_a_gan_step_raises_and_retain_graph_only_hides_it(tiny_gan, patch):
+    """none raises at the G step, this loop's and dcgan/main.py's; retain_graph=True or a second G(z) lets D's loss
+    reach G's update; dcgan/main.py's order (netG.zero_grad() before the G step's backward) wipes it."""
     G, D = tiny_gan
     real, z = torch.rand(8, 1, 16, 16) * 2 - 1, torch.randn(8, 16)
-    opt_d = torch.optim.Adam(D.parameters(), lr=2e-4, betas=(0.5, 0.999))
-
-    def d_step(fake: torch.Tensor, **backward) -> None:
-        BCE.d(D(real), D(fake)).backward(**backward)
-        opt_d.step()
-        opt_d.zero_grad(set_to_none=True)
-
-    def g_backward(fake: torch.Tensor) -> list[torch.Tensor]:
+    G_clean, D_clean = copy.deepcopy(G), copy.deepcopy(D)  # G's gradient at its first update by the real steps
+    opt_clean, opt_g = adam(G_clean), adam(G)
+    clean, seen = gradients_at_each_update(opt_clean), gradients_at_each_update(opt_g)
+    fake = G_clean(z)
+    _, real_features = d_step(D_clean, adam(D_clean), real, fake)
+    assert all(p.grad is None for p in G_clean.parameters())  # the fix: D's backward stops at fake.detach()
+    g_step(D_clean, G_clean, opt_clean, fake, real_features)
+    fake = G(z)
+    real_features = d_step_without_detach(D, adam(D), real, fake, retain_graph=patch in ("retain_graph", "dcgan_main"))
+    assert all(p.grad is not None for p in G.parameters())  # D's backward ran on through G
+    from_d = gradient_of(G)  # D's loss, written into G's .grad
+    if patch == "none":  # the error comes at the G step, this loop's or dcgan/main.py's errG.backward(): nothing silent
+        for g_backward in (lambda: g_step(D, G, opt_g, fake, real_features), lambda: BCE.g(D(fake)).backward()):
+            with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
+                g_backward()
+    elif patch == "dcgan_main":  # netG.zero_grad() just before the G step's backward
+        G.zero_grad(set_to_none=True)
         with frozen(D):
             BCE.g(D(fake)).backward()
-        grads = [p.grad.clone() for p in G.parameters()]
-        G.zero_grad(set_to_none=True)
-        return grads
-
-    state = {k: v.clone() for k, v in D.state_dict().items()}
-    fake = G(z)
-    d_step(fake)  # no detach
-    assert all(p.grad is not None for p in G.parameters())  # D's loss reached G
-    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
-        g_backward(fake)
-
-    D.load_state_dict(state)
-    G.zero_grad(set_to_none=True)
-    fake = G(z)
-    d_step(fake.detach())  # the fix: D's backward stops at the fake images
-    assert all(p.grad is None for p in G.parameters())
-    clean = g_backward(fake)
-
-    D.load_state_dict(state)
-    fake = G(z)
-    d_step(fake, retain_graph=True)  # the patch: no error, but G's .grad holds D's gradient
-    polluted = g_backward(fake)
-    assert not all(torch.allclose(a, b) for a, b in zip(polluted, clean))
+        torch.testing.assert_close(gradient_of(G), clean[0])
+    else:  # the second G(z) makes the same images; the G step backpropagates its own graph, so nothing raises
+        g_step(D, G, opt_g, fake if patch == "retain_graph" else G(z), real_features)
+        torch.testing.assert_close(seen[0], clean[0] + from_d)  # G's update follows G's objective plus D's
+        assert float((seen[0] - clean[0]).norm() / clean[0].norm()) > 0.1
 
 
 def test_note002_requires_grad_false_freezes_part_of_a_model_and_true_on_an_input_trains_it(tiny_gan):
@@ -411,9 +422,6 @@ def test_note002_requires_grad_false_freezes_part_of_a_model_and_true_on_an_inpu
             stepped = x + 0.01 * x.grad.sign()
             assert (D(stepped) > D(x)).all()
     assert x.grad is not None
-
-
-# note 003 ---------------------------------------------------------------------------------------
 
 
 def test_note003_Tensor_and_tensor():
@@ -477,7 +485,6 @@ def test_note003_views():
         p.view(6)  # merges the two swapped dimensions
     r = p.reshape(6)
     assert r.data_ptr() != a.data_ptr() and r.tolist() == [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]
-
     b = torch.arange(24.0).view(2, 3, 4).permute(2, 0, 1)  # shape (4, 2, 3), strides (1, 12, 4)
     assert b.view(4, 2, 3, 1).data_ptr() == b.data_ptr()  # a size-1 dimension added
     assert b.view(2, 2, 2, 3).data_ptr() == b.data_ptr()  # the first dimension split
@@ -552,9 +559,6 @@ def test_note003_grad_none_is_what_zero_grad_does_now():
     grad = p.grad
     opt.zero_grad(set_to_none=False)
     assert p.grad is grad and torch.equal(grad, torch.zeros(3))  # the old way: the same tensor, zeroed
-
-
-# note 004 ---------------------------------------------------------------------------------------
 
 
 def test_note004_devices():

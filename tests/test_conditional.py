@@ -11,12 +11,12 @@ import torch
 from conftest import compose_config, tiny_checkpoint
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_steps import BCE, adam, batch
 from torch import nn
 
 from gan.checkpoint import load_checkpoint
 from gan.config import ConfigError, EvaluateConfig, MetricsConfig
 from gan.core import augment as A
-from gan.core.losses import LOSSES
 from gan.core.models import Discriminator, Generator
 from gan.core.sampling import class_rows
 from gan.core.steps import StepContext, d_step, g_step
@@ -30,7 +30,6 @@ from gan.training.loop import OverfitProbe
 from gan.training.monitor import FAKE_TAG, REAL_TAG, class_images, labelled_rows
 
 CPU = torch.device("cpu")
-BCE = LOSSES["bce"]
 ALL = ("color", "translation", "cutout")
 
 
@@ -46,24 +45,15 @@ def class_weights(G: Generator) -> torch.Tensor:
     return G.net[0].weight[G.z_dim :]
 
 
-def adam(module: nn.Module) -> torch.optim.Adam:
-    return torch.optim.Adam(module.parameters(), lr=1e-2, betas=(0.5, 0.999))
-
-
 def labelled_batch(G: Generator, n: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     real, y = torch.rand(n, 1, 16, 16) * 2 - 1, torch.randint(0, 10, (n,))
     return real, y, G(torch.randn(n, 16), y)
-
-
-def unlabelled_batch(G: Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.rand(16, 1, 16, 16) * 2 - 1, G(torch.randn(16, 16))
 
 
 def augmenting(*policies: str) -> StepContext:
     return StepContext(augment=lambda x: A.diff_augment(x, policies))
 
 
-# the models ------------------------------------------------------------------------------------
 def test_unconditional_models_have_no_class_module_and_refuse_nothing_new():
     G, D = Generator(z_dim=16, width=8, image_size=16), Discriminator(width=8, image_size=16)
     assert G.net[0].in_channels == 16 and D.embed is None  # z alone in; no class embedding in D
@@ -99,7 +89,6 @@ def test_class_rows_lay_one_class_per_row_over_the_same_latents():
     assert class_rows(z, num_classes=1000)[1].unique().numel() == 16  # at most 16 rows, spread out
 
 
-# gradient isolation with labels ------------------------------------------------------------------
 @pytest.mark.parametrize("augmented", [False, True], ids=["plain", "augmented"])
 def test_d_step_with_labels_leaves_every_generator_gradient_none(conditional_gan, augmented):
     G, D = conditional_gan
@@ -130,7 +119,6 @@ def test_g_step_with_labels_leaves_D_untouched_and_teaches_G_the_classes_in_the_
     assert changed[y].all() and not changed[[c for c in range(10) if c not in y.tolist()]].any()
 
 
-# DiffAugment -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("policy", ["brightness", "saturation", "contrast", "translation", "cutout"])
 def test_each_augmentation_passes_gradient_back_to_its_input(policy):
     x = torch.randn(4, 3, 16, 16, requires_grad=True)
@@ -167,7 +155,7 @@ def test_the_same_generator_state_draws_the_same_augmentation():
 def d_then_g(tiny_gan: tuple[Generator, Discriminator], ctx: StepContext) -> tuple[torch.Tensor, dict]:
     """A d_step then a g_step of the tiny pair on a random batch, both through `ctx`: the fake batch, G's stats."""
     G, D = tiny_gan
-    real, fake = unlabelled_batch(G)
+    real, fake = batch(G)
     _, features = d_step(D, adam(D), real, fake, ctx)
     return fake, g_step(D, G, adam(G), fake, features, ctx)
 
@@ -198,13 +186,12 @@ def test_an_augmentation_of_pixels_rounded_to_uint8_would_give_G_no_gradient(tin
 
 def test_r_t_is_the_mean_sign_of_D_on_the_real_batch(tiny_gan):
     G, D = tiny_gan
-    real, fake = unlabelled_batch(G)
+    real, fake = batch(G)
     expected = D(real).sign().mean()  # D before its update, as d_step's forward sees it
     stats, _ = d_step(D, adam(D), real, fake)
     torch.testing.assert_close(stats["d/overfit_rt"], expected)
 
 
-# config, refusals ----------------------------------------------------------------------------------
 def test_the_new_keys_reach_the_typed_config():  # an unknown policy: test_config's Hydra refusals
     cfg = compose_config()
     assert not cfg.model.conditional and cfg.trainer.overfit_every == 500
@@ -226,7 +213,6 @@ def test_conditional_on_a_flat_folder_is_refused_naming_model_conditional(tmp_pa
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-# training, checkpoints, resume ------------------------------------------------------------------------
 def test_the_real_grid_of_a_conditional_run_has_a_row_per_class_of_that_class_s_images():
     """Each row of the real grid holds images of the class the fake grid's row shows, different ones."""
     labels = torch.tensor([2, 0, 1, 0, 2, 1, 0, 2])
@@ -297,7 +283,6 @@ def test_the_probe_restores_D_buffers_and_draws_no_random_number(tiny_gan):
     assert scores["d/heldout_gap"] == pytest.approx(scores["d/score_train"] - scores["d/score_heldout"])
 
 
-# evaluate.py ------------------------------------------------------------------------------------------
 def eval_config(tmp_path: Path, **kwargs) -> EvaluateConfig:
     """An evaluation of an untrained conditional G on 16 px digits (1200 training, 200 held-out images)."""
     checkpoint, metrics = tiny_checkpoint(tmp_path, "model.conditional=true"), MetricsConfig(kid_subsets=10)

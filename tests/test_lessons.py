@@ -137,9 +137,6 @@ def test_channels_last_features_of_the_real_D_need_flatten_not_view(tiny_gan):
         torch.testing.assert_close(flat, nchw)
 
 
-# reading the curves: the failure of pytorch/examples#822 --------------------------------------
-
-
 def test_a_discriminator_that_wins_sends_D_of_G_to_0_and_loss_g_up(tiny_gan):
     """D(x) -> 1, D(G(z)) -> 0, loss_G climbing: here made by a G that does not learn."""
     G, D = tiny_gan

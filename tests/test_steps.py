@@ -88,9 +88,6 @@ class Tagged(torch.autograd.Function):
         return grad, None
 
 
-# Proofs of this project's code ============================================================
-
-
 def test_d_step_leaves_generator_gradients_none(tiny_gan):
     """For each loss and penalty: D's update sees its loss's gradient (both terms), G gets none, no .grad stays."""
     G, D = tiny_gan
