@@ -13,8 +13,7 @@ import torch.nn.functional as F
 from test_steps import BCE, adam
 from torch import nn
 
-from gan.config import BackwardMode
-from gan.core.steps import backward_terms, d_step, frozen, g_step, release_grads
+from gan.core.steps import d_step, frozen, g_step, release_grads
 
 
 def records_warnings(fn):
@@ -34,10 +33,6 @@ def test_note000_no_grad_is_not_a_freeze(tiny_gan):
     assert loss.grad_fn is None
     with pytest.raises(RuntimeError, match="does not require grad"):
         loss.backward()  # nothing to backpropagate: G cannot learn through a no_grad D
-    with frozen(D):  # requires_grad_(False): the real freeze
-        BCE.g(D(fake)).backward()
-    assert all(p.grad is None for p in D.parameters())
-    assert all(p.grad is not None for p in G.parameters())
 
 
 def test_note000_devices_norms_and_float32():
@@ -310,15 +305,6 @@ def test_note002_several_backwards():
         (chunk @ w).pow(2).sum().backward()
     full = torch.autograd.grad((data @ w).pow(2).sum(), w)[0]
     torch.testing.assert_close(w.grad, full)
-    grads = {}
-    for mode in BackwardMode:
-        torch.manual_seed(3)
-        w = torch.randn(5, requires_grad=True)
-        shared = torch.tanh(w * 2)  # both losses go through this node
-        terms = {"a": shared.pow(2).sum(), "b": shared.sin().sum()}
-        backward_terms(terms, [w], mode)
-        grads[mode] = w.grad.clone()
-    torch.testing.assert_close(grads[BackwardMode.summed], grads[BackwardMode.separate])
 
     def build() -> tuple[nn.Module, nn.Module, nn.Module, torch.Tensor]:
         torch.manual_seed(0)

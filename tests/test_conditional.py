@@ -29,7 +29,6 @@ from gan.training import train
 from gan.training.loop import OverfitProbe
 from gan.training.monitor import FAKE_TAG, REAL_TAG, class_images, labelled_rows
 
-CPU = torch.device("cpu")
 ALL = ("color", "translation", "cutout")
 
 
@@ -38,11 +37,6 @@ def conditional_gan() -> tuple[Generator, Discriminator]:
     torch.manual_seed(0)
     G = Generator(z_dim=16, width=8, channels=1, image_size=16, num_classes=10)
     return G, Discriminator(width=8, channels=1, image_size=16, num_classes=10)
-
-
-def class_weights(G: Generator) -> torch.Tensor:
-    """The weights of G's first layer that read the one-hot class code: (num_classes, ch, 4, 4)."""
-    return G.net[0].weight[G.z_dim :]
 
 
 def labelled_batch(G: Generator, n: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -110,12 +104,15 @@ def test_g_step_with_labels_leaves_D_untouched_and_teaches_G_the_classes_in_the_
     G, D = conditional_gan
     real, y, fake = labelled_batch(G)
     _, features = d_step(D, adam(D), real, fake.detach(), y=y)
-    d_before, class_before = [p.detach().clone() for p in D.parameters()], class_weights(G).detach().clone()
+    d_before = [p.detach().clone() for p in D.parameters()]
+    class_before = G.net[0].weight[G.z_dim :].detach().clone()  # the weights that read the one-hot class code
     g_step(D, G, adam(G), fake, features, y=y)
     assert all(p.grad is None for p in D.parameters())
     assert all(torch.equal(a, b) for a, b in zip(d_before, D.parameters()))
     assert all(p.requires_grad for p in D.parameters())
-    changed = (class_weights(G) != class_before).flatten(1).any(dim=1)  # first step: Adam moves what has gradient
+    changed = (
+        (G.net[0].weight[G.z_dim :] != class_before).flatten(1).any(dim=1)
+    )  # first step: Adam moves what has gradient
     assert changed[y].all() and not changed[[c for c in range(10) if c not in y.tolist()]].any()
 
 
@@ -317,7 +314,7 @@ def test_evaluate_class_id_draws_and_measures_that_class_alone(tmp_path, monkeyp
     assert results["class_id"] == 7 and results["num_real"] == int((held_out.labels == 7).sum())
     (_, classifier, _, fake, _, _, requested) = drawn[0]
     assert (requested == 7).all() and requested.numel() == 200
-    obeyed = float((M.predict(classifier, fake, 64, CPU) == 7).float().mean())  # obedience to y
+    obeyed = float((M.predict(classifier, fake, 64, torch.device("cpu")) == 7).float().mean())  # obedience to y
     assert results["cond_accuracy"] == obeyed and "intra_fid" not in results  # one class: no spread
     assert not (tmp_path / "eval" / "classes.png").exists()
     cfg.metrics.dc_k = results["num_real"]  # each image's ball would need more neighbours than the class holds

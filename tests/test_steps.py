@@ -196,7 +196,6 @@ def test_g_step_logs_each_term_in_separate_mode(tiny_gan):
     for name, term in terms.items():
         own = torch.autograd.grad(term, list(G_copy.parameters()), retain_graph=True)
         assert stats[f"grad_norm/g_{name}"].item() == pytest.approx(nn.utils.get_total_norm(own).item(), rel=1e-4), name
-    assert stats["grad_norm/images"].item() > 0  # retain_grad() kept the gradient at the images
 
 
 def test_g_step_frees_the_graph_of_g_when_it_returns(tiny_gan):
@@ -465,12 +464,3 @@ def test_adam_skips_parameters_whose_grad_is_none():
     a.grad, b.grad = torch.ones(3), torch.zeros(3)
     opt.step()
     assert not torch.equal(b, b_after_first)  # a zero grad is not a skip: momentum still moves b
-
-
-def test_train_mode_sampling_would_move_batchnorm_stats(tiny_gan):
-    G, _ = tiny_gan
-    bn = next(m for m in G.modules() if isinstance(m, nn.BatchNorm2d))
-    before = bn.running_mean.clone()
-    with torch.no_grad():  # no_grad does not change BatchNorm's behaviour; only eval() does
-        G(torch.randn(8, 16))
-    assert not torch.equal(before, bn.running_mean)

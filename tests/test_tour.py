@@ -201,6 +201,7 @@ def test_tour_runs_top_to_bottom_and_prints_what_its_text_claims(executed):
 def test_the_command_line_run_of_section_7_trains_what_the_tour_trains():
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+
     from gan.config import validate
 
     nb = nbformat.read(TOUR, as_version=4)

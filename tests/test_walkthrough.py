@@ -187,10 +187,11 @@ def test_inference_mode_images_can_be_shown_but_not_trained_on(tiny_gan):
         d_step(D, adam(D), torch.rand(4, 1, 16, 16), images)
     assert not sample(G, torch.randn(4, 16)).is_inference()  # no_grad output: an ordinary tensor
     bn = G.net[1]
-    before = bn.running_mean.clone()
-    with torch.inference_mode():  # G in train mode: like no_grad, BatchNorm still updates
-        G(torch.randn(4, 16))
-    assert not torch.equal(before, bn.running_mean)
+    for no_autograd in (torch.no_grad, torch.inference_mode):  # neither changes BatchNorm's behaviour; only eval() does
+        before = bn.running_mean.clone()
+        with no_autograd():  # G in train mode: sampling would move BatchNorm's running statistics
+            G(torch.randn(4, 16))
+        assert not torch.equal(before, bn.running_mean)
 
 
 def test_the_ema_generators_averaged_statistics_do_not_match_its_averaged_weights(tiny_gan):
