@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from test_steps import BCE, adam
+from test_steps import BCE, adam, gradients_at_each_update
 from torch import nn
 
 from gan.core.steps import d_step, frozen, g_step, release_grads
@@ -64,8 +64,7 @@ def test_note000_detach_and_numpy_share_memory():
     assert d is not y and not d.requires_grad and d.data_ptr() == y.data_ptr()
     d.zero_()  # write through the detached tensor
     assert torch.equal(y, torch.zeros(3))
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        y.sum().backward()
+    pytest.raises(RuntimeError, lambda: y.sum().backward()).match("modified by an inplace operation")
     again = x.detach().requires_grad_()
     assert again.requires_grad and again.is_leaf
     t = torch.zeros(3)
@@ -75,16 +74,14 @@ def test_note000_detach_and_numpy_share_memory():
     with pytest.raises(TypeError, match="can't convert meta device type tensor to numpy"):
         torch.zeros(2, device="meta").numpy()
     x = torch.ones(2, requires_grad=True)
-    with pytest.raises(RuntimeError, match=r"Can't call numpy\(\) on Tensor that requires grad"):
-        x.numpy()
+    pytest.raises(RuntimeError, lambda: x.numpy()).match(r"Can't call numpy\(\) on Tensor that requires grad")
     forced = x.numpy(force=True)
     forced[0] = 5.0
     assert x.tolist() == [5.0, 1.0]  # written through, behind autograd's back
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = torch.nn.Linear(2, 2)(torch.zeros(1, 2))
     assert out.dtype == torch.bfloat16
-    with pytest.raises(TypeError, match="BFloat16"):
-        out.detach().numpy()
+    pytest.raises(TypeError, lambda: out.detach().numpy()).match("BFloat16")
     assert out.detach().float().cpu().numpy().dtype == np.float32
     t = torch.zeros(2)
     copied = t.numpy().astype("float32")  # t.numpy() is float32 already: astype only copies
@@ -128,8 +125,7 @@ def test_note001_devices_and_leaves():
 
 def test_note001_numpy_and_requires_grad():
     w = torch.ones(2, requires_grad=True)
-    with pytest.raises(RuntimeError, match=r"requires grad\. Use tensor.detach\(\).numpy\(\) instead"):
-        w.numpy()
+    pytest.raises(RuntimeError, lambda: w.numpy()).match(r"requires grad\. Use tensor.detach\(\).numpy\(\) instead")
     assert w.detach().numpy().tolist() == [1.0, 1.0]
     with torch.no_grad():
         a = w.numpy()
@@ -144,10 +140,8 @@ def test_note001_numpy_and_requires_grad():
     array = np.ones(2)  # float64
     result, _ = records_warnings(lambda: torch.ones(2) + array)  # NumPy 2 warns about __array_wrap__
     assert isinstance(result, torch.Tensor) and result.dtype == torch.float64
-    with pytest.raises(TypeError):
-        array + torch.ones(2)
-    with pytest.raises(RuntimeError, match="same dtype"):
-        torch.rand(3, 4) @ torch.from_numpy(np.ones((4, 2)))
+    pytest.raises(TypeError, lambda: array + torch.ones(2))
+    pytest.raises(RuntimeError, lambda: torch.rand(3, 4) @ torch.from_numpy(np.ones((4, 2)))).match("same dtype")
     ok = torch.rand(3, 4) @ torch.from_numpy(np.ones((4, 2), dtype=np.float32))  # the note's float32 case
     assert ok.shape == (3, 2)
 
@@ -182,8 +176,7 @@ def test_note002_backward_and_grad():
     assert x.grad.tolist() == [2.0, 2.0, 2.0]
     y = (x * x).sum()
     y.backward()
-    with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
-        y.backward()
+    pytest.raises(RuntimeError, lambda: y.backward()).match("Trying to backward through the graph a second time")
     y = (x * x).sum()
     y.backward(retain_graph=True)
     y.backward()  # kept: works
@@ -193,8 +186,7 @@ def test_note002_backward_and_grad():
         assert x.grad.item() == expected
     W_h, W_x = torch.randn(20, 20, requires_grad=True), torch.randn(20, 10, requires_grad=True)
     x, prev_h = torch.randn(1, 10), torch.randn(1, 20)
-    with pytest.raises(RuntimeError, match="cannot be multiplied"):
-        torch.mm(W_h, prev_h)
+    pytest.raises(RuntimeError, lambda: torch.mm(W_h, prev_h)).match("cannot be multiplied")
     next_h = (torch.mm(W_h, prev_h.t()) + torch.mm(W_x, x.t())).tanh()
     assert next_h.shape == (20, 1)
     next_h.sum().backward()
@@ -221,8 +213,7 @@ def test_note002_no_grad_saves_no_tensors_and_cannot_backprop():
         out_no_grad, alive = forward()
     assert saved == [] and alive() is None  # nothing saved, the intermediate is gone
     assert torch.equal(out.detach(), out_no_grad)  # the same numbers
-    with pytest.raises(RuntimeError, match="does not require grad"):
-        out_no_grad.sum().backward()
+    pytest.raises(RuntimeError, lambda: out_no_grad.sum().backward()).match("does not require grad")
     layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True).eval()
     tokens = torch.randn(2, 5, 16)
     with torch.autograd.profiler.profile() as with_grad:
@@ -329,24 +320,11 @@ def test_note002_several_backwards():
     loss_a, loss_b = losses(trunk, head_a, head_b, x)
     loss_a.backward(retain_graph=True)
     torch.optim.SGD(trunk.parameters(), lr=0.1).step()  # a step for loss_a alone, before loss_b's backward
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        loss_b.backward()
+    pytest.raises(RuntimeError, lambda: loss_b.backward()).match("modified by an inplace operation")
 
 
 # The real d_step and g_step (or d_step's lines with one change) from the same G, D and batch; a step pre-hook reads
 # the gradient each optimizer is about to use (the steps release .grad right after). test_walkthrough.py uses them too.
-
-
-def gradients_at_each_update(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """Every .grad the optimizer uses, flattened into one vector per update."""
-    seen: list[torch.Tensor] = []
-
-    def keep(opt, args, kwargs):
-        grads = [p.grad.flatten() for group in opt.param_groups for p in group["params"] if p.grad is not None]
-        seen.append(torch.cat(grads).clone())
-
-    optimizer.register_step_pre_hook(keep)
-    return seen
 
 
 def d_step_without_detach(D, opt_d, real, fake, retain_graph=False):
@@ -424,8 +402,7 @@ def test_note003_Tensor_and_tensor():
         made = torch.Tensor(data)
         data[0] = 7.0
         assert made is not data and made.dtype == torch.float32 and (made[0].item() == 7.0) == shared, type(data)
-    with pytest.raises(TypeError, match='missing 1 required positional arguments: "data"'):
-        torch.tensor()
+    pytest.raises(TypeError, lambda: torch.tensor()).match('missing 1 required positional arguments: "data"')
     assert torch.tensor([1, 2]).dtype == torch.int64
     assert torch.tensor([1.0]).dtype == torch.float32
     assert torch.tensor(np.zeros(1)).dtype == torch.float64
@@ -451,12 +428,9 @@ def test_note003_nn_F_and_products():
     assert "weight" in module.state_dict()
     assert module.to(torch.float64).weight.dtype == torch.float64
     assert torch.dot(torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])).item() == 11.0
-    with pytest.raises(RuntimeError, match="1D tensors expected"):
-        torch.dot(torch.ones(2, 2), torch.ones(2, 2))
-    with pytest.raises(RuntimeError, match="self must be a matrix"):
-        torch.mm(torch.ones(2, 3, 4), torch.ones(4, 5))
-    with pytest.raises(RuntimeError, match="mat2 must be a matrix"):
-        torch.mm(torch.ones(3, 4), torch.ones(4))
+    pytest.raises(RuntimeError, lambda: torch.dot(torch.ones(2, 2), torch.ones(2, 2))).match("1D tensors expected")
+    pytest.raises(RuntimeError, lambda: torch.mm(torch.ones(2, 3, 4), torch.ones(4, 5))).match("self must be a matrix")
+    pytest.raises(RuntimeError, lambda: torch.mm(torch.ones(3, 4), torch.ones(4))).match("mat2 must be a matrix")
     assert torch.bmm(torch.ones(2, 3, 4), torch.ones(2, 4, 5)).shape == (2, 3, 5)
     assert torch.matmul(torch.ones(3, 4), torch.ones(4)).shape == (3,)
     assert torch.matmul(torch.ones(2, 3, 4), torch.ones(4, 5)).shape == (2, 3, 5)

@@ -129,8 +129,7 @@ def test_channels_last_features_of_the_real_D_need_flatten_not_view(tiny_gan):
     D = D.to(memory_format=torch.channels_last)  # as gan/training/state.py:build_models does by default
     _, features = D(digits(4).contiguous(memory_format=torch.channels_last), with_features=True)
     assert features.is_contiguous(memory_format=torch.channels_last) and not features.is_contiguous()
-    with pytest.raises(RuntimeError, match="view size is not compatible"):
-        features.view(4, -1)
+    pytest.raises(RuntimeError, lambda: features.view(4, -1)).match("view size is not compatible")
     nchw = features.detach().clone(memory_format=torch.contiguous_format).view(4, -1)
     for flat in (features.flatten(1), features.reshape(4, -1), features.contiguous().view(4, -1)):
         assert flat.data_ptr() != features.data_ptr()  # a copy in NCHW order: what gradient_penalty and r1 use

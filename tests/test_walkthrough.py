@@ -10,8 +10,8 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from test_claims import Branchy, gradient_of, gradients_at_each_update
-from test_steps import BCE, adam
+from test_claims import Branchy, gradient_of
+from test_steps import BCE, adam, gradients_at_each_update
 from torch import nn
 from torch.export import Dim, export
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
@@ -169,8 +169,7 @@ def test_step_diagnostics_are_detached_so_logging_them_warns_nothing(tiny_gan):
         float(BCE.g(D(fake)))  # an undetached loss would warn on every log
     with pytest.raises(ValueError, match="only one element tensors can be converted"):
         float(real_features.mean(dim=0).flatten())  # a vector is not a number
-    with pytest.raises(RuntimeError, match="requires grad"):
-        fake.numpy()  # a tensor in a graph cannot become numpy
+    pytest.raises(RuntimeError, lambda: fake.numpy()).match("requires grad")  # a tensor in a graph cannot become numpy
     array = fake.detach().cpu().numpy()
     assert array.dtype == "float32" and array.shape == (8, 1, 16, 16)
 
@@ -258,5 +257,4 @@ def test_trace_script_and_export_of_G_and_the_mode_each_keeps(tiny_gan):
     z = torch.randn(5, 16)
     with torch.no_grad():
         torch.testing.assert_close(program.module()(z), G(z))
-    with pytest.raises(GuardOnDataDependentSymNode):
-        export(Branchy(), (torch.ones(2),))
+    pytest.raises(GuardOnDataDependentSymNode, lambda: export(Branchy(), (torch.ones(2),)))
