@@ -327,15 +327,6 @@ def test_note002_several_backwards():
 # the gradient each optimizer is about to use (the steps release .grad right after). test_walkthrough.py uses them too.
 
 
-def d_step_without_detach(D, opt_d, real, fake, retain_graph=False):
-    """gan/core/steps.py:d_step with D(fake) in place of D(fake.detach()), and nothing else changed."""
-    real_logits, real_features = D(real, with_features=True)
-    BCE.d(real_logits, D(fake)).backward(retain_graph=retain_graph)
-    opt_d.step()
-    release_grads(D)
-    return real_features.detach()
-
-
 def gradient_of(module: nn.Module) -> torch.Tensor:
     return torch.cat([p.grad.flatten() for p in module.parameters()]).clone()
 
@@ -354,7 +345,10 @@ def test_note002_without_detach_a_gan_step_raises_and_retain_graph_only_hides_it
     assert all(p.grad is None for p in G_clean.parameters())  # the fix: D's backward stops at fake.detach()
     g_step(D_clean, G_clean, opt_clean, fake, real_features)
     fake = G(z)
-    real_features = d_step_without_detach(D, adam(D), real, fake, retain_graph=patch in ("retain_graph", "dcgan_main"))
+    real_logits, real_features = D(real, with_features=True)  # d_step's lines with D(fake) for D(fake.detach())
+    BCE.d(real_logits, D(fake)).backward(retain_graph=patch in ("retain_graph", "dcgan_main"))
+    adam(D).step()
+    release_grads(D)
     assert all(p.grad is not None for p in G.parameters())  # D's backward ran on through G
     from_d = gradient_of(G)  # D's loss, written into G's .grad
     if patch == "none":  # the error comes at the G step, this loop's or dcgan/main.py's errG.backward(): nothing silent

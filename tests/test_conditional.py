@@ -65,21 +65,16 @@ def test_projection_discriminator_adds_the_class_embedding_dot_the_features(cond
     assert not torch.allclose(D(x, torch.tensor([1, 1, 1, 1])), logits)  # the class changes the score
 
 
-def test_conditional_generator_draws_each_class_from_the_same_latent(conditional_gan):
+def test_conditional_generator_draws_each_class_from_the_same_latents_one_class_per_row(conditional_gan):
     G, _ = conditional_gan
-    z = torch.randn(1, 16).repeat(10, 1)
-    images = G.eval()(z, torch.arange(10))
-    assert images.shape == (10, 1, 16, 16)
-    assert not torch.allclose(images[0], images[1])
-    pytest.raises(ValueError, lambda: G(z)).match(r"G\(z, y\)")
-
-
-def test_class_rows_lay_one_class_per_row_over_the_same_latents():
-    z = torch.randn(64, 5)
+    z = torch.randn(64, 16)
     rows_z, rows_y = class_rows(z, num_classes=10)
-    assert rows_z.shape == (80, 5) and rows_y.tolist() == [c for c in range(10) for _ in range(8)]
+    assert rows_z.shape == (80, 16) and rows_y.tolist() == [c for c in range(10) for _ in range(8)]
     assert torch.equal(rows_z[:8], rows_z[8:16]) and torch.equal(rows_z[:8], z[:8])
     assert class_rows(z, num_classes=1000)[1].unique().numel() == 16  # at most 16 rows, spread out
+    images = G.eval()(rows_z, rows_y)
+    assert images.shape == (80, 1, 16, 16) and not torch.allclose(images[0], images[8])  # one latent, two classes
+    pytest.raises(ValueError, lambda: G(z)).match(r"G\(z, y\)")
 
 
 @pytest.mark.parametrize("augmented", [False, True], ids=["plain", "augmented"])
@@ -122,7 +117,7 @@ def test_each_augmentation_passes_gradient_back_to_its_input(policy):
     assert x.grad is not None and x.grad.abs().sum() > 0
 
 
-def test_translation_is_a_zero_filled_shift_of_up_to_an_eighth():
+def test_translation_shifts_by_up_to_an_eighth_cutout_zeroes_up_to_a_quarter_and_a_seed_repeats_them():
     x = torch.arange(2 * 16 * 16, dtype=torch.float32).view(2, 1, 16, 16) + 1
     out = A.translation(x, torch.Generator().manual_seed(3))
     gen = torch.Generator().manual_seed(3)  # the same draws, in the same order
@@ -132,15 +127,11 @@ def test_translation_is_a_zero_filled_shift_of_up_to_an_eighth():
     for i in range(2):
         dx, dy = int(shift_rows[i]) + 2, int(shift_cols[i]) + 2
         torch.testing.assert_close(out[i, 0], padded[i, 0, dx : dx + 16, dy : dy + 16])
-
-
-def test_cutout_zeroes_at_most_a_square_of_half_the_side():
+    # cutout zeroes at most a square of half the side
     out = A.cutout(torch.ones(64, 1, 16, 16), torch.Generator().manual_seed(0))
     zeros = (out == 0).flatten(1).sum(dim=1)
     assert (zeros > 0).all() and (zeros <= 8 * 8).all() and (zeros == 64).any()
-
-
-def test_the_same_generator_state_draws_the_same_augmentation():
+    # the same generator state draws the same augmentation
     x = torch.randn(8, 3, 16, 16)
     first = A.diff_augment(x, ALL, torch.Generator().manual_seed(1))
     assert torch.equal(first, A.diff_augment(x, ALL, torch.Generator().manual_seed(1)))
@@ -209,7 +200,7 @@ def test_conditional_on_a_flat_folder_is_refused_naming_model_conditional(tmp_pa
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_the_real_grid_of_a_conditional_run_has_a_row_per_class_of_that_class_s_images():
+def test_the_real_grid_of_a_conditional_run_has_a_row_per_class_of_its_images_labelled_in_a_margin():
     """Each row of the real grid holds images of the class the fake grid's row shows, different ones."""
     labels = torch.tensor([2, 0, 1, 0, 2, 1, 0, 2])
     images = torch.arange(8, dtype=torch.uint8).view(8, 1, 1, 1).expand(8, 1, 4, 4).contiguous()  # pixel = index
@@ -218,9 +209,7 @@ def test_the_real_grid_of_a_conditional_run_has_a_row_per_class_of_that_class_s_
     chosen = class_images(stream, labels, classes)[:, 0, 0, 0].long()
     assert labels[chosen].tolist() == classes.tolist()
     assert chosen.tolist() == [1, 3, 6, 2, 5, 2, 0, 4, 7]  # the k-th image of the class; class 1 has two
-
-
-def test_row_labels_are_written_in_a_margin_left_of_the_grid():
+    # the class labels are written in a margin left of the grid
     grid = torch.zeros(3, 2 * 18 + 2, 3 * 18 + 2)
     labelled = labelled_rows(grid, ["0", "17"])
     width = labelled.shape[2] - grid.shape[2]

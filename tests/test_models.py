@@ -83,16 +83,13 @@ def test_spectral_norm_bounds_each_convolution_as_a_reshaped_matrix_not_on_image
         assert max(gains) <= 1.0 + 1e-3
 
 
-def test_pack_and_minibatch_std_in_discriminator():
+def test_pack_and_minibatch_std_in_discriminator_known_values_and_a_collapsed_batch():
     D = Discriminator(width=8, image_size=16, pack=2)
     assert D(torch.randn(8, 1, 16, 16)).shape == (4,)
     D = Discriminator(width=8, image_size=16, minibatch_std=4)
     assert D.head.in_channels == 8 * 2 + 1 and D(torch.randn(8, 1, 16, 16)).shape == (8,)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.isfinite(D(torch.randn(8, 1, 16, 16)).float()).all()
-
-
-def test_minibatch_std_known_values_and_a_collapsed_batch():
     # 4 samples, groups of 2 in StyleGAN2-ADA's layout: {0, 2} and {1, 3}
     x = torch.stack([torch.full((3, 2, 2), v) for v in (0.0, 5.0, 2.0, 5.0)])
     out = MinibatchStd(group_size=2)(x)

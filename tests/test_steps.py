@@ -287,25 +287,21 @@ def test_eval_mode_restores_the_previous_mode(tiny_gan):
 
 
 class RandnCalls(TorchFunctionMode):
-    """Records (shape, device=) of each torch.randn call, and any move or copy of a `watched`-shaped result."""
-
-    MOVES = {"to", "cuda", "cpu", "copy_", "pin_memory"}
+    """The device= of each torch.randn call that makes a `watched`-shaped tensor, and any move or copy of one."""
 
     def __init__(self, watched: tuple[int, ...]) -> None:
         super().__init__()
-        self.watched, self.calls, self.made, self.moved = watched, [], [], []  # shapes and devices; results; moves
+        self.watched, self.made, self.devices, self.moved = watched, [], [], []
 
     def __torch_function__(self, func: Callable[..., Any], types, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        if name in self.MOVES and any(arg is made for arg in args for made in self.made):
+        if name in {"to", "cuda", "cpu", "copy_", "pin_memory"} and any(a is made for a in args for made in self.made):
             self.moved.append(name)
         result = func(*args, **kwargs)
-        if func is torch.randn:
-            shape = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)) else args
-            self.calls.append((tuple(int(n) for n in shape), kwargs.get("device")))
-            if self.calls[-1][0] == self.watched:
-                self.made.append(result)
+        if func is torch.randn and tuple(result.shape) == self.watched:
+            self.made.append(result)
+            self.devices.append(kwargs.get("device"))
         return result
 
 
@@ -315,10 +311,9 @@ def test_the_loop_makes_each_latent_batch_on_the_device(tmp_path, one_thread):
     shape = (cfg.data.batch_size, cfg.model.z_dim)
     with RandnCalls(watched=shape) as randn:
         train(cfg, tmp_path)
-    latents = [device for made, device in randn.calls if made == shape]
-    assert len(latents) == cfg.trainer.max_steps  # one latent batch per step
+    assert len(randn.devices) == cfg.trainer.max_steps  # one latent batch per step
     expected = resolve_device(cfg.trainer.device).type
-    assert all(device is not None and torch.device(device).type == expected for device in latents), latents
+    assert all(device is not None and torch.device(device).type == expected for device in randn.devices), randn.devices
     assert not randn.moved, f"a latent batch was moved or copied after it was made: {randn.moved}"
 
 

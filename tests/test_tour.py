@@ -36,7 +36,7 @@ TERMS = {
 }
 
 
-def test_tour_is_stored_small_and_its_links_next_cells_and_terms_hold():
+def test_tour_is_stored_small_its_links_next_cells_and_terms_hold_and_it_shows_each_source_before_its_use():
     nb = nbformat.read(TOUR, as_version=4)
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
     assert code and all(not cell.outputs and cell.execution_count is None for cell in code)
@@ -60,23 +60,7 @@ def test_tour_is_stored_small_and_its_links_next_cells_and_terms_hold():
         if uses and (not defined or uses[0] < defined[0]):
             problems.append(f"{term}: first used in cell {uses[0]}, defined in cell {defined[:1] or 'none'}")
     assert not problems
-
-
-def gan_imports() -> dict[str, object]:
-    """Each name the tour's code imports from `gan`, as the object it names."""
-    return {
-        alias.asname or alias.name: getattr(importlib.import_module(node.module), alias.name)
-        for cell in nbformat.read(TOUR, as_version=4).cells
-        if cell.cell_type == "code"
-        for node in ast.walk(ast.parse(cell.source))
-        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "gan"
-        for alias in node.names
-    }
-
-
-def test_tour_shows_the_source_of_each_function_before_a_cell_calls_it():
-    """Each name imported from `gan` is shown (show_source) before a cell uses it; section 2's first-step cell aside."""
-    code = [cell for cell in nbformat.read(TOUR, as_version=4).cells if cell.cell_type == "code"]
+    # each name imported from `gan` is shown (show_source) before a cell uses it; section 2's first-step cell aside
     first_step = [i for i, cell in enumerate(code) if "first-step" in cell.metadata.get("tags", [])]
     assert len(first_step) == 1, "the tour has no (or more than one) cell tagged first-step"
     imported = set(gan_imports())
@@ -100,20 +84,16 @@ def test_tour_shows_the_source_of_each_function_before_a_cell_calls_it():
     assert step_uses and step_uses <= set(shown_at), f"the first step uses, never shown: {step_uses - set(shown_at)}"
 
 
-@pytest.fixture(scope="module")
-def executed(tmp_path_factory) -> tuple[str, list[dict]]:
-    """(every stream the notebook printed, every rich output), after running it top to bottom."""
-    kernels = tmp_path_factory.mktemp("tour") / "kernels"  # a python3 kernel on sys.executable, gan importable
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    kernelspec.write_kernel_spec(kernels / "python3", overrides={"env": {"PYTHONPATH": path}})
-    specs = KernelSpecManager(kernel_dirs=[str(kernels)], ensure_native_kernel=False)
-    km, nb = KernelManager(kernel_name="python3", kernel_spec_manager=specs), nbformat.read(TOUR, as_version=4)
-    docs = {"metadata": {"path": str(ROOT / "docs")}}
-    client = nbclient.NotebookClient(nb, km=km, timeout=300, resources=docs)  # timeout per cell
-    client.execute()  # raises CellExecutionError, naming the cell, if any cell fails
-    outputs = [output for cell in nb.cells if cell.cell_type == "code" for output in cell.outputs]
-    text = "".join(output.get("text", "") for output in outputs if output.output_type == "stream")
-    return text, outputs
+def gan_imports() -> dict[str, object]:
+    """Each name the tour's code imports from `gan`, as the object it names."""
+    return {
+        alias.asname or alias.name: getattr(importlib.import_module(node.module), alias.name)
+        for cell in nbformat.read(TOUR, as_version=4).cells
+        if cell.cell_type == "code"
+        for node in ast.walk(ast.parse(cell.source))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "gan"
+        for alias in node.names
+    }
 
 
 def number_after(label: str, text: str) -> float:
@@ -123,8 +103,17 @@ def number_after(label: str, text: str) -> float:
 
 
 @pytest.mark.slow
-def test_tour_runs_top_to_bottom_and_prints_what_its_text_claims(executed):
-    text, outputs = executed
+def test_tour_runs_top_to_bottom_and_prints_what_its_text_claims(tmp_path):
+    kernels = tmp_path / "kernels"  # a python3 kernel on sys.executable, gan importable
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    kernelspec.write_kernel_spec(kernels / "python3", overrides={"env": {"PYTHONPATH": path}})
+    specs = KernelSpecManager(kernel_dirs=[str(kernels)], ensure_native_kernel=False)
+    km, nb = KernelManager(kernel_name="python3", kernel_spec_manager=specs), nbformat.read(TOUR, as_version=4)
+    docs = {"metadata": {"path": str(ROOT / "docs")}}
+    client = nbclient.NotebookClient(nb, km=km, timeout=300, resources=docs)  # timeout per cell
+    client.execute()  # raises CellExecutionError, naming the cell, if any cell fails
+    outputs = [output for cell in nb.cells if cell.cell_type == "code" for output in cell.outputs]
+    text = "".join(output.get("text", "") for output in outputs if output.output_type == "stream")  # all printed
     assert not [output for output in outputs if output.output_type == "error"]
     images = [output for output in outputs if "image/png" in output.get("data", {})]
     assert len(images) >= 6  # data, two pairs of curves, snapshots, real vs fake, batch-mates
