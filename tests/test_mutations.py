@@ -103,7 +103,6 @@ SAME_GRADIENTS = S + "test_summed_and_separate_backward_give_the_same_gradients"
 EACH_TERM = S + "test_g_step_logs_each_term_in_separate_mode"
 GRAPH_FREED = S + "test_g_step_frees_the_graph_of_g_when_it_returns"
 SAMPLE = S + "test_sample_builds_no_graph_and_leaves_generator_untouched"
-EVAL_MODE = S + "test_eval_mode_restores_the_previous_mode"
 LATENTS = S + "test_the_loop_makes_each_latent_batch_on_the_device"
 BN_STATS = S + "test_evaluation_recomputes_the_batchnorm_statistics_of_the_generator_it_measures"
 EMA_GRIDS = E + "test_sample_grids_are_drawn_from_the_ema_generator"
@@ -197,7 +196,7 @@ VARIANTS: list[Mutation] = [
              "        p.grad = None", "        p.grad = None if p.grad is None else p.grad.zero_()",
              (D_STEP, G_STEP, NONE_NOT_ZERO)),
     Mutation("eval-mode-no-eval", "samples drawn in `eval()` mode", SAMPLING + "eval_mode", "    module.eval()",
-             "    pass", (SAMPLE, EVAL_MODE)),
+             "    pass", (SAMPLE,)),
     Mutation("enable-grad", "samples drawn under `no_grad()`", SAMPLING + "sample",
              "with eval_mode(G), torch.no_grad():", "with eval_mode(G), torch.enable_grad():", (SAMPLE,)),
     Mutation("retain-graph-false", "`retain_graph=True` in `loss.backward_mode=separate`", STEPS + "backward_terms",
@@ -317,7 +316,7 @@ TECHNIQUES: list[Technique] = [
     Technique("sampling under `eval()` + `no_grad()`, previous mode restored",
               "drawing images disturbs nothing: no tensor saved for a backward, no graph on the images, G's weights, "
               "BatchNorm statistics and mode (train or eval) as they were; each image depends on its own latent alone",
-              "`gan/core/sampling.py:sample`, `gan/core/sampling.py:eval_mode`", (SAMPLE, EVAL_MODE)),
+              "`gan/core/sampling.py:sample`, `gan/core/sampling.py:eval_mode`", (SAMPLE,)),
     Technique("EMA of G's weights and BatchNorm statistics; every sample drawn from the EMA generator",
               "in a training run each EMA update moves every weight and statistic part of the way toward G's, by one "
               "fraction 1 - decay strictly between 0 and 1; the decay follows its schedule; `model.ema_every` sets "

@@ -261,7 +261,8 @@ def test_each_update_sees_only_its_own_gradients(tiny_gan):
 
 
 def test_sample_builds_no_graph_and_leaves_generator_untouched(tiny_gan):
-    """From either mode: no tensor saved, no graph, G's state and mode unchanged, each image from its own latent."""
+    """From either mode: no tensor saved, no graph, G's state and mode unchanged (eval_mode restores it), each image
+    from its own latent."""
     G, _ = tiny_gan
     G(torch.randn(32, 16))  # a train-mode forward, so BatchNorm's running stats are not the defaults
     z = torch.randn(8, 16)
@@ -273,15 +274,8 @@ def test_sample_builds_no_graph_and_leaves_generator_untouched(tiny_gan):
         assert not saved, f"sampling saved {len(saved)} tensors for a backward"
         assert not images.requires_grad and images.grad_fn is None
         assert all(torch.equal(v, G.state_dict()[k]) for k, v in state.items())  # weights and running stats
-        assert G.training == training
         torch.testing.assert_close(sample(G, z[:3]), images[:3])
-
-
-def test_eval_mode_restores_the_previous_mode(tiny_gan):
-    G, _ = tiny_gan
-    for training in (False, True):
-        G.train(training)
-        with eval_mode(G):
+        with eval_mode(G):  # sample's eval_mode, which metrics.py uses too: eval inside, the mode as it was after
             assert not G.training
         assert G.training == training
 
