@@ -195,14 +195,12 @@ def test_note002_backward_and_grad():
 
 
 def test_note002_no_grad_saves_no_tensors_and_cannot_backprop():
-    x = torch.randn(64, requires_grad=True)
-    saved = []
+    x, saved = torch.randn(64, requires_grad=True), []
 
     def forward():
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
             hidden = x.exp()
-            alive = weakref.ref(hidden)
-            out = hidden.sin()
+            alive, out = weakref.ref(hidden), hidden.sin()
             del hidden
             return out, alive
 
@@ -232,15 +230,13 @@ def test_note002_eval_changes_batchnorm_and_dropout_not_autograd(tiny_gan):
     train_out = G(z)
     G.eval()
     bn = next(m for m in G.modules() if isinstance(m, nn.BatchNorm2d))
-    stats = bn.running_mean.clone()
-    eval_out = G(z)
+    stats, eval_out = bn.running_mean.clone(), G(z)
     assert not torch.allclose(train_out, eval_out)  # batch statistics vs running statistics
     assert torch.equal(stats, bn.running_mean)  # eval does not update the running statistics
     assert eval_out.grad_fn is not None  # ... and still builds a graph
     eval_out.sum().backward()
     assert all(p.grad is not None for p in G.parameters())
-    drop = nn.Dropout(0.5)
-    ones = torch.ones(1000)
+    drop, ones = nn.Dropout(0.5), torch.ones(1000)
     assert (drop(ones) == 0).any()
     assert torch.equal(drop.eval()(ones), ones)
 
@@ -271,8 +267,7 @@ def test_note002_leaves_and_requires_grad():
     assert nn.Parameter(torch.randn(2)).requires_grad
     assert all(p.requires_grad for p in nn.Conv2d(1, 1, 3).parameters())
     assert (torch.randn(2) * nn.Parameter(torch.randn(2))).requires_grad
-    a = torch.tensor(2.0, requires_grad=True)
-    b = torch.tensor(3.0)
+    a, b = torch.tensor(2.0, requires_grad=True), torch.tensor(3.0)
     c = a * b
     assert (a.grad, a.grad_fn, a.is_leaf, a.requires_grad) == (None, None, True, True)
     assert (b.grad_fn, b.is_leaf, b.requires_grad) == (None, True, False)
@@ -290,8 +285,7 @@ def test_note002_leaves_and_requires_grad():
 
 
 def test_note002_several_backwards():
-    w = torch.randn(4, requires_grad=True)
-    data = torch.randn(6, 4)
+    w, data = torch.randn(4, requires_grad=True), torch.randn(6, 4)
     for chunk in data.split(2):  # three mini-batches, three graphs, no retain_graph
         (chunk @ w).pow(2).sum().backward()
     full = torch.autograd.grad((data @ w).pow(2).sum(), w)[0]

@@ -64,8 +64,7 @@ def test_an_ema_updated_every_k_steps_keeps_its_half_life(kind, every):
         cadenced(once, current, torch.tensor(n))
         torch.testing.assert_close(once[0], steps[0])
     # past the warm-up each update keeps decay ** k of the average: the half-life in steps is unchanged
-    per_step = 0.999 if kind == "warm-up" else 0.5 ** (64 / 1000)
-    late = [torch.zeros(1)]
+    per_step, late = 0.999 if kind == "warm-up" else 0.5 ** (64 / 1000), [torch.zeros(1)]
     cadenced(late, [torch.ones(1)], torch.tensor(10**6))
     assert late[0].item() == pytest.approx(1 - per_step**every, abs=1e-6)  # float32 arithmetic
 

@@ -12,8 +12,7 @@ from scripts import canonical_dcgan as canonical
 @pytest.mark.parametrize("channels", [1, 3])
 def test_shapes_and_range(image_size, channels):
     G = Generator(z_dim=8, width=4, channels=channels, image_size=image_size)
-    D = Discriminator(width=4, channels=channels, image_size=image_size)
-    images = G(torch.randn(3, 8))
+    D, images = Discriminator(width=4, channels=channels, image_size=image_size), G(torch.randn(3, 8))
     assert images.shape == (3, channels, image_size, image_size)
     assert images.min() >= -1 and images.max() <= 1  # tanh output matches data in [-1, 1]
     logits, features = D(images, with_features=True)

@@ -27,8 +27,7 @@ from gan.training import train
 from gan.training.state import build_models, build_optimizer, step_context
 from scripts.bench import SigmoidD, canonical_step
 
-BCE = LOSSES["bce"]
-CPU = torch.device("cpu")
+BCE, CPU = LOSSES["bce"], torch.device("cpu")
 
 
 def adam(module: nn.Module, lr: float = 1e-2) -> torch.optim.Adam:
@@ -36,8 +35,7 @@ def adam(module: nn.Module, lr: float = 1e-2) -> torch.optim.Adam:
 
 
 def batch(G: nn.Module, n: int = 16) -> tuple[Tensor, Tensor]:
-    real = torch.rand(n, 1, 16, 16) * 2 - 1
-    fake = G(torch.randn(n, 16))
+    real, fake = torch.rand(n, 1, 16, 16) * 2 - 1, G(torch.randn(n, 16))
     return real, fake
 
 
@@ -169,8 +167,7 @@ def test_frozen_discriminator_still_passes_gradient_to_its_input(tiny_gan):
 
 def test_summed_and_separate_backward_give_the_same_gradients(tiny_gan):
     G, D = tiny_gan
-    real = torch.rand(16, 1, 16, 16) * 2 - 1
-    grads = {}
+    real, grads = torch.rand(16, 1, 16, 16) * 2 - 1, {}
     for mode in BackwardMode:
         G_copy = copy.deepcopy(G)
         torch.manual_seed(1)
@@ -288,8 +285,7 @@ class RandnCalls(TorchFunctionMode):
         self.watched, self.made, self.devices, self.moved = watched, [], [], []
 
     def __torch_function__(self, func: Callable[..., Any], types, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        name = getattr(func, "__name__", "")
+        kwargs, name = kwargs or {}, getattr(func, "__name__", "")
         if name in {"to", "cuda", "cpu", "copy_", "pin_memory"} and any(a is made for a in args for made in self.made):
             self.moved.append(name)
         result = func(*args, **kwargs)
@@ -349,8 +345,7 @@ def test_evaluation_recomputes_the_batchnorm_statistics_of_the_generator_it_meas
     z = torch.randn(2000, cfg.model.z_dim, generator=torch.Generator().manual_seed(9))
     with torch.no_grad():
         own = copy.deepcopy(measured).train()(z)  # each BatchNorm with these 2000 latents' own statistics
-        stale_error = (stale(z) - own).abs().mean()
-        error = (measured(z) - own).abs().mean()
+        stale_error, error = (stale(z) - own).abs().mean(), (measured(z) - own).abs().mean()
     assert stale_error > 0.01  # the checkpoint's statistics change the images
     assert error < stale_error / 10, (error, stale_error)  # recomputed from 2000 other latents
     assert not measured.training and about["batchnorm_stats"].startswith("recomputed")
@@ -388,8 +383,7 @@ def test_fp32_project_step_matches_the_canonical_step(d):
     canon_d = torch.optim.Adam(netD.parameters(), lr=cfg.optim.lr, betas=betas)
     ctx = step_context(Precision.fp32, CPU, skip_nonfinite=False)
     for _ in range(2):
-        real = torch.rand(32, 1, 16, 16) * 2 - 1
-        z = torch.randn(32, cfg.model.z_dim)
+        real, z = torch.rand(32, 1, 16, 16) * 2 - 1, torch.randn(32, cfg.model.z_dim)
         fake = G(z)
         d_stats, features = d_step(D, opt_d, real, fake, ctx)
         g_stats = g_step(D, G, opt_g, fake, features, ctx)
@@ -410,8 +404,7 @@ def loss_trajectory(precision: Precision, steps: int = 20) -> torch.Tensor:
     G, D = build_models(cfg, CPU)
     opt_g, opt_d = build_optimizer(G, cfg, CPU), build_optimizer(D, cfg, CPU)
     ctx = step_context(precision, CPU, skip_nonfinite=False)
-    data = torch.Generator().manual_seed(1)
-    losses = []
+    data, losses = torch.Generator().manual_seed(1), []
     for _ in range(steps):
         real = torch.rand(32, 1, 16, 16, generator=data) * 2 - 1
         z = torch.randn(32, cfg.model.z_dim, generator=data)

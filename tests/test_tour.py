@@ -161,8 +161,7 @@ def test_tour_runs_top_to_bottom_and_prints_what_its_text_claims(tmp_path):
     assert number_after("train mode: |alone - batch A| max", text) > 0.01
     assert number_after("eval mode:  |alone - batch A| max", text) < 1e-5
     # section 9 (c): the EMA generator is more precise and less varied than G, in every mode
-    columns = ["mean", "std", "ink", "precision", "recall", "density", "coverage"]
-    rows = {}
+    columns, rows = ["mean", "std", "ink", "precision", "recall", "density", "coverage"], {}
     for network in ("G", "EMA G"):
         for mode in ("eval, stats as trained", "eval, stats recomputed", "train mode (batch 64)"):
             match = re.search(r"(?m)^" + re.escape(f"{network}, {mode}") + r"((?:\s+-?[0-9.]+){7})", text)

@@ -101,8 +101,7 @@ def test_what_reaches_D_next_update_frozen_unfrozen_and_in_dcgan_main_order(tiny
     if order == "unfrozen":
         monkeypatch.setattr(steps, "frozen", contextlib.nullcontext)  # g_step's `with frozen(D)`, undone
     opt_g, opt_d = adam(G), adam(D)
-    seen = gradients_at_each_update(opt_d)
-    own = []
+    seen, own = gradients_at_each_update(opt_d), []
     for _ in range(2):
         fake = G(z)
         D_copy = copy.deepcopy(D)  # D's own gradient at this update, computed apart on a copy (no .grad copied)
