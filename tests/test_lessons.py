@@ -81,21 +81,18 @@ def test_retain_graph_keeps_the_saved_tensors_until_the_last_backward(tiny_gan):
         _ = fake.grad_fn._saved_result
 
 
-def d_grads_of(D: nn.Module, real: torch.Tensor, fake: torch.Tensor, micro_batches: int) -> list[torch.Tensor]:
-    """D's gradient of d_loss_bce accumulated over `micro_batches` backward calls of loss / k, then released."""
-    for r, f in zip(real.chunk(micro_batches), fake.chunk(micro_batches)):
-        (d_loss_bce(D(r), D(f)) / micro_batches).backward()  # adds into .grad; no retain_graph
-    grads = [p.grad.clone() for p in D.parameters()]
-    release_grads(D)  # only after the (here absent) optimizer step
-    return grads
-
-
 @pytest.mark.parametrize("batchnorm", [False, True])
 def test_accumulated_micro_batches_equal_the_big_batch_only_when_D_has_no_batchnorm(batchnorm):
     torch.manual_seed(0)
     D = Discriminator(width=8, channels=1, image_size=16, batchnorm=batchnorm)
     real, fake = digits(32), torch.rand(32, 1, 16, 16) * 2 - 1
-    big, accumulated = d_grads_of(D, real, fake, 1), d_grads_of(D, real, fake, 4)
+    grads = []
+    for k in (1, 4):  # D's gradient of d_loss_bce accumulated over k backward calls of loss / k, then released
+        for r, f in zip(real.chunk(k), fake.chunk(k)):
+            (d_loss_bce(D(r), D(f)) / k).backward()  # adds into .grad; no retain_graph
+        grads.append([p.grad.clone() for p in D.parameters()])
+        release_grads(D)  # only after the (here absent) optimizer step
+    big, accumulated = grads
     differences = [float((a - b).norm() / a.norm()) for a, b in zip(big, accumulated)]
     if batchnorm:
         assert max(differences) > 0.01  # statistics of 8 images are not those of 32

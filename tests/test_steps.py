@@ -35,8 +35,7 @@ def adam(module: nn.Module, lr: float = 1e-2) -> torch.optim.Adam:
 
 
 def batch(G: nn.Module, n: int = 16) -> tuple[Tensor, Tensor]:
-    real, fake = torch.rand(n, 1, 16, 16) * 2 - 1, G(torch.randn(n, 16))
-    return real, fake
+    return torch.rand(n, 1, 16, 16) * 2 - 1, G(torch.randn(n, 16))
 
 
 def gradients_at_each_update(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -56,11 +55,9 @@ def gradient_arrivals(module: nn.Module) -> Iterator[list[str]]:
     """Names of the parameters whose gradient autograd computes inside the block (even if cleared before its end)."""
     arrived: list[str] = []
     hooks = [p.register_hook(lambda _, name=name: arrived.append(name)) for name, p in module.named_parameters()]
-    try:
-        yield arrived
-    finally:
-        for hook in hooks:
-            hook.remove()
+    yield arrived
+    for hook in hooks:
+        hook.remove()
 
 
 @contextlib.contextmanager
@@ -258,8 +255,7 @@ def test_each_update_sees_only_its_own_gradients(tiny_gan):
 
 
 def test_sample_builds_no_graph_and_leaves_generator_untouched(tiny_gan):
-    """From either mode: no tensor saved, no graph, G's state and mode unchanged (eval_mode restores it), each image
-    from its own latent."""
+    """From either mode: no tensor saved, no graph, G's state and mode unchanged, each image from its own latent."""
     G, _ = tiny_gan
     G(torch.randn(32, 16))  # a train-mode forward, so BatchNorm's running stats are not the defaults
     z = torch.randn(8, 16)
@@ -397,30 +393,28 @@ def test_fp32_project_step_matches_the_canonical_step(d):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-def loss_trajectory(precision: Precision, steps: int = 20) -> torch.Tensor:
-    """(steps, 2) D and G losses of the real step functions on fixed data, noise and seed."""
-    cfg = compose_config()
-    torch.manual_seed(0)
-    G, D = build_models(cfg, CPU)
-    opt_g, opt_d = build_optimizer(G, cfg, CPU), build_optimizer(D, cfg, CPU)
-    ctx = step_context(precision, CPU, skip_nonfinite=False)
-    data, losses = torch.Generator().manual_seed(1), []
-    for _ in range(steps):
-        real = torch.rand(32, 1, 16, 16, generator=data) * 2 - 1
-        z = torch.randn(32, cfg.model.z_dim, generator=data)
-        with ctx.autocast():
-            fake = G(z)
-        d_stats, features = d_step(D, opt_d, real, fake, ctx)
-        g_stats = g_step(D, G, opt_g, fake, features, ctx)
-        ctx.scaler.update()
-        losses.append([d_stats["loss/d"].item(), g_stats["loss/g"].item()])
-    return torch.tensor(losses)
-
-
 @pytest.mark.parametrize("precision", [Precision.bf16, Precision.fp16])
 def test_reduced_precision_losses_track_fp32_over_20_steps(precision):
     """Mean |loss difference| < 0.1 and every step within 0.5 of fp32: trajectories, not bits."""
-    reference, reduced = loss_trajectory(Precision.fp32), loss_trajectory(precision)
+    trajectories = []
+    for each in (Precision.fp32, precision):  # D and G losses of the real steps on the same data, noise and seed
+        cfg = compose_config()
+        torch.manual_seed(0)
+        G, D = build_models(cfg, CPU)
+        opt_g, opt_d = build_optimizer(G, cfg, CPU), build_optimizer(D, cfg, CPU)
+        ctx = step_context(each, CPU, skip_nonfinite=False)
+        data, losses = torch.Generator().manual_seed(1), []
+        for _ in range(20):
+            real = torch.rand(32, 1, 16, 16, generator=data) * 2 - 1
+            z = torch.randn(32, cfg.model.z_dim, generator=data)
+            with ctx.autocast():
+                fake = G(z)
+            d_stats, features = d_step(D, opt_d, real, fake, ctx)
+            g_stats = g_step(D, G, opt_g, fake, features, ctx)
+            ctx.scaler.update()
+            losses.append([d_stats["loss/d"].item(), g_stats["loss/g"].item()])
+        trajectories.append(torch.tensor(losses))
+    reference, reduced = trajectories
     difference = (reference - reduced).abs()
     assert difference.mean() < 0.1, difference
     assert difference.max() < 0.5, difference
