@@ -99,14 +99,13 @@ def test_g_step_with_labels_leaves_D_untouched_and_teaches_G_the_classes_in_the_
     real, y, fake = labelled_batch(G)
     _, features = d_step(D, adam(D), real, fake.detach(), y=y)
     d_before = [p.detach().clone() for p in D.parameters()]
-    class_before = G.net[0].weight[G.z_dim :].detach().clone()  # the weights that read the one-hot class code
+    codes = G.net[0].weight[G.z_dim :]  # the weights that read the one-hot class code (a view: it follows G's updates)
+    class_before = codes.detach().clone()
     g_step(D, G, adam(G), fake, features, y=y)
     assert all(p.grad is None for p in D.parameters())
     assert all(torch.equal(a, b) for a, b in zip(d_before, D.parameters()))
     assert all(p.requires_grad for p in D.parameters())
-    changed = (
-        (G.net[0].weight[G.z_dim :] != class_before).flatten(1).any(dim=1)
-    )  # first step: Adam moves what has gradient
+    changed = (codes != class_before).flatten(1).any(dim=1)  # first step: Adam moves what has gradient
     assert changed[y].all() and not changed[[c for c in range(10) if c not in y.tolist()]].any()
 
 
