@@ -1,7 +1,5 @@
 """The study notes' claims (docs/claims.md), each asserting what PyTorch really does; `meta` stands in for CUDA."""
 
-from __future__ import annotations
-
 import copy
 import warnings
 import weakref
@@ -190,8 +188,7 @@ def test_note002_backward_and_grad():
     next_h = (torch.mm(W_h, prev_h.t()) + torch.mm(W_x, x.t())).tanh()
     assert next_h.shape == (20, 1)
     next_h.sum().backward()
-    assert W_h.grad.shape == (20, 20) and W_x.grad.shape == (20, 10)
-    assert x.grad is None and prev_h.grad is None
+    assert W_h.grad.shape == (20, 20) and W_x.grad.shape == (20, 10) and x.grad is None and prev_h.grad is None
 
 
 def test_note002_no_grad_saves_no_tensors_and_cannot_backprop():
@@ -237,8 +234,7 @@ def test_note002_eval_changes_batchnorm_and_dropout_not_autograd(tiny_gan):
     eval_out.sum().backward()
     assert all(p.grad is not None for p in G.parameters())
     drop, ones = nn.Dropout(0.5), torch.ones(1000)
-    assert (drop(ones) == 0).any()
-    assert torch.equal(drop.eval()(ones), ones)
+    assert (drop(ones) == 0).any() and torch.equal(drop.eval()(ones), ones)
 
 
 def test_note002_detach_makes_a_leaf_and_stops_at_it(tiny_gan):
@@ -247,8 +243,7 @@ def test_note002_detach_makes_a_leaf_and_stops_at_it(tiny_gan):
     x = fake.detach()
     assert x.is_leaf and not x.requires_grad and not fake.is_leaf
     BCE.d(D(torch.randn(4, 1, 16, 16)), D(x)).backward()
-    assert all(p.grad is not None for p in D.parameters())
-    assert all(p.grad is None for p in G.parameters())
+    assert all(p.grad is not None for p in D.parameters()) and all(p.grad is None for p in G.parameters())
 
 
 def test_note002_leaves_and_requires_grad():
@@ -257,22 +252,19 @@ def test_note002_leaves_and_requires_grad():
     w = torch.randn(2, requires_grad=True)
     with torch.no_grad():
         assert (w * 2).is_leaf
-    assert w.detach().is_leaf
-    assert nn.Linear(2, 2).weight.is_leaf
+    assert w.detach().is_leaf and nn.Linear(2, 2).weight.is_leaf
     revived = (torch.randn(2, requires_grad=True) * 2).detach().requires_grad_()
     assert revived.is_leaf and revived.requires_grad and revived.grad_fn is None
     user_made = torch.randn(2, requires_grad=True).double()
     assert not user_made.is_leaf and user_made.grad_fn is not None
     assert not torch.randn(2).requires_grad and not torch.tensor([1.0]).requires_grad
-    assert nn.Parameter(torch.randn(2)).requires_grad
-    assert all(p.requires_grad for p in nn.Conv2d(1, 1, 3).parameters())
+    assert nn.Parameter(torch.randn(2)).requires_grad and all(p.requires_grad for p in nn.Conv2d(1, 1, 3).parameters())
     assert (torch.randn(2) * nn.Parameter(torch.randn(2))).requires_grad
     a, b = torch.tensor(2.0, requires_grad=True), torch.tensor(3.0)
     c = a * b
     assert (a.grad, a.grad_fn, a.is_leaf, a.requires_grad) == (None, None, True, True)
     assert (b.grad_fn, b.is_leaf, b.requires_grad) == (None, True, False)
-    assert c.item() == 6.0 and type(c.grad_fn).__name__ == "MulBackward0"
-    assert not c.is_leaf and c.requires_grad
+    assert c.item() == 6.0 and type(c.grad_fn).__name__ == "MulBackward0" and not c.is_leaf and c.requires_grad
     x = torch.tensor(1.0, requires_grad=True)
     assert (x * 2).requires_grad
     with torch.no_grad():
@@ -380,10 +372,8 @@ def test_note003_Tensor_and_tensor():
     assert isinstance(torch.Tensor, type) and not isinstance(torch.tensor, type)
     empty = torch.Tensor()
     assert empty.shape == (0,) and empty.dtype == torch.float32
-    assert torch.Tensor([1, 2]).dtype == torch.float32
-    assert torch.Tensor(torch.arange(3)).dtype == torch.int64
-    assert torch.Tensor(3).shape == (3,)
-    assert torch.tensor(3).shape == () and torch.tensor(3).item() == 3
+    assert torch.Tensor([1, 2]).dtype == torch.float32 and torch.Tensor(torch.arange(3)).dtype == torch.int64
+    assert torch.Tensor(3).shape == (3,) and torch.tensor(3).shape == () and torch.tensor(3).item() == 3
     # torch.Tensor(data) shares a float32 tensor's or array's memory and copies a float64 array or a list
     sources = [(torch.zeros(3), True), (np.zeros(3, dtype=np.float32), True), (np.zeros(3), False), ([0.0], False)]
     for data, shared in sources:
@@ -391,8 +381,7 @@ def test_note003_Tensor_and_tensor():
         data[0] = 7.0
         assert made is not data and made.dtype == torch.float32 and (made[0].item() == 7.0) == shared, type(data)
     pytest.raises(TypeError, lambda: torch.tensor()).match('missing 1 required positional arguments: "data"')
-    assert torch.tensor([1, 2]).dtype == torch.int64
-    assert torch.tensor([1.0]).dtype == torch.float32
+    assert torch.tensor([1, 2]).dtype == torch.int64 and torch.tensor([1.0]).dtype == torch.float32
     assert torch.tensor(np.zeros(1)).dtype == torch.float64
     t = torch.zeros(2)
     copy, messages = records_warnings(lambda: torch.tensor(t))
@@ -413,8 +402,7 @@ def test_note003_nn_F_and_products():
     logits, target = torch.randn(5, 3), torch.tensor([0, 1, 2, 2, 1])
     module = nn.CrossEntropyLoss(weight=weight)
     assert torch.equal(module(logits, target), F.cross_entropy(logits, target, weight=weight))
-    assert "weight" in module.state_dict()
-    assert module.to(torch.float64).weight.dtype == torch.float64
+    assert "weight" in module.state_dict() and module.to(torch.float64).weight.dtype == torch.float64
     assert torch.dot(torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])).item() == 11.0
     pytest.raises(RuntimeError, lambda: torch.dot(torch.ones(2, 2), torch.ones(2, 2))).match("1D tensors expected")
     pytest.raises(RuntimeError, lambda: torch.mm(torch.ones(2, 3, 4), torch.ones(4, 5))).match("self must be a matrix")
@@ -479,8 +467,7 @@ class Branchy(nn.Module):
 
 def test_note003_trace_and_script():
     traced, messages = records_warnings(lambda: torch.jit.trace(Branchy(), torch.ones(2)))
-    assert any("Python boolean" in m for m in messages)
-    assert any("deprecated" in m for m in messages)
+    assert any("Python boolean" in m for m in messages) and any("deprecated" in m for m in messages)
     negative = torch.full((2,), -3.0)
     assert torch.equal(Branchy()(negative), torch.full((2,), -4.0))
     assert torch.equal(traced(negative), torch.full((2,), -6.0))  # the positive branch, baked in
@@ -514,12 +501,10 @@ def test_note004_devices():
     assert "device='meta'" in repr(torch.ones(2, device="meta"))
     a = torch.tensor([1, 2, 3, 4])
     moved = a.to("meta")
-    assert moved.device.type == "meta" and a.device.type == "cpu"
-    assert a.to("cpu") is a
+    assert moved.device.type == "meta" and a.device.type == "cpu" and a.to("cpu") is a
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     assert torch.tensor([1, 2, 3, 4]).to(device).device.type == device.type
-    assert torch.device("cuda").index is None
-    assert torch.device("cuda") != torch.device("cuda:0")
+    assert torch.device("cuda").index is None and torch.device("cuda") != torch.device("cuda:0")
     assert torch.device("cuda").type == torch.device("cuda:0").type
     with pytest.raises(RuntimeError, match="Only Tensors of floating point and complex dtype"):
         torch.tensor([1, 2], requires_grad=True)
@@ -543,14 +528,12 @@ def test_note004_retain_grad_and_no_grad_examples():
     z = (x + 3).mean()
     z.backward()
     grad, messages = records_warnings(lambda: x.grad)
-    assert grad is None
-    assert any("not a leaf Tensor is being accessed" in m for m in messages)
+    assert grad is None and any("not a leaf Tensor is being accessed" in m for m in messages)
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):
         z.backward()  # pow saved w: the second backward finds it freed
     with torch.no_grad():
         w = torch.tensor([[1.0, 2.0], [3.0, 2.0]], requires_grad=True)
         z = ((w**3) + 3).mean()
-    assert repr(z) == "tensor(14.)"
-    assert w.requires_grad and w.is_leaf
+    assert repr(z) == "tensor(14.)" and w.requires_grad and w.is_leaf
     with pytest.raises(RuntimeError, match="element 0 of tensors does not require grad and does not have a grad_fn"):
         z.backward()

@@ -1,7 +1,5 @@
 """Conditional generation, DiffAugment and the overfitting signals (issue 20), in training and in evaluate.py."""
 
-from __future__ import annotations
-
 import json
 import re
 from pathlib import Path
@@ -183,8 +181,7 @@ def test_the_new_keys_reach_the_typed_config():  # an unknown policy: test_confi
     assert not cfg.model.conditional and cfg.trainer.overfit_every == 500
     # adaptive DiffAugment on by default (docs/results.md, "Training longer"); the paper's recipe has none
     assert [p.value for p in cfg.model.diffaugment] == ["color", "translation", "cutout"]
-    assert cfg.model.ada_target == 0.6
-    assert compose_config("experiment=paper").model.diffaugment == []
+    assert cfg.model.ada_target == 0.6 and compose_config("experiment=paper").model.diffaugment == []
     cfg = compose_config("model.conditional=true", "model.diffaugment=[translation,color]")
     assert cfg.model.conditional and [p.value for p in cfg.model.diffaugment] == ["translation", "color"]
 
@@ -262,8 +259,7 @@ def test_the_probe_restores_D_buffers_and_draws_no_random_number(tiny_gan):
     probe = OverfitProbe((images[:32], None), (images[32:], None), batch_size=16)
     buffers, rng = [b.clone() for b in D.buffers()], torch.get_rng_state()
     scores = probe.measure(D, StepContext())
-    assert all(torch.equal(a, b) for a, b in zip(buffers, D.buffers()))
-    assert torch.equal(rng, torch.get_rng_state())
+    assert all(torch.equal(a, b) for a, b in zip(buffers, D.buffers())) and torch.equal(rng, torch.get_rng_state())
     assert scores["d/heldout_gap"] == pytest.approx(scores["d/score_train"] - scores["d/score_heldout"])
 
 

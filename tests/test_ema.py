@@ -1,7 +1,5 @@
 """gan/core/ema.py: the EMA of G's weights and statistics, its decay schedules, its updates, the grids drawn from it."""
 
-from __future__ import annotations
-
 import math
 from typing import Any
 

@@ -1,8 +1,6 @@
 """The lessons of docs/more.md (and retain_graph's cost), on the real G and D with the counterfactual that makes
 each matter; docs/tour.ipynb runs them at a larger size."""
 
-from __future__ import annotations
-
 import weakref
 
 import pytest

@@ -36,8 +36,7 @@ def test_discriminator_returns_logits_not_probabilities():
 def test_dcgan_init():
     G = Generator(z_dim=100, width=64, image_size=64)
     conv_weights = torch.cat([m.weight.flatten() for m in G.modules() if isinstance(m, nn.ConvTranspose2d)])
-    assert conv_weights.mean().abs() < 1e-3
-    assert conv_weights.std().item() == pytest.approx(0.02, rel=0.02)
+    assert conv_weights.mean().abs() < 1e-3 and conv_weights.std().item() == pytest.approx(0.02, rel=0.02)
     bn = [m for m in G.modules() if isinstance(m, nn.BatchNorm2d)]
     assert all(torch.all(m.bias == 0) for m in bn)
     assert torch.cat([m.weight for m in bn]).mean().item() == pytest.approx(1.0, abs=0.01)
@@ -53,8 +52,7 @@ def test_networks_are_pytorch_examples_layer_for_layer_but_for_ds_sigmoid(image_
     ours_g, their_g = Generator(100, 64, channels, image_size), canonical.Generator(100, 64, channels, image_size)
     assert layers(ours_g) == layers(their_g)
     theirs = layers(canonical.Discriminator(64, channels, image_size))
-    assert theirs[-1] == "Sigmoid()"
-    assert layers(Discriminator(64, channels, image_size)) == theirs[:-1]
+    assert theirs[-1] == "Sigmoid()" and layers(Discriminator(64, channels, image_size)) == theirs[:-1]
 
 
 def test_spectral_norm_bounds_each_convolution_as_a_reshaped_matrix_not_on_images():

@@ -1,7 +1,5 @@
 """docs/tour.ipynb runs top to bottom (nbclient, a kernel on this interpreter) and prints what its text says."""
 
-from __future__ import annotations
-
 import ast
 import importlib
 import inspect
@@ -129,8 +127,7 @@ def test_tour_runs_top_to_bottom_and_prints_what_its_text_claims(tmp_path):
     # section 5 (a): no detach raises at the G step, in this loop and in dcgan/main.py's order
     assert "without detach, after D's backward: G 10/10" in text
     error = "RuntimeError: Trying to backward through the graph a second time"
-    assert f"this loop, at g_step: {error}" in text
-    assert f"dcgan/main.py, at errG.backward(): {error}" in text
+    assert f"this loop, at g_step: {error}" in text and f"dcgan/main.py, at errG.backward(): {error}" in text
     # (b) retain_graph=True: D's contribution reaches G's update here; zero_grad() before the G step wipes it
     assert "polluted == clean + D's contribution: True" in text
     assert number_after("|polluted - clean| / |clean| =", text) > 0.1
@@ -141,8 +138,7 @@ def test_tour_runs_top_to_bottom_and_prints_what_its_text_claims(tmp_path):
     assert re.search(r"second G\(z\), this loop: .*polluted == clean \+ D's contribution: True", text)
     assert "second G(z) after G.zero_grad(): equal to the clean gradient: True" in text
     # (d) no freezing: G's leftover reaches D's next update here; zero_grad() before the D step wipes it
-    assert "without freezing, after G's backward: D 8/8" in text
-    assert "polluted == clean + G's leftover: True" in text
+    assert "without freezing, after G's backward: D 8/8" in text and "polluted == clean + G's leftover: True" in text
     assert number_after("cosine(G's leftover, D's own gradient) =", text) < 0
     assert "with D.zero_grad() before the D step: equal to D's own gradient: True" in text
     # section 6: the D-wins run ends with D(x) near 1 and D(G(z)) near 0

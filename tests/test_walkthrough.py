@@ -1,7 +1,5 @@
 """The statements of docs/walkthrough.md and docs/more.md not proven in test_steps.py or test_claims.py, in order."""
 
-from __future__ import annotations
-
 import contextlib
 import copy
 import io
