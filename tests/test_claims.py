@@ -1,7 +1,6 @@
 """The study notes' claims (docs/claims.md), each asserting what PyTorch really does; `meta` stands in for CUDA."""
 
-from __future__ import annotations
-
+import copy
 import warnings
 import weakref
 
@@ -9,13 +8,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_steps import BCE, adam, gradients_at_each_update
 from torch import nn
 
-from gan.config import BackwardMode
-from gan.core.losses import LOSSES
-from gan.core.steps import backward_terms, frozen
-
-BCE = LOSSES["bce"]
+from gan.core.steps import d_step, frozen, g_step, release_grads
 
 
 def records_warnings(fn):
@@ -24,9 +20,6 @@ def records_warnings(fn):
         warnings.simplefilter("always")
         result = fn()
     return result, [str(w.message) for w in caught]
-
-
-# note 000 ---------------------------------------------------------------------------------------
 
 
 def test_note000_no_grad_is_not_a_freeze(tiny_gan):
@@ -38,10 +31,6 @@ def test_note000_no_grad_is_not_a_freeze(tiny_gan):
     assert loss.grad_fn is None
     with pytest.raises(RuntimeError, match="does not require grad"):
         loss.backward()  # nothing to backpropagate: G cannot learn through a no_grad D
-    with frozen(D):  # requires_grad_(False): the real freeze
-        BCE.g(D(fake)).backward()
-    assert all(p.grad is None for p in D.parameters())
-    assert all(p.grad is not None for p in G.parameters())
 
 
 def test_note000_devices_norms_and_float32():
@@ -73,8 +62,7 @@ def test_note000_detach_and_numpy_share_memory():
     assert d is not y and not d.requires_grad and d.data_ptr() == y.data_ptr()
     d.zero_()  # write through the detached tensor
     assert torch.equal(y, torch.zeros(3))
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        y.sum().backward()
+    pytest.raises(RuntimeError, lambda: y.sum().backward()).match("modified by an inplace operation")
     again = x.detach().requires_grad_()
     assert again.requires_grad and again.is_leaf
     t = torch.zeros(3)
@@ -84,16 +72,14 @@ def test_note000_detach_and_numpy_share_memory():
     with pytest.raises(TypeError, match="can't convert meta device type tensor to numpy"):
         torch.zeros(2, device="meta").numpy()
     x = torch.ones(2, requires_grad=True)
-    with pytest.raises(RuntimeError, match=r"Can't call numpy\(\) on Tensor that requires grad"):
-        x.numpy()
+    pytest.raises(RuntimeError, lambda: x.numpy()).match(r"Can't call numpy\(\) on Tensor that requires grad")
     forced = x.numpy(force=True)
     forced[0] = 5.0
     assert x.tolist() == [5.0, 1.0]  # written through, behind autograd's back
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = torch.nn.Linear(2, 2)(torch.zeros(1, 2))
     assert out.dtype == torch.bfloat16
-    with pytest.raises(TypeError, match="BFloat16"):
-        out.detach().numpy()
+    pytest.raises(TypeError, lambda: out.detach().numpy()).match("BFloat16")
     assert out.detach().float().cpu().numpy().dtype == np.float32
     t = torch.zeros(2)
     copied = t.numpy().astype("float32")  # t.numpy() is float32 already: astype only copies
@@ -101,9 +87,6 @@ def test_note000_detach_and_numpy_share_memory():
     t[0] = 5.0
     assert copied[0] == 0.0  # a copy: the tensor's write does not reach it
     assert torch.zeros(2, dtype=torch.float64).numpy().astype("float32").dtype == np.float32
-
-
-# note 001 ---------------------------------------------------------------------------------------
 
 
 def test_note001_devices_and_leaves():
@@ -140,8 +123,7 @@ def test_note001_devices_and_leaves():
 
 def test_note001_numpy_and_requires_grad():
     w = torch.ones(2, requires_grad=True)
-    with pytest.raises(RuntimeError, match=r"requires grad\. Use tensor.detach\(\).numpy\(\) instead"):
-        w.numpy()
+    pytest.raises(RuntimeError, lambda: w.numpy()).match(r"requires grad\. Use tensor.detach\(\).numpy\(\) instead")
     assert w.detach().numpy().tolist() == [1.0, 1.0]
     with torch.no_grad():
         a = w.numpy()
@@ -156,15 +138,10 @@ def test_note001_numpy_and_requires_grad():
     array = np.ones(2)  # float64
     result, _ = records_warnings(lambda: torch.ones(2) + array)  # NumPy 2 warns about __array_wrap__
     assert isinstance(result, torch.Tensor) and result.dtype == torch.float64
-    with pytest.raises(TypeError):
-        array + torch.ones(2)
-    with pytest.raises(RuntimeError, match="same dtype"):
-        torch.rand(3, 4) @ torch.from_numpy(np.ones((4, 2)))
+    pytest.raises(TypeError, lambda: array + torch.ones(2))
+    pytest.raises(RuntimeError, lambda: torch.rand(3, 4) @ torch.from_numpy(np.ones((4, 2)))).match("same dtype")
     ok = torch.rand(3, 4) @ torch.from_numpy(np.ones((4, 2), dtype=np.float32))  # the note's float32 case
     assert ok.shape == (3, 2)
-
-
-# note 002 ---------------------------------------------------------------------------------------
 
 
 def test_note002_backward_and_grad():
@@ -197,8 +174,7 @@ def test_note002_backward_and_grad():
     assert x.grad.tolist() == [2.0, 2.0, 2.0]
     y = (x * x).sum()
     y.backward()
-    with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
-        y.backward()
+    pytest.raises(RuntimeError, lambda: y.backward()).match("Trying to backward through the graph a second time")
     y = (x * x).sum()
     y.backward(retain_graph=True)
     y.backward()  # kept: works
@@ -208,24 +184,20 @@ def test_note002_backward_and_grad():
         assert x.grad.item() == expected
     W_h, W_x = torch.randn(20, 20, requires_grad=True), torch.randn(20, 10, requires_grad=True)
     x, prev_h = torch.randn(1, 10), torch.randn(1, 20)
-    with pytest.raises(RuntimeError, match="cannot be multiplied"):
-        torch.mm(W_h, prev_h)
+    pytest.raises(RuntimeError, lambda: torch.mm(W_h, prev_h)).match("cannot be multiplied")
     next_h = (torch.mm(W_h, prev_h.t()) + torch.mm(W_x, x.t())).tanh()
     assert next_h.shape == (20, 1)
     next_h.sum().backward()
-    assert W_h.grad.shape == (20, 20) and W_x.grad.shape == (20, 10)
-    assert x.grad is None and prev_h.grad is None
+    assert W_h.grad.shape == (20, 20) and W_x.grad.shape == (20, 10) and x.grad is None and prev_h.grad is None
 
 
 def test_note002_no_grad_saves_no_tensors_and_cannot_backprop():
-    x = torch.randn(64, requires_grad=True)
-    saved = []
+    x, saved = torch.randn(64, requires_grad=True), []
 
     def forward():
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
             hidden = x.exp()
-            alive = weakref.ref(hidden)
-            out = hidden.sin()
+            alive, out = weakref.ref(hidden), hidden.sin()
             del hidden
             return out, alive
 
@@ -236,9 +208,7 @@ def test_note002_no_grad_saves_no_tensors_and_cannot_backprop():
         out_no_grad, alive = forward()
     assert saved == [] and alive() is None  # nothing saved, the intermediate is gone
     assert torch.equal(out.detach(), out_no_grad)  # the same numbers
-    with pytest.raises(RuntimeError, match="does not require grad"):
-        out_no_grad.sum().backward()
-
+    pytest.raises(RuntimeError, lambda: out_no_grad.sum().backward()).match("does not require grad")
     layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True).eval()
     tokens = torch.randn(2, 5, 16)
     with torch.autograd.profiler.profile() as with_grad:
@@ -257,17 +227,14 @@ def test_note002_eval_changes_batchnorm_and_dropout_not_autograd(tiny_gan):
     train_out = G(z)
     G.eval()
     bn = next(m for m in G.modules() if isinstance(m, nn.BatchNorm2d))
-    stats = bn.running_mean.clone()
-    eval_out = G(z)
+    stats, eval_out = bn.running_mean.clone(), G(z)
     assert not torch.allclose(train_out, eval_out)  # batch statistics vs running statistics
     assert torch.equal(stats, bn.running_mean)  # eval does not update the running statistics
     assert eval_out.grad_fn is not None  # ... and still builds a graph
     eval_out.sum().backward()
     assert all(p.grad is not None for p in G.parameters())
-    drop = nn.Dropout(0.5)
-    ones = torch.ones(1000)
-    assert (drop(ones) == 0).any()
-    assert torch.equal(drop.eval()(ones), ones)
+    drop, ones = nn.Dropout(0.5), torch.ones(1000)
+    assert (drop(ones) == 0).any() and torch.equal(drop.eval()(ones), ones)
 
 
 def test_note002_detach_makes_a_leaf_and_stops_at_it(tiny_gan):
@@ -276,8 +243,7 @@ def test_note002_detach_makes_a_leaf_and_stops_at_it(tiny_gan):
     x = fake.detach()
     assert x.is_leaf and not x.requires_grad and not fake.is_leaf
     BCE.d(D(torch.randn(4, 1, 16, 16)), D(x)).backward()
-    assert all(p.grad is not None for p in D.parameters())
-    assert all(p.grad is None for p in G.parameters())
+    assert all(p.grad is not None for p in D.parameters()) and all(p.grad is None for p in G.parameters())
 
 
 def test_note002_leaves_and_requires_grad():
@@ -286,23 +252,19 @@ def test_note002_leaves_and_requires_grad():
     w = torch.randn(2, requires_grad=True)
     with torch.no_grad():
         assert (w * 2).is_leaf
-    assert w.detach().is_leaf
-    assert nn.Linear(2, 2).weight.is_leaf
+    assert w.detach().is_leaf and nn.Linear(2, 2).weight.is_leaf
     revived = (torch.randn(2, requires_grad=True) * 2).detach().requires_grad_()
     assert revived.is_leaf and revived.requires_grad and revived.grad_fn is None
     user_made = torch.randn(2, requires_grad=True).double()
     assert not user_made.is_leaf and user_made.grad_fn is not None
     assert not torch.randn(2).requires_grad and not torch.tensor([1.0]).requires_grad
-    assert nn.Parameter(torch.randn(2)).requires_grad
-    assert all(p.requires_grad for p in nn.Conv2d(1, 1, 3).parameters())
+    assert nn.Parameter(torch.randn(2)).requires_grad and all(p.requires_grad for p in nn.Conv2d(1, 1, 3).parameters())
     assert (torch.randn(2) * nn.Parameter(torch.randn(2))).requires_grad
-    a = torch.tensor(2.0, requires_grad=True)
-    b = torch.tensor(3.0)
+    a, b = torch.tensor(2.0, requires_grad=True), torch.tensor(3.0)
     c = a * b
     assert (a.grad, a.grad_fn, a.is_leaf, a.requires_grad) == (None, None, True, True)
     assert (b.grad_fn, b.is_leaf, b.requires_grad) == (None, True, False)
-    assert c.item() == 6.0 and type(c.grad_fn).__name__ == "MulBackward0"
-    assert not c.is_leaf and c.requires_grad
+    assert c.item() == 6.0 and type(c.grad_fn).__name__ == "MulBackward0" and not c.is_leaf and c.requires_grad
     x = torch.tensor(1.0, requires_grad=True)
     assert (x * 2).requires_grad
     with torch.no_grad():
@@ -315,21 +277,11 @@ def test_note002_leaves_and_requires_grad():
 
 
 def test_note002_several_backwards():
-    w = torch.randn(4, requires_grad=True)
-    data = torch.randn(6, 4)
+    w, data = torch.randn(4, requires_grad=True), torch.randn(6, 4)
     for chunk in data.split(2):  # three mini-batches, three graphs, no retain_graph
         (chunk @ w).pow(2).sum().backward()
     full = torch.autograd.grad((data @ w).pow(2).sum(), w)[0]
     torch.testing.assert_close(w.grad, full)
-    grads = {}
-    for mode in BackwardMode:
-        torch.manual_seed(3)
-        w = torch.randn(5, requires_grad=True)
-        shared = torch.tanh(w * 2)  # both losses go through this node
-        terms = {"a": shared.pow(2).sum(), "b": shared.sin().sum()}
-        backward_terms(terms, [w], mode)
-        grads[mode] = w.grad.clone()
-    torch.testing.assert_close(grads[BackwardMode.summed], grads[BackwardMode.separate])
 
     def build() -> tuple[nn.Module, nn.Module, nn.Module, torch.Tensor]:
         torch.manual_seed(0)
@@ -350,51 +302,54 @@ def test_note002_several_backwards():
     for one, other in zip(summed[:3], separate[:3]):  # trunk (shared) and both heads: the same .grad
         for p, q in zip(one.parameters(), other.parameters()):
             torch.testing.assert_close(p.grad, q.grad)
-
     trunk, head_a, head_b, x = build()
     loss_a, loss_b = losses(trunk, head_a, head_b, x)
     loss_a.backward(retain_graph=True)
     torch.optim.SGD(trunk.parameters(), lr=0.1).step()  # a step for loss_a alone, before loss_b's backward
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        loss_b.backward()
+    pytest.raises(RuntimeError, lambda: loss_b.backward()).match("modified by an inplace operation")
 
 
-def test_note002_without_detach_a_gan_step_raises_and_retain_graph_only_hides_it(tiny_gan):
+# The real d_step and g_step (or d_step's lines with one change) from the same G, D and batch; a step pre-hook reads
+# the gradient each optimizer is about to use (the steps release .grad right after). test_walkthrough.py uses them too.
+
+
+def gradient_of(module: nn.Module) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in module.parameters()]).clone()
+
+
+@pytest.mark.parametrize("patch", ["none", "retain_graph", "second_G_forward", "dcgan_main"])
+def test_note002_without_detach_a_gan_step_raises_and_retain_graph_only_hides_it(tiny_gan, patch):
+    """none raises at the G step, this loop's and dcgan/main.py's; retain_graph=True or a second G(z) lets D's loss
+    reach G's update; dcgan/main.py's order (netG.zero_grad() before the G step's backward) wipes it."""
     G, D = tiny_gan
     real, z = torch.rand(8, 1, 16, 16) * 2 - 1, torch.randn(8, 16)
-    opt_d = torch.optim.Adam(D.parameters(), lr=2e-4, betas=(0.5, 0.999))
-
-    def d_step(fake: torch.Tensor, **backward) -> None:
-        BCE.d(D(real), D(fake)).backward(**backward)
-        opt_d.step()
-        opt_d.zero_grad(set_to_none=True)
-
-    def g_backward(fake: torch.Tensor) -> list[torch.Tensor]:
+    G_clean, D_clean = copy.deepcopy(G), copy.deepcopy(D)  # G's gradient at its first update by the real steps
+    opt_clean, opt_g = adam(G_clean), adam(G)
+    clean, seen = gradients_at_each_update(opt_clean), gradients_at_each_update(opt_g)
+    fake = G_clean(z)
+    _, real_features = d_step(D_clean, adam(D_clean), real, fake)
+    assert all(p.grad is None for p in G_clean.parameters())  # the fix: D's backward stops at fake.detach()
+    g_step(D_clean, G_clean, opt_clean, fake, real_features)
+    fake = G(z)
+    real_logits, real_features = D(real, with_features=True)  # d_step's lines with D(fake) for D(fake.detach())
+    BCE.d(real_logits, D(fake)).backward(retain_graph=patch in ("retain_graph", "dcgan_main"))
+    adam(D).step()
+    release_grads(D)
+    assert all(p.grad is not None for p in G.parameters())  # D's backward ran on through G
+    from_d = gradient_of(G)  # D's loss, written into G's .grad
+    if patch == "none":  # the error comes at the G step, this loop's or dcgan/main.py's errG.backward(): nothing silent
+        for g_backward in (lambda: g_step(D, G, opt_g, fake, real_features), lambda: BCE.g(D(fake)).backward()):
+            with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
+                g_backward()
+    elif patch == "dcgan_main":  # netG.zero_grad() just before the G step's backward
+        G.zero_grad(set_to_none=True)
         with frozen(D):
             BCE.g(D(fake)).backward()
-        grads = [p.grad.clone() for p in G.parameters()]
-        G.zero_grad(set_to_none=True)
-        return grads
-
-    state = {k: v.clone() for k, v in D.state_dict().items()}
-    fake = G(z)
-    d_step(fake)  # no detach
-    assert all(p.grad is not None for p in G.parameters())  # D's loss reached G
-    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
-        g_backward(fake)
-
-    D.load_state_dict(state)
-    G.zero_grad(set_to_none=True)
-    fake = G(z)
-    d_step(fake.detach())  # the fix: D's backward stops at the fake images
-    assert all(p.grad is None for p in G.parameters())
-    clean = g_backward(fake)
-
-    D.load_state_dict(state)
-    fake = G(z)
-    d_step(fake, retain_graph=True)  # the patch: no error, but G's .grad holds D's gradient
-    polluted = g_backward(fake)
-    assert not all(torch.allclose(a, b) for a, b in zip(polluted, clean))
+        torch.testing.assert_close(gradient_of(G), clean[0])
+    else:  # the second G(z) makes the same images; the G step backpropagates its own graph, so nothing raises
+        g_step(D, G, opt_g, fake if patch == "retain_graph" else G(z), real_features)
+        torch.testing.assert_close(seen[0], clean[0] + from_d)  # G's update follows G's objective plus D's
+        assert float((seen[0] - clean[0]).norm() / clean[0].norm()) > 0.1
 
 
 def test_note002_requires_grad_false_freezes_part_of_a_model_and_true_on_an_input_trains_it(tiny_gan):
@@ -413,27 +368,20 @@ def test_note002_requires_grad_false_freezes_part_of_a_model_and_true_on_an_inpu
     assert x.grad is not None
 
 
-# note 003 ---------------------------------------------------------------------------------------
-
-
 def test_note003_Tensor_and_tensor():
     assert isinstance(torch.Tensor, type) and not isinstance(torch.tensor, type)
     empty = torch.Tensor()
     assert empty.shape == (0,) and empty.dtype == torch.float32
-    assert torch.Tensor([1, 2]).dtype == torch.float32
-    assert torch.Tensor(torch.arange(3)).dtype == torch.int64
-    assert torch.Tensor(3).shape == (3,)
-    assert torch.tensor(3).shape == () and torch.tensor(3).item() == 3
+    assert torch.Tensor([1, 2]).dtype == torch.float32 and torch.Tensor(torch.arange(3)).dtype == torch.int64
+    assert torch.Tensor(3).shape == (3,) and torch.tensor(3).shape == () and torch.tensor(3).item() == 3
     # torch.Tensor(data) shares a float32 tensor's or array's memory and copies a float64 array or a list
     sources = [(torch.zeros(3), True), (np.zeros(3, dtype=np.float32), True), (np.zeros(3), False), ([0.0], False)]
     for data, shared in sources:
         made = torch.Tensor(data)
         data[0] = 7.0
         assert made is not data and made.dtype == torch.float32 and (made[0].item() == 7.0) == shared, type(data)
-    with pytest.raises(TypeError, match='missing 1 required positional arguments: "data"'):
-        torch.tensor()
-    assert torch.tensor([1, 2]).dtype == torch.int64
-    assert torch.tensor([1.0]).dtype == torch.float32
+    pytest.raises(TypeError, lambda: torch.tensor()).match('missing 1 required positional arguments: "data"')
+    assert torch.tensor([1, 2]).dtype == torch.int64 and torch.tensor([1.0]).dtype == torch.float32
     assert torch.tensor(np.zeros(1)).dtype == torch.float64
     t = torch.zeros(2)
     copy, messages = records_warnings(lambda: torch.tensor(t))
@@ -454,15 +402,11 @@ def test_note003_nn_F_and_products():
     logits, target = torch.randn(5, 3), torch.tensor([0, 1, 2, 2, 1])
     module = nn.CrossEntropyLoss(weight=weight)
     assert torch.equal(module(logits, target), F.cross_entropy(logits, target, weight=weight))
-    assert "weight" in module.state_dict()
-    assert module.to(torch.float64).weight.dtype == torch.float64
+    assert "weight" in module.state_dict() and module.to(torch.float64).weight.dtype == torch.float64
     assert torch.dot(torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])).item() == 11.0
-    with pytest.raises(RuntimeError, match="1D tensors expected"):
-        torch.dot(torch.ones(2, 2), torch.ones(2, 2))
-    with pytest.raises(RuntimeError, match="self must be a matrix"):
-        torch.mm(torch.ones(2, 3, 4), torch.ones(4, 5))
-    with pytest.raises(RuntimeError, match="mat2 must be a matrix"):
-        torch.mm(torch.ones(3, 4), torch.ones(4))
+    pytest.raises(RuntimeError, lambda: torch.dot(torch.ones(2, 2), torch.ones(2, 2))).match("1D tensors expected")
+    pytest.raises(RuntimeError, lambda: torch.mm(torch.ones(2, 3, 4), torch.ones(4, 5))).match("self must be a matrix")
+    pytest.raises(RuntimeError, lambda: torch.mm(torch.ones(3, 4), torch.ones(4))).match("mat2 must be a matrix")
     assert torch.bmm(torch.ones(2, 3, 4), torch.ones(2, 4, 5)).shape == (2, 3, 5)
     assert torch.matmul(torch.ones(3, 4), torch.ones(4)).shape == (3,)
     assert torch.matmul(torch.ones(2, 3, 4), torch.ones(4, 5)).shape == (2, 3, 5)
@@ -477,7 +421,6 @@ def test_note003_views():
         p.view(6)  # merges the two swapped dimensions
     r = p.reshape(6)
     assert r.data_ptr() != a.data_ptr() and r.tolist() == [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]
-
     b = torch.arange(24.0).view(2, 3, 4).permute(2, 0, 1)  # shape (4, 2, 3), strides (1, 12, 4)
     assert b.view(4, 2, 3, 1).data_ptr() == b.data_ptr()  # a size-1 dimension added
     assert b.view(2, 2, 2, 3).data_ptr() == b.data_ptr()  # the first dimension split
@@ -524,8 +467,7 @@ class Branchy(nn.Module):
 
 def test_note003_trace_and_script():
     traced, messages = records_warnings(lambda: torch.jit.trace(Branchy(), torch.ones(2)))
-    assert any("Python boolean" in m for m in messages)
-    assert any("deprecated" in m for m in messages)
+    assert any("Python boolean" in m for m in messages) and any("deprecated" in m for m in messages)
     negative = torch.full((2,), -3.0)
     assert torch.equal(Branchy()(negative), torch.full((2,), -4.0))
     assert torch.equal(traced(negative), torch.full((2,), -6.0))  # the positive branch, baked in
@@ -554,20 +496,15 @@ def test_note003_grad_none_is_what_zero_grad_does_now():
     assert p.grad is grad and torch.equal(grad, torch.zeros(3))  # the old way: the same tensor, zeroed
 
 
-# note 004 ---------------------------------------------------------------------------------------
-
-
 def test_note004_devices():
     assert "device" not in repr(torch.ones(2)) and torch.ones(2).device == torch.device("cpu")
     assert "device='meta'" in repr(torch.ones(2, device="meta"))
     a = torch.tensor([1, 2, 3, 4])
     moved = a.to("meta")
-    assert moved.device.type == "meta" and a.device.type == "cpu"
-    assert a.to("cpu") is a
+    assert moved.device.type == "meta" and a.device.type == "cpu" and a.to("cpu") is a
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     assert torch.tensor([1, 2, 3, 4]).to(device).device.type == device.type
-    assert torch.device("cuda").index is None
-    assert torch.device("cuda") != torch.device("cuda:0")
+    assert torch.device("cuda").index is None and torch.device("cuda") != torch.device("cuda:0")
     assert torch.device("cuda").type == torch.device("cuda:0").type
     with pytest.raises(RuntimeError, match="Only Tensors of floating point and complex dtype"):
         torch.tensor([1, 2], requires_grad=True)
@@ -591,14 +528,12 @@ def test_note004_retain_grad_and_no_grad_examples():
     z = (x + 3).mean()
     z.backward()
     grad, messages = records_warnings(lambda: x.grad)
-    assert grad is None
-    assert any("not a leaf Tensor is being accessed" in m for m in messages)
+    assert grad is None and any("not a leaf Tensor is being accessed" in m for m in messages)
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):
         z.backward()  # pow saved w: the second backward finds it freed
     with torch.no_grad():
         w = torch.tensor([[1.0, 2.0], [3.0, 2.0]], requires_grad=True)
         z = ((w**3) + 3).mean()
-    assert repr(z) == "tensor(14.)"
-    assert w.requires_grad and w.is_leaf
+    assert repr(z) == "tensor(14.)" and w.requires_grad and w.is_leaf
     with pytest.raises(RuntimeError, match="element 0 of tensors does not require grad and does not have a grad_fn"):
         z.backward()

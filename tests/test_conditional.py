@@ -1,7 +1,5 @@
 """Conditional generation, DiffAugment and the overfitting signals (issue 20), in training and in evaluate.py."""
 
-from __future__ import annotations
-
 import json
 import re
 from pathlib import Path
@@ -11,12 +9,12 @@ import torch
 from conftest import compose_config, tiny_checkpoint
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_steps import BCE, adam, batch
 from torch import nn
 
 from gan.checkpoint import load_checkpoint
 from gan.config import ConfigError, EvaluateConfig, MetricsConfig
 from gan.core import augment as A
-from gan.core.losses import LOSSES
 from gan.core.models import Discriminator, Generator
 from gan.core.sampling import class_rows
 from gan.core.steps import StepContext, d_step, g_step
@@ -29,8 +27,6 @@ from gan.training import train
 from gan.training.loop import OverfitProbe
 from gan.training.monitor import FAKE_TAG, REAL_TAG, class_images, labelled_rows
 
-CPU = torch.device("cpu")
-BCE = LOSSES["bce"]
 ALL = ("color", "translation", "cutout")
 
 
@@ -41,29 +37,15 @@ def conditional_gan() -> tuple[Generator, Discriminator]:
     return G, Discriminator(width=8, channels=1, image_size=16, num_classes=10)
 
 
-def class_weights(G: Generator) -> torch.Tensor:
-    """The weights of G's first layer that read the one-hot class code: (num_classes, ch, 4, 4)."""
-    return G.net[0].weight[G.z_dim :]
-
-
-def adam(module: nn.Module) -> torch.optim.Adam:
-    return torch.optim.Adam(module.parameters(), lr=1e-2, betas=(0.5, 0.999))
-
-
 def labelled_batch(G: Generator, n: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     real, y = torch.rand(n, 1, 16, 16) * 2 - 1, torch.randint(0, 10, (n,))
     return real, y, G(torch.randn(n, 16), y)
-
-
-def unlabelled_batch(G: Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.rand(16, 1, 16, 16) * 2 - 1, G(torch.randn(16, 16))
 
 
 def augmenting(*policies: str) -> StepContext:
     return StepContext(augment=lambda x: A.diff_augment(x, policies))
 
 
-# the models ------------------------------------------------------------------------------------
 def test_unconditional_models_have_no_class_module_and_refuse_nothing_new():
     G, D = Generator(z_dim=16, width=8, image_size=16), Discriminator(width=8, image_size=16)
     assert G.net[0].in_channels == 16 and D.embed is None  # z alone in; no class embedding in D
@@ -81,25 +63,18 @@ def test_projection_discriminator_adds_the_class_embedding_dot_the_features(cond
     assert not torch.allclose(D(x, torch.tensor([1, 1, 1, 1])), logits)  # the class changes the score
 
 
-def test_conditional_generator_draws_each_class_from_the_same_latent(conditional_gan):
+def test_conditional_generator_draws_each_class_from_the_same_latents_one_class_per_row(conditional_gan):
     G, _ = conditional_gan
-    z = torch.randn(1, 16).repeat(10, 1)
-    images = G.eval()(z, torch.arange(10))
-    assert images.shape == (10, 1, 16, 16)
-    assert not torch.allclose(images[0], images[1])
-    with pytest.raises(ValueError, match=r"G\(z, y\)"):
-        G(z)
-
-
-def test_class_rows_lay_one_class_per_row_over_the_same_latents():
-    z = torch.randn(64, 5)
+    z = torch.randn(64, 16)
     rows_z, rows_y = class_rows(z, num_classes=10)
-    assert rows_z.shape == (80, 5) and rows_y.tolist() == [c for c in range(10) for _ in range(8)]
+    assert rows_z.shape == (80, 16) and rows_y.tolist() == [c for c in range(10) for _ in range(8)]
     assert torch.equal(rows_z[:8], rows_z[8:16]) and torch.equal(rows_z[:8], z[:8])
     assert class_rows(z, num_classes=1000)[1].unique().numel() == 16  # at most 16 rows, spread out
+    images = G.eval()(rows_z, rows_y)
+    assert images.shape == (80, 1, 16, 16) and not torch.allclose(images[0], images[8])  # one latent, two classes
+    pytest.raises(ValueError, lambda: G(z)).match(r"G\(z, y\)")
 
 
-# gradient isolation with labels ------------------------------------------------------------------
 @pytest.mark.parametrize("augmented", [False, True], ids=["plain", "augmented"])
 def test_d_step_with_labels_leaves_every_generator_gradient_none(conditional_gan, augmented):
     G, D = conditional_gan
@@ -121,16 +96,17 @@ def test_g_step_with_labels_leaves_D_untouched_and_teaches_G_the_classes_in_the_
     G, D = conditional_gan
     real, y, fake = labelled_batch(G)
     _, features = d_step(D, adam(D), real, fake.detach(), y=y)
-    d_before, class_before = [p.detach().clone() for p in D.parameters()], class_weights(G).detach().clone()
+    d_before = [p.detach().clone() for p in D.parameters()]
+    codes = G.net[0].weight[G.z_dim :]  # the weights that read the one-hot class code (a view: it follows G's updates)
+    class_before = codes.detach().clone()
     g_step(D, G, adam(G), fake, features, y=y)
     assert all(p.grad is None for p in D.parameters())
     assert all(torch.equal(a, b) for a, b in zip(d_before, D.parameters()))
     assert all(p.requires_grad for p in D.parameters())
-    changed = (class_weights(G) != class_before).flatten(1).any(dim=1)  # first step: Adam moves what has gradient
+    changed = (codes != class_before).flatten(1).any(dim=1)  # first step: Adam moves what has gradient
     assert changed[y].all() and not changed[[c for c in range(10) if c not in y.tolist()]].any()
 
 
-# DiffAugment -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("policy", ["brightness", "saturation", "contrast", "translation", "cutout"])
 def test_each_augmentation_passes_gradient_back_to_its_input(policy):
     x = torch.randn(4, 3, 16, 16, requires_grad=True)
@@ -138,7 +114,7 @@ def test_each_augmentation_passes_gradient_back_to_its_input(policy):
     assert x.grad is not None and x.grad.abs().sum() > 0
 
 
-def test_translation_is_a_zero_filled_shift_of_up_to_an_eighth():
+def test_translation_shifts_by_up_to_an_eighth_cutout_zeroes_up_to_a_quarter_and_a_seed_repeats_them():
     x = torch.arange(2 * 16 * 16, dtype=torch.float32).view(2, 1, 16, 16) + 1
     out = A.translation(x, torch.Generator().manual_seed(3))
     gen = torch.Generator().manual_seed(3)  # the same draws, in the same order
@@ -148,15 +124,11 @@ def test_translation_is_a_zero_filled_shift_of_up_to_an_eighth():
     for i in range(2):
         dx, dy = int(shift_rows[i]) + 2, int(shift_cols[i]) + 2
         torch.testing.assert_close(out[i, 0], padded[i, 0, dx : dx + 16, dy : dy + 16])
-
-
-def test_cutout_zeroes_at_most_a_square_of_half_the_side():
+    # cutout zeroes at most a square of half the side
     out = A.cutout(torch.ones(64, 1, 16, 16), torch.Generator().manual_seed(0))
     zeros = (out == 0).flatten(1).sum(dim=1)
     assert (zeros > 0).all() and (zeros <= 8 * 8).all() and (zeros == 64).any()
-
-
-def test_the_same_generator_state_draws_the_same_augmentation():
+    # the same generator state draws the same augmentation
     x = torch.randn(8, 3, 16, 16)
     first = A.diff_augment(x, ALL, torch.Generator().manual_seed(1))
     assert torch.equal(first, A.diff_augment(x, ALL, torch.Generator().manual_seed(1)))
@@ -167,7 +139,7 @@ def test_the_same_generator_state_draws_the_same_augmentation():
 def d_then_g(tiny_gan: tuple[Generator, Discriminator], ctx: StepContext) -> tuple[torch.Tensor, dict]:
     """A d_step then a g_step of the tiny pair on a random batch, both through `ctx`: the fake batch, G's stats."""
     G, D = tiny_gan
-    real, fake = unlabelled_batch(G)
+    real, fake = batch(G)
     _, features = d_step(D, adam(D), real, fake, ctx)
     return fake, g_step(D, G, adam(G), fake, features, ctx)
 
@@ -198,20 +170,18 @@ def test_an_augmentation_of_pixels_rounded_to_uint8_would_give_G_no_gradient(tin
 
 def test_r_t_is_the_mean_sign_of_D_on_the_real_batch(tiny_gan):
     G, D = tiny_gan
-    real, fake = unlabelled_batch(G)
+    real, fake = batch(G)
     expected = D(real).sign().mean()  # D before its update, as d_step's forward sees it
     stats, _ = d_step(D, adam(D), real, fake)
     torch.testing.assert_close(stats["d/overfit_rt"], expected)
 
 
-# config, refusals ----------------------------------------------------------------------------------
 def test_the_new_keys_reach_the_typed_config():  # an unknown policy: test_config's Hydra refusals
     cfg = compose_config()
     assert not cfg.model.conditional and cfg.trainer.overfit_every == 500
     # adaptive DiffAugment on by default (docs/results.md, "Training longer"); the paper's recipe has none
     assert [p.value for p in cfg.model.diffaugment] == ["color", "translation", "cutout"]
-    assert cfg.model.ada_target == 0.6
-    assert compose_config("experiment=paper").model.diffaugment == []
+    assert cfg.model.ada_target == 0.6 and compose_config("experiment=paper").model.diffaugment == []
     cfg = compose_config("model.conditional=true", "model.diffaugment=[translation,color]")
     assert cfg.model.conditional and [p.value for p in cfg.model.diffaugment] == ["translation", "color"]
 
@@ -226,8 +196,7 @@ def test_conditional_on_a_flat_folder_is_refused_naming_model_conditional(tmp_pa
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-# training, checkpoints, resume ------------------------------------------------------------------------
-def test_the_real_grid_of_a_conditional_run_has_a_row_per_class_of_that_class_s_images():
+def test_the_real_grid_of_a_conditional_run_has_a_row_per_class_of_its_images_labelled_in_a_margin():
     """Each row of the real grid holds images of the class the fake grid's row shows, different ones."""
     labels = torch.tensor([2, 0, 1, 0, 2, 1, 0, 2])
     images = torch.arange(8, dtype=torch.uint8).view(8, 1, 1, 1).expand(8, 1, 4, 4).contiguous()  # pixel = index
@@ -236,9 +205,7 @@ def test_the_real_grid_of_a_conditional_run_has_a_row_per_class_of_that_class_s_
     chosen = class_images(stream, labels, classes)[:, 0, 0, 0].long()
     assert labels[chosen].tolist() == classes.tolist()
     assert chosen.tolist() == [1, 3, 6, 2, 5, 2, 0, 4, 7]  # the k-th image of the class; class 1 has two
-
-
-def test_row_labels_are_written_in_a_margin_left_of_the_grid():
+    # the class labels are written in a margin left of the grid
     grid = torch.zeros(3, 2 * 18 + 2, 3 * 18 + 2)
     labelled = labelled_rows(grid, ["0", "17"])
     width = labelled.shape[2] - grid.shape[2]
@@ -292,12 +259,10 @@ def test_the_probe_restores_D_buffers_and_draws_no_random_number(tiny_gan):
     probe = OverfitProbe((images[:32], None), (images[32:], None), batch_size=16)
     buffers, rng = [b.clone() for b in D.buffers()], torch.get_rng_state()
     scores = probe.measure(D, StepContext())
-    assert all(torch.equal(a, b) for a, b in zip(buffers, D.buffers()))
-    assert torch.equal(rng, torch.get_rng_state())
+    assert all(torch.equal(a, b) for a, b in zip(buffers, D.buffers())) and torch.equal(rng, torch.get_rng_state())
     assert scores["d/heldout_gap"] == pytest.approx(scores["d/score_train"] - scores["d/score_heldout"])
 
 
-# evaluate.py ------------------------------------------------------------------------------------------
 def eval_config(tmp_path: Path, **kwargs) -> EvaluateConfig:
     """An evaluation of an untrained conditional G on 16 px digits (1200 training, 200 held-out images)."""
     checkpoint, metrics = tiny_checkpoint(tmp_path, "model.conditional=true"), MetricsConfig(kid_subsets=10)
@@ -332,7 +297,7 @@ def test_evaluate_class_id_draws_and_measures_that_class_alone(tmp_path, monkeyp
     assert results["class_id"] == 7 and results["num_real"] == int((held_out.labels == 7).sum())
     (_, classifier, _, fake, _, _, requested) = drawn[0]
     assert (requested == 7).all() and requested.numel() == 200
-    obeyed = float((M.predict(classifier, fake, 64, CPU) == 7).float().mean())  # obedience to y
+    obeyed = float((M.predict(classifier, fake, 64, torch.device("cpu")) == 7).float().mean())  # obedience to y
     assert results["cond_accuracy"] == obeyed and "intra_fid" not in results  # one class: no spread
     assert not (tmp_path / "eval" / "classes.png").exists()
     cfg.metrics.dc_k = results["num_real"]  # each image's ball would need more neighbours than the class holds

@@ -1,7 +1,5 @@
 """gan/core/ema.py: the EMA of G's weights and statistics, its decay schedules, its updates, the grids drawn from it."""
 
-from __future__ import annotations
-
 import math
 from typing import Any
 
@@ -64,8 +62,7 @@ def test_an_ema_updated_every_k_steps_keeps_its_half_life(kind, every):
         cadenced(once, current, torch.tensor(n))
         torch.testing.assert_close(once[0], steps[0])
     # past the warm-up each update keeps decay ** k of the average: the half-life in steps is unchanged
-    per_step = 0.999 if kind == "warm-up" else 0.5 ** (64 / 1000)
-    late = [torch.zeros(1)]
+    per_step, late = 0.999 if kind == "warm-up" else 0.5 ** (64 / 1000), [torch.zeros(1)]
     cadenced(late, [torch.ones(1)], torch.tensor(10**6))
     assert late[0].item() == pytest.approx(1 - per_step**every, abs=1e-6)  # float32 arithmetic
 
@@ -90,16 +87,13 @@ def test_ema_averages_weights_and_batchnorm_statistics():
     ema = build_ema(G, decay=0.5)
     for _ in range(20):  # past the warm-up: (1 + n) / (10 + n) > 0.5 from n = 9 on
         ema.update_parameters(G)
-    before = [t.clone() for t in ema.module.state_dict().values() if t.is_floating_point()]
+    before = floats(ema.module)
     with torch.no_grad():
         for p in G.parameters():
             p.add_(1.0)
         G(torch.randn(8, cfg.model.z_dim))  # moves BatchNorm's running statistics
     ema.update_parameters(G)
-    after = [t for t in ema.module.state_dict().values() if t.is_floating_point()]
-    current = [t for t in G.state_dict().values() if t.is_floating_point()]
-    for b, a, c in zip(before, after, current):
-        torch.testing.assert_close(a, 0.5 * b + 0.5 * c)
+    torch.testing.assert_close(floats(ema.module), 0.5 * before + 0.5 * floats(G))  # every weight and statistic
 
 
 # A half-life of 10,000 images and no ramp-up keep the EMA near G's weights of step 1, while a large

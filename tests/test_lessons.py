@@ -1,8 +1,6 @@
 """The lessons of docs/more.md (and retain_graph's cost), on the real G and D with the counterfactual that makes
 each matter; docs/tour.ipynb runs them at a larger size."""
 
-from __future__ import annotations
-
 import weakref
 
 import pytest
@@ -81,21 +79,18 @@ def test_retain_graph_keeps_the_saved_tensors_until_the_last_backward(tiny_gan):
         _ = fake.grad_fn._saved_result
 
 
-def d_grads_of(D: nn.Module, real: torch.Tensor, fake: torch.Tensor, micro_batches: int) -> list[torch.Tensor]:
-    """D's gradient of d_loss_bce accumulated over `micro_batches` backward calls of loss / k, then released."""
-    for r, f in zip(real.chunk(micro_batches), fake.chunk(micro_batches)):
-        (d_loss_bce(D(r), D(f)) / micro_batches).backward()  # adds into .grad; no retain_graph
-    grads = [p.grad.clone() for p in D.parameters()]
-    release_grads(D)  # only after the (here absent) optimizer step
-    return grads
-
-
 @pytest.mark.parametrize("batchnorm", [False, True])
 def test_accumulated_micro_batches_equal_the_big_batch_only_when_D_has_no_batchnorm(batchnorm):
     torch.manual_seed(0)
     D = Discriminator(width=8, channels=1, image_size=16, batchnorm=batchnorm)
     real, fake = digits(32), torch.rand(32, 1, 16, 16) * 2 - 1
-    big, accumulated = d_grads_of(D, real, fake, 1), d_grads_of(D, real, fake, 4)
+    grads = []
+    for k in (1, 4):  # D's gradient of d_loss_bce accumulated over k backward calls of loss / k, then released
+        for r, f in zip(real.chunk(k), fake.chunk(k)):
+            (d_loss_bce(D(r), D(f)) / k).backward()  # adds into .grad; no retain_graph
+        grads.append([p.grad.clone() for p in D.parameters()])
+        release_grads(D)  # only after the (here absent) optimizer step
+    big, accumulated = grads
     differences = [float((a - b).norm() / a.norm()) for a, b in zip(big, accumulated)]
     if batchnorm:
         assert max(differences) > 0.01  # statistics of 8 images are not those of 32
@@ -129,15 +124,11 @@ def test_channels_last_features_of_the_real_D_need_flatten_not_view(tiny_gan):
     D = D.to(memory_format=torch.channels_last)  # as gan/training/state.py:build_models does by default
     _, features = D(digits(4).contiguous(memory_format=torch.channels_last), with_features=True)
     assert features.is_contiguous(memory_format=torch.channels_last) and not features.is_contiguous()
-    with pytest.raises(RuntimeError, match="view size is not compatible"):
-        features.view(4, -1)
+    pytest.raises(RuntimeError, lambda: features.view(4, -1)).match("view size is not compatible")
     nchw = features.detach().clone(memory_format=torch.contiguous_format).view(4, -1)
     for flat in (features.flatten(1), features.reshape(4, -1), features.contiguous().view(4, -1)):
         assert flat.data_ptr() != features.data_ptr()  # a copy in NCHW order: what gradient_penalty and r1 use
         torch.testing.assert_close(flat, nchw)
-
-
-# reading the curves: the failure of pytorch/examples#822 --------------------------------------
 
 
 def test_a_discriminator_that_wins_sends_D_of_G_to_0_and_loss_g_up(tiny_gan):

@@ -1,7 +1,5 @@
 """docs/tour.ipynb runs top to bottom (nbclient, a kernel on this interpreter) and prints what its text says."""
 
-from __future__ import annotations
-
 import ast
 import importlib
 import inspect
@@ -36,7 +34,7 @@ TERMS = {
 }
 
 
-def test_tour_is_stored_small_and_its_links_next_cells_and_terms_hold():
+def test_tour_is_stored_small_its_links_next_cells_and_terms_hold_and_it_shows_each_source_before_its_use():
     nb = nbformat.read(TOUR, as_version=4)
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
     assert code and all(not cell.outputs and cell.execution_count is None for cell in code)
@@ -60,23 +58,7 @@ def test_tour_is_stored_small_and_its_links_next_cells_and_terms_hold():
         if uses and (not defined or uses[0] < defined[0]):
             problems.append(f"{term}: first used in cell {uses[0]}, defined in cell {defined[:1] or 'none'}")
     assert not problems
-
-
-def gan_imports() -> dict[str, object]:
-    """Each name the tour's code imports from `gan`, as the object it names."""
-    return {
-        alias.asname or alias.name: getattr(importlib.import_module(node.module), alias.name)
-        for cell in nbformat.read(TOUR, as_version=4).cells
-        if cell.cell_type == "code"
-        for node in ast.walk(ast.parse(cell.source))
-        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "gan"
-        for alias in node.names
-    }
-
-
-def test_tour_shows_the_source_of_each_function_before_a_cell_calls_it():
-    """Each name imported from `gan` is shown (show_source) before a cell uses it; section 2's first-step cell aside."""
-    code = [cell for cell in nbformat.read(TOUR, as_version=4).cells if cell.cell_type == "code"]
+    # each name imported from `gan` is shown (show_source) before a cell uses it; section 2's first-step cell aside
     first_step = [i for i, cell in enumerate(code) if "first-step" in cell.metadata.get("tags", [])]
     assert len(first_step) == 1, "the tour has no (or more than one) cell tagged first-step"
     imported = set(gan_imports())
@@ -100,20 +82,16 @@ def test_tour_shows_the_source_of_each_function_before_a_cell_calls_it():
     assert step_uses and step_uses <= set(shown_at), f"the first step uses, never shown: {step_uses - set(shown_at)}"
 
 
-@pytest.fixture(scope="module")
-def executed(tmp_path_factory) -> tuple[str, list[dict]]:
-    """(every stream the notebook printed, every rich output), after running it top to bottom."""
-    kernels = tmp_path_factory.mktemp("tour") / "kernels"  # a python3 kernel on sys.executable, gan importable
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    kernelspec.write_kernel_spec(kernels / "python3", overrides={"env": {"PYTHONPATH": path}})
-    specs = KernelSpecManager(kernel_dirs=[str(kernels)], ensure_native_kernel=False)
-    km, nb = KernelManager(kernel_name="python3", kernel_spec_manager=specs), nbformat.read(TOUR, as_version=4)
-    docs = {"metadata": {"path": str(ROOT / "docs")}}
-    client = nbclient.NotebookClient(nb, km=km, timeout=300, resources=docs)  # timeout per cell
-    client.execute()  # raises CellExecutionError, naming the cell, if any cell fails
-    outputs = [output for cell in nb.cells if cell.cell_type == "code" for output in cell.outputs]
-    text = "".join(output.get("text", "") for output in outputs if output.output_type == "stream")
-    return text, outputs
+def gan_imports() -> dict[str, object]:
+    """Each name the tour's code imports from `gan`, as the object it names."""
+    return {
+        alias.asname or alias.name: getattr(importlib.import_module(node.module), alias.name)
+        for cell in nbformat.read(TOUR, as_version=4).cells
+        if cell.cell_type == "code"
+        for node in ast.walk(ast.parse(cell.source))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "gan"
+        for alias in node.names
+    }
 
 
 def number_after(label: str, text: str) -> float:
@@ -123,8 +101,17 @@ def number_after(label: str, text: str) -> float:
 
 
 @pytest.mark.slow
-def test_tour_runs_top_to_bottom_and_prints_what_its_text_claims(executed):
-    text, outputs = executed
+def test_tour_runs_top_to_bottom_and_prints_what_its_text_claims(tmp_path):
+    kernels = tmp_path / "kernels"  # a python3 kernel on sys.executable, gan importable
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    kernelspec.write_kernel_spec(kernels / "python3", overrides={"env": {"PYTHONPATH": path}})
+    specs = KernelSpecManager(kernel_dirs=[str(kernels)], ensure_native_kernel=False)
+    km, nb = KernelManager(kernel_name="python3", kernel_spec_manager=specs), nbformat.read(TOUR, as_version=4)
+    docs = {"metadata": {"path": str(ROOT / "docs")}}
+    client = nbclient.NotebookClient(nb, km=km, timeout=300, resources=docs)  # timeout per cell
+    client.execute()  # raises CellExecutionError, naming the cell, if any cell fails
+    outputs = [output for cell in nb.cells if cell.cell_type == "code" for output in cell.outputs]
+    text = "".join(output.get("text", "") for output in outputs if output.output_type == "stream")  # all printed
     assert not [output for output in outputs if output.output_type == "error"]
     images = [output for output in outputs if "image/png" in output.get("data", {})]
     assert len(images) >= 6  # data, two pairs of curves, snapshots, real vs fake, batch-mates
@@ -140,8 +127,7 @@ def test_tour_runs_top_to_bottom_and_prints_what_its_text_claims(executed):
     # section 5 (a): no detach raises at the G step, in this loop and in dcgan/main.py's order
     assert "without detach, after D's backward: G 10/10" in text
     error = "RuntimeError: Trying to backward through the graph a second time"
-    assert f"this loop, at g_step: {error}" in text
-    assert f"dcgan/main.py, at errG.backward(): {error}" in text
+    assert f"this loop, at g_step: {error}" in text and f"dcgan/main.py, at errG.backward(): {error}" in text
     # (b) retain_graph=True: D's contribution reaches G's update here; zero_grad() before the G step wipes it
     assert "polluted == clean + D's contribution: True" in text
     assert number_after("|polluted - clean| / |clean| =", text) > 0.1
@@ -152,8 +138,7 @@ def test_tour_runs_top_to_bottom_and_prints_what_its_text_claims(executed):
     assert re.search(r"second G\(z\), this loop: .*polluted == clean \+ D's contribution: True", text)
     assert "second G(z) after G.zero_grad(): equal to the clean gradient: True" in text
     # (d) no freezing: G's leftover reaches D's next update here; zero_grad() before the D step wipes it
-    assert "without freezing, after G's backward: D 8/8" in text
-    assert "polluted == clean + G's leftover: True" in text
+    assert "without freezing, after G's backward: D 8/8" in text and "polluted == clean + G's leftover: True" in text
     assert number_after("cosine(G's leftover, D's own gradient) =", text) < 0
     assert "with D.zero_grad() before the D step: equal to D's own gradient: True" in text
     # section 6: the D-wins run ends with D(x) near 1 and D(G(z)) near 0
@@ -172,8 +157,7 @@ def test_tour_runs_top_to_bottom_and_prints_what_its_text_claims(executed):
     assert number_after("train mode: |alone - batch A| max", text) > 0.01
     assert number_after("eval mode:  |alone - batch A| max", text) < 1e-5
     # section 9 (c): the EMA generator is more precise and less varied than G, in every mode
-    columns = ["mean", "std", "ink", "precision", "recall", "density", "coverage"]
-    rows = {}
+    columns, rows = ["mean", "std", "ink", "precision", "recall", "density", "coverage"], {}
     for network in ("G", "EMA G"):
         for mode in ("eval, stats as trained", "eval, stats recomputed", "train mode (batch 64)"):
             match = re.search(r"(?m)^" + re.escape(f"{network}, {mode}") + r"((?:\s+-?[0-9.]+){7})", text)

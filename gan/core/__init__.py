@@ -19,8 +19,7 @@ With model.conditional=true the same steps train a class-conditional pair (G(z, 
 D(x, y)): the classes travel with the batch, and nothing else in the steps changes.
 
 The training loop that calls them, `gan/training/loop.py`, reads like pytorch/examples'
-dcgan/main.py: fetch, (1) D step, (2) G step, EMA, log, sample, checkpoint.
-"""
+dcgan/main.py: fetch, (1) D step, (2) G step, EMA, log, sample, checkpoint."""
 
 from enum import Enum
 

@@ -5,11 +5,8 @@ same random transformations to every image D sees, real and fake, in both steps,
 the game. The fakes are augmented on their way into D in the G step, so the augmentations are differentiable tensor
 ops: G's gradient flows back through them (an augmentation of uint8 pixels, a data loader's, would round that
 gradient away).
-
 The policies follow the paper's reference code (DiffAugment_pytorch.py), one random draw per image, from the
 generator passed in (torch's global one when None)."""
-
-from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
@@ -61,8 +58,7 @@ def translation(x: Tensor, generator: Optional[torch.Generator] = None, ratio: f
     batch, rows, cols = _grid(n, h, w, x.device)
     rows = torch.clamp(rows + dx + 1, 0, h + 1)
     cols = torch.clamp(cols + dy + 1, 0, w + 1)
-    padded = F.pad(x, [1, 1, 1, 1])
-    return padded.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2)
+    return F.pad(x, [1, 1, 1, 1]).permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2)
 
 
 def cutout(x: Tensor, generator: Optional[torch.Generator] = None, ratio: float = 0.5) -> Tensor:
@@ -94,12 +90,11 @@ def diff_augment(x: Tensor, policies: Sequence[str], generator: Optional[torch.G
 class AdaptiveAugment:
     """DiffAugment whose strength follows D: each policy is applied to each image with probability p, and p is
     steered to hold ADA's overfitting heuristic r_t = E[sign(D(x))] near a target (StyleGAN2-ADA, Karras et al. 2020,
-    sec. 3: "adaptive discriminator augmentation").
-
-    Every `interval` steps p moves by sign(mean r_t - target) x (images in those steps) / (speed_kimg x 1000); p
-    starts at 0, a 0-dim tensor on the device. The host reads it once each time it moves (`p_now`), so at p = 0 no
-    image is touched and nothing is drawn, on any device, at one device sync per `interval` steps. Its draws come
-    from a generator of its own, which the checkpoint saves: the run's main stream does not depend on them."""
+    sec. 3: "adaptive discriminator augmentation"). Every `interval` steps p moves by sign(mean r_t - target) x
+    (images in those steps) / (speed_kimg x 1000); p starts at 0, a 0-dim tensor on the device. The host reads it
+    once each time it moves (`p_now`), so at p = 0 no image is touched and nothing is drawn, on any device, at one
+    device sync per `interval` steps. Its draws come from a generator of its own, which the checkpoint saves: the
+    run's main stream does not depend on them."""
 
     def __init__(
         self,
@@ -116,7 +111,7 @@ class AdaptiveAugment:
         self.rt_sum, self.seen = torch.zeros(()), 0
         self.generator = torch.Generator().manual_seed(seed)  # its state travels in the checkpoint's "rng"
 
-    def to(self, device: torch.device) -> AdaptiveAugment:
+    def to(self, device: torch.device) -> "AdaptiveAugment":
         self.p, self.rt_sum = self.p.to(device), self.rt_sum.to(device)
         self.generator = torch.Generator(device).manual_seed(self.seed)
         return self
@@ -124,12 +119,11 @@ class AdaptiveAugment:
     def __call__(self, x: Tensor) -> Tensor:
         if self.p_now == 0:  # no work and no draw, on every device (a GPU used to augment every image even at p = 0)
             return x
-        on_cpu = x.device.type == "cpu"
         for name, augment in POLICIES.items():
             if name not in self.policies:
                 continue
             take = _uniform(x, self.generator) < self.p.to(x.dtype)  # (N, 1, 1, 1): this policy for these images
-            if on_cpu:
+            if x.device.type == "cpu":
                 # Reading the draws is free on the CPU, so only the images drawn are augmented: next to
                 # nothing while p is small. index_put is differentiable: G's gradient reaches every image.
                 index = take.flatten().nonzero().flatten()
@@ -156,8 +150,7 @@ class AdaptiveAugment:
         self.seen += 1
         if self.seen < self.interval:
             return
-        mean = reduce(self.rt_sum / self.seen)
-        self.p.add_(torch.sign(mean - self.target) * self.step_size).clamp_(0, 1)
+        self.p.add_(torch.sign(reduce(self.rt_sum / self.seen) - self.target) * self.step_size).clamp_(0, 1)
         self.p_now = float(self.p)  # the one host read: under DDP every rank reads the same, reduced p
         self.rt_sum.zero_()
         self.seen = 0

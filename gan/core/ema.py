@@ -1,8 +1,6 @@
 """An exponential moving average (EMA) of G's weights: the generator every sample is drawn from.
-
 Why (Karras et al. 2018; Yazici et al. 2019): G's weights oscillate as G and D chase each other;
-their running average sits near the middle and changes slowly (docs/results.md#training-tools).
-"""
+their running average sits near the middle and changes slowly (docs/results.md#training-tools)."""
 
 from typing import Callable, Optional
 
@@ -20,12 +18,11 @@ def build_ema(
     """An exponential moving average of G (torch's AveragedModel), or None when it is off: `decay` with
     TF's warm-up, or, when kimg > 0, a half-life of kimg thousand images; updated every `every` steps.
     use_buffers=True averages BatchNorm's running statistics along with the weights."""
-    if kimg > 0:
-        update = ema_with_half_life(kimg * 1000, rampup, images_per_step, every)
-    elif decay > 0:
-        update = ema_with_warmup(decay, every)
-    else:
+    if kimg <= 0 and decay <= 0:
         return None
+    update = (
+        ema_with_half_life(kimg * 1000, rampup, images_per_step, every) if kimg > 0 else ema_with_warmup(decay, every)
+    )
     return AveragedModel(G, multi_avg_fn=update, use_buffers=True)
 
 
@@ -51,12 +48,10 @@ def ema_with_half_life(half_life_images: float, rampup: float, images_per_step: 
 
 
 def _ema_update(decay_after: Callable[[Tensor], Tensor], every: int = 1) -> EmaUpdate:
-    """AveragedModel's multi_avg_fn: averaged = decay * averaged + (1 - decay) * current, the decay a
-    function of the steps so far (a tensor on the device: no host sync).
-
-    Updated every `every` steps, one update's decay is the product of the decays of the steps it stands for, so the
-    average keeps its half-life in steps (exact while G holds still; as StyleGAN2-ADA's ema_kimg counts it in images).
-    """
+    """AveragedModel's multi_avg_fn: averaged = decay * averaged + (1 - decay) * current, the decay a function of the
+    steps so far (a tensor on the device: no host sync). Updated every `every` steps, one update's decay is the product
+    of the decays of the steps it stands for, so the average keeps its half-life in steps (exact while G holds still; as
+    StyleGAN2-ADA's ema_kimg counts it in images)."""
 
     @torch.no_grad()
     def update(averaged: list[Tensor], current: list[Tensor], num_averaged: Tensor) -> None:

@@ -10,7 +10,6 @@ from torch import Tensor
 
 def d_loss_bce(real_logits: Tensor, fake_logits: Tensor, real_label: float = 1.0) -> Tensor:
     """-[log D(x) + log(1 - D(G(z)))], the GAN discriminator loss (Goodfellow et al. 2014).
-
     real_label < 1 is one-sided label smoothing (Salimans et al. 2016, sec. 3.4): D aims at 0.9, say,
     for real images, which keeps it from growing overconfident; fakes keep the target 0."""
     real = F.binary_cross_entropy_with_logits(real_logits, torch.full_like(real_logits, real_label))  # -log sigmoid(l)
@@ -40,12 +39,10 @@ def d_loss_wgan(real_logits: Tensor, fake_logits: Tensor) -> Tensor:
 
 def gradient_penalty(critic: Callable[[Tensor], Tensor], real: Tensor, fake: Tensor) -> Tensor:
     """E[(||grad_x D(x_hat)||_2 - 1)^2] on random interpolates of real and fake (Gulrajani et al. 2017).
-
     create_graph=True: the penalty's gradient with respect to D's weights needs the graph of D's input
     gradient (a second-order backward); without it the penalty changes nothing. The norm is per
     sample, so D must not mix samples (no BatchNorm). `fake` must come detached, or the penalty's
-    gradient would reach G; `real` is detached here (under R1 it requires grad: no .grad filled for nothing).
-    """
+    gradient would reach G; `real` is detached here (under R1 it requires grad: no .grad filled for nothing)."""
     epsilon = torch.rand(real.size(0), 1, 1, 1, device=real.device, dtype=real.dtype)
     interpolates = (epsilon * real.detach() + (1 - epsilon) * fake).requires_grad_(True)
     (grad,) = torch.autograd.grad(critic(interpolates).sum(), interpolates, create_graph=True)
@@ -86,6 +83,5 @@ class AdversarialLoss(NamedTuple):
 LOSSES: dict[str, AdversarialLoss] = {
     "bce": AdversarialLoss(d_loss_bce, g_loss_bce, probabilities),
     "hinge": AdversarialLoss(d_loss_hinge, g_loss_hinge, mean_scores),
-    # G: -E[D(G(z))], the same form as hinge's
-    "wgan_gp": AdversarialLoss(d_loss_wgan, g_loss_hinge, mean_scores),
+    "wgan_gp": AdversarialLoss(d_loss_wgan, g_loss_hinge, mean_scores),  # G: -E[D(G(z))], the same form as hinge's
 }

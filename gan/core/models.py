@@ -3,15 +3,13 @@
 `Generator`, `Discriminator` and `dcgan_init_` are pytorch/examples' dcgan/main.py layer for layer,
 with one change: D returns logits, not probabilities (no Sigmoid), so the losses can use the
 with-logits forms, exact where a sigmoid saturates and safe under autocast (pytorch#61098). The
-"Variants" below are off by default here; skip them on a first read.
+variants (each a config option, marked "variant") are off by default here; skip them on a first read.
 
 Shapes for a 32 x 32 grayscale model of width 64 (pytorch/examples' ngf and ndf):
     G: z 100 -> 256 x 4 x 4 -> 128 x 8 x 8 -> 64 x 16 x 16 -> 1 x 32 x 32
-    D: 1 x 32 x 32 -> 64 x 16 x 16 -> 128 x 8 x 8 -> 256 x 4 x 4 -> logit
-"""
+    D: 1 x 32 x 32 -> 64 x 16 x 16 -> 128 x 8 x 8 -> 256 x 4 x 4 -> logit"""
 
 import math
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -23,9 +21,6 @@ def num_blocks(image_size: int) -> int:
     if image_size < 8 or image_size & (image_size - 1):
         raise ValueError(f"image_size must be a power of two >= 8, got {image_size}")
     return int(math.log2(image_size)) - 2
-
-
-# DCGAN --------------------------------------------------------------------------------------------
 
 
 class Generator(nn.Module):
@@ -41,11 +36,7 @@ class Generator(nn.Module):
         blocks = num_blocks(image_size)
         ch = width * 2 ** (blocks - 1)
         # state size: ch x 4 x 4 (a 4x4 transposed conv on a 1x1 input is a dense projection)
-        layers: list[nn.Module] = [
-            nn.ConvTranspose2d(z_dim + num_classes, ch, 4, 1, 0, bias=False),
-            nn.BatchNorm2d(ch),
-            nn.ReLU(True),
-        ]
+        layers = [nn.ConvTranspose2d(z_dim + num_classes, ch, 4, 1, 0, bias=False), nn.BatchNorm2d(ch), nn.ReLU(True)]
         for _ in range(blocks - 1):
             # state size: ch/2 x 2s x 2s; no bias, BatchNorm's shift replaces it
             layers += [nn.ConvTranspose2d(ch, ch // 2, 4, 2, 1, bias=False), nn.BatchNorm2d(ch // 2), nn.ReLU(True)]
@@ -55,9 +46,13 @@ class Generator(nn.Module):
         self.net = nn.Sequential(*layers)
         self.apply(dcgan_init_)
 
-    def forward(self, z: Tensor, y: Optional[Tensor] = None) -> Tensor:
-        if self.num_classes:  # the conditional variant: (N, z_dim) -> (N, z_dim + num_classes)
-            z = append_class_code(z, y, self.num_classes)
+    def forward(self, z: Tensor, y: Tensor | None = None) -> Tensor:
+        # the conditional variant (model.conditional; cGAN, Mirza & Osindero 2014; docs/conditional.md): the one-hot
+        # class code of y (N,) concatenated to z, (N, z_dim) -> (N, z_dim + num_classes)
+        if self.num_classes:
+            if y is None:
+                raise ValueError("this generator is class-conditional: call it as G(z, y) with the classes y")
+            z = torch.cat([z, F.one_hot(y, self.num_classes).to(z.dtype)], dim=1)
         # view, not reshape: adding size-1 dimensions never needs a copy, whatever z's strides
         return self.net(z.view(z.size(0), z.size(1), 1, 1))
 
@@ -100,20 +95,31 @@ class Discriminator(nn.Module):
         self.embed = nn.Embedding(num_classes, ch * 4 * 4) if num_classes else None
         if self.embed is not None:
             nn.init.normal_(self.embed.weight, 0.0, 0.02)
+        # variant: spectral norm (Miyato et al. 2018): each weight, as an (out, in*k*k) matrix, divided by its largest
+        # singular value (one power iteration per training forward). That bounds each layer's slope: 1 for the matrix,
+        # up to 2 for a 4x4 stride-2 convolution, whose patches overlap. Used without BatchNorm, which would undo the
+        # bound (docs/results.md#adams-beta1-for-the-spectrally-normalised-d).
         if spectral_norm:
-            spectral_norm_([*convs, self.head, *([self.embed] if self.embed is not None else [])])
+            for layer in [*convs, self.head, *([self.embed] if self.embed is not None else [])]:
+                nn.utils.parametrizations.spectral_norm(layer)
 
     def forward(
-        self, x: Tensor, y: Optional[Tensor] = None, with_features: bool = False
+        self, x: Tensor, y: Tensor | None = None, with_features: bool = False
     ) -> Tensor | tuple[Tensor, Tensor]:
         """logits (N,); with_features=True: (logits, features (N, ch, 4, 4)) for feature matching,
         a keyword of forward() so that a DistributedDataParallel wrapper passes it through."""
-        if self.pack > 1:  # variant: PacGAN
-            x = pack_samples(x, self.pack)
+        # variant: PacGAN (Lin et al. 2018): `pack` consecutive samples stacked along channels and judged as one, so
+        # D can tell when several fakes all look alike, which penalises mode collapse
+        if self.pack > 1:
+            x = x.reshape(x.size(0) // self.pack, self.pack * x.size(1), *x.shape[2:])
         features = self.features(x)
         logits = self.head(self.minibatch_std(features)).flatten()  # psi(phi(x)), DCGAN's logit
-        if self.embed is not None:  # variant: the projection discriminator's class term
-            logits = logits + projection(self.embed, y, features)
+        # variant: the class term of a projection discriminator (Miyato & Koyama 2018): logit = psi(phi(x)) +
+        # <embed(y), phi(x)>, phi(x) D's features; one dot product per image: "does x look like class y?"
+        if self.embed is not None:
+            if y is None:
+                raise ValueError("this discriminator is class-conditional: call it as D(x, y) with the classes y")
+            logits = logits + (self.embed(y).to(features.dtype) * features.flatten(1)).sum(dim=1)
         return (logits, features) if with_features else logits
 
 
@@ -128,42 +134,6 @@ def dcgan_init_(module: nn.Module) -> None:
     elif isinstance(module, nn.BatchNorm2d):
         nn.init.normal_(module.weight, 1.0, 0.02)
         nn.init.zeros_(module.bias)
-
-
-# Variants -----------------------------------------------------------------------------------------
-# Each is a config option; the config turns two on by default: spectral norm, and D without BatchNorm.
-
-
-def append_class_code(z: Tensor, y: Optional[Tensor], num_classes: int) -> Tensor:
-    """Conditional G (model.conditional): z (N, z_dim) and classes y (N,) -> (N, z_dim + num_classes),
-    the one-hot class code concatenated to z (cGAN, Mirza & Osindero 2014; docs/conditional.md)."""
-    if y is None:
-        raise ValueError("this generator is class-conditional: call it as G(z, y) with the classes y")
-    return torch.cat([z, F.one_hot(y, num_classes).to(z.dtype)], dim=1)
-
-
-def projection(embed: nn.Embedding, y: Optional[Tensor], features: Tensor) -> Tensor:
-    """The class term of a projection discriminator (Miyato & Koyama 2018): logit = psi(phi(x)) +
-    <embed(y), phi(x)>, phi(x) D's features; one dot product per image: "does x look like class y?"."""
-    if y is None:
-        raise ValueError("this discriminator is class-conditional: call it as D(x, y) with the classes y")
-    return (embed(y).to(features.dtype) * features.flatten(1)).sum(dim=1)
-
-
-def pack_samples(x: Tensor, pack: int) -> Tensor:
-    """PacGAN (Lin et al. 2018, model.pack): (N, C, H, W) -> (N / pack, pack * C, H, W), `pack`
-    consecutive samples stacked along channels and judged as one: a D that sees several fakes at once
-    can tell when they all look alike, which penalises mode collapse."""
-    return x.reshape(x.size(0) // pack, pack * x.size(1), *x.shape[2:])
-
-
-def spectral_norm_(layers: list[nn.Module]) -> None:
-    """Spectral norm (Miyato et al. 2018): each weight, as an (out, in*k*k) matrix, divided by its largest singular
-    value (torch's parametrization, one power iteration per training forward). That bounds each layer's slope: 1 for
-    the matrix, up to 2 for a 4x4 stride-2 convolution, whose patches overlap. Used without BatchNorm, which would
-    undo the bound (docs/results.md#adams-beta1-for-the-spectrally-normalised-d)."""
-    for layer in layers:
-        nn.utils.parametrizations.spectral_norm(layer)
 
 
 class MinibatchStd(nn.Module):

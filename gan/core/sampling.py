@@ -1,7 +1,5 @@
-"""Sampling from G without disturbing training: eval mode, no autograd, previous mode restored.
-
-pytorch/examples samples in train mode, so each snapshot also moves BatchNorm's running statistics (examples#804, #807).
-"""
+"""Sampling from G without disturbing training: eval mode, no autograd, previous mode restored. pytorch/examples
+samples in train mode, so each snapshot also moves BatchNorm's running statistics (examples#804, #807)."""
 
 import contextlib
 import math
@@ -25,12 +23,10 @@ def eval_mode(module: nn.Module) -> Iterator[nn.Module]:
 
 def sample(G: nn.Module, z: Tensor, y: Optional[Tensor] = None) -> Tensor:
     """G(z) in [-1, 1] with G in eval mode and autograd off; G(z, y) for a conditional G and classes y.
-
     eval(): BatchNorm normalises with its running statistics and leaves them unchanged.
     no_grad(): no graph is recorded, so nothing is kept for a backward that will never come.
     Neither implies the other. The EMA generator's running statistics are averages that do not match
-    its averaged weights; evaluate.py recomputes them (gan/evaluation/pipeline.py:recompute_batchnorm_stats).
-    """
+    its averaged weights; evaluate.py recomputes them (gan/evaluation/pipeline.py:recompute_batchnorm_stats)."""
     with eval_mode(G), torch.no_grad():
         return G(z) if y is None else G(z, y)
 
@@ -39,9 +35,8 @@ def class_rows(z: Tensor, num_classes: int, max_rows: int = 16) -> tuple[Tensor,
     """Latents and classes for a conditional G's grid: one row per class (at most max_rows, evenly
     spread), each the first ceil(sqrt(len(z))) latents, so a column holds one z across the classes."""
     columns = math.ceil(math.sqrt(z.size(0)))
-    rows = min(num_classes, max_rows)
-    classes = torch.linspace(0, num_classes - 1, rows, device=z.device).round().long()
-    return z[:columns].repeat(rows, 1), classes.repeat_interleave(columns)
+    classes = torch.linspace(0, num_classes - 1, min(num_classes, max_rows), device=z.device).round().long()
+    return z[:columns].repeat(len(classes), 1), classes.repeat_interleave(columns)
 
 
 def image_grid(images: Tensor, nrow: Optional[int] = None) -> Tensor:

@@ -1,9 +1,7 @@
 """One optimisation step per network: where the autograd techniques of this project live (gan/core/__init__.py
 lists them; docs/walkthrough.md, sections 3 and 4, explains them).
-
 Each step returns its diagnostics as 0-dim tensors still on the device: `.item()` forces a host
-sync, so the loop does that only at log time.
-"""
+sync, so the loop does that only at log time."""
 
 import contextlib
 import dataclasses
@@ -73,14 +71,11 @@ def d_step(
     grad_norm = total_norm(D.parameters())
     update(opt_d, loss_d, ctx)
     release_grads(D)
-    stats = {
-        "loss/d": loss_d.detach(),
-        "grad_norm/d": grad_norm,
-        **ctx.loss.scores(real_logits.detach(), fake_logits.detach()),
-        # the overfitting heuristic r_t = E[sign(D(x))] of ADA (adaptive discriminator augmentation,
-        # Karras et al. 2020, sec. 3): near 0 while D is unsure of the reals, toward 1 as it memorises them
-        "d/overfit_rt": real_logits.detach().sign().mean(),
-    }
+    stats = {"loss/d": loss_d.detach(), "grad_norm/d": grad_norm}
+    stats.update(ctx.loss.scores(real_logits.detach(), fake_logits.detach()))
+    # the overfitting heuristic r_t = E[sign(D(x))] of ADA (adaptive discriminator augmentation,
+    # Karras et al. 2020, sec. 3): near 0 while D is unsure of the reals, toward 1 as it memorises them
+    stats["d/overfit_rt"] = real_logits.detach().sign().mean()
     stats.update({f"loss/d_{name}": value.detach() for name, value in terms.items() if len(terms) > 1})
     return stats, real_features.detach()
 
@@ -112,11 +107,8 @@ def g_step(
     loss_g = sum(terms.values()).detach()
     update(opt_g, loss_g, ctx)
     release_grads(G)
-    stats = {
-        "loss/g": loss_g,
-        "grad_norm/g": grad_norm,
-        "grad_norm/images": fake.grad.flatten(1).norm(dim=1).mean() / ctx.scaler.get_scale(),
-    }
+    images = fake.grad.flatten(1).norm(dim=1).mean() / ctx.scaler.get_scale()
+    stats = {"loss/g": loss_g, "grad_norm/g": grad_norm, "grad_norm/images": images}
     stats.update({f"loss/g_{name}": value.detach() for name, value in terms.items() if len(terms) > 1})
     stats.update({f"grad_norm/g_{name}": value for name, value in term_norms.items()})
     # D(G(z)) again, now after D's update: pytorch/examples prints both as "D(G(z)): D_G_z1 / D_G_z2",
@@ -130,12 +122,10 @@ def backward_terms(
     terms: dict[str, Tensor], params: list[Tensor], mode: BackwardMode, ctx: StepContext = FP32
 ) -> dict[str, Tensor]:
     """Backpropagate a multi-term loss into .grad; in separate mode, returns each term's gradient norm.
-
     summed: one backward of the sum, the usual and cheapest form. separate: one backward per term. The terms share
     one graph (through D and G), and backward() frees its saved tensors as it goes, so every call but the last passes
     retain_graph=True; without it the next call raises "Trying to backward through the graph a second time". Both
-    modes leave the same .grad; a term's own norm is the growth of .grad during its call.
-    """
+    modes leave the same .grad; a term's own norm is the growth of .grad during its call."""
     if mode == BackwardMode.summed or len(terms) == 1:
         ctx.scaler.scale(sum(terms.values())).backward()
         return {}
@@ -162,13 +152,11 @@ def update(optimizer: Optimizer, loss: Tensor, ctx: StepContext) -> None:
 @contextlib.contextmanager
 def frozen(module: nn.Module) -> Iterator[nn.Module]:
     """requires_grad_(False) on every parameter inside the block, then each flag as it was.
-
     A frozen D still passes gradient through to its input (the fake images, hence G) but builds no gradient for its
     own weights. (no_grad() would cut the path to G too; eval() would only change how BatchNorm normalises.) Its
     forward still updates its buffers (BatchNorm's statistics). Needed because this loop clears gradients after each
     update, not before each backward: unfrozen, D's next update would add G's loss gradient to its own.
-    pytorch/examples' dcgan/main.py does not freeze D; its `netD.zero_grad()` wipes that gradient.
-    """
+    pytorch/examples' dcgan/main.py does not freeze D; its `netD.zero_grad()` wipes that gradient."""
     flags = [p.requires_grad for p in module.parameters()]
     module.requires_grad_(False)
     try:
@@ -180,19 +168,13 @@ def frozen(module: nn.Module) -> Iterator[nn.Module]:
 
 def release_grads(module: nn.Module) -> None:
     """param.grad = None after the update, as optimizer.zero_grad(set_to_none=True) does.
-
     `None` rather than zero frees the gradient's memory while the other network trains, and the next `backward()`
     writes a fresh gradient instead of adding to zeros. An optimizer skips a parameter whose `.grad` is `None`; a
-    zero `.grad` is still stepped, which Adam's momentum (beta1 > 0, `experiment=paper`) turns into a move.
-    """
+    zero `.grad` is still stepped, which Adam's momentum (beta1 > 0, `experiment=paper`) turns into a move."""
     for p in module.parameters():
         p.grad = None
 
 
 def total_norm(params: Iterable[Tensor]) -> Tensor:
     """L2 norm of all gradients together, as a 0-dim tensor on their device (no host sync)."""
-    params = list(params)
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return torch.zeros((), device=params[0].device if params else None)
-    return nn.utils.get_total_norm(grads)
+    return nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
