@@ -94,6 +94,8 @@ class DataConfig(_Group):
         if self.num_workers:  # a process each: thousands would exhaust the machine's memory
             check_threads(self.num_workers, "data.num_workers", "0 to load in the main process, or null for auto")
         self._check(bool(str(self.root).strip()), "root", "is empty, which reads the launch directory: name a folder")
+        # Hydra refuses other names at the command line; this catches a DataConfig built in code
+        self._check(self.name in list(DatasetName), "name", f"must be one of {', '.join(DatasetName)}")
         self._check(self.source in self.SOURCES, "source", f"must be one of {', '.join(self.SOURCES)} (10-class gray)")
         stacked = self.name == "stacked"
         self._check(not stacked or self.channels == 3, "channels", "must be 3 for data=stacked: three images as RGB")
