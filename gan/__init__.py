@@ -3,24 +3,17 @@
 Data flows one way: train.py -> gan.config -> gan.data, gan.core -> gan.training; gan.core imports nothing else here.
 """
 
-from importlib import metadata
+from importlib import import_module, metadata
 
 API = ("train", "load_generator", "sample", "evaluate", "compose_config")  # gan/api.py, imported on first use
 
-
-def installed_version() -> str:
-    try:
-        return metadata.version("dcgan-reference")
-    except metadata.PackageNotFoundError:  # a clone used without `pip install`: its commit says what ran (gan.device)
-        return "unknown"
-
-
-__version__ = installed_version()
+try:
+    __version__ = metadata.version("dcgan-reference")
+except metadata.PackageNotFoundError:  # a clone used without `pip install`: its commit says what ran (gan.device)
+    __version__ = "unknown"
 
 
 def __getattr__(name: str) -> object:
     if name in API:
-        from gan import api
-
-        return getattr(api, name)
+        return getattr(import_module("gan.api"), name)
     raise AttributeError(f"module 'gan' has no attribute {name!r}")

@@ -56,15 +56,11 @@ def train(run_dir: str | Path, *overrides: str, config: TrainConfig | None = Non
     _require(not Path(run_dir).expanduser().is_file(), "run_dir", str(run_dir), "is a file: name a folder for the run")
     why = "must be a TrainConfig (gan.compose_config gives one), or None with train.py's overrides"
     _require(config is None or isinstance(config, TrainConfig), "config", type(config).__name__, why)
-    if config is None:
-        typed = _composed(overrides)[1]
-    elif overrides:
-        raise ConfigError(f"Pass overrides ({' '.join(overrides)}) or config=, not both.")
-    else:
-        try:
-            typed = validate(OmegaConf.structured(config))
-        except OmegaConfBaseException as err:
-            raise ConfigError(str(err)) from err
+    _require(config is None or not overrides, "overrides", " ".join(overrides), "and config= were both given: pass one")
+    try:  # a config built in code: OmegaConf checks its types, as Hydra checks the command line's
+        typed = _composed(overrides)[1] if config is None else validate(OmegaConf.structured(config))
+    except OmegaConfBaseException as err:
+        raise ConfigError(str(err)) from err
     try:
         return train_run(typed, Path(run_dir))
     except OSError as err:  # a full disk, a read-only folder: as train.py says it

@@ -293,7 +293,6 @@ def validate(cfg: DictConfig, schema: type = TrainConfig) -> Any:
 
 
 def to_plain(cfg: TrainConfig | DictConfig) -> dict:
-    """What a checkpoint and TensorBoard hold."""
     node = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
     return OmegaConf.to_container(node, resolve=True, enum_to_str=True)
 

@@ -95,9 +95,7 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
             why = "No trial of the search returned a score (each run's log in hydra.sweep.dir says why), so it has no "
             log.error("%s", why + "best trial. Set trainer.final_eval_samples above 0, then search again.")
             return EXIT_HYDRA
-        if own_traceback or (
-            type(err) is ValueError and not raiser.startswith("hydra.")
-        ):  # a ValueError of ours: a bug
+        if own_traceback or (type(err) is ValueError and not raiser.startswith("hydra.")):  # ours: a bug
             raise
         if isinstance(err, OSError) and not isinstance(err, HydraException):  # Hydra could not make the folder
             key = "out" if config_name == "generate" else "hydra.run.dir"  # generate.py's folder is `out`
@@ -109,7 +107,6 @@ def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_n
     finally:
         sys.argv = saved_argv
         os.environ.pop("HYDRA_FULL_ERROR") if saved_env is None else os.environ.update(HYDRA_FULL_ERROR=saved_env)
-        GlobalHydra.instance().clear()
     return max(codes, default=0)
 
 
@@ -119,8 +116,7 @@ def start(name: str, main: Callable[[], int], program: str) -> NoReturn:
     sys.exit(main())
 
 
-def hydra_refusal(err: Exception, config_name: str) -> str:
-    """Hydra's or OmegaConf's refusal of a command line as one paragraph naming the override and what to do."""
+def hydra_refusal(err: Exception, config_name: str) -> str:  # one paragraph naming the override and what to do
     cause = err.__cause__ if isinstance(err.__cause__, OmegaConfBaseException) else err
     key, hint = getattr(cause, "full_key", None), ""
     lines = [line.strip() for line in f"{err}\n{cause if cause is not err else ''}".splitlines()]
@@ -196,8 +192,7 @@ class LaunchChecks(Callback):
             refuse(unwritable("hydra.sweep.dir", folder, err))
 
 
-def values_problem(config: DictConfig) -> str:
-    """The first swept value whose job's config Hydra cannot compose, said as Hydra says it, or ''."""
+def values_problem(config: DictConfig) -> str:  # the first swept value Hydra cannot compose a job of, or ''
     searched = [f"{k}={v}" for k, v in (OmegaConf.select(config, "hydra.sweeper.params") or {}).items()]
     loader = GlobalHydra.instance().config_loader()
     parsed = OverridesParser.create(config_loader=loader).parse_overrides([*searched, *config.hydra.overrides.task])
@@ -229,15 +224,15 @@ def search_problem(sweeper: DictConfig, sweep: Path) -> str:
     if (storage := sweeper.storage) is None or not str(storage).startswith("sqlite:///"):
         log.warning("The study is kept %s, not in the sweep folder %s.", storage or "in memory", sweep)
         return ""
-    file, said = Path(str(storage)[len("sqlite:///") :]).expanduser(), f"hydra.sweeper.storage={storage}"
+    file, said = Path(str(storage).removeprefix("sqlite:///")).expanduser(), f"hydra.sweeper.storage={storage}"
     if not (inside := file.resolve().parent == sweep.resolve()):
         log.warning("The study is stored in %s, outside the sweep folder %s.", file, sweep)
     if file.is_dir():
         return f"{said} names a folder, where the study is kept in a file: name a file"
     if not file.parent.is_dir():  # the sweep folder is made next, with the sweep's own checks
         return "" if inside else f"{said}: the folder {file.parent} does not exist: make it"
-    if not os.access(file if file.exists() else file.parent, os.W_OK):
-        return f"{said}: this user cannot write {file if file.exists() else file.parent}: give write permission there"
+    if not os.access(target := file if file.exists() else file.parent, os.W_OK):
+        return f"{said}: this user cannot write {target}: give write permission there"
     try:
         if file.exists():
             with sqlite3.connect(f"file:{file}?mode=ro", uri=True) as db:

@@ -90,7 +90,12 @@ class Run:
                     why = "which holds another run. Nothing was written. Drop hydra.run.dir, or name a new folder"
                     problem = f"trainer.resume={resuming} would continue its run in {self.dir}, {why}."
                 raise RunDirError(problem)
-            self.remove_stale_temp_files()
+            for tmp in sorted(self.checkpoints.glob(".*.tmp")):  # left by checkpoint writers killed mid-write
+                pid = tmp.name.rsplit(".", 2)[-2]
+                if pid.isdigit() and not psutil.pid_exists(int(pid)):  # (not by one that still runs)
+                    with contextlib.suppress(FileNotFoundError):
+                        tmp.unlink()
+                        log.warning("Removed %s, left by process %s that died writing a checkpoint.", tmp, pid)
             yield
 
     def check_outputs(self) -> None:
@@ -122,15 +127,6 @@ class Run:
         finally:
             with contextlib.suppress(OSError):  # (none was made)
                 path.unlink()
-
-    def remove_stale_temp_files(self) -> None:
-        """The `.NAME.PID.tmp` files that checkpoint writers killed mid-write left, unless their process runs."""
-        for tmp in sorted(self.checkpoints.glob(".*.tmp")):
-            pid = tmp.name.rsplit(".", 2)[-2]
-            if pid.isdigit() and not psutil.pid_exists(int(pid)):
-                with contextlib.suppress(FileNotFoundError):
-                    tmp.unlink()
-                    log.warning("Removed %s, left by process %s that died writing a checkpoint.", tmp, pid)
 
     def keep_record(self, cfg: DictConfig, held: MemoryHandler) -> None:
         """.hydra/*.yaml and the log with its held lines, once the checks passed (Hydra's, at the job's start: off)."""

@@ -88,9 +88,8 @@ def test_config_dir_and_config_name_compose_a_users_own_primary_config_with_the_
     (mine := tmp_path / "mine").mkdir()
     (mine / "short.yaml").write_text("defaults:\n  - train\n  - _self_\n\ntrainer:\n  max_steps: 3\n")
     for cd, cn in (("-cd", "-cn"), ("--config-dir", "--config-name")):
-        result = run(
-            "train.py", cd, str(mine), cn, "short", "--cfg", "job", "loss=hinge", "optim.lr=1e-4", cwd=tmp_path
-        )
+        argv = (cd, str(mine), cn, "short", "--cfg", "job", "loss=hinge", "optim.lr=1e-4")
+        result = run("train.py", *argv, cwd=tmp_path)
         assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
         printed = yaml.safe_load(result.stdout)
         assert (printed["trainer"]["max_steps"], printed["loss"]["name"], printed["optim"]["lr"]) == (3, "hinge", 1e-4)
@@ -261,18 +260,13 @@ def test_every_command_the_lesson_prints_composes_as_written(tmp_path):
                 commands.append((f"{program}.py", argv))
     assert len({program for program, _ in commands}) == 2 and len(commands) > 10, commands
     for program, argv in commands:
-        for job in sweep_jobs(argv):
+        jobs = [argv]
+        if "-m" in argv:  # a sweep, which --cfg refuses: each of its jobs
+            pairs = (arg.split("=", 1) for arg in argv if arg != "-m")
+            jobs = itertools.product(*([f"{key}={value}" for value in values.split(",")] for key, values in pairs))
+        for job in jobs:
             result = run(program, *job, *([] if "--cfg" in job else ["--cfg", "job"]), cwd=tmp_path)
             assert result.returncode == 0 and "Traceback" not in result.stderr, (program, job, result.stderr[-2000:])
-
-
-def sweep_jobs(argv: list[str]) -> list[list[str]]:
-    """The jobs of a sweep (-m, which --cfg refuses), or the command itself."""
-    if "-m" not in argv:
-        return [argv]
-    pairs = (arg.split("=", 1) for arg in argv if arg != "-m")
-    choices = [[f"{key}={value}" for value in values.split(",")] for key, values in pairs]
-    return [list(job) for job in itertools.product(*choices)]
 
 
 @pytest.mark.parametrize("flag", ["--experimental-rerun", "--experimental-rerun=x", "--exp"])

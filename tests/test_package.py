@@ -150,7 +150,9 @@ def test_gan_version_is_the_installed_packages(monkeypatch):
     assert gan.__version__ == importlib.metadata.version("dcgan-reference")
     not_installed = mock.Mock(side_effect=importlib.metadata.PackageNotFoundError)
     monkeypatch.setattr(importlib.metadata, "version", not_installed)  # a clone used without pip install
-    assert gan.installed_version() == "unknown"
+    assert importlib.reload(gan).__version__ == "unknown"
+    monkeypatch.undo()
+    assert importlib.reload(gan).__version__ == importlib.metadata.version("dcgan-reference")
 
 
 def test_the_api_refuses_what_the_command_line_refuses(tmp_path):
@@ -187,6 +189,7 @@ BAD_CALLS = {
     "run_dir=None": (lambda G: gan.train(None, *TINY), "run_dir=None"),
     "run_dir=a file": (lambda G: gan.train(__file__, *TINY), f"run_dir={__file__!r} is a file"),
     "config=a dict": (lambda G: gan.train("r", config={"data": {}}), "config='dict' must be a TrainConfig"),
+    "config and overrides": (lambda G: gan.train("r", "loss=hinge", config=gan.compose_config()), "overrides='loss"),
     "data.root=": (lambda G: gan.compose_config("data.root="), "data.root=''"),  # Path(""): the working directory
     "trainer.resume=": (lambda G: gan.compose_config("trainer.resume="), "trainer.resume=''"),  # a new run, unasked
 }

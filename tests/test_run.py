@@ -29,27 +29,19 @@ def unused_pid() -> int:
     return next(pid for pid in range(999_999, 0, -1) if not Path(f"/proc/{pid}").exists())
 
 
-def test_the_lock_excludes_a_second_holder_naming_the_first(tmp_path):
-    run = Run(tmp_path)
+def test_the_lock_names_its_holder_is_taken_over_from_a_dead_one_and_is_named_when_a_folder(tmp_path, caplog):
+    run, lock = Run(tmp_path), tmp_path / Run.LOCK
     with run.owned():
         with pytest.raises(RunDirError, match=f"is in use: process {os.getpid()} on host "):
             run.owned().__enter__()
-    assert not (tmp_path / Run.LOCK).exists()  # released and removed
-    with run.owned():  # free again
-        pass
-
-
-def test_a_lock_that_is_a_folder_is_named_not_raised(tmp_path):
-    (tmp_path / Run.LOCK).mkdir()
-    with pytest.raises(RunDirError, match=f"{tmp_path / Run.LOCK}: it is a folder.*Nothing was written. Move it away"):
-        Run(tmp_path).owned().__enter__()
-
-
-def test_a_lock_left_by_a_dead_process_is_taken_over_with_a_word(tmp_path, caplog):
-    (tmp_path / Run.LOCK).write_text(f"{unused_pid()} testhost\n")  # no flock: its holder is gone
-    with Run(tmp_path).owned():
-        assert (tmp_path / Run.LOCK).read_text().split()[0] == str(os.getpid())
+    assert not lock.exists()  # released and removed
+    lock.write_text(f"{unused_pid()} testhost\n")  # no flock: its holder is gone
+    with run.owned():
+        assert lock.read_text().split()[0] == str(os.getpid())
     assert "on host testhost, which ended without releasing it" in caplog.text
+    lock.mkdir()  # named, not raised
+    with pytest.raises(RunDirError, match=f"{lock}: it is a folder.*Nothing was written. Move it away"):
+        run.owned().__enter__()
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the held lock's file was closed
@@ -79,7 +71,8 @@ def test_stale_temp_files_go_and_live_ones_stay(tmp_path):
     dead, live = run.checkpoints / f".last.pt.{unused_pid()}.tmp", run.checkpoints / f".last.pt.{os.getpid()}.tmp"
     for path in (dead, live, run.last):
         path.write_bytes(b"x" * 100)
-    run.remove_stale_temp_files()
+    with run.owned_for_training(resuming=run.last):  # its own run: continued, not refused
+        pass
     assert sorted(p.name for p in run.checkpoints.iterdir()) == sorted([live.name, "last.pt"])
 
 

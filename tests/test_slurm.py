@@ -131,8 +131,7 @@ def launch(slurm, tmp_path) -> Iterator[Callable[..., Sweep]]:
 
 
 def start_sweep(*overrides: str, cwd: Path, name: str) -> Sweep:
-    """`python train.py -m hydra/launcher=slurm_cpu` of tiny runs with trainer.resume=auto, as docs/scaling.md launches
-    one, in the background."""
+    """`python train.py -m hydra/launcher=slurm_cpu` of tiny runs with trainer.resume=auto, as docs/scaling.md's."""
     folder, output = cwd / "sweep", cwd / "launcher.log"
     args = [sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=slurm_cpu", f"hydra.launcher.name={name}"]
     args += [f"hydra.sweep.dir={folder}", *TINY, "trainer.resume=auto", *overrides]
@@ -436,24 +435,19 @@ def submitit_handler(monkeypatch) -> Iterator[list[int]]:
     signal.signal(signal.SIGUSR2, previous)
 
 
-def test_submitits_signal_stops_the_loop_and_reaches_submitit_after_the_block(submitit_handler):
+def test_sigusr2_reaches_submitit_after_a_block_that_succeeds_in_a_submitit_job_only(submitit_handler, monkeypatch):
     with stop_on_signals() as flag:
         signal.raise_signal(signal.SIGUSR2)
         assert flag.reason == "SIGUSR2"  # a stop, as SIGTERM is: the loop writes its checkpoint
         assert submitit_handler == []  # submitit would requeue and exit here, mid-step
     assert submitit_handler == [signal.SIGUSR2]  # after the checkpoint: submitit requeues the job
     assert callable(signal.getsignal(signal.SIGUSR2))
-
-
-def test_submitits_signal_is_not_handed_on_when_the_block_fails(submitit_handler):
+    submitit_handler.clear()
     with pytest.raises(RuntimeError), stop_on_signals():
         signal.raise_signal(signal.SIGUSR2)
         raise RuntimeError("the loop failed after the signal: no checkpoint to requeue with")
-    assert submitit_handler == []
-
-
-def test_outside_a_submitit_job_sigusr2_is_left_to_its_own_handler(submitit_handler, monkeypatch):
-    monkeypatch.delenv("SUBMITIT_EXECUTOR")
+    assert submitit_handler == []  # not handed on
+    monkeypatch.delenv("SUBMITIT_EXECUTOR")  # outside a submitit job: SIGUSR2 is left to its own handler
     with stop_on_signals() as flag:
         signal.raise_signal(signal.SIGUSR2)
         assert flag.reason is None and submitit_handler == [signal.SIGUSR2]
