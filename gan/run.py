@@ -47,7 +47,6 @@ class Run:
         return self.last.is_file() or (self.record / "overrides.yaml").is_file()
 
     def existing_run(self) -> Optional[str]:
-        """The refusal if this folder holds a run (a checkpoint, or a record) or lies inside one, else None."""
         if outer := next((f for f in Path(os.path.abspath(self.dir)).parents if Run(f).holds_run()), None):
             return f"{self.dir} lies inside the folder of another run, {outer}. Nothing was written. {ELSEWHERE}"
         if self.last.is_file():

@@ -38,9 +38,8 @@ def test_the_wheel_installs_commands_that_train_and_evaluate_from_any_folder(tmp
         copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy2
         copy(ROOT / name, source / name, **({"ignore": shutil.ignore_patterns("__pycache__")} if name == "gan" else {}))
     pip, out = [sys.executable, "-m", "pip"], {"capture_output": True, "text": True}
-    built = subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", tmp_path / "dist", source], **out
-    )
+    build = [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", tmp_path / "dist", source]
+    built = subprocess.run(build, **out)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     wheel = next((tmp_path / "dist").glob("dcgan_reference-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
