@@ -3,14 +3,14 @@
 Data flows one way: train.py -> gan.config -> gan.data, gan.core -> gan.training; gan.core imports nothing else here.
 """
 
+from contextlib import suppress
 from importlib import import_module, metadata
 
 API = ("train", "load_generator", "sample", "evaluate", "compose_config")  # gan/api.py, imported on first use
 
-try:
+__version__ = "unknown"  # a clone used without `pip install`: its commit says what ran (gan.device)
+with suppress(metadata.PackageNotFoundError):
     __version__ = metadata.version("dcgan-reference")
-except metadata.PackageNotFoundError:  # a clone used without `pip install`: its commit says what ran (gan.device)
-    __version__ = "unknown"
 
 
 def __getattr__(name: str) -> object:

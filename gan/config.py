@@ -399,7 +399,6 @@ class EvaluateConfig(_Group):
     def check(self) -> None:
         require_finite(self)
         self._check(self.class_id is None or self.class_id >= 0, "class_id", "must be >= 0 (a class number)")
-        self._at_least(2, "num_samples", why="must be at least 2 (FID needs a covariance)")
         k, which = max((self.metrics.pr_k, "metrics.pr_k"), (self.metrics.dc_k, "metrics.dc_k"))
         why = f"must exceed {which} ({k}): each sample needs k neighbours among the others, or lower {which}"
         self._check(self.num_samples > k, "num_samples", why)

@@ -297,8 +297,7 @@ def resume_plan(cfg: DictConfig, output_dir: Path) -> tuple[DictConfig, Path]:
     for group, values in to_plain(cfg).items():  # named (a group: all of it) or off the defaults (configs/train.yaml)
         for key, value in values.items() if isinstance(values, dict) else ():
             if {group, f"{group}.{key}"} & named or defaults.get(group, {}).get(key) != value:
-                stored[group][key] = value
-    stored["trainer"]["resume"] = resume
+                stored[group][key] = value  # trainer.resume among them: it is not null
     return OmegaConf.merge(OmegaConf.structured(TrainConfig), stored), output_dir
 
 

@@ -65,18 +65,16 @@ NAMED = {  # where the run lies under the launch folder, how trainer.resume name
 }
 
 
-@pytest.mark.parametrize(("where", "named", "record"), NAMED.values(), ids=NAMED)
-def test_a_resume_reads_its_settings_from_the_checkpoint_never_from_its_record(
-    tiny_run, tmp_path, where, named, record
-):
+@pytest.mark.parametrize(("where", "named", "fate"), NAMED.values(), ids=NAMED)
+def test_a_resume_reads_its_settings_from_the_checkpoint_never_from_its_record(tiny_run, tmp_path, where, named, fate):
     # the run goes on in place however it is named; an edited, damaged or deleted record is neither read nor obeyed:
     # the resume runs the checkpoint's settings (debug=tiny's, not the defaults: the command names none) and writes
     # the record anew
     run_dir = shutil.copytree(tiny_run, tmp_path / where)
-    if record == "edited":
+    if fate == "edited":
         (run_dir / ".hydra" / "overrides.yaml").write_text("- a: [unclosed\n")
         (run_dir / ".hydra" / "config.yaml").write_text("model: {g_width: 999}\n")
-    elif record == "deleted":
+    elif fate == "deleted":
         shutil.rmtree(run_dir / ".hydra")
     resume = (f"trainer.resume={named.format(run=run_dir)}", "trainer.max_steps=8", "trainer.threads=1")
     result = run_train(*resume, cwd=tmp_path, tiny=False)
