@@ -35,12 +35,11 @@ def job(cfg: DictConfig) -> tuple[int, Optional[float]]:
     from gan import distributed
     from gan.training import NonFiniteLossError, loop
 
-    world, hydra = distributed.world_from_env(), HydraConfig.get()
-    sweep, hydra_dir = hydra.mode == RunMode.MULTIRUN, Run(hydra.runtime.output_dir)
+    world, sweep = distributed.world_from_env(), HydraConfig.get().mode == RunMode.MULTIRUN
+    run = hydra_dir = Run(HydraConfig.get().runtime.output_dir)  # until resume_plan names the run's own folder
     distributed.init_process_group(world, cfg.trainer.device)
     if not world.is_main:  # rank 0 speaks for the job: every rank meets the same refusal, said once
         logging.getLogger().setLevel(logging.CRITICAL)
-    run = hydra_dir
     with held_log() as run_log:  # the record and log file are written once every check has passed
         try:
             with logging_redirect_tqdm():  # log lines print above the progress bar, not through it
@@ -48,7 +47,8 @@ def job(cfg: DictConfig) -> tuple[int, Optional[float]]:
                 run = Run(distributed.broadcast_object(str(folder), world))  # one run folder per job: rank 0's
                 typed = validate(cfg)
                 ready = (lambda: run.keep_record(cfg, run_log)) if world.is_main else None
-                hparams, command = loop.hparams_of(typed, launch.compared() if sweep else ()), launch.command("train")
+                command, compared = launch.command("train", sweep)
+                hparams = loop.hparams_of(typed, compared)
                 result = loop.train(typed, run.dir, world=world, on_ready=ready, command=command, hparams=hparams)
                 measure = world.is_main and not result.stopped_by and typed.trainer.final_eval_samples
                 try:

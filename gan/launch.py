@@ -146,15 +146,13 @@ def hydra_refusal(err: Exception, config_name: str) -> str:  # one paragraph nam
     return f"{said.rstrip('.')}. Nothing was written. {hint}--cfg job prints every setting, --help the groups."
 
 
-def compared() -> list[str]:
-    """A sweep job's overrides that name its folder (not exclude_keys'): HParams compares them."""
-    excluded = set(HydraConfig.get().job.config.override_dirname.exclude_keys)
-    return [o for o in HydraConfig.get().overrides.task if override_key(o) not in excluded]
-
-
-def command(program: str) -> str:
-    """This job's command line, quoted for the shell: the Text tab shows it."""
-    return " ".join([PROGRAMS[program], *map(shell_quote, HydraConfig.get().overrides.task)])
+def command(program: str, sweep: bool) -> tuple[str, list[str]]:
+    """This job's command line, quoted for the shell (the Text tab shows it), and a sweep job's overrides that name
+    its folder (not exclude_keys'): HParams compares them."""
+    hydra_cfg = HydraConfig.get()
+    excluded = set(hydra_cfg.job.config.override_dirname.exclude_keys)
+    compared = [o for o in hydra_cfg.overrides.task if override_key(o) not in excluded] if sweep else []
+    return " ".join([PROGRAMS[program], *map(shell_quote, hydra_cfg.overrides.task)]), compared
 
 
 def data_overrides(cfg: DictConfig, overrides: Sequence[str]) -> dict[str, Any]:

@@ -49,8 +49,7 @@ def test_a_forked_child_does_not_keep_the_run_dir_locked(tmp_path):
     # DataLoader workers are forked while the lock is held; after a kill -9 of the main process they live on
     # for a few seconds, and must not keep a resume out meanwhile (filelock closes its descriptor in a child).
     fork = multiprocessing.get_context("fork")
-    started = fork.Event()
-    held = Run(tmp_path).owned()
+    started, held = fork.Event(), Run(tmp_path).owned()
     held.__enter__()
     child = fork.Process(target=lambda: (started.set(), time.sleep(60)))
     child.start()
