@@ -29,7 +29,7 @@ from gan.checkpoint import load_checkpoint
 from gan.data.stream import BatchStream
 from gan.errors import ConfigError, environment_error
 from gan.training import NonFiniteLossError, train
-from gan.training.faults import NonFiniteWatch, NonFiniteWeightsError, check_finite_state, diverged
+from gan.training.faults import NonFiniteWatch, NonFiniteWeightsError, check_finite_state
 from gan.training.monitor import Monitor
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
@@ -111,7 +111,6 @@ def test_non_finite_weights_keep_the_last_good_checkpoint_even_with_on_nan_skip(
 
 def test_a_non_finite_optimizer_statistic_is_caught_and_named_and_huge_weights_pass(tmp_path, tiny_gan, caplog):
     G, D = tiny_gan
-    assert diverged({"G": G, "D": D}) == {}  # N(0, 0.02) weights and BatchNorm scales near 1
     opt_g, opt_d = (torch.optim.Adam(module.parameters()) for module in (G, D))  # with state, as a run's
     for module, opt in ((G, opt_g), (D, opt_d)):
         for p in module.parameters():
@@ -123,6 +122,7 @@ def test_a_non_finite_optimizer_statistic_is_caught_and_named_and_huge_weights_p
             p.fill_(1e30)  # their 2-norm overflows float32; they are still finite
     check_finite_state(state, tmp_path / "last.pt")
     assert "G's weights have diverged (largest |weight| 1e+30" in caplog.text  # reported, the checkpoint written
+    assert "D's weights" not in caplog.text  # N(0, 0.02) weights and BatchNorm scales near 1
     name, first = next(iter(D.named_parameters()))
     state.opt_d.state[first]["exp_avg_sq"].fill_(float("inf"))  # a huge gradient, squared
     with pytest.raises(NonFiniteWeightsError) as caught:

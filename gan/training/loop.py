@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -15,6 +16,7 @@ from types import SimpleNamespace
 from typing import Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 import torch
+from tensorboard.plugins.text.summary_v2 import text_pb
 from torch import Tensor, nn
 from torch.utils.tensorboard import SummaryWriter
 from torchvision.utils import save_image
@@ -84,8 +86,7 @@ def train(
         with contextlib.closing(monitor), stop_on_signals() as stop:
             extras = periodic_extras(cfg, state, ctx, monitor, stop, probes)
             while state.step < trainer.max_steps:
-                # fetch: a real batch (with its classes y when model.conditional, else y is None), and
-                # latents created on the device (not on the CPU, then moved); fakes drawn for the same y
+                # fetch: a real batch (and its classes y when model.conditional), latents made on the device
                 real, y = state.batches.next_with_labels()
                 z = torch.randn(real.size(0), z_dim, device=device)
                 with ctx.autocast():
@@ -149,6 +150,7 @@ def periodic_extras(
 ) -> Extras:  # `stop`: stop_on_signals' flag; `probes`: build_probes'
     trainer, (overfit, quality), device = cfg.trainer, probes, state.fixed_z.device
     run, world, main = monitor.run, monitor.world, monitor.enabled  # main: rank 0
+    mean = functools.partial(mean_over_ranks, world=world)  # ADA's r_t, over all ranks
     watch = NonFiniteWatch(device, run.last, cfg)  # NaN losses, read at log/checkpoint only
     governor = thread_governor(trainer.adapt_threads, device)  # None: a fixed count
 
@@ -156,7 +158,7 @@ def periodic_extras(
         stopping = trainer.on_d_won == OnDWon.stop
         message += " Stopping here (trainer.on_d_won=stop)." if stopping else " trainer.on_d_won=stop ends it here."
         log.warning("%s", message)
-        monitor.text(D_WON_TEXT_TAG, message, step)
+        monitor.summary(text_pb(D_WON_TEXT_TAG, message), step)
         stop.reason = stop.reason or ("d_won" if stopping else None)  # a signal's name first
 
     watching = trainer.on_d_won != OnDWon.off and cfg.loss.name != LossName.wgan_gp  # a critic's scores: no probability
@@ -187,9 +189,6 @@ def periodic_extras(
                 save_checkpoint({"kind": BEST, **kept, "metrics": dict(values)}, run.best)
         monitor.numbers(tick.step, values)
 
-    def steer_augment(tick: Tick) -> None:
-        state.augment.observe(tick.stats["d/overfit_rt"], lambda rt: mean_over_ranks(rt, world))
-
     def checkpoint(tick: Tick) -> None:  # never over the last good one with weights a NaN has reached
         rngs = gather_to_main(rng_state(device, state.augment), world)  # every rank's generators, for resume
         if main:
@@ -199,20 +198,19 @@ def periodic_extras(
                 save_checkpoint(state.state_dict(cfg, rngs), run.last)
                 keep_numbered(run.last, state.step, trainer.keep_checkpoints)
 
-    return Extras(
-        [
-            Every("NaN watch", 1, lambda tick: watch.update(tick.step, tick.stats["loss/d"], tick.stats["loss/g"])),
-            Every("progress", 1, lambda tick: monitor.advance(tick.step, tick.images)),
-            Every("threads", 1 if governor else 0, lambda tick: governor.poll()),
-            Every("overfitting", trainer.overfit_every if overfit else 0, measure_overfit),
-            Every("augment p", 1 if state.augment else 0, steer_augment),
-            Every("log", trainer.log_every, log_scalars, at_end=True),
-            Every("sample", trainer.sample_every if main else 0, lambda _: write_samples(state, monitor), True),
-            Every("quality", trainer.eval_every if quality else 0, measure_quality, at_end=True),
-            Every("checkpoint", trainer.checkpoint_every, checkpoint, at_end=True),
-            Every("learning rate", 1, lambda tick: set_learning_rates(state, cfg)),  # the next step's
-        ]
-    )
+    tasks = [
+        Every("NaN watch", 1, lambda tick: watch.update(tick.step, tick.stats["loss/d"], tick.stats["loss/g"])),
+        Every("progress", 1, lambda tick: monitor.advance(tick.step, tick.images)),
+        Every("threads", 1 if governor else 0, lambda tick: governor.poll()),
+        Every("overfitting", trainer.overfit_every if overfit else 0, measure_overfit),
+        Every("augment p", 1 if state.augment else 0, lambda t: state.augment.observe(t.stats["d/overfit_rt"], mean)),
+        Every("log", trainer.log_every, log_scalars, at_end=True),
+        Every("sample", trainer.sample_every if main else 0, lambda _: write_samples(state, monitor), True),
+        Every("quality", trainer.eval_every if quality else 0, measure_quality, at_end=True),
+        Every("checkpoint", trainer.checkpoint_every, checkpoint, at_end=True),
+        Every("learning rate", 1, lambda tick: set_learning_rates(state, cfg)),  # the next step's
+    ]
+    return Extras(tasks)
 
 
 FAKE_BELOW, RT_ABOVE = 0.05, 0.9  # D(G(z)) below sigmoid(-2.9) while r_t says nearly every real logit is positive
@@ -326,7 +324,6 @@ def build_probes(
 
 class OverfitProbe:
     # Is D memorising? Its scores on training and held-out reals part before FID worsens (Karras et al. 2020, fig. 1)
-
     def __init__(self, train: tuple[Tensor, Optional[Tensor]], held_out: tuple[Tensor, Optional[Tensor]], batch_size):
         self.train, self.held_out, self.batch_size = train, held_out, batch_size
 
@@ -397,16 +394,16 @@ class QualityProbe:
 
 def write_samples(state: TrainingState, monitor: Monitor) -> None:
     """This step's fixed-latent grid into samples/step_NNNNNN.png, samples/progress.gif and TensorBoard."""
-    run = monitor.run
+    samples = monitor.run.samples
     with monitor.timed("sample", state.step):
         grid = grid_of(sample(state.sampler, state.fixed_z, state.fixed_y), state)
-        run.samples.mkdir(parents=True, exist_ok=True)
-        path = run.samples / f"step_{state.step:06d}.png"
+        samples.mkdir(parents=True, exist_ok=True)
+        path = samples / f"step_{state.step:06d}.png"
         partial = path.with_name(f".{path.name}.tmp")  # replaced whole: an old damaged image is never half-kept
         with naming(path):
             save_image(grid, partial, format="png")
             os.replace(partial, path)
-        write_progress_gif(run.samples)
+        write_progress_gif(samples)
         monitor.image(FAKE_TAG if state.G_ema is not None else RAW_FAKE_TAG, grid, state.step)
 
 

@@ -75,8 +75,7 @@ class Monitor:
         off = not (progress and self.enabled)
         self.bar = tqdm(total=max_steps, initial=start_step, disable=off, dynamic_ncols=True, desc="train", unit="step")
         # throughput: images since the last log line over the loop's time, less the phases (`timed`)
-        self.images_since, self.time_since = 0, time.perf_counter()
-        self.first_step_done: Optional[float] = None
+        self.images_since, self.time_since, self.first_step_done = 0, time.perf_counter(), None
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[SummaryWriter]:
@@ -174,10 +173,7 @@ class Monitor:
                 f"{max(1, max_steps // SHORT_CURVE)}."
             )
 
-    def text(self, tag: str, text: str, step: int) -> None:  # under `tag`: torch's add_text adds `/text_summary`
-        self.summary(text_pb(tag, text), step)
-
-    def summary(self, summary: summary_pb2.Summary, step: int) -> None:
+    def summary(self, summary: summary_pb2.Summary, step: int) -> None:  # text_pb: torch's add_text adds /text_summary
         if self.enabled:
             with self.writing() as writer:
                 writer.file_writer.add_summary(summary, step)
@@ -245,8 +241,7 @@ def write_progress_gif(samples_dir: Path, max_frames: int = GIF_FRAMES) -> Path:
                 images.append(image.convert("RGB"))
         except OSError as err:  # a grid damaged since it was written: the animation goes on without it
             log.warning("Left %s out of progress.gif: it cannot be read as an image (%s).", path, err)
-    # the last frame held so the final grid can be read before the loop restarts
-    durations = [200] * (len(images) - 1) + [2000]
+    durations = [200] * (len(images) - 1) + [2000]  # the last held: the final grid is read before the loop restarts
     target, partial = samples_dir / "progress.gif", samples_dir / ".progress.gif.tmp"
     with naming(target):
         images[0].save(partial, format="GIF", save_all=True, append_images=images[1:], duration=durations, loop=0)
