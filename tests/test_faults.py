@@ -196,12 +196,10 @@ def test_a_nan_at_step_one_claims_no_checkpoint_that_does_not_exist(tmp_path, mo
     assert f"this run had written none yet ({last} does not exist)" in message and not last.exists()
     assert "Lower optim.lr (set to 0.001: the step size of G and D), try loss=hinge" in message
     assert "optim.lr_d" not in message and "trainer.on_nan=skip" in message  # optim.lr_d: not set in this run
-
-
-def test_the_non_finite_loss_message_names_the_checkpoint_step_and_both_rates(tmp_path):
+    # a hinge run (not patched) that wrote last.pt at step 2, both rates set: the message names that step and both
     cfg = compose_config("trainer.max_steps=2", "optim.lr_d=0.0004", "loss=hinge")
-    train(cfg, tmp_path)  # a real run writes checkpoints/last.pt at step 2
-    watch = NonFiniteWatch(torch.device("cpu"), last := tmp_path / "checkpoints" / "last.pt", cfg)
+    train(cfg, tmp_path / "hinge")
+    watch = NonFiniteWatch(torch.device("cpu"), last := tmp_path / "hinge" / "checkpoints" / "last.pt", cfg)
     watch.update(3, torch.tensor(0.7), torch.tensor(math.nan))
     with pytest.raises(NonFiniteLossError) as caught:
         watch.check()

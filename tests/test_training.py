@@ -247,8 +247,7 @@ def test_a_final_evaluation_that_cannot_pass_is_refused_before_training(tmp_path
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-# a diagnostic only, the split warns once; final_eval_samples measures on it and eval_every's classifier is tested on
-# it: both stop first
+# a diagnostic only, the split warns once; final_eval_samples measures on it, eval_every tests its classifier on it
 HELD_OUT_RUNS = [
     *(pytest.param(damage, [], 0, [HELD_OUT_DAMAGE[damage], "evaluate.py"], id=damage) for damage in HELD_OUT_DAMAGE),
     pytest.param("truncated", ["trainer.final_eval_samples=20"], 2,
