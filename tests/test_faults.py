@@ -81,8 +81,7 @@ def test_a_signal_to_the_process_group_checkpoints_a_streamed_run(tmp_path, sig,
             os.killpg(process.pid, signal.SIGKILL)
     assert returncode == code, output[-3000:]
     assert f"Stopped by {sig.name}" in output and "Traceback" not in output
-    stopped_at = load_checkpoint(run_dir)["step"]
-    assert 3 <= stopped_at < 100000
+    assert 3 <= (stopped_at := load_checkpoint(run_dir)["step"]) < 100000
     resumed = run_train(f"trainer.resume={run_dir}", f"trainer.max_steps={stopped_at + 2}", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert load_checkpoint(run_dir)["step"] == stopped_at + 2

@@ -118,8 +118,7 @@ def test_a_resume_removes_dead_temp_files_leaves_a_damaged_grid_out_and_adds_its
     assert damaged.read_bytes() == b"not a png any more"  # a grid of a step past the checkpoint is never rewritten
     with Image.open(run_dir / "samples" / "progress.gif") as gif:
         assert gif.n_frames == 2  # steps 6 and 9
-    # its own command at the step it resumed from; TensorBoard reads event files in name order, which within one
-    # second compares their counters as text
+    # its own command at the step it resumed from (event files read in name order: within a second, counters as text)
     entries = TensorBoardClient(run_dir).get("/data/plugin/text/text?run=tb&tag=run/command")
     entries.sort(key=lambda entry: entry["step"])
     assert [entry["step"] for entry in entries] == [0, 6]

@@ -18,7 +18,9 @@ from typing import Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
 import torch
 from tensorboard.plugins.text.summary_v2 import text_pb
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.tensorboard import SummaryWriter
+from torch.utils.tensorboard.summary import hparams as hparams_summaries
 from torchvision.utils import save_image
 
 from gan.checkpoint import BEST, checkpoint_path, keep_numbered, load_checkpoint, save_checkpoint
@@ -35,7 +37,7 @@ from gan.launch import measure_command, override_key, resume_command
 from gan.run import Run
 from gan.training.faults import NonFiniteWatch, check_finite_state, stop_on_signals
 from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, Monitor, grid_of, shown_name, write_progress_gif
-from gan.training.state import TrainingState, rng_state, set_learning_rates, set_up, wrap_for_ddp
+from gan.training.state import TrainingState, rng_state, set_learning_rates, set_up
 from gan.training.threads import thread_governor
 
 log = logging.getLogger(__name__)
@@ -78,7 +80,10 @@ def train(
         probes = build_probes(cfg, training, device, world, own_data=dataset is None)  # each may refuse
         if world.is_main:
             run.check_outputs()  # every place the run writes takes a file: nothing fails half-way for that
-        G, D = wrap_for_ddp(state.G, state.D, world, device)
+        G, D = state.G, state.D  # under DDP: wrappers sharing their parameters; checkpoints and samples use these
+        if world.distributed:
+            ids = [device.index] if device.type == "cuda" else None
+            G, D = DistributedDataParallel(G, device_ids=ids), DistributedDataParallel(D, device_ids=ids)
         monitor = Monitor(run_dir, state.step, trainer.max_steps, trainer.progress, world, on_ready)
         if world.is_main and state.step == 0:  # HParams and the real images, once per run
             monitor.begin(hparams_of(cfg) if hparams is None else hparams, state, training.labels)
@@ -113,8 +118,10 @@ def train(
                     break
             if state.best:  # the run's result, one point each, in the group TensorBoard opens first
                 monitor.numbers(state.step, {BEST_FID_TAG: state.best["fid"]})
-            if state.step == trainer.max_steps:
-                monitor.end_session(state.step)
+            if (
+                state.step == trainer.max_steps
+            ):  # HParams' STATUS_SUCCESS; the first status stays, and a stop may resume
+                monitor.summary(hparams_summaries({}, {})[2], state.step)  # torch's session-end summary
         return TrainResult(state.step, monitor.last, run.last, stop.reason, monitor.seconds, state.best)
 
 
@@ -393,7 +400,7 @@ class QualityProbe:
 
 
 def write_samples(state: TrainingState, monitor: Monitor) -> None:
-    """This step's fixed-latent grid into samples/step_NNNNNN.png, samples/progress.gif and TensorBoard."""
+    """Rank 0's fixed-latent grid of this step into samples/step_NNNNNN.png, samples/progress.gif and TensorBoard."""
     samples = monitor.run.samples
     with monitor.timed("sample", state.step):
         grid = grid_of(sample(state.sampler, state.fixed_z, state.fixed_y), state)
@@ -404,7 +411,8 @@ def write_samples(state: TrainingState, monitor: Monitor) -> None:
             save_image(grid, partial, format="png")
             os.replace(partial, path)
         write_progress_gif(samples)
-        monitor.image(FAKE_TAG if state.G_ema is not None else RAW_FAKE_TAG, grid, state.step)
+        with monitor.writing() as writer:  # NaN pixels (a diverged G) drawn black: numpy's uint8 cast is arbitrary
+            writer.add_image(FAKE_TAG if state.G_ema is not None else RAW_FAKE_TAG, grid.nan_to_num(0.0), state.step)
 
 
 # Every run reports these to HParams, defaults too; four leave FID/best on a 1400 px screen (docs/watching.md)
