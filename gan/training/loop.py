@@ -91,7 +91,8 @@ def train(
         with contextlib.closing(monitor), stop_on_signals() as stop:
             extras = periodic_extras(cfg, state, ctx, monitor, stop, probes)
             while state.step < trainer.max_steps:
-                # fetch: a real batch (and its classes y when model.conditional), latents made on the device
+                # fetch: a real batch (with its classes y when model.conditional, else y is None), and
+                # latents created on the device (not on the CPU, then moved); fakes drawn for the same y
                 real, y = state.batches.next_with_labels()
                 z = torch.randn(real.size(0), z_dim, device=device)
                 with ctx.autocast():
