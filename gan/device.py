@@ -85,16 +85,13 @@ def resolve_device(name: str, key: str = "trainer.device") -> torch.device:
     return device
 
 
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameter numbers from glibc's <malloc.h>
-
-
 def retain_freed_memory(limit_bytes: int = 1 << 30) -> bool:
-    """glibc keeps freed blocks for reuse instead of unmapping them, so large activations stop page-faulting
-    every step (as a jemalloc preload would; docs/speed.md). Returns whether it took effect (glibc only)."""
+    """glibc keeps freed blocks mapped: no page faults each step (as jemalloc would; docs/speed.md); True if it took."""
+    trim_threshold, mmap_threshold = -1, -3  # mallopt parameter numbers from glibc's <malloc.h>
     try:  # only glibc has gnu_get_libc_version; other C libraries' mallopt differs or is absent
         libc = ctypes.CDLL(None)
         mallopt, _ = libc.mallopt, libc.gnu_get_libc_version
     except (AttributeError, OSError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, limit_bytes)) and bool(mallopt(_M_TRIM_THRESHOLD, 2 * limit_bytes - 1))
+    return bool(mallopt(mmap_threshold, limit_bytes)) and bool(mallopt(trim_threshold, 2 * limit_bytes - 1))

@@ -1,5 +1,4 @@
-"""torch.distributed for torchrun: everything rank-aware that is not the training math.
-A plain `python train.py` is a world of one, and none of this does anything."""
+"""torch.distributed for torchrun, all that is rank-aware but the math; a plain `python train.py` is a world of one."""
 
 from typing import Any, Optional
 

@@ -14,13 +14,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import ROOT, TINY, compose_config, run_train
 from test_checkpoints import assert_same_state, run_until
+from torch.nn.parallel import DistributedDataParallel
 
 import gan.torchrun
 from gan.checkpoint import load_checkpoint
 from gan.core.steps import d_step, g_step
 from gan.data import EpochBatchSampler
-from gan.distributed import World
-from gan.training.state import build_models, build_optimizer, wrap_for_ddp
+from gan.training.state import build_models, build_optimizer
 from scripts.tensorboard_screenshots import free_port
 
 
@@ -48,7 +48,7 @@ def one_step_worker(rank: int, port: int, result_file: str) -> None:  # one step
     torch.manual_seed(rank)  # different initial weights and data per rank: DDP must reconcile them
     cfg, cpu = compose_config(), torch.device("cpu")
     G, D = build_models(cfg, cpu)
-    G_train, D_train = wrap_for_ddp(G, D, World(rank, 2, rank), cpu)
+    G_train, D_train = DistributedDataParallel(G), DistributedDataParallel(D)  # as train() wraps them
     opt_g, opt_d = build_optimizer(G, cfg, cpu), build_optimizer(D, cfg, cpu)
     real = torch.rand(8, 1, 16, 16) * 2 - 1
     fake = G_train(torch.randn(8, cfg.model.z_dim))
@@ -96,8 +96,7 @@ def test_a_ddp_run_writes_one_run_dir_and_resumes_alone_and_back_under_ddp_keepi
 
 @pytest.mark.slow
 def test_a_ddp_run_resumes_exactly_with_each_ranks_own_generators(tmp_path):
-    """Each rank draws its own latents (seed + rank) and the checkpoint holds every rank's generators, so
-    3 steps + a resume to 6 under DDP give the bits of 6 straight steps."""
+    """Each rank draws its own latents (seed + rank), each rank's generators saved: 3 steps + 3 resumed = 6 straight."""
     straight, split = tmp_path / "straight", tmp_path / "split"
     ddp_job("trainer.max_steps=6", f"hydra.run.dir={straight}", cwd=tmp_path)
     ddp_job("trainer.max_steps=3", f"hydra.run.dir={split}", cwd=tmp_path)
@@ -150,10 +149,8 @@ def test_a_rank_killed_by_sigkill_ends_the_job_without_a_traceback_saying_what_i
     os.kill(int(max(ranks, key=int)), signal.SIGKILL)  # the younger of the two: rank 1
     code, output = finish(process, lines)
     assert code == 137 and "Traceback" not in output, output[-3000:]  # 128 + 9, as a shell reports SIGKILL
-    step = load_checkpoint(run_dir)["step"]  # the checkpoint of step 4 at least (step 6's log line comes first)
-    assert step >= 4
-    # rank 0 says so when its collective reports the lost peer; one blocked in gloo until torchrun's
-    # shutdown timeout ends by torchrun's SIGKILL, silently
+    assert (step := load_checkpoint(run_dir)["step"]) >= 4  # step 4's checkpoint at least (step 6's log line first)
+    # rank 0 says so when its collective reports the lost peer; one blocked in gloo until torchrun's SIGKILL, silently
     said = [line for line in output.splitlines() if "Another process of this torchrun job ended" in line]
     assert all(f"{run_dir / 'checkpoints' / 'last.pt'} holds step {step}" in line for line in said) and len(said) <= 1
 

@@ -185,7 +185,7 @@ def test_ada_p_rises_while_d_is_sure_of_the_reals_and_falls_when_it_is_not():
     assert float(ada.p) == 0 and ada(x) is x  # back at 0: the images themselves, whatever the device
 
 
-def test_ada_at_p_0_is_the_identity_and_at_p_1_is_diffaugment_drawing_from_its_own_generator():
+def test_ada_at_p_0_is_the_identity_at_p_1_diffaugment_from_its_own_generator_and_passes_g_gradient_through():
     x = torch.randn(8, 1, 16, 16)
     ada = AdaptiveAugment(["color", "translation", "cutout"], target=0.6, speed_kimg=1, batch_size=8, seed=3)
     main, own = torch.get_rng_state(), ada.generator.get_state()
@@ -203,6 +203,16 @@ def test_ada_at_p_0_is_the_identity_and_at_p_1_is_diffaugment_drawing_from_its_o
         torch.rand(8, 1, 1, 1, generator=generator)  # the gate's draw, which at p = 1 takes every image
         theirs = diff_augment(theirs, [policy], generator)
     assert torch.allclose(mine, theirs)
+    # at p = 0.25 (cutout alone): about a quarter of the images augmented, G's gradient passing through the rest
+    ada = AdaptiveAugment(["cutout"], target=0.6, speed_kimg=1, batch_size=8)
+    ada.set_p(0.25)
+    fake, weights = torch.randn(4000, 1, 8, 8, requires_grad=True), torch.rand(4000, 1, 8, 8)
+    out = ada(fake)
+    (out * weights).sum().backward()
+    same = (out == fake).flatten(1).all(dim=1)
+    assert abs(1 - float(same.float().mean()) - 0.25) < 0.03
+    assert torch.equal(fake.grad[same], weights[same])  # an image left as it was: its gradient passes unchanged
+    assert (fake.grad[~same] != weights[~same]).any() and fake.grad[~same].abs().sum() > 0  # cut out: no gradient
 
 
 def test_a_run_with_ada_at_p_0_keeps_the_random_stream_and_weights_of_a_run_without_augmentation(tmp_path):
@@ -214,18 +224,6 @@ def test_a_run_with_ada_at_p_0_keeps_the_random_stream_and_weights_of_a_run_with
     assert ada["config"]["model"]["diffaugment"] and ada["augment"] is not None and plain["augment"] is None
     assert torch.equal(ada["rng"]["torch"], plain["rng"]["torch"])  # the main stream: latents, shuffling
     assert_same_state(ada, plain)
-
-
-def test_ada_augments_about_p_of_the_images_and_passes_g_gradient_through_them():
-    ada = AdaptiveAugment(["cutout"], target=0.6, speed_kimg=1, batch_size=8)
-    ada.set_p(0.25)
-    fake, weights = torch.randn(4000, 1, 8, 8, requires_grad=True), torch.rand(4000, 1, 8, 8)
-    out = ada(fake)
-    (out * weights).sum().backward()
-    same = (out == fake).flatten(1).all(dim=1)
-    assert abs(1 - float(same.float().mean()) - 0.25) < 0.03
-    assert torch.equal(fake.grad[same], weights[same])  # an image left as it was: its gradient passes unchanged
-    assert (fake.grad[~same] != weights[~same]).any() and fake.grad[~same].abs().sum() > 0  # cut out: no gradient
 
 
 def test_ada_p_is_checkpointed_and_a_resume_is_bit_identical(tmp_path):

@@ -1,5 +1,4 @@
-"""trainer.adapt_threads=true: the cores others leave free, on a fake clock and on psutil's readings (the fixed count:
-test_checkpoints.py)."""
+"""trainer.adapt_threads=true: the cores others leave free, on a fake clock and on psutil's readings."""
 
 from __future__ import annotations
 
@@ -76,9 +75,8 @@ def test_the_governor_is_made_only_when_asked_on_a_cpu_with_cores_to_share(monke
     monkeypatch.setattr(T.torch, "get_num_threads", lambda: 4)
     with caplog.at_level(logging.INFO, logger=T.__name__):  # without readable CPU times the count stays, and says so
         assert T.machine_busy_seconds() is None and thread_governor(True, cpu) is None
-    assert caplog.messages == [
-        "trainer.adapt_threads: this system's CPU times cannot be read; training keeps 4 thread(s)."
-    ]
+    (said,) = caplog.messages
+    assert said == "trainer.adapt_threads: this system's CPU times cannot be read; training keeps 4 thread(s)."
 
 
 # psutil's per-CPU readings as each system names its fields

@@ -63,8 +63,7 @@ def test_each_precision_and_tool_trains(tmp_path, overrides, monkeypatch):
     result = train(cfg, tmp_path)
     metrics, state = result.metrics, load_checkpoint(tmp_path)
     assert calls == ([True] if cfg.trainer.device == "cpu" and cfg.trainer.retain_host_memory else [])  # glibc's
-    # fp16: GradScaler's first scale (2**16) can overflow the gradients on a GPU; it skips that step and halves the
-    # scale, and the step's gradient norm reads inf. Any other number that is not finite is a defect.
+    # fp16 on a GPU: GradScaler's first scale (2**16) may overflow, a skipped step whose grad norm reads inf; no other
     overflowed = state.get("scaler", {}).get("scale", 2.0**16) < 2.0**16
     finite = [math.isfinite(v) for key, v in metrics.items() if not (overflowed and key.startswith("train/grad_norm"))]
     assert result.step == 3 and all(finite)
@@ -164,8 +163,7 @@ def test_compiled_networks_match_eager(device, tolerance, grad_tolerance):
 
 
 def test_compiled_on_a_gpu_the_models_stay_in_contiguous_memory():
-    # channels_last G compiled on an H200 (torch 2.11) failed its first backward: inductor's stand-in for
-    # convolution_backward predicts strides cuDNN does not return (pytorch/pytorch#171622). The CPU is not affected.
+    # channels_last G compiled on an H200: its first backward failed, inductor mispredicts strides (pytorch#171622)
     layout, cuda, cpu = gan.training.state.memory_format, torch.device("cuda"), torch.device("cpu")
     compiled, nchw = compose_config("trainer.compile=true"), compose_config("trainer.channels_last=false")
     assert layout(compose_config(), cuda) == layout(compiled, cpu) == torch.channels_last
@@ -200,10 +198,8 @@ def test_retained_host_memory_stops_page_faults_on_reallocated_activations():
 
     default, retained = run("default"), run("retain")
     assert retained["retained"] and not default["retained"]
-    # glibc's default: every allocation is a fresh mmap whose pages fault again on first touch
-    assert default["faults"] >= 100
-    # retained: once the heap has grown, the freed block is reused and its pages stay mapped
-    assert retained["faults"] * 10 < default["faults"]
+    assert default["faults"] >= 100  # glibc's default: each allocation a fresh mmap, its pages fault at first touch
+    assert retained["faults"] * 10 < default["faults"]  # retained: the freed block is reused, its pages stay mapped
 
 
 @pytest.mark.slow  # five fresh processes: a fresh process per row is what the benchmark promises
@@ -247,8 +243,7 @@ def test_a_final_evaluation_that_cannot_pass_is_refused_before_training(tmp_path
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-# a diagnostic only, the split warns once; final_eval_samples measures on it and eval_every's classifier is tested on
-# it: both stop first
+# a diagnostic only, the split warns once; final_eval_samples measures on it, eval_every tests its classifier on it
 HELD_OUT_RUNS = [
     *(pytest.param(damage, [], 0, [HELD_OUT_DAMAGE[damage], "evaluate.py"], id=damage) for damage in HELD_OUT_DAMAGE),
     pytest.param("truncated", ["trainer.final_eval_samples=20"], 2,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -15,8 +16,11 @@ from types import SimpleNamespace
 from typing import Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 import torch
+from tensorboard.plugins.text.summary_v2 import text_pb
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.tensorboard import SummaryWriter
+from torch.utils.tensorboard.summary import hparams as hparams_summaries
 from torchvision.utils import save_image
 
 from gan.checkpoint import BEST, checkpoint_path, keep_numbered, load_checkpoint, save_checkpoint
@@ -33,7 +37,7 @@ from gan.launch import measure_command, override_key, resume_command
 from gan.run import Run
 from gan.training.faults import NonFiniteWatch, check_finite_state, stop_on_signals
 from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, Monitor, grid_of, shown_name, write_progress_gif
-from gan.training.state import TrainingState, rng_state, set_learning_rates, set_up, wrap_for_ddp
+from gan.training.state import TrainingState, rng_state, set_learning_rates, set_up
 from gan.training.threads import thread_governor
 
 log = logging.getLogger(__name__)
@@ -76,7 +80,10 @@ def train(
         probes = build_probes(cfg, training, device, world, own_data=dataset is None)  # each may refuse
         if world.is_main:
             run.check_outputs()  # every place the run writes takes a file: nothing fails half-way for that
-        G, D = wrap_for_ddp(state.G, state.D, world, device)
+        G, D = state.G, state.D  # under DDP: wrappers sharing their parameters; checkpoints and samples use these
+        if world.distributed:
+            ids = [device.index] if device.type == "cuda" else None
+            G, D = DistributedDataParallel(G, device_ids=ids), DistributedDataParallel(D, device_ids=ids)
         monitor = Monitor(run_dir, state.step, trainer.max_steps, trainer.progress, world, on_ready)
         if world.is_main and state.step == 0:  # HParams and the real images, once per run
             monitor.begin(hparams_of(cfg) if hparams is None else hparams, state, training.labels)
@@ -112,8 +119,10 @@ def train(
                     break
             if state.best:  # the run's result, one point each, in the group TensorBoard opens first
                 monitor.numbers(state.step, {BEST_FID_TAG: state.best["fid"]})
-            if state.step == trainer.max_steps:
-                monitor.end_session(state.step)
+            if (
+                state.step == trainer.max_steps
+            ):  # HParams' STATUS_SUCCESS; the first status stays, and a stop may resume
+                monitor.summary(hparams_summaries({}, {})[2], state.step)  # torch's session-end summary
         return TrainResult(state.step, monitor.last, run.last, stop.reason, monitor.seconds, state.best)
 
 
@@ -149,6 +158,7 @@ def periodic_extras(
 ) -> Extras:  # `stop`: stop_on_signals' flag; `probes`: build_probes'
     trainer, (overfit, quality), device = cfg.trainer, probes, state.fixed_z.device
     run, world, main = monitor.run, monitor.world, monitor.enabled  # main: rank 0
+    mean = functools.partial(mean_over_ranks, world=world)  # ADA's r_t, over all ranks
     watch = NonFiniteWatch(device, run.last, cfg)  # NaN losses, read at log/checkpoint only
     governor = thread_governor(trainer.adapt_threads, device)  # None: a fixed count
 
@@ -156,7 +166,7 @@ def periodic_extras(
         stopping = trainer.on_d_won == OnDWon.stop
         message += " Stopping here (trainer.on_d_won=stop)." if stopping else " trainer.on_d_won=stop ends it here."
         log.warning("%s", message)
-        monitor.text(D_WON_TEXT_TAG, message, step)
+        monitor.summary(text_pb(D_WON_TEXT_TAG, message), step)
         stop.reason = stop.reason or ("d_won" if stopping else None)  # a signal's name first
 
     watching = trainer.on_d_won != OnDWon.off and cfg.loss.name != LossName.wgan_gp  # a critic's scores: no probability
@@ -187,9 +197,6 @@ def periodic_extras(
                 save_checkpoint({"kind": BEST, **kept, "metrics": dict(values)}, run.best)
         monitor.numbers(tick.step, values)
 
-    def steer_augment(tick: Tick) -> None:
-        state.augment.observe(tick.stats["d/overfit_rt"], lambda rt: mean_over_ranks(rt, world))
-
     def checkpoint(tick: Tick) -> None:  # never over the last good one with weights a NaN has reached
         rngs = gather_to_main(rng_state(device, state.augment), world)  # every rank's generators, for resume
         if main:
@@ -199,20 +206,19 @@ def periodic_extras(
                 save_checkpoint(state.state_dict(cfg, rngs), run.last)
                 keep_numbered(run.last, state.step, trainer.keep_checkpoints)
 
-    return Extras(
-        [
-            Every("NaN watch", 1, lambda tick: watch.update(tick.step, tick.stats["loss/d"], tick.stats["loss/g"])),
-            Every("progress", 1, lambda tick: monitor.advance(tick.step, tick.images)),
-            Every("threads", 1 if governor else 0, lambda tick: governor.poll()),
-            Every("overfitting", trainer.overfit_every if overfit else 0, measure_overfit),
-            Every("augment p", 1 if state.augment else 0, steer_augment),
-            Every("log", trainer.log_every, log_scalars, at_end=True),
-            Every("sample", trainer.sample_every if main else 0, lambda _: write_samples(state, monitor), True),
-            Every("quality", trainer.eval_every if quality else 0, measure_quality, at_end=True),
-            Every("checkpoint", trainer.checkpoint_every, checkpoint, at_end=True),
-            Every("learning rate", 1, lambda tick: set_learning_rates(state, cfg)),  # the next step's
-        ]
-    )
+    tasks = [
+        Every("NaN watch", 1, lambda tick: watch.update(tick.step, tick.stats["loss/d"], tick.stats["loss/g"])),
+        Every("progress", 1, lambda tick: monitor.advance(tick.step, tick.images)),
+        Every("threads", 1 if governor else 0, lambda tick: governor.poll()),
+        Every("overfitting", trainer.overfit_every if overfit else 0, measure_overfit),
+        Every("augment p", 1 if state.augment else 0, lambda t: state.augment.observe(t.stats["d/overfit_rt"], mean)),
+        Every("log", trainer.log_every, log_scalars, at_end=True),
+        Every("sample", trainer.sample_every if main else 0, lambda _: write_samples(state, monitor), True),
+        Every("quality", trainer.eval_every if quality else 0, measure_quality, at_end=True),
+        Every("checkpoint", trainer.checkpoint_every, checkpoint, at_end=True),
+        Every("learning rate", 1, lambda tick: set_learning_rates(state, cfg)),  # the next step's
+    ]
+    return Extras(tasks)
 
 
 FAKE_BELOW, RT_ABOVE = 0.05, 0.9  # D(G(z)) below sigmoid(-2.9) while r_t says nearly every real logit is positive
@@ -326,7 +332,6 @@ def build_probes(
 
 class OverfitProbe:
     # Is D memorising? Its scores on training and held-out reals part before FID worsens (Karras et al. 2020, fig. 1)
-
     def __init__(self, train: tuple[Tensor, Optional[Tensor]], held_out: tuple[Tensor, Optional[Tensor]], batch_size):
         self.train, self.held_out, self.batch_size = train, held_out, batch_size
 
@@ -396,18 +401,19 @@ class QualityProbe:
 
 
 def write_samples(state: TrainingState, monitor: Monitor) -> None:
-    """This step's fixed-latent grid into samples/step_NNNNNN.png, samples/progress.gif and TensorBoard."""
-    run = monitor.run
+    """Rank 0's fixed-latent grid of this step into samples/step_NNNNNN.png, samples/progress.gif and TensorBoard."""
+    samples = monitor.run.samples
     with monitor.timed("sample", state.step):
         grid = grid_of(sample(state.sampler, state.fixed_z, state.fixed_y), state)
-        run.samples.mkdir(parents=True, exist_ok=True)
-        path = run.samples / f"step_{state.step:06d}.png"
+        samples.mkdir(parents=True, exist_ok=True)
+        path = samples / f"step_{state.step:06d}.png"
         partial = path.with_name(f".{path.name}.tmp")  # replaced whole: an old damaged image is never half-kept
         with naming(path):
             save_image(grid, partial, format="png")
             os.replace(partial, path)
-        write_progress_gif(run.samples)
-        monitor.image(FAKE_TAG if state.G_ema is not None else RAW_FAKE_TAG, grid, state.step)
+        write_progress_gif(samples)
+        with monitor.writing() as writer:  # NaN pixels (a diverged G) drawn black: numpy's uint8 cast is arbitrary
+            writer.add_image(FAKE_TAG if state.G_ema is not None else RAW_FAKE_TAG, grid.nan_to_num(0.0), state.step)
 
 
 # Every run reports these to HParams, defaults too; four leave FID/best on a 1400 px screen (docs/watching.md)

@@ -19,7 +19,6 @@ from tensorboard.plugins.hparams.summary_v2 import hparams_pb
 from tensorboard.plugins.text.summary_v2 import text_pb
 from torch import Tensor
 from torch.utils.tensorboard import SummaryWriter
-from torch.utils.tensorboard.summary import hparams as hparams_summaries
 from torchvision.transforms.functional import pil_to_tensor, to_pil_image
 from tqdm import tqdm
 
@@ -69,14 +68,12 @@ class Monitor:
         self.run, self.world, self.enabled, self.last = Run(run_dir), world, world.is_main, {}  # last: TrainResult's
         self.tb, self.start_step = self.run.tb, start_step
         self.before_write: Callable[[], None] = before_write or (lambda: None)
-        self.writer: Optional[SummaryWriter] = None
-        self.events = self.tb  # the events file once it is open: tensorboard's errors name none (or one in bytes)
+        self.writer, self.events = None, self.tb  # events: the open file; tensorboard's errors name none (or bytes)
         self.pending: list[tuple[summary_pb2.Summary, int]] = []  # written with the first event
         off = not (progress and self.enabled)
         self.bar = tqdm(total=max_steps, initial=start_step, disable=off, dynamic_ncols=True, desc="train", unit="step")
         # throughput: images since the last log line over the loop's time, less the phases (`timed`)
-        self.images_since, self.time_since = 0, time.perf_counter()
-        self.first_step_done: Optional[float] = None
+        self.images_since, self.time_since, self.first_step_done = 0, time.perf_counter(), None
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[SummaryWriter]:
@@ -174,21 +171,10 @@ class Monitor:
                 f"{max(1, max_steps // SHORT_CURVE)}."
             )
 
-    def text(self, tag: str, text: str, step: int) -> None:  # under `tag`: torch's add_text adds `/text_summary`
-        self.summary(text_pb(tag, text), step)
-
-    def summary(self, summary: summary_pb2.Summary, step: int) -> None:
+    def summary(self, summary: summary_pb2.Summary, step: int) -> None:  # text_pb: torch's add_text adds /text_summary
         if self.enabled:
             with self.writing() as writer:
                 writer.file_writer.add_summary(summary, step)
-
-    def image(self, tag: str, grid: Tensor, step: int) -> None:
-        if self.enabled:  # a diverged G's NaN pixels drawn black: numpy's uint8 cast of NaN warns, and is arbitrary
-            with self.writing() as writer:
-                writer.add_image(tag, grid.nan_to_num(0.0), step)
-
-    def end_session(self, step: int) -> None:  # success only: TensorBoard keeps the first status; a stop may resume
-        self.summary(hparams_summaries({}, {})[2], step)  # torch's session-end summary: STATUS_SUCCESS
 
     def close(self) -> None:  # `seconds`: the loop's wall time after its first step (TrainResult's)
         self.seconds = time.perf_counter() - self.first_step_done if self.first_step_done else 0.0
@@ -245,8 +231,7 @@ def write_progress_gif(samples_dir: Path, max_frames: int = GIF_FRAMES) -> Path:
                 images.append(image.convert("RGB"))
         except OSError as err:  # a grid damaged since it was written: the animation goes on without it
             log.warning("Left %s out of progress.gif: it cannot be read as an image (%s).", path, err)
-    # the last frame held so the final grid can be read before the loop restarts
-    durations = [200] * (len(images) - 1) + [2000]
+    durations = [200] * (len(images) - 1) + [2000]  # the last held: the final grid is read before the loop restarts
     target, partial = samples_dir / "progress.gif", samples_dir / ".progress.gif.tmp"
     with naming(target):
         images[0].save(partial, format="GIF", save_all=True, append_images=images[1:], duration=durations, loop=0)

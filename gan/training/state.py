@@ -12,7 +12,6 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 from torch.amp import GradScaler
-from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Adam
 from torch.optim.swa_utils import AveragedModel
 from tqdm import tqdm
@@ -239,14 +238,6 @@ def build_step_context(cfg: TrainConfig, device: torch.device, rank: int = 0) ->
         seed = cfg.trainer.seed + rank + 0xA06_5EED  # any constant
         augment = AdaptiveAugment(policies, model.ada_target, model.ada_kimg, cfg.data.batch_size, seed=seed).to(device)
     return dataclasses.replace(ctx, **objective, backward_mode=loss.backward_mode, augment=augment), precision
-
-
-def wrap_for_ddp(G: nn.Module, D: nn.Module, world: World, device: torch.device) -> tuple[nn.Module, nn.Module]:
-    """DDP wrappers sharing G's and D's parameters; checkpoints and sampling use the plain modules."""
-    if not world.distributed:
-        return G, D
-    device_ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(G, device_ids=device_ids), DistributedDataParallel(D, device_ids=device_ids)
 
 
 def prepare_process(cfg: TrainConfig, world: World = SINGLE) -> torch.device:
