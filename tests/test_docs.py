@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import itertools
 import json
 import re
 from pathlib import Path
@@ -233,15 +234,13 @@ def citation_problems(text: str, doc: Path) -> list[str]:
                 else:
                     file, problem = short.get(left), f"`{span}`: the page maps no file to the prefix `{left}::`"
                 problems.append(check_test(file, name, span) if file is not None else problem)
-            bare = BARE_TEST.match(span)
-            if bare:
+            if bare := BARE_TEST.match(span):
                 name = bare.group("name")
                 if current is not None:
                     problems.append(check_test(current, name, span))
                 elif not any(find_definition(file, name) for file in (ROOT / "tests").glob("test_*.py")):
                     problems.append(f"`{span}`: no test of that name in tests/")
-            dotted = DOTTED.match(span)
-            if dotted:
+            if dotted := DOTTED.match(span):
                 module, rest = resolve_module(dotted.group("dotted"))
                 if module is None:
                     problems.append(f"`{span}`: no such module in gan/")
@@ -304,12 +303,11 @@ def excerpt_problems(text: str, doc: Path) -> list[str]:
         head = EXCERPT_HEAD.match(lines[0].strip()) if language == "python" and lines else None
         if head is None:
             continue
+        cited = f"{head.group('path')}:{head.group('name')}"
         target, problem = resolve_file(head.group("path"), doc)
         node = find_definition(target, head.group("name")) if target is not None else None
         if node is None:
-            problems.append(
-                f"line {start}: excerpt of `{head.group(0)[1:].strip()}`: {problem or 'no such definition'}"
-            )
+            problems.append(f"line {start}: excerpt of `{cited}`: {problem or 'no such definition'}")
             continue
         source = target.read_text(encoding="utf-8").splitlines()[node.lineno - 1 : node.end_lineno]
         source = [normalise(line) for line in source]
@@ -322,7 +320,7 @@ def excerpt_problems(text: str, doc: Path) -> list[str]:
                 position = source.index(code, position) + 1
             except ValueError:
                 where = "not in" if code not in source else "out of order in"
-                problems.append(f"line {offset}: `{code}` is {where} {head.group('path')}:{head.group('name')}")
+                problems.append(f"line {offset}: `{code}` is {where} {cited}")
     return problems
 
 
@@ -453,28 +451,13 @@ WRONG_PHRASINGS = (
 )
 
 
-def scanned_texts() -> dict[Path, str]:
-    """README.md, docs/*.md, gan/**/*.py and the tour's cells, as text (a comment's lines joined)."""
-    texts = {doc: doc.read_text(encoding="utf-8") for doc in DOCS}
-    for path in sorted((ROOT / "gan").rglob("*.py")):
-        texts[path] = re.sub(r"\n\s*#\s*", " ", path.read_text(encoding="utf-8"))
-    tour = ROOT / "docs" / "tour.ipynb"
-    cells = json.loads(tour.read_text(encoding="utf-8"))["cells"]
-    texts[tour] = "\n\n".join("".join(cell["source"]) for cell in cells)
-    return texts
-
-
 def readme_technique_rows(text: str) -> list[list[str]]:
     """The body rows of the README's table headed | technique | where | proven by ... | read |."""
     lines = text.splitlines()
     heads = [i for i, line in enumerate(lines) if table_cells(line)[:2] == ["technique", "where"]]
     assert heads, "README.md has no technique table"
-    rows = []
-    for line in lines[heads[0] + 2 :]:
-        if not line.lstrip().startswith("|"):
-            break
-        rows.append(table_cells(line))
-    return rows
+    body = itertools.takewhile(lambda line: line.lstrip().startswith("|"), lines[heads[0] + 2 :])
+    return [table_cells(line) for line in body]
 
 
 def as_prose(cell: str) -> str:
@@ -492,9 +475,16 @@ def test_each_key_statement_stands_word_for_word_in_the_walkthrough_and_each_pag
 
 
 def test_no_page_keeps_a_phrasing_the_key_statements_replaced():
+    """Nor README.md, docs/*.md, gan/**/*.py (a comment's lines joined) or the tour's cells."""
+    texts = {doc: doc.read_text(encoding="utf-8") for doc in DOCS}
+    for path in sorted((ROOT / "gan").rglob("*.py")):
+        texts[path] = re.sub(r"\n\s*#\s*", " ", path.read_text(encoding="utf-8"))
+    tour = ROOT / "docs" / "tour.ipynb"
+    cells = json.loads(tour.read_text(encoding="utf-8"))["cells"]
+    texts[tour] = "\n\n".join("".join(cell["source"]) for cell in cells)
     found = [
         f"{path.relative_to(ROOT)}: {phrase!r}"
-        for path, text in scanned_texts().items()
+        for path, text in texts.items()
         for phrase in WRONG_PHRASINGS
         if normalise(phrase).casefold() in normalise(text).casefold()
     ]
@@ -594,13 +584,10 @@ def test_readme_states_each_measurement_as_its_file_holds_it():
     entries = measured.load()
     assert {entry["kind"] for entry in entries.values()} == {"run", "tests", "minute"}
     text = README.read_text(encoding="utf-8")
-    missing = [
-        f"{name}: {p!r}"
-        for name, e in entries.items()
-        if e["prose"]
-        for p in measured.phrases(e)
-        if p not in normalise(text)
-    ]
+    stated, missing = normalise(text), []
+    for name, entry in entries.items():
+        if entry["prose"]:
+            missing += [f"{name}: {p!r}" for p in measured.phrases(entry) if p not in stated]
     assert not missing, "README.md does not state, as docs/results/measured.json holds them:\n" + "\n".join(missing)
     assert measured.table(entries) in text
     assert len(text.splitlines()) <= 150  # the README is a front door

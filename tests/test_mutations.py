@@ -2,7 +2,7 @@
 
 A test of a PyTorch fact on toy code passes whatever gan/ does, so it proves nothing. For each entry of MUTATIONS the
 project is copied, the technique removed by an exact text patch (its anchor occurs once, inside the function named),
-and the cited tests run where `import gan` is the copy's (a plugin records each gan module's file): each must fail, as
+and the cited tests run where `import gan` is the copy's (the run records each gan module's file): each must fail, as
 a failure, not a collection error, and all pass on an unchanged copy. TECHNIQUES says what each technique is for, so
 that VARIANTS (other ways to remove it) fail its proofs too; KINDS names what a mutant breaks besides the technique.
 They generate docs/proofs.md's tables. Nothing here imports torch (the runs do, in their own processes).
@@ -19,7 +19,6 @@ import functools
 import gc
 import json
 import multiprocessing
-import multiprocessing.context
 import os
 import re
 import shutil
@@ -44,19 +43,6 @@ COPIED = ("gan", "tests", "configs", "scripts", "train.py", "evaluate.py", "pypr
 # Runs at a time: a run is a few seconds of CPU, and the suite runs on machines of 2 busy cores.
 WORKERS = 2
 
-# A pytest plugin written into each copy: after the run it records the file of every `gan` module
-# imported, so the check can see that the copy, not the installed checkout, was tested.
-ORIGIN_PLUGIN = """\
-import json, os, sys
-
-
-def pytest_sessionfinish(session, exitstatus):
-    files = {name: getattr(module, "__file__", None) for name, module in list(sys.modules.items())
-             if name == "gan" or name.startswith("gan.")}
-    with open(os.environ["MUTATION_ORIGIN"], "w") as out:
-        json.dump(files, out)
-"""
-
 
 @dataclasses.dataclass(frozen=True)
 class Mutation:
@@ -71,14 +57,6 @@ class Mutation:
     cited: tuple[str, ...]
     readme: str = ""
     kind: str = ""
-
-    @property
-    def file(self) -> str:
-        return self.where.split(":")[0]
-
-    @property
-    def function(self) -> str:
-        return self.where.split(":")[1]
 
 
 STEPS, SAMPLING, EMA, LOOP = "gan/core/steps.py:", "gan/core/sampling.py:", "gan/core/ema.py:", "gan/training/loop.py:"
@@ -358,17 +336,6 @@ TECHNIQUES: list[Technique] = [
 # applying a mutation --------------------------------------------------------------------------------
 
 
-def find_function(tree: ast.Module, dotted: str) -> ast.AST | None:
-    """The def (or class) `name` or `Class.method` at the top of a module, or None."""
-    body, node = tree.body, None
-    for part in dotted.split("."):
-        node = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part), None)
-        if node is None:
-            return None
-        body = node.body
-    return node
-
-
 # The mutants are patched in a thread pool, and CPython 3.11's ast.parse keeps one recursion counter for every
 # thread: two parses at once failed here with "AST constructor recursion depth mismatch". One parse at a time.
 PARSING = Lock()
@@ -380,11 +347,14 @@ def parse(source: str) -> ast.Module:
 
 
 def patch(source: str, mutation: Mutation) -> str:
-    """`source` with the anchor replaced; AssertionError unless it occurs once, inside mutation.function."""
+    """`source` with the anchor replaced; AssertionError unless it occurs once, inside the def (or class) named."""
+    file, function = mutation.where.split(":")
     count = source.count(mutation.anchor)
-    assert count == 1, f"{mutation.id}: the anchor occurs {count} times in {mutation.file}: {mutation.anchor!r}"
-    node = find_function(parse(source), mutation.function)
-    assert node is not None, f"{mutation.id}: {mutation.file} defines no {mutation.function}"
+    assert count == 1, f"{mutation.id}: the anchor occurs {count} times in {file}: {mutation.anchor!r}"
+    node: ast.AST = parse(source)
+    for part in function.split("."):  # `name` or `Class.method`, at the top of the module
+        node = next((n for n in node.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part), None)
+        assert node is not None, f"{mutation.id}: {file} defines no {function}"
     line = source[: source.index(mutation.anchor)].count("\n") + 1
     assert node.lineno <= line <= node.end_lineno, f"{mutation.id}: the anchor is outside {mutation.where}"
     mutated = source.replace(mutation.anchor, mutation.replacement)
@@ -393,12 +363,12 @@ def patch(source: str, mutation: Mutation) -> str:
 
 
 def copy_project(into: Path) -> Path:
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     into.mkdir(parents=True, exist_ok=True)
     for name in COPIED:
-        copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy2
-        copy(ROOT / name, into / name, **({"ignore": ignore} if (ROOT / name).is_dir() else {}))
-    (into / "_mutation_origin.py").write_text(ORIGIN_PLUGIN, encoding="utf-8")
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, into / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(ROOT / name, into / name)
     return into
 
 
@@ -410,11 +380,6 @@ class Run:
     returncode: int
     output: str
     origins: dict[str, str | None]
-
-    def outcomes(self) -> dict[str, str]:
-        """node id -> PASSED / FAILED / ERROR, from pytest's -rA summary."""
-        found = re.findall(r"^(PASSED|FAILED|ERROR) (\S+)", self.output, flags=re.MULTILINE)
-        return {node: outcome for outcome, node in found}
 
 
 # Each run is a process of its own, forked from a server that imported the third-party modules the
@@ -435,25 +400,28 @@ def fork_server() -> multiprocessing.context.BaseContext:
 
 
 def pytest_in_copy(copy: str, args: list[str], log: str) -> None:
-    """In a forked process: `python -m pytest ARGS` in the copy with PYTHONPATH=copy, output into `log`."""
+    """In a forked process: `python -m pytest ARGS` in the copy with PYTHONPATH=copy, output into `log`; then
+    the file of every gan module imported into `_mutation_origin.json`, to show the copy, not this checkout, ran."""
     gc.freeze()  # what the server preloaded is never garbage: pytest's gc.collect() calls skip it
     os.chdir(copy)
     # this checkout off the path and the copy first: `import gan` must find the copy's package
     own = {ROOT.resolve(), (ROOT / "tests").resolve()}
     sys.path[:] = [copy, *(p for p in sys.path if p not in ("", ".") and Path(p).resolve() not in own)]
-    os.environ.update(PYTHONPATH=copy, PYTHONDONTWRITEBYTECODE="1", MUTATION_ORIGIN=f"{copy}/_mutation_origin.json")
+    os.environ.update(PYTHONPATH=copy, PYTHONDONTWRITEBYTECODE="1")
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # a quicker start: xdist's and hydra's plugins unused here
     sys.dont_write_bytecode = True
     out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(out, 1)
     os.dup2(out, 2)
-    sys.exit(int(pytest.main(args)))
+    code = int(pytest.main(args))
+    files = {name: getattr(m, "__file__", None) for name, m in list(sys.modules.items()) if name.split(".")[0] == "gan"}
+    Path(copy, "_mutation_origin.json").write_text(json.dumps(files), encoding="utf-8")
+    sys.exit(code)
 
 
 def run_tests(copy: Path, node_ids: Sequence[str], timeout: float = 300) -> Run:
     log, origin = copy / "_mutation_log.txt", copy / "_mutation_origin.json"
-    # -rA: one summary line per test with its outcome; -p _mutation_origin: the plugin above
-    args = ["-q", "-rA", "-p", "no:cacheprovider", "-p", "_mutation_origin", *node_ids]
+    args = ["-q", "-rA", "-p", "no:cacheprovider", *node_ids]  # -rA: one summary line per test with its outcome
     process = fork_server().Process(target=pytest_in_copy, args=(str(copy), args, str(log)))
     process.start()
     process.join(timeout)
@@ -466,7 +434,7 @@ def run_tests(copy: Path, node_ids: Sequence[str], timeout: float = 300) -> Run:
 
 
 def run_mutant(mutation: Mutation, where: Path) -> Run:
-    target = copy_project(where) / mutation.file
+    target = copy_project(where) / mutation.where.split(":")[0]
     target.write_text(patch(target.read_text(encoding="utf-8"), mutation), encoding="utf-8")
     return run_tests(where, mutation.cited)
 
@@ -486,14 +454,15 @@ def run_problems(run: Run, cited: Sequence[str], outcome: str, module: str | Non
         problems.append(f"{module} was never imported")
     if run.returncode != (code := 1 if outcome == "FAILED" else 0):
         problems.append(f"pytest exited {run.returncode}, not {code}")
-    outcomes = run.outcomes()
+    found = re.findall(r"^(PASSED|FAILED|ERROR) (\S+)", run.output, flags=re.MULTILINE)  # pytest's -rA summary
+    outcomes = {node: result for result, node in found}
     return problems + [
         f"{node}: {outcomes.get(node, 'did not run')}, not {outcome}" for node in cited if outcomes.get(node) != outcome
     ]
 
 
 def mutant_problems(mutation: Mutation, run: Run) -> list[str]:
-    module = mutation.file.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+    module = mutation.where.split(":")[0].removesuffix(".py").removesuffix("/__init__").replace("/", ".")
     return run_problems(run, mutation.cited, "FAILED", module)
 
 
@@ -582,17 +551,18 @@ def test_the_cited_tests_pass_on_an_unchanged_copy(runs):
 @pytest.mark.parametrize("mutation", MUTATIONS, ids=lambda m: m.id)
 def test_removing_the_technique_fails_its_cited_tests(mutation, runs):
     run = runs[mutation.id].result()
-    problems = mutant_problems(mutation, run)
-    assert not problems, f"{mutation.where}: {mutation.anchor!r} -> {mutation.replacement!r}\n" + "\n".join(
-        [*problems, run.output[-3000:]]
+    problems, change = (
+        mutant_problems(mutation, run),
+        f"{mutation.where}: {mutation.anchor!r} -> {mutation.replacement!r}",
     )
+    assert not problems, "\n".join([change, *problems, run.output[-3000:]])
 
 
 def test_every_anchor_is_found_once_inside_its_function_and_each_id_is_its_own():
     ids = [m.id for m in [*MUTATIONS, *VARIANTS]]  # test ids, and the keys of the runs
     assert len(set(ids)) == len(ids), sorted(i for i in ids if ids.count(i) > 1)
     for mutation in [*MUTATIONS, *VARIANTS]:  # checked without running anything, so a moved line is named at once
-        patch((ROOT / mutation.file).read_text(encoding="utf-8"), mutation)
+        patch((ROOT / mutation.where.split(":")[0]).read_text(encoding="utf-8"), mutation)
 
 
 def test_every_cited_test_is_a_proof_of_the_purpose_table_exists_and_is_no_pytorch_fact():
