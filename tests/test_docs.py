@@ -65,8 +65,6 @@ def find_definition(path: Path, dotted: str) -> ast.AST | None:
         if not isinstance(node, (ast.Module, ast.ClassDef)):
             return None
         node = bound_names(node.body).get(part)
-        if node is None:
-            return None
     return node
 
 
@@ -160,18 +158,15 @@ def scopes(prose: list[str]) -> list[str]:
             paragraph.clear()
 
     for line in prose:
-        if line.lstrip().startswith("|"):
+        stripped = line.strip()
+        if not stripped or stripped.startswith(("|", "#")) or LIST_ITEM.match(line):  # each ends a paragraph
             flush()
+        if stripped.startswith("|"):
             out.extend(table_cells(line))
-        elif not line.strip():
-            flush()
-        elif line.lstrip().startswith("#"):  # a heading: a scope of its own
-            flush()
-            out.append(line.strip())
-        else:
-            if LIST_ITEM.match(line):
-                flush()
-            paragraph.append(line.strip())
+        elif stripped.startswith("#"):  # a heading: a scope of its own
+            out.append(stripped)
+        elif stripped:
+            paragraph.append(stripped)
     flush()
     return out
 
@@ -197,11 +192,9 @@ def prefixes(prose: list[str], doc: Path) -> dict[str, Path]:
 
 def check_path(path: str, name: str | None, doc: Path) -> str | None:
     target, problem = resolve_file(path, doc)
-    if problem or target is None or name is None:
-        return problem
-    if find_definition(target, name) is None:
+    if target is not None and name is not None and find_definition(target, name) is None:
         return f"`{path}:{name}`: {target.relative_to(ROOT)} defines no `{name}`"
-    return None
+    return problem
 
 
 def check_test(file: Path, name: str, cited: str) -> str | None:
@@ -334,7 +327,6 @@ def test_every_citation_link_and_excerpt_of_a_page_holds(doc, check):
 # the checker itself: each kind of wrong citation is caught -----------------------------------------
 
 PAGE = ROOT / "docs" / "page.md"
-
 
 WRONG_CITATIONS = [
     "`gan/steps.py:d_step`",  # the file moved
@@ -492,8 +484,7 @@ def test_no_page_keeps_a_phrasing_the_key_statements_replaced():
 
 
 def test_the_readme_technique_table_states_retain_graph_as_the_walkthrough_does():
-    rows = readme_technique_rows(README.read_text(encoding="utf-8"))
-    rows = [row for row in rows if "retain_graph" in row[0]]
+    rows = [row for row in readme_technique_rows(README.read_text(encoding="utf-8")) if "retain_graph" in row[0]]
     wanted = normalise(KEY_STATEMENTS["retain_graph"]).rstrip(".")
     assert any(wanted in as_prose(" ".join(row)) for row in rows), (
         "no row of the README's technique table about retain_graph states:\n" + KEY_STATEMENTS["retain_graph"]
@@ -568,11 +559,8 @@ def test_a_readme_citing_a_fact_or_missing_a_proof_is_caught():
     assert proof in readme
     assert any("test_d_step_leaves" in p for p in proof_citation_problems(readme.replace(proof, fact)))
     assert any("a PyTorch fact" in p for p in proof_citation_problems(readme.replace(proof, f"{proof}`, `{fact}")))
-    assert cited_tests("`test_a.py::test_x`, `::test_y`, `test_b.py::test_z`") == {
-        "tests/test_a.py::test_x",
-        "tests/test_a.py::test_y",
-        "tests/test_b.py::test_z",
-    }
+    cell = "`test_a.py::test_x`, `::test_y`, `test_b.py::test_z`"
+    assert cited_tests(cell) == {"tests/test_a.py::test_x", "tests/test_a.py::test_y", "tests/test_b.py::test_z"}
 
 
 # README's numbers: each is recorded from the file that holds it (scripts/measured.py) ----------------
@@ -608,9 +596,8 @@ def test_measured_reads_a_run_and_a_test_log(tmp_path):
     entry = measured.from_run(run)
     assert (entry["steps"], entry["seconds"], entry["fid"], entry["classes"]) == (600, 240.8, 1.2346, 9)
     entry.update(quiet=False, cores=2, cpu={"model": "Some CPU", "fast_bf16": False}, title="a run", command="c")
-    assert "| a run | `c` | 600 | not timed (shared machine) | 1.23 | 0.50 | 0.88 | 9 / 10 |" in measured.table(
-        {"r": entry}
-    )
+    row = "| a run | `c` | 600 | not timed (shared machine) | 1.23 | 0.50 | 0.88 | 9 / 10 |"
+    assert row in measured.table({"r": entry})
     assert measured.phrases(entry) == [
         "600 steps", "FID 1.23", "precision 0.50", "recall 0.88", "9 of 10 classes",
         "on 2 busy cores of an Some CPU without fast bf16",

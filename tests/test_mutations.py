@@ -14,7 +14,6 @@ They generate docs/proofs.md's tables. Nothing here imports torch (the runs do, 
 from __future__ import annotations
 
 import ast
-import dataclasses
 import functools
 import gc
 import json
@@ -27,9 +26,10 @@ import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from threading import Lock
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import pytest
+from test_docs import find_definition
 
 ROOT = Path(__file__).resolve().parents[1]
 PROOFS_PAGE = ROOT / "docs" / "proofs.md"
@@ -37,15 +37,13 @@ TECHNIQUES_FILE = ROOT / "tests" / "test_steps.py"
 # test_steps.py's section of toy demonstrations, which never count as a proof of gan/
 FACTS_HEADER = "# PyTorch facts (not proofs of this project's code)"
 
-# What a copy needs for the cited tests to run as they do here: the package, the tests with their
-# conftest, the configs they compose, the programs they start, and pyproject.toml (pytest's options).
+# What the cited tests need in a copy to run as they do here (pyproject.toml: pytest's options)
 COPIED = ("gan", "tests", "configs", "scripts", "train.py", "evaluate.py", "pyproject.toml")
 # Runs at a time: a run is a few seconds of CPU, and the suite runs on machines of 2 busy cores.
 WORKERS = 2
 
 
-@dataclasses.dataclass(frozen=True)
-class Mutation:
+class Mutation(NamedTuple):
     """One technique removed by one text patch (where: `path.py:function` or `:Class.method` holding the anchor;
     replacement "" deletes it), the node ids that must fail, README's technique-table row ("" for a variant)."""
 
@@ -248,8 +246,7 @@ VARIANTS: list[Mutation] = [
 # fmt: on
 
 
-@dataclasses.dataclass(frozen=True)
-class Technique:
+class Technique(NamedTuple):
     """One row of docs/proofs.md's table of techniques: what each is for, which its proofs check."""
 
     technique: str
@@ -372,8 +369,7 @@ def copy_project(into: Path) -> Path:
     return into
 
 
-@dataclasses.dataclass
-class Run:
+class Run(NamedTuple):
     """The outcome of the cited tests on one copy; origins: module -> file of every gan module imported."""
 
     copy: Path
@@ -411,8 +407,8 @@ def pytest_in_copy(copy: str, args: list[str], log: str) -> None:
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # a quicker start: xdist's and hydra's plugins unused here
     sys.dont_write_bytecode = True
     out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
+    for stream in (1, 2):  # stdout, stderr
+        os.dup2(out, stream)
     code = int(pytest.main(args))
     files = {name: getattr(m, "__file__", None) for name, m in list(sys.modules.items()) if name.split(".")[0] == "gan"}
     Path(copy, "_mutation_origin.json").write_text(json.dumps(files), encoding="utf-8")
@@ -533,11 +529,8 @@ def start_runs(pool: ThreadPoolExecutor, mutations: Sequence[Mutation], cited: l
 @pytest.fixture(scope="module")
 def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future]]:
     """The runs this session's tests of this module ask for: each selected mutant, and every cited test unchanged."""
-    selected = [
-        item.callspec.params["mutation"]
-        for item in request.session.items
-        if item.module is request.module and hasattr(item, "callspec") and "mutation" in item.callspec.params
-    ]
+    mine = [item for item in request.session.items if item.module is request.module and hasattr(item, "callspec")]
+    selected = [item.callspec.params["mutation"] for item in mine if "mutation" in item.callspec.params]
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         yield start_runs(pool, selected, all_cited(MUTATIONS), tmp_path_factory.mktemp)
 
@@ -572,8 +565,7 @@ def test_every_cited_test_is_a_proof_of_the_purpose_table_exists_and_is_no_pytor
     assert not proofs & facts, f"a PyTorch fact in TECHNIQUES: {sorted(proofs & facts)}"
     for node in proofs:
         file, name = node.split("::")
-        tree = ast.parse((ROOT / file).read_text(encoding="utf-8"))
-        assert any(isinstance(n, ast.FunctionDef) and n.name == name for n in tree.body), f"{node} is not defined"
+        assert isinstance(find_definition(ROOT / file, name), ast.FunctionDef), f"{node} is not defined"
 
 
 def test_a_patch_that_misses_is_refused():
