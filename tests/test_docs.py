@@ -467,7 +467,7 @@ def test_each_key_statement_stands_word_for_word_in_the_walkthrough_and_each_pag
 
 
 def test_no_page_keeps_a_phrasing_the_key_statements_replaced():
-    """Nor README.md, docs/*.md, gan/**/*.py (a comment's lines joined) or the tour's cells."""
+    """Scanned: README.md, docs/*.md, gan/**/*.py (a comment's lines joined) and the tour's cells."""
     texts = {doc: doc.read_text(encoding="utf-8") for doc in DOCS}
     for path in sorted((ROOT / "gan").rglob("*.py")):
         texts[path] = re.sub(r"\n\s*#\s*", " ", path.read_text(encoding="utf-8"))
