@@ -26,7 +26,7 @@ from hydra.core.global_hydra import GlobalHydra
 from torch import Tensor, nn
 
 from gan.checkpoint import save_checkpoint
-from gan.config import TrainConfig, to_plain, validate
+from gan.config import ClassifierConfig, TrainConfig, to_plain, validate
 from gan.core.models import Discriminator, Generator
 from gan.device import available_cpus
 
@@ -113,13 +113,11 @@ def run_script(name: str, *args: str, cwd: Path | None = None) -> subprocess.Com
     """`python scripts/NAME ARGS` run in this process (runpy, as `__main__`): its exit code and output."""
 
     def main(argv: list[str]) -> int:
-        saved, sys.argv = sys.argv, [str(ROOT / "scripts" / name), *argv]
+        sys.argv = [str(ROOT / "scripts" / name), *argv]  # in_process puts it back
         try:
             runpy.run_path(sys.argv[0], run_name="__main__")
         except SystemExit as stop:
             return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-        finally:
-            sys.argv = saved
         return 0
 
     return in_process(main, list(args), cwd)
@@ -129,7 +127,7 @@ def in_process(main: Callable[[list[str]], int], argv: list[str], cwd: Path | No
     """main(argv)'s exit code and output, run in `cwd` (the repository's by default); process-wide state is put back."""
     out, err = io.StringIO(), io.StringIO()
     root = logging.getLogger()
-    saved = (root.handlers[:], root.level, os.getcwd(), dict(os.environ), torch.get_num_threads())
+    saved = (root.handlers[:], root.level, os.getcwd(), dict(os.environ), sys.argv[:], torch.get_num_threads())
     deterministic = torch.are_deterministic_algorithms_enabled()
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     root.handlers = [logging.StreamHandler(err)]  # before Hydra configures logging: as a shell shows it
@@ -139,7 +137,7 @@ def in_process(main: Callable[[list[str]], int], argv: list[str], cwd: Path | No
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main(argv)
     finally:
-        root.handlers, level, cwd_before, environ, threads = saved
+        root.handlers, level, cwd_before, environ, sys.argv, threads = saved
         root.setLevel(level)
         os.chdir(cwd_before)
         os.environ.clear()
@@ -194,7 +192,6 @@ def tiny_run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def classifier_cache(tmp_path_factory) -> Path:
     """classifiers/ with the tiny runs' metrics classifier, trained once: a test copies it into its data.root."""
-    from gan.config import ClassifierConfig
     from gan.evaluation.metrics import load_or_train_classifier
 
     root = tmp_path_factory.mktemp("data")
@@ -231,25 +228,6 @@ def tiny_gan() -> tuple[Generator, Discriminator]:
 # stand-ins for the two Inception-v3 files (no weights can be downloaded here) ---------------------
 
 
-def write_inception_state_dict(path: Path, seed: int = 0) -> Path:
-    """Random weights in torch-fidelity's format: torchvision's Inception3 (1008 classes, no aux head), key for key."""
-    # He-scaled weights and BatchNorm near the identity keep its features finite
-    template = torchvision.models.inception_v3(weights=None, aux_logits=False, num_classes=1008, init_weights=False)
-    gen = torch.Generator().manual_seed(seed)
-    state = {}
-    for key, like in template.state_dict().items():
-        if not like.is_floating_point():  # num_batches_tracked
-            state[key] = like.clone()
-        elif like.dim() > 1:  # conv and linear weights: He et al. 2015's scale, sqrt(2 / fan_in)
-            state[key] = torch.randn(like.shape, generator=gen) * (2 / like[0].numel()) ** 0.5
-        elif key.endswith(("running_var", "bn.weight")):
-            state[key] = torch.rand(like.shape, generator=gen) + 0.5
-        else:  # biases and running means
-            state[key] = torch.randn(like.shape, generator=gen) * 0.1
-    torch.save(state, path)
-    return path
-
-
 class TinyNVlabsInception(nn.Module):
     """NVlabs' TorchScript Inception-v3 in miniature: uint8 RGB resized to 299 px inside, features or logits."""
 
@@ -278,8 +256,23 @@ def write_torchscript(module: nn.Module, path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def inception_weights(tmp_path_factory) -> Path:
-    """Random weights in torch-fidelity's state-dict format (95 MB, as the real file)."""
-    return write_inception_state_dict(tmp_path_factory.mktemp("inception") / "weights-inception-random.pth")
+    """Random weights in torch-fidelity's format (95 MB, as the real file): torchvision's Inception3 (1008 classes,
+    no aux head), key for key; He-scaled weights and BatchNorm near the identity keep its features finite."""
+    template = torchvision.models.inception_v3(weights=None, aux_logits=False, num_classes=1008, init_weights=False)
+    gen = torch.Generator().manual_seed(0)
+    state = {}
+    for key, like in template.state_dict().items():
+        if not like.is_floating_point():  # num_batches_tracked
+            state[key] = like.clone()
+        elif like.dim() > 1:  # conv and linear weights: He et al. 2015's scale, sqrt(2 / fan_in)
+            state[key] = torch.randn(like.shape, generator=gen) * (2 / like[0].numel()) ** 0.5
+        elif key.endswith(("running_var", "bn.weight")):
+            state[key] = torch.rand(like.shape, generator=gen) + 0.5
+        else:  # biases and running means
+            state[key] = torch.randn(like.shape, generator=gen) * 0.1
+    path = tmp_path_factory.mktemp("inception") / "weights-inception-random.pth"
+    torch.save(state, path)
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import itertools
 import json
 import re
 from pathlib import Path
@@ -64,8 +65,6 @@ def find_definition(path: Path, dotted: str) -> ast.AST | None:
         if not isinstance(node, (ast.Module, ast.ClassDef)):
             return None
         node = bound_names(node.body).get(part)
-        if node is None:
-            return None
     return node
 
 
@@ -159,18 +158,15 @@ def scopes(prose: list[str]) -> list[str]:
             paragraph.clear()
 
     for line in prose:
-        if line.lstrip().startswith("|"):
+        stripped = line.strip()
+        if not stripped or stripped.startswith(("|", "#")) or LIST_ITEM.match(line):  # each ends a paragraph
             flush()
+        if stripped.startswith("|"):
             out.extend(table_cells(line))
-        elif not line.strip():
-            flush()
-        elif line.lstrip().startswith("#"):  # a heading: a scope of its own
-            flush()
-            out.append(line.strip())
-        else:
-            if LIST_ITEM.match(line):
-                flush()
-            paragraph.append(line.strip())
+        elif stripped.startswith("#"):  # a heading: a scope of its own
+            out.append(stripped)
+        elif stripped:
+            paragraph.append(stripped)
     flush()
     return out
 
@@ -196,11 +192,9 @@ def prefixes(prose: list[str], doc: Path) -> dict[str, Path]:
 
 def check_path(path: str, name: str | None, doc: Path) -> str | None:
     target, problem = resolve_file(path, doc)
-    if problem or target is None or name is None:
-        return problem
-    if find_definition(target, name) is None:
+    if target is not None and name is not None and find_definition(target, name) is None:
         return f"`{path}:{name}`: {target.relative_to(ROOT)} defines no `{name}`"
-    return None
+    return problem
 
 
 def check_test(file: Path, name: str, cited: str) -> str | None:
@@ -233,15 +227,13 @@ def citation_problems(text: str, doc: Path) -> list[str]:
                 else:
                     file, problem = short.get(left), f"`{span}`: the page maps no file to the prefix `{left}::`"
                 problems.append(check_test(file, name, span) if file is not None else problem)
-            bare = BARE_TEST.match(span)
-            if bare:
+            if bare := BARE_TEST.match(span):
                 name = bare.group("name")
                 if current is not None:
                     problems.append(check_test(current, name, span))
                 elif not any(find_definition(file, name) for file in (ROOT / "tests").glob("test_*.py")):
                     problems.append(f"`{span}`: no test of that name in tests/")
-            dotted = DOTTED.match(span)
-            if dotted:
+            if dotted := DOTTED.match(span):
                 module, rest = resolve_module(dotted.group("dotted"))
                 if module is None:
                     problems.append(f"`{span}`: no such module in gan/")
@@ -304,12 +296,11 @@ def excerpt_problems(text: str, doc: Path) -> list[str]:
         head = EXCERPT_HEAD.match(lines[0].strip()) if language == "python" and lines else None
         if head is None:
             continue
+        cited = f"{head.group('path')}:{head.group('name')}"
         target, problem = resolve_file(head.group("path"), doc)
         node = find_definition(target, head.group("name")) if target is not None else None
         if node is None:
-            problems.append(
-                f"line {start}: excerpt of `{head.group(0)[1:].strip()}`: {problem or 'no such definition'}"
-            )
+            problems.append(f"line {start}: excerpt of `{cited}`: {problem or 'no such definition'}")
             continue
         source = target.read_text(encoding="utf-8").splitlines()[node.lineno - 1 : node.end_lineno]
         source = [normalise(line) for line in source]
@@ -322,7 +313,7 @@ def excerpt_problems(text: str, doc: Path) -> list[str]:
                 position = source.index(code, position) + 1
             except ValueError:
                 where = "not in" if code not in source else "out of order in"
-                problems.append(f"line {offset}: `{code}` is {where} {head.group('path')}:{head.group('name')}")
+                problems.append(f"line {offset}: `{code}` is {where} {cited}")
     return problems
 
 
@@ -336,7 +327,6 @@ def test_every_citation_link_and_excerpt_of_a_page_holds(doc, check):
 # the checker itself: each kind of wrong citation is caught -----------------------------------------
 
 PAGE = ROOT / "docs" / "page.md"
-
 
 WRONG_CITATIONS = [
     "`gan/steps.py:d_step`",  # the file moved
@@ -453,28 +443,13 @@ WRONG_PHRASINGS = (
 )
 
 
-def scanned_texts() -> dict[Path, str]:
-    """README.md, docs/*.md, gan/**/*.py and the tour's cells, as text (a comment's lines joined)."""
-    texts = {doc: doc.read_text(encoding="utf-8") for doc in DOCS}
-    for path in sorted((ROOT / "gan").rglob("*.py")):
-        texts[path] = re.sub(r"\n\s*#\s*", " ", path.read_text(encoding="utf-8"))
-    tour = ROOT / "docs" / "tour.ipynb"
-    cells = json.loads(tour.read_text(encoding="utf-8"))["cells"]
-    texts[tour] = "\n\n".join("".join(cell["source"]) for cell in cells)
-    return texts
-
-
 def readme_technique_rows(text: str) -> list[list[str]]:
     """The body rows of the README's table headed | technique | where | proven by ... | read |."""
     lines = text.splitlines()
     heads = [i for i, line in enumerate(lines) if table_cells(line)[:2] == ["technique", "where"]]
     assert heads, "README.md has no technique table"
-    rows = []
-    for line in lines[heads[0] + 2 :]:
-        if not line.lstrip().startswith("|"):
-            break
-        rows.append(table_cells(line))
-    return rows
+    body = itertools.takewhile(lambda line: line.lstrip().startswith("|"), lines[heads[0] + 2 :])
+    return [table_cells(line) for line in body]
 
 
 def as_prose(cell: str) -> str:
@@ -492,9 +467,16 @@ def test_each_key_statement_stands_word_for_word_in_the_walkthrough_and_each_pag
 
 
 def test_no_page_keeps_a_phrasing_the_key_statements_replaced():
+    """Scanned: README.md, docs/*.md, gan/**/*.py (a comment's lines joined) and the tour's cells."""
+    texts = {doc: doc.read_text(encoding="utf-8") for doc in DOCS}
+    for path in sorted((ROOT / "gan").rglob("*.py")):
+        texts[path] = re.sub(r"\n\s*#\s*", " ", path.read_text(encoding="utf-8"))
+    tour = ROOT / "docs" / "tour.ipynb"
+    cells = json.loads(tour.read_text(encoding="utf-8"))["cells"]
+    texts[tour] = "\n\n".join("".join(cell["source"]) for cell in cells)
     found = [
         f"{path.relative_to(ROOT)}: {phrase!r}"
-        for path, text in scanned_texts().items()
+        for path, text in texts.items()
         for phrase in WRONG_PHRASINGS
         if normalise(phrase).casefold() in normalise(text).casefold()
     ]
@@ -502,8 +484,7 @@ def test_no_page_keeps_a_phrasing_the_key_statements_replaced():
 
 
 def test_the_readme_technique_table_states_retain_graph_as_the_walkthrough_does():
-    rows = readme_technique_rows(README.read_text(encoding="utf-8"))
-    rows = [row for row in rows if "retain_graph" in row[0]]
+    rows = [row for row in readme_technique_rows(README.read_text(encoding="utf-8")) if "retain_graph" in row[0]]
     wanted = normalise(KEY_STATEMENTS["retain_graph"]).rstrip(".")
     assert any(wanted in as_prose(" ".join(row)) for row in rows), (
         "no row of the README's technique table about retain_graph states:\n" + KEY_STATEMENTS["retain_graph"]
@@ -578,11 +559,8 @@ def test_a_readme_citing_a_fact_or_missing_a_proof_is_caught():
     assert proof in readme
     assert any("test_d_step_leaves" in p for p in proof_citation_problems(readme.replace(proof, fact)))
     assert any("a PyTorch fact" in p for p in proof_citation_problems(readme.replace(proof, f"{proof}`, `{fact}")))
-    assert cited_tests("`test_a.py::test_x`, `::test_y`, `test_b.py::test_z`") == {
-        "tests/test_a.py::test_x",
-        "tests/test_a.py::test_y",
-        "tests/test_b.py::test_z",
-    }
+    cell = "`test_a.py::test_x`, `::test_y`, `test_b.py::test_z`"
+    assert cited_tests(cell) == {"tests/test_a.py::test_x", "tests/test_a.py::test_y", "tests/test_b.py::test_z"}
 
 
 # README's numbers: each is recorded from the file that holds it (scripts/measured.py) ----------------
@@ -594,13 +572,10 @@ def test_readme_states_each_measurement_as_its_file_holds_it():
     entries = measured.load()
     assert {entry["kind"] for entry in entries.values()} == {"run", "tests", "minute"}
     text = README.read_text(encoding="utf-8")
-    missing = [
-        f"{name}: {p!r}"
-        for name, e in entries.items()
-        if e["prose"]
-        for p in measured.phrases(e)
-        if p not in normalise(text)
-    ]
+    stated, missing = normalise(text), []
+    for name, entry in entries.items():
+        if entry["prose"]:
+            missing += [f"{name}: {p!r}" for p in measured.phrases(entry) if p not in stated]
     assert not missing, "README.md does not state, as docs/results/measured.json holds them:\n" + "\n".join(missing)
     assert measured.table(entries) in text
     assert len(text.splitlines()) <= 150  # the README is a front door
@@ -621,9 +596,8 @@ def test_measured_reads_a_run_and_a_test_log(tmp_path):
     entry = measured.from_run(run)
     assert (entry["steps"], entry["seconds"], entry["fid"], entry["classes"]) == (600, 240.8, 1.2346, 9)
     entry.update(quiet=False, cores=2, cpu={"model": "Some CPU", "fast_bf16": False}, title="a run", command="c")
-    assert "| a run | `c` | 600 | not timed (shared machine) | 1.23 | 0.50 | 0.88 | 9 / 10 |" in measured.table(
-        {"r": entry}
-    )
+    row = "| a run | `c` | 600 | not timed (shared machine) | 1.23 | 0.50 | 0.88 | 9 / 10 |"
+    assert row in measured.table({"r": entry})
     assert measured.phrases(entry) == [
         "600 steps", "FID 1.23", "precision 0.50", "recall 0.88", "9 of 10 classes",
         "on 2 busy cores of an Some CPU without fast bf16",

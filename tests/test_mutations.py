@@ -2,7 +2,7 @@
 
 A test of a PyTorch fact on toy code passes whatever gan/ does, so it proves nothing. For each entry of MUTATIONS the
 project is copied, the technique removed by an exact text patch (its anchor occurs once, inside the function named),
-and the cited tests run where `import gan` is the copy's (a plugin records each gan module's file): each must fail, as
+and the cited tests run where `import gan` is the copy's (the run records each gan module's file): each must fail, as
 a failure, not a collection error, and all pass on an unchanged copy. TECHNIQUES says what each technique is for, so
 that VARIANTS (other ways to remove it) fail its proofs too; KINDS names what a mutant breaks besides the technique.
 They generate docs/proofs.md's tables. Nothing here imports torch (the runs do, in their own processes).
@@ -14,12 +14,10 @@ They generate docs/proofs.md's tables. Nothing here imports torch (the runs do, 
 from __future__ import annotations
 
 import ast
-import dataclasses
 import functools
 import gc
 import json
 import multiprocessing
-import multiprocessing.context
 import os
 import re
 import shutil
@@ -28,9 +26,10 @@ import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from threading import Lock
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import pytest
+from test_docs import find_definition
 
 ROOT = Path(__file__).resolve().parents[1]
 PROOFS_PAGE = ROOT / "docs" / "proofs.md"
@@ -38,28 +37,13 @@ TECHNIQUES_FILE = ROOT / "tests" / "test_steps.py"
 # test_steps.py's section of toy demonstrations, which never count as a proof of gan/
 FACTS_HEADER = "# PyTorch facts (not proofs of this project's code)"
 
-# What a copy needs for the cited tests to run as they do here: the package, the tests with their
-# conftest, the configs they compose, the programs they start, and pyproject.toml (pytest's options).
+# What the cited tests need in a copy to run as they do here (pyproject.toml: pytest's options)
 COPIED = ("gan", "tests", "configs", "scripts", "train.py", "evaluate.py", "pyproject.toml")
 # Runs at a time: a run is a few seconds of CPU, and the suite runs on machines of 2 busy cores.
 WORKERS = 2
 
-# A pytest plugin written into each copy: after the run it records the file of every `gan` module
-# imported, so the check can see that the copy, not the installed checkout, was tested.
-ORIGIN_PLUGIN = """\
-import json, os, sys
 
-
-def pytest_sessionfinish(session, exitstatus):
-    files = {name: getattr(module, "__file__", None) for name, module in list(sys.modules.items())
-             if name == "gan" or name.startswith("gan.")}
-    with open(os.environ["MUTATION_ORIGIN"], "w") as out:
-        json.dump(files, out)
-"""
-
-
-@dataclasses.dataclass(frozen=True)
-class Mutation:
+class Mutation(NamedTuple):
     """One technique removed by one text patch (where: `path.py:function` or `:Class.method` holding the anchor;
     replacement "" deletes it), the node ids that must fail, README's technique-table row ("" for a variant)."""
 
@@ -71,14 +55,6 @@ class Mutation:
     cited: tuple[str, ...]
     readme: str = ""
     kind: str = ""
-
-    @property
-    def file(self) -> str:
-        return self.where.split(":")[0]
-
-    @property
-    def function(self) -> str:
-        return self.where.split(":")[1]
 
 
 STEPS, SAMPLING, EMA, LOOP = "gan/core/steps.py:", "gan/core/sampling.py:", "gan/core/ema.py:", "gan/training/loop.py:"
@@ -270,8 +246,7 @@ VARIANTS: list[Mutation] = [
 # fmt: on
 
 
-@dataclasses.dataclass(frozen=True)
-class Technique:
+class Technique(NamedTuple):
     """One row of docs/proofs.md's table of techniques: what each is for, which its proofs check."""
 
     technique: str
@@ -358,17 +333,6 @@ TECHNIQUES: list[Technique] = [
 # applying a mutation --------------------------------------------------------------------------------
 
 
-def find_function(tree: ast.Module, dotted: str) -> ast.AST | None:
-    """The def (or class) `name` or `Class.method` at the top of a module, or None."""
-    body, node = tree.body, None
-    for part in dotted.split("."):
-        node = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part), None)
-        if node is None:
-            return None
-        body = node.body
-    return node
-
-
 # The mutants are patched in a thread pool, and CPython 3.11's ast.parse keeps one recursion counter for every
 # thread: two parses at once failed here with "AST constructor recursion depth mismatch". One parse at a time.
 PARSING = Lock()
@@ -380,11 +344,14 @@ def parse(source: str) -> ast.Module:
 
 
 def patch(source: str, mutation: Mutation) -> str:
-    """`source` with the anchor replaced; AssertionError unless it occurs once, inside mutation.function."""
+    """`source` with the anchor replaced; AssertionError unless it occurs once, inside the def (or class) named."""
+    file, function = mutation.where.split(":")
     count = source.count(mutation.anchor)
-    assert count == 1, f"{mutation.id}: the anchor occurs {count} times in {mutation.file}: {mutation.anchor!r}"
-    node = find_function(parse(source), mutation.function)
-    assert node is not None, f"{mutation.id}: {mutation.file} defines no {mutation.function}"
+    assert count == 1, f"{mutation.id}: the anchor occurs {count} times in {file}: {mutation.anchor!r}"
+    node: ast.AST = parse(source)
+    for part in function.split("."):  # `name` or `Class.method`, at the top of the module
+        node = next((n for n in node.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part), None)
+        assert node is not None, f"{mutation.id}: {file} defines no {function}"
     line = source[: source.index(mutation.anchor)].count("\n") + 1
     assert node.lineno <= line <= node.end_lineno, f"{mutation.id}: the anchor is outside {mutation.where}"
     mutated = source.replace(mutation.anchor, mutation.replacement)
@@ -393,28 +360,22 @@ def patch(source: str, mutation: Mutation) -> str:
 
 
 def copy_project(into: Path) -> Path:
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     into.mkdir(parents=True, exist_ok=True)
     for name in COPIED:
-        copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy2
-        copy(ROOT / name, into / name, **({"ignore": ignore} if (ROOT / name).is_dir() else {}))
-    (into / "_mutation_origin.py").write_text(ORIGIN_PLUGIN, encoding="utf-8")
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, into / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(ROOT / name, into / name)
     return into
 
 
-@dataclasses.dataclass
-class Run:
+class Run(NamedTuple):
     """The outcome of the cited tests on one copy; origins: module -> file of every gan module imported."""
 
     copy: Path
     returncode: int
     output: str
     origins: dict[str, str | None]
-
-    def outcomes(self) -> dict[str, str]:
-        """node id -> PASSED / FAILED / ERROR, from pytest's -rA summary."""
-        found = re.findall(r"^(PASSED|FAILED|ERROR) (\S+)", self.output, flags=re.MULTILINE)
-        return {node: outcome for outcome, node in found}
 
 
 # Each run is a process of its own, forked from a server that imported the third-party modules the
@@ -435,25 +396,28 @@ def fork_server() -> multiprocessing.context.BaseContext:
 
 
 def pytest_in_copy(copy: str, args: list[str], log: str) -> None:
-    """In a forked process: `python -m pytest ARGS` in the copy with PYTHONPATH=copy, output into `log`."""
+    """In a forked process: `python -m pytest ARGS` in the copy with PYTHONPATH=copy, output into `log`; then
+    the file of every gan module imported into `_mutation_origin.json`, to show the copy, not this checkout, ran."""
     gc.freeze()  # what the server preloaded is never garbage: pytest's gc.collect() calls skip it
     os.chdir(copy)
     # this checkout off the path and the copy first: `import gan` must find the copy's package
     own = {ROOT.resolve(), (ROOT / "tests").resolve()}
     sys.path[:] = [copy, *(p for p in sys.path if p not in ("", ".") and Path(p).resolve() not in own)]
-    os.environ.update(PYTHONPATH=copy, PYTHONDONTWRITEBYTECODE="1", MUTATION_ORIGIN=f"{copy}/_mutation_origin.json")
+    os.environ.update(PYTHONPATH=copy, PYTHONDONTWRITEBYTECODE="1")
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # a quicker start: xdist's and hydra's plugins unused here
     sys.dont_write_bytecode = True
     out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    sys.exit(int(pytest.main(args)))
+    for stream in (1, 2):  # stdout, stderr
+        os.dup2(out, stream)
+    code = int(pytest.main(args))
+    files = {name: getattr(m, "__file__", None) for name, m in list(sys.modules.items()) if name.split(".")[0] == "gan"}
+    Path(copy, "_mutation_origin.json").write_text(json.dumps(files), encoding="utf-8")
+    sys.exit(code)
 
 
 def run_tests(copy: Path, node_ids: Sequence[str], timeout: float = 300) -> Run:
     log, origin = copy / "_mutation_log.txt", copy / "_mutation_origin.json"
-    # -rA: one summary line per test with its outcome; -p _mutation_origin: the plugin above
-    args = ["-q", "-rA", "-p", "no:cacheprovider", "-p", "_mutation_origin", *node_ids]
+    args = ["-q", "-rA", "-p", "no:cacheprovider", *node_ids]  # -rA: one summary line per test with its outcome
     process = fork_server().Process(target=pytest_in_copy, args=(str(copy), args, str(log)))
     process.start()
     process.join(timeout)
@@ -466,7 +430,7 @@ def run_tests(copy: Path, node_ids: Sequence[str], timeout: float = 300) -> Run:
 
 
 def run_mutant(mutation: Mutation, where: Path) -> Run:
-    target = copy_project(where) / mutation.file
+    target = copy_project(where) / mutation.where.split(":")[0]
     target.write_text(patch(target.read_text(encoding="utf-8"), mutation), encoding="utf-8")
     return run_tests(where, mutation.cited)
 
@@ -486,14 +450,15 @@ def run_problems(run: Run, cited: Sequence[str], outcome: str, module: str | Non
         problems.append(f"{module} was never imported")
     if run.returncode != (code := 1 if outcome == "FAILED" else 0):
         problems.append(f"pytest exited {run.returncode}, not {code}")
-    outcomes = run.outcomes()
+    found = re.findall(r"^(PASSED|FAILED|ERROR) (\S+)", run.output, flags=re.MULTILINE)  # pytest's -rA summary
+    outcomes = {node: result for result, node in found}
     return problems + [
         f"{node}: {outcomes.get(node, 'did not run')}, not {outcome}" for node in cited if outcomes.get(node) != outcome
     ]
 
 
 def mutant_problems(mutation: Mutation, run: Run) -> list[str]:
-    module = mutation.file.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+    module = mutation.where.split(":")[0].removesuffix(".py").removesuffix("/__init__").replace("/", ".")
     return run_problems(run, mutation.cited, "FAILED", module)
 
 
@@ -564,11 +529,8 @@ def start_runs(pool: ThreadPoolExecutor, mutations: Sequence[Mutation], cited: l
 @pytest.fixture(scope="module")
 def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future]]:
     """The runs this session's tests of this module ask for: each selected mutant, and every cited test unchanged."""
-    selected = [
-        item.callspec.params["mutation"]
-        for item in request.session.items
-        if item.module is request.module and hasattr(item, "callspec") and "mutation" in item.callspec.params
-    ]
+    mine = [item for item in request.session.items if item.module is request.module and hasattr(item, "callspec")]
+    selected = [item.callspec.params["mutation"] for item in mine if "mutation" in item.callspec.params]
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         yield start_runs(pool, selected, all_cited(MUTATIONS), tmp_path_factory.mktemp)
 
@@ -582,17 +544,18 @@ def test_the_cited_tests_pass_on_an_unchanged_copy(runs):
 @pytest.mark.parametrize("mutation", MUTATIONS, ids=lambda m: m.id)
 def test_removing_the_technique_fails_its_cited_tests(mutation, runs):
     run = runs[mutation.id].result()
-    problems = mutant_problems(mutation, run)
-    assert not problems, f"{mutation.where}: {mutation.anchor!r} -> {mutation.replacement!r}\n" + "\n".join(
-        [*problems, run.output[-3000:]]
+    problems, change = (
+        mutant_problems(mutation, run),
+        f"{mutation.where}: {mutation.anchor!r} -> {mutation.replacement!r}",
     )
+    assert not problems, "\n".join([change, *problems, run.output[-3000:]])
 
 
 def test_every_anchor_is_found_once_inside_its_function_and_each_id_is_its_own():
     ids = [m.id for m in [*MUTATIONS, *VARIANTS]]  # test ids, and the keys of the runs
     assert len(set(ids)) == len(ids), sorted(i for i in ids if ids.count(i) > 1)
     for mutation in [*MUTATIONS, *VARIANTS]:  # checked without running anything, so a moved line is named at once
-        patch((ROOT / mutation.file).read_text(encoding="utf-8"), mutation)
+        patch((ROOT / mutation.where.split(":")[0]).read_text(encoding="utf-8"), mutation)
 
 
 def test_every_cited_test_is_a_proof_of_the_purpose_table_exists_and_is_no_pytorch_fact():
@@ -602,8 +565,7 @@ def test_every_cited_test_is_a_proof_of_the_purpose_table_exists_and_is_no_pytor
     assert not proofs & facts, f"a PyTorch fact in TECHNIQUES: {sorted(proofs & facts)}"
     for node in proofs:
         file, name = node.split("::")
-        tree = ast.parse((ROOT / file).read_text(encoding="utf-8"))
-        assert any(isinstance(n, ast.FunctionDef) and n.name == name for n in tree.body), f"{node} is not defined"
+        assert isinstance(find_definition(ROOT / file, name), ast.FunctionDef), f"{node} is not defined"
 
 
 def test_a_patch_that_misses_is_refused():
