@@ -17,7 +17,7 @@ from torchmetrics.image.fid import FrechetInceptionDistance
 from torchmetrics.image.kid import KernelInceptionDistance
 from torchvision.transforms.functional import gaussian_blur
 
-from gan.checkpoint import save_checkpoint
+from gan.checkpoint import describe, save_checkpoint
 from gan.config import ClassifierConfig, DataConfig, DatasetName, FeatureSpace, MetricsConfig
 from gan.core.sampling import eval_mode
 from gan.data import ImageSet, load_dataset, to_unit_range
@@ -119,7 +119,7 @@ def load_or_train_classifier(
             model.load_state_dict(state["weights"])
             log.info("Metrics classifier: %s (%.2f%% test accuracy)", path, 100 * accuracy)
         except Exception as err:  # a damaged or foreign file: train a new one over it
-            log.warning("Ignoring the cached classifier %s (%s); training a new one.", path, reason(err))
+            log.warning("Ignoring the cached classifier %s (%s); training a new one.", path, describe(err))
             model = None
     if model is None:  # trained outside the except clause: its errors are not "during handling" of this one
         started = time.perf_counter()
@@ -206,7 +206,7 @@ def inception_network(cfg: MetricsConfig) -> Inception:
         except Exception as err:  # not a torch file, a pickle with code, a TorchScript archive
             if "torchscript" in str(err).lower():
                 hint = "It is a TorchScript file: pass it as metrics.feature_network instead."
-            raise MetricsError(f"{unreadable} ({reason(err)}). {hint}") from err
+            raise MetricsError(f"{unreadable} ({describe(err)}). {hint}") from err
         if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
             raise MetricsError(f"{unreadable} (holds a {type(state).__name__}). {hint}")
     try:
@@ -221,7 +221,7 @@ def inception_network(cfg: MetricsConfig) -> Inception:
         if file is None:
             said = "Could not download torch-fidelity's Inception-v3 weights"
             todo = f"Offline, download {INCEPTION_WEIGHTS_URL} elsewhere and pass metrics.inception_weights=PATH."
-        raise MetricsError(f"{said} ({reason(err)}). {todo}") from err
+        raise MetricsError(f"{said} ({describe(err)}). {todo}") from err
     file = file or Path(torch.hub.get_dir()) / "checkpoints" / INCEPTION_FILE  # downloaded
     digest = hashlib.sha256(file.read_bytes()).hexdigest() if file.is_file() else None
     published = digest is not None and digest.startswith(INCEPTION_SHA256_PREFIX)
@@ -244,7 +244,7 @@ def nvlabs_inception(path: str) -> Inception:
             out = net(torch.zeros(2, 3, 32, 32, dtype=torch.uint8), return_features=True)
     except Exception as err:  # not TorchScript: torch.jit.load's RuntimeError; else another signature or input
         problem = f"loads, but {call} fails" if net is not None else "is not a TorchScript file"
-        raise MetricsError(f"{key} {problem} ({reason(err)}). {hint}") from err
+        raise MetricsError(f"{key} {problem} ({describe(err)}). {hint}") from err
     if not (isinstance(out, Tensor) and out.is_floating_point() and tuple(out.shape) == (2, INCEPTION_DIMS)):
         got = f"a {out.dtype} tensor of shape {tuple(out.shape)}" if isinstance(out, Tensor) else type(out).__name__
         raise MetricsError(f"{key}: {call} returns {got}, not float features of shape (2, {INCEPTION_DIMS}). {hint}")
@@ -256,15 +256,6 @@ def existing_file(path: str, key: str, url: str) -> Path:
     if not file.is_file():
         raise MetricsError(f"{key}={path}: no such file. Download {url} on a machine with internet and pass its path.")
     return file
-
-
-def reason(err: BaseException, limit: int = 200) -> str:
-    """An exception as one short clause (TorchScript's: its last line)."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    if any("Traceback of TorchScript" in line for line in lines):
-        return lines[-1][:limit]
-    text = " ".join(lines).split(". ")[0][:limit]
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 @torch.inference_mode()

@@ -428,8 +428,7 @@ def save_generator(G: nn.Module, formats: ExportFormat, out_dir: Path) -> list[P
             torch.jit.script(wrapped).save(str(out_dir / TORCHSCRIPT_FILE))  # script keeps the rank-1 branch
         written.append(out_dir / TORCHSCRIPT_FILE)
     if formats in (ExportFormat.export, ExportFormat.both):
-        # a dynamic batch dimension (the rank-1 branch guarded out), from an example batch of 2: torch.export
-        # specialises sizes 0 and 1, so 1 would pin it
+        # a dynamic batch, from an example of 2 (torch.export specialises sizes 0 and 1); the rank-1 branch guarded out
         program = torch.export.export(wrapped, (torch.zeros(2, G.z_dim),), dynamic_shapes=({0: Dim("batch", min=1)},))
         torch.export.save(program, str(out_dir / EXPORT_FILE))
         written.append(out_dir / EXPORT_FILE)
