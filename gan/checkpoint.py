@@ -81,13 +81,11 @@ ENTRIES: dict[str, Callable[[Any], str]] = {  # what train.py and evaluate.py re
         lambda v: isinstance(v, Mapping) and _real(v.get("fid")) and _whole(v.get("step")), "{'fid': F, 'step': S}"
     ),
     "environment": _plain(lambda v: isinstance(v, Mapping), "the versions and device it was written with, a mapping"),
-    "G": _state_dict,
-    "G_ema": _state_dict,
+    **dict.fromkeys(("G", "G_ema"), _state_dict),
 }
 RESUME_ENTRIES: dict[str, Callable[[Any], str]] = {  # what a resume reads besides
     "D": _state_dict,
-    "opt_g": _optimizer,
-    "opt_d": _optimizer,
+    **dict.fromkeys(("opt_g", "opt_d"), _optimizer),
     "data": _plain(
         lambda v: isinstance(v, Mapping) and all(_whole(v.get(key)) for key in ("epoch", "batch")),
         "the batch stream's position, {'epoch': E, 'batch': B} with whole numbers of 0 or more",
@@ -282,8 +280,7 @@ def another_checkpoint(file: Path, use: str = "resume or evaluate") -> str:
 
 
 def describe(err: BaseException) -> str:
-    """`err` as 'Type: its first sentence' (of torch's weights-only refusal: the reason after its preamble; of a
-    TorchScript error: the traceback's last line)."""
+    """'Type: first sentence' of `err` (of a weights-only refusal: its reason; of TorchScript: its last line)."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     if any("Traceback of TorchScript" in line for line in lines):
         return lines[-1][:200]

@@ -29,12 +29,10 @@ def test_canonical_networks_at_64_px_are_main_py_s():
     assert kinds == ["Conv2d", "LeakyReLU"] + ["Conv2d", "BatchNorm2d", "LeakyReLU"] * 3 + ["Conv2d", "Sigmoid"]
 
 
-@pytest.mark.parametrize("size", [16, 32, 64, 8, 24])
+@pytest.mark.parametrize("size", [16, 32, 64])
 def test_canonical_networks_build_every_power_of_two_and_refuse_other_sizes(size):
-    if size not in (16, 32, 64):
-        with pytest.raises(ValueError, match="powers of two from 16"):
-            canonical.Generator(8, 4, 1, size)
-        return
+    for bad in (8, 24, size + 8):
+        pytest.raises(ValueError, canonical.Generator, 8, 4, 1, bad).match("powers of two from 16")
     G, D = canonical.Generator(8, 4, 1, size), canonical.Discriminator(4, 1, size)
     images = G(torch.randn(5, 8, 1, 1))
     assert images.shape == (5, 1, size, size) and images.abs().max() <= 1

@@ -168,8 +168,7 @@ def measure(
 
 def intra_fid(real_features: Tensor, real_labels: Tensor, fake_features: Tensor, requested: Tensor) -> dict:
     """Each class's samples against its own held-out images (StudioGAN's intra-class FID)."""
-    per_class: dict[int, float] = {}
-    needed = max(MIN_PER_CLASS, real_features.size(1) + 1)
+    per_class, needed = {}, max(MIN_PER_CLASS, real_features.size(1) + 1)
     for c in requested.unique().tolist():
         reals, fakes = real_features[real_labels == c], fake_features[requested == c]
         if min(reals.size(0), fakes.size(0)) < needed:
@@ -211,8 +210,7 @@ def slerp(z0: Tensor, z1: Tensor, t: Tensor) -> Tensor:
     """(R, D), (R, D), (T,) -> (R, T, D) (White 2016): latents lie near a sphere; a line cuts inside, unseen by G."""
     u0, u1 = z0 / z0.norm(dim=-1, keepdim=True), z1 / z1.norm(dim=-1, keepdim=True)
     omega = torch.acos((u0 * u1).sum(dim=-1).clamp(-1, 1))[:, None, None]  # (R, 1, 1)
-    t = t[None, :, None]  # (1, T, 1)
-    sin = torch.sin(omega)
+    t, sin = t[None, :, None], torch.sin(omega)  # (1, T, 1), (R, 1, 1)
     near = sin.abs() < 1e-6  # (almost) parallel: the arc is a line
     w0 = torch.where(near, 1 - t, torch.sin((1 - t) * omega) / torch.where(near, 1.0, sin))
     w1 = torch.where(near, t, torch.sin(t * omega) / torch.where(near, 1.0, sin))
