@@ -258,10 +258,9 @@ def stored_config_error(err: Exception, source: str | Path, group: str = "") -> 
         return _damaged(source, "config", f"{where}{text}")
     what = "is not a setting" if isinstance(err, ConfigKeyError) else "holds a choice that is not an option"
     why = "Either another version of this project wrote it (use that version), or its config was edited since"
-    return CheckpointError(
-        f"The config stored in {checkpoint_path(source)} does not fit this version's settings ({where}{text}): "
-        f"{key or 'it'} {what} of this version. {why}. {another_checkpoint(checkpoint_path(source))}"
-    )
+    file = checkpoint_path(source)
+    misfit = f"does not fit this version's settings ({where}{text}): {key or 'it'} {what} of this version"
+    return CheckpointError(f"The config stored in {file} {misfit}. {why}. {another_checkpoint(file)}")
 
 
 def another_checkpoint(file: Path, use: str = "resume or evaluate") -> str:

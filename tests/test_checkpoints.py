@@ -113,8 +113,7 @@ def test_a_run_moved_to_another_device_resumes_adas_draws_from_their_seed():
 def test_signal_writes_a_checkpoint_and_the_run_resumes(tmp_path, sig, code):
     run_dir = tmp_path / "run"
     steps = ("trainer.max_steps=100000", "trainer.checkpoint_every=100000", f"hydra.run.dir={run_dir}")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    args = [sys.executable, str(ROOT / "train.py"), *TINY, *steps]
+    env, args = {**os.environ, "PYTHONUNBUFFERED": "1"}, [sys.executable, str(ROOT / "train.py"), *TINY, *steps]
     process = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines = run_until(process, "step 4 ")  # training is under way
     process.send_signal(sig)

@@ -209,8 +209,7 @@ def test_note002_no_grad_saves_no_tensors_and_cannot_backprop():
     assert saved == [] and alive() is None  # nothing saved, the intermediate is gone
     assert torch.equal(out.detach(), out_no_grad)  # the same numbers
     pytest.raises(RuntimeError, lambda: out_no_grad.sum().backward()).match("does not require grad")
-    layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True).eval()
-    tokens = torch.randn(2, 5, 16)
+    layer, tokens = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True).eval(), torch.randn(2, 5, 16)
     with torch.autograd.profiler.profile() as with_grad:
         expected = layer(tokens)
     with torch.no_grad(), torch.autograd.profiler.profile() as without_grad:

@@ -50,8 +50,7 @@ def write_idx(path: Path, array: np.ndarray) -> None:
 def write_mnist(root: Path, folder: str = "MNIST", train: int = 40, test: int = 8) -> list[int]:
     """Top half 100 + 10 label + index % 4, bottom half black; the test split starts at class 5; the train labels."""
     for prefix, count in (("train", train), ("t10k", test)):
-        labels = (np.arange(count) + (5 if prefix == "t10k" else 0)) % 10
-        images = np.zeros((count, 28, 28), np.uint8)
+        labels, images = (np.arange(count) + (5 if prefix == "t10k" else 0)) % 10, np.zeros((count, 28, 28), np.uint8)
         images[:, :14] = (100 + labels * 10 + np.arange(count) % 4)[:, None, None]
         write_idx(root / folder / "raw" / f"{prefix}-images-idx3-ubyte", images)
         write_idx(root / folder / "raw" / f"{prefix}-labels-idx1-ubyte", labels)

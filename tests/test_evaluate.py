@@ -98,8 +98,7 @@ def test_exported_generators_reload_and_match_the_eager_one_and_trace_drops_the_
     assert X.save_generator(G, ExportFormat.none, tmp_path / "export") == []  # export=none writes nothing
     z = torch.randn(5, G.z_dim)
     with torch.no_grad():
-        eager = G.eval()(z)
-        scripted = torch.jit.load(str(eval_dir / "export" / X.TORCHSCRIPT_FILE))
+        eager, scripted = G.eval()(z), torch.jit.load(str(eval_dir / "export" / X.TORCHSCRIPT_FILE))
         program = torch.export.load(str(eval_dir / "export" / X.EXPORT_FILE)).module()
         traced = torch.jit.trace(X.SamplingGenerator(G), z)  # for contrast (docs/more.md): trace records no `if`
         for module in (scripted, program, traced):
@@ -306,8 +305,7 @@ def test_the_interruption_line_says_only_what_the_run_dir_holds(tmp_path):
 @pytest.mark.parametrize("use_ema", [False, True], ids=["G", "G_ema"])
 def test_a_nan_in_a_batchnorm_statistic_alone_is_refused_by_evaluate(tiny_run, use_ema):
     # the statistics are buffers, not weights: evaluate.py with bn_batches=0 would sample with them
-    state = torch.load(tiny_run / "checkpoints" / "last.pt", weights_only=True)
-    entry = "G_ema" if use_ema else "G"
+    state, entry = torch.load(tiny_run / "checkpoints" / "last.pt", weights_only=True), "G_ema" if use_ema else "G"
     key = next(k for k in state[entry] if k.endswith("running_var"))
     state[entry][key][0] = float("nan")
     with pytest.raises(CheckpointError) as caught:

@@ -20,8 +20,7 @@ from gan.evaluation import metrics as M
 
 CPU = torch.device("cpu")
 STATED_ACCURACY = 0.97  # the tiny test classifier must reach this on the held-out digits (measured 0.995)
-TINY_CLASSIFIER = ClassifierConfig(epochs=3)
-TINY_METRICS = MetricsConfig(kid_subsets=20, kid_subset_size=500)
+TINY_CLASSIFIER, TINY_METRICS = ClassifierConfig(epochs=3), MetricsConfig(kid_subsets=20, kid_subset_size=500)
 
 
 @pytest.fixture(scope="module")
@@ -33,15 +32,10 @@ def digits() -> dict:
     held_out = ImageSet(*render_digits(1000, 16, seed=1_000_003), num_classes=10)
     classifier, accuracy = M.train_classifier(train, held_out, TINY_CLASSIFIER, CPU)
     features = M.ClassifierFeatures(classifier)
-    yield dict(
-        train=train,
-        held_out=held_out,
-        classifier=classifier,
-        accuracy=accuracy,
-        features=features,
-        real_features=M.batched(features, held_out.images, 500, CPU),
-        real_labels=M.predict(classifier, held_out.images, 500, CPU),
-    )
+    found = dict(train=train, held_out=held_out, classifier=classifier, accuracy=accuracy, features=features)
+    found["real_features"] = M.batched(features, held_out.images, 500, CPU)
+    found["real_labels"] = M.predict(classifier, held_out.images, 500, CPU)
+    yield found
     torch.set_num_threads(threads)
 
 

@@ -122,8 +122,7 @@ def test_g_step_leaves_discriminator_untouched(tiny_gan):
     """G's update sees exactly the G loss's gradient through D; D gets no gradient, its weights and flags unchanged."""
     G, D = tiny_gan
     z, real = torch.randn(16, 16), torch.rand(16, 1, 16, 16) * 2 - 1
-    G_before = copy.deepcopy(G)
-    fake = G(z)
+    G_before, fake = copy.deepcopy(G), G(z)
     _, real_features = d_step(D, adam(D), real, fake)
     D_after, d_weights = copy.deepcopy(D), [p.detach().clone() for p in D.parameters()]
     opt = torch.optim.SGD(G.parameters(), lr=0.01)
@@ -354,8 +353,7 @@ def test_fp32_project_step_matches_the_canonical_step(d):
     netD = SigmoidD(netD.to(memory_format=torch.contiguous_format))
     opt_g, opt_d = build_optimizer(G, cfg, CPU), build_optimizer(D, cfg, CPU)
     betas = (cfg.optim.beta1, cfg.optim.beta2)
-    canon_g = torch.optim.Adam(netG.parameters(), lr=cfg.optim.lr, betas=betas)
-    canon_d = torch.optim.Adam(netD.parameters(), lr=cfg.optim.lr, betas=betas)
+    canon_g, canon_d = (torch.optim.Adam(net.parameters(), lr=cfg.optim.lr, betas=betas) for net in (netG, netD))
     ctx = step_context(Precision.fp32, CPU, skip_nonfinite=False)
     for _ in range(2):
         real, z = torch.rand(32, 1, 16, 16) * 2 - 1, torch.randn(32, cfg.model.z_dim)

@@ -125,10 +125,8 @@ def load_or_train_classifier(
         started = time.perf_counter()
         train, test = (load_dataset(data, train=split, in_memory=True) for split in (True, False))
         if train.num_classes < 2:
-            raise MetricsError(
-                f"data={data.name} has {train.num_classes} class: classifier features need 2 or more. "
-                "Use metrics.features=inception."
-            )
+            why = "classifier features need 2 or more. Use metrics.features=inception"
+            raise MetricsError(f"data={data.name} has {train.num_classes} class: {why}.")
         model, accuracy = train_classifier(train, test, cfg, device)
         log.info(f"Trained the metrics classifier in {time.perf_counter() - started:.1f} s: {100 * accuracy:.2f}% "
                  f"test accuracy on {test.labels.numel()} held-out images")  # fmt: skip
@@ -141,10 +139,9 @@ def load_or_train_classifier(
         except OSError as err:  # a read-only data folder: measure anyway, train again next time
             log.warning("Could not cache the classifier in %s (%s); it will be trained again next time.", path, err)
     if accuracy < cfg.min_accuracy:
-        raise MetricsError(
-            f"The metrics classifier ({path}) reaches {100 * accuracy:.2f}% test accuracy, below metrics.classifier."
-            f"min_accuracy={cfg.min_accuracy}. Raise metrics.classifier.epochs or .width, or lower .min_accuracy."
-        )
+        todo = "Raise metrics.classifier.epochs or .width, or lower .min_accuracy"
+        what = f"{100 * accuracy:.2f}% test accuracy, below metrics.classifier.min_accuracy={cfg.min_accuracy}"
+        raise MetricsError(f"The metrics classifier ({path}) reaches {what}. {todo}.")
     return model.to(device).eval(), accuracy, path
 
 
@@ -192,10 +189,8 @@ def inception_network(cfg: MetricsConfig) -> Inception:
     weights = cfg.inception_weights
     file = existing_file(weights, "metrics.inception_weights", INCEPTION_WEIGHTS_URL) if weights else None
     if importlib.util.find_spec("torch_fidelity") is None:
-        raise MetricsError(
-            "metrics.features=inception needs torch-fidelity: `pip install torch-fidelity` (the metrics extra), "
-            "or give NVlabs' TorchScript file as metrics.feature_network=PATH."
-        )
+        todo = "(the metrics extra), or give NVlabs' TorchScript file as metrics.feature_network=PATH"
+        raise MetricsError(f"metrics.features=inception needs torch-fidelity: `pip install torch-fidelity` {todo}.")
     if file is not None:  # refused unless a state dict: torch-fidelity loads it with weights_only=False (runs code)
         unreadable = f"metrics.inception_weights={weights} cannot be read as a state dict of tensors"
         hint = f"It takes torch-fidelity's {INCEPTION_WEIGHTS_URL}."
@@ -233,8 +228,7 @@ def inception_network(cfg: MetricsConfig) -> Inception:
 
 def nvlabs_inception(path: str) -> Inception:
     file, net = existing_file(path, "metrics.feature_network", NVLABS_INCEPTION_URL), None
-    call = "net(uint8 images of shape (2, 3, 32, 32), return_features=True)"
-    key = f"metrics.feature_network={path}"
+    call, key = "net(uint8 images of shape (2, 3, 32, 32), return_features=True)", f"metrics.feature_network={path}"
     hint = f"It takes NVlabs' {NVLABS_INCEPTION_URL}; a state dict goes in metrics.inception_weights."
     try:
         with warnings.catch_warnings():  # torch 2.x deprecates TorchScript (FutureWarning); NVlabs' file is one
@@ -277,10 +271,9 @@ def fid(real: Tensor, fake: Tensor) -> float:
     """Heusel et al. 2017. Biased upward at small N (Chong & Forsyth 2020): compare only equal N."""
     smallest, dims = min(real.size(0), fake.size(0)), real.size(1)
     if smallest <= dims:
-        log.warning(
-            f"FID from {smallest} images of {dims} features: the covariances are singular (rank < {dims}); the "
-            "number is biased upward, comparable only with FIDs from as many images (published ones use 10k or 50k)."
-        )
+        singular = f"FID from {smallest} images of {dims} features: the covariances are singular (rank < {dims})"
+        bias = "the number is biased upward, comparable only with FIDs from as many images (published: 10k or 50k)"
+        log.warning(f"{singular}; {bias}.")
     identity = nn.Identity()  # as torchmetrics' extractor: the features are computed once, shared by all metrics
     identity.num_features = real.size(1)
     metric = FrechetInceptionDistance(feature=identity)

@@ -58,14 +58,11 @@ def evaluate(
     # Inception first: a missing file or package fails before any other work
     inception = M.inception_network(cfg.metrics) if cfg.metrics.features == FeatureSpace.inception else None
     state, source = ckpt.load_checkpoint(cfg.checkpoint, map_location="cpu"), str(cfg.checkpoint)
-    data = data_config_of(state, data_overrides or {}, source)
-    num_classes = classes_of(state, source)
+    data, num_classes = data_config_of(state, data_overrides or {}, source), classes_of(state, source)
     check_class_id(cfg.class_id, num_classes, source)
     if num_classes and cfg.export != ExportFormat.none:
-        raise ConfigError(
-            f"export={cfg.export.value}: {source} holds a class-conditional G(z, y); export packages G(z) only. "
-            "Leave export out (the checkpoint itself holds the generator)."
-        )
+        why = "export packages G(z) only. Leave export out (the checkpoint itself holds the generator)"
+        raise ConfigError(f"export={cfg.export.value}: {source} holds a class-conditional G(z, y); {why}.")
     G, about = prepare_generator(state, cfg, device)
     log.info("Evaluating %s: step %d, %s generator, data=%s (%d px, %d channel(s))", cfg.checkpoint,
              about["step"], about["generator"], data.name, data.image_size, data.channels)  # fmt: skip
@@ -221,10 +218,9 @@ def data_config_of(state: Mapping[str, Any], overrides: Mapping, source: str = "
     recorded = stored_group(state, "data", DataConfig, source)
     for key in ("image_size", "channels"):
         if key in overrides and key in state["config"]["data"] and overrides[key] != getattr(recorded, key):
-            raise ConfigError(
-                f"data.{key}={overrides[key]!r} differs from the checkpoint's {getattr(recorded, key)!r}: the "
-                "generator's output shape is fixed by the checkpoint. Leave data.image_size and data.channels out."
-            )
+            what = f"data.{key}={overrides[key]!r} differs from the checkpoint's {getattr(recorded, key)!r}"
+            why = "the generator's output shape is fixed by the checkpoint. Leave data.image_size and data.channels out"
+            raise ConfigError(f"{what}: {why}.")
     try:  # Hydra has typed the overrides against DataConfig already: a failure here is theirs
         data = OmegaConf.to_object(OmegaConf.merge(recorded, dict(overrides)))
     except (OmegaConfBaseException, ValueError) as err:
@@ -250,12 +246,10 @@ def classes_of(state: Mapping[str, Any], source: str = "the checkpoint") -> int:
     if (conditional and num_classes >= 2) or (not conditional and num_classes == 0):
         return num_classes
     built = f"built for {num_classes} classes" if num_classes else "built without classes (num_classes 0 or absent)"
-    raise CheckpointError(
-        f"The config stored in {ckpt.checkpoint_path(source)} and its weights disagree: model.conditional="
-        f"{str(conditional).lower()}, but its entry 'num_classes' says its generator was {built}"
-        f"{', and a conditional one needs 2 or more' if conditional else ''}. {DAMAGED} "
-        f"{ckpt.another_checkpoint(ckpt.checkpoint_path(source), 'evaluate')}"
-    )
+    file, needs = ckpt.checkpoint_path(source), ", and a conditional one needs 2 or more" if conditional else ""
+    why = f"model.conditional={str(conditional).lower()}, but its entry 'num_classes' says its generator was {built}"
+    instead = ckpt.another_checkpoint(file, "evaluate")
+    raise CheckpointError(f"The config stored in {file} and its weights disagree: {why}{needs}. {DAMAGED} {instead}")
 
 
 def build_generator(
@@ -276,10 +270,8 @@ def build_generator(
     bad, total = ckpt.nonfinite(G.state_dict().items())  # the check a resume makes too (require_training_state)
     if bad:
         shown = ", ".join(bad[:4]) + (", ..." if len(bad) > 4 else "")
-        raise CheckpointError(
-            f"The {name} generator in {source} holds NaN or inf in {len(bad)} of its {total} tensors ({shown}): the "
-            f"checkpoint is damaged (training diverged, or it was altered). {instead}"
-        )
+        why = f"{len(bad)} of its {total} tensors ({shown}): the checkpoint is damaged (training diverged, or altered)"
+        raise CheckpointError(f"The {name} generator in {source} holds NaN or inf in {why}. {instead}")
     return G.to(device).eval(), name
 
 
@@ -352,9 +344,8 @@ def class_metrics(
     if classifier is None:
         return {"classes_covered": None, "class_kl": None}
     batch, threshold, stacked = cfg.batch_size, cfg.metrics.class_threshold, reals.stacked
-    fake_modes, real_modes = (
-        M.predict(classifier, x, batch, device, per_channel=stacked) for x in (fake, reals.images)
-    )
+    fake_modes = M.predict(classifier, fake, batch, device, per_channel=stacked)
+    real_modes = M.predict(classifier, reals.images, batch, device, per_channel=stacked)
     if not stacked:
         return M.class_coverage(fake_modes, real_modes, classifier.head.out_features, threshold)
     decoded = float((real_modes == reals.labels).float().mean())
@@ -391,19 +382,16 @@ def interrupted(run_dir: Path) -> str:
 
 def check_class_id(class_id: Optional[int], num_classes: int, source: str) -> None:
     if class_id is not None and not num_classes:
-        raise ConfigError(
-            f"class_id={class_id} asks for one class, but {source} holds an unconditional generator, which cannot "
-            "be told a class. Leave class_id out, or use a checkpoint of a run with model.conditional=true."
-        )
+        what = f"{source} holds an unconditional generator, which cannot be told a class"
+        todo = "Leave class_id out, or use a checkpoint of a run with model.conditional=true"
+        raise ConfigError(f"class_id={class_id} asks for one class, but {what}. {todo}.")
     if class_id is not None and not 0 <= class_id < num_classes:
-        raise ConfigError(
-            f"class_id={class_id} is out of range: the generator in {source} knows classes 0 to {num_classes - 1}."
-        )
+        known = f"the generator in {source} knows classes 0 to {num_classes - 1}"
+        raise ConfigError(f"class_id={class_id} is out of range: {known}.")
 
 
 # G as a file that runs without this project's code: TorchScript, torch.export (control flow: docs/more.md) ----
-TORCHSCRIPT_FILE = "generator.torchscript.pt"
-EXPORT_FILE = "generator.pt2"
+TORCHSCRIPT_FILE, EXPORT_FILE = "generator.torchscript.pt", "generator.pt2"
 
 
 class SamplingGenerator(nn.Module):
