@@ -40,8 +40,7 @@ def test_a_crash_during_a_write_leaves_the_previous_checkpoint(tmp_path, monkeyp
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", crash_midway)
-    with pytest.raises(OSError, match="disk full"):
-        save_checkpoint({**state, "step": 2}, path)
+    pytest.raises(OSError, save_checkpoint, {**state, "step": 2}, path).match("disk full")
     assert load_checkpoint(path)["step"] == 1 and [p.name for p in tmp_path.iterdir()] == ["last.pt"]  # no temp file
 
 

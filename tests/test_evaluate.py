@@ -133,8 +133,7 @@ def test_the_evaluate_config_composes_typed_and_needs_a_checkpoint():
         (["checkpoint=x.pt", nvlabs[2]], "metrics.feature_network='n.pt' is an Inception-v3 file"),
         (["checkpoint=x.pt", "num_samples=10", "metrics.pr_k=10"], r"num_samples=10 must exceed metrics.pr_k \(10\)"),
     ]:
-        with pytest.raises(ConfigError, match=said):
-            compose_evaluate(*overrides)
+        pytest.raises(ConfigError, compose_evaluate, *overrides).match(said)
 
 
 def test_the_ema_generator_is_used_when_the_checkpoint_has_one_and_data_comes_from_it(tmp_path):
@@ -147,8 +146,7 @@ def test_the_ema_generator_is_used_when_the_checkpoint_has_one_and_data_comes_fr
     elsewhere = str(tmp_path / "elsewhere")
     data = X.data_config_of(state, {"root": elsewhere})  # only the keys given replace the checkpoint's own
     assert (data.name, data.image_size, data.num_samples, data.root) == ("digits", 16, 1200, elsewhere)
-    with pytest.raises(ConfigError, match="data.image_size"):
-        X.data_config_of(state, {"image_size": 32})
+    pytest.raises(ConfigError, X.data_config_of, state, {"image_size": 32}).match("data.image_size")
 
 
 def test_sampling_and_recomputing_batchnorm_statistics_leave_g_in_its_mode(tiny_gan):

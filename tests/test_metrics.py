@@ -212,8 +212,7 @@ def test_inception_without_torch_fidelity_says_how_to_get_it(tmp_path, monkeypat
     weights = tmp_path / "weights.pth"
     weights.write_bytes(b"not really weights")
     monkeypatch.setattr(M.importlib.util, "find_spec", lambda name: None)  # as on a machine without it
-    with pytest.raises(M.MetricsError, match="pip install torch-fidelity"):
-        inception(inception_weights=str(weights))
+    pytest.raises(M.MetricsError, inception, inception_weights=str(weights)).match("pip install torch-fidelity")
 
 
 # the two Inception-v3 files: a random-valued stand-in for each, through the code real files take --

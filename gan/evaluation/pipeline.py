@@ -40,8 +40,7 @@ log = logging.getLogger(__name__)
 # Sorted after the training's own: `summary` after `samples` (`samples_eval` would come first), the table after run/*
 IMAGES_GROUP, METRICS_TEXT_TAG = "summary", "run/eval_metrics"
 SAVED = (("samples.npz", SaveSamples.npz), ("samples", SaveSamples.png))
-# Intra-class FID needs this many images per class, and d + 1 (else the covariance is singular).
-MIN_PER_CLASS = 200
+MIN_PER_CLASS = 200  # the images per class intra-class FID needs, and d + 1 (else the covariance is singular)
 Reals = NamedTuple("Reals", [("images", Tensor), ("labels", Tensor), ("stacked", bool)])  # held-out, measured against
 # evaluate.py has no model.* settings that could change: a config at odds with its weights is damage
 DAMAGED = "evaluate.py builds the generator from the checkpoint alone: it was damaged or edited after it was written."
