@@ -73,10 +73,9 @@ def evaluate(
     for key, published in (("pr_k", 3), ("dc_k", 5)):  # each real image's ball reaches its k-th real neighbour
         k, count = getattr(cfg.metrics, key), reals.images.size(0)
         if k >= count:
-            raise MetricsError(
-                f"metrics.{key}={k} needs more than {k} real images; {split} holds {count}. Lower metrics.{key} "
-                f"below {count} ({published} is the published setting), or measure against more held-out images."
-            )
+            need = f"metrics.{key}={k} needs more than {k} real images; {split} holds {count}"
+            todo = f"Lower metrics.{key} below {count} ({published} is the published setting)"
+            raise MetricsError(f"{need}. {todo}, or measure against more held-out images.")
     done["data"] = time.perf_counter()
     classifier, accuracy, classifier_file = classifier_for(data, reference, reals.stacked, cfg, device)
     feature_net = (inception or M.ClassifierFeatures(classifier, reals.stacked, reference.images.size(1))).to(device)
