@@ -81,13 +81,11 @@ ENTRIES: dict[str, Callable[[Any], str]] = {  # what train.py and evaluate.py re
         lambda v: isinstance(v, Mapping) and _real(v.get("fid")) and _whole(v.get("step")), "{'fid': F, 'step': S}"
     ),
     "environment": _plain(lambda v: isinstance(v, Mapping), "the versions and device it was written with, a mapping"),
-    "G": _state_dict,
-    "G_ema": _state_dict,
+    **dict.fromkeys(("G", "G_ema"), _state_dict),
 }
 RESUME_ENTRIES: dict[str, Callable[[Any], str]] = {  # what a resume reads besides
     "D": _state_dict,
-    "opt_g": _optimizer,
-    "opt_d": _optimizer,
+    **dict.fromkeys(("opt_g", "opt_d"), _optimizer),
     "data": _plain(
         lambda v: isinstance(v, Mapping) and all(_whole(v.get(key)) for key in ("epoch", "batch")),
         "the batch stream's position, {'epoch': E, 'batch': B} with whole numbers of 0 or more",
@@ -159,7 +157,7 @@ def save_atomically(obj: Any, path: Path) -> None:
             raise OSError(err.__context__.errno, err.__context__.strerror, str(path)) from err
         if "PytorchStreamWriter" not in str(err) and "inline_container" not in str(err):
             raise
-        raise OSError(errno.EIO, f"torch.save could not write it ({_describe(err)})", str(path)) from err
+        raise OSError(errno.EIO, f"torch.save could not write it ({describe(err)})", str(path)) from err
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -199,7 +197,7 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
         with open(file, "rb") as f:
             head = f.read(4)
     except OSError as err:  # permissions, an I/O error
-        raise CheckpointError(f"Cannot read {file}: {_describe(err)}.") from err
+        raise CheckpointError(f"Cannot read {file}: {describe(err)}.") from err
     if not head:
         why = "it is an empty file (0 bytes), not a checkpoint: this project writes them whole, so it was emptied later"
         raise CheckpointError(f"Cannot read {file}: {why}. {another_checkpoint(file)}")
@@ -214,7 +212,7 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
             raise CheckpointError(f"Refused to load {file}: it names {forbidden.group(1)}, {why}.") from err
         truncated = head == b"PK\x03\x04" and not zipfile.is_zipfile(file)  # a zip's end record comes last
         what = f"torch.save's zip archive cut short at {file.stat().st_size} bytes, its end missing"
-        what = f"it is truncated: {what}" if truncated else f"it is corrupt or not a PyTorch file ({_describe(err)})"
+        what = f"it is truncated: {what}" if truncated else f"it is corrupt or not a PyTorch file ({describe(err)})"
         raise CheckpointError(f"Cannot read {file}: {what}. {another_checkpoint(file)}") from err
     if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
         found = sorted(state) if isinstance(state, dict) else type(state).__name__
@@ -260,10 +258,9 @@ def stored_config_error(err: Exception, source: str | Path, group: str = "") -> 
         return _damaged(source, "config", f"{where}{text}")
     what = "is not a setting" if isinstance(err, ConfigKeyError) else "holds a choice that is not an option"
     why = "Either another version of this project wrote it (use that version), or its config was edited since"
-    return CheckpointError(
-        f"The config stored in {checkpoint_path(source)} does not fit this version's settings ({where}{text}): "
-        f"{key or 'it'} {what} of this version. {why}. {another_checkpoint(checkpoint_path(source))}"
-    )
+    file = checkpoint_path(source)
+    misfit = f"does not fit this version's settings ({where}{text}): {key or 'it'} {what} of this version"
+    return CheckpointError(f"The config stored in {file} {misfit}. {why}. {another_checkpoint(file)}")
 
 
 def another_checkpoint(file: Path, use: str = "resume or evaluate") -> str:
@@ -281,11 +278,15 @@ def another_checkpoint(file: Path, use: str = "resume or evaluate") -> str:
     return f"Checkpoints are kept beside it ({names}): {use} {copies[0]}, the newest, or another of them."
 
 
-def _describe(err: BaseException) -> str:
-    """'Type: first line' of `err`, or of the reason torch's weights-only refusal gives after its preamble."""
-    reason = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", str(err))
-    lines = [reason.group(1)] if reason else str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0].strip()[:200]}" if lines else type(err).__name__
+def describe(err: BaseException) -> str:
+    """'Type: first sentence' of `err` (of a weights-only refusal: its reason; of TorchScript: its last line)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if any("Traceback of TorchScript" in line for line in lines):
+        return lines[-1][:200]
+    if weights_only := re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", str(err)):
+        lines = [weights_only.group(1)]
+    text = " ".join(lines).split(". ")[0][:200]
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def load_module_state(module: nn.Module, state: Mapping[str, Tensor], name: str, advice: Optional[str] = None) -> None:

@@ -40,8 +40,7 @@ def test_a_crash_during_a_write_leaves_the_previous_checkpoint(tmp_path, monkeyp
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", crash_midway)
-    with pytest.raises(OSError, match="disk full"):
-        save_checkpoint({**state, "step": 2}, path)
+    pytest.raises(OSError, save_checkpoint, {**state, "step": 2}, path).match("disk full")
     assert load_checkpoint(path)["step"] == 1 and [p.name for p in tmp_path.iterdir()] == ["last.pt"]  # no temp file
 
 
@@ -113,8 +112,7 @@ def test_a_run_moved_to_another_device_resumes_adas_draws_from_their_seed():
 def test_signal_writes_a_checkpoint_and_the_run_resumes(tmp_path, sig, code):
     run_dir = tmp_path / "run"
     steps = ("trainer.max_steps=100000", "trainer.checkpoint_every=100000", f"hydra.run.dir={run_dir}")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    args = [sys.executable, str(ROOT / "train.py"), *TINY, *steps]
+    env, args = {**os.environ, "PYTHONUNBUFFERED": "1"}, [sys.executable, str(ROOT / "train.py"), *TINY, *steps]
     process = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines = run_until(process, "step 4 ")  # training is under way
     process.send_signal(sig)

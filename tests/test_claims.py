@@ -209,8 +209,7 @@ def test_note002_no_grad_saves_no_tensors_and_cannot_backprop():
     assert saved == [] and alive() is None  # nothing saved, the intermediate is gone
     assert torch.equal(out.detach(), out_no_grad)  # the same numbers
     pytest.raises(RuntimeError, lambda: out_no_grad.sum().backward()).match("does not require grad")
-    layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True).eval()
-    tokens = torch.randn(2, 5, 16)
+    layer, tokens = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True).eval(), torch.randn(2, 5, 16)
     with torch.autograd.profiler.profile() as with_grad:
         expected = layer(tokens)
     with torch.no_grad(), torch.autograd.profiler.profile() as without_grad:
@@ -417,8 +416,7 @@ def test_note003_views():
     a = torch.arange(6.0).view(2, 3)
     p = a.permute(1, 0)
     assert p.data_ptr() == a.data_ptr() and not p.is_contiguous()
-    with pytest.raises(RuntimeError, match="view size is not compatible"):
-        p.view(6)  # merges the two swapped dimensions
+    pytest.raises(RuntimeError, p.view, 6).match("view size is not compatible")  # merges the two swapped dimensions
     r = p.reshape(6)
     assert r.data_ptr() != a.data_ptr() and r.tolist() == [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]
     b = torch.arange(24.0).view(2, 3, 4).permute(2, 0, 1)  # shape (4, 2, 3), strides (1, 12, 4)

@@ -29,12 +29,10 @@ def test_canonical_networks_at_64_px_are_main_py_s():
     assert kinds == ["Conv2d", "LeakyReLU"] + ["Conv2d", "BatchNorm2d", "LeakyReLU"] * 3 + ["Conv2d", "Sigmoid"]
 
 
-@pytest.mark.parametrize("size", [16, 32, 64, 8, 24])
+@pytest.mark.parametrize("size", [16, 32, 64])
 def test_canonical_networks_build_every_power_of_two_and_refuse_other_sizes(size):
-    if size not in (16, 32, 64):
-        with pytest.raises(ValueError, match="powers of two from 16"):
-            canonical.Generator(8, 4, 1, size)
-        return
+    for bad in (8, 24, size + 8):
+        pytest.raises(ValueError, canonical.Generator, 8, 4, 1, bad).match("powers of two from 16")
     G, D = canonical.Generator(8, 4, 1, size), canonical.Discriminator(4, 1, size)
     images = G(torch.randn(5, 8, 1, 1))
     assert images.shape == (5, 1, size, size) and images.abs().max() <= 1
@@ -74,8 +72,7 @@ def test_images_dataset_applies_main_py_s_transform():
 
 
 def test_sampler_uses_batch_statistics_or_running_ones():  # torch seeded by conftest's autouse fixture
-    netG = canonical.Generator(8, 4, 1, 16).eval()
-    z = torch.randn(8, 8)
+    netG, z = canonical.Generator(8, 4, 1, 16).eval(), torch.randn(8, 8)
     with torch.no_grad():
         eval_mode = canonical.Sampler(copy.deepcopy(netG), 8, batch_statistics=False).eval()(z)
         train_mode = canonical.Sampler(copy.deepcopy(netG), 8, batch_statistics=True, batch=4).eval()(z)
@@ -152,8 +149,7 @@ def test_compare_runs_end_to_end(tmp_path):
     overrides = [*TINY_RACE, "trainer.max_steps=1000000"]
     done = run_script("compare.py", *overrides, "--budget-s", "3", "--samples", "200", "--out", "race", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    last = done.stdout.strip().splitlines()[-1]
-    number = r"[0-9.e+-]+|inf|nan"
+    last, number = done.stdout.strip().splitlines()[-1], r"[0-9.e+-]+|inf|nan"
     keys = "time_to_quality fid_at_budget_ratio fid_project fid_canonical recall_project recall_canonical".split()
     assert re.fullmatch(" ".join(f"{key}=(?:{number})" for key in keys), last), last
     result = json.loads((tmp_path / "race" / "compare.json").read_text())

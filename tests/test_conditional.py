@@ -263,26 +263,20 @@ def test_the_probe_restores_D_buffers_and_draws_no_random_number(tiny_gan):
     assert scores["d/heldout_gap"] == pytest.approx(scores["d/score_train"] - scores["d/score_heldout"])
 
 
-def eval_config(tmp_path: Path, **kwargs) -> EvaluateConfig:
-    """An evaluation of an untrained conditional G on 16 px digits (1200 training, 200 held-out images)."""
+def test_evaluate_reports_cond_accuracy_a_row_per_class_and_given_class_id_measures_that_class_alone(
+    tmp_path, monkeypatch, one_thread, classifier_cache
+):
+    """An untrained conditional G on 16 px digits (1200 training, 200 held-out images): every class, then class 7."""
     checkpoint, metrics = tiny_checkpoint(tmp_path, "model.conditional=true"), MetricsConfig(kid_subsets=10)
-    cfg = EvaluateConfig(
-        checkpoint=str(checkpoint), num_samples=200, threads=1, device="cpu", metrics=metrics, **kwargs
-    )
+    cfg = EvaluateConfig(checkpoint=str(checkpoint), num_samples=200, threads=1, device="cpu", metrics=metrics)
     cfg.check()
-    return cfg
-
-
-def test_evaluate_reports_cond_accuracy_and_draws_one_row_per_class(tmp_path, one_thread, classifier_cache):
-    results = evaluate(eval_config(tmp_path), tmp_path / "eval", {"root": str(classifier_cache.parent)})
+    data = {"root": str(classifier_cache.parent)}
+    results = evaluate(cfg, tmp_path / "eval", data)
     assert 0 <= results["cond_accuracy"] <= 1 and results["num_classes"] == 10 and results["class_id"] is None
     assert results["intra_fid"] is None  # 20 held-out images a class: too few for a per-class FID
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["cond_accuracy"] == results["cond_accuracy"]
     with Image.open(tmp_path / "eval" / "classes.png") as grid:
         assert grid.size == (8 * 18 + 2, 10 * 18 + 2)
-
-
-def test_evaluate_class_id_draws_and_measures_that_class_alone(tmp_path, monkeypatch, one_thread, classifier_cache):
     drawn, measure = [], P.measure
 
     def recorded(*args, **kwargs):  # the real measurement, with its classifier, samples and their classes noted
@@ -290,19 +284,19 @@ def test_evaluate_class_id_draws_and_measures_that_class_alone(tmp_path, monkeyp
         return measure(*args, **kwargs)
 
     monkeypatch.setattr(P, "measure", recorded)
-    cfg = eval_config(tmp_path, class_id=7)
-    cfg.metrics.pr_k = cfg.metrics.dc_k = 3  # about 20 held-out images of class 7
-    results = evaluate(cfg, tmp_path / "eval", {"root": str(classifier_cache.parent)})
+    cfg.class_id, cfg.metrics.pr_k, cfg.metrics.dc_k = 7, 3, 3  # about 20 held-out images of class 7
+    cfg.check()
+    results = evaluate(cfg, tmp_path / "seven", data)
     held_out = load_dataset(P.data_config_of(load_checkpoint(cfg.checkpoint), {}), train=False)
     assert results["class_id"] == 7 and results["num_real"] == int((held_out.labels == 7).sum())
     (_, classifier, _, fake, _, _, requested) = drawn[0]
     assert (requested == 7).all() and requested.numel() == 200
     obeyed = float((M.predict(classifier, fake, 64, torch.device("cpu")) == 7).float().mean())  # obedience to y
     assert results["cond_accuracy"] == obeyed and "intra_fid" not in results  # one class: no spread
-    assert not (tmp_path / "eval" / "classes.png").exists()
+    assert not (tmp_path / "seven" / "classes.png").exists()
     cfg.metrics.dc_k = results["num_real"]  # each image's ball would need more neighbours than the class holds
     with pytest.raises(MetricsError, match=f"class_id=7: .* holds {results['num_real']}"):
-        evaluate(cfg, tmp_path / "again", {"root": str(classifier_cache.parent)})
+        evaluate(cfg, tmp_path / "again", data)
 
 
 def test_intra_class_fid_is_each_class_against_its_own_held_out_images(monkeypatch):

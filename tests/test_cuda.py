@@ -91,8 +91,7 @@ def test_a_run_moves_between_cpu_and_cuda_on_resume(tmp_path, first, then):  # t
 
 def test_pinned_worker_batches_equal_the_device_resident_ones_and_a_worker_fed_run_trains(tmp_path):
     # workers on CUDA: pinned host memory and non_blocking copies, the batches of the uint8 tensor on the GPU
-    device = torch.device("cuda")
-    images = torch.randint(0, 256, (96, 1, 8, 8), dtype=torch.uint8)
+    device, images = torch.device("cuda"), torch.randint(0, 256, (96, 1, 8, 8), dtype=torch.uint8)
     resident = BatchStream(images, 16, seed=0, device=device, num_workers=0)
     pinned = BatchStream(images, 16, seed=0, device=device, num_workers=2)
     assert resident.images is not None and resident.images.device.type == "cuda"

@@ -50,8 +50,7 @@ def write_idx(path: Path, array: np.ndarray) -> None:
 def write_mnist(root: Path, folder: str = "MNIST", train: int = 40, test: int = 8) -> list[int]:
     """Top half 100 + 10 label + index % 4, bottom half black; the test split starts at class 5; the train labels."""
     for prefix, count in (("train", train), ("t10k", test)):
-        labels = (np.arange(count) + (5 if prefix == "t10k" else 0)) % 10
-        images = np.zeros((count, 28, 28), np.uint8)
+        labels, images = (np.arange(count) + (5 if prefix == "t10k" else 0)) % 10, np.zeros((count, 28, 28), np.uint8)
         images[:, :14] = (100 + labels * 10 + np.arange(count) % 4)[:, None, None]
         write_idx(root / folder / "raw" / f"{prefix}-images-idx3-ubyte", images)
         write_idx(root / folder / "raw" / f"{prefix}-labels-idx1-ubyte", labels)
@@ -264,8 +263,7 @@ def test_image_formats_and_depths_follow_the_dcgan_recipe_and_a_bomb_is_refused(
     assert torch.equal(pixels[0].to(torch.int64), torch.from_numpy(ramp.astype(np.int64) >> 8))
     # an image Pillow cannot read at all: test_a_folder_trains_through_a_worker_and_a_bad_image_read_there_...
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 256 x 256 > 2 x 1000 pixels: Pillow refuses it
-    with pytest.raises(DataError, match="ramp.png is refused"):
-        read_image(str(tmp_path / "ramp.png"), 3, 16)
+    pytest.raises(DataError, read_image, str(tmp_path / "ramp.png"), 3, 16).match("ramp.png is refused")
 
 
 def test_class_subfolders_are_labels_at_any_depth_the_classifier_cache_no_class_and_a_seventh_is_held_out(tmp_path):
@@ -415,12 +413,10 @@ def test_streamed_items_equal_in_memory_ones_large_sets_stream_and_limit_keeps_t
 def test_a_limit_above_the_training_split_is_refused_naming_its_size(tmp_path):
     write_mnist(tmp_path, train=40)
     over = r"data\.limit=41 is more than the 40 images in the training split of data=mnist"
-    with pytest.raises(ConfigError, match=over):
-        load_dataset(cfg_for("mnist", tmp_path, limit=41, batch_size=32))
+    pytest.raises(ConfigError, load_dataset, cfg_for("mnist", tmp_path, limit=41, batch_size=32)).match(over)
     assert len(load_dataset(cfg_for("mnist", tmp_path, limit=40, batch_size=32)).labels) == 40
     generated = r"data=digits\. Set data\.limit to at most \d+ \(or raise data\.num_samples\)"  # what decides its size
-    with pytest.raises(ConfigError, match=generated):
-        load_dataset(DataConfig(num_samples=64, limit=100))
+    pytest.raises(ConfigError, load_dataset, DataConfig(num_samples=64, limit=100)).match(generated)
 
 
 @pytest.mark.parametrize("size", [16, 32, 64, 128])

@@ -98,8 +98,7 @@ def test_exported_generators_reload_and_match_the_eager_one_and_trace_drops_the_
     assert X.save_generator(G, ExportFormat.none, tmp_path / "export") == []  # export=none writes nothing
     z = torch.randn(5, G.z_dim)
     with torch.no_grad():
-        eager = G.eval()(z)
-        scripted = torch.jit.load(str(eval_dir / "export" / X.TORCHSCRIPT_FILE))
+        eager, scripted = G.eval()(z), torch.jit.load(str(eval_dir / "export" / X.TORCHSCRIPT_FILE))
         program = torch.export.load(str(eval_dir / "export" / X.EXPORT_FILE)).module()
         traced = torch.jit.trace(X.SamplingGenerator(G), z)  # for contrast (docs/more.md): trace records no `if`
         for module in (scripted, program, traced):
@@ -134,8 +133,7 @@ def test_the_evaluate_config_composes_typed_and_needs_a_checkpoint():
         (["checkpoint=x.pt", nvlabs[2]], "metrics.feature_network='n.pt' is an Inception-v3 file"),
         (["checkpoint=x.pt", "num_samples=10", "metrics.pr_k=10"], r"num_samples=10 must exceed metrics.pr_k \(10\)"),
     ]:
-        with pytest.raises(ConfigError, match=said):
-            compose_evaluate(*overrides)
+        pytest.raises(ConfigError, compose_evaluate, *overrides).match(said)
 
 
 def test_the_ema_generator_is_used_when_the_checkpoint_has_one_and_data_comes_from_it(tmp_path):
@@ -148,8 +146,7 @@ def test_the_ema_generator_is_used_when_the_checkpoint_has_one_and_data_comes_fr
     elsewhere = str(tmp_path / "elsewhere")
     data = X.data_config_of(state, {"root": elsewhere})  # only the keys given replace the checkpoint's own
     assert (data.name, data.image_size, data.num_samples, data.root) == ("digits", 16, 1200, elsewhere)
-    with pytest.raises(ConfigError, match="data.image_size"):
-        X.data_config_of(state, {"image_size": 32})
+    pytest.raises(ConfigError, X.data_config_of, state, {"image_size": 32}).match("data.image_size")
 
 
 def test_sampling_and_recomputing_batchnorm_statistics_leave_g_in_its_mode(tiny_gan):
@@ -306,8 +303,7 @@ def test_the_interruption_line_says_only_what_the_run_dir_holds(tmp_path):
 @pytest.mark.parametrize("use_ema", [False, True], ids=["G", "G_ema"])
 def test_a_nan_in_a_batchnorm_statistic_alone_is_refused_by_evaluate(tiny_run, use_ema):
     # the statistics are buffers, not weights: evaluate.py with bn_batches=0 would sample with them
-    state = torch.load(tiny_run / "checkpoints" / "last.pt", weights_only=True)
-    entry = "G_ema" if use_ema else "G"
+    state, entry = torch.load(tiny_run / "checkpoints" / "last.pt", weights_only=True), "G_ema" if use_ema else "G"
     key = next(k for k in state[entry] if k.endswith("running_var"))
     state[entry][key][0] = float("nan")
     with pytest.raises(CheckpointError) as caught:

@@ -54,8 +54,7 @@ def test_bad_input_is_one_paragraph_exit_2_and_nothing_written(tiny_run, argv, s
     (tmp_path / "done").mkdir()
     (tmp_path / "done" / "samples.npz").write_bytes(b"")
     checkpoint = tiny_checkpoint(tmp_path, "model.conditional=true") if "CONDITIONAL" in argv else tiny_run
-    before = sorted(tmp_path.rglob("*"))
-    given = dict(a.split("=", 1) for a in argv if a != "CONDITIONAL")
+    before, given = sorted(tmp_path.rglob("*")), dict(a.split("=", 1) for a in argv if a != "CONDITIONAL")
     argv = [f"{key}={value}" for key, value in {"checkpoint": checkpoint, "out": "out", **given}.items()]
     result = run("generate.py", *argv, cwd=tmp_path)
     output = (result.stdout + result.stderr).strip()

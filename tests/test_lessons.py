@@ -16,8 +16,7 @@ from gan.data import render_digits, to_unit_range
 
 def digits(n: int = 32, seed: int = 0) -> torch.Tensor:
     """n built-in digits at 16 px in [-1, 1], the tiny_gan fixture's size."""
-    images, _ = render_digits(n, 16, seed=seed)
-    return to_unit_range(images)
+    return to_unit_range(render_digits(n, 16, seed=seed)[0])
 
 
 def counts(module: nn.Module) -> set[int]:

@@ -20,8 +20,7 @@ from gan.evaluation import metrics as M
 
 CPU = torch.device("cpu")
 STATED_ACCURACY = 0.97  # the tiny test classifier must reach this on the held-out digits (measured 0.995)
-TINY_CLASSIFIER = ClassifierConfig(epochs=3)
-TINY_METRICS = MetricsConfig(kid_subsets=20, kid_subset_size=500)
+TINY_CLASSIFIER, TINY_METRICS = ClassifierConfig(epochs=3), MetricsConfig(kid_subsets=20, kid_subset_size=500)
 
 
 @pytest.fixture(scope="module")
@@ -33,15 +32,10 @@ def digits() -> dict:
     held_out = ImageSet(*render_digits(1000, 16, seed=1_000_003), num_classes=10)
     classifier, accuracy = M.train_classifier(train, held_out, TINY_CLASSIFIER, CPU)
     features = M.ClassifierFeatures(classifier)
-    yield dict(
-        train=train,
-        held_out=held_out,
-        classifier=classifier,
-        accuracy=accuracy,
-        features=features,
-        real_features=M.batched(features, held_out.images, 500, CPU),
-        real_labels=M.predict(classifier, held_out.images, 500, CPU),
-    )
+    found = dict(train=train, held_out=held_out, classifier=classifier, accuracy=accuracy, features=features)
+    found["real_features"] = M.batched(features, held_out.images, 500, CPU)
+    found["real_labels"] = M.predict(classifier, held_out.images, 500, CPU)
+    yield found
     torch.set_num_threads(threads)
 
 
@@ -107,7 +101,8 @@ def test_noise_blur_dropped_classes_and_repeats_each_move_the_metrics_meant_to_s
     assert repeated["classes_covered"] == 10  # the class histogram is blind to this collapse
 
 
-def test_kid_gamma_keeps_the_kernel_scale_free():
+@pytest.mark.filterwarnings("ignore:Metric `Kernel Inception Distance` will save:UserWarning")
+def test_kid_gamma_keeps_the_kernel_scale_free_and_in_inception_space_is_the_published_kernel():
     # ReLU-like features with |f|^2 in the thousands, as the classifier's: gamma = 1/d would explode the cubic
     # kernel; with 1/E|f|^2 two samples of one distribution score about 0, whatever the features' scale
     gen = torch.Generator().manual_seed(0)
@@ -118,10 +113,23 @@ def test_kid_gamma_keeps_the_kernel_scale_free():
     # kid_subset_size at or above the sample count: every subset is the same draw, whose spread is rounding
     whole, halves = M.kid(a, b + 1, subsets=5, subset_size=1000), M.kid(a, b + 1, subsets=5, subset_size=100)
     assert whole[1] == 0.0 and whole[0] > 0 and halves[1] > 1e-6
+    # gamma = 1/d, torchmetrics' default (and torch-fidelity's and clean-fid's): KID compares with theirs
+    a, b = torch.rand(300, 64, generator=gen), torch.rand(300, 64, generator=gen) + 0.05
+    metric = KernelInceptionDistance(feature=nn.Identity(), subsets=10, subset_size=100)
+    metric.update(a.double(), real=True)
+    metric.update(b.double(), real=False)
+    torch.manual_seed(3)
+    expected = tuple(float(v) for v in metric.compute())
+    inception_space = dataclasses.replace(TINY_METRICS, features=FeatureSpace.inception, kid_subsets=10)
+    assert M.kid(a, b, 10, 100, seed=3, gamma=1 / 64) == pytest.approx(expected, rel=1e-9)
+    results = M.distribution_metrics(a, b, dataclasses.replace(inception_space, kid_subset_size=100), seed=3)
+    assert (results["kid_mean"], results["kid_std"]) == pytest.approx(expected, rel=1e-9)
+    assert "published" in M.KID_KERNELS[FeatureSpace.inception]
+    assert "scale-free" in M.KID_KERNELS[FeatureSpace.classifier]
 
 
 # the arithmetic, against brute force -------------------------------------------------------------
-def test_prdc_in_chunks_equals_brute_force():
+def test_prdc_in_chunks_equals_brute_force_and_fid_has_its_closed_forms():
     """Kynkaanniemi et al. and Naeem et al. written out on full distance matrices (k = 3 and 5)."""
     gen = torch.Generator().manual_seed(0)
     real, fake = torch.randn(150, 8, generator=gen), torch.randn(120, 8, generator=gen) * 1.3 + 0.2
@@ -134,24 +142,20 @@ def test_prdc_in_chunks_equals_brute_force():
         "coverage": (rf.min(1).values < real_nn[:, 5]).float().mean().item(),
     }
     assert M.precision_recall_density_coverage(real, fake, pr_k=3, dc_k=5, chunk=32) == pytest.approx(brute, abs=1e-6)
-
-
-def test_fid_of_identical_sets_is_zero_and_of_shifted_sets_is_the_squared_shift():
+    # FID: 0 for identical sets, the squared shift of the means for shifted ones
     x = torch.randn(2000, 4, generator=torch.Generator().manual_seed(0))
     assert M.fid(x, x) == pytest.approx(0.0, abs=1e-3)
     assert M.fid(x, x + torch.tensor([3.0, 0, 0, 0])) == pytest.approx(9.0, abs=1e-2)  # |mu1 - mu2|^2
 
 
-def test_class_coverage_and_kl_on_known_histograms():
+def test_class_and_mode_coverage_and_kl_on_known_histograms():
     real = torch.arange(10).repeat(100)  # uniform over 10 classes
     assert M.class_coverage(real, real, 10) == {"classes_covered": 10, "class_kl": pytest.approx(0, abs=1e-9)}
     result = M.class_coverage(torch.arange(5).repeat(200), real, 10)
     assert result == {"classes_covered": 5, "class_kl": pytest.approx(math.log(2), abs=0.01)}
     rare = torch.cat([torch.zeros(995, dtype=torch.long), torch.ones(5, dtype=torch.long)])
     assert M.class_coverage(rare, real, 10, threshold=0.01)["classes_covered"] == 1  # 0.5% is not covered
-
-
-def test_mode_coverage_counts_triples_and_kl_to_uniform():
+    # modes: digit triples, their KL to uniform
     zero = pytest.approx(0, abs=1e-9)
     uniform = {"modes_covered": 1000, "mode_kl": zero, **{f"digit_kl_ch{c}": zero for c in range(3)}}
     assert M.mode_coverage(torch.arange(1000)) == uniform
@@ -208,8 +212,7 @@ def test_inception_without_torch_fidelity_says_how_to_get_it(tmp_path, monkeypat
     weights = tmp_path / "weights.pth"
     weights.write_bytes(b"not really weights")
     monkeypatch.setattr(M.importlib.util, "find_spec", lambda name: None)  # as on a machine without it
-    with pytest.raises(M.MetricsError, match="pip install torch-fidelity"):
-        inception(inception_weights=str(weights))
+    pytest.raises(M.MetricsError, inception, inception_weights=str(weights)).match("pip install torch-fidelity")
 
 
 # the two Inception-v3 files: a random-valued stand-in for each, through the code real files take --
@@ -266,22 +269,3 @@ def test_a_wrong_inception_file_is_one_clear_paragraph(
         inception(**{key: str(path)})
     text = str(caught.value)
     assert text.startswith(f"metrics.{key}={path}") and "\n" not in text and "Traceback" not in text
-
-
-@pytest.mark.filterwarnings("ignore:Metric `Kernel Inception Distance` will save:UserWarning")
-def test_kid_in_inception_space_uses_the_published_kernel():
-    # gamma = 1/d, torchmetrics' default (and torch-fidelity's and clean-fid's): KID compares with theirs
-    gen = torch.Generator().manual_seed(0)
-    a, b = torch.rand(300, 64, generator=gen), torch.rand(300, 64, generator=gen) + 0.05
-    metric = KernelInceptionDistance(feature=nn.Identity(), subsets=10, subset_size=100)
-    metric.update(a.double(), real=True)
-    metric.update(b.double(), real=False)
-    torch.manual_seed(3)
-    expected = tuple(float(v) for v in metric.compute())
-    inception_space = dataclasses.replace(TINY_METRICS, features=FeatureSpace.inception, kid_subsets=10)
-    assert M.kid(a, b, 10, 100, seed=3, gamma=1 / 64) == pytest.approx(expected, rel=1e-9)
-    results = M.distribution_metrics(a, b, dataclasses.replace(inception_space, kid_subset_size=100), seed=3)
-    assert (results["kid_mean"], results["kid_std"]) == pytest.approx(expected, rel=1e-9)
-    assert (
-        "published" in M.KID_KERNELS[FeatureSpace.inception] and "scale-free" in M.KID_KERNELS[FeatureSpace.classifier]
-    )

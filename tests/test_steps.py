@@ -122,8 +122,7 @@ def test_g_step_leaves_discriminator_untouched(tiny_gan):
     """G's update sees exactly the G loss's gradient through D; D gets no gradient, its weights and flags unchanged."""
     G, D = tiny_gan
     z, real = torch.randn(16, 16), torch.rand(16, 1, 16, 16) * 2 - 1
-    G_before = copy.deepcopy(G)
-    fake = G(z)
+    G_before, fake = copy.deepcopy(G), G(z)
     _, real_features = d_step(D, adam(D), real, fake)
     D_after, d_weights = copy.deepcopy(D), [p.detach().clone() for p in D.parameters()]
     opt = torch.optim.SGD(G.parameters(), lr=0.01)
@@ -200,8 +199,7 @@ def test_g_step_frees_the_graph_of_g_when_it_returns(tiny_gan):
         gc.collect()
         kept = sum(ref() is not None for ref in saved)
         assert saved and not kept, f"{mode.value}: {kept} of {len(saved)} saved tensors outlive the G step"
-        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
-            fake.sum().backward()
+        pytest.raises(RuntimeError, fake.sum().backward).match("backward through the graph a second time")
         assert not [tag for tag, value in stats.items() if value.requires_grad], f"{mode.value}: stats with a graph"
         del fake, stats
         gc.collect()
@@ -354,8 +352,7 @@ def test_fp32_project_step_matches_the_canonical_step(d):
     netD = SigmoidD(netD.to(memory_format=torch.contiguous_format))
     opt_g, opt_d = build_optimizer(G, cfg, CPU), build_optimizer(D, cfg, CPU)
     betas = (cfg.optim.beta1, cfg.optim.beta2)
-    canon_g = torch.optim.Adam(netG.parameters(), lr=cfg.optim.lr, betas=betas)
-    canon_d = torch.optim.Adam(netD.parameters(), lr=cfg.optim.lr, betas=betas)
+    canon_g, canon_d = (torch.optim.Adam(net.parameters(), lr=cfg.optim.lr, betas=betas) for net in (netG, netD))
     ctx = step_context(Precision.fp32, CPU, skip_nonfinite=False)
     for _ in range(2):
         real, z = torch.rand(32, 1, 16, 16) * 2 - 1, torch.randn(32, cfg.model.z_dim)

@@ -62,9 +62,7 @@ def test_tour_is_stored_small_its_links_next_cells_and_terms_hold_and_it_shows_e
     first_step = [i for i, cell in enumerate(code) if "first-step" in cell.metadata.get("tags", [])]
     assert len(first_step) == 1, "the tour has no (or more than one) cell tagged first-step"
     imported = set(gan_imports())
-    shown_at: dict[str, int] = {}
-    used_at: dict[str, int] = {}
-    step_uses: set[str] = set()
+    shown_at, used_at, step_uses = {}, {}, set()  # name -> code cell first shown in, first used in; the step's uses
     for index, tree in enumerate(ast.parse(cell.source) for cell in code):
         calls = [node for node in ast.walk(tree) if getattr(getattr(node, "func", None), "id", "") == "show_source"]
         shown = {id(n): n.id for call in calls for arg in call.args for n in ast.walk(arg) if isinstance(n, ast.Name)}
@@ -213,8 +211,7 @@ def test_the_command_line_run_of_section_7_trains_what_the_tour_trains():
 def lines_read_until(last) -> int:
     """README down to its link to the tour, then the tour's cells and listings down to the first where `last` holds."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
-    lines = next(i for i, line in enumerate(readme) if "(docs/tour.ipynb)" in line) + 1
-    names = gan_imports()
+    lines, names = next(i for i, line in enumerate(readme) if "(docs/tour.ipynb)" in line) + 1, gan_imports()
     for cell in nbformat.read(TOUR, as_version=4).cells:
         lines += len(cell.source.splitlines())
         if last(cell):
@@ -269,11 +266,8 @@ def test_every_tour_section_a_page_names_holds_what_the_page_says():
         number = int(heading[1]) if heading else number
         sections[number] = sections.get(number, "") + cell.source
     pages = ["README.md", *(f"docs/{page.name}" for page in sorted((ROOT / "docs").glob("*.md")))]
-    named = {
-        (page, int(a or b))
-        for page in pages
-        for a, b in SECTION_NAMED.findall(" ".join((ROOT / page).read_text(encoding="utf-8").split()))
-    }
+    texts = {page: " ".join((ROOT / page).read_text(encoding="utf-8").split()) for page in pages}
+    named = {(page, int(a or b)) for page, text in texts.items() for a, b in SECTION_NAMED.findall(text)}
     assert named == set(TOUR_REFERENCES), "a page names a tour section this table does not check, or no longer does"
     wrong = [(page, n, marker) for (page, n), markers in TOUR_REFERENCES.items() for marker in markers
              if marker not in sections[n]]  # fmt: skip

@@ -145,8 +145,7 @@ def test_step_diagnostics_are_detached_so_logging_them_warns_nothing(tiny_gan):
     G, D = tiny_gan
     real, fake = torch.rand(8, 1, 16, 16), G(torch.randn(8, 16))
     d_stats, real_features = d_step(D, adam(D), real, fake)
-    g_stats = g_step(D, G, adam(G), fake, real_features)
-    stats = {**d_stats, **g_stats}
+    stats = {**d_stats, **g_step(D, G, adam(G), fake, real_features)}
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a value that required grad would warn
         [float(value) for value in stats.values()]  # what Monitor.scalars does

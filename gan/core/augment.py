@@ -56,8 +56,7 @@ def translation(x: Tensor, generator: Optional[torch.Generator] = None, ratio: f
     dx = torch.randint(-shift_h, shift_h + 1, (n, 1, 1), device=x.device, generator=generator)
     dy = torch.randint(-shift_w, shift_w + 1, (n, 1, 1), device=x.device, generator=generator)
     batch, rows, cols = _grid(n, h, w, x.device)
-    rows = torch.clamp(rows + dx + 1, 0, h + 1)
-    cols = torch.clamp(cols + dy + 1, 0, w + 1)
+    rows, cols = torch.clamp(rows + dx + 1, 0, h + 1), torch.clamp(cols + dy + 1, 0, w + 1)
     return F.pad(x, [1, 1, 1, 1]).permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2)
 
 

@@ -28,9 +28,8 @@ def write_pack(data: DataConfig, folder: Path) -> Path:
     content = hashlib.sha256()  # of the pixels and labels: what a run trained from, whatever folder holds it
     for tensor in [t for split in splits.values() for t in (split.images, split.labels)]:
         content.update(tensor.contiguous().numpy())
-    pack = dict(
-        format=PACK_FORMAT, settings=settings, content=content.hexdigest(), num_classes=splits["train"].num_classes
-    )
+    num_classes = splits["train"].num_classes
+    pack = dict(format=PACK_FORMAT, settings=settings, content=content.hexdigest(), num_classes=num_classes)
     pack.update({name: {"images": split.images, "labels": split.labels} for name, split in splits.items()})
     save_atomically(pack, path := folder / PACK_FILE)
     counts = ", ".join(f"{len(split.labels)} {name}" for name, split in splits.items())

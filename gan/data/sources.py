@@ -59,10 +59,9 @@ def load_dataset(cfg: DataConfig, train: bool = True, in_memory: Optional[bool] 
     if train and cfg.limit:  # the first N images, their labels with them; the held-out split stays whole
         if cfg.limit > len(source):  # a run recorded as limit=N must have seen N images
             more = " (or raise data.num_samples)" if cfg.name in (DatasetName.digits, DatasetName.stacked) else ""
-            raise ConfigError(
-                f"data.limit={cfg.limit} is more than the {len(source)} images in the training split of "
-                f"data={cfg.name}. Set data.limit to at most {len(source)}{more}, or to 0 for all."
-            )
+            what = f"more than the {len(source)} images in the training split of data={cfg.name}"
+            todo = f"Set data.limit to at most {len(source)}{more}, or to 0 for all"
+            raise ConfigError(f"data.limit={cfg.limit} is {what}. {todo}.")
         source, split = copy.copy(source), f"training (first {cfg.limit}: data.limit)"
         source.items, source.labels = source.items[: cfg.limit], source.labels[: cfg.limit]
     nbytes, size = len(source) * source.channels * source.image_size**2, source.image_size
@@ -150,10 +149,10 @@ def _require_files(cfg: DataConfig, folder: Path, files: Sequence[str], size: st
         which = "none of them is there" if len(missing) == len(files) else f"missing: {', '.join(missing)}"
         packed = [f"{name}.gz" for name in missing if (folder / f"{name}.gz").is_file()]  # torchvision reads no .gz
         gunzip = f" (gunzip {', '.join(packed)} there)" if packed else ""
+        where = f"{folder} (absolute path {folder.resolve()}): torchvision expects {', '.join(files)} there"
+        todo = f"Add data.download=true to fetch them ({size}, needs internet), or set data.root to the folder holding"
         raise DataError(
-            f"data={cfg.name}: no dataset in {folder} (absolute path {folder.resolve()}): torchvision expects "
-            f"{', '.join(files)} there; {which}{gunzip}. Add data.download=true to fetch them ({size}, needs "
-            f"internet), or set data.root to the folder that holds {folder.relative_to(_root(cfg))}."
+            f"data={cfg.name}: no dataset in {where}; {which}{gunzip}. {todo} {folder.relative_to(_root(cfg))}."
         )
     return not missing
 
@@ -168,10 +167,8 @@ def _open_mnist_like(cfg: DataConfig, train: bool, kind: type[datasets.MNIST], s
         shape = struct.unpack(f">{ndim}i", header[4:]) if len(header) == 4 + 4 * ndim else (-1,)
         remedy = f"Replace it with the official file, or delete {folder} and run again with data.download=true."
         if header[:3] != b"\0\0\x08" or header[3] != ndim or min(shape) < 0:  # 8: unsigned bytes, all torchvision reads
-            raise DataError(
-                f"data={cfg.name}: {path} is not an IDX file of {ndim} dimension(s): its {len(header)}-byte header "
-                f"{header.hex(' ')} is not 0, 0, 8 (unsigned bytes), {ndim}, then {ndim} sizes. {remedy}"
-            )
+            what = f"{len(header)}-byte header {header.hex(' ')} is not 0, 0, 8 (unsigned bytes), {ndim}, {ndim} sizes"
+            raise DataError(f"data={cfg.name}: {path} is not an IDX file of {ndim} dimension(s): its {what}. {remedy}")
         expected, actual = len(header) + math.prod(shape), path.stat().st_size
         if actual != expected:
             state = "is truncated" if actual < expected else "is longer than its header says"
@@ -279,10 +276,9 @@ def open_packed(cfg: DataConfig, train: bool) -> ImageSource:
     """A pack (gan/data/pack.py): its uint8 images memory-mapped, already at their size: nothing is decoded."""
     file = _root(cfg) / PACK_FILE
     if not file.is_file():
-        raise DataError(
-            f"data=packed: no pack in {cfg.root} ({file} is missing). Write one with `python -m gan.data.pack "
-            f"{cfg.root} data=NAME ...` (the training data's own overrides), or set data.root to a pack's folder."
-        )
+        where = f"no pack in {cfg.root} ({file} is missing)"
+        write = f"`python -m gan.data.pack {cfg.root} data=NAME ...` (the training data's own overrides)"
+        raise DataError(f"data=packed: {where}. Write one with {write}, or set data.root to a pack's folder.")
     try:
         if file.stat().st_size == 0:
             raise ValueError("it is empty, 0 bytes")
@@ -299,11 +295,9 @@ def open_packed(cfg: DataConfig, train: bool) -> ImageSource:
     except Exception as err:  # unreadable, cut short, damaged, or another file named pack.pt
         raise DataError(f"data=packed: {file} cannot be read as a pack ({err}). Write it again.") from err
     if (size, channels) != (cfg.image_size, cfg.channels):
-        raise ConfigError(
-            f"data.image_size={cfg.image_size} data.channels={cfg.channels}, but {file} holds images packed at {size} "
-            f"px with {channels} channel(s) (from data={name}). Set data.image_size={size} data.channels={channels}, "
-            "or pack again at the size you want."
-        )
+        packed = f"{file} holds images packed at {size} px with {channels} channel(s) (from data={name})"
+        todo = f"Set data.image_size={size} data.channels={channels}, or pack again at the size you want"
+        raise ConfigError(f"data.image_size={cfg.image_size} data.channels={cfg.channels}, but {packed}. {todo}.")
     source = ImageSource(images, labels, int(pack["num_classes"]), cfg.channels, cfg.image_size)
     source.pack = pack["content"]
     return source

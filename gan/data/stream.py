@@ -46,10 +46,8 @@ class BatchStream:
         labels: Optional[Tensor] = None,
     ):
         if len(images) < batch_size * world_size:
-            raise DataError(
-                f"The training split has {len(images)} images, fewer than data.batch_size={batch_size} x "
-                f"{world_size} process(es): an epoch needs one full batch per process. Lower data.batch_size."
-            )
+            why = f"data.batch_size={batch_size} x {world_size} process(es): an epoch needs one full batch per process"
+            raise DataError(f"The training split has {len(images)} images, fewer than {why}. Lower data.batch_size.")
         self.device, self.batch = device, 0  # batches taken in the current epoch
         self.sampler = EpochBatchSampler(len(images), batch_size, seed, rank, world_size)
         in_memory, self.images, self.labels, self.loader = isinstance(images, Tensor), None, None, None

@@ -17,7 +17,7 @@ from torchmetrics.image.fid import FrechetInceptionDistance
 from torchmetrics.image.kid import KernelInceptionDistance
 from torchvision.transforms.functional import gaussian_blur
 
-from gan.checkpoint import save_checkpoint
+from gan.checkpoint import describe, save_checkpoint
 from gan.config import ClassifierConfig, DataConfig, DatasetName, FeatureSpace, MetricsConfig
 from gan.core.sampling import eval_mode
 from gan.data import ImageSet, load_dataset, to_unit_range
@@ -119,16 +119,14 @@ def load_or_train_classifier(
             model.load_state_dict(state["weights"])
             log.info("Metrics classifier: %s (%.2f%% test accuracy)", path, 100 * accuracy)
         except Exception as err:  # a damaged or foreign file: train a new one over it
-            log.warning("Ignoring the cached classifier %s (%s); training a new one.", path, reason(err))
+            log.warning("Ignoring the cached classifier %s (%s); training a new one.", path, describe(err))
             model = None
     if model is None:  # trained outside the except clause: its errors are not "during handling" of this one
         started = time.perf_counter()
         train, test = (load_dataset(data, train=split, in_memory=True) for split in (True, False))
         if train.num_classes < 2:
-            raise MetricsError(
-                f"data={data.name} has {train.num_classes} class: classifier features need 2 or more. "
-                "Use metrics.features=inception."
-            )
+            why = "classifier features need 2 or more. Use metrics.features=inception"
+            raise MetricsError(f"data={data.name} has {train.num_classes} class: {why}.")
         model, accuracy = train_classifier(train, test, cfg, device)
         log.info(f"Trained the metrics classifier in {time.perf_counter() - started:.1f} s: {100 * accuracy:.2f}% "
                  f"test accuracy on {test.labels.numel()} held-out images")  # fmt: skip
@@ -141,10 +139,9 @@ def load_or_train_classifier(
         except OSError as err:  # a read-only data folder: measure anyway, train again next time
             log.warning("Could not cache the classifier in %s (%s); it will be trained again next time.", path, err)
     if accuracy < cfg.min_accuracy:
-        raise MetricsError(
-            f"The metrics classifier ({path}) reaches {100 * accuracy:.2f}% test accuracy, below metrics.classifier."
-            f"min_accuracy={cfg.min_accuracy}. Raise metrics.classifier.epochs or .width, or lower .min_accuracy."
-        )
+        todo = "Raise metrics.classifier.epochs or .width, or lower .min_accuracy"
+        what = f"{100 * accuracy:.2f}% test accuracy, below metrics.classifier.min_accuracy={cfg.min_accuracy}"
+        raise MetricsError(f"The metrics classifier ({path}) reaches {what}. {todo}.")
     return model.to(device).eval(), accuracy, path
 
 
@@ -192,10 +189,8 @@ def inception_network(cfg: MetricsConfig) -> Inception:
     weights = cfg.inception_weights
     file = existing_file(weights, "metrics.inception_weights", INCEPTION_WEIGHTS_URL) if weights else None
     if importlib.util.find_spec("torch_fidelity") is None:
-        raise MetricsError(
-            "metrics.features=inception needs torch-fidelity: `pip install torch-fidelity` (the metrics extra), "
-            "or give NVlabs' TorchScript file as metrics.feature_network=PATH."
-        )
+        todo = "(the metrics extra), or give NVlabs' TorchScript file as metrics.feature_network=PATH"
+        raise MetricsError(f"metrics.features=inception needs torch-fidelity: `pip install torch-fidelity` {todo}.")
     if file is not None:  # refused unless a state dict: torch-fidelity loads it with weights_only=False (runs code)
         unreadable = f"metrics.inception_weights={weights} cannot be read as a state dict of tensors"
         hint = f"It takes torch-fidelity's {INCEPTION_WEIGHTS_URL}."
@@ -206,7 +201,7 @@ def inception_network(cfg: MetricsConfig) -> Inception:
         except Exception as err:  # not a torch file, a pickle with code, a TorchScript archive
             if "torchscript" in str(err).lower():
                 hint = "It is a TorchScript file: pass it as metrics.feature_network instead."
-            raise MetricsError(f"{unreadable} ({reason(err)}). {hint}") from err
+            raise MetricsError(f"{unreadable} ({describe(err)}). {hint}") from err
         if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
             raise MetricsError(f"{unreadable} (holds a {type(state).__name__}). {hint}")
     try:
@@ -221,7 +216,7 @@ def inception_network(cfg: MetricsConfig) -> Inception:
         if file is None:
             said = "Could not download torch-fidelity's Inception-v3 weights"
             todo = f"Offline, download {INCEPTION_WEIGHTS_URL} elsewhere and pass metrics.inception_weights=PATH."
-        raise MetricsError(f"{said} ({reason(err)}). {todo}") from err
+        raise MetricsError(f"{said} ({describe(err)}). {todo}") from err
     file = file or Path(torch.hub.get_dir()) / "checkpoints" / INCEPTION_FILE  # downloaded
     digest = hashlib.sha256(file.read_bytes()).hexdigest() if file.is_file() else None
     published = digest is not None and digest.startswith(INCEPTION_SHA256_PREFIX)
@@ -233,8 +228,7 @@ def inception_network(cfg: MetricsConfig) -> Inception:
 
 def nvlabs_inception(path: str) -> Inception:
     file, net = existing_file(path, "metrics.feature_network", NVLABS_INCEPTION_URL), None
-    call = "net(uint8 images of shape (2, 3, 32, 32), return_features=True)"
-    key = f"metrics.feature_network={path}"
+    call, key = "net(uint8 images of shape (2, 3, 32, 32), return_features=True)", f"metrics.feature_network={path}"
     hint = f"It takes NVlabs' {NVLABS_INCEPTION_URL}; a state dict goes in metrics.inception_weights."
     try:
         with warnings.catch_warnings():  # torch 2.x deprecates TorchScript (FutureWarning); NVlabs' file is one
@@ -244,7 +238,7 @@ def nvlabs_inception(path: str) -> Inception:
             out = net(torch.zeros(2, 3, 32, 32, dtype=torch.uint8), return_features=True)
     except Exception as err:  # not TorchScript: torch.jit.load's RuntimeError; else another signature or input
         problem = f"loads, but {call} fails" if net is not None else "is not a TorchScript file"
-        raise MetricsError(f"{key} {problem} ({reason(err)}). {hint}") from err
+        raise MetricsError(f"{key} {problem} ({describe(err)}). {hint}") from err
     if not (isinstance(out, Tensor) and out.is_floating_point() and tuple(out.shape) == (2, INCEPTION_DIMS)):
         got = f"a {out.dtype} tensor of shape {tuple(out.shape)}" if isinstance(out, Tensor) else type(out).__name__
         raise MetricsError(f"{key}: {call} returns {got}, not float features of shape (2, {INCEPTION_DIMS}). {hint}")
@@ -256,15 +250,6 @@ def existing_file(path: str, key: str, url: str) -> Path:
     if not file.is_file():
         raise MetricsError(f"{key}={path}: no such file. Download {url} on a machine with internet and pass its path.")
     return file
-
-
-def reason(err: BaseException, limit: int = 200) -> str:
-    """An exception as one short clause (TorchScript's: its last line)."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    if any("Traceback of TorchScript" in line for line in lines):
-        return lines[-1][:limit]
-    text = " ".join(lines).split(". ")[0][:limit]
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 @torch.inference_mode()
@@ -286,10 +271,9 @@ def fid(real: Tensor, fake: Tensor) -> float:
     """Heusel et al. 2017. Biased upward at small N (Chong & Forsyth 2020): compare only equal N."""
     smallest, dims = min(real.size(0), fake.size(0)), real.size(1)
     if smallest <= dims:
-        log.warning(
-            f"FID from {smallest} images of {dims} features: the covariances are singular (rank < {dims}); the "
-            "number is biased upward, comparable only with FIDs from as many images (published ones use 10k or 50k)."
-        )
+        singular = f"FID from {smallest} images of {dims} features: the covariances are singular (rank < {dims})"
+        bias = "the number is biased upward, comparable only with FIDs from as many images (published: 10k or 50k)"
+        log.warning(f"{singular}; {bias}.")
     identity = nn.Identity()  # as torchmetrics' extractor: the features are computed once, shared by all metrics
     identity.num_features = real.size(1)
     metric = FrechetInceptionDistance(feature=identity)

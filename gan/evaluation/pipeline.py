@@ -40,8 +40,7 @@ log = logging.getLogger(__name__)
 # Sorted after the training's own: `summary` after `samples` (`samples_eval` would come first), the table after run/*
 IMAGES_GROUP, METRICS_TEXT_TAG = "summary", "run/eval_metrics"
 SAVED = (("samples.npz", SaveSamples.npz), ("samples", SaveSamples.png))
-# Intra-class FID needs this many images per class, and d + 1 (else the covariance is singular).
-MIN_PER_CLASS = 200
+MIN_PER_CLASS = 200  # the images per class intra-class FID needs, and d + 1 (else the covariance is singular)
 Reals = NamedTuple("Reals", [("images", Tensor), ("labels", Tensor), ("stacked", bool)])  # held-out, measured against
 # evaluate.py has no model.* settings that could change: a config at odds with its weights is damage
 DAMAGED = "evaluate.py builds the generator from the checkpoint alone: it was damaged or edited after it was written."
@@ -58,14 +57,11 @@ def evaluate(
     # Inception first: a missing file or package fails before any other work
     inception = M.inception_network(cfg.metrics) if cfg.metrics.features == FeatureSpace.inception else None
     state, source = ckpt.load_checkpoint(cfg.checkpoint, map_location="cpu"), str(cfg.checkpoint)
-    data = data_config_of(state, data_overrides or {}, source)
-    num_classes = classes_of(state, source)
+    data, num_classes = data_config_of(state, data_overrides or {}, source), classes_of(state, source)
     check_class_id(cfg.class_id, num_classes, source)
     if num_classes and cfg.export != ExportFormat.none:
-        raise ConfigError(
-            f"export={cfg.export.value}: {source} holds a class-conditional G(z, y); export packages G(z) only. "
-            "Leave export out (the checkpoint itself holds the generator)."
-        )
+        why = "export packages G(z) only. Leave export out (the checkpoint itself holds the generator)"
+        raise ConfigError(f"export={cfg.export.value}: {source} holds a class-conditional G(z, y); {why}.")
     G, about = prepare_generator(state, cfg, device)
     log.info("Evaluating %s: step %d, %s generator, data=%s (%d px, %d channel(s))", cfg.checkpoint,
              about["step"], about["generator"], data.name, data.image_size, data.channels)  # fmt: skip
@@ -77,10 +73,9 @@ def evaluate(
     for key, published in (("pr_k", 3), ("dc_k", 5)):  # each real image's ball reaches its k-th real neighbour
         k, count = getattr(cfg.metrics, key), reals.images.size(0)
         if k >= count:
-            raise MetricsError(
-                f"metrics.{key}={k} needs more than {k} real images; {split} holds {count}. Lower metrics.{key} "
-                f"below {count} ({published} is the published setting), or measure against more held-out images."
-            )
+            need = f"metrics.{key}={k} needs more than {k} real images; {split} holds {count}"
+            todo = f"Lower metrics.{key} below {count} ({published} is the published setting)"
+            raise MetricsError(f"{need}. {todo}, or measure against more held-out images.")
     done["data"] = time.perf_counter()
     classifier, accuracy, classifier_file = classifier_for(data, reference, reals.stacked, cfg, device)
     feature_net = (inception or M.ClassifierFeatures(classifier, reals.stacked, reference.images.size(1))).to(device)
@@ -168,8 +163,7 @@ def measure(
 
 def intra_fid(real_features: Tensor, real_labels: Tensor, fake_features: Tensor, requested: Tensor) -> dict:
     """Each class's samples against its own held-out images (StudioGAN's intra-class FID)."""
-    per_class: dict[int, float] = {}
-    needed = max(MIN_PER_CLASS, real_features.size(1) + 1)
+    per_class, needed = {}, max(MIN_PER_CLASS, real_features.size(1) + 1)
     for c in requested.unique().tolist():
         reals, fakes = real_features[real_labels == c], fake_features[requested == c]
         if min(reals.size(0), fakes.size(0)) < needed:
@@ -211,8 +205,7 @@ def slerp(z0: Tensor, z1: Tensor, t: Tensor) -> Tensor:
     """(R, D), (R, D), (T,) -> (R, T, D) (White 2016): latents lie near a sphere; a line cuts inside, unseen by G."""
     u0, u1 = z0 / z0.norm(dim=-1, keepdim=True), z1 / z1.norm(dim=-1, keepdim=True)
     omega = torch.acos((u0 * u1).sum(dim=-1).clamp(-1, 1))[:, None, None]  # (R, 1, 1)
-    t = t[None, :, None]  # (1, T, 1)
-    sin = torch.sin(omega)
+    t, sin = t[None, :, None], torch.sin(omega)  # (1, T, 1), (R, 1, 1)
     near = sin.abs() < 1e-6  # (almost) parallel: the arc is a line
     w0 = torch.where(near, 1 - t, torch.sin((1 - t) * omega) / torch.where(near, 1.0, sin))
     w1 = torch.where(near, t, torch.sin(t * omega) / torch.where(near, 1.0, sin))
@@ -223,10 +216,9 @@ def data_config_of(state: Mapping[str, Any], overrides: Mapping, source: str = "
     recorded = stored_group(state, "data", DataConfig, source)
     for key in ("image_size", "channels"):
         if key in overrides and key in state["config"]["data"] and overrides[key] != getattr(recorded, key):
-            raise ConfigError(
-                f"data.{key}={overrides[key]!r} differs from the checkpoint's {getattr(recorded, key)!r}: the "
-                "generator's output shape is fixed by the checkpoint. Leave data.image_size and data.channels out."
-            )
+            what = f"data.{key}={overrides[key]!r} differs from the checkpoint's {getattr(recorded, key)!r}"
+            why = "the generator's output shape is fixed by the checkpoint. Leave data.image_size and data.channels out"
+            raise ConfigError(f"{what}: {why}.")
     try:  # Hydra has typed the overrides against DataConfig already: a failure here is theirs
         data = OmegaConf.to_object(OmegaConf.merge(recorded, dict(overrides)))
     except (OmegaConfBaseException, ValueError) as err:
@@ -252,12 +244,10 @@ def classes_of(state: Mapping[str, Any], source: str = "the checkpoint") -> int:
     if (conditional and num_classes >= 2) or (not conditional and num_classes == 0):
         return num_classes
     built = f"built for {num_classes} classes" if num_classes else "built without classes (num_classes 0 or absent)"
-    raise CheckpointError(
-        f"The config stored in {ckpt.checkpoint_path(source)} and its weights disagree: model.conditional="
-        f"{str(conditional).lower()}, but its entry 'num_classes' says its generator was {built}"
-        f"{', and a conditional one needs 2 or more' if conditional else ''}. {DAMAGED} "
-        f"{ckpt.another_checkpoint(ckpt.checkpoint_path(source), 'evaluate')}"
-    )
+    file, needs = ckpt.checkpoint_path(source), ", and a conditional one needs 2 or more" if conditional else ""
+    why = f"model.conditional={str(conditional).lower()}, but its entry 'num_classes' says its generator was {built}"
+    instead = ckpt.another_checkpoint(file, "evaluate")
+    raise CheckpointError(f"The config stored in {file} and its weights disagree: {why}{needs}. {DAMAGED} {instead}")
 
 
 def build_generator(
@@ -278,10 +268,8 @@ def build_generator(
     bad, total = ckpt.nonfinite(G.state_dict().items())  # the check a resume makes too (require_training_state)
     if bad:
         shown = ", ".join(bad[:4]) + (", ..." if len(bad) > 4 else "")
-        raise CheckpointError(
-            f"The {name} generator in {source} holds NaN or inf in {len(bad)} of its {total} tensors ({shown}): the "
-            f"checkpoint is damaged (training diverged, or it was altered). {instead}"
-        )
+        why = f"{len(bad)} of its {total} tensors ({shown}): the checkpoint is damaged (training diverged, or altered)"
+        raise CheckpointError(f"The {name} generator in {source} holds NaN or inf in {why}. {instead}")
     return G.to(device).eval(), name
 
 
@@ -354,9 +342,8 @@ def class_metrics(
     if classifier is None:
         return {"classes_covered": None, "class_kl": None}
     batch, threshold, stacked = cfg.batch_size, cfg.metrics.class_threshold, reals.stacked
-    fake_modes, real_modes = (
-        M.predict(classifier, x, batch, device, per_channel=stacked) for x in (fake, reals.images)
-    )
+    fake_modes = M.predict(classifier, fake, batch, device, per_channel=stacked)
+    real_modes = M.predict(classifier, reals.images, batch, device, per_channel=stacked)
     if not stacked:
         return M.class_coverage(fake_modes, real_modes, classifier.head.out_features, threshold)
     decoded = float((real_modes == reals.labels).float().mean())
@@ -393,19 +380,16 @@ def interrupted(run_dir: Path) -> str:
 
 def check_class_id(class_id: Optional[int], num_classes: int, source: str) -> None:
     if class_id is not None and not num_classes:
-        raise ConfigError(
-            f"class_id={class_id} asks for one class, but {source} holds an unconditional generator, which cannot "
-            "be told a class. Leave class_id out, or use a checkpoint of a run with model.conditional=true."
-        )
+        what = f"{source} holds an unconditional generator, which cannot be told a class"
+        todo = "Leave class_id out, or use a checkpoint of a run with model.conditional=true"
+        raise ConfigError(f"class_id={class_id} asks for one class, but {what}. {todo}.")
     if class_id is not None and not 0 <= class_id < num_classes:
-        raise ConfigError(
-            f"class_id={class_id} is out of range: the generator in {source} knows classes 0 to {num_classes - 1}."
-        )
+        known = f"the generator in {source} knows classes 0 to {num_classes - 1}"
+        raise ConfigError(f"class_id={class_id} is out of range: {known}.")
 
 
 # G as a file that runs without this project's code: TorchScript, torch.export (control flow: docs/more.md) ----
-TORCHSCRIPT_FILE = "generator.torchscript.pt"
-EXPORT_FILE = "generator.pt2"
+TORCHSCRIPT_FILE, EXPORT_FILE = "generator.torchscript.pt", "generator.pt2"
 
 
 class SamplingGenerator(nn.Module):
@@ -428,8 +412,7 @@ def save_generator(G: nn.Module, formats: ExportFormat, out_dir: Path) -> list[P
             torch.jit.script(wrapped).save(str(out_dir / TORCHSCRIPT_FILE))  # script keeps the rank-1 branch
         written.append(out_dir / TORCHSCRIPT_FILE)
     if formats in (ExportFormat.export, ExportFormat.both):
-        # a dynamic batch dimension (the rank-1 branch guarded out), from an example batch of 2: torch.export
-        # specialises sizes 0 and 1, so 1 would pin it
+        # a dynamic batch, from an example of 2 (torch.export specialises sizes 0 and 1); the rank-1 branch guarded out
         program = torch.export.export(wrapped, (torch.zeros(2, G.z_dim),), dynamic_shapes=({0: Dim("batch", min=1)},))
         torch.export.save(program, str(out_dir / EXPORT_FILE))
         written.append(out_dir / EXPORT_FILE)
