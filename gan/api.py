@@ -27,7 +27,7 @@ from gan.device import resolve_device
 from gan.errors import ConfigError, environment_error
 from gan.evaluation.pipeline import build_generator, recompute_batchnorm_stats
 from gan.evaluation.pipeline import evaluate as measure
-from gan.launch import CONFIG_DIR, data_overrides, hydra_quote, hydra_refusal
+from gan.launch import CONFIG_DIR, SCHEMAS, data_overrides, hydra_quote, hydra_refusal
 from gan.training import TrainResult
 from gan.training import train as train_run
 
@@ -38,16 +38,14 @@ def compose_config(*overrides: str) -> TrainConfig:
 
 
 def _composed(overrides: tuple[str, ...], program: str = "train") -> tuple[Any, Any]:
-    """The program's config from its overrides, and typed and checked (as gan.training.train checks train's again)."""
+    """The program's config from its overrides, and typed and checked (gan.training.train checks train's again)."""
     _require(all(isinstance(o, str) for o in overrides), "overrides", overrides, "must be strings, one per setting")
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             cfg = compose(config_name=program, overrides=list(overrides))
-            typed = validate(cfg) if program == "train" else validate_evaluate(cfg)
+            return cfg, validate_evaluate(cfg, SCHEMAS[program])  # (train's has no checkpoint to miss)
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(hydra_refusal(err, program)) from err
-    typed.check()  # (validate_evaluate's checked it already)
-    return cfg, typed
 
 
 def train(run_dir: str | Path, *overrides: str, config: TrainConfig | None = None) -> TrainResult:

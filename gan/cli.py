@@ -7,7 +7,6 @@ from pathlib import Path
 
 
 def run(name: str) -> None:
-    """`dcgan-NAME`: NAME.py's cli, loaded from the wheel's gan/commands or else from the clone."""
     here = Path(__file__).parent
     path = next(path for path in (here / "commands" / f"{name}.py", here.parent / f"{name}.py") if path.is_file())
     spec = importlib.util.spec_from_file_location(name, path)

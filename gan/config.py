@@ -182,8 +182,8 @@ class TrainerConfig(_Group):
     channels_last: bool = True  # NHWC memory format: faster convolutions on CPU (oneDNN) and tensor cores
     compile: bool = False  # torch.compile G and D (not the whole step); compile time is logged apart
     threads: int = 0  # torch intra-op threads; 0 = torch's default (a thread per core); fixed, and kept on resume
-    adapt_threads: bool = False  # follow the cores other processes leave free (gan/training/threads.py): faster
-    # beside a busy neighbour, but a changed count changes oneDNN's reductions, so such a run is not bit-exact
+    adapt_threads: bool = False  # use the cores others leave free (gan/training/threads.py); not bit-exact: oneDNN's
+    # reductions change with the count
     retain_host_memory: bool = True  # CPU: glibc malloc keeps freed memory (gan/device.py:retain_freed_memory)
     log_every: int = 50  # steps between scalar logs (the only host syncs of the loop)
     sample_every: int = 500  # steps between fixed-noise sample grids (20 in a default run)
@@ -236,10 +236,9 @@ class TrainConfig:
             divisor = max(d for d in range(1, min(group, per_pack) + 1) if per_pack % d == 0)
             why = f"must divide the {per_pack} samples D judges at once ({seen}): it would shrink to {effect}. Use a "
             model._check(False, "minibatch_std", why + f"divisor of {per_pack} such as {divisor}, or 0 to turn it off")
-        per_sample = self.loss.gradient_penalty > 0 or self.loss.r1 > 0
         why = "must be false with loss.gradient_penalty or loss.r1: BatchNorm makes a sample's penalty depend on the "
         why += "batch. Add model.d_batchnorm=false, or use experiment=wgan_gp (no BatchNorm in D, Adam betas (0, 0.9))"
-        model._check(not (per_sample and model.d_batchnorm), "d_batchnorm", why)
+        model._check(not (model.d_batchnorm and (self.loss.gradient_penalty or self.loss.r1)), "d_batchnorm", why)
 
 
 def check_threads(threads: int, key: str, zero_means: str) -> None:
@@ -263,8 +262,7 @@ def require_finite(config: Any, prefix: str = "") -> None:
             _require(-(2**63) <= value < 2**63, key, value, "does not fit in torch's 64 bits: choose a smaller number")
 
 
-def check_device_name(name: str, key: str) -> None:
-    """The spelling only: whether this machine has it is gan.device's question."""
+def check_device_name(name: str, key: str) -> None:  # the spelling only: gan.device says if this machine has it
     known = name in ("auto", "cpu", "cuda", "mps") or (name.startswith("cuda:") and name[5:].isdigit())
     _require(known, key, name, "must be auto, cpu, cuda, cuda:N or mps")
 
@@ -292,9 +290,8 @@ def validate(cfg: DictConfig, schema: type = TrainConfig) -> Any:
     return OmegaConf.to_object(cfg)
 
 
-def to_plain(cfg: TrainConfig | DictConfig) -> dict:
-    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
-    return OmegaConf.to_container(node, resolve=True, enum_to_str=True)
+def to_plain(cfg: TrainConfig | DictConfig) -> dict:  # (structured: a DictConfig's copy)
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
 
 
 def run_suffix(overrides: Sequence[str], exclude: Sequence[str] = (), limit: int = 120) -> str:
@@ -414,8 +411,7 @@ class EvaluateConfig(_Group):
 class GenerateConfig(_Group):
     checkpoint: str = "???"  # required: a checkpoint file, or a training run directory (its checkpoints/last.pt)
     num: int = 64  # images written, as PNGs and in samples.npz
-    # the folder they are written to (Hydra's job folder: hydra.run.dir follows it)
-    out: str = "outputs/generate/${now:%Y-%m-%d}/${now:%H-%M-%S}"
+    out: str = "outputs/generate/${now:%Y-%m-%d}/${now:%H-%M-%S}"  # where (Hydra's job folder: hydra.run.dir follows)
     class_id: Optional[int] = None  # conditional: this class alone; null = classes 0, 1, 2, ... in turn
     seed: int = 0  # the latents drawn: the same seed gives the same images
     use_ema: bool = True  # the EMA generator when the checkpoint has one, else G itself
@@ -428,8 +424,7 @@ class GenerateConfig(_Group):
         check_device_name(self.device, "device")
 
 
-def validate_evaluate(cfg: DictConfig, schema: type = EvaluateConfig) -> Any:
-    """evaluate.py's config (`data` aside), or generate.py's (GenerateConfig); raises ConfigError naming the key."""
+def validate_evaluate(cfg: DictConfig, schema: type = EvaluateConfig) -> Any:  # or generate.py's: GenerateConfig
     if OmegaConf.is_missing(cfg, "checkpoint"):
         raise ConfigError("checkpoint=PATH is required: a checkpoint file (checkpoints/last.pt) or its run's folder.")
     typed = validate(cfg, schema)

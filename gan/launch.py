@@ -45,11 +45,8 @@ RUNTIME_KEYS = {
 }
 # ... and the arithmetic an explicit resume may tune, which resume=auto treats as the run's identity (a sweep over
 # rates never continues another point)
-TUNABLE_ON_RESUME = {
-    "optim": ["lr", "lr_d", "lr_decay"],
-    "trainer": "precision compile channels_last on_nan deterministic".split(),
-}
-RESUMABLE = {g: [*RUNTIME_KEYS.get(g, []), *TUNABLE_ON_RESUME.get(g, [])] for g in ("data", "optim", "trainer")}
+RESUMABLE = {**RUNTIME_KEYS, "optim": ["lr", "lr_d", "lr_decay"]}
+RESUMABLE["trainer"] = RUNTIME_KEYS["trainer"] + "precision compile channels_last on_nan deterministic".split()
 # Refused by their old name with the new one: the alarm detects D winning outright, which is not mode collapse
 RENAMED = {"trainer.on_collapse": "trainer.on_d_won", "trainer.collapse_window": "trainer.d_won_window"}
 # Settings that name a file or folder: a path may hold what Hydra's grammar reserves ('=', ' ', ',')
@@ -147,8 +144,7 @@ def hydra_refusal(err: Exception, config_name: str) -> str:  # one paragraph nam
 
 
 def command(program: str, sweep: bool) -> tuple[str, list[str]]:
-    """This job's command line, quoted for the shell (the Text tab shows it), and a sweep job's overrides that name
-    its folder (not exclude_keys'): HParams compares them."""
+    """This job's command line, quoted for the shell, and a sweep job's overrides naming its folder (for HParams)."""
     hydra_cfg = HydraConfig.get()
     excluded = set(hydra_cfg.job.config.override_dirname.exclude_keys)
     compared = [o for o in hydra_cfg.overrides.task if override_key(o) not in excluded] if sweep else []

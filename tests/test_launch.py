@@ -35,10 +35,6 @@ def run(program: str, *argv: str, cwd: Path) -> subprocess.CompletedProcess:
     return in_process(importlib.import_module(program.removesuffix(".py")).main, list(argv), cwd)
 
 
-def nothing_written(folder: Path) -> bool:
-    return not any(folder.iterdir())
-
-
 # Hydra's own flags (GROUP: a group of the program's config): each exits 0, prints what Hydra documents, writes nothing
 FLAGS = ("--cfg job", "-c job", "--cfg=job", "--cfg hydra", "--cfg all", "--cfg job --package GROUP")
 FLAGS += ("-c job -p GROUP --resolve", "--info defaults", "--info", "--hydra-help")
@@ -52,7 +48,7 @@ def test_hydras_flags_work_as_hydra_documents_them_and_write_nothing(program, fl
     flags = flags.replace("GROUP", PACKAGE.get(program, "")).split()
     result = run(program, *flags, cwd=tmp_path)
     output = result.stdout + result.stderr
-    assert result.returncode == 0 and "Traceback" not in output and nothing_written(tmp_path), output[-3000:]
+    assert result.returncode == 0 and "Traceback" not in output and not any(tmp_path.iterdir()), output[-3000:]
     if flags[0] in ("--cfg", "-c", "--cfg=job") and "hydra" not in flags:
         printed = yaml.safe_load(result.stdout)
         if "-p" in flags or "--package" in flags:
@@ -71,7 +67,7 @@ def test_help_names_the_program_as_it_was_invoked(program, invoked, tmp_path, mo
     shown = invoked.format(file=program, name=name)
     monkeypatch.setitem(launch.PROGRAMS, name, shown)
     result, script = run(program, "--help", cwd=tmp_path), run(program, "-sc", "install=bash", cwd=tmp_path)
-    assert result.returncode == script.returncode == 0 and nothing_written(tmp_path)
+    assert result.returncode == script.returncode == 0 and not any(tmp_path.iterdir())
     assert result.stdout.startswith(f"{shown}: ") and "powered by Hydra" not in result.stdout
     assert "== Configuration groups ==" in result.stdout and "== Config ==" in result.stdout
     assert script.stdout.rstrip().endswith(f"-F hydra_bash_completion {shown.split()[0]}")
@@ -81,7 +77,7 @@ def test_help_names_the_program_as_it_was_invoked(program, invoked, tmp_path, mo
 def test_the_completion_query_offers_the_configs_keys_and_options(typed, offered, tmp_path, monkeypatch):
     monkeypatch.setenv("COMP_LINE", f"python train.py {typed}")
     result = run("train.py", "-sc", "query=bash", cwd=tmp_path)
-    assert result.returncode == 0 and offered in result.stdout.split() and nothing_written(tmp_path)
+    assert result.returncode == 0 and offered in result.stdout.split() and not any(tmp_path.iterdir())
 
 
 def test_config_dir_and_config_name_compose_a_users_own_primary_config_with_the_overrides(tmp_path):
@@ -164,7 +160,7 @@ def test_a_refused_command_is_one_paragraph_exit_2_and_writes_nothing(argv, said
     output = output_of(result)
     assert result.returncode == 2 and "Traceback" not in output and "Non-finite loss" not in output, output[-3000:]
     parts = said.replace("{cpus}", str(available_cpus())).split("|")
-    assert all(part in output for part in parts) and nothing_written(tmp_path), output[-3000:]
+    assert all(part in output for part in parts) and not any(tmp_path.iterdir()), output[-3000:]
     assert len([line for line in output.splitlines() if line.strip()]) == 1, output  # one paragraph, one line
 
 

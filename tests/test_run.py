@@ -32,8 +32,7 @@ def unused_pid() -> int:
 def test_the_lock_names_its_holder_is_taken_over_from_a_dead_one_and_is_named_when_a_folder(tmp_path, caplog):
     run, lock = Run(tmp_path), tmp_path / Run.LOCK
     with run.owned():
-        with pytest.raises(RunDirError, match=f"is in use: process {os.getpid()} on host "):
-            run.owned().__enter__()
+        pytest.raises(RunDirError, run.owned().__enter__).match(f"is in use: process {os.getpid()} on host ")
     assert not lock.exists()  # released and removed
     lock.write_text(f"{unused_pid()} testhost\n")  # no flock: its holder is gone
     with run.owned():

@@ -45,9 +45,7 @@ TRAINING_S = 60
 # but the one a signal or the end writes (what a resume must recover is then all in that one)
 QUIET = ("trainer.log_every=250", "trainer.sample_every=1000000", "trainer.checkpoint_every=1000000")
 # a line of Hydra's log format: [2026-11-24 14:18:39,440][gan.training.faults][WARNING] - SIGUSR2 received: ...
-LOG_LINE = re.compile(
-    r"^\[(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[(?P<logger>[\w.]+)\]\[\w+\] - (?P<text>.*)$"
-)
+LOG_LINE = re.compile(r"^\[(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[[\w.]+\]\[\w+\] - (?P<text>.*)$")
 
 
 def slurm_problem() -> Optional[str]:
@@ -87,8 +85,7 @@ class Sweep:
     started: datetime  # when it was launched: older accounting records are another cluster's life
 
     def wait(self, timeout: float) -> tuple[int, str]:
-        """The launcher's exit code and output; the test fails if it has not ended within `timeout` (the `launch`
-        fixture then kills it and cancels its jobs)."""
+        """The launcher's exit code and output; the test fails past `timeout` (`launch` then kills it)."""
         try:
             code = self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -113,8 +110,7 @@ class Sweep:
 
 @pytest.fixture
 def launch(slurm, tmp_path) -> Iterator[Callable[..., Sweep]]:
-    """launch(*overrides): a sweep of tiny runs in tmp_path, under a job name of this test's own. At the end, a launcher
-    still running (a test that failed) is killed and the test's jobs are cancelled."""
+    """launch(*overrides): a sweep of tiny runs in tmp_path, jobs named for this test; at the end: killed, cancelled."""
     name = f"dcgan-test-{uuid.uuid4().hex[:8]}"
     sweeps: list[Sweep] = []
 
@@ -187,9 +183,9 @@ def sacct(sweep: Sweep, job: str, final: str = "COMPLETED", timeout: float = 30)
         time.sleep(1)
 
 
-def log_lines(path: Path) -> list[tuple[datetime, str]]:
-    """(time, text) of each line the job logged through Hydra's format, in order."""
-    matches = (LOG_LINE.match(line) for line in path.read_text(errors="replace").splitlines())
+def log_lines(text: str) -> list[tuple[datetime, str]]:
+    """(time, text) of each line logged through Hydra's format, in order."""
+    matches = (LOG_LINE.match(line) for line in text.splitlines())
     return [(datetime.strptime(m["time"], "%Y-%m-%d %H:%M:%S,%f"), m["text"]) for m in matches if m]
 
 
@@ -227,17 +223,13 @@ def long_run(slurm, tmp_path_factory) -> LongRun:
     probe = run_train("trainer.max_steps=700", *QUIET, "trainer.log_every=100", cwd=folder, timeout=300)
     assert probe.returncode == 0, probe.stderr[-3000:]
     times = {}
-    for line in (probe.stdout + probe.stderr).splitlines():
-        match = LOG_LINE.match(line)
-        step = re.match(r"step (\d+) ", match["text"]) if match else None
-        if step:
-            times.setdefault(int(step.group(1)), datetime.strptime(match["time"], "%Y-%m-%d %H:%M:%S,%f"))
+    for when, text in log_lines(probe.stdout + probe.stderr):
+        if step := re.match(r"step (\d+) ", text):
+            times.setdefault(int(step[1]), when)
     rate = 500 / (times[700] - times[200]).total_seconds()
     steps = max(3000, round(rate * TRAINING_S / 250) * 250)
     log.info("%.0f steps/s here: the long run is %d steps", rate, steps)
-    reference = run_train(
-        f"trainer.max_steps={steps}", *QUIET, f"hydra.run.dir={folder / 'run'}", cwd=folder, timeout=600
-    )
+    reference = run_train(f"trainer.max_steps={steps}", *QUIET, f"hydra.run.dir={folder}/run", cwd=folder, timeout=600)
     assert reference.returncode == 0, reference.stderr[-3000:]
     return LongRun(steps, load_checkpoint(folder / "run"))
 
@@ -245,7 +237,7 @@ def long_run(slurm, tmp_path_factory) -> LongRun:
 def assert_one_run_resumed(sweep: Sweep, job: str, long: LongRun, resumes: int) -> Path:
     """One run directory, continued `resumes` times from its own checkpoint, finished, bit-identical."""
     [run_dir] = sweep.run_dirs()
-    lines = log_lines(sweep.log(job))
+    lines = log_lines(sweep.log(job).read_text(errors="replace"))
     resumed = [text for _, text in lines if text.startswith("Resumed from")]
     assert len(resumed) == resumes, resumed
     assert all(f"{run_dir}/checkpoints/last.pt" in text for text in resumed), resumed
@@ -291,7 +283,7 @@ def test_a_requeued_job_checkpoints_and_resumes_bit_exactly(launch, long_run):
     assert code == 0, output[-3000:]
 
     run_dir = assert_one_run_resumed(sweep, job, long_run, resumes=1)
-    lines = log_lines(sweep.log(job))
+    lines = log_lines(sweep.log(job).read_text(errors="replace"))
     signalled, _ = first(lines, "SIGTERM received")
     stopped, text = first(lines, "Stopped by SIGTERM at step")
     step = int(re.search(r"at step (\d+)", text)[1])
@@ -331,7 +323,7 @@ def test_a_job_at_its_time_limit_checkpoints_requeues_and_resumes_bit_exactly(la
     code, output = sweep.wait(timeout=900)
     assert code == 0, output[-3000:]
 
-    lines = log_lines(sweep.log(job))
+    lines = log_lines(sweep.log(job).read_text(errors="replace"))
     signals = [when for when, text in lines if text.startswith("SIGUSR2 received")]
     assert signals, "the time-limit signal never reached the loop"
     handed = [when for when, text in lines if "passed on to submitit" in text]
@@ -425,8 +417,7 @@ def test_a_cancelled_job_ends_the_launcher_with_its_state_and_leaves_a_checkpoin
 
 @pytest.fixture
 def submitit_handler(monkeypatch) -> Iterator[list[int]]:
-    """What a submitit job has: SUBMITIT_EXECUTOR set and a Python handler on SIGUSR2 (here one that records its
-    calls)."""
+    """What a submitit job has: SUBMITIT_EXECUTOR set and a Python handler on SIGUSR2 (here one recording its calls)."""
     monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
     monkeypatch.delenv("SUBMITIT_PREEMPT_SIGNAL", raising=False)
     calls: list[int] = []
