@@ -17,7 +17,6 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from torch import Tensor
 
 from gan.checkpoint import load_checkpoint
 from gan.config import EvaluateConfig, TrainConfig, _require, check_device_name, validate, validate_evaluate
@@ -38,7 +37,6 @@ def compose_config(*overrides: str) -> TrainConfig:
 
 
 def _composed(overrides: tuple[str, ...], program: str = "train") -> tuple[Any, Any]:
-    """The program's config from its overrides, and typed and checked (gan.training.train checks train's again)."""
     _require(all(isinstance(o, str) for o in overrides), "overrides", overrides, "must be strings, one per setting")
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
@@ -76,14 +74,14 @@ def load_generator(path: str | Path, ema: bool = True, device: str = "cpu") -> G
     return G
 
 
-def sample(G: Generator, n: int, seed: int = 0, classes: Tensor | None = None) -> Tensor:
+def sample(G: Generator, n: int, seed: int = 0, classes: torch.Tensor | None = None) -> torch.Tensor:
     """n images in [-1, 1] from latents drawn with `seed`; a conditional G draws `classes` (default 0, 1, 2, ...)."""
     _require(isinstance(G, Generator), "type(G)", type(G).__name__, "is not Generator: gan.load_generator gives one")
     _require(isinstance(n, int) and not isinstance(n, bool) and n >= 1, "n", n, "must be a whole number >= 1")
     _require(isinstance(seed, int) and -(2**63) <= seed < 2**63, "seed", seed, "must be an int of 64 bits")
     if classes is not None:
         why = f"must be a tensor of {n} class numbers from 0 to {G.num_classes - 1}"
-        ok = G.num_classes and isinstance(classes, Tensor) and not classes.is_floating_point()
+        ok = G.num_classes and isinstance(classes, torch.Tensor) and not classes.is_floating_point()
         ok = ok and classes.shape == (n,) and 0 <= int(classes.min()) and int(classes.max()) < G.num_classes
         _require(ok, "classes", classes, why if G.num_classes else "must be None: this G is unconditional")
     device = next(G.parameters()).device

@@ -67,6 +67,14 @@ class _Group:
         for name in names:
             self._check(getattr(self, name) >= low, name, why or (f"must be at least {low}" if low else "must be >= 0"))
 
+    def _within_cpus(self, name: str, zero_means: str) -> None:
+        """torch.set_num_threads takes any int, and a count far above the CPUs crashes its thread pool."""
+        from gan.device import available_cpus  # here: importing torch would slow --help and each TAB of completion
+
+        cpus, key = available_cpus(), self.KEY + name
+        why = f"is more than the {cpus} CPU(s) this process may use on this machine: set {key} to a number from 1 to "
+        self._check(getattr(self, name) <= cpus, name, why + f"{cpus}, or {zero_means}")
+
 
 @dataclass
 class DataConfig(_Group):
@@ -92,7 +100,7 @@ class DataConfig(_Group):
         self._at_least(1, "batch_size")
         self._check(self.num_workers is None or self.num_workers >= 0, "num_workers", "must be >= 0, or null for auto")
         if self.num_workers:  # a process each: thousands would exhaust the machine's memory
-            check_threads(self.num_workers, "data.num_workers", "0 to load in the main process, or null for auto")
+            self._within_cpus("num_workers", "0 to load in the main process, or null for auto")
         self._check(bool(str(self.root).strip()), "root", "is empty, which reads the launch directory: name a folder")
         # Hydra refuses other names at the command line; this catches a DataConfig built in code
         self._check(self.name in list(DatasetName), "name", f"must be one of {', '.join(DatasetName)}")
@@ -205,7 +213,7 @@ class TrainerConfig(_Group):
         self._at_least(0, "threads", "keep_checkpoints", "overfit_every", "final_eval_samples", "eval_every")
         why = "is empty (an unset shell variable?): name a checkpoint or run folder, or auto; omit it for a new run"
         self._check(self.resume is None or bool(self.resume.strip()), "resume", why)
-        check_threads(self.threads, "trainer.threads", "0 for torch's default")
+        self._within_cpus("threads", "0 for torch's default")
         self._check(not (self.adapt_threads and self.threads), "adapt_threads", "and trainer.threads: set one of them")
         self._at_least(10, "eval_samples", why="must be at least 10 (FID needs a covariance, k + 1 neighbours)")
         why = f"must be at least trainer.log_every ({self.log_every}): the alarm reads D's outputs at the log points"
@@ -239,15 +247,6 @@ class TrainConfig:
         why = "must be false with loss.gradient_penalty or loss.r1: BatchNorm makes a sample's penalty depend on the "
         why += "batch. Add model.d_batchnorm=false, or use experiment=wgan_gp (no BatchNorm in D, Adam betas (0, 0.9))"
         model._check(not (model.d_batchnorm and (self.loss.gradient_penalty or self.loss.r1)), "d_batchnorm", why)
-
-
-def check_threads(threads: int, key: str, zero_means: str) -> None:
-    """torch.set_num_threads takes any int, and a count far above the CPUs crashes its thread pool."""
-    from gan.device import available_cpus  # here: importing torch would slow --help and each TAB of completion
-
-    cpus = available_cpus()
-    why = f"is more than the {cpus} CPU(s) this process may use on this machine: set {key} to a number from 1 to "
-    _require(threads <= cpus, key, threads, why + f"{cpus}, or {zero_means}")
 
 
 def require_finite(config: Any, prefix: str = "") -> None:
@@ -402,7 +401,7 @@ class EvaluateConfig(_Group):
         self._at_least(1, "batch_size", "grid_samples", "interpolation_rows", "neighbour_queries", "neighbours")
         self._at_least(2, "interpolation_steps", why="must be at least 2 (both ends)")
         self._at_least(0, "threads", "bn_batches")
-        check_threads(self.threads, "threads", "0 for torch's default")
+        self._within_cpus("threads", "0 for torch's default")
         check_device_name(self.device, "device")
         self.metrics.check()
 

@@ -29,7 +29,6 @@ class MetricsError(UserError):
 
 
 def environment_error(err: OSError, then: str = "run the same command again.") -> UserError:
-    """An OSError as a UserError naming the file and what to do for its cause, `then` what to run after."""
     where = os.fsdecode(err.filename) if err.filename else "a file"  # tensorboard's gfile names files in bytes
     reason = err.strerror or str(err) or type(err).__name__
     fix = _FIXES.get(err.errno, "Fix what the operating system reports")

@@ -60,7 +60,6 @@ class SweepJobFailed(CompactHydraException):
 
 
 def run_hydra(job: Callable[[DictConfig], tuple[int, Optional[float]]], config_name: str, argv: Sequence[str]) -> int:
-    """`job` (its exit code, the value a sweeper minimises) under @hydra.main in this process; the exit code."""
     if any(len(flag := arg.split("=")[0]) > 2 and RERUN.startswith(flag) for arg in argv):  # argparse takes --exp
         log.error("%s unpickles a file: it runs any code it names. Nothing was read or written. Drop the flag.", RERUN)
         return EXIT_BAD_INPUT
@@ -153,9 +152,8 @@ def command(program: str, sweep: bool) -> tuple[str, list[str]]:
 
 def data_overrides(cfg: DictConfig, overrides: Sequence[str]) -> dict[str, Any]:
     """evaluate.py: the data.* keys among its overrides, as Hydra typed them (they replace the checkpoint's)."""
-    typed = OmegaConf.to_container(cfg.data, resolve=True)
-    names = [key.removeprefix("data.") for key in map(override_key, overrides) if key.startswith("data.")]
-    return {name: typed[name] for name in names}
+    keys = [key for key in map(override_key, overrides) if key.startswith("data.")]
+    return {key.removeprefix("data."): OmegaConf.select(cfg, key) for key in keys}
 
 
 def override_key(override: str) -> str:
@@ -179,9 +177,8 @@ class LaunchChecks(Callback):
         sweeper = config.hydra.sweeper  # with n_trials: hparams_search=optuna, what its sweeper does not check
         if problem := values_problem(config) or ("n_trials" in sweeper and search_problem(sweeper, folder)):
             refuse(f"{problem}. Nothing was written.")
-        try:  # the study's file is kept there
-            if "n_trials" in sweeper:
-                folder.mkdir(parents=True, exist_ok=True)
+        try:  # made now: an Optuna study's file is kept there
+            folder.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             refuse(unwritable("hydra.sweep.dir", folder, err))
 
@@ -228,9 +225,8 @@ def search_problem(sweeper: DictConfig, sweep: Path) -> str:
     if not os.access(target := file if file.exists() else file.parent, os.W_OK):
         return f"{said}: this user cannot write {target}: give write permission there"
     try:
-        if file.exists():
-            with sqlite3.connect(f"file:{file}?mode=ro", uri=True) as db:
-                db.execute("PRAGMA quick_check").fetchall()
+        if file.exists():  # (a new one: optuna makes it)
+            sqlite3.connect(f"file:{file}?mode=ro", uri=True).execute("PRAGMA quick_check").fetchall()
     except sqlite3.Error as err:
         return f"{said}: {file} cannot be read as an SQLite database ({err}): move it away, or choose another"
     return ""
@@ -353,7 +349,6 @@ def shell_quote(text: str) -> str:
 
 
 def resume_command(run_dir: Path, program: str = "train", key: str = "trainer.resume") -> str:
-    """The command that resumes a run (or measures it), its path quoted for Hydra's grammar, then for the shell."""
     return f"{PROGRAMS[program]} {shell_quote(f'{key}={hydra_quote(run_dir)}')}"
 
 

@@ -154,9 +154,8 @@ class Run:
         return [p for p in self.dir.iterdir() if p.name != self.LOCK] if self.dir.is_dir() else []
 
     def remove_if_empty(self) -> None:
-        """The folder Hydra made for a job that wrote nothing there, and the empty folders above it, up to the cwd."""
         with contextlib.suppress(OSError, ValueError):  # rmdir: only an empty folder; ValueError: another drive
-            os.removedirs(os.path.relpath(self.dir))  # climbs the relative path alone: never above the launch folder
+            os.removedirs(os.path.relpath(self.dir))  # and the empty ones above, up to the launch folder alone
 
 
 @contextlib.contextmanager
