@@ -33,15 +33,14 @@ from gan.training import train as train_run
 
 def compose_config(*overrides: str) -> TrainConfig:
     """configs/train.yaml with train.py's overrides ("loss=hinge", "optim.lr=1e-4"), typed and checked."""
-    return _composed(overrides)[1]
+    return _composed(overrides)
 
 
-def _composed(overrides: tuple[str, ...], program: str = "train") -> tuple[Any, Any]:
+def _composed(overrides: tuple[str, ...], program: str = "train") -> Any:  # typed and checked (train's: no checkpoint)
     _require(all(isinstance(o, str) for o in overrides), "overrides", overrides, "must be strings, one per setting")
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            cfg = compose(config_name=program, overrides=list(overrides))
-            return cfg, validate_evaluate(cfg, SCHEMAS[program])  # (train's has no checkpoint to miss)
+            return validate_evaluate(compose(config_name=program, overrides=list(overrides)), SCHEMAS[program])
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(hydra_refusal(err, program)) from err
 
@@ -54,7 +53,7 @@ def train(run_dir: str | Path, *overrides: str, config: TrainConfig | None = Non
     _require(config is None or isinstance(config, TrainConfig), "config", type(config).__name__, why)
     _require(config is None or not overrides, "overrides", " ".join(overrides), "and config= were both given: pass one")
     try:  # a config built in code: OmegaConf checks its types, as Hydra checks the command line's
-        typed = _composed(overrides)[1] if config is None else validate(OmegaConf.structured(config))
+        typed = _composed(overrides) if config is None else validate(OmegaConf.structured(config))
     except OmegaConfBaseException as err:
         raise ConfigError(str(err)) from err
     try:
@@ -96,6 +95,6 @@ def evaluate(checkpoint: str | Path, *overrides: str, run_dir: str | Path | None
     _require(isinstance(checkpoint, (str, Path)), "checkpoint", checkpoint, "must be a checkpoint file or run folder")
     _require(run_dir is None or isinstance(run_dir, (str, Path)), "run_dir", run_dir, "must be a folder's path")
     given = (f"checkpoint={hydra_quote(checkpoint)}", *overrides)
-    cfg, settings = _composed(given, "evaluate")
+    settings = _composed(given, "evaluate")
     with tempfile.TemporaryDirectory() if run_dir is None else contextlib.nullcontext(run_dir) as folder:
-        return measure(settings, Path(folder), data_overrides(cfg, given))
+        return measure(settings, Path(folder), data_overrides(OmegaConf.structured(settings), given))

@@ -190,8 +190,7 @@ class TrainerConfig(_Group):
     channels_last: bool = True  # NHWC memory format: faster convolutions on CPU (oneDNN) and tensor cores
     compile: bool = False  # torch.compile G and D (not the whole step); compile time is logged apart
     threads: int = 0  # torch intra-op threads; 0 = torch's default (a thread per core); fixed, and kept on resume
-    adapt_threads: bool = False  # use the cores others leave free (gan/training/threads.py); not bit-exact: oneDNN's
-    # reductions change with the count
+    adapt_threads: bool = False  # follow free cores (gan/training/threads.py): oneDNN's sums vary, not bit-exact
     retain_host_memory: bool = True  # CPU: glibc malloc keeps freed memory (gan/device.py:retain_freed_memory)
     log_every: int = 50  # steps between scalar logs (the only host syncs of the loop)
     sample_every: int = 500  # steps between fixed-noise sample grids (20 in a default run)

@@ -43,8 +43,7 @@ RUNTIME_KEYS = {
     "checkpoint_every keep_checkpoints final_eval_samples eval_every eval_samples overfit_every on_d_won "
     "d_won_window".split(),
 }
-# ... and the arithmetic an explicit resume may tune, which resume=auto treats as the run's identity (a sweep over
-# rates never continues another point)
+# ... and what an explicit resume may tune, part of the identity resume=auto matches (no sweep point continues another)
 RESUMABLE = {**RUNTIME_KEYS, "optim": ["lr", "lr_d", "lr_decay"]}
 RESUMABLE["trainer"] = RUNTIME_KEYS["trainer"] + "precision compile channels_last on_nan deterministic".split()
 # Refused by their old name with the new one: the alarm detects D winning outright, which is not mode collapse
@@ -297,9 +296,8 @@ def resume_auto(config: dict, output_dir: Path, outputs: Path = Path("outputs"))
         return own.last
     for last in sorted(outputs.glob(f"**/{Run.LAST}"), key=os.path.getmtime, reverse=True):
         record = Run.of_checkpoint(last).record / "config.yaml"
-        try:
+        try:  # a scalar group: run_identity would leave it out and match on the others alone
             recorded = to_plain(OmegaConf.load(record))
-            # run_identity would leave a scalar group out, and match on the others alone
             why = next((f"its group {g!r} is {v!r}" for g, v in recorded.items() if type(v) is not dict), None)
         except FileNotFoundError:  # a run that wrote no record is no one's to continue by its settings
             continue

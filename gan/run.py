@@ -35,9 +35,8 @@ class Run:
         self.dir = Path(folder)
         self.checkpoints, self.last = self.dir / "checkpoints", self.dir / self.LAST
         self.best = self.checkpoints / "best.pt"
-        self.tb, self.samples, self.eval = self.dir / "tb", self.dir / "samples", self.dir / "eval"
-        self.metrics, self.record = self.dir / "metrics.json", self.dir / self.RECORD  # metrics: evaluate.py's
-        self.export = self.dir / "export"  # evaluate.py's export=: the generator as files that need only torch
+        self.tb, self.samples, self.eval, self.record = map(self.dir.joinpath, ("tb", "samples", "eval", self.RECORD))
+        self.metrics, self.export = self.dir / "metrics.json", self.dir / "export"  # evaluate.py's (export=: G's files)
 
     @classmethod
     def of_checkpoint(cls, file: Path) -> Optional[Run]:
@@ -113,8 +112,7 @@ class Run:
         """RunDirError if `folder` refuses a file of one block: tried, as permission bits lie to root and on quotas."""
         folder = folder or self.dir
         path = folder / f".write-test-{os.getpid()}"
-        try:
-            # buffered: a short write is retried, then raises (a file-size limit, a disk that filled meanwhile)
+        try:  # buffered: a short write is retried, then raises (a file-size limit, a disk that filled meanwhile)
             with open(path, "xb") as file:
                 file.write(bytes(4096))
                 file.flush()
