@@ -117,8 +117,7 @@ def hydra_refusal(err: Exception, config_name: str) -> str:  # one paragraph nam
     lines = [line.strip() for line in f"{err}\n{cause if cause is not err else ''}".splitlines()]
     noise = ("full_key:", "reference_type=", "object_type=", "See https://", "To append", "^")
     said = " ".join(line for line in lines if line and not line.startswith(noise)).split(" Config search path")[0]
-    if key and str(key) not in said:
-        said = f"{key}: {said}"
+    said = f"{key}: {said}" if key and str(key) not in said else said
     if isinstance(err, OverrideParseException):
         name, _, value = err.override.partition("=")
         detail = said.replace(f"Error parsing override '{err.override}'", "").replace(err.override, "").strip(" :")

@@ -31,7 +31,6 @@ PACKAGE = {"train.py": "trainer", "evaluate.py": "metrics"}  # a group of each c
 
 
 def run(program: str, *argv: str, cwd: Path) -> subprocess.CompletedProcess:
-    """`python PROGRAM ARGV` in this process, the arguments in the order given."""
     return in_process(importlib.import_module(program.removesuffix(".py")).main, list(argv), cwd)
 
 

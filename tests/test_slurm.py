@@ -96,8 +96,7 @@ class Sweep:
         return self.output.read_text(errors="replace")
 
     def job_ids(self) -> list[str]:
-        """The SLURM jobs of the sweep, from submitit's folders (the ones holding a job's pickle): `12` for one job,
-        `13_0` and `13_1` for an array of two (whose folder `13` holds the sbatch script alone)."""
+        """The sweep's SLURM jobs, from submitit's folders holding a pickle: `12`, or `13_0` and `13_1` (an array)."""
         return sorted(p.parent.name for p in (self.folder / ".submitit").glob("*/*_submitted.pkl"))
 
     def log(self, job: str, task: int = 0, stream: str = "out") -> Path:
@@ -377,15 +376,14 @@ def test_a_two_task_job_is_one_ddp_run_that_matches_torchruns(launch, tmp_path):
     assert_same_state(load_checkpoint(torchrun_dir), state)
 
 
+REJECTED = {  # an override sbatch refuses (mem_gb=100000: 100 TB) -> what it says
+    "unknown-partition": ("hydra.launcher.partition=no-such-partition", "Invalid partition name specified"),
+    "more-memory-than-the-node": ("hydra.launcher.mem_gb=100000", "Requested node configuration is not available"),
+}
+
+
 @pytest.mark.slurm
-@pytest.mark.parametrize(
-    "override, message",
-    [
-        ("hydra.launcher.partition=no-such-partition", "Invalid partition name specified"),
-        ("hydra.launcher.mem_gb=100000", "Requested node configuration is not available"),  # 100 TB
-    ],
-    ids=["unknown-partition", "more-memory-than-the-node"],
-)
+@pytest.mark.parametrize(("override", "message"), REJECTED.values(), ids=REJECTED)
 def test_a_submission_slurm_refuses_ends_the_launcher_with_sbatchs_message(launch, override, message):
     sweep = launch(override)
     code, output = sweep.wait(timeout=120)
