@@ -261,8 +261,7 @@ def require_finite(config: Any, prefix: str = "") -> None:
 
 
 def check_device_name(name: str, key: str) -> None:  # the spelling only: gan.device says if this machine has it
-    known = name in ("auto", "cpu", "cuda", "mps") or (name.startswith("cuda:") and name[5:].isdigit())
-    _require(known, key, name, "must be auto, cpu, cuda, cuda:N or mps")
+    _require(bool(re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", name)), key, name, "must be auto, cpu, cuda, cuda:N or mps")
 
 
 def _require(ok: bool, key: str, value: Any, why: str) -> None:
