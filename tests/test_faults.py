@@ -28,9 +28,11 @@ from test_distributed import finish
 from gan.checkpoint import load_checkpoint
 from gan.data.stream import BatchStream
 from gan.errors import ConfigError, environment_error
+from gan.run import Run
 from gan.training import NonFiniteLossError, train
 from gan.training.faults import NonFiniteWatch, NonFiniteWeightsError, check_finite_state
 from gan.training.monitor import Monitor
+from gan.world import SINGLE
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
 
@@ -227,7 +229,7 @@ def test_a_failed_write_names_the_file_its_cause_and_what_to_do(case):
 def test_a_full_disk_under_tensorboard_names_the_events_file_without_the_writer_threads_traceback(
     tmp_path, monkeypatch, capfd
 ):
-    monitor = Monitor(tmp_path, 0, 10, progress=False)
+    monitor = Monitor(Run(tmp_path), 0, compose_config("trainer.progress=false"), SINGLE, None)
     monitor.numbers(1, {"loss/d": 1.0})  # the events file opens at the first write
     full = OSError(errno.ENOSPC, "No space left on device")  # as gfile reports it: no file named
     monkeypatch.setattr(LocalFileSystem, "append", Mock(side_effect=full))

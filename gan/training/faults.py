@@ -26,12 +26,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class NonFiniteLossError(RuntimeError):
-    """A loss became NaN or infinite."""
+class NonFiniteLossError(RuntimeError): ...  # a loss became NaN or infinite
 
 
-class NonFiniteWeightsError(NonFiniteLossError):
-    """Non-finite weights or Adam moments: a NonFiniteLossError, for the same exit code."""
+class NonFiniteWeightsError(NonFiniteLossError): ...  # non-finite weights or Adam moments: the same exit code
 
 
 class NonFiniteWatch:

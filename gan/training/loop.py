@@ -84,10 +84,10 @@ def train(
         if world.distributed:
             ids = [device.index] if device.type == "cuda" else None
             G, D = DistributedDataParallel(G, device_ids=ids), DistributedDataParallel(D, device_ids=ids)
-        monitor = Monitor(run_dir, state.step, trainer.max_steps, trainer.progress, world, on_ready)
+        monitor = Monitor(run, state.step, cfg, world, on_ready)
         if world.is_main and state.step == 0:  # HParams and the real images, once per run
             monitor.begin(hparams_of(cfg) if hparams is None else hparams, state, training.labels)
-        monitor.describe(state.step, cfg, command, environment(device))
+        monitor.describe(command, environment(device))
         with contextlib.closing(monitor), stop_on_signals() as stop:
             extras = periodic_extras(cfg, state, ctx, monitor, stop, probes)
             while state.step < trainer.max_steps:
@@ -119,9 +119,8 @@ def train(
                     break
             if state.best:  # the run's result, one point each, in the group TensorBoard opens first
                 monitor.numbers(state.step, {BEST_FID_TAG: state.best["fid"]})
-            if (
-                state.step == trainer.max_steps
-            ):  # HParams' STATUS_SUCCESS; the first status stays, and a stop may resume
+            # HParams' STATUS_SUCCESS; the first status stays, and a stop may resume
+            if state.step == trainer.max_steps:
                 monitor.summary(hparams_summaries({}, {})[2], state.step)  # torch's session-end summary
         return TrainResult(state.step, monitor.last, run.last, stop.reason, monitor.seconds, state.best)
 
@@ -144,8 +143,6 @@ class Every:  # run(tick) after every `steps`-th iteration (0: never), and after
 class Extras:
     def __init__(self, tasks: Iterable[Every]):
         self.tasks = [task for task in tasks if task.steps > 0]
-        if len({task.name for task in self.tasks}) != len(self.tasks):
-            raise ValueError(f"two periodic extras share a name: {[task.name for task in self.tasks]}")
 
     def after_step(self, tick: Tick) -> None:
         for task in self.tasks:
