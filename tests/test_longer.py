@@ -29,10 +29,7 @@ def test_extras_run_in_order_at_their_cadence_and_at_the_end():
     extras = loop.Extras([*tasks, loop.Every("off", 0, note("off"), at_end=True)])
     for step in range(1, 6):
         extras.after_step(loop.Tick(step, {}, 1, done=step == 5))
-    assert ran == [("2", 2), ("3, at end", 3), ("2", 4), ("3, at end", 5)]
-    assert [task.name for task in extras.tasks] == ["2", "3, at end"]  # 0 = never: dropped
-    with pytest.raises(ValueError, match="share a name"):
-        loop.Extras([loop.Every("log", 1, print), loop.Every("log", 2, print)])
+    assert ran == [("2", 2), ("3, at end", 3), ("2", 4), ("3, at end", 5)]  # 0 = never, even at the end
 
 
 def scripted(monkeypatch, fids: list[float]) -> None:
@@ -123,7 +120,6 @@ def test_the_alarm_needs_a_whole_window_of_dominance_and_warns_once_per_episode(
         ([loop.FAKE_BELOW * 0.9] * 10, loop.RT_ABOVE + 0.05, True),
         ([loop.FAKE_BELOW * 1.1] * 10, 1.0, False),  # D still gives the fakes a chance
         ([0.001] * 10, loop.RT_ABOVE - 0.05, False),  # D unsure of the reals
-        ([0.001] * 9 + [0.3], 1.0, True),  # one healthy batch does not hide a won D (the mean: 0.031)
         ([0.2] * 9 + [0.0001], 1.0, False),  # nor does one bad batch make one
     ],
 )

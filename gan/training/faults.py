@@ -10,18 +10,16 @@ import signal
 import threading
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import Tensor, nn
 from torch.nn.utils import get_total_norm
 
 from gan.checkpoint import load_checkpoint, nonfinite
+from gan.config import TrainConfig
 from gan.errors import CheckpointError
-
-if TYPE_CHECKING:
-    from gan.config import TrainConfig
-    from gan.training.state import TrainingState
+from gan.training.state import TrainingState
 
 log = logging.getLogger(__name__)
 

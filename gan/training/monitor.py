@@ -9,7 +9,7 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Optional
+from typing import Callable, Iterator, Mapping, Optional
 
 import torch
 import yaml
@@ -27,10 +27,8 @@ from gan.core.sampling import image_grid
 from gan.data import BatchStream, to_unit_range
 from gan.errors import naming
 from gan.run import Run
+from gan.training.state import TrainingState
 from gan.world import World
-
-if TYPE_CHECKING:
-    from gan.training.state import TrainingState
 
 log = logging.getLogger(__name__)
 
