@@ -73,21 +73,20 @@ def check_finite_state(state: TrainingState, kept: Path) -> None:
             total = sum(1 for (part, _), t in named if part == name and isinstance(t, Tensor) and t.is_floating_point())
             shown = ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "")
             found.append(f"{name} in {len(keys)} of its {total} tensors ({shown})")
-    if not found:
-        for name, module in modules.items():
-            largest = float(get_total_norm([p.detach() for p in module.parameters()], math.inf))  # the inf-norm
-            if largest > 1e4:
-                log.warning(
-                    "Step %d: %s's weights have diverged (largest |weight| %.3g, where DCGAN's start near 0.02 and 1). "
-                    "The checkpoint is still written; lower optim.lr or optim.lr_d (a resume may change them).",
-                    state.step, name, largest,
-                )  # fmt: skip
-        return
-    raise NonFiniteWeightsError(
-        f"Non-finite weights at step {state.step}: {'; '.join(found)}. No checkpoint was written; {_kept(kept)} "
-        "trainer.on_nan=skip cannot help (the weights are non-finite, not only a step's loss). Lower optim.lr or "
-        "optim.lr_d (a resume may change them), or try loss=hinge."
-    )
+    if found:
+        raise NonFiniteWeightsError(
+            f"Non-finite weights at step {state.step}: {'; '.join(found)}. No checkpoint was written; {_kept(kept)} "
+            "trainer.on_nan=skip cannot help (the weights are non-finite, not only a step's loss). Lower optim.lr or "
+            "optim.lr_d (a resume may change them), or try loss=hinge."
+        )
+    for name, module in modules.items():
+        largest = float(get_total_norm([p.detach() for p in module.parameters()], math.inf))  # the inf-norm
+        if largest > 1e4:
+            log.warning(
+                "Step %d: %s's weights have diverged (largest |weight| %.3g, where DCGAN's start near 0.02 and 1). "
+                "The checkpoint is still written; lower optim.lr or optim.lr_d (a resume may change them).",
+                state.step, name, largest,
+            )  # fmt: skip
 
 
 def _kept(path: Path) -> str:

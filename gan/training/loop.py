@@ -194,6 +194,19 @@ def periodic_extras(
                 save_checkpoint({"kind": BEST, **kept, "metrics": dict(values)}, run.best)
         monitor.numbers(tick.step, values)
 
+    def write_samples(tick: Tick) -> None:  # the fixed latents' grid: samples/step_NNNNNN.png, progress.gif, tb/
+        with monitor.timed("sample", tick.step):
+            grid = grid_of(sample(state.sampler, state.fixed_z, state.fixed_y), state)
+            run.samples.mkdir(parents=True, exist_ok=True)
+            path = run.samples / f"step_{tick.step:06d}.png"
+            partial = path.with_name(f".{path.name}.tmp")  # replaced whole: an old damaged image is never half-kept
+            with naming(path):
+                save_image(grid, partial, format="png")
+                os.replace(partial, path)
+            write_progress_gif(run.samples)
+            with monitor.writing() as writer:  # NaN pixels (a diverged G) drawn black: numpy's uint8 cast is arbitrary
+                writer.add_image(FAKE_TAG if state.G_ema else RAW_FAKE_TAG, grid.nan_to_num(0.0), tick.step)
+
     def checkpoint(tick: Tick) -> None:  # never over the last good one with weights a NaN has reached
         rngs = gather_to_main(rng_state(device, state.augment), world)  # every rank's generators, for resume
         if main:
@@ -210,7 +223,7 @@ def periodic_extras(
         Every("overfitting", trainer.overfit_every if overfit else 0, measure_overfit),
         Every("augment p", 1 if state.augment else 0, lambda t: state.augment.observe(t.stats["d/overfit_rt"], mean)),
         Every("log", trainer.log_every, log_scalars, at_end=True),
-        Every("sample", trainer.sample_every if main else 0, lambda _: write_samples(state, monitor), True),
+        Every("sample", trainer.sample_every if main else 0, write_samples, at_end=True),
         Every("quality", trainer.eval_every if quality else 0, measure_quality, at_end=True),
         Every("checkpoint", trainer.checkpoint_every, checkpoint, at_end=True),
         Every("learning rate", 1, lambda tick: set_learning_rates(state, cfg)),  # the next step's
@@ -395,22 +408,6 @@ class QualityProbe:
         results.update(M.precision_recall_density_coverage(real, fake_features, cfg.metrics.pr_k, cfg.metrics.dc_k))
         results.update(class_metrics(self.classifier, self.reals, fake, cfg, self.device))
         return {QUALITY_TAGS[key]: float(value) for key, value in results.items() if key in QUALITY_TAGS}
-
-
-def write_samples(state: TrainingState, monitor: Monitor) -> None:
-    """Rank 0's fixed-latent grid of this step into samples/step_NNNNNN.png, samples/progress.gif and TensorBoard."""
-    samples = monitor.run.samples
-    with monitor.timed("sample", state.step):
-        grid = grid_of(sample(state.sampler, state.fixed_z, state.fixed_y), state)
-        samples.mkdir(parents=True, exist_ok=True)
-        path = samples / f"step_{state.step:06d}.png"
-        partial = path.with_name(f".{path.name}.tmp")  # replaced whole: an old damaged image is never half-kept
-        with naming(path):
-            save_image(grid, partial, format="png")
-            os.replace(partial, path)
-        write_progress_gif(samples)
-        with monitor.writing() as writer:  # NaN pixels (a diverged G) drawn black: numpy's uint8 cast is arbitrary
-            writer.add_image(FAKE_TAG if state.G_ema is not None else RAW_FAKE_TAG, grid.nan_to_num(0.0), state.step)
 
 
 # Every run reports these to HParams, defaults too; four leave FID/best on a 1400 px screen (docs/watching.md)
