@@ -28,7 +28,7 @@ def test_extras_run_in_order_at_their_cadence_and_at_the_end():
     tasks = [loop.Every("2", 2, note("2")), loop.Every("3, at end", 3, note("3, at end"), at_end=True)]
     extras = loop.Extras([*tasks, loop.Every("off", 0, note("off"), at_end=True)])
     for step in range(1, 6):
-        extras.after_step(loop.Tick(step, {}, 1, done=step == 5))
+        extras.after_step(loop.Tick(step, {}, done=step == 5))
     assert ran == [("2", 2), ("3, at end", 3), ("2", 4), ("3, at end", 5)]  # 0 = never, even at the end
 
 
@@ -227,8 +227,7 @@ def test_ada_p_is_checkpointed_and_a_resume_is_bit_identical(tmp_path):
               "model.ada_kimg=0.5", "trainer.checkpoint_every=100")  # fmt: skip
     train(compose_config(*common), tmp_path / "straight")
     train(compose_config(*common), tmp_path / "split", after_step=stop_at(5))
-    assert 0 < load_checkpoint(tmp_path / "split")["augment"]["p"] < 1  # steered, mid-range: resumed, not reset
-    halfway = load_checkpoint(tmp_path / "split")
+    assert 0 < (halfway := load_checkpoint(tmp_path / "split"))["augment"]["p"] < 1  # mid-range: resumed, not reset
     train(compose_config(*common, f"trainer.resume={tmp_path / 'split'}"), tmp_path / "split")
     straight, resumed = load_checkpoint(tmp_path / "straight"), load_checkpoint(tmp_path / "split")
     assert straight["augment"] == resumed["augment"]

@@ -23,13 +23,13 @@ from gan.checkpoint import load_checkpoint
 from gan.config import ConfigError, ModelConfig, Precision
 from gan.core.models import Discriminator, Generator
 from gan.data import EmptySplitError, is_held_out, load_dataset
-from gan.distributed import SINGLE
 from gan.errors import CheckpointError, MetricsError
 from gan.evaluation import metrics as M
 from gan.training import train
 from gan.training.loop import build_probes
 from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, REAL_TAG
 from gan.training.state import lr_scale, resolve_precision
+from gan.world import SINGLE
 from scripts.bench import Row, flops_per_step, probe, project_config
 from scripts.bench_parts import conv_share
 

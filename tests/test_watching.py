@@ -33,14 +33,13 @@ from scripts import tensorboard_screenshots as shots
 LOSS_CHARTS = ["loss/D(G(z))", "loss/D(x)", "loss/d", "loss/g"]  # TensorBoard's order
 
 
-def natural_key(tag: str) -> list:
-    """TensorBoard 2.21's tag order: runs of digits as numbers, '/' and digits first, the rest by code."""
-    parts = re.findall(r"\d+|.", tag, flags=re.DOTALL)
-    return [(0, int(p), "") if p.isdigit() else (0, -1, "") if p == "/" else (1, 0, p) for p in parts]
-
-
 def tb_group_order(tags: list[str]) -> list[str]:
     """The tag groups in the order TensorBoard's Time Series and Scalars pages list them."""
+
+    def natural_key(tag: str) -> list:  # TensorBoard 2.21's: runs of digits as numbers, '/' and digits first
+        parts = re.findall(r"\d+|.", tag, flags=re.DOTALL)
+        return [(0, int(p), "") if p.isdigit() else (0, -1, "") if p == "/" else (1, 0, p) for p in parts]
+
     return list(dict.fromkeys(tag.split("/", 1)[0] for tag in sorted(tags, key=natural_key)))
 
 

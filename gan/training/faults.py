@@ -35,8 +35,7 @@ class NonFiniteWatch:
 
     def __init__(self, device: torch.device, checkpoint: Path, cfg: TrainConfig):
         self.first_step = torch.full((), -1, dtype=torch.long, device=device)
-        self.losses = torch.zeros(2, device=device)
-        self.checkpoint, self.cfg = checkpoint, cfg
+        self.losses, self.checkpoint, self.cfg = torch.zeros(2, device=device), checkpoint, cfg
 
     def update(self, step: int, loss_d: Tensor, loss_g: Tensor) -> None:
         losses = torch.stack([loss_d.float(), loss_g.float()])

@@ -29,7 +29,7 @@ from gan.core.sampling import sample
 from gan.core.steps import StepContext, d_step, g_step
 from gan.data import EmptySplitError, ImageSet, open_source, take, to_unit_range
 from gan.device import environment
-from gan.distributed import SINGLE, World, any_rank, gather_to_main, mean_over_ranks
+from gan.distributed import any_rank, gather_to_main, mean_over_ranks
 from gan.errors import ConfigError, DataError, MetricsError, UserError, naming
 from gan.evaluation import metrics as M
 from gan.evaluation.pipeline import Reals, class_metrics, classifier_data, evaluate, generate, reference_subset
@@ -39,6 +39,7 @@ from gan.training.faults import NonFiniteWatch, check_finite_state, stop_on_sign
 from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, Monitor, grid_of, shown_name, write_progress_gif
 from gan.training.state import TrainingState, rng_state, set_learning_rates, set_up
 from gan.training.threads import thread_governor
+from gan.world import SINGLE, World
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ def train(
                 done = state.step == trainer.max_steps or any_rank(stop.reason is not None or asked, world, device)
 
                 # every N steps: log, sample, measure, checkpoint, ... (the list in periodic_extras)
-                extras.after_step(Tick(state.step, {**d_stats, **g_stats}, real.size(0) * world.size, done))
+                extras.after_step(Tick(state.step, {**d_stats, **g_stats}, done))
                 if done:  # a signal that lands after `done` was computed gets one more step
                     break
             if state.best:  # the run's result, one point each, in the group TensorBoard opens first
@@ -128,7 +129,6 @@ def train(
 class Tick(NamedTuple):  # an iteration, as the periodic extras see it (StyleGAN2-ADA's tick)
     step: int  # generator updates done, this iteration's included
     stats: Mapping[str, Tensor]  # both steps' diagnostics, 0-dim tensors still on the device
-    images: int  # real images the iteration consumed, all ranks together
     done: bool  # the run ends with this iteration
 
 
@@ -218,7 +218,7 @@ def periodic_extras(
 
     tasks = [
         Every("NaN watch", 1, lambda tick: watch.update(tick.step, tick.stats["loss/d"], tick.stats["loss/g"])),
-        Every("progress", 1, lambda tick: monitor.advance(tick.step, tick.images)),
+        Every("progress", 1, lambda tick: monitor.advance(tick.step)),
         Every("threads", 1 if governor else 0, lambda tick: governor.poll()),
         Every("overfitting", trainer.overfit_every if overfit else 0, measure_overfit),
         Every("augment p", 1 if state.augment else 0, lambda t: state.augment.observe(t.stats["d/overfit_rt"], mean)),
@@ -303,7 +303,6 @@ def peer_lost(err: RuntimeError) -> Optional[str]:
 
 
 PROBE_IMAGES = 512  # enough for a mean score to move by less than the gap it shows
-_SUBSET_SEED = 20_200_611  # a generator of its own: the run's random streams are not touched
 
 
 def build_probes(
@@ -325,7 +324,7 @@ def build_probes(
     count = min(PROBE_IMAGES, len(train.images), len(held_out)) if held_out is not None and trainer.overfit_every else 0
     count -= count % model.pack  # D judges packs of model.pack images
     if count >= model.pack:
-        pick, subsets = torch.Generator().manual_seed(_SUBSET_SEED), []
+        pick, subsets = torch.Generator().manual_seed(20_200_611), []  # its own: the run's streams are untouched
         for images, labels in ((train.images, train.labels), (held_out, held_out.labels)):
             index = torch.randperm(len(images), generator=pick)[:count]
             subsets.append((take(images, index).to(device), labels[index].to(device) if model.conditional else None))

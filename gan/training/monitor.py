@@ -104,7 +104,7 @@ class Monitor:
             writer.file_writer.add_summary(hparams_pb(typed, trial_id=trial_id), 0)
             writer.add_image(REAL_TAG, grid_of(to_unit_range(real), state), 0)
 
-    def advance(self, step: int, images: int) -> None:
+    def advance(self, step: int) -> None:
         self.bar.update(1)
         if self.first_step_done is None:  # it may include compiling: logged apart, and left out of the throughput
             self.first_step_done = time.perf_counter()
@@ -112,7 +112,7 @@ class Monitor:
                 log.info("step %d  time/first_step_s=%.4g", step, self.first_step_done - self.time_since)
             self.time_since = self.first_step_done
             return
-        self.images_since += images
+        self.images_since += self.cfg.data.batch_size * self.world.size  # every batch is whole, on every rank
 
     @contextlib.contextmanager
     def timed(self, phase: str, step: int) -> Iterator[None]:  # a phase outside the step, left out of time/img_per_s

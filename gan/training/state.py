@@ -26,10 +26,10 @@ from gan.core.sampling import class_rows
 from gan.core.steps import Penalties, StepContext
 from gan.data import BatchStream, ImageSet, load_dataset
 from gan.device import environment, environment_changes, retain_freed_memory, setup_torch
-from gan.distributed import SINGLE, World
 from gan.errors import CheckpointError, ConfigError, DataError
 from gan.launch import check_resume
 from gan.training.threads import keep_thread_count
+from gan.world import SINGLE, World
 
 log = logging.getLogger(__name__)
 

@@ -51,8 +51,7 @@ class ThreadGovernor:
     def __init__(self, limit: int, cpus: int):
         self.limit, self.cpus, self.threads = limit, cpus, limit
         self.pending: Optional[int] = None  # the count the last window asked for, awaiting a second
-        self.next_at: Optional[float] = None  # the warm-up starts at the first poll
-        self.mark: Optional[tuple[float, float, float]] = None
+        self.next_at, self.mark = None, None  # the warm-up starts at the first poll; mark: (time, busy, own) at a read
 
     def poll(self) -> None:
         now = self.clock()
