@@ -28,7 +28,7 @@ def test_extras_run_in_order_at_their_cadence_and_at_the_end():
     tasks = [loop.Every("2", 2, note("2")), loop.Every("3, at end", 3, note("3, at end"), at_end=True)]
     extras = loop.Extras([*tasks, loop.Every("off", 0, note("off"), at_end=True)])
     for step in range(1, 6):
-        extras.after_step(loop.Tick(step, {}, done=step == 5))
+        extras.after_step(loop.Tick(step, {}), done=step == 5)
     assert ran == [("2", 2), ("3, at end", 3), ("2", 4), ("3, at end", 5)]  # 0 = never, even at the end
 
 

@@ -113,9 +113,8 @@ def stop_on_signals() -> Iterator[SimpleNamespace]:
     usable = isinstance(handed_on, signal.Signals) and handed_on not in (signal.SIGINT, signal.SIGTERM)
     if "SUBMITIT_EXECUTOR" not in os.environ or not usable or not callable(signal.getsignal(handed_on)):
         handed_on = None
-    signals = (signal.SIGINT, signal.SIGTERM, *([handed_on] if handed_on else []))
-    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
-        signals = ()
+    main = threading.current_thread() is threading.main_thread()  # only the main thread may set handlers
+    signals = (signal.SIGINT, signal.SIGTERM, *([handed_on] if handed_on else [])) if main else ()
     previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
         yield flag

@@ -115,7 +115,7 @@ def train(
                 done = state.step == trainer.max_steps or any_rank(stop.reason is not None or asked, world, device)
 
                 # every N steps: log, sample, measure, checkpoint, ... (the list in periodic_extras)
-                extras.after_step(Tick(state.step, {**d_stats, **g_stats}, done))
+                extras.after_step(Tick(state.step, {**d_stats, **g_stats}), done)
                 if done:  # a signal that lands after `done` was computed gets one more step
                     break
             if state.best:  # the run's result, one point each, in the group TensorBoard opens first
@@ -129,7 +129,6 @@ def train(
 class Tick(NamedTuple):  # an iteration, as the periodic extras see it (StyleGAN2-ADA's tick)
     step: int  # generator updates done, this iteration's included
     stats: Mapping[str, Tensor]  # both steps' diagnostics, 0-dim tensors still on the device
-    done: bool  # the run ends with this iteration
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,9 +143,9 @@ class Extras:
     def __init__(self, tasks: Iterable[Every]):
         self.tasks = [task for task in tasks if task.steps > 0]
 
-    def after_step(self, tick: Tick) -> None:
+    def after_step(self, tick: Tick, done: bool) -> None:  # done: the run ends with this iteration
         for task in self.tasks:
-            if tick.step % task.steps == 0 or (task.at_end and tick.done):
+            if tick.step % task.steps == 0 or (task.at_end and done):
                 task.run(tick)
 
 
@@ -390,9 +389,8 @@ class QualityProbe:
                 f"The metrics classifier of data={data.name} reaches {100 * accuracy:.2f}% test accuracy, "
                 f"below evaluate.py's bar of {100 * bar:.0f}%: the in-training FID uses it all the same."
             )
-        self.device, self.features = device, M.ClassifierFeatures(self.classifier, self.reals.stacked, images.size(1))
-        self.features.to(device)
-        self.real_features = M.batched(self.features, images, self.config.batch_size, device)
+        self.features = M.ClassifierFeatures(self.classifier, self.reals.stacked, images.size(1)).to(device)
+        self.device, self.real_features = device, M.batched(self.features, images, self.config.batch_size, device)
         log.info(
             f"In-training quality: {samples} samples against {images.size(0)} training images, features of "
             f"{path.name} ({100 * accuracy:.2f}% accuracy); set up in {time.perf_counter() - started:.1f} s"

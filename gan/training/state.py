@@ -274,9 +274,8 @@ def step_context(precision: Precision, device: torch.device, skip_nonfinite: boo
 
 def compile_models(G: nn.Module, D: Discriminator) -> None:
     """Apart, not the whole step (it would split after G's forward); D's parts, so both its calls run compiled."""
-    G.compile()
-    D.features.compile()
-    D.head.compile()
+    for part in (G, D.features, D.head):
+        part.compile()
 
 
 def set_up(
