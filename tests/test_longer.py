@@ -32,8 +32,7 @@ def test_extras_run_in_order_at_their_cadence_and_at_the_end():
     assert ran == [("2", 2), ("3, at end", 3), ("2", 4), ("3, at end", 5)]  # 0 = never, even at the end
 
 
-def scripted(monkeypatch, fids: list[float]) -> None:
-    """QualityProbe replaced by one whose FIDs are given in advance."""
+def scripted(monkeypatch, fids: list[float]) -> None:  # QualityProbe replaced by one whose FIDs are given in advance
     left = iter(fids)
     probe = SimpleNamespace(measure=lambda G: {loop.FID_TAG: next(left), "quality/recall": 0.5})
     monkeypatch.setattr("gan.training.loop.QualityProbe", lambda *args, **kwargs: probe)

@@ -85,13 +85,11 @@ def test_each_precision_and_tool_trains(tmp_path, overrides, monkeypatch):
 
 
 # each loss key, set, shows in what a run logs: it reached the steps (test_mutations.py drops each on its way)
+G_TERMS = {"train/grad_norm_g_adv", "train/grad_norm_g_fm", "train/loss_g_adv", "train/loss_g_fm"}
 KEYS_LOGGED = [
     (["loss=wgan_gp"], {"train/loss_d_gp"}),
     (["loss.r1=1.0"], {"train/loss_d_r1"}),
-    (
-        ["loss.feature_matching=1.0", "loss.backward_mode=separate"],
-        {"train/grad_norm_g_adv", "train/grad_norm_g_fm", "train/loss_g_adv", "train/loss_g_fm"},
-    ),
+    (["loss.feature_matching=1.0", "loss.backward_mode=separate"], G_TERMS),
 ]
 
 
