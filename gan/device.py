@@ -71,7 +71,7 @@ def resolve_device(name: str, key: str = "trainer.device") -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     device = torch.device(name)
     if device.type == "cuda" and (device.index or 0) >= (count := torch.cuda.device_count()):  # 0 without CUDA
-        raise ConfigError(f"{key}={name!r} but only {count} CUDA device(s) are visible: use {key}=cpu, auto or cuda:0.")
+        raise ConfigError(f"{key}={name!r} but only {count} CUDA device(s) are visible; use {key}=cpu or auto.")
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"{key}={name!r} but MPS is not available here; use {key}=cpu or auto.")
     return device
