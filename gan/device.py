@@ -1,5 +1,6 @@
 """This process and its hardware: the device, threads and seeds, and the CPU allocator setting."""
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -31,7 +32,13 @@ def available_cpus() -> int:  # the affinity mask where the OS has one (not macO
 @functools.lru_cache(maxsize=None)
 def environment(device: torch.device) -> dict[str, Any]:
     """What a result depends on besides its config; checkpoints, the Text tab and metrics.json record it."""
-    cuda = device.type == "cuda"
+    cuda, root, git = device.type == "cuda", Path(__file__).resolve().parents[1], {}
+    if (root / ".git").exists():  # a clone (tracked files only); not a wheel in site-packages, which a venv may hold
+        run = functools.partial(subprocess.run, cwd=root, capture_output=True, text=True, timeout=10, check=True)
+        with contextlib.suppress(OSError, subprocess.SubprocessError):  # no git, or not a repository after all
+            commit = run(["git", "rev-parse", "HEAD"]).stdout.strip()
+            dirty = bool(run(["git", "status", "--porcelain", "--untracked-files=no"]).stdout.strip())
+            git = {"git_commit": commit, "git_dirty": dirty}
     return {
         "package": gan.__version__,  # dcgan-reference's own: a wheel records no commit
         "python": platform.python_version(),
@@ -42,7 +49,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "device": torch.cuda.get_device_name(device) if cuda else f"{device.type} ({cpu_model()})",
         "device_count": torch.cuda.device_count() if cuda else available_cpus(),  # GPUs visible, or CPUs usable
         "platform": platform.platform(),
-        **git_commit(Path(__file__).resolve().parents[1]),
+        **git,
     }
 
 
@@ -51,19 +58,6 @@ def cpu_model() -> str:  # Linux's /proc/cpuinfo names the model (platform.proce
     lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []  # not Linux
     names = [line for line in lines if line.startswith("model name")]
     return names[0].split(":", 1)[1].strip() if names else platform.processor() or platform.machine()
-
-
-def git_commit(root: Path) -> dict[str, Any]:
-    """{"git_commit", "git_dirty"} of a clone at root (tracked files only); {} for an installed package."""
-    if not (root / ".git").exists():  # a wheel in site-packages: not the repository a venv may sit in
-        return {}
-    try:
-        run = functools.partial(subprocess.run, cwd=root, capture_output=True, text=True, timeout=10, check=True)
-        commit = run(["git", "rev-parse", "HEAD"]).stdout.strip()
-        dirty = bool(run(["git", "status", "--porcelain", "--untracked-files=no"]).stdout.strip())
-    except (OSError, subprocess.SubprocessError):  # no git, or not a repository after all
-        return {}
-    return {"git_commit": commit, "git_dirty": dirty}
 
 
 def environment_changes(recorded: Optional[Mapping[str, Any]], current: Mapping[str, Any]) -> list[str]:
@@ -76,10 +70,8 @@ def resolve_device(name: str, key: str = "trainer.device") -> torch.device:
     if name == "auto":  # the first available; the checks below then pass
         name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"{key}={name!r} but this machine has no usable CUDA device; use {key}=cpu or auto.")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise ConfigError(f"{key}={name!r} but only {torch.cuda.device_count()} CUDA device(s) are visible.")
+    if device.type == "cuda" and (device.index or 0) >= (count := torch.cuda.device_count()):  # 0 without CUDA
+        raise ConfigError(f"{key}={name!r} but only {count} CUDA device(s) are visible; use {key}=cpu or auto.")
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"{key}={name!r} but MPS is not available here; use {key}=cpu or auto.")
     return device

@@ -6,10 +6,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-# a world's identity is torch-free (gan/world.py: launch.py's refusals read it before torch loads); here beside the rest
-from gan.world import SINGLE as SINGLE
-from gan.world import World as World
-from gan.world import world_from_env as world_from_env
+from gan.world import World
+from gan.world import world_from_env as world_from_env  # torch-free: launch.py's refusals read it before torch loads
 
 
 def init_process_group(world: World, device_name: str) -> None:

@@ -12,7 +12,6 @@ import shutil
 import signal
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 from unittest.mock import Mock
 
@@ -28,20 +27,13 @@ from test_distributed import finish
 from gan.checkpoint import load_checkpoint
 from gan.data.stream import BatchStream
 from gan.errors import ConfigError, environment_error
+from gan.run import Run
 from gan.training import NonFiniteLossError, train
 from gan.training.faults import NonFiniteWatch, NonFiniteWeightsError, check_finite_state
 from gan.training.monitor import Monitor
+from gan.world import SINGLE
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
-
-
-@pytest.fixture(scope="module")
-def good_run(tmp_path_factory) -> Path:
-    """A finished 2-step run (the slow full-disk test resumes it at step 2); the others use conftest's tiny_run."""
-    run_dir = tmp_path_factory.mktemp("good") / "run"
-    result = run_train("trainer.max_steps=2", f"hydra.run.dir={run_dir}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -157,14 +149,14 @@ def test_hydra_does_not_overwrite_the_record_of_an_existing_run(tmp_path, tiny_r
 
 
 @pytest.mark.slow  # a process with a file-size limit: the disk it sees fills up
-def test_a_full_disk_at_checkpoint_time_keeps_the_last_checkpoint(tmp_path, good_run):
-    run_dir = shutil.copytree(good_run, tmp_path / "run")
+def test_a_full_disk_at_checkpoint_time_keeps_the_last_checkpoint(tmp_path, tiny_run):
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
     before = digest(run_dir / "checkpoints" / "last.pt")
 
     def small_files_only():  # the tiny checkpoint is ~160 kB; logs, samples and events stay below
         resource.setrlimit(resource.RLIMIT_FSIZE, (60_000, 60_000))
 
-    args = [sys.executable, str(ROOT / "train.py"), *TINY, f"trainer.resume={run_dir}", "trainer.max_steps=4"]
+    args = [sys.executable, str(ROOT / "train.py"), *TINY, f"trainer.resume={run_dir}", "trainer.max_steps=8"]
     result = subprocess.run(
         args, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=240, preexec_fn=small_files_only
     )
@@ -227,7 +219,7 @@ def test_a_failed_write_names_the_file_its_cause_and_what_to_do(case):
 def test_a_full_disk_under_tensorboard_names_the_events_file_without_the_writer_threads_traceback(
     tmp_path, monkeypatch, capfd
 ):
-    monitor = Monitor(tmp_path, 0, 10, progress=False)
+    monitor = Monitor(Run(tmp_path), 0, compose_config("trainer.progress=false"), SINGLE, None)
     monitor.numbers(1, {"loss/d": 1.0})  # the events file opens at the first write
     full = OSError(errno.ENOSPC, "No space left on device")  # as gfile reports it: no file named
     monkeypatch.setattr(LocalFileSystem, "append", Mock(side_effect=full))

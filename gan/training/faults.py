@@ -10,28 +10,24 @@ import signal
 import threading
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import Tensor, nn
 from torch.nn.utils import get_total_norm
 
 from gan.checkpoint import load_checkpoint, nonfinite
+from gan.config import TrainConfig
 from gan.errors import CheckpointError
-
-if TYPE_CHECKING:
-    from gan.config import TrainConfig
-    from gan.training.state import TrainingState
+from gan.training.state import TrainingState
 
 log = logging.getLogger(__name__)
 
 
-class NonFiniteLossError(RuntimeError):
-    """A loss became NaN or infinite."""
+class NonFiniteLossError(RuntimeError): ...  # a loss became NaN or infinite
 
 
-class NonFiniteWeightsError(NonFiniteLossError):
-    """Non-finite weights or Adam moments: a NonFiniteLossError, for the same exit code."""
+class NonFiniteWeightsError(NonFiniteLossError): ...  # non-finite weights or Adam moments: the same exit code
 
 
 class NonFiniteWatch:
@@ -39,8 +35,7 @@ class NonFiniteWatch:
 
     def __init__(self, device: torch.device, checkpoint: Path, cfg: TrainConfig):
         self.first_step = torch.full((), -1, dtype=torch.long, device=device)
-        self.losses = torch.zeros(2, device=device)
-        self.checkpoint, self.cfg = checkpoint, cfg
+        self.losses, self.checkpoint, self.cfg = torch.zeros(2, device=device), checkpoint, cfg
 
     def update(self, step: int, loss_d: Tensor, loss_g: Tensor) -> None:
         losses = torch.stack([loss_d.float(), loss_g.float()])
@@ -77,21 +72,20 @@ def check_finite_state(state: TrainingState, kept: Path) -> None:
             total = sum(1 for (part, _), t in named if part == name and isinstance(t, Tensor) and t.is_floating_point())
             shown = ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "")
             found.append(f"{name} in {len(keys)} of its {total} tensors ({shown})")
-    if not found:
-        for name, module in modules.items():
-            largest = float(get_total_norm([p.detach() for p in module.parameters()], math.inf))  # the inf-norm
-            if largest > 1e4:
-                log.warning(
-                    "Step %d: %s's weights have diverged (largest |weight| %.3g, where DCGAN's start near 0.02 and 1). "
-                    "The checkpoint is still written; lower optim.lr or optim.lr_d (a resume may change them).",
-                    state.step, name, largest,
-                )  # fmt: skip
-        return
-    raise NonFiniteWeightsError(
-        f"Non-finite weights at step {state.step}: {'; '.join(found)}. No checkpoint was written; {_kept(kept)} "
-        "trainer.on_nan=skip cannot help (the weights are non-finite, not only a step's loss). Lower optim.lr or "
-        "optim.lr_d (a resume may change them), or try loss=hinge."
-    )
+    if found:
+        raise NonFiniteWeightsError(
+            f"Non-finite weights at step {state.step}: {'; '.join(found)}. No checkpoint was written; {_kept(kept)} "
+            "trainer.on_nan=skip cannot help (the weights are non-finite, not only a step's loss). Lower optim.lr or "
+            "optim.lr_d (a resume may change them), or try loss=hinge."
+        )
+    for name, module in modules.items():
+        largest = float(get_total_norm([p.detach() for p in module.parameters()], math.inf))  # the inf-norm
+        if largest > 1e4:
+            log.warning(
+                "Step %d: %s's weights have diverged (largest |weight| %.3g, where DCGAN's start near 0.02 and 1). "
+                "The checkpoint is still written; lower optim.lr or optim.lr_d (a resume may change them).",
+                state.step, name, largest,
+            )  # fmt: skip
 
 
 def _kept(path: Path) -> str:
@@ -119,9 +113,8 @@ def stop_on_signals() -> Iterator[SimpleNamespace]:
     usable = isinstance(handed_on, signal.Signals) and handed_on not in (signal.SIGINT, signal.SIGTERM)
     if "SUBMITIT_EXECUTOR" not in os.environ or not usable or not callable(signal.getsignal(handed_on)):
         handed_on = None
-    signals = (signal.SIGINT, signal.SIGTERM, *([handed_on] if handed_on else []))
-    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
-        signals = ()
+    main = threading.current_thread() is threading.main_thread()  # only the main thread may set handlers
+    signals = (signal.SIGINT, signal.SIGTERM, *([handed_on] if handed_on else [])) if main else ()
     previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
         yield flag

@@ -29,7 +29,7 @@ from gan.core.sampling import sample
 from gan.core.steps import StepContext, d_step, g_step
 from gan.data import EmptySplitError, ImageSet, open_source, take, to_unit_range
 from gan.device import environment
-from gan.distributed import SINGLE, World, any_rank, gather_to_main, mean_over_ranks
+from gan.distributed import any_rank, gather_to_main, mean_over_ranks
 from gan.errors import ConfigError, DataError, MetricsError, UserError, naming
 from gan.evaluation import metrics as M
 from gan.evaluation.pipeline import Reals, class_metrics, classifier_data, evaluate, generate, reference_subset
@@ -39,6 +39,7 @@ from gan.training.faults import NonFiniteWatch, check_finite_state, stop_on_sign
 from gan.training.monitor import FAKE_TAG, RAW_FAKE_TAG, Monitor, grid_of, shown_name, write_progress_gif
 from gan.training.state import TrainingState, rng_state, set_learning_rates, set_up
 from gan.training.threads import thread_governor
+from gan.world import SINGLE, World
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +85,10 @@ def train(
         if world.distributed:
             ids = [device.index] if device.type == "cuda" else None
             G, D = DistributedDataParallel(G, device_ids=ids), DistributedDataParallel(D, device_ids=ids)
-        monitor = Monitor(run_dir, state.step, trainer.max_steps, trainer.progress, world, on_ready)
+        monitor = Monitor(run, state.step, cfg, world, on_ready)
         if world.is_main and state.step == 0:  # HParams and the real images, once per run
             monitor.begin(hparams_of(cfg) if hparams is None else hparams, state, training.labels)
-        monitor.describe(state.step, cfg, command, environment(device))
+        monitor.describe(command, environment(device))
         with contextlib.closing(monitor), stop_on_signals() as stop:
             extras = periodic_extras(cfg, state, ctx, monitor, stop, probes)
             while state.step < trainer.max_steps:
@@ -114,14 +115,13 @@ def train(
                 done = state.step == trainer.max_steps or any_rank(stop.reason is not None or asked, world, device)
 
                 # every N steps: log, sample, measure, checkpoint, ... (the list in periodic_extras)
-                extras.after_step(Tick(state.step, {**d_stats, **g_stats}, real.size(0) * world.size, done))
+                extras.after_step(Tick(state.step, {**d_stats, **g_stats}), done)
                 if done:  # a signal that lands after `done` was computed gets one more step
                     break
             if state.best:  # the run's result, one point each, in the group TensorBoard opens first
                 monitor.numbers(state.step, {BEST_FID_TAG: state.best["fid"]})
-            if (
-                state.step == trainer.max_steps
-            ):  # HParams' STATUS_SUCCESS; the first status stays, and a stop may resume
+            # HParams' STATUS_SUCCESS; the first status stays, and a stop may resume
+            if state.step == trainer.max_steps:
                 monitor.summary(hparams_summaries({}, {})[2], state.step)  # torch's session-end summary
         return TrainResult(state.step, monitor.last, run.last, stop.reason, monitor.seconds, state.best)
 
@@ -129,8 +129,6 @@ def train(
 class Tick(NamedTuple):  # an iteration, as the periodic extras see it (StyleGAN2-ADA's tick)
     step: int  # generator updates done, this iteration's included
     stats: Mapping[str, Tensor]  # both steps' diagnostics, 0-dim tensors still on the device
-    images: int  # real images the iteration consumed, all ranks together
-    done: bool  # the run ends with this iteration
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,12 +142,10 @@ class Every:  # run(tick) after every `steps`-th iteration (0: never), and after
 class Extras:
     def __init__(self, tasks: Iterable[Every]):
         self.tasks = [task for task in tasks if task.steps > 0]
-        if len({task.name for task in self.tasks}) != len(self.tasks):
-            raise ValueError(f"two periodic extras share a name: {[task.name for task in self.tasks]}")
 
-    def after_step(self, tick: Tick) -> None:
+    def after_step(self, tick: Tick, done: bool) -> None:  # done: the run ends with this iteration
         for task in self.tasks:
-            if tick.step % task.steps == 0 or (task.at_end and tick.done):
+            if tick.step % task.steps == 0 or (task.at_end and done):
                 task.run(tick)
 
 
@@ -197,6 +193,19 @@ def periodic_extras(
                 save_checkpoint({"kind": BEST, **kept, "metrics": dict(values)}, run.best)
         monitor.numbers(tick.step, values)
 
+    def write_samples(tick: Tick) -> None:  # the fixed latents' grid: samples/step_NNNNNN.png, progress.gif, tb/
+        with monitor.timed("sample", tick.step):
+            grid = grid_of(sample(state.sampler, state.fixed_z, state.fixed_y), state)
+            run.samples.mkdir(parents=True, exist_ok=True)
+            path = run.samples / f"step_{tick.step:06d}.png"
+            partial = path.with_name(f".{path.name}.tmp")  # replaced whole: an old damaged image is never half-kept
+            with naming(path):
+                save_image(grid, partial, format="png")
+                os.replace(partial, path)
+            write_progress_gif(run.samples)
+            with monitor.writing() as writer:  # NaN pixels (a diverged G) drawn black: numpy's uint8 cast is arbitrary
+                writer.add_image(FAKE_TAG if state.G_ema else RAW_FAKE_TAG, grid.nan_to_num(0.0), tick.step)
+
     def checkpoint(tick: Tick) -> None:  # never over the last good one with weights a NaN has reached
         rngs = gather_to_main(rng_state(device, state.augment), world)  # every rank's generators, for resume
         if main:
@@ -208,12 +217,12 @@ def periodic_extras(
 
     tasks = [
         Every("NaN watch", 1, lambda tick: watch.update(tick.step, tick.stats["loss/d"], tick.stats["loss/g"])),
-        Every("progress", 1, lambda tick: monitor.advance(tick.step, tick.images)),
+        Every("progress", 1, lambda tick: monitor.advance(tick.step)),
         Every("threads", 1 if governor else 0, lambda tick: governor.poll()),
         Every("overfitting", trainer.overfit_every if overfit else 0, measure_overfit),
         Every("augment p", 1 if state.augment else 0, lambda t: state.augment.observe(t.stats["d/overfit_rt"], mean)),
         Every("log", trainer.log_every, log_scalars, at_end=True),
-        Every("sample", trainer.sample_every if main else 0, lambda _: write_samples(state, monitor), True),
+        Every("sample", trainer.sample_every if main else 0, write_samples, at_end=True),
         Every("quality", trainer.eval_every if quality else 0, measure_quality, at_end=True),
         Every("checkpoint", trainer.checkpoint_every, checkpoint, at_end=True),
         Every("learning rate", 1, lambda tick: set_learning_rates(state, cfg)),  # the next step's
@@ -293,7 +302,6 @@ def peer_lost(err: RuntimeError) -> Optional[str]:
 
 
 PROBE_IMAGES = 512  # enough for a mean score to move by less than the gap it shows
-_SUBSET_SEED = 20_200_611  # a generator of its own: the run's random streams are not touched
 
 
 def build_probes(
@@ -315,7 +323,7 @@ def build_probes(
     count = min(PROBE_IMAGES, len(train.images), len(held_out)) if held_out is not None and trainer.overfit_every else 0
     count -= count % model.pack  # D judges packs of model.pack images
     if count >= model.pack:
-        pick, subsets = torch.Generator().manual_seed(_SUBSET_SEED), []
+        pick, subsets = torch.Generator().manual_seed(20_200_611), []  # its own: the run's streams are untouched
         for images, labels in ((train.images, train.labels), (held_out, held_out.labels)):
             index = torch.randperm(len(images), generator=pick)[:count]
             subsets.append((take(images, index).to(device), labels[index].to(device) if model.conditional else None))
@@ -381,9 +389,8 @@ class QualityProbe:
                 f"The metrics classifier of data={data.name} reaches {100 * accuracy:.2f}% test accuracy, "
                 f"below evaluate.py's bar of {100 * bar:.0f}%: the in-training FID uses it all the same."
             )
-        self.device, self.features = device, M.ClassifierFeatures(self.classifier, self.reals.stacked, images.size(1))
-        self.features.to(device)
-        self.real_features = M.batched(self.features, images, self.config.batch_size, device)
+        self.features = M.ClassifierFeatures(self.classifier, self.reals.stacked, images.size(1)).to(device)
+        self.device, self.real_features = device, M.batched(self.features, images, self.config.batch_size, device)
         log.info(
             f"In-training quality: {samples} samples against {images.size(0)} training images, features of "
             f"{path.name} ({100 * accuracy:.2f}% accuracy); set up in {time.perf_counter() - started:.1f} s"
@@ -398,22 +405,6 @@ class QualityProbe:
         results.update(M.precision_recall_density_coverage(real, fake_features, cfg.metrics.pr_k, cfg.metrics.dc_k))
         results.update(class_metrics(self.classifier, self.reals, fake, cfg, self.device))
         return {QUALITY_TAGS[key]: float(value) for key, value in results.items() if key in QUALITY_TAGS}
-
-
-def write_samples(state: TrainingState, monitor: Monitor) -> None:
-    """Rank 0's fixed-latent grid of this step into samples/step_NNNNNN.png, samples/progress.gif and TensorBoard."""
-    samples = monitor.run.samples
-    with monitor.timed("sample", state.step):
-        grid = grid_of(sample(state.sampler, state.fixed_z, state.fixed_y), state)
-        samples.mkdir(parents=True, exist_ok=True)
-        path = samples / f"step_{state.step:06d}.png"
-        partial = path.with_name(f".{path.name}.tmp")  # replaced whole: an old damaged image is never half-kept
-        with naming(path):
-            save_image(grid, partial, format="png")
-            os.replace(partial, path)
-        write_progress_gif(samples)
-        with monitor.writing() as writer:  # NaN pixels (a diverged G) drawn black: numpy's uint8 cast is arbitrary
-            writer.add_image(FAKE_TAG if state.G_ema is not None else RAW_FAKE_TAG, grid.nan_to_num(0.0), state.step)
 
 
 # Every run reports these to HParams, defaults too; four leave FID/best on a 1400 px screen (docs/watching.md)

@@ -9,7 +9,7 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Optional
+from typing import Callable, Iterator, Mapping, Optional
 
 import torch
 import yaml
@@ -27,10 +27,8 @@ from gan.core.sampling import image_grid
 from gan.data import BatchStream, to_unit_range
 from gan.errors import naming
 from gan.run import Run
-from gan.world import SINGLE
-
-if TYPE_CHECKING:
-    from gan.training.state import TrainingState
+from gan.training.state import TrainingState
+from gan.world import World
 
 log = logging.getLogger(__name__)
 
@@ -63,22 +61,21 @@ def shown_name(key: str) -> str:
 
 
 class Monitor:
-    # Rank 0's alone. The events file opens at the first write, after before_write(): a failed resume leaves tb/ as is
-    def __init__(self, run_dir: Path, start_step: int, max_steps: int, progress=True, world=SINGLE, before_write=None):
-        self.run, self.world, self.enabled, self.last = Run(run_dir), world, world.is_main, {}  # last: TrainResult's
-        self.tb, self.start_step = self.run.tb, start_step
-        self.before_write: Callable[[], None] = before_write or (lambda: None)
+    # Rank 0's alone. The events file opens at the first write, after on_ready(): a failed resume leaves tb/ as is
+    def __init__(self, run: Run, step: int, cfg: TrainConfig, world: World, on_ready: Optional[Callable[[], None]]):
+        self.run, self.world, self.enabled, self.last = run, world, world.is_main, {}  # last: TrainResult's
+        self.tb, self.start_step, self.cfg, self.on_ready = run.tb, step, cfg, on_ready or (lambda: None)
         self.writer, self.events = None, self.tb  # events: the open file; tensorboard's errors name none (or bytes)
         self.pending: list[tuple[summary_pb2.Summary, int]] = []  # written with the first event
-        off = not (progress and self.enabled)
-        self.bar = tqdm(total=max_steps, initial=start_step, disable=off, dynamic_ncols=True, desc="train", unit="step")
+        off, steps = not (cfg.trainer.progress and self.enabled), cfg.trainer.max_steps
+        self.bar = tqdm(total=steps, initial=step, disable=off, dynamic_ncols=True, desc="train", unit="step")
         # throughput: images since the last log line over the loop's time, less the phases (`timed`)
         self.images_since, self.time_since, self.first_step_done = 0, time.perf_counter(), None
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[SummaryWriter]:
         if self.writer is None:  # the run's first write
-            self.before_write()
+            self.on_ready()
             # after a resume, hide the interrupted run's events past the checkpoint: one curve, not a doubled stretch
             purge_step = self.start_step + 1 if self.start_step else None
             with naming(self.tb):
@@ -107,7 +104,7 @@ class Monitor:
             writer.file_writer.add_summary(hparams_pb(typed, trial_id=trial_id), 0)
             writer.add_image(REAL_TAG, grid_of(to_unit_range(real), state), 0)
 
-    def advance(self, step: int, images: int) -> None:
+    def advance(self, step: int) -> None:
         self.bar.update(1)
         if self.first_step_done is None:  # it may include compiling: logged apart, and left out of the throughput
             self.first_step_done = time.perf_counter()
@@ -115,7 +112,7 @@ class Monitor:
                 log.info("step %d  time/first_step_s=%.4g", step, self.first_step_done - self.time_since)
             self.time_since = self.first_step_done
             return
-        self.images_since += images
+        self.images_since += self.cfg.data.batch_size * self.world.size  # every batch is whole, on every rank
 
     @contextlib.contextmanager
     def timed(self, phase: str, step: int) -> Iterator[None]:  # a phase outside the step, left out of time/img_per_s
@@ -154,15 +151,15 @@ class Monitor:
         if log_line:
             log.info("step %d  %s", step, "  ".join(f"{tag}={value:.4g}" for tag, value in values.items()))
 
-    def describe(self, step: int, cfg: TrainConfig, command: Optional[str], environment: Mapping[str, object]) -> None:
-        yamls = {CONFIG_TEXT_TAG: to_plain(cfg), ENVIRONMENT_TEXT_TAG: dict(environment)}
+    def describe(self, command: Optional[str], environment: Mapping[str, object]) -> None:  # at the run's start
+        step, eval_every, max_steps = self.start_step, self.cfg.trainer.eval_every, self.cfg.trainer.max_steps
+        yamls = {CONFIG_TEXT_TAG: to_plain(self.cfg), ENVIRONMENT_TEXT_TAG: dict(environment)}
         texts = {tag: f"```yaml\n{yaml.safe_dump(value, sort_keys=False)}```" for tag, value in yamls.items()}
         if command:  # as inline code: it wraps
             fence = "``" if "`" in command else "`"
             texts[COMMAND_TEXT_TAG] = f"{fence}{command}{fence}"
         if self.enabled:  # the Text tab, written with the run's next event
             self.pending += [(text_pb(tag, text), step) for tag, text in texts.items()]
-        eval_every, max_steps = cfg.trainer.eval_every, cfg.trainer.max_steps
         # fewer points than SHORT_CURVE are bent out of shape by TensorBoard's default smoothing (docs/watching.md)
         if self.enabled and eval_every and (points := -(-(max_steps - step) // eval_every)) < SHORT_CURVE:
             log.info(

@@ -26,10 +26,10 @@ from gan.core.sampling import class_rows
 from gan.core.steps import Penalties, StepContext
 from gan.data import BatchStream, ImageSet, load_dataset
 from gan.device import environment, environment_changes, retain_freed_memory, setup_torch
-from gan.distributed import SINGLE, World
 from gan.errors import CheckpointError, ConfigError, DataError
 from gan.launch import check_resume
 from gan.training.threads import keep_thread_count
+from gan.world import SINGLE, World
 
 log = logging.getLogger(__name__)
 
@@ -274,9 +274,8 @@ def step_context(precision: Precision, device: torch.device, skip_nonfinite: boo
 
 def compile_models(G: nn.Module, D: Discriminator) -> None:
     """Apart, not the whole step (it would split after G's forward); D's parts, so both its calls run compiled."""
-    G.compile()
-    D.features.compile()
-    D.head.compile()
+    for part in (G, D.features, D.head):
+        part.compile()
 
 
 def set_up(

@@ -51,8 +51,7 @@ class ThreadGovernor:
     def __init__(self, limit: int, cpus: int):
         self.limit, self.cpus, self.threads = limit, cpus, limit
         self.pending: Optional[int] = None  # the count the last window asked for, awaiting a second
-        self.next_at: Optional[float] = None  # the warm-up starts at the first poll
-        self.mark: Optional[tuple[float, float, float]] = None
+        self.next_at, self.mark = None, None  # the warm-up starts at the first poll; mark: (time, busy, own) at a read
 
     def poll(self) -> None:
         now = self.clock()
@@ -90,12 +89,11 @@ def keep_thread_count(recorded: Optional[int], threads: int, adapt: bool) -> Non
     """On resume: the run's count, unless trainer.threads=N or adapt_threads; at most this process's CPUs."""
     if recorded is None or adapt or recorded == torch.get_num_threads():
         return
-    usable = min(recorded, available_cpus())  # more can only be slower, and at 100s crashes torch's pool
-    if not threads:
-        torch.set_num_threads(usable)
-    if (threads or usable) != recorded:
-        why = f"trainer.threads={threads}" if threads else f"{usable} CPU(s) usable here"
+    if not threads:  # more than this process's CPUs can only be slower, and at 100s crash torch's pool
+        torch.set_num_threads(min(recorded, available_cpus()))
+    if (now := torch.get_num_threads()) != recorded:
+        why = f"trainer.threads={threads}" if threads else f"{now} CPU(s) usable here"
         log.warning(
-            f"The run computed with {recorded} torch thread(s) and resumes with {threads or usable} ({why}): not bit "
+            f"The run computed with {recorded} torch thread(s) and resumes with {now} ({why}): not bit "
             "for bit an uninterrupted run, as oneDNN splits its sums by thread count."
         )
