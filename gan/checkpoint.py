@@ -9,7 +9,7 @@ import shutil
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any, Callable, Hashable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
 import torch
 from omegaconf import OmegaConf
@@ -238,29 +238,27 @@ def check_config_groups(config: object, source: str | Path, required: Sequence[s
         raise _damaged(source, "config", f"it has no {', '.join(repr(g) for g in missing)} group")
 
 
-def stored_config(config: object, source: str | Path) -> dict:
-    """A checkpoint's config typed by this version's schema (TrainConfig), as plain containers."""
+def stored_config(config: object, source: str | Path, group: str = "") -> Any:
+    """A checkpoint's config typed by this version's schema (TrainConfig), as plain containers; or its `group` alone
+    over that group's defaults, as its dataclass (evaluate.py builds G from model and data only)."""
     schema = OmegaConf.structured(TrainConfig)
-    check_config_groups(config, source, required=list(schema))
-    if missing := [f"{group}.{key}" for group in schema for key in schema[group] if key not in config[group]]:
+    check_config_groups(config, source, required=[group] if group else list(schema))
+    if not group and (missing := [f"{g}.{key}" for g in schema for key in schema[g] if key not in config[g]]):
         raise _damaged(source, "config", f"it has no {', '.join(missing[:4])}")
     try:
+        if group:
+            return OmegaConf.to_object(OmegaConf.merge(schema, {group: config[group]})[group])
         return OmegaConf.to_container(OmegaConf.merge(schema, config), resolve=True, enum_to_str=True)
-    except (OmegaConfBaseException, ValueError) as err:
-        raise stored_config_error(err, source) from err
-
-
-def stored_config_error(err: Exception, source: str | Path, group: str = "") -> CheckpointError:
-    """A stored config that does not fit the schema; `group`: the group merged alone (the key's prefix)."""
-    key = ".".join(part for part in (group, str(getattr(err, "full_key", "") or "")) if part)
-    text, where = (str(err).strip() or type(err).__name__).splitlines()[0], f"{key}: " if key else ""
-    if not (isinstance(err, ConfigKeyError) or text.startswith("Invalid value")):
-        return _damaged(source, "config", f"{where}{text}")
-    what = "is not a setting" if isinstance(err, ConfigKeyError) else "holds a choice that is not an option"
-    why = "Either another version of this project wrote it (use that version), or its config was edited since"
-    file = checkpoint_path(source)
-    misfit = f"does not fit this version's settings ({where}{text}): {key or 'it'} {what} of this version"
-    return CheckpointError(f"The config stored in {file} {misfit}. {why}. {another_checkpoint(file)}")
+    except (OmegaConfBaseException, ValueError) as err:  # a value that types but does not build (an interpolation)
+        key, text = str(getattr(err, "full_key", "") or ""), (str(err).strip() or type(err).__name__).splitlines()[0]
+        where = f"{key}: " if key else ""
+        if not (isinstance(err, ConfigKeyError) or text.startswith("Invalid value")):
+            raise _damaged(source, "config", f"{where}{text}") from err
+        what = "is not a setting" if isinstance(err, ConfigKeyError) else "holds a choice that is not an option"
+        why = "Either another version of this project wrote it (use that version), or its config was edited since"
+        misfit = f"does not fit this version's settings ({where}{text}): {key or 'it'} {what} of this version"
+        file = checkpoint_path(source)
+        raise CheckpointError(f"The config stored in {file} {misfit}. {why}. {another_checkpoint(file)}") from err
 
 
 def another_checkpoint(file: Path, use: str = "resume or evaluate") -> str:
@@ -289,8 +287,8 @@ def describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
-def load_module_state(module: nn.Module, state: Mapping[str, Tensor], name: str, advice: Optional[str] = None) -> None:
-    """load_state_dict with a readable error listing every mismatch; `advice` replaces the default hint."""
+def load_module_state(module: nn.Module, state: Mapping[str, Tensor], name: str, advice: str) -> None:
+    """load_state_dict with a readable error listing every mismatch, then `advice`: what to do."""
     own = module.state_dict()
     shapes = {k: (tuple(t.shape), tuple(own[k].shape)) for k, t in state.items() if k in own}
     dtypes = {k: (state[k].dtype, own[k].dtype) for k in shapes}  # load_state_dict would cast them
@@ -300,7 +298,6 @@ def load_module_state(module: nn.Module, state: Mapping[str, Tensor], name: str,
     retyped = [f"{k}: {a} in the checkpoint, {b} in the model" for k, (a, b) in dtypes.items() if a != b]
     shown = "; ".join((problems or retyped)[:6]) + ("; and more" if len(problems or retyped) > 6 else "")
     if problems:
-        advice = advice or "Use the same model.* and data.image_size/data.channels as the run that wrote it."
         raise CheckpointError(f"The checkpoint's {name} does not match the one the config builds: {shown}. {advice}")
     if retyped:
         why = "this project writes each in its network's own type, so the file was altered: use another one."
