@@ -9,7 +9,7 @@ import shutil
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Iterable, Mapping
 
 import torch
 from omegaconf import OmegaConf
@@ -224,25 +224,20 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
     for entry, problem_of in ENTRIES.items():  # once here, so no reader meets a wrong type (int(1.5) is a step)
         if (state.get(entry) is not None or entry in REQUIRED_KEYS) and (problem := problem_of(state.get(entry))):
             raise _damaged(file, entry, problem)
-    check_config_groups(state["config"], file)
-    return state
-
-
-def check_config_groups(config: object, source: str | Path, required: Sequence[str] = ()) -> None:
-    if not isinstance(config, Mapping):
-        raise _damaged(source, "config", f"it is {_shown(config)}, not a mapping of groups (data, model, ...)")
-    for group, values in config.items():
-        if not isinstance(values, Mapping):
-            raise _damaged(source, "config", f"its group {group!r} is {_shown(values)}, not a mapping of settings")
-    if missing := [group for group in required if group not in config]:
-        raise _damaged(source, "config", f"it has no {', '.join(repr(g) for g in missing)} group")
+    return state  # its config is checked where it is read: stored_config
 
 
 def stored_config(config: object, source: str | Path, group: str = "") -> Any:
     """A checkpoint's config typed by this version's schema (TrainConfig), as plain containers; or its `group` alone
     over that group's defaults, as its dataclass (evaluate.py builds G from model and data only)."""
     schema = OmegaConf.structured(TrainConfig)
-    check_config_groups(config, source, required=[group] if group else list(schema))
+    if not isinstance(config, Mapping):
+        raise _damaged(source, "config", f"it is {_shown(config)}, not a mapping of groups (data, model, ...)")
+    for name, values in config.items():
+        if not isinstance(values, Mapping):
+            raise _damaged(source, "config", f"its group {name!r} is {_shown(values)}, not a mapping of settings")
+    if missing := [name for name in ([group] if group else schema) if name not in config]:
+        raise _damaged(source, "config", f"it has no {', '.join(repr(name) for name in missing)} group")
     if not group and (missing := [f"{g}.{key}" for g in schema for key in schema[g] if key not in config[g]]):
         raise _damaged(source, "config", f"it has no {', '.join(missing[:4])}")
     try:
