@@ -171,8 +171,7 @@ class Inception(nn.Module):
         }  # fmt: skip
 
     def forward(self, images: Tensor) -> Tensor:
-        # grayscale repeated to RGB, as StyleGAN2-ADA and compare_gan feed MNIST to Inception
-        rgb = images.repeat(1, 3, 1, 1) if images.size(1) == 1 else images
+        rgb = images.repeat(1, 3, 1, 1) if images.size(1) == 1 else images  # as StyleGAN2-ADA, compare_gan feed MNIST
         return self.net(rgb, return_features=True) if self.torchscript else self.net(rgb)[0]
 
 

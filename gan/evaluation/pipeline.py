@@ -228,8 +228,7 @@ def data_config_of(state: Mapping[str, Any], overrides: Mapping, source: str = "
 
 def classes_of(state: Mapping[str, Any], source: str = "the checkpoint") -> int:
     """G's classes (0: unconditional); CheckpointError when model.conditional and num_classes disagree."""
-    conditional = ckpt.stored_config(state["config"], source, "model").conditional
-    num_classes = state["num_classes"]  # a whole number: load_checkpoint checked it
+    conditional, num_classes = ckpt.stored_config(state["config"], source, "model").conditional, state["num_classes"]
     if (conditional and num_classes >= 2) or (not conditional and num_classes == 0):
         return num_classes
     built = f"built for {num_classes} classes" if num_classes else "built without classes (num_classes 0 or absent)"
@@ -373,8 +372,7 @@ def check_class_id(class_id: Optional[int], num_classes: int, source: str) -> No
         todo = "Leave class_id out, or use a checkpoint of a run with model.conditional=true"
         raise ConfigError(f"class_id={class_id} asks for one class, but {what}. {todo}.")
     if class_id is not None and not 0 <= class_id < num_classes:
-        known = f"the generator in {source} knows classes 0 to {num_classes - 1}"
-        raise ConfigError(f"class_id={class_id} is out of range: {known}.")
+        raise ConfigError(f"class_id={class_id} is out of range: the generator in {source} knows 0-{num_classes - 1}.")
 
 
 # G as a file that runs without this project's code: TorchScript, torch.export (control flow: docs/more.md) ----
