@@ -34,10 +34,8 @@ CPU = torch.device("cpu")
 @pytest.fixture(autouse=True)
 def _no_internet(monkeypatch):
     """Any attempt to open an internet connection fails the test (local sockets still work)."""
-    connect, inet = socket.socket.connect, (socket.AF_INET, socket.AF_INET6)
-    monkeypatch.setattr(
-        socket.socket, "connect", lambda s, to: pytest.fail(str(to)) if s.family in inet else connect(s, to)
-    )
+    real, inet = socket.socket.connect, (socket.AF_INET, socket.AF_INET6)
+    monkeypatch.setattr(socket.socket, "connect", lambda s, a: pytest.fail(str(a)) if s.family in inet else real(s, a))
 
 
 def write_idx(path: Path, array: np.ndarray) -> None:
