@@ -32,9 +32,7 @@ _LOADING_KEYS = ("root", "download", "in_memory", "batch_size", "num_workers", "
 INCEPTION_SHA256_PREFIX = "6726825d"  # torch.hub names a file NAME-<its sha256's first hex digits>.EXT
 INCEPTION_FILE = f"weights-inception-2015-12-05-{INCEPTION_SHA256_PREFIX}.pth"
 INCEPTION_WEIGHTS_URL = f"https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/{INCEPTION_FILE}"
-NVLABS_INCEPTION_URL = (
-    "https://nvlabs-fi-cdn.nvidia.com/stylegan2-ada-pytorch/pretrained/metrics/inception-2015-12-05.pt"
-)
+NVLABS_URL = "https://nvlabs-fi-cdn.nvidia.com/stylegan2-ada-pytorch/pretrained/metrics/inception-2015-12-05.pt"
 INCEPTION_DIMS = 2048  # pool3, the layer of the published FID (Heusel et al. 2017)
 KID_KERNELS = {  # metrics.json's kid_kernel, in each feature space
     FeatureSpace.inception: "(x.y / d + 1)^3, the published KID's (Binkowski et al. 2018)",
@@ -178,9 +176,9 @@ class Inception(nn.Module):
 def inception_network(cfg: MetricsConfig) -> Inception:
     """Each piece is checked first, so that a missing one fails with what to do; no weights file: downloaded."""
     if cfg.feature_network is not None:  # NVlabs' TorchScript file
-        file, net = existing_file(cfg.feature_network, "metrics.feature_network", NVLABS_INCEPTION_URL), None
+        file, net = existing_file(cfg.feature_network, "metrics.feature_network", NVLABS_URL), None
         call, key = "net(uint8 images of shape (2, 3, 32, 32), return_features=True)", "metrics.feature_network"
-        hint = f"It takes NVlabs' {NVLABS_INCEPTION_URL}; a state dict goes in metrics.inception_weights."
+        hint = f"It takes NVlabs' {NVLABS_URL}; a state dict goes in metrics.inception_weights."
         try:
             with warnings.catch_warnings():  # torch 2.x deprecates TorchScript (FutureWarning); NVlabs' file is one
                 warnings.simplefilter("ignore", FutureWarning)
