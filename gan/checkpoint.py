@@ -9,7 +9,7 @@ import shutil
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any, Callable, Hashable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Hashable, Iterable, Mapping
 
 import torch
 from omegaconf import OmegaConf
@@ -224,43 +224,36 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
     for entry, problem_of in ENTRIES.items():  # once here, so no reader meets a wrong type (int(1.5) is a step)
         if (state.get(entry) is not None or entry in REQUIRED_KEYS) and (problem := problem_of(state.get(entry))):
             raise _damaged(file, entry, problem)
-    check_config_groups(state["config"], file)
-    return state
+    return state  # its config is checked where it is read: stored_config
 
 
-def check_config_groups(config: object, source: str | Path, required: Sequence[str] = ()) -> None:
+def stored_config(config: object, source: str | Path, group: str = "") -> Any:
+    """A checkpoint's config typed by this version's schema (TrainConfig), as plain containers; or its `group` alone
+    over that group's defaults, as its dataclass (evaluate.py builds G from model and data only)."""
+    schema = OmegaConf.structured(TrainConfig)
     if not isinstance(config, Mapping):
         raise _damaged(source, "config", f"it is {_shown(config)}, not a mapping of groups (data, model, ...)")
-    for group, values in config.items():
+    for name, values in config.items():
         if not isinstance(values, Mapping):
-            raise _damaged(source, "config", f"its group {group!r} is {_shown(values)}, not a mapping of settings")
-    if missing := [group for group in required if group not in config]:
-        raise _damaged(source, "config", f"it has no {', '.join(repr(g) for g in missing)} group")
-
-
-def stored_config(config: object, source: str | Path) -> dict:
-    """A checkpoint's config typed by this version's schema (TrainConfig), as plain containers."""
-    schema = OmegaConf.structured(TrainConfig)
-    check_config_groups(config, source, required=list(schema))
-    if missing := [f"{group}.{key}" for group in schema for key in schema[group] if key not in config[group]]:
+            raise _damaged(source, "config", f"its group {name!r} is {_shown(values)}, not a mapping of settings")
+    if missing := [name for name in ([group] if group else schema) if name not in config]:
+        raise _damaged(source, "config", f"it has no {', '.join(repr(name) for name in missing)} group")
+    if not group and (missing := [f"{g}.{key}" for g in schema for key in schema[g] if key not in config[g]]):
         raise _damaged(source, "config", f"it has no {', '.join(missing[:4])}")
     try:
+        if group:
+            return OmegaConf.to_object(OmegaConf.merge(schema, {group: config[group]})[group])
         return OmegaConf.to_container(OmegaConf.merge(schema, config), resolve=True, enum_to_str=True)
-    except (OmegaConfBaseException, ValueError) as err:
-        raise stored_config_error(err, source) from err
-
-
-def stored_config_error(err: Exception, source: str | Path, group: str = "") -> CheckpointError:
-    """A stored config that does not fit the schema; `group`: the group merged alone (the key's prefix)."""
-    key = ".".join(part for part in (group, str(getattr(err, "full_key", "") or "")) if part)
-    text, where = (str(err).strip() or type(err).__name__).splitlines()[0], f"{key}: " if key else ""
-    if not (isinstance(err, ConfigKeyError) or text.startswith("Invalid value")):
-        return _damaged(source, "config", f"{where}{text}")
-    what = "is not a setting" if isinstance(err, ConfigKeyError) else "holds a choice that is not an option"
-    why = "Either another version of this project wrote it (use that version), or its config was edited since"
-    file = checkpoint_path(source)
-    misfit = f"does not fit this version's settings ({where}{text}): {key or 'it'} {what} of this version"
-    return CheckpointError(f"The config stored in {file} {misfit}. {why}. {another_checkpoint(file)}")
+    except (OmegaConfBaseException, ValueError) as err:  # a value that types but does not build (an interpolation)
+        key, text = str(getattr(err, "full_key", "") or ""), (str(err).strip() or type(err).__name__).splitlines()[0]
+        where = f"{key}: " if key else ""
+        if not (isinstance(err, ConfigKeyError) or text.startswith("Invalid value")):
+            raise _damaged(source, "config", f"{where}{text}") from err
+        what = "is not a setting" if isinstance(err, ConfigKeyError) else "holds a choice that is not an option"
+        why = "Either another version of this project wrote it (use that version), or its config was edited since"
+        misfit = f"does not fit this version's settings ({where}{text}): {key or 'it'} {what} of this version"
+        file = checkpoint_path(source)
+        raise CheckpointError(f"The config stored in {file} {misfit}. {why}. {another_checkpoint(file)}") from err
 
 
 def another_checkpoint(file: Path, use: str = "resume or evaluate") -> str:
@@ -289,8 +282,8 @@ def describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
-def load_module_state(module: nn.Module, state: Mapping[str, Tensor], name: str, advice: Optional[str] = None) -> None:
-    """load_state_dict with a readable error listing every mismatch; `advice` replaces the default hint."""
+def load_module_state(module: nn.Module, state: Mapping[str, Tensor], name: str, advice: str) -> None:
+    """load_state_dict with a readable error listing every mismatch, then `advice`: what to do."""
     own = module.state_dict()
     shapes = {k: (tuple(t.shape), tuple(own[k].shape)) for k, t in state.items() if k in own}
     dtypes = {k: (state[k].dtype, own[k].dtype) for k in shapes}  # load_state_dict would cast them
@@ -300,7 +293,6 @@ def load_module_state(module: nn.Module, state: Mapping[str, Tensor], name: str,
     retyped = [f"{k}: {a} in the checkpoint, {b} in the model" for k, (a, b) in dtypes.items() if a != b]
     shown = "; ".join((problems or retyped)[:6]) + ("; and more" if len(problems or retyped) > 6 else "")
     if problems:
-        advice = advice or "Use the same model.* and data.image_size/data.channels as the run that wrote it."
         raise CheckpointError(f"The checkpoint's {name} does not match the one the config builds: {shown}. {advice}")
     if retyped:
         why = "this project writes each in its network's own type, so the file was altered: use another one."

@@ -1,7 +1,6 @@
 """Checkpoints that never lose work: atomic writes, exact resume, signals, NaN, bad input."""
 
 import dataclasses
-import hashlib
 import itertools
 import math
 import os
@@ -19,7 +18,7 @@ from typing import Any, Callable
 
 import pytest
 import torch
-from conftest import ROOT, TINY, compose_config, output_of, run_evaluate, run_train
+from conftest import ROOT, TINY, compose_config, output_of, run_evaluate, run_train, snapshot
 from torch.utils._pytree import keystr, tree_flatten_with_path
 
 import gan.core.losses
@@ -162,10 +161,6 @@ def good_run(tmp_path_factory) -> Path:
     return run_dir
 
 
-def digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 @dataclasses.dataclass
 class RunsCode:  # unpickling it runs os.system: a stand-in for a malicious checkpoint
     marker: Path
@@ -225,22 +220,16 @@ TYPED = {  # an edit of a trained checkpoint -> what the refusal says (the share
     "eps None": (_group("opt_d", eps=None), "param_groups[0].eps holds None (NoneType), where Adam takes a number"),
     "lr as text": (_group("opt_g", lr="0.1"), "param_groups[0].lr holds '0.1' (str), where Adam takes a number"),
     "amsgrad 1": (_group("opt_d", amsgrad=1), "param_groups[0].amsgrad holds 1 (int), where Adam takes True or False"),
-    **{
-        f"{e}={v!r}": (updated(**{e: v}), f"entry '{e}' is damaged: it holds {v!r} ({type(v).__name__})")
-        for e, v in PLAIN
-    },
+    **{f"{e}={v!r}": (updated(**{e: v}), f"entry '{e}' is damaged: it holds {v!r} ({type(v).__name__})")
+       for e, v in PLAIN},
     **{f"data={data!r}": (updated(data=data), "its entry 'data' is damaged") for data in POSITIONS},
     "opt_g missing": (lambda s: s.pop("opt_g"), "its entry 'opt_g' is missing"),
     "opt_d groups as text": (updated(opt_d={"state": {}, "param_groups": "x"}), "its entry 'opt_d' is damaged"),
-    **{
-        f"{entry} {key} {slot} {value}": (
-            lambda s, at=(entry, key, slot), value=value: poison(s, *at, value=value),
-            f"NaN or inf in 1 of its |({entry}.{f'state[{key}].{slot}' if slot else key}). The checkpoint is damaged",
-        )
-        for entry, key, slot in NONFINITE
-        for value in (math.nan, math.inf)
-    },
-}
+    **{f"{entry} {key} {slot} {value}": (
+        lambda s, at=(entry, key, slot), value=value: poison(s, *at, value=value),
+        f"NaN or inf in 1 of its |({entry}.{f'state[{key}].{slot}' if slot else key}). The checkpoint is damaged",
+    ) for entry, key, slot in NONFINITE for value in (math.nan, math.inf)},
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", [*BAD, *TYPED])
@@ -284,17 +273,11 @@ DAMAGED_ENTRIES = {  # program, what is done to last.pt (or a BAD file: one line
     "resume: fixed_z": ("train.py", updated(fixed_z=torch.zeros(5)), "entry 'fixed_z' is missing or damaged"),
     "evaluate: data.image_size": ("evaluate.py", stored("data", "image_size", [16]), "is damaged: data.image_size"),
     # the file's fault, not this command's: its copies are named (not a config diff against the command line)
-    "resume: model.g_width": (
-        "train.py",
-        stored("model", "g_width", "wide"),
-        "{path}: its entry 'config' is damaged: model.g_width",
-    ),
-    "resume: inf in D": (  # refused as damage, not as a learning-rate problem
-        "train.py",
-        lambda state: poison(state, "D", SN_U, value=math.inf),
-        f"Cannot resume from {{path}}: it holds NaN or inf in 1 of its|(D.{SN_U})|{NEWEST}",
-    ),
-}
+    "resume: model.g_width": ("train.py", stored("model", "g_width", "wide"),
+                              "{path}: its entry 'config' is damaged: model.g_width"),
+    "resume: inf in D": ("train.py", lambda state: poison(state, "D", SN_U, value=math.inf),  # damage, not a high lr
+                         f"Cannot resume from {{path}}: it holds NaN or inf in 1 of its|(D.{SN_U})|{NEWEST}"),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize(("program", "damage", "said"), DAMAGED_ENTRIES.values(), ids=DAMAGED_ENTRIES)
@@ -306,7 +289,7 @@ def test_a_damaged_checkpoint_ends_resume_and_evaluate_in_one_paragraph(good_run
     else:
         damage(state)
         torch.save(state, path)  # not save_checkpoint: a damaged file as another program would leave it
-    before = {p.name: digest(p) for p in (run_dir / "checkpoints").iterdir()}
+    before = snapshot(run_dir / "checkpoints")
     if program == "train.py":
         result = run_train(f"trainer.resume={path}", "trainer.max_steps=8", f"hydra.run.dir={out}")
     else:
@@ -318,7 +301,7 @@ def test_a_damaged_checkpoint_ends_resume_and_evaluate_in_one_paragraph(good_run
     words += ("Lower optim.lr", "last good one", "Non-finite loss")  # nor a run that diverged while training
     assert not any(word in output for word in words) and (program == "train.py" or str(path) in output)  # evaluate.py
     assert not (out / "checkpoints").exists() and not (out / "metrics.json").exists()
-    assert {p.name: digest(p) for p in (run_dir / "checkpoints").iterdir()} == before
+    assert snapshot(run_dir / "checkpoints") == before
     assert not (run_dir / "checkpoints" / "pwned").exists()  # the crafted pickle's code never ran
 
 
@@ -327,14 +310,12 @@ DAMAGED_CONFIGS: dict[str, tuple[Callable[[dict], object], str]] = {
     "a group replaced by a number": (lambda c: {**c, "model": 5}, "its group 'model' is 5 (int)"),
     "a group missing": (lambda c: {k: v for k, v in c.items() if k != "optim"}, "it has no 'optim' group"),
     "a wrongly typed value": (lambda c: {**c, "model": {**c["model"], "z_dim": "abc"}}, "model.z_dim: Value 'abc'"),
-    "an unknown value type": (
-        lambda c: {**c, "trainer": {**c["trainer"], "seed": torch.zeros(2)}},
-        "trainer.seed: Value 'Tensor' is not a supported primitive type",
-    ),
+    "an unknown value type": (lambda c: {**c, "trainer": {**c["trainer"], "seed": torch.zeros(2)}},
+                              "trainer.seed: Value 'Tensor' is not a supported primitive type"),
     "a bool that is none": (lambda c: {**c, "model": {**c["model"], "conditional": "maybe"}}, "model.conditional"),
     # an unknown key may be another version's, or an edit
     "an unknown key": (lambda c: {**c, "model": {**c["model"], "num_classes": "x"}}, "model.num_classes is not a"),
-}
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("case", DAMAGED_CONFIGS)

@@ -261,7 +261,7 @@ def test_a_checkpoint_whose_config_and_weights_disagree_is_called_at_odds_with_i
         build_generator(state, use_ema=True, device=torch.device("cpu"), source=str(path))
     message = str(caught.value)
     assert f"config stored in {path}" in message and "disagree" in message and "damaged or edited" in message
-    assert said.format(path=path) in message and "Use the same model.*" not in message
+    assert said.format(path=path) in message
 
 
 @pytest.mark.slow  # a real Ctrl-C to a real process

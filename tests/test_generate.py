@@ -26,8 +26,7 @@ def test_generate_writes_pngs_and_the_npz_and_draws_the_class_asked_for(tiny_run
     # the images of gan.sample with the same seed: batches of 4 draw the latents of one batch of 10
     expected = to_uint8(gan.sample(gan.load_generator(tiny_run), 10, seed=0)).permute(0, 2, 3, 1)
     np.testing.assert_array_equal(images, expected.numpy())
-    # a conditional G; device=cpu, as gan.load_generator's G: on an H200 generate.py's own choice (cuda) rounded
-    # otherwise, by up to 20 levels of 255
+    # a conditional G; device=cpu, as gan.load_generator's (on an H200, generate.py's cuda rounded up to 20 levels off)
     checkpoint = tiny_checkpoint(tmp_path, "model.conditional=true")
     given = ("num=6", "class_id=3", "seed=5", "out=threes", "device=cpu")
     result = run("generate.py", f"checkpoint={checkpoint}", *given, cwd=tmp_path)

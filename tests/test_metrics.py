@@ -66,8 +66,7 @@ def test_classifier_reaches_the_stated_accuracy_and_its_features_are_the_penulti
 def test_noise_blur_dropped_classes_and_repeats_each_move_the_metrics_meant_to_see_them(digits):
     base = training_images(digits)
     real, *noisy = [measure(digits, M.with_gaussian_noise(base, s) if s else base) for s in (0, 0.1, 0.2, 0.3, 0.5)]
-    # At N = 1000 the floor is not 0 (a finite sample's covariance is noisy): measured 1.2-1.4, against 3.3-4.8
-    # with the mildest noise.
+    # N = 1000: the floor is not 0 (a finite sample's covariance is noisy), 1.2-1.4 against 3.3-4.8 at the mildest noise
     assert real["fid"] < 0.5 * noisy[0]["fid"]
     assert abs(real["kid_mean"]) < 3 * real["kid_std"]  # KID is unbiased: about 0 for equal distributions
     assert min(real["precision"], real["recall"], real["coverage"]) > 0.85

@@ -110,8 +110,6 @@ class ImageSource(Dataset):
 
 def fit_square(images: Tensor, size: int) -> Tensor:
     """The DCGAN tutorial's Resize + CenterCrop; antialiased as PIL is, so shrinking averages pixels."""
-    if images.shape[-2:] == (size, size):
-        return images
     return TF.center_crop(TF.resize(images, [size], antialias=True), [size, size])
 
 

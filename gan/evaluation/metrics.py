@@ -32,9 +32,7 @@ _LOADING_KEYS = ("root", "download", "in_memory", "batch_size", "num_workers", "
 INCEPTION_SHA256_PREFIX = "6726825d"  # torch.hub names a file NAME-<its sha256's first hex digits>.EXT
 INCEPTION_FILE = f"weights-inception-2015-12-05-{INCEPTION_SHA256_PREFIX}.pth"
 INCEPTION_WEIGHTS_URL = f"https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/{INCEPTION_FILE}"
-NVLABS_INCEPTION_URL = (
-    "https://nvlabs-fi-cdn.nvidia.com/stylegan2-ada-pytorch/pretrained/metrics/inception-2015-12-05.pt"
-)
+NVLABS_URL = "https://nvlabs-fi-cdn.nvidia.com/stylegan2-ada-pytorch/pretrained/metrics/inception-2015-12-05.pt"
 INCEPTION_DIMS = 2048  # pool3, the layer of the published FID (Heusel et al. 2017)
 KID_KERNELS = {  # metrics.json's kid_kernel, in each feature space
     FeatureSpace.inception: "(x.y / d + 1)^3, the published KID's (Binkowski et al. 2018)",
@@ -161,31 +159,41 @@ class ClassifierFeatures(nn.Module):
 class Inception(nn.Module):
     """Inception-v3 pool3: torch-fidelity's with TF1 resize (Parmar 2022: another moves FID) or NVlabs' TorchScript."""
 
-    def __init__(self, net: nn.Module, file: Path, torchscript: bool = False, **space: Any):
+    def __init__(self, net: nn.Module, file: Path, network: str, resizer: str, torchscript: bool = False, **space: Any):
         super().__init__()
         self.net, self.torchscript, self.num_features = net, torchscript, INCEPTION_DIMS
-        network, resizer, why = (
-            ("NVlabs' TorchScript file", "the TorchScript file's own resize", "clean-fid's legacy_tensorflow mode")
-            if torchscript
-            else ("torch-fidelity's FeatureExtractorInceptionV3", "torch-fidelity's interpolate_bilinear_2d_like_"
-                  "tensorflow1x", "TF1 resize_bilinear, as the TTUR FID")
-        )  # fmt: skip
         self.feature_space = {
             "network": f"Inception-v3 pool3, {network}", "file": str(file), **space, "dims": INCEPTION_DIMS,
             "input": "uint8 RGB at data.image_size (grayscale repeated to 3 channels)",
-            "resizer": f"inside the network: {resizer} to 299 x 299 ({why})",
+            "resizer": f"inside the network: {resizer}",
         }  # fmt: skip
 
     def forward(self, images: Tensor) -> Tensor:
-        # grayscale repeated to RGB, as StyleGAN2-ADA and compare_gan feed MNIST to Inception
-        rgb = images.repeat(1, 3, 1, 1) if images.size(1) == 1 else images
+        rgb = images.repeat(1, 3, 1, 1) if images.size(1) == 1 else images  # as StyleGAN2-ADA, compare_gan feed MNIST
         return self.net(rgb, return_features=True) if self.torchscript else self.net(rgb)[0]
 
 
 def inception_network(cfg: MetricsConfig) -> Inception:
     """Each piece is checked first, so that a missing one fails with what to do; no weights file: downloaded."""
-    if cfg.feature_network is not None:
-        return nvlabs_inception(cfg.feature_network)
+    if cfg.feature_network is not None:  # NVlabs' TorchScript file
+        file, net = existing_file(cfg.feature_network, "metrics.feature_network", NVLABS_URL), None
+        call, key = "net(uint8 images of shape (2, 3, 32, 32), return_features=True)", "metrics.feature_network"
+        hint = f"It takes NVlabs' {NVLABS_URL}; a state dict goes in metrics.inception_weights."
+        try:
+            with warnings.catch_warnings():  # torch 2.x deprecates TorchScript (FutureWarning); NVlabs' file is one
+                warnings.simplefilter("ignore", FutureWarning)
+                net = torch.jit.load(str(file), map_location="cpu").eval()
+            with torch.inference_mode():
+                out = net(torch.zeros(2, 3, 32, 32, dtype=torch.uint8), return_features=True)
+        except Exception as err:  # not TorchScript: torch.jit.load's RuntimeError; else another signature or input
+            problem = f"loads, but {call} fails" if net is not None else "is not a TorchScript file"
+            raise MetricsError(f"{key}={file} {problem} ({describe(err)}). {hint}") from err
+        if not (isinstance(out, Tensor) and out.is_floating_point() and tuple(out.shape) == (2, INCEPTION_DIMS)):
+            got = f"a {out.dtype} tensor of shape {tuple(out.shape)}" if isinstance(out, Tensor) else type(out).__name__
+            raise MetricsError(f"{key}={file}: {call} returns {got}, not float features (2, {INCEPTION_DIMS}). {hint}")
+        resizer = "the TorchScript file's own resize to 299 x 299 (clean-fid's legacy_tensorflow mode)"
+        digest = hashlib.sha256(file.read_bytes()).hexdigest()
+        return Inception(net, file, "NVlabs' TorchScript file", resizer, torchscript=True, sha256=digest)
     weights = cfg.inception_weights
     file = existing_file(weights, "metrics.inception_weights", INCEPTION_WEIGHTS_URL) if weights else None
     if importlib.util.find_spec("torch_fidelity") is None:
@@ -223,26 +231,9 @@ def inception_network(cfg: MetricsConfig) -> Inception:
     if digest is not None and not published:
         log.warning(f"{file}: its sha256 begins {digest[:8]}, not {INCEPTION_SHA256_PREFIX} as the published FID "
                     "weights' does: the metrics are not comparable with published FIDs.")  # fmt: skip
-    return Inception(net, file, sha256=digest, published_weights=published)
-
-
-def nvlabs_inception(path: str) -> Inception:
-    file, net = existing_file(path, "metrics.feature_network", NVLABS_INCEPTION_URL), None
-    call, key = "net(uint8 images of shape (2, 3, 32, 32), return_features=True)", f"metrics.feature_network={path}"
-    hint = f"It takes NVlabs' {NVLABS_INCEPTION_URL}; a state dict goes in metrics.inception_weights."
-    try:
-        with warnings.catch_warnings():  # torch 2.x deprecates TorchScript (FutureWarning); NVlabs' file is one
-            warnings.simplefilter("ignore", FutureWarning)
-            net = torch.jit.load(str(file), map_location="cpu").eval()
-        with torch.inference_mode():
-            out = net(torch.zeros(2, 3, 32, 32, dtype=torch.uint8), return_features=True)
-    except Exception as err:  # not TorchScript: torch.jit.load's RuntimeError; else another signature or input
-        problem = f"loads, but {call} fails" if net is not None else "is not a TorchScript file"
-        raise MetricsError(f"{key} {problem} ({describe(err)}). {hint}") from err
-    if not (isinstance(out, Tensor) and out.is_floating_point() and tuple(out.shape) == (2, INCEPTION_DIMS)):
-        got = f"a {out.dtype} tensor of shape {tuple(out.shape)}" if isinstance(out, Tensor) else type(out).__name__
-        raise MetricsError(f"{key}: {call} returns {got}, not float features of shape (2, {INCEPTION_DIMS}). {hint}")
-    return Inception(net, file, torchscript=True, sha256=hashlib.sha256(file.read_bytes()).hexdigest())
+    network, resizer = "torch-fidelity's FeatureExtractorInceptionV3", "torch-fidelity's interpolate_bilinear_2d_like_"
+    resizer += "tensorflow1x to 299 x 299 (TF1 resize_bilinear, as the TTUR FID)"
+    return Inception(net, file, network, resizer, sha256=digest, published_weights=published)
 
 
 def existing_file(path: str, key: str, url: str) -> Path:

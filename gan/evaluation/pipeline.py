@@ -26,7 +26,7 @@ from torch.utils.tensorboard import SummaryWriter
 from torchvision.utils import save_image
 
 import gan.checkpoint as ckpt
-from gan.config import DataConfig, EvaluateConfig, ExportFormat, FeatureSpace, ModelConfig, SaveSamples
+from gan.config import DataConfig, EvaluateConfig, ExportFormat, FeatureSpace, SaveSamples
 from gan.core.models import Generator
 from gan.core.sampling import class_rows, image_grid, sample
 from gan.data import ImageSet, load_dataset, take, to_unit_range
@@ -86,11 +86,9 @@ def evaluate(
     results = measure(feature_net, classifier, reals, fake, cfg, device, requested)
     space = getattr(feature_net, "feature_space", None) or {
         "network": "classifier: penultimate layer of a small CNN trained on the dataset's labels",
-        "file": classifier_file,
-        "dims": feature_net.num_features,
+        "file": classifier_file, "dims": feature_net.num_features, "resizer": "none: images at data.image_size",
         "input": "uint8 at data.image_size, scaled to [-1, 1]",
-        "resizer": "none: images at data.image_size",
-    }
+    }  # fmt: skip
     space = {**space, "kid_kernel": M.KID_KERNELS[cfg.metrics.features], "measures": list(M.FEATURE_METRICS)}
     results.update(num_samples=fake.size(0), num_real=reals.images.size(0), real_split="held-out",
                    features=cfg.metrics.features.value, feature_space=space,
@@ -213,7 +211,7 @@ def slerp(z0: Tensor, z1: Tensor, t: Tensor) -> Tensor:
 
 
 def data_config_of(state: Mapping[str, Any], overrides: Mapping, source: str = "the checkpoint") -> DataConfig:
-    recorded = stored_group(state, "data", DataConfig, source)
+    recorded = ckpt.stored_config(state["config"], source, "data")
     for key in ("image_size", "channels"):
         if key in overrides and key in state["config"]["data"] and overrides[key] != getattr(recorded, key):
             what = f"data.{key}={overrides[key]!r} differs from the checkpoint's {getattr(recorded, key)!r}"
@@ -228,19 +226,9 @@ def data_config_of(state: Mapping[str, Any], overrides: Mapping, source: str = "
     return data
 
 
-def stored_group(state: Mapping[str, Any], group: str, schema: type, source: str) -> Any:
-    """The stored group over `schema`'s defaults, typed; CheckpointError when it is damaged."""
-    ckpt.check_config_groups(state["config"], source, required=[group])  # load_checkpoint checked the rest of its form
-    try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), state["config"][group]))
-    except (OmegaConfBaseException, ValueError) as err:  # a value that types but does not build (an interpolation)
-        raise ckpt.stored_config_error(err, source, group) from err
-
-
 def classes_of(state: Mapping[str, Any], source: str = "the checkpoint") -> int:
     """G's classes (0: unconditional); CheckpointError when model.conditional and num_classes disagree."""
-    conditional = stored_group(state, "model", ModelConfig, source).conditional
-    num_classes = state["num_classes"]  # a whole number: load_checkpoint checked it
+    conditional, num_classes = ckpt.stored_config(state["config"], source, "model").conditional, state["num_classes"]
     if (conditional and num_classes >= 2) or (not conditional and num_classes == 0):
         return num_classes
     built = f"built for {num_classes} classes" if num_classes else "built without classes (num_classes 0 or absent)"
@@ -254,13 +242,13 @@ def build_generator(
     state: Mapping[str, Any], use_ema: bool, device: torch.device, source: str = "the checkpoint"
 ) -> tuple[Generator, str]:
     """EMA weights when asked and present. A NaN or inf weight is refused: FID would still be finite."""
-    model, data = stored_group(state, "model", ModelConfig, source), stored_group(state, "data", DataConfig, source)
+    model, data = (ckpt.stored_config(state["config"], source, group) for group in ("model", "data"))
     G = Generator(model.z_dim, model.g_width, data.channels, data.image_size, classes_of(state, source))
     instead = ckpt.another_checkpoint(ckpt.checkpoint_path(source), "evaluate")
     name, weights = "raw", state["G"]
     if use_ema and state.get("G_ema") is None:  # a state dict or None: load_checkpoint checked it
         log.info("The checkpoint holds no EMA generator; sampling from G itself.")
-    elif use_ema:
+    elif use_ema:  # AveragedModel's state dict: the averaged network's entries under module.
         name, ema = "EMA", state["G_ema"]
         weights = {k.removeprefix("module."): v for k, v in ema.items() if k.startswith("module.")}
     why = f"The generator is built from the config stored in {ckpt.checkpoint_path(source)}: its config and weights"
@@ -384,8 +372,7 @@ def check_class_id(class_id: Optional[int], num_classes: int, source: str) -> No
         todo = "Leave class_id out, or use a checkpoint of a run with model.conditional=true"
         raise ConfigError(f"class_id={class_id} asks for one class, but {what}. {todo}.")
     if class_id is not None and not 0 <= class_id < num_classes:
-        known = f"the generator in {source} knows classes 0 to {num_classes - 1}"
-        raise ConfigError(f"class_id={class_id} is out of range: {known}.")
+        raise ConfigError(f"class_id={class_id} is out of range: the generator in {source} knows 0-{num_classes - 1}.")
 
 
 # G as a file that runs without this project's code: TorchScript, torch.export (control flow: docs/more.md) ----
