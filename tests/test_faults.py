@@ -20,7 +20,7 @@ import pytest
 import torch
 from conftest import ROOT, TINY, compose_config, output_of, run_train
 from tensorboard.compat.tensorflow_stub.io.gfile import LocalFileSystem
-from test_checkpoints import digest, nan_after, run_until
+from test_checkpoints import nan_after, run_until
 from test_datasets import write_image
 from test_distributed import finish
 
@@ -90,14 +90,14 @@ def test_an_infinite_learning_rate_stops_before_any_checkpoint(tmp_path):
 
 def test_non_finite_weights_keep_the_last_good_checkpoint_even_with_on_nan_skip(tmp_path, tiny_run):
     run_dir = shutil.copytree(tiny_run, tmp_path / "run")
-    before = digest(run_dir / "checkpoints" / "last.pt")
+    before = (run_dir / "checkpoints" / "last.pt").read_bytes()
     diverge = ["optim.lr=1e39", "optim.lr_d=2e-4", "trainer.checkpoint_every=1", "trainer.on_nan=skip"]
     result = run_train(f"trainer.resume={run_dir}", "trainer.max_steps=8", *diverge, cwd=tmp_path)
     output = output_of(result)
     assert result.returncode == 3, output[-3000:]
     assert "Traceback" not in output and "Non-finite weights at step 7" in output
     assert "keeps step 6, the last good one" in output and "trainer.on_nan=skip cannot help" in output
-    assert digest(run_dir / "checkpoints" / "last.pt") == before
+    assert (run_dir / "checkpoints" / "last.pt").read_bytes() == before
 
 
 def test_a_non_finite_optimizer_statistic_is_caught_and_named_and_huge_weights_pass(tmp_path, tiny_gan, caplog):
@@ -139,19 +139,19 @@ def test_evaluate_refuses_a_generator_with_non_finite_weights(tmp_path, tiny_run
 @pytest.mark.parametrize("program", ["train.py", "evaluate.py"])
 def test_hydra_does_not_overwrite_the_record_of_an_existing_run(tmp_path, tiny_run, program):
     run_dir = shutil.copytree(tiny_run, tmp_path / "run")
-    record = {p: digest(p) for p in (run_dir / ".hydra").iterdir()}
+    record = {p: p.read_bytes() for p in (run_dir / ".hydra").iterdir()}
     if program == "train.py":
         result = run_train(f"hydra.run.dir={run_dir}", "loss=hinge", cwd=tmp_path)
     else:
         result = conftest.run_evaluate("device=cpu", "threads=1", f"checkpoint={run_dir}", f"hydra.run.dir={run_dir}")
     assert result.returncode == 2, output_of(result)[-3000:]
-    assert {p: digest(p) for p in record} == record
+    assert {p: p.read_bytes() for p in record} == record
 
 
 @pytest.mark.slow  # a process with a file-size limit: the disk it sees fills up
 def test_a_full_disk_at_checkpoint_time_keeps_the_last_checkpoint(tmp_path, tiny_run):
     run_dir = shutil.copytree(tiny_run, tmp_path / "run")
-    before = digest(run_dir / "checkpoints" / "last.pt")
+    before = (run_dir / "checkpoints" / "last.pt").read_bytes()
 
     def small_files_only():  # the tiny checkpoint is ~160 kB; logs, samples and events stay below
         resource.setrlimit(resource.RLIMIT_FSIZE, (60_000, 60_000))
@@ -163,7 +163,7 @@ def test_a_full_disk_at_checkpoint_time_keeps_the_last_checkpoint(tmp_path, tiny
     output = output_of(result)
     assert result.returncode == 2, output[-3000:]
     assert f"{run_dir / 'checkpoints' / 'last.pt'}: File too large" in output
-    assert "Traceback" not in output and digest(run_dir / "checkpoints" / "last.pt") == before
+    assert "Traceback" not in output and (run_dir / "checkpoints" / "last.pt").read_bytes() == before
     assert not list((run_dir / "checkpoints").glob(".*.tmp"))
 
 
