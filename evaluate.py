@@ -18,7 +18,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from gan import launch
-from gan.config import validate_evaluate
+from gan.config import validate_and_check
 from gan.errors import RunDirError, UserError, environment_error
 from gan.run import ELSEWHERE, Run, held_log
 
@@ -52,7 +52,7 @@ def job(cfg: DictConfig) -> tuple[int, float]:
             if named and (problem := run.existing_run()):
                 raise RunDirError(problem)
             held.callback(keep_record, run, cfg, run_log)  # runs before the lock is released
-            results = evaluate(validate_evaluate(cfg), run.dir, launch.data_overrides(cfg, hydra.overrides.task))
+            results = evaluate(validate_and_check(cfg), run.dir, launch.data_overrides(cfg, hydra.overrides.task))
         except KeyboardInterrupt:  # Ctrl-C: one line saying what was saved, not a traceback
             log.warning("%s", interrupted(run.dir))
             return EXIT_INTERRUPTED, math.nan

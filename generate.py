@@ -12,7 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from gan import launch
-from gan.config import GenerateConfig, validate_evaluate
+from gan.config import GenerateConfig, validate_and_check
 from gan.errors import RunDirError, UserError, environment_error
 from gan.run import Run
 
@@ -32,7 +32,7 @@ def job(cfg: DictConfig) -> tuple[int, None]:
 
     out = Run(HydraConfig.get().runtime.output_dir)
     try:
-        settings: GenerateConfig = validate_evaluate(cfg, GenerateConfig)
+        settings: GenerateConfig = validate_and_check(cfg, GenerateConfig)
         if (out.dir / "samples.npz").exists():
             raise RunDirError(
                 f"{out.dir} already holds generated images (samples.npz): new ones would replace some of its PNGs and "

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from gan.checkpoint import load_checkpoint
-from gan.config import EvaluateConfig, TrainConfig, _require, check_device_name, validate, validate_evaluate
+from gan.config import EvaluateConfig, TrainConfig, _require, check_device_name, validate, validate_and_check
 from gan.core.models import Generator
 from gan.core.sampling import sample as sample_from
 from gan.device import resolve_device
@@ -40,7 +40,7 @@ def _composed(overrides: tuple[str, ...], program: str = "train") -> Any:  # typ
     _require(all(isinstance(o, str) for o in overrides), "overrides", overrides, "must be strings, one per setting")
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            return validate_evaluate(compose(config_name=program, overrides=list(overrides)), SCHEMAS[program])
+            return validate_and_check(compose(config_name=program, overrides=list(overrides)), SCHEMAS[program])
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(hydra_refusal(err, program)) from err
 

@@ -421,7 +421,8 @@ class GenerateConfig(_Group):
         check_device_name(self.device, "device")
 
 
-def validate_evaluate(cfg: DictConfig, schema: type = EvaluateConfig) -> Any:  # or generate.py's: GenerateConfig
+def validate_and_check(cfg: DictConfig, schema: type = EvaluateConfig) -> Any:
+    """validate(), then the schema's checks: evaluate.py's, generate.py's, and gan.api's for all three."""
     if OmegaConf.is_missing(cfg, "checkpoint"):
         raise ConfigError("checkpoint=PATH is required: a checkpoint file (checkpoints/last.pt) or its run's folder.")
     typed = validate(cfg, schema)

@@ -24,7 +24,7 @@ from test_checkpoints import run_until
 from test_distributed import finish
 
 from gan.checkpoint import load_checkpoint
-from gan.config import ConfigError, EvaluateConfig, ExportFormat, FeatureSpace, MetricsConfig, validate_evaluate
+from gan.config import ConfigError, EvaluateConfig, ExportFormat, FeatureSpace, MetricsConfig, validate_and_check
 from gan.device import environment as device_environment
 from gan.errors import CheckpointError, MetricsError
 from gan.evaluation import pipeline as X
@@ -115,7 +115,7 @@ def test_exported_generators_reload_and_match_the_eager_one_and_trace_drops_the_
 def compose_evaluate(*overrides: str) -> EvaluateConfig:
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(config_name="evaluate", overrides=list(overrides))
-    return validate_evaluate(cfg)
+    return validate_and_check(cfg)
 
 
 def test_the_evaluate_config_composes_typed_and_needs_a_checkpoint():

@@ -105,9 +105,15 @@ def evaluate(
     seconds = {stage: round(done[stage] - start, 3) for start, stage in zip(done.values(), list(done)[1:])}
     results.update(seconds={**seconds, "total": sum(seconds.values())}, environment=environment(device))
     results["training_environment"] = state.get("environment")  # as the checkpoint recorded it, if it did
-    partial = run_dir / f".{run.metrics.name}.tmp"  # replaced whole: a killed write never leaves half a file
+    report(results, pictures, run.metrics, tb_dir or run.tb)
+    return results
+
+
+def report(results: dict[str, Any], pictures: Mapping[str, Tensor], metrics: Path, tb_dir: Path) -> None:
+    """metrics.json, the log's table and TensorBoard's images and text table."""
+    partial = metrics.with_name(f".{metrics.name}.tmp")  # replaced whole: a killed write never leaves half a file
     partial.write_text(json.dumps(results, indent=2) + "\n")
-    os.replace(partial, run.metrics)
+    os.replace(partial, metrics)
     rows = {key: value for key, value in results.items() if not isinstance(value, Mapping)}
     rows["seconds"] = f"{results['seconds']['total']:.1f}"
     shown = {k: f"{v:.6g}" if isinstance(v, float) else "-" if v is None else str(v) for k, v in rows.items()}
@@ -118,12 +124,11 @@ def evaluate(
     log.info("Environment: %s", ", ".join(f"{key} {value}" for key, value in results["environment"].items()))
     if changes := environment_changes(results["training_environment"], results["environment"]):
         log.info("Trained in another environment: %s", "; ".join(changes))
-    with SummaryWriter(log_dir=str(tb_dir or run.tb)) as writer:
+    with SummaryWriter(log_dir=str(tb_dir)) as writer:
         for name, grid in pictures.items():
             writer.add_image(f"{IMAGES_GROUP}/{name}", grid, results["step"])
         # a text table (one number is a one-point chart), under the tag itself: add_text would add /text_summary
         writer.file_writer.add_summary(text_pb(METRICS_TEXT_TAG, "```\n" + table + "\n```"), results["step"])
-    return results
 
 
 def prepare_generator(state: Mapping[str, Any], cfg: EvaluateConfig, device: torch.device) -> tuple[nn.Module, dict]:
