@@ -222,7 +222,8 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str = "cpu") 
         why = f"this version reads format {FORMAT} only: use the version that wrote it, or start a new run"
         raise CheckpointError(f"{file} has checkpoint format {found}; {why}.")
     for entry, problem_of in ENTRIES.items():  # once here, so no reader meets a wrong type (int(1.5) is a step)
-        if (state.get(entry) is not None or entry in REQUIRED_KEYS) and (problem := problem_of(state.get(entry))):
+        value = state.get(entry)  # None: absent, which only a required entry may not be
+        if (value is not None or entry in REQUIRED_KEYS) and (problem := problem_of(value)):
             raise _damaged(file, entry, problem)
     return state  # its config is checked where it is read: stored_config
 

@@ -59,7 +59,8 @@ class NonFiniteWatch:
 
 def check_finite_state(state: TrainingState, kept: Path) -> None:
     """A finite loss can still leave inf in weights or Adam's moments (a huge gradient squared)."""
-    parts = {name: getattr(state, name) for name in ("G", "D", "G_ema", "opt_g", "opt_d") if getattr(state, name)}
+    parts = {name: getattr(state, name) for name in ("G", "D", "G_ema", "opt_g", "opt_d")}
+    parts = {name: part for name, part in parts.items() if part is not None}  # G_ema: None without an EMA
     modules = {name: part for name, part in parts.items() if isinstance(part, nn.Module)}
     names = {id(p): f"{name}.{key}" for name, module in modules.items() for key, p in module.named_parameters()}
     named = [((name, key), t) for name, module in modules.items() for key, t in module.state_dict().items()]
